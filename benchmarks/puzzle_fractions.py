@@ -63,8 +63,8 @@ def puzzle9_cases(device="cuda"):
     x, cos, sin, y, S, B = big.args
     handed = _bytes(x, cos, sin, y)
     for bs, warps in ((16, 4), (4, 4), (8, 4), (32, 4), (16, 8), (32, 8)):
-        variant = f"BLOCK_S={bs}, {warps} warps" + (" (the timed case)" if (bs, warps) == (16, 4)
-                                                    else "")
+        timed = (bs, warps) == (big.constexprs["BLOCK_S"], 4)   # the ⏱ lines' tile
+        variant = f"BLOCK_S={bs}, {warps} warps" + (" (the timed case)" if timed else "")
         const = dict(big.constexprs, BLOCK_S=bs)
         grid = (triton.cdiv(S, bs),)
         yield dict(puzzle=9, variant=variant, block=bs, num_warps=warps, programs=grid[0],
