@@ -372,3 +372,113 @@ def qkv_clock_log(path) -> tuple:
                                       mcycles=float(m[5]), power_capped=int(m[6]) / 100,
                                       hw_slowdown=int(m[7]) / 100)
     return rows, (float(limit[1]) if limit else None)
+
+
+TE_PROFILED = ("te_fused", "sh_loop_b", "heads_all_one_b", "heads_all_one_b_table", "copy")
+_THREAD_INST = "smsp__sass_thread_inst_executed_op_"      # thread instructions, by kind
+_STALLED = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
+NOT_STALLS = ("selected", "not_selected")                # issuing, and ready but not picked
+
+
+def ncu_device(gpu: str = GPU) -> dict:
+    """{attribute: value} of the GPU the TE profiles ran on, as Nsight Compute recorded it in
+    ``mechanism-te-<gpu>-ncu-raw.csv`` (its ``device__attribute_*`` columns, prefix dropped;
+    numbers as ints, the rest as text)."""
+    import csv
+    raw = RESULTS / f"mechanism-te-{gpu}-ncu-raw.csv"
+    compare.note_read(raw)
+    row = next(r for r in csv.DictReader(compare.ncu_table(raw.read_text())) if r["Kernel Name"])
+    out = {}
+    for k, v in row.items():
+        if k and k.startswith("device__attribute_"):
+            text = (v or "").replace(",", "")
+            out[k[len("device__attribute_"):]] = int(text) if text.isdigit() else v
+    return out
+
+
+def te_profiles(gpu: str = GPU) -> tuple:
+    """The two Nsight Compute profiles of Transformer Engine's fused RoPE beside Triton kernels
+    (``benchmarks/te_ncu.py``; bf16 sbhd s=4096 b=8 h=32 d=128, the kernels of
+    ``TE_PROFILED``, in launch order): ``te_ncu-<gpu>.csv`` (clock locked by Nsight Compute)
+    and ``te_ncu-<gpu>-20261201-1431-clock-none.csv`` (clock free). Returns
+    (locked, free, metas): {kernel: {quantity: value}} for each run and {"locked", "free"}: the
+    CSVs' headers.
+
+    locked, per element of x unless said: ``us``, ``ghz`` (elapsed cycles per ns),
+    ``warp_inst``, ``threads`` (thread instructions of every kind), ``float`` (fadd, fmul,
+    ffma), ``integer``, ``loads`` and ``stores`` (thread-level global ones), ``load_bytes``
+    (bytes a warp's load asks for: 32 x sectors / requests), ``active`` (SM active cycles),
+    ``issue_floor`` (warp instructions / schedulers: cycles a scheduler must issue),
+    ``issue_used`` (that over the active cycles), ``floor_over_copy`` (over the copy's active
+    cycles), the stalls ``memory_wait`` (long_scoreboard), ``barrier``, ``not_selected`` (warps
+    per instruction issued), ``us_free`` (the same kernel in ``mechanism-te``) and ``slowed``
+    (us / us_free).
+
+    free: ``us``, ``us_54`` (``mechanism-te``'s time), ``of_54``, ``ghz``, ``active``,
+    ``warp_inst`` (total), ``issue_us`` (the warp instructions issued back to back on every
+    scheduler, at the measured clock), ``issue_share`` (of the elapsed cycles), ``issued``
+    (Nsight Compute's issue-active share) and ``issued_counted`` (the same from the counts),
+    ``empty_us`` (active cycles without an issue), ``idle_us`` (elapsed minus active cycles),
+    ``states`` (warps in each state of ``compare.WARP_STALLS`` per instruction issued),
+    ``stalled`` (their sum without ``NOT_STALLS``), ``latency`` (cycles between a warp's
+    instructions) and ``resident`` (warps a scheduler holds)."""
+    dev = ncu_device(gpu)
+    partitions = dev["num_schedulers_per_multiprocessor"] * dev["multiprocessor_count"]
+    n_elem = 4096 * 8 * 32 * 128
+    te_run = mechanism("s4096-b8", gpu, kind="mechanism-te")
+    locked_path = RESULTS / f"te_ncu-{gpu}.csv"
+    free_path = RESULTS / f"te_ncu-{gpu}-20261201-1431-clock-none.csv"
+    metas = dict(locked=compare.read_meta(locked_path), free=compare.read_meta(free_path))
+    if "--clock-control none" not in metas["free"].get("what", ""):
+        raise ValueError(f"{free_path.name}: not the clock-free run")
+    launched = {run: ncu_kernels(p) for run, p in (("locked", locked_path), ("free", free_path))}
+    for run, ks in launched.items():
+        if len(ks) != len(TE_PROFILED) or "fused_rope_forward" not in ks[0]["kernel"]:
+            raise ValueError(f"te_ncu ({run}): not the launches of TE_PROFILED")
+    if [k["kernel"] for k in launched["locked"]] != [k["kernel"] for k in launched["free"]]:
+        raise ValueError("te_ncu: the two runs launched different kernels")
+
+    def locked_row(m):
+        return dict(
+            us=m["gpu__time_duration.sum"] / 1e3,
+            ghz=m["gpc__cycles_elapsed.max"] / m["gpu__time_duration.sum"],
+            warp_inst=m["smsp__inst_executed.sum"] / n_elem,
+            threads=sum(v for k, v in m.items() if k.startswith(_THREAD_INST)) / n_elem,
+            float=sum(m[f"{_THREAD_INST}{op}_pred_on.sum"] for op in ("fadd", "fmul", "ffma"))
+            / n_elem,
+            integer=m[f"{_THREAD_INST}integer_pred_on.sum"] / n_elem,
+            loads=m["smsp__sass_inst_executed_op_global_ld.sum"] * 32 / n_elem,
+            load_bytes=32 * m["l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum"]
+            / m["l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum"],
+            stores=m["smsp__sass_inst_executed_op_global_st.sum"] * 32 / n_elem,
+            active=m["sm__cycles_active.avg"],
+            issue_floor=m["smsp__inst_executed.sum"] / partitions,
+            memory_wait=m[_STALLED.format("long_scoreboard")],
+            barrier=m[_STALLED.format("barrier")],
+            not_selected=m[_STALLED.format("not_selected")])
+
+    def free_row(m, name):
+        ns = m["gpu__time_duration.sum"]
+        elapsed, active = m["gpc__cycles_elapsed.max"], m["sm__cycles_active.avg"]
+        issue = m["smsp__inst_executed.sum"] / partitions   # cycles each scheduler issued
+        ghz = elapsed / ns
+        states = {s: m[_STALLED.format(s)] for s in compare.WARP_STALLS}
+        return dict(
+            us=ns / 1e3, us_54=te_run[name]["us"], of_54=ns / 1e3 / te_run[name]["us"],
+            ghz=ghz, active=active, warp_inst=m["smsp__inst_executed.sum"],
+            issue_us=issue / ghz / 1e3, issue_share=issue / elapsed,
+            issued=m["smsp__issue_active.avg.per_cycle_active"], issued_counted=issue / active,
+            empty_us=(active - issue) / ghz / 1e3, idle_us=(elapsed - active) / ghz / 1e3,
+            states=states, stalled=sum(v for s, v in states.items() if s not in NOT_STALLS),
+            latency=m["smsp__average_warp_latency_per_inst_issued.ratio"],
+            resident=m["sm__warps_active.avg.pct_of_peak_sustained_active"] / 100
+            * dev["max_warps_per_scheduler"])
+
+    locked = {n: locked_row(k["metrics"]) for n, k in zip(TE_PROFILED, launched["locked"])}
+    for name, r in locked.items():
+        r["issue_used"] = r["issue_floor"] / r["active"]
+        r["floor_over_copy"] = r["issue_floor"] / locked["copy"]["active"]
+        r["us_free"] = te_run[name]["us"]
+        r["slowed"] = r["us"] / r["us_free"]
+    free = {n: free_row(k["metrics"], n) for n, k in zip(TE_PROFILED, launched["free"])}
+    return locked, free, metas

@@ -31,10 +31,10 @@ __all__ = [
     "check_naive_grid", "check_half_tile", "check_row_index", "check_rope_interleaved",
     "check_rope_rows", "check_predicted_us", "launch_rows",
     "solution_rope_rows", "solution_predicted_us",
-    "check_angle_bytes", "check_floor_ms", "check_percent_of_copy",
+    "check_angle_bytes", "check_floor_ms", "check_percent_of_copy", "check_grid_us",
     "check_backward_matrix", "check_rope_backward", "check_rope_function",
     "solution_naive_grid", "solution_half_tile", "solution_row_index", "solution_rope_interleaved",
-    "solution_angle_bytes", "solution_floor_ms", "solution_percent_of_copy",
+    "solution_angle_bytes", "solution_floor_ms", "solution_percent_of_copy", "solution_grid_us",
     "solution_backward_matrix", "solution_rope_backward", "SolutionRopeFunction",
     "te_angles",
 ]
@@ -178,6 +178,33 @@ def check_percent_of_copy(fn: Callable) -> bool:
                        hint="the same bytes in less time is faster: copy time / kernel time, "
                             "x 100",
                        bar=(solution_percent_of_copy, *_shared_percent_of_copy()))
+
+
+def check_grid_us(fn: Callable) -> bool:
+    """fn(S, B, H, sms, ns_per_program, copy_us) -> the time in µs of the (S, H) grid (one
+    program per position and head, each looping over the B rows) when each program costs
+    ns_per_program on its SM, the programs spread evenly over `sms` SMs, and no kernel is
+    faster than a copy of its tensors (copy_us). Notebook 03's worked prediction
+    (`solution_predicted_us`, which takes rows and rows per program) is refused with the
+    worked solution: the exercise asks for the model."""
+    seed, g = fresh_generator()     # and a launch drawn now: a table made beforehand fails
+
+    def drawn(low: int, high: int) -> int:
+        return int(torch.randint(low, high + 1, (), generator=g))
+
+    draw = (drawn(1, 40_000), drawn(1, 64), drawn(1, 128), drawn(8, 160), drawn(200, 2_000) / 10,
+            drawn(2, 4_000) / 4)
+    cases = [(f"S={S}, B={B}, H={H}, {sms} SMs, {ns} ns, copy {copy} us"
+              + (f" (drawn with seed {seed})" if args is draw else ""),
+              args, max(S * H / sms * ns / 1e3, copy))
+             for args in ((4096, 1, 32, 132, 79.8, 20.5), (4096, 8, 32, 132, 79.8, 130.4),
+                          (100, 3, 7, 10, 50.0, 1.0), (16384, 2, 8, 108, 91.0, 300.0), draw)
+             for S, B, H, sms, ns, copy in (args,)]
+    return check_cases("the grid's predicted time", "your prediction", fn, cases, rtol=1e-3,
+                       atol=1e-9,
+                       hint="programs = S x H whatever B; each SM starts its share of them one "
+                            "after another; and the bytes still have to move",
+                       bar=(solution_grid_us, solution_predicted_us))
 
 
 # --- notebook 06: the backward pass -----------------------------------------------------------
@@ -460,6 +487,12 @@ def solution_percent_of_copy(kernel_ms, copy_ms):
     # a ratio of times: a ratio of GB/s would count the fp32 angles for the kernel and not for
     # the copy, and put the kernel higher by (2Ne + 4SD) / 2Ne
     return 100.0 * copy_ms / kernel_ms
+
+
+def solution_grid_us(S, B, H, sms, ns_per_program, copy_us):
+    programs = S * H                                   # grid (S, H): B does not change it
+    starts_us = programs / sms * ns_per_program / 1e3   # each SM starts its share in turn
+    return max(starts_us, copy_us)                     # and the bytes must still move
 
 
 def solution_backward_matrix(theta):
