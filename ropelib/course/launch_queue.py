@@ -1,0 +1,142 @@
+"""do_bench's timing loop, taken apart (notebook 07, section 7.3).
+
+The notebook writes the loop itself out (``dobench_loop``); this module holds the pieces around
+it: the host's time to issue a call, ``do_bench`` with its calls counted, a measure run with
+autograd's device thread off, and a queue model of the loop.
+
+**The queue model.** Each iteration of ``do_bench``'s loop zeroes a 256 MiB buffer (the memset),
+records a start event, calls, records an end event. Per iteration the device spends
+``memset + kernel`` and the host ``iter_host``:
+
+- the host is the faster (``iter_host < memset + kernel``): work piles up in the stream, every
+  kernel is queued before its start event fires, and the events span the kernel alone;
+- otherwise the device idles each iteration. The start event fires when the memset ends; the
+  kernel starts when the host *launches* it. The events span
+  ``kernel + max(0, launch - memset)``, with ``launch`` the host's time from issuing the memset
+  to launching the kernel. The launch falls somewhere inside the call, so the loop's host times
+  bound it: at least the time to the call's start, at most the time to its return.
+"""
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import torch
+
+from ropelib.bench import compare
+
+
+def _sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def enqueue_us(step, calls=50):
+    """Host µs to issue one call: `calls` calls back to back, no synchronisation until after."""
+    _sync()
+    start = time.perf_counter()
+    for _ in range(calls):
+        step()
+    took = time.perf_counter() - start
+    _sync()
+    return took / calls * 1e6
+
+
+def dobench_counted(step, device):
+    """(do_bench's median µs of step, the number of times do_bench called it)."""
+    calls = [0]
+
+    def counted():
+        calls[0] += 1
+        return step()
+    return compare.time_ms(counted, device)[0] * 1e3, calls[0]
+
+
+def one_thread(measure):
+    """`measure` with autograd's device thread off: the backward runs on the calling thread."""
+    def run(step):
+        torch.autograd.set_multithreading_enabled(False)
+        try:
+            return measure(step)
+        finally:
+            torch.autograd.set_multithreading_enabled(True)
+    return run
+
+
+def events_span(memset_us, kernel_us, iter_host_us, launch_us):
+    """The queue model: µs between the events around one call. `launch_us`: the host's µs from
+    issuing the memset to launching the kernel."""
+    if iter_host_us < memset_us + kernel_us:
+        return kernel_us                         # the host ahead: the kernel was queued
+    return kernel_us + max(0.0, launch_us - memset_us)
+
+
+def regime_needed(median_us, kernel_us, memset_us):
+    """What the queue model needs to produce a measured median, given the kernel's µs.
+
+    Returns {"ratio": median / kernel, "at_return": the regime the model allows when the kernel
+    is launched at the call's *return* ("queued", "device waits" or "neither"), "host_us": the
+    host's µs from the memset to the call's return that reading would need, "lag_us": how long
+    after the memset ends the kernel must be launched}. Launched at the return, the device waits
+    only when the host needs at least memset + kernel, so the events span at least about twice
+    the kernel: a median between about 1.1 and 1.8 times the kernel is neither regime."""
+    ratio = median_us / kernel_us
+    at_return = ("queued" if ratio <= 1.1 else "device waits" if ratio >= 0.9 * 2 else "neither")
+    return {"ratio": ratio, "at_return": at_return, "host_us": median_us - kernel_us + memset_us,
+            "lag_us": median_us - kernel_us}
+
+
+def queue_model(loop, memset_us, replayed_us):
+    """The model's regime and range for one call's loop (`dobench_loop`'s medians: "iter_host",
+    "to_start_host", "to_call_host"), with `replayed_us` as the kernels' time. Returns
+    {"regime", "low", "high", "edge"}: the events lie in [low, high] (the launch between the
+    call's start and its return); "edge": the host within a tenth of the device's pace."""
+    device_iter = memset_us + replayed_us
+    if loop["iter_host"] < device_iter:
+        regime, low, high = "host ahead, calls queued", replayed_us, replayed_us
+    else:
+        regime = "device waits each iteration"
+        low = events_span(memset_us, replayed_us, loop["iter_host"], loop["to_start_host"])
+        high = events_span(memset_us, replayed_us, loop["iter_host"], loop["to_call_host"])
+    return {"regime": regime, "low": low, "high": high,
+            "edge": abs(loop["iter_host"] / device_iter - 1) <= 0.1}
+
+
+def within(value, low, high, slack=0.2):
+    """True when `value` lies in [low, high] widened by `slack` (a fifth) either side."""
+    return (1 - slack) * low <= value <= (1 + slack) * high
+
+
+_TIMELINE_ROW = re.compile(r"^\s+(host|device)\s+([\d.]+)\s+([\d.]+)\s+(.+)$")
+
+
+def launch_timeline(path) -> dict:
+    """{provider: {...}} from the torch.profiler timeline of one memset-loop iteration in a
+    ``benchmarks/dobench_gap_probe.py`` log (µs from the memset's host-side start):
+    "memset_device_start", "memset_device_end", "call_start", "call_end" (the host's call),
+    "first_launch" (the host's first kernel launch inside the call) and "first_kernel" (when
+    that kernel began on the device)."""
+    compare.note_read(path)
+    out, prov, events = {}, None, []
+
+    def close():
+        if not prov:
+            return
+        memset = next(e for e in events if e[0] == "device" and e[3].endswith(": memset"))
+        call = next(e for e in events if e[0] == "host" and e[3].endswith(": call"))
+        launch = next(e for e in events if e[0] == "host" and "LaunchKernel" in e[3]
+                      and e[1] >= call[1])
+        kernel = next(e for e in events if e[0] == "device" and e[3].endswith(": call"))
+        out[prov] = {"memset_device_start": memset[1], "memset_device_end": memset[1] + memset[2],
+                     "call_start": call[1], "call_end": call[1] + call[2],
+                     "first_launch": launch[1], "first_kernel": kernel[1]}
+
+    for line in Path(path).read_text().splitlines():
+        if m := re.match(r"== one memset-loop iteration under torch.profiler: (\S+)", line):
+            close()
+            prov, events = m[1], []
+        elif prov and (m := _TIMELINE_ROW.match(line)):
+            events.append((m[1], float(m[2]), float(m[3]), m[4].strip()))
+    close()
+    return out
