@@ -138,6 +138,20 @@ def train_step(model: GPT, optimizer: torch.optim.Optimizer, x: torch.Tensor, y:
     return mean_across_ranks(loss, group)
 
 
+def lr_schedule(it: int, steps: int, lr: float, min_lr: Optional[float] = None,
+                warmup: Optional[int] = None) -> float:
+    """The learning rate `train` sets for step `it` (from 0) of a `steps`-step run: a linear
+    warmup over `warmup` steps (by default min(100, steps // 10)), then a cosine from `lr` down
+    to `min_lr` (by default lr / 10) over the rest. The schedule depends on `steps`: two runs
+    of different lengths part from their second step on unless both warm up over it."""
+    min_lr = lr / 10 if min_lr is None else min_lr
+    warmup = min(100, steps // 10) if warmup is None else warmup
+    if it < warmup:
+        return lr * (it + 1) / warmup
+    t = (it - warmup) / max(1, steps - warmup)
+    return min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * t))
+
+
 def train(model: GPT, data: CharDataset, *, steps: int, batch_size: int, group=None,
           lr: float = 1e-3, min_lr: Optional[float] = None, warmup: Optional[int] = None,
           weight_decay: float = 0.1, grad_clip: float = 1.0, seed: int = 0, amp_dtype=None,
@@ -173,10 +187,7 @@ def train(model: GPT, data: CharDataset, *, steps: int, batch_size: int, group=N
     opt = make_optimizer(model, lr, weight_decay)
 
     def lr_at(it):
-        if it < warmup:
-            return lr * (it + 1) / warmup
-        t = (it - warmup) / max(1, steps - warmup)
-        return min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * t))
+        return lr_schedule(it, steps, lr, min_lr, warmup)
 
     def sync():
         if device.type == "cuda":
