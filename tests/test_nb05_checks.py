@@ -1,0 +1,109 @@
+"""Notebook 05's checks module: its claims hold on the committed CSVs, and Exercise 1b's store
+condition refuses a kernel that stores pairs at stride 2."""
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from ropelib.course import checks_nb05, ladder, measured
+from ropelib.kernels import tiles
+
+SMS_H200 = 132
+H200_KNOBS = dict(tile_loop=tiles.TILES_BY_GPU["NVIDIA H200"]["loop"],
+                  tile_noloop=tiles.TILE_NOLOOP, tile_wide=tiles.TILE_WIDE)
+
+
+def _ladder_rows():
+    meta, rows = measured.load("ladder")
+    copy_ms = {r["case"]: r["ms"] for r in rows if r["provider"] == "copy"}
+    for r in rows:
+        if r.get("pct_of_copy") is not None:
+            r["pct_of_copy"] = 100 * copy_ms[r["case"]] / r["ms"]
+    return meta, rows
+
+
+def test_the_ladder_and_stall_claims_hold_on_the_committed_csvs():
+    meta, rows = _ladder_rows()
+    mech = measured.mechanism("s4096-b8")
+    mech_meta, _ = measured.load("mechanism")
+    hatched = {c: ladder.within_both_spreads(rows, c) for c in dict.fromkeys(r["case"] for r in rows)}
+    claims = checks_nb05.ladder_claims(rows, meta, mech, mech_meta, hatched, lambda r: r,
+                                       sms=SMS_H200, knobs=H200_KNOBS,
+                                       compile_errors=(RuntimeError, OSError, ImportError))
+    cyc = checks_nb05.stall_profile(claims["MECHANISM"])
+    st = cyc["states"]
+    assert round(st["equal_halves"]["long_scoreboard"] - st["accurate"]["long_scoreboard"], 2) == 0.60
+
+
+def test_a_changed_number_fails_the_stall_check(monkeypatch):
+    real = measured.ncu_kernels
+
+    def shifted(path):
+        ks = real(path)
+        key = "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio"
+        ks[7]["metrics"] = {**ks[7]["metrics"], key: ks[7]["metrics"][key] * 1.2}
+        return ks
+    monkeypatch.setattr(measured, "ncu_kernels", shifted)
+    with pytest.raises(AssertionError):
+        checks_nb05.stall_profile()
+
+
+def test_torch_compile_spread():
+    tp = measured.two_pass()
+    lo, hi = checks_nb05.torch_compile_runs(
+        tp[("bf16 sbhd 1 GiB s16k b8", "forward")]["torch.compile"]["ratio_to_copy"])
+    assert (round(lo, 3), round(hi, 3)) == (0.955, 0.997)
+
+
+def test_store_widths_reads_the_opcodes():
+    sass = ["STG.E.128 desc[UR4][R2.64], R4", "@P0 STG.E.U16 desc[UR4][R6.64], R9",
+            "STG.E desc[UR4][R2.64], R5", "STG.E.64 desc[UR4][R2.64], R6", "LDG.E.128 R4, [R2]"]
+    assert checks_nb05.store_widths(sass) == {2: 1, 4: 1, 8: 1, 16: 1}
+
+
+@triton.jit
+def _stride2_store_kernel(
+    x_ptr, y_ptr, freqs_ptr, S, B, H, B_CHUNK,
+    stride_xs, stride_xb, stride_xh, stride_xd,
+    stride_ys, stride_yb, stride_yh, stride_yd,
+    HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
+):
+    # whole rows in, the members of each pair written back at stride 2: 2-byte stores
+    s = tl.program_id(0)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    j = tl.arange(0, BLOCK_HALF)
+    m = (h < H)[:, None] & (j < HALF)[None, :]
+    for b in range(0, B):
+        xo = x_ptr + s * stride_xs + b * stride_xb + h[:, None] * stride_xh
+        yo = y_ptr + s * stride_ys + b * stride_yb + h[:, None] * stride_yh
+        e = tl.load(xo + (2 * j)[None, :] * stride_xd, mask=m, other=0.0)
+        o = tl.load(xo + (2 * j + 1)[None, :] * stride_xd, mask=m, other=0.0)
+        tl.store(yo + (2 * j)[None, :] * stride_yd, -o, mask=m)
+        tl.store(yo + (2 * j + 1)[None, :] * stride_yd, e, mask=m)
+
+
+def _ex1_args():
+    x = torch.empty(4096, 8, 32, 128, dtype=torch.bfloat16, device="meta")
+    bf16, fp32 = torch.empty(16, dtype=torch.bfloat16), torch.empty(16)
+    return dict(x_ptr=bf16, y_ptr=bf16, freqs_ptr=fp32, S=4096, B=8, H=32, B_CHUNK=8,
+                **dict(zip(("stride_xs", "stride_xb", "stride_xh", "stride_xd"), x.stride())),
+                **dict(zip(("stride_ys", "stride_yb", "stride_yh", "stride_yd"), x.stride())),
+                HALF=64, BLOCK_HALF=64, BLOCK_S=1, BLOCK_H=32)
+
+
+def test_exercise_1b_refuses_stride_2_stores_and_passes_the_solution(capsys):
+    from ropelib.course.exercises import finished_kernel as fk
+    args = _ex1_args()
+    assert not checks_nb05.check_wide_stores("stride 2", _stride2_store_kernel, args,
+                                             num_warps=8, wide=2)
+    assert "2 bytes" in capsys.readouterr().out
+    assert checks_nb05.check_wide_stores("solution", fk._rope_interleaved_tile_solution_kernel,
+                                         args, num_warps=8, wide=2)
+
+
+def test_exercise_1b_refuses_a_blank_kernel():
+
+    @triton.jit
+    def blank(x_ptr):
+        pass
+    assert not checks_nb05.check_wide_stores("blank", blank, {}, num_warps=8, wide=2)
