@@ -1039,7 +1039,7 @@ else:
           f"`python benchmarks/ablation.py --out {ABLATION_CSV.relative_to(ROOT)}` on a GPU "
           "(about two minutes). Until then, section 3's question stays open.")
 
-# %% jupyter={"source_hidden": true}
+# %%
 # the checks of section 5.3's text, on the committed ablation
 if ABLATION_CSV.exists():
     # section 2's `range` against `tl.static_range`: level within the run's noise, which the CSV
@@ -1224,7 +1224,7 @@ assert round(te_run["te_fused"]["x_kib_per_sm"], 1) == 57.6
 assert round(te_run["te_fused"]["us"]) == 244
 assert round(te_run["copy"]["x_kib_per_sm"], 1) == 54.5
 
-# %% jupyter={"source_hidden": true}
+# %%
 # the checks of section 5.4's text, on the committed profiles
 
 

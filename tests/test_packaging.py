@@ -393,6 +393,7 @@ TORCH_API_SINCE = {
     "torch.float8_e4m3fn": (2, 1),
     "torch.autograd.graph.increment_version": (2, 1),
     "torch.autograd.set_multithreading_enabled": (2, 0),
+    "torch.testing.assert_close": (1, 9),
     "torch.unravel_index": (2, 2),
     "torch.nn.attention.bias.causal_lower_right": (2, 2),
     "torch.compiler.is_compiling": (2, 3),
