@@ -546,7 +546,7 @@ from ropelib.course import launch_queue
 
 GAP_LOG = RESULTS / "dobench_gap-nvidia-h200-20261204-0930.log"
 memset_us = measured.dobench_gap_log(GAP_LOG)[0]
-timeline = launch_queue.launch_timeline(GAP_LOG)["ropelib"]
+timeline = measured.dobench_gap_timeline(GAP_LOG)["ropelib"]
 print(f"{GAP_LOG.name} ({measured_when(GAP_LOG)[1]}): memset of 256 MiB {memset_us:.1f} us; "
       f"ropelib's forward kernel launched {timeline['first_launch'] - timeline['call_start']:.1f}"
       f" us into a call of {timeline['call_end'] - timeline['call_start']:.1f} us")

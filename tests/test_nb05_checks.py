@@ -5,7 +5,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ropelib.course import checks_nb05, ladder, measured
+from ropelib.course import checks_nb05, ladder, load_schedule, measured
 from ropelib.kernels import tiles
 
 SMS_H200 = 132
@@ -58,7 +58,7 @@ def test_torch_compile_spread():
 def test_store_widths_reads_the_opcodes():
     sass = ["STG.E.128 desc[UR4][R2.64], R4", "@P0 STG.E.U16 desc[UR4][R6.64], R9",
             "STG.E desc[UR4][R2.64], R5", "STG.E.64 desc[UR4][R2.64], R6", "LDG.E.128 R4, [R2]"]
-    assert checks_nb05.store_widths(sass) == {2: 1, 4: 1, 8: 1, 16: 1}
+    assert load_schedule.store_widths(sass) == {2: 1, 4: 1, 8: 1, 16: 1}
 
 
 @triton.jit

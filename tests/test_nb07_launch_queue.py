@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ropelib.course import launch_queue as lq
+from ropelib.course import launch_queue as lq, measured
 
 ROOT = Path(__file__).resolve().parents[1]
 GAP_LOG = ROOT / "benchmarks" / "results" / "dobench_gap-nvidia-h200-20261204-0930.log"
@@ -43,7 +43,7 @@ def test_within_widens_by_a_fifth():
 
 
 def test_the_committed_timeline():
-    t = lq.launch_timeline(GAP_LOG)
+    t = measured.dobench_gap_timeline(GAP_LOG)
     assert set(t) == {"ropelib", "te_fused"}
     r = t["ropelib"]
     assert (r["call_start"], r["first_launch"], r["first_kernel"]) == (41.7, 93.8, 102.9)

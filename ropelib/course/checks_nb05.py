@@ -548,22 +548,6 @@ def torch_compile_runs(main_ratio):
     return lo, hi
 
 
-def store_widths(sass: list) -> dict:
-    """{bytes: count} of the global stores (STG) in sm_90 machine code: STG.E.128 moves 16
-    bytes, .64 eight, .U16/.S16 two, .U8/.S8 one, a plain STG.E four."""
-    widths = {}
-    for ins in sass:
-        m = re.search(r"\bSTG\.E((?:\.\w+)*)", ins)
-        if not m:
-            continue
-        mods = m.group(1)
-        nbytes = (16 if ".128" in mods else 8 if ".64" in mods else
-                  2 if re.search(r"\.[US]16\b", mods) else 1 if re.search(r"\.[US]8\b", mods)
-                  else 4)
-        widths[nbytes] = widths.get(nbytes, 0) + 1
-    return dict(sorted(widths.items()))
-
-
 def check_wide_stores(name: str, kernel, args: dict, *, num_warps: int, wide: int) -> bool:
     """Exercise 1b's second condition, after its loads: the stores. A stride-2 store writes half
     of every 32-byte sector it touches, so the exercise wants no 2-byte global store and at
@@ -574,13 +558,10 @@ def check_wide_stores(name: str, kernel, args: dict, *, num_warps: int, wide: in
     if not is_kernel(kernel) or is_blank_kernel(kernel):
         print(f"❌ {name}: write the kernel first: its stores are counted after its loads")
         return False
-    try:
-        sass = load_schedule.schedule(kernel, args, num_warps=num_warps)["sass"]
-    except Exception as exc:  # noqa: BLE001 -- a compile error is the learner's to read
-        print(f"❌ {name}: compiling it for sm_90 failed ({type(exc).__name__}: "
-              f"{str(exc)[-600:]})")
+    sched = load_schedule.compiled_for_grading(name, kernel, args, num_warps=num_warps)
+    if sched is None:
         return False
-    widths = store_widths(sass)
+    widths = load_schedule.store_widths(sched["sass"])
     found = ", ".join(f"{n} of {b} byte{'s' if b > 1 else ''}" for b, n in widths.items())
     if widths.get(2, 0) or widths.get(1, 0) or widths.get(16, 0) < wide:
         print(f"❌ {name}: a thread's global stores, sm_90: {found or 'none'}. Wanted: no 2-byte "

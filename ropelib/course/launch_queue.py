@@ -18,9 +18,7 @@ records a start event, calls, records an end event. Per iteration the device spe
 """
 from __future__ import annotations
 
-import re
 import time
-from pathlib import Path
 
 import torch
 
@@ -106,37 +104,3 @@ def queue_model(loop, memset_us, replayed_us):
 def within(value, low, high, slack=0.2):
     """True when `value` lies in [low, high] widened by `slack` (a fifth) either side."""
     return (1 - slack) * low <= value <= (1 + slack) * high
-
-
-_TIMELINE_ROW = re.compile(r"^\s+(host|device)\s+([\d.]+)\s+([\d.]+)\s+(.+)$")
-
-
-def launch_timeline(path) -> dict:
-    """{provider: {...}} from the torch.profiler timeline of one memset-loop iteration in a
-    ``benchmarks/dobench_gap_probe.py`` log (µs from the memset's host-side start):
-    "memset_device_start", "memset_device_end", "call_start", "call_end" (the host's call),
-    "first_launch" (the host's first kernel launch inside the call) and "first_kernel" (when
-    that kernel began on the device)."""
-    compare.note_read(path)
-    out, prov, events = {}, None, []
-
-    def close():
-        if not prov:
-            return
-        memset = next(e for e in events if e[0] == "device" and e[3].endswith(": memset"))
-        call = next(e for e in events if e[0] == "host" and e[3].endswith(": call"))
-        launch = next(e for e in events if e[0] == "host" and "LaunchKernel" in e[3]
-                      and e[1] >= call[1])
-        kernel = next(e for e in events if e[0] == "device" and e[3].endswith(": call"))
-        out[prov] = {"memset_device_start": memset[1], "memset_device_end": memset[1] + memset[2],
-                     "call_start": call[1], "call_end": call[1] + call[2],
-                     "first_launch": launch[1], "first_kernel": kernel[1]}
-
-    for line in Path(path).read_text().splitlines():
-        if m := re.match(r"== one memset-loop iteration under torch.profiler: (\S+)", line):
-            close()
-            prov, events = m[1], []
-        elif prov and (m := _TIMELINE_ROW.match(line)):
-            events.append((m[1], float(m[2]), float(m[3]), m[4].strip()))
-    close()
-    return out

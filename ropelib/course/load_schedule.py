@@ -39,11 +39,13 @@ from typing import Optional
 
 from .offline_compile import compiled_code, cuobjdump
 
-__all__ = ["schedule", "sass_instructions", "load_bytes", "load_widths", "check_wide_loads"]
+__all__ = ["schedule", "sass_instructions", "load_bytes", "load_widths", "store_widths",
+           "check_wide_loads"]
 
 _GUARD = r"^(?:@!?U?P\w+\s+)?"                   # an instruction's guard predicate, if any
 _MATH = re.compile(_GUARD + r"(FFMA|FMUL)\b")
 _LOAD = re.compile(_GUARD + r"LDG\b")
+_STORE = re.compile(_GUARD + r"STG\b")
 _SPILL_STORE = re.compile(_GUARD + r"STL\b")   # registers spilled to local memory
 _SPILL_LOAD = re.compile(_GUARD + r"LDL\b")    # ... and read back
 
@@ -109,9 +111,9 @@ _WIDTH = {"128": 16, "64": 8, "U16": 2, "S16": 2, "U8": 1, "S8": 1}
 
 
 def load_bytes(instruction: str) -> int:
-    """The bytes one thread moves with one global load of the SASS: LDG.E.128 16, .64 8,
-    .U16 (or .S16) 2, .U8 (.S8) 1, and 4 for a plain LDG.E (one 32-bit word)."""
-    mods = re.search(r"LDG((?:\.\w+)*)", instruction)[1].split(".")
+    """The bytes one thread moves with one global load (or store) of the SASS: LDG.E.128 16,
+    .64 8, .U16 (or .S16) 2, .U8 (.S8) 1, and 4 for a plain LDG.E (one 32-bit word)."""
+    mods = re.search(r"(?:LDG|STG)((?:\.\w+)*)", instruction)[1].split(".")
     return next((_WIDTH[m] for m in mods if m in _WIDTH), 4)
 
 
@@ -122,6 +124,28 @@ def load_widths(sched: dict) -> dict:
         n = load_bytes(ins)
         widths[n] = widths.get(n, 0) + 1
     return dict(sorted(widths.items(), reverse=True))
+
+
+def store_widths(sass: list) -> dict:
+    """{bytes: how many stores} of the global stores (STG) in a schedule's machine code
+    (`schedule(...)["sass"]`), narrowest first; widths as `load_bytes` reads them."""
+    widths = {}
+    for ins in sass:
+        if _STORE.match(ins):
+            n = load_bytes(ins)
+            widths[n] = widths.get(n, 0) + 1
+    return dict(sorted(widths.items()))
+
+
+def compiled_for_grading(name: str, kernel, args: dict, *, num_warps: int) -> Optional[dict]:
+    """`schedule(kernel, args, num_warps=...)` for an exercise's grade, or None after printing
+    the compile error as the exercise `name`'s ❌ (a compile error is the learner's to read)."""
+    try:
+        return schedule(kernel, args, num_warps=num_warps)
+    except Exception as exc:  # noqa: BLE001 -- a compile error is the learner's to read
+        print(f"❌ {name}: compiling it for sm_90 failed ({type(exc).__name__}: "
+              f"{str(exc)[-600:]})")
+        return None
 
 
 def check_wide_loads(name: str, kernel, args: dict, *, num_warps: int, wide: int,
@@ -137,11 +161,8 @@ def check_wide_loads(name: str, kernel, args: dict, *, num_warps: int, wide: int
         print(f"❌ {name}: the kernel must compute RoPE first (the check above); its loads are "
               "counted after that")
         return False
-    try:
-        sched = schedule(kernel, args, num_warps=num_warps)
-    except Exception as exc:  # noqa: BLE001 -- a compile error is the learner's to read
-        print(f"❌ {name}: compiling it for sm_90 failed ({type(exc).__name__}: "
-              f"{str(exc)[-600:]})")
+    sched = compiled_for_grading(name, kernel, args, num_warps=num_warps)
+    if sched is None:
         return False
     widths = load_widths(sched)
     found = ", ".join(f"{n} of {b} byte{'s' if b > 1 else ''}" for b, n in widths.items())

@@ -327,20 +327,25 @@ def dobench_gap_log(path) -> tuple:
 
 
 def dobench_gap_timeline(path) -> dict:
-    """{provider: {"memset_device_start_us", "memset_device_end_us", "call_kernel_start_us"}}
-    from the torch.profiler timeline of one memset-loop iteration in a dobench_gap log (offsets
-    from the memset's host-side start): when the device began and ended the memset, and when the
-    call's first kernel began on the device. Providers without a timeline are left out."""
+    """{provider: {...}} from the torch.profiler timeline of one memset-loop iteration in a
+    ``benchmarks/dobench_gap_probe.py`` log (µs from the memset's host-side start):
+    "memset_device_start", "memset_device_end", "call_start", "call_end" (the host's call),
+    "first_launch" (the host's first kernel launch inside the call) and "first_kernel" (when
+    that kernel began on the device)."""
     compare.note_read(path)
     out, prov, events = {}, None, []
 
     def close():
-        memset = next((e for e in events if e[0] == "device" and e[3].endswith(": memset")), None)
-        call = next((e for e in events if e[0] == "device" and e[3].endswith(": call")), None)
-        if prov and memset and call:
-            out[prov] = {"memset_device_start_us": memset[1],
-                         "memset_device_end_us": memset[1] + memset[2],
-                         "call_kernel_start_us": call[1]}
+        if not prov:
+            return
+        memset = next(e for e in events if e[0] == "device" and e[3].endswith(": memset"))
+        call = next(e for e in events if e[0] == "host" and e[3].endswith(": call"))
+        launch = next(e for e in events if e[0] == "host" and "LaunchKernel" in e[3]
+                      and e[1] >= call[1])
+        kernel = next(e for e in events if e[0] == "device" and e[3].endswith(": call"))
+        out[prov] = {"memset_device_start": memset[1], "memset_device_end": memset[1] + memset[2],
+                     "call_start": call[1], "call_end": call[1] + call[2],
+                     "first_launch": launch[1], "first_kernel": kernel[1]}
 
     for line in Path(path).read_text().splitlines():
         if m := re.match(r"== one memset-loop iteration under torch.profiler: (\S+)", line):
