@@ -70,7 +70,8 @@
 #                                        # pages that show the data as it now is (~5 min)
 #   bash benchmarks/gpu_run.sh notebooks # every notebook executed with its outputs (needs nbclient
 #                                        # and ipykernel; installed from ./.gpu-wheels if there;
-#                                        # ONLY=NN-slug for the ones named so, ONLY=03,07 for several)
+#                                        # ONLY=NN-slug for the ones named so, ONLY=03,07 for several;
+#                                        # KEEP_GOING=1: every cell runs after one fails)
 #
 # Several steps in one call: bash benchmarks/gpu_run.sh tests decode.
 # Providers the GPU machine lacks (Liger Kernel) come as wheels in ./.gpu-wheels, made on a
@@ -323,7 +324,7 @@ print('# what: Nsight Compute (--profile-from-start off --csv${NCU_CLOCK:+ --clo
             # tarball; ONLY=09-rope runs the notebooks whose name contains it)
             executed=benchmarks/scratch/executed
             step notebooks "$PY" benchmarks/run_notebooks.py --out "$executed" \
-                ${ONLY:+--only "$ONLY"}
+                ${ONLY:+--only "$ONLY"} ${KEEP_GOING:+--keep-going}
             [ -n "${OUT:-}" ] && tar czf "$OUT/executed-$tag.tar.gz" -C "$executed" . ;;
         *)
             echo "unknown step: $what (tests, targets, floor, two-pass, decode, decode-ncu, puzzle9-ncu, te-ncu, mrope_angles-ncu, naive_warps-ncu, rows-ncu, ladder_stalls-ncu, qk_norm-ncu, b1_gap-ncu, contiguous-ncu, model, sweeps, ablation, ladder, features, qkv-backward, qkv-mainloop, qkv-forward-ab, qkv-table-flag, tables, fwdbwd, fwdbwd-mid, probes, course, notebooks)"; exit 2 ;;

@@ -65,7 +65,21 @@ def _gpu_name() -> str:
         return "no GPU"
 
 
-def execute(out: Path, only: str | None, timeout_s: int) -> int:
+def error_cells(nb) -> list:
+    """(code cell number from 1, "ename: evalue") of every code cell whose outputs hold an error."""
+    found, k = [], 0
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        k += 1
+        for o in cell.get("outputs", []):
+            if o.get("output_type") == "error":
+                found.append((k, f"{o.get('ename', '')}: {o.get('evalue', '')}"[:200]))
+                break
+    return found
+
+
+def execute(out: Path, only: str | None, timeout_s: int, keep_going: bool = False) -> int:
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
@@ -89,7 +103,10 @@ def execute(out: Path, only: str | None, timeout_s: int) -> int:
         if only and not any(part in path.stem for part in only.split(",")):
             continue
         nb = nbformat.read(path, as_version=4)
+        # keep_going: every cell runs even after one fails, so that one run on a GPU shows
+        # every failing cell (the page still counts as failed)
         client = NotebookClient(nb, timeout=timeout_s, kernel_name="python3",
+                                allow_errors=keep_going,
                                 resources={"metadata": {"path": str(NOTEBOOKS)}})
         t0 = time.time()
         status = "ok"
@@ -99,6 +116,11 @@ def execute(out: Path, only: str | None, timeout_s: int) -> int:
         os.environ["ROPELIB_DATA_READS"] = str(reads.resolve())
         try:
             client.execute()
+            errors = error_cells(nb)
+            if errors:
+                status = (f"error: {len(errors)} cell(s): "
+                          + "; ".join(f"code cell {k}: {msg}" for k, msg in errors))[:600]
+                failed += 1
         except CellExecutionError as e:
             status = "error: " + str(e).strip().splitlines()[-1][:200]
             failed += 1
@@ -463,6 +485,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, help="execute every notebook; write the executed copies here")
     ap.add_argument("--only", default=None, help="only notebooks whose name contains this (several: comma-separated)")
     ap.add_argument("--timeout", type=int, default=900, help="seconds per cell")
+    ap.add_argument("--keep-going", action="store_true",
+                    help="with --out: run every cell even after one fails (each failing cell is "
+                         "named in times.csv; the notebook still counts as failed)")
     ap.add_argument("--html", type=Path, help="folder of executed notebooks to convert to HTML")
     ap.add_argument("--to", type=Path, default=ROOT / "docs" / "executed",
                     help="where the HTML pages go (with --html)")
@@ -479,7 +504,7 @@ def main(argv=None) -> int:
             ap.error("--refresh-prose needs --into NEWDIR")
         return refresh_prose(args.refresh_prose, args.into)
     if args.out:
-        return execute(args.out, args.only, args.timeout)
+        return execute(args.out, args.only, args.timeout, args.keep_going)
     if args.html:
         return to_html(args.html, args.to)
     if args.index:
