@@ -1125,11 +1125,11 @@ fk.show_solution()
 # %%
 sol_ex1 = measure_loads(fk._rope_interleaved_tile_solution_kernel, EX1_ARGS, plan_h200.num_warps)
 sol_widths = load_schedule.load_widths(sol_ex1)
-sol_stores = [ins for ins in sol_ex1["sass"] if "STG" in ins]
-print(f"its global stores: {len(sol_stores)}, as "
-      + ", ".join(sorted({w for ins in sol_stores for w in ins.split() if w.startswith("STG")})))
+sol_stores = load_schedule.store_widths(sol_ex1)
+print("its global stores, a thread's: "
+      + ", ".join(f"{n} of {b} bytes" for b, n in sol_stores.items()))
 assert sol_widths.get(16, 0) >= X_VECTORS and 2 not in sol_widths       # vectors, no lone bf16
-assert sol_stores and all(".128" in ins for ins in sol_stores)          # 16-byte stores
+assert sol_stores and set(sol_stores) == {16}                           # 16-byte stores only
 
 
 # the 4-byte loads and any local memory: libdevice's sin/cos slow path for large angles (a few

@@ -1217,11 +1217,7 @@ def compiled(key):
     args = {name: torch.empty(16, dtype=v.dtype) if isinstance(v, torch.Tensor) else v
             for name, v in zip(p.solution.arg_names, big.args)}
     code = load_schedule.schedule(p.solution, dict(args, **big.constexprs), num_warps=4)
-    stores = {}
-    for ins in code["sass"]:
-        if m := re.search(r"\bSTG(\.\w+)*", ins):
-            stores[m[0]] = stores.get(m[0], 0) + 1
-    return dict(loads=load_schedule.load_widths(code), stores=stores,
+    return dict(loads=load_schedule.load_widths(code), stores=load_schedule.store_widths(code),
                 registers=code["registers"], grid=math.prod(big.grid))
 
 
@@ -1235,8 +1231,8 @@ def programs_per_sm(registers, warps):
 code5 = {n: compiled(k) for n, k in ((2, "interleaved"), (4, "odd_head_dim"),
                                      (6, "position_ids"), (9, "shared_table"))}
 for n, c in code5.items():
-    print(f"   puzzle {n}, sm_90, Triton {triton.__version__}: loads {{bytes: count}} "
-          f"{c['loads']}, stores {c['stores']}, {c['registers']} registers, {c['grid']:,} programs")
+    print(f"   puzzle {n}, sm_90, Triton {triton.__version__}: {{bytes: count}} of a thread's "
+          f"loads {c['loads']}, stores {c['stores']}, {c['registers']} registers, {c['grid']:,} programs")
 waves = {n: code5[n]["grid"] / (SMS * programs_per_sm(code5[n]["registers"], 4)) for n in (6, 9)}
 print(f"   waves on {SMS} SMs: puzzle 6 {waves[6]:.1f}, puzzle 9 {waves[9]:.1f}")
 assert code5[4]["loads"] == code5[2]["loads"] and code5[4]["stores"] == code5[2]["stores"]

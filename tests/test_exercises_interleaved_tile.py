@@ -322,14 +322,14 @@ def _solution_args():
     return {names.get(k, k): v for k, v in a.items()}
 
 
-def test_load_bytes_reads_the_width_of_every_sass_load():
+def test_access_bytes_reads_the_width_of_every_sass_load():
     from ropelib.course import load_schedule
     widths = {"@!P0 LDG.E.128 R8, desc[UR6][R2.64+0x80]": 16,
               "@!P0 LDG.E.EL.128 R20, desc[UR10][R44.64]": 16,
               "LDG.E.64 R4, desc[UR4][R2.64]": 8, "@P1 LDG.E.U16 R9, desc[UR4][R6.64]": 2,
               "LDG.E.S8 R3, desc[UR4][R2.64]": 1, "LDG.E R5, desc[UR4][R2.64]": 4,
               "LDG.E.CONSTANT R7, desc[UR4][R2.64]": 4}
-    assert {ins: load_schedule.load_bytes(ins) for ins in widths} == widths
+    assert {ins: load_schedule.access_bytes(ins) for ins in widths} == widths
     sched = {"loads": [(i, ins) for i, ins in enumerate(widths)]}
     assert load_schedule.load_widths(sched) == {16: 2, 8: 1, 4: 2, 2: 1, 1: 1}
 

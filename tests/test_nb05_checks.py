@@ -58,7 +58,8 @@ def test_torch_compile_spread():
 def test_store_widths_reads_the_opcodes():
     sass = ["STG.E.128 desc[UR4][R2.64], R4", "@P0 STG.E.U16 desc[UR4][R6.64], R9",
             "STG.E desc[UR4][R2.64], R5", "STG.E.64 desc[UR4][R2.64], R6", "LDG.E.128 R4, [R2]"]
-    assert load_schedule.store_widths(sass) == {2: 1, 4: 1, 8: 1, 16: 1}
+    widths = load_schedule.store_widths({"sass": sass})
+    assert widths == {16: 1, 8: 1, 4: 1, 2: 1} and list(widths) == [16, 8, 4, 2]
 
 
 @triton.jit

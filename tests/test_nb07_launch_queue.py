@@ -59,3 +59,12 @@ def test_helpers_run_without_a_gpu():
     seen = []
     lq.one_thread(lambda step: seen.append(step))("s")
     assert seen == ["s"]
+
+
+def test_a_timeline_without_the_call_names_the_provider(tmp_path):
+    lines = [line for line in GAP_LOG.read_text().splitlines()
+             if not line.rstrip().endswith(": call")]
+    log = tmp_path / "gap.log"
+    log.write_text("\n".join(lines))
+    with pytest.raises(ValueError, match="'ropelib' has no host event for the call"):
+        measured.dobench_gap_timeline(log)

@@ -561,7 +561,7 @@ def check_wide_stores(name: str, kernel, args: dict, *, num_warps: int, wide: in
     sched = load_schedule.compiled_for_grading(name, kernel, args, num_warps=num_warps)
     if sched is None:
         return False
-    widths = load_schedule.store_widths(sched["sass"])
+    widths = load_schedule.store_widths(sched)
     found = ", ".join(f"{n} of {b} byte{'s' if b > 1 else ''}" for b, n in widths.items())
     if widths.get(2, 0) or widths.get(1, 0) or widths.get(16, 0) < wide:
         print(f"❌ {name}: a thread's global stores, sm_90: {found or 'none'}. Wanted: no 2-byte "

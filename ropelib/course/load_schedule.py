@@ -39,7 +39,7 @@ from typing import Optional
 
 from .offline_compile import compiled_code, cuobjdump
 
-__all__ = ["schedule", "sass_instructions", "load_bytes", "load_widths", "store_widths",
+__all__ = ["schedule", "sass_instructions", "access_bytes", "load_widths", "store_widths",
            "check_wide_loads"]
 
 _GUARD = r"^(?:@!?U?P\w+\s+)?"                   # an instruction's guard predicate, if any
@@ -110,9 +110,10 @@ def _conversions(ttgir: str) -> list:
 _WIDTH = {"128": 16, "64": 8, "U16": 2, "S16": 2, "U8": 1, "S8": 1}
 
 
-def load_bytes(instruction: str) -> int:
-    """The bytes one thread moves with one global load (or store) of the SASS: LDG.E.128 16,
-    .64 8, .U16 (or .S16) 2, .U8 (.S8) 1, and 4 for a plain LDG.E (one 32-bit word)."""
+def access_bytes(instruction: str) -> int:
+    """The bytes one thread moves with one global load or store of the SASS: LDG.E.128 (or
+    STG.E.128) 16, .64 8, .U16 (or .S16, STG.E.U16) 2, .U8 (.S8) 1, and 4 for a plain LDG.E or
+    STG.E (one 32-bit word)."""
     mods = re.search(r"(?:LDG|STG)((?:\.\w+)*)", instruction)[1].split(".")
     return next((_WIDTH[m] for m in mods if m in _WIDTH), 4)
 
@@ -121,20 +122,20 @@ def load_widths(sched: dict) -> dict:
     """{bytes: how many loads} of a schedule's global loads, widest first."""
     widths = {}
     for _, ins in sched["loads"]:
-        n = load_bytes(ins)
+        n = access_bytes(ins)
         widths[n] = widths.get(n, 0) + 1
     return dict(sorted(widths.items(), reverse=True))
 
 
-def store_widths(sass: list) -> dict:
-    """{bytes: how many stores} of the global stores (STG) in a schedule's machine code
-    (`schedule(...)["sass"]`), narrowest first; widths as `load_bytes` reads them."""
+def store_widths(sched: dict) -> dict:
+    """{bytes: how many stores} of a schedule's global stores (STG in its machine code), widest
+    first, as `load_widths` counts its loads."""
     widths = {}
-    for ins in sass:
+    for ins in sched["sass"]:
         if _STORE.match(ins):
-            n = load_bytes(ins)
+            n = access_bytes(ins)
             widths[n] = widths.get(n, 0) + 1
-    return dict(sorted(widths.items()))
+    return dict(sorted(widths.items(), reverse=True))
 
 
 def compiled_for_grading(name: str, kernel, args: dict, *, num_warps: int) -> Optional[dict]:

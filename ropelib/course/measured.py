@@ -335,14 +335,21 @@ def dobench_gap_timeline(path) -> dict:
     compare.note_read(path)
     out, prov, events = {}, None, []
 
+    def first(what, where, test):
+        found = next((e for e in events if e[0] == where and test(e)), None)
+        if found is None:
+            raise ValueError(f"{path}: the profiled iteration of {prov!r} has no {where} event "
+                             f"for {what}")
+        return found
+
     def close():
         if not prov:
             return
-        memset = next(e for e in events if e[0] == "device" and e[3].endswith(": memset"))
-        call = next(e for e in events if e[0] == "host" and e[3].endswith(": call"))
-        launch = next(e for e in events if e[0] == "host" and "LaunchKernel" in e[3]
-                      and e[1] >= call[1])
-        kernel = next(e for e in events if e[0] == "device" and e[3].endswith(": call"))
+        memset = first("the memset", "device", lambda e: e[3].endswith(": memset"))
+        call = first("the call", "host", lambda e: e[3].endswith(": call"))
+        launch = first("a kernel launch inside the call", "host",
+                       lambda e: "LaunchKernel" in e[3] and e[1] >= call[1])
+        kernel = first("the call's kernel", "device", lambda e: e[3].endswith(": call"))
         out[prov] = {"memset_device_start": memset[1], "memset_device_end": memset[1] + memset[2],
                      "call_start": call[1], "call_end": call[1] + call[2],
                      "first_launch": launch[1], "first_kernel": kernel[1]}
