@@ -32,8 +32,9 @@
 # - serve both directions with one kernel and one compile-time flag — in a cell you can edit,
 #   launch and break — and write the backward kernel, its launcher and its `autograd.Function`
 #   yourself;
-# - time your backward kernel on a GPU beside the forward and a copy of the same bytes, and read
-#   its speed as a fraction of the copy's.
+# - time a backward kernel on a GPU beside the forward and a copy of the same bytes, read its
+#   speed as a fraction of the copy's, and say from a profile and the compiled code why one warp
+#   a program beats four.
 #
 # **Time:** about 90–120 minutes. The cells also run on a CPU, through Triton's interpreter; the
 # time goes to reading, changing the kernel of section 2, the four exercises (the
@@ -279,7 +280,7 @@ def _rope_batch_reuse_kernel(
 # included) is read as it is. It also passes the half width, its power-of-two tile and
 # `BACKWARD`, `COMPUTE_DTYPE` and `BF16_RTNE`. `COMPUTE_DTYPE` is fp64 for fp64 inputs, which
 # `gradcheck` needs (section 4). `num_warps`, the warps of each program, stays at Triton's
-# default, 4, unless the caller asks for another (the timing cell after exercise 3 runs 1 too).
+# default, 4, unless the caller asks for another (section 2.1 times 1 too).
 
 # %%
 def rope_cell(x, freqs, *, backward=False, num_warps=4):
@@ -310,9 +311,9 @@ def rope_cell(x, freqs, *, backward=False, num_warps=4):
 #
 # On a GPU it then times this kernel forward and backward on the cell's fp32 tensor, at
 # `rope_cell`'s default of four warps, and prints the ratio of the two times: the same bytes
-# predict 1. The only speed it asserts is a wide one, that the backward does not take half as
-# long again as the forward. What a whole training step costs, through an
-# `autograd.Function`, is section 3.1's question, once section 3 has built one.
+# predict 1, and the cell asserts 0.9 to 1.1. Section 2.1 sets both beside a copy and at one
+# warp; what a whole training step costs, through an `autograd.Function`, is section 3.1's
+# question, once section 3 has built one.
 
 # %%
 torch.manual_seed(0)
@@ -342,7 +343,122 @@ if GPU:
     print(f"{torch.cuda.get_device_name()}, fp32, num_warps=4: forward {fwd_ms * 1e3:.1f} us, "
           f"backward {bwd_ms * 1e3:.1f} us = {bwd_ms / fwd_ms:.2f}x the forward "
           "(same loads and stores, same kernel)")
-    assert bwd_ms < 1.5 * fwd_ms, "the same bytes should not take half as long again"
+    assert 0.9 < bwd_ms / fwd_ms < 1.1, "the same bytes should take the forward's time"
+
+# %% [markdown]
+# ### 2.1 How fast: beside a copy, at one warp or four
+#
+# The backward reads $\partial L/\partial y$ and writes $\partial L/\partial x$: the bytes of a
+# copy of $\partial L/\partial y$, plus $S \times D$ fp32 angles ($2/(BH)$ of the gradient's
+# bytes in bf16; the cell prints both). A copy of the same tensor is therefore its floor. On a
+# GPU the next cell times, at this page's shape in bf16, a copy of $\partial L/\partial y$ and
+# section 2's kernel forward and backward at `num_warps=4` (Triton's default) and at
+# `num_warps=1`, with `triton.testing.do_bench` (median, 20th and 80th percentiles). It prints
+# each speed as a fraction of the copy's (copy time / kernel time: 1 = as fast as the copy) and
+# asserts what the bytes and notebook 04 predict: at either warp count the backward takes 0.9 to
+# 1.1 times the forward, nothing beats the copy, and one warp a program is faster than four.
+
+# %%
+if GPU:
+    from triton.testing import do_bench
+    x_bf, g_bf = x.to(torch.bfloat16), g.to(torch.bfloat16)      # [S, B, H, D] bf16
+    for t_ in (x_bf, g_bf):                                       # the warps change no result
+        torch.testing.assert_close(rope_cell(t_, freqs, num_warps=1), rope_cell(t_, freqs))
+    copy_out = torch.empty_like(g_bf)
+    timed = {"copy of dL/dy": lambda: copy_out.copy_(g_bf)}
+    for w in (4, 1):
+        timed[f"forward, num_warps={w}"] = lambda w=w: rope_cell(x_bf, freqs, num_warps=w)
+        timed[f"backward, num_warps={w}"] = (
+            lambda w=w: rope_cell(g_bf, freqs, backward=True, num_warps=w))
+    ms = {name: do_bench(fn, quantiles=[0.5, 0.2, 0.8]) for name, fn in timed.items()}
+    copy_ms = ms["copy of dL/dy"][0]
+    grad_mib, angle_mib = g_bf.numel() * g_bf.element_size() / 2**20, S * D * 4 / 2**20
+    print(f"{torch.cuda.get_device_name()}, dL/dy [{S}, {B}, {H}, {D}] bf16: {grad_mib:.0f} MiB "
+          f"read and {grad_mib:.0f} MiB written, beside {angle_mib:.0f} MiB of fp32 angles")
+    for name, (med, lo, hi) in ms.items():
+        print(f"  {name:24s} {med * 1e3:8.1f} us (p20-p80 {lo * 1e3:.1f}-{hi * 1e3:.1f})  "
+              f"{copy_ms / med:.2f} of a copy")
+    for w in (4, 1):
+        bwd_x = ms[f"backward, num_warps={w}"][0] / ms[f"forward, num_warps={w}"][0]
+        print(f"num_warps={w}: the backward takes {bwd_x:.2f}x the forward's time")
+        assert 0.9 < bwd_x < 1.1, "the same bytes should take the forward's time"
+    assert all(copy_ms < 1.02 * med for med, _, _ in ms.values()), "a copy is the floor"
+    w4_ms, w1_ms = ms["forward, num_warps=4"][0], ms["forward, num_warps=1"][0]
+    print(f"one warp a program: the forward in {w1_ms / w4_ms:.2f} of the four-warp time")
+    assert w1_ms < w4_ms, "one warp per program should be the faster launch here"
+else:
+    print("timed on a GPU only (the interpreter runs one program after another in Python)")
+
+# %% [markdown]
+# **Why one warp is faster.** Nsight Compute profiled this kernel's forward at this shape (bf16,
+# $S = 4096$, $B = 8$, $H = 32$, $D = 128$; `benchmarks/mechanism.py`, variants `sh_loop_b_w1`
+# and `sh_loop_b_w4` of the batch-reusing kernel) at one warp and at four warps a program, and
+# the same script compiled both and counted the global loads and stores in their PTX, by width
+# (instructions in the code, not executions; the reads of libdevice's sin/cos table left out).
+# The cell prints both sets of rows. Notebook 04 (appendix A.1) reads this tile's layout on an
+# H200: a program rotates one head's $D/2 = 64$ pairs at a time, so on 128 threads each element
+# and each cos/sin value is held, loaded and computed by 2 threads.
+
+# %%
+prof = measured.mechanism("s4096-b8")
+w1_row, w4_row = prof["sh_loop_b_w1"], prof["sh_loop_b_w4"]
+print(f"Nsight Compute, {w1_row['dtype']} [{w1_row['seq_len']}, {w1_row['batch']}, "
+      f"{w1_row['heads']}, {w1_row['head_dim']}]:")
+print(f"{'warps':>5} {'time (us)':>10} {'warp instr / element':>21} "
+      f"{'thread instr / element':>23} {'achieved occupancy':>19} {'DRAM bytes / model':>19}")
+for r in (w1_row, w4_row):
+    print(f"{int(r['num_warps']):5d} {r['us']:10.1f} {r['ncu_warp_inst_per_element']:21.3f} "
+          f"{r['ncu_thread_inst_per_element']:23.1f} {r['ncu_achieved_occupancy_pct']:18.0f}% "
+          f"{r['ncu_dram_bytes_over_model']:19.3f}")
+print("compiled code:")
+print(f"{'warps':>5} {'registers':>10} {'resident programs / SM':>23} {'capped by':>16}   "
+      "PTX global loads (ld) and stores (st), by vector.word size")
+for r in (w1_row, w4_row):
+    print(f"{int(r['num_warps']):5d} {r['registers']:10d} {r['occ_blocks_per_sm']:23d} "
+          f"{r['occ_limiter']:>16}   {r['ptx_access_detail']}")
+# per program: one head, B rows of D elements; a thread's share of its instructions
+per_thread = {int(r["num_warps"]): r["ncu_thread_inst_per_element"] * r["batch"]
+              * r["head_dim"] / (32 * r["num_warps"]) for r in (w1_row, w4_row)}
+inst_x = w4_row["ncu_thread_inst_per_element"] / w1_row["ncu_thread_inst_per_element"]
+time_x = w4_row["us"] / w1_row["us"]
+print(f"instructions a thread executes per program: {per_thread[1]:.0f} at one warp, "
+      f"{per_thread[4]:.0f} at four ({per_thread[4] / per_thread[1]:.2f} of them)")
+print(f"four warps: 4x the threads at {per_thread[4] / per_thread[1]:.2f} of the instructions "
+      f"each = {inst_x:.2f}x the instructions per element, {time_x:.2f}x the time")
+assert (w1_row["seq_len"], w1_row["batch"], w1_row["heads"], w1_row["head_dim"]) == \
+    (4096, 8, 32, 128)
+assert abs(w4_row["ncu_dram_bytes_over_model"] / w1_row["ncu_dram_bytes_over_model"] - 1) < 0.01
+assert round(inst_x, 2) == 2.85 and round(time_x, 2) == 1.62       # the text's numbers
+assert [round(r["ncu_warp_inst_per_element"], 2) for r in (w1_row, w4_row)] == [0.49, 1.39]
+assert [round(r["ncu_achieved_occupancy_pct"]) for r in (w1_row, w4_row)] == [48, 96]
+assert [r["occ_theoretical_pct"] for r in (w1_row, w4_row)] == [50, 100]
+assert [r["occ_blocks_per_sm"] for r in (w1_row, w4_row)] == [32, 16]
+assert [r["occ_limiter"] for r in (w1_row, w4_row)] == ["blocks", "registers+warps"]
+assert [r["registers"] for r in (w1_row, w4_row)] == [36, 27]
+assert [r["ptx_access_detail"] for r in (w1_row, w4_row)] == [
+    "ld.v1.b32=2 ld.v2.b32=2 st.v1.b32=2",          # x, y: two bf16 a word; angles: 2 words
+    "ld.v1.b16=2 ld.v1.b32=2 st.v1.b16=2"]          # x, y: one bf16; angles: one word
+assert [round(per_thread[w]) for w in (1, 4)] == [499, 356]
+assert round(per_thread[4] / per_thread[1], 2) == 0.71
+
+# %% [markdown]
+# Both launches move the same DRAM bytes (within 1 %); what differs is the work for each byte.
+# The PTX rows show how a thread's share changes. A bf16 is 16 bits and an angle 32. At one
+# warp, each thread holds two elements of each half: it reads $x$ and writes $y$ as 32-bit
+# words, two bf16 each (`ld.v1.b32`, `st.v1.b32`), and its two angles of each half as one
+# 2-word vector (`ld.v2.b32`). At four warps each thread holds one bf16 (`ld.v1.b16`,
+# `st.v1.b16`) and one angle (`ld.v1.b32`). Both codes load $x$ twice and store $y$ twice for
+# each batch row; at four warps each of those instructions moves one bf16 a thread instead of
+# two, so every element costs a load and a store instruction of its own, on each of the two
+# threads that hold it. The profile counts the whole program: a thread at four warps holds half
+# the elements but executes 0.71 of the instructions (356 against 499 a program), and there are
+# four times as many threads. Together that is 2.85 times the instructions, 1.39 warp
+# instructions an element against 0.49.
+#
+# Four warps also fill the SMs: one-warp programs are capped by the limit of 32 programs on an
+# SM (`blocks`: 32 of its 64 warp slots, 48 % filled on average), four-warp programs by registers
+# and warps (96 %). The extra occupancy does not pay for the extra instructions: four warps take
+# 1.62 times the time.
 
 # %% [markdown]
 # ## 3. A `torch.autograd.Function`
@@ -403,26 +519,13 @@ print("gradients match the reference's autograd in fp32, fp16 and bf16")
 #
 # A training step runs the forward and then, through an `autograd.Function` like `RopeFunction`,
 # the backward: two kernels that move the same bytes, so the step should take twice the forward.
-# A committed H200 run (`benchmarks/results/generations-nvidia-h200.csv`) timed exactly that:
-# `torch.autograd.grad` through an `autograd.Function` like `RopeFunction` for each of
-# ropelib's generations (`ropelib.bench.compare`), beside the forward alone, in bf16. Its `ropelib_batch_reuse` is section 2's kernel, launched by
-# ropelib at one warp a program, so its times do not compare with section 2's live ones. The
-# cell prints the step's time over the forward's for every batch size of the run
-# ($s = 4096$, $h = 32$, $d = 128$) and draws both times.
-#
-# At the 1 GiB reference case the step takes 2.00 times the forward, and from batch 4 up 1.97
-# to 2.01 times for all three kernels: what the equal bytes predict. At batch 1 and 2 (32 and
-# 64 MiB) it does not, and the ratio is not one number there: 2.67 to 6.62 between the kernels
-# and the two cases of the same run. The batch-reusing kernel's step even takes longer at
-# batch 1 (427 µs) than at batch 4 (207 µs), with a quarter of the bytes. So a fixed cost per
-# step cannot explain it either. The run times whole calls only (`do_bench`), so it cannot say
-# where that time goes; that would take timing each step's host work apart from its kernels,
-# as notebook 07 (section 7.5) does for the finished kernel.
-#
-# One thing about these small sizes is plain arithmetic: at batch 1 the grid $(S, H)$ starts
-# 131,072 one-warp programs, and an empty kernel's cost per program (notebook 03, section 4)
-# puts 79.2 µs on starting them, 0.94 of the forward's 84.6 µs. That forward's time is set by
-# its programs, not by its bytes.
+# A committed H200 run (`benchmarks/results/generations-nvidia-h200.csv`) timed that step,
+# `torch.autograd.grad` through such a Function, for each of ropelib's generations
+# (`ropelib.bench.compare`), beside the forward alone, in bf16 and as whole calls (`do_bench`).
+# Its `ropelib_batch_reuse` is section 2's kernel, launched by ropelib at one warp a program
+# (section 2.1 says why), so its times do not compare with section 2's four-warp ones. The cell
+# prints the step's time over the forward's for every batch size of the run ($s = 4096$,
+# $h = 32$, $d = 128$) and draws both times.
 
 # %%
 gen_meta, gen_rows = measured.load("generations")
@@ -444,16 +547,15 @@ print(f"reference case [{gen['seq_len']}, {gen['batch']}, {gen['heads']}, {gen['
 assert n_x == 2**30 and gen["dtype"] == "bf16"
 assert f"{gen['fwdbwd_ms'] / gen['fwd_ms']:.2f}" == "2.00"   # the backward: the forward's time
 large = [v for (k, b_), v in ratio.items() if b_ >= 4]
-small_ = [v for (k, b_), v in ratio.items() if b_ <= 2]
 assert batches == [1, 2, 4, 8, 16] and len(large) == 9
 assert (round(min(large), 2), round(max(large), 2)) == (1.97, 2.01)      # 2x from batch 4 up
-assert (round(min(small_), 2), round(max(small_), 2)) == (2.67, 6.62)    # not one number below
 # not monotonic: the batch-reusing kernel's step at batch 1 takes longer than at batch 4
-br1, br4 = sweep[("ropelib_batch_reuse", 1)], sweep[("ropelib_batch_reuse", 4)]
+br1, br2, br4 = (sweep[("ropelib_batch_reuse", b_)] for b_ in (1, 2, 4))
 print(f"ropelib_batch_reuse step: batch 1 {br1['fwdbwd_ms'] * 1e3:.0f} us, batch 4 "
-      f"{br4['fwdbwd_ms'] * 1e3:.0f} us (4x the bytes)")
+      f"{br4['fwdbwd_ms'] * 1e3:.0f} us (4x the bytes); forward: batch 1 "
+      f"{br1['fwd_ms'] * 1e3:.1f} us, batch 2 {br2['fwd_ms'] * 1e3:.1f} us (2x the bytes)")
 assert (round(br1["fwdbwd_ms"] * 1e3), round(br4["fwdbwd_ms"] * 1e3)) == (427, 207)
-assert round(ratio[("ropelib_batch_reuse", 1)], 1) > 2 * round(ratio[("ropelib_batch_reuse", 4)], 1)
+assert (round(br1["fwd_ms"] * 1e3, 1), round(br2["fwd_ms"] * 1e3, 1)) == (84.6, 84.7)
 # the batch-1 forward against the cost of starting its programs (notebook 03, section 4): an
 # empty kernel of a million one-warp programs on the same GPU, per program and SM
 _, cost_rows = measured.load("program_cost")
@@ -464,7 +566,7 @@ print(f"batch 1: {programs:,} programs x {empty['ns_per_program_per_sm']:.1f} ns
       f"{empty['sms']} SMs = {start_us:.1f} us just to start them: "
       f"{start_us / (br1['fwd_ms'] * 1e3):.2f} of the forward's {br1['fwd_ms'] * 1e3:.1f} us")
 assert programs == 131_072 and round(start_us, 1) == 79.2
-assert round(start_us / (br1["fwd_ms"] * 1e3), 2) == 0.94 and round(br1["fwd_ms"] * 1e3, 1) == 84.6
+assert round(start_us / (br1["fwd_ms"] * 1e3), 2) == 0.94
 
 fig, ax = plt.subplots(figsize=(6.4, 4.2))
 for k, colour in zip(("ropelib_naive", "ropelib_batch_reuse"), ("tab:orange", "tab:blue")):
@@ -488,22 +590,16 @@ fig.savefig(FIGURES / "06-step-vs-forward.png", dpi=110)
 plt.show()
 
 # %% [markdown]
-# **The batch-1 step's device time.** On a GPU the next cell runs the committed batch-1 case
-# again (the same shape, provider and step: `ropelib.bench.compare`'s `ropelib_batch_reuse`
-# through `torch.autograd.grad`; it times that provider rather than `RopeFunction` so that its
-# numbers sit beside the committed ones) and times the forward and the step twice: as whole
-# calls (`do_bench`, as the committed run did) and replayed from a CUDA graph of 20 calls
-# (`ropelib.bench.suite.graph_replay_ms`, as notebook 07 section 7.3 does), which takes the
-# host out. The time a step spends beyond two forwards then splits in three:
-#
-# $$t_{\text{step}} - 2t_{\text{fwd}} = \big(t^{\text{dev}}_{\text{step}} - 2t^{\text{dev}}_{\text{fwd}}\big)
-#   + \big(t_{\text{step}} - t^{\text{dev}}_{\text{step}}\big)
-#   - 2\big(t_{\text{fwd}} - t^{\text{dev}}_{\text{fwd}}\big),$$
-#
-# the device's part, the step's host share and the two forwards' host shares. Replayed calls run
-# back to back without `do_bench`'s cache flush, so part of their bytes may come from L2: a
-# replayed time is a lower bound on the device's time, and a host share computed from it an
-# upper bound.
+# From batch 4 up the step takes 1.97 to 2.01 forwards, as the bytes predict. Below it does not:
+# the batch-reusing kernel's step takes 427 µs at batch 1 against 207 µs at batch 4, with a
+# quarter of the bytes. The forward there is set by its programs, not its bytes: 84.6 µs at
+# batch 1 and 84.7 µs at batch 2, of which starting batch 1's 131,072 programs takes 79.2 µs
+# (notebook 03's cost per program). The committed run timed whole calls, so it cannot split the
+# step's time. On a GPU the next cell times the same wrapper at batch 1 as whole calls and
+# replayed from a CUDA graph, which leaves the host out: the replayed step is about twice the
+# replayed forward (asserted), so the device's work is what the bytes predict, and what the whole
+# call adds lies outside the kernels. That is a measurement of today's run, not a proof of where
+# the committed run's time went.
 
 # %%
 if GPU:
@@ -517,6 +613,8 @@ if GPU:
     calls = {"forward": lambda: prov.fn(case),
              "step": compare.fwdbwd_step(lambda: prov.fn(gcase), leaves, grads)}
     whole = {k: compare.time_ms(f, device)[0] * 1e3 for k, f in calls.items()}
+    # 20 calls replayed from one CUDA graph, as notebook 07 section 7.3 does: back to back,
+    # without do_bench's cache flush, so some bytes may come from L2 (a lower bound)
     try:
         replayed = {k: suite.graph_replay_ms(f, 20, device)[0] * 1e3 for k, f in calls.items()}
     except RuntimeError as err:          # a build where this route cannot be captured
@@ -527,39 +625,16 @@ if GPU:
         print(f"  {k:8s} whole call (do_bench) {whole[k]:7.1f} us"
               + (f" | replayed (device) {replayed[k]:7.1f} us" if replayed else ""))
     if replayed:
-        beyond = whole["step"] - 2 * whole["forward"]          # the step beyond two forwards, live
-        device_beyond = replayed["step"] - 2 * replayed["forward"]
-        host_step = whole["step"] - replayed["step"]           # upper bounds (see above)
-        host_fwd = whole["forward"] - replayed["forward"]
-        print(f"  replayed step = {replayed['step'] / replayed['forward']:.2f}x the replayed "
-              f"forward (the bytes predict 2)")
-        device_txt = (f"device ~0 ({device_beyond:.1f} us)"
-                      if abs(device_beyond) < 0.02 * replayed["step"] else
-                      f"device {device_beyond:.1f} us")
-        print(f"  beyond two forwards {beyond:.1f} us = {device_txt} + the step's host share "
-              f"{host_step:.1f} us - 2 x the forward's host share {host_fwd:.1f} us")
-        assert abs(device_beyond + host_step - 2 * host_fwd - beyond) < 0.01   # an identity
-        if abs(beyond) < 0.05 * 2 * whole["forward"]:        # within 5 % of two forwards
-            print("  so nothing to place: the step is two forwards' work here, on the device "
-                  "and as whole calls")
-        else:
-            print("  so the larger part is "
-                  + ("outside the kernels (the host)" if host_step - 2 * host_fwd > device_beyond
-                     else "on the device (the kernels)"))
+        device_x = replayed["step"] / replayed["forward"]
+        print(f"  replayed step = {device_x:.2f}x the replayed forward (the bytes predict 2)")
+        print(f"  the whole call adds {whole['step'] - replayed['step']:.1f} us to the replayed "
+              f"step, {whole['forward'] - replayed['forward']:.1f} us to the replayed forward")
         print(f"  the committed run's step at this shape: {small['fwdbwd_ms'] * 1e3:.0f} us "
               f"= {small['fwdbwd_ms'] * 1e3 / whole['step']:.2f}x today's whole call")
-        assert replayed["step"] > replayed["forward"] > 0
+        assert 1.9 < device_x < 2.1, "on the device, a step should be two forwards' work"
+        assert whole["step"] > replayed["step"]
 else:
     print("(no GPU here: the step's device time is measured on a GPU only)")
-
-# %% [markdown]
-# Read the last lines together. Replayed, the step is two forwards' work on the device (the
-# cell asserts the order; the bytes predict 2). Whatever the whole call adds beyond two
-# forwards is then the host's, and it is not a fixed amount: rerun the cell and compare. The
-# committed run timed whole calls only, so it cannot split its 427 µs at batch 1; that the
-# replayed step here is about two replayed forwards makes a host share the likely reading of
-# its extra time, not a proof, which is why one committed number is never enough to explain a
-# time.
 
 
 # %% [markdown]
@@ -722,17 +797,15 @@ print("expanded input: forward reads stride 0, backward's gradients summed over 
 # reads one 4-byte cell for all $N$ elements and writes $N$ fp32 elements: $4N$ bytes. With
 # `.contiguous()` first, the copy writes $4N$ bytes and the kernel reads them back before writing
 # its own $4N$: three times the traffic, so 3x the time at the same GB/s. On a GPU the cell times
-# both paths and prints the ratio and each path's GB/s; it asserts only that the path with the
-# copy takes more than 1.5x the time.
+# both paths and prints the ratio and each path's GB/s; it asserts that the path with the copy
+# takes more than 2.5x the time.
 #
 # It then times the copied path's two pieces apart: `g_sum.contiguous()` alone ($4N$ written)
 # and the kernel on a gradient made contiguous once, outside the timed call ($4N$ read, $4N$
-# written). It prints their sum beside the copied path (asserting they agree to 25 %) and names
+# written). It prints their sum beside the copied path (asserting they agree to 10 %) and names
 # the pieces whose GB/s falls below the as-is kernel's: where the ratio lands above 3, they are
-# why. Last it prints `g_sum.contiguous()`'s GB/s as a fraction of a plain copy's of the
-# contiguous gradient; the cell after it reads a profile that says why it falls short. Every RoPE kernel in the
-# cell is `rope_cell` at four warps, which the timing cell after exercise 3 finds slower than
-# one warp (in bf16), so the ratio to the byte model's 3 is a four-warp kernel's.
+# why. Every RoPE kernel in the cell is `rope_cell` at four warps, which section 2.1 finds
+# slower than one warp (in bf16), so the ratio to the byte model's 3 is a four-warp kernel's.
 
 # %%
 if GPU:
@@ -750,7 +823,7 @@ if GPU:
     print(f"  the copy costs {copied_ms / as_is_ms:.2f}x the time")
     print(f"  the byte model predicts 3x; the copy path ran at {gbps_copied / gbps_as_is:.2f} "
           "of the GB/s of the kernel alone")
-    assert copied_ms > 1.5 * as_is_ms, "the copy adds two passes over N: it cannot be free"
+    assert copied_ms > 2.5 * as_is_ms, "the copy adds two passes over N"
 
     # the copied path in two pieces: the copy alone, and the kernel on a contiguous dL/dy
     g_c = g_sum.contiguous()                                      # made once, not timed
@@ -764,79 +837,15 @@ if GPU:
         print(f"    {name:27s} {gbps:5.0f} GB/s, {gbps / gbps_as_is:.2f} of the as-is kernel's")
     slow = [name for name, gbps in gbps_piece.items() if gbps < gbps_as_is]
     print("  below the as-is kernel's GB/s:", ", ".join(slow) or "neither piece")
-    assert abs(contig_ms + on_contig_ms - copied_ms) < 0.25 * copied_ms, \
+    assert abs(contig_ms + on_contig_ms - copied_ms) < 0.1 * copied_ms, \
         "the two pieces should account for the copied path"
-    copy_buf = torch.empty_like(g_c)
-    plain_ms = do_bench(lambda: copy_buf.copy_(g_c))              # reads 4N, writes 4N
-    gbps_plain = 2 * n_bytes / plain_ms / 1e6
-    print(f"  a plain copy of the contiguous dL/dy: {gbps_plain:.0f} GB/s; g_sum.contiguous() "
-          f"alone runs at {gbps_piece['g_sum.contiguous() alone'] / gbps_plain:.2f} of that")
-    if "H200" in torch.cuda.get_device_name():     # what the text below reads off this line
-        assert gbps_piece["g_sum.contiguous() alone"] < 0.5 * gbps_plain
 else:
     print("timed on a GPU only (the interpreter's times say nothing of memory traffic)")
 
 # %% [markdown]
-# On an H200, `g_sum.contiguous()` alone writes its 537 MB at less than half the GB/s of a
-# plain copy, which reads as many bytes as it writes (the last line above). Writing should be the
-# cheaper half, so the slowness is the kernel's, not the memory's. `benchmarks/contiguous_ncu.py`
-# profiled it under Nsight Compute beside `buf.fill_(1.0)`, which writes the same $N$ fp32
-# elements and reads nothing (`contiguous_ncu-nvidia-h200.csv`; the profiler fixes the SM clock,
-# so compare the two times with each other). The plain copy itself is not in the profile: for two
-# contiguous tensors of one dtype PyTorch calls `cudaMemcpyAsync`, which runs no kernel.
-#
-# The cell prints, for each kernel, the bytes it wrote to DRAM, its time, its store
-# instructions and the bytes each thread writes per store ($4N$ bytes ÷ (store instructions ×
-# 32 threads)), the warp instructions it executed, and the warps resident on an
-# SM as a share of the most it holds.
-
-# %%
-ct_csv = measured.RESULTS / "contiguous_ncu-nvidia-h200.csv"
-ct = dict(zip(("g_sum.contiguous()", "buf.fill_(1.0)"),
-              (k for k in measured.ncu_kernels(ct_csv))))
-print(f"NVIDIA H200 ({ct_csv.name}), N = {4096 * 8 * 32 * 128:,} fp32 elements written: "
-      f"4N = {4 * 4096 * 8 * 32 * 128 / 1e6:.0f} MB")
-print(f"{'':20s}{'MB to DRAM':>11s}{'us':>7s}{'TB/s':>6s}{'stores M':>10s}{'B/thread/store':>16s}"
-      f"{'warp instr. M':>15s}{'warps resident':>16s}")
-ct_row = {}
-n_bytes_ct = 4 * 4096 * 8 * 32 * 128                               # what each kernel writes
-assert round(n_bytes_ct / 1e6) == 537                               # the text's 537 MB
-for label, k in ct.items():
-    m = k["metrics"]
-    written, us = m["dram__bytes_write.sum"], m["gpu__time_duration.sum"] / 1e3
-    stores = m["smsp__sass_inst_executed_op_global_st.sum"]
-    ct_row[label] = {"mb": written / 1e6, "us": us, "tb_s": written / us / 1e6,
-                     "width": n_bytes_ct / (stores * 32), "instr_m": m["smsp__inst_executed.sum"] / 1e6,
-                     "resident": m["sm__warps_active.avg.pct_of_peak_sustained_active"]}
-    r = ct_row[label]
-    print(f"{label:20s}{r['mb']:11.0f}{us:7.0f}{r['tb_s']:6.2f}{stores / 1e6:10.2f}"
-          f"{r['width']:16.1f}{r['instr_m']:15.1f}{r['resident']:15.1f}%")
-    print(f"{'':20s}kernel: {k['kernel'][:60]}...")
-con, fil = ct_row["g_sum.contiguous()"], ct_row["buf.fill_(1.0)"]
-assert "elementwise_kernel<128, 2" in ct["g_sum.contiguous()"]["kernel"]
-assert ct["buf.fill_(1.0)"]["kernel"].startswith("void vectorized_elementwise_kernel<4")
-assert abs(con["mb"] - fil["mb"]) < 1 and round(con["mb"]) == 509   # the same bytes reach DRAM
-assert [v["width"] for v in (con, fil)] == [4, 16]                 # one float vs four a store
-assert round(con["instr_m"] / fil["instr_m"], 1) == 11.5
-assert [round(v["resident"]) for v in (con, fil)] == [24, 88]
-assert round(con["us"] / fil["us"], 2) == 2.75 and round(fil["us"] / con["us"], 2) == 0.36
-print(f"g_sum.contiguous(): {con['us'] / fil['us']:.2f}x the fill's time for the same bytes, "
-      f"{con['instr_m'] / fil['instr_m']:.1f}x its warp instructions")
-
-# %% [markdown]
-# Both kernels put the same 509 MB into DRAM (of the 537 MB written, the rest most likely still
-# in the L2 cache when the kernel ends: the profile has no L2 write count to show it); the fill
-# takes 0.36 of the time. They are
-# different kernels. A stride-0 source is not contiguous, so PyTorch's copy takes its general
-# `elementwise_kernel`, which computes each element's offset through the source's strides and
-# stores one float (4 bytes) per thread per store instruction. The fill runs the
-# `vectorized_elementwise_kernel`, whose threads store four floats (16 bytes) at once. The
-# general kernel executes 11.5 times the warp instructions, and only 24 % of the warp slots of
-# an SM are filled with its warps, against 88 % for the fill, so, most likely, it has fewer
-# stores in flight to cover the memory's latency with (the profile does not count stores in
-# flight). How much of its 2.75 times the fill's time each of these
-# costs, the profile does not separate; the kernel's own code is PyTorch's, not the course's to
-# change. What a RoPE backward can do is not ask for it: read the stride-0 gradient as it is.
+# Why PyTorch's `g_sum.contiguous()` writes its bytes more slowly than a plain copy does is a
+# question about PyTorch's copy kernel rather than about RoPE; appendix A times the two and reads
+# their profiles.
 
 # %% [markdown]
 # ## 6. Summary, and the finished kernel
@@ -851,10 +860,16 @@ print(f"g_sum.contiguous(): {con['us'] / fil['us']:.2f}x the fill's time for the
 # - Check a backward three ways: against the autograd of a plain PyTorch reference, with
 #   `gradcheck` in float64, and with stride-0 tensors: the gradient of `y.sum()` and an input
 #   built with `expand`.
+# - The backward moves the forward's bytes and takes the forward's time. In the committed H200
+#   run a training step takes 1.97 to 2.01 forwards from batch 4 up; at batch 1 whole calls take
+#   more, while replayed from a CUDA graph the step is still two forwards (section 3.1).
+# - One warp a program beats four (section 2.1). With four warps each thread holds one bf16
+#   where it held two, and each element sits on two threads: 1.39 warp instructions an element
+#   against 0.49, for 1.62 times the time and the same DRAM bytes (the committed profile).
 #
-# ropelib's finished kernel (notebook 05) does the same. Its module header is long (it also
-# documents the grid, the layouts and the angle tables); the cell below prints only its paragraph
-# on the two directions, which states the formulas derived in section 1:
+# ropelib's finished kernel (notebook 05) serves both directions the same way. Its module header
+# is long (it also documents the grid, the layouts and the angle tables); the cell below prints
+# only its paragraph on the two directions, which states the formulas derived in section 1:
 
 # %%
 from ropelib.kernels import fused
@@ -949,99 +964,52 @@ launcher_ok = ex.check_rope_backward(my_rope_backward, kernel=my_backward_kernel
 solution(ex.solution_rope_backward)
 
 # %% [markdown]
-# **Time it.** Your backward reads $\partial L/\partial y$ and writes $\partial L/\partial x$:
-# the bytes of a copy of $\partial L/\partial y$, plus $S \times R$ fp32 angles ($2/(BH)$ of the
-# gradient's bytes in bf16 with $R = D$; the cell prints both). A copy of the same tensor is
-# therefore its floor. On a GPU the next cell checks your launcher's gradient against section
-# 2's (the worked launcher until exercise 3's check passes), then times, at this page's shape in
-# bf16, a copy of $\partial L/\partial y$, section 2's forward and your backward with
-# `triton.testing.do_bench` (median, 20th and 80th percentiles). It prints each speed as a
-# fraction of the copy's (copy time / kernel time: 1 = as fast as the copy). The worked launcher
-# runs at Triton's default of four warps, so set it beside the four-warp forward; if yours lands
-# well below that, compare your loads and your grid with section 2's kernel.
-#
-# Section 2's forward and backward also run at `num_warps=1` on the same tensors. The cell
-# asserts only the direction notebook 04 measured at this shape: one warp is faster than four;
-# the printout says by how much. The cell after it reads why from a committed profile. Then try
-# `num_warps=1` in your launcher.
+# **Time it.** On a GPU the next cell checks your launcher's gradient against section 2's (the
+# worked launcher until exercise 3's check passes), then times it as section 2.1 timed section
+# 2's kernel: beside a copy of $\partial L/\partial y$, the floor, and section 2's backward at
+# four warps and at one, in bf16 at this page's shape. It prints each speed as a fraction of
+# the copy's. The worked launcher runs at Triton's default of four warps, so set it beside the
+# four-warp backward; if yours lands well below that, compare your loads and your grid with
+# section 2's kernel. Then try `num_warps=1` in your launcher.
 
 # %%
 backward_timed = my_rope_backward if launcher_ok else ex.solution_rope_backward
 print("backward timed:", "yours" if launcher_ok else "the worked one, until yours passes")
 if GPU:
     from triton.testing import do_bench
-    x_bf, g_bf = x.to(torch.bfloat16), g.to(torch.bfloat16)      # [S, B, H, D] bf16
+    g_bf = g.to(torch.bfloat16)                                   # [S, B, H, D] bf16
     torch.testing.assert_close(backward_timed(g_bf, freqs), rope_cell(g_bf, freqs, backward=True))
-    torch.testing.assert_close(rope_cell(x_bf, freqs, num_warps=1), rope_cell(x_bf, freqs))
     copy_out = torch.empty_like(g_bf)
-    w4, w1 = "forward (section 2's, num_warps=4)", "forward (section 2's, num_warps=1)"
-    b1, bwd = "backward (section 2's, num_warps=1)", \
-        "backward (" + ("yours" if launcher_ok else "worked, num_warps=4") + ")"
+    bwd = "backward (" + ("yours" if launcher_ok else "worked, num_warps=4") + ")"
     timed = {"copy of dL/dy": lambda: copy_out.copy_(g_bf),
-             w4: lambda: rope_cell(x_bf, freqs, num_warps=4),
-             w1: lambda: rope_cell(x_bf, freqs, num_warps=1),
-             bwd: lambda: backward_timed(g_bf, freqs),
-             b1: lambda: rope_cell(g_bf, freqs, backward=True, num_warps=1)}
+             bwd: lambda: backward_timed(g_bf, freqs)}
+    for w in (4, 1):
+        timed[f"backward (section 2's, num_warps={w})"] = (
+            lambda w=w: rope_cell(g_bf, freqs, backward=True, num_warps=w))
     ms = {name: do_bench(fn, quantiles=[0.5, 0.2, 0.8]) for name, fn in timed.items()}
     copy_ms = ms["copy of dL/dy"][0]
-    grad_mib, angle_mib = g_bf.numel() * g_bf.element_size() / 2**20, S * D * 4 / 2**20
-    print(f"{torch.cuda.get_device_name()}, dL/dy [{S}, {B}, {H}, {D}] bf16: {grad_mib:.0f} MiB "
-          f"read and {grad_mib:.0f} MiB written, beside {angle_mib:.0f} MiB of fp32 angles")
+    print(f"{torch.cuda.get_device_name()}, dL/dy [{S}, {B}, {H}, {D}] bf16")
     for name, (med, lo, hi) in ms.items():
         print(f"  {name:35s} {med * 1e3:8.1f} us (p20-p80 {lo * 1e3:.1f}-{hi * 1e3:.1f})  "
               f"{copy_ms / med:.2f} of a copy")
-    frac = {name: copy_ms / med for name, (med, _, _) in ms.items()}
-    print(f"the {bwd}: {frac[bwd]:.2f} of a copy, the four-warp forward {frac[w4]:.2f}; "
-          f"at one warp the backward {frac[b1]:.2f}, the forward {frac[w1]:.2f}")
-    assert ms[w1][0] < ms[w4][0], "one warp per program should be the faster launch here"
+    assert all(copy_ms < 1.02 * med for med, _, _ in ms.values()), "a copy is the floor"
 else:
     print("timed on a GPU only (the interpreter runs one program after another in Python)")
 
 # %% [markdown]
-# **Why one warp is faster: the profile.** Nsight Compute profiled this kernel's forward at this
-# shape (bf16, $S = 4096$, $B = 8$, $H = 32$, $D = 128$; `benchmarks/mechanism.py`, variants
-# `sh_loop_b_w1` and `sh_loop_b_w4` of the batch-reusing kernel) at one warp and at four warps
-# a program. Both move the same DRAM bytes; the four-warp programs execute far more
-# instructions for each element. Part of the reason is measured in notebook 04 (appendix A.1),
-# which compiles this tile for an H200 and reads its layout: a program rotates one head's
-# $D/2 = 64$ pairs at a time, and on 128 threads each element and each cos/sin value is held,
-# loaded and computed by 2 threads. Two copies account for about twice the instructions, not the
-# 2.85 times the profile counts; what the rest is, the profile does not say. Four warps also fill
-# the SMs twice as full, which does not pay that back.
-
-# %%
-prof = measured.mechanism("s4096-b8")
-w1_row, w4_row = prof["sh_loop_b_w1"], prof["sh_loop_b_w4"]
-print(f"{'warps':>5} {'time (us)':>10} {'warp instr / element':>21} {'thread instr / element':>23} "
-      f"{'achieved occupancy':>19} {'DRAM bytes / model':>19}")
-for r in (w1_row, w4_row):
-    print(f"{int(r['num_warps']):5d} {r['us']:10.1f} {r['ncu_warp_inst_per_element']:21.3f} "
-          f"{r['ncu_thread_inst_per_element']:23.1f} {r['ncu_achieved_occupancy_pct']:18.0f}% "
-          f"{r['ncu_dram_bytes_over_model']:19.3f}")
-inst_x = w4_row["ncu_thread_inst_per_element"] / w1_row["ncu_thread_inst_per_element"]
-time_x = w4_row["us"] / w1_row["us"]
-print(f"four warps: {inst_x:.2f}x the instructions per element, {time_x:.2f}x the time")
-assert (w1_row["seq_len"], w1_row["batch"], w1_row["heads"], w1_row["head_dim"]) == (4096, 8, 32, 128)
-assert abs(w4_row["ncu_dram_bytes_over_model"] / w1_row["ncu_dram_bytes_over_model"] - 1) < 0.01
-assert round(inst_x, 2) == 2.85 and round(time_x, 2) == 1.62       # the text's numbers
-assert [round(r["ncu_achieved_occupancy_pct"]) for r in (w1_row, w4_row)] == [48, 96]
-
-# %% [markdown]
-# Four warps: 2.85 times the instructions per element for 1.62 times the time, the same bytes
-# within 1 %, and the SMs 96 % full of warps against 48 % (all asserted from the profile). The
-# extra instructions are not all paid in time, because warps wait on memory too; but with the
-# bytes equal, they are the measured difference between the two launches.
-
-# %% [markdown]
 # **4. The autograd Function.** Write `MyRope` with `forward(ctx, x, freqs)`: the forward with
 # your launcher from exercise 3 at `-freqs`, since the transpose of the rotation by $-\theta$ is
-# the rotation by $\theta$, and the backward with the same launcher at `freqs`. ropelib's
-# kernels, teaching ones included, and this notebook's section-2 kernel (`rope_cell`) are
-# refused in both. The check compares $y$ and
-# $\partial L/\partial x$ with the reference (also for `y.sum()`), makes sure the forward
-# launches a kernel and the backward launches `my_backward_kernel` (ropelib's kernels and API
-# are barred there), and checks what your Function keeps once `forward` has returned: `freqs`
-# and nothing else (not `x`, nor `-freqs`, nor cos/sin tables).
+# the rotation by $\theta$, and the backward with the same launcher at `freqs`. That identity
+# holds only for tables whose two halves share each angle, TE's `cat(f, f)` table, which this
+# notebook's `freqs` is: section 1 derives it, and shows that for halves that differ the
+# transpose also swaps the sines, so the backward at `-freqs` is not the forward at `freqs`.
+#
+# ropelib's kernels, teaching ones included, and this notebook's section-2 kernel (`rope_cell`)
+# are refused in both. The check compares $y$ and $\partial L/\partial x$ with the reference
+# (also for `y.sum()`), makes sure the forward launches a kernel and the backward launches
+# `my_backward_kernel` (ropelib's kernels and API are barred there), and checks what your
+# Function keeps once `forward` has returned: `freqs` and nothing else (not `x`, nor `-freqs`,
+# nor cos/sin tables).
 
 # %%
 class MyRope(torch.autograd.Function):
@@ -1064,9 +1032,10 @@ solution(ex.SolutionRopeFunction)
 #
 # 1. In section 3.1's committed run the batch-reusing kernel's step takes 427 µs at batch 1 and
 #    207 µs at batch 4, with four times the bytes, and from batch 4 up every step is 2x its
-#    forward. What could make the smaller steps slower, and vary between kernels of one run?
-#    Which timing would you add to each case (notebook 07 times a call's host enqueue, its wall
-#    clock and a CUDA-graph replay) to tell your explanations apart?
+#    forward; its live cell finds today's extra time outside the kernels. What outside the
+#    kernels could make the smaller steps slower, and vary between kernels of one run? Which
+#    timing would you add to each case (notebook 07 times a call's host enqueue, its wall clock
+#    and a CUDA-graph replay) to tell your explanations apart?
 # 2. With TE's `cat(f, f)` table, "negate the sines" and "swap and negate the sines" give the
 #    same results. Why did ropelib keep the swap? What would break, and where would you notice?
 # 3. `ctx.save_for_backward(freqs)` keeps a reference to a table shared by every layer. What
@@ -1076,3 +1045,94 @@ solution(ex.SolutionRopeFunction)
 #    kernel's backward — which tolerance, against which reference?
 # 5. A stride-0 `grad_y` is read as it is. Could the backward exploit that all its rows are
 #    equal? Would it be worth a special case?
+
+# %% [markdown]
+# ## Appendix A. Why `g_sum.contiguous()` is slow
+#
+# Section 5 timed the copied path in two pieces, and `g_sum.contiguous()` alone is one of them:
+# it writes the $N$ fp32 elements of the stride-0 gradient of `y.sum()` into a new contiguous
+# tensor. On a GPU the next cell times it beside a plain copy of the contiguous gradient, which
+# reads as many bytes as it writes, and prints the first's GB/s as a fraction of the second's.
+
+# %%
+if GPU:
+    from triton.testing import do_bench
+    g_sum = torch.ones((), device=device).expand(S, B, H, D)     # dL/dy of loss = y.sum()
+    g_c = g_sum.contiguous()                                      # made once, not timed
+    n_bytes = g_sum.numel() * g_sum.element_size()
+    contig_ms = do_bench(lambda: g_sum.contiguous())              # writes 4N
+    copy_buf = torch.empty_like(g_c)
+    plain_ms = do_bench(lambda: copy_buf.copy_(g_c))              # reads 4N, writes 4N
+    gbps_contig, gbps_plain = n_bytes / contig_ms / 1e6, 2 * n_bytes / plain_ms / 1e6
+    print(f"{torch.cuda.get_device_name()}, N = {g_sum.numel():,} fp32 elements")
+    print(f"  g_sum.contiguous():                   {contig_ms * 1e3:7.1f} us, "
+          f"{gbps_contig:5.0f} GB/s ({n_bytes / 1e6:.0f} MB written)")
+    print(f"  a plain copy of the contiguous dL/dy: {plain_ms * 1e3:7.1f} us, "
+          f"{gbps_plain:5.0f} GB/s ({2 * n_bytes / 1e6:.0f} MB read and written)")
+    print(f"  g_sum.contiguous() runs at {gbps_contig / gbps_plain:.2f} of the plain copy's GB/s")
+    if "H200" in torch.cuda.get_device_name():     # what the text below reads off this line
+        assert gbps_contig < 0.5 * gbps_plain
+else:
+    print("timed on a GPU only (the interpreter's times say nothing of memory traffic)")
+
+# %% [markdown]
+# On an H200, `g_sum.contiguous()` alone writes its 537 MB at less than half the GB/s of a
+# plain copy, which reads as many bytes as it writes (the last line above). Writing should be the
+# cheaper half, so the slowness is the kernel's, not the memory's. `benchmarks/contiguous_ncu.py`
+# profiled it under Nsight Compute beside `buf.fill_(1.0)`, which writes the same $N$ fp32
+# elements and reads nothing (`contiguous_ncu-nvidia-h200.csv`; the profiler fixes the SM clock,
+# so compare the two times with each other). The plain copy itself is not in the profile: for two
+# contiguous tensors of one dtype PyTorch calls `cudaMemcpyAsync`, which runs no kernel.
+#
+# The cell prints, for each kernel, the bytes it wrote to DRAM, its time, its store
+# instructions and the bytes each thread writes per store ($4N$ bytes ÷ (store instructions ×
+# 32 threads)), the warp instructions it executed, and the warps resident on an
+# SM as a share of the most it holds.
+
+# %%
+ct_csv = measured.RESULTS / "contiguous_ncu-nvidia-h200.csv"
+ct = dict(zip(("g_sum.contiguous()", "buf.fill_(1.0)"),
+              (k for k in measured.ncu_kernels(ct_csv))))
+print(f"NVIDIA H200 ({ct_csv.name}), N = {4096 * 8 * 32 * 128:,} fp32 elements written: "
+      f"4N = {4 * 4096 * 8 * 32 * 128 / 1e6:.0f} MB")
+print(f"{'':20s}{'MB to DRAM':>11s}{'us':>7s}{'TB/s':>6s}{'stores M':>10s}"
+      f"{'B/thread/store':>16s}{'warp instr. M':>15s}{'warps resident':>16s}")
+ct_row = {}
+n_bytes_ct = 4 * 4096 * 8 * 32 * 128                               # what each kernel writes
+assert round(n_bytes_ct / 1e6) == 537                               # the text's 537 MB
+for label, k in ct.items():
+    m = k["metrics"]
+    written, us = m["dram__bytes_write.sum"], m["gpu__time_duration.sum"] / 1e3
+    stores = m["smsp__sass_inst_executed_op_global_st.sum"]
+    ct_row[label] = {"mb": written / 1e6, "us": us, "tb_s": written / us / 1e6,
+                     "width": n_bytes_ct / (stores * 32),
+                     "instr_m": m["smsp__inst_executed.sum"] / 1e6,
+                     "resident": m["sm__warps_active.avg.pct_of_peak_sustained_active"]}
+    r = ct_row[label]
+    print(f"{label:20s}{r['mb']:11.0f}{us:7.0f}{r['tb_s']:6.2f}{stores / 1e6:10.2f}"
+          f"{r['width']:16.1f}{r['instr_m']:15.1f}{r['resident']:15.1f}%")
+    print(f"{'':20s}kernel: {k['kernel'][:60]}...")
+con, fil = ct_row["g_sum.contiguous()"], ct_row["buf.fill_(1.0)"]
+assert "elementwise_kernel<128, 2" in ct["g_sum.contiguous()"]["kernel"]
+assert ct["buf.fill_(1.0)"]["kernel"].startswith("void vectorized_elementwise_kernel<4")
+assert abs(con["mb"] - fil["mb"]) < 1 and round(con["mb"]) == 509   # the same bytes reach DRAM
+assert [v["width"] for v in (con, fil)] == [4, 16]                 # one float vs four a store
+assert round(con["instr_m"] / fil["instr_m"], 1) == 11.5
+assert [round(v["resident"]) for v in (con, fil)] == [24, 88]
+assert round(con["us"] / fil["us"], 2) == 2.75 and round(fil["us"] / con["us"], 2) == 0.36
+print(f"g_sum.contiguous(): {con['us'] / fil['us']:.2f}x the fill's time for the same bytes, "
+      f"{con['instr_m'] / fil['instr_m']:.1f}x its warp instructions")
+
+# %% [markdown]
+# Both kernels put the same 509 MB into DRAM (of the 537 MB written, the rest most likely still
+# in the L2 cache when the kernel ends: the profile has no L2 write count to show it); the fill
+# takes 0.36 of the time. They are different kernels. A stride-0 source is not contiguous, so
+# PyTorch's copy takes its general `elementwise_kernel`, which computes each element's offset
+# through the source's strides and stores one float (4 bytes) per thread per store instruction.
+# The fill runs the `vectorized_elementwise_kernel`, whose threads store four floats (16 bytes)
+# at once. The general kernel executes 11.5 times the warp instructions, and only 24 % of the
+# warp slots of an SM are filled with its warps, against 88 % for the fill, so, most likely, it
+# has fewer stores in flight to cover the memory's latency with (the profile does not count
+# stores in flight). How much of its 2.75 times the fill's time each of these costs, the profile
+# does not separate; the kernel's own code is PyTorch's, not the course's to change. What a RoPE
+# backward can do is not ask for it: read the stride-0 gradient as it is.
