@@ -741,7 +741,13 @@ class NoRotary(torch.nn.Module):
 
 
 def graphed_step(model, x, y):
-    """The model's training step captured once in a CUDA graph; returns the graph's replay."""
+    """The model's training step captured once in a CUDA graph; returns a call that replays it.
+
+    The graph reads and writes memory it does not own: the model's weights and gradients and the
+    optimizer's state. The returned call holds the optimizer (and the graph), so none of it is
+    freed while the caller can still replay: freed memory may be handed back to the driver
+    (`torch.cuda.graph` empties the allocator's cache when the next graph is captured), and a
+    replay would then read unmapped memory."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), capturable=True)
 
     def step():
@@ -762,7 +768,12 @@ def graphed_step(model, x, y):
     opt.zero_grad(set_to_none=True)          # the captured backward allocates the gradients
     with torch.cuda.graph(graph):
         step()
-    return graph.replay
+
+    def replay():
+        graph.replay()
+
+    replay.holds = (graph, opt)      # alive as long as the replay is
+    return replay
 
 
 if not ON_GPU:
