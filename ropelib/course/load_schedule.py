@@ -118,24 +118,24 @@ def access_bytes(instruction: str) -> int:
     return next((_WIDTH[m] for m in mods if m in _WIDTH), 4)
 
 
-def load_widths(sched: dict) -> dict:
-    """{bytes: how many loads} of a schedule's global loads, widest first."""
+def _by_width(instructions) -> dict:
+    """{bytes: how many} of global loads or stores, widest first (widths: `access_bytes`)."""
     widths = {}
-    for _, ins in sched["loads"]:
+    for ins in instructions:
         n = access_bytes(ins)
         widths[n] = widths.get(n, 0) + 1
     return dict(sorted(widths.items(), reverse=True))
 
 
+def load_widths(sched: dict) -> dict:
+    """{bytes: how many loads} of a schedule's global loads, widest first."""
+    return _by_width(ins for _, ins in sched["loads"])
+
+
 def store_widths(sched: dict) -> dict:
     """{bytes: how many stores} of a schedule's global stores (STG in its machine code), widest
     first, as `load_widths` counts its loads."""
-    widths = {}
-    for ins in sched["sass"]:
-        if _STORE.match(ins):
-            n = access_bytes(ins)
-            widths[n] = widths.get(n, 0) + 1
-    return dict(sorted(widths.items(), reverse=True))
+    return _by_width(ins for ins in sched["sass"] if _STORE.match(ins))
 
 
 def compiled_for_grading(name: str, kernel, args: dict, *, num_warps: int) -> Optional[dict]:
