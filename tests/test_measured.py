@@ -266,10 +266,11 @@ def test_floor_run_date_names_the_run_that_measured_a_part():
 
 
 def test_07_route_logs_time_the_route_settings_they_say():
-    """Notebook 07 reads its 7.5 and 7.6 logs (and the floor run's decode rows) as ropelib's
-    two-pass route with its pre-pass of 256 entries a program and its early launch, and without
-    its half-rows read: every one of those files is dated from the variants log, which times
-    those settings, on; the sweeps and host probes before it; the half-rows probe after all."""
+    """Notebook 07 reads the logs of its section 7.5 (the mid_fwdbwd log again in appendix A.5)
+    and the floor run's decode rows as ropelib's two-pass route with its pre-pass of 256 entries
+    a program and its early launch, and without its half-rows read: every one of those files is
+    dated from the variants log, which times those settings, on; the sweeps and host probes
+    before it; the half-rows probe after all."""
     from pathlib import Path
     root = Path(__file__).resolve().parents[1]
     results = root / "benchmarks" / "results"
