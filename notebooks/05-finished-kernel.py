@@ -17,34 +17,27 @@
 # # 05 — The finished kernel, one idea at a time
 #
 # On an H200, notebook 04's batch-reusing grid runs at about two thirds to three quarters of the
-# speed of a device copy of the same tensor at batch 8 (a fifth at batch 1, where it has no
-# batch to reuse over), and ropelib's finished kernel
-# (`ropelib/kernels/fused.py`) at about nine tenths (section 5's ladder). Most of that climb is
-# the ladder's first step. The last tenth is not the rotation's: rung 6 reading cos/sin from
-# tables instead of evaluating them gains about a point, and a plain copy launched on the
-# finished kernel's tile, batch loop and grid, with no rotation at all, lands about where the
-# rung does (section 5). Which part of that launch costs the tenth, this page narrows without
-# settling: under the profiler, tiles of heads on one to eight warps a program, with a batch
-# loop or without, stop at 0.87 to 0.91 of a copy, and the rungs keep about half as many warps
-# waiting on memory as a copy does (section 5). On a tensor this large `ropelib.apply_rope`
-# takes a two-pass route (section 6) whose flat pass has a different shape, over a hundred
-# thousand small 2-warp programs with no loop, and called again with the same table it matches
-# the copy within the timing's spread: the pre-pass's rows are kept, so from the second call on
-# only the flat pass runs.
+# speed of a device copy of the same tensor at batch 8 (a fifth at batch 1, where it has no batch
+# to reuse over), and ropelib's finished kernel (`ropelib/kernels/fused.py`) at about nine tenths
+# (section 5's ladder). Most of that climb is the ladder's first step. The last tenth is not the
+# rotation's: a plain copy launched on the finished kernel's tile, batch loop and grid, with no
+# rotation at all, lands about where the kernel does (section 5). On a tensor this large
+# `ropelib.apply_rope` takes a two-pass route (section 6), over a hundred thousand small 2-warp
+# programs with no loop, which matches the copy within the timing's spread once the rows of its
+# pre-pass are kept: from the second call with the same table on, only the flat pass runs.
 #
 # The notebook starts from a number — how many bytes a GPU must have in flight to stream at full
-# speed — which sets a floor under the tile (the tile itself was then chosen by a sweep). It then
-# climbs a ladder of kernels, each adding one idea and each checked against the reference, until
-# the last one computes what ropelib's kernel computes, bit for bit.
+# speed — which sets a floor under the tile (a sweep then chose the tile). It then climbs a ladder
+# of kernels, each adding one idea and each checked against the reference, until the last one
+# computes what ropelib's kernel computes, bit for bit.
 #
-# **Time budget.** About two and a half hours: 15 minutes for the bytes-in-flight model, 35
-# for the ladder (read each kernel, change it or its launch, rerun its cells), 10 for the
-# compiled layout, 35 for Exercises 1 and 1b (after section 4), half an hour for the measured
-# ladder and the two-pass route (sections 5 and 6), and 25 minutes for Exercises 2 and 3. The
-# checks behind each measured number run in `ropelib/course/checks_nb05.py`; the appendices and
-# the discussion questions are for afterwards. Running every cell
-# takes a minute or two on a 2-core CPU: Triton's interpreter runs the kernels, and the layout
-# and load-schedule cells compile them for sm_90, the H100's and H200's architecture.
+# **Time budget.** About two and a half hours: 15 minutes for section 2, 35 for the ladder (read
+# each kernel, change it or its launch, rerun), 10 for the compiled layout, 35 for Exercises 1 and
+# 1b, half an hour for sections 5 and 6, and 25 minutes for Exercises 2 and 3; the appendices and
+# the questions are for afterwards. Every cell runs in a minute or two on a 2-core CPU (Triton's
+# interpreter runs the kernels; the layout and load-schedule cells compile them for sm_90, the
+# H100's and H200's architecture). The checks behind the measured numbers run in
+# `ropelib/course/checks_nb05.py`.
 #
 # **After this notebook you will be able to**
 #
@@ -53,17 +46,14 @@
 # - grow a Triton kernel from one (token, head) row per program to a 3-D tile of tokens × heads ×
 #   half-features, with a grid axis over batch chunks, and say what each step buys;
 # - read the layout Triton gives a tile (`#ttg.blocked<...>`: sizePerThread, threadsPerWarp,
-#   warpsPerCTA, order) and the vector width of the loads it becomes — without a GPU;
-# - know two refinements of the finished kernel: accurate sin/cos and the equal-halves shortcut;
-# - compare the two routes on the H200, a few thousand looping 8-warp programs against a
-#   hundred thousand small programs reading a table, name what differs between them, and say
-#   which route ropelib takes for a call (section 6);
+#   warpsPerCTA, order) and the vector width of its loads — without a GPU;
+# - say which route ropelib takes for a call, and what differs between a few thousand looping
+#   8-warp programs and a hundred thousand small programs reading a table (section 6);
 # - count in a compiled kernel's SASS which loads go out before the arithmetic that waits for
 #   them, and how wide each load is;
-# - write three kernels yourself: the interleaved 3-D tile, the flat pass, and the pass that
-#   holds both members of a pair in one thread, then the first again so that its loads are
-#   16-byte vectors, checked in its compiled machine code; and on a GPU, time each of them
-#   against a device copy of the same bytes.
+# - write three kernels yourself — the interleaved 3-D tile (then again with 16-byte loads), the
+#   flat pass, and the pass that holds both members of a pair in one thread — and, on a GPU, time
+#   each against a device copy of the same bytes.
 
 # %%
 import os, torch
@@ -113,16 +103,15 @@ def check_rung(y, x, freqs, name):
 # ## 1. Where we start
 #
 # `benchmarks/results/generations-nvidia-h200.csv` holds the three generations measured on an
-# NVIDIA H200, each as a percentage of a device copy `y.copy_(x)` of the same tensor in the
-# same run: the copy's time over the kernel's, as everywhere in this course. Every committed
-# measurement this notebook reads comes from H200 runs; each table prints its GPU and date.
+# NVIDIA H200, each as a percentage of a device copy `y.copy_(x)` of the same tensor in the same
+# run (the copy's time over the kernel's, as everywhere in this course). Every committed
+# measurement this notebook reads comes from H200 runs, and each table prints its GPU and date.
 # Two kernels go by the name `ropelib` in the CSVs, and the tables print them apart:
 #
-# - **`apply_rope (two passes)`** is `ropelib.apply_rope` as you call it. At these sizes it
-#   takes section 6's two-pass route, and repeated calls with one table run only its flat pass.
-#   The route has been refined since these runs (section 6 prints what it does now), and two
-#   runs of one kernel differ by up to about four points at these sizes (section 6).
-# - **`finished kernel (forced)`** is the same call with its route forced to the finished kernel,
+# - **`apply_rope (two passes)`**: `ropelib.apply_rope` as you call it, which at these sizes takes
+#   section 6's two-pass route (refined since these runs; two runs of one kernel differ by up to
+#   about four points at these sizes);
+# - **`finished kernel (forced)`**: the same call with its route forced to the finished kernel,
 #   `ropelib/kernels/fused.py`.
 #
 # At bf16 sbhd $s = 4096$, $b = 8$, $h = 32$, $d = 128$:
@@ -157,15 +146,12 @@ else:
     print(f"{GEN_CSV.name} is missing: `python benchmarks/generations.py` on a GPU measures it")
 
 # %% [markdown]
-# The batch-reusing kernel already reads every byte once and writes every byte once: under
-# Nsight Compute (`benchmarks/results/mechanism-nvidia-h200.csv`, the same H200, same size) the
-# DRAM bytes of both kernels are within a few percent of the bytes model, checked below. So the
-# gap is not extra traffic. The profile below is of the finished kernel itself, `finished kernel
-# (forced)`, not of the two-pass route `apply_rope` took in the table above. What
-# differs is how many bytes each kernel's warps ask for at a time: the batch-reusing kernel's
-# one-warp programs each ask for one 256-byte row at a time, the finished kernel's 8-warp
-# programs for a whole tile of heads. How big a program's work must be, and why, is the first
-# thing to work out.
+# The batch-reusing kernel already reads every byte once and writes every byte once: under Nsight
+# Compute (`benchmarks/results/mechanism-nvidia-h200.csv`, same H200, same size; the profile is of
+# `finished kernel (forced)`, not of the two-pass route) the DRAM bytes of both kernels are within
+# a few percent of the bytes model. So the gap is not extra traffic. What differs is how many bytes
+# each kernel's warps ask for at a time: one 256-byte row per one-warp program, against a whole
+# tile of heads per 8-warp program. How big a program's work must be is the first thing to work out.
 
 # %%
 # the CSVs' two `ropelib` providers, as the tables of this notebook print them
@@ -199,30 +185,26 @@ assert fin_m["x_kib_per_sm"] > 3 * br_m["x_kib_per_sm"] and fin_m["us"] < br_m["
 # ## 2. How many bytes must be in flight
 #
 # A GPU's DRAM answers a load after a latency $L$ — hundreds of nanoseconds — whatever its
-# bandwidth. To read at bandwidth $W_\text{read}$, loads worth $W_\text{read} \cdot L$ bytes
-# must be outstanding at every moment: **Little's law**, the queue-length formula (items in the
-# system = arrival rate × time each spends in it). Only loads count: a thread waits for what it
-# loads, not for what it stores. Split over the streaming multiprocessors (SMs):
+# bandwidth. To read at bandwidth $W_\text{read}$, loads worth $W_\text{read} \cdot L$ bytes must
+# be outstanding at every moment: **Little's law** (items in the system = arrival rate × time each
+# spends in it). Only loads count: a thread waits for what it loads, not for what it stores. Split
+# over the streaming multiprocessors (SMs):
 #
 # $$ \text{bytes of loads in flight per SM} = \frac{W_\text{read}}{N_\text{SM}} \cdot L . $$
 #
 # Both factors were measured on the H200:
 #
-# - $W_\text{read}$: the DRAM read rate of section 1's profiled copy, the bytes Nsight Compute
-#   counted it reading over its time. The next table's read-rate column is computed the same
-#   way for every kernel, so the bound and the column come from one source (no profiled kernel
-#   reads faster, to a fraction of a per cent);
+# - $W_\text{read}$: the DRAM bytes section 1's profiled copy read, over its time. The next
+#   table's read-rate column is computed the same way for every kernel (none reads faster, to a
+#   fraction of a per cent);
 # - $L$ (`benchmarks/memory_latency.py`): a **pointer chase**, one warp following a chain of
-#   indices through a buffer, each load's address being the value the previous load returned,
-#   so no two loads overlap and the time per step is one load's round trip. The chain visits the
-#   buffer's 128-byte lines
-#   in a random order: with a 16 KiB buffer every load hits L1, with 4–16 MiB L2, with 256 MiB
-#   and more DRAM. Then the same DRAM chase again while the copy keeps DRAM busy on the other
-#   SMs ("loaded"): the load waits in the queues a streaming kernel's own loads wait in.
+#   indices in which each load's address is the value the previous load returned, so no two loads
+#   overlap. The chain visits the buffer's 128-byte lines in a random order: a 16 KiB buffer hits
+#   L1, 4–16 MiB L2, 256 MiB and more DRAM. The DRAM chase runs again while a copy keeps DRAM busy
+#   on the other SMs ("loaded"), so the load waits in the queues a streaming kernel's loads wait in.
 #
-# An SM holds at most 2048 threads: the device attribute
-# `device__attribute_max_threads_per_multiprocessor` that Nsight Compute recorded with section
-# 1's profile (`benchmarks/results/mechanism-nvidia-h200-ncu-raw.csv`, read below).
+# An SM holds at most 2048 threads (`device__attribute_max_threads_per_multiprocessor`, recorded
+# by Nsight Compute with section 1's profile in `mechanism-nvidia-h200-ncu-raw.csv`).
 
 # %%
 import csv
@@ -267,26 +249,21 @@ assert [round(v, 1) for v in (kib_idle, b_idle, kib_loaded, b_loaded)] == [5.6, 
 assert round(W_READ / 1e12, 2) == 2.15                                    # "2.15 TB/s" 
 
 # %% [markdown]
-# Read the table from the top. A load that finds its line in L1 comes back in about 20 ns, from
-# L2 in about 140 ns, from DRAM in about 350 ns when nothing else is running — 256 MiB or 4 GiB
-# of buffer makes no difference. Beside a copy that streams at full bandwidth the same DRAM load
-# takes about 1.3 µs, about three and a half times as long (1262.1 / 353.6 ns), while the copy
-# loses nothing to the one warp chasing. That growth is Little's law seen from the other side:
-# once more bytes are requested than $W_\text{read} \cdot L_\text{idle}$, bandwidth can grow no
-# further, so the requests queue and the latency stretches until $W_\text{read} \cdot L$ equals
-# what is outstanding.
+# A load that finds its line in L1 comes back in about 20 ns, from L2 in about 140 ns, from DRAM
+# in about 350 ns on an idle GPU, whether the buffer is 256 MiB or 4 GiB. Beside a copy streaming
+# at full bandwidth the same DRAM load takes about 1.3 µs, about three and a half times as long
+# (1262.1 / 353.6 ns), while the copy loses nothing to the one chasing warp. That is Little's law
+# seen from the other side: once more than $W_\text{read} \cdot L_\text{idle}$ is requested,
+# bandwidth cannot grow, so the requests queue and the latency stretches until
+# $W_\text{read} \cdot L$ equals what is outstanding.
 #
-# So the two rows bracket the tile. With $W_\text{read}$ = 2.15 TB/s: below about 5.6 KiB of
-# loads in flight per SM (under 3 bytes per resident thread), DRAM's idle latency alone caps
-# the read bandwidth below $W_\text{read}$: a kernel there is latency-bound whatever else is
-# running. A kernel that streams near full bandwidth meets the loaded latency, not the idle
-# one: it keeps the queues as full as a copy does only with about 20 KiB per SM in flight
-# (about 10 bytes a thread).
-# Between the two, bytes in flight buy less and less. Section 1's table measured the other side
-# of the same equation, the x each kernel's resident warps ask for per batch step (`x KiB/SM`:
-# what all resident warps would have in flight if each had its whole step's loads out at once,
-# an upper bound, not a measurement of what is in flight): the cell below sets them side by
-# side.
+# So the two rows bracket the tile. With $W_\text{read}$ = 2.15 TB/s, below about 5.6 KiB of loads
+# in flight per SM (under 3 bytes per resident thread) idle DRAM latency alone caps the read
+# bandwidth: a kernel there is latency-bound whatever else runs. A kernel streaming near full
+# bandwidth meets the loaded latency instead, and keeps the queues as full as a copy does only with
+# about 20 KiB per SM in flight (about 10 bytes a thread). Section 1's `x KiB/SM` is the other side
+# of the equation: what all resident warps would have in flight if each had its whole batch step's
+# loads out at once — an upper bound, not a measurement. The cell below sets them side by side.
 
 # %%
 need_idle, need_loaded = kib_idle, kib_loaded
@@ -339,18 +316,16 @@ assert planned_m["x_kib_per_sm"] < heads_m["x_kib_per_sm"]
 assert planned_m["us"] == min(mech[v]["us"] for v in RUNGS_PROFILED)
 
 # %% [markdown]
-# The batch-reusing kernel's warps ask for more than DRAM's idle latency needs but less than
-# the loaded latency does, and it runs at about 70 % of a copy's speed. The finished kernel's
-# ask for about 1.4 times the loaded bound, the copy's for about 2.7 times it. (The naive
-# kernel sits below both bounds, but notebook 04 found what sets its time: a million one-warp
-# programs, each too short to keep its slot busy.)
+# The batch-reusing kernel's warps ask for more than the idle bound but less than the loaded one,
+# and it runs at about 70 % of a copy's speed; the finished kernel's ask for about 1.4 times the
+# loaded bound, the copy's for about 2.7 times it. (The naive kernel sits below both, but what sets
+# its time is a million one-warp programs, each too short to keep its slot busy: notebook 04.)
 #
-# Above the loaded bound, bytes asked for no longer order the kernels: the `heads` rung asks
-# for 1.8 times rung 6's bytes (`equal_halves`) and is slower, 142 µs against 137, and
-# `apply_rope` (two passes) asks for less than `heads` and is the fastest of them. `KiB/SM` is
-# an upper bound on what is in flight, not a measurement; section 5 counts from a stall profile
-# how many warps actually wait on loads. The plot sets each kernel's time against the KiB it
-# asks for: every variant profiled at this size, notebook 04's among them.
+# Above the loaded bound, bytes asked for no longer order the kernels: the `heads` rung asks for
+# 1.8 times rung 6's bytes (`equal_halves`) and is slower, 142 µs against 137, and `apply_rope`
+# (two passes) asks for less than `heads` and is the fastest of them. Section 5 counts from a stall
+# profile how many warps actually wait on loads. The plot sets each kernel's time against the KiB
+# it asks for: every variant profiled at this size, notebook 04's among them.
 
 # %%
 IN_FLIGHT_GROUPS = [
@@ -366,25 +341,22 @@ ladder.plot_in_flight(mech, IN_FLIGHT_GROUPS,
 plt.show()
 
 # %% [markdown]
-# Section 2's bounds say how much must be asked for at least; above that floor the model does
-# not order the candidates, and ropelib's tile was chosen by the tile sweep that
-# `ropelib/kernels/tiles.py` names. What the floor asks of a tile:
+# Above that floor the model does not order the candidates; ropelib's tile was chosen by the tile
+# sweep that `ropelib/kernels/tiles.py` names. What the floor asks of a tile:
 #
-# - **per thread**: a wide vector per load (8 bf16 values = 16 bytes is the widest); 2-byte
-#   loads, one element per thread, cannot be enough;
-# - **per program**: a program with $T$ threads moving $e$ elements each streams a tile of
-#   $e \cdot T$ elements; ropelib's planner aims at $e \cdot T$ = 4096 elements (both halves)
-#   for bf16 with a batch loop — `TILE_LOOP` in `ropelib/kernels/tiles.py`, split as
-#   16 elements × (32 × 8) threads on the H200 (`TILES_BY_GPU`);
-# - **number of programs**: if $k$ programs fit on an SM at once, the grid needs at least
-#   $k \cdot N_\text{SM}$ of them, or SMs idle; the planner wants 4 programs per SM
-#   (`PROGRAMS_PER_SM`) and below that splits the batch into chunks (section 3, rung 4).
+# - **per thread**: a wide vector per load (8 bf16 = 16 bytes is the widest); one 2-byte element
+#   per thread cannot be enough;
+# - **per program**: $T$ threads moving $e$ elements each stream a tile of $e \cdot T$ elements;
+#   ropelib's planner aims at $e \cdot T$ = 4096 (both halves) for bf16 with a batch loop —
+#   `TILE_LOOP`, split as 16 elements × (32 × 8) threads on the H200 (`TILES_BY_GPU`);
+# - **number of programs**: if $k$ programs fit on an SM, the grid needs at least
+#   $k \cdot N_\text{SM}$ of them or SMs idle; the planner wants 4 per SM (`PROGRAMS_PER_SM`) and
+#   below that splits the batch into chunks (rung 4).
 #
-# The batch-reusing kernel fails the first two points and the finished kernel meets them: its
-# one-warp programs ask for one 256-byte row a warp per step, at most 32 per SM (half the warp
-# slots); the finished kernel's 8-warp programs ask for 1 KiB a warp per step, more per SM at a
-# lower achieved occupancy. The cell below checks that the H200 run launched what the planner
-# computes for the H200.
+# The batch-reusing kernel fails the first two: its one-warp programs ask for one 256-byte row a
+# warp per step, at most 32 per SM (half the warp slots). The finished kernel's 8-warp programs ask
+# for 1 KiB a warp per step, more per SM at a lower achieved occupancy. The cell checks that the
+# H200 run launched what the planner computes for the H200.
 
 # %%
 from ropelib.kernels import tiles
@@ -412,22 +384,19 @@ assert fin_m["ncu_achieved_occupancy_pct"] < br_m["ncu_achieved_occupancy_pct"]
 # %% [markdown]
 # ## 3. The ladder
 #
-# Each rung below is a kernel in a code cell, and the cell after it launches that kernel: the
-# grid, the tile constants (`BLOCK_S`, `BLOCK_H`, `B_CHUNK`), the warps and the call itself are
-# all in the notebook. Change the kernel or its launch and rerun the two cells; the check under
-# them tells you whether it still computes RoPE. That is all it tells you. Sections 4 and 5
-# compile and profile ropelib's copies of the rungs, not these cells, and every time on this
-# page is read from the H200 run's CSVs: an edit here changes none of their numbers. The rungs
-# support what the lesson needs —
-# sbhd, rotate-half, full rotary, fp32 angles $[S, D]$, the forward pass — and they are the
-# kernels `benchmarks/ladder.py` times on a GPU (`ropelib/course/ladder.py` holds them; a test
-# checks that the cells here are those).
+# Each rung is a kernel in a code cell, and the cell after it launches that kernel: the grid, the
+# tile constants (`BLOCK_S`, `BLOCK_H`, `B_CHUNK`), the warps and the call are all here. Change the
+# kernel or its launch and rerun the two cells; the check under them tells you whether it still
+# computes RoPE, and nothing more: sections 4 and 5 compile and profile ropelib's copies of the
+# rungs, and every time on this page comes from the H200 run's CSVs. The rungs cover what the
+# lesson needs (sbhd, rotate-half, full rotary, fp32 angles $[S, D]$, the forward pass) and are
+# the kernels `benchmarks/ladder.py` times (`ropelib/course/ladder.py` holds them; a test checks
+# that these cells are those).
 #
-# Each launch cell starts from the tile the benchmark measures (`ladder.plan`, from ropelib's
-# planner and this GPU's tile knobs; in the interpreter, the large tiles that keep it fast),
-# launches the notebook's copy with it, then once more with small blocks that leave partial
-# tiles at the edges, and checks that the first launch gives the same bits as the measured rung
-# (`ladder.rope_ladder`, ropelib's copy of the kernel).
+# Each launch cell takes the tile the benchmark measures (`ladder.plan`: ropelib's planner with
+# this GPU's tile knobs; in the interpreter, large tiles that keep it fast), launches the
+# notebook's copy with it, launches again with small blocks that leave partial tiles at the
+# edges, and checks that the first launch gives the measured rung's bits (`ladder.rope_ladder`).
 
 # %%
 S, B, H, D = (4096, 8, 32, 128) if GPU else (6, 3, 5, 48)   # D = 48: a half of 24 in a 32-lane tile
@@ -540,26 +509,20 @@ assert torch.equal(y, ladder.rope_ladder("heads", x, freqs))              # the 
 # %% [markdown]
 # ### Rungs 2 and 3 — a 3-D tile sized for bytes in flight, then the warps
 #
-# With 32 heads, one token's heads already make a big tile. With 8 (the k of a GQA model) they
-# make a quarter of it, and with $d = 64$ half again. The idea of rung 2 is that the tile
-# should then span **tokens** too:
-# $[\text{BLOCK\_S}, \text{BLOCK\_H}, D/2]$ per half, heads first, then tokens, up to the
-# 4096-element target of section 2 (`ladder.tile_shape`). It is a hypothesis: section 5 times
-# it, and at the sizes timed it gains nothing. cos/sin are now a
-# $[\text{BLOCK\_S}, 1, D/2]$ tile, broadcast over the heads.
-#
-# With 32 heads the heads alone fill the target, so the planner gives $\text{BLOCK\_S} = 1$:
-# at $h = 32$ rung 2's tile holds one token, the tile of rung 1, written in the 3-D form (the
-# launch cell prints both plans and checks this). Only with 8 heads does the tile span
-# tokens, 4 of them.
+# With 32 heads, one token's heads already make a big tile; with 8 (the k of a GQA model) a
+# quarter of it, and with $d = 64$ half again. Rung 2's idea is that the tile should then span
+# **tokens** too: $[\text{BLOCK\_S}, \text{BLOCK\_H}, D/2]$ per half, heads first, then tokens, up
+# to section 2's 4096-element target (`ladder.tile_shape`), with cos/sin a
+# $[\text{BLOCK\_S}, 1, D/2]$ tile broadcast over the heads. It is a hypothesis: section 5 times it,
+# and at the sizes timed it gains nothing. At $h = 32$ the heads alone fill the target, so
+# $\text{BLOCK\_S} = 1$: rung 1's tile in the 3-D form. Only with 8 heads does the tile span tokens,
+# 4 of them (the launch cell prints both plans and checks this).
 #
 # Rung 2 launches this kernel with Triton's default 4 warps, rung 3 with the warps of the GPU's
-# tile knob — 8 on the H200, where the ladder was measured (the launch cell prints it from the
-# plan and checks it against the CSV): the same tile, 32 or 16 elements per thread in all.
-# Which is better is not obvious — more threads hide latency by numbers, fewer threads with
-# more elements each issue more independent loads. Section 4 shows how each lays the tile over
-# its threads, and section 5 what that does to the instructions: at $b = 8$, 8 warps put twice
-# as many threads on the heads, and each of them evaluates sin/cos.
+# tile knob — 8 on the H200 (the launch cell checks it against the CSV): the same tile, 32 or 16
+# elements per thread. More threads hide latency by numbers; fewer threads with more elements each
+# issue more independent loads. Section 4 shows how each lays the tile over its threads, section 5
+# what that does to the instructions.
 
 # %%
 # ropelib-source: ropelib.course.ladder._ladder_tile_kernel
@@ -640,17 +603,15 @@ assert ladder.plan("warps", 4096, 8, 32, 128, 2, SMS_H200, H200_KNOBS).num_warps
 # ### Rungs 4 and 5 — batch chunks, accurate sin/cos
 #
 # **Chunks.** Rungs 1–3 give each program the whole batch. For 16 tokens of a batch of 64 (a
-# decoding step) that makes 16 programs on 132 SMs: most of the GPU idles. A third grid axis
-# over chunks of `B_CHUNK` batch entries restores the count; the planner
-# (`launch.pick_tiles`) chooses the chunk, the smallest split that gives 4 programs per SM, and
-# for 16-bit inputs whose programs loop over fewer than 4 entries a tile of fewer threads with
-# more elements each (no batch loop amortises their sin/cos).
+# decoding step) that makes 16 programs on 132 SMs. A third grid axis over chunks of `B_CHUNK`
+# batch entries restores the count: the planner (`launch.pick_tiles`) takes the smallest split that
+# gives 4 programs per SM, and for 16-bit inputs whose programs loop over fewer than 4 entries a
+# tile of fewer threads with more elements each (no batch loop amortises their sin/cos).
 #
-# **Accurate sin/cos** (rung 5, the constexpr `ACCURATE`) calls libdevice's `cosf`/`sinf`,
-# exact for any angle as TE's `sincosf` is (positions reach $10^5$; notebook 08 measures what an
-# ulp costs). With the H200 run's Triton, 3.6, `tl.cos` is libdevice's too, so rungs 4 and 5
-# compile to the same machine code (section 4 reads the call, the appendix's opcode profile
-# asserts the counts).
+# **Accurate sin/cos** (rung 5, the constexpr `ACCURATE`) calls libdevice's `cosf`/`sinf`, exact
+# for any angle as TE's `sincosf` is (positions reach $10^5$; notebook 08 measures what an ulp
+# costs). With the H200 run's Triton, 3.6, `tl.cos` is libdevice's too, so rungs 4 and 5 compile to
+# the same machine code (section 4 reads the call; appendix A.4's opcode profile asserts the counts).
 
 # %%
 # ropelib-source: ropelib.course.ladder._ladder_chunk_kernel
@@ -732,19 +693,18 @@ for s_, b_ in ((16, 64), (4096, 8)):
 # ### Rung 6 — the equal-halves shortcut
 #
 # TE's angle tables repeat every frequency in both halves (`cat([f, f])`), so for rotate-half
-# $\theta_a = \theta_b$ and the second half's sin/cos are the first's. A program compares the two
-# halves of the rows it loaded, bit for bit, and when they are equal evaluates sin/cos once per
-# pair: half the sin/cos work. A batch loop amortises that work less than the source
-# suggests: in the 8-warp launch at $b = 8$ every thread along the head axis evaluates the
-# sin/cos of its own angles, and the shortcut removes a quarter of rung 5's instructions
-# (section 5 counts them); with $b = 1$ (or packed sequences) the work is paid per row. The
-# check is on the values the program reads, so a table whose halves differ is still right.
+# $\theta_a = \theta_b$. A program compares the two halves of the rows it loaded, bit for bit, and
+# when they are equal evaluates sin/cos once per pair. The check is on the values the program
+# reads, so a table whose halves differ is still right. Even with a batch loop this saves work: in
+# the 8-warp launch at $b = 8$ every thread along the head axis evaluates the sin/cos of its own
+# angles, and the shortcut removes a quarter of rung 5's instructions (section 5); with $b = 1$ (or
+# packed sequences) the work is paid per row.
 #
 # This rung also writes each output as one fused multiply-add,
-# $y_a = \mathrm{fma}(x_a, c_a, -x_b s_a)$: left to the compiler, which of the two products gets
-# fused may differ from one compiled specialisation to another, and then two launches of "the
-# same" kernel round differently. ropelib writes it out, in the order Transformer Engine's CUDA
-# kernel computes; notebook 08 is about what such an ordering does to `allclose`.
+# $y_a = \mathrm{fma}(x_a, c_a, -x_b s_a)$: left to the compiler, which product gets fused may
+# differ between compiled specialisations, and then two launches of "the same" kernel round
+# differently. ropelib writes it out in the order Transformer Engine's CUDA kernel computes;
+# notebook 08 is about what such an ordering does to `allclose`.
 
 # %%
 # ropelib-source: ropelib.course.ladder._ladder_final_kernel
@@ -836,39 +796,35 @@ for dtype in (torch.bfloat16, torch.float16, torch.float32):
 print("rung 6 == ropelib.apply_rope's finished kernel, bit for bit (bf16, fp16, fp32)")
 
 # %% [markdown]
-# Rung 6 is ropelib's kernel on this subset. What `ropelib/kernels/fused.py` adds beyond it is
-# breadth, at about rung 6's speed (section 5 measures it): any layout through a strided
-# 4-D view (bshd, thd, HF's bhsd), interleaved pairs, partial rotary with the pass-through
-# copied, q and k in one launch, position ids, packed sequences, context parallelism, the
-# backward pass (a constexpr), fp64, int64 offsets for huge tensors, and NaN for positions
-# outside the table.
+# Rung 6 is ropelib's kernel on this subset. `ropelib/kernels/fused.py` adds breadth, at about
+# rung 6's speed (section 5): any layout through a strided 4-D view (bshd, thd, HF's bhsd),
+# interleaved pairs, partial rotary with the pass-through copied, q and k in one launch, position
+# ids, packed sequences, context parallelism, the backward pass (a constexpr), fp64, int64 offsets
+# for huge tensors, and NaN for positions outside the table.
 #
 # ## 4. How Triton lays the tile over threads
 #
 # `num_warps` says how many threads a program has; Triton decides which elements each thread
-# holds. It writes the decision into the kernel's TritonGPU IR (TTGIR) as a **blocked layout**:
+# holds, and writes the decision into the TritonGPU IR (TTGIR) as a **blocked layout**:
 #
 # - `sizePerThread` — the contiguous elements one thread holds along each axis;
-# - `threadsPerWarp` — how a warp's 32 threads spread over the axes (the product is 32);
+# - `threadsPerWarp` — how a warp's 32 threads spread over the axes;
 # - `warpsPerCTA` — how the program's warps spread over the axes (the product is `num_warps`);
-# - `order` — the axes from fastest to slowest varying; an `order` that starts with 2 puts the
-#   feature axis first.
+# - `order` — the axes from fastest to slowest varying (starting with 2: the feature axis first).
 #
-# When the tile is bigger than one pass of all threads, the pattern repeats, and each thread
-# holds several of its vectors. Along the contiguous feature axis, `sizePerThread` of 8 bf16 is
-# 16 bytes: one `ld.global.v4.b32` (four 32-bit words) per thread, the widest load there is; 4
-# bf16 become `ld.global.v2.b32` (8 bytes). Triton chooses the width from what it can prove:
-# the feature stride is 1 (an argument equal to 1 is compiled as the constant 1), the pointers
-# and the other strides are multiples of 16 bytes (the launch checks this and tells the
+# A tile larger than one pass of all threads repeats the pattern. Along the contiguous feature
+# axis, `sizePerThread` of 8 bf16 is 16 bytes: one `ld.global.v4.b32` per thread, the widest load
+# there is; 4 bf16 become `ld.global.v2.b32` (8 bytes). Triton picks the width from what it can
+# prove: the feature stride is 1 (an argument equal to 1 is compiled as the constant 1), the
+# pointers and other strides are multiples of 16 bytes (the launch checks this and tells the
 # compiler), and the tile has enough elements per thread.
 #
 # No GPU is needed to see it: `ladder.compile_for_gpu` compiles a kernel for an H200 (sm_90, 132
-# SMs, and the H200's tile knobs `H200_KNOBS` of section 2, which ropelib's planner picks on an
-# H200) with the arguments a launch at bf16 sbhd $s = 4096$, $b = 8$, $h = 32$, $d = 128$ would
-# have, and reads the TTGIR, the PTX and the register count of the machine code
-# (`cuobjdump`). In the interpreter it runs the compiler in a second Python, without
-# `TRITON_INTERPRET`. ropelib's kernel is compiled once more with the H100's tile (the same
-# sm_90 target), as a second column for comparison.
+# SMs, section 2's `H200_KNOBS`) with the arguments of a bf16 sbhd launch at $s = 4096$, $b = 8$,
+# $h = 32$, $d = 128$, and reads the TTGIR, the PTX and the machine code's register count
+# (`cuobjdump`); in the interpreter it runs the compiler in a second Python, without
+# `TRITON_INTERPRET`. ropelib's kernel is compiled once more with the H100's tile (the same sm_90
+# target), as a second column for comparison.
 
 # %%
 import subprocess
@@ -938,27 +894,19 @@ if compiled:
               f"libdevice -> {trig['accurate']}")
 
 # %% [markdown]
-# How to read it (the numbers come from the cell above; rerun it after changing the knobs).
-# The H200's tile is the one its measurements ran:
+# How to read it (the cell above prints the numbers; rerun it after changing the knobs):
 #
-# - the x tile per half is $[1, 32, 64]$ = 2048 bf16 on 8 warps = 256 threads: **8 per thread**,
-#   `sizePerThread = [1, 1, 8]`: one **16-byte** vector per thread per half
-#   (`ld.global.v4.b32`), the widest load there is. The PTX compiled here has the same global
-#   loads and stores as the H200 run's (the mechanism CSV's `ptx_access_detail`, checked above),
-#   and that run's register count says how many such programs fit on an SM (checked below);
-# - the H100's tile, the second column, (8 elements, 16 warps), gives `sizePerThread = [1, 1, 4]`,
+# - the H200's x tile per half is $[1, 32, 64]$ = 2048 bf16 on 8 warps = 256 threads: **8 per
+#   thread**, `sizePerThread = [1, 1, 8]`, one **16-byte** vector per thread per half. Its PTX has
+#   the same global loads and stores as the H200 run's (the mechanism CSV's `ptx_access_detail`,
+#   checked above);
+# - the H100's tile (8 elements, 16 warps) gives `sizePerThread = [1, 1, 4]`,
 #   `threadsPerWarp = [1, 2, 16]` (16 threads along the 64 features, 2 heads per warp),
-#   `warpsPerCTA = [1, 16, 1]`: 8-byte vectors (`ld.global.v2.b32`) on twice the threads, the
-#   tile a sweep on the H100 chose (`ropelib/kernels/tiles.py` says which tile sweep chose
-#   each);
-# - the 4-warp tile (rungs 1–2) holds 16 per thread per half, as two 16-byte vectors, and needs
-#   more registers: in the H200 run 72 per thread against the 8-warp tile's 64, so 28 warps fit
-#   on an SM against 32 (the mechanism CSV, checked below; register counts are the compiler's,
-#   and the Triton on this machine may count differently, as the cell above prints).
-#
-# What those choices achieved on the H200 was read with Nsight Compute: section 1's table gives
-# the finished kernel's achieved occupancy and the KiB of `x` its warps request per SM, and
-# section 5 adds the profile of every rung.
+#   `warpsPerCTA = [1, 16, 1]`: 8-byte vectors on twice the threads, the tile a sweep on the H100
+#   chose;
+# - the 4-warp tile (rungs 1–2) holds 16 per thread per half, as two 16-byte vectors, in more
+#   registers: in the H200 run 72 per thread against the 8-warp tile's 64, so 28 warps fit on an SM
+#   against 32 (checked below; the Triton on this machine may count registers differently).
 
 # %%
 print(f"H200 run, the finished kernel: {fin_m['registers']} registers/thread, "
@@ -1014,16 +962,14 @@ def my_interleaved_tile_kernel(
 ex1_passed = fk.check_interleaved_tile_kernel(my_interleaved_tile_kernel)
 
 # %% [markdown]
-# A first answer often takes the two members of a pair as two loads at stride 2 (features
-# `2 * j` and `2 * j + 1`) and writes them back as two stores at stride 2. It is correct, but no
-# thread then holds contiguous features, so no load or store can be a vector, and each store
-# writes half of every 32-byte sector it touches (notebook 03 measured that pattern on its pair
-# swap). Correct is not the same as fast. The worked solution comes after Exercise 1b. The
-# cell below compiles your kernel for sm_90 on this machine (`load_schedule`, as the appendix
-# compiles the finished kernel; no GPU needed) with the launch the H200 gives the finished
-# kernel at bf16 sbhd $s = 4096$, $b = 8$, $h = 32$, $d = 128$: the tile $[1, 32, 64]$ per half on
-# 8 warps, contiguous x. It counts a thread's global loads by the bytes each moves: 16 is a
-# vector of 8 bf16 (`LDG.E.128`), 2 a single element.
+# A first answer often loads the two members of a pair at stride 2 (features `2 * j` and
+# `2 * j + 1`) and stores them the same way. It is correct, but no thread then holds contiguous
+# features, so no load or store can be a vector, and each store writes half of every 32-byte
+# sector it touches (notebook 03 measured that pattern on its pair swap). The worked solution comes
+# after Exercise 1b. The cell below compiles your kernel for sm_90 here (`load_schedule`, no GPU
+# needed) with the H200's launch of the finished kernel at bf16 sbhd $s = 4096$, $b = 8$, $h = 32$,
+# $d = 128$ ($[1, 32, 64]$ per half on 8 warps, contiguous x) and counts a thread's global loads by
+# the bytes each moves: 16 is a vector of 8 bf16 (`LDG.E.128`), 2 a single element.
 
 # %%
 from ropelib.course.exercises import is_blank_kernel, is_kernel
@@ -1065,18 +1011,16 @@ measure_loads(my_interleaved_tile_kernel, EX1_ARGS, plan_h200.num_warps);
 # %% [markdown]
 # ### Exercise 1b: the same kernel with 16-byte loads
 #
-# Write the interleaved tile again, so that a thread loads its features of `x` as 16-byte
-# vectors: load each head's row of $2 \cdot \text{BLOCK\_HALF}$ features as one contiguous tile
-# (feature index `tl.arange(0, 2 * BLOCK_HALF)`), then find each element's partner in
-# registers: `tl.reshape` the tile to $[\ldots, \text{BLOCK\_HALF}, 2]$, `tl.split` the members
-# of the pairs, `tl.join` them again in the order you need, and reshape back. The angles can be
-# read the same way. The signature and the grid are Exercise 1's. (If your kernel of Exercise 1
-# already loads whole rows, copy it here: it answers this exercise too.)
+# Write the interleaved tile again, so that a thread loads its features of `x` as 16-byte vectors:
+# load each head's row of $2 \cdot \text{BLOCK\_HALF}$ features as one contiguous tile (feature
+# index `tl.arange(0, 2 * BLOCK_HALF)`), then find each element's partner in registers:
+# `tl.reshape` the tile to $[\ldots, \text{BLOCK\_HALF}, 2]$, `tl.split` the members of the pairs,
+# `tl.join` them again in the order you need, and reshape back. The angles can be read the same
+# way. Signature and grid are Exercise 1's (if that kernel already loads whole rows, copy it here).
 #
-# The check runs Exercise 1's check on your kernel first (fresh inputs, tails, strided x and
-# y), then compiles it for sm_90 with the launch above and counts its loads and its stores: it
-# wants no 2-byte load or store and at least the 2 sixteen-byte vectors a thread's 16 elements
-# of `x` (and of `y`) take.
+# The check runs Exercise 1's check first, then compiles your kernel for sm_90 with the launch
+# above and counts its loads and stores: no 2-byte load or store, and at least the 2 sixteen-byte
+# vectors a thread's 16 elements of `x` (and of `y`) take.
 
 # %%
 @triton.jit
@@ -1107,17 +1051,15 @@ ex1b_passed = load_schedule.check_wide_loads(
                                       num_warps=plan_h200.num_warps, wide=X_VECTORS)
 
 # %% [markdown]
-# `ropelib/kernels/fused.py` loads interleaved pairs this way (read it after your attempt):
-# one contiguous row, split into the members of its pairs in registers. What did the wider
-# loads cost in registers? `measure_loads` above prints them for any of your kernels.
-#
-# The worked solution below answers both exercises: whole rows in, each feature's partner found
-# with `tl.reshape` and `tl.split`, put back with `tl.join`, whole rows out. The cell after it
-# counts its loads and checks in the machine code that its stores are 16-byte vectors too. Its
-# angles come in 16-byte vectors as well; its 4-byte loads and any local memory (`STL`, `LDL`)
-# belong to libdevice's sin/cos slow path for large angles, which reads a constant table and,
-# compiled by Triton 3.6, keeps a small array per angle in local memory (3.9 uses none): the
-# cell sets them against one angle's share. None of it is a spilled register.
+# `ropelib/kernels/fused.py` loads interleaved pairs this way (read it after your attempt; what
+# the wider loads cost in registers, `measure_loads` prints for any of your kernels). The worked
+# solution below answers both exercises: whole rows in, each partner found with `tl.reshape` and
+# `tl.split`, put back with `tl.join`, whole rows out. The cell after it counts its loads and
+# checks that its stores are 16-byte vectors too. Its angles come in 16-byte vectors as well; its
+# 4-byte loads and any local memory (`STL`, `LDL`) belong to libdevice's sin/cos slow path for
+# large angles, which reads a constant table and, compiled by Triton 3.6, keeps a small array per
+# angle in local memory (3.9 uses none). The cell sets them against one angle's share: none of it
+# is a spilled register.
 
 # %%
 fk.show_solution()
@@ -1166,18 +1108,14 @@ if triton.__version__.startswith(("3.6", "3.9")):     # the text: local memory w
 # ### Your kernels against a copy, on a GPU
 #
 # A check says whether a kernel computes RoPE, not how fast it runs. On a GPU the cell below
-# launches your kernels of Exercises 1 and 1b on bf16 sbhd $s = 4096$, $b = 8$, $h = 32$,
-# $d = 128$ (256 MiB: the bytes, not the launch, set the time), asserts that each output there
-# is the reference's, and times it with `do_bench` beside the worked solution, ropelib's
-# finished kernel on the same interleaved pairs (its route forced; its loads are Exercise 1b's),
-# `apply_rope` as it plans this size (section 6's two passes) and a device copy `y.copy_(x)`.
-# A kernel is timed once it has passed its check. The launch, in `launch_interleaved`, uses the
-# tile and warps ropelib's planner gives the finished kernel on this GPU: change it and rerun.
-#
-# Each kernel moves the copy's bytes (its table of angles is small beside them), so the cell
-# prints its speed as a fraction of the copy's. The rest of the way to 1.00 is time its bytes do
-# not explain: loads too narrow or too few in flight, or arithmetic the stores wait for. The
-# cell asserts nothing about speed; in the interpreter it prints that timing needs a GPU.
+# launches your kernels of Exercises 1 and 1b on bf16 sbhd $s = 4096$, $b = 8$, $h = 32$, $d = 128$
+# (256 MiB: the bytes, not the launch, set the time), asserts each output is the reference's, and
+# times it with `do_bench` beside the worked solution, ropelib's finished kernel on the same
+# interleaved pairs (route forced), `apply_rope` as it plans this size (section 6's two passes) and
+# a device copy `y.copy_(x)`. A kernel is timed once it has passed its check; its launch
+# (`launch_interleaved`) uses the planner's tile and warps for this GPU — change it and rerun. Each
+# kernel moves the copy's bytes, so the cell prints its speed as a fraction of the copy's: the rest
+# of the way to 1.00 is time its bytes do not explain. It asserts nothing about speed.
 
 # %%
 TIMED_SHAPE = (4096, 8, 32, 128)    # [S, B, H, D] bf16 sbhd: 256 MiB
@@ -1247,28 +1185,23 @@ else:
           "here the checks above are all there is.")
 
 # %% [markdown]
-# On a GPU the cell ends with two more lines: ropelib's finished kernel and `apply_rope` beside
-# the ratios section 6's committed H200 run measured at the same shape, each asserted within
-# 15 % of it. The worked solution and ropelib's finished kernel form their pairs the same way,
-# whole rows split and joined in registers; where their lines differ, look at how each reads
-# its angles and at the code around the rotation. If your Exercise 1 kernel loads and stores at
-# stride 2, how much of its difference to the worked solution would the loads explain, which L1
-# serves a second time, and how much the stores, each writing half of every 32-byte sector it
-# touches (notebook 03's pair swap measures the two apart)?
+# On a GPU the cell ends with ropelib's finished kernel and `apply_rope` beside the ratios of
+# section 6's committed H200 run at the same shape, each asserted within 15 % of it. The worked
+# solution and the finished kernel form their pairs the same way; where their lines differ, look at
+# how each reads its angles. If your Exercise 1 kernel loads and stores at stride 2, how much of
+# its gap would the loads explain (L1 serves them a second time), and how much the stores that
+# write half of every sector (notebook 03's pair swap measures the two apart)?
 
 # %% [markdown]
 # ## 5. Measured: the ladder as a "% of copy" waterfall
 #
 # `python benchmarks/ladder.py --out benchmarks/results/ladder-nvidia-h200.csv` times, on a GPU
-# (here an NVIDIA H200), the copy, every rung and `ropelib.apply_rope` at four bf16 sbhd sizes: the
-# one above, 8 heads instead of 32, $b = 1$ with the same bytes, and 16 tokens of a batch of
-# 64. The cell below prints the run's CSV and draws the waterfall from it: each bar goes from
-# the rung before to the rung's own median % of copy (the copy's median time over the rung's),
-# green up, red down. Every call was timed
-# many times, and the CSV keeps the 20 % and 80 % quantiles of each timing: the black whisker
-# on a bar spans them (as % of the copy's median time). A step smaller than the whiskers of
-# its two ends laid end to end is drawn hatched and pale: that run cannot tell it from the
-# spread of its calls.
+# (here an NVIDIA H200), the copy, every rung and `ropelib.apply_rope` at four bf16 sbhd sizes:
+# the one above, 8 heads instead of 32, $b = 1$ with the same bytes, and 16 tokens of a batch of
+# 64. The cell below prints the CSV and draws the waterfall: each bar goes from the rung before to
+# the rung's own median % of copy, green up, red down, and its black whisker spans the timing's
+# 20 % and 80 % quantiles. A step smaller than the whiskers of its two ends laid end to end is
+# hatched and pale: that run cannot tell it from the spread of its calls.
 
 # %%
 LADDER_CSV = measured.path("ladder")
@@ -1323,18 +1256,19 @@ else:
           "(about a minute). Nothing is drawn until then.")
 
 # %% [markdown]
-# For the rungs compared below at $s = 4096$, $b = 8$ the 20 % and 80 % quantiles lie at most
-# 1.2 % of the median apart: a step of three or five points is real, one of a point or two is
-# not, and the waterfall hatches it. Two Nsight Compute profiles say what a step changes: the
-# mechanism CSV of section 1 (the cell below) and a profile of where the cycles went (after it).
+# For the rungs at $s = 4096$, $b = 8$ the 20 % and 80 % quantiles lie at most 1.2 % of the median
+# apart: a step of three or five points is real, one of a point or two is not. Two Nsight Compute
+# profiles say what a step changes: section 1's mechanism CSV (the cell below) and where the cycles
+# went (after it).
 #
 # ![The ladder on an NVIDIA H200: % of a copy per rung](../figures/05-ladder-waterfall.png)
 #
-# **What the H200 run shows** (the cell below checks each number on the CSVs):
+# **What the H200 run shows** (the cell below checks each number on the CSVs; appendix A.1 has
+# the profiles' details):
 #
 # | rung | step at $s = 4096$, $b = 8$ | at $b = 1$ | what the profiles say |
 # |---|---|---|---|
-# | tile of heads | the big step | a fifth of a copy → three quarters | work per program: notebook 04's variants (below) |
+# | tile of heads | the big step | a fifth of a copy → three quarters | work per program: notebook 04's variants (A.1) |
 # | tile (3-D form) | −0.1 points (hatched) | −5.9 points | at $b = 1$ ($\text{BLOCK\_S} = 1$): 3 % more instructions, issued at a lower rate |
 # | warps | +1.8 points (hatched) | −29.6 points | $b = 8$: the two profiles disagree on its sign; $b = 1$: each sin/cos evaluated 32 times, not 16 |
 # | chunks | about −3 points | +48.1 points | $b = 8$: more DRAM writes counted; $b = 1$: 7.6 times fewer instructions |
@@ -1343,54 +1277,31 @@ else:
 # | finished kernel | 1.5 points below rung 6 | 2.7 points above | 7 % more instructions; at $b = 1$ `x` loaded first |
 #
 # - **A tile of heads is the big step.** It changes three things at once: 32 times fewer
-#   programs, about half the warp instructions per element, over six times the x asked for per
-#   SM. Notebook 04's variants, profiled in the same run (printed below), change them one at a
-#   time. The batch-reusing grid on 2 warps (`sh_loop_b_w2`: the same programs, 128 bytes of
-#   x a warp per step, achieved occupancy 48 → 94 %) takes 178.1 µs against 179.1: at that
-#   work per warp, occupancy alone buys nothing. Reading a cos/sin table (`sh_loop_b_table`,
-#   0.31 warp instructions per element against 0.51) saves about 9 µs. Two heads a program
-#   (`heads2_loop_b`, one warp) take 147.6 µs and four on 2 warps (`heads4_loop_b`) 137.2,
-#   level with rung 6; that pair changes occupancy (48 → 92 %) with the work, so it does not
-#   separate them. Eight heads a program on 1, 2, 4 and 8 warps take 138.1, 136.3, 139.6 and
-#   146.8 µs at 29, 51, 68 and 87 % occupancy: past four heads a program nothing more is
-#   bought, and the most occupied is the slowest.
-# - **The warps step (rung 3)** at $b = 8$ is within the runs' spread, and the two profiles
-#   disagree on its sign: the mechanism profile has the warps rung at 141.5 µs against the heads
-#   rung's 142.2, the cycles profile at 147.4 against 145.4. At $b = 1$ 8 warps lose over two
-#   fifths of the speed: each thread along the heads evaluates the sin/cos, 1.85 warp
-#   instructions per element.
+#   programs, about half the warp instructions per element, over six times the x asked for per SM.
+#   Notebook 04's variants, profiled in the same run, change them one at a time (A.1): occupancy
+#   alone buys nothing, and past four heads a program nothing more is bought.
 # - **Chunks (rung 4)** at $b = 8$ launch the warps rung's 4,096 programs with about as many
-#   instructions and the same DRAM reads (to 0.02 %), yet cost about three points; their
-#   counted DRAM writes are higher (0.99 of the bytes model against 0.96). At $b = 1$ they
-#   evaluate each sin/cos once: 7.6 times fewer instructions than the warps rung.
-# - **Equal halves (rung 6)** gain 5.5 points over rung 5, but rungs 4 and 5 had lost 2.7 on
-#   the warps rung; over the warps rung, which has no extra writes, the gain is 2.8. Rung 6 runs
-#   a quarter fewer warp instructions per element, 0.29 against 0.38, on SMs far from busy (SM
-#   throughput 34.3 % for rung 5, 28.0 % for rung 6): not busy SMs freed, but warps that get
-#   back to their next load sooner, as the cycles profile below shows.
+#   instructions and the same DRAM reads, yet cost about three points; their counted DRAM writes
+#   are higher (0.99 of the bytes model against 0.96). At $b = 1$ they evaluate each sin/cos once.
+# - **Equal halves (rung 6)** gain 5.5 points over rung 5, but rungs 4 and 5 had lost 2.7 on the
+#   warps rung; over the warps rung, which has no extra writes, the gain is 2.8. Rung 6 runs a
+#   quarter fewer warp instructions per element, 0.29 against 0.38, on SMs far from busy (SM
+#   throughput 34.3 % for rung 5, 28.0 % for rung 6): its warps get back to their next load sooner.
 # - **`finished kernel (forced)`** is rung 6's launch with every feature of section 3's list
-#   compiled in: 1.5 points below rung 6 at $s = 4096$, $b = 8$ (0.4 at $s = 16384$), with 7 %
-#   more warp instructions per element, which the appendix's opcode profile takes apart. At
-#   $b = 1$ it ends 2.7 points *above* rung 6: its programs have no batch loop there, and the
-#   planner has them load `x` before the table work. Timed as two variants of the finished
-#   kernel (`finished_kernel_knobs`), `x` first is the faster at $s = 4096$, $b = 1$ (0.931 of a
-#   copy against 0.892) and the slower at $s = 1024$, $b = 8$ (0.804 against 0.835).
+#   compiled in: 1.5 points below rung 6 at $s = 4096$, $b = 8$ (0.4 at $s = 16384$), with 7 % more
+#   warp instructions per element (A.4). At $b = 1$ it ends 2.7 points *above* rung 6: its programs
+#   have no batch loop there, and the planner has them load `x` before the table work. Timed as two
+#   variants of the finished kernel (`finished_kernel_knobs`), `x` first is the faster at
+#   $s = 4096$, $b = 1$ (0.931 of a copy against 0.892) and the slower at $s = 1024$, $b = 8$ (0.804
+#   against 0.835).
 # - **`apply_rope (two passes)`** is the fastest bar at $s = 4096$, $b = 8$ and level with the
-#   finished kernel at $b = 1$; section 6 takes the route apart.
+#   finished kernel at $b = 1$ (section 6).
 #
-# **Open on this page.**
-#
-# - The chunks rung's three points at $h = 32$. At $h = 8$, on the same 4,096-program, 8-warp
-#   launch, the step is +0.1. Rung 6 has the same runtime loop bounds, and its counted writes
-#   are the warps rung's (246.3 and 246.7 MB against the chunks rung's 262.8). Compiled here for
-#   sm_90 (printed; the H200 run used Triton 3.6), the two rungs issue the same stores in the
-#   same order, the registers they name aside. So neither the launch, the loop bounds nor the
-#   store form makes the writes.
-# - The 16-token panel from `chunks` on: the calls split into fast and slow ones (whiskers four
-#   to five times their 20 % quantile), so those steps say nothing about the rungs. What the
-#   slow calls wait for is not measured.
-# - Equal halves at $h = 8$: −0.2 points (hatched) against +5.5 at $h = 32$, not profiled at
-#   $h = 8$.
+# **Open on this page:** the chunks rung's three points at $h = 32$ (neither the launch, the loop
+# bounds nor the store form makes its extra writes: A.1); the 16-token panel from `chunks` on,
+# whose calls split into fast and slow ones (whiskers four to five times their 20 % quantile), so
+# its steps say nothing about the rungs, and what the slow calls wait for is not measured; equal
+# halves at $h = 8$, −0.2 points (hatched) against +5.5 at $h = 32$, not profiled at $h = 8$.
 
 # %%
 from ropelib.course.checks_nb05 import said
@@ -1405,26 +1316,24 @@ if LADDER_CSV.exists():
 # %% [markdown]
 # ### Where the rungs spend their cycles
 #
-# **Question: what did each rung's cycles go to?** `benchmarks/ladder_stalls_ncu.py` profiles
-# the copy, every rung and the finished kernel at $s = 4096$, $b = 8$ and $s = 32768$, $b = 1$
-# with Nsight Compute's **warp states**: for every instruction a scheduler issued, how many warps
-# were waiting and on what (`long_scoreboard`: a load from memory). The cell derives, per kernel:
+# `benchmarks/ladder_stalls_ncu.py` profiles the copy, every rung and the finished kernel at
+# $s = 4096$, $b = 8$ and $s = 32768$, $b = 1$ with Nsight Compute's **warp states**: for every
+# instruction a scheduler issued, how many warps were waiting and on what (`long_scoreboard`: a
+# load from memory). The cell derives, per kernel:
 #
-# - **DRAM rate**: the bytes read from and written to DRAM while the kernel ran, over its time.
-#   The copy's, 4.11 TB/s under the profiler, is the most any kernel here reached;
-# - **issuing**: the share of cycles in which a scheduler issued an instruction (at most one a
-#   cycle). Near 100 % the instructions set the pace; far below, the warps mostly wait;
-# - **waiting on memory**: warps waiting for a load from memory per instruction issued. Fewer
-#   instructions issued raise it by themselves, so it compares kernels that issue at similar
-#   rates;
+# - **DRAM rate**: the bytes read from and written to DRAM while the kernel ran, over its time
+#   (the copy's, 4.11 TB/s under the profiler, is the most any kernel here reached);
+# - **issuing**: the share of cycles in which a scheduler issued an instruction; near 100 % the
+#   instructions set the pace, far below the warps mostly wait;
+# - **waiting on memory**: warps waiting for a load per instruction issued (fewer instructions
+#   raise it by themselves, so it compares kernels that issue at similar rates);
 # - **copies of each sin/cos**: the XU pipe's instructions over $S \cdot 64 \cdot 2 / 32$
-#   ($S \cdot 64$ angles, a sin and a cos each, 32 to a warp instruction). libdevice's sin and cos
-#   put one conversion each on the XU pipe (the appendix's opcode profile), so this counts how
-#   many times each was evaluated, for the rungs `heads` to `accurate`.
+#   (libdevice's sin and cos put one conversion each on the XU pipe, A.4): how many times each was
+#   evaluated, for the rungs `heads` to `accurate`.
 #
-# Nsight Compute locks the SM clock to its base, below the timed runs' clock: a kernel paced by
-# its instructions takes longer here than timed (at $b = 1$ the heads rung 214.3 µs against
-# 175.8), one that waits on memory about the same (the chunks rung 151.1 against 150.1).
+# Nsight Compute locks the SM clock to its base: a kernel paced by its instructions takes longer
+# here than timed (at $b = 1$ the heads rung 214.3 µs against 175.8), one that waits on memory
+# about the same (the chunks rung 151.1 against 150.1).
 
 # %%
 # benchmarks/results/ladder_stalls_ncu-nvidia-h200-20261201-2309.csv (and the same profile at
@@ -1434,58 +1343,40 @@ cyc = checks_nb05.stall_profile(claims["MECHANISM"] if LADDER_CSV.exists() else 
 b8, b1 = cyc["prof"]["s4096-b8"], cyc["prof"]["s32768-b1"]
 
 # %% [markdown]
-# **What the profile says, step by step.**
+# **What the profile says** (the warp-state details: appendix A.2).
 #
-# - **At $b = 8$, from the heads rung on, memory sets the pace.** The heads, tile and warps
-#   rungs take 145 to 147 µs at 3.51 to 3.56 TB/s while their warp instructions grow by 45 %;
-#   the schedulers issue in only 32 % to 46 % of their cycles, so the extra instructions fill
-#   idle issue slots.
+# - **At $b = 8$, from the heads rung on, memory sets the pace.** The heads, tile and warps rungs
+#   take 145 to 147 µs at 3.51 to 3.56 TB/s while their warp instructions grow by 45 %; the
+#   schedulers issue in only 32 % to 46 % of their cycles, so the extra instructions fill idle
+#   issue slots.
 # - **They have about half a copy's warps waiting on memory, and half its warps resident.**
-#   "Waiting on memory" times the share of cycles a scheduler issues is the number of warps
-#   waiting on memory in an average cycle, whatever the instruction count: 10.6 a scheduler for
-#   the copy, 4.9 to 5.5 for the rungs from `warps` on. Resident warps fall as much, 13.6 to 7.1
-#   a scheduler (the finished kernel: 64 registers a thread, 4 programs an SM); the copy, the
-#   heads rung, rung 6 and the finished kernel all have 0.77 or 0.78 of their resident warps
-#   waiting. So the missing half may be residency; the copy on the rung's tile (below) tests
-#   that only in part. A count of waiting warps is not a count of bytes in flight: how many
-#   loads each waiting warp has out is not measured here.
+#   "Waiting on memory" times the share of cycles issuing is the number of warps waiting on memory
+#   in an average cycle: 10.6 a scheduler for the copy, 4.9 to 5.5 for the rungs from `warps` on.
+#   Resident warps fall as much, 13.6 to 7.1 a scheduler (the finished kernel: 64 registers a
+#   thread, 4 programs an SM), and the copy, the heads rung, rung 6 and the finished kernel all
+#   have 0.77 or 0.78 of their resident warps waiting. So the missing half may be residency; the
+#   copy on the rung's tile (below) tests that only in part. Waiting warps are not bytes in
+#   flight: how many loads each has out is not measured here.
 # - **The chunks rung's extra time is writes.** Its DRAM rate is the warps rung's (3.50 against
 #   3.51 TB/s), with 3 % more instructions, but 16.1 MB more of its writes reach DRAM while it
-#   runs: at its rate 4.6 µs of its 5.0 µs extra. A kernel is charged only for the writes that
-#   reach DRAM before it ends; the rest of its `y` is written back from L2 after it (even the
-#   copy is charged 244.2 of its 268.4 MB).
+#   runs: at its rate 4.6 µs of its 5.0 µs extra. (A kernel is charged only for the writes that
+#   reach DRAM before it ends; even the copy is charged 244.2 of its 268.4 MB.)
 # - **The equal-halves gain has two parts.** Its counted writes fall back to 246.9 MB, 16.4 MB
-#   fewer than the accurate rung's: the chunks rung's excess undone, 4.5 µs of the 11.1. The
-#   other 6.6 µs is its DRAM rate, up from 3.49 to 3.65 TB/s at the same occupancy (44.4 % and
-#   44.3 %). The warp-state table, printed last, shows where it comes from: at the same 7.1
-#   resident warps a scheduler, `long_scoreboard` (waiting on a load) goes from 4.90 to 5.50,
-#   and every other state gives warps up: `no_instruction` 0.35 → 0.11, `not_selected` 0.53 →
-#   0.36, `selected` 0.46 → 0.38, `wait` 0.43 → 0.37. Rung 6 runs 24 % fewer instructions
-#   (issuing 46 % → 38 %), so each warp gets back to its next load sooner: 0.78 of its resident
-#   warps wait on memory, the copy's share, against rung 5's 0.69. The warps step had paid the
-#   same price unseen: its extra instructions dropped that share from the heads rung's 0.77 to
-#   0.69, and its extra residency (6.4 → 7.1 warps) kept `long_scoreboard` level (4.93 → 4.94).
-#   The large fall in `no_instruction` (a warp waiting for its next instruction to be fetched)
-#   fits rung 5's second sin/cos body; its code size is not measured here.
+#   fewer than the accurate rung's: 4.5 µs of the 11.1. The other 6.6 µs is its DRAM rate, up from
+#   3.49 to 3.65 TB/s at the same occupancy (44.4 % and 44.3 %): with 24 % fewer instructions
+#   (issuing 46 % → 38 %) each warp gets back to its next load sooner, and 0.78 of its resident
+#   warps wait on memory, the copy's share, against rung 5's 0.69.
 # - **The finished kernel against rung 6** at $b = 8$: 143.7 against 141.9 µs; its 4.2 MB more
 #   counted writes take 1.2 µs of that at its rate, and it executes 7 % more instructions.
-# - **At $b = 1$ the heads, tile and warps rungs are paced by their instructions**: the
-#   schedulers issue in 74 % to 80 % of their cycles, and every sin and cos is evaluated 16
-#   times (heads, tile) or 32 times (warps). The tile rung ($\text{BLOCK\_S} = 1$, the heads
-#   rung's tile in the 3-D form) executes 3 % more instructions at 41.4 % occupancy against
-#   47.3 %: instructions over issue rate predict 1.043 times the heads rung's time, and the
-#   profiler measures 1.041. At the GPU's own clock (173.7 and 188.5 µs, issuing in 77 % and
-#   73 % of cycles) the same prediction gives 1.09, the timed step (191.1 against 175.8 µs).
-# - **From the chunks rung on, $b = 1$ is memory-bound again**: each sin and cos evaluated once,
-#   7.6 times fewer instructions than the warps rung, the schedulers issuing in 29 % to 36 % of
-#   their cycles, and the DRAM rate climbing: 3.53 TB/s, 3.69 with equal halves, 3.99 for the
-#   finished kernel, against the copy's 4.11. The finished kernel, which loads `x` before its
-#   table work, has fewer warps waiting on memory in an average cycle than rung 6 (2.2 a
-#   scheduler against 3.3) and still reads faster, so here fewer waiting warps do not mean
-#   fewer bytes in flight: with `x` first each warp has more of its loads out before the
-#   arithmetic (the appendix counts them in the compiled code); the bytes per warp were not
-#   profiled. The two kernels differ in more than the order; the two timed variants in
-#   section 5's bullets isolate it.
+# - **At $b = 1$ the heads, tile and warps rungs are paced by their instructions**: the schedulers
+#   issue in 74 % to 80 % of their cycles, and every sin and cos is evaluated 16 times (heads,
+#   tile) or 32 times (warps). **From the chunks rung on, $b = 1$ is memory-bound again**: each sin
+#   and cos evaluated once, 7.6 times fewer instructions than the warps rung, the schedulers
+#   issuing in 29 % to 36 % of their cycles, and the DRAM rate climbing: 3.53 TB/s, 3.69 with equal
+#   halves, 3.99 for the finished kernel, against the copy's 4.11. The finished kernel, which loads
+#   `x` before its table work, has fewer warps waiting on memory than rung 6 (2.2 a scheduler
+#   against 3.3) and still reads faster: with `x` first each warp has more of its loads out before
+#   the arithmetic (appendix A.3 counts them in the compiled code).
 
 # %% [markdown]
 # ### Is the gap to a copy the sin/cos?
@@ -1542,18 +1433,17 @@ assert [said(small["equal_halves"][k] * 1e3, 1) for k in ("ms", "ms_min", "ms_ma
 
 # %% [markdown]
 # **What the probe says.** On the three 256 MiB tensors taking the sin/cos out buys 0.7 to 1.5
-# points of the rung's 8 to 9 point gap, though the rung's machine code holds up to 17 times
-# the instructions of the tables'. On the 8 MiB case (16 tokens, a batch of 64) the same change
-# moves 0.730 to 0.904, 17.4 of the rung's 27.0 points: there the angles' path is most of the
-# rung's time beyond a copy.
+# points of the rung's 8 to 9 point gap, though the rung's machine code holds up to 17 times the
+# instructions of the tables'. On the 8 MiB case (16 tokens, a batch of 64) it moves 0.730 to
+# 0.904, 17.4 of the rung's 27.0 points: there the angles' path is most of the rung's time beyond
+# a copy.
 #
 # **A copy on the rung's tile.** `_copy_on_tile_kernel` has rung 6's grid, tile, warps and batch
-# loop (`ladder.plan("equal_halves", ...)` at $s = 4096$, $b = 8$, $h = 32$, $d = 128$), loads
-# each half of a head's rows of `x` as the rung does and stores them to `y` unchanged: no
-# angles, no arithmetic. On a GPU the cell times it beside `y.copy_(x)` and rung 6 in one
-# process; if it lands near the rung, the gap belongs to the launch, if near 1.0, to the
-# rotation. It then compiles the copy's registers, groups the profiled tiles of heads by batch
-# loop and warps, and prints the grid's waves.
+# loop (`ladder.plan("equal_halves", ...)`), loads each half of a head's rows of `x` as the rung
+# does and stores them to `y` unchanged: no angles, no arithmetic. On a GPU the cell times it
+# beside `y.copy_(x)` and rung 6: if it lands near the rung, the gap belongs to the launch; near
+# 1.0, to the rotation. It then compiles the copy's registers, groups the profiled tiles of heads
+# by batch loop and warps, and prints the grid's waves.
 
 # %%
 @triton.jit
@@ -1713,48 +1603,42 @@ assert [said(mech[v]["waves"], 2) for v in ("ropelib", "copy")] == ["7.76", "31.
 assert [said(100 * idle_share[v], 1) for v in idle_share] == ["3.0", "3.0"]
 
 # %% [markdown]
-# **What the copy on the tile says.** The committed H200 timing (`benchmarks/tile_sweep.py`,
-# printed after the live lines) has the copy on rung 6's launch at 0.913 of `y.copy_(x)` and
-# rung 6 at 0.915 on the same launch; on a GPU the cell times both again and asserts them
-# within 0.02 of each other and below 0.95. A kernel that moves the same bytes with no angles
-# and no arithmetic, on the same grid, tile, warps and batch loop, pays what the rung pays:
-# with the table probe, the finished kernel does not stop short of a copy for its cos/sin.
-# Nor does another tile of this kind close the gap: over the 104 launches the sweep timed at
-# this size the copy never passes 0.945, and the best tiles of heads profiled here, with a
-# batch loop on 1, 2, 4 or 8 warps or without one on 8, stop at 0.87 to 0.91; only the flat
-# pass (section 6) passes them. The copy on the tile holds fewer registers than the rung, so
-# more of its programs could fit on an SM (compiled for sm_90 here); its achieved occupancy,
-# waiting warps and DRAM rate were not profiled, so whether more resident warps would close
-# the gap is open. The waves, printed last, are a weak candidate: the finished kernel's 4,096
-# programs make 7.76 waves and, if every wave took the same time, leave 3.0 % of the SMs'
-# program slots idle at the end, but the copy's own grid (31.03 waves) leaves the same 3.0 %.
+# **What the copy on the tile says.** In the committed H200 timing (`benchmarks/tile_sweep.py`,
+# printed after the live lines) the copy on rung 6's launch runs at 0.913 of `y.copy_(x)` and rung
+# 6 at 0.915 on the same launch (on a GPU the cell times both again and asserts them within 0.02 of
+# each other and below 0.95). A kernel that moves the same bytes with no angles and no arithmetic
+# on the same launch pays what the rung pays: with the table probe, the finished kernel does not
+# stop short of a copy for its cos/sin. Nor does another tile of this kind close the gap: over the
+# 104 launches swept at this size the copy never passes 0.945, and the best profiled tiles of
+# heads, with a batch loop on 1, 2, 4 or 8 warps or without one on 8, stop at 0.87 to 0.91; only
+# the flat pass (section 6) passes them. The copy holds fewer registers than the rung, so more of
+# its programs could fit on an SM; its occupancy was not profiled, so whether more resident warps
+# would close the gap is open. The waves are a weak candidate: the finished kernel's 4,096
+# programs make 7.76 waves and, if every wave took as long, leave 3.0 % of the SMs' program slots
+# idle at the end, but the copy's own grid (31.03 waves) leaves the same 3.0 %.
 #
 # ## 6. Past the finished kernel: two passes for large tensors
 #
-# Everything above runs a few thousand 8-warp programs, each looping over its batch entries
-# with the cos and sin of its tokens held across the loop. Section 5 placed the gap to a copy
-# in that launch rather than in the sin/cos. The kernel torch.compile generates for Hugging
-# Face's `q * cos + rotate_half(q) * sin` (`benchmarks/results/inductor-rope-bf16-sbhd.txt`)
-# takes the other side: no loop, each program rotates `XBLOCK` consecutive elements, loading
-# cos and sin for every element with `evict_last`, a hint to keep the small table in L2.
+# Everything above runs a few thousand 8-warp programs, each looping over its batch entries with
+# its tokens' cos and sin held across the loop. The kernel torch.compile generates for Hugging
+# Face's `q * cos + rotate_half(q) * sin` (`benchmarks/results/inductor-rope-bf16-sbhd.txt`) takes
+# the other side: no loop, each program rotates `XBLOCK` consecutive elements, loading cos and sin
+# for every element with `evict_last`, a hint to keep the small table in L2. For large contiguous
+# tensors `ropelib.apply_rope` does the same, in two passes (`ropelib/kernels/flat.py`):
 #
-# For large contiguous tensors `ropelib.apply_rope` does the same, in two passes
-# (`ropelib/kernels/flat.py`):
-#
-# 1. a **pre-pass** writes each token's fp32 cos and *signed* sine, $S \times R \times 8$
-#    bytes: the sign of the rotation (and, backward, its transpose) is folded into the table,
-#    so every feature is one fma, $y_d = x_d c_d + x_{p(d)} s'_d$, with $p(d)$ its partner;
+# 1. a **pre-pass** writes each token's fp32 cos and *signed* sine, $S \times R \times 8$ bytes:
+#    the rotation's sign (and, backward, its transpose) is folded into the table, so every feature
+#    is one fma, $y_d = x_d c_d + x_{p(d)} s'_d$, with $p(d)$ its partner;
 # 2. a **flat pass** rotates whole head rows, 1,024 elements per program (8 rows of 128) on 2
-#    warps, each thread holding both members of its pairs, $x_j$ and $x_{j+R/2}$, so every
-#    element is loaded once, and reading their entries from the pre-pass's rows. (Interleaved
-#    pairs, and heads whose $D$ or $R/2$ is no power of two such as $d = 80$, take 1,024
-#    elements on 4 warps and swap each pair in registers.) The appendix measures why
-#    the pairs share a thread.
+#    warps, each thread holding both members of its pairs, $x_j$ and $x_{j+R/2}$, so every element
+#    is loaded once (appendix A.9 measures why). Interleaved pairs, and heads whose $D$ or $R/2$ is
+#    no power of two such as $d = 80$, take 1,024 elements on 4 warps and swap each pair in
+#    registers.
 #
 # Given a cos/sin table and positions that are the token index, the flat pass reads that table
-# itself, with no pre-pass. On compute capability 9.0 and up the flat pass is launched early
-# (programmatic dependent launch, `tiles.EARLY_LAUNCH`): its programs start while the pre-pass
-# runs, and each waits for the pre-pass's rows before it reads them.
+# itself, with no pre-pass. On compute capability 9.0 and up it is launched early (programmatic
+# dependent launch, `tiles.EARLY_LAUNCH`): its programs start while the pre-pass runs, and each
+# waits for the pre-pass's rows before it reads them.
 #
 # The route is taken when q and k are fresh-output, contiguous, at least 64 MiB, and the table is
 # small beside them: at most 1/32 of the bytes the flat pass moves where every call writes its
@@ -1844,16 +1728,14 @@ assert "XBLOCK : tl.constexpr" in body and not re.search(r"XBLOCK\s*=\s*\d", bod
 assert len(re.findall(r"tl\.load\(in_ptr[12] .*evict_last", body)) == 2   # cos and sin
 
 # %% [markdown]
-# The flat pass holds fewer registers a thread than the finished kernel (the appendix compiles
-# both) and launches over a hundred thousand small programs where the finished kernel launches
-# a few thousand looping ones. What the route achieves was measured by `benchmarks/two_pass.py` on
-# the **H200**
-# (`benchmarks/results/two_pass-nvidia-h200.csv`): every provider in one run, each as a ratio to
-# a device copy of the same bytes (the copy's time over the provider's: 1 is as fast as the
-# copy), with the route forced each way — `finished`; `two-pass` with angles (the pre-pass,
-# then the flat pass); `two-pass cos/sin`, the flat pass reading your fp32 cos/sin table with no
-# pre-pass — and torch.compile of Hugging Face's formula. `pre-pass alone` is the route's first
-# kernel timed by itself.
+# The flat pass holds fewer registers a thread than the finished kernel (appendix A.6) and
+# launches over a hundred thousand small programs where the finished kernel launches a few
+# thousand looping ones. `benchmarks/two_pass.py` measured the route on the **H200**
+# (`benchmarks/results/two_pass-nvidia-h200.csv`): every provider in one run, each as a ratio to a
+# device copy of the same bytes (1 is as fast as the copy), with the route forced each way —
+# `finished`; `two-pass` with angles (the pre-pass, then the flat pass); `two-pass cos/sin`, the
+# flat pass reading your fp32 cos/sin table with no pre-pass — and torch.compile of Hugging Face's
+# formula. `pre-pass alone` is the route's first kernel timed by itself.
 
 # %%
 tp = measured.two_pass()
@@ -1925,52 +1807,45 @@ assert said(100 * lead_b1, 1) == "2.7" and lead_b1 < hi_c - lo_c      # "within 
 # - at 256 MiB (batch 8) the flat pass beats the finished kernel: 0.996 of a copy with angles,
 #   0.998 reading a cos/sin table, against 0.903;
 # - at 1 GiB (batch 8) too: 1.002 with angles and 0.987 with a table against 0.932, and
-#   forward+backward with angles 0.998 of two copies against 0.935. Two design choices get
-#   the flat pass there: both members of a pair in one thread (the appendix) and the way it
-#   writes its table addresses (the next subsection);
-# - at batch 1 (128 MiB, 16,384 tokens) the pre-pass writes a row for every token (512 bytes
-#   and a flag when its pairs share their angles, the appendix) with no batch to spread it
-#   over: 11.7 µs, 17.2 % of the copy's time (2.3 % at batch 8). Paid on every call, it would
-#   hold the route to copy / (copy + pre-pass) = 0.854 of a copy at most. The route measured
-#   0.963 in this run, ahead of the finished kernel's 0.936, because the eager route keeps the
+#   forward+backward with angles 0.998 of two copies against 0.935. Two design choices get it
+#   there: both members of a pair in one thread (A.9) and how it writes its table addresses (next);
+# - at batch 1 (128 MiB, 16,384 tokens) the pre-pass writes a row for every token with no batch
+#   to spread it over: 11.7 µs, 17.2 % of the copy's time (2.3 % at batch 8). Paid on every call,
+#   it would hold the route to copy / (copy + pre-pass) = 0.854 of a copy at most. The route
+#   measured 0.963, ahead of the finished kernel's 0.936, because the eager route keeps the
 #   pre-pass's rows (`TableRows` in `ropelib/eager.py`) and later calls with the same table skip
-#   it, as a model's later layers do. That lead, 2.7 points, is within the spread between runs
-#   of one kernel (below), so at batch 1 the route is about level with the finished kernel.
-#   Hence the 1/16 share above for kept rows; operator calls and compiled code, which write the
-#   rows every call, keep the finished kernel at batch 1.
+#   it, as a model's later layers do. That lead, 2.7 points, is within the spread between runs of
+#   one kernel (below), so at batch 1 the two are about level. Hence the 1/16 share for kept rows;
+#   operator calls and compiled code, which write the rows every call, keep the finished kernel.
 #
-# torch.compile's kernel reaches 1.000, 0.994 and 0.989 of a copy on the three cases in this
-# run: level with the flat pass within the spread between runs. The same kernel at 1 GiB
-# measures from 0.955 to 0.997 of a copy across the committed H200 runs that time it (printed
-# above), a spread of over 4 points, larger than any of the three differences here. It reads a
-# bf16 table where ropelib reads fp32 by default (the appendix gives each the other's tables).
+# torch.compile's kernel reaches 1.000, 0.994 and 0.989 of a copy on the three cases in this run:
+# level with the flat pass within the spread between runs — the same kernel at 1 GiB measures from
+# 0.955 to 0.997 across the committed H200 runs that time it (printed above), over 4 points, larger
+# than any of the differences here. It reads a bf16 table where ropelib reads fp32 by default
+# (appendix A.8 gives each the other's tables).
 
 
 # %% [markdown]
 # ### How an address is written decides when a load goes out
 #
-# Written with one offset per table entry, ropelib's pairs pass runs at 0.915 of a copy at 1 GiB
-# on the H200, while the probe's kernel, on the same fp32 rows in the same process, runs at
-# 0.992: the same 16-byte loads and stores in the PTX (the timings are at the end of this
-# subsection). The difference is how the address of a token's cos/sin row is written: the
-# probe computes `s * D`, `D` a compile-time constant; the offset form computes one offset per
-# entry, `cos_ptr + (s * stride_tab + j)`, the stride a runtime argument. ropelib's pass
-# writes a pointer per row instead, and this subsection shows why.
+# Written with one offset per table entry, ropelib's pairs pass ran at 0.915 of a copy at 1 GiB on
+# the H200, while a probe kernel on the same fp32 rows in the same process ran at 0.992, with the
+# same 16-byte loads and stores in the PTX (the timings end this subsection). The difference is how
+# the address of a token's cos/sin row is written: the probe computes `s * D`, `D` a compile-time
+# constant; the offset form computes one offset per entry, `cos_ptr + (s * stride_tab + j)`, the
+# stride a runtime argument. ropelib's pass writes a pointer per row instead, and here is why.
 #
-# A thread reads four 16-byte pieces of a cos row and four of an $s'$ row (the first half of
-# each row for $x_a$, the second for $x_b$). Written as offsets, each piece's address is
-# computed on its own: the compiler cannot prove that adding 4 to a 32-bit offset does not carry
-# before it is widened to 64 bits, so the thread needs four base addresses where two would do.
-# Registers are the assembler's (ptxas's) to allocate, and at 48 a thread (Triton 3.6 and 3.9)
-# it gives a later load the destination registers of an earlier one. A load whose registers
-# still hold a value in use must wait until that value has been consumed, that is until the
-# earlier load has landed: a second trip to memory, for those loads.
+# A thread reads four 16-byte pieces of a cos row and four of an $s'$ row. Written as offsets,
+# each piece's address is computed on its own: the compiler cannot prove that adding 4 to a 32-bit
+# offset does not carry before it is widened to 64 bits, so the thread needs four base addresses
+# where two would do. At 48 registers a thread (Triton 3.6 and 3.9) ptxas then gives a later load
+# the destination registers of an earlier one, and that load must wait until the earlier one has
+# landed and its value been consumed: a second trip to memory.
 #
 # The PTX cannot show that (its registers are virtual); the machine code (SASS) can. Below, the
 # pairs pass in a dozen lines, with both ways of writing the table's address behind
-# `ROW_POINTERS`; the cell after checks it, and the one after that compiles it for sm_90 on this
-# machine and counts the loads issued before the first multiply. Change how an address is
-# written and run them again.
+# `ROW_POINTERS`; the cell after checks it, and the one after that compiles it for sm_90 here and
+# counts the loads issued before the first multiply. Change how an address is written and rerun.
 
 # %%
 @triton.jit
@@ -2088,20 +1963,17 @@ if sched:
 # %% [markdown]
 # With offsets, three of the eight table loads go out only after the rotation has started; with
 # row pointers two do, and the thread keeps its two x loads and six table loads in flight
-# together. The listing shows both causes: with offsets the table loads read from four base
-# registers (the `Rn` of `[Rn.64+offset]`), with row pointers from two; and each of the three
-# late loads with offsets writes a register an earlier load wrote, so it waits until that load
-# has landed and its value been used (with row pointers one of the two late loads does the
-# same). The cell asserts these counts with Triton 3.6, the GPU
-# runs', and 3.9; with another version only that row pointers put more loads out early.
+# together. The listing shows both causes: with offsets the table loads read four base registers
+# (the `Rn` of `[Rn.64+offset]`), with row pointers two; and each of the three late loads with
+# offsets writes a register an earlier load wrote, so it waits for that load (with row pointers one
+# of the two late loads does). The counts are asserted with Triton 3.6, the GPU runs', and 3.9;
+# with another version only that row pointers put more loads out early. ropelib's own flat pass,
+# compiled the same way, issues the same eight early, in 46 registers (appendix A.7 compiles it as
+# the route runs it now, with the pre-pass's flags).
 #
-# ropelib's own flat pass, compiled the same way, issues the same eight early, in 46 registers:
-# the pass section 5 profiled (the appendix compiles it as the route runs it now, with the
-# pre-pass's flags).
-#
-# What the two address forms are worth, timed on the H200 by `benchmarks/one_gib_probe.py`
-# (five alternating rounds in one process, medians; one run with ropelib's pass written each
-# way, each beside the same probe kernel):
+# What the two forms are worth, timed on the H200 by `benchmarks/one_gib_probe.py` (five
+# alternating rounds in one process, medians; one run with ropelib's pass written each way, each
+# beside the same probe kernel):
 
 # %%
 def one_gib_medians(gpu):
@@ -2128,19 +2000,14 @@ assert abs(after["probe copy"] - before["probe copy"]) < 0.005      # the probe 
 
 
 # %% [markdown]
-# With row pointers the flat pass alone runs at 0.990 of a copy against 0.915 with offsets,
-# level with the probe's kernel, and `apply_rope` at 0.986 against 0.913; the probe's own kernel
-# measures the same beside both. The two forms differ only in those two lines of address
-# arithmetic (and in the order the four table loads are written, which does not change the
-# machine code). That the one more load issued early is what buys the difference is what the
-# listing suggests; no stall profile of the two forms is committed, so it is a hypothesis, not
-# a measurement.
-#
-# It is not a rule to apply everywhere: ropelib's route for packed sequences (one sequence per
-# grid row) keeps offsets, the form its own timings favoured (this page does not read them).
-# What carries over is the
-# method: when a kernel runs slower than a copy of itself with "the same code", compile both
-# with the Triton the GPU runs, and count in the SASS which loads go out before the arithmetic
+# With row pointers the flat pass alone runs at 0.990 of a copy against 0.915 with offsets, level
+# with the probe's kernel, and `apply_rope` at 0.986 against 0.913; the probe's own kernel measures
+# the same beside both. The two forms differ only in those two lines of address arithmetic. That
+# the one more early load buys the difference is what the listing suggests; no stall profile of
+# the two forms is committed, so it is a hypothesis. Nor is it a rule: ropelib's packed-sequence
+# route (one sequence per grid row) keeps offsets, the form its own timings favoured. What carries
+# over is the method: when a kernel runs slower than a copy of itself with "the same code", compile
+# both with the Triton the GPU runs, and count in the SASS which loads go out before the arithmetic
 # that waits for them.
 
 # %% [markdown]
@@ -2185,22 +2052,19 @@ flat_pass.show_solution()
 
 # %% [markdown]
 # The solution picks the partner with a `tl.where`, as ropelib's element-wise flat pass does.
-# Whether the compiler can still prove that each thread's run of partners is contiguous
-# depends on its version's analysis; where it cannot, that partner load becomes eight
-# one-element loads per thread in bf16. The element-wise pass therefore tells the compiler,
-# with `tl.multiple_of` and `tl.max_contiguous`, that each thread's 16-byte run stays in one
-# half (true when $D/2$ and $D$ are multiples of the run), so that it need not find this
-# itself. ropelib's rotate-half flat pass loads no partner at all: a thread holds both
-# members of its pairs (the appendix), and the appendix's compile cell counts its
-# 16-byte loads: 2 of `x`, 8 of the fp32 table.
+# Whether the compiler can still prove each thread's run of partners contiguous depends on its
+# version's analysis; where it cannot, the partner load becomes eight one-element loads per thread
+# in bf16. The element-wise pass therefore tells the compiler, with `tl.multiple_of` and
+# `tl.max_contiguous`, that each thread's 16-byte run stays in one half (true when $D/2$ and $D$ are
+# multiples of the run). ropelib's rotate-half flat pass loads no partner at all: a thread holds
+# both members of its pairs, in 16-byte loads, 2 of `x` and 8 of the fp32 table (section 6).
 #
 # The cell below compiles the worked solution and your kernel at the element-wise pass's 1 GiB
-# launch (1,024 elements a program on 4 warps, 8 a thread) and counts their loads by width, with
-# the Triton of this machine: on this page (Triton 3.6) the worked solution's six loads are all
-# 16 bytes, the partner's included. This count is not graded. A hint is a promise the compiler
-# trusts, and the interpreter ignores hints, so on this machine a false one (for a head whose
-# half is not a multiple of 8, $d = 24$ among the check's cases) passes the check above; on a
-# GPU it reads the wrong partners, and the check says so.
+# launch (1,024 elements a program on 4 warps, 8 a thread) and counts their loads by width: with
+# Triton 3.6 the worked solution's six loads are all 16 bytes, the partner's included. The count is
+# not graded. A hint is a promise the compiler trusts and the interpreter ignores: a false one (for
+# a half that is not a multiple of 8, $d = 24$ among the check's cases) passes the check here, and
+# on a GPU reads the wrong partners, and the check says so.
 
 # %%
 EX2_ARGS = dict(x_ptr=bf16_any, y_ptr=bf16_any, cos_ptr=fp32_any, sin_ptr=fp32_any,
@@ -2211,11 +2075,10 @@ print("your kernel:")
 measure_loads(my_flat_rope_kernel, EX2_ARGS, tiles.TWO_PASS_WARPS);
 
 # %% [markdown]
-# On a GPU the cell below times your flat pass as the cell after Exercise 1b timed those
-# kernels, at the same size and with the launch whose loads the cell above counts (1,024
-# elements a program on 4 warps). The first pass's tables are made once before, so the time is
-# the second pass's alone; they add $2 \cdot S \cdot D$ fp32 values to what it reads, small
-# beside x and y with $b \cdot h = 256$ head rows a token.
+# On a GPU the cell below times your flat pass as Exercise 1's were timed, at the same size and
+# with the launch counted above. The first pass's tables are made once before, so the time is the
+# second pass's alone; they add $2 \cdot S \cdot D$ fp32 values to what it reads, small beside x
+# and y.
 
 # %%
 def launch_flat(kernel, x, y, cos, sin, *, xblock, num_warps):
@@ -2308,11 +2171,10 @@ if mine and sched:
           f"the first multiply, {own['registers']} registers")
 
 # %% [markdown]
-# And on a GPU, how fast? The cell below times your pairs pass as the cells after Exercises
-# 1b and 2 timed theirs, with full rotary ($R = D$) and the launch of the cell above (whole
-# head rows, 1,024 elements a program, on 2 warps), beside the worked solution and a copy. Set
-# the fraction beside your flat pass's of Exercise 2: that pass loads every element twice,
-# once as itself and once as its partner, this one once.
+# And on a GPU, how fast? The cell below times your pairs pass like the earlier exercises, with
+# full rotary ($R = D$) and the launch above, beside the worked solution and a copy. Set it beside
+# your Exercise 2 flat pass, which loads every element twice (as itself and as a partner), this one
+# once.
 
 # %%
 def launch_pairs(kernel, x, y, cos, sin, *, R, rows, num_warps):
@@ -2347,28 +2209,71 @@ else:
 
 # %% [markdown]
 # The masks do what powers of two cannot: `j < R/2` keeps a tile of `HALF_BLOCK` pairs from
-# rotating features that belong to the second half (or to the next head), and the rows' mask
-# keeps the last program inside the tensor. This is what `_rotate_pairs` in
-# `ropelib/kernels/flat.py` does for ropelib, with two more things: the rows of the table may
-# come from a row index (packed sequences and position ids), and its table addresses are
-# written as the section on load scheduling found fastest for each route.
+# rotating features of the second half (or of the next head), and the rows' mask keeps the last
+# program inside the tensor. `_rotate_pairs` in `ropelib/kernels/flat.py` does this for ropelib,
+# with two more things: the table's rows may come from a row index (packed sequences and position
+# ids), and its table addresses are written as section 6 found fastest for each route (A.10 shows
+# it).
 
 
 # %% [markdown]
+# ## Appendix: the ladder's profiles in detail
+#
+# ### A.1 Notebook 04's variants, the warps step and the chunks rung's writes
+#
+# Section 5's mechanism cell prints these and asserts each number.
+#
+# - **A tile of heads, one change at a time.** The batch-reusing grid on 2 warps (`sh_loop_b_w2`:
+#   the same programs, 128 bytes of x a warp per step, achieved occupancy 48 → 94 %) takes
+#   178.1 µs against 179.1: at that work per warp, occupancy alone buys nothing. Reading a cos/sin
+#   table (`sh_loop_b_table`, 0.31 warp instructions per element against 0.51) saves about 9 µs.
+#   Two heads a program (`heads2_loop_b`, one warp) take 147.6 µs and four on 2 warps
+#   (`heads4_loop_b`) 137.2, level with rung 6; that pair changes occupancy (48 → 92 %) with the
+#   work, so it does not separate them. Eight heads a program on 1, 2, 4 and 8 warps take 138.1,
+#   136.3, 139.6 and 146.8 µs at 29, 51, 68 and 87 % occupancy: the most occupied is the slowest.
+# - **The warps step (rung 3)** at $b = 8$ is within the runs' spread, and the two profiles
+#   disagree on its sign: the mechanism profile has the warps rung at 141.5 µs against the heads
+#   rung's 142.2, the cycles profile at 147.4 against 145.4. At $b = 1$ 8 warps lose over two
+#   fifths of the speed: each thread along the heads evaluates the sin/cos, 1.85 warp
+#   instructions per element.
+# - **The chunks rung's writes.** At $b = 8$ it has the warps rung's DRAM reads to 0.02 %. At
+#   $h = 8$, on the same 4,096-program, 8-warp launch, its step is +0.1. Rung 6 has the same
+#   runtime loop bounds, and its counted writes are the warps rung's (246.3 and 246.7 MB against
+#   the chunks rung's 262.8). Compiled here for sm_90 (printed; the H200 run used Triton 3.6), the
+#   two rungs issue the same stores in the same order, the registers they name aside. So neither
+#   the launch, the loop bounds nor the store form makes the writes.
+#
+# ### A.2 The warp states
+#
+# The cycles profile's warp-state table (printed last by its cell in section 5) shows where the
+# equal-halves gain comes from: at the same 7.1 resident warps a scheduler, `long_scoreboard`
+# (waiting on a load) goes from 4.90 to 5.50, and every other state gives warps up:
+# `no_instruction` 0.35 → 0.11, `not_selected` 0.53 → 0.36, `selected` 0.46 → 0.38, `wait` 0.43
+# → 0.37. The warps step had paid the same price unseen: its extra instructions dropped the share
+# of resident warps waiting on memory from the heads rung's 0.77 to 0.69, and its extra residency
+# (6.4 → 7.1 warps) kept `long_scoreboard` level (4.93 → 4.94). The large fall in `no_instruction`
+# (a warp waiting for its next instruction to be fetched) fits rung 5's second sin/cos body; its
+# code size is not measured here.
+#
+# At $b = 1$ the tile rung ($\text{BLOCK\_S} = 1$, the heads rung's tile in the 3-D form) executes
+# 3 % more instructions than the heads rung at 41.4 % occupancy against 47.3 %: instructions over
+# issue rate predict 1.043 times the heads rung's time, and the profiler measures 1.041. At the
+# GPU's own clock (173.7 and 188.5 µs, issuing in 77 % and 73 % of cycles) the same prediction
+# gives 1.09, the timed step (191.1 against 175.8 µs). At $b = 1$ fewer waiting warps in the
+# finished kernel do not mean fewer bytes in flight (bytes per warp were not profiled); it differs
+# from rung 6 in more than the order of its loads, which section 5's two timed variants isolate.
+#
 # ## Appendix: the finished kernel's machine code
 #
-# Three readings of section 5's profiles, in the finished kernel's machine code: which loads go
-# out before the first multiply with `x` first or the table first, where its extra
-# instructions over rung 6 go, and how many times each sin/cos is evaluated.
+# ### A.3 The load order
 #
-# **The load order, in the machine code.** Which loads a program issues before the arithmetic
-# that waits for them can be read without a GPU: `load_schedule` (section 6 uses it too)
-# compiles a kernel for sm_90 on this machine, disassembles it, and lists its global loads
-# (`LDG`) in machine-code order with the index of the first multiply. Below, the finished kernel
-# as the planner launches it on the H200 at $s = 32768$, $b = 1$ (`X_FIRST`: each program takes
-# one batch entry), and the same launch with the table first. The 16-byte loads (`LDG.E.128`)
-# are `x`'s, the 4-byte ones (`LDG.E`) the angles, and `LDG.E.CONSTANT` the constants
-# libdevice's sin/cos read for their argument reduction.
+# Which loads a program issues before the arithmetic that waits for them can be read without a
+# GPU: `load_schedule` (section 6 uses it too) compiles a kernel for sm_90 here, disassembles it,
+# and lists its global loads (`LDG`) in machine-code order with the index of the first multiply.
+# Below, the finished kernel as the planner launches it on the H200 at $s = 32768$, $b = 1$
+# (`X_FIRST`: each program takes one batch entry), and the same launch with the table first. The
+# 16-byte loads (`LDG.E.128`) are `x`'s, the 4-byte ones (`LDG.E`) the angles, and `LDG.E.CONSTANT`
+# the constants libdevice's sin/cos read for their argument reduction.
 
 # %%
 from ropelib.course import load_schedule
@@ -2422,20 +2327,20 @@ if order_sass:
         assert (x_early["x first"], x_early["table first"]) == (8, 0)
 
 # %% [markdown]
-# With `x` first, the program issues its two angle loads and all eight of its loads of `x`
-# before the first multiply, so both are in flight together; with the table first, the loads
-# of `x` wait until the sin/cos are done. The cell asserts these counts, 8 of 8 against 0 of 8,
-# with Triton 3.6 (the GPU runs') and 3.9; with any other version only that `x` first puts more
-# loads of `x` before the multiply. That is what the order changes; what it is worth in time is
-# the pair of timings above, not this count.
+# With `x` first, the program issues its two angle loads and all eight of its loads of `x` before
+# the first multiply, so both are in flight together; with the table first, the loads of `x` wait
+# until the sin/cos are done. The cell asserts 8 of 8 against 0 of 8 with Triton 3.6 (the GPU
+# runs') and 3.9; with another version only that `x` first puts more loads of `x` before the
+# multiply. What the order is worth in time is section 5's pair of timed variants, not this count.
 #
-# **Where the finished kernel's extra instructions go.** The finished kernel writes NaN for a
-# position outside the table (a silently clamped row would be a wrong answer nobody sees). It
-# makes that guard once per table element, on the cosine tile: every output is one fma with a
-# cosine, so every output of that row is NaN too. A profile by opcode
-# (`benchmarks/ladder_opcodes_ncu.py`, the same H200, section 5's launches at $s = 4096$,
-# $b = 8$) counts the executed warp instructions of rungs 4 to 6 and of the finished kernel;
-# the cell below sets the finished kernel beside rung 6, opcode by opcode.
+# ### A.4 Where the finished kernel's extra instructions go
+#
+# The finished kernel writes NaN for a position outside the table (a silently clamped row would be
+# a wrong answer nobody sees). It makes that guard once per table element, on the cosine tile:
+# every output is one fma with a cosine, so every output of that row is NaN too. A profile by
+# opcode (`benchmarks/ladder_opcodes_ncu.py`, the same H200, section 5's launches at $s = 4096$,
+# $b = 8$) counts the executed warp instructions of rungs 4 to 6 and of the finished kernel; the
+# cell sets the finished kernel beside rung 6, opcode by opcode.
 
 # %%
 OPCODE_CSV = measured.RESULTS / "ladder_opcodes_per_opcode-nvidia-h200.csv"
@@ -2482,21 +2387,23 @@ print(f"section 5's mechanism profile: {mech_extra - 1:+.1%} warp instructions o
 assert abs(mech_extra - sum(fin_ops.values()) / sum(r6.values())) < 0.02
 
 # %% [markdown]
-# So the extra is the guard's select per table element, a fifth of it, and, for most of the
-# rest, the integer arithmetic of the finished kernel's general indexing (offsets in int64
-# where needed, positions, batch chunks): 6.8 % more warp instructions than rung 6, with a time
-# within 1 % of rung 6's under this profile. Section 5's mechanism profile, a separate run,
-# counts the same within two points.
+# So a fifth of the extra is the guard's select per table element, and most of the rest the
+# integer arithmetic of the finished kernel's general indexing (offsets in int64 where needed,
+# positions, batch chunks): 6.8 % more warp instructions than rung 6, in a time within 1 % of rung
+# 6's under this profile. Section 5's mechanism profile, a separate run, counts the same within
+# two points.
 #
-# **Where the sin/cos are evaluated.** The source of rungs 1 to 6 computes cos/sin as a tile
-# with one row per token, $[\text{BLOCK\_S}, 1, D/2]$, broadcast over the heads: once per
-# program, it reads. The cycles profile counts what the GPU does: at $b = 8$ the 4-warp rungs
-# (heads, tile) evaluate every sin and cos 16 times, the 8-warp rungs (warps, chunks, accurate)
-# 32 times, one evaluation per thread along the head axis. In section 4's layouts a thread holds
-# 8 features of a half, so 8 threads span the 64 features and the program's other threads lie
-# along the heads: 16 on 4 warps, 32 on 8, as the cell below checks. So even with a batch loop
-# the sin/cos are not amortised to nothing, which is why the equal-halves shortcut saves
-# instructions at $b = 8$; the second pass of section 6 evaluates none.
+# ### A.5 Where the sin/cos are evaluated
+#
+# The source of rungs 1 to 6 computes cos/sin as a tile with one row per token,
+# $[\text{BLOCK\_S}, 1, D/2]$, broadcast over the heads: once per program, it reads. The cycles
+# profile counts what the GPU does: at $b = 8$ the 4-warp rungs (heads, tile) evaluate every sin
+# and cos 16 times, the 8-warp rungs (warps, chunks, accurate) 32 times, once per thread along the
+# head axis. In section 4's layouts a thread holds 8 features of a half, so 8 threads span the 64
+# features and the program's other threads lie along the heads: 16 on 4 warps, 32 on 8, as the
+# cell below checks. So even with a batch loop the sin/cos are not amortised to nothing, which is
+# why the equal-halves shortcut saves instructions at $b = 8$; section 6's second pass evaluates
+# none.
 
 # %%
 # sin/cos copies at b = 8 (the profile of the cycles) against the threads each rung's layout
@@ -2519,31 +2426,24 @@ if compiled:                                        # the layouts compiled in se
 # %% [markdown]
 # ## Appendix: the two-pass route's details
 #
-# Section 6 measured the route and showed how its flat pass writes its table addresses. This
-# appendix holds the rest of what the route does and why: the flags its pre-pass writes and
-# what they save at batch 1, the pass for rows known to hold equal pairs, torch.compile given
-# each other's tables, where the pairs-in-a-thread design came from, and the shipped pass
-# itself. Every number is read from a committed H200 run and checked, as in the main text.
+# The rest of what the route does and why, every number read from a committed H200 run and
+# checked: the flat pass's registers, the flags its pre-pass writes and what they save at batch 1,
+# the pass for rows known to hold equal pairs, torch.compile given each other's tables, where the
+# pairs-in-a-thread design came from, and the shipped pass itself.
 
 # %% [markdown]
-# How the flat pass differs from the finished kernel can be read without a GPU: compile it for
-# sm_90 as section 4 compiled the finished kernel, and compare registers per thread, program
-# size and the loads each thread issues. An SM has 65,536 registers and holds at most 64 warps,
-# so registers per thread bound how many warps can wait on memory at once.
+# ### A.6 The flat pass beside the finished kernel
 #
-# The flat pass compiles to two register counts, with and without the pre-pass's flag per row
-# (below). Given the flags, as the route runs it after its pre-pass, it loads that flag, one
-# byte (`ld.v1.b8`), besides its ten 16-byte loads, and holds 42 registers with Triton 3.6, the
-# GPU runs'; this cell compiles that launch. Launched without flags, the profile of section 5,
-# it has the same ten 16-byte loads and no byte load, in 46 registers; section 6's address-form cell
-# and this appendix's flags cell compile both launches.
-#
-# Registers are one difference among several (occupancy, instructions per element, no
-# sin/cos, no batch loop, many small programs instead of a few thousand looping ones); section
-# 5's copy on the tile points at the launch shape, and this page does not separate its parts.
-# Registers are not the only bound either (shared memory, the block limit and the scheduler
-# take their share, and the finished kernel's *achieved* occupancy in section 1 is lower
-# still).
+# Compiled for sm_90 as section 4 compiled the finished kernel, the flat pass can be compared in
+# registers per thread, program size and loads per thread. An SM has 65,536 registers and holds at
+# most 64 warps, so registers per thread bound how many warps can wait on memory at once. Given
+# the pre-pass's flag per row (A.7), as the route runs it after its pre-pass, the flat pass loads
+# that flag (one byte, `ld.v1.b8`) besides its ten 16-byte loads, in 42 registers with Triton 3.6,
+# the GPU runs'; this cell compiles that launch. Launched without flags, as section 5 profiled it,
+# it has the same ten 16-byte loads and no byte load, in 46 registers (A.7 compiles both).
+# Registers are one difference among several (occupancy, instructions per element, no sin/cos, no
+# batch loop, many small programs instead of a few thousand looping ones); section 5's copy on the
+# tile points at the launch shape, and this page does not separate its parts.
 
 # %%
 if compiled:
@@ -2578,10 +2478,11 @@ assert [round(r["ncu_achieved_occupancy_pct"]) for r in (planned_m, fin_m)] == [
 assert [said(r["ncu_warp_inst_per_element"], 2) for r in (planned_m, fin_m)] == ["0.35", "0.31"]
 
 # %% [markdown]
-# The cell below counts, on a small call with the route forced, the kernels of three eager
-# calls in a row as they start (`+flag`: given the pre-pass's flags; `+equal`: the pass for rows
-# known to have no differing pair, both explained after it), and what the route keeps with the
-# rows.
+# ### A.7 Kept rows, flags and half the rows
+#
+# The cell below counts, on a small call with the route forced, the kernels of three eager calls
+# in a row as they start (`+flag`: given the pre-pass's flags; `+equal`: the pass for rows known
+# to have no differing pair, both explained after it), and what the route keeps with the rows.
 
 # %%
 from ropelib import eager
@@ -2628,31 +2529,29 @@ assert kept_flags.shape == kept_cos.shape[:1] and kept_flags.dtype == torch.int8
 assert not kept_flags.any()                              # rope_freqs: every pair's members equal
 
 # %% [markdown]
-# The first call launches the pre-pass and the flat pass, every later call with the same table
-# the flat pass alone: a timed loop of such calls measures the flat pass, and the pre-pass's
-# 17.2 % is paid once, not per call.
+# The first call launches the pre-pass and the flat pass, every later call with the same table the
+# flat pass alone: a timed loop of such calls measures the flat pass, and the pre-pass's 17.2 % is
+# paid once, not per call.
 #
-# The pre-pass also writes a one-byte flag per row, 1 where some pair of the row has members
-# with different cos or sin, and writes member $b$'s cos and $s'$ only in rows flagged 1. Given
-# the flags (`+flag`), the flat pass loads member $b$'s entries only there and elsewhere takes
+# The pre-pass also writes a one-byte flag per row, 1 where some pair of the row has members with
+# different cos or sin, and writes member $b$'s cos and $s'$ only in rows flagged 1. Given the
+# flags (`+flag`), the flat pass loads member $b$'s entries only there and elsewhere takes
 # $c_b = c_a$, $s'_b = -s'_a$. `rope_freqs` repeats each angle in both halves of a row, so every
-# flag is 0 (printed above) and the rows cost 512 bytes a token instead of 1 KiB, written and
-# read. Unlike one flag for the whole table, flags per row need no zeroing launch, so calls that
-# write their rows every time (compiled code, CUDA graphs, tables made under inference_mode)
-# save the same. For kept rows the eager route also learns, without waiting (`PairsEqual` in
-# `ropelib/eager.py`: a reduction copied to pinned host memory behind an event), whether any
-# flag is 1; if none is, later calls of one batch entry run a flat pass compiled with
-# `PAIRS_EQUAL=True` (`+equal`), which loads neither the flags nor member $b$'s entries.
+# flag is 0 (printed above) and the rows cost 512 bytes a token instead of 1 KiB, written and read.
+# Flags per row need no zeroing launch, so calls that write their rows every time (compiled code,
+# CUDA graphs, tables made under inference_mode) save the same. For kept rows the eager route also
+# learns, without waiting (`PairsEqual` in `ropelib/eager.py`: a reduction copied to pinned host
+# memory behind an event), whether any flag is 1; if none is, later calls of one batch entry run a
+# flat pass compiled with `PAIRS_EQUAL=True` (`+equal`), which loads neither the flags nor member
+# $b$'s entries.
 #
-# At batch 1 the rows are a share worth counting. Per token (32 heads of 128 bf16 features) the
-# flat pass reads 8 KiB of $x$ and writes 8 KiB, beside the token's rows, which its heads share.
-# If every byte moved at the copy's bandwidth, reading both halves would allow at most
-# $16/(16 + 1) \approx 0.94$ of a copy, and half of them $32/33 \approx 0.97$ (a bytes estimate,
-# not a hard limit); at batch 8 the share is an eighth as large.
-# `benchmarks/half_rows_probe.py` times the route reading half the rows (`halves`: member
-# $b$'s entries skipped where its pair shares the angle) and all of them (`both halves`, every
-# entry loaded), alternating in five rounds in one process, beside the copy and torch.compile's
-# kernel on a bf16 table:
+# At batch 1 the rows are a share worth counting: per token (32 heads of 128 bf16 features) the
+# flat pass reads 8 KiB of $x$ and writes 8 KiB beside the token's rows. If every byte moved at the
+# copy's bandwidth, reading both halves would allow at most $16/(16 + 1) \approx 0.94$ of a copy,
+# and half of them $32/33 \approx 0.97$ (a bytes estimate, not a hard limit); at batch 8 the share
+# is an eighth as large. `benchmarks/half_rows_probe.py` times the route reading half the rows
+# (`halves`) and all of them (`both halves`), alternating in five rounds in one process, beside the
+# copy and torch.compile's kernel on a bf16 table:
 
 # %%
 # the bytes estimate at batch 1 (s16k b1): per token 32 heads of 128 bf16 features
@@ -2712,17 +2611,16 @@ assert min(rounds_256["halves"]) < max(rounds_256["both halves"])
 
 # %% [markdown]
 # Reading half the rows, the batch-1 forward runs at 0.963 of a copy at 128 MiB against 0.932
-# reading all of them (bshd: 0.948 against 0.927), at 0.967 against 0.941 at 256 MiB (32,768
-# tokens), and forward+backward at 128 MiB at 0.963 of two copies against 0.936; the route's 0.963
-# at batch 1 is the main table's too. At batch 8 it runs 1 GiB at 1.002 against 0.986 and leaves
-# 256 MiB level (0.994 against 0.999, their times a round overlapping). The batch-1 times stay
-# under the 32/33 estimate, but the estimate does not say what holds them there: torch.compile's
-# kernel, which reads as many table bytes a token (bf16 cos and sin, 256 bytes each), ran at 0.981
-# in the same probe, above it.
+# (bshd: 0.948 against 0.927), at 0.967 against 0.941 at 256 MiB (32,768 tokens), and
+# forward+backward at 128 MiB at 0.963 of two copies against 0.936; the route's 0.963 at batch 1 is
+# the main table's too. At batch 8 it runs 1 GiB at 1.002 against 0.986 and leaves 256 MiB level
+# (0.994 against 0.999, their times a round overlapping). The batch-1 times stay under the 32/33
+# estimate, but the estimate does not say what holds them there: torch.compile's kernel, which
+# reads as many table bytes a token (bf16 cos and sin), ran at 0.981 in the same probe, above it.
 #
-# Kept rows can be read three ways, and a run of the same probe times them side by side, five
-# alternating rounds again: `both halves` (no flags), `halves` (a flag per row) and
-# `known equal` (`PAIRS_EQUAL`: no flags, no member $b$ loads), each forced for every case:
+# Kept rows can be read three ways, and another run of the probe times them side by side, five
+# alternating rounds again: `both halves` (no flags), `halves` (a flag per row) and `known equal`
+# (`PAIRS_EQUAL`: no flags, no member $b$ loads), each forced for every case:
 
 # %%
 eq_run = measured.GPU + "-20261202-1747"
@@ -2772,22 +2670,18 @@ assert all(eq[(c, "forward")][k]["ratio_to_copy"] < v for c, v in zip(b1_cases, 
 # At batch 1 the pass without flags is 0.4 to 1 point ahead in the medians (0.946 against 0.942
 # sbhd, 0.957 against 0.947 bshd, 0.961 against 0.953 at 32,768 tokens; in every round for bshd,
 # the sbhd rounds overlapping at their edges); at 1 GiB, batch 8, it is 1 point behind in every
-# round (0.990 against 1.000). So the planner makes that pass only where the rows are read once
-# (one batch entry, no `KEEP_TABLE`), and batches keep the pass with flags. Why it is slower at
-# batch 8, where its rows come from L2 and it issues fewer loads in fewer registers, these runs do
-# not show. At batch 1 every way of reading the rows stays below torch.compile's 0.971-0.982 on
-# bf16 tables in that run.
+# round (0.990 against 1.000), for reasons these runs do not show. So the planner makes that pass
+# only where the rows are read once (one batch entry, no `KEEP_TABLE`). At batch 1 every way of
+# reading the rows stays below torch.compile's 0.971-0.982 on bf16 tables in that run.
 #
-# **The flags in the machine code.** The flat pass, compiled as section 6's address-form cell
-# compiled it, but given the pre-pass's flags, as the route runs it after its pre-pass: it
-# loads its row's flag first (one byte), then the same ten loads, member $b$'s waiting for the
-# flag's value. With Triton 3.6 seven of the eleven go out before the first multiply, in 42
-# registers (the count of the compile cell above), with 3.9 nine. Making member $a$'s loads
-# wait for the flag too was timed on the H200 by two runs of the half-rows probe (read below):
-# 0.943 of a copy at 1 GiB against 1.001, and 0.900 at 128 MiB, batch 1, against 0.941, though
-# it puts more loads out early: which loads go first is not the whole story. The pass for rows
-# known to have no differing pair (`PAIRS_EQUAL`, planned at batch 1) loads six pieces, x's two
-# and member $a$'s four, five of them early, in 32 registers with both versions.
+# **The flags in the machine code.** Given the flags, the flat pass loads its row's flag first
+# (one byte), then the same ten loads, member $b$'s waiting for the flag's value: with Triton 3.6
+# seven of the eleven go out before the first multiply, in 42 registers (A.6's count), with 3.9
+# nine. Making member $a$'s loads wait for the flag too was timed on the H200 by two runs of the
+# half-rows probe (read below): 0.943 of a copy at 1 GiB against 1.001, and 0.900 at 128 MiB, batch
+# 1, against 0.941, though it puts more loads out early: which loads go first is not the whole
+# story. The `PAIRS_EQUAL` pass loads six pieces, x's two and member $a$'s four, five of them
+# early, in 32 registers with both versions.
 
 # %%
 if sched:
@@ -2848,16 +2742,15 @@ assert [said(t[(c, "forward")]["halves"]["ratio_to_copy"]) for c in
     ["0.943", "1.001", "0.900", "0.941"]
 
 # %% [markdown]
-# ### torch.compile reads a 16-bit table
+# ### A.8 torch.compile reads a 16-bit table
 #
-# The comparisons with torch.compile above are not like for like. torch.compile is given
-# cos/sin in the input's dtype, bf16 here, as Hugging Face models cache them; ropelib reads fp32
-# tables unless given others, because a bf16 cos or sin is off by up to $2^{-9}$, a relative
-# error of up to $2^{-8}$ (notebook 08). The same run timed each with the other's tables:
-# `compile bf16` is torch.compile as above, `compile fp32` the same formula given fp32 tables,
-# `flat fp32` the flat pass forced (`two-pass cos/sin`), `auto fp32` and `auto bf16`
-# `ropelib.apply_rope` choosing its route with fp32 tables and with torch.compile's bf16 ones.
-# The batch-8 cases:
+# The comparisons with torch.compile are not like for like: it is given cos/sin in the input's
+# dtype, bf16 here, as Hugging Face models cache them; ropelib reads fp32 tables unless given
+# others, because a bf16 cos or sin is off by up to $2^{-9}$ (notebook 08). The same run timed each
+# with the other's tables: `compile bf16` is torch.compile as above, `compile fp32` the same
+# formula given fp32 tables, `flat fp32` the flat pass forced (`two-pass cos/sin`), `auto fp32`
+# and `auto bf16` `ropelib.apply_rope` choosing its route with fp32 tables and with
+# torch.compile's bf16 ones. The batch-8 cases:
 
 # %%
 like = ("bf16 sbhd 256 MiB s4k b8", "bf16 bshd 256 MiB s4k b8", "bf16 sbhd 1 GiB s16k b8")
@@ -2909,30 +2802,29 @@ assert said(100 * (ratio(tp, s16k, "two-pass cos/sin") - ratio(tp, s16k, "auto c
     == "1.3"
 
 # %% [markdown]
-# Given fp32 tables, torch.compile's kernel loses about a tenth of a copy (0.994 → 0.898 at
-# 1 GiB) and falls behind ropelib on the same fp32 tables (0.974 as ropelib picks the route,
-# 0.987 with the flat pass forced), in these three cases and at batch 1. Given the same bf16
-# tables, ropelib is level with it forward within the spread between runs (within 1.5 % in
-# each batch-8 case, 2.1 % at batch 1, against torch.compile's own 4 points between runs), and
-# ahead forward+backward (0.992–1.001 of two copies against 0.487–0.941).
-# Read gaps this small with care: in this run `auto cos/sin` and the forced `two-pass cos/sin`,
-# the same route at 1 GiB, are 1.3 points apart.
+# Given fp32 tables, torch.compile's kernel loses about a tenth of a copy (0.994 → 0.898 at 1 GiB)
+# and falls behind ropelib on the same tables (0.974 as ropelib picks the route, 0.987 with the
+# flat pass forced), in these three cases and at batch 1. Given the same bf16 tables, ropelib is
+# level with it forward within the spread between runs (within 1.5 % in each batch-8 case, 2.1 %
+# at batch 1) and ahead forward+backward (0.992–1.001 of two copies against 0.487–0.941). Read
+# gaps this small with care: in this run `auto cos/sin` and the forced `two-pass cos/sin`, the same
+# route at 1 GiB, are 1.3 points apart.
 #
-# ### Both members of a pair in one thread
+# ### A.9 Both members of a pair in one thread
 #
-# A flat pass that gives each thread 8 consecutive bf16 features of one half (`rows=fp32`
-# below) loads its own 16 bytes of x, its partners' 16 bytes (cache lines another thread of the
-# program loads as *its* x), and 32 bytes each of fp32 cos and $s'$: six 16-byte loads
-# (torch.compile's kernel, with a bf16 table, four). `benchmarks/paired_rows_probe.py` times it
-# and two ways to load less, on copies of the flat pass reading the pre-pass's fp32 rows (each
-# copy gives `apply_rope`'s bits):
+# A flat pass that gives each thread 8 consecutive bf16 features of one half (`rows=fp32` below)
+# loads its own 16 bytes of x, its partners' 16 bytes (cache lines another thread of the program
+# loads as *its* x), and 32 bytes each of fp32 cos and $s'$: six 16-byte loads (torch.compile's
+# kernel, with a bf16 table, four). `benchmarks/paired_rows_probe.py` times it and two ways to load
+# less, on copies of the flat pass reading the pre-pass's fp32 rows (each giving `apply_rope`'s
+# bits):
 #
 # - **read half the table** (`rows=paired`): where both members of a pair share their angle
 #   (`cat(f, f)`, as TE's and Hugging Face's tables are), both halves of a head read the first
-#   half of the row. Half the bytes, the same six loads;
-# - **hold both members in one thread** (`pairs per thread`, 8 head rows on 2 warps or 16 on
-#   4): a thread loads $x_j$ and $x_{j+R/2}$ for 8 pairs and their cos and $s'$, 16 features for
-#   two x loads and eight table loads, no element loaded twice.
+#   half of the row: half the bytes, the same six loads;
+# - **hold both members in one thread** (`pairs per thread`, 8 head rows on 2 warps or 16 on 4):
+#   a thread loads $x_j$ and $x_{j+R/2}$ for 8 pairs and their cos and $s'$, two x loads and eight
+#   table loads, no element loaded twice.
 
 # %%
 pr = measured.probe("paired_rows_probe")
@@ -2958,12 +2850,11 @@ assert [one_gib[c] for c in probe_cols[:5]] == ["0.994", "0.938", "0.948", "0.89
 
 # %% [markdown]
 # Reading half the table is slower in every case (0.896 of a copy at 1 GiB against 0.948). One
-# candidate is in the machine code: a select in an address (`tl.where(first, d, d - HALF)`, the
-# column `rows=paired` reads) can hide contiguity from Triton and split a 16-byte load into
-# narrower ones, as Exercise 2's note explains. The cell below compiles the probe's two kernels
-# (`_flat_rows` in `benchmarks/paired_rows_probe.py`, `ROWS=1` and `ROWS=2`, at the probe's
-# launch: 1,024 elements a program on 4 warps, the 1 GiB sbhd case) for sm_90 and counts a
-# thread's global loads by the bytes each moves.
+# candidate is in the machine code: a select in an address (`tl.where(first, d, d - HALF)`) can
+# hide contiguity from Triton and split a 16-byte load (Exercise 2's note). The cell below compiles
+# the probe's two kernels (`_flat_rows` in `benchmarks/paired_rows_probe.py`, `ROWS=1` and
+# `ROWS=2`, at its 1 GiB launch: 1,024 elements a program on 4 warps) for sm_90 and counts a
+# thread's global loads by width.
 
 # %%
 _spec = importlib.util.spec_from_file_location("paired_rows_probe",
@@ -2992,33 +2883,27 @@ print(f"with Triton {triton.__version__} the select "
 assert all(widths_of.values())
 
 # %% [markdown]
-# The cell prints its answer for the Triton it runs on. With Triton 3.6, the compiler of the
-# committed GPU runs, and 3.9, the CPU install's, the select does not split a load: both kernels
-# issue six 16-byte loads a thread and no narrower one, so the width of the loads does not
-# explain the slower half-table read. What the 3.6 compile does change is when they go out:
-# `rows=fp32` issues all six before its first multiply, `rows=paired` three (printed on the
-# H200 page; the order is the compiler's, so the cell prints it rather than checks it). Fewer
-# loads in flight while a thread waits is a candidate for the slower read; this notebook does
-# not time it apart from the other difference, how the two halves of a head meeting on the same
-# table rows share L1 and L2. Holding both members in one thread reaches 0.993 at 1 GiB with the
-# same fp32 rows, level with
-# torch.compile's 0.994 on its bf16 table, and level with it in the two 256 MiB cases (within
-# the spread between runs). That is ropelib's flat pass for rotate-half pairs (`_rotate_pairs` in
-# `ropelib/kernels/flat.py`, on `tiles.TWO_PASS_PAIR_WARPS` = 2 warps), the pass this section's
-# main table measured. It reads half of the rows another way (the batch-1 cells above): member
-# $b$'s four 16-byte loads of cos and $s'$ stay, masked by the row's flag, so where the flag is
-# 0 they move no bytes.
+# With Triton 3.6, the compiler of the GPU runs, and 3.9 the select does not split a load: both
+# kernels issue six 16-byte loads a thread, so load width does not explain the slower half-table
+# read. What the 3.6 compile does change is when they go out: `rows=fp32` issues all six before its
+# first multiply, `rows=paired` three (printed on the H200 page; the order is the compiler's, so
+# the cell prints it rather than checks it). Fewer loads in flight is a candidate; this notebook
+# does not time it apart from the other difference, how the two halves of a head sharing table
+# rows share L1 and L2. Holding both members in one thread reaches 0.993 at 1 GiB with the same
+# fp32 rows, level with torch.compile's 0.994 on its bf16 table, and level with it in the two
+# 256 MiB cases. That is ropelib's rotate-half flat pass (`_rotate_pairs`, on
+# `tiles.TWO_PASS_PAIR_WARPS` = 2 warps), the pass section 6's main table measured. It reads half
+# of the rows another way (A.7): member $b$'s four loads of cos and $s'$ stay, masked by the row's
+# flag, so where the flag is 0 they move no bytes.
 #
-# The same comparison holds for the whole route. In an H200 run of the route with the
-# element-wise pass (one thread per 8 features of a half, the design of `rows=fp32`), the two
-# passes at 1 GiB are only level with the finished kernel, 0.931 of a copy against 0.924; with
-# the pass of pairs, the main table above, 1.002 against 0.932. Two probes set the element-wise
-# pass beside torch.compile: `benchmarks/flat_pass_probe.py` (torch.compile given each table,
-# ropelib fp32) finds the order of the bf16-table comparison above (compile fp32 below ropelib
-# fp32, below compile bf16), and `benchmarks/flat_hints_probe.py` (bf16 tables for both) has
-# ropelib 1.6 to 2.2 % behind torch.compile, where the pass of pairs is within 1.5 % of it:
-# differences smaller than the 4 points torch.compile's own 1 GiB ratio spans between runs
-# (section 6), so neither pass is shown ahead of torch.compile or behind it.
+# The same holds for the whole route. In an H200 run with the element-wise pass (the design of
+# `rows=fp32`), the two passes at 1 GiB are only level with the finished kernel, 0.931 of a copy
+# against 0.924; with the pass of pairs (section 6's table) 1.002 against 0.932. Two probes set the
+# element-wise pass beside torch.compile: `benchmarks/flat_pass_probe.py` finds compile fp32 below
+# ropelib fp32, below compile bf16, and `benchmarks/flat_hints_probe.py` (bf16 tables for both) has
+# ropelib 1.6 to 2.2 % behind, where the pass of pairs is within 1.5 %: all smaller than the 4
+# points torch.compile's own 1 GiB ratio spans between runs, so neither pass is shown ahead of
+# torch.compile or behind it.
 
 # %%
 # the element-wise pass in the whole route: an H200 run of the two passes with it
@@ -3053,26 +2938,22 @@ for case in ("bf16 sbhd 1 GiB s16k b8", "bf16 bshd 256 MiB s4k b8"):
 assert all(abs(v) < 1.5 for v in behind.values())      # the pass of pairs: within 1.5 %
 
 # %% [markdown]
-# ### The shipped pass
+# ### A.10 The shipped pass
 #
 # Here it is as `apply_rope` runs it on large tensors: `_rope_rows_kernel` splits its programs
-# between q and k, `_rotate_rows` finds a program's rows (by token, by batch entry, or through
-# a row index), and this function rotates them. Set it beside your kernel: the loads of $x_a$
-# and $x_b$, the masks `m` and `mp`, the table loaded after $x$, and the rotation are the ones
-# you wrote; `SIGNED` (the pre-pass's $s'$) and `BACKWARD` choose the formula, `KEEP_TABLE`
-# keeps a table that serves every batch entry in L2 (`evict_last`), `ROW_POINTERS` is section
-# 6's address form, and the `AXIS_*` constants serve notebook 10's multi-axis tables.
-# `row_flags_ptr` holds the pre-pass's flags, one a row, passed wherever the pass reads the
-# pre-pass's rows (else `None`): where a row's flag is 0, every pair's two members share their
-# cos and sin, so the mask `m_b` switches off member $b$'s loads of cos and $s'$ in that row, and
-# $b$ takes $c_b = c_a$, $s'_b = -s'_a$, reading half of the rows' bytes (section 6's batch-1
-# cells).
+# between q and k, `_rotate_rows` finds a program's rows (by token, by batch entry, or through a
+# row index), and `_rotate_pairs` rotates them. Set it beside your Exercise 3 kernel: the loads of
+# $x_a$ and $x_b$, the masks `m` and `mp`, the table loaded after $x$, and the rotation are the ones
+# you wrote; `SIGNED` (the pre-pass's $s'$) and `BACKWARD` choose the formula, `KEEP_TABLE` keeps a
+# table that serves every batch entry in L2 (`evict_last`), `ROW_POINTERS` is section 6's address
+# form, the `AXIS_*` constants serve notebook 10's multi-axis tables, and `row_flags_ptr` holds the
+# pre-pass's flags (A.7): where a row's flag is 0, the mask `m_b` switches off member $b$'s loads of
+# cos and $s'$ and $b$ takes $c_b = c_a$, $s'_b = -s'_a$.
 #
 # The cell below prints that part of the function from ropelib's source (`inspect`), from the
-# loads of $x$ to the rotation's stores. The cell after it launches it on section 6's small
-# input and rows (`x_small`, `cos_rows`, `s_rows`: the pre-pass's cos and $s'$) through a
-# dozen-line kernel that finds each program's rows as section 6's `rotate_rows` does, and
-# compares the output with the reference. The last cell runs it through `apply_rope`, with the
+# loads of $x$ to the rotation's stores. The cell after it launches it on section 6's small input
+# and rows (`x_small`, `cos_rows`, `s_rows`) through a dozen-line kernel that finds each program's
+# rows as `rotate_rows` does, and compares with the reference; the last runs `apply_rope` with the
 # two-pass route forced on a small input of its own (8 tokens, batch 2, 4 heads of 64).
 
 # %%
