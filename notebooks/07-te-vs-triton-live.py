@@ -163,8 +163,9 @@ assert all(r["max_head_ulp_err"] <= 4 for r in rows32)
 # formula, compiled) rounds once too, and `torch.compile` of Hugging Face's formula, from bf16
 # cos/sin tables, lands between. The times are checked on committed runs (sections 5 to 7): at
 # this 64 MiB shape ropelib's forward runs near the copy and ahead of TE's, its forward+backward
-# can take longer than TE's, and torch.compile's forward took 84 µs, 0.43 of a copy (a GPU
-# prints this run's beside it; appendix A.2 looks at why its times vary).
+# can take longer than TE's, and in the committed H200 sweep torch.compile's forward took 84 µs,
+# 0.43 of a copy (a GPU prints this run's beside it). Its times vary: in the same sweep the
+# 32 MiB base shape, timed twice, took 30 and 83 µs; appendix A.2 tests one hypothesis for why.
 #
 # In **fp32** (the last lines) the output format *is* the arithmetic format, so the error is
 # fp32's own: a few head-wise ulps, tens or hundreds element-wise near zero. "Rounds once,
@@ -381,8 +382,9 @@ for dtype in DTYPES:
 # less; over all sweeps, its 90 points with $x$ of 64 MiB or more lie at 0.931 or above, within
 # a tenth of the copy. TE's fused kernel stays at or below 0.60, behind ropelib at every point;
 # eager PyTorch at 0.10 at most. **torch.compile is the odd line**: it reaches the copy only on
-# the largest tensors (0.99) and is not monotone (0.67 at $S = 2048$, 0.43 at 4096), the mark of
-# a cost per call that does not follow the bytes (appendix A.2 takes it apart).
+# the largest tensors (0.99) and is not monotone (0.67 at $S = 2048$, 0.43 at 4096 in the
+# committed sweep): its time does not follow the bytes. Appendix A.2 tests one hypothesis for
+# why, a cost per call on the host.
 
 # %%
 AXES = {"seq-bf16": "seq_len", "hidden-bf16": "head_dim", "heads-bf16": "heads",
@@ -564,9 +566,11 @@ if "bf16" in models:     # ropelib's bf16 sweep at batch 1, S = 2048 held out
 # tensor to the largest, two copies of the same bytes grow 6.6 times (bf16) and 8.8 times (fp32),
 # ropelib's and TE's times at most 1.8 times, ragged: 9 to 15 times the copies' at the smallest
 # size, 1.6 to 2.9 times at the largest. Eager PyTorch lies higher still, but for one TE outlier
-# (fp32, $S = 1792$, 702 µs). **Why:** two copies of a point's bytes take at most 127 µs, but
-# ropelib's host needs 205 µs to issue one eager forward+backward (the floor run, decode size):
-# each point times the host, whose work does not follow the bytes.
+# (fp32, $S = 1792$, 702 µs). **Why:** two copies of a point's bytes take at most 127 µs, less
+# than the host alone took to issue one eager forward+backward in the floor run at decode size
+# (ropelib 205 µs, TE 139 µs). The batch-1 medians lie at 0.77 to 1.06 times those host times
+# (section 7.1): the times point at the host, whose work does not follow the bytes (section 7
+# times both sides of one call).
 
 # %%
 # the host's time per eager forward+backward call, measured on its own (floor suite)
@@ -835,7 +839,10 @@ if GPU and {"ropelib", "te_fused"} <= available:
 # **Section 2's forwards** (64 MiB of bf16), timed with exercise 2's function (yours if it
 # passed), then with `do_bench` and its loop written out. Back to back, a host-bound forward runs
 # at the host's pace (the fraction of a copy printed there); `do_bench`'s ratio is higher where
-# its memset hides the host, and a training loop has no memset.
+# its memset hides the host, and a training loop has no memset. Each provider gets two verdicts:
+# the line `enqueue …, replayed …` compares back-to-back issue with the replay (no memset); the
+# line `host … an iteration, device …` reads `do_bench`'s loop, where the memset gives the host
+# time to get ahead. So one call can be host-bound back to back and queued under `do_bench`.
 
 # %%
 if GPU:
@@ -893,8 +900,8 @@ else:
 #   whose own Python (`EagerTwoPass`, `keeps`, `get`) the log's profile lists at 64 MiB and not
 #   at decode; the log does not say how much of the 31 to 43 µs it is;
 # - autograd's device thread costs every provider (ropelib 68 to 99 µs, TE 44 to 71, the
-#   control 30 to 61), ropelib 17 to 29 µs more than TE in this run (other runs order them the
-#   other way; 7.3 prints its own).
+#   control 30 to 61), ropelib 17 to 29 µs more than TE in that logged H200 run (section 7.3
+#   prints this run's).
 #
 # These overlap rather than add: at decode the thread's extra 28 µs and the launches' 68 µs sum
 # to more than the 58 µs gap. Appendix A.4 reads a cProfile of ropelib's call.
@@ -1100,13 +1107,15 @@ assert [(c, p) for c in MID + [BIG] for p in PROVS
         if mid[c, p]["fwdbwd_graph_us"] > mid[c, p]["enqueue_us"]] == [(BIG, "te_fused")]
 
 # %% [markdown]
-# **What the run shows** (drawn above: per provider the host's, the device's and the eager bar).
+# **What the committed H200 run shows** (drawn above: per provider the host's, the device's and
+# the eager bar).
 #
 # 1. **The kernels are not the problem.** Replayed at 64 MiB, ropelib's forward+backward takes
 #    69.9 to 70.7 µs (0.938 to 0.955 of two copies), torch.compile's 68.3 to 72.1 µs, TE's 124.3
-#    to 128.4 µs (0.520 to 0.533): 1.8 times ropelib's. (ropelib's ran with two settings of its
-#    two-pass route on, notebook 05, section 6; with both off, 74.4 to 74.8 µs. Appendix A.5
-#    looks inside its forward.) On a GPU the cell checks this run's µs against the log's.
+#    to 128.4 µs (0.520 to 0.533): 1.8 times ropelib's in that log. (ropelib's ran with two
+#    settings of its two-pass route on, notebook 05, section 6; with both off, 74.4 to 74.8 µs.
+#    Appendix A.5 looks inside its forward.) On an H200 the cell asserts that this run's µs match
+#    the log's; on another GPU it only prints them.
 # 2. **The host is.** Issuing one call took ropelib's host 3.3 to 4.9 times its kernels,
 #    torch.compile's 6.3 to 7.8 times, TE's 1.3 to 1.6 times (7.4's run, three days later: 2.7
 #    to 3.8 for ropelib, 0.9 to 1.4 for TE). So TE's eager call is the fastest, 148 to 182 µs
@@ -1249,7 +1258,7 @@ if GPU and not rows_ok:     # the worked kernel: a program's cost, and what the 
 # instructions compiled per element (code compiled, not code run). The cell checks:
 #
 # - **Instructions**: the rotation compiles to over five times the copy's per element at every
-#   tile, and per element that count does not grow with the tile.
+#   tile, and per element to no more at 64 rows than at one (the worked kernel: than at four).
 # - **Spills**: the rotation's registers grow with the tile until, at 64 rows, a thread takes all
 #   255 and spills to local memory: under Triton 3.6, 115 stores (`STL`) and 83 loads (`LDL`)
 #   beyond the sine's and cosine's slow-path array (read off the one-row tile), none to 16 rows.
@@ -1304,26 +1313,29 @@ if not rows_ok:     # the worked kernel: 40+ warps at 4 rows, 16 at 16 and 8 at 
     if triton.__version__.startswith("3.6."):     # the committed GPU runs' Triton
         assert warps[4, True] == 48
         assert (spills[64]["local_stores"], spills[64]["local_loads"]) == (115, 83)
-# per element, the rotation's compiled instructions do not grow with the tile
+# per element, the rotation compiles to no more instructions at 64 rows than at one
 assert inst_per_elem[64, True] <= inst_per_elem[1, True]
 if not rows_ok:     # the worked kernel: from 4 rows to 64 the count per element does not grow
     assert inst_per_elem[64, True] <= inst_per_elem[4, True]
 
 # %% [markdown]
-# **Where the growth comes from.** Not from the instructions, whose count per element does not
-# grow with the tile. From one row to four the copy gets faster (at one row the program count
-# sets its time) and the rotation gains less. From four rows on the rotation's registers grow
-# and the warps an SM holds fall, with spills at 64 rows; the race cell checks on a GPU that the
-# rotation's time rises from 4 rows to 64. Whether fewer warps or the spills cost that time needs
-# counters not measured here (appendix A.6 races a variant that cuts both at once).
+# **Where the growth comes from.** Not from the instructions: the worked kernel compiles to no
+# more of them per element at 64 rows than at four. From one row to four the copy gets faster
+# (at one row the program count sets its time) and the rotation gains less. From four rows on
+# the rotation's registers grow and the warps an SM holds fall, with spills at 64 rows; the race
+# cell checks on a GPU that the rotation's time rises from 4 rows to 64. Whether fewer warps or
+# the spills cost that time needs counters not measured here (appendix A.6 races a variant that
+# cuts both at once).
 
 # %% [markdown]
 # Now your kernel as a provider, at its fastest tile, beside the others (forward only). Rounded
 # once, the worked kernel scores at most half an ulp head-wise on a GPU, up to one in the
 # interpreter (whose `.to(tl.bfloat16)` truncates: notebook 03, section 6.3). On a GPU it lands
-# below TE's fused kernel, and TE's below ropelib's (checked where TE is installed): it evaluates
-# a sine and a cosine for every element, while TE's kernel is bound by issuing instructions, many
-# of them integer index arithmetic (notebook 04, section 5.4 and appendix A.1).
+# below TE's fused kernel, and TE's below ropelib's (checked where TE is installed). The worked
+# kernel evaluates a sine and a cosine for every element, and its registers grow with the tile
+# (above); which of the two costs it its time is not measured here (appendix A.6's variant cuts
+# both at once). TE's kernel is bound by issuing instructions, many of them integer index
+# arithmetic (notebook 04, section 5.4 and appendix A.1).
 
 # %%
 best = min(race, key=lambda r: r["your rotation"])["BLOCK_ROWS"]
@@ -1349,8 +1361,9 @@ if not rows_ok:     # the worked kernel: rounded once; on a GPU below TE's fused
 # - **Judge a memory-bound kernel against a copy of the same bytes, measured in the same run**,
 #   and state its error in head-wise ulps against fp64: the fused kernels round once (≤ 0.5).
 # - **A forward sweep is a fixed cost per call plus bytes over bandwidth.** ropelib's line ties
-#   the copy's bandwidth in fp32 and reaches 0.89 of it in bf16 at batch 1; it runs within a
-#   tenth of the copy wherever $x$ holds 64 MiB or more; TE's fused kernel stays well below.
+#   the copy's bandwidth in fp32 and reaches 0.89 of it in bf16 at batch 1 (committed H200
+#   sweeps); it runs within a tenth of the copy wherever $x$ holds 64 MiB or more; TE's fused
+#   kernel stays well below.
 # - **A time that does not follow the bytes is a cost per call; find out whose.** Enqueue and
 #   replayed timings tell the host from the device: ropelib's eager forward+backward loses to
 #   TE's on the host, not on its kernels. Compare host times within one run. Replaying the step
@@ -1576,9 +1589,11 @@ for what, (seconds, pct) in stated_shares.items():
 #
 # 7.5's forward ratio for ropelib (0.942 to 0.957 of a copy) does not come from the kernel that
 # rotates: in one profiled eager call (the same log) ropelib's and torch.compile's forward
-# kernels took 31.8 to 32.5 µs, under the replayed copy's 33.3 to 33.5 µs (PyTorch's `copy_`
-# runs a little below what the memory allows). ropelib's replayed forward spends about 3 µs more
-# than its kernel; where they go the log does not say.
+# kernels took 31.8 to 32.5 µs, under the replayed copy's 33.3 to 33.5 µs. The two are timed
+# differently (the kernels' durations by the profiler, the copy by CUDA events around a replayed
+# CUDA graph), and the log does not profile the copy's kernel, so the gap is not attributed here.
+# ropelib's replayed forward spends about 3 µs more than its kernel; where they go the log does
+# not say.
 
 # %%
 def kernels_us(path):

@@ -565,9 +565,11 @@ assert sign_p(15, 15) < 1e-4 and sign_p(3, 3) == 0.25 and sign_p(8, 15) == 1.0
 #
 # ## 5. How much of a step is RoPE?
 #
-# RoPE does almost no arithmetic (per element, two multiplies and an add); its cost is moving
-# bytes. Per layer and step the forward reads $q$ and $k$ and writes them back, and the backward
-# does the same with their gradients:
+# RoPE's arithmetic per element is two multiplies and an add once the sines and cosines are
+# known; ropelib's kernel computes those once per (token, pair) of its tile and reuses them for
+# its heads and batch entries (appendix A.5), so its cost is moving bytes. Per layer and step
+# the forward reads $q$ and $k$ and writes them back, and the backward does the same with their
+# gradients:
 #
 # $$
 # \text{bytes per step} \approx n_\text{layer} \times 2\,(\text{fwd, bwd}) \times 2\,(q, k)
@@ -707,9 +709,10 @@ if ON_GPU:
 # and **35.76 %** with the reference: 1.27 and 24.11 times a copy of its bytes (A.4 shows where the
 # reference's time goes). On a GPU the cell asserts bands around these: one kernel for ropelib, a
 # chain for the reference; ropelib's RoPE within $[1.0, 1.6]$ copies and within 10 % of the split
-# copies; the reference's 12 to 30 times ropelib's. The split copies are the mechanism: each extra
-# launch adds a fixed start and tail beside its bytes' time, and ropelib, one launch a layer and
-# pass, pays the same. Two clocks: the profiled step counts the time the GPU is busy; the
+# copies; the reference's 12 to 30 times ropelib's. The split copies show one mechanism: each
+# extra launch adds a fixed start and tail beside its bytes' time, which ropelib, one launch a
+# layer and pass, pays too. They account for part of ropelib's excess over one copy; the rest is
+# not attributed here. Two clocks: the profiled step counts the time the GPU is busy; the
 # wall-clock step also the time it waits for the host (the figure draws both). The host lines are
 # timed under the profiler, which adds its own cost (in the committed run both profiled host steps
 # are longer than the wall-clock steps, A.3), and RoPE's backward part runs on autograd's own
@@ -937,8 +940,8 @@ if ON_GPU:   # the same run: ropelib's kernels are all of its RoPE time, by name
 # ## 6. What did it learn?
 #
 # Sampling continues a prompt one character at a time (temperature 0.8, no KV cache: the window
-# slides). The GPU model writes text with the look of Python's documentation, mostly its words
-# and the shape of its sentences; the CPU model, after a few dozen steps, little beyond letter
+# slides). The GPU model writes words and fragments with the look of Python's documentation, in
+# the shape of its sentences; the CPU model, after a few dozen steps, little beyond letter
 # frequencies. Is the text new, or recited? A model that generalises reuses words and short
 # phrases; one that overfits (section 3) may recite longer stretches of its corpus. The cell
 # finds the longest stretch of the sample found word for word in the training text: one sample,
@@ -1386,9 +1389,10 @@ else:   # compiled: contraction turns the multiply-then-subtract into ropelib's 
 # - **Device time.** RoPE is memory-bound. The reference's elementwise chain moves 16.0 times
 #   ropelib's bytes, about half at about half a copy's rate, and takes 35.76 % of the busy step
 #   where ropelib takes 2.84 %; ropelib's saving is all the step's device saving.
-# - **Wall clock.** The GPU is idle for much of this small model's step (busy 50 % and 54 %);
-#   where the step is host-bound, its saving is host work no longer done. One run per arm cannot
-#   rank the two; interleaved rounds read as pairs can.
+# - **Wall clock.** The GPU is idle for much of this small model's step (the committed H200 run:
+#   busy 50 % and 54 % of the training loop's step; section 5 prints this run's); where the step
+#   is host-bound, its saving is host work no longer done. One run per arm cannot rank the two;
+#   interleaved rounds read as pairs can.
 # - **KV cache.** Rotate each new token at its absolute position $L + j$, the cached keys never
 #   again, and every step's logits are the full forward's.
 # - **Drop-in.** One context manager for a Hugging Face Llama, one import for a TE-style block.
@@ -1572,11 +1576,12 @@ assert max(ms_c, key=ms_c.get) == "reference"                      # "its first 
 # `figures/09-rope-share.csv` and `figures/09-step-kernels.csv`, written by the same run; the cell
 # asserts every number section 5 and the summary quote from them, and that the profiled host steps
 # are longer than the wall-clock steps. The cell after it reads a host probe without the profiler,
-# on another model (8 layers, batch 1, 64 tokens, width 4096; the step with each RoPE minus the
-# step with none, per layer, in alternating rounds): ropelib's `apply_rope_qk` added 148.8 µs a
-# layer, TE's fused RoPE 115.9, an `autograd.Function` that only allocates its outputs 96.5
-# (105.3, 104.3 and 46.8 µs with autograd's device thread off). Most of it is autograd's
-# machinery, which any RoPE called from Python pays.
+# on another model (8 layers, batch 1, 64 tokens, width 4096; each step's host time the best of
+# several rounds, as the log's first line, printed by the cell, records; the step with each RoPE
+# minus the step with none, per layer): ropelib's `apply_rope_qk` added 148.8 µs a layer, TE's
+# fused RoPE 115.9, an `autograd.Function` that only allocates its outputs 96.5 (105.3, 104.3
+# and 46.8 µs with autograd's device thread off). Most of it is autograd's machinery, which any
+# RoPE called from Python pays.
 
 # %%
 share_meta, share_rows = COMMITTED_SHARE
