@@ -1,5 +1,6 @@
 """Two training steps captured in CUDA graphs in one process, then replayed (notebook 09's
-`graphed_step`): does the first graph's replay survive the second capture?
+`graphed_step`, from ropelib.course.cuda_graph_step): does the first graph's replay survive the
+second capture?
 
     python benchmarks/graph_pair_probe.py                 # both ways, each in its own process
     python benchmarks/graph_pair_probe.py --arm held      # one way: the replay holds the optimizer
@@ -7,10 +8,12 @@
 
 notebook 09's model (6 layers, 384 wide, 6 heads, batch 64 x 256, bf16 autocast), ropelib's
 RoPE and the PyTorch reference, each step warmed on a side stream and captured with AdamW
-(`capturable=True`). `torch.cuda.graph` empties the allocator's cache when a capture starts, so
-memory a graph still reads but nobody holds is handed back to the driver: "freed" is expected to
-end in an illegal memory access, "held" to replay cleanly. Each arm runs in a child process,
-because an illegal access leaves the CUDA context unusable. Prints one line per arm.
+(`capturable=True`) by `graphed_step`. "held" keeps the replay it returns, which holds the graph
+and the optimizer; "freed" keeps only the graph's own replay and lets the optimizer go.
+`torch.cuda.graph` empties the allocator's cache when a capture starts, so memory a graph still
+reads but nobody holds is handed back to the driver: "freed" is expected to end in an illegal
+memory access, "held" to replay cleanly. Each arm runs in a child process, because an illegal
+access leaves the CUDA context unusable. Prints one line per arm.
 """
 import argparse
 import random
@@ -21,36 +24,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def graphed_step(model, x, y, hold: bool):
-    import torch
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), capturable=True)
-
-    def step():
-        with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
-            _, loss = model(x, y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            opt.zero_grad(set_to_none=True)
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    opt.zero_grad(set_to_none=True)
-    with torch.cuda.graph(graph):
-        step()
-    if not hold:
-        return graph.replay              # holds the graph only: the optimizer goes
-
-    def replay():
-        graph.replay()
-
-    replay.holds = (graph, opt)
-    return replay
+def captured_replay(model, x, y, hold: bool):
+    """The step's replay from `ropelib.course.cuda_graph_step.graphed_step` (the notebook's), as
+    the arm keeps it: held, the replay that holds the graph and the optimizer; freed, only the
+    graph's own `replay` (it holds the graph, not the optimizer), the held replay dropped and
+    garbage collected, so the optimizer's state is freed before the next capture."""
+    import gc
+    from ropelib.course.cuda_graph_step import graphed_step
+    replay = graphed_step(model, x, y)
+    if hold:
+        return replay
+    graph_only = replay.holds[0].replay
+    del replay
+    gc.collect()
+    return graph_only
 
 
 def run_arm(hold: bool) -> str:
@@ -61,7 +48,7 @@ def run_arm(hold: bool) -> str:
     gen = torch.Generator().manual_seed(0)
     x, y = (torch.randint(0, 65, (64, 256), generator=gen).cuda() for _ in range(2))
     models = {rope: build(cfg, rope, seed=0, device="cuda") for rope in ("ropelib", "reference")}
-    replays = {rope: graphed_step(m, x, y, hold) for rope, m in models.items()}
+    replays = {rope: captured_replay(m, x, y, hold) for rope, m in models.items()}
     rng = random.Random(1)
     for _ in range(12):
         order = list(replays)
@@ -77,6 +64,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--arm", choices=("held", "freed"))
     args = ap.parse_args()
+    import torch
+    if not torch.cuda.is_available():
+        ap.error("needs a CUDA GPU (it captures and replays CUDA graphs)")
     if args.arm:
         print(run_arm(args.arm == "held"), flush=True)
         return

@@ -304,6 +304,12 @@ def test_section_6_reads_the_h200_runs():
     text = NOTEBOOK.with_suffix(".py").read_text(encoding="utf-8")
     section = text.split("## 6. Past the finished kernel")[1].split("## Exercise")[0] \
         + text.split("## Appendix: the two-pass route's details")[1].split("## Questions")[0]
+    # ... with the checks_nb05 functions those cells call, which read runs for them
+    import inspect
+    from ropelib.course import checks_nb05
+    called = sorted(set(re.findall(r"checks_nb05\.(\w+)\(", section)))
+    assert "elementwise_pass_runs" in called
+    section += "".join(inspect.getsource(getattr(checks_nb05, name)) for name in called)
     assert "measured.two_pass()" in section           # two_pass-nvidia-h200.csv
     assert 'measured.probe("flat_pass_probe")' in section and 'measured.probe("flat_hints_probe")' in section
     assert 'ladder.compile_for_gpu(["two-pass"])' in section

@@ -4,13 +4,17 @@ Each function prints the tables a section of `notebooks/05-finished-kernel.py` r
 every number that section's prose states, so a changed CSV or a changed sentence fails loudly
 (AssertionError) instead of leaving the prose wrong. They read only committed files under
 `benchmarks/results/` (and, where they say so, compile for sm_90 on this machine), so they run on
-a CPU. `tests/test_nb05_checks.py` runs them.
+a CPU. The appendices' longer helpers live here too, each saying what it does: the finished
+kernel's launch compiled for sm_90 (`finished_schedule`), the kernels three eager calls start
+(`kernels_of_three_calls`, on the notebook's device), one angle's share of libdevice's sin/cos
+slow path (`slow_path_share`). `tests/test_nb05_checks.py` runs them.
 """
 import math
 import re
 
 import torch
 import triton
+import triton.language as tl
 
 from ropelib.bench import compare
 from ropelib.course import ladder, measured
@@ -297,6 +301,55 @@ def ladder_claims(rows, meta, mech, mech_meta, hatched, named, sms, knobs, compi
     assert all(4 < t16[n]["ms_p80"] / t16[n]["ms_p20"] < 5.1
                for n in ("chunks", "accurate"))                # "four to five times that"
     return dict(by_case=by_case, step=step, MECHANISM=MECHANISM)
+
+
+def table_probe():
+    """Section 5: `benchmarks/ladder_table_probe.py` (H200): rung 6, a copy of it that loads cos
+    and sin from fp32 tables instead of evaluating them, and the finished kernel, each against a
+    device copy at four sizes, with the two rungs' sm_90 instruction counts and registers;
+    printed, every number the section's text states asserted. Returns {case: {provider: row}}."""
+    probe_meta, probe_rows = measured.load("ladder_table_probe")
+    tab = {}
+    for row in probe_rows:
+        tab.setdefault(row["case"], {})[row["provider"]] = row
+    print(f"{measured.where(probe_meta)}, {probe_rows[0]['rounds']} rounds: ratio to a copy "
+          "(the copy's time over the kernel's)")
+    print(f"  {'case':14s}{'MiB':>5s}{'copy us':>9s}{'last rung':>11s}{'from tables':>13s}"
+          f"{'finished':>10s}{'SASS rung / tables':>20s}{'registers':>11s}")
+    for case, p in tab.items():
+        rung, tables = p["equal_halves"], p["from_table"]
+        mib = math.prod(rung[k] for k in ("seq_len", "batch", "heads", "head_dim")) * 2 >> 20
+        print(f"  {case:14s}{mib:5d}{p['copy']['ms'] * 1e3:9.1f}{rung['ratio_to_copy']:11.3f}"
+              f"{tables['ratio_to_copy']:13.3f}{p['ropelib']['ratio_to_copy']:10.3f}"
+              f"{rung['sass_instructions']:>12d} / {tables['sass_instructions']:<5d}"
+              f"{rung['registers']:>6d} / {tables['registers']}")
+        assert p["copy"]["ratio_to_copy"] == 1.0 and p["copy"]["grid"] == rung["grid"]
+        for row in p.values():                       # the ratios are times, as everywhere here
+            assert abs(row["ratio_to_copy"] - p["copy"]["ms"] / row["ms"]) < 1e-9
+        assert tables["bit_equal_to_rung"] and p["ropelib"]["bit_equal_to_rung"]   # same outputs
+    LARGE_PROBE = ("s4096-b8", "s16384-b8-h8", "s32768-b1")
+    gap = {c: 100 * (1 - tab[c]["equal_halves"]["ratio_to_copy"]) for c in tab}
+    bought = {c: 100 * (tab[c]["from_table"]["ratio_to_copy"]
+                        - tab[c]["equal_halves"]["ratio_to_copy"]) for c in tab}
+    print("points of a copy: the rung's gap", {c: round(v, 1) for c, v in gap.items()},
+          "\n                  bought by the tables", {c: round(v, 1) for c, v in bought.items()})
+    assert list(tab) == [*LARGE_PROBE, "s16-b64"]
+    MIB = {c: math.prod(tab[c]["copy"][k] for k in ("seq_len", "batch", "heads", "head_dim")) * 2
+           >> 20 for c in tab}
+    assert MIB == {"s4096-b8": 256, "s16384-b8-h8": 256, "s32768-b1": 256, "s16-b64": 8}
+    assert [round(gap[c]) for c in LARGE_PROBE] == [9, 8, 9]            # "8 to 9 points"
+    assert (said(min(bought[c] for c in LARGE_PROBE), 1),
+            said(max(bought[c] for c in LARGE_PROBE), 1)) == ("0.7", "1.5")
+    assert max(p["equal_halves"]["sass_instructions"] // p["from_table"]["sass_instructions"]
+               for p in tab.values()) == 17                             # "up to 17 times"
+    small = tab["s16-b64"]
+    assert [said(small[n]["ratio_to_copy"]) for n in ("equal_halves", "from_table")] == \
+        ["0.730", "0.904"]
+    assert (said(bought["s16-b64"], 1), said(gap["s16-b64"], 1)) == ("17.4", "27.0")
+    # the 8 MiB rung's rounds: their median, fastest and slowest (section 5's 16-token panel)
+    assert [said(small["equal_halves"][k] * 1e3, 1) for k in ("ms", "ms_min", "ms_max")] == \
+        ["12.3", "11.0", "67.6"]
+    return tab
 
 
 def stall_profile(mechanism=None):
@@ -619,3 +672,470 @@ def against_committed(live, committed, band=0.15):
         assert abs(live[name] / was - 1) <= band, \
             f"{name}: {live[name]:.3f} of a copy here, {was:.3f} committed: more than " \
             f"{band:.0%} apart"
+
+
+# --- the appendices' helpers and checks ----------------------------------------------------------
+
+def ratio(runs, case, provider, pass_="forward"):
+    """A two_pass-style table's ratio to a copy ({(case, pass): {provider: row}})."""
+    return runs[(case, pass_)][provider]["ratio_to_copy"]
+
+
+def _compile_failed(exc):
+    print(f"compiling for sm_90 did not work here ({type(exc).__name__}: {str(exc)[:300]})")
+
+
+def finished_schedule(shape, sms, knobs, x_first=None):
+    """A.3: (launch, load_schedule) of the finished kernel as launch.plan launches it on a GPU
+    of `sms` SMs and tile `knobs` for a bf16 sbhd call with angles of `shape` (nothing is
+    allocated: the shapes are on the `meta` device); `x_first` overrides the planner's
+    X_FIRST."""
+    from ropelib.course import load_schedule
+    from ropelib.kernels import launch
+    s_, b_, h_, d_ = shape
+    xm = torch.empty(shape, dtype=torch.bfloat16, device="meta")
+    tile = launch.pick_tiles(s_, b_, (h_, 0), d_, d_, 2, sms, **knobs)
+    lau, ptrs = launch.plan(launch.View.of(xm), launch.View.of(xm),
+                            launch.Table(torch.empty(s_, d_, device="meta"), None),
+                            launch.Positions(), R=d_, interleaved=False, backward=False,
+                            layout="sbhd", tiles=tile)
+    args = dict(lau.args) if x_first is None else dict(lau.args, X_FIRST=x_first)
+    pointers = {n: None if p is None else torch.empty(16, dtype=p.dtype)
+                for n, p in zip(lau.launcher.pointer_names, ptrs)}
+    return lau, load_schedule.schedule(lau.launcher.kernel, {**pointers, **args},
+                                       num_warps=lau.num_warps)
+
+
+def opcode_profile(mech):
+    """A.4: the finished kernel's executed warp instructions beside rung 6's, opcode by opcode
+    (`benchmarks/ladder_opcodes_ncu.py`, bf16 sbhd s4096 b8 on the H200), printed, with every
+    number A.4's text states asserted; `mech`: section 1's mechanism rows (s4096-b8)."""
+    OPCODE_CSV = measured.RESULTS / "ladder_opcodes_per_opcode-nvidia-h200.csv"
+    TIMED_CSV = measured.RESULTS / "ladder_opcodes_ncu-nvidia-h200.csv"
+    elements = 4096 * 8 * 32 * 128                      # the profiled bf16 sbhd s4096 b8 launch
+    FLOAT_OPS = ("FFMA", "FMUL", "FADD", "FSETP", "FSEL", "F2FP")
+    INTEGER_OPS = ("IMAD", "IADD3", "VIADD", "ISETP", "IABS", "LEA", "LDC", "S2R", "SHF", "LOP3",
+                   "MOV", "ULDC", "S2UR", "UIMAD", "ULEA", "VIADDMNMX", "USHF")
+    op_meta = compare.read_meta(OPCODE_CSV)
+    launched = measured.ncu_kernels(OPCODE_CSV)         # chunks, accurate, equal_halves, finished
+    assert [k["kernel"] for k in launched] == ["_ladder_chunk_kernel", "_ladder_chunk_kernel",
+                                               "_ladder_final_kernel", "_rope_kernel"]
+    r4, r5, r6, fin_ops = [k["instances"]["sass__inst_executed_per_opcode"] for k in launched]
+    extra = {op: fin_ops.get(op, 0) - r6.get(op, 0) for op in set(r6) | set(fin_ops)}
+    total_extra = sum(extra.values())
+    timed = {k["id"]: k["metrics"]["gpu__time_duration.sum"] / 1e3
+             for k in measured.ncu_kernels(TIMED_CSV)}
+    more = sum(fin_ops.values()) / sum(r6.values())
+    print(f"{op_meta['gpu']}, Triton {op_meta['triton']}: warp instructions executed, rung 6 "
+          f"{sum(r6.values()):,.0f}, finished kernel {sum(fin_ops.values()):,.0f} "
+          f"({more - 1:+.1%})")
+    print(f"  {'opcode':8s}{'rung 6':>13s}{'finished':>13s}{'extra':>13s}  per element")
+    for op in sorted(extra, key=lambda o: -abs(extra[o]))[:6]:
+        print(f"  {op:8s}{r6.get(op, 0):>13,.0f}{fin_ops.get(op, 0):>13,.0f}{extra[op]:>+13,.0f}"
+              f"  {extra[op] * 32 / elements:+.3f}")
+    integer_share = sum(extra.get(op, 0) for op in INTEGER_OPS) / total_extra
+    print(f"  of the extra: the guard's FSEL {extra['FSEL'] / total_extra:.0%}, integer "
+          f"{integer_share:.0%}")
+    print(f"  under Nsight Compute: rung 6 {timed[2]:.1f} us, the finished kernel "
+          f"{timed[3]:.1f} us ({timed[3] / timed[2] - 1:+.1%})")
+    # rungs 4 and 5 are the same code on this GPU (no MUFU in either)
+    assert r4 == r5 and "MUFU" not in r4
+    # the rotation's arithmetic is rung 6's (the same sin/cos: the shortcut is taken); no SEL or
+    # PRMT over rung 6; the guard's FSEL at most one per eight elements, a fifth of the extra
+    assert all(fin_ops[op] == r6[op] for op in FLOAT_OPS if op != "FSEL")
+    assert fin_ops.get("SEL", 0) <= r6.get("SEL", 0) and fin_ops["PRMT"] == r6["PRMT"]
+    assert 0 < extra["FSEL"] * 32 / elements <= 0.125, "the guard: one FSEL per 8 elements"
+    assert round(extra["FSEL"] / total_extra, 1) == 0.2, "a fifth of the extra is the guard's"
+    assert integer_share > 0.6, "most of the rest: integer arithmetic"
+    assert round(more - 1, 3) == 0.068, f"{more - 1:.3%} more warp instructions, not 6.8 %"
+    assert abs(timed[3] / timed[2] - 1) < 0.01, "level with rung 6 within 1 % under this profile"
+    # the mechanism profile of section 5, a separate run, agrees within two points
+    mech_extra = mech["ropelib"]["ncu_warp_inst_per_element"] \
+        / mech["equal_halves"]["ncu_warp_inst_per_element"]
+    print(f"section 5's mechanism profile: {mech_extra - 1:+.1%} warp instructions over rung 6")
+    assert abs(mech_extra - more) < 0.02, "the two profiles within two points"
+
+
+def kernels_of_three_calls(device):
+    """A.7: three eager `apply_rope` calls in a row on a small input with the two-pass route
+    forced and one angle table: prints the kernels each call starts (`+flag`: given the
+    pre-pass's flags; `+equal`: the flat pass for rows known to have no differing pair) and
+    what the route keeps with the rows, and asserts both. Counts by wrapping
+    `eager.EagerLaunch.__call__` for the three calls."""
+    import ropelib
+    from ropelib import eager
+    from ropelib.bench.routes import forced
+    x_kept = torch.randn(8, 1, 4, 64, device=device, dtype=torch.bfloat16)
+    f_kept = ropelib.rope_freqs(8, 64, device=device)       # one angle table for every call
+    launched = []
+    start = eager.EagerLaunch.__call__
+
+    def counting_start(self, pointers):
+        flag = dict(zip(self.direct.pointer_names, pointers)).get("row_flags_ptr")
+        mark = ("+flag" if flag is not None else
+                "+equal" if self.launch.args.get("PAIRS_EQUAL") else "")
+        launched[-1].append(self.direct.kernel.fn.__name__ + mark)
+        start(self, pointers)
+
+    eager.TABLE_ROWS.clear()                                 # no rows kept from earlier cells
+    eager.EagerLaunch.__call__ = counting_start
+    try:
+        with forced("two-pass"):
+            for _ in range(3):                               # three calls, as a timed loop makes
+                launched.append([])
+                ropelib.apply_rope(x_kept, f_kept)
+                if torch.device(device).type == "cuda":
+                    # (as a timed loop's rounds do: the flags' answer reaches the host by call 2)
+                    torch.cuda.synchronize()
+    finally:
+        eager.EagerLaunch.__call__ = start
+    for i, names in enumerate(launched, 1):
+        print(f"eager call {i}: {len(names)} kernel{'s' if len(names) > 1 else ''} {names}")
+    assert [len(names) for names in launched] == [2, 1, 1], "the pre-pass on the first call only"
+    assert launched[0] == ["_cos_sin_rows_kernel+flag", "_rope_rows_kernel+flag"]
+    # later calls: the flat pass alone, reading no flags once they are known to be all 0
+    assert launched[1] == launched[2] == ["_rope_rows_kernel+equal"]
+    (_, kept_rows, _), = eager.TABLE_ROWS.entries.values()   # the rows of these calls, kept
+    kept_cos, kept_s, kept_flags, kept_equal = kept_rows
+    assert kept_equal.known()                                # (eager.PairsEqual)
+    print(f"kept: cos and s' rows {tuple(kept_cos.shape)} fp32, and a flag a row "
+          f"{tuple(kept_flags.shape)} {str(kept_flags.dtype)[6:]} = {kept_flags.tolist()}")
+    assert kept_flags.shape == kept_cos.shape[:1] and kept_flags.dtype == torch.int8
+    assert not kept_flags.any(), "rope_freqs: every pair's members equal, every flag 0"
+
+
+def half_rows_probe(bytes_bound, route_b1, gpu):
+    """A.7: `benchmarks/half_rows_probe.py` (H200, five alternating rounds): the route reading
+    half of its kept rows (`halves`) and all of them (`both halves`) beside a copy and
+    torch.compile, printed, with every number A.7's text states asserted. `bytes_bound`: the
+    text's bytes estimate per way of reading the rows; `route_b1`: the main two_pass table's
+    batch-1 ratio (the two runs agree); `gpu`: the main table's GPU. Returns the run's meta."""
+    run = measured.GPU + "-20261202-0822"
+    hr = measured.two_pass(run, kind="half_rows_probe")     # {(case, pass): {provider: row}}
+    hr_meta, _ = measured.load("half_rows_probe", run)
+    assert hr_meta["gpu"] == gpu
+    cols = ("both halves", "halves", "torch.compile")
+    n_rounds = len(hr[("sbhd 128 MiB s16k b1", "forward")]["copy"]["ms_per_round"].split())
+    assert n_rounds == 5, f"{n_rounds} rounds, not five"
+    print(f"\n{measured.where(hr_meta)}: ratio to a copy, the median of {n_rounds} rounds")
+    print(f"{'case':24s}{'pass':>9s}" + "".join(f"{c:>15s}" for c in cols))
+    for (case, pass_), rows in hr.items():
+        print(f"{case:24s}{pass_:>9s}" + "".join(
+            f"{rows[c]['ratio_to_copy']:15.3f}" if c in rows else f"{'':15s}" for c in cols))
+
+    def halves(case, pass_="forward"):
+        return [said(hr[(case, pass_)][c]["ratio_to_copy"]) for c in ("both halves", "halves")]
+
+    # batch 1: half the rows is faster, forward and forward+backward, in every case ...
+    for case, pass_ in hr:
+        if case.endswith("b1"):
+            both_r, half_r = (hr[(case, pass_)][c]["ratio_to_copy"]
+                              for c in ("both halves", "halves"))
+            assert half_r > both_r + 0.02, (case, pass_)
+    assert halves("sbhd 128 MiB s16k b1") == ["0.932", "0.963"]
+    assert halves("sbhd 128 MiB s16k b1", "fwd+bwd") == ["0.936", "0.963"]
+    assert halves("bshd 128 MiB s16k b1") == ["0.927", "0.948"]
+    assert halves("sbhd 256 MiB s32k b1") == ["0.941", "0.967"]
+    # ... and below the bytes estimate of half the rows, where torch.compile's kernel is above it
+    assert all(hr[(c, "forward")]["halves"]["ratio_to_copy"] < bytes_bound["halves"]
+               for c in ("sbhd 128 MiB s16k b1", "sbhd 256 MiB s32k b1"))
+    compile_b1 = hr[("sbhd 128 MiB s16k b1", "forward")]["torch.compile"]["ratio_to_copy"]
+    assert said(compile_b1) == "0.981", f"torch.compile at batch 1: {compile_b1}, not 0.981"
+    assert compile_b1 > bytes_bound["halves"]
+    assert said(route_b1) == halves("sbhd 128 MiB s16k b1")[1]      # the two runs agree
+    # batch 8: a gain at 1 GiB, level at 256 MiB (the two providers' times a round overlap)
+    assert halves("sbhd 1 GiB s16k b8") == ["0.986", "1.002"]
+    assert halves("sbhd 256 MiB s4k b8") == ["0.999", "0.994"]
+    rows_256 = hr[("sbhd 256 MiB s4k b8", "forward")]
+    rounds_256 = {c: [float(t) for t in rows_256[c]["ms_per_round"].split()]
+                  for c in ("both halves", "halves")}
+    print("256 MiB s4k b8, forward, ms a round: "
+          + "; ".join(f"{c} {min(t):.5f}-{max(t):.5f}" for c, t in rounds_256.items()))
+    assert min(rounds_256["halves"]) < max(rounds_256["both halves"]), "the rounds overlap"
+    return hr_meta
+
+
+def kept_rows_three_ways(gpu):
+    """A.7: another run of the half-rows probe, kept rows read three ways (`both halves`,
+    `halves`, `known equal`) in five alternating rounds, printed with whether `known equal` was
+    faster than the flags in every round, slower in every round, or neither; asserts every number
+    A.7's text states. `gpu`: the first run's GPU."""
+    run = measured.GPU + "-20261202-1747"
+    eq = measured.two_pass(run, kind="half_rows_probe")
+    eq_meta, _ = measured.load("half_rows_probe", run)
+    assert eq_meta["gpu"] == gpu
+    cols = ("both halves", "halves", "known equal")
+    print(f"{measured.where(eq_meta)}: kept rows, forward, ratio to a copy (median of the rounds)")
+    print(f"{'case':24s}" + "".join(f"{c:>13s}" for c in cols) + "   known equal: every round")
+    rounds = {}
+    for case in ("sbhd 128 MiB s16k b1", "bshd 128 MiB s16k b1", "sbhd 256 MiB s32k b1",
+                 "sbhd 256 MiB s4k b8", "sbhd 1 GiB s16k b8"):
+        r_ = eq[(case, "forward")]
+        t = {c: [float(v) for v in r_[c]["ms_per_round"].split()]
+             for c in ("halves", "known equal")}
+        assert all(len(v) == 5 for v in t.values()), f"{case}: not five rounds"
+        # faster in every round (all of its times below the flags' fastest), slower in every
+        # round, or the rounds overlap
+        rounds[case] = ("faster" if max(t["known equal"]) < min(t["halves"]) else
+                        "slower" if min(t["known equal"]) > max(t["halves"]) else "overlap")
+        print(f"{case:24s}" + "".join(f"{r_[c]['ratio_to_copy']:13.3f}" for c in cols)
+              + f"   {rounds[case]}")
+
+    def eq_ratio(case, c):
+        return said(eq[(case, "forward")][c]["ratio_to_copy"])
+
+    # batch 1, rows read once: no flags is ahead (its median) ...
+    assert [eq_ratio("bshd 128 MiB s16k b1", c) for c in cols[1:]] == ["0.947", "0.957"]
+    assert [eq_ratio("sbhd 256 MiB s32k b1", c) for c in cols[1:]] == ["0.953", "0.961"]
+    assert [eq_ratio("sbhd 128 MiB s16k b1", c) for c in cols[1:]] == ["0.942", "0.946"]
+    # ... in every round for bshd; sbhd's rounds overlap at the edges
+    assert rounds["bshd 128 MiB s16k b1"] == "faster"
+    assert rounds["sbhd 128 MiB s16k b1"] == rounds["sbhd 256 MiB s32k b1"] == "overlap"
+    # ... at batch 8, rows kept in L2 for every entry, behind at 1 GiB in every round
+    assert [eq_ratio("sbhd 1 GiB s16k b8", c) for c in cols[1:]] == ["1.000", "0.990"]
+    assert rounds["sbhd 1 GiB s16k b8"] == "slower"
+    # torch.compile in the same run, batch 1: above every way of reading kept rows
+    b1_cases = ("sbhd 128 MiB s16k b1", "bshd 128 MiB s16k b1", "sbhd 256 MiB s32k b1")
+    compiled_b1 = [eq[(c, "forward")]["torch.compile"]["ratio_to_copy"] for c in b1_cases]
+    print("torch.compile, batch 1, same run: " + ", ".join(f"{v:.3f}" for v in compiled_b1))
+    assert said(min(compiled_b1)) == "0.971", f"torch.compile's lowest: {min(compiled_b1)}"
+    assert said(max(compiled_b1)) == "0.982", f"torch.compile's highest: {max(compiled_b1)}"
+    assert all(eq[(c, "forward")][k]["ratio_to_copy"] < v for c, v in zip(b1_cases, compiled_b1)
+               for k in cols)
+
+
+def flags_in_machine_code(own, planned_registers, flat_registers=None):
+    """A.7: ropelib's flat pass at section 6's 1 GiB launch, compiled for sm_90 given the
+    pre-pass's flags, and the pass for kept rows known equal (`PAIRS_EQUAL`, planned at batch 1):
+    prints registers and loads before the first multiply, asserts the counts the text gives.
+    `own`: section 6's schedule of the pass without flags; `planned_registers`: the H200
+    profile's registers of that pass; `flat_registers`: A.6's compile of the pass with flags, if
+    it ran. Raises what a missing compiler raises."""
+    from ropelib.course import load_schedule
+    from ropelib.kernels import launch, tiles
+    bf16, fp32 = torch.empty(16, dtype=torch.bfloat16), torch.empty(16)
+
+    def planned(batch, **kw):
+        xm = torch.empty(16384, batch, 32, 128, dtype=torch.bfloat16, device="meta")
+        route, _ = launch.plan_two_pass(launch.View.of(xm), launch.View.of(xm),
+                                        launch.Table(torch.empty(16384, 128, device="meta"),
+                                                     None),
+                                        launch.Positions(), R=128, interleaved=False,
+                                        backward=False, layout="sbhd", **kw)
+        return route
+
+    def compiled(rot_pass, flags):
+        args = dict(zip(rot_pass.launcher.pointer_names,
+                        (bf16, bf16, None, None, fp32, fp32, None, flags)),
+                    **dict(rot_pass.args, XBLOCK=tiles.TWO_PASS_ELEMENTS))
+        return load_schedule.schedule(rot_pass.launcher.kernel, args,
+                                      num_warps=rot_pass.num_warps)
+
+    # as the route runs it after its pre-pass (1 GiB, batch 8), given the pre-pass's flags
+    route_1g = planned(8)
+    assert route_1g.row_flags
+    own_flag = compiled(route_1g.rotate_pass, torch.zeros(16, dtype=torch.int8))
+    print(f"ropelib's flat pass given the flags: {own_flag['registers']} registers, "
+          f"{own_flag['early']} of {len(own_flag['loads'])} loads before the first multiply, "
+          f"the first {own_flag['loads'][0][1]}")
+    # its row's flag (1 byte) first, then the same ten 16-byte loads; how many of them go out
+    # before the first multiply depends on the version: all of them with Triton 3.9, with 3.6
+    # (the GPU runs') two fewer
+    assert len(own_flag["loads"]) == 11 and "LDG.E.U8 " in own_flag["loads"][0][1]
+    assert all(".128" in ins for _, ins in own_flag["loads"][1:])
+    if triton.__version__.startswith("3.9"):                      # nine of eleven
+        assert own_flag["early"] == own["early"] + 1, f"{own_flag['early']} early, not nine"
+    if triton.__version__.startswith("3.6"):                      # 7 of 11, in 42 registers
+        assert own_flag["early"] == own["early"] - 1, f"{own_flag['early']} early, not seven"
+        assert own_flag["registers"] == 42, f"{own_flag['registers']} registers, not 42"
+    if flat_registers is not None:      # the pass A.6's compile counted, with flags
+        assert own_flag["registers"] == flat_registers
+    if triton.__version__.startswith(("3.6", "3.9")):   # without the flags: section 5's profile
+        assert own["registers"] == planned_registers == 46, \
+            f"{own['registers']} registers without flags here, {planned_registers} profiled, not 46"
+    # ... and for kept rows known to have no differing pair (PAIRS_EQUAL): no flag, no loads of
+    # member b's cos and s'; planned where rows are read once, at batch 1 (s16k b1)
+    assert route_1g.rotate_pass_equal is None
+    own_equal = compiled(planned(1, rows_kept=True).rotate_pass_equal, None)
+    print(f"... for rows known equal: {own_equal['registers']} registers, "
+          f"{own_equal['early']} of {len(own_equal['loads'])} loads before the first multiply")
+    assert len(own_equal["loads"]) == 6 and all(".128" in ins for _, ins in own_equal["loads"])
+    assert own_equal["registers"] < own_flag["registers"]
+    if triton.__version__.startswith(("3.6", "3.9")):             # the counts the prose gives
+        assert own_equal["early"] == 5, f"{own_equal['early']} loads early, not five"
+        assert own_equal["registers"] == 32, f"{own_equal['registers']} registers, not 32"
+
+
+def a_loads_wait():
+    """A.7: member a's loads waiting for the row's flag too (the -a-loads-wait run of the
+    half-rows probe) against the pass as shipped (the run of the same afternoon): the probe's
+    `halves`, forward, printed and asserted."""
+    a_wait, shipped = (measured.two_pass(measured.GPU + run, kind="half_rows_probe")
+                       for run in ("-20261202-1511-a-loads-wait", "-20261202-1443"))
+    for case in ("sbhd 1 GiB s16k b8", "sbhd 128 MiB s16k b1"):
+        w, sh = (t[(case, "forward")]["halves"]["ratio_to_copy"] for t in (a_wait, shipped))
+        print(f"{case}: a's loads waiting too {w:.3f}, as shipped {sh:.3f}")
+    assert [said(t[(c, "forward")]["halves"]["ratio_to_copy"]) for c in
+            ("sbhd 1 GiB s16k b8", "sbhd 128 MiB s16k b1") for t in (a_wait, shipped)] == \
+        ["0.943", "1.001", "0.900", "0.941"]
+
+
+def tables_swapped(tp, tp_meta, route_of):
+    """A.8: torch.compile and ropelib each given the other's tables (the main two_pass run,
+    `tp`), the batch-8 cases printed, every number A.8's text states asserted; `route_of`:
+    section 6's route planner for a shape. Returns ropelib's lag behind torch.compile forward
+    on the same bf16 tables, in %, by case."""
+    s16k, b1 = "bf16 sbhd 1 GiB s16k b8", "bf16 sbhd 128 MiB s16k b1"
+    like = ("bf16 sbhd 256 MiB s4k b8", "bf16 bshd 256 MiB s4k b8", s16k)
+    tables = [("forward", "torch.compile", "compile bf16"),
+              ("forward", "torch.compile fp32 table", "compile fp32"),
+              ("forward", "two-pass cos/sin", "flat fp32"),
+              ("forward", "auto cos/sin", "auto fp32"),
+              ("forward", "auto cos/sin x-dtype", "auto bf16"),
+              ("fwd+bwd", "torch.compile", "compile bf16"),
+              ("fwd+bwd", "auto cos/sin x-dtype", "auto bf16")]
+    print(f"{measured.where(tp_meta)}: ratio to a copy (forward+backward: to two copies)")
+    print(f"{'':27s}{'forward':^65s}{'forward+backward':^26s}")
+    print(f"{'case':27s}" + "".join(f"{label:>13s}" for _, _, label in tables))
+    behind = {}
+    for case in like:
+        print(f"{case:27s}" + "".join(f"{ratio(tp, case, p, ps):13.3f}" for ps, p, _ in tables))
+        behind[case] = 100 * (1 - ratio(tp, case, "auto cos/sin x-dtype")
+                              / ratio(tp, case, "torch.compile"))
+    behind_b1 = 100 * (1 - ratio(tp, b1, "auto cos/sin x-dtype") / ratio(tp, b1, "torch.compile"))
+    print("forward, the same bf16 tables: ropelib behind torch.compile by (below 0: ahead)",
+          ", ".join(f"{v:.1f} %" for v in behind.values()),
+          f"(batch 1, 128 MiB: {behind_b1:.1f} %)")
+    for case in like:
+        compile16 = ratio(tp, case, "torch.compile")
+        compile32 = ratio(tp, case, "torch.compile fp32 table")
+        # given fp32 tables, torch.compile's kernel loses about a tenth of a copy, and is slower
+        # than ropelib reading fp32 tables, forced or as ropelib picks it
+        assert 0.09 < compile16 - compile32 < 0.14, case
+        assert compile32 < min(ratio(tp, case, "two-pass cos/sin"),
+                               ratio(tp, case, "auto cos/sin")), case
+        # given the same bf16 tables, ropelib is within 1.5 % forward and ahead forward+backward
+        assert abs(behind[case]) < 1.5, case
+        assert ratio(tp, case, "auto cos/sin x-dtype", "fwd+bwd") > \
+            ratio(tp, case, "torch.compile", "fwd+bwd")
+    # at batch 1 (128 MiB) as well, given fp32 tables torch.compile's kernel is the slower
+    assert ratio(tp, b1, "torch.compile fp32 table") < min(ratio(tp, b1, "two-pass cos/sin"),
+                                                           ratio(tp, b1, "auto cos/sin"))
+    assert [said(ratio(tp, s16k, p)) for p in
+            ("torch.compile", "torch.compile fp32 table", "auto cos/sin", "two-pass cos/sin",
+             "auto cos/sin x-dtype")] == ["0.994", "0.898", "0.974", "0.987", "0.989"]
+    mine_fb = [ratio(tp, c, "auto cos/sin x-dtype", "fwd+bwd") for c in like]
+    theirs_fb = [ratio(tp, c, "torch.compile", "fwd+bwd") for c in like]
+    assert [said(min(mine_fb)), said(max(mine_fb))] == ["0.992", "1.001"], mine_fb
+    assert [said(min(theirs_fb)), said(max(theirs_fb))] == ["0.487", "0.941"], theirs_fb
+    assert said(behind_b1, 1) == "2.1", f"batch 1: {behind_b1:.1f} % behind, not 2.1"
+    assert [said(behind[c], 1) for c in like] == ["1.0", "-1.4", "0.5"]     # bshd: ropelib ahead
+    assert route_of((16384, 8, 32, 128), "sbhd", "cos/sin") == "two passes, your table"
+    print(f"{s16k}, this run: auto cos/sin {ratio(tp, s16k, 'auto cos/sin'):.3f}, two-pass "
+          f"cos/sin {ratio(tp, s16k, 'two-pass cos/sin'):.3f} (the same route)")
+    apart = 100 * (ratio(tp, s16k, "two-pass cos/sin") - ratio(tp, s16k, "auto cos/sin"))
+    assert said(apart, 1) == "1.3", f"the same route {apart:.1f} points apart, not 1.3"
+    return behind
+
+
+def paired_rows_probe():
+    """A.9: `benchmarks/paired_rows_probe.py` (H200, forward): the element-wise flat pass
+    reading all of its fp32 rows, half of them, and both members of a pair in one thread, beside
+    torch.compile and apply_rope; printed, with every number A.9's text states asserted."""
+    pr = measured.probe("paired_rows_probe")
+    pr_meta, _ = measured.load("paired_rows_probe")
+    cols = ("torch.compile (16-bit table)", "ropelib.apply_rope (freqs)", "rows=fp32",
+            "rows=paired", "pairs per thread fp32 8 rows 2 warps",
+            "pairs per thread fp32 16 rows 4 warps")
+    print(f"{measured.where(pr_meta)}: forward, ratio to a copy")
+    print(f"{'case':26s}" + "".join(f"{c[:22]:>24s}" for c in cols))
+    for case, rows in pr.items():
+        print(f"{case:26s}" + "".join(f"{rows[c]['ratio_to_copy']:24.3f}" for c in cols))
+        assert not any("NOT" in name for name in rows), case      # every copy: apply_rope's bits
+        r_ = {c: rows[c]["ratio_to_copy"] for c in cols}
+        assert r_["rows=paired"] < r_["rows=fp32"], case          # half the bytes, slower
+        assert r_["pairs per thread fp32 8 rows 2 warps"] > r_["rows=fp32"] + 0.008, case
+        assert r_["pairs per thread fp32 8 rows 2 warps"] >= \
+            r_["torch.compile (16-bit table)"] - 0.002, case
+    one_gib = {c: said(pr["bf16 sbhd 1 GiB s16k b8"][c]["ratio_to_copy"]) for c in cols}
+    # the two 256 MiB cases: pairs per thread level with torch.compile (well within the spread)
+    assert all(abs(pr[c][cols[4]]["ratio_to_copy"] - pr[c][cols[0]]["ratio_to_copy"]) < 0.01
+               for c in ("bf16 bshd 256 MiB s4k b8", "bf16 sbhd 256 MiB s4k b8"))
+    assert [one_gib[c] for c in cols[:5]] == ["0.994", "0.938", "0.948", "0.896", "0.993"]
+
+
+def elementwise_pass_runs(tp, tp_meta, behind):
+    """A.9: the element-wise flat pass (the design of `rows=fp32`) in the whole route, an H200
+    run of the two passes with it, and the two probes that set it beside torch.compile
+    (`flat_pass_probe`, `flat_hints_probe`); printed, every number A.9's text states asserted.
+    `tp`, `tp_meta`: the main two_pass run (the pass of pairs); `behind`: A.8's lag of ropelib
+    behind torch.compile on the same bf16 tables, by case."""
+    s16k = "bf16 sbhd 1 GiB s16k b8"
+    tp_elementwise = measured.two_pass(measured.GPU + "-20261128-0853")
+    ew_meta, _ = measured.load("two_pass", measured.GPU + "-20261128-0853")
+    assert ew_meta["gpu"] == tp_meta["gpu"] == "NVIDIA H200"
+    print(f"{measured.where(ew_meta)}, the element-wise flat pass, {s16k}: two-pass "
+          f"{ratio(tp_elementwise, s16k, 'two-pass'):.3f}, finished "
+          f"{ratio(tp_elementwise, s16k, 'finished'):.3f}; the pass of pairs (main table): "
+          f"{ratio(tp, s16k, 'two-pass'):.3f}, finished {ratio(tp, s16k, 'finished'):.3f}")
+    assert [said(ratio(tp_elementwise, s16k, c)) for c in ("two-pass", "finished")] == \
+        ["0.931", "0.924"]
+    # the two probes of the element-wise pass against torch.compile
+    fp, hints = measured.probe("flat_pass_probe"), measured.probe("flat_hints_probe")
+    fp_meta, _ = measured.load("flat_pass_probe")
+    hints_meta, _ = measured.load("flat_hints_probe")
+    assert hints_meta["gpu"] == fp_meta["gpu"] == tp_meta["gpu"]
+    print(f"both probes: {measured.where(fp_meta)}; forward, ratio to a copy")
+    for case in (s16k, "bf16 bshd 256 MiB s4k b8"):
+        c16, c32, mine32 = (fp[case][p]["ratio_to_copy"] for p in (
+            "torch.compile, bfloat16 table", "torch.compile, float32 table",
+            "ropelib.apply_rope cos/sin"))
+        c16_h, mine16 = (hints[case][p]["ratio_to_copy"]
+                         for p in ("torch.compile", "ropelib.apply_rope"))
+        gap = 100 * (1 - mine16 / c16_h)
+        print(f"{case:26s} flat_pass_probe: compile bf16 {c16:.3f}, compile fp32 {c32:.3f}, "
+              f"ropelib fp32 {mine32:.3f} | flat_hints_probe: compile bf16 {c16_h:.3f}, "
+              f"ropelib bf16 {mine16:.3f} ({gap:.1f} % behind)")
+        assert c32 < mine32 < c16, case          # the same order as two_pass's run
+        want = {s16k: "2.2", "bf16 bshd 256 MiB s4k b8": "1.6"}[case]
+        assert said(gap, 1) == want, f"{case}: {gap:.1f} % behind, not {want}"
+    assert all(abs(v) < 1.5 for v in behind.values())      # the pass of pairs: within 1.5 %
+
+
+@triton.jit
+def _one_angle_kernel(freqs_ptr, y_ptr, N, BLOCK: tl.constexpr):
+    # cos + sin of one fp32 angle a thread: one angle's share of libdevice's slow path
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    t = tl.load(freqs_ptr + i, mask=i < N, other=0.0)
+    tl.store(y_ptr + i, tl.cos(t) + tl.sin(t), mask=i < N)
+
+
+def slow_path_share(sol, x_vectors):
+    """Exercise 1's worked solution (`sol`, its load_schedule at the H200's launch; `x_vectors`
+    of its 16-byte loads are x's): are its 4-byte loads and its local memory (STL, LDL) spills,
+    or libdevice's sin/cos slow path for large angles (a few reads of a constant table, a small
+    local array)? Compiles `_one_angle_kernel`, one angle a thread, for sm_90 to read one
+    angle's share of that path, prints both, and asserts the solution's are its angles' shares:
+    no spill. Raises what a missing compiler raises."""
+    from ropelib.course import load_schedule
+    fp32 = torch.empty(16)
+    one_angle = load_schedule.schedule(_one_angle_kernel, dict(freqs_ptr=fp32, y_ptr=fp32,
+                                                               N=1 << 20, BLOCK=256), num_warps=8)
+    slow_path = dict(table_reads=load_schedule.load_widths(one_angle)[4] - 1,  # less its angle
+                     local_stores=one_angle["local_stores"], local_loads=one_angle["local_loads"])
+    widths = load_schedule.load_widths(sol)
+    angles = 4 * (widths[16] - x_vectors)       # fp32 angles in the 16-byte loads beside x's
+    narrow = [ins for _, ins in sol["loads"] if ".128" not in ins]
+    print(f"its angles: {angles} a thread, in {widths[16] - x_vectors} loads of 16 bytes; "
+          f"one angle's slow path: {slow_path['table_reads']} table reads, "
+          f"{slow_path['local_stores']} local stores, {slow_path['local_loads']} local loads")
+    print(f"its 4-byte loads: {len(narrow)}; its local memory: {sol['local_stores']} stores, "
+          f"{sol['local_loads']} loads; {sol['registers']} registers")
+    # every 4-byte load reads the slow path's constant table, and the local memory is the slow
+    # path's array once per angle: none of it is a spill
+    assert angles == 8 and all(".CONSTANT" in ins for ins in narrow)
+    assert len(narrow) == angles * slow_path["table_reads"]
+    assert all(sol[k] == angles * slow_path[k] for k in ("local_stores", "local_loads"))
+    if triton.__version__.startswith(("3.6", "3.9")):     # the text: local memory with 3.6 only
+        assert (slow_path["local_stores"], slow_path["local_loads"]) == \
+            ((4, 6) if triton.__version__.startswith("3.6") else (0, 0))
