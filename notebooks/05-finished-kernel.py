@@ -1450,9 +1450,10 @@ if GPU:
         print("nearer the rung than a copy: the tile, batch loop and grid hold the gap")
     else:
         print("nearer a copy than the rung: the gap is in the rotation's loads and arithmetic")
-    # the copy with no rotation lands where the rung does, well short of a copy (bands: the
-    # times are this GPU's; the committed runs below and before were 0.913/0.915, 0.921/0.926)
-    assert abs(tile_ratio - live_rung) < 0.02 and tile_ratio < 0.95, (tile_ratio, live_rung)
+    # the copy with no rotation lands where the rung does (a band: the times are this GPU's)
+    assert abs(tile_ratio - live_rung) < 0.02, (tile_ratio, live_rung)
+    if compare.gpu_slug() == measured.GPU:  # on the committed sweep's GPU, short of a copy too
+        assert tile_ratio < 0.95, tile_ratio  # (its runs below and before: 0.913, 0.921)
 else:
     print("Timing needs a GPU: here the cell checks that the kernel copies, and reads the "
           "committed timing below.")
