@@ -103,6 +103,7 @@ BITS = debug.load_te_bits(TE_BITS)
 META = BITS["meta"]
 GPU_NAME = META["gpu"]
 print("measured against the real TE on:", GPU_NAME)
+assert GPU_NAME == "NVIDIA H200", "the text's H200 reference run"
 
 # %% [markdown]
 # ## 1. The failure, reproduced
@@ -332,9 +333,18 @@ fixed_gpu = {r["variant"]: r for r in BITS["scenarios"]["nb_gpu"]["rows"]}["debu
 print(f"fixed kernel vs {fixed.te_label}: {n_fixed} of {fixed.x.numel()} elements differ here; "
       f"vs the real TE on the {GPU_NAME} (S=512 B=2 H=8 D=128): {fixed_gpu['n_differ']} of "
       f"{fixed_gpu['numel']:,}")
-assert fixed_gpu["n_differ"] == 12         # equal within tolerance, not bit for bit (the H200 reference run)
+assert fixed_gpu["n_differ"] == 12, "the text's 12 elements (the H200 reference run)"
+assert fixed_gpu["numel"] == 1_048_576, "the text's 1,048,576 elements of the reference run"
+# the reference run's stored outputs: those 12 fail the default allclose against the real TE
+ref_case = debug.te_bits_case(BITS, "nb_gpu")
+assert not torch.allclose(ref_case.output("debug:FIXED"), ref_case.te), \
+    "the reference run's fixed kernel: default allclose False against the real TE"
+assert torch.allclose(ref_case.output("debug:FIXED"), ref_case.te, **debug.tolerances("bf16")), \
+    "the reference run's fixed kernel: dtype-aware allclose True against the real TE"
 if not GPU:
-    assert n_fixed == 0                   # the small CPU comparison hides it
+    assert fixed.x.numel() == 4096, "the text's 4,096 elements on the CPU"
+    assert n_fixed == 0, "the CPU's 4,096 elements: none differ"   # the small run hides it
+    assert rows[1][1], "the fixed row's default allclose: True on the CPU"
 
 # %% [markdown]
 # Two lessons. The reported kernel is many ulps from the exact result near outputs close to
@@ -377,6 +387,9 @@ one_ulp = debug.reproduce(ULP_SC, dataclasses.replace(FIXED, sincos_one_ulp=True
 control = debug.reproduce(ULP_SC, dataclasses.replace(FIXED, sincos_in_kernel=False),
                           device=device)                       # the same table, not moved
 unmoved, moved = control.tokens_triton, one_ulp.tokens_triton   # one kernel, two tables
+if not GPU:   # the text's sizes on the CPU: this run's against section 1's
+    assert moved.numel() == 131_072, "the text's 131,072 elements on the CPU"
+    assert res.x.numel() == 4096, "the text's 4,096 elements above"
 print("unmoved table", unmoved.flatten()[:10])
 print("moved table  ", moved.flatten()[:10])
 mism = ~torch.isclose(unmoved, moved)
@@ -453,10 +466,14 @@ print(f"PyTorch, GPU size: {n_big} of {yb.numel():,} elements fail the default a
       f"{torch.allclose(yb, yb_moved, **debug.tolerances('bf16'))}")
 assert torch.equal(yb.flatten()[:10], yb_moved.flatten()[:10])
 assert 10 <= n_big <= 1e-4 * yb.numel() and torch.allclose(yb, yb_moved, **debug.tolerances("bf16"))
-assert n_big == 43 and hist_big.get(1) == 38      # fixed inputs, CPU arithmetic: any machine
+assert yb.numel() == 1_048_576, "the text's 1,048,576 elements (the GPU size)"
+# fixed inputs, CPU arithmetic: the same counts on any machine
+assert n_big == 43, "the text's 43 elements that fail the default allclose"
+assert hist_big.get(1) == 38, "the text's 38 of them one bf16 step apart"
 rate_log2 = float(np.log2(yb.numel() / n_big))
 print(f"one element in 2^{rate_log2:.1f}; {1e6 * n_big / yb.numel():.0f} per million")
-assert 14 <= rate_log2 <= 16 and round(rate_log2, 1) == 14.6   # "about one in 2^15"; 2^14.6
+assert 14 <= rate_log2 <= 16, "the text's 'about one element in 2^15'"
+assert round(rate_log2, 1) == 14.6, "the text's one in 2^14.6"
 assert 10 <= 1e6 * n_big / yb.numel() < 100       # "tens of elements per million" (section 7)
 # the reference run's reproduction kernel with the unmoved fp32 table, against the real TE
 assert fixed_gpu["n_differ"] == {r["variant"]: r for r in BITS["scenarios"]["nb_gpu"]["rows"]}[
@@ -535,8 +552,14 @@ assert all(v["triton_max_normwise_u"] <= 3 for v in prec.values())
 assert prec["sin/cos in kernel, fp32 (fixed)"]["triton_max_normwise_u"] <= 1.0
 if not GPU or debug.te_label(device) == "TE fused":   # the emulation here, or TE itself
     assert prec["sin/cos in kernel + FMA"]["max_abs_diff"] == 0    # TE's output, bit for bit
-if GPU and debug.te_label(device) == "TE fused":      # live TE: the fixed row shows the order
-    assert prec["sin/cos in kernel, fp32 (fixed)"]["max_abs_diff"] == 2 ** -6
+if not GPU:   # the interpreter fuses nothing, as the emulation: the fixed row is 0 too
+    assert prec["sin/cos in kernel, fp32 (fixed)"]["max_abs_diff"] == 0, \
+        "the fixed row on the CPU: 0 against the TE emulation"
+if GPU and debug.te_label(device) == "TE fused" and \
+        compare.gpu_slug() == compare.gpu_slug(GPU_NAME):
+    # live TE on the reference run's GPU: the fixed row shows the compiler's order, as there
+    assert prec["sin/cos in kernel, fp32 (fixed)"]["max_abs_diff"] == 2 ** -6, \
+        "the fixed row against live TE: the reference run's 2^-6"
 # the outputs each row compares (the prose's counts): 4,096 on the CPU, 1,048,576 on a GPU
 assert prec["sin/cos in kernel + FMA"]["numel"] == (1_048_576 if GPU else 4096)
 assert prec["table bf16, math bf16 (reported)"]["triton_max_ulp"] > 16   # tens of ulps, or more
@@ -570,10 +593,11 @@ assert [gpu_rows[v]["max_abs_diff"] for v in PRESET_ROWS.values()] == [2 ** -5, 
 # The lines under the chart read the H200 reference run of the same presets against the real
 # TE: with the fused multiply-add every output has TE's bits (`max |TE - Triton|` is 0); the
 # fixed kernel, with the fma left to the compiler, does not ($2^{-6} \approx 0.0156$; both
-# asserted). Section 4b finds which order makes the difference. A GPU with TE shows the same in
-# the live rows above (asserted there). The TE emulation rounds both products, as the
-# interpreter does: on the CPU the fixed row is 0 too, and against the emulation a GPU's fma
-# row may differ in a few outputs by design.
+# asserted). Section 4b finds which order makes the difference. With TE installed, the live rows
+# above show the same on the reference run's GPU (asserted there); the fma row's 0 is asserted
+# on any GPU with TE, since `tl.fma` pins its order. The TE emulation rounds both products, as
+# the interpreter does: on the CPU the fixed row is 0 too (asserted), and against the emulation
+# a GPU's fma row may differ in a few outputs by design.
 #
 # **Exercise — the norm-wise error.** Write `my_normwise_error(y, exact, x, rot_dim)`: for
 # every element of `y` (any shape, last dim $D$), $|y - y^\star|$ divided by $|x_a| + |x_b|$,
@@ -650,6 +674,9 @@ print(f"{TE_BITS.relative_to(ROOT)}: {GPU_NAME} (compute capability {META['capab
       f"Triton {META['triton']}, measured {META['date']}")
 BIG = debug.te_bits_case(BITS, "nb_gpu")            # bf16, S=512 B=2 H=8 D=128
 SMALL32 = debug.te_bits_case(BITS, "nb_cpu_fp32")   # fp32, S=32 B=2 H=2 D=32
+assert (tuple(BIG.x.shape), BIG.x.dtype) == ((512, 2, 8, 128), torch.bfloat16), "the text's BIG"
+assert (tuple(SMALL32.x.shape), SMALL32.x.dtype) == ((32, 2, 2, 32), torch.float32), \
+    "the text's SMALL32"
 LIVE = GPU and debug.te_label(device) == "TE fused"
 SAME_GPU = not GPU or torch.cuda.get_device_name() == GPU_NAME   # the reference run's GPU, or a CPU
 
@@ -803,7 +830,9 @@ te_combine = my_combine if combined_by_learner else ex.solution_te_combine
 # `free_sub-nofuse` row): 17 elements differ from TE (asserted). With contraction on, a GPU
 # compiler makes "as written" a computation of its own choosing, kernel by kernel: in the
 # reference run's kernel (`te_bits.py`'s copy of the reproduction kernel) 12 elements differ
-# (asserted). Step e reads which products it fused there, and in the kernel above.
+# (asserted). Step e reads which products it fused there, and in the kernel above. The TE
+# emulation of the introduction, run by the reference run beside TE, differs from it in 17
+# elements with torch on the GPU and in 27 with torch on the CPU (asserted).
 
 # %%
 @triton.jit
@@ -831,6 +860,11 @@ elif SAME_GPU:   # contraction off: the reference run's line without contraction
     assert step_a["n"] == gpu_row(BIG, "free_sub-nofuse/tl")
 assert gpu_row(BIG, "free_sub-nofuse/tl") == gpu_row(BIG, "none_rn/tl") == 17   # the reference run
 assert gpu_row(BIG, "free_sub/tl") == 12
+emu = {v: gpu_row(BIG, v) for v in ("emulation:device", "emulation:cpu")}
+print(f"the TE emulation against the real TE on the {GPU_NAME}: {emu['emulation:device']} "
+      f"elements differ computed with torch on the GPU, {emu['emulation:cpu']} on the CPU")
+assert emu["emulation:device"] == 17, "the text's 17: the emulation, torch on the GPU"
+assert emu["emulation:cpu"] == 27, "the text's 27: the emulation, torch on the CPU"
 
 # %% [markdown]
 # **Step b — swap where sin/cos come from.** The suspect everyone names first. The sources: the
@@ -1088,7 +1122,8 @@ assert all(len(r["fused"]) == len(r["rounded"]) == 1 for ys in compiled.values()
 assert repro == fused        # the reproduction kernel: the H200 run's choice (step e's PTX)
 assert above == {"y1": ["c", "x1"], "y2": ["c", "x2"]}   # the kernel above: x c fused, TE's line
 assert gpu_row(BIG, "debug:FIXED") == gpu_row(BIG, "free_sub/tl") == 12
-if GPU:   # the kernel above, run with contraction on (step a): the halves the PTX predicts
+SM90 = GPU and ".".join(map(str, torch.cuda.get_device_capability())) == META["capability"]
+if SM90:   # the kernel above, run with contraction on (step a): the halves sm_90's PTX predicts
     halves = [torch.equal(step_a_free["y"][..., sl], step_c["y"][..., sl])
               for sl in (slice(0, half), slice(half, None))]
     print(f"run here with contraction on: {step_a_free['n']} elements differ from TE; y1 and "
@@ -1105,7 +1140,8 @@ assert [k for k, r in zip("acde", (step_a, step_c, step_d, step_e)) if r["n"] ==
 # and then $x_1 s$: TE's product in $y_1$, the other in $y_2$, 12 elements on the H200 (the
 # compile here makes the choice the H200 run's PTX shows, asserted). In the kernel above it
 # fuses $x_1 c$ and $x_2 c$: TE's product in both halves, which is step c's line, so that
-# kernel's output is step c's, 0 elements (a GPU run checks both halves against step c's bits).
+# kernel's output is step c's, 0 elements (a run on an sm_90 GPU, the H200's kind, checks both
+# halves against step c's bits).
 # The PTX says which choice was made, not what in a kernel decides it; the source does not. Of
 # steps a to e only c gives 0, here and in the reference run (asserted): pin the order with
 # `tl.fma` rather than hope for it.
@@ -1336,6 +1372,8 @@ print("share of the map that differs:", {t: f"{v:.2f}" for t, v in lit.items()},
 
 # %%
 TRAP_SC = debug.Scenario(seq_len=32, batch=2, heads=2, head_dim=32, dtype="fp32")
+omega_min = 10000 ** (-(TRAP_SC.head_dim - 2) / TRAP_SC.head_dim)   # rad per position
+assert round(float(np.log10(omega_min))) == -4, "the text's omega_min ~ 1e-4 rad per position"
 fig, axes = plt.subplots(2, 3, figsize=(12, 6.5), sharex=True)
 recovered, runs = {}, {}
 for ax, trap in zip(axes.flat, traps):
@@ -1481,13 +1519,18 @@ print(f"norm-wise error vs fp64, in u = 2^-8: section 4's precision variants at 
       f"{rounding_u:.3g} u; section 5's traps, the side with the trap, {min(wrong_u.values()):.3g} "
       f"u to {max(wrong_u.values()):.3g} u; debug.classify's threshold "
       f"{debug.LAYOUT_NORMWISE_U:g} u")
-assert rounding_u <= 3 < debug.LAYOUT_NORMWISE_U < 1 / u < min(wrong_u.values())
+assert rounding_u <= 3, "the text's: precision variants within 3u"
+assert debug.LAYOUT_NORMWISE_U == 8, "the text's threshold, 8u"
+assert 1 / u == 256, "the text's 1/u = 256u"
+assert 1 / u < min(wrong_u.values()), "the text's: a layout trap beyond 1/u"
 # the 'tolerance' row's differences, in bf16 steps: most one step, a few near zero more
 far_steps = {v: BIG.rows[v]["max_steps"] for v in ("fma_rs/tl", "free_sub/tl")}
 print(f"bf16 steps apart -> count: section 3b's nudge in PyTorch at the GPU size {hist_big}; "
       f"steps d and e on the {GPU_NAME}: {BIG.rows['fma_rs/tl']['hist']}, "
       f"{BIG.rows['free_sub/tl']['hist']}")
-assert hist_big[1] == 38 and max(hist_big) > 1               # section 3b, asserted there too
+assert n_big == 43, "the text's 43 elements (section 3b)"
+assert hist_big[1] == 38, "the text's 38 of 43 one step apart (section 3b)"
+assert max(hist_big) > 1, "the text's 'the rest more' (section 3b)"
 assert far_steps == {"fma_rs/tl": 5, "free_sub/tl": 5}      # the reference run: one element 5 steps apart each
 assert BIG.rows["fma_rs/tl"]["hist"][5] == BIG.rows["free_sub/tl"]["hist"][5] == 1
 
@@ -1512,10 +1555,10 @@ assert BIG.rows["fma_rs/tl"]["hist"][5] == BIG.rows["free_sub/tl"]["hist"][5] ==
 # reset the boxes; the tolerance buttons switch between `allclose`'s defaults and dtype-aware
 # tolerances. The one-ulp cause flips a rounding in tens of elements per million (section 3b:
 # 43 of 1,048,576 in PyTorch), so the CPU's panel of 4,096 elements expects about 0.2 of them
-# (asserted below) and mostly shows none; a GPU's million-element panel shows tens. Widgets need
-# a running kernel: in a notebook reopened from disk, run its cells first (until then the saved
-# widget reads "Error displaying widget: model not found"); on the executed page they compute
-# nothing, and the cell after the panel drives it from code and prints its verdicts.
+# (asserted below) and mostly shows none; a GPU's panel of 1,048,576 elements expects about 43.
+# Widgets need a running kernel: in a notebook reopened from disk, run its cells first (until
+# then the saved widget reads "Error displaying widget: model not found"); on the executed page
+# they compute nothing, and the cell after the panel drives it from code and prints its verdicts.
 
 # %%
 import ipywidgets as W
@@ -1541,7 +1584,10 @@ W.VBox([panel.widget, verdict])
 
 # %%
 # The same panel driven from code (what the checkboxes do), one example per row of the table:
-assert round(n_big / yb.numel() * 4096, 1) == 0.2   # section 3b's rate, on the CPU's panel
+assert round(n_big / yb.numel() * 4096, 1) == 0.2, "the text's 0.2 on the CPU's panel"
+pan = panel.scenario
+assert pan.seq_len * pan.batch * pan.heads * pan.head_dim == (1_048_576 if GPU else 4096), \
+    "the text's panel sizes: 4,096 elements on the CPU, 1,048,576 on a GPU"
 panel.set_causes(FIXED)
 panel.tolerance.value = "dtype"
 assert panel.diagnosis["allclose"] and panel.diagnosis["verdict"] in ("equal", "tolerance")
