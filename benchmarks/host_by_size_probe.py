@@ -37,6 +37,7 @@ except Exception:  # noqa: BLE001
 
 from ropelib import eager
 from ropelib.bench import compare, suite
+from ropelib.course.probe_timers import fwdbwd_steps
 
 CASES = (("decode s1 b64 sbhd", dict(seq_len=1, batch=64, layout="sbhd")),
          ("64 MiB sbhd", dict(seq_len=1024, batch=8, layout="sbhd")),
@@ -82,13 +83,7 @@ def main():
     for label, fields in CASES:
         config = compare.Config(**dict(dict(heads=32, head_dim=128, dtype="bf16"), **fields))
         case = compare.make_case(config, "cuda", seed=1)
-        steps = {}
-        for name in names:
-            p = by_name.get(name)
-            if p is None or p.why_not(config) is not None:
-                continue
-            gcase, leaves, grads = compare.fwdbwd_inputs(case, fill=0.5)
-            steps[name] = compare.fwdbwd_step(lambda p=p, g=gcase: p.fn(g), leaves, grads)
+        steps = fwdbwd_steps(case, by_name.values(), names)
         xa = case.tensors[0].detach().clone().requires_grad_()
         ga = torch.full_like(xa, 0.5)
         steps["aten x*c"] = compare.fwdbwd_step(lambda: xa * 1.5, [xa], [ga])

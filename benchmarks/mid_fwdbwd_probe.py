@@ -26,7 +26,6 @@ cases and 1 GiB sbhd).
 import argparse
 import statistics as st
 import sys
-import time
 
 import torch
 
@@ -36,6 +35,8 @@ except Exception:  # noqa: BLE001
     pass
 
 from ropelib.bench import compare, suite
+from ropelib.course.launch_queue import enqueue_us
+from ropelib.course.probe_timers import fwdbwd_steps
 
 CASES = (("64 MiB bf16 sbhd", dict(seq_len=1024, layout="sbhd")),
          ("64 MiB bf16 bshd", dict(seq_len=1024, layout="bshd")),
@@ -43,16 +44,6 @@ CASES = (("64 MiB bf16 sbhd", dict(seq_len=1024, layout="sbhd")),
          ("256 MiB bf16 bshd", dict(seq_len=4096, layout="bshd")))
 PROVIDERS = ("ropelib", "torch.compile", "te_fused")
 ENQUEUED = 50
-
-
-def host_enqueue_us(step, calls: int = ENQUEUED) -> float:
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        step()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / calls * 1e6
 
 
 def kernels_of(step) -> list:
@@ -80,13 +71,8 @@ def main():
                                        **fields))
         case = compare.make_case(config, dev, seed=1)
         copy_once, copy_twice = compare.copy_floor(case.tensors)
-        provs = [by_name[n] for n in PROVIDERS
-                 if n in by_name and by_name[n].why_not(config) is None]
-        steps = {}
-        for p in provs:
-            gcase, leaves, grads = compare.fwdbwd_inputs(case, fill=0.5)
-            steps[p.name] = (lambda p=p: p.fn(case),
-                             compare.fwdbwd_step(lambda p=p, g=gcase: p.fn(g), leaves, grads))
+        steps = {name: (lambda p=by_name[name]: p.fn(case), fwdbwd)       # (forward, fwd+bwd)
+                 for name, fwdbwd in fwdbwd_steps(case, by_name.values(), PROVIDERS).items()}
         per = {}
         for r in range(args.rounds):
             per.setdefault(("copy", "graph"), []).append(
@@ -100,7 +86,7 @@ def main():
                                     * 1e3),
                                    ("fwdbwd graph", lambda: suite.graph_replay_ms(
                                        fwdbwd, 20, dev)[0] * 1e3),
-                                   ("host enqueue", lambda: host_enqueue_us(fwdbwd)),
+                                   ("host enqueue", lambda: enqueue_us(fwdbwd, ENQUEUED)),
                                    ("eager", lambda: suite.host_us(fwdbwd, ENQUEUED, reps=1,
                                                                    warmup=0, device=dev))):
                     try:

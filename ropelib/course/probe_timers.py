@@ -48,8 +48,8 @@ HOST_BY_SIZE_CASES = {label: compare.Config(**dict(heads=32, head_dim=128, dtype
 def fwdbwd_steps(case: compare.Case, providers, names) -> dict:
     """{name: forward+backward step}, in the order of ``names``, of the providers named that
     run ``case.config`` (``providers``: :class:`compare.Provider` objects), each on leaf copies
-    of its own and gradients all 0.5, as both probes built their steps
-    (``compare.fwdbwd_inputs``, ``compare.fwdbwd_step``)."""
+    of its own and gradients all 0.5 (``compare.fwdbwd_inputs``, ``compare.fwdbwd_step``): the
+    steps both probes time."""
     by_name = {p.name: p for p in providers}
     steps = {}
     for name in names:
