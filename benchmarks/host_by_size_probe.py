@@ -37,13 +37,8 @@ except Exception:  # noqa: BLE001
 
 from ropelib import eager
 from ropelib.bench import compare, suite
-from ropelib.course.probe_timers import fwdbwd_steps
+from ropelib.course.probe_timers import HOST_BY_SIZE_CASES, fwdbwd_steps
 
-CASES = (("decode s1 b64 sbhd", dict(seq_len=1, batch=64, layout="sbhd")),
-         ("64 MiB sbhd", dict(seq_len=1024, batch=8, layout="sbhd")),
-         ("64 MiB bshd", dict(seq_len=1024, batch=8, layout="bshd")),
-         ("64 MiB thd", dict(seq_len=1024, batch=8, layout="thd")),
-         ("256 MiB bshd", dict(seq_len=4096, batch=8, layout="bshd")))
 CALLS, ROUNDS = 50, 5
 
 _launch = eager.EagerLaunch.__call__
@@ -80,8 +75,7 @@ def main():
     suite.warm_allocator(16)
     by_name = {p.name: p for p in compare.providers()}
     rows = []
-    for label, fields in CASES:
-        config = compare.Config(**dict(dict(heads=32, head_dim=128, dtype="bf16"), **fields))
+    for label, config in HOST_BY_SIZE_CASES.items():
         case = compare.make_case(config, "cuda", seed=1)
         steps = fwdbwd_steps(case, by_name.values(), names)
         xa = case.tensors[0].detach().clone().requires_grad_()

@@ -35,7 +35,8 @@ HOST_ROUNDS = 5     # host_by_size_probe.py's ROUNDS
 HOST_WARMUP = 10    # host_by_size_probe.py's calls of every variant before its rounds
 MID_WAYS = ("fwdbwd_graph_us", "enqueue_us", "eager_us")
 
-# host_by_size_probe.py's cases: label -> Config (bf16, 32 heads of 128)
+# the cases benchmarks/host_by_size_probe.py times (it imports them): label -> Config (bf16,
+# 32 heads of 128)
 _HOST_BY_SIZE_FIELDS = (("decode s1 b64 sbhd", dict(seq_len=1, batch=64, layout="sbhd")),
                         ("64 MiB sbhd", dict(seq_len=1024, batch=8, layout="sbhd")),
                         ("64 MiB bshd", dict(seq_len=1024, batch=8, layout="bshd")),
