@@ -288,7 +288,7 @@ def ladder_claims(rows, meta, mech, mech_meta, hatched, named, sms, knobs, compi
                                           num_warps=pv.num_warps)["sass"]
             stores[v] = [re.sub(r"\s*(/\*.*|;.*)$", "", i).strip() for i in sass if "STG" in i]
     except COMPILE_ERRORS as exc:  # no compiler for this target here: say so
-        _compile_failed(exc)
+        compile_failed(exc)
     if len(stores) == 2:
         print(f"sm_90, Triton {triton.__version__}: the stores of warps {stores['warps']}, "
               f"of chunks {stores['chunks']}")
@@ -681,7 +681,8 @@ def ratio(runs, case, provider, pass_="forward"):
     return runs[(case, pass_)][provider]["ratio_to_copy"]
 
 
-def _compile_failed(exc):
+def compile_failed(exc):
+    """Say that compiling for sm_90 failed here, and why (the first 300 characters)."""
     print(f"compiling for sm_90 did not work here ({type(exc).__name__}: {str(exc)[:300]})")
 
 
