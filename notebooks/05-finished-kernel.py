@@ -1493,7 +1493,7 @@ try:
     rung6_regs = rung6_sm90["registers"]
 except COMPILE_ERRORS as exc:  # no compiler for this target here: say so
     cot_regs = None
-    checks_nb05.compile_failed(exc)
+    print(f"compiling for sm_90 did not work here ({type(exc).__name__}: {str(exc)[:300]})")
 if cot_regs:
     threads = 32 * plan_h200.num_warps
     print(f"\nsm_90, Triton {triton.__version__}, {plan_h200.num_warps} warps a program: the copy "
@@ -1838,7 +1838,7 @@ try:
              for rp in (False, True)}
 except COMPILE_ERRORS as exc:  # no compiler for this target here: say so
     sched = None
-    checks_nb05.compile_failed(exc)
+    print(f"compiling for sm_90 did not work here ({type(exc).__name__}: {str(exc)[:300]})")
 if sched:
     print(f"sm_90, Triton {triton.__version__}: 10 global loads a thread (2 of x, 8 of the table)")
     for rp, label in ((False, "offsets [row, feature]"), (True, "row pointers")):
@@ -2220,7 +2220,7 @@ try:   # checks_nb05.finished_schedule: launch.plan's launch on the H200, compil
         (32768, 1, 32, 128), SMS_H200, H200_KNOBS, x_first=0)[1]}
 except COMPILE_ERRORS as exc:  # no compiler for this target here: say so
     order_sass = None
-    checks_nb05.compile_failed(exc)
+    print(f"compiling for sm_90 did not work here ({type(exc).__name__}: {str(exc)[:300]})")
 if order_sass:
     print(f"sm_90, Triton {triton.__version__}: the finished kernel at s=32768 b=1, grid "
           f"{lau_b1.grid}, {lau_b1.num_warps} warps, X_FIRST={lau_b1.args['X_FIRST']} as planned")
