@@ -64,6 +64,8 @@
 #                                        # both torch.compile modes (~3 min)
 #   bash benchmarks/gpu_run.sh probes    # the flat pass at 1 GiB (one_gib_probe), decode tiles
 #                                        # under CUDA graphs (~3 min)
+#   bash benchmarks/gpu_run.sh flat-tiles  # the flat pass's program size and warps beside
+#                                        # torch.compile and a copy, sbhd forwards (~2 min)
 #   bash benchmarks/gpu_run.sh course    # the course's measurements (ladder, generations, Nsight
 #                                        # Compute profile) written where the notebooks read them,
 #                                        # then the notebooks that read them executed (03, 04, 05):
@@ -304,6 +306,9 @@ print('# what: Nsight Compute (--profile-from-start off --csv${NCU_CLOCK:+ --clo
             step one-gib "$PY" benchmarks/one_gib_probe.py --out "$RESULTS"
             step decode-tiles "$PY" benchmarks/decode_tiles.py --out "$RESULTS"
             keep "$RESULTS"/one_gib_probe-"$gpu".csv "$RESULTS"/decode_tiles-"$gpu".csv ;;
+        flat-tiles)
+            step flat-tiles "$PY" benchmarks/flat_tiles_probe.py --out "$RESULTS"
+            keep "$RESULTS"/flat_tiles_probe-*.csv ;;
         course)
             # in the tree (committed paths) first, so that the pages rendered next read them
             step ladder "$PY" benchmarks/ladder.py --out "$RESULTS/ladder-$gpu.csv" \
@@ -327,7 +332,7 @@ print('# what: Nsight Compute (--profile-from-start off --csv${NCU_CLOCK:+ --clo
                 ${ONLY:+--only "$ONLY"} ${KEEP_GOING:+--keep-going}
             [ -n "${OUT:-}" ] && tar czf "$OUT/executed-$tag.tar.gz" -C "$executed" . ;;
         *)
-            echo "unknown step: $what (tests, targets, floor, two-pass, decode, decode-ncu, puzzle9-ncu, te-ncu, mrope_angles-ncu, naive_warps-ncu, rows-ncu, ladder_stalls-ncu, qk_norm-ncu, b1_gap-ncu, contiguous-ncu, model, sweeps, ablation, ladder, features, qkv-backward, qkv-mainloop, qkv-forward-ab, qkv-table-flag, tables, fwdbwd, fwdbwd-mid, probes, course, notebooks)"; exit 2 ;;
+            echo "unknown step: $what (tests, targets, floor, two-pass, decode, decode-ncu, puzzle9-ncu, te-ncu, mrope_angles-ncu, naive_warps-ncu, rows-ncu, ladder_stalls-ncu, qk_norm-ncu, b1_gap-ncu, contiguous-ncu, model, sweeps, ablation, ladder, features, qkv-backward, qkv-mainloop, qkv-forward-ab, qkv-table-flag, tables, fwdbwd, fwdbwd-mid, probes, flat-tiles, course, notebooks)"; exit 2 ;;
     esac
 done
 exit $rc
