@@ -19,15 +19,19 @@
 # The naive kernel of notebook 03 is correct, but it does the same work over and over: every
 # row of the batch at position $s$ — and every head — loads the same angles and computes the
 # same cos/sin. This notebook changes one thing, the **grid**, so that each program does $B$
-# rows' work: $B$ times fewer programs (and, on the way, $B$ times fewer cos/sin evaluations and
-# angle loads). Which of the three is worth time is section 5's question; section 3 sets this
-# second of ropelib's three generations against Transformer Engine's fused kernel.
+# rows' work: $B$ times fewer programs, and with them $B$ times fewer cos/sin evaluations and
+# angle loads. Which of the three saves the time is section 5's question. This kernel is the
+# second of ropelib's three generations (naive, batch-reusing grid, finished kernel), and on an
+# H200 at batch 8 it beats Transformer Engine's (TE's) fused CUDA kernel although it evaluates
+# more sines and cosines; why is the question section 3 asks and section 5.5 answers.
 #
-# **Time:** about two hours: an hour of reading (most of it section 5, the measurements; its
-# answer is section 5.5), 45 minutes for the five exercises and the discussion questions. The
-# appendix holds the profiles behind section 5.5, as further reading. Every number the text
-# states is read from a committed result or a cell's output and asserted. The cells run in about
-# a minute on a two-core CPU (Triton's interpreter, and compiles for an H200 that need no GPU).
+# **Time:** about two hours: an hour of reading (most of it section 5, the measurements), 45
+# minutes for the five exercises and the discussion questions. The appendix holds the profiles
+# behind section 5.5, as further reading. The cells run in about a minute on a two-core CPU
+# (Triton's interpreter, and compiles for an H200 that need no GPU). Every number the text states
+# is read from a committed result measured on an NVIDIA H200 (or from a cell's CPU-side output)
+# and asserted beside it. The live timings of sections 5.1 and 5.3 are printed, never quoted:
+# they come from the GPU that runs the notebook (an H100 on the executed page).
 #
 # **After this notebook you will be able to**
 #
@@ -143,10 +147,10 @@ print(f"L2 of the {GPU_NAME}: "
 assert GPU_NAME == "NVIDIA H200" and l2_bytes == 62_914_560 and l2_bytes / 2**20 == 60
 
 # %% [markdown]
-# The naive kernel requests 2 GiB of angles (fp32, twice the size of bf16 features) to rotate
-# 1 GiB of data, requests the caches serve. Sharing the angles across the batch divides them,
-# the sin/cos work and the programs by $B$. (The last column counts cosines and sines
-# separately, $2D$ a program; from section 3 on the counts are of (cos, sin) *pairs*, $D$.)
+# To rotate 1 GiB of bf16 data the naive kernel requests 2 GiB of fp32 angles, requests the
+# caches serve. Sharing the angles across the batch divides them, the sin/cos work and the
+# programs by $B$. (The last column counts cosines and sines separately, $2D$ a program; from
+# section 3 on the counts are of (cos, sin) *pairs*, $D$ a program.)
 #
 # ## 2. The (seq, head) grid
 #
@@ -250,10 +254,10 @@ print("version 1 == reference (fp32)")
 # %% [markdown]
 # Change it and rerun the cell: swap a sign, drop the loop, or move `cos = ...`, `sin = ...`
 # into the loop. The first two break the check; the third only changes the work, which
-# `ropelib.course.work_count` counts: it runs the launch in Triton's interpreter (CPU tensors,
+# `ropelib.course.work_count` counts: it runs a launch in Triton's interpreter (CPU tensors,
 # any machine) and counts programs, sines and cosines (every lane of every tile) and the
-# elements each load reads. The cell counts version 1 as it stands above, beside a copy with
-# `cos` and `sin` moved into the loop, on a small tensor (the interpreter is slow).
+# elements each load reads. The next cell counts version 1 beside a copy with `cos` and `sin`
+# moved into the loop, on a small tensor (the interpreter is slow).
 
 # %%
 @triton.jit
@@ -295,17 +299,17 @@ assert in_loop.loads["x"] == given.loads["x"] == x_c.numel()   # the same data e
 
 # %% [markdown]
 # Moved into the loop, cos and sin run once per row: $B = 4$ times version 1's work, for the
-# same output and the same reads of `x`. Its GPU cost is not among the committed measurements
-# (section 5.3 times the opposite change, tables instead of sin/cos; its editable kernel can
-# time this one).
+# same output and the same reads of `x`. What that costs on a GPU is not among the committed
+# measurements: section 5.3 times the opposite change (tables instead of sin/cos), and its
+# editable kernel can time this one.
 #
 # ### 2.2 Any strides, any head size, any table
 #
 # Three things make version 1 too narrow for real tensors, each a line or two:
 #
-# - **strides**: `q` often arrives as a view (bshd transposed to sbhd, a slice of a fused QKV
-#   projection): row address `s*stride_xs + b*stride_xb + h*stride_xh`, feature `j` at
-#   `j*stride_xd`;
+# - **strides**: `q` often arrives as a view (a `[B, S, H, D]` tensor transposed to
+#   `[S, B, H, D]`, a slice of a fused QKV projection): row address
+#   `s*stride_xs + b*stride_xb + h*stride_xh`, feature `j` at `j*stride_xd`;
 # - **head sizes whose half is not a power of two** (80 → 40): `tl.arange` needs a power of two,
 #   so the tile has `BLOCK_HALF = next_power_of_2(HALF)` lanes and a mask switches the rest off;
 # - **both halves' angles**: a pair reads $\theta_1$ (feature $j$) and $\theta_2$ (feature
@@ -458,8 +462,8 @@ print(f"programs launched: naive {naive.naive_grid(S, B, H)[0]:,}, batch-reuse "
 #
 # The machine code says why. The next cell compiles both forms of section 5.3's kernel (one head
 # and all $B = 8$ rows a program, $s = 4096, h = 32, d = 128$) for an H200 (sm_90), with no GPU,
-# and lists the SASS's global loads (L) and stores (S) in program order, leaving out sin/cos's
-# constant tables.
+# and lists the global loads (L) and stores (S) of its SASS (the GPU's machine code) in program
+# order, leaving out the constant tables sin/cos read.
 
 # %%
 # section 5.3's kernel as sh_loop_b (runtime loop) and sh_loop_b_unrolled launch it, compiled for
@@ -502,20 +506,20 @@ assert load_order["sh_loop_b"]["rows"] == load_order["sh_loop_b_unrolled"]["rows
 # they touch different memory, and `x` and `y` are pointers it cannot tell apart (an in-place
 # call passes one tensor as both). So each warp asks for one 256-byte row of `x`, waits, stores
 # it, and only then asks for the next. To have several rows in flight a kernel must load them
-# before it stores any: section 5.4 meets this limit; whether lifting it pays is not measured
-# here.
+# before it stores any. Section 5.4 meets this limit; whether lifting it pays is not measured in
+# this notebook.
 #
 # ## 3. The batch-reusing grid against Transformer Engine
 #
-# This kernel works on TE's sbhd layout: grid `(seq_len, head_num)`, cos/sin once per program,
-# a loop over the batch. Section 5.3 times it beside Transformer Engine's fused kernel on an
+# This kernel works on TE's sbhd layout (`[S, B, H, D]`): grid `(seq_len, head_num)`, cos/sin
+# once per program, a loop over the batch. Section 5.3 times it beside TE's fused kernel on an
 # H200 (bf16 sbhd $s = 4096$, $b = 8$, $h = 32$, $d = 128$), and there it is the faster.
 #
 # **Why would it be faster?** "It reuses cos/sin across the batch, and TE does not" does not
 # survive a look at TE's kernel. `fused_rope.cu` launches a grid `(s, b)`: one CUDA block of 4
 # or 8 warps per (position, batch entry), which reuses the sines and cosines of position $s$
 # across its $h$ heads, either computed by each warp in registers or computed once into shared
-# memory behind a barrier. The release section 5 profiles, 2.20.2, behaves as the second
+# memory behind a barrier. TE 2.20.2, the release section 5 profiles, behaves as the second
 # (appendix A.1: its warps wait at a block-wide barrier, and its float instructions fit one
 # evaluation per block). Per position, one (cos, sin) pair per feature:
 #
@@ -580,13 +584,13 @@ assert compare.bytes_moved(cfg) == 2 * x_bytes + Sr * Dr * 4
 #
 # ### 5.1 Live, on this machine: naive vs batch-reuse vs ropelib vs copy
 #
-# The third generation is `ropelib.apply_rope` as it plans each call (from 64 MiB of q, two
-# passes: notebook 05). On a GPU the cell times the three and a copy and prints each live time
-# beside section 5.2's committed H200 one; on an H200 it also prints their ratio, marking with
-# `<<` rows more than 10 % apart. On another GPU the two columns are two GPUs' times, and no
-# ratio is printed. Live times are printed, not asserted (without a GPU that column stays
-# empty). The text states only committed numbers; where it compares runs of different days
-# (section 5.4, the appendix), it assumes the GPU behaved the same in each.
+# The third generation is `ropelib.apply_rope` as it plans each call (from 64 MiB of `q` on it
+# takes two passes: notebook 05, section 6). On a GPU the cell times the three and a copy and
+# prints each live time beside section 5.2's committed H200 one; on an H200 it also prints their
+# ratio, marking with `<<` rows more than 10 % apart. On another GPU (the executed page's H100,
+# say) the two columns are two GPUs' times, and no ratio is printed; without a GPU the live
+# column stays empty. Where the text compares committed runs of different days (section 5.4,
+# the appendix), it assumes the GPU behaved the same in each.
 
 # %%
 GEN_CSV = measured.path("generations")
@@ -645,11 +649,10 @@ assert not GEN_CSV.exists() or {(c, k) for c in LIVE for k in (
 # ### 5.2 Committed results from an H200
 #
 # `python benchmarks/generations.py` on a GPU times the three generations and the copy and
-# writes a CSV whose header holds the GPU's name, the driver, torch/Triton versions and the date.
-# Every measured number of this notebook comes from NVIDIA H200s (torch 2.11, Triton 3.6), on
-# different days: the generations here (`benchmarks/results/generations-nvidia-h200.csv`), the
-# ablation and the profiles in their own CSVs; each cell prints the date and versions it reads.
-# The cell below redraws the figure from the CSV, without a GPU:
+# writes a CSV whose header holds the GPU's name, the driver, torch/Triton versions and the date
+# (here `benchmarks/results/generations-nvidia-h200.csv`). Every committed result this notebook
+# reads comes from NVIDIA H200s (torch 2.11, Triton 3.6), on different days; each cell prints
+# the date and versions it reads. The cell below redraws the figure from the CSV, without a GPU:
 #
 # ![GB/s of the generations and of a device copy, NVIDIA H200](../figures/04-generations-gbps.png)
 
@@ -673,7 +676,7 @@ if GEN_CSV.exists():   # read by the cell of section 5.1
             print(f"{r['case']:10} {r['provider']:20} {r['fwd_ms']:8.4f} {r['fwd_gbps']:7.0f} "
                   f"{generations.pct_of_copy(r):9.1f} {r['copy_fwd_ms']:8.4f}")
         assert generations.pct_of_copy(r) < 110, f"{r['case']}/{r['provider']}: above a copy?"
-    # section 4's "slightly above the copy": the fastest row here, and notebook 02's add (GB/s)
+    # section 4's "1 % faster than it at most": the fastest row here; notebook 02's add (GB/s)
     above = max(timed, key=generations.pct_of_copy)
     nb02 = compare.read_csv(ROOT / "figures" / "02-unfused-kernels.csv")   # notebook 02's run
     add_pct = 100 * next(r["of_copy"] for r in nb02 if r["op"] == "add")
@@ -744,21 +747,21 @@ else:
 # (a ratio of 1.002). The naive kernel, whose programs grow with $B$ (131 thousand at $b = 1$ to
 # 2.1 million at $b = 16$), took 80 to 84 ns per program on each SM across the sweep: 1.00 to
 # 1.06 times the 79.8 ns of a program that does nothing (notebook 03, section 4). Its time is
-# its programs'. In this run it takes 1.95 times as long at batch 2 as at batch 1, and the grid
-# takes 0.52 of its time at batch 2 but 1.01 at batch 1, where both launch 131,072 programs.
-# These are one run's times (section 5.1's live ones need not repeat them); the argument rests
-# on sections 5.3 and 5.4, which change one factor at a time in one run.
+# its programs'. In the committed H200 run it takes 1.95 times as long at batch 2 as at batch 1,
+# and the grid takes 0.52 of its time at batch 2 but 1.01 at batch 1, where both launch 131,072
+# programs. These are one run's times (section 5.1's live ones, on another GPU or day, need not
+# repeat them); the argument rests on sections 5.3 and 5.4, which change one factor at a time.
 #
 # ### 5.3 Why: one factor at a time
 #
-# **The answer, before the evidence:** the grid beats the naive kernel because it launches $B$
-# times fewer programs, not because it reuses cos/sin (a one-row-a-program variant with no sine
-# or cosine at all is as slow as the naive kernel). It beats TE's fused kernel at $b = 8$
-# although TE evaluates fewer sines and cosines: TE issues two and a half times its
-# instructions per element, and issuing them takes two-thirds of its time (section 5.5). At
+# **The answer, before the evidence.** The grid beats the naive kernel because it launches $B$
+# times fewer programs, not because it reuses cos/sin: a one-row-a-program variant with no sine
+# or cosine at all is as slow as the naive kernel. It beats TE's fused kernel at $b = 8$,
+# although TE evaluates fewer sines and cosines, because TE executes 2.5 times the grid's warp
+# instructions per element and issuing them takes two-thirds of its time (section 5.5). At
 # $b = 1$ the grid is back to one row per program and TE is faster (section 5.4). Variants with
 # more heads per program get faster, up to a point; they ask for more bytes of $x$ per SM *and*
-# launch fewer programs, and the profile cannot say which does it (notebook 05 takes it up).
+# launch fewer programs, and the profiles cannot say which does it (notebook 05 takes it up).
 #
 # `benchmarks/ablation.py` times, at bf16 sbhd $s = 4096, b = 8, h = 32, d = 128$ and at
 # $s = 32768, b = 1$ (the same bytes), a device copy, TE's fused kernel (where installed),
@@ -785,11 +788,10 @@ assert [plan_cols[f"sh_loop_b_w{w}"]["elems_per_thread"] for w in (4, 8)] == [0.
 assert plan_cols["heads_all_one_b"]["cos_sin_per_position"] * 32 == B_a * H_a * D_a == 32768
 
 # %% [markdown]
-# The last column is what each source asks for; compiled, a value several threads hold is
-# computed by each of them (appendix A.1). So `heads_all_one_b`, whose source computes cos/sin
-# once for all 32 heads (1,024 per position), evaluates 32,768 compiled, the naive kernel's
-# count; and in `sh_loop_b_w4` and `_w8` (elems/thread below one) each element and its cos/sin
-# are held by 2 and 4 threads.
+# The last column is what each source asks for. Compiled, a value several threads hold is
+# computed by each of them (appendix A.1): `heads_all_one_b`, whose source computes cos/sin once
+# for all 32 heads (1,024 per position), evaluates 32,768, the naive kernel's count; in
+# `sh_loop_b_w4` and `_w8` (elems/thread below one) 2 and 4 threads hold each element and cos/sin.
 #
 # **The kernel behind every row** is one kernel, `_rope_ablation_kernel`
 # (`ropelib/course/kernels/ablation.py`), with switches: `BLOCK_H` heads and
@@ -1038,13 +1040,16 @@ if ABLATION_CSV.exists():
 
 # %% [markdown]
 # A ratio above 1 means the second kernel of the pair is faster. The line that begins
-# `s4096-b8: one row a program` prices two of section 1's explanations separately. One row per
-# program instead of $B$ costs the (S, H) grid a factor 3.46, and 3.59 between the two kernels
-# that read tables, where granularity is the only difference. All its sin/cos work, replaced by
-# two table reads, costs 4 % (`sh_loop_b / sh_loop_b_table` = 1.04, above the run's noise), and
-# with one row a program even that disappears (`sh_one_b / sh_one_b_table` = 1.00): the program
-# count sets the time there. (Cos/sin once per row at $B$ rows a program is not a row of this
-# ablation: time it with the editable kernel above.)
+# `s4096-b8: one row a program` prices section 1's two costs separately. One row per program
+# instead of $B$ costs the (S, H) grid a factor 3.46, and 3.59 between the two kernels that read
+# tables, where granularity is the only difference: the 3.46 is program granularity, not cos/sin
+# reuse. All the grid's sin/cos work, replaced by two table reads, costs 4 %
+# (`sh_loop_b / sh_loop_b_table` = 1.04, above the run's noise), and with one row a program even
+# that disappears (`sh_one_b / sh_one_b_table` = 1.00): the program count sets the time there.
+#
+# The last line squares two tables: `ropelib_finished` here is the finished kernel forced onto
+# this 256 MiB tensor, while section 5.2's `ropelib` is `apply_rope` as it plans the call, in two
+# passes from 64 MiB of `q` on (notebook 05, section 6), which reaches a higher share of a copy.
 #
 # The ablation's limits: one GPU, two sizes, bf16 only, one run. Its CSV keeps every timing's
 # 20 % and 80 % quantiles, at most 1.7 % of the median apart: a factor that changes the time by
@@ -1053,16 +1058,15 @@ if ABLATION_CSV.exists():
 # ### 5.4 Why, measured: the profiler's answer
 #
 # Timings say how much a factor changes, not why. `benchmarks/mechanism.py` ran the same
-# variants under Nsight Compute on the same H200, the clock left free as in the timings
+# variants under Nsight Compute on an H200, the clock left free as in the timings
 # (`--clock-control none`), and committed what profiler and compiler reported
-# (`benchmarks/results/mechanism-nvidia-h200.csv`). The cell prints, per variant, its time, the
-# DRAM bytes over the model, programs, warps, the batch steps a program makes, the bytes of `x`
-# a warp loads per step, the **achieved occupancy** (the average share of an SM's 64 warp slots
-# in use), the **KiB of `x` the resident warps of one SM request per step** and the warp
-# instructions per element. The KiB per SM is derived, not counted (`ropelib.course.measured`):
-# resident warps × bytes per warp step, an upper bound on the bytes of `x` in flight, reached
-# only while every warp waits on its loads at once. For the batch-reusing grid a step is one
-# row, and section 2.3's machine code showed that a warp asks for no more before it stores.
+# (`benchmarks/results/mechanism-nvidia-h200.csv`). Two of the columns the cell prints need a
+# definition. The **achieved occupancy** is the average share of an SM's 64 warp slots in use.
+# The **KiB of `x` per SM** is derived, not counted (`ropelib.course.measured`): resident warps
+# × bytes of `x` a warp loads per batch step (`steps`: the batch rows a program loops over), an
+# upper bound on the bytes of `x` in flight, reached only while every warp waits on its loads at
+# once. For the batch-reusing grid a step is one row, and section 2.3's machine code showed that
+# a warp asks for no more before it stores.
 #
 # - **DRAM bytes are the model's**, within a few percent for every variant at this size, so the
 #   differences lie in how well each keeps the memory system busy (appendix A.5 reads the bytes,
@@ -1077,10 +1081,9 @@ if ABLATION_CSV.exists():
 #   programs per SM), each warp asking for one 256-byte row a step. More heads per program ask
 #   for more KiB per SM and take less time (`heads4_loop_b` comes level with the finished kernel
 #   at $b = 8$); more warps on one tile ask for less and take longer. But each also changes the
-#   program count or the instructions per element (`sh_loop_b_w4` executes 1.39 warp
-#   instructions an element, more than TE's 1.23, two of its threads holding each element:
-#   appendix A.1), so these profiles cannot say which sets the time. Appendix A.4 sets out the
-#   closest pairs; notebook 05 takes the question up.
+#   program count or the instructions per element (`sh_loop_b_w4`, two threads holding each
+#   element, executes 1.39 warp instructions an element, more than TE's 1.23: A.1), so these
+#   profiles cannot say which sets the time (A.4 pairs them; notebook 05 takes it up).
 # - **Instructions count where nothing amortises them.** TE's grid in Triton (`heads_all_one_b`:
 #   one program per token and batch row, all heads) asks for as many KiB per SM as
 #   `heads4_loop_b` but executes several times the instructions per element, between the
@@ -1095,13 +1098,13 @@ if ABLATION_CSV.exists():
 # TE takes 1.94 times the copy's time, longer than the grid with less than a seventh of that
 # (7.7 KiB). So this count, a loose upper bound for TE (its warps load 78 bytes at a time: A.1),
 # does not set TE's time. What differs is work per byte: TE executes more than twice the grid's
-# instructions per element, and its SM throughput is well above its DRAM throughput, where the
-# grid shows the reverse. Section 5.5 takes that apart.
+# instructions per element, and its SM throughput is well above its DRAM throughput, the
+# grid's the reverse (section 5.5 takes that apart).
 #
 # **At $b = 1$ the order reverses.** With no batch to loop over, the (S, H) grid launches a
 # million one-row programs, as many as the naive kernel, and takes its time; TE's grid has
 # 32,768 programs, one per token for all heads, and is more than twice as fast. The grid wins
-# where $B$ amortises its program count; notebook 05's tile of heads fixes that for every $B$.
+# where $B$ amortises its program count; notebook 05's tile of heads removes that dependence.
 #
 # In the figure each kernel carries a number named in the key on the right; the middle panel
 # enlarges those under 190 µs. Besides this notebook's kernels it shows notebook 05's finished
@@ -1266,9 +1269,8 @@ assert te1_programs == 32_768 and t1["sh_loop_b"]["programs"] == 1_048_576
 # Section 3 asked why a Triton kernel that reuses cos/sin *less* than TE's CUDA kernel ran
 # faster. The next cell sets the two side by side (bf16 sbhd $s = 4096$, $b = 8$, $h = 32$,
 # $d = 128$, H200), each row read from the committed CSV it names, and checks every number the
-# answer states. Two of those CSVs profile TE's kernel beside the grid (`benchmarks/te_ncu.py`),
-# with the GPU's clock locked by Nsight Compute and with it free; appendices A.1 and A.2 read
-# them in full.
+# answer states. Two of those CSVs (`benchmarks/te_ncu.py`) profile TE's kernel beside the grid
+# with the GPU's clock locked and with it free; appendices A.1 and A.2 read them in full.
 
 # %%
 # the two profiles of TE's kernel beside the grid (benchmarks/te_ncu.py), per kernel: the locked
@@ -1350,19 +1352,35 @@ assert te_f["issue_us"] > free["copy"]["us"] \
     and (round(te_f["issue_us"], 1), round(free["copy"]["us"], 1)) == (159.6, 125.7)
 
 # %% [markdown]
-# **The answer.** TE's fused kernel evaluates a quarter of the grid's (cos, sin) pairs per
-# position (1,024 against 4,096), moves the same DRAM bytes and fills 90 % of an SM's warp slots
-# against the grid's 48 %, yet takes 62 µs longer: none of those three can be why it is slower.
-# What it does more of is instructions: 2.5 times the grid's warp instructions per element,
-# 17.7 integer instructions an element (its indexing) against 5.7, and 3.7 times the global
-# loads, each thread reading one bf16 element, every element twice (as itself and as its
-# rotate-half partner), so a warp's load asks for 78 bytes against the grid's 142. Issuing them
-# fills 66 % of TE's time at its own clock, against 36 % for the grid, and the locked, lower
-# clock slowed TE by 19 %, the grid by 5 %. That sets a bound: TE's issuing alone takes
-# 159.6 µs, longer than the copy's whole 125.7 µs, so TE cannot reach the copy's speed without
-# executing fewer instructions, however its loads are arranged. The grid's warps instead spend
-# 84 % of their cycles waiting for loads: it is bound by memory latency, with half an SM's warp
-# slots filled, which notebook 05 works on.
+# **The answer.** At $b = 8$ on the H200, TE's fused kernel is slower than the batch-reusing
+# grid because it executes far more instructions per element of $x$, and issuing them, not
+# moving bytes or computing sines and cosines, fills most of its time. The grid does less work
+# per byte and spends its time waiting on memory. Row by row, the table says:
+#
+# - **Not cos/sin, bytes or occupancy.** TE evaluates a quarter of the grid's (cos, sin) pairs
+#   per position (1,024 against 4,096), moves the same DRAM bytes and fills 90 % of an SM's warp
+#   slots against the grid's 48 %, yet takes 62 µs longer. None of these three works against
+#   TE, so none can be why it is slower.
+# - **More instructions.** TE executes 2.5 times the grid's warp instructions per element:
+#   17.7 integer instructions an element (its indexing) against 5.7, and 3.7 times the global
+#   loads. Each TE thread reads one bf16 element, every element twice (as itself and as its
+#   rotate-half partner), so a warp's load asks for 78 bytes against the grid's 142.
+# - **Issuing them is TE's time.** Issuing fills 66 % of TE's time at its own clock, against
+#   36 % for the grid, and TE's extra issuing (96 µs) exceeds the whole 62 µs by which it is
+#   slower (A.2 splits the time). A locked, lower clock slowed TE by 19 %, the grid by 5 %: TE's
+#   time follows its SMs' clock, as a kernel limited by its own instructions does. And TE's
+#   issuing alone takes 159.6 µs, longer than the copy's whole 125.7 µs, so TE cannot reach the
+#   copy's speed without executing fewer instructions, however its loads are arranged.
+# - **The grid mostly waits on memory.** Its warps spend 84 % of their cycles waiting for loads
+#   (TE's 59 %): it is bound by memory latency, with half an SM's warp slots filled, which
+#   notebook 05 works on.
+#
+# Against section 3's list of hypotheses: the way threads touch memory differs on TE's side
+# (one-element loads, each element read twice: more load and integer instructions), not through
+# wide vectors in the grid, whose threads load 4 bytes at a time (A.1); TE launches
+# $4096 \times 8$ blocks, a quarter of the batch-reusing grid's 131,072 programs, so program
+# count is not TE's handicap here; the batch loop runs level unrolled or not (section 5.3); and
+# computing cos/sin accounts for at most 0.91 of TE's float instructions per element (A.1).
 #
 # By kind (thread instructions per element), TE executes 18.7 more than the grid: 12.1 more
 # integer, 5.9 more of other kinds, 1.5 more loads and 0.5 more stores, but 1.2 *fewer*
@@ -1371,7 +1389,8 @@ assert te_f["issue_us"] > free["copy"]["us"] \
 # TE's threads each index one element, twice. Which of TE's differences (one-element loads,
 # every element read twice, its indexing, its barrier) costs what, these counters cannot
 # separate: they change together in TE's source, and telling them apart needs section 5.3's
-# method in TE's CUDA. At $b = 1$ TE is more than twice as fast (section 5.4).
+# method applied to TE's CUDA. At $b = 1$ the order reverses and TE is more than twice as fast
+# (section 5.4).
 
 # %% [markdown]
 # ## 6. What the finished kernel does beyond the batch-reusing grid
@@ -1381,8 +1400,8 @@ assert te_f["issue_us"] > free["copy"]["us"] \
 # - **cos/sin are reused across the batch, not across heads**: all $H$ programs of a position
 #   compute the same values. A tile of heads removes that work only where the compiled layout
 #   keeps one copy of each: four heads on two warps do, all 32 heads in one program do not (A.1);
-# - **one row per load**: half a head ($D/2$ elements, 128 bytes in bf16 for $D = 128$), so a
-#   program moves $B$ small pieces, one after another;
+# - **small loads, one row at a time**: each load is half a row ($D/2$ elements, 128 bytes in
+#   bf16 for $D = 128$), and a warp stores a row before it loads the next (section 2.3);
 # - **the grid depends on the shape**: with $B = 1$ nothing is reused, and when $S \cdot H$ is
 #   small there are too few programs to fill the GPU;
 # - only sbhd, rotate-half, full rotary, and positions $0 \ldots S-1$.
@@ -1393,7 +1412,7 @@ assert te_f["issue_us"] > free["copy"]["us"] \
 # a chunk of the batch (compiled, as many evaluations per position as the grid's: appendix A.1),
 # loads runs of the head dim as vectors as wide as the tile allows (here 4 bf16, 8 bytes, a
 # thread: A.1 prints `sizePerThread = [1, 1, 4]`), and takes every layout through strides. Its
-# header says how it is parallelised:
+# module docstring says how it is parallelised (notebook 05 builds it up, names included):
 
 # %%
 try:
@@ -1538,8 +1557,8 @@ grid_kernel.show_solution()
 # The check runs your kernel in Triton's interpreter (CPU tensors, any machine) at four
 # settings of `ROWS`, compares each output with the reference and the counts
 # (`ropelib.course.work_count`) with your prediction. It refuses a kernel that reads `x` or the
-# angles more often than this design needs (even if predicted), one that launches or calls
-# ropelib's kernels or this notebook's, and a prediction that calls ropelib.
+# angles more often than this design needs, even if predicted, and a prediction that calls
+# ropelib.
 
 # %%
 @triton.jit
@@ -1634,16 +1653,17 @@ assert round(table["us"] / one["us"], 3) == 0.998
 #
 # ### A.1 What TE's instructions are, and whether they set its time
 #
-# A third profile (`benchmarks/te_ncu.py`, the H200 with Transformer Engine installed) counts
-# TE's instructions by kind beside the batch-reusing grid, TE's grid in Triton (with sin/cos and
-# from tables) and the copy, on the same $s = 4096, b = 8$ tensor: global loads and stores (and
-# the bytes a warp's load asks for, from the 32-byte sectors it touches), integer and float
-# instructions, and the warp states. Unlike section 5.4's, it let Nsight Compute lock the clocks
-# (1.44 to 1.50 GHz for all five kernels): a kernel limited by DRAM keeps its time at a lower SM
-# clock, one limited by its SMs' own work does not. The **issue floor**: a scheduler (4 to an SM)
-# issues at most one warp instruction a cycle, so a kernel needs at least
-# $\text{warp instructions} / (4 \times \text{SMs})$ cycles ("issue floor/copy" divides that by
-# the copy's active cycles). `not_selected` counts warps ready to issue that lost the slot.
+# A third profile (`benchmarks/te_ncu.py`, on an H200 with TE installed) counts TE's
+# instructions by kind beside the batch-reusing grid, TE's grid in Triton (with sin/cos and from
+# tables) and the copy, on the same $s = 4096, b = 8$ tensor: global loads and stores (and the
+# bytes a warp's load asks for, from the 32-byte sectors it touches), integer and float
+# instructions, and the warp states (what a warp waits on: A.2). Unlike section 5.4's profiles,
+# it let Nsight Compute lock the clocks (1.44 to 1.50 GHz for all five kernels): a kernel
+# limited by DRAM keeps its time at a lower SM clock, one limited by its SMs' own work does not.
+# The **issue floor**: a scheduler (4 to an SM) issues at most one warp instruction a cycle, so a
+# kernel needs at least $\text{warp instructions} / (4 \times \text{SMs})$ cycles ("issue
+# floor/copy" divides that by the copy's active cycles). `not_selected` counts warps ready to
+# issue that lost the slot.
 
 # %%
 print(f"Nsight Compute on {te_meta['gpu']} (torch {te_meta['torch']}, Triton {te_meta['triton']}, "
@@ -1779,13 +1799,13 @@ assert round(mix) == round(grid_p["load_bytes"]) == 142
 # What the tables say about TE's kernel, against the batch-reusing grid (section 5.5 quotes the
 # loads, the integer count and the clock's effect):
 #
-# - **No 16-byte vectors.** Section 3 guessed that the grid might win with wide vector loads. It
-#   does not: a half-row of 64 bf16 on one warp of 32 threads is two values, 4 bytes, a thread
-#   (section 2.3's machine code loads it as one 4-byte word; the layout below is
-#   `sizePerThread = [1, 2]`). The profile's 142 bytes a warp load averages the program's two
-#   fp32 angle loads (256 bytes a warp) and its 16 loads of `x` (128). TE's loads ask for 2.4
-#   bytes a thread (one bf16, plus the fp32 angle loads), the copy's for 16 (512 a warp, TE's
-#   78). TE stores one element a store.
+# - **No 16-byte vectors.** Section 3 listed wide vector loads as a possible edge of the grid.
+#   It has none: a half-row of 64 bf16 on one warp of 32 threads is two values, 4 bytes, a
+#   thread (section 2.3's machine code loads it as one 4-byte word; the next cell prints its
+#   layout, `sizePerThread = [1, 2]`). The profile's 142 bytes a warp load averages the
+#   program's two fp32 angle loads (256 bytes a warp) and its 16 loads of `x` (128). A TE load
+#   asks for 2.4 bytes a thread on average (78 a warp: one bf16, plus the fp32 angle loads), a
+#   copy's for 16 (512 a warp). TE stores one element a store.
 # - **The clock matters to TE.** Locked at about 1.5 GHz, TE's kernel takes 289.2 µs, 19 %
 #   longer than in section 5.4's clock-free run (243.6 µs), and TE's grid in Triton 373.1 µs
 #   against 293.2, while the copy (124.5 against 125.3 µs) and TE's grid from tables (145.1
@@ -1797,12 +1817,13 @@ assert round(mix) == round(grid_p["load_bytes"]) == 142
 #   (0.44 warps per instruction issued), where the Triton kernels never do, and on memory (A.2).
 #
 # Sin and cos are a small part of TE's instructions. The rotation needs two float instructions
-# per element (a multiply and an fma), and TE's grid from tables executes exactly 2.00; TE's
-# kernel executes 2.91, so at most 0.91 float instructions per element are its sin and cos.
-# They bring other instructions along (angle reduction, the quadrant): in TE's grid in Triton,
-# 2.4 thread instructions of all kinds per float one, so about 2 of TE's 33 thread instructions
-# per element, against 17.7 integer ones. In TE's grid in Triton, by contrast, sin and cos are
-# most of the work: tables remove 86 % of its warp instructions (246 M to 36 M).
+# per element (a multiply and a fused multiply-add, fma), and TE's grid from tables executes
+# exactly 2.00; TE's kernel executes 2.91, so at most 0.91 float instructions per element are
+# its sin and cos. They bring other instructions along (angle reduction, the quadrant): in TE's
+# grid in Triton, 2.4 thread instructions of all kinds per float one, so about 2 of TE's 33
+# thread instructions per element, against 17.7 integer ones. In TE's grid in Triton, by
+# contrast, sin and cos are most of the work: tables remove 86 % of its warp instructions (246 M
+# to 36 M).
 #
 # TE's barrier fits section 3's shared-memory form ($B \cdot D$ (cos, sin) pairs per position),
 # and so does its float count: at the grid's cost of about 17 float instructions a pair, the
@@ -1816,9 +1837,10 @@ assert round(mix) == round(grid_p["load_bytes"]) == 142
 # it. `cos1[None, :]` is broadcast over a `[heads, BLOCK_HALF]` tile, so `tl.cos` runs in that
 # tile's layout, and every thread holding a column computes that column's cosine itself. The
 # next cell compiles the kernels for an H200 (sm_90) with no GPU, reads the layouts from
-# Triton's IR, and counts how many threads of a program hold each cos/sin value and each element
-# of a loaded `x` tile. It uses this machine's Triton, whose layouts can differ from the H200
-# runs' version.
+# Triton's GPU IR (TTGIR, the intermediate code where each tensor carries its thread layout), and
+# counts how many threads of a program hold each cos/sin value and each element of a loaded `x`
+# tile. It uses this machine's Triton, whose layouts could differ from those of the Triton that
+# ran the H200 profiles.
 
 # %%
 # compiled for an H200 (sm_90) by this machine's Triton, in a child Python without
@@ -1960,11 +1982,11 @@ else:
 # \;+\; \underbrace{\frac{\text{active cycles} - \text{issue cycles}}{f}}_{\text{no warp ready}}
 # \;+\; \underbrace{\frac{\text{elapsed cycles} - \text{active cycles}}{f}}_{\text{SM idle}} .$$
 #
-# The split is bookkeeping: with $f$ so defined the parts add up to $t$ by algebra, naming parts
-# of a time, not causes. Read the last two loosely ("no warp ready" also counts cycles in which
-# a scheduler held no warp; "SM idle", start and tail, subtracts an average over SMs from a
-# maximum); the first assumes instructions spread evenly over the schedulers, which the cell
-# checks against the profile's own issue share (within 0.01).
+# With $f$ so defined the parts add up to $t$ by algebra: they name parts of a time, not causes.
+# Read the last two loosely ("no warp ready" also counts cycles in which a scheduler held no
+# warp; "SM idle", start and tail, subtracts an average over SMs from a maximum); the first
+# assumes instructions spread evenly over the schedulers, which the cell checks against the
+# profile's own issue share (within 0.01).
 #
 # The profile also counts, per instruction issued, the warps in each *state* (`long_scoreboard`:
 # stalled on a load's data; `not_selected`: ready but not picked; ...). They add up to the
@@ -2059,8 +2081,8 @@ assert (round(grid_p["empty_us"], 1), round(grid_f["empty_us"], 1)) == (103.9, 1
 # - **The split is accounting.** Time with no ready warp is what is left of the active time
 #   after issuing, so it moves with how much issuing overlaps the waits: the grid's *grows* as its
 #   issuing shrinks (issuing 83.7 to 63.7 µs, no warp ready 103.9 to 112.4, locked to free). So
-#   section 5.5's 62 µs is not "96 µs more issuing, 34 µs less waiting" as a cause; what the
-#   split does show is that TE's extra issuing alone exceeds the whole difference.
+#   section 5.5's 62 µs is not "96 µs more issuing, 34 µs less waiting" as causes; what the split
+#   does show is that TE's extra issuing alone exceeds the whole difference.
 #
 # ### A.3 The ablation's other rows
 #

@@ -39,11 +39,15 @@
 # Sections 7–8: ropelib in models it did not write; section 9: your own kernel in this one
 # (exercise 3). On a GPU the model trains for a few hundred steps; on a CPU the kernels run in
 # Triton's interpreter, so the model is tiny and trains for a few dozen: the same code path, other
-# numbers. Timings and bf16 training move from run to run, so the cells assert *bands*, not
-# values; the numbers the text quotes are the committed H200 run's, read from `figures/` and
-# `benchmarks/results/` and asserted in the appendix.
+# numbers.
 #
-# **Time:** about 2 hours with the three exercises; on a CPU the cells run in about a minute.
+# **Two sets of numbers.** Timings and bf16 training move from run to run, so the cells assert
+# *bands*, not values. The numbers the text quotes come from one committed run on an NVIDIA H200,
+# stored in `figures/` and `benchmarks/results/` and asserted in the appendix. The outputs under
+# the cells are whatever machine ran them (on the executed page in `docs/executed/`, an NVIDIA
+# H100): they land inside the bands, not on the H200's numbers.
+#
+# **Time:** about 2 hours with the three exercises; on a CPU the cells run in under two minutes.
 
 # %%
 import os, torch
@@ -146,19 +150,21 @@ print(inspect.getsource(_Rotary.forward))
 
 # %% [markdown]
 # Both branches compute in fp32 from the same fp32 angles and round once to the input dtype, but
-# through different operations. The kernel reads TE's angle table $[P, 1, 1, R]$, takes $\sin$
-# and $\cos$ itself (libdevice's on a GPU), computes each output as one fused multiply-add
-# (`tl.fma`), and rotates $q$ and $k$ in one launch straight from the strided views of the QKV
-# matmul; its backward is the rotation by $-\theta$. The PyTorch branch is what a model would
-# write by hand: host-computed cosines and sines $[P, R]$, then upcast, multiply, add,
-# concatenate, downcast, several kernels that each pass over the whole tensor (section 5).
+# through different operations. With $P$ positions and $R$ rotary features per head (here
+# $R = D$), the kernel reads Transformer Engine's (TE's) angle table $[P, 1, 1, R]$, takes $\sin$
+# and $\cos$ itself (on a GPU with libdevice, CUDA's math library), computes each output as one
+# fused multiply-add (*fma*, `tl.fma`: $a b + c$ rounded once), and rotates $q$ and $k$ in one
+# launch straight from the strided views of the QKV matmul; its backward is the rotation by
+# $-\theta$. The PyTorch branch is what a model would write by hand: cosines and sines $[P, R]$
+# computed on the host, then upcast, multiply, add, concatenate, downcast, several kernels that
+# each pass over the whole tensor (section 5).
 #
 # The smallest test first: the same weights, one batch, fp32. Loss, logits and every gradient
 # must agree to fp32 rounding ($10^{-5}$ absolute on the logits, $10^{-6}$ on the gradients).
-# Under bf16 autocast (section 3) they need not agree bit for bit: appendix A.1 finds that with
-# the same tables one fma and a multiply, multiply, add differ in about a quarter of the fp32
-# results and about one entry in 100 000 once rounded to bf16 (libdevice's sines against the
-# host's are a second source, which only a GPU can measure).
+# Under bf16 autocast (section 3) they need not agree bit for bit: with the same tables, an fma
+# and a multiply-then-add differ in about a quarter of the fp32 results and in about one entry in
+# $10^5$ once rounded to bf16 (appendix A.1); libdevice's sines against the host's are a second
+# source of difference, which only a GPU can measure.
 
 # %%
 cfg = GPTConfig(vocab_size=data.vocab_size, **SIZES)
@@ -197,15 +203,15 @@ del models
 # - **reference seed 1**: other weights *and* batches; its distance from the reference is
 #   run-to-run noise, the *seed band*;
 # - on a GPU, **reference again**, seed 0: the control. A GPU need not repeat a computation bit
-#   for bit (partial sums added in whatever order threads finish round differently each run), so
-#   the control shows how far the same code drifts from itself. On the CPU a run repeats itself.
+#   for bit (partial sums added in whatever order threads finish round differently), so the
+#   control shows how far the same code drifts from itself. On the CPU a run repeats itself.
 #
-# **What a loss-curve comparison cannot see.** Only bugs that change how the model learns. An
-# **offset on every position** cancels in $n - m$. **Rotating $q$ and $k$ by $-\theta$** is an
-# equally valid RoPE ($R(\theta)$ with the second member of each pair negated on the way in and
-# out, a sign the query and key weights absorb): its run is a sample of seed noise, and only
-# section 2's same-weights comparison catches it. Bugs that break RoPE's structure, a sign on $q$
-# only (scores depending on $m + n$) or a backward that forgets the sign flip, can leave the seed
+# **What a loss-curve comparison cannot see.** It sees only bugs that change how the model learns.
+# An **offset on every position** cancels in $n - m$. **Rotating $q$ and $k$ by $-\theta$** is an
+# equally valid RoPE (the second member of each pair negated on the way in and out, a sign the
+# query and key weights can absorb): its run is one more sample of seed noise, and only section
+# 2's same-weights comparison catches it. Bugs that break RoPE's structure, a sign on $q$ only
+# (scores then depend on $m + n$) or a backward that forgets the sign flip, can leave the seed
 # band, and section 2's comparison fails on them at once. The cell checks each case on 16
 # positions in fp64: are the scores $\tilde q_m^\top \tilde k_n$ the correct RoPE's, and do they
 # depend on $n - m$ only (unchanged when every position moves by 7)?
@@ -289,10 +295,12 @@ for name, rope, seed in [("ropelib", "ropelib", 0), ("reference", "reference", 0
 #
 # and require $d(\text{ropelib}, \text{reference}) \le 1.5\, d(\text{reference seed 1},
 # \text{reference})$: a generous band, since the second seed changes the batches too (the control
-# is the matched yardstick). **Overfitting:** the corpus is small next to the model, which reads
-# it many times. Memorising shows first as a widening gap between validation and training loss,
-# then as a validation loss that turns up; a rising curve would mix memorising into the yardstick,
-# so the cell also asserts that no run ends more than the seed distance above its lowest.
+# is the matched yardstick).
+#
+# **Overfitting.** The corpus is small next to the model, which reads it many times. Memorising
+# shows first as a widening gap between validation and training loss, then as a validation loss
+# that turns up. A rising curve would mix memorising into the yardstick, so the cell also asserts
+# that no run ends more than the seed distance above its lowest validation loss.
 
 # %%
 def mean_abs_diff(a, b):
@@ -355,34 +363,38 @@ print("wrote", csv_path)
 # the reference; right: the kernel's difference from the reference next to the control's and the
 # seed-to-seed difference](../figures/09-loss-curves.png)
 #
-# *The committed GPU run (bf16 autocast; its CSV records GPU, versions, sizes and steps). The cell
-# above draws this run's figure (a CPU run,
+# *The committed H200 run (bf16 autocast; its CSV records GPU, versions, sizes and steps). The
+# cell above draws your run's figure (a CPU's is
 # [`09-loss-curves-cpu.png`](../figures/09-loss-curves-cpu.png)) into a scratch folder unless
 # `ROPELIB_WRITE_FIGURES=1` is set.*
 #
-# **Reading the committed run** (appendix A.1 asserts each number). ropelib's curve sits at 0.40
-# of the seed distance, the control's at 0.29, where the check allows 1.5. ropelib's training loss
-# leaves the reference's at step 1, the control's at step 3: an fma alone rounds about one bf16
-# entry in 100 000 differently, and one forward rounds 75 million query and key entries. Training
-# amplifies both differences to the same order (1.36 to 1, one sample each: too few to rank them).
+# **Reading the committed H200 run** (appendix A.1 asserts each number). ropelib's curve sits at
+# 0.40 of the seed distance, the control's at 0.29, where the check allows 1.5. ropelib's training
+# loss leaves the reference's at step 1, the control's at step 3. Step 1 is no accident: an fma
+# alone rounds about one bf16 entry in $10^5$ differently, and one forward rounds 75 million query
+# and key entries. Training then amplifies both differences to the same order (ropelib's distance
+# is 1.36 times the control's: one sample each, too few to rank them). The run printed above has
+# ratios and first steps of its own; only the band is asserted.
 #
-# **The model has begun to overfit.** The gap between validation and training loss widens at every
-# evaluation, from $-0.20$ nats at step 25 (the held-out tenth is the easier text early on) to
-# $+0.31$ at step 300, after more than ten passes over the text (A.1 counts them from the run's
-# training characters wherever it knows them). Over the last 25 steps the reference's training
-# loss fell by 0.028 nats, its validation loss by only 0.003: the last passes went almost entirely
-# into fitting the training text. Two of the four runs reached their lowest validation loss at
-# step 275 and end above it by at most 0.10 of the seed distance, inside the check: the
-# comparison still measures RoPE, not memorising.
+# **The model has begun to overfit.** In the committed run the gap between validation and training
+# loss widens at every evaluation, from $-0.20$ nats at step 25 (early on the held-out tenth scores
+# better than the training batches) to $+0.31$ at step 300, after more than ten passes over the
+# text. Over the last 25 steps the reference's training loss fell by 0.028 nats, its validation
+# loss by only 0.003: the last passes went almost entirely into fitting the training text. Two of
+# the four runs, the second seed and the control, reached their lowest validation loss at step 275
+# and then rose, by at most 0.10 of the seed distance. That is inside the check: the comparison
+# still measures RoPE, not memorising. Trained much longer on this text, the validation curves
+# would turn up for good, and a comparison would need more text or fewer steps.
 
 # %% [markdown]
 # ### The same model with RoPE inside the QKV projection
 #
-# Notebook 12 folds the rotation into the GEMM that makes q, k and v, rotating each q and k tile in
-# its epilogue; `GPT(cfg, rope="ropelib_qkv")` is that model (the same weights and angles, q, k and
-# v from one call of `ropelib.qkv_rope_linear`). From seed 0 it should follow ropelib's curve: on
-# the CPU (fp32) to rounding, below $10^{-5}$; on a GPU within the seed band, since under bf16
-# autocast the fused GEMM rounds q and k once where the unfused pipeline rounds twice.
+# Notebook 12 folds the rotation into the matrix multiply (GEMM) that makes $q$, $k$ and $v$: the
+# GEMM kernel rotates each $q$ and $k$ tile in its *epilogue*, the last stage before it writes the
+# tile. `GPT(cfg, rope="ropelib_qkv")` is that model (the same weights and angles, $q$, $k$ and $v$
+# from one call of `ropelib.qkv_rope_linear`). From seed 0 it must follow ropelib's curve: on the
+# CPU (fp32) to rounding, below $10^{-5}$; on a GPU within the seed band, since under bf16
+# autocast the fused GEMM rounds $q$ and $k$ once where the unfused pipeline rounds twice.
 
 # %%
 model = build(cfg, "ropelib_qkv", seed=0, device=device)
@@ -414,9 +426,8 @@ plt.show()
 # ## 4. Speed: tokens per second
 #
 # `train` times every step after a few warm-up steps, evaluation excluded: tokens/s = batch ×
-# context × steps / time. Section 3 ran the same reference code more than once, so the cell also
-# asks whether ropelib's margin over the fastest reference run exceeds how far that code moved
-# between its own runs.
+# context × steps / time. Section 3 ran the reference code more than once, so the cell also asks
+# whether ropelib's margin over the fastest reference run exceeds how far that code moved.
 
 # %%
 def tokens_verdict(tps):
@@ -444,10 +455,11 @@ if not ON_GPU:
     print("(CPU: the kernel runs in Triton's interpreter; these numbers say nothing about a GPU)")
 
 # %% [markdown]
-# What separates the reference runs is how much the machine's timing moves between two runs of
-# one program; a smaller margin says nothing about RoPE. In the committed H200 run the margin was
-# 1.145 against a movement of 1.226: no (appendix A.2). Each arm is *one* run, so whatever drifts
-# between runs lands on one arm only.
+# The reference runs execute the same code, so their spread is how much the machine's speed moves
+# between runs of one program; a margin smaller than that says nothing about RoPE. The answer
+# changes from run to run: no in the committed H200 run (1.145 against 1.226, appendix A.2), yes
+# on the executed page's H100. Even a yes is weak evidence: each arm is *one* run, so whatever
+# drifts between runs lands on one arm only.
 #
 # ### A measurement that can resolve it: interleaved rounds
 #
@@ -456,11 +468,13 @@ if not ON_GPU:
 # Drift slower than a round cancels in the round's *ratio*, so the rounds are read as pairs. Were
 # the models equally fast, each round would be a coin toss, and $k$ or more wins of one arm out of
 # $n$ would come up with probability $p = 2 \sum_{j \ge k} \binom{n}{j} 2^{-n}$ (the *sign test*,
-# $k > n/2$); where $p < 0.01$ the cell names the faster arm. Each round also records the host's
-# *issue time*, until the arm's last step call has returned: close to the wall time, the host was
-# still issuing when the device finished, and the step is host-bound. On a GPU 15 rounds of 20
-# steps per arm; on the CPU 3 rounds of one step, which test the code, not the speed (three wins
-# of three come up with $p = 0.25$).
+# $k > n/2$); where $p < 0.01$ the cell names the faster arm.
+#
+# Each round also records the host's *issue time*: from the start until the arm's last step call
+# has returned, before waiting for the device. When it is close to the wall time, the host was
+# still issuing work when the device finished: the step is *host-bound*. On a GPU the cell runs 15
+# rounds of 20 steps per arm; on the CPU 3 rounds of one step, which test the code, not the speed
+# (three wins of three come up with $p = 0.25$).
 
 # %%
 ROUNDS, ROUND_STEPS, TIMING_WARMUP = (15, 20, 10) if ON_GPU else (3, 1, 1)
@@ -562,15 +576,15 @@ assert sign_p(15, 15) < 1e-4 and sign_p(3, 3) == 0.25 and sign_p(8, 15) == 1.0
 
 # %% [markdown]
 # On a GPU the cell asserts that the pairs name ropelib's step the faster. Where the step is
-# host-bound, the host, which launches every kernel, sets the pace, and the wall-clock saving is
-# host work no longer done; section 5 reads the two savings of the last line.
+# host-bound (as on the executed page), the host, which launches every kernel, sets the pace, and
+# the wall-clock saving is host work no longer done; section 5 explains the last line's savings.
 #
 # ## 5. How much of a step is RoPE?
 #
-# RoPE's arithmetic per element is two multiplies and an add once the sines and cosines are
-# known; ropelib's kernel computes those once per (token, pair) of its tile and reuses them for
-# its heads and batch entries (appendix A.5), so its cost is moving bytes. Per layer and step
-# the forward reads $q$ and $k$ and writes them back, and the backward does the same with their
+# Once the sines and cosines are known, RoPE is two multiplies and an add per element, and
+# ropelib's kernel computes those sines and cosines once per token and pair of its tile, for its
+# heads and batch entries (appendix A.5): its cost is moving bytes. Per layer and step the
+# forward reads $q$ and $k$ and writes them back, and the backward does the same with their
 # gradients:
 #
 # $$
@@ -581,10 +595,11 @@ assert sign_p(15, 15) < 1e-4 and sign_p(3, 3) == 0.25 and sign_p(8, 15) == 1.0
 # with $C = H D$ the width of $q$. The cell times one plain copy of that many bytes as a yardstick
 # (not a strict floor: the step's RoPE is many small kernels, each with its own start and tail),
 # and on a GPU the same bytes as $2\,n_\text{layer}$ copies, one per ropelib launch.
-# `rope_time_share` profiles a few training steps; RoPE's forward is what runs inside its
-# `record_function("rope")` ranges, its backward the autograd nodes created there. On a GPU it
-# sums *kernel* time on the device, on the CPU host time, and also the host time of the same
-# ranges and nodes (`rope_host_ms`, `step_host_ms`, `host_share`).
+#
+# `rope_time_share` profiles a few training steps with `torch.profiler`: RoPE's forward is what
+# runs inside the model's `record_function("rope")` ranges, its backward the autograd nodes made
+# there. It reports RoPE's time and the step's as kernel time on the device (on the CPU, host
+# time) and as host time of the same ranges and nodes (`rope_host_ms`, `step_host_ms`).
 
 # %%
 def kernel_kind(name):
@@ -683,8 +698,8 @@ if ON_GPU:
     assert abs(s["named_kernel_ms"] - s["rope_ms"]) <= 0.05 * s["rope_ms"]
     # one kernel per call beats a chain of elementwise kernels, and no kernel beats a copy
     assert len(s["kernel_names"]) == 1 < len(shares["reference"]["kernel_names"])
-    # bands around the H200 runs: 1.26 and 1.27 copies, the reference's RoPE 19 times ropelib's
-    # (two runs; the split copies, printed above, are this run's only)
+    # bands around the committed H200 run: ropelib's RoPE 1.27 copies, the reference's 19 times
+    # ropelib's (the split copies, printed above, are this run's only)
     assert 1.0 * floor_ms < s["rope_ms"] < 1.6 * floor_ms
     assert 12 < shares["reference"]["rope_ms"] / s["rope_ms"] < 30
     # the host side of the same ranges and nodes: Python, dispatch and launches
@@ -719,38 +734,36 @@ if ON_GPU:
                                   {**environment_meta(), "config": cfg, "batch": BATCH})
 
 # %% [markdown]
-# **Reading it.** In the committed run (A.3) RoPE takes **2.84 %** of the busy step with ropelib
-# and **35.76 %** with the reference: 1.27 and 24.11 times a copy of its bytes (A.4 shows where the
-# reference's time goes). On a GPU the cell asserts bands around these: one kernel for ropelib, a
-# chain for the reference; ropelib's RoPE within $[1.0, 1.6]$ copies; the reference's 12 to 30
-# times ropelib's. The split copies are this run's measurement (the committed files do not hold
-# them): where they take longer than the one copy, each extra launch adds a start and a tail
-# beside its bytes' time, which ropelib, one launch a layer and pass, pays too, and the cell
-# prints what part of ropelib's excess over one copy that is; whatever it leaves is not
-# attributed here. Where they take no longer, the cell says so: splitting then explains none of
-# it. Two clocks: the profiled step counts the time the GPU is busy; the wall-clock step also the
-# time it waits for the host (the figure draws both). The host lines are
-# timed under the profiler, which adds its own cost (in the committed run both profiled host steps
-# are longer than the wall-clock steps, A.3), and RoPE's backward part runs on autograd's own
-# thread, so it does not add to the forward's like one more op on one clock; the next cells
-# measure the host without the profiler. On the CPU both clocks are host time, and ropelib's is
-# Triton's interpreter, a teaching tool, not a CPU backend.
+# **Reading it.** In the committed H200 run (A.3) RoPE takes **2.84 %** of the busy step with
+# ropelib and **35.76 %** with the reference: 1.27 and 24.11 times a copy of its bytes (A.4 shows
+# where the reference's time goes). The run above prints its own numbers (the executed page's
+# H100 gives other shares and multiples); on a GPU the cell asserts bands around the H200's: one
+# kernel for ropelib and a chain for the reference, ropelib's RoPE within $[1.0, 1.6]$ copies,
+# the reference's 12 to 30 times ropelib's.
+#
+# **The split copies** are this run's only. Where they take longer than one copy, each extra
+# launch adds a start and a tail to its bytes' time; ropelib, one launch a layer and pass, pays
+# that too, and the cell prints what part of ropelib's excess over one copy this explains.
+#
+# **Two clocks.** The profiled step counts the time the GPU is busy; the wall-clock step also the
+# time it waits for the host (the figure draws both). The host lines are timed under the
+# profiler, which adds its own cost (both profiled host steps exceed the wall-clock steps), and
+# RoPE's backward runs on autograd's own thread, beside the Python thread, so a host share is not
+# a share of one clock. On the CPU both clocks are host time, and ropelib's runs in Triton's
+# interpreter.
 #
 # ### Who saves what: two measurements without the profiler (GPU only)
 #
-# - **RoPE's host time, as a step difference.** Section 4's rounds again (16 of 10 steps) with a
-#   third arm, `NoRotary`, whose rotary module returns $q$ and $k$ as they are. Each arm's issue
-#   time minus the no-RoPE arm's, over $n_\text{layer}$, is RoPE's host time a layer, printed
-#   beside its device time. A difference of rounds counts as resolved where the middle half of
-#   its rounds lies on one side of zero; where that half spans zero the cell says the difference
-#   is not resolved by this run and prints no host / device ratio, and this run then shows no
-#   host time (and no saving of it) for that arm. The paired issue-time saving must agree with
-#   section 4's within a band where both are resolved.
+# - **RoPE's host time, as a step difference.** Section 4's rounds again (16 rounds of 10 steps)
+#   with a third arm whose rotary module, `NoRotary`, returns $q$ and $k$ as they are. An arm's
+#   issue time minus the no-RoPE arm's, over $n_\text{layer}$, is RoPE's host time a layer,
+#   printed beside its device time. It counts as *resolved* where the middle half of the rounds
+#   lies on one side of zero (otherwise the cell prints no host / device ratio). Where both are
+#   resolved, this paired issue-time saving must agree with section 4's within a factor of 2.
 # - **The step replayed from a CUDA graph.** `graphed_step(model, x, y)`
-#   (`ropelib/course/cuda_graph_step.py`) takes the training step (the bf16 forward, the backward,
-#   clipping, and AdamW's capturable for-each version, whose state a graph can hold), runs it a
-#   few times on a side stream so that Triton compiles and AdamW builds its state, then records
-#   its kernels once and returns a call that replays them:
+#   (`ropelib/course/cuda_graph_step.py`) runs the training step (bf16 forward, backward,
+#   clipping, AdamW with `capturable=True`, whose state a graph can hold) a few times on a side
+#   stream, so that Triton compiles and AdamW builds its state, then records its kernels once:
 #
 #   ```python
 #   graph = torch.cuda.CUDAGraph()
@@ -759,15 +772,10 @@ if ON_GPU:
 #   graph.replay()                   # every recorded kernel again, from one call
 #   ```
 #
-#   The replay reads and writes memory the graph does not own (the weights, the gradients,
-#   AdamW's state), so the call it returns holds the optimizer and the graph: freed, that memory
-#   could go back to the driver while a replay still reads it. One call a step: the device sets
-#   the pace, and the arms differ by what the device saves (asserted within a band of the
-#   profiler's device saving).
-#
-# Host and device work overlap; they do not add. Where the step is host-bound the wall clock
-# saves what the issue time saves: the cell after these two asserts the paired savings within 15 %
-# of each other where the issue time is at least 95 % of the wall time in both arms.
+#   The replay reads and writes memory the graph does not own (weights, gradients, AdamW's
+#   state), so the returned call keeps the optimizer and the graph alive: freed, that memory could
+#   go back to the driver while a replay still reads it. With one host call a step the device
+#   sets the pace, and the arms differ by what the device saves.
 
 # %%
 from ropelib.course.cuda_graph_step import graphed_step
@@ -891,22 +899,34 @@ else:
     print("(CPU: no device clock to read; these readings and their checks run on a GPU)")
 
 # %% [markdown]
+# **What the two measurements show.** Replayed from a graph, the step no longer waits for the
+# host, and the arms differ by what the device saves (asserted to agree with the profiler's). Run
+# eagerly, the step is host-bound wherever the issue time nears the wall time (as on the executed
+# page), and each RoPE call costs the host Python, dispatch and autograd bookkeeping whatever its
+# kernel does: for ropelib 8.0 times its device time (committed run, under the profiler, A.3).
+# ropelib still saves host time, since its RoPE is 2 launches a layer where the reference's chain
+# is 34 ops (A.4). Host and device work overlap; they do not add: where the step is host-bound the
+# wall clock saves what the issue time saves (asserted within 15 % where the issue time is at
+# least 95 % of the wall time in both arms), and the GPU idles for part of every step (asserted:
+# busy less than 85 % of the wall-clock step).
+#
 # **Exercise 1 — RoPE's share, by name.** On a GPU the profiler lists every kernel a step ran,
 # with its device time. Write `rope_share(events, rope_names)`: `events` is a list of
 # `(kernel name, device µs)` pairs from one profiled step (a kernel launched in every layer
 # appears once per launch), `rope_names` a set of substrings; a kernel is RoPE's when its name
-# contains one of them (counted once, however many). Return `(rope_us, step_us, share)`: the µs of
-# RoPE's kernels, of all kernels, and `rope_us / step_us` (0 when no kernel is RoPE's).
+# contains one of them (counted once, however many it contains). Return
+# `(rope_us, step_us, share)`: the µs of RoPE's kernels, of all kernels, and `rope_us / step_us`
+# (0 when no kernel is RoPE's).
 #
 # The check tries made-up steps whose answer is known: ropelib's one kernel, launched forward and
 # backward in every layer; another library's kernel with "rotary" inside a longer name; the
 # PyTorch reference, whose generic elementwise kernels carry no RoPE name; and a compiled model,
 # whose RoPE `torch.compile` fuses into one kernel named after its operations,
-# `triton_poi_fused_add_cat_mul_neg_slice_view_0` (as
-# `benchmarks/results/compile_gap-nvidia-h200.log` records it). ropelib and the worked solutions
-# are barred while it runs. After the solution, one more cell hands your function (or the worked
-# one) a real step with `{"rope"}` as the names: on a GPU the step `rope_time_share` profiled
-# above, elsewhere the committed one (`figures/09-step-kernels.csv`), beside the range share.
+# `triton_poi_fused_add_cat_mul_neg_slice_view_0`
+# (`benchmarks/results/compile_gap-nvidia-h200.log`). ropelib and the worked solutions are barred
+# while it runs. A cell after the solution hands your function (or the worked one) a real step
+# with `{"rope"}` as the names: on a GPU the step profiled above, elsewhere the committed one
+# (`figures/09-step-kernels.csv`).
 
 # %%
 from ropelib.course.exercises import in_a_model, solution
@@ -948,19 +968,20 @@ if ON_GPU:   # the same run: ropelib's kernels are all of its RoPE time, by name
 
 # %% [markdown]
 # Does a search by name find RoPE's time? For ropelib, all of it. The reference spends 35.76 % of
-# its step in RoPE by range (the committed run) and nothing by name: its RoPE is a chain of
-# generic elementwise kernels like every other of the step, and `torch.compile`'s fused RoPE is
-# named after its operations. That is why section 5 finds RoPE by ranges and autograd nodes.
+# its step in RoPE by range in the committed H200 run (the cell above prints the share of the
+# step it read) and nothing by name: its RoPE is a chain of generic elementwise kernels like the
+# rest of the step's, and `torch.compile`'s fused RoPE is named after its operations. That is why
+# section 5 finds RoPE by ranges and autograd nodes.
 #
 # ## 6. What did it learn?
 #
 # Sampling continues a prompt one character at a time (temperature 0.8, no KV cache: the window
-# slides). The GPU model writes words and fragments with the look of Python's documentation, in
-# the shape of its sentences; the CPU model, after a few dozen steps, little beyond letter
-# frequencies. Is the text new, or recited? A model that generalises reuses words and short
-# phrases; one that overfits (section 3) may recite longer stretches of its corpus. The cell
-# finds the longest stretch of the sample found word for word in the training text: one sample,
-# a hint rather than a measurement.
+# slides). The GPU model writes words and fragments in the look and sentence shape of Python's
+# documentation; the CPU model, after a few dozen steps, little beyond letter frequencies. Is the
+# text new, or recited? A model that generalises reuses words and short phrases; one that
+# overfits (section 3) may recite longer stretches. The cell finds the longest stretch of the
+# sample found word for word in the training text: one sample, a hint, not a measurement. Read
+# what the stretch is: a table rule of `=` signs copied whole is layout, not recitation.
 
 # %%
 text = sample(trained, data, "The ", SAMPLE_CHARS, seed=0)
@@ -990,10 +1011,10 @@ assert copied in train_text and copied in generated
 #
 # `sample` runs the whole window through every layer again for each new character. A real decoder
 # keeps a **KV cache**: each layer stores the keys and values of the tokens it has seen, and a step
-# runs only the new tokens. RoPE is where a cache most often goes wrong. The full forward counts
-# positions $0, \dots, S - 1$ along the sequence it is given; a decoding step is given only the new
-# tokens. With $L$ tokens cached, the $j$-th new one sits at $p = L + j$ and must be rotated there,
-# while each cached key $\tilde k_n = R_n k_n$ was rotated once, when written, and stays:
+# runs only the new tokens. RoPE is where a cache most often goes wrong: the full forward counts
+# positions $0, \dots, S - 1$ along the sequence it is given, but a decoding step is given only
+# the new tokens. With $L$ tokens cached, the $j$-th new one sits at $p = L + j$ and must be
+# rotated there, while each cached key $\tilde k_n = R_n k_n$ was rotated once, when written:
 #
 # $$
 # \tilde q_p = R_{L+j}\, q_p, \qquad \tilde k_p = R_{L+j}\, k_p, \qquad
@@ -1007,11 +1028,11 @@ assert copied in train_text and copied in generated
 # - **rotating the cached keys again** every step turns cached key $n$ into $R_{2n} k_n$, then
 #   $R_{3n} k_n$;
 # - **off by one**, the next token at $L \pm 1$: every score changes. (Shifting *every* position
-#   leaves the logits alone, but the cached keys then disagree with other code that reads or writes
-#   the cache, a prefill kernel or the full forward, so the check compares them too.)
+#   leaves the logits alone, but the cached keys then disagree with any other code that reads or
+#   writes the cache, so the check compares them too.)
 #
-# `sample` never meets these bugs: it rotates its whole window from 0 at every step, and a sliding
-# window moves all positions together, which the scores do not see.
+# `sample` never meets these bugs: it rotates its whole window from 0 at every step, and sliding
+# the window moves all positions together, which the scores do not see.
 
 # %% [markdown]
 # **Exercise 2 — attention with a KV cache.** Write `cached_attention(attn, x, past_k, past_v)`,
@@ -1027,21 +1048,21 @@ assert copied in train_text and copied in generated
 #
 # Return `(y, k, v)`: `y` $[B, S, C]$, the layer's output (after `attn.proj`), and `k`, `v`
 # $[B, L + S, H, D]$, the cache with the new tokens' rotated keys and their values appended. The
-# token at position $p$ attends to keys $0, \dots, p$: a boolean mask $[S, L + S]$ for
-# `F.scaled_dot_product_attention`, true where $n \le p$ (`is_causal=True` lines its triangle up
-# with the first key, not the last: with a cache, one new token would see key 0 only). Rotate with
+# token at position $p$ attends to keys $0, \dots, p$: pass `F.scaled_dot_product_attention` a
+# boolean mask $[S, L + S]$, true where $n \le p$ (`is_causal=True` aligns its triangle with the
+# first key, not the last: with a cache, one new token would see key 0 only). Rotate with
 # `ropelib.apply_rope` or `apply_rope_qk` (`layout="bshd"`, with `position_ids` or
-# `start_positions`), with `ropelib.reference`, or by hand from the rows of `attn.rotary.cos` and
-# `sin` you pick. Choosing the positions is the exercise: the check refuses `ropelib.rope_kv_cache`,
-# the model's own cached decoding (`forward_cached`, `generate`) and the worked solution.
+# `start_positions`), with `ropelib.reference`, or by hand from rows of `attn.rotary.cos` and
+# `sin`. Choosing the positions is the exercise: the check refuses `ropelib.rope_kv_cache`, the
+# model's own cached decoding (`forward_cached`, `generate`) and the worked solution.
 #
 # The check builds a small GPT whose attention depends strongly on position and decodes with the
 # loop below, your function as every layer's attention: a prompt of 5 tokens, then 1, 1, 3 and 1
 # more (a chunk of 3 is what chunked prefill or speculative decoding hands a step). At each step
-# and layer it compares with the full forward: cached keys and values unchanged, new keys equal to
-# the full forward's (if not, it finds the positions they were rotated at), then values, output and
-# logits, within $10^{-4}$ of the largest value (`in_a_model.KV_TOL`). A key rotated one position
-# off misses by more than $10^{-2}$ (measured after the exercise).
+# and layer it compares with the full forward, within $10^{-4}$ of the largest value
+# (`in_a_model.KV_TOL`): cached keys and values unchanged, new keys (if wrong, it finds the
+# positions they were rotated at), values, output and logits. A key rotated one position off
+# misses by more than $10^{-2}$ (measured after the exercise).
 
 # %%
 print(inspect.getsource(in_a_model.decode_with))
@@ -1201,8 +1222,9 @@ for what, a, b in zip(("output", "grad x", "grad W_qkv"), res["ropelib"], res["r
 # %% [markdown]
 # In bf16 the two TE paths do *not* agree this closely, and that is not a bug of either. TE's
 # unfused path rounds $\cos$ and $\sin$ to bf16 and rounds after each bf16 multiply and add; its
-# fused kernel (and ropelib) compute in fp32 and round once. Where $x_a \cos\theta - x_b
-# \sin\theta$ nearly cancels, the roundings of the two products are large next to the result.
+# fused kernel (and ropelib) compute in fp32 and round once. Where
+# $x_a \cos\theta - x_b \sin\theta$ nearly cancels, the roundings of the two products are large
+# next to the result.
 # The cell rotates one bf16 tensor both ways and measures each against the fp64 rotation, in bf16
 # ulps (units in the last place) of the exact value (`debug.ulp_error`, as in notebook 08).
 
@@ -1272,12 +1294,12 @@ print(inspect.getsource(in_a_model._KernelRope))
 # The check runs in Triton's interpreter on the CPU. First one launch (`ROWS` = 4) on a strided
 # $q$ of 30 rows, into a NaN-filled output inside guard bands, against `ropelib.reference`. Then
 # two copies of a small GPT, one with the model's PyTorch RoPE and one with your kernel, train for
-# 3 AdamW steps on the same fp32 batches: each step's loss and the first step's gradients (through
-# your kernel at $-\theta$) must agree within $10^{-5}$ of the largest value ($10^{-4}$ for the
-# gradients), and the logits after training within $10^{-4}$ (AdamW divides each update by the root
-# of the squared gradients, so a last-bit difference in a near-zero gradient moves a weight by a
-# whole update). A kernel that launches or calls ropelib's kernels, the course's teaching kernels
-# or the worked solutions is refused.
+# 3 AdamW steps on the same fp32 batches: each step's loss within $10^{-5}$ of the largest value,
+# the first step's gradients (through your kernel at $-\theta$) within $10^{-4}$, the logits
+# after training within $10^{-4}$ (AdamW divides each update by the root of the squared
+# gradients, so a last-bit difference in a near-zero gradient moves a weight by a whole update).
+# Kernels that launch or call ropelib's kernels, the course's teaching kernels or the worked
+# solutions are refused.
 
 # %%
 import triton
@@ -1308,9 +1330,8 @@ solution(in_a_model.solution_model_rope_kernel.fn,
 
 # %% [markdown]
 # Now the trained model of section 3. Your kernel (or the worked one) goes into a copy of it
-# through `plug_rope` and runs one batch forward and backward in fp32 on this notebook's device,
-# next to the trained model with ropelib's kernel: the same loss, logits and gradients, to fp32
-# rounding.
+# through `plug_rope` and runs one batch forward and backward in fp32, next to the trained model
+# with ropelib's kernel: the same loss, logits and gradients, to fp32 rounding.
 
 # %%
 rope_kernel = (my_model_rope_kernel if model_rope_by_learner
@@ -1343,9 +1364,8 @@ del yours, out9
 # as a multiply and then a subtract, ropelib's with `tl.fma`, which rounds once where they round
 # twice (appendix A.1: a quarter of fp32 results differ). Compiled for a GPU, though, Triton lets
 # LLVM *contract* a multiply followed by an add or subtract into one fma unless the launch option
-# `enable_fp_fusion` (on by default) is off. The next cell rotates one $q$ in fp32 with the worked
-# kernel, by default and with `enable_fp_fusion=False`, and counts the entries that differ from
-# ropelib's.
+# `enable_fp_fusion` (on by default) is off. The next cell rotates one $q$ with the worked kernel
+# both ways and counts the fp32 entries that differ from ropelib's.
 
 # %%
 S9 = min(64, cfg.block_size)
@@ -1382,32 +1402,31 @@ else:   # compiled: contraction turns the multiply-then-subtract into ropelib's 
 
 # %% [markdown]
 # On the CPU both counts are equal and not zero: the interpreter rounds each `*` and `-` on its
-# own and never contracts, hence the small difference between the two models above. On a GPU the
-# cell asserts the first count zero and the second not: contraction makes the worked kernel
-# bit-identical to ropelib's.
+# own and never contracts, which is why on the CPU the two models above differ in the last bits.
+# On a GPU the cell asserts the first count zero and the second not: contraction makes the worked
+# kernel bit-identical to ropelib's, and the two models above agree exactly (as on the executed
+# page).
 #
 # The kernel is a few dozen lines, and the model computes and trains with it as with ropelib's.
-# What it lacks is the rest of `ropelib.apply_rope_qk`: $q$ and $k$ in one launch, angles computed
-# once per token and shared by its heads and batch entries, a tile sized to the GPU (notebook 05),
-# partial rotary dimensions, other layouts and position arguments, and errors instead of wrong
-# answers on bad inputs. Appendix A.5 times your kernel against a plain copy of its bytes and
-# counts what its instructions cost, with an optional exercise to make it cheaper.
+# What it lacks is the rest of `ropelib.apply_rope_qk`: $q$ and $k$ in one launch, angles shared by
+# a token's heads and batch entries, a tile sized to the GPU (notebook 05), partial rotary
+# dimensions, other layouts and position arguments, and errors instead of wrong answers on bad
+# inputs. Appendix A.5 times your kernel and counts its instructions, with an optional exercise.
 #
 # ## Summary
 #
 # - **Parity.** ropelib's kernel gives the plain-PyTorch loss and gradients to fp32 rounding; from
-#   one seed under bf16 autocast its validation curve stays inside the seed band (committed run:
-#   0.40 of the seed distance, the control 0.29, the check 1.5), as does RoPE in the QKV GEMM.
-# - **Overfitting.** After more than ten passes the model has begun to overfit: the gap between
-#   validation and training loss widens at every evaluation, the validation loss barely falls. The
-#   comparison reads validation loss and checks it has not turned up.
+#   one seed under bf16 autocast its validation curve stays inside the seed band (committed H200
+#   run: 0.40 of the seed distance, the control 0.29, the check 1.5), as does RoPE in the QKV GEMM.
+# - **Overfitting.** After more than ten passes over the text the validation loss barely falls
+#   (in two runs it turns up) while the training loss keeps falling; the comparison checks that
+#   no run has risen by more than the seed distance.
 # - **Device time.** RoPE is memory-bound. The reference's elementwise chain moves 16.0 times
-#   ropelib's bytes, about half at about half a copy's rate, and takes 35.76 % of the busy step
-#   where ropelib takes 2.84 %; ropelib's saving is all the step's device saving.
-# - **Wall clock.** The GPU is idle for much of this small model's step (the committed H200 run:
-#   busy 50 % and 54 % of the training loop's step; section 5 prints this run's); where the step
-#   is host-bound, its saving is host work no longer done. One run per arm cannot rank the two;
-#   interleaved rounds read as pairs can.
+#   ropelib's bytes, about half at about half a copy's rate: 35.76 % of the busy step against
+#   ropelib's 2.84 % (committed H200 run), all of the step's device saving.
+# - **Wall clock.** The GPU idles for much of this small model's step (busy 50 % and 54 % of it in
+#   the committed run); where the step is host-bound, the saving is host work no longer done. One
+#   run per arm cannot rank the two; interleaved rounds read as pairs can.
 # - **KV cache.** Rotate each new token at its absolute position $L + j$, the cached keys never
 #   again, and every step's logits are the full forward's.
 # - **Drop-in.** One context manager for a Hugging Face Llama, one import for a TE-style block.
@@ -1435,22 +1454,26 @@ else:   # compiled: contraction turns the multiply-then-subtract into ropelib's 
 #
 # ## Appendix: the measurements behind the text
 #
-# The committed GPU run's numbers that the text quotes, read from their files and asserted (any
-# run, GPU or not, reads the same files), and the longer measurements of your kernel (A.5). To
-# regenerate the GPU data, run `ROPELIB_WRITE_FIGURES=1 jupyter nbconvert --to notebook --execute
-# notebooks/09-rope-in-a-model.ipynb` on a GPU: it rewrites `figures/09-loss-curves.png` and `.csv`,
-# `09-qkv-rope-loss.png`, `09-rope-share.csv` and `09-step-kernels.csv`;
-# `09-train-loss-differences.png` (A.1) follows a new CSV only on the run after.
+# A.1 to A.4 read the committed H200 run's files and assert every number the text quotes from
+# them: every machine prints the same numbers here. A.5 measures your kernel. To regenerate the
+# data, run `ROPELIB_WRITE_FIGURES=1 jupyter nbconvert --to notebook --execute
+# notebooks/09-rope-in-a-model.ipynb` on a GPU: it rewrites `figures/09-loss-curves.png` and
+# `.csv`, `09-qkv-rope-loss.png`, `09-rope-share.csv` and `09-step-kernels.csv`
+# (`09-train-loss-differences.png` follows on the run after), and the asserted numbers, with the
+# text quoting them, must then be updated.
 #
 # ### A.1 Section 3: one fma, and the committed loss curves
 #
 # **An fma against a multiply and an add**, both with the *same* host-computed cosines and sines,
-# on bf16 queries of the committed GPU run's context and head size. The fma is emulated in fp64:
-# the product of two fp32 factors is exact there, and the difference with the fp32-rounded second
-# product is rounded to fp64, then to fp32. That can differ from an fma's one rounding only where
-# the fp64 step is inexact; Knuth's exact two-sum shows it never is here. The cell after it reads
-# `figures/09-loss-curves.csv`, prints the readouts section 3 quotes, and draws on a log scale how
-# far the same-batch runs' training losses lie from the reference's over the first 60 steps.
+# on bf16 queries of the committed run's context and head size. With $\operatorname{fl}$ the
+# rounding to fp32, the first half of the output is
+# $\operatorname{fl}(x_a c - \operatorname{fl}(x_b s))$ with an fma and
+# $\operatorname{fl}(\operatorname{fl}(x_a c) - \operatorname{fl}(x_b s))$ without. The fma is
+# emulated in fp64, where the product of two fp32 factors is exact; the sum is then rounded to
+# fp64 and to fp32, which equals an fma's one rounding wherever the fp64 sum is exact, and
+# Knuth's two-sum (a sum's rounding error, computed exactly) shows it always is here. The cell
+# after it reads the committed loss curves, prints what section 3 quotes, and draws how far the
+# same-batch runs' training losses lie from the reference's over the first 60 steps.
 
 # %%
 S_b, D_b = 256, 64                                  # the committed GPU run's context and head_dim
@@ -1579,10 +1602,11 @@ plt.show()
 #
 # ### A.2 Section 4: the committed run's tokens per second
 #
-# ropelib's model trained 1.403 times as many tokens a second as the reference's first run, but
-# the same reference code trained 1.226 times as many in its second-seed run and 1.223 times in
-# the control (its first and slowest run 18.03 ms a step, the control 14.74 ms: 3.29 ms apart).
-# Against the fastest reference run ropelib's margin was 1.145, smaller than 1.226: no.
+# In the committed H200 run ropelib's model trained 1.403 times as many tokens a second as the
+# reference's first run, but the same reference code trained 1.226 times as many in its
+# second-seed run and 1.223 times in the control (its first and slowest run took 18.03 ms a step,
+# the control 14.74 ms: 3.29 ms apart). Against the fastest reference run ropelib's margin was
+# 1.145, smaller than 1.226: no.
 
 # %%
 meta_speed = COMMITTED_CURVES[0]
@@ -1608,15 +1632,17 @@ assert max(ms_c, key=ms_c.get) == "reference"                      # "its first 
 # %% [markdown]
 # ### A.3 Section 5: RoPE's share of the step
 #
-# `figures/09-rope-share.csv` and `figures/09-step-kernels.csv`, written by the same run; the cell
-# asserts every number section 5 and the summary quote from them, and that the profiled host steps
-# are longer than the wall-clock steps. The cell after it reads a host probe without the profiler,
-# on another model (8 layers, batch 1, 64 tokens, width 4096; each step's host time the best of
-# several rounds, as the log's first line, printed by the cell, records; the step with each RoPE
-# minus the step with none, per layer): ropelib's `apply_rope_qk` added 148.8 µs a layer, TE's
-# fused RoPE 115.9, an `autograd.Function` that only allocates its outputs 96.5 (105.3, 104.3
-# and 46.8 µs with autograd's device thread off). Most of it is autograd's machinery, which any
-# RoPE called from Python pays.
+# `figures/09-rope-share.csv` and `figures/09-step-kernels.csv`, written by the committed H200
+# run; the cell asserts every number section 5 and the summary quote from them, and that the
+# profiled host steps are longer than the wall-clock steps.
+#
+# The cell after it reads a host probe made without the profiler, on another model (8 layers,
+# batch 1, 64 tokens, width 4096, as the log's first line records): the step's host time (best of
+# several rounds) with each RoPE minus without, per layer. ropelib's `apply_rope_qk` added 148.8 µs
+# a layer, TE's fused RoPE 115.9, an `autograd.Function` that only allocates its outputs 96.5; with
+# autograd's device thread off (the backward run on the calling thread) 105.3, 104.3 and 46.8 µs.
+# A Function that only allocates costs about two thirds of ropelib's host time: most of it is
+# autograd's machinery, which any RoPE called from Python pays.
 
 # %%
 share_meta, share_rows = COMMITTED_SHARE
@@ -1698,12 +1724,13 @@ assert [host_rows[k] for k in ("ropelib q+k", "TE fused", "trivial Function")] =
 # %% [markdown]
 # ### A.4 Why 24 copies?
 #
-# Why does the reference's RoPE take 24.11 times a copy? Count the bytes its kernels move,
-# without a GPU: run one layer's PyTorch branch of `_Rotary.forward`, forward and backward, on
-# `meta` tensors (shapes and dtypes, no data) of the committed run's sizes, under a
-# `TorchDispatchMode` that sees every aten op. Each op that is not a view launches one kernel on a
-# GPU; add up the bytes its operands and results hold, a broadcast operand (the $[S, 1, D]$
-# cosines) counted once, and check the count against the committed step, kind for kind.
+# Why does the reference's RoPE take 24.11 times a copy in the committed H200 run? Count the bytes
+# its kernels move, without a GPU: run one layer's PyTorch branch of `_Rotary.forward`, forward and
+# backward, on `meta` tensors (shapes and dtypes, no data) of the committed run's sizes, under a
+# `TorchDispatchMode`, a hook that sees every *aten* op (PyTorch's primitive operators). Each op
+# that is not a view launches one kernel on a GPU; add up the bytes its operands and results hold,
+# a broadcast operand (the $[S, 1, D]$ cosines) counted once, and check the count against the
+# committed step, kind for kind.
 
 # %%
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -1766,11 +1793,13 @@ assert round(bytes_x, 1) == 16.0 and round(bytes_x / time_x, 2) == 0.66
 # elementwise, 36 concatenations and 12 fills (the backward of the empty pass-through slice
 # `x[..., R:]`, a tensor of zeros written and then added). Together they move 16.0 times the
 # bytes of ropelib's one kernel a pass in 24.11 times a copy's time: 0.66 of the copy's rate on
-# average. The rest of the gap is in the step's device events. Each kernel name tells its aten op
-# (`BinaryFunctor` a multiply, `neg_kernel`, `direct_copy` an upcast, `bfloat16_copy` a downcast,
-# `CUDAFunctor_add`, `CatArray…`, `Fill…`), so its bytes come from the count; the next cell takes,
-# per name, the reference step's time minus ropelib's, and groups the names by PyTorch's path: the
-# generic `elementwise_kernel<128, ...>` (for broadcast or strided operands), the non-vectorised
+# average. More bytes explain most of the gap; a rate below the copy's explains the rest.
+#
+# Which kernels are slow? Each kernel name tells its aten op (`BinaryFunctor` a multiply,
+# `neg_kernel`, `direct_copy` an upcast, `bfloat16_copy` a downcast, `CUDAFunctor_add`,
+# `CatArray…`, `Fill…`), so its bytes come from the count. The next cell takes, per name, the
+# reference step's time minus ropelib's, and groups the names by PyTorch's path: the generic
+# `elementwise_kernel<128, ...>` (broadcast or strided operands), the non-vectorised
 # `CatArrayBatchedCopy<...>`, and the vectorised or unrolled kernels.
 
 # %%
@@ -1842,12 +1871,13 @@ assert round(extra_us / 1e3, 2) == 3.51                                         
 # within 5 % of the reference's RoPE by range.
 #
 # **Why half the rate.** Where an operand is not contiguous (a broadcast table with stride 0, a
-# strided half of $x$), PyTorch's TensorIterator falls back to its generic kernel, which moves one
-# element a thread and instruction where the vectorised kernels move 16 bytes (notebook 02): the
-# same bytes take several times the memory instructions. Nsight Compute's counters on the H200
-# (`benchmarks/results/contiguous_ncu-nvidia-h200.csv`), each kernel writing 509 MB: the generic
-# `elementwise_kernel<128, 2>` issued 4,194,304 store requests of 4 sectors, the vectorised fill
-# 1,048,576 of 16 sectors, in 323.6 µs against 117.5 µs.
+# strided half of $x$), PyTorch's elementwise machinery (TensorIterator) falls back to its generic
+# kernel, which moves one element a thread and instruction where the vectorised kernels move 16
+# bytes (notebook 02): the same bytes take several times the memory instructions. Nsight Compute's
+# counters on the H200 (`benchmarks/results/contiguous_ncu-nvidia-h200.csv`), each kernel writing
+# 509 MB: the generic `elementwise_kernel<128, 2>` (a copy) issued 4,194,304 store requests of 4
+# sectors (a sector is 32 bytes), the vectorised fill 1,048,576 of 16 sectors, in 323.6 µs against
+# 117.5 µs.
 
 # %%
 NCU_CSV = ROOT / "benchmarks" / "results" / "contiguous_ncu-nvidia-h200.csv"
@@ -1874,19 +1904,15 @@ assert all(509 < m["dram__bytes_write.sum"] / 1e6 < 510 for m in (g, v))     # "
 # ### A.5 Section 9: your kernel against a copy, and what its instructions cost
 #
 # One launch on the model's $q$ (a strided view of the projection's output) reads $q$'s bytes
-# once and writes them once. Its yardstick, the floor these fractions are taken against, is a
-# plain copy of as many bytes: `copy_` from one contiguous tensor into another, the device's own
-# copy kernel reading and writing each byte once in order. The cell also times `copy_` from
-# $q$'s strided view into a contiguous tensor, for what it is: one more kernel that gathers $q$'s
-# rows out of the projection's output, which the cell prints next to the plain copy and does not
-# take as the floor. The next cell first checks, on any device, that every kernel computes
-# ropelib's rotation at `ROWS` = 4, 16 and 64; on a GPU it then prints each launch's *fraction of
-# a copy* (the plain copy's time over the kernel's, by `triton.testing.do_bench`) for your kernel
-# (or the worked one) and a variant with one angle a pair
+# once and writes them once. The yardstick is a plain copy of as many bytes, `copy_` between two
+# contiguous tensors; a kernel's *fraction of a copy* is the copy's time over the kernel's (both
+# by `triton.testing.do_bench`), 1 at copy speed. `copy_` from $q$'s strided view, which must
+# gather $q$'s rows, is printed beside it but is not the yardstick. The cell first checks, on any
+# device, that each kernel computes ropelib's rotation at `ROWS` = 4, 16 and 64; on a GPU it
+# then times your kernel (or the worked one), a variant with one angle a pair
 # (`in_a_model.solution_model_rope_one_angle`: in TE's table $\theta_{j + D/2} = \theta_j$, so
-# one sine and one cosine serve a pair), and `apply_rope_qk` against two plain copies. Launches
-# of tens of µs include some of the host's launch cost in `do_bench`'s time: read the fractions as
-# a ranking.
+# one sine and one cosine serve a pair), and `apply_rope_qk` against two copies. Launches of tens
+# of µs carry some of the host's launch cost: read the fractions as a ranking.
 
 # %%
 who = "your kernel" if model_rope_by_learner else "the worked kernel"
@@ -1938,17 +1964,15 @@ else:
     print("(CPU: Triton's interpreter; the kernels are timed on a GPU only)")
 
 # %% [markdown]
-# **Which change moves a kernel towards a copy's speed, and why?** A RoPE kernel is meant to be
-# bound by its bytes; whatever else each element costs, it pays in instructions, which can be
-# counted without a GPU: `offline_compile.compiled_code` compiles a kernel for the H200's sm_90
-# here and returns its Triton IR and SASS (machine code). The next cell compiles the worked
-# kernel, the one-angle variant (and yours, if it passed) for the GPU run's $q$ at `ROWS` = 4
-# and 64, and counts **sines and cosines per element** (each `math.sin` or `math.cos` of the IR
-# times the values it computes, over the elements a program rotates; each is libdevice's accurate
-# function, a range reduction and a polynomial, dozens of instructions) and **SASS instructions
-# per element** (the instruction stream a thread runs, over the elements it rotates: 128 threads
-# share a program's `ROWS` $\times D$ elements). The SASS count is static, every instruction once,
-# including the slow path for large angles that most threads skip.
+# **Which change moves a kernel towards a copy's speed, and why?** A RoPE kernel should be bound
+# by its bytes; whatever else each element costs, it pays in instructions, which can be counted
+# without a GPU: `offline_compile.compiled_code` compiles a kernel here for sm_90 (the H100's and
+# H200's architecture) and returns its Triton IR and SASS (machine code). The next cell compiles
+# the worked kernel, the one-angle variant (and yours, if it passed) for the GPU run's $q$ at
+# `ROWS` = 4 and 64, and counts per element **sines and cosines** (in the IR; each is libdevice's
+# accurate function, a range reduction and a polynomial, dozens of instructions) and **SASS
+# instructions** a thread runs (128 threads share a program's `ROWS` $\times D$ elements; a static
+# count, every instruction once, including the slow path for large angles most threads skip).
 
 # %%
 from ropelib.course.offline_compile import compiled_code
@@ -2001,17 +2025,17 @@ else:
 # %% [markdown]
 # **Reading the counts.** The worked kernel computes two sines or cosines an element, the
 # one-angle variant one (asserted). More rows a program more than halves the instructions a thread
-# runs per element (asserted wherever the cell finds `cuobjdump`, which Triton's wheel ships;
-# without it the cell says so): what does not grow with the elements a thread holds (the integer
-# divisions that turn a row into $(b, s, h)$, the address set-up) is spread over more of them.
-# Neither change touches the real redundancy: the $H$ heads of a token, in each of the $B$
-# sequences, compute the same sines and cosines again. ropelib's kernel computes them once per
-# (token, pair) of its tile and reuses them for its heads and batch entries (`table_cos_sin` in
-# `ropelib/kernels/fused.py`).
+# runs per element (asserted where the cell finds `cuobjdump`, which Triton's wheel ships): what
+# does not grow with the elements a thread holds (the integer divisions that turn a row into
+# $(b, s, h)$, the address set-up) is spread over more of them. Neither change touches the real
+# redundancy: the $H$ heads of a token, in each of the $B$ sequences, compute the same sines and
+# cosines again; ropelib's kernel computes them once per (token, pair) of its tile
+# (`table_cos_sin` in `ropelib/kernels/fused.py`). And fewer instructions need not make a launch
+# faster: compare the fractions the timing cell printed. What else sets a memory-bound kernel's
+# time, and which `ROWS` keeps enough bytes in flight (notebook 05)?
 #
-# **Optional — make your kernel cheaper.** Aim for one sine and one cosine a pair (the counting
-# cell's `sin+cos / element` at 1), and check that your kernel's SASS per element falls from
-# `ROWS` = 4 to 64 as the worked ones' do (the cell prints the ratio for every kernel it counts);
-# a program that holds all $H$ heads of a token can take the angles once for all of them. Pass
-# exercise 3's check again and rerun the two cells above;
+# **Optional — make your kernel cheaper.** Aim for one sine and one cosine a pair
+# (`sin+cos / element` at 1) and a SASS count per element that falls from `ROWS` = 4 to 64 as the
+# worked ones' does; a program that holds all $H$ heads of a token can take the angles once for
+# all of them. Pass exercise 3's check again and rerun the two cells above;
 # `in_a_model.kernel_rope(kernel, rows=...)` plugs your kernel into the model.

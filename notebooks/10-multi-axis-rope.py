@@ -34,6 +34,11 @@
 #   counts, timings and Nsight Compute profiles why that is faster than forming them per head;
 # - say how far fp32 angles drift at $10^6$ positions and more.
 #
+# **Which GPU a number comes from.** Cells that time or profile print the GPU they ran on. The
+# prose quotes measurements committed under `benchmarks/results/`, most of them from an H200,
+# which the neighbouring cells read and assert. A live timing on another GPU (the executed
+# page ran on an H100) gives other numbers.
+#
 # **Time:** about 70 minutes to read (section 6's measurements take most of it; the two
 # "Beyond this notebook" blocks at its end are optional) and 45 for the three exercises (the
 # kernel takes most); the cells run in a minute or two on a 2-core CPU (Triton's interpreter,
@@ -72,8 +77,9 @@ print(ropelib.runtime.mode(), "| device:", device, "| transformers:", HAVE_HF)
 #
 # Plain RoPE (notebook 01) turns feature pair $j$ of a head by the angle $m\,\omega_j$, where
 # $m$ is the token's position and $\omega_j = b^{-2j/R}$ the pair's inverse frequency ($R$ the
-# rotary dim, $b$ the base). Multi-axis RoPE gives every token a position on each of $A$ axes,
-# $p_0(m), \dots, p_{A-1}(m)$, and every pair an axis $a_j$:
+# rotary dim, $b$ the base): a geometric "ladder" of frequencies from 1 down. Multi-axis RoPE
+# gives every token a position on each of $A$ axes, $p_0(m), \dots, p_{A-1}(m)$, and every
+# pair an axis $a_j$:
 #
 # $$\theta_j(m) = p_{a_j}(m)\,\omega_j .$$
 #
@@ -143,8 +149,9 @@ assert all(vit2d.inv_freq[vit2d.axis == a].max() == 1 for a in (0, 1))
 # %% [markdown]
 # **Exercise 1 — the section split.** (Each exercise's check prints ✅ or ❌ and never stops the
 # notebook. Replace the `...` and rerun the cell; the solution is folded away in the cell after
-# it. The checks run your own code: an answer that calls ropelib's `axis_of_pairs`,
-# `multi_axis_frequencies` or `grid_positions`, or any other part of the library, is not one.)
+# it. The checks refuse an answer that calls ropelib: `axis_of_pairs`, `multi_axis_frequencies`,
+# `grid_positions` or any other part of it.)
+#
 # Write `my_axis_of_pairs(section, interleaved)`: a list or tensor of
 # `sum(section)` ints, the axis of each frequency pair. With `interleaved=False`, contiguous
 # runs (Qwen2-VL: `[16, 24, 24]` → sixteen 0s, twenty-four 1s, twenty-four 2s). With
@@ -164,13 +171,18 @@ solution(ex.solution_axis_of_pairs)
 # %% [markdown]
 # ## 2. Positions: text, then an image
 #
-# Qwen2-VL numbers the tokens of a prompt like this (`get_rope_index` in transformers): text
-# token $i$ gets $(i, i, i)$; an image of $h \times w$ patches (after the 2×2 merge) that starts
-# after $n$ text tokens gets $(n,\ n + \text{row},\ n + \text{col})$; the text after it
-# continues at one past the largest position used. `mrope.grid_positions(t, h, w, start=n)`
-# gives the image part in raster order. Where transformers is installed, the cell also asks
-# its `get_rope_index` for the same prompt (an image of $2h \times 2w$ patches before the 2×2
-# merge) and checks that it numbers the tokens the same way.
+# Qwen2-VL numbers the tokens of a prompt like this (`get_rope_index` in transformers):
+#
+# - text token $i$ gets $(i, i, i)$;
+# - an image of $h \times w$ patches (counted after the vision encoder merges each 2×2 block
+#   of patches into one token) that starts after $n$ text tokens gets
+#   $(n,\ n + \text{row},\ n + \text{col})$;
+# - the text after it continues at one past the largest position used.
+#
+# `mrope.grid_positions(t, h, w, start=n)` gives the image part in raster order. Where
+# transformers is installed, the cell also asks its `get_rope_index` for the same prompt (an
+# image of $2h \times 2w$ patches before the merge) and checks that it numbers the tokens the
+# same way.
 
 # %%
 n_text, h, w = 3, 2, 3
@@ -210,7 +222,7 @@ if HAVE_HF:
 # %% [markdown]
 # **Exercise 2 — the positions of an image prompt.** Write `my_text_then_image(n_text, h, w)`: the
 # `[3, n_text + h*w + 1]` positions (time, row, column) of `n_text` text tokens, one image of
-# `h × w` patches in raster order, and one more text token after it, numbered as in section 2.
+# `h × w` patches in raster order, and one more text token after it, numbered as above.
 # The check refuses an answer that calls ropelib's `grid_positions` or transformers'
 # `get_rope_index`: the numbering is yours to write.
 
@@ -264,20 +276,22 @@ else:
 # %% [markdown]
 # ### What building no table saves
 #
-# Two measurements. Memory: the cell runs transformers' code and `apply_mrope_qk` on one prompt
-# of 4,096 tokens (4 q and 2 k heads of 128, fp32, Qwen2-VL's sections) and counts the bytes
-# each allocates on top of its two outputs (the CUDA allocator on a GPU, `torch.profiler` on a
-# CPU, which does not see the arrays of Triton's interpreter). Time: it reads and plots what
-# `benchmarks/` measured on an H200 at Qwen2-VL-7B's size (28 q and 4 k heads of 128, batch 4,
-# 8,192 tokens, bf16) for both and for torch.compile of transformers' code, each as a fraction
-# of a copy of q and k's speed (1 = as fast as the copy).
+# **Memory**, measured live: the cell runs transformers' code and `apply_mrope_qk` on one
+# prompt of 4,096 tokens (4 q and 2 k heads of 128, fp32, Qwen2-VL's sections) and counts the
+# bytes each allocates beyond its two outputs: the CUDA allocator's count on a GPU,
+# `torch.profiler`'s on a CPU (which cannot see the arrays of Triton's interpreter).
 #
-# One caution on "transformers' code": both measurements include `Qwen2VLRotaryEmbedding`,
-# which builds cos and sin from the positions, in every call. A model runs it once per forward
-# and hands the same cos/sin to each of its decoder layers; per layer it
-# runs only `apply_rotary_pos_emb`. So the cell also measures the memory of that call alone,
-# with cos and sin computed beforehand, and prints the benchmark's closest row for time:
-# transformers 4.x's per-layer formula on cos/sin tables given to it.
+# **Time**, read from a committed file: what `benchmarks/` measured on an H200 at
+# Qwen2-VL-7B's size (28 q and 4 k heads of 128, batch 4, 8,192 tokens, bf16) for ropelib,
+# transformers' code and torch.compile of transformers' code, each as a fraction of the speed
+# of a copy of q and k (1 = as fast as the copy).
+#
+# Both measurements of "transformers' code" include `Qwen2VLRotaryEmbedding`, which builds cos
+# and sin from the positions. A model runs it once per forward and hands the same cos/sin to
+# all its decoder layers; each layer runs only `apply_rotary_pos_emb`. So the cell also
+# measures the memory of `apply_rotary_pos_emb` alone, with cos and sin computed beforehand,
+# and prints the benchmark's closest row for time: transformers 4.x's per-layer formula on
+# cos/sin tables given to it.
 
 # %%
 from torch.profiler import ProfilerActivity, profile
@@ -381,7 +395,7 @@ assert round(given_tables, 3) == 0.071, "tables given, forward: 0.071"
 assert round(1 / given_tables) == 14, "tables given: about 14 times a copy's time"
 assert round(of_copy["torch.compile"][0], 3) == 0.084, "torch.compile forward: 0.084"
 assert round(of_copy["torch.compile"][1], 3) == 0.414, "torch.compile forward+backward: 0.414"
-# torch.compile's forward in the two other runs of that morning (providers in shuffled order)
+# torch.compile's forward in two other runs of the same benchmark (providers in shuffled order)
 shuffled_rows = [{(r["case"], r["provider"]): r["ratio_to_copy"] for r in compare.read_csv(
     measured.RESULTS / f"floor_multi_axis-shuffled-{measured.GPU}-{stamp}.csv")}
     for stamp in ("20261201-0658", "20261201-0700")]
@@ -434,36 +448,36 @@ fig.savefig(FIGURES / "10-speed-of-copy.png", dpi=120)
 plt.show()
 
 # %% [markdown]
-# transformers' code allocates several times its 12.6 MB of outputs (printed above): the angles
-# of every axis for every pair, their cosines and sines, the recomposed tables, and the
-# temporaries of `x * cos + rotate_half(x) * sin`. Part of that is the rotary embedding, which
-# a model pays once per forward, not once per layer: `apply_rotary_pos_emb` alone, with cos
-# and sin given, still allocates 3.50 times its outputs on a CPU: `q * cos`, the negated half,
-# `rotate_half`'s concatenation and its product with `sin`, for q and for k, are 3.5 outputs'
-# worth (on a GPU the cell asserts 3.50 to 3.7: the CUDA allocator counts whole blocks, which
-# it may hand out larger than asked for). On a GPU, whose allocator sees every array, ropelib's call
-# allocates its outputs and nothing more (0.00 MB); on a CPU the profiler cannot see the
-# interpreter's arrays, so the cell prints no figure for it.
+# transformers' code allocates several times its 12.6 MB of outputs: the angles of every axis
+# for every pair, their cosines and sines, the recomposed tables, and the temporaries of
+# `x * cos + rotate_half(x) * sin`. Part of that is the rotary embedding, paid once per
+# forward, not per layer. Yet `apply_rotary_pos_emb` alone, with cos and sin given, still
+# allocates 3.5 outputs' worth: `q * cos`, the negated half, `rotate_half`'s concatenation and
+# its product with `sin`, for q and for k. On a CPU the cell measures exactly 3.50; on a GPU
+# it asserts 3.50 to 3.7, because the CUDA allocator counts whole blocks, which may be larger
+# than asked for.
+#
+# ropelib's call allocates its outputs and nothing more: 0.00 MB on a GPU. On a CPU the cell
+# prints no figure for it, since the profiler cannot see the interpreter's arrays.
 #
 # The H200 times point the same way: ropelib's kernel runs at 0.985 of a copy's speed forward
-# and 0.980 forward and backward, transformers' code at 0.068 and 0.065. Those two include the
-# rotary embedding in every timed call, as the memory does; the benchmark has no row of
-# transformers 5's `apply_rotary_pos_emb` alone. Its closest row, transformers 4.x's per-layer
-# formula on tables given to it, ran at 0.071 forward: without the rotary embedding in the
-# call, the eager arithmetic alone is still about 14 times slower than a copy.
+# and 0.980 forward and backward, transformers' code at 0.068 and 0.065, rotary embedding
+# included. The benchmark has no row of transformers 5's `apply_rotary_pos_emb` alone; its
+# closest row, transformers 4.x's per-layer formula on tables given to it, ran at 0.071
+# forward: even without the rotary embedding, the eager arithmetic takes about 14 times a
+# copy's time.
 #
 # torch.compile's forward (0.084 of a copy's speed) took longer than its own forward and
 # backward (0.414): its forward-only graph evaluates six sines and cosines for every element
-# of q and k, 64 times the evaluations of the step's graph (taken apart at the end of
-# section 6, for the curious).
+# of q and k, 64 times the step's (taken apart at the end of section 6, for the curious).
 
 # %% [markdown]
 # Models written for transformers 4.x call `apply_multimodal_rotary_pos_emb(q, k, cos, sin,
 # mrope_section)` with one cos/sin table per axis, `[3, B, S, D]`. `ropelib.hf` has a drop-in
-# with that signature; since it is handed the tables it must read them (large q and k in one
-# pass that reads each feature from its axis's table, small ones after gathering the tables
-# into one, with the same bits). Where the positions are at hand, `apply_mrope_qk` skips the
-# tables altogether:
+# with that signature. Handed the tables, it must read them: large q and k in one pass that
+# reads each feature from its axis's table, small ones after first gathering the three tables
+# into one (the two routes give the same bits). Where the positions are at hand,
+# `apply_mrope_qk` skips the tables altogether:
 
 # %%
 inv = freqs.inv_freq
@@ -503,14 +517,14 @@ if HAVE_HF:
 # Qwen2-VL's vision encoder rotates each patch by its (row, column) with axial RoPE: the first
 # half of the pairs follow the row, the second the column, and both halves use the same
 # `inv_freq` ladder, restarted for each axis. Its tokens are packed (all images of a batch in
-# one sequence), which is ropelib's `thd` layout with positions `[2, T]`.
+# one sequence): ropelib's `thd` layout, `[tokens, heads, head dim]`, with positions `[2, T]`.
 #
 # The property that makes it worth having: a query–key score depends only on the 2-D offset
 # between the two patches. Move the whole image by (3 rows, 5 columns) and no score changes
 # beyond fp32 rounding; the same content at the same offset scores alike anywhere in the image.
-# Flatten the image to 1-D raster positions instead and the last patch of a row sits 1 away from
-# the first patch of the next row, exactly as far as from its right-hand neighbour: the two look
-# the same to RoPE (the cell's `1-D` line), but not to axial RoPE (its `2-D` line).
+# Flatten the image to 1-D raster positions instead, and the step from the last patch of a row
+# to the first patch of the next is 1, the same as a step to the right-hand neighbour: plain
+# RoPE scores the two alike (the cell's `1-D` line), axial RoPE does not (its `2-D` line).
 
 # %%
 hv, wv, Dv = 4, 5, 16
@@ -594,10 +608,10 @@ assert video_drift < 1e-3
 # %% [markdown]
 # ## 5. The backward pass is the same kernel
 #
-# Both features of a pair turn by the same angle, so the transpose of the rotation is the
-# rotation by $-\theta$: the gradient of q is `grad_out` rotated back. The operator
-# `torch.ops.ropelib.mrope` registers exactly that as its autograd formula (one constexpr,
-# `BACKWARD`, flips the sine). A check against plain PyTorch in float64:
+# The forward turns each pair by $\theta$, an orthogonal map; the backward applies its
+# transpose, which is the rotation by $-\theta$: the input's gradient is `grad_out` rotated
+# back. The operator `torch.ops.ropelib.mrope` registers exactly that as its autograd formula
+# (one constexpr, `BACKWARD`, flips the sine). A check against plain PyTorch in float64:
 
 # %%
 x = torch.randn(B, S, HQ, D, device=device, dtype=torch.float64, requires_grad=True)
@@ -624,7 +638,7 @@ print("forward and backward match plain PyTorch (float64)")
 # by the same angles, so the question of this section is how many times a kernel forms them:
 # before the loops over the heads, or inside them. You write the kernel; then the section
 # counts both versions' work in Triton's interpreter, times them where there is a GPU, and
-# reads two Nsight Compute profiles of them made on an H200.
+# reads two profiles of them that Nsight Compute (NVIDIA's kernel profiler) made on an H200.
 #
 # ### Kernel exercise: a multi-axis RoPE kernel
 #
@@ -645,11 +659,12 @@ print("forward and backward match plain PyTorch (float64)")
 #   y_{j+D/2} = x_{j+D/2} \cos\theta_{t,j} + x_j \sin\theta_{t,j}.$$
 #
 # The check runs your kernel in Triton's interpreter (and compiled, on a GPU) on small heads
-# split the three ways above (contiguous M-RoPE sections, Qwen3-VL's interleaving, 2-D axial),
-# with a partial last tile, in fp32 and bf16, against `ropelib.apply_mrope_qk`. It also counts your sines and cosines: more than one of
-# each per (token, pair), as when the angles are formed per head or once for q and again for
-# k, fails even with the right values. Calling ropelib from the kernel fails too. Use `tl.cos`
-# and `tl.sin`: a libdevice call by name does not run in the interpreter.
+# split the three ways above (contiguous M-RoPE sections, Qwen3-VL's interleaving, 2-D
+# axial), with a partial last tile, in fp32 and bf16, against `ropelib.apply_mrope_qk`. It
+# also counts your sines and cosines: more than one of each per (token, pair), as when the
+# angles are formed per head or once for q and again for k, fails even with the right values.
+# Calling ropelib from the kernel fails too. Use `tl.cos` and `tl.sin`: a call to libdevice
+# (CUDA's math library) by name does not run in the interpreter.
 
 # %%
 @triton.jit
@@ -685,8 +700,11 @@ solution(ex.solution_mrope_kernel.fn, title="Solution: angles once per token, th
 # Here is what `ropelib.apply_mrope_qk` launches: `_mrope_cos_sin` forms a tile's angles and
 # their cosines and sines, and `_mrope_kernel` is the kernel. It does what the solution does,
 # plus strides, three layouts, a batch, partial rotary, interleaved pairs and fp64. Its
-# `cos_sin(..., ACCURATE)` calls libdevice's `cos` and `sin` when compiled, the same calls your
-# `tl.cos` and `tl.sin` compile to (notebook 05, section 4). Four lines are worth finding:
+# `cos_sin(..., ACCURATE)` calls libdevice's `cos` and `sin` when compiled, which with
+# Triton 3.6 are the same calls your `tl.cos` and `tl.sin` compile to (notebook 05,
+# section 4). Not shown: the helpers it calls, in `ropelib/kernels/common.py` (`cos_sin`,
+# `batch_range`: this program's batch entries, `offset_int`, `contiguous_strides`) and
+# `ropelib/kernels/mrope.py` (`_rotate_segment`). Four lines are worth finding:
 #
 # - in `_mrope_cos_sin`, `p` starts as NaN, so a pair whose axis matches none of the
 #   `N_AXES` comes out NaN instead of silently unrotated;
@@ -695,8 +713,8 @@ solution(ex.solution_mrope_kernel.fn, title="Solution: angles once per token, th
 #   formed again inside that loop, once per entry;
 # - `if BACKWARD: s = -s` is the whole backward pass: the rotation by $-\theta$;
 # - `h_lo` and `h_hi` are the heads of this program: when there are too few blocks of tokens
-#   to give every SM 8 programs (`fit_grid`), the grid's second axis splits the heads into
-#   groups of `HEADS`, and each group forms its own angles. The cell after the source prints
+#   to give every SM 8 programs (`fit_grid`, the launcher's planner), the grid's second axis
+#   splits the heads into groups of `HEADS`, and each group forms its own angles. The cell after the source prints
 #   the plan: at 16,384 tokens one group of all 32 heads, at 64 tokens 32 groups of one.
 #
 # A group's heads are rotated `HPS` at a time, as a `[BLOCK_S, HPS, HALF]` tile
@@ -908,10 +926,10 @@ for label, kern in kernels6.items():
 # ### Counting the work (any machine: Triton's interpreter)
 #
 # In the interpreter a kernel's time says nothing about a GPU, but its work can be counted
-# exactly. `ropelib.course.work_count` runs a launch in the interpreter (on CPU tensors, on any
-# machine) and counts what it issues: programs, sines and cosines (every lane of every tile),
-# and the elements each load reads from each tensor. For Qwen2-VL-7B's 28 q and 4 k heads of
-# 128 features, 16 tokens in tiles of 4:
+# exactly. `ex.count_mrope`, built on `ropelib.course.work_count`, runs a launch in the
+# interpreter (on CPU tensors, on any machine) and counts what it issues: programs, sines and
+# cosines (every lane of every tile), and the elements each load reads from each tensor. For
+# Qwen2-VL-7B's 28 q and 4 k heads of 128 features, 16 tokens in tiles of 4:
 
 # %%
 BLOCK6 = 4
@@ -977,7 +995,7 @@ assert abs(per_element[ONCE][-1] - 1 / 33) < 1e-12                   # 1 / (32 +
 # $4\,T\,(H_q + H_k)\,D$ bytes of bf16 (q and k, read and written) may hide some arithmetic
 # behind memory. On a GPU the cell times both kernels (and yours, once it passes the check),
 # ropelib's kernel and a copy of q and k with `triton.testing.do_bench` (median, in GB/s of q
-# and k moved); elsewhere the counts above are the measurement.
+# and k moved), and prints the GPU it ran on; elsewhere the counts above are the measurement.
 
 # %%
 def gbps(ms, *tensors):
@@ -1052,8 +1070,9 @@ else:
           "The counts above are what this machine can measure.")
 
 # %% [markdown]
-# The medians this cell printed on an H200 are committed; the next cell reads them on any
-# machine.
+# The cell above prints the medians of the GPU that runs it (on the executed page, an H100),
+# and the gap between the kernels differs from GPU to GPU. The text that follows is about the
+# H200 run of the same cell, committed; the next cell reads it on any machine.
 
 # %%
 bench_csv = measured.RESULTS / "mrope_angles_do_bench-nvidia-h200-20261204-from-page.csv"
@@ -1196,13 +1215,13 @@ assert occ_a.programs * 132 == 1584, "waves of 1,584 programs"
 
 # %% [markdown]
 # The two kernels move the same bytes (250 and 245 MB, 1.02 times). Both counts are below the
-# 16,384 × 32 × 128 × 2 bytes × 2 = 268 MB that q and k, read and written, must be, and the
-# split says where: every kernel reads q and k in full (134.4 MB), and 14 to 19 % of the writes
-# are missing. The missing 19 to 25 MB are less than the 50 MiB L2 cache, which holds written
-# lines until it evicts them, so the likely reading is that a kernel's last writes are still in
-# the L2 when the profiler stops counting; the profile does not show it (the L2's count of
-# written sectors, `lts__t_sectors_op_write.sum`, would). Either way, compare the DRAM column
-# and its TB/s between the two kernels, not with `do_bench`'s GB/s.
+# 16,384 × 32 × 128 × 2 bytes × 2 = 268 MB that q and k, read and written, must be. The split
+# into reads and writes says where: every kernel reads q and k in full (134.4 MB), and 14 to
+# 19 % of the writes, 19 to 25 MB, are missing. That is less than the 50 MiB L2 cache, which
+# holds written lines until it evicts them: most likely each kernel's last writes were still
+# in the L2 when the profiler stopped counting. This profile cannot confirm it (the L2's count
+# of written sectors, `lts__t_sectors_op_write.sum`, would). So compare the DRAM column and its
+# TB/s between the kernels, not with `do_bench`'s GB/s.
 #
 # The per-head kernel executes 5.3 times the warp instructions. The loads, rotation and stores
 # of q and k are the same in both; what it repeats for every head is the angle work. Spread
@@ -1212,12 +1231,13 @@ assert occ_a.programs * 132 == 1584, "waves of 1,584 programs"
 # those 65 divide among them, in the machine code.
 #
 # `angles_cos_sin` does not depend on `h`: why does the compiler not move it out of the head
-# loop? The hypothesis: every step of the loop stores to `q_out` or `k_out`, and the compiler
+# loop? A hypothesis: every step of the loop stores to `q_out` or `k_out`, and the compiler
 # cannot prove that those stores leave `pos`, `inv_freq` and `axis` unchanged. The next cell
-# compiles the per-head kernel for sm_90 (no GPU needed) as the profile launched it, and counts
-# in Triton's IR (TTGIR) the global loads and sines and cosines inside a head loop (an
-# `scf.for`) and before it. Beside it, a stand-in that is not RoPE: the same loops and loads,
-# but the rotated heads are summed and stored once, after the loops.
+# compiles the per-head kernel for sm_90 (the H100's and H200's architecture; no GPU needed) as
+# the profile launched it. In TTGIR, Triton's GPU-level intermediate code, it counts the global
+# loads and the sines and cosines inside a head loop (an `scf.for`) and before it. Beside it, a
+# stand-in that is not RoPE: the same loops and loads, but the rotated heads are summed and
+# stored once, after the loops.
 
 # %%
 @triton.jit
@@ -1387,9 +1407,9 @@ else:
 # other kernel's fit in one.
 #
 # ropelib's kernel executes 28 % more instructions than the worked solution (19,857,408
-# against 15,532,032) and under the profiler, whose clock is fixed, takes a little less time
-# (68.2 against 71.6 µs); under `do_bench`, at the GPU's own clock, the two are level (the
-# timing cell). The second profile, below, says why the extra instructions do not set its
+# against 15,532,032), yet under the profiler, whose clock is fixed, it takes a little less
+# time (68.2 against 71.6 µs), and under `do_bench` on the H200, at the GPU's own clock, the
+# two are level. The second profile, below, says why the extra instructions do not set its
 # time: both kernels wait on memory. The tiles differ too: the plan cell prints 1 token a
 # program, 16,384 programs of 2 warps, where the worked solution runs 8 tokens a program,
 # 2,048 programs of 4 warps; the timing cell runs your kernel (or the worked solution) at 1 to
@@ -1402,7 +1422,7 @@ else:
 # $$\text{issue share} = \frac{\text{warp instructions}}{4 \cdot 132 \cdot \text{active cycles per SM}}$$
 #
 # An H200 SM has four warp schedulers, each issuing at most one warp instruction a cycle, so
-# this is the share of the active cycles in which the schedulers were busy; near 100 %, the
+# this is the share of the active cycles in which the schedulers were busy. Near 100 %, the
 # instruction count sets the time. The cell prints, per kernel:
 #
 # - **issue share**, from `smsp__inst_executed.sum` and `sm__cycles_active.avg`, and
@@ -1479,7 +1499,7 @@ assert round(lib2["smsp__average_warp_latency_per_inst_issued.ratio"], 1) == 24.
 # the clock account: were the per-head kernel's time to scale with the SM clock and the
 # once-per-token kernel's not at all, the profiler's ratio at a clock f would become
 # 1.90 x 1.50 GHz / f, with f the one NVML reading taken after timing: the committed H200
-# run's, and this run's where it timed on a GPU (printed, not asserted: live timings)
+# run's, and this run's where it timed on an H200 too (printed, not asserted: live timings)
 profiler_ghz = sum(clock_ghz.values()) / len(clock_ghz)
 assert round(time_ratio, 2) == 1.90, "the profiler's 1.90"
 assert round(profiler_ghz, 2) == 1.50, "the profiler's 1.50 GHz"
@@ -1539,10 +1559,9 @@ plt.show()
 assert all(v > 0 for v in parts["other"])                   # the two waits are parts of the whole
 
 # %% [markdown]
-# Left: the per-head kernel executes 5.3 times the warp instructions, in 1.9 times the time.
-# Right: a warp of it waits few cycles between two instructions, its largest single wait *not
-# selected*; the once-per-token kernel's and ropelib's warps wait mostly on global loads
-# (*L1TEX*).
+# Left: the per-head kernel executes 5.3 times the warp instructions in 1.9 times the time.
+# Right: its warps wait few cycles between instructions, the largest wait *not selected*; the
+# other two kernels' warps wait mostly on global loads (*L1TEX*).
 #
 # The per-head kernel's schedulers issue on 81 % of its active cycles (Nsight Compute: 82 %),
 # close to the ceiling: its time is set by its instruction count, and the angle work it
@@ -1558,20 +1577,21 @@ assert all(v > 0 for v in parts["other"])                   # the two waits are 
 # scoreboard): it waits on memory, as its 3.42 TB/s showed. Forming the angles once per token
 # moves the kernel from instruction-bound to memory-bound.
 #
-# This answers the question the first profile left open. ropelib's kernel issues on 39 % of its
-# cycles (Nsight: 40 %), and 20.3 of its 24.2 cycles between instructions are L1TEX waits: it
-# is memory-bound too, so its 28 % more instructions are issued in cycles its schedulers
+# This answers why ropelib's kernel is no slower for its 28 % more instructions. It issues on
+# 39 % of its cycles (Nsight: 40 %), and 20.3 of its 24.2 cycles between instructions are
+# L1TEX waits: it is memory-bound too, so its extra instructions fill cycles its schedulers
 # would otherwise leave idle, and do not set its time.
 #
-# Why is the gap smaller under `do_bench` than under the profiler's 1.90? The profiler held
-# the SMs at 1.50 GHz (printed above); `do_bench` leaves the clock to the GPU. At a higher
-# clock an instruction takes less time and a byte from memory does not, so the
+# Why is the gap smaller under `do_bench` on the H200 (1.40) than under the profiler (1.90)?
+# The profiler held the SMs at 1.50 GHz (printed above); `do_bench` leaves the clock to the
+# GPU. A higher clock shortens an instruction but not a wait on memory, so the
 # instruction-bound kernel gains more. If the per-head kernel's time scaled with the clock and
-# the other's not at all, 1.90 would become 1.90 × 1.50 GHz / $f$ at a clock $f$. The H200
-# run's NVML reading after timing, 1980 MHz, gives 1.44, against the 1.40 `do_bench` measured
-# (the cell above; on an H200 it adds this run's). The account rests on one clock reading
-# taken after timing, a hint at `do_bench`'s clock, not a measurement of it: no run here has
-# timed the two kernels at a locked clock.
+# the other's not at all, 1.90 would become $1.90 \times 1.50\,\text{GHz} / f$ at a clock $f$:
+# 1.44 at the 1980 MHz NVML reported right after the committed H200 timing, against the 1.40
+# measured. (The profile cell prints this account; on another GPU it says the H200's profile
+# does not account for that GPU's timing.) One clock reading taken after timing is a hint at
+# `do_bench`'s clock, not a measurement of it: none of these timings was taken at a locked
+# clock.
 
 # %% [markdown]
 # ### Beyond this notebook: reading transformers' per-axis tables
@@ -1582,8 +1602,8 @@ assert all(v > 0 for v in parts["other"])                   # the two waits are 
 # order of the grid matters: with a chunk of tokens' k programs run right after its q
 # programs, rather than after all of q's, Nsight Compute measured fewer bytes read from DRAM on
 # an H200 (the cell reads the two runs). Those runs, what they do and do not show, and a
-# comparison with Liger's kernel are in `benchmarks/NOTES.md` ("Caller tables of every token")
-# and `docs/PERFORMANCE.md`.
+# comparison with the kernel of Liger (Liger-Kernel, a library of Triton kernels) are in
+# `benchmarks/NOTES.md` ("Caller tables of every token") and `docs/PERFORMANCE.md`.
 
 # %%
 # the pass over the tables (_rope_rows_kernel) in the two grid orders, one Nsight Compute run each
@@ -1602,20 +1622,21 @@ assert tables_read["by chunks of tokens"] < tables_read["q then k"], \
 # ### Beyond this notebook: what torch.compile's forward computes
 #
 # In section 3, torch.compile's forward (0.084 of a copy's speed) took longer than its forward
-# and backward together (0.414), which the file times differently (one `do_bench` against the
-# median of five rounds). It is no accident of one run: the two other runs of that morning, with
-# the providers in shuffled order, give the same forward to within 0.001 (printed in section 3).
-# In milliseconds (section 3's cell prints them): the compiled forward takes 1.59 ms, 2.5 times
-# its own forward+backward's 0.64 ms, and is only 1.24 times as fast as transformers' eager
-# forward (1.97 ms), while the compiled forward+backward is 6.3 times as fast as the eager one.
+# and backward together (0.414). The file times the two differently (one `do_bench` against
+# the median of five rounds), but the gap is no accident of one run: two other runs of the
+# same benchmark, with the providers in shuffled order, give the same forward to within 0.001
+# (printed in section 3). In milliseconds: the compiled forward takes 1.59 ms, 2.5 times its
+# own forward+backward's 0.64 ms, and is only 1.24 times as fast as transformers' eager
+# forward (1.97 ms), while the compiled forward+backward is 6.3 times as fast as the eager one
+# (4.05 ms).
 #
 # The two timings run two separately compiled graphs, one traced without gradients and one
-# with them, so a forward+backward step does not simply contain the forward-only call. The
-# compiled call has no graph break (it is compiled with `fullgraph=True`, which refuses one).
-# What the two graphs do differently shows in the Triton code Inductor wrote for each:
-# `benchmarks/mrope_compile_probe.py` compiled both on an H200 the same way, kept the code, and
-# profiled one call of each. The next cell counts, in that committed code, the sines and
-# cosines each kernel evaluates: its elements times the `sin`/`cos` calls in its body.
+# with them, so a forward+backward step does not simply contain the forward-only call.
+# Neither has a graph break (`fullgraph=True` would refuse one). The Triton code that Inductor
+# (torch.compile's code generator) wrote for each shows what they do differently:
+# `benchmarks/mrope_compile_probe.py` compiled both on an H200 as the benchmark does, kept the
+# code, and profiled one call of each. The next cell counts, in that committed code, the sines
+# and cosines each kernel evaluates: its elements times the `sin`/`cos` calls in its body.
 
 # %%
 from ropelib.course.counts import inductor_sin_cos
@@ -1666,16 +1687,17 @@ assert round(ind_do_bench["forward+backward"], 2) == 1.62, "the probe's do_bench
 # and k computes the angles of all three axes, six sines and cosines, then picks its axis. With
 # gradients wanted, the cos/sin tables are saved for the backward, so Inductor writes them once
 # ($B \cdot S \cdot D/2$ pairs, six evaluations each) and the rotation only reads them: 64 times
-# fewer evaluations, and q's kernel takes 167 µs instead of 1,413. The forward bar is Inductor's
-# fusion choice on this graph, a kernel busy with six libdevice sines and cosines an element, not a
-# limit of compiled code. (The probe's `do_bench` of the step, 1.62 ms, is not the floor's 0.64:
-# the device's part of it is the kernels' 0.47 ms; the probe does not take the rest apart.)
+# fewer evaluations, and q's kernel takes 167 µs instead of 1,413. So section 3's slow forward
+# bar is Inductor's fusion choice on this graph, a kernel busy with six libdevice sines and
+# cosines an element, not a limit of compiled code. (The probe's own `do_bench` of the step,
+# 1.62 ms, differs from section 3's 0.64 ms; of it, the GPU kernels take 0.47 ms, and the
+# probe does not break down the rest.)
 
 # %% [markdown]
 # ## 7. The angles themselves at long context
 #
 # The kernels of section 6 form their angles $p\,\omega_j$ from positions and frequencies; how
-# exactly matters once positions are large. Libraries form them as `position * inv_freq` in
+# exactly matters once positions are large. Most libraries form them as `position * inv_freq` in
 # fp32, which keeps 24 significant bits, so the error grows with $p$: about
 # $p\,\omega_j \cdot 2^{-24}$ rad, more where the fp32 frequency itself is rounded. A bf16
 # cos/sin cache (transformers casts cos and sin to a bf16 model's dtype) adds bf16's own
@@ -1690,8 +1712,9 @@ assert round(ind_do_bench["forward+backward"], 2) == 1.62, "the probe's do_bench
 # `apply_rope(x, angles=..., position_ids=...)` reads no cos/sin table at all.
 #
 # The cell runs `benchmarks/angle_precision.py` at five positions from 1 K to 16 M
-# (Llama-like: $d = 128$, base 500 000), measuring all three against float64; the arithmetic
-# is integer and IEEE fp64, the same in the interpreter and on a GPU.
+# (Llama-like: $d = 128$, base 500 000) and measures the three (the fp32 angle table, the
+# bf16 cos/sin cache, ropelib's table-free angles) against float64; the arithmetic is integer
+# and IEEE fp64, the same in the interpreter and on a GPU.
 
 # %%
 _spec = importlib.util.spec_from_file_location(
@@ -1760,12 +1783,11 @@ assert by[("ropelib_exact", top)]["out_err"] < 1e-5
 #   serves all of them, forward and backward (the rotation by $-\theta$), and matches
 #   transformers' Qwen2-VL, Qwen3-VL and vision code. It allocates nothing beyond its outputs,
 #   where transformers' code allocates several times its outputs (3.5 times for
-#   `apply_rotary_pos_emb` alone, the part a model runs in every layer), and on an H200 runs at
-#   0.985 of a copy's speed against transformers' 0.068 (the benchmark file: q and k of
-#   Qwen2-VL at batch 4 × 8,192 tokens; the timing cell's packed 16,384 tokens, one `do_bench`
-#   each, print their own ratio to the copy). That 0.068 times the rotary embedding
-#   in every call, which a model runs once per forward; transformers 4.x's per-layer formula on
-#   tables given to it ran at 0.071.
+#   `apply_rotary_pos_emb` alone, the part a model runs in every layer).
+# - On an H200, for q and k of Qwen2-VL-7B at batch 4 × 8,192 tokens, it runs at 0.985 of a
+#   copy's speed against transformers' 0.068. That 0.068 includes the rotary embedding in every
+#   call, which a model runs once per forward; transformers 4.x's per-layer formula on tables
+#   given to it ran at 0.071.
 # - Every head of a token turns by the same angles. Formed per (token, head) they cost 32 times
 #   the sines and cosines for the same bytes and, on an H200, 5.3 times the warp instructions
 #   and about 1.4 times the time under `do_bench`: the per-head kernel is bound by issuing
@@ -1788,8 +1810,9 @@ assert by[("ropelib_exact", top)]["out_err"] < 1e-5
 #    When does the difference matter: training, prefill, decoding one token?
 # 4. In the vision encoder every image of a batch is packed into one sequence. Why does that
 #    make per-token positions (rather than a token index and a table) the natural input?
-# 5. Section 6 counts sin/cos evaluations. Why does the same redundancy cost the finished 1-D
-#    kernel almost nothing when it reads a cos/sin table, and what changes for the batch loop
-#    when positions differ per batch entry (Qwen2-VL's `[3, B, S]`)?
+# 5. Section 6 counts sin/cos evaluations. A 1-D kernel that reads a cos/sin table has no
+#    sine to repeat per head, only the table's loads: why do those cost almost nothing? And
+#    what changes for the batch loop when positions differ per batch entry (Qwen2-VL's
+#    `[3, B, S]`)?
 # 6. Axial RoPE makes scores depend on the 2-D offset only. Which tasks might want the model
 #    to know the absolute row and column as well, and how do vision models provide it?

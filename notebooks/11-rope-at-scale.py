@@ -46,6 +46,12 @@
 # pass read each part's question and answer, and come back for the numbers; the appendix holds
 # the measurements behind three of the answers, for later. On a CPU, Run All takes under two
 # minutes under Triton's interpreter.
+#
+# **Where the numbers come from.** The numbers in the text are read from CSVs committed in
+# `benchmarks/results/`, all measured on NVIDIA H200s, and the cells assert them, so they are
+# the same on every machine. A few cells also time or profile live on whatever GPU runs the
+# notebook, and each such line names that GPU. On the executed page that GPU is one H100, so
+# its live lines are an H100's, not the H200's of the text.
 
 # %%
 import os, torch
@@ -94,8 +100,9 @@ print(ropelib.runtime.mode(), "| device:", device, "| figures go to", FIGURES)
 # Activations grow with the sequence length $S$. Context parallelism (CP) splits every sequence
 # over $c$ ranks, so each rank keeps $S/c$ tokens of every layer. Everything in a transformer
 # layer is per token except attention: a query needs the keys and values of every earlier
-# token. So each rank all-gathers k and v from the others (`ropelib.context_parallel`; ring
-# attention passes them round instead), and computes attention for its own queries only.
+# token. So each rank all-gathers k and v (every rank receives every rank's k and v:
+# `ropelib.context_parallel`; ring attention passes them round instead), and computes
+# attention for its own queries only.
 #
 # Under a causal mask the query at position $p$ attends $p+1$ keys: the work of a row grows
 # with its position. Give rank $r$ the contiguous block $[rS/c, (r+1)S/c)$ and it gets
@@ -239,11 +246,11 @@ print("dual-chunk attention of each rank = its share of causal attention over th
 # %% [markdown]
 # ### Exercise 1: the positions a rank holds
 #
-# Each check in this notebook prints ✅ or ❌ and never stops it: replace the `...` (in the
-# kernels, the `pass`), rerun the cell, and find the worked solution folded away in the cell
-# after. The checks run ropelib barred: an answer that calls `ropelib.context_parallel`,
-# `ropelib.kv_cache`, this notebook's `mask_by_rank` (which calls them) or any other part of
-# the library fails, so only your own code passes.
+# Each check in this notebook prints ✅ or ❌ and never stops the notebook: replace the `...`
+# (in the kernels, the `pass`), rerun the cell, and find the worked solution folded away in the
+# cell after. While a check runs, ropelib is blocked: an answer that calls
+# `ropelib.context_parallel`, `ropelib.kv_cache`, this notebook's `mask_by_rank` (which calls
+# them) or any other part of the library fails, so only your own code passes.
 #
 # Write `my_dual_chunk_positions(seq_len, cp_size, cp_rank)`: the `seq_len / cp_size` global
 # positions rank `cp_rank` holds under the dual-chunk split, its first chunk then its second.
@@ -270,12 +277,16 @@ solution(ex.solution_dual_chunk_positions)
 # process computes?*
 #
 # `benchmarks/cp_train.py` trains ropelib's small GPT (notebook 09) with the sequence split
-# over the processes that `torchrun` starts: NCCL on GPUs, gloo on CPUs. Per step, each rank
+# over the processes that `torchrun` starts. The processes talk through a `torch.distributed`
+# backend: NCCL (NVIDIA's library, one GPU per process) on GPUs, gloo (PyTorch's own, which
+# also runs on CPUs) otherwise. Per step, each rank
 #
 # 1. takes the same batch (the same seed on every rank) and keeps its dual-chunk `shard`;
 # 2. in every layer rotates its q and k at their global positions, all-gathers k and v, and
-#    runs `dual_chunk_attention` (the backward of the all-gather is a reduce-scatter);
-# 3. averages the gradients over the ranks (one all-reduce) and steps AdamW.
+#    runs `dual_chunk_attention` (the backward of the all-gather is a reduce-scatter: each
+#    rank receives, summed over the ranks, the gradients of its own k and v);
+# 3. averages the gradients over the ranks (one all-reduce: every rank receives the sum) and
+#    steps AdamW.
 #
 # Each rank's loss is the mean over its tokens, all ranks hold the same number of tokens, so
 # the mean over ranks is the whole batch's loss.
@@ -287,11 +298,15 @@ solution(ex.solution_dual_chunk_positions)
 #
 # With `--dry-run` the script trains a tiny model for 3 steps; rank 0 then trains the same
 # model from the same seed on the same batches in one process (`--compare-single`), and the
-# CSV holds both losses. Both ranks rotate with ropelib's kernel: on a CPU with gloo and
-# Triton's interpreter; on GPUs compiled, in fp32 so that the losses compare to fp32
-# rounding, with NCCL and one GPU per rank, or with gloo and both ranks on one GPU (NCCL
-# refuses that). On the executed H200 page the output below is the last case; on a CPU, the
-# first. The next cell asserts from the CSV's header which case ran.
+# CSV holds both losses. Both ranks rotate with ropelib's kernel, in one of three setups:
+#
+# - on a CPU: gloo, and the kernel in Triton's interpreter;
+# - on two or more GPUs: NCCL, one GPU per rank, the kernel compiled;
+# - on one GPU: gloo, both ranks on that GPU (NCCL refuses to share one), the kernel compiled.
+#
+# Every setup trains in fp32 (on a GPU the cell asks for it with `--dtype fp32`), so that the
+# losses compare to fp32 rounding. The executed page ran on one H100: its output below is the
+# third case. The next cell asserts from the CSV's header which case ran.
 
 # %%
 def free_port() -> int:
@@ -392,10 +407,13 @@ fig.tight_layout()
 plt.show()
 
 # %% [markdown]
-# **Answer:** yes, to fp32 rounding: the two losses agree to at most 4 fp32 ulps (asserted;
-# the cell prints this run's distance, read from the header's `max_loss_diff` because the
-# per-step columns keep only 6 decimals). They need not agree to the bit: attention over two
-# chunks and the all-reduce add in another order than one process does.
+# **Answer:** yes, to fp32 rounding: the two losses agree to at most 4 ulps of fp32 (an ulp,
+# "unit in the last place", is the gap between neighbouring fp32 numbers near the loss). The
+# cell asserts that bound and prints the distance of the run it just made, read from the
+# header's `max_loss_diff` because the per-step columns keep only 6 decimals. The losses need
+# not agree to the bit: attention over two chunks and the all-reduce add in another order than
+# one process does.
+#
 # `tests/test_context_parallel.py` checks more: every parameter's gradient of 2 ranks against
 # 1 process, with ropelib's kernel and with the PyTorch reference.
 #
@@ -415,8 +433,10 @@ plt.show()
 #     torchrun --nproc_per_node 1 benchmarks/cp_train.py --steps 6 \
 #         --out benchmarks/results/cp-1gpu-nvidia-h200.csv
 #
-# The cell below draws the newest run of each group size it finds in `benchmarks/results/`
-# and reports their tokens/s and peak memory as the CSVs record them.
+# The cell below reads the newest run of each number of ranks it finds in
+# `benchmarks/results/` and reports their tokens/s and peak memory as the CSVs record them. It
+# only reads committed H200 runs, so its output is the same on any machine, the executed H100
+# page included.
 
 # %%
 def newest_cp_runs(folder) -> dict:
@@ -539,16 +559,18 @@ else:
 # is not measured here). In speed, two ranks are 1.30 times as fast as one GPU, not twice; the
 # end of this section asks why.
 #
-# The figure's losses start the same: both runs use seed 0, the 2-rank job's own 1-process
+# The two loss curves start the same: both runs use seed 0, the 2-rank job's own 1-process
 # baseline reproduces the 1-GPU run's first two losses to 1e-4, and the two runs agree to
-# within 0.001 nats over steps 1 and 2 (asserted). After that the curves are not comparable,
-# and the reason is in the commands, not in CP: `train` warms up over `steps // 10` steps and
-# then decays the learning rate along a cosine over the run's `steps`, so the 6-step run and
-# the 12-step run take the same first update and from the second on a smaller one for the
-# shorter run (the cell prints both schedules). The losses part at step 3, the first one
-# after the updates differ. Both curves also climb before they fall, as a run does that starts
-# at the full learning rate with at most one warmup step. Comparing the runs past step 2 would
-# take a 1-GPU run of 12 steps.
+# within 0.001 nats at steps 1 and 2 (asserted).
+#
+# After that they do not compare, for a reason in the commands, not in CP. The training loop
+# (`cpt.train`, with `cpt.lr_schedule`) warms the learning rate up over `steps // 10` steps,
+# then decays it along a cosine over the run's `steps`. So the 6-step and the 12-step runs
+# take the same first update, and from the second on the shorter run takes smaller ones (the
+# cell prints both schedules); the losses part at step 3, the first after the updates differ.
+# Comparing the runs past step 2 would take a 1-GPU run of 12 steps. (Both curves climb
+# before they fall, as a run does that starts at the full learning rate with at most one
+# warmup step.)
 #
 # **Answer:** per rank, 55 % of one GPU's peak memory; 1.30 times one GPU's speed, not twice;
 # the same losses over the first two steps, the only ones both runs took at the same learning
@@ -749,25 +771,21 @@ assert round(at_link_ms) == 16, "about 16 ms over NVLink"
 # nor the collectives' time: a trace of one 2-rank step (Nsight Systems) would measure both.
 #
 # **Answer, by the profiles.** Appendix A.2 profiles one layer's attention, forward and
-# backward, at this run's sizes, and reads the H200's profiles on any machine. One GPU's call
-# (`is_causal=True`) reaches cuDNN's fused kernel, 441 TFLOP/s on the H200; a rank's chunk
-# with fewer queries than keys (a bottom-right causal mask) reaches only PyTorch's flash
-# kernel, and rank 0 ran at 307. Forced onto the flash kernel, one GPU falls to 294, within
-# 10 % of rank 0: most of the gap is the kernel a masked call can reach, and splitting the
-# pairs between ranks costs little in attention itself. The profiles also test the fit: its
-# split between the two terms holds to about 100 ms, and they put 731 ms of the excess in
-# attention and 233 outside it, against the fit's 750 and 214. Each rank spends longer outside
-# attention on half the tokens than one GPU on all of them; what that time is made of (the
-# collectives, the reorder of the gathered k and v, the projections at half the size) is not
-# measured here.
+# backward, at this run's sizes (the H200's profiles are committed and read on any machine).
+# One GPU's call (`is_causal=True`) reaches cuDNN's fused kernel: 441 TFLOP/s on the H200. A
+# rank's chunk with fewer queries than keys (a bottom-right causal mask) reaches only PyTorch's
+# flash kernel: rank 0 ran at 307. Forced onto the flash kernel, one GPU falls to 294, within
+# 10 % of rank 0. So most of the gap is the kernel a masked call can reach; splitting the pairs
+# between ranks costs little in attention itself. The profiles also check the fit: they put
+# 731 ms of the excess in attention and 233 outside it, against the fit's 750 and 214.
 #
 # **Takeaway:** with RoPE at global positions, the dual-chunk split computes one process's
 # loss to fp32 rounding (section 2). In bf16 the 131072-token runs agree over the two steps
 # both took at the same learning rates, and over 200 steps at 16384 tokens the 2-rank run
-# stays well inside the seed gap. Each rank needs 55 % of one GPU's memory; the speed it gives
-# up lies mostly in attention (750 of the 964 ms by the fit, 731 by the profiles), in the
-# kernel its masked calls can reach (PyTorch's flash kernel, not cuDNN's); the other 214 to
-# 233 ms lie outside attention and are not measured.
+# stays well inside the seed gap. Each rank needs 55 % of one GPU's memory. The speed it gives
+# up lies mostly in attention (750 of the 964 ms by the fit, 731 by the profiles), because its
+# masked calls reach PyTorch's flash kernel, not cuDNN's; the other 214 to 233 ms lie outside
+# attention and are not measured.
 #
 # ## 4. Decoding with the fused cache write
 #
@@ -897,25 +915,29 @@ solution(ex.solution_rope_kv_cache_kernel.fn, title="Solution: RoPE + contiguous
 # ### Your kernel against the unfused step, on a GPU
 #
 # On a GPU the next cell times your kernel (the worked one until yours passes) against
-# `ropelib.rope_kv_cache` and the unfused step above at the decode benchmark's sizes (q 32
-# heads, k and v 8 heads of 128, bf16, a contiguous cache of 4096 positions, batch 1 and 64),
-# each step replayed alone from a CUDA graph as the benchmark at the end of this section does
-# (`kv_cache_decode.time_step`), after checking your q and cache against ropelib's. On the
-# H200 of the committed decode run, ropelib's fused step took 6.4 µs at batch 1 and 7.4 µs at
-# batch 64, the unfused one 20.4 and 21.5 µs. Expect yours well under the unfused step, one
-# kernel against RoPE and then the write's PyTorch operators, and somewhat slower than
-# ropelib's: yours runs one program per sequence, where ropelib's kernel gives a program fewer
-# heads, down to one, while the grid has fewer than two programs per SM (`pick_tiles` in
-# `ropelib/kernels/kv_cache.py`). The cell prints both grids on any machine: on an H200's 132
-# SMs, 40 programs against your 1 at batch 1, and 320 against your 64 at batch 64. On a GPU it
-# asserts that yours is not slower than the unfused step (by more than 15 %), and the worked
-# kernel within 1.5 times ropelib's.
+# `ropelib.rope_kv_cache` and the unfused step above, at the decode benchmark's sizes: q 32
+# heads, k and v 8 heads of 128, bf16, a contiguous cache of 4096 positions, batch 1 and 64.
+# It first checks your q and cache against ropelib's, then replays each step alone from a CUDA
+# graph (`kv_cache_decode.time_step`), as the decode benchmark at the end of this section does.
+#
+# Expect yours well under the unfused step (one kernel against RoPE and then the write's
+# PyTorch operators) and somewhat slower than ropelib's. Yours runs one program per sequence;
+# ropelib's kernel halves the heads a program takes, down to one, while the grid has fewer than
+# two programs per SM (streaming multiprocessor, the GPU's unit that runs a program;
+# `pick_tiles` in `ropelib/kernels/kv_cache.py`). The cell prints both grids on any machine,
+# computed for an H200's 132 SMs: 40 programs against your 1 at batch 1, and 320 against your
+# 64 at batch 64. On a GPU it asserts that yours is at most 15 % slower than the unfused step,
+# and the worked kernel within 1.5 times ropelib's.
+#
+# The cell's table sets the live times beside the committed H200 decode run, where ropelib's
+# fused step took 6.4 µs at batch 1 and 7.4 µs at batch 64, the unfused one 20.4 and 21.5 µs.
+# On the executed page the live times are an H100's, not an H200's.
 
 # %%
 from ropelib.bench import kv_cache_decode
 from ropelib.kernels.kv_cache import pick_tiles
 
-DECODE = RESULTS / "decode_cache-nvidia-h200-20261201-2015.csv"   # read again in section 4
+DECODE = RESULTS / "decode_cache-nvidia-h200-20261201-2015.csv"   # read again further down
 if not DECODE.exists():
     raise FileNotFoundError(f"{DECODE.relative_to(ROOT)} is not in this checkout: `python "
                             "benchmarks/decode_cache_bench.py` on an H200 measures it")
@@ -1085,8 +1107,8 @@ solution(ex.solution_rope_kv_paged_kernel.fn, title="Solution: RoPE + paged cach
 # %% [markdown]
 # The step of this section through the paged kernel (yours once it passes, the worked one until
 # then): the same slots as `ropelib.rope_kv_cache` wrote, the same values to fp32 rounding
-# (the two kernels round their products in another order: ropelib's does one fma per output,
-# as Transformer Engine does).
+# (the two kernels round their products in another order: ropelib's computes each output with
+# one fused multiply-add, as Transformer Engine does).
 
 # %%
 paged_kernel = my_rope_kv_paged_kernel if paged_ok else ex.solution_rope_kv_paged_kernel
@@ -1158,15 +1180,16 @@ assert gap < 1e-4
 # ### An fp8 cache, and its scale
 #
 # At long contexts the cache dominates decoding memory and bandwidth: every step reads all of
-# it. A `float8_e4m3fn` cache halves it against bf16. e4m3 has 3 mantissa bits and a largest
-# value of 448, so the cache stores $\mathrm{fp8}(x / s)$ with a per-tensor fp32 scale $s$ and
-# reads back $s \cdot \mathrm{fp8}(x/s)$. Rounding to nearest costs at most half a step, a
-# relative error of $2^{-4}$ for values in the normal range ($|x/s| \ge 2^{-6}$); smaller values
-# fall into subnormals with a fixed absolute step $2^{-9} s$, and values above $448\,s$
-# saturate. The fused kernel divides, rounds and stores in the same launch; its bits are those
-# of `kv_cache.quantize_fp8` applied to the unfused rotated key.
+# it. A `float8_e4m3fn` cache halves it against bf16. e4m3 (4 exponent bits, 3 mantissa bits)
+# has a largest value of 448, so the cache stores $\mathrm{fp8}(x / s)$ with a per-tensor fp32
+# scale $s$ and reads back $s \cdot \mathrm{fp8}(x/s)$. Rounding to nearest costs at most half a
+# step, a relative error of $2^{-4}$ for values in the normal range ($|x/s| \ge 2^{-6}$);
+# smaller values fall into subnormals with a fixed absolute step $2^{-9} s$, and values above
+# $448\,s$ saturate. The fused kernel divides, rounds and stores in the same launch; its bits
+# are those of `kv_cache.quantize_fp8` applied to the unfused rotated key.
 #
-# The cell takes the scale from the amax of this step's own keys. A decoder cannot do that.
+# The cell takes the scale from the amax (the largest absolute value) of this step's own
+# keys, $s = \mathrm{amax}/448$. A decoder cannot do that.
 # The scale must be fixed before the keys it will store arrive: bytes already in the cache are
 # not rescaled, and a later key above $448\,s$ saturates. Serving stacks therefore calibrate
 # `k_scale` and `v_scale` beforehand, per tensor or per head; vLLM, for example, reads them
@@ -1298,14 +1321,18 @@ fp8_ok = ex.check_fp8_store_kernel(my_fp8_store_kernel)
 solution(ex.solution_fp8_store_kernel.fn, title="Solution: the fp8 store")
 
 # %% [markdown]
-# On a GPU, time it (yours once it passes, the worked one until then) against the unfused
-# store, `quantize_fp8` and an indexed write, at the decode benchmark's sizes: a batch of 64,
-# 8 heads of 128, 4096 positions. Both run under CUDA-graph replay as
-# `ropelib.bench.suite.graph_replay_ms` does it: 100 calls captured in one graph, a replay
-# timed and divided by 100, which leaves out the host's launches and spreads the replay's own
-# cost over the calls (the decode benchmark below replays one step at a time instead). On any
-# machine the cell first counts the ATen operators the unfused store dispatches (with
-# `count_kernels`, as the decode step's count below does).
+# On a GPU the next cell times the fp8 store kernel (yours once it passes, the worked one until
+# then) against the unfused store, `quantize_fp8` and an indexed write, at the decode
+# benchmark's sizes: a batch of 64, 8 heads of 128, 4096 positions. Both run under CUDA-graph
+# replay as `ropelib.bench.suite.graph_replay_ms` does it: 100 calls captured in one graph, a
+# replay timed and divided by 100. That leaves out the host's launches and spreads the
+# replay's own cost over the calls (the decode benchmark below replays one step at a time
+# instead).
+#
+# On any machine the cell first counts the ATen operators the unfused store dispatches, with
+# `ropelib.course.counts.count_kernels`. ATen is PyTorch's operator library: every PyTorch
+# call on a tensor dispatches one or more ATen operators (`aten::div`, `aten::index_put_`, ...),
+# and on a GPU each of them launches its own kernels.
 
 # %%
 from collections import Counter
@@ -1388,14 +1415,15 @@ else:
 #
 # The benchmark checks that all three write the same bits, then replays each step alone from a
 # CUDA graph (`ropelib.bench.kv_cache_decode.time_step`): the host's launches are left out,
-# but every replay still pays for launching the graph and for being timed, on every side
+# but every replay still pays for launching the graph and for being timed, for all three
 # alike. The CSV's eager rows (no graph) hold the host's work too and are not drawn; notebook
-# 07 (section 7) measures the host's time per call.
+# 07 (section 7.1) measures the host's time per call.
 #
-# With a bf16 cache the fused step takes 6.4–9.2 µs, the two kernels 8.0–12.2 and the unfused
-# step 20.4–35.5 µs; with an fp8 cache 7.0–10.0, 8.5–12.5 and 35.8–53.5 µs. Against the
-# unfused step the fused one is 2.9–3.9× faster (bf16) and 4.6–5.6× (fp8); the figure shows
-# how little of that is left against the two kernels.
+# The cell below draws the committed H200 run, `decode_cache-nvidia-h200-20261201-2015.csv`
+# (the same on any machine). With a bf16 cache the fused step takes 6.4–9.2 µs, the two
+# kernels 8.0–12.2 and the unfused step 20.4–35.5 µs; with an fp8 cache 7.0–10.0, 8.5–12.5
+# and 35.8–53.5 µs. Against the unfused step the fused one is 2.9–3.9× faster (bf16) and
+# 4.6–5.6× (fp8); the figure shows how little of that is left against the two kernels.
 
 # %%
 PROVIDER_STYLE = {"fused": ("tab:blue", "s-"), "two_kernels": ("tab:green", "^-"),
@@ -1563,7 +1591,7 @@ for cache in ("contiguous", "paged"):      # per cache: to fp32, divide, clamp, 
 # On a GPU each operator runs exactly one CUDA kernel (the cell asserts it there), so the
 # unfused step runs 7, 10, 15 and 18 kernels (`_rope_kernel` first) where the fused one runs
 # 1; on the CPU the cell asserts the operators and the one Triton launch. The cell below sets
-# these counts beside the replayed times:
+# these counts beside the replayed times of the committed H200 run:
 #
 # - **Replayed, the time follows the count.** The unfused step's time rises with its
 #   operations (7, 10, 15, 18): 20.4–25.2, 27.6–35.5, 35.8–43.6 and 42.8–53.5 µs over the
@@ -1572,11 +1600,11 @@ for cache in ("contiguous", "paged"):      # per cache: to fp32, divide, clamp, 
 #   four times against the count has a slope of 2.0 µs per operation (an average over four
 #   different mixes of operators, not any one kernel's cost) and an intercept of 7.1 µs, every
 #   time within 0.9 µs of it. The intercept is about the whole fused step (6.4 to 7.6 µs).
-# - **Most of an operation is starting a kernel.** Graphs of kernels that do nothing
-#   (`benchmarks/graph_floor.py`, appendix A.3) replay in 4.5 µs with one kernel and 1.1 µs
-#   more for each further one. Graph replay takes the host out of the step, not the GPU's cost
-#   of starting each kernel: at batch 1 the fused step's gain is mostly the kernels it does not
-#   run.
+# - **Most of an operation is starting a kernel.** On an H200, graphs of kernels that do
+#   nothing (`benchmarks/graph_floor.py`, appendix A.3) replay in 4.5 µs with one kernel and
+#   1.1 µs more for each further one. Graph replay takes the host out of the step, not the
+#   GPU's cost of starting each kernel: at batch 1 the fused step's gain is mostly the kernels
+#   it does not run.
 
 # %%
 def unfused_us(cache, dtype):
@@ -1634,10 +1662,11 @@ assert per_empty < per_kernel
 # ### Against the fewest kernels: what fusion itself saves
 #
 # *Question: how much of the speedup is fusion, and how much is the PyTorch write's many
-# kernels?* The two-kernel step answers it: its write kernel is your exercise 2 kernel with
-# the rotation taken out (one program per new token, and group of heads, reads its position,
-# in a paged cache its block-table entry, and copies k and v into the slot, scaled and rounded
-# for fp8 as the fused kernel rounds). Here it is, folded:
+# kernels?* The two-kernel step answers it. Its write kernel is your exercise 2 kernel with
+# the rotation taken out: each program (one per new token and group of heads) reads its
+# position, in a paged cache its block-table entry, and copies k and v into the slot, scaled
+# and rounded for fp8 as the fused kernel rounds. Here it is, folded; the table after it
+# reads the committed H200 run:
 
 # %%
 from ropelib.bench import cache_write
@@ -1684,12 +1713,14 @@ assert as_stated((min(two_vs_unfused),), (2.2,)), "two kernels over unfused: fro
 assert as_stated((max(two_vs_unfused),), (4.8,)), "... to 4.8"
 
 # %% [markdown]
-# **Answer:** replayed, the fused step is 1.09 to 1.34 times faster than RoPE followed by one
-# write kernel. The two kernels in turn run 2.2 to 4.8 times faster than the unfused step, so
-# most of the 2.9–5.6× against the unfused step is the PyTorch operators. Up to 64 sequences
-# fusion saves 0.8 to 1.6 µs a step, about one more kernel in a replay (1.1 µs). At 256
-# sequences it saves 2.6 to 3.0 µs, more than one launch; what the rest is (the two kernels'
-# own durations and memory traffic at that batch) these replays do not measure.
+# **Answer:** replayed on the H200, the fused step is 1.09 to 1.34 times faster than RoPE
+# followed by one write kernel. The two kernels in turn run 2.2 to 4.8 times faster than the
+# unfused step, so most of the 2.9–5.6× against the unfused step is the PyTorch operators.
+#
+# Up to 64 sequences fusion saves 0.8 to 1.6 µs a step, about one more kernel in a replay
+# (1.1 µs). At 256 sequences it saves 2.6 to 3.0 µs, more than one launch; what the rest is
+# (the two kernels' own durations and memory traffic at that batch) these replays do not
+# measure.
 #
 # **Takeaway:** a decoding step stores rotated keys; fusing RoPE with the store is one kernel
 # with the bits of RoPE-then-write, in either cache layout and in fp8 (whose scale must be
@@ -1716,16 +1747,17 @@ assert as_stated((max(two_vs_unfused),), (4.8,)), "... to 4.8"
 #   68 % of one GPU's rate; the other 214 to 233 ms lie outside attention, unmeasured. The
 #   profiles find the kernel: one GPU's call forced onto rank 0's flash kernel runs within
 #   10 % of rank 0's rate, and cuDNN's, which one GPU's call reaches, 1.5 times faster.
-# - A KV cache stores rotated keys. The fused kernel (exercises 2 and 4) is one program per
+# - A KV cache stores rotated keys. Your fused kernel (exercises 2 and 4) runs one program per
 #   sequence: its position, one row of angles, every head rotated, k and v stored at slot
-#   `[b, p]` or, paged, `[block_table[b, p // BS], p % BS]`, with the bits of RoPE-then-write.
+#   `[b, p]` or, paged, `[block_table[b, p // BS], p % BS]`. `ropelib.rope_kv_cache` writes
+#   the bits of RoPE-then-write.
 # - An fp8 cache at scale `amax / 448` costs a few percent relative error, 16 times bf16's
 #   ($2^{7-3}$); a scale far off costs more (saturation, subnormals), and a decoder must fix it
 #   before the keys arrive.
-# - The fused step is one kernel; this notebook's unfused step 7 to 18, and replayed its time
-#   follows the count at about 2.0 µs an operation on average at batch 1. Against RoPE plus one
-#   write kernel, the fused step is 1.09–1.34× faster replayed (one step per replay): about
-#   the one kernel it does not start up to a batch of 64 (0.8–1.6 µs).
+# - The fused step is one kernel, the unfused step 7 to 18; replayed on the H200, the unfused
+#   step's time follows the count at about 2.0 µs an operation on average at batch 1. Against
+#   RoPE plus one write kernel, the fused step is 1.09–1.34× faster (one step per replay):
+#   about the one kernel it does not start, up to a batch of 64 (0.8–1.6 µs).
 
 # %% [markdown]
 # ## Questions for a study group
@@ -1802,19 +1834,26 @@ assert pairs_cp[0] == 4_295_000_064, "the text's 4,295,000,064 pairs on each ran
 # %% [markdown]
 # ### A.2 The attention kernel each call reaches
 #
-# The kernels say why. One GPU calls attention once per layer with `is_causal=True`, which
-# PyTorch may send to cuDNN's fused kernel; a rank calls it twice (`cp.dual_chunk_attention`),
-# and for a chunk with fewer queries than keys (a bottom-right causal mask) PyTorch offers
-# only its flash and memory-efficient kernels. On a GPU the cell below profiles one layer's
-# attention, forward and backward, at the 131072-token run's sizes: as one GPU runs it, as
-# rank 0 runs it, and as one GPU runs it forced onto the flash kernel
-# (`sdpa_kernel(SDPBackend.FLASH_ATTENTION)`). It prints one line each: attention's kernels'
-# time and cuDNN's part of it, their rate in TFLOP/s, and that time times the layers. The rate
-# counts $14D$ operations a (query, key) pair: forward, $QK^\top$ and $PV$ take $2D$ each (a
-# multiply and an add per feature); backward, flash attention recomputes $QK^\top$ and computes
-# $dV$, $dP$, $dQ$ and $dK$, $2D$ each: $4D + 10D$. On an H200, the GPU of the committed runs,
-# it also sets that time beside the fit's $S^2$ term and prints the rate as a share of the
-# H200's dense bf16 peak, 989 TFLOP/s (NVIDIA's figure); on another GPU neither compares.
+# Why does a rank's attention do its half of the pairs more slowly per pair? The kernels say.
+# One GPU calls attention once per layer with `is_causal=True`, which PyTorch may send to
+# cuDNN's fused kernel; a rank calls it twice (`cp.dual_chunk_attention`), and for a chunk
+# with fewer queries than keys (a bottom-right causal mask) PyTorch offers only its flash and
+# memory-efficient kernels.
+#
+# On a GPU the cell below profiles one layer's attention, forward and backward, at the
+# 131072-token run's sizes: as one GPU runs it, as rank 0 runs it, and as one GPU runs it
+# forced onto the flash kernel (`sdpa_kernel(SDPBackend.FLASH_ATTENTION)`). It prints one line
+# each: attention's kernels' time and cuDNN's part of it, their rate in TFLOP/s, and that time
+# times the layers. The rate counts $14D$ operations a (query, key) pair: forward, $QK^\top$
+# and $PV$ take $2D$ each (a multiply and an add per feature); backward, flash attention
+# recomputes $QK^\top$ and computes $dV$, $dP$, $dQ$ and $dK$, $2D$ each: $4D$ forward
+# $+ 10D$ backward.
+#
+# On an H200, the GPU of the committed runs, the cell also sets that time beside the fit's
+# $S^2$ term and prints the rate as a share of the H200's dense bf16 peak, 989 TFLOP/s
+# (NVIDIA's figure); on another GPU neither compares. The executed page ran this cell on an
+# H100, so its three lines are an H100's and stand alone; the H200's lines follow two cells
+# down.
 
 # %%
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -1916,14 +1955,18 @@ else:
     print(f"The attention kernels are profiled on a GPU only; this run's device is {device}.")
 
 # %% [markdown]
-# On a GPU the cell asserts what an H200 showed, with margins for a live measurement: one
-# GPU's attention runs cuDNN's kernels (over 90 % of its time) and rank 0's mostly PyTorch's
-# flash kernels (cuDNN's under 20 %, its first chunk's); on an H200, the GPU the fit was
-# measured on, each call's attention, times the layers, lies within 5 % of its fit's $S^2$
-# term; one GPU forced onto the flash kernel runs
-# within 10 % of rank 0's rate, and cuDNN's rate is more than 1.3 times the flash kernel's.
-# The H200's three lines are committed (copied from the rendered page), so the next cell reads
-# them on any machine and sets them beside the fit.
+# On any GPU the cell asserts what an H200 showed, with margins for a live measurement:
+#
+# - one GPU's attention runs cuDNN's kernels (over 90 % of its time), rank 0's mostly PyTorch's
+#   flash kernels (cuDNN's under 20 %: its first chunk);
+# - one GPU forced onto the flash kernel runs within 10 % of rank 0's rate, and cuDNN's rate is
+#   more than 1.3 times the flash kernel's;
+# - on an H200 only, the GPU the fit was measured on: each call's attention, times the layers,
+#   lies within 5 % of its fit's $S^2$ term.
+#
+# The three lines an H200 printed for this cell are saved in
+# `benchmarks/results/cp_attention_profile-nvidia-h200-20261204-from-page.csv`, so the next
+# cell reads them on any machine and sets them beside the fit.
 
 # %%
 PROFILE = RESULTS / "cp_attention_profile-nvidia-h200-20261204-from-page.csv"
@@ -1990,9 +2033,10 @@ assert round(fit_vs_profile, -2) == 100, "the fit's split good to about 100 ms"
 # itself, with kernels that do nothing worth timing: it replays graphs of $n$ kernels that
 # each fill one 4-byte element (`kv_cache_decode.fill_step`: `zero_` on a one-element tensor),
 # timed exactly as the decode benchmark times a step (`kv_cache_decode.time_step`, one step per
-# replay), for $n$ from 1 to 18, in five alternating rounds, on an H200 (another day than the
-# decode run: the cell prints both dates). The cell fits the same kind of line; on a GPU it
-# also replays graphs of 1 and 7 such kernels on your machine.
+# replay), for $n$ from 1 to 18, in five rounds that alternately go up and down in $n$, on an
+# H200 (another day than the decode run: the cell prints both dates). The cell fits the same
+# kind of line; on a GPU it also replays graphs of 1 and 7 such kernels on that GPU, not
+# asserted (on the executed page, an H100).
 
 # %%
 floor_meta = compare.read_meta(FLOOR)
@@ -2024,9 +2068,9 @@ if GPU:   # the same replays on this machine (not asserted: another GPU, another
               f"{floor_live[0] * 1e3:.2f} us a replay")
 
 # %% [markdown]
-# One kernel that does nothing costs 4.5 µs replayed, so of the fused step's 6.4 µs at batch
-# 1 most is the replay and its one launch. Each further kernel costs 1.1 µs (the line through
-# $n$ = 1 to 18 is 3.7 µs + 1.1 µs a kernel): of the unfused step's 2.0 µs an operation, about
-# 1.1 µs is starting one more kernel inside the graph and about 0.9 µs the work of the average
-# operation. The two runs were taken on different days, so these compare sizes, not the last
-# 0.1 µs.
+# On the H200, one kernel that does nothing costs 4.5 µs replayed, so of the fused step's
+# 6.4 µs at batch 1 most is the replay and its one launch. Each further kernel costs 1.1 µs
+# (the line through $n$ = 1 to 18 is 3.7 µs + 1.1 µs a kernel): of the unfused step's 2.0 µs
+# an operation, about 1.1 µs is starting one more kernel inside the graph and about 0.9 µs the
+# work of the average operation. The two runs were taken on different days, so these compare
+# sizes, not the last 0.1 µs.
