@@ -262,15 +262,22 @@ def dual_chunk_position(idx, length, cp_size, cp_rank):
 
 
 @triton.jit
-def contiguous_strides(S, B, H, D: tl.constexpr, LAYOUT: tl.constexpr, INT64: tl.constexpr):
+def contiguous_strides(S, B, H, D: tl.constexpr, LAYOUT: tl.constexpr, INT64: tl.constexpr,
+                       ROW: tl.constexpr = 0):
     """(s, b, h) strides of a fresh contiguous tensor seen as [S, B, H, D] (features at stride 1):
     LAYOUT 0 sbhd (and thd, B = 1), 1 bshd, 2 Hugging Face's bhsd (kernels/planning.OUT_LAYOUT).
-    Products in int64 when the tensor may pass 2^31 elements."""
+    ROW > 0 (layouts 0 and 1): a token's row of heads starts ROW elements after the one before
+    (ROW >= H * D), as in a column slice of a token-major [tokens, ROW] buffer. Products in
+    int64 when the tensor may pass 2^31 elements."""
     if INT64:
         unit = tl.full([], 1, tl.int64)
     else:
         unit = tl.full([], 1, tl.int32)
-    hd = unit * H * D
+    if ROW > 0:
+        tl.static_assert(LAYOUT != 2, "token rows of their own stride: sbhd, thd or bshd only")
+        hd = unit * ROW
+    else:
+        hd = unit * H * D
     if LAYOUT == 1:
         st_s = hd
         st_b = hd * S

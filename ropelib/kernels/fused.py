@@ -1,19 +1,22 @@
 """The finished RoPE kernels: one pass over the tensor, forward and backward, every layout.
 
 One body (_rope_heads) behind four narrow entry points, one per source of positions, so that no
-kernel takes more than 33 arguments (each argument costs host time at every launch through
-Triton's launcher, and a wide kernel costs more in compiled graphs; the 33rd, X_FIRST, is a
-constexpr that ropelib's own launches do not bind):
+kernel takes more than 34 arguments, at most 24 of them bound at a launch (each bound one costs
+host time at every launch through Triton's launcher, and a wide kernel costs more in compiled
+graphs; the constexprs, X_FIRST and OUT_ROW among them, are not bound by ropelib's own
+launches):
 
-    _rope_kernel          the token index (+ start offsets, context parallelism)     33 args
-    _rope_ids_kernel      explicit position ids                                     32
-    _rope_packed_kernel   packed sequences (thd, cu_seqlens)                        29
+    _rope_kernel          the token index (+ start offsets, context parallelism)     34 args
+    _rope_ids_kernel      explicit position ids                                     33
+    _rope_packed_kernel   packed sequences (thd, cu_seqlens)                        30
     _rope_qkv_kernel      Transformer Engine's packed QKV, forward and backward     33
 
 What is not an argument follows from the others: k, start offsets, in place (an output None),
 angles or cos/sin or table-free (the table's pointers and dtype), fp64 math, the tile widths
-(from R and D); an output is a fresh contiguous tensor whose strides follow from its shape and
-layout; outputs and tables read features at stride 1 (the inputs' feature strides are
+(from R and D); an output is a tensor whose strides follow from its shape and layout: fresh and
+contiguous, or (OUT_ROW, a constexpr) column slices of one token-major buffer whose token rows
+are OUT_ROW elements apart, as the QKV projection's backward writes q's and k's gradients into
+its gradient dY (qkv_linear.written_dy); outputs and tables read features at stride 1 (the inputs' feature strides are
 arguments: a gradient may be expanded).
 
 How it is parallelised
@@ -452,14 +455,15 @@ def _rope_q_or_k(
     stride_q_s, stride_q_b, stride_q_h, stride_q_d,
     stride_k_s, stride_k_b, stride_k_h, stride_k_d,
     stride_tab_b, stride_tab_p, stride_ids_b,
-    R: tl.constexpr, D: tl.constexpr, OUT_LAYOUT: tl.constexpr,
+    R: tl.constexpr, D: tl.constexpr, OUT_LAYOUT: tl.constexpr, OUT_ROW: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
     INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr, PER_ENTRY: tl.constexpr,
     X_FIRST: tl.constexpr, INT64: tl.constexpr,
 ):
     # The program's tile of q's heads or of k's (grid axis 1: q's head blocks, then k's). In
-    # place (q_out_ptr None) the output is the input; otherwise a fresh contiguous tensor in
-    # OUT_LAYOUT, whose strides follow from its shape.
+    # place (q_out_ptr None) the output is the input; otherwise a tensor in OUT_LAYOUT whose
+    # strides follow from its shape: contiguous (OUT_ROW 0), or token rows OUT_ROW elements
+    # apart (column slices of one token-major buffer, common.contiguous_strides).
     # fp64 math when q or its output (Hugging Face promotes with cos) is fp64, else fp32
     if q_out_ptr is None:
         CDT: tl.constexpr = tl.float64 if q_ptr.dtype.element_ty == tl.float64 else tl.float32
@@ -477,7 +481,7 @@ def _rope_q_or_k(
             qy_s, qy_b, qy_h = stride_q_s, stride_q_b, stride_q_h
         else:
             q_y = q_out_ptr
-            qy_s, qy_b, qy_h = contiguous_strides(S, B, HQ, D, OUT_LAYOUT, INT64)
+            qy_s, qy_b, qy_h = contiguous_strides(S, B, HQ, D, OUT_LAYOUT, INT64, OUT_ROW)
         _rope_heads(q_ptr, q_y, cos_ptr, sin_ptr, position_ids_ptr, cu_seqlens_ptr, start_ptr,
                     pid_s, pid_h * BLOCK_H, b_lo, b_hi, S, HQ, P, N_SEQ, cp_size, cp_rank,
                     stride_q_s, stride_q_b, stride_q_h, 0, stride_q_d, qy_s, qy_b, qy_h, 0,
@@ -490,7 +494,7 @@ def _rope_q_or_k(
             ky_s, ky_b, ky_h = stride_k_s, stride_k_b, stride_k_h
         else:
             k_y = k_out_ptr
-            ky_s, ky_b, ky_h = contiguous_strides(S, B, HK, D, OUT_LAYOUT, INT64)
+            ky_s, ky_b, ky_h = contiguous_strides(S, B, HK, D, OUT_LAYOUT, INT64, OUT_ROW)
         _rope_heads(k_ptr, k_y, cos_ptr, sin_ptr, position_ids_ptr, cu_seqlens_ptr, start_ptr,
                     pid_s, (pid_h - q_blocks) * BLOCK_H, b_lo, b_hi, S, HK, P, N_SEQ, cp_size,
                     cp_rank, stride_k_s, stride_k_b, stride_k_h, 0, stride_k_d, ky_s, ky_b, ky_h,
@@ -499,7 +503,7 @@ def _rope_q_or_k(
                     INT64)
 
 
-# --- the entry points: one per source of positions, each at most 33 arguments ----------------
+# --- the entry points: one per source of positions, each at most 34 arguments ----------------
 # Common to all: q (and k, None without it) with their outputs (None in place: written where
 # they are read); a table cos_ptr/sin_ptr as table_cos_sin reads it; features are contiguous in
 # every output and table (stride 1), and q's and k's feature strides are arguments.
@@ -516,6 +520,7 @@ def _rope_kernel(
     stride_tab_p,                        # the table's row stride (a batch of tables is dense)
     R: tl.constexpr, D: tl.constexpr,    # rotary dim, head dim
     OUT_LAYOUT: tl.constexpr,            # the outputs' layout (see common.contiguous_strides)
+    OUT_ROW: tl.constexpr,               # 0, or the outputs' token row stride (a column slice)
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
     INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr,
     TABLE_PER_ENTRY: tl.constexpr,       # one table per batch entry (Hugging Face's [B, S, R])
@@ -529,7 +534,7 @@ def _rope_kernel(
                  S, B, HQ, HK, P, 0, cp_size, cp_rank,
                  stride_q_s, stride_q_b, stride_q_h, stride_q_d,
                  stride_k_s, stride_k_b, stride_k_h, stride_k_d,
-                 stride_tab_b, stride_tab_p, 0, R, D, OUT_LAYOUT, BLOCK_S, BLOCK_H,
+                 stride_tab_b, stride_tab_p, 0, R, D, OUT_LAYOUT, OUT_ROW, BLOCK_S, BLOCK_H,
                  INTERLEAVED, BACKWARD, PER_ENTRY, X_FIRST, INT64)
 
 
@@ -541,7 +546,7 @@ def _rope_ids_kernel(
     stride_q_s, stride_q_b, stride_q_h, stride_q_d,
     stride_k_s, stride_k_b, stride_k_h, stride_k_d,
     stride_tab_p,
-    R: tl.constexpr, D: tl.constexpr, OUT_LAYOUT: tl.constexpr,
+    R: tl.constexpr, D: tl.constexpr, OUT_LAYOUT: tl.constexpr, OUT_ROW: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
     INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr,
     TABLE_PER_ENTRY: tl.constexpr,
@@ -556,8 +561,8 @@ def _rope_ids_kernel(
                  None, S, B, HQ, HK, P, 0, 1, 0,
                  stride_q_s, stride_q_b, stride_q_h, stride_q_d,
                  stride_k_s, stride_k_b, stride_k_h, stride_k_d,
-                 stride_tab_b, stride_tab_p, stride_ids_b, R, D, OUT_LAYOUT, BLOCK_S, BLOCK_H,
-                 INTERLEAVED, BACKWARD, PER_ENTRY, X_FIRST, INT64)
+                 stride_tab_b, stride_tab_p, stride_ids_b, R, D, OUT_LAYOUT, OUT_ROW, BLOCK_S,
+                 BLOCK_H, INTERLEAVED, BACKWARD, PER_ENTRY, X_FIRST, INT64)
 
 
 @triton.jit
@@ -571,6 +576,7 @@ def _rope_packed_kernel(
     stride_k_t, stride_k_h, stride_k_d,
     stride_tab_p,
     R: tl.constexpr, D: tl.constexpr,
+    OUT_ROW: tl.constexpr,               # 0, or the outputs' token row stride (a column slice)
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
     INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr, INT64: tl.constexpr,
 ):
@@ -579,8 +585,8 @@ def _rope_packed_kernel(
     _rope_q_or_k(q_ptr, q_out_ptr, k_ptr, k_out_ptr, cos_ptr, sin_ptr, None, cu_seqlens_ptr,
                  start_ptr, T, 1, HQ, HK, P, N_SEQ, cp_size, cp_rank,
                  stride_q_t, 0, stride_q_h, stride_q_d, stride_k_t, 0, stride_k_h, stride_k_d,
-                 0, stride_tab_p, 0, R, D, 0, BLOCK_S, BLOCK_H, INTERLEAVED, BACKWARD, False,
-                 1, INT64)
+                 0, stride_tab_p, 0, R, D, 0, OUT_ROW, BLOCK_S, BLOCK_H, INTERLEAVED, BACKWARD,
+                 False, 1, INT64)
 
 
 @triton.jit

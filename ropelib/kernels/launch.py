@@ -204,8 +204,10 @@ def plan(q: View, q_out: Optional[View], table: Table, positions: Positions, *, 
          k_out: Optional[View] = None, tiles: Optional[tuple] = None, rows_kept: bool = False):
     """One launch over q (and k): (Launch, its pointer arguments in its kernel's order).
 
-    q and k are the [S, B, H, D] views the kernel reads; q_out and k_out the fresh contiguous
-    outputs in `layout`, or None to rotate in place. `table` serves q and k. Which of the
+    q and k are the [S, B, H, D] views the kernel reads; q_out and k_out the outputs in
+    `layout`, or None to rotate in place: fresh contiguous tensors, or column slices of one
+    token-major buffer, both with the same token row stride (`output_row`; the finished kernel
+    only: explicit `tiles`, or a call the two-pass route does not take). `table` serves q and k. Which of the
     kernels runs follows from where positions come from: the token index (with start offsets
     and context parallelism), position ids, or packed sequences. Large contiguous inputs take
     the two-pass route instead (takes_two_passes); explicit `tiles` keep the finished kernel.
@@ -220,6 +222,8 @@ def plan(q: View, q_out: Optional[View], table: Table, positions: Positions, *, 
     x = q.tensor
     S, B, D = x.shape[0], x.shape[1], q.features()
     HK = k.heads if k is not None else 0
+    out_row = output_row(q_out, k_out, layout)
+    assert out_row is not None, "the outputs must be contiguous, or token rows of one stride"
     block_s, block_h, chunk, num_warps = tiles or _tiles(x, S, B, (q.heads, HK), R, D,
                                                          table.exact)
     grid = (cdiv(S, block_s), cdiv(q.heads, block_h) + cdiv(HK, block_h), cdiv(B, chunk))
@@ -232,7 +236,7 @@ def plan(q: View, q_out: Optional[View], table: Table, positions: Positions, *, 
            k_out.tensor if k_out is not None else None)
     tensors = (x, out[0], k.tensor if k is not None else None, out[1], table.cos, table.sin)
     options = dict(R=R, D=D, BLOCK_S=block_s, BLOCK_H=block_h, INTERLEAVED=interleaved,
-                   BACKWARD=backward, INT64=int64)
+                   BACKWARD=backward, INT64=int64, OUT_ROW=out_row)
     x_first = _x_first(B, chunk)           # (the packed kernel's one entry: always)
     if pos.position_ids is not None:
         ids = pos.position_ids
@@ -256,6 +260,38 @@ def plan(q: View, q_out: Optional[View], table: Table, positions: Positions, *, 
                     stride_tab_p=tab_p, OUT_LAYOUT=OUT_LAYOUT[layout],
                     TABLE_PER_ENTRY=per_entry, X_FIRST=x_first, **options)
     return Launch(grid, num_warps, args, pointer_dtypes(pointers), x.device, launcher), pointers
+
+
+def output_row(q_out: Optional[View], k_out: Optional[View], layout: str) -> Optional[int]:
+    """The finished kernel's OUT_ROW for these outputs ([S, B, H, D] views in `layout`, None in
+    place): 0 where each is contiguous in the layout (or absent); the token row stride where
+    both are column slices of one token-major buffer (sbhd, bshd or thd: features at stride 1,
+    heads D apart, a token's row of heads ROW >= H * D elements after the one before, the same
+    ROW for q's and k's); None for any other strides."""
+    outs = [v for v in (q_out, k_out) if v is not None]
+    if all(contiguous_in(v, layout) for v in outs):
+        return 0
+    if layout not in ("sbhd", "bshd", "thd"):
+        return None
+    rows = set()
+    for v in outs:
+        t = v.tensor
+        if any(isinstance(n, torch.SymInt) for n in (*t.shape, *t.stride())):
+            return None                 # (OUT_ROW is a constexpr: a number known now)
+        S, B, H, D = t.shape
+        s, b, h, d = t.stride()
+        if v.hpg != 1 or (d != 1 and D > 1) or (h != D and H > 1):
+            return None
+        # token rows ROW apart: bshd's tokens run b-major (s at ROW, b at S * ROW), sbhd's and
+        # thd's s-major (b at ROW, s at B * ROW)
+        inner, outer, n_inner, n_outer = (s, b, S, B) if layout == "bshd" else (b, s, B, S)
+        row = inner if n_inner > 1 else (outer if n_outer > 1 else H * D)
+        if n_outer > 1 and outer != row * n_inner:
+            return None
+        if row < H * D:
+            return None
+        rows.add(row)
+    return rows.pop() if len(rows) == 1 else None
 
 
 def _x_first(B, chunk) -> int:

@@ -1,0 +1,90 @@
+"""The finished kernel writing q and k into column slices of one token-major buffer (OUT_ROW):
+the same bits as into fresh contiguous tensors, nothing outside the slices touched, and the
+planner's `output_row` saying which strides it can store through."""
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before ropelib's kernels are imported
+
+import ropelib  # noqa: E402
+from ropelib import ops  # noqa: E402
+from ropelib.kernels import launch  # noqa: E402
+from ropelib.kernels.launch import Positions, Table  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+HQ, HK, D = 4, 2, 16
+
+
+def _grads(layout, S, B, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    lead = (S * B,) if layout == "thd" else ((S, B) if layout == "sbhd" else (B, S))
+    q = torch.randn(*lead, HQ, D, generator=g).to(DEV, dtype)
+    k = torch.randn(*lead, HK, D, generator=g).to(DEV, dtype)
+    return q, k, lead
+
+
+def _positions(kind, S, B, lead):
+    if kind == "ids":
+        return Positions(position_ids=torch.randint(0, 2 * S, (B, S)).to(DEV))
+    if kind == "packed":
+        return Positions(cu_seqlens=torch.tensor([0, 3, S * B], dtype=torch.int32, device=DEV))
+    if kind == "start":
+        return Positions(start=torch.arange(B, dtype=torch.int32, device=DEV) * 2)
+    return Positions()
+
+
+def _slices(lead, extra, dtype):
+    """A NaN-filled token-major buffer [tokens, (HQ + HK + extra) * D] and q's and k's column
+    slices of it, shaped as the outputs ([*lead, H, D])."""
+    tokens = 1
+    for n in lead:
+        tokens *= n
+    width = (HQ + HK + extra) * D
+    buf = torch.full((tokens, width), float("nan"), dtype=dtype, device=DEV)
+    qs = buf[:, :HQ * D].unflatten(0, lead).unflatten(-1, (HQ, D))
+    ks = buf[:, HQ * D:(HQ + HK) * D].unflatten(0, lead).unflatten(-1, (HK, D))
+    return buf, qs, ks
+
+
+@pytest.mark.parametrize("layout,positions", [
+    ("sbhd", "tokens"), ("sbhd", "ids"), ("sbhd", "start"), ("bshd", "tokens"), ("bshd", "ids"),
+    ("bshd", "start"), ("thd", "tokens"), ("thd", "packed")])
+@pytest.mark.parametrize("interleaved,rotary", [(False, D), (True, D), (False, D // 2)])
+@pytest.mark.parametrize("backward", [False, True])
+def test_slices_hold_the_contiguous_bits(layout, positions, interleaved, rotary, backward):
+    S, B = 5, 2
+    dtype = torch.bfloat16
+    q, k, lead = _grads(layout, S, B, dtype)
+    pos = _positions(positions, S if layout != "thd" else S * B, B if layout != "thd" else 1,
+                     lead)
+    table = Table(ropelib.rope_freqs(64, rotary, device=DEV).reshape(64, rotary), None)
+    want_q, want_k = torch.empty_like(q), torch.empty_like(k)
+    ops._launch(q, want_q, table, pos, layout, interleaved=interleaved, backward=backward, k=k,
+                k_out=want_k)
+    buf, qs, ks = _slices(lead, 3, dtype)
+    ops._launch(q, qs, table, pos, layout, interleaved=interleaved, backward=backward, k=k,
+                k_out=ks)
+    assert torch.equal(qs, want_q) and torch.equal(ks, want_k)
+    assert buf[:, (HQ + HK) * D:].isnan().all()          # the columns past the slices untouched
+
+
+def test_output_row_reads_the_strides():
+    view = lambda t, layout: launch.View.of(ropelib.conventions.view4(t, layout))  # noqa: E731
+    _, qs, ks = _slices((3, 5), 2, torch.float32)            # bshd: B 3, S 5
+    assert launch.output_row(view(qs, "bshd"), view(ks, "bshd"), "bshd") == (HQ + HK + 2) * D
+    _, qs, ks = _slices((7,), 1, torch.float32)              # thd
+    assert launch.output_row(view(qs, "thd"), view(ks, "thd"), "thd") == (HQ + HK + 1) * D
+    fresh = torch.empty(3, 5, HQ, D)
+    assert launch.output_row(view(fresh, "bshd"), None, "bshd") == 0
+    assert launch.output_row(None, None, "bshd") == 0
+    # one slice and one fresh tensor: two row strides, which one OUT_ROW cannot hold
+    _, qs, _ = _slices((3, 5), 2, torch.float32)
+    assert launch.output_row(view(qs, "bshd"), view(torch.empty(3, 5, HK, D), "bshd"),
+                             "bshd") is None
+    # heads not D apart, or Hugging Face's bhsd: not token rows
+    assert launch.output_row(view(torch.empty(3, 5, HQ, 2 * D)[..., :D], "bshd"), None,
+                             "bshd") is None
+    assert launch.output_row(view(qs.transpose(1, 2), "bhsd"), None, "bhsd") is None
