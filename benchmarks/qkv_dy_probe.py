@@ -3,9 +3,9 @@
 `ropelib.qkv_rope_linear(..., backward="prologue")` never writes the un-rotated gradient of the
 projection, dY [M, N]: its dX and dW GEMMs re-form dY from the gradients of the rotated q, k
 (inverse rotation) and v as they load their operand, dW once per column block of x.
-`backward="dy"` writes it once (`qkv_linear.written_dy`: ropelib's RoPE operator rotates the
-gradients of q and k back, one launch, and q's, k's and v's columns are set side by side) and
-runs cuBLAS for dX = dY W and dW = dY^T x. This probe times both on the benchmark's case
+`backward="dy"` writes it once (`qkv_linear.written_dy`: ropelib's RoPE rotates the gradients of
+q and k back in one launch, storing them straight into their columns of dY, and v's are copied
+into theirs) and runs cuBLAS for dX = dY W and dW = dY^T x. This probe times both on the benchmark's case
 (Llama-3-8B's projection, bf16, table-free angles, no QK-norm; benchmarks/qkv_rope_bench.py):
 
 * fused, prologues: `qkv_rope_linear(..., backward="prologue")`;

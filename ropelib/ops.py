@@ -53,23 +53,39 @@ def kernel_view(t: Optional[Tensor], layout: str) -> Optional[View]:
 def _launch(x: Tensor, y: Optional[Tensor], table: Table, positions: Positions, layout: str, *,
             interleaved: bool, backward: bool, k: Optional[Tensor] = None,
             k_out: Optional[Tensor] = None) -> None:
-    """Rotate x (and k) in `layout` into y (and k_out), fresh contiguous tensors, or in place
-    (y None), in one launch; in place where the kernels cannot store (writes_in_place), into
-    fresh tensors copied back."""
+    """Rotate x (and k) in `layout` into y (and k_out), or in place (y None), in one launch. y
+    and k_out are fresh contiguous tensors, or column slices of one token-major buffer with one
+    token row stride (launch.output_row: the QKV projection's dY, written straight into). Where
+    the kernels cannot store (writes_in_place, output_row), into fresh tensors copied there."""
     x4 = view4(x, layout)
     if x4.shape[0] == 0 or x4.shape[1] == 0:
         return
-    if y is None and not writes_in_place(x, k):
-        y, k_out = _empty_like(x), (_empty_like(k) if k is not None else None)
-        _launch(x, y, table, positions, layout, interleaved=interleaved, backward=backward,
-                k=k, k_out=k_out)
-        x.copy_(y)
+    stores = writes_in_place(x, k) if y is None else \
+        launch.output_row(kernel_view(y, layout), kernel_view(k_out, layout), layout) is not None
+    if not stores:
+        fresh_y, fresh_k = _empty_like(x, y.dtype if y is not None else None), \
+            (_empty_like(k, k_out.dtype if k_out is not None else None)
+             if k is not None else None)
+        _launch(x, fresh_y, table, positions, layout, interleaved=interleaved,
+                backward=backward, k=k, k_out=fresh_k)
+        (x if y is None else y).copy_(fresh_y)
         if k is not None:
-            k.copy_(k_out)
+            (k if k_out is None else k_out).copy_(fresh_k)
         return
     launch.run(*plan(kernel_view(x, layout), kernel_view(y, layout), table, positions,
                      R=table.cos.shape[-1], interleaved=interleaved, backward=backward,
                      layout=layout, k=kernel_view(k, layout), k_out=kernel_view(k_out, layout)))
+
+
+def rotate_into(q: Tensor, q_out: Tensor, k: Tensor, k_out: Tensor, table: Tensor,
+                sin: Optional[Tensor], position_ids: Optional[Tensor],
+                cu_seqlens: Optional[Tensor], layout: str, interleaved: bool,
+                backward: bool) -> None:
+    """Rotate q and k into q_out and k_out, tensors of the caller's (column slices of one
+    token-major buffer are stored into directly: `_launch`). For code inside ropelib's own
+    operators, which own the outputs (qkv_linear.written_dy); not an operator itself."""
+    _launch(q, q_out, Table(table, sin), Positions(position_ids, cu_seqlens), layout,
+            interleaved=interleaved, backward=backward, k=k, k_out=k_out)
 
 
 def writes_in_place(*xs: Optional[Tensor]) -> bool:

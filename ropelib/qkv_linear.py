@@ -7,8 +7,10 @@ computes a fused nn.Linear's projection x W^T + b, splits it into q, k and v hea
 each q and k head (with norm weights, as Qwen3 and Gemma 3 do) and rotates q and k, all in one
 Triton GEMM whose epilogue does the norm and the rotation while the tile is in registers
 (ropelib/kernels/qkv_gemm.py says how). Its backward writes the projection's gradient dY once
-(backward="dy", the default): ropelib's RoPE (or, with QK-norm, qk_norm_rope's backward) undoes
-the rotation (and the norm) of the gradients of q and k, and cuBLAS runs dX and dW on dY.
+(backward="dy", the default): ropelib's RoPE undoes the rotation of the gradients of q and k and
+stores them straight into their columns of dY (with QK-norm, qk_norm_rope's backward undoes the
+norm and the rotation into tensors of their own, set side by side after), and cuBLAS runs dX and
+dW on dY.
 backward="prologue" never writes dY: ropelib's dX and dW GEMMs undo the rotation (and the norm)
 as they load the gradient, at the price of re-forming it in every column block; on an H200 at
 8192 tokens of Llama-3-8B's projection it took 2.7 times as long (3.7 with QK-norm;
@@ -25,9 +27,11 @@ fake implementation), which launches the kernel:
         position_ids, cu_seqlens, q_norm_weight, k_norm_weight, rstd, norm_input, n_heads,
         n_kv_heads, head_dim, interleaved, out_layout, grad_x, grad_params, has_bias)
         -> (grad_x, grad_weight, grad_bias, grad_q_norm_weight, grad_k_norm_weight)
+    torch.ops.ropelib.qkv_rotated_dy(grad_q, grad_k, grad_v, x, table, sin, position_ids,
+        cu_seqlens, interleaved) -> dY
 
-The forward's autograd formula is ropelib's RoPE operator (or qk_norm_rope's backward operator)
-and two matrix products (backward="dy"), or the backward operator (backward="prologue"); double
+The forward's autograd formula is qkv_rotated_dy (or qk_norm_rope's backward operator and a
+torch.cat) and two matrix products (backward="dy"), or the backward operator (backward="prologue"); double
 backward is not supported.
 rstd and norm_input are what the norm's backward needs (empty without norm weights or when no
 gradient will be asked for); tensors an operator does not compute come back empty ([0]).
@@ -238,17 +242,29 @@ def _token_major(grads: tuple, out_layout: str) -> tuple:
     return tuple(g.transpose(1, 2) for g in grads) if out_layout == "bhsd" else tuple(grads)
 
 
+@define_op("ropelib::qkv_rotated_dy")
 def written_dy(grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, x: Tensor, table: Tensor,
                sin: Optional[Tensor], position_ids: Optional[Tensor],
                cu_seqlens: Optional[Tensor], interleaved: bool) -> Tensor:
-    """The projection's gradient dY [M, N] (x's dtype) from the gradients of q, k and v as
-    [B, S, H, D] (packed x: [T, H, D]; _token_major): q's and k's rotated back by ropelib's
-    RoPE (its backward, one launch for both), then q's, k's and v's columns side by side, in
-    the weight's row order. position_ids as qkv_rope_linear keeps them: [B or 1, S] (packed:
-    [1, T]), what ropelib's RoPE operator reads."""
-    dq, dk = ops.rope_qk(grad_q, grad_k, table, sin, position_ids, cu_seqlens, None,
-                         "thd" if x.dim() == 2 else "bshd", interleaved, 1, 0, True, None)
-    return _rows_side_by_side(x, dq, dk, grad_v)
+    """The projection's gradient dY [M, N] (the gradients' dtype) from the gradients of q, k and
+    v as [B, S, H, D] (packed x: [T, H, D]; _token_major), q's columns, then k's, then v's, in
+    the weight's row order: ropelib's RoPE rotates q's and k's back in one launch and stores
+    them straight into their columns of dY (column slices of one token-major buffer: the
+    finished kernel's OUT_ROW), and v's are copied into theirs. q's and k's gradients are so
+    read once and written once, where rotating them into tensors of their own and setting the
+    three side by side (torch.cat) moved them twice. position_ids as qkv_rope_linear keeps
+    them: [B or 1, S] (packed: [1, T]), what ropelib's RoPE operator reads. x gives the token
+    count only."""
+    lead = grad_q.shape[:-2]                     # [B, S] or [T]
+    M = x.numel() // x.shape[-1]
+    nq, nk, nv = (g.shape[-2] * g.shape[-1] for g in (grad_q, grad_k, grad_v))
+    dy = torch.empty(M, nq + nk + nv, dtype=grad_q.dtype, device=grad_q.device)
+    dq = dy[:, :nq].view(*lead, *grad_q.shape[-2:])
+    dk = dy[:, nq:nq + nk].view(*lead, *grad_k.shape[-2:])
+    ops.rotate_into(grad_q, dq, grad_k, dk, table, sin, position_ids, cu_seqlens,
+                    "thd" if x.dim() == 2 else "bshd", interleaved, backward=True)
+    dy[:, nq + nk:].copy_(grad_v.reshape(M, nv))
+    return dy
 
 
 def _rows_side_by_side(x: Tensor, *grads: Tensor) -> Tensor:

@@ -88,3 +88,48 @@ def test_output_row_reads_the_strides():
     assert launch.output_row(view(torch.empty(3, 5, HQ, 2 * D)[..., :D], "bshd"), None,
                              "bshd") is None
     assert launch.output_row(view(qs.transpose(1, 2), "bhsd"), None, "bhsd") is None
+
+
+@pytest.mark.parametrize("shape", ["bshd", "bhsd", "thd", "thd-packed", "bshd-ids"])
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_written_dy_is_the_rotated_gradients_side_by_side(shape, interleaved):
+    """qkv_linear.written_dy (q's and k's gradients rotated straight into dY's columns) gives
+    the bits of rotating them into tensors of their own and setting them side by side."""
+    from ropelib import qkv_linear
+    g = torch.Generator().manual_seed(3)
+    B, S, hidden = 2, 5, 32
+    lead = (B * S,) if shape.startswith("thd") else (B, S)
+    x = torch.randn(*lead, hidden, generator=g).to(DEV, torch.bfloat16)
+    grads = [torch.randn(*lead, h, D, generator=g).to(DEV, torch.bfloat16) for h in (HQ, HK, HK)]
+    if shape == "bhsd":         # the gradients of bhsd outputs, seen token-major (transposed)
+        grads = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in grads]
+    angles = ropelib.rope_angles(D, device=DEV)
+    ids = cu = None
+    if shape == "bshd-ids":
+        ids = torch.randint(0, 3 * S, (B, S), generator=g).to(DEV)
+    if shape == "thd-packed":
+        cu = torch.tensor([0, 4, B * S], dtype=torch.int32, device=DEV)
+    layout = "thd" if shape.startswith("thd") else "bshd"
+    dq, dk = ops.rope_qk(grads[0], grads[1], angles.turns, angles.amplitude, ids, cu, None,
+                         layout, interleaved, 1, 0, True, None)
+    M = B * S
+    want = torch.cat([t.reshape(M, -1) for t in (dq, dk, grads[2])], dim=1)
+    got = qkv_linear.written_dy(*grads, x, angles.turns, angles.amplitude, ids, cu, interleaved)
+    assert got.shape == want.shape and got.is_contiguous()
+    assert torch.equal(got, want)
+
+
+def test_outputs_the_kernel_cannot_store_into_are_written_through_a_copy():
+    """q's output a column slice and k's a tensor of its own (two token row strides, which one
+    OUT_ROW cannot hold): the rotation lands in both all the same, by way of fresh tensors."""
+    q, k, lead = _grads("bshd", 5, 2, torch.float32)
+    table = Table(ropelib.rope_freqs(64, D, device=DEV).reshape(64, D), None)
+    want_q, want_k = torch.empty_like(q), torch.empty_like(k)
+    ops._launch(q, want_q, table, Positions(), "bshd", interleaved=False, backward=False, k=k,
+                k_out=want_k)
+    buf, qs, _ = _slices(lead, 1, torch.float32)
+    k_own = torch.full_like(k, float("nan"))
+    ops._launch(q, qs, table, Positions(), "bshd", interleaved=False, backward=False, k=k,
+                k_out=k_own)
+    assert torch.equal(qs, want_q) and torch.equal(k_own, want_k)
+    assert buf[:, HQ * D:].isnan().all()

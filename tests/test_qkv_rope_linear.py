@@ -612,8 +612,20 @@ def test_opcheck(norm, seeded):
                                    rstd, pre, 2, 1, 16, False, "bhsd", True, norm, norm))
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["bshd", "thd"])
+def test_opcheck_rotated_dy(packed, seeded):
+    """The dY operator of backward="dy" (the gradients of q, k and v in, dY out)."""
+    lead = (8,) if packed else (2, 4)
+    x = torch.randn(*lead, 32)
+    grads = [torch.randn(*lead, h, 16) for h in (2, 1, 1)]
+    angles = ropelib.rope_angles(16)
+    cu = torch.tensor([0, 3, 8], dtype=torch.int32) if packed else None
+    torch.library.opcheck(OPS.qkv_rotated_dy.default,
+                          (*grads, x, angles.turns, angles.amplitude, None, cu, False))
+
+
 def test_registered_as_triton_ops_on_a_gpu():
-    assert_registered('qkv_rope_linear', 'qkv_rope_linear_backward')
+    assert_registered('qkv_rope_linear', 'qkv_rope_linear_backward', 'qkv_rotated_dy')
 
 
 @pytest.mark.parametrize("table", ["freqs", "angles"])
