@@ -18,10 +18,10 @@
 #
 # Notebook 02 wrote RoPE in plain PyTorch and counted what it costs: several kernels, each
 # reading and writing the whole tensor. Here we write the first *Triton* kernel that does it in
-# one pass, in the simplest way that works: one program per row. It is slow on purpose — it is
-# the baseline that notebook 04's batch-reusing grid and ropelib's finished kernel are measured
-# against. Most ideas of the faster kernels are already here; reuse over the batch and
-# whole-row loads are not.
+# one pass, in the simplest way that works: one program per row. It is the slow baseline that
+# notebook 04's batch-reusing grid and ropelib's finished kernel are measured against, and
+# section 4 measures what makes it slow: not its bytes, but its number of programs. Most ideas
+# of the faster kernels are already here; reuse over the batch and whole-row loads are not.
 #
 # **After this notebook you will be able to**
 #
@@ -29,8 +29,8 @@
 # - write a RoPE kernel in a few lines, then grow it: masks for any head dim, strides for any
 #   layout, dtypes, up to the kernel ropelib ships;
 # - tell `BLOCK_SIZE` (the tile of data a program works on) from `num_warps` (the threads that
-#   work on it); say why a million one-row programs cost what their starts cost, and why
-#   warps that outnumber a tile's elements only repeat its work;
+#   work on it); say why a million one-row programs take the time the GPU needs to start
+#   them, and why warps that outnumber a tile's elements only repeat its work;
 # - see which 32-byte sectors a load or store touches, recorded from a real launch in Triton's
 #   interpreter; say why stride-2 stores cost more than stride-2 loads (L1 absorbs one, not the
 #   other), and read from the compiled layout whether an interleaved kernel's loads use whole
@@ -42,7 +42,14 @@
 # Everything runs on a GPU, or on the CPU through Triton's interpreter (`TRITON_INTERPRET=1`),
 # where sizes are chosen small automatically.
 #
-# **Time budget.** Running every cell takes about a minute on the CPU in the interpreter.
+# **Where the numbers come from.** The GPU times and counters the text quotes were measured on
+# an NVIDIA H200 and committed under `benchmarks/results/` (files ending in
+# `-nvidia-h200.csv`); the cells read them and check each number the text quotes, so they are
+# the same on every machine. Cells that time live on a GPU print their own numbers, for the
+# GPU the second cell names. On another GPU than an H200 (an H100, say) those differ from the
+# H200's, and each such cell says whether it compares the two.
+#
+# **Time budget.** Running every cell takes a minute or two on the CPU in the interpreter.
 # Reading it, working through its tables and trying the suggested edits takes about 2 to 2.5
 # hours for a study group. The two kernel exercises at the end and exercise 4's (c)/(d)
 # follow-up take 30 to 60 minutes more.
@@ -78,9 +85,11 @@ print(f"x: [S={S}, B={B}, H={H}, D={D}] on {device}")
 # %% [markdown]
 # ## 1. The job
 #
-# The input is TE's `sbhd` layout, `x[s, b, h, :]` a row of `D` features, and the angle table
-# `freqs[s, 0, 0, :]` holds one fp32 angle per feature. Rotate-half pairs feature $j$ with
-# $j + D/2$; with $\theta_j$ the angle of feature $j$ at position $s$:
+# The input is in the `sbhd` layout of Transformer Engine (TE, NVIDIA's library whose RoPE
+# ropelib matches): `x[s, b, h, :]` (sequence position, batch, head) is a row of `D`
+# features, and the angle table `freqs[s, 0, 0, :]` holds one fp32 angle per feature.
+# Rotate-half pairs feature $j$ with $j + D/2$; with $\theta_j$ the angle of feature $j$ at
+# position $s$:
 #
 # $$
 # \begin{aligned}
@@ -109,8 +118,9 @@ print(freqs.shape, freqs.dtype, "->", y_ref.shape, y_ref.dtype)
 # (vectors of a compile-time size), not on one element like a CUDA thread. Launching it as
 # `kernel[grid](...)` starts one program per point of the grid, and `tl.program_id(axis)` tells
 # a program where it is. On a GPU a program runs as one thread block on one streaming
-# multiprocessor, and the compiler spreads its tiles over the block's threads; in the
-# interpreter the programs run one after another as Python.
+# multiprocessor (SM; an H100 or H200 has 132), and the compiler spreads its tiles over the
+# block's threads, in groups of 32 called *warps*. In the interpreter the programs run one
+# after another as Python.
 #
 # The naive choice: **one program per row** `x[s, b, h, :]`, all on one grid axis, with $h$
 # moving fastest, then $b$, then $s$ — the order the rows of a contiguous sbhd tensor lie in
@@ -480,13 +490,13 @@ def _rope_naive_kernel(
     tl.store(y_row + HALF + offs, round_to(y2, y_ptr.dtype.element_ty, BF16_RTNE), mask=mask)
 
 # %% [markdown]
-# The launcher validates the inputs, allocates a contiguous output and picks the constexprs.
 # The next cell is the launcher of `ropelib.course.kernels.naive.rope_naive` under a name of
-# its own, `my_rope_naive`: it launches `_rope_naive_kernel` as ropelib's does, and here that
-# name is the kernel of the cell above. The helpers it calls (input checks, tile size, grid,
-# warps) are imported from ropelib's module.
-# Section 4 times this launcher and section 7 checks it, so an edit to either cell shows up
-# there: run the two cells again after an edit, then the cells that use them.
+# its own, `my_rope_naive`. It validates the inputs, allocates a contiguous output (unless
+# given `out=`), picks the constexprs and launches `_rope_naive_kernel`, which here is the
+# kernel of the cell above. The helpers it calls (input checks, tile size, grid, warps) are
+# imported from ropelib's module. Section 4 times this launcher and section 7 checks it, so an
+# edit to either cell shows up there: after an edit, run both cells again, then the cells that
+# use them.
 
 # %%
 from typing import Optional
@@ -555,8 +565,9 @@ for dtype in (torch.float32, torch.bfloat16):
 # Each output is $a\cdot b \pm c\cdot d$, and a GPU compiler *contracts* it into one fused
 # multiply-add, $\mathrm{fma}(a, b, \pm\,\mathrm{round}(c\cdot d))$: one product is rounded, the
 # other is not, so which product gets fused changes the last bit. The cell compiles both kernels
-# for an H200 (sm_90) on this machine, as section 5 does, and reads in the PTX which product of
-# each half's formula goes into the `fma.rn.f32`. They agree for $y_1$, but for $y_2 = x_2\cos
+# for sm_90 (the architecture of the H100 and H200) on this machine, no GPU needed, and reads in
+# the PTX (the assembly-like code Triton hands to NVIDIA's assembler) which product of each
+# half's formula goes into the `fma.rn.f32`. They agree for $y_1$, but for $y_2 = x_2\cos
 # \theta_2 + x_1\sin\theta_2$ step 3 fuses $x_2\cos\theta_2$ and this kernel $x_1 \sin\theta_2$.
 # Notebook 08 turns contraction off (`enable_fp_fusion=False`) to settle such questions.
 
@@ -608,10 +619,16 @@ assert not same_x["step 3"] and same_x["_rope_naive_kernel"]   # the two contrac
 # ## 4. `BLOCK_SIZE` vs `num_warps`, and what a program costs
 #
 # The naive kernel moves no more bytes than a copy, yet takes 5.1 times as long in the H200
-# profile below (on a GPU the cell also times both live and, on an H200, checks a band, not
-# that number), and 4 or 8 warps make it slower still. This section asks why, and answers in
-# two parts: at 1 warp its time is what its programs cost to start; with 4 or 8 warps, the
-# extra warps repeat the same work. First, two numbers that are easy to mix up:
+# profile below, and 4 or 8 warps make it slower still. This section measures why, and the
+# answer has two parts:
+#
+# - **At 1 warp its time is the time the GPU takes to start and retire its programs**, about
+#   80 ns per program on each SM of an H200. A kernel of as many programs that do nothing
+#   takes the same time; its bytes, its bytes in flight and its arithmetic do not set it.
+# - **With 4 or 8 warps, the extra warps repeat the same work**, and the time grows with the
+#   instructions they add.
+#
+# First, two numbers that are easy to mix up:
 #
 # - **`BLOCK_SIZE`** (here `BLOCK_HALF`) is the *tile*: how many elements one program holds in
 #   one vector. It is a property of the data, a `tl.constexpr`, and a power of two. It is **not**
@@ -627,10 +644,13 @@ assert not same_x["step 3"] and same_x["_rope_naive_kernel"]   # the two contrac
 #
 # **In the interpreter `num_warps` does nothing**: each program runs as one NumPy computation
 # on whole tiles, with no threads, so the four results below are bit-identical on the CPU for
-# that reason alone. On a GPU they are four compiled kernels, and the cell times each, with its
-# time per program on each SM (time × SMs ÷ programs). At 1 warp, on an H200 (the GPU the cost
-# of an empty program was measured on, below), it holds that against this cost: within 10 % of
-# it, this launch is bound by its number of programs.
+# that reason alone. On a GPU they are four compiled kernels, and the cell times each with
+# Triton's `do_bench` (the median of many launches), and prints its time per program on each
+# SM (time × SMs ÷ programs). At 1 warp it sets that beside what a program of an empty kernel
+# costs on an H200 (measured further down): on an H200 it checks that the two agree within
+# 10 %, which says the launch is bound by its number of programs; on another GPU it prints
+# both without comparing them, since the empty kernel was not measured there. On any GPU it
+# checks that 8 warps take longer than 2.
 
 # %%
 results = {nw: my_rope_naive(x, freqs, num_warps=nw) for nw in (1, 2, 4, 8)}
@@ -671,42 +691,44 @@ else:
 
 # %% [markdown]
 # **Why the naive kernel is slow on a GPU.** Rather than estimate it from a data sheet,
-# `benchmarks/mechanism.py` ran the naive kernel, a plain copy and every later kernel of the
-# course on an NVIDIA H200 under Nsight Compute, at bf16 sbhd $S = 4096, B = 8, H = 32,
-# D = 128$ (256 MiB of `x`), and committed what the profiler and the compiler reported
-# (`benchmarks/results/mechanism-nvidia-h200.csv`). The cell below reads it
+# `benchmarks/mechanism.py` ran the naive kernel, a plain copy and the later kernels of the
+# course on an NVIDIA H200 under Nsight Compute (NVIDIA's kernel profiler), at bf16 sbhd
+# $S = 4096, B = 8, H = 32, D = 128$ (256 MiB of `x`), and committed what the profiler and the
+# compiler reported (`benchmarks/results/mechanism-nvidia-h200.csv`). The cell below reads it
 # (`ropelib.course.measured`) and checks each point. On a GPU it also times `my_rope_naive`
-# beside a copy of the same bytes, live at the profile's shape, and on an H200 checks the ratio
-# against a band (4 to 6.5), not the profile's 5.1: `do_bench` takes a median of many
-# launches, the profile one launch, and a live time moves from run to run. On another GPU the
-# ratio is printed, not checked: the profile is of another GPU.
+# beside a copy of the same bytes, live at the profile's shape. On an H200 it checks their
+# ratio against a band (4 to 6.5), not against the profile's 5.1: `do_bench` takes a median
+# of many launches, the profile one launch, and a live time moves from run to run. On another
+# GPU it prints the ratio without checking it. Four points:
 #
 # - **Not bytes.** The DRAM bytes counted match the bytes model (read $x$, write $y$, read the
 #   angle table once) within a few percent, for the naive kernel as for the copy (0.965 and
 #   0.954 of it), yet the naive kernel takes 5.1 times the copy's time.
-# - **Tiny programs; low occupancy is a symptom.** It launches $S \cdot B \cdot H$ = 1,048,576
+# - **Tiny programs, and low occupancy.** It launches $S \cdot B \cdot H$ = 1,048,576
 #   one-warp programs, each reading one 256-byte row of `x` and writing one of `y`. An SM holds
 #   at most 32 programs at a time (its limit on resident thread blocks; 32 one-warp programs
-#   fill half of its 64 warp slots), so a GPU always full would work through them in 248
-#   *waves*. It is not always full: the *achieved occupancy*, the average share of an SM's 64
-#   warp slots holding a warp, is 28.1 % against the copy's 85.3 %, about 18 of the 32
-#   programs an SM could hold.
+#   fill half of its 64 warp slots), so even a GPU that was always full would need 248
+#   *waves* (rounds of 32 programs on every SM). It is not always full: the *achieved
+#   occupancy*, the average share of an SM's 64 warp slots holding a warp, is 28.1 % against
+#   the copy's 85.3 %, about 18 of the 32 programs an SM could hold. The measurements below
+#   show that this low occupancy follows from the slow starts; it does not cause them.
 # - **Not bytes in flight.** Memory delivers its bandwidth only when enough bytes are
 #   requested and not yet returned (Little's law: bytes in flight = bandwidth × latency).
-#   `measured` derives an upper bound per SM, with no counter behind it: resident warps × the
+#   `measured` estimates an upper bound per SM; no counter measures it: resident warps × the
 #   `x` bytes a warp asks for in one step (one 256-byte row, for the naive kernel as for
-#   notebook 04's, whose `x B/prog` counts the $B$ rows it loops over). The naive kernel's is
-#   4.5 KiB, a twelfth of the copy's 54.6 KiB. Yet that bound does not set its time, as the
-#   next point shows (notebook 05 measures where bytes in flight do set the time).
-# - **The number of programs.** Notebook 04's ablation has two more kernels of 1,048,576
-#   one-row programs: `sh_one_b`, notebook 04's kernel with its batch loop cut to one row, and
-#   `sh_one_b_table`, the same reading cos and sin from fp32 tables (no sine or cosine). The
-#   three execute warp instructions 4.7 times apart and reach occupancies of 28.1, 18.4 and
-#   9.7 %, so by the same formula 4.5, 3.0 and 1.6 KiB of `x` per SM, yet take 634.0, 633.2
-#   and 632.4 µs: the same time within 0.3 % while the bytes in flight fall nearly threefold.
-#   What they share is their number of programs. (Notebook 04's batch-reusing kernel, with
-#   $B$ times fewer programs, asks for only 1.7 times the naive kernel's KiB per SM and runs
-#   3.5 times faster.)
+#   notebook 04's, whose `x B/prog` counts the $B$ rows it loops over). The naive kernel's
+#   bound is 4.5 KiB, a twelfth of the copy's 54.6 KiB. Low as it is, it does not set the
+#   naive kernel's time: the next point shows the time unchanged while this bound falls
+#   nearly threefold, and notebook 04's batch-reusing kernel asks for only 1.7 times the naive
+#   kernel's KiB per SM yet runs 3.5 times faster. (Notebook 05, section 2, measures where
+#   bytes in flight do set a kernel's time.)
+# - **The number of programs.** Notebook 04's ablation (section 5.3 there) has two more
+#   kernels of 1,048,576 one-row programs: `sh_one_b`, notebook 04's kernel with its batch loop
+#   cut to one row, and `sh_one_b_table`, the same reading cos and sin from fp32 tables instead
+#   of evaluating them. The three execute warp instructions 4.7 times apart and reach
+#   occupancies of 28.1, 18.4 and 9.7 %, so by the same estimate 4.5, 3.0 and 1.6 KiB of `x`
+#   per SM, yet take 634.0, 633.2 and 632.4 µs: the same time within 0.3 % while the bytes in
+#   flight fall nearly threefold. What they share is their number of programs.
 
 # %%
 from ropelib.course import measured
@@ -790,10 +812,11 @@ assert [f"{v:.1f}" for v in times] == ["634.0", "633.2", "632.4"]
 assert max(times) / min(times) < 1.003 and max(kib) / min(kib) > 2.5   # bytes in flight fall ~3x
 
 # %% [markdown]
-# So what does a program cost when it does nothing? `benchmarks/program_cost.py` launched, on
-# the same H200, a kernel whose body is empty with the naive kernel's grid (a million
-# programs), and a kernel whose programs each load one 256-byte row and store it (the naive
-# kernel's `x` and `y` traffic without its angles and arithmetic), each at 1, 2, 4 and 8 warps:
+# So what does a program cost when it does nothing? `benchmarks/program_cost.py` timed on the
+# same H200, with `do_bench`, a kernel whose body is empty on the naive kernel's grid (a
+# million programs), and a kernel whose programs each load one 256-byte row and store it (the
+# naive kernel's `x` and `y` traffic without its angles and arithmetic), each at 1, 2, 4 and
+# 8 warps:
 
 # %%
 from ropelib.bench import compare
@@ -825,14 +848,15 @@ print(f"{resident:.0f} programs resident on an SM, one started every "
 assert round(life_us, 1) == 1.4
 
 # %% [markdown]
-# A million programs that do nothing take as long as the naive kernel (within 1 %), and as
-# long as a million programs that each move their row. So at 1 warp the naive kernel's time is
-# the time the GPU takes to start and retire its programs, about 80 ns per program on each SM;
-# its loads, stores and arithmetic fit under that, but only just: in the profile below the
-# schedulers of the 1-warp naive kernel issue an instruction in 72 % of cycles, those of the
-# one-row kernel (a row moved, no arithmetic) in 4 %. The cost does not grow with the warps: the
-# empty and one-row kernels keep their 1-warp time at 8 warps, when at most 8 programs fit an
-# SM (64 warp slots ÷ 8).
+# This is the measurement that explains the naive kernel's speed. A million programs that do
+# nothing take as long as the naive kernel (within 1 %), and as long as a million programs
+# that each move their row. So at 1 warp the naive kernel's time is the time the GPU takes to
+# start and retire its programs, about 80 ns per program on each SM. Its loads, stores and
+# arithmetic fit under that, but only just: in the profile below the schedulers of the 1-warp
+# naive kernel issue an instruction in 72 % of cycles, those of the one-row kernel (a row
+# moved, no arithmetic) in 4 %. The cost of a start does not grow with the warps: the empty
+# and one-row kernels keep their 1-warp time at 8 warps, when at most 8 programs fit an SM
+# (64 warp slots ÷ 8).
 #
 # Occupancy follows from that start rate; it does not set it. Little's law holds for programs
 # too: resident programs = start rate × life of a program. The naive kernel's programs start
@@ -841,18 +865,19 @@ assert round(life_us, 1) == 1.4
 # would raise the occupancy, not the start rate: that is how the three kernels of a million
 # programs reach occupancies 2.9 times apart in the same time.
 #
-# **What the extra warps cost.** A costlier start cannot be why the naive kernel slows down
-# with more warps. `benchmarks/naive_warps_ncu.py` profiled it at 1, 2, 4 and 8 warps on the
-# same H200 under Nsight Compute, beside the one-row kernel at 1 and 8 warps, on the same
-# 256 MiB `x` (`naive_warps_ncu-nvidia-h200.csv`; the profiler fixes the SM clock, so compare
-# its times with each other, not with `do_bench`'s). A half of a head row is a tile of 64
-# pairs: one warp's 32 threads hold two pairs each, two warps' 64 threads one each. Four and
-# eight warps have more threads than pairs, yet Triton's layout gives every thread an element
-# anyway: threads hold copies of the same pairs, and each copy is loaded and rotated again.
-# Besides the time, the cell prints the warp instructions executed, the global load
-# instructions and the 32-byte sectors they asked for, and how busy the schedulers were: the
-# share of cycles in which a scheduler issued an instruction, and how many cycles a ready warp
-# waited to be picked between two of its instructions (Nsight Compute's `not_selected`).
+# **What the extra warps cost.** Starts do not get costlier with more warps, so something
+# else slows the naive kernel at 4 and 8 warps. `benchmarks/naive_warps_ncu.py` profiled it at
+# 1, 2, 4 and 8 warps on the same H200 under Nsight Compute, beside the one-row kernel at 1
+# and 8 warps, on the same 256 MiB `x` (`naive_warps_ncu-nvidia-h200.csv`; the profiler fixes
+# the SM clock, so compare its times with each other, not with `do_bench`'s). A half of a head
+# row is a tile of 64 pairs: one warp's 32 threads hold two pairs each, two warps' 64 threads
+# one each. Four and eight warps have more threads than pairs, yet Triton's layout gives every
+# thread an element anyway: threads hold copies of the same pairs, and each copy is loaded and
+# rotated again. Besides the time, the cell prints the warp instructions executed, the global
+# load instructions and the 32-byte sectors they asked for (section 5 explains sectors), and
+# how busy the schedulers were: the share of cycles in which a scheduler issued an
+# instruction, and how many cycles a ready warp waited to be picked between two of its
+# instructions (Nsight Compute's `not_selected`).
 
 # %%
 nw_csv = measured.RESULTS / "naive_warps_ncu-nvidia-h200.csv"
@@ -900,25 +925,28 @@ assert abs(naive_w[1]["gpu__time_duration.sum"] / row1["gpu__time_duration.sum"]
 # %% [markdown]
 # At 1 warp the naive kernel takes the one-row kernel's time (within 2 %), but its schedulers
 # already issue an instruction in 72 % of their cycles, the one-row kernel's in 4 %: its loads,
-# sin/cos and multiplies nearly fill the time its programs take to start. More warps add
-# instructions: 1.38, 2.74 and 5.46 times the 1-warp count at 2, 4 and 8 warps. Had a warp's work
-# shrunk with its share of the tile, 2 warps together would execute what 1 does; the 1.38 says
-# part of each warp's work does not shrink (this page does not break it down; notebook 05's
-# appendix on the finished kernel's machine code reads a kernel's instructions opcode by
-# opcode). From 4 warps on the
-# threads hold copies of the same pairs, and the load sectors double at 4 warps and again at 8
-# (the same bytes asked for again). The schedulers are busy in 83–84 % of their cycles from 2
-# warps on, a ready warp waits 6 to 8 cycles to be picked, and the time follows the instructions:
-# 1.19, 2.33 and 4.66 times the 1-warp time. The profiler fixes the SM clock, though, so these
-# ratios need not hold for `do_bench` at the GPU's own clock: the first cell of this section, on
-# a GPU, checks only that 8 warps take longer than 2. The one-row kernel also executes
-# 6.7 times its instructions at 8 warps, but its schedulers, issuing in 20 % of their cycles,
-# absorb them, and its time does not move.
+# sin/cos and multiplies nearly fill the time its programs take to start.
 #
-# What to take from section 4: at 1 warp the naive kernel is bound by its number of programs;
-# at 4 and 8 warps, by instructions that only repeat its work. Hence `default_num_warps` gives a
-# tile at least as many elements as threads (one warp per 128 elements of a half), and the cure
-# is fewer programs, each doing more: notebook 04's grid, and exercise 5 below.
+# More warps add instructions: 1.38, 2.74 and 5.46 times the 1-warp count at 2, 4 and 8 warps.
+# Had a warp's work shrunk with its share of the tile, 2 warps together would execute what 1
+# does; the 1.38 says part of each warp's work does not shrink (this page does not break it
+# down; notebook 05's appendix A.4 counts a kernel's instructions opcode by opcode). From 4
+# warps on the threads hold copies of the same pairs, and the load sectors double at 4 warps
+# and again at 8 (the same bytes asked for again). The schedulers are busy in 83–84 % of their
+# cycles from 2 warps on, a ready warp waits 6 to 8 cycles to be picked, and the time follows
+# the instructions: 1.19, 2.33 and 4.66 times the 1-warp time. The one-row kernel also
+# executes 6.7 times its instructions at 8 warps, but its schedulers, issuing in 20 % of their
+# cycles, absorb them, and its time does not move.
+#
+# These ratios are the profiler's, at its fixed SM clock; `do_bench` at the GPU's own clock
+# need not give the same ones, so the first cell of this section checks only that 8 warps
+# take longer than 2.
+#
+# What to take from section 4: at 1 warp the naive kernel's time is the time to start its
+# programs, not the time to move its bytes; at 4 and 8 warps it is the time of instructions
+# that only repeat its work. Hence `default_num_warps` gives a tile at least as many elements
+# as threads (one warp per 128 elements of a half), and the cure is fewer programs, each doing
+# more: notebook 04's grid, and exercise 5 below.
 
 # %% [markdown]
 # ## 5. Coalescing, made visible
@@ -1089,16 +1117,16 @@ draw_sectors(recorded, FIGURES / "03-access-sectors.png")
 
 # %% [markdown]
 # *The interpreter's model: the sectors each recorded `tl.load` or `tl.store` touches, worked
-# out from its addresses by `access.record`, not measured on a GPU (section 5's counters below
+# out from its addresses by `access.record`, not measured on a GPU (the counters further down
 # are).* Read the picture row by row. In (a) each instruction covers 4 whole sectors: every
-# byte moved is used. In (b) each instruction touches all 8 sectors of the row and uses 16 of the 32
-# bytes of each: the loads *request* twice the sectors they need. On a GPU the second stride-2
-# load can find those sectors still in L1, and then DRAM traffic does not grow; what doubles in
-# any case is the load instructions and L1 requests. The two stride-2 stores cannot be saved
-# that way: each sends 8 half-written sectors to L2, twice the store traffic of (c). In the
-# interpreter's model, (c) and (d) cover the row with one instruction in whole sectors, and the
-# swap happens in registers. The GPU's counters below (of Triton 3.6's code) show that this
-# held for (d) only.
+# byte moved is used. In (b) each instruction touches all 8 sectors of the row and uses 16 of
+# the 32 bytes of each: the loads *request* twice the sectors they need. On a GPU the second
+# stride-2 load can find those sectors still in L1, and then DRAM traffic does not grow; what
+# doubles in any case is the load instructions and L1 requests. The two stride-2 stores cannot
+# be saved that way: each sends 8 half-written sectors to L2, in this model twice the store
+# traffic of (c). In the interpreter's model, (c) and (d) cover the row with one instruction
+# in whole sectors, and the swap happens in registers. The GPU's counters below (of the code
+# Triton 3.6 compiled) show that on a GPU this holds for (d) only.
 #
 # One thing the interpreter cannot show: an "instruction" here is one `tl.load` of the whole
 # tile. On a GPU the compiler splits it into warp instructions, and the **layout** it picks
@@ -1108,9 +1136,9 @@ draw_sectors(recorded, FIGURES / "03-access-sectors.png")
 # `tl.arange(0, D)` is one run of the whole row.
 #
 # So whether (c) runs like (d) on a GPU is the compiler's choice. The next cell compiles both for
-# an H200 (sm_90) on this machine, no GPU needed, and works out from the compiled layout the
-# sectors one warp's load touches (how, after the counters below); it prints what to expect of
-# (c). On a GPU the cell after it measures on a large tensor, 16 rows per program, beside a
+# sm_90 on this machine, no GPU needed, and works out from the compiled layout the sectors one
+# warp's load touches (how, after the counters below); it prints what to expect of (c). On a
+# GPU the cell after it times all five kernels on a large tensor, 16 rows per program, beside a
 # device copy of the same bytes. A stride-2 load should cost little (L1 catches it), a
 # stride-2 store more, and (c) against (d) as the compiled layout says. The cell checks which
 # way each goes on any GPU; how far (a stride-2 store more than 1.5 times (c)'s time, (d) under
@@ -1284,25 +1312,27 @@ assert all(abs(r["dram_read_bytes"] - c["model_bytes"] / 2) < 0.02 * c["model_by
 # %% [markdown]
 # The counters answer the section's questions, and one it did not ask.
 #
-# - **(c) is not what the interpreter drew** (compiled by Triton 3.6). Every load request uses 128 bytes, 4 per lane,
-#   spread over 16 sectors: 8 bytes of each, a quarter of the sector (128 / 16, both
-#   printed). L1 catches the other three touches of each sector (hit rate about 75 %, and L2
-#   reads no more than x). But the stores are laid out the same way, a quarter of each sector
-#   written (the cell checks it), and L2 receives 3.8 times the sectors a copy writes. That,
-#   not the split and join ((d) splits and joins too), is what sets (c) apart: it takes 3.3
-#   times the copy's time.
+# - **(c), as Triton 3.6 compiles it, is not what the interpreter drew.** Every load request
+#   uses 128 bytes, 4 per lane, spread over 16 sectors: 8 bytes of each, a quarter of the
+#   sector (128 / 16, both printed). L1 catches the other three touches of each sector (hit
+#   rate about 75 %, and L2 reads no more than x). But the stores are laid out the same way,
+#   a quarter of each sector written (the cell checks it), and L2 receives 3.8 times the
+#   sectors a copy writes. That, not the split and join ((d) splits and joins too), is what
+#   sets (c) apart: it takes 3.3 times the copy's time.
 # - **Why a quarter of each sector?** 32 lanes loading 4 bytes each *along* one row would cover
 #   4 whole sectors; sectors are wasted when a warp's lanes spread over many rows, a few bytes
 #   of each. The compiled code, read below, shows that layout.
 # - **(b), stride-2 loads,** double the requests, and each uses 64 bytes (half of (c)'s 128).
 #   L1's hit rate is 87.5 %, not the 50 % that "the second load finds the sector" would give.
 #   L2 sends each sector of x once (its reads equal (c)'s), so each sector is touched
-#   1 / (1 − 0.875) = 8 times, and L1 serves 7 of the 8: each request uses only a few bytes of
-#   each sector it touches. L2 and DRAM read what (c) reads, and the time does not move.
+#   1 / (1 − 0.875) = 8 times, and L1 serves 7 of the 8: each request uses 4 bytes of each of
+#   the 16 sectors it touches (64 / 16). L2 and DRAM read what (c) reads, and the time does
+#   not move.
 # - **Stride-2 stores** send L2 2.1 times the sectors (c) sends, each with 4 of its 32 bytes
-#   written, and the time more than doubles. The cell also checks that the bytes written to
-#   DRAM do not change (the table does not print them): L2 most likely merges the pieces
-#   before they go out.
+#   written, and the time more than doubles. The bytes written to DRAM do not change (the cell
+#   checks it; the table does not print them): L2 keeps the pieces of a sector until it is
+#   written back to DRAM, so DRAM sees whole sectors; it is the traffic from L1 to L2 that
+#   doubles.
 # - **(d), whole rows,** gives the compiler `tl.arange(0, D)`: 128 contiguous elements. Each
 #   request is 512 bytes, 16 bytes a lane, 16 whole sectors; L2 sees exactly a copy's sectors,
 #   and the kernel runs as fast as the copy. The pairs are still split and joined — in
@@ -1312,12 +1342,12 @@ assert all(abs(r["dram_read_bytes"] - c["model_bytes"] / 2) < 0.02 * c["model_by
 # share them. And the compiler can only lay out as one run what it can prove contiguous:
 # Triton 3.6, the version the counters ran, could not prove (c)'s offsets contiguous across
 # the row, and (d)'s whole-row offsets it could. A newer Triton may do better with (c); read
-# your compiler's layout (the cell before the timings printed it), and write offsets that any
-# compiler reads as one run, as (d) does.
+# your compiler's layout (printed a few cells below), and write offsets that any compiler
+# reads as one run, as (d) does.
 
 # %% [markdown]
 # **The compiled code of (c) and (d).** The cell before the timings compiled the pair swap for
-# an H200 (sm_90) on this machine and read two things from what the compiler made. From the
+# sm_90 on this machine and read two things from what the compiler made. From the
 # TTGIR, Triton's intermediate code after it has chosen how threads hold a tile: the
 # `#ttg.blocked` layout of the tile the load reads. `sizePerThread` is the run of elements one
 # lane holds, `threadsPerWarp` how a warp's 32 lanes spread over the tile's axes, `order` which
@@ -1594,9 +1624,10 @@ for dtype in (torch.float32, torch.float16, torch.bfloat16):
             assert m["max_ulp_err"] <= 1.0
 
 # %% [markdown]
-# The kernel is correct, and section 4 showed why it is not fast: its time is the time to start
-# and retire a million one-row programs. Notebook 04 gives each program the $B$ rows of one
-# position and head: $B$ times fewer programs, each reusing its cos/sin $B$ times.
+# The kernel is correct, and section 4 measured why it is not fast: its time is the time the
+# GPU takes to start and retire its one-row programs, a million of them at the profile's
+# shape. Notebook 04 gives each program the $B$ rows of one position and head: $B$ times fewer
+# programs, each reusing its cos/sin $B$ times.
 #
 # ## Exercises
 #
@@ -1657,10 +1688,9 @@ solution(ex.solution_rope_interleaved.fn, title="Solution: an interleaved, parti
 # program may hold fewer than `ROWS` rows, so the rows need a mask, as the lanes past `HALF`
 # do. The worked solution changes only how rows map to programs: each of its rows still
 # loads its own angles and evaluates its own cos and sin, as step 3's program did, so the
-# timing below tests the program count alone; the end of this exercise measures what that
-# choice costs. The check launches your kernel with `ROWS` from 1 to 8 into a NaN-filled
-# output inside guard bands, then launches program 0 alone: it must rotate its own `ROWS` rows
-# and no others.
+# timing below tests the program count alone; the appendix measures what that choice costs.
+# The check launches your kernel with `ROWS` from 1 to 8 into a NaN-filled output inside guard
+# bands, then launches program 0 alone: it must rotate its own `ROWS` rows and no others.
 
 # %%
 @triton.jit
@@ -1701,18 +1731,19 @@ pred_ok = ex.check_predicted_us(my_predicted_us)
 solution(ex.solution_predicted_us)
 
 # %% [markdown]
-# Now the experiment. The H200 has run it already: `benchmarks/ablation.py` timed notebook
+# Now the experiment. An H200 has run it already: `benchmarks/ablation.py` timed notebook
 # 04's kernel at bf16 $S = 32768$, $B = 1$, $H = 32$, $D = 128$ with programs of 1, 2, 4 and 8
-# heads of one position (committed to `benchmarks/results/ablation-nvidia-h200.csv`). With
-# $B = 1$ those heads are consecutive rows of `x`, so each program moves the rows yours moves
-# with `ROWS` = 1, 2, 4 and 8, but evaluates sin and cos once a position, not once a row. The
-# cell sets your prediction beside each measurement, with the worked prediction until yours
-# passes, and beside them the worked kernel's own committed times at the same shape and warps
-# (Nsight Compute, `rows_ncu-nvidia-h200.csv`: its clock is fixed, so read them against each
-# other and against the ablation's kernel profiled with them, not against do_bench). On a GPU
-# it also times your kernel at this page's shape (the worked kernel until yours passes) at the
-# same warps, beside your prediction for this GPU: its SMs and its copy's time, with the
-# H200's cost of a program, the only one measured (on another GPU the cell says so).
+# heads of one position (`benchmarks/results/ablation-nvidia-h200.csv`). With $B = 1$ those
+# heads are consecutive rows of `x`, so each program moves the rows yours moves with `ROWS` =
+# 1, 2, 4 and 8, but evaluates sin and cos once a position, not once a row.
+#
+# The cell prints, for each `ROWS`, your prediction (the worked one until yours passes), the
+# ablation's time, and two Nsight Compute times at the same shape and warps: notebook 04's
+# kernel and the worked kernel of exercise 5 (`rows_ncu-nvidia-h200.csv`). The profiler fixes
+# the clock, so read those two columns against each other, not against the rest. On a GPU the
+# cell then times your kernel (the worked one until yours passes) at this page's shape and the
+# same warps, beside a prediction for this GPU: its SMs and its copy's time, with the H200's
+# cost of a program, the only one measured (on another GPU the cell says so).
 
 # %%
 predict = my_predicted_us if pred_ok else ex.solution_predicted_us
@@ -1785,19 +1816,20 @@ if GPU:
 # programs alone would take 158 µs and the kernel takes 175; at 8 they would take half of 158,
 # under the copy's 130 µs, and it takes 154. There the kernel takes more than either limit:
 # starting programs and moving bytes do not hide each other perfectly, and this page does not
-# measure how the two combine. Notebook 05 measures the second limit: how many bytes each SM
-# must have in flight for a kernel to stream at a copy's speed while memory is busy. Where does
-# your prediction stop holding, in the ablation and in the rows timed live, and why there?
+# measure how the two combine. Notebook 05 (section 2) measures the second limit: how many
+# bytes each SM must have in flight for a kernel to stream at a copy's speed. Where does your
+# prediction stop holding, in the ablation and in the rows timed live, and why there?
 #
-# The rows timed live (on a GPU, the second table) are the worked kernel's until yours passes,
-# not notebook 04's; read their ratio line, which a GPU run prints beside them. The last two
-# columns profile the worked kernel: the model does not hold for it, and 8 rows are slower than
-# 2. The appendix at the end of this notebook shows why.
+# The rows timed live (on a GPU, the second table, and its line of measured-to-predicted
+# ratios) are of the worked kernel until yours passes, not of notebook 04's. For the worked
+# kernel the model does not hold: in the last column, its profile, 8 rows are slower than 2.
+# The appendix at the end of this notebook shows why.
 #
 # The live rows run at the warps their `warps` column prints, the ablation's for as many rows
 # (`ex.launch_rows(..., num_warps=)`). The prediction has no term for the warps, but a program
 # whose threads outnumber its tile's elements repeats its work (section 4's last profile): time
-# your kernel at 4 warps as well (the ablation's 8 rows at 4 warps: `heads8_loop_b` in its CSV).
+# your kernel at 4 warps as well (the ablation's 8 rows at 4 warps: the row `heads8_loop_b` of
+# its CSV).
 #
 # ## Questions for a study group
 #
@@ -1820,13 +1852,13 @@ if GPU:
 # %% [markdown]
 # ## Appendix: why 8 rows are slower than 2
 #
-# Exercise 5's last columns time the worked kernel under Nsight Compute at 645, 413, 396 and
-# 676 µs for 1, 2, 4 and 8 rows a program (the ablation's kernel: 648, 325, 192, 150): the
-# model does not hold for it, and 8 rows are slower than 2. One difference from the ablation's kernel can be
-# counted on the CPU: the worked kernel evaluates cos and sin for every row of its tile,
-# notebook 04's those of its position once, shared by its heads. The next cell counts both in
-# the interpreter (`work_count`, notebook 04's counting tool) on a small `x` of one position
-# and 8 heads.
+# Exercise 5's first table times the worked kernel under Nsight Compute at 645, 413, 396 and
+# 676 µs for 1, 2, 4 and 8 rows a program (notebook 04's kernel: 648, 325, 192, 150): the
+# model does not hold for it, and 8 rows are slower than 2. One difference between the two
+# kernels can be counted on the CPU: the worked kernel evaluates cos and sin for every row of
+# its tile, notebook 04's those of its position once, shared by its heads. The next cell
+# counts both in the interpreter (`work_count`, the counting tool of notebook 04) on a small
+# `x` of one position and 8 heads.
 
 # %%
 from ropelib.course import work_count
@@ -1853,18 +1885,18 @@ assert all(per_row[r] == (256, 256 / r) for r in per_row)
 # %% [markdown]
 # Fewer programs leave the worked kernel's sines and cosines where the naive kernel's were: 256
 # a row at every `ROWS`, while notebook 04's kernel evaluates 32 a row at 8 heads a program.
-# Is that what keeps the live rows above the model, and why would 8 rows be slower than 2,
-# which evaluate as many a row? `benchmarks/rows_ncu.py` profiled both kernels under Nsight
+# Is that what keeps the worked kernel above the model, and why would 8 rows be slower than
+# 2, which evaluate as many a row? `benchmarks/rows_ncu.py` profiled both kernels under Nsight
 # Compute on the H200, at 1, 2, 4 and 8 rows (heads) a program, at the ablation's shape and
 # warps (`rows_ncu-nvidia-h200.csv`; the profiler fixes the SM clock, so compare its times with
 # each other). The cell prints, per launch, the time, the warp instructions executed, the share
-# of cycles in which a scheduler issued one, the registers a thread the compiled kernel held,
-# the share of an SM's 64 warp slots those registers and the launch leave room for
+# of cycles in which a scheduler issued one, the registers each thread of the compiled kernel
+# held, the share of an SM's 64 warp slots those registers and the launch leave room for
 # (theoretical occupancy, "warps fit"), and the share that held a warp on average (achieved
-# occupancy). A child Python then compiles the worked kernel for sm_90 on this machine, as in
-# section 5, reads the registers a thread at 2 and 8 rows, and works out the warps an SM can
-# hold with them (`ropelib.course.counts.programs_per_sm`), for this machine's Triton and for
-# the H200's registers.
+# occupancy). The cell then compiles the worked kernel for sm_90 on this machine, as section 5
+# does, reads the registers a thread at 2 and 8 rows, and works out the warps an SM can hold
+# with them (`ropelib.course.counts.programs_per_sm`), both for this machine's Triton and for
+# the registers the H200's kernel held.
 
 # %%
 rows_csv = measured.RESULTS / "rows_ncu-nvidia-h200.csv"
@@ -1960,11 +1992,11 @@ assert profiled("worked", "active")[1] <= 100 * occ2.fraction
 # - **The sines and cosines keep the worked kernel above the model.** Notebook 04's kernel
 #   executes 287, 172, 114 and 58 million warp instructions at 1, 2, 4 and 8 heads a program,
 #   and its time falls with them (648, 325, 192 and 150 µs, beside the copy's 125). The worked
-#   kernel executes 299, 278, 284 and 256 million at every `ROWS`: with fewer programs, each
-#   evaluates the sin and cos of every row of its tile again. At 2 and 4 rows its schedulers
-#   issue an instruction in 86 and 91 % of their cycles, so the instructions, not the programs,
-#   set its time (413 and 396 µs). The model counts programs only; it holds while programs are
-#   what the GPU waits for, at 1 row.
+#   kernel executes about as many at every `ROWS` (299, 278, 284 and 256 million): with fewer
+#   programs, each evaluates the sin and cos of every row of its tile again. At 2 and 4 rows
+#   its schedulers issue an instruction in 86 and 91 % of their cycles, so the instructions,
+#   not the programs, set its time (413 and 396 µs). The model counts programs only; it holds
+#   while programs are what the GPU waits for, at 1 row.
 # - **8 rows are slower than 2 because too few warps fit.** One warp holds 8 rows of 64 pairs,
 #   16 pairs a thread, and their sines and cosines: the kernel the H200 ran held 151 registers
 #   a thread (the profile reports it; the cell also prints this machine's Triton's count, from
@@ -1975,9 +2007,9 @@ assert profiled("worked", "active")[1] <= 100 * occ2.fraction
 #   the schedulers issuing in only 48 % of their cycles: with so few warps, nothing else is
 #   ready while one waits for its previous instruction. The same instructions take 676 µs.
 #
-# So the step past exercise 5, for your kernel as for the worked one, which evaluates them
-# for every row on purpose: evaluate the sines and cosines once a position and share them
+# So the next step past exercise 5, for your kernel as for the worked one (which evaluates
+# them for every row on purpose): evaluate the sines and cosines once a position, share them
 # over the rows of that position, and keep a thread's share of the tile small enough that the
-# warps still fit. That needs a program's rows to share a position: here they do when `ROWS`
+# warps still fit. That needs a program's rows to share a position. Here they do when `ROWS`
 # divides $B \cdot H$, as at the profile's shape; notebook 04's grid makes it so by
-# construction, and its kernel is the one that shares them.
+# construction, and its kernel shares them.
