@@ -16,20 +16,20 @@
 # %% [markdown]
 # # 08 — Debugging the `allclose` that failed
 #
-# An earlier RoPE-in-Triton project wrote a Triton RoPE after Unsloth's kernel and
-# checked it against Transformer Engine's fused RoPE with
+# A RoPE-in-Triton project wrote a Triton RoPE after Unsloth's kernel and checked it against
+# Transformer Engine's (TE's) fused RoPE with
 #
 # ```python
 # assert torch.allclose(tokens_te, tokens_triton)
 # ```
 #
-# The assert failed — although the first ten printed values of both tensors were identical. Our
-# inputs are not that project's; the symptom is the same. That project never found the cause, and
-# its code and data are not here: what this notebook shows is which causes produce exactly that
-# symptom, not which one struck there. We reproduce the failure and then find, one by one,
-# everything that can make such a check fail, with the tools that find it: an error map over
-# position × feature, the location of the largest difference, errors in ulps, a norm-wise error,
-# and tolerances that fit the dtype.
+# The assert failed, although the first ten printed values of both tensors were identical. That
+# project never found the cause, and its code and data are not here; our inputs are our own and
+# give the same symptom. So this notebook shows which causes produce exactly that symptom, not
+# which one struck there. We reproduce the failure, then take apart, one by one, everything that
+# can make such a check fail, with the tools that find it: an error map over position × feature,
+# the location of the largest difference, errors in ulps, a norm-wise error, and tolerances that
+# fit the dtype.
 #
 # **Time:** about two hours of reading, with the exercises of sections 4, 4b and 5; section 4b
 # alone is close to half of it. The cells run in a few minutes in the Triton interpreter.
@@ -42,7 +42,7 @@
 # - choose `allclose` tolerances from the dtype, and measure errors in ulps and norm-wise
 #   against fp64;
 # - tell which precision choices cost accuracy (a cos/sin table in the input dtype, the dtype
-#   of the math) and which only move last bits (an fp32 table or sin/cos in the kernel,
+#   of the math) and which only move last bits (an fp32 table or sin/cos in the kernel, a
 #   fused multiply-add);
 # - make a Triton kernel equal Transformer Engine's output **bit for bit**, and prove which
 #   change did it;
@@ -54,16 +54,22 @@
 # - write the comparison that passes for the right reasons.
 #
 # **What runs here.** The Triton side is a small teaching kernel in `ropelib.course.debug`, *the
-# reproduction* — not ropelib's kernel — with one switch per cause; section 1 gives you a copy of
-# it as a code cell, to read, edit and run. The TE side is the real TE
-# fused kernel when Transformer Engine is installed on a GPU; otherwise
-# `ropelib.reference.te_fused_emulation`, labelled **TE emulation**: TE's formula in fp32 (fp32
-# sin/cos of fp32 angles, every product rounded to fp32, one rounding to the output dtype).
-# It is not TE bit for bit: TE's kernel fuses one product into a multiply-add, and section 4b
-# counts the elements where the emulation and the real TE differ.
-# Section 4b also reads what `benchmarks/te_bits.py` measured against the real TE on an H200
-# (`benchmarks/results/te-bits-<gpu>.pt`, *the H200 reference run* from here on), so that the
-# CPU can compare with it bit for bit.
+# reproduction kernel* — not ropelib's kernel — with one switch per cause; section 1 gives you a
+# copy of it as a code cell, to read, edit and run. The TE side is the real TE fused kernel when
+# Transformer Engine is installed on a GPU; otherwise `ropelib.reference.te_fused_emulation`,
+# labelled **TE emulation**: TE's formula in fp32 (fp32 sin/cos of fp32 angles, every product
+# rounded to fp32, one rounding to the output dtype). The emulation is not TE bit for bit: TE's
+# compiled kernel fuses one product into a multiply-add, and section 4b counts the elements where
+# the two differ.
+#
+# **Where the numbers come from.** The numbers the text states are asserted in the code beside
+# them and are the same on every machine. Most are read from
+# `benchmarks/results/te-bits-nvidia-h200.pt`, what `benchmarks/te_bits.py` measured against the
+# real TE on an NVIDIA H200 (*the H200 reference run* from here on); the rest are computed on the
+# CPU from fixed inputs. The outputs under the cells come from the machine that ran them: on a
+# CPU, the interpreter against the TE emulation at small sizes; on the executed page in
+# `docs/executed/`, an NVIDIA H100 against the real TE at the H200's sizes. Where the text quotes
+# the H100, it names it; those numbers are that page's outputs, not asserts.
 
 # %%
 import os, torch
@@ -108,25 +114,26 @@ assert GPU_NAME == "NVIDIA H200", "the text's H200 reference run"
 # %% [markdown]
 # ## 1. The failure, reproduced
 #
-# `tokens` is a bf16 tensor in TE's default `sbhd` layout, $[S, B, H, D]$. The learner's
-# wrapper `apply_rotary_pos_emb_triton` builds a cos/sin table from TE's angles and launches the
-# Unsloth-style kernel; then TE rotates the same tokens. The reproduction kernel carries what
-# Unsloth's kernel inherits from Hugging Face: a cos/sin table **precomputed in the model's
-# dtype**, and the multiply-add done **in that dtype** (`Q1 = tl.load(...).to(sin1.dtype)`).
+# `tokens` is a bf16 tensor in TE's default `sbhd` layout, $[S, B, H, D]$ (sequence, batch,
+# heads, head dim). The wrapper `debug.apply_rotary_pos_emb_triton`, written after the project's,
+# builds a cos/sin table from TE's angles and launches the Unsloth-style kernel; then TE rotates
+# the same tokens. The reproduction kernel carries what Unsloth's kernel inherits from Hugging
+# Face: a cos/sin table **precomputed in the model's dtype**, and the multiply-add done **in that
+# dtype** (`Q1 = tl.load(...).to(sin1.dtype)`).
 #
 # Here is that kernel, your own copy of `ropelib.course.debug._rope_unsloth_repro_kernel`. Its
 # switches `FROM_ANGLES`, `COMPUTE_FP32` and `USE_FMA` are the precision causes this notebook
-# studies; the wrapper sets them from a `debug.Causes` (`REPRO`: table and math in bf16;
+# studies. The wrapper sets them from a `debug.Causes` (`REPRO`: table and math in bf16;
 # `FIXED`: sin/cos from fp32 angles in the kernel, fp32 math) and decides the layout causes
-# itself: the table's dtype, and the rows, positions and angles the kernel is given.
+# itself: the table's dtype, and the rows, positions and angles the kernel is given. The grid is
+# (rows, heads): one program rotates one head of one row.
 # `debug.reproduce(..., kernel=_rope_repro_kernel)` launches this copy: edit it, rerun this cell
-# and the two code cells after it, and see what the edit does. The grid is (rows, heads): one
-# program rotates one head of one row.
+# and the two code cells after it, and see what the edit does.
 #
-# The `USE_FMA` branch calls `te_combine`, the combine that section 4b's exercise settles on and
-# defines. Triton looks a global name up when it compiles the kernel (the interpreter, when it
-# runs it), and no cell runs this branch before section 4b. A compiled kernel keeps the
-# `te_combine` it was compiled with: after you change your combine there, rerun this cell.
+# The `USE_FMA` branch calls `te_combine`, the combine line you write in section 4b's exercise.
+# Triton looks a global name up when it compiles the kernel (the interpreter, when it runs it),
+# and no cell takes this branch before section 4b. A compiled kernel keeps the `te_combine` it
+# was compiled with: after you change your combine there, rerun this cell.
 
 # %%
 @triton.jit
@@ -207,10 +214,10 @@ print(f"your kernel: first ten values equal {d['first_ten_equal']}, allclose {d[
 
 # %% [markdown]
 # From here on the notebook runs the course's kernel (`debug.reproduce` without `kernel=`), and
-# section 4b also reads what that kernel and TE gave on a GPU (`benchmarks/results/te-bits-*.pt`).
-# What it finds holds for your copy as long as your copy gives the same bits; this cell counts
-# the elements where it does not. An edit of your copy does not stop the cells below: they go
-# on with the course kernel's output.
+# section 4b also reads what that kernel and TE gave in the H200 reference run. What it finds
+# holds for your copy as long as your copy gives the same bits; the next cell counts the elements
+# where it does not (0 and 0 for an unedited copy). An edit of your copy does not stop the cells
+# below: they go on with the course kernel's output.
 
 # %%
 course_fixed = debug.reproduce(SC, FIXED, device=device)
@@ -266,11 +273,11 @@ assert bool((emap[1:].flatten(1).amax(1) > 0).all())     # every other position 
 assert steps_at_max == 1                                  # the largest difference: one bf16 step
 
 # %% [markdown]
-# ![The committed run's error map of the reported failure: |TE fused - Triton| on an NVIDIA H200, zero at position 0, differences elsewhere](../figures/08-heatmap-repro.png)
+# ![The error map of the reported failure stored in figures/: |TE fused - Triton| on an NVIDIA H200, zero at position 0, differences elsewhere](../figures/08-heatmap-repro.png)
 #
-# *Above: the committed run, with Transformer Engine installed, on an NVIDIA H200 (512
-# positions, 128 features), against the real TE. The map the cell drew just before it is this machine's run,
-# against the real TE only where it is installed (the title says which).*
+# *Above: the map stored in `figures/`, drawn on an NVIDIA H200 against the real TE (512
+# positions, 128 features). The map the cell drew just before it comes from the machine that ran
+# the cell; its title says which (on a CPU: 32 positions, against the TE emulation).*
 #
 # Row 0 is black: no difference at position 0. Every other position differs somewhere (the
 # cell asserts both). The largest difference lies elsewhere; the cell prints where, and the two
@@ -306,10 +313,13 @@ for name, (rtol, atol) in ASSERT_CLOSE_DEFAULTS.items():
 # The sharper measure is the error in **ulps** (units in the last place): $|y - y^\star|$
 # divided by the spacing of the output dtype at the exact value $y^\star$, computed in fp64.
 # A correctly rounded result is within 0.5 ulp. Compare both sides with fp64, not only with
-# each other. The default `allclose` of the "all causes fixed" row depends on the machine:
-# True on the CPU, False on a GPU against the real TE (12 elements on the H200, the line under
-# the table), because a GPU compiler fuses products into multiply-adds in an order of its own
-# and the interpreter fuses none. Neither run is broken; section 4b finds the order.
+# each other.
+#
+# In the table below, the default `allclose` of the "all causes fixed" row depends on the
+# machine: True on the CPU, False on a GPU against the real TE. The line under the table gives
+# the count: 12 elements in the H200 reference run (asserted), and 12 on the executed page's
+# H100. A GPU compiler fuses products into multiply-adds in an order of its own; the interpreter
+# fuses none. Neither run is broken; section 4b finds the order.
 
 # %%
 fixed = debug.reproduce(SC, FIXED, device=device)
@@ -347,18 +357,17 @@ if not GPU:
     assert rows[1][1], "the fixed row's default allclose: True on the CPU"
 
 # %% [markdown]
-# Two lessons. The reported kernel is many ulps from the exact result near outputs close to
-# zero, where its rounded products cancel; section 4 finds why. And the fixed kernel passes
-# with dtype-aware tolerances but is not TE bit for bit: in the H200 reference run, 12 of
-# 1,048,576 elements differ from the real TE (asserted; a GPU run prints its own count beside
-# it), enough to fail the default `allclose`, while the CPU's 4,096 elements show none
-# (asserted). Two suspects for such last-bit differences: where sin/cos come from, and the order
-# of the multiply-add. Section 3b shows that the first *can* produce the reported symptom;
-# section 4b finds that on the GPU it is the second.
+# Two lessons. First, the reported kernel is many ulps from the exact result where outputs are
+# close to zero and its rounded products cancel; section 4 finds why. Second, the fixed kernel
+# passes with dtype-aware tolerances but is not TE bit for bit: in the H200 reference run, 12 of
+# 1,048,576 elements differ from the real TE, enough to fail the default `allclose`, while the
+# CPU's 4,096 elements show none (both asserted). Two suspects for such last-bit differences:
+# where sin/cos come from, and the order of the multiply-add. Section 3b shows that the first
+# *can* produce the reported symptom; section 4b finds that on the GPU it is the second.
 #
 # On the CPU the fixed kernel's `tl.cos`/`tl.sin` are NumPy's fp32 functions (the interpreter's),
 # and the TE emulation's are `torch.cos`/`torch.sin`: two correct implementations that differ in
-# the last bit for some entries. This cell counts them:
+# the last bit for some entries. This cell counts them over this machine's table:
 
 # %%
 f_half = compare.angles(SC.seq_len, SC.head_dim)[:, 0, 0, :SC.head_dim // 2].cpu()
@@ -371,15 +380,17 @@ assert int(apart.max()) <= 1
 # %% [markdown]
 # ## 3b. One ulp of sin/cos is enough
 #
-# Can sin/cos that differ by one fp32 ulp — as two correct implementations can — produce the
-# reported failure on their own? Take the fixed kernel, give it the fp32 table TE's emulation
-# uses, and move every entry from position 1 on one ulp up (`torch.nextafter`, the cause
-# `sincos_one_ulp`; position 0 keeps $\cos 0 = 1$, $\sin 0 = 0$, exact in every implementation).
-# The output of one pair changes by about $2^{-24}(|x_1| + |x_2|)$ in fp32; that flips the bf16
-# rounding only where the fp32 value lies that close to a midpoint between two bf16 numbers —
-# about one element in $2^{15}$ (bf16 keeps 16 fewer bits than fp32; the PyTorch run below
-# measures it). So the test needs a tensor
-# of a realistic size (on the CPU we take $131\,072$ elements instead of the $4\,096$ above):
+# On the CPU some table entries differ by one ulp, yet the fixed kernel's 4,096 outputs all
+# equal the emulation's (asserted above). Can sin/cos that differ by one fp32 ulp — as two
+# correct implementations can — produce the reported failure on their own?
+#
+# Take the fixed kernel, give it the fp32 table TE's emulation uses, and move every entry from
+# position 1 on one ulp up (`torch.nextafter`, the cause `sincos_one_ulp`; position 0 keeps
+# $\cos 0 = 1$, $\sin 0 = 0$, exact in every implementation). The output of one pair changes by
+# about $2^{-24}(|x_1| + |x_2|)$ in fp32. That flips the bf16 rounding only where the fp32 value
+# lies that close to a midpoint between two bf16 numbers: about one element in $2^{15}$ (bf16
+# keeps 16 fewer bits than fp32; the PyTorch run below measures it). So the test needs a tensor
+# of a realistic size; on the CPU we take $131\,072$ elements instead of section 1's $4\,096$:
 
 # %%
 ULP_SC = SC if GPU else debug.Scenario(seq_len=256, batch=2, heads=2, head_dim=128)
@@ -441,12 +452,14 @@ assert not bool((vs_te & ~(mism | order)).any())   # each element off TE was mov
 #
 # The second line compares with the TE side, as the report did. On the CPU that is the
 # emulation, whose table the kernel was given, so the two counts are the same (asserted). On a
-# GPU the compiled kernel's multiply-add order already differs from TE with the unmoved table
-# (12 of 1,048,576 in the H200 reference run, asserted below; section 4b finds why). The counts
-# do not add: an element can be in both sets, and a nudge can put an element back on TE's
-# value. The `split` line counts each part (asserted: every element off TE is in one of the
-# sets). The next cell runs the same experiment at the GPU size in plain PyTorch, on every
-# machine: the TE emulation against itself with the moved table.
+# GPU the compiled kernel's multiply-add order already differs from TE with the unmoved table:
+# 12 of 1,048,576 elements in the H200 reference run (asserted below), and 12 on the executed
+# page's H100; section 4b finds why. The two counts do not add: an element can be in both sets,
+# and a nudge can put an element back on TE's value. The `split` line counts each part
+# (asserted: every element off TE is in one of the sets).
+#
+# The next cell runs the same experiment at the GPU size in plain PyTorch, on every machine:
+# the TE emulation against itself with the moved table.
 
 # %%
 big = debug.Scenario(seq_len=512, batch=2, heads=8, head_dim=128)
@@ -480,11 +493,11 @@ assert fixed_gpu["n_differ"] == {r["variant"]: r for r in BITS["scenarios"]["nb_
     "debug:FIXED-table_fp32"]["n_differ"] == 12
 
 # %% [markdown]
-# 43 of 1,048,576 (one in $2^{14.6}$), 38 of them one bf16 step apart, with the first ten
-# values equal (asserted): the reported symptom. Two *correct* bf16 kernels pass the default tolerances only when their
-# fp32 intermediates round to the same bf16 value everywhere. A sin/cos that differs from TE's in
-# the last bit breaks that; so, section 4b shows, does fusing a different product of the same
-# formula, with sin/cos equal to TE's in every bit.
+# 43 of 1,048,576 elements (one in $2^{14.6}$), 38 of them one bf16 step apart, with the first
+# ten values equal (asserted): the reported symptom. Two *correct* bf16 kernels pass the default
+# tolerances only when their fp32 results round to the same bf16 value in every element. A
+# sin/cos that differs from TE's in the last bit breaks that; so, section 4b shows, does fusing
+# a different product of the same formula, with sin/cos equal to TE's in every bit.
 
 # %% [markdown]
 # ## 4. Where sin/cos come from, the dtype of the math, and FMA
@@ -499,9 +512,10 @@ assert fixed_gpu["n_differ"] == {r["variant"]: r for r in BITS["scenarios"]["nb_
 # - **fp32 table** (`torch.cos` in fp32) vs **sin/cos in the kernel** from fp32 angles, as TE's
 #   kernel does: both accurate, though a table computed on the CPU can differ from CUDA's
 #   `sincosf` (section 4b counts where);
-# - **fused multiply-add**: one product and the sum rounded once instead of twice. A GPU
-#   compiler contracts `a*b + c` into an FMA on its own; the interpreter (NumPy) does not.
-#   Which product is fused changes the last fp32 bit of many outputs (section 4b).
+# - **fused multiply-add** (FMA), $\mathrm{fma}(a, b, d) = ab + d$ with one rounding: one
+#   product and the sum rounded once instead of twice. A GPU compiler *contracts* `a*b + d`
+#   into an FMA on its own; the interpreter (NumPy) does not. Which product is fused changes
+#   the last fp32 bit of many outputs (section 4b).
 #
 # The error in ulps of the exact output is harsh where that output is near zero: a bf16 table
 # is then "many ulps" off although every value in it is as good as bf16 allows. A fairer
@@ -593,11 +607,13 @@ assert [gpu_rows[v]["max_abs_diff"] for v in PRESET_ROWS.values()] == [2 ** -5, 
 # The lines under the chart read the H200 reference run of the same presets against the real
 # TE: with the fused multiply-add every output has TE's bits (`max |TE - Triton|` is 0); the
 # fixed kernel, with the fma left to the compiler, does not ($2^{-6} \approx 0.0156$; both
-# asserted). Section 4b finds which order makes the difference. With TE installed, the live rows
-# above show the same on the reference run's GPU (asserted there); the fma row's 0 is asserted
-# on any GPU with TE, since `tl.fma` pins its order. The TE emulation rounds both products, as
-# the interpreter does: on the CPU the fixed row is 0 too (asserted), and against the emulation
-# a GPU's fma row may differ in a few outputs by design.
+# asserted). Section 4b finds which order makes the difference.
+#
+# The rows above the chart are this machine's. Against live TE the fma row's 0 is asserted on
+# any GPU, since `tl.fma` pins its order, and the fixed row's $2^{-6}$ on the reference run's
+# GPU model; the executed page's H100 prints the same two values. The TE emulation rounds both
+# products, as the interpreter does: on the CPU the fixed row is 0 too (asserted), and a GPU
+# without TE, compared with the emulation, may show a few differing outputs in the fma row.
 #
 # **Exercise — the norm-wise error.** Write `my_normwise_error(y, exact, x, rot_dim)`: for
 # every element of `y` (any shape, last dim $D$), $|y - y^\star|$ divided by $|x_a| + |x_b|$,
@@ -627,7 +643,7 @@ solution(ex.solution_normwise_error)
 # fp32 and rounds once *can* agree with TE exactly, and when it does not, the elements that
 # differ are a clue. This section is an investigation: a kernel whose combine line you write
 # (the exercise), a check that counts the elements whose **bits** differ from TE's output, and
-# one change at a time.
+# one change at a time (steps a to e).
 #
 # **What TE computes.** TE's fused kernel (`transformer_engine/common/fused_rope/fused_rope.cu`)
 # does, per element and in fp32,
@@ -638,26 +654,30 @@ solution(ex.solution_normwise_error)
 # dst = v_src * v_cos + v_src_rotate * v_sin;    // rounded once to the output dtype
 # ```
 #
-# With $r$ the rotated partner ($r = -x_2$ in the first half, $r = x_1$ in the second) the last
-# line is $y = x c + r s$. Writing $\mathrm{rn}$ for rounding to fp32, fp32 can evaluate it three
-# ways:
+# (`d2` is the number of rotated features.) With $r$ the rotated partner ($r = -x_2$ in the
+# first half, $r = x_1$ in the second) the last line is $y = x c + r s$. Writing $\mathrm{rn}$
+# for rounding to fp32, fp32 can evaluate it three ways:
 #
 # $$ y_{\text{none}} = \mathrm{rn}\big(\mathrm{rn}(xc) + \mathrm{rn}(rs)\big), \qquad
 #    y_{xc} = \mathrm{rn}\big(xc + \mathrm{rn}(rs)\big), \qquad
 #    y_{rs} = \mathrm{rn}\big(rs + \mathrm{rn}(xc)\big). $$
 #
 # $y_{xc}$ is one fused multiply-add, $\mathrm{fma}(x, c, rs)$: the product $xc$ enters the sum
-# exact. CUDA compilers contract `a*b + c*d` into such an fma by default (nvcc's `-fmad=true`,
-# Triton's `enable_fp_fusion=True`), and **which** product is fused is the compiler's choice,
-# not the source's. The three differ in the last fp32 bit for many elements; rounding to bf16
-# hides most of that, but not where an fp32 value lies close to a midpoint between two bf16
-# numbers.
+# exact. CUDA compilers *contract* `a*b + c*d` into such an fma by default (nvcc's `-fmad=true`,
+# Triton's `enable_fp_fusion=True`; "contraction off" below means this option off), and
+# **which** product is fused is the compiler's choice, not the source's. The three differ in the
+# last fp32 bit for many elements; rounding to bf16 hides most of that, but not where an fp32
+# value lies close to a midpoint between two bf16 numbers.
 #
-# **The measurements.** `benchmarks/te_bits.py` ran the variants of this section against the
-# real TE on the H200 and saved TE's outputs, TE's own fp32 cos/sin (an input of ones in the
-# first half and zeros in the second makes TE's output exactly its cos and sin) and one row per
-# variant, at $S = 512$, $B = 2$, $H = 8$, $D = 128$ in bf16. The inputs are drawn again here,
-# their hashes checked against the H200's. Each count below is one of two kinds:
+# **The measurements.** In the H200 reference run, `benchmarks/te_bits.py` ran the variants of
+# this section against the real TE and saved TE's outputs, TE's own fp32 cos/sin (an input of
+# ones in the first half and zeros in the second makes TE's output exactly its cos and sin) and
+# one row per variant: `BIG`, bf16 at $S = 512$, $B = 2$, $H = 8$, $D = 128$, and `SMALL32`, fp32
+# at $S = 32$, $B = 2$, $H = 2$, $D = 32$. A row is named `line/source`: `free_sub` is the line as
+# written (`-nofuse`: compiled with contraction off), `none_rn` every product rounded,
+# `fma_xc` and `fma_rs` the two fma orders; the source is where sin/cos come from (step b).
+# The inputs are drawn again here, their hashes checked against the H200's. Each count below
+# is one of two kinds:
 #
 # > - **H200 reference run**: read from that file; the same on every machine.
 # > - **here**: this machine. On the CPU the kernel runs in the interpreter against TE's stored
@@ -666,7 +686,8 @@ solution(ex.solution_normwise_error)
 # >   with TE computed now (*live*).
 # >
 # > Where the source leaves no rounding to the compiler (each product rounded or inside a
-# > `tl.fma`), *here* equals the reference run on the CPU and on the H200 (asserted).
+# > `tl.fma`), *here* equals the reference run on the CPU and on the H200 (asserted). On the
+# > executed page's H100, steps a to e count what the reference run counts as well.
 
 # %%
 print(f"{TE_BITS.relative_to(ROOT)}: {GPU_NAME} (compute capability {META['capability']}), "
@@ -712,7 +733,7 @@ print(f"compared with: {where}; x and angles hash as on the GPU")
 # in the exercise below. The kernel stores fp32; the one rounding to bf16 is torch's
 # `.to(torch.bfloat16)`, round-to-nearest-even like TE's store. The cell is a runnable copy of
 # `ropelib.course.exercises.debugging._rope_combine_kernel`, the kernel the exercise's check
-# launches (a test keeps the two the same).
+# launches (`tests/test_notebook_kernels_same.py` keeps the two the same).
 #
 # `check_bits`'s `sincos` argument says where cos and sin come from: `"tl"` computes them in the
 # kernel from the fp32 angles, `"table"` reads a table (by default TE's own). The default,
@@ -797,13 +818,13 @@ def check_bits(case, combine_fn, sincos=SINCOS, table=None, quiet=False, fusion=
 # rounding; the three ways of evaluating the line are written out above.
 #
 # `ex.check_te_combine(my_combine)` grades it with TE's own cos and sin on both cases of this
-# section, the bf16 one above and `SMALL32` (fp32 at $S = 32$, $B = 2$, $H = 2$, $D = 32$, where
-# every rounding shows). It passes when no element differs from TE's stored output in either,
-# and when every element of a third case, fp32 inputs drawn as the check runs, has the rounding
-# of TE's line (so a combine that looked TE's stored outputs up fails there). It refuses
-# ropelib's own `@triton.jit` helpers and the worked solution. Both compile with contraction off
-# on a GPU (`enable_fp_fusion=False`), and the interpreter never contracts: nothing is fused that
-# your line does not fuse, and `check_bits` counts on every machine what the grader counts.
+# section, `BIG` and `SMALL32` (fp32, where every rounding shows). It passes when no element
+# differs from TE's stored output in either, and when every element of a third case, fp32 inputs
+# drawn as the check runs, has the rounding of TE's line (so a combine that looked TE's stored
+# outputs up fails there). It refuses ropelib's own `@triton.jit` helpers and the worked
+# solution. `check_bits` and the grader both compile with contraction off on a GPU
+# (`enable_fp_fusion=False`), and the interpreter never contracts: nothing is fused that your
+# line does not fuse, and `check_bits` counts on every machine what the grader counts.
 
 # %%
 @triton.jit
@@ -823,7 +844,7 @@ solution(ex.solution_te_combine.fn, title="Solution: the combine with TE's bits"
 te_combine = my_combine if combined_by_learner else ex.solution_te_combine
 
 # %% [markdown]
-# The steps below walk the way to that line, one change at a time.
+# Steps a to e walk to that line, one change at a time.
 #
 # **Step a — the kernel as written.** The interpreter rounds each product and the sum,
 # $y_{\text{none}}$, and so does a GPU with contraction off (the reference run's
@@ -831,7 +852,7 @@ te_combine = my_combine if combined_by_learner else ex.solution_te_combine
 # compiler makes "as written" a computation of its own choosing, kernel by kernel: in the
 # reference run's kernel (`te_bits.py`'s copy of the reproduction kernel) 12 elements differ
 # (asserted). Step e reads which products it fused there, and in the kernel above. The TE
-# emulation of the introduction, run by the reference run beside TE, differs from it in 17
+# emulation of the introduction, run in the reference run beside TE, differs from TE in 17
 # elements with torch on the GPU and in 27 with torch on the CPU (asserted).
 
 # %%
@@ -978,14 +999,15 @@ if GPU and SAME_GPU and triton.__version__ == META["triton"]:   # the reference 
 
 # %% [markdown]
 # On the GPU, `tl.cos`/`tl.sin`, libdevice's `cos`/`sin` and a torch table computed on the GPU
-# are TE's `sincosf` bit for bit: 0 entries differ. So swapping among them cannot move the
-# count, and it does not: each gives what TE's own table gives, 17 elements as written and 0
-# with the fma line (asserted; on the CPU the TE's-own-table row runs in the interpreter and
-# gives the same 17 and 0, asserted). Sources whose values *do* differ move the count even
-# under the fma line: the fast approximations (2,287 elements in the reference run), a torch table
-# computed on the CPU (16), NumPy's functions (thousands of entries differ; all asserted). That
-# is why, on the CPU, the kernel reads TE's own table rather than the interpreter's `tl.cos`.
-# Sin/cos are not what separates the kernel from TE. The combine line is.
+# are TE's `sincosf` bit for bit: 0 entries differ (in the reference run, and on the executed
+# page's H100). So swapping among them cannot move the count, and it does not: each gives what
+# TE's own table gives, 17 elements as written and 0 with the fma line (asserted; on the CPU the
+# `table_te_fp32` row runs in the interpreter and gives the same 17 and 0, asserted). Sources
+# whose values *do* differ move the count even under the fma line: the fast approximations
+# (2,287 elements in the reference run), a torch table computed on the CPU (16), NumPy's
+# functions (thousands of entries differ; all asserted). That is why, on the CPU, the kernel
+# reads TE's own table rather than the interpreter's `tl.cos`. Sin/cos are not what separates
+# the kernel from TE. The combine line is.
 #
 # **Step c — fuse TE's product: $\mathrm{fma}(x, c, r s)$**, the contraction nvcc applies to
 # TE's line. This is `te_combine`: your combine if it passed the check, else the worked solution.
@@ -1021,10 +1043,11 @@ if SAME_GPU:
     assert torch.equal(step_d["y"], BIG.output("fma_rs/table_te_fp32"))   # the GPU's bits
 
 # %% [markdown]
-# **Step e — what the GPU compiler did with the line as written.** The reference run keeps the last 16
-# fp32 instructions of the free line's PTX (all it keeps of the PTX); the last five compute
-# $y_1$ and $y_2$. `fma.rn.f32 d, a, b, c` is $\mathrm{rn}(ab + c)$, `mul.f32` a rounded
-# product:
+# **Step e — what the GPU compiler did with the line as written.** PTX is the assembly that
+# Triton emits and NVIDIA's `ptxas` compiles for the GPU. The reference run kept the last 16
+# fp32 instructions of the PTX of its kernel's line as written, contraction on (all it kept of
+# the PTX); the last five compute $y_1$ and $y_2$. `fma.rn.f32 d, a, b, c` is
+# $\mathrm{rn}(ab + c)$, `mul.f32` a rounded product:
 
 # %%
 tail = BIG.rows["free_sub/tl"]["ptx_tail"]
@@ -1088,15 +1111,16 @@ print(f"all {step_e['n']} differing elements lie in the second half (d >= {half}
 # $x_1$ and $x_2$. $y_1$'s negated `mul.f32` is then $x_2 s$, so
 # $y_1 = \mathrm{fma}(x_1, c, -\mathrm{rn}(x_2 s))$, TE's order, and
 # $y_2 = \mathrm{fma}(x_1, s, \mathrm{rn}(x_2 c))$, the other one. The bits say the same: the
-# first half of the reference run's kernel's output is its step c output, the second half its step d
-# output (asserted). `gpu_choice` writes that choice down; on the CPU, and on a GPU like the
-# reference run's, it gives that kernel's output bit for bit, and every element it gets wrong sits
-# in $y_2$. Nothing in the source asks for either order.
+# first half of that kernel's output is the reference run's step c output, the second half its
+# step d output (asserted). `gpu_choice` writes that choice down: on the CPU, and on a GPU like the
+# reference run's, it gives that kernel's output bit for bit (asserted), and every element it
+# gets wrong sits in $y_2$. Nothing in the source asks for either order.
 #
-# **The same line in the kernel above.** Both kernels can be compiled for the H200's sm_90 on
-# any machine: Triton's compiler and `ptxas` run on the CPU. The PTX's line info (`.loc file
-# line column`, printed after each instruction) says which product of the combine line each
-# `mul.f32` rounds; the other one enters an `fma.rn.f32` exact. One of each, per line:
+# **The same line in the kernel above.** Both kernels can be compiled on any machine for sm_90
+# (compute capability 9.0, the H100's and the H200's): Triton's compiler and `ptxas` run on the
+# CPU. The PTX's line info (`.loc file line column`, printed after each instruction as
+# `// column N: the expression there`) says which product of the combine line each `mul.f32`
+# rounds; the other one enters an `fma.rn.f32` exact. One of each, per line:
 
 # %%
 import inspect
@@ -1137,13 +1161,14 @@ assert [k for k, r in zip("acde", (step_a, step_c, step_d, step_e)) if r["n"] ==
 
 # %% [markdown]
 # One line, one compiler, two choices. In the reproduction kernel the compiler fuses $x_1 c$
-# and then $x_1 s$: TE's product in $y_1$, the other in $y_2$, 12 elements on the H200 (the
-# compile here makes the choice the H200 run's PTX shows, asserted). In the kernel above it
+# and then $x_1 s$: TE's product in $y_1$, the other in $y_2$, 12 elements in the H200 reference
+# run (the compile here makes the choice that run's PTX shows, asserted). In the kernel above it
 # fuses $x_1 c$ and $x_2 c$: TE's product in both halves, which is step c's line, so that
-# kernel's output is step c's, 0 elements (a run on an sm_90 GPU, the H200's kind, checks both
-# halves against step c's bits).
-# The PTX says which choice was made, not what in a kernel decides it; the source does not. Of
-# steps a to e only c gives 0, here and in the reference run (asserted): pin the order with
+# kernel's output is step c's, 0 elements. On an sm_90 GPU the cell runs it and checks both
+# halves against step c's bits; the executed page's H100 prints 0 elements, True, True.
+#
+# The PTX shows which choice the compiler made, not why, and nothing in the source decides it.
+# Of steps a to e only c gives 0, here and in the reference run (asserted): pin the order with
 # `tl.fma` rather than hope for it.
 
 # %% [markdown]
@@ -1156,10 +1181,10 @@ assert [k for k, r in zip("acde", (step_a, step_c, step_d, step_e)) if r["n"] ==
 # line, `te_combine`, under `if USE_FMA:`, and takes sin/cos from the angles under
 # `if FROM_ANGLES:`. The table goes from section 1's reported failure to TE's bits, one change
 # per row, counting elements whose bits differ from TE's output. The reference run's columns
-# are the course's copy of this kernel (`debug:` presets of `benchmarks/te_bits.py`), in bf16 at
-# the GPU size and in fp32 at the small size, where every rounding shows. The column "here" runs
-# your copy on the small fp32 case (on a GPU with contraction on), with TE's own cos/sin wherever
-# a row reads a table; a GPU with TE adds a live bf16 column. To try another order, edit the
+# are the course's kernel (the `debug:` rows of `benchmarks/te_bits.py`), in bf16 at the GPU
+# size and in fp32 at the small size, where every rounding shows. The column "here" runs your
+# copy on the small fp32 case (on a GPU with contraction on), with TE's own cos/sin wherever a
+# row reads a table; a GPU with TE adds a live bf16 column. To try another order, edit the
 # `USE_FMA` branch or `my_combine`, then rerun section 1's cell and this one. The asserts check
 # the course's kernel, run beside yours.
 
@@ -1239,14 +1264,15 @@ elif SAME_GPU:  # tl.cos is CUDA's sincosf, TE's own
         assert course_bits[:4] == ref_small[:4]
 
 # %% [markdown]
-# **Which change did it.** Read the reference run's columns row by row. Section 1's reported failure
-# differs from TE in 320,601 of 1,048,576 bf16 elements. An fp32 table and fp32 math leave 12;
-# sin/cos from the angles in the kernel leave the same 12; the fma line leaves 0. In fp32 the
-# first three rows give 573 at the small size (in fp32 "the input dtype" is fp32 already, and
-# the reference run's torch fp32 table equals TE's entries in every bit), and
-# only the fma line gives 0 (all asserted from the reference run): TE's output is, in every bit, what
+# **Which change did it.** Read the reference run's columns row by row. Section 1's reported
+# failure differs from TE in 320,601 of 1,048,576 bf16 elements. An fp32 table and fp32 math
+# leave 12; sin/cos from the angles in the kernel leave the same 12; the fma line leaves 0. In
+# fp32 the first three rows give 573 at the small size (in fp32 "the input dtype" is fp32
+# already, and the reference run's torch fp32 table equals TE's entries in every bit), and only
+# the fma line gives 0 (all asserted from the reference run): TE's output is, in every bit, what
 # `fma(v_src, v_cos, v_src_rotate * v_sin)` gives for its line. On the GPU the source of sin/cos
-# moved nothing, and the contraction order took the last elements away.
+# moved nothing, and the contraction order took the last elements away. The executed page's
+# H100 shows the same: its live bf16 column reads 320,601, 12, 12, 0 and 0.
 #
 # The column "here": on the CPU the interpreter rounds every product, so the first two rows give
 # the reference run's every-product-rounded count, 990 (asserted), where the GPU, whose compiler
@@ -1254,11 +1280,12 @@ elif SAME_GPU:  # tl.cos is CUDA's sincosf, TE's own
 # 4 are not 0: TE's order alone does not make TE's bits from other sin/cos. The last row, TE's
 # order with TE's own cos/sin, is 0 on every machine (both asserted): the CPU needs the same two
 # changes as the GPU. On the reference run's GPU and Triton version the column equals its
-# small-size column row for row (asserted there).
+# small-size column row for row (asserted there); on the executed page's H100 it does too.
 #
-# `benchmarks/repro_contraction.py` takes the first row apart: which of the sixteen ways of
-# rounding or fusing its four bf16 products the GPU's output equals, and the PTX instructions
-# behind it (`benchmarks/results/repro_contraction-<gpu>.json`).
+# Further reading: `benchmarks/repro_contraction.py` (a GPU script) takes the first row apart:
+# which of the sixteen ways of rounding or fusing its four bf16 products the GPU's output
+# equals, and the PTX instructions behind it (its H200 results:
+# `benchmarks/results/repro_contraction-nvidia-h200.json`).
 
 # %% [markdown]
 # ## 5. Six layout traps — all invisible in the first ten values
@@ -1465,9 +1492,10 @@ print({t: f"{v:.0f}" for t, v in spread.items()}, "= largest |recovered position
 # float64 and as $[S, B, H]$ whatever the layout, the position each token's output encodes: the
 # angle above with $(a, b) = (D/2 - 1, D - 1)$, divided by $\omega_{\min} = 10000^{-(D-2)/D}$,
 # the formula the figure's `debug.recovered_positions` computes. The check compares yours with
-# it on outputs of the reproduction kernel, each with one of the four traps with a curve or
-# none, at two fixed sizes and one drawn when it runs, two of them again in bshd. It bars
-# `debug.recovered_positions` and the worked solution: this part is that function.
+# it on outputs of the reproduction kernel with no trap or one of the four traps that leave a
+# curve, at two fixed sizes and one drawn as it runs, two of them again in bshd. It bars
+# `debug.recovered_positions` and the worked solution inside your answer: this part is that
+# function.
 
 # %%
 def my_recovered_positions(x, y, layout):
@@ -1556,9 +1584,9 @@ assert BIG.rows["fma_rs/tl"]["hist"][5] == BIG.rows["free_sub/tl"]["hist"][5] ==
 # tolerances. The one-ulp cause flips a rounding in tens of elements per million (section 3b:
 # 43 of 1,048,576 in PyTorch), so the CPU's panel of 4,096 elements expects about 0.2 of them
 # (asserted below) and mostly shows none; a GPU's panel of 1,048,576 elements expects about 43.
-# Widgets need a running kernel: in a notebook reopened from disk, run its cells first (until
-# then the saved widget reads "Error displaying widget: model not found"); on the executed page
-# they compute nothing, and the cell after the panel drives it from code and prints its verdicts.
+# Widgets need a running Jupyter kernel: in a notebook reopened from disk, run its cells first
+# (until then the saved widget reads "Error displaying widget: model not found"). On the executed
+# page they compute nothing; the cell after the panel drives it from code and prints its verdicts.
 
 # %%
 import ipywidgets as W
@@ -1640,22 +1668,23 @@ print(f"fixed: allclose with {tol} passes; max error {float(ulps.max()):.3g} ulp
 # sized for fp32, and printed the first ten values, where every RoPE here agrees. The original
 # project's code, inputs and sizes are not here, so which cause struck it is an inference.
 # Every cause in this notebook gives the symptom. The layout traps make differences of the
-# order of the values (hundreds of $u$ norm-wise and more) that a look at the argmax shows at
-# once, so a report of "small" differences points to precision or tolerance:
+# order of the values (hundreds of $u$ norm-wise and more), which a look at the argmax shows at
+# once; differences of a bf16 step or so point to precision or tolerance:
 #
 # - a kernel written after Unsloth's carries a bf16 cos/sin table and bf16 products: tens of
 #   ulps off fp64 or more near zero, yet within $3u$ norm-wise (section 4, on every machine);
 # - a correct kernel whose sin/cos differ from TE's in the last fp32 bit fails the default
 #   tolerances, most elements by one bf16 step and a few near-zero ones by more (section 3b:
 #   43 of 1,048,576 elements in PyTorch at the GPU size);
-# - against the real TE on the H200 (the ledger at the end of section 4b), the reproduction
-#   kernel went from 320,601 differing bf16 elements to 12 with an fp32 table and fp32 math,
-#   stayed at 12 with sin/cos from the angles in the kernel (equal to TE's in every entry), and
-#   reached 0 with `tl.fma(x, c, rot * s)`. The 12 lie in the half of the outputs where the
-#   compiler fused the other product (step e), a choice it makes kernel by kernel: the same
-#   compiler fuses TE's product in both halves of section 4b's kernel, 0 elements (step e's
-#   PTX), so only `tl.fma` makes TE's order a property of the source. On the CPU the same kernel reaches
-#   0 only with both TE's own cos/sin and TE's order.
+# - against the real TE in the H200 reference run (the table at the end of section 4b), the
+#   reproduction kernel went from 320,601 differing bf16 elements to 12 with an fp32 table and
+#   fp32 math, stayed at 12 with sin/cos from the angles in the kernel (equal to TE's in every
+#   entry), and reached 0 with `tl.fma(x, c, rot * s)`; live on the executed page's H100, the
+#   same counts. The 12 lie in the half of the outputs where the compiler fused the other
+#   product (step e). The compiler makes that choice kernel by kernel: it fuses TE's product in
+#   both halves of section 4b's kernel, 0 elements (the sm_90 compile after step e). Only
+#   `tl.fma` makes TE's order a property of the source. On the CPU the same kernel reaches 0
+#   only with both TE's own cos/sin and TE's order.
 #
 # The fix is the comparison itself: an fp64 reference, dtype-aware tolerances, errors in ulps
 # *and* norm-wise, a look at the argmax and at the positions the output encodes instead of the
