@@ -1196,6 +1196,14 @@ assert [round(alone["dx", shipped["dx"], rot], 2) for rot in (False, True)] == [
 # persistent grid, 7.2), so how it would fare there is untested. Writing $dY$ once is
 # `qkv_rope_linear`'s default (`backward="dy"`; `backward="prologue"` keeps section 5's design).
 #
+# In these rounds $dY$ was assembled the way the unfused pipeline assembles it: ropelib's RoPE
+# rotated q's and k's gradients into tensors of their own, and `torch.cat` copied them with v's
+# into $dY$, a second pass over q's and k's bytes (autograd's backward of the unfused pipeline's
+# `split` is the same `cat`). `qkv_rope_linear` now has the RoPE kernel store them straight into
+# their columns of $dY$, so at 8192 tokens 80 MiB of gradients (8192 tokens $\times$ 5,120
+# columns of bf16) are read and written once instead of twice; no GPU run here has timed that
+# yet, so the table above is the backward with the `cat`.
+#
 # **With QK-norm** the prologue must undo the norm too. Timed alone at 8192 tokens, dX with the
 # norm spills 240 bytes a thread at the plain dX tile and takes 8.01 ms; at a tile of its own
 # (32 rows by 128 columns, 4 warps) it spills nothing and takes 2.49 ms, against 1.74 without the
