@@ -17,9 +17,10 @@
 # # 06 — The backward pass
 #
 # Training needs the gradient of RoPE: given $\partial L/\partial y$ for the rotated queries and
-# keys, produce $\partial L/\partial x$. This notebook derives it — with TE's table, it is the
-# rotation by $-\theta$ — wires a kernel into PyTorch's autograd, and checks the result the
-# strict way.
+# keys, produce $\partial L/\partial x$. This notebook derives it (with the angle table of
+# NVIDIA's Transformer Engine, TE, it is the rotation by $-\theta$), wires a kernel into
+# PyTorch's autograd, and checks the result against autograd, finite differences and stride-0
+# inputs.
 #
 # **After this notebook you will be able to**
 #
@@ -40,11 +41,18 @@
 # time goes to reading, changing the kernel of section 2, the four exercises (the
 # backward kernel is the long one, ~20 minutes) and the discussion questions.
 #
+# **Where the numbers come from.** The numbers in the text come from committed runs on an NVIDIA
+# H200 (`benchmarks/results/*-nvidia-h200.csv`); the cells that read them assert them. The
+# live timings print the name of the GPU they ran on: on the executed page that is an NVIDIA
+# H100, so its times differ from the H200's. On any GPU the live cells assert only what the bytes
+# predict (the backward takes the forward's time, nothing beats a copy); what holds on the H200
+# alone, they assert only there.
+#
 # **Where it sits.** Notebook 02 introduced `ropelib.reference`, the plain-PyTorch RoPE whose
 # autograd this notebook checks against; notebook 04 built the batch-reusing kernel that
 # section 2 runs in both directions; notebook 05 built the finished kernel
 # (`ropelib/kernels/fused.py`), whose backward's formulas section 6 prints from its header.
-# Notebook 09 trains a model through ropelib's backward, and one of notebook 13's puzzles is a
+# Notebook 09 trains a model through ropelib's backward, and notebook 13's puzzle 8 is a
 # backward that turns the wrong way.
 
 # %%
@@ -92,6 +100,11 @@ print(f"x: [S={S}, B={B}, H={H}, D={D}] on {device}")
 # $$ \frac{\partial L}{\partial x} = J^{\top} \frac{\partial L}{\partial y} = R(\theta)^{\top}\,
 #    \frac{\partial L}{\partial y}. $$
 #
+# Why the transpose: $x_i$ reaches the loss through every $y_k$ it feeds, with the weight
+# $J_{ki}$, so its gradient collects column $i$ of $J$, which is row $i$ of $J^{\top}$. The
+# forward sends $x$ through $J$; the backward sends the gradient back along the same paths, the
+# other way.
+#
 # Since $\cos$ is even and $\sin$ is odd,
 #
 # $$
@@ -111,27 +124,28 @@ print(f"x: [S={S}, B={B}, H={H}, D={D}] on {device}")
 #    = P^{\top} \operatorname{diag}\big(R(-\theta_k)\big)\, P. $$
 #
 # So **the backward of RoPE is RoPE with the angles negated**: the same kernel, rotating
-# $\partial L/\partial y$ by $-\theta$. As a bonus $R^{\top}R = I$: rotations are orthogonal, so
+# $\partial L/\partial y$ by $-\theta$. The forward turns each pair by $\theta$; the backward
+# turns the gradient back by $\theta$. As a bonus $R^{\top}R = I$: rotations are orthogonal, so
 # the backward undoes the forward, and gradient norms are preserved.
 #
 # One detail. TE's table holds an angle per *feature*, so a rotate-half pair reads
 # $\theta_a$ (feature $j$) and $\theta_b$ (feature $j+D/2$), and the forward matrix is
 # $\begin{pmatrix} c_a & -s_a \\ s_b & c_b \end{pmatrix}$. Its transpose
 # $\begin{pmatrix} c_a & s_b \\ -s_a & c_b \end{pmatrix}$ **swaps the two sines and negates
-# them**. With TE's `cat(f, f)` table $\theta_a = \theta_b$ and that is exactly $R(-\theta)$; the
-# kernels implement the swap, so they are the exact transpose for any table.
+# them**. With TE's `cat(f, f)` table $\theta_a = \theta_b$ and that is exactly $R(-\theta)$;
+# ropelib's kernels implement the swap, so they are the exact transpose for any table.
 #
 # The bonus needs $\theta_a = \theta_b$. When the halves differ, the forward block has the
 # determinant $c_a c_b + s_a s_b = \cos(\theta_a - \theta_b)$, which is not 1 in general. The
 # block is then not a rotation. Its transpose is still the backward, but it is not its inverse:
 # the backward does not undo the forward, and gradient norms can change.
 #
-# Check it numerically with the full $D \times D$ Jacobian of the reference at one position,
-# computed by autograd. The cell tests TE's table and a table whose halves differ: for that one
-# the cell prints False on purpose, since negating alone is not the transpose. It prints the
+# The next cell checks this numerically with the full $D \times D$ Jacobian of the reference at
+# one position, computed by autograd, for TE's table and for a table whose halves differ. For the
+# second it prints False on purpose: negating alone is not the transpose there. It prints the
 # range of $\lVert J^{\top} g \rVert / \lVert g \rVert$ over all gradients $g$ (the smallest and
-# largest singular values of $J^{\top}$) for both tables, then reads the kernel's backward off as
-# a matrix.
+# largest singular values of $J^{\top}$) for both tables. Then it reads the backward of ropelib's
+# batch-reusing kernel (`rope_batch_reuse(..., backward=True)`, notebook 04) off as a matrix.
 
 # %%
 def jacobian(freqs_row):
@@ -204,8 +218,9 @@ draw_jacobians(FIGURES / "06-jacobian.png")
 #
 # ## 2. One kernel for both directions
 #
-# The batch-reusing kernel of notebook 04 already has the backward in it, behind a
-# `tl.constexpr`. The next cell is that kernel, character for character (a test,
+# The batch-reusing kernel of notebook 04 already has the backward in it, behind the flag
+# `BACKWARD`, a `tl.constexpr` (an argument whose value is fixed when Triton compiles the
+# kernel). The next cell is that kernel, character for character (a test,
 # `tests/test_notebook_kernels_same.py`, checks that it is the code of
 # `ropelib/course/kernels/batch_reuse.py`). Running the cell defines the kernel that this
 # notebook launches from here on: the launcher after it, the `autograd.Function` of section 3,
@@ -278,10 +293,11 @@ def _rope_batch_reuse_kernel(
 #
 # The launcher below is yours to change too. It launches one program per (token, head) on the
 # grid $(S, H)$ and passes the strides of every tensor, so any view of $x$ (a stride-0 gradient
-# included) is read as it is. It also passes the half width, its power-of-two tile and
-# `BACKWARD`, `COMPUTE_DTYPE` and `BF16_RTNE`. `COMPUTE_DTYPE` is fp64 for fp64 inputs, which
-# `gradcheck` needs (section 4). `num_warps`, the warps of each program, stays at Triton's
-# default, 4, unless the caller asks for another (section 2.1 times 1 too).
+# included) is read as it is. It also passes the half width, its power-of-two tile, `BACKWARD`,
+# `COMPUTE_DTYPE` (fp64 for fp64 inputs, which `gradcheck` needs: section 4) and `BF16_RTNE`
+# (round bf16 results to nearest even by hand, since the interpreter truncates). `num_warps`,
+# the warps of each program, stays at Triton's default, 4, unless the caller asks for another
+# (section 2.1 times 1 too).
 
 # %%
 def rope_cell(x, freqs, *, backward=False, num_warps=4):
@@ -351,15 +367,16 @@ if GPU:
 #
 # The backward reads $\partial L/\partial y$ and writes $\partial L/\partial x$: the bytes of a
 # copy of $\partial L/\partial y$, plus $S \times D$ fp32 angles ($2/(BH)$ of the gradient's
-# bytes in bf16; the cell prints both). A copy of the same tensor is therefore its floor. On a
-# GPU the next cell times, at this page's shape in bf16, a copy of $\partial L/\partial y$ and
+# bytes in bf16; the cell prints both). A copy of the same tensor is therefore its floor.
+#
+# On a GPU the next cell times, at this page's shape in bf16, a copy of $\partial L/\partial y$ and
 # section 2's kernel forward and backward at `num_warps=4` (Triton's default) and at
 # `num_warps=1`, with `triton.testing.do_bench` (median, 20th and 80th percentiles). It prints
 # each speed as a fraction of the copy's (copy time / kernel time: 1 = as fast as the copy) and
 # asserts what the bytes predict on any GPU: at either warp count the backward takes 0.9 to 1.1
 # times the forward, and nothing beats the copy. That one warp a program is faster than four is
-# what notebook 04 and the profile below measured on an H200, the GPU of the committed runs; the
-# cell asserts it only there, and another GPU prints its own ratio.
+# what notebook 04 and the profile below measured on the H200; the cell asserts it only there,
+# and another GPU prints its own ratio (the page's H100: 0.70 of the four-warp time).
 
 # %%
 if GPU:
@@ -394,13 +411,15 @@ else:
     print("timed on a GPU only (the interpreter runs one program after another in Python)")
 
 # %% [markdown]
-# **Why one warp is faster.** Nsight Compute profiled this kernel's forward at this shape (bf16,
-# $S = 4096$, $B = 8$, $H = 32$, $D = 128$; `benchmarks/mechanism.py`, variants `sh_loop_b_w1`
-# and `sh_loop_b_w4` of the batch-reusing kernel) at one warp and at four warps a program, and
-# the same script compiled both and counted the global loads and stores in their PTX, by width
-# (instructions in the code, not executions; the reads of libdevice's sin/cos table left out).
-# The cell prints both sets of rows. Notebook 04 (appendix A.1) reads this tile's layout on an
-# H200: a program rotates one head's $D/2 = 64$ pairs at a time, so on 128 threads each element
+# **Why one warp is faster.** On the H200, `benchmarks/mechanism.py` profiled this kernel's
+# forward with Nsight Compute (NVIDIA's kernel profiler) at one and at four warps a program
+# (variants `sh_loop_b_w1` and `sh_loop_b_w4`; bf16, $S = 4096$, $B = 8$, $H = 32$,
+# $D = 128$). It also compiled both and counted the global loads and stores in their PTX (the
+# assembly-like code Triton emits before the GPU's machine code), by width. These count
+# instructions in the code, not executions, and leave out the reads of the table that libdevice,
+# NVIDIA's math library, uses for sin/cos. The next cell prints both sets of rows from
+# `mechanism-nvidia-h200.csv`. Notebook 04 (appendix A.1) reads this tile's layout: a program
+# rotates one head's $D/2 = 64$ pairs at a time, so on the 128 threads of four warps each element
 # and each cos/sin value is held, loaded and computed by 2 threads.
 
 # %%
@@ -463,10 +482,11 @@ assert round(per_thread[4] / per_thread[1], 2) == 0.71
 # four times as many threads. Together that is 2.85 times the instructions, 1.39 warp
 # instructions an element against 0.49.
 #
-# Four warps also fill the SMs: one-warp programs are capped by the limit of 32 programs on an
-# SM (`blocks`: 32 of its 64 warp slots, 48 % filled on average), four-warp programs by registers
-# and warps (96 %). The extra occupancy does not pay for the extra instructions: four warps take
-# 1.62 times the time.
+# Four warps also fill the SMs (streaming multiprocessors, the GPU's cores) better. Achieved
+# occupancy is the share of an SM's warp slots filled, on average. One-warp programs are capped
+# by the limit of 32 programs on an SM (`blocks`: 32 of its 64 warp slots, 48 % filled);
+# four-warp programs by registers and warps (96 %). The extra occupancy does not pay for the
+# extra instructions: four warps take 1.62 times the time.
 
 # %% [markdown]
 # ## 3. A `torch.autograd.Function`
@@ -528,12 +548,13 @@ print("gradients match the reference's autograd in fp32, fp16 and bf16")
 # A training step runs the forward and then, through an `autograd.Function` like `RopeFunction`,
 # the backward: two kernels that move the same bytes, so the step should take twice the forward.
 # A committed H200 run (`benchmarks/results/generations-nvidia-h200.csv`) timed that step,
-# `torch.autograd.grad` through such a Function, for each of ropelib's generations
-# (`ropelib.bench.compare`), beside the forward alone, in bf16 and as whole calls (`do_bench`).
-# Its `ropelib_batch_reuse` is section 2's kernel, launched by ropelib at one warp a program
-# (section 2.1 says why), so its times do not compare with section 2's four-warp ones. The cell
-# prints the step's time over the forward's for every batch size of the run ($s = 4096$,
-# $h = 32$, $d = 128$) and draws both times.
+# `torch.autograd.grad` through such a Function, beside the forward alone, in bf16 and as whole
+# calls (`do_bench`), for each of ropelib's three generations of kernel: `ropelib_naive`
+# (notebook 03), `ropelib_batch_reuse` (notebook 04) and `ropelib`, the finished kernel
+# (notebook 05). `ropelib_batch_reuse` is section 2's kernel, launched by ropelib at one warp a
+# program (section 2.1 says why), so its times do not compare with section 2's four-warp ones.
+# The cell prints the step's time over the forward's for every batch size of the run
+# ($s = 4096$, $h = 32$, $d = 128$) and draws both times.
 
 # %%
 gen_meta, gen_rows = measured.load("generations")
@@ -608,12 +629,16 @@ plt.show()
 # the batch-reusing kernel's step takes 427 µs at batch 1 against 207 µs at batch 4, with a
 # quarter of the bytes. The forward there is set by its programs, not its bytes: 84.6 µs at
 # batch 1 and 84.7 µs at batch 2, of which starting batch 1's 131,072 programs takes 79.2 µs
-# (notebook 03's cost per program). The committed run timed whole calls, so it cannot split the
-# step's time. On a GPU the next cell times the same wrapper at batch 1 as whole calls and
-# replayed from a CUDA graph, which leaves the host out: the replayed step is about twice the
-# replayed forward (asserted), so the device's work is what the bytes predict, and what the whole
-# call adds lies outside the kernels. That is a measurement of today's run, not a proof of where
-# the committed run's time went.
+# (notebook 03's cost per program).
+#
+# The committed run timed whole calls, so it cannot say where the rest of the step's time goes.
+# On a GPU the next cell times the same `ropelib_batch_reuse` step and forward at batch 1 two
+# ways: as whole calls, and replayed from a CUDA graph (a recorded sequence of kernel launches
+# that the GPU replays without the host's Python and launch work). It asserts that the replayed
+# step takes about twice the replayed forward: the device's work is what the bytes predict, and
+# what a whole call adds lies outside the kernels. On the executed page this live run is an H100's
+# (replayed step 2.01 forwards); it shows where its own time goes, not where the committed H200
+# run's did.
 
 # %%
 if GPU:
@@ -660,16 +685,19 @@ else:
 #
 # `torch.autograd.gradcheck` compares the backward with finite differences,
 # $\big(f(x + \varepsilon e_i) - f(x - \varepsilon e_i)\big) / 2\varepsilon$, for every input
-# element $i$ — one pair of forward calls per element, so keep the shapes tiny. With
-# $\varepsilon = 10^{-6}$ (the cell's `eps`) two outputs differ by $2\varepsilon$ times an entry
-# of $J$: a change in the sixth decimal place of numbers near 1. fp32 keeps about 7 significant
-# digits. Rounding $x \pm \varepsilon$ and the two outputs to fp32 therefore moves a finite
-# difference by percents of an entry, far more than gradcheck tolerates (a relative 0.1 %,
-# `rtol=1e-3`). So gradcheck runs in float64, and ropelib's kernels compute in fp64 when they
-# are given fp64 (`COMPUTE_DTYPE`). The cell shows both sides: in float64 the cell's kernel and
-# `ropelib.apply_rope` pass, while the same op computed in fp32 and cast back fails. Then it
-# takes the finite differences itself, with section 2's kernel in fp32 and in fp64, and prints
-# how far the fp32 ones land from the fp64 ones.
+# element $i$ — one pair of forward calls per element, so keep the shapes tiny.
+#
+# Why float64: with $\varepsilon = 10^{-6}$ (the cell's `eps`) two outputs differ by
+# $2\varepsilon$ times an entry of $J$, a change in the sixth decimal place of numbers near 1.
+# fp32 keeps about 7 significant digits, so rounding $x \pm \varepsilon$ and the two outputs to
+# fp32 moves a finite difference by percents of an entry, far more than gradcheck tolerates (a
+# relative 0.1 %, `rtol=1e-3`). So gradcheck runs in float64, and ropelib's kernels compute in
+# fp64 when they are given fp64 (`COMPUTE_DTYPE`).
+#
+# The cell shows both sides: in float64 the cell's kernel and `ropelib.apply_rope` pass, while
+# the same op computed in fp32 and cast back fails. Then it takes the finite differences itself,
+# with section 2's kernel in fp32 and in fp64, and prints how far the fp32 ones land from the
+# fp64 ones.
 #
 # `ropelib.apply_rope` is checked twice, on TE's table and on a table whose two halves differ,
 # because on TE's table the transpose and a backward that negates the sines without swapping
@@ -880,10 +908,11 @@ else:
 #   built with `expand`.
 # - The backward moves the forward's bytes and takes the forward's time. In the committed H200
 #   run a training step takes 1.97 to 2.01 forwards from batch 4 up; at batch 1 whole calls take
-#   more, while replayed from a CUDA graph the step is still two forwards (section 3.1).
+#   more, while the live cell's step replayed from a CUDA graph is still two forwards
+#   (section 3.1).
 # - One warp a program beats four (section 2.1). With four warps each thread holds one bf16
 #   where it held two, and each element sits on two threads: 1.39 warp instructions an element
-#   against 0.49, for 1.62 times the time and the same DRAM bytes (the committed profile).
+#   against 0.49, for 1.62 times the time and the same DRAM bytes (the H200 profile).
 #
 # ropelib's finished kernel (notebook 05) serves both directions the same way. Its module header
 # is long (it also documents the grid, the layouts and the angle tables); the cell below prints
@@ -926,11 +955,12 @@ solution(ex.solution_backward_matrix)
 
 # %% [markdown]
 # **2. The backward kernel.** Write it from a blank `@triton.jit`. The signature below is the one
-# from notebook 04's kernel exercise (partial rotary included), renamed for gradients. The kernel
+# of notebook 04's exercise 4, renamed for gradients. It includes partial rotary: only the first
+# $R \le D$ features of a head are rotated, and the table holds $R$ angles a position. The kernel
 # runs on the grid $(S, H)$, and each program loops over the batch. It reads
 # $\partial L/\partial y$ and writes
-# $\partial L/\partial x = R(\theta)^{\top}\,\partial L/\partial y$; the gradients of the
-# pass-through features $R \ldots D-1$ pass through unchanged.
+# $\partial L/\partial x = R(\theta)^{\top}\,\partial L/\partial y$ for the rotated features;
+# the gradients of features $R \ldots D-1$ pass through unchanged.
 #
 # The check launches your kernel itself on fresh gradients: TE's table and a table whose two
 # halves differ, a stride-0 $\partial L/\partial y$ (the one `y.sum()` produces), a
@@ -961,15 +991,19 @@ backward_kernel.check_backward_kernel(my_backward_kernel);
 backward_kernel.show_solution()
 
 # %% [markdown]
-# **3. Its launcher.** `my_rope_backward(grad_y, freqs)` takes `grad_y [S, B, H, D]` (any
-# strides) and TE's table `freqs [P, 1, 1, R]` ($P \ge S$), allocates a contiguous
-# `grad_x`, launches `my_backward_kernel` on it and returns it. The check calls your function
-# on fresh gradients (one of them stride 0, one with rotary dim 16 of 24 and a table longer than
-# the sequence) and makes sure it launched `my_backward_kernel`:
+# **3. Its launcher.** Write `my_rope_backward(grad_y, freqs)`. It takes `grad_y [S, B, H, D]`
+# (any strides) and TE's table `freqs [P, 1, 1, R]` ($P \ge S$), allocates a contiguous
+# `grad_x`, launches `my_backward_kernel` into it on the grid $(S, H)$ and returns it. The kernel
+# reads the angles as a contiguous fp32 `[S, R]`: hand it the table's first $S$ rows in that
+# shape.
+#
+# The check calls your function on fresh gradients (one of them stride 0, one with rotary dim 16
+# of 24 and a table longer than the sequence), and it requires your kernel: the function must
+# launch `my_backward_kernel`, and the `grad_x` it returns must be what that kernel wrote.
 # `ropelib.apply_rope(grad_y, -freqs)`, `rope_batch_reuse(grad_y, freqs, backward=True)` and
-# section 2's `rope_cell` compute the right numbers (on a whole-head table at least), and none of
-# them is your kernel, so the check refuses them (`rope_cell` by the ropelib helper its kernel
-# calls, `round_to`: its message names that helper).
+# section 2's `rope_cell` all compute the right numbers (on a whole-head table at least), but none
+# of them is your kernel, so the check refuses them. For `rope_cell` its message names the
+# ropelib helper that section 2's kernel calls, `round_to`.
 
 # %%
 def my_rope_backward(grad_y, freqs):
@@ -982,13 +1016,13 @@ launcher_ok = ex.check_rope_backward(my_rope_backward, kernel=my_backward_kernel
 solution(ex.solution_rope_backward)
 
 # %% [markdown]
-# **Time it.** On a GPU the next cell checks your launcher's gradient against section 2's (the
-# worked launcher until exercise 3's check passes), then times it as section 2.1 timed section
-# 2's kernel: beside a copy of $\partial L/\partial y$, the floor, and section 2's backward at
-# four warps and at one, in bf16 at this page's shape. It prints each speed as a fraction of
-# the copy's. The worked launcher runs at Triton's default of four warps, so set it beside the
-# four-warp backward; if yours lands well below that, compare your loads and your grid with
-# section 2's kernel. Then try `num_warps=1` in your launcher.
+# **Time it.** On a GPU the next cell checks your launcher's gradient against section 2's (it
+# uses the worked launcher until exercise 3's check passes), then times it as section 2.1 timed
+# section 2's kernel: beside a copy of $\partial L/\partial y$, the floor, and section 2's
+# backward at four warps and at one, in bf16 at this page's shape. It prints each speed as a
+# fraction of the copy's. The worked launcher runs at Triton's default of four warps, so compare
+# it with the four-warp backward; if yours lands well below that, compare your loads and your
+# grid with section 2's kernel. Then try `num_warps=1` in your launcher.
 
 # %%
 backward_timed = my_rope_backward if launcher_ok else ex.solution_rope_backward
@@ -1015,19 +1049,19 @@ else:
     print("timed on a GPU only (the interpreter runs one program after another in Python)")
 
 # %% [markdown]
-# **4. The autograd Function.** Write `MyRope` with `forward(ctx, x, freqs)`: the forward with
-# your launcher from exercise 3 at `-freqs`, since the transpose of the rotation by $-\theta$ is
-# the rotation by $\theta$, and the backward with the same launcher at `freqs`. That identity
-# holds only for tables whose two halves share each angle, TE's `cat(f, f)` table, which this
-# notebook's `freqs` is: section 1 derives it, and shows that for halves that differ the
-# transpose also swaps the sines, so the backward at `-freqs` is not the forward at `freqs`.
+# **4. The autograd Function.** Write `MyRope`, a `torch.autograd.Function` with
+# `forward(ctx, x, freqs)` and `backward(ctx, grad_y)`, on your launcher from exercise 3. The
+# backward is your launcher at `freqs`. The forward can be the same launcher at `-freqs`: your
+# kernel computes $R(-\theta)^{\top}$ there, which is $R(\theta)$. That holds for tables whose
+# two halves share each angle, TE's `cat(f, f)` table, which this notebook's `freqs` is; for
+# halves that differ the transpose also swaps the sines (section 1), so the backward at `-freqs`
+# is not the forward at `freqs`.
 #
-# ropelib's kernels, teaching ones included, and this notebook's section-2 kernel (`rope_cell`)
-# are refused in both. The check compares $y$ and $\partial L/\partial x$ with the reference
-# (also for `y.sum()`), makes sure the forward launches a kernel and the backward launches
-# `my_backward_kernel` (ropelib's kernels and API are barred there), and checks what your
-# Function keeps once `forward` has returned: `freqs` and nothing else (not `x`, nor `-freqs`,
-# nor cos/sin tables).
+# The check compares $y$ and $\partial L/\partial x$ with the reference (also for `y.sum()`).
+# It makes sure the forward launches a kernel of yours and the backward launches
+# `my_backward_kernel`: ropelib's kernels, teaching ones included, and section 2's kernel
+# (`rope_cell`) are refused in both. And it checks what your Function keeps once `forward` has
+# returned: `freqs` and nothing else (not `x`, nor `-freqs`, nor cos/sin tables).
 
 # %%
 class MyRope(torch.autograd.Function):
@@ -1048,12 +1082,12 @@ solution(ex.SolutionRopeFunction)
 # %% [markdown]
 # ## Questions for discussion
 #
-# 1. In section 3.1's committed run the batch-reusing kernel's step takes 427 µs at batch 1 and
-#    207 µs at batch 4, with four times the bytes, and from batch 4 up every step is 2x its
-#    forward; its live cell finds today's extra time outside the kernels. What outside the
-#    kernels could make the smaller steps slower, and vary between kernels of one run? Which
-#    timing would you add to each case (notebook 07 times a call's host enqueue, its wall clock
-#    and a CUDA-graph replay) to tell your explanations apart?
+# 1. In section 3.1's committed H200 run the batch-reusing kernel's step takes 427 µs at
+#    batch 1 and 207 µs at batch 4, with four times the bytes, and from batch 4 up every step
+#    takes about two forwards; the live cell finds a whole call's extra time outside the kernels.
+#    What outside the kernels could make the smaller steps slower, and differ between the kernels
+#    of one run? Which timing would you add to each case (notebook 07 times a call's host
+#    enqueue, its wall clock and a CUDA-graph replay) to tell your explanations apart?
 # 2. With TE's `cat(f, f)` table, "negate the sines" and "swap and negate the sines" give the
 #    same results. Why did ropelib keep the swap? What would break, and where would you notice?
 # 3. `ctx.save_for_backward(freqs)` keeps a reference to a table shared by every layer. What
@@ -1067,10 +1101,10 @@ solution(ex.SolutionRopeFunction)
 # %% [markdown]
 # ## Appendix A. Why `g_sum.contiguous()` is slow
 #
-# Section 5 timed the copied path in two pieces, and `g_sum.contiguous()` alone is one of them:
-# it writes the $N$ fp32 elements of the stride-0 gradient of `y.sum()` into a new contiguous
-# tensor. On a GPU the next cell times it beside a plain copy of the contiguous gradient, which
-# reads as many bytes as it writes, and prints the first's GB/s as a fraction of the second's.
+# Section 5 timed the copied path in two pieces; one is `g_sum.contiguous()` alone, which writes
+# the $N$ fp32 elements of the stride-0 gradient of `y.sum()` into a new contiguous tensor. On a
+# GPU the next cell times it beside a plain copy of the contiguous gradient, which reads as many
+# bytes as it writes, and prints the first's GB/s as a fraction of the second's.
 
 # %%
 if GPU:
@@ -1094,15 +1128,18 @@ else:
     print("timed on a GPU only (the interpreter's times say nothing of memory traffic)")
 
 # %% [markdown]
-# On an H200, the GPU of the committed runs, the cell asserts that `g_sum.contiguous()` alone
-# writes its 537 MB at less than half the GB/s of a plain copy, which reads as many bytes as it
-# writes (the last line above; another GPU prints its own ratio, not asserted). Writing should be
-# the cheaper half, so where it is that slow, the slowness is the kernel's, not the memory's. The
-# committed profile sets it beside a kernel that only writes: `benchmarks/contiguous_ncu.py`
+# On the H200 the cell asserts that `g_sum.contiguous()` writes its 537 MB at less than half the
+# GB/s of the plain copy. Another GPU prints its own ratio, not asserted: the executed page's
+# H100 prints 0.57, slower than the copy but not under half. Writing alone is half of a copy's
+# traffic, so at the memory's speed it should reach at least the copy's GB/s; where it runs
+# slower, the slowness is the kernel's, not the memory's.
+#
+# A committed H200 profile sets it beside a kernel that only writes: `benchmarks/contiguous_ncu.py`
 # profiled it under Nsight Compute beside `buf.fill_(1.0)`, which writes the same $N$ fp32
 # elements and reads nothing (`contiguous_ncu-nvidia-h200.csv`; the profiler fixes the SM clock,
-# so compare the two times with each other). The plain copy itself is not in the profile: for two
-# contiguous tensors of one dtype PyTorch calls `cudaMemcpyAsync`, which runs no kernel.
+# so compare the two times with each other, not with the timings above). The plain copy is not
+# in the profile: for two contiguous tensors of one dtype PyTorch calls `cudaMemcpyAsync`, which
+# runs no kernel.
 #
 # The cell prints, for each kernel, the bytes it wrote to DRAM, its time, its store
 # instructions and the bytes each thread writes per store ($4N$ bytes ÷ (store instructions ×
@@ -1148,15 +1185,16 @@ print(f"g_sum.contiguous(): {con['us'] / fil['us']:.2f}x the fill's time for the
       f"{con['instr_m'] / fil['instr_m']:.1f}x its warp instructions")
 
 # %% [markdown]
-# Both kernels put the same 509 MB into DRAM (of the 537 MB written, the rest most likely still
-# in the L2 cache when the kernel ends: the profile has no L2 write count to show it); the fill
-# takes 0.36 of the time. They are different kernels. A stride-0 source is not contiguous, so
-# PyTorch's copy takes its general `elementwise_kernel`, which computes each element's offset
-# through the source's strides and stores one float (4 bytes) per thread per store instruction.
-# The fill runs the `vectorized_elementwise_kernel`, whose threads store four floats (16 bytes)
-# at once. The general kernel executes 11.5 times the warp instructions, and only 24 % of the
-# warp slots of an SM are filled with its warps, against 88 % for the fill, so, most likely, it
-# has fewer stores in flight to cover the memory's latency with (the profile does not count
-# stores in flight). How much of its 2.75 times the fill's time each of these costs, the profile
-# does not separate; the kernel's own code is PyTorch's, not the course's to change. What a RoPE
-# backward can do is not ask for it: read the stride-0 gradient as it is.
+# Both kernels put the same 509 MB into DRAM; the fill takes 0.36 of the time. (The rest of the
+# 537 MB written is presumably still in the L2 cache when the kernel ends; the profile has no L2
+# write count to show it.)
+#
+# They are different kernels. A stride-0 source is not contiguous, so PyTorch's copy takes its
+# general `elementwise_kernel`, which computes each element's offset through the source's
+# strides and stores one float (4 bytes) per thread per store instruction. The fill runs the
+# `vectorized_elementwise_kernel`, whose threads store four floats (16 bytes) at once. The
+# general kernel executes 11.5 times the warp instructions, and its warps fill only 24 % of an
+# SM's warp slots, against 88 % for the fill, so it can keep fewer stores in flight to hide the
+# memory's latency (the profile does not count stores in flight). The profile does not split its
+# 2.75 times the fill's time between these causes, and the kernel is PyTorch's, not the course's
+# to change. What a RoPE backward can do is not ask for it: read the stride-0 gradient as it is.
