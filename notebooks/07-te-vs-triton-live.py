@@ -20,8 +20,9 @@
 # compare with everything else that computes RoPE** (Transformer Engine's fused CUDA kernel and
 # its plain-PyTorch path, eager PyTorch, `torch.compile`, Liger Kernel and flash-attn where
 # installed), **and where it loses, why?** In short: ropelib's forward runs near a copy of the
-# same bytes and ahead of TE's fused kernel; its eager forward+backward can lose to TE's, and
-# then the host issuing the call, not the kernels, sets the time.
+# same bytes and ahead of TE's fused kernel; where its eager forward+backward loses to TE's
+# (the committed runs, at batch 1 and at 64 MiB), the host issuing the call sets the time, not
+# the kernels.
 #
 # **After this notebook you will be able to**
 #
@@ -34,9 +35,13 @@
 #   whether the host or the device sets its pace;
 # - write the yardstick yourself: one kernel that copies or rotates a tile of rows, and race it.
 #
-# Without a GPU everything runs in Triton's interpreter at tiny sizes: the *errors* are real, the
-# **timings meaningless**; the text quotes committed runs in `benchmarks/results/`. About two
-# hours with the three exercises; the appendix can wait.
+# **Where the numbers come from.** The numbers in the text are read from runs committed in
+# `benchmarks/results/`, measured on an H200 (section 5 lists each file with its GPU and date),
+# and the code cell beside each paragraph asserts them. A live GPU run prints its own timings
+# beside them, each line naming the GPU it ran on, which need not be an H200: set its *ratios to
+# a copy* beside the committed ones, never its µs. Without a GPU everything runs in Triton's
+# interpreter at tiny sizes: the *errors* are real, the **timings meaningless**. About two hours
+# with the three exercises; the appendix can wait.
 
 # %%
 import os, torch
@@ -87,9 +92,10 @@ assert all(p.available or p.reason for p in provs)
 # computes an fp64 reference, times a **plain copy of the same bytes** (`y.copy_(x)`) and runs
 # each provider. A row holds:
 #
-# - **time**: on a GPU the median of `triton.testing.do_bench`'s repeats, forward and
-#   forward+backward; the forward's 20th and 80th percentiles say how small a difference means
-#   anything;
+# - **time**: on a GPU the median of `triton.testing.do_bench`'s repeats (CUDA events around
+#   one call, a 256 MiB buffer zeroed before each to flush the L2 cache; 7.3 takes the loop
+#   apart), forward and forward+backward; the forward's 20th and 80th percentiles say how small
+#   a difference means anything;
 # - **GB/s** from a bytes model: RoPE reads $x$, writes $y$ and reads the fp32 angle table, so
 #   with $e$ bytes per element and rotary dimension $R$
 #   $$ \text{bytes}_\text{fwd} = 2\,S B H D\, e + 4\, S R, \qquad
@@ -166,15 +172,20 @@ assert all(r["max_head_ulp_err"] <= 4 for r in rows32)
 # eager PyTorch rounds every intermediate to bf16, hence more ulps; the fused kernels compute in
 # fp32 and round once. Where torch.compile runs, `torch.compile_te_unfused` (eager PyTorch's
 # formula, compiled) rounds once too, and `torch.compile` of Hugging Face's formula, from bf16
-# cos/sin tables, lands between. The times are checked on committed runs (sections 5 to 7): at
-# this 64 MiB shape ropelib's forward runs near the copy and ahead of TE's, its forward+backward
-# can take longer than TE's, and in the committed H200 sweep torch.compile's forward took 84 µs,
-# 0.43 of a copy (a GPU prints this run's beside it). Its times vary: in the same sweep the
-# 32 MiB base shape, timed twice, took 30 and 83 µs; appendix A.2 tests one hypothesis for why.
+# cos/sin tables, lands between.
+#
+# The times are checked on the committed runs (sections 5 to 7). At this 64 MiB shape ropelib's
+# forward runs near the copy and ahead of TE's. Its forward+backward time is mostly the host's
+# (section 7), so which of ropelib and TE leads in that column depends on the machine's host and
+# on the timer; in the committed H200 log at this size TE's eager call is the faster (7.5).
+# torch.compile's forward took 84 µs in the committed H200 sweep, 0.43 of a copy; the printed
+# line sets a GPU run's ratio beside it, and on another GPU it can lie far from 0.43. Its times
+# vary even within one run: in the same sweep the 32 MiB base shape, timed twice, took 30 and
+# 83 µs; appendix A.2 tests one explanation.
 #
 # In **fp32** (the last lines) the output format *is* the arithmetic format, so the error is
-# fp32's own: a few head-wise ulps, tens or hundreds element-wise near zero. "Rounds once,
-# ≤ 0.5 ulp" is a statement about bf16 and fp16 outputs.
+# fp32's own: a few head-wise ulps (at most 4, checked), tens or hundreds element-wise near zero.
+# "Rounds once, ≤ 0.5 ulp" is a statement about bf16 and fp16 outputs.
 
 # %% [markdown]
 # ## 3. The dashboard
@@ -208,14 +219,17 @@ assert dash.figure.get_suptitle() == f"measured on {widgets.measured_on(dash_row
 # ## 4. The standard sweeps
 #
 # `compare.SEED_SWEEPS`: GB/s against sequence length 256 … 3840 at batch 1, 2, 4, 8 (64 heads of
-# 128, fp32 and bf16) for ropelib, its batch-reuse generation, TE's fused kernel and eager
-# PyTorch; and bf16 sweeps of sequence, head dim, heads and batch around a 32 MiB base that add
-# TE's unfused path and torch.compile, all committed in `benchmarks/results/seed_sweeps.csv`.
-# The cell runs the first live (shrunk in the interpreter). On a GPU it sets each provider's
-# median forward **ratio to a copy** beside the committed run's, each line naming both GPUs. GB/s
-# depend on the GPU that ran the sweep, its memory above all, and so does the copy timed beside
-# each point in the same run: their ratio can be set beside another GPU's, GB/s cannot. ropelib's
-# median ratio must lie between 0.8 and 1.25 times the committed one on any GPU.
+# 128, fp32 and bf16) for ropelib, its batch-reuse generation (notebook 04's kernel), TE's fused
+# kernel and eager PyTorch; and bf16 sweeps of sequence, head dim, heads and batch around a
+# 32 MiB base that add TE's unfused path and torch.compile, all committed in
+# `benchmarks/results/seed_sweeps.csv`. The cell runs the first live (shrunk in the interpreter).
+#
+# GB/s depend on the GPU that ran the sweep, its memory above all; so does the copy timed beside
+# each point in the same run. Their ratio can therefore be set beside another GPU's, GB/s
+# cannot. On a GPU the cell prints each provider's median forward **ratio to a copy** beside the
+# committed run's, naming both GPUs, and checks ropelib's alone: between 0.8 and 1.25 times the
+# committed one. The other providers' ratios can move by more from one GPU to another; each line
+# prints by how much.
 
 # %%
 first = compare.SEED_SWEEPS[0] if GPU else compare.shrink(compare.SEED_SWEEPS[0])
@@ -262,7 +276,8 @@ if GPU and SEED_CSV.exists():
 # ## 5. The committed GPU results
 #
 # **Question: on an H200, where does each provider stand against a copy, and what sets that?**
-# From here on the text reads committed files; the cell lists each with its GPU, date and readers.
+# From here on the text reads committed files; the cell lists each with its GPU, its date and
+# the sections that read it.
 
 # %%
 import re
@@ -312,16 +327,18 @@ for dtype in DTYPES:
 #
 # - **The lines rise** with the tensor: a fixed cost per call, amortised (section 6 measures it).
 # - **Eager PyTorch stays low**: at most 0.15 of a copy in fp32, 0.10 in bf16. Notebook 02's
-#   profile predicts the bf16 figure: ten kernels moving 6.0 times the fused kernel's bytes at
-#   0.44 of the copy's speed give $0.44 / 6.0 = 0.073$; the largest tensor measures 0.073.
+#   profile (section 6) predicts the bf16 figure: ten kernels moving 6.0 times the fused
+#   kernel's bytes at 0.44 of the copy's speed give $0.44 / 6.0 = 0.073$; the largest tensor
+#   measures 0.073.
 # - **Size, not batch, puts ropelib on the copy.** In fp32 from batch 2 on, every point where
 #   $x$ holds 64 MiB or more lies at 0.98 of the copy or above (up to 1.017, within the 4 %
 #   spread of its percentiles: a tie); below 64 MiB none reaches 0.94. In bf16 at the longest
-#   sequence: 0.85 at batch 1 ($x$ under 64 MiB), 0.93 to 0.99 from batch 2 on. (64 MiB is also
-#   where the two-pass route starts; notebook 05, section 6, separates route from size.) From
-#   64 MiB on, TE's kernel and the batch-reuse generation lie below ropelib.
-# - The one point well above 1 (fp32, batch 8, the longest sequence) is a slow copy: the copy's
-#   GB/s drops there and TE's ratio jumps at the same point.
+#   sequence: 0.85 at batch 1 ($x$ under 64 MiB), 0.93 to 0.99 from batch 2 on. From 64 MiB on,
+#   TE's kernel and the batch-reuse generation lie below ropelib.
+# - 64 MiB is also where ropelib switches to its **two-pass route** for large tensors; notebook
+#   05, section 6, separates the route from the size.
+# - The one point well above 1 (fp32, batch 8, the longest sequence: 1.11) is a slow copy, not a
+#   fast kernel: the copy's GB/s drops there and TE's ratio jumps at the same point.
 
 # %%
 from ropelib.course import kernel_bandwidth
@@ -405,8 +422,8 @@ for dtype in DTYPES:
 # a tenth of the copy. TE's fused kernel stays at or below 0.60, behind ropelib at every point;
 # eager PyTorch at 0.10 at most. **torch.compile is the odd line**: it reaches the copy only on
 # the largest tensors (0.99) and is not monotone (0.67 at $S = 2048$, 0.43 at 4096 in the
-# committed sweep): its time does not follow the bytes. Appendix A.2 tests one hypothesis for
-# why, a cost per call on the host.
+# committed sweep): its time does not follow the bytes. Appendix A.2 tests one explanation, a
+# cost per call on the host.
 
 # %%
 AXES = {"seq-bf16": "seq_len", "hidden-bf16": "head_dim", "heads-bf16": "heads",
@@ -466,9 +483,10 @@ if DTYPES:
 #    \begin{pmatrix} \sum t_i \\ \sum N_i t_i \end{pmatrix}; $$
 # solve them yourself. The check tries your function on made-up sweeps whose answer is known;
 # a library's least-squares fit (`np.polyfit`, `lstsq`, `pinv`, `linregress` and the like),
-# ropelib and the worked fit are refused. Then the line (yours if it passed) meets the committed
-# batch-1 sweeps, each fit printed beside the copy's; fitted to ropelib's bf16 sweep without
-# $S = 2048$, it predicts that point: write down the number you expect before running it.
+# ropelib and the worked fit are refused. Then the fit (yours if it passed) runs on the committed
+# batch-1 H200 sweeps, each provider's line printed beside the copy's. Fitted to ropelib's bf16
+# sweep without $S = 2048$, it predicts that point: write down the number you expect before
+# running it.
 
 # %%
 import numpy as np
@@ -572,27 +590,35 @@ if "bf16" in models:     # ropelib's bf16 sweep at batch 1, S = 2048 held out
     plt.show()
 
 # %% [markdown]
-# **What the forward lines say.** The fused kernels pay 7.8 to 10.3 µs a call before a byte
-# moves, the copy 5.3 to 5.4 µs, eager PyTorch 35.5 µs in fp32 and 60.7 µs in bf16 (its ten
-# launches). Every fitted bandwidth is positive and at most 2 % above the copy's (ropelib's fp32
-# line, 4368 GB/s against the copy's 4296, ties it): memory-bound kernels. ropelib pays less per
-# call than TE's kernel and streams faster, which is why it wins on large tensors; its line
-# predicts the held-out point at 25.8 µs, measured 26.0. In bf16 at batch 1 it streams at 0.89
-# of the copy's bandwidth, a loss beyond the fixed cost that no counter here explains.
+# **What the forward lines say.** Every fitted bandwidth is positive and at most 2 % above the
+# copy's: fits worth reading (a line that streams faster than the copy, or at negative speed,
+# would not be). The fused kernels pay 7.8 to 10.3 µs a call before a byte moves, the copy 5.3
+# to 5.4 µs, eager PyTorch 35.5 µs in fp32 and 60.7 µs in bf16 (its ten launches).
+#
+# ropelib pays less per call than TE's kernel and streams faster. Its fp32 line, 4368 GB/s
+# against the copy's 4296, ties the copy: memory-bound. Its line predicts the held-out point at
+# 25.8 µs, measured 26.0. In bf16 at batch 1 it streams at 0.89 of the copy's bandwidth, a loss
+# beyond the fixed cost that no measurement in this notebook explains.
 
 # %% [markdown]
 # ### 6.2 Forward+backward: no line through the points
 #
 # **Question: does the forward+backward follow its bytes too?** At batch 1, no. A line fitted
-# anyway gets a negative bandwidth for three of ropelib's and TE's four sweeps. From the smallest
-# tensor to the largest, two copies of the same bytes grow 6.6 times (bf16) and 8.8 times (fp32),
-# ropelib's and TE's times at most 1.8 times, ragged: 9 to 15 times the copies' at the smallest
-# size, 1.6 to 2.9 times at the largest. Eager PyTorch lies higher still, but for one TE outlier
-# (fp32, $S = 1792$, 702 µs). **Why:** two copies of a point's bytes take at most 127 µs, less
-# than the host alone took to issue one eager forward+backward in the floor run at decode size
-# (ropelib 205 µs, TE 139 µs). The batch-1 medians lie at 0.77 to 1.06 times those host times
-# (section 7.1): the times point at the host, whose work does not follow the bytes (section 7
-# times both sides of one call).
+# anyway gets a negative bandwidth for three of ropelib's and TE's four sweeps, and the fourth
+# (ropelib, fp32) is no better: its intercept, like the others' (132 to 185 µs), is far above
+# any fixed cost of section 6.1.
+#
+# The figure shows why no line fits. From the smallest tensor to the largest, two copies of the
+# same bytes grow 6.6 times (bf16) and 8.8 times (fp32); ropelib's and TE's times grow at most
+# 1.8 times, raggedly: 9 to 15 times the copies' at the smallest size, 1.6 to 2.9 times at the
+# largest. Eager PyTorch lies above both at every point but one, where TE reaches it (fp32,
+# $S = 1792$, 702 µs).
+#
+# **Why:** two copies of a point's bytes take at most 127 µs, less than the host alone needs to
+# issue one eager forward+backward. The **floor suite** (`ropelib.bench.floor`, committed as
+# `floor-nvidia-h200.csv`) timed that host time at decode size: ropelib 205 µs, TE 139 µs. The
+# batch-1 medians lie at 0.77 to 1.06 times those host times (section 7.1): the times point at
+# the host, whose work does not follow the bytes. Section 7 times both sides of one call.
 
 # %%
 # the host's time per eager forward+backward call, measured on its own (floor suite)
@@ -671,10 +697,9 @@ if len(models) == 2:
 # The floor suite timed the host alone issuing eager forward+backward calls at decode size (one
 # token, batch 64, 32 heads of 128, sbhd; 100 calls back to back, then one synchronisation, the
 # best of 5 rounds): ropelib 205 µs, TE 139 µs. Section 6's batch-1 medians lie at 0.77 to 1.06
-# times these. The two are not timed alike: a median of section 6 is `do_bench`'s, CUDA events
-# around one call at a time with a 256 MiB buffer zeroed before each (7.3 takes that loop apart),
-# and its shapes are other ones. The ratio points at the host without measuring it; the rest of
-# the section times both sides of one call and names each way.
+# times these. The two are not timed alike (a median of section 6 is `do_bench`'s, one call at
+# a time after a 256 MiB memset) and not at the same shapes, so the ratio points at the host
+# without measuring it. The rest of the section times both sides of one call.
 
 # %%
 # the host's time per eager call, measured on its own (floor suite), against section 6's medians
@@ -734,22 +759,32 @@ time_three_ways = host_or_device if timed_by_learner else measuring.solution_hos
 # ### 7.3 One call three ways, live
 #
 # **What `do_bench` times.** Each iteration of its loop zeroes a 256 MiB buffer (the *memset*),
-# records a start event, calls, and records an end event. Per iteration the device spends
-# $t_\text{memset} + t_\text{replayed}$ and the host $t_\text{iter}$. A faster host gets ahead:
-# every kernel is queued before its start event fires, and the median is the kernel's. A slower
-# host makes the device wait: the start event fires when the memset ends, the kernel starts when
-# the host launches it, $t_\text{launch}$ after issuing the memset. This **queue model** gives
+# records a start event, calls, and records an end event; its sample $t_\text{events}$ is the
+# time between the two events. Per iteration the device spends $t_\text{memset} +
+# t_\text{replayed}$ ($t_\text{replayed}$: the call's kernels alone, replayed from a CUDA
+# graph) and the host $t_\text{iter}$. A faster host gets ahead: every kernel is queued before
+# its start event fires, and the median is the kernels' time. A slower host makes the device
+# wait: the start event fires when the memset ends, but the kernel starts only when the host
+# launches it, $t_\text{launch}$ after issuing the memset. This **queue model** gives
 # $$ t_\text{events} \approx \begin{cases} t_\text{replayed} & t_\text{iter} <
 #    t_\text{memset} + t_\text{replayed} \\ t_\text{replayed} + \max\left(0,\;
 #    t_\text{launch} - t_\text{memset}\right) & \text{otherwise.} \end{cases} $$
 #
 # On a GPU with Transformer Engine the cell tests it on ropelib's and TE's forward+backward at
-# one point of section 6's batch-1 bf16 sweep ($S = 2048$), five shuffled rounds: `do_bench`
-# (its calls counted), the host's enqueue, a CUDA-graph replay, and **`do_bench`'s loop written
-# out** (`dobench_loop`), also with autograd's device thread off. The launch falls somewhere in
-# the call, so the model gives a range (`ropelib.course.launch_queue`); the lines say whether
-# loop and `do_bench` agree (within a fifth) and lie in it. A full launch queue blocks the host
-# at the device's pace, so the regime test drifts to its boundary (flagged within a tenth).
+# one point of section 6's batch-1 bf16 sweep ($S = 2048$), five rounds in shuffled order:
+# `do_bench` (its calls counted), the host's enqueue (7.2), a CUDA-graph replay, and
+# **`do_bench`'s loop written out** (`dobench_loop`, which also times the host's side of each
+# iteration). The loop runs again with **autograd's device thread** off: PyTorch runs the
+# backward of GPU tensors on a worker thread of its own, and
+# `torch.autograd.set_multithreading_enabled(False)` runs it on the calling thread instead; the
+# difference is the "thread" column.
+#
+# Where in the call the kernel is launched is not known, so the model gives a range of
+# $t_\text{events}$ (`ropelib.course.launch_queue`); each provider's lines say whether the loop
+# and `do_bench` agree (within a fifth) and whether both lie in that range. The two can disagree
+# while both lie in it: the range is wide because the launch can fall anywhere in the call. A
+# full launch queue blocks the host at the device's pace, so the regime test drifts to its
+# boundary (flagged within a tenth).
 
 # %%
 import random
@@ -868,12 +903,23 @@ if GPU and {"ropelib", "te_fused"} <= available:
 
 # %% [markdown]
 # **Section 2's forwards** (64 MiB of bf16), timed with exercise 2's function (yours if it
-# passed), then with `do_bench` and its loop written out. Back to back, a host-bound forward runs
-# at the host's pace (the fraction of a copy printed there); `do_bench`'s ratio is higher where
-# its memset hides the host, and a training loop has no memset. Each provider gets two verdicts:
-# the line `enqueue …, replayed …` compares back-to-back issue with the replay (no memset); the
-# line `host … an iteration, device …` reads `do_bench`'s loop, where the memset gives the host
-# time to get ahead. So one call can be host-bound back to back and queued under `do_bench`.
+# passed), then with `do_bench` and its loop written out. Each provider gets two verdicts:
+#
+# - the line `enqueue …, replayed …` compares back-to-back issue with the replay, no memset.
+#   Back to back a call takes the larger of the two; a host-bound forward runs at the host's
+#   pace, and the line prints that pace as a fraction of section 2's copy;
+# - the line `host … an iteration, device …` reads `do_bench`'s loop, where the memset gives the
+#   host time to get ahead. So one call can be host-bound back to back and queued under
+#   `do_bench`, whose ratio then comes out higher; a training loop has no memset to hide the host.
+#
+# **A fraction above 1 is two timers, not a kernel faster than memory.** The fraction sets a
+# replayed time (calls back to back, no memset, no events between them) against section 2's copy
+# timed by `do_bench`, so a device-bound call can come out above 1: ropelib, 1.04, in the H100
+# run of `docs/executed/07-te-vs-triton-live.html`. The same forward timed by `do_bench` as the
+# copy was (the line's "section 2's median") stays under the copy there. A second reason shows in
+# the committed H200 log (appendix A.5): ropelib's forward kernel alone runs shorter than
+# PyTorch's copy kernel of the same bytes. The copy is a yardstick, not a hard floor: notebook
+# 04 (section 4) notes a kernel up to 1 % faster than it.
 
 # %%
 if GPU:
@@ -919,17 +965,19 @@ else:
 #
 # **Question: where does ropelib's host spend the time TE's does not?**
 # `benchmarks/host_by_size_probe.py` issued eager forward+backward calls (50 back to back, best
-# of five rounds) at decode size, 64 and 256 MiB, in one run on an H200: ropelib's, TE's, an
-# ATen control (`x * c`), ropelib's with its two launches removed, each also with autograd's
-# device thread off. ropelib's host took 58 to 96 µs a call more than TE's (1.40 to 1.69 times):
+# of five rounds) at decode size, 64 and 256 MiB, in one run on an H200: ropelib's, TE's, a
+# control of one plain PyTorch operator with autograd (`x * c`), and ropelib's with its two
+# Triton launches replaced by nothing, each also with autograd's device thread off (7.3).
+# ropelib's host took 58 to 96 µs a call more than TE's (1.40 to 1.69 times):
 #
 # - **at decode size its two launches account for the gap**: removing them saves 68 µs, more
 #   than the 58 µs gap, and the rest (its Python, autograd's bookkeeping) takes 10 µs *less*
 #   than TE's whole call;
 # - **from 64 MiB on, its Python costs more**: without the launches it still takes 31 to 43 µs
 #   more than TE's whole call. There ropelib takes its two-pass route (notebook 05, section 6),
-#   whose own Python (`EagerTwoPass`, `keeps`, `get`) the log's profile lists at 64 MiB and not
-#   at decode; the log does not say how much of the 31 to 43 µs it is;
+#   whose own Python (`eager.EagerTwoPass`, which starts the two passes, and `TableRows.keeps`
+#   and `.get`, which look up the first pass's rows kept from an earlier call) the log's profile
+#   lists at 64 MiB and not at decode; the log does not say how much of the 31 to 43 µs it is;
 # - autograd's device thread costs every provider (ropelib 68 to 99 µs, TE 44 to 71, the
 #   control 30 to 61), ropelib 17 to 29 µs more than TE in that logged H200 run.
 #
@@ -938,9 +986,10 @@ else:
 #
 # On a GPU the cell times ropelib's and TE's calls (TE's where it runs) again at the log's five
 # sizes, as the probe did (`ropelib.course.probe_timers`: 50 calls back to back, the best of 5
-# rounds, with the thread and without), and prints this run's beside the log's. Section 7.3's
-# "thread" column is another measure, the host's time inside one call of `do_bench`'s loop, and
-# is not set beside the log.
+# rounds, with the thread and without), and prints them beside the log's. Compare host times
+# within one run: a host's speed belongs to its machine, CPU and all. Section 7.3's "thread"
+# column is another measure (the host's time inside one call of `do_bench`'s loop) and can order
+# ropelib and TE differently; it is not set beside the log.
 
 # %%
 HOST_LOG = RESULTS / "host_by_size-nvidia-h200-20261204-1600.log"
@@ -1029,12 +1078,13 @@ if GPU:
 # **Question: at a size where the bytes should dominate, who is slower, ropelib's kernels or
 # its host?** `benchmarks/mid_fwdbwd_probe.py` times one forward+backward of ropelib,
 # torch.compile and TE's fused kernel three ways: the **device** (replayed from a CUDA graph),
-# the **host** (7.3's enqueue, 50 calls) and **eager** (50 calls, then one synchronisation: what
+# the **host** (7.2's enqueue, 50 calls) and **eager** (50 calls, then one synchronisation: what
 # a training step waits for), at section 2's size, 64 MiB of bf16 ($S = 1024$, $B = 8$,
-# $H = 32$, $D = 128$), in each layout, and at 256 MiB in bshd; medians of three rounds. On a
-# GPU the cell times this run's calls at the log's first case (64 MiB, sbhd) as the probe did
-# (`ropelib.course.probe_timers`: the same calls, rounds and medians) and prints each way beside
-# the log's: host beside host, device beside device, eager call beside eager call.
+# $H = 32$, $D = 128$), in each layout (sbhd, bshd, thd: notebook 02, section 1), and at 256 MiB
+# in bshd; medians of three rounds, committed as an H200 log. On a GPU the cell times the same
+# calls at the log's first case (64 MiB, sbhd) as the probe did (`ropelib.course.probe_timers`:
+# the same calls, rounds and medians) and prints each way beside the log's: host beside host,
+# device beside device, eager call beside eager call.
 
 # %%
 MID_LOG = RESULTS / "mid_fwdbwd-nvidia-h200-20261201-2307.log"
@@ -1184,15 +1234,16 @@ assert [(c, p) for c in MID + [BIG] for p in PROVS
         if mid[c, p]["fwdbwd_graph_us"] > mid[c, p]["enqueue_us"]] == [(BIG, "te_fused")]
 
 # %% [markdown]
-# **What the committed H200 run shows** (drawn above: per provider the host's, the device's and
-# the eager bar).
+# **What the committed H200 log shows** (drawn above: per provider the host's, the device's and
+# the eager call's bar).
 #
 # 1. **The kernels are not the problem.** Replayed at 64 MiB, ropelib's forward+backward takes
 #    69.9 to 70.7 µs (0.938 to 0.955 of two copies), torch.compile's 68.3 to 72.1 µs, TE's 124.3
 #    to 128.4 µs (0.520 to 0.533): 1.8 times ropelib's in that log. (ropelib's ran with two
-#    settings of its two-pass route on, notebook 05, section 6; with both off, 74.4 to 74.8 µs.
-#    Appendix A.5 looks inside its forward.) On an H200 the cell asserts that this run's replayed
-#    µs match the log's; on another GPU it prints them beside the log's.
+#    settings of its two-pass route on, the early launch and 256 table entries a program,
+#    notebook 05, section 6; with both off, 74.4 to 74.8 µs. Appendix A.5 looks inside its
+#    forward.) On an H200 the cell asserts that a live run's replayed µs match the log's; on
+#    another GPU it prints them beside the log's, and only the ratios compare.
 # 2. **The host is.** Issuing one call took ropelib's host 3.3 to 4.9 times its kernels,
 #    torch.compile's 6.3 to 7.8 times, TE's 1.3 to 1.6 times (7.4's run, three days later: 2.7
 #    to 3.8 for ropelib, 0.9 to 1.4 for TE). So TE's eager call is the fastest, 148 to 182 µs
@@ -1200,10 +1251,14 @@ assert [(c, p) for c in MID + [BIG] for p in PROVS
 # 3. **At 256 MiB the kernels catch up.** ropelib's eager call takes 264 µs, 0.96 of two copies;
 #    TE's kernels (482 µs) set its pace, the one device bar above its host's.
 #
-# The eager bar lands at 0.68 to 1.02 of the taller, below the host's wherever that is the taller
-# though it includes issuing the call: read a host time to a few tens of per cent. A host-bound
-# call is cured by a CUDA graph of the whole step (notebook 11, section 4), not by compiling the
-# RoPE call alone: its host takes the longest of the three.
+# An eager call both issues its work and waits for it, so it should take at least the taller of
+# its two bars; it measures 0.68 to 1.02 of it, short of the host's bar wherever that is the
+# taller. Two host timings of one call differ by up to a third: read a host time to a few tens
+# of per cent.
+#
+# A host-bound call is cured by replaying the whole step from a CUDA graph (notebook 11,
+# section 4, replays a decoding step that way), not by compiling the RoPE call alone:
+# torch.compile's host takes the longest of the three.
 
 # %% [markdown]
 # ## 8. Your kernel in the race
@@ -1344,7 +1399,8 @@ if GPU and not rows_ok:     # the worked kernel: a program's cost, and what the 
 #   $$ \text{warps/SM} = \min\left(64,\; 4 \left\lfloor \frac{65536}{128 \cdot
 #      8\lceil r/8 \rceil} \right\rfloor\right). $$
 #   The rotation keeps 48 at 4 rows (Triton 3.6), 16 at 16 and 8 at 64; the copy 40 or more at
-#   every tile. A cap, not the occupancy achieved (appendix A.7 bounds what can have run).
+#   every tile. A cap, not the warps an SM actually held while the kernel ran (appendix A.7
+#   bounds what can have run).
 
 # %%
 from ropelib.course import load_schedule
@@ -1409,10 +1465,9 @@ if not rows_ok:     # the worked kernel: from 4 rows to 64 the count per element
 # once, the worked kernel scores at most half an ulp head-wise on a GPU, up to one in the
 # interpreter (whose `.to(tl.bfloat16)` truncates: notebook 03, section 6.3). On a GPU it lands
 # below TE's fused kernel, and TE's below ropelib's (checked where TE is installed). The worked
-# kernel evaluates a sine and a cosine for every element, and its registers grow with the tile
-# (above); which of the two costs it its time is not measured here (appendix A.6's variant cuts
-# both at once). TE's kernel is bound by issuing instructions, many of them integer index
-# arithmetic (notebook 04, section 5.4 and appendix A.1).
+# kernel pays for a sine and a cosine per element and for registers that grow with the tile
+# (above); TE's kernel is bound by issuing instructions, many of them integer index arithmetic
+# (notebook 04, section 5.4 and appendix A.1).
 
 # %%
 best = min(race, key=lambda r: r["your rotation"])["BLOCK_ROWS"]
@@ -1435,16 +1490,20 @@ if not rows_ok:     # the worked kernel: rounded once; on a GPU below TE's fused
 # %% [markdown]
 # ## What we saw
 #
-# - **Judge a memory-bound kernel against a copy of the same bytes, measured in the same run**,
-#   and state its error in head-wise ulps against fp64: the fused kernels round once (≤ 0.5).
+# - **Judge a memory-bound kernel against a copy of the same bytes, measured in the same run
+#   with the same timer**, and state its error in head-wise ulps against fp64: the fused kernels
+#   round once (≤ 0.5). A ratio above 1 means a slow copy, two different timers, or a copy
+#   kernel that is not the fastest possible, never a kernel faster than memory.
 # - **A forward sweep is a fixed cost per call plus bytes over bandwidth.** ropelib's line ties
 #   the copy's bandwidth in fp32 and reaches 0.89 of it in bf16 at batch 1 (committed H200
 #   sweeps); it runs within a tenth of the copy wherever $x$ holds 64 MiB or more; TE's fused
 #   kernel stays well below.
 # - **A time that does not follow the bytes is a cost per call; find out whose.** Enqueue and
-#   replayed timings tell the host from the device: ropelib's eager forward+backward loses to
-#   TE's on the host, not on its kernels. Compare host times within one run. Replaying the step
-#   from a CUDA graph removes that cost; `torch.compile` of the RoPE call alone does not.
+#   replayed timings tell the host from the device: in the committed H200 runs ropelib's eager
+#   forward+backward loses to TE's on the host, not on its kernels, and a cProfile finds a third
+#   of its host time per call in ropelib's own route to its launches (A.4). Compare host times
+#   within one run. Replaying the step from a CUDA graph removes that cost; `torch.compile` of
+#   the RoPE call alone does not.
 # - **A RoPE kernel is a copy with arithmetic in between**: one kernel with a switch measures
 #   what the rotation adds; its compiled code bounds registers and warps.
 
@@ -1524,9 +1583,10 @@ if GPU and DTYPES and "ropelib" in available:
 # Up to 64 MiB torch.compile's call took 64 to 84 µs at every point but one while the copy grew
 # from 9 to 37 µs; the 32 MiB base shape, timed twice, took 30 and 83 µs. The host alone takes
 # 73 µs to issue one torch.compile forward at decode size (ropelib 21, TE 27; the floor suite).
-# Can that reach `do_bench`'s median? Take the copy's time as torch.compile's kernel $k$ (on the
-# largest tensors it ties the copy), the memset from the committed `dobench_gap` log, and ask
-# when the host launches the kernel (7.3's queue model):
+# Can that reach `do_bench`'s median? Take the copy's time as torch.compile's kernel time $k$ (on
+# the largest tensors it ties the copy), the memset's time from the committed `dobench_gap` log
+# (`benchmarks/dobench_gap_probe.py`: `do_bench`'s loop traced on the H200), and ask when the
+# host launches the kernel (7.3's queue model):
 #
 # - **at the call's return**: the device waits only when the host needs the memset plus $k$ or
 #   more, so the median is $k$ (queued) or at least about $2k$ (device waits). Two points, at
@@ -1535,7 +1595,7 @@ if GPU and DTYPES and "ropelib" in available:
 # - **inside the call** (the same log caught ropelib's forward kernel launched 52 µs into a
 #   forward+backward call that returned after 292 µs): any median from $k$ up is possible; the
 #   last column says how long after the memset's end the launch must come. When torch.compile
-#   launches is not measured here: a hypothesis for a GPU run.
+#   launches its kernel is not measured here: a profiler's timeline on a GPU would settle it.
 
 # %%
 # the host's time to issue one eager forward (floor suite, decode size S = 1, B = 64, sbhd)
@@ -1580,13 +1640,14 @@ if DTYPES:     # torch.compile's forward along the sequence and the batch
     assert (round(min(slow)), round(max(slow))) == (107, 124)
 
 # %% [markdown]
-# ### A.3 The fixed cost at section 5's one-pass points
+# ### A.3 The fixed cost where ropelib runs one pass
 #
-# ropelib's extra fixed cost over the copy's (6.1), added to the copy's time at the four fp32
-# points under 64 MiB from batch 2 on, predicts 0.85 to 0.92 of a copy. The two points with tight
-# percentiles land within 0.04 of that; the two at $S = 256$ do not (at batch 2 even ropelib's
-# 20th percentile falls more than 0.2 short, at batch 4 the percentiles lie up to 50 % from the
-# median, the prediction between them). TE's forward lies further off, a median 0.57 of a copy
+# Below 64 MiB ropelib runs one kernel, not its two-pass route. ropelib's extra fixed cost over
+# the copy's (6.1), added to the copy's time at the four fp32 points of section 5 under 64 MiB
+# from batch 2 on, predicts 0.85 to 0.92 of a copy. The two points with tight percentiles land
+# within 0.04 of that; the two at $S = 256$ do not (at batch 2 even ropelib's 20th percentile
+# falls more than 0.2 short, at batch 4 the percentiles lie up to 50 % from the median, the
+# prediction between them). TE's forward lies further off, a median 0.57 of a copy
 # at batch 8 in bf16, 0.76 in fp32: notebook 04 (5.4, A.1) traces it to its instructions.
 
 # %%
@@ -1626,15 +1687,18 @@ if len(models) == 2:
 # %% [markdown]
 # ### A.4 A cProfile of ropelib's call
 #
-# `benchmarks/host_profile.py` runs a leaf `x` of shape [1, 64, 32, 128] (sbhd, decode size, bf16,
-# `requires_grad=True`) through `ropelib.apply_rope(x, freqs).backward(g)`, 50 times to warm up,
-# then 300 times under cProfile (`host-profile-nvidia-h200-20261201.txt`, an H200). The 300 calls
-# took 90 ms of host time: the backward (into PyTorch's autograd engine) 64 %, the forward 32 %, the
-# engine's C++ code (`run_backward`) the largest item by own time, 27 %. ropelib's eager route to a
-# Triton launch (`eager.py`'s `run`: allocate the output, launch) takes 32 % over the 600 launches
-# (two a call), of which `torch.empty_like` 6 % and Triton's C launcher 8 %: a third of the host's
-# time is ropelib's own route to its launches, two thirds around them. (cProfile adds its own cost
-# to every Python call: read shares, not times.)
+# Section 7.4 timed how long the host takes; a profile says where that time goes.
+# `benchmarks/host_profile.py` runs a leaf `x` of shape [1, 64, 32, 128] (sbhd, decode size,
+# bf16, `requires_grad=True`) through `ropelib.apply_rope(x, freqs).backward(g)`, 50 times to
+# warm up, then 300 times under cProfile (`host-profile-nvidia-h200-20261201.txt`, an H200).
+#
+# The 300 calls took 90 ms of host time: the backward (into PyTorch's autograd engine) 64 %, the
+# forward 32 %. By *own time* (time inside a function, not in those it calls) the largest item
+# is the engine's C++ code (`run_backward`), 27 %. ropelib's eager route to a Triton launch
+# (`eager.py`'s `run`: allocate the output, launch) takes 32 % over the 600 launches (one
+# forward and one backward a call), of which `torch.empty_like` 6 % and Triton's C launcher 8 %.
+# So a third of the host's time is ropelib's own route to its launches, two thirds around them.
+# (cProfile adds its own cost to every Python call: read shares, not times.)
 
 # %%
 from ropelib.course.cprofile_text import entry, read_profile
@@ -1673,13 +1737,14 @@ for what, (seconds, pct) in stated_shares.items():
 # %% [markdown]
 # ### A.5 ropelib's forward kernel inside the replayed forward
 #
-# 7.5's forward ratio for ropelib (0.942 to 0.957 of a copy) does not come from the kernel that
-# rotates: in one profiled eager call (the same log) ropelib's and torch.compile's forward
-# kernels took 31.8 to 32.5 µs, under the replayed copy's 33.3 to 33.5 µs. The two are timed
-# differently (the kernels' durations by the profiler, the copy by CUDA events around a replayed
-# CUDA graph), and the log does not profile the copy's kernel, so the gap is not attributed here.
-# ropelib's replayed forward spends about 3 µs more than its kernel; where they go the log does
-# not say.
+# In 7.5's log ropelib's replayed forward reaches 0.942 to 0.957 of a copy. What keeps it under 1
+# is not the kernel that rotates: in one profiled eager call (the same log) ropelib's and
+# torch.compile's forward kernels took 31.8 to 32.5 µs, under the replayed copy's 33.3 to
+# 33.5 µs. So a RoPE kernel alone can beat PyTorch's copy kernel of the same bytes, which is
+# why a ratio slightly above 1 is possible (7.3). The two are timed differently (the kernels by
+# the profiler, the copy by CUDA events around a replayed CUDA graph), and the log does not
+# profile the copy's kernel, so the size of that lead is not pinned down here. ropelib's
+# replayed forward spends about 3 µs more than its kernel; the log does not say where.
 
 # %%
 def kernels_us(path):
@@ -1786,10 +1851,13 @@ else:
 # %% [markdown]
 # ### A.7 How much of the compiled code runs?
 #
-# The sine's and cosine's slow path, for one, runs only for large arguments. On a GPU the cell
-# turns each count into the least time it could take to issue, $N i / 32$ warp instructions at
-# most 4 an SM a clock: $t_\text{issue} \ge (N\, i / 32) / (4\, n_\text{SM}\, f_\text{clock})$.
-# Where that exceeds the measured time, the count overstates what ran.
+# Section 8 counts instructions *compiled* per element, $i$; not all of them run (the sine's and
+# cosine's slow path, for one, runs only for large arguments). On a GPU the cell turns each
+# count into the least time its $N$ elements could take to issue: $N i / 32$ warp instructions,
+# at most 4 an SM a clock (one per warp scheduler),
+# $t_\text{issue} \ge (N\, i / 32) / (4\, n_\text{SM}\, f_\text{clock})$. Where that bound
+# exceeds the measured time, the count overstates what ran; where it does not, the count alone
+# cannot say.
 
 # %%
 # the least time the compiled instructions would take to issue, against the race's times
