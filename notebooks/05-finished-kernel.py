@@ -16,28 +16,35 @@
 # %% [markdown]
 # # 05 — The finished kernel, one idea at a time
 #
-# On an H200, notebook 04's batch-reusing grid runs at about two thirds to three quarters of the
-# speed of a device copy of the same tensor at batch 8 (a fifth at batch 1, where it has no batch
-# to reuse over), and ropelib's finished kernel (`ropelib/kernels/fused.py`) at about nine tenths
-# (section 5's ladder). Most of that climb is the ladder's first step. The last tenth is not the
+# On an H200, notebook 04's batch-reusing grid runs at two thirds to three quarters of the speed
+# of a device copy of the same tensor at batch 8 (a fifth at batch 1, where it has no batch to
+# reuse over); ropelib's finished kernel (`ropelib/kernels/fused.py`) runs at about nine tenths
+# (section 5). Most of that climb is the ladder's first step. The last tenth is not the
 # rotation's: a plain copy launched on the finished kernel's tile, batch loop and grid, with no
-# rotation at all, lands about where the kernel does (section 5). On a tensor this large
-# `ropelib.apply_rope` takes a two-pass route (section 6), over a hundred thousand small 2-warp
-# programs with no loop, which matches the copy within the timing's spread once the rows of its
-# pre-pass are kept: from the second call with the same table on, only the flat pass runs.
+# rotation at all, lands about where the kernel does (section 5). On large tensors (64 MiB and
+# up) `ropelib.apply_rope` takes another route (section 6): two passes, the second of over a hundred
+# thousand small 2-warp programs with no loop, which match the copy within the timing's spread
+# once the first pass's rows are kept: from the second call with the same table on, only the
+# second pass runs.
 #
 # The notebook starts from a number — how many bytes a GPU must have in flight to stream at full
-# speed — which sets a floor under the tile (a sweep then chose the tile). It then climbs a ladder
-# of kernels, each adding one idea and each checked against the reference, until the last one
-# computes what ropelib's kernel computes, bit for bit.
+# speed — which sets a floor under the tile. It then climbs a ladder of kernels, each adding one
+# idea and each checked against the reference, until the last one computes what ropelib's kernel
+# computes, bit for bit.
+#
+# **Where the numbers come from.** Every timing and profile the text quotes is read from a
+# committed CSV under `benchmarks/results/`, measured on an NVIDIA H200 (each table prints its
+# GPU, Triton version and date), and asserted by the cell beside it (the longer checks are in
+# `ropelib/course/checks_nb05.py`). A few cells also time kernels live, on the GPU they run on: on
+# the executed page (`docs/executed/05-finished-kernel.html`) an H100, with its own tile (16 warps
+# a program where the H200 has 8), so its live ratios land near the H200's, not on them.
 #
 # **Time budget.** About two and a half hours: 15 minutes for section 2, 35 for the ladder (read
 # each kernel, change it or its launch, rerun), 10 for the compiled layout, 35 for Exercises 1 and
 # 1b, half an hour for sections 5 and 6, and 25 minutes for Exercises 2 and 3; the appendices and
-# the questions are for afterwards. Every cell runs in a minute or two on a 2-core CPU (Triton's
-# interpreter runs the kernels; the layout and load-schedule cells compile them for sm_90, the
-# H100's and H200's architecture). The checks behind the measured numbers run in
-# `ropelib/course/checks_nb05.py`.
+# the questions are for afterwards. Every cell runs in a minute or two on a 2-core CPU: Triton's
+# interpreter runs the kernels, and the layout and load-schedule cells compile them for sm_90
+# (the H100's and H200's architecture) without a GPU.
 #
 # **After this notebook you will be able to**
 #
@@ -49,8 +56,8 @@
 #   warpsPerCTA, order) and the vector width of its loads — without a GPU;
 # - say which route ropelib takes for a call, and what differs between a few thousand looping
 #   8-warp programs and a hundred thousand small programs reading a table (section 6);
-# - count in a compiled kernel's SASS which loads go out before the arithmetic that waits for
-#   them, and how wide each load is;
+# - count in a compiled kernel's SASS (the GPU's machine code) which loads go out before the
+#   arithmetic that waits for them, and how wide each load is;
 # - write three kernels yourself — the interleaved 3-D tile (then again with 16-byte loads), the
 #   flat pass, and the pass that holds both members of a pair in one thread — and, on a GPU, time
 #   each against a device copy of the same bytes.
@@ -102,15 +109,14 @@ def check_rung(y, x, freqs, name):
 # %% [markdown]
 # ## 1. Where we start
 #
-# `benchmarks/results/generations-nvidia-h200.csv` holds the three generations measured on an
-# NVIDIA H200, each as a percentage of a device copy `y.copy_(x)` of the same tensor in the same
-# run (the copy's time over the kernel's, as everywhere in this course). Every committed
-# measurement this notebook reads comes from H200 runs, and each table prints its GPU and date.
-# Two kernels go by the name `ropelib` in the CSVs, and the tables print them apart:
+# `benchmarks/results/generations-nvidia-h200.csv` holds the three generations measured on the
+# H200, each as a percentage of a device copy `y.copy_(x)` of the same tensor in the same run (the
+# copy's time over the kernel's, as everywhere in this course). Two kernels go by the name
+# `ropelib` in the CSVs, and the tables print them apart:
 #
 # - **`apply_rope (two passes)`**: `ropelib.apply_rope` as you call it, which at these sizes takes
-#   section 6's two-pass route (refined since these runs; two runs of one kernel differ by up to
-#   about four points at these sizes);
+#   section 6's two-pass route (the CSVs come from several runs, and two runs of one kernel differ
+#   by up to about four points at these sizes);
 # - **`finished kernel (forced)`**: the same call with its route forced to the finished kernel,
 #   `ropelib/kernels/fused.py`.
 #
@@ -146,12 +152,14 @@ else:
     print(f"{GEN_CSV.name} is missing: `python benchmarks/generations.py` on a GPU measures it")
 
 # %% [markdown]
-# The batch-reusing kernel already reads every byte once and writes every byte once: under Nsight
-# Compute (`benchmarks/results/mechanism-nvidia-h200.csv`, same H200, same size; the profile is of
-# `finished kernel (forced)`, not of the two-pass route) the DRAM bytes of both kernels are within
-# a few percent of the bytes model. So the gap is not extra traffic. What differs is how many bytes
+# The batch-reusing kernel already reads every byte once and writes every byte once. Under Nsight
+# Compute, NVIDIA's kernel profiler (`benchmarks/results/mechanism-nvidia-h200.csv`, same H200,
+# same size; the profile is of `finished kernel (forced)`, not of the two-pass route), the DRAM
+# bytes of both kernels are within a few percent of the **bytes model**: x read once, y written
+# once, the fp32 angles read once. So the gap is not extra traffic. What differs is how many bytes
 # each kernel's warps ask for at a time: one 256-byte row per one-warp program, against a whole
-# tile of heads per 8-warp program. How big a program's work must be is the first thing to work out.
+# tile of heads per 8-warp program. How big a program's work must be is the first thing to work
+# out.
 
 # %%
 # the CSVs' two `ropelib` providers, as the tables of this notebook print them
@@ -194,9 +202,9 @@ assert fin_m["x_kib_per_sm"] > 3 * br_m["x_kib_per_sm"] and fin_m["us"] < br_m["
 #
 # Both factors were measured on the H200:
 #
-# - $W_\text{read}$: the DRAM bytes section 1's profiled copy read, over its time. The next
-#   table's read-rate column is computed the same way for every kernel (none reads faster, to a
-#   fraction of a per cent);
+# - $W_\text{read}$: the DRAM bytes section 1's profiled copy read, over its time. The
+#   `read TB/s` column further down is computed the same way for every kernel (none reads faster,
+#   to a fraction of a per cent);
 # - $L$ (`benchmarks/memory_latency.py`): a **pointer chase**, one warp following a chain of
 #   indices in which each load's address is the value the previous load returned, so no two loads
 #   overlap. The chain visits the buffer's 128-byte lines in a random order: a 16 KiB buffer hits
@@ -346,8 +354,9 @@ ladder.plot_in_flight(mech, IN_FLIGHT_GROUPS,
 plt.show()
 
 # %% [markdown]
-# Above that floor the model does not order the candidates; ropelib's tile was chosen by the tile
-# sweep that `ropelib/kernels/tiles.py` names. What the floor asks of a tile:
+# Above that floor the model does not order the candidates, so ropelib's tile was chosen by a
+# sweep of timed tiles (`ropelib/kernels/tiles.py` names the sweeps). What the floor asks of a
+# tile:
 #
 # - **per thread**: a wide vector per load (8 bf16 = 16 bytes is the widest); one 2-byte element
 #   per thread cannot be enough;
@@ -360,8 +369,9 @@ plt.show()
 #
 # The batch-reusing kernel fails the first two: its one-warp programs ask for one 256-byte row a
 # warp per step, at most 32 per SM (half the warp slots). The finished kernel's 8-warp programs ask
-# for 1 KiB a warp per step, more per SM at a lower achieved occupancy. The cell checks that the
-# H200 run launched what the planner computes for the H200.
+# for 1 KiB a warp per step, more per SM at a lower achieved occupancy (the resident warps'
+# average share of the SM's 64 warp slots, as Nsight Compute measures it). The cell checks that
+# the H200 run launched what the planner computes for the H200.
 
 # %%
 from ropelib.kernels import tiles
@@ -390,18 +400,20 @@ assert fin_m["ncu_achieved_occupancy_pct"] < br_m["ncu_achieved_occupancy_pct"]
 # ## 3. The ladder
 #
 # Each rung is a kernel in a code cell, and the cell after it launches that kernel: the grid, the
-# tile constants (`BLOCK_S`, `BLOCK_H`, `B_CHUNK`), the warps and the call are all here. Change the
-# kernel or its launch and rerun the two cells; the check under them tells you whether it still
-# computes RoPE, and nothing more: sections 4 and 5 compile and profile ropelib's copies of the
-# rungs, and every time on this page comes from the H200 run's CSVs. The rungs cover what the
-# lesson needs (sbhd, rotate-half, full rotary, fp32 angles $[S, D]$, the forward pass) and are
-# the kernels `benchmarks/ladder.py` times (`ropelib/course/ladder.py` holds them; a test checks
-# that these cells are those).
+# tile constants (`BLOCK_S`, `BLOCK_H`, `B_CHUNK`), the warps and the call are all there. Change
+# the kernel or its launch and rerun the two cells; the check under them tells you whether it
+# still computes RoPE, and nothing more. Speed comes later: sections 4 and 5 compile and profile
+# the same rungs, and the ladder's times are the H200 run's. The rungs cover what the lesson needs
+# (sbhd, rotate-half, full rotary, fp32 angles $[S, D]$, the forward pass) and are the kernels
+# `benchmarks/ladder.py` times; `ropelib/course/ladder.py` holds them, and a test checks that
+# these cells match it.
 #
 # Each launch cell takes the tile the benchmark measures (`ladder.plan`: ropelib's planner with
 # this GPU's tile knobs; in the interpreter, large tiles that keep it fast), launches the
-# notebook's copy with it, launches again with small blocks that leave partial tiles at the
+# notebook's kernel with it, launches again with small blocks that leave partial tiles at the
 # edges, and checks that the first launch gives the measured rung's bits (`ladder.rope_ladder`).
+# On a GPU the input is bf16 sbhd $[4096, 8, 32, 128]$; in the interpreter a small
+# $[6, 3, 5, 48]$, whose sizes no block divides.
 
 # %%
 S, B, H, D = (4096, 8, 32, 128) if GPU else (6, 3, 5, 48)   # D = 48: a half of 24 in a 32-lane tile
@@ -447,12 +459,11 @@ assert torch.equal(y, ladder.rope_ladder("batch_reuse", x, freqs))        # the 
 # %% [markdown]
 # ### Rung 1 — a tile of heads
 #
-# All heads of a token need the same cos/sin. A program that takes `BLOCK_H` heads computes
-# them once for all of its heads — in the source. On the GPU, in the launches section 5
-# profiles at $b = 8$, each thread along the head axis evaluates its own copy (section 5 counts
-# the instructions). Its loads become a $[\text{BLOCK\_H}, D/2]$ tile instead of one half-row:
-# at $h = 32$, $d = 128$ that is 2048 elements per half, 16 per thread on 4 warps. The grid
-# shrinks from $S \cdot H$ to $S \cdot \lceil H / \text{BLOCK\_H} \rceil$.
+# All heads of a token need the same cos/sin. A program that takes `BLOCK_H` heads computes them
+# once for all of its heads — in the source; on the GPU each thread along the head axis evaluates
+# its own copy (section 5 and appendix A.5 count them). Its loads become a $[\text{BLOCK\_H}, D/2]$
+# tile instead of one half-row: at $h = 32$, $d = 128$ that is 2048 elements per half, 16 per thread
+# on 4 warps. The grid shrinks from $S \cdot H$ to $S \cdot \lceil H / \text{BLOCK\_H} \rceil$.
 
 # %%
 # ropelib-source: ropelib.course.ladder._ladder_heads_kernel
@@ -514,20 +525,20 @@ assert torch.equal(y, ladder.rope_ladder("heads", x, freqs))              # the 
 # %% [markdown]
 # ### Rungs 2 and 3 — a 3-D tile sized for bytes in flight, then the warps
 #
-# With 32 heads, one token's heads already make a big tile; with 8 (the k of a GQA model) a
-# quarter of it, and with $d = 64$ half again. Rung 2's idea is that the tile should then span
-# **tokens** too: $[\text{BLOCK\_S}, \text{BLOCK\_H}, D/2]$ per half, heads first, then tokens, up
-# to section 2's 4096-element target (`ladder.tile_shape`), with cos/sin a
+# With 32 heads, one token's heads already make a big tile; with 8 (the k of a grouped-query
+# attention model, GQA) a quarter of it, and with $d = 64$ half again. Rung 2's idea is that the
+# tile should then span **tokens** too: $[\text{BLOCK\_S}, \text{BLOCK\_H}, D/2]$ per half, heads
+# first, then tokens, up to section 2's 4096-element target (`ladder.tile_shape`), with cos/sin a
 # $[\text{BLOCK\_S}, 1, D/2]$ tile broadcast over the heads. It is a hypothesis: section 5 times it,
 # and at the sizes timed it gains nothing. At $h = 32$ the heads alone fill the target, so
 # $\text{BLOCK\_S} = 1$: rung 1's tile in the 3-D form. Only with 8 heads does the tile span tokens,
 # 4 of them (the launch cell prints both plans and checks this).
 #
 # Rung 2 launches this kernel with Triton's default 4 warps, rung 3 with the warps of the GPU's
-# tile knob — 8 on the H200 (the launch cell checks it against the CSV): the same tile, 32 or 16
-# elements per thread. More threads hide latency by numbers; fewer threads with more elements each
-# issue more independent loads. Section 4 shows how each lays the tile over its threads, section 5
-# what that does to the instructions.
+# tile knob: 8 on the H200 (the launch cell checks it against the CSV), 16 on the H100. On the
+# H200 that is the same tile at 32 or 16 elements per thread. More threads hide latency by
+# numbers; fewer threads with more elements each issue more independent loads. Section 4 shows
+# how each lays the tile over its threads, section 5 what that does to the instructions.
 
 # %%
 # ropelib-source: ropelib.course.ladder._ladder_tile_kernel
@@ -608,15 +619,16 @@ assert ladder.plan("warps", 4096, 8, 32, 128, 2, SMS_H200, H200_KNOBS).num_warps
 # ### Rungs 4 and 5 — batch chunks, accurate sin/cos
 #
 # **Chunks.** Rungs 1–3 give each program the whole batch. For 16 tokens of a batch of 64 (a
-# decoding step) that makes 16 programs on 132 SMs. A third grid axis over chunks of `B_CHUNK`
-# batch entries restores the count: the planner (`launch.pick_tiles`) takes the smallest split that
-# gives 4 programs per SM, and for 16-bit inputs whose programs loop over fewer than 4 entries a
-# tile of fewer threads with more elements each (no batch loop amortises their sin/cos).
+# decoding step) that makes 16 programs for the H200's 132 SMs. A third grid axis over chunks of
+# `B_CHUNK` batch entries restores the count: the planner (`launch.pick_tiles`) takes the smallest
+# split that gives 4 programs per SM, and for 16-bit inputs whose programs loop over fewer than 4
+# entries a tile of fewer threads with more elements each (no batch loop amortises their sin/cos).
 #
-# **Accurate sin/cos** (rung 5, the constexpr `ACCURATE`) calls libdevice's `cosf`/`sinf`, exact
-# for any angle as TE's `sincosf` is (positions reach $10^5$; notebook 08 measures what an ulp
-# costs). With the H200 run's Triton, 3.6, `tl.cos` is libdevice's too, so rungs 4 and 5 compile to
-# the same machine code (section 4 reads the call; appendix A.4's opcode profile asserts the counts).
+# **Accurate sin/cos** (rung 5, the constexpr `ACCURATE`) calls `cosf`/`sinf` from libdevice,
+# NVIDIA's math library for GPU code, exact for any angle as Transformer Engine's (TE's) `sincosf`
+# is (positions reach $10^5$; notebook 08 measures what an ulp, a unit in the last place, costs).
+# With the H200 run's Triton, 3.6, `tl.cos` is libdevice's too, so rungs 4 and 5 compile to the same
+# machine code (section 4 reads the call; appendix A.4's opcode profile asserts the counts).
 
 # %%
 # ropelib-source: ropelib.course.ladder._ladder_chunk_kernel
@@ -699,17 +711,17 @@ for s_, b_ in ((16, 64), (4096, 8)):
 #
 # TE's angle tables repeat every frequency in both halves (`cat([f, f])`), so for rotate-half
 # $\theta_a = \theta_b$. A program compares the two halves of the rows it loaded, bit for bit, and
-# when they are equal evaluates sin/cos once per pair. The check is on the values the program
-# reads, so a table whose halves differ is still right. Even with a batch loop this saves work: in
-# the 8-warp launch at $b = 8$ every thread along the head axis evaluates the sin/cos of its own
-# angles, and the shortcut removes a quarter of rung 5's instructions (section 5); with $b = 1$ (or
-# packed sequences) the work is paid per row.
+# when they are equal evaluates sin/cos once per pair; a table whose halves differ still gets the
+# right answer. Even with a batch loop this saves work: in the 8-warp launch at $b = 8$ every
+# thread along the head axis evaluates the sin/cos of its own angles, and the shortcut removes a
+# quarter of rung 5's instructions (section 5); with $b = 1$ (or packed sequences) the work is paid
+# per row.
 #
 # This rung also writes each output as one fused multiply-add,
-# $y_a = \mathrm{fma}(x_a, c_a, -x_b s_a)$: left to the compiler, which product gets fused may
+# $y_a = \mathrm{fma}(x_a, c_a, -x_b s_a)$. Left to the compiler, which product gets fused may
 # differ between compiled specialisations, and then two launches of "the same" kernel round
-# differently. ropelib writes it out in the order Transformer Engine's CUDA kernel computes;
-# notebook 08 is about what such an ordering does to `allclose`.
+# differently. ropelib writes it out in the order TE's CUDA kernel computes; notebook 08 is about
+# what such an ordering does to `allclose`.
 
 # %%
 # ropelib-source: ropelib.course.ladder._ladder_final_kernel
@@ -814,22 +826,24 @@ print("rung 6 == ropelib.apply_rope's finished kernel, bit for bit (bf16, fp16, 
 #
 # - `sizePerThread` — the contiguous elements one thread holds along each axis;
 # - `threadsPerWarp` — how a warp's 32 threads spread over the axes;
-# - `warpsPerCTA` — how the program's warps spread over the axes (the product is `num_warps`);
+# - `warpsPerCTA` — how the program's warps spread over the axes (the product is `num_warps`; a
+#   CTA, cooperative thread array, is CUDA's name for a program);
 # - `order` — the axes from fastest to slowest varying (starting with 2: the feature axis first).
 #
 # A tile larger than one pass of all threads repeats the pattern. Along the contiguous feature
-# axis, `sizePerThread` of 8 bf16 is 16 bytes: one `ld.global.v4.b32` per thread, the widest load
-# there is; 4 bf16 become `ld.global.v2.b32` (8 bytes). Triton picks the width from what it can
+# axis, `sizePerThread` of 8 bf16 is 16 bytes: one `ld.global.v4.b32` per thread in the PTX
+# (NVIDIA's virtual assembly, which `ptxas` turns into SASS), the widest load there is; 4 bf16
+# become `ld.global.v2.b32` (8 bytes). Triton picks the width from what it can
 # prove: the feature stride is 1 (an argument equal to 1 is compiled as the constant 1), the
 # pointers and other strides are multiples of 16 bytes (the launch checks this and tells the
 # compiler), and the tile has enough elements per thread.
 #
 # No GPU is needed to see it: `ladder.compile_for_gpu` compiles a kernel for an H200 (sm_90, 132
 # SMs, section 2's `H200_KNOBS`) with the arguments of a bf16 sbhd launch at $s = 4096$, $b = 8$,
-# $h = 32$, $d = 128$, and reads the TTGIR, the PTX and the machine code's register count
-# (`cuobjdump`); in the interpreter it runs the compiler in a second Python, without
-# `TRITON_INTERPRET`. ropelib's kernel is compiled once more with the H100's tile (the same sm_90
-# target), as a second column for comparison.
+# $h = 32$, $d = 128$, and reads the TTGIR, the PTX and the SASS's register count (`cuobjdump`);
+# in the interpreter it runs the compiler in a second Python, without `TRITON_INTERPRET`.
+# ropelib's kernel is compiled once more with the H100's tile (the same sm_90 target), as a second
+# column for comparison. What the cell prints depends on the Triton version, not on the GPU.
 
 # %%
 import subprocess
@@ -939,11 +953,11 @@ assert (w8["num_warps"], w8["registers"], w8["occ_warps_per_sm"]) == (8, 64, 32)
 #
 # The check launches your kernel itself, on grid
 # $(\lceil S/\text{BLOCK\_S} \rceil, \lceil H/\text{BLOCK\_H} \rceil,
-#   \lceil B/\text{B\_CHUNK} \rceil)$,
-# with fresh inputs every time: $S$, $H$ and $B$ that the blocks do not divide, a head dim of
-# 24, non-contiguous x and y, fp32 and fp16, into an output full of NaN inside a NaN guard band
-# (an element you do not write, or one you write outside the output, shows). Replace the
-# `pass` and rerun the cell; until then the check says what to do.
+#   \lceil B/\text{B\_CHUNK} \rceil)$, with fresh inputs every time: $S$, $H$ and $B$ that the
+# blocks do not divide, a head dim of 24, non-contiguous x and y, fp32 and fp16, into an output
+# full of NaN inside a **NaN guard band**, a margin of NaN around it (an element you do not write,
+# or one you write outside the output, shows). Replace the `pass` and rerun the cell; until then
+# the check says what to do.
 
 # %%
 @triton.jit
@@ -1060,11 +1074,11 @@ ex1b_passed = load_schedule.check_wide_loads(
 # the wider loads cost in registers, `measure_loads` prints for any of your kernels). The worked
 # solution below answers both exercises: whole rows in, each partner found with `tl.reshape` and
 # `tl.split`, put back with `tl.join`, whole rows out. The cell after it counts its loads and
-# checks that its stores are 16-byte vectors too. Its angles come in 16-byte vectors as well; its
-# 4-byte loads and any local memory (`STL`, `LDL`) belong to libdevice's sin/cos slow path for
-# large angles, which reads a constant table and, compiled by Triton 3.6, keeps a small array per
-# angle in local memory (3.9 uses none). The cell sets them against one angle's share: none of it
-# is a spilled register.
+# checks that its stores are 16-byte vectors too. Its angles come in 16-byte vectors as well. Its
+# 4-byte loads and any local memory (per-thread memory in DRAM behind the caches: `STL`, `LDL`)
+# belong to libdevice's sin/cos slow path for large angles, which reads a constant table and,
+# compiled by Triton 3.6, keeps a small array per angle in local memory (3.9 uses none). The cell
+# sets them against one angle's share: none of it is a spilled register.
 
 # %%
 fk.show_solution()
@@ -1090,9 +1104,9 @@ checks_nb05.slow_path_share(sol_ex1, X_VECTORS)
 # times it with `do_bench` beside the worked solution, ropelib's finished kernel on the same
 # interleaved pairs (route forced), `apply_rope` as it plans this size (section 6's two passes) and
 # a device copy `y.copy_(x)`. A kernel is timed once it has passed its check; its launch
-# (`launch_interleaved`) uses the planner's tile and warps for this GPU — change it and rerun. Each
-# kernel moves the copy's bytes, so the cell prints its speed as a fraction of the copy's: the rest
-# of the way to 1.00 is time its bytes do not explain. It asserts nothing about speed.
+# (`launch_interleaved`) uses the planner's tile and warps for this GPU (on the executed page's
+# H100, 16 warps) — change it and rerun. Each kernel moves the copy's bytes, so the cell prints its
+# speed as a fraction of the copy's: the rest of the way to 1.00 is time its bytes do not explain.
 
 # %%
 TIMED_SHAPE = (4096, 8, 32, 128)    # [S, B, H, D] bf16 sbhd: 256 MiB
@@ -1163,7 +1177,8 @@ else:
 
 # %% [markdown]
 # On a GPU the cell ends with ropelib's finished kernel and `apply_rope` beside the ratios of
-# section 6's committed H200 run at the same shape, each asserted within 15 % of it. The worked
+# section 6's committed H200 run at the same shape, each asserted within 15 % of it (on the
+# executed page the H100's 0.935 and 0.992 against the H200's 0.903 and 0.997). The worked
 # solution and the finished kernel form their pairs the same way; where their lines differ, look at
 # how each reads its angles. If your Exercise 1 kernel loads and stores at stride 2, how much of
 # its gap would the loads explain (L1 serves them a second time), and how much the stores that
@@ -1172,13 +1187,13 @@ else:
 # %% [markdown]
 # ## 5. Measured: the ladder as a "% of copy" waterfall
 #
-# `python benchmarks/ladder.py --out benchmarks/results/ladder-nvidia-h200.csv` times, on a GPU
-# (here an NVIDIA H200), the copy, every rung and `ropelib.apply_rope` at four bf16 sbhd sizes:
-# the one above, 8 heads instead of 32, $b = 1$ with the same bytes, and 16 tokens of a batch of
-# 64. The cell below prints the CSV and draws the waterfall: each bar goes from the rung before to
-# the rung's own median % of copy, green up, red down, and its black whisker spans the timing's
-# 20 % and 80 % quantiles. A step smaller than the whiskers of its two ends laid end to end is
-# hatched and pale: that run cannot tell it from the spread of its calls.
+# `python benchmarks/ladder.py --out benchmarks/results/ladder-nvidia-h200.csv` timed, on the H200,
+# the copy, every rung and `ropelib.apply_rope` at four bf16 sbhd sizes: the one above, 8 heads
+# instead of 32, $b = 1$ with the same bytes, and 16 tokens of a batch of 64. The cell below prints
+# the CSV and draws the waterfall: each bar goes from the rung before to the rung's own median % of
+# copy, green up, red down, and its black whisker spans the timing's 20 % and 80 % quantiles. A step
+# smaller than the whiskers of its two ends laid end to end is hatched and pale: that run cannot
+# tell it from the spread of its calls.
 
 # %%
 LADDER_CSV = measured.path("ladder")
@@ -1268,16 +1283,16 @@ else:
 #   compiled in: 1.5 points below rung 6 at $s = 4096$, $b = 8$ (0.4 at $s = 16384$), with 7 % more
 #   warp instructions per element (A.4). At $b = 1$ it ends 2.7 points *above* rung 6: its programs
 #   have no batch loop there, and the planner has them load `x` before the table work. Timed as two
-#   variants of the finished kernel (`finished_kernel_knobs`), `x` first is the faster at
-#   $s = 4096$, $b = 1$ (0.931 of a copy against 0.892) and the slower at $s = 1024$, $b = 8$ (0.804
-#   against 0.835).
+#   variants of the finished kernel (`benchmarks/results/finished_kernel_knobs-nvidia-h200.csv`),
+#   `x` first is the faster at $s = 4096$, $b = 1$ (0.931 of a copy against 0.892) and the slower
+#   at $s = 1024$, $b = 8$ (0.804 against 0.835).
 # - **`apply_rope (two passes)`** is the fastest bar at $s = 4096$, $b = 8$ and level with the
 #   finished kernel at $b = 1$ (section 6).
 #
-# **Open on this page:** the chunks rung's three points at $h = 32$ (neither the launch, the loop
-# bounds nor the store form makes its extra writes: A.1); the 16-token panel from `chunks` on,
-# whose calls split into fast and slow ones (whiskers four to five times their 20 % quantile), so
-# its steps say nothing about the rungs, and what the slow calls wait for is not measured; equal
+# **Not explained on this page:** the chunks rung's three points at $h = 32$ (neither the launch,
+# the loop bounds nor the store form makes its extra writes: A.1); the 16-token panel from `chunks`
+# on, whose calls split into fast and slow ones (whiskers four to five times their 20 % quantile),
+# so its steps say nothing about the rungs, and what the slow calls wait for is not measured; equal
 # halves at $h = 8$, −0.2 points (hatched) against +5.5 at $h = 32$, not profiled at $h = 8$.
 
 # %%
@@ -1304,9 +1319,10 @@ if LADDER_CSV.exists():
 #   instructions set the pace, far below the warps mostly wait;
 # - **waiting on memory**: warps waiting for a load per instruction issued (fewer instructions
 #   raise it by themselves, so it compares kernels that issue at similar rates);
-# - **copies of each sin/cos**: the XU pipe's instructions over $S \cdot 64 \cdot 2 / 32$
-#   (libdevice's sin and cos put one conversion each on the XU pipe, A.4): how many times each was
-#   evaluated, for the rungs `heads` to `accurate`.
+# - **copies of each sin/cos**: the instructions of the XU pipe (the SM's unit for
+#   transcendental and conversion instructions) over $S \cdot 64 \cdot 2 / 32$; libdevice's sin
+#   and cos put one conversion each on it, so this is how many times each was evaluated, for the
+#   rungs `heads` to `accurate`.
 #
 # Nsight Compute locks the SM clock to its base: a kernel paced by its instructions takes longer
 # here than timed (at $b = 1$ the heads rung 214.3 µs against 175.8), one that waits on memory
@@ -1453,7 +1469,7 @@ if GPU:
     # the copy with no rotation lands where the rung does (a band: the times are this GPU's)
     assert abs(tile_ratio - live_rung) < 0.02, (tile_ratio, live_rung)
     if compare.gpu_slug() == measured.GPU:  # on the committed sweep's GPU, short of a copy too
-        assert tile_ratio < 0.95, tile_ratio  # (its runs below and before: 0.913, 0.921)
+        assert tile_ratio < 0.95, tile_ratio  # (the committed sweep below: 0.913)
 else:
     print("Timing needs a GPU: here the cell checks that the kernel copies, and reads the "
           "committed timing below.")
@@ -1537,18 +1553,20 @@ assert [said(100 * idle_share[v], 1) for v in idle_share] == ["3.0", "3.0"]
 
 # %% [markdown]
 # **What the copy on the tile says.** In the committed H200 timing (`benchmarks/tile_sweep.py`,
-# printed after the live lines) the copy on rung 6's launch runs at 0.913 of `y.copy_(x)` and rung
-# 6 at 0.915 on the same launch (on a GPU the cell times both again and asserts them within 0.02 of
-# each other and below 0.95). A kernel that moves the same bytes with no angles and no arithmetic
-# on the same launch pays what the rung pays: with the table probe, the finished kernel does not
-# stop short of a copy for its cos/sin. Nor does another tile of this kind close the gap: over the
-# 104 launches swept at this size the copy never passes 0.945, and the best profiled tiles of
-# heads, with a batch loop on 1, 2, 4 or 8 warps or without one on 8, stop at 0.87 to 0.91; only
-# the flat pass (section 6) passes them. The copy holds fewer registers than the rung, so more of
-# its programs could fit on an SM; its occupancy was not profiled, so whether more resident warps
-# would close the gap is open. The waves are a weak candidate: the finished kernel's 4,096
-# programs make 7.76 waves and, if every wave took as long, leave 3.0 % of the SMs' program slots
-# idle at the end, but the copy's own grid (31.03 waves) leaves the same 3.0 %.
+# printed after the live lines) the copy on rung 6's launch runs at 0.913 of `y.copy_(x)` and rung 6
+# at 0.915 on the same launch. On a GPU the cell times both again and asserts them within 0.02 of
+# each other (and, on an H200, the copy below 0.95): on the executed page's H100, with its own
+# 16-warp tile, 0.961 and 0.946, beside the table probe's H200 rung at 0.907. A kernel that moves
+# the same bytes with no angles and no arithmetic on the same launch pays what the rung pays: with
+# the table probe, the finished kernel does not stop short of a copy for its cos/sin. Nor does
+# another tile of this kind close the gap: over the 104 launches swept at this size the copy never
+# passes 0.945, and the best profiled tiles of heads, with a batch loop on 1, 2, 4 or 8 warps or
+# without one on 8, stop at 0.87 to 0.91; only the flat pass (section 6) passes them. The copy holds
+# fewer registers than the rung, so more of its programs could fit on an SM; its occupancy was not
+# profiled, so whether more resident warps would close the gap is open. The last, partly filled
+# **wave** (one round of programs filling every SM's slots) is a weak candidate: the finished
+# kernel's 4,096 programs make 7.76 waves and, if every wave took as long, leave 3.0 % of the SMs'
+# program slots idle at the end, but the copy's own grid (31.03 waves) leaves the same 3.0 %.
 #
 # ## 6. Past the finished kernel: two passes for large tensors
 #
@@ -1569,9 +1587,10 @@ assert [said(100 * idle_share[v], 1) for v in idle_share] == ["3.0", "3.0"]
 #    registers.
 #
 # Given a cos/sin table and positions that are the token index, the flat pass reads that table
-# itself, with no pre-pass. On compute capability 9.0 and up it is launched early (programmatic
-# dependent launch, `tiles.EARLY_LAUNCH`): its programs start while the pre-pass runs, and each
-# waits for the pre-pass's rows before it reads them.
+# itself, with no pre-pass. On compute capability 9.0 and up it is launched early
+# (`tiles.EARLY_LAUNCH`, CUDA's programmatic dependent launch, which lets a kernel start before
+# the one before it ends): its programs start while the pre-pass runs, and each waits for the
+# pre-pass's rows before it reads them.
 #
 # The route is taken when q and k are fresh-output, contiguous, at least 64 MiB, and the table is
 # small beside them: at most 1/32 of the bytes the flat pass moves where every call writes its
@@ -1749,18 +1768,18 @@ assert said(100 * lead_b1, 1) == "2.7" and lead_b1 < hi_c - lo_c      # "within 
 #   one kernel (below), so at batch 1 the two are about level. Hence the 1/16 share for kept rows;
 #   operator calls and compiled code, which write the rows every call, keep the finished kernel.
 #
-# torch.compile's kernel reaches 1.000, 0.994 and 0.989 of a copy on the three cases in this run:
-# level with the flat pass within the spread between runs — the same kernel at 1 GiB measures from
-# 0.955 to 0.997 across the committed H200 runs that time it (printed above), over 4 points, larger
-# than any of the differences here. It reads a bf16 table where ropelib reads fp32 by default
-# (appendix A.8 gives each the other's tables).
+# torch.compile's kernel reaches 1.000, 0.994 and 0.989 of a copy on the three cases in the same
+# H200 run: level with the flat pass within the spread between runs — the same kernel at 1 GiB
+# measures from 0.955 to 0.997 across the committed H200 runs that time it (printed above), over 4
+# points, larger than any of the differences here. It reads a bf16 table where ropelib reads fp32 by
+# default (appendix A.8 gives each the other's tables).
 
 
 # %% [markdown]
 # ### How an address is written decides when a load goes out
 #
-# Written with one offset per table entry, ropelib's pairs pass ran at 0.915 of a copy at 1 GiB on
-# the H200, while a probe kernel on the same fp32 rows in the same process ran at 0.992, with the
+# Written with one offset per table entry, ropelib's pairs pass runs at 0.915 of a copy at 1 GiB on
+# the H200, while a probe kernel on the same fp32 rows in the same process runs at 0.992, with the
 # same 16-byte loads and stores in the PTX (the timings end this subsection). The difference is how
 # the address of a token's cos/sin row is written: the probe computes `s * D`, `D` a compile-time
 # constant; the offset form computes one offset per entry, `cos_ptr + (s * stride_tab + j)`, the
@@ -1900,7 +1919,7 @@ if sched:
 # of the two late loads does). The counts are asserted with Triton 3.6, the GPU runs', and 3.9;
 # with another version only that row pointers put more loads out early. ropelib's own flat pass,
 # compiled the same way, issues the same eight early, in 46 registers (appendix A.7 compiles it as
-# the route runs it now, with the pre-pass's flags).
+# the route runs it, with the pre-pass's flags).
 #
 # What the two forms are worth, timed on the H200 by `benchmarks/one_gib_probe.py` (five
 # alternating rounds in one process, medians; one run with ropelib's pass written each way, each
@@ -2206,8 +2225,9 @@ else:
 # Which loads a program issues before the arithmetic that waits for them can be read without a
 # GPU: `load_schedule` (section 6 uses it too) compiles a kernel for sm_90 here, disassembles it,
 # and lists its global loads (`LDG`) in machine-code order with the index of the first multiply.
-# Below, the finished kernel as the planner launches it on the H200 at $s = 32768$, $b = 1$
-# (`X_FIRST`: each program takes one batch entry), and the same launch with the table first. The
+# Below, the finished kernel as the planner launches it on the H200 at $s = 32768$, $b = 1$, where
+# each program takes one batch entry and the planner sets `X_FIRST` (load `x` first), and the same
+# launch with the table first. The
 # 16-byte loads (`LDG.E.128`) are `x`'s, the 4-byte ones (`LDG.E`) the angles, and `LDG.E.CONSTANT`
 # the constants libdevice's sin/cos read for their argument reduction.
 
@@ -2313,14 +2333,14 @@ if compiled:                                        # the layouts compiled in se
 #
 # Compiled for sm_90 as section 4 compiled the finished kernel, the flat pass can be compared in
 # registers per thread, program size and loads per thread. An SM has 65,536 registers and holds at
-# most 64 warps, so registers per thread bound how many warps can wait on memory at once. Given
-# the pre-pass's flag per row (A.7), as the route runs it after its pre-pass, the flat pass loads
-# that flag (one byte, `ld.v1.b8`) besides its ten 16-byte loads, in 42 registers with Triton 3.6,
-# the GPU runs'; this cell compiles that launch. Launched without flags, as section 5 profiled it,
-# it has the same ten 16-byte loads and no byte load, in 46 registers (A.7 compiles both).
-# Registers are one difference among several (occupancy, instructions per element, no sin/cos, no
-# batch loop, many small programs instead of a few thousand looping ones); section 5's copy on the
-# tile points at the launch shape, and this page does not separate its parts.
+# most 64 warps, so registers per thread bound how many warps can wait on memory at once. As the
+# route runs it, given the pre-pass's flag per row (A.7), the flat pass loads that flag (one byte,
+# `ld.v1.b8`) besides its ten 16-byte loads, in 42 registers with Triton 3.6, the GPU runs'; the
+# cell compiles that launch. Launched without flags, as section 5 profiled it, it has the same ten
+# 16-byte loads and no byte load, in 46 registers. Registers are one difference among several
+# (occupancy, instructions per element, no sin/cos, no batch loop, many small programs instead of
+# a few thousand looping ones); section 5's copy on the tile points at the launch shape, and this
+# page does not separate its parts.
 
 # %%
 if compiled:
@@ -2427,7 +2447,7 @@ hr_meta = checks_nb05.half_rows_probe(bytes_bound, ratio(tp, b1, "two-pass"), tp
 checks_nb05.kept_rows_three_ways(hr_meta["gpu"])
 
 # %% [markdown]
-# At batch 1 the pass without flags is 0.4 to 1 point ahead in the medians (0.946 against 0.942
+# At batch 1 `known equal` is 0.4 to 1 point ahead of `halves` in the medians (0.946 against 0.942
 # sbhd, 0.957 against 0.947 bshd, 0.961 against 0.953 at 32,768 tokens; in every round for bshd,
 # the sbhd rounds overlapping at their edges); at 1 GiB, batch 8, it is 1 point behind in every
 # round (0.990 against 1.000), for reasons these runs do not show. So the planner makes that pass
@@ -2471,7 +2491,7 @@ behind = checks_nb05.tables_swapped(tp, tp_meta, route_of)
 # flat pass forced), in these three cases and at batch 1. Given the same bf16 tables, ropelib is
 # level with it forward within the spread between runs (within 1.5 % in each batch-8 case, 2.1 %
 # at batch 1) and ahead forward+backward (0.992–1.001 of two copies against 0.487–0.941). Read
-# gaps this small with care: in this run `auto cos/sin` and the forced `two-pass cos/sin`, the same
+# gaps this small with care: in that run `auto cos/sin` and the forced `two-pass cos/sin`, the same
 # route at 1 GiB, are 1.3 points apart.
 #
 # ### A.9 Both members of a pair in one thread
@@ -2487,7 +2507,7 @@ behind = checks_nb05.tables_swapped(tp, tp_meta, route_of)
 #   half of the row: half the bytes, the same six loads;
 # - **hold both members in one thread** (`pairs per thread`, 8 head rows on 2 warps or 16 on 4):
 #   a thread loads $x_j$ and $x_{j+R/2}$ for 8 pairs and their cos and $s'$, no element loaded
-#   twice (ropelib's pass of this design: two x loads and eight table loads, section 6).
+#   twice (the design of ropelib's pass, section 6).
 
 # %%
 # benchmarks/results/paired_rows_probe-nvidia-h200.csv, printed; the text's numbers asserted in
@@ -2543,9 +2563,8 @@ if triton.__version__.startswith(("3.6", "3.9")):     # the counts the text give
 # rows share L1 and L2. Holding both members in one thread reaches 0.993 at 1 GiB with the same
 # fp32 rows, level with torch.compile's 0.994 on its bf16 table, and level with it in the two
 # 256 MiB cases. That is ropelib's rotate-half flat pass (`_rotate_pairs`, on
-# `tiles.TWO_PASS_PAIR_WARPS` = 2 warps), the pass section 6's main table measured. It reads half
-# of the rows another way (A.7): member $b$'s four loads of cos and $s'$ stay, masked by the row's
-# flag, so where the flag is 0 they move no bytes.
+# `tiles.TWO_PASS_PAIR_WARPS` = 2 warps), the pass section 6's main table measured; it reads half
+# of the rows another way, through the flags (A.7).
 #
 # The same holds for the whole route. In an H200 run with the element-wise pass (the design of
 # `rows=fp32`), the two passes at 1 GiB are only level with the finished kernel, 0.931 of a copy
@@ -2567,7 +2586,7 @@ checks_nb05.elementwise_pass_runs(tp, tp_meta, behind)
 # Here it is as `apply_rope` runs it on large tensors: `_rope_rows_kernel` splits its programs
 # between q and k, `_rotate_rows` finds a program's rows (by token, by batch entry, or through a
 # row index), and `_rotate_pairs` rotates them. Set it beside your Exercise 3 kernel: the loads of
-# $x_a$ and $x_b$, the masks `m` and `mp`, the table loaded after $x$, and the rotation are the ones
+# $x_a$ and $x_b$ under the mask `m`, the table loaded after $x$, and the rotation are the ones
 # you wrote; `SIGNED` (the pre-pass's $s'$) and `BACKWARD` choose the formula, `KEEP_TABLE` keeps a
 # table that serves every batch entry in L2 (`evict_last`), `ROW_POINTERS` is section 6's address
 # form, the `AXIS_*` constants serve notebook 10's multi-axis tables, and `row_flags_ptr` holds the
@@ -2575,17 +2594,19 @@ checks_nb05.elementwise_pass_runs(tp, tp_meta, behind)
 # cos and $s'$ and $b$ takes $c_b = c_a$, $s'_b = -s'_a$.
 #
 # The cell below prints that part of the function from ropelib's source (`inspect`), from the
-# loads of $x$ to the rotation's stores. The cell after it launches it on section 6's small input
-# and rows (`x_small`, `cos_rows`, `s_rows`) through a dozen-line kernel that finds each program's
-# rows as `rotate_rows` does, and compares with the reference; the last runs `apply_rope` with the
-# two-pass route forced on a small input of its own (8 tokens, batch 2, 4 heads of 64).
+# loads of $x$ to the rotation's two fmas (the NaN guard, the stores and the copy of unrotated
+# features under the mask `mp` follow in `ropelib/kernels/flat.py`). The cell after it launches
+# it on section 6's small input and rows (`x_small`, `cos_rows`, `s_rows`) through a dozen-line
+# kernel that finds each program's rows as `rotate_rows` does, and compares with the reference;
+# the last runs `apply_rope` with the two-pass route forced on a small input of its own (8 tokens,
+# batch 2, 4 heads of 64).
 
 # %%
 import inspect
 from ropelib.kernels import flat                     # ropelib's own, as apply_rope runs it
 from ropelib.kernels.flat import _rotate_pairs
 
-# the part of _rotate_pairs the text above reads: from the loads of x to the rotation's stores
+# the part of _rotate_pairs the text above reads: from the loads of x to the rotation's fmas
 # (the rest of the function finds the rows of multi-axis tables and copies unrotated features)
 src = inspect.getsource(_rotate_pairs.fn).splitlines()
 first = next(n for n, ln in enumerate(src) if ln.strip().startswith("xa = tl.load("))
@@ -2659,11 +2680,12 @@ torch.testing.assert_close(y_rows, want_rows, atol=2e-2, rtol=2 ** -7)     # a b
 # 5. The finished kernel decides the equal-halves shortcut per tile, on the values it loaded,
 #    rather than once per table on the host. What does each choice cost, and when would you
 #    prefer the other?
-# 6. The element-wise flat pass of section 6 loads each element's rotate-half partner from
-#    memory, though another thread of the same program holds it in registers. Which thread is
-#    that, for $d = 128$ and 8 elements per thread? The pairs pass gives one thread
-#    both members instead: compile both for sm_90 and compare registers per thread and loads
-#    per feature. Why does the second load cost a few percent of a copy, though it comes from L1?
+# 6. The element-wise flat pass (Exercise 2's design, A.9's `rows=fp32`) loads each element's
+#    rotate-half partner from memory, though another thread of the same program holds it in
+#    registers. Which thread is that, for $d = 128$ and 8 elements per thread? The pairs pass
+#    gives one thread both members instead: compile both for sm_90 and compare registers per
+#    thread and loads per feature. Why does the second load cost a few percent of a copy, though
+#    it comes from L1?
 # 7. `rotate_rows` with offsets issued three of its table loads after the rotation had started.
 #    Give ptxas more registers (`maxnreg=64` in the launch) or fewer loads a thread (4 rows of
 #    a program, or 4 pairs a thread): which of them changes the count, and what does each cost
