@@ -81,11 +81,24 @@ def qk_norm_rope_backward_op(grad_q_out: Tensor, grad_k_out: Tensor, q: Tensor, 
                              position_ids: Optional[Tensor], cu_seqlens: Optional[Tensor],
                              layout: str, interleaved: bool, eps: float, weight_offset: float
                              ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    return undo_norm_rope(grad_q_out, grad_k_out, q, k, w_q, w_k, table, sin, position_ids,
+                          cu_seqlens, layout, interleaved, eps, weight_offset)
+
+
+def undo_norm_rope(grad_q_out: Tensor, grad_k_out: Tensor, q: Tensor, k: Tensor, w_q: Tensor,
+                   w_k: Tensor, table: Tensor, sin: Optional[Tensor],
+                   position_ids: Optional[Tensor], cu_seqlens: Optional[Tensor], layout: str,
+                   interleaved: bool, eps: float, weight_offset: float,
+                   into: Optional[tuple] = None) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The backward operator's work: (grad_q, grad_k, grad_w_q, grad_w_k). `into`: tensors of
+    the caller's to hold grad_q and grad_k (column slices of one token-major buffer are stored
+    into directly: kernel.Route.backward), for code inside ropelib's operators that owns them
+    (the QKV projection's dY backward)."""
     pos, packed = _index(position_ids, cu_seqlens)
     args = kernel.readable(q, k, w_q, w_k, table, sin, pos, layout)
     grad_q, grad_k, gw_q, gw_k = kernel.Route(
         *args, layout=layout, interleaved=interleaved, eps=eps, weight_offset=weight_offset,
-        packed=packed).backward(grad_q_out, grad_k_out, *args)
+        packed=packed).backward(grad_q_out, grad_k_out, *args, into=into)
     return grad_q, grad_k, gw_q.to(w_q.dtype), gw_k.to(w_k.dtype)
 
 

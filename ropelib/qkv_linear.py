@@ -9,8 +9,7 @@ Triton GEMM whose epilogue does the norm and the rotation while the tile is in r
 (ropelib/kernels/qkv_gemm.py says how). Its backward writes the projection's gradient dY once
 (backward="dy", the default): ropelib's RoPE undoes the rotation of the gradients of q and k and
 stores them straight into their columns of dY (with QK-norm, qk_norm_rope's backward undoes the
-norm and the rotation into tensors of their own, set side by side after), and cuBLAS runs dX and
-dW on dY.
+norm and the rotation, storing into dY's columns too), and cuBLAS runs dX and dW on dY.
 backward="prologue" never writes dY: ropelib's dX and dW GEMMs undo the rotation (and the norm)
 as they load the gradient, at the price of re-forming it in every column block; on an H200 at
 8192 tokens of Llama-3-8B's projection it took 2.7 times as long (3.7 with QK-norm;
@@ -29,9 +28,12 @@ fake implementation), which launches the kernel:
         -> (grad_x, grad_weight, grad_bias, grad_q_norm_weight, grad_k_norm_weight)
     torch.ops.ropelib.qkv_rotated_dy(grad_q, grad_k, grad_v, x, table, sin, position_ids,
         cu_seqlens, interleaved) -> dY
+    torch.ops.ropelib.qkv_rotated_dy_normed(grad_q, grad_k, grad_v, x, norm_input,
+        q_norm_weight, k_norm_weight, table, sin, position_ids, cu_seqlens, n_heads,
+        n_kv_heads, head_dim, eps, interleaved) -> (dY, grad_q_norm_weight, grad_k_norm_weight)
 
-The forward's autograd formula is qkv_rotated_dy (or qk_norm_rope's backward operator and a
-torch.cat) and two matrix products (backward="dy"), or the backward operator (backward="prologue"); double
+The forward's autograd formula is qkv_rotated_dy (with QK-norm qkv_rotated_dy_normed) and two
+matrix products (backward="dy"), or the backward operator (backward="prologue"); double
 backward is not supported.
 rstd and norm_input are what the norm's backward needs (empty without norm weights or when no
 gradient will be asked for); tensors an operator does not compute come back empty ([0]).
@@ -267,32 +269,35 @@ def written_dy(grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, x: Tensor, table:
     return dy
 
 
-def _rows_side_by_side(x: Tensor, *grads: Tensor) -> Tensor:
-    """[M, N]: each gradient's tokens as rows, q's, k's and v's columns side by side."""
-    M = x.numel() // x.shape[-1]
-    return torch.cat([t.reshape(M, t.shape[-2] * t.shape[-1]) for t in grads], dim=1)
-
-
+@define_op("ropelib::qkv_rotated_dy_normed")
 def written_dy_normed(grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, x: Tensor,
                       norm_input: Tensor, q_norm_weight: Tensor, k_norm_weight: Tensor,
                       table: Tensor, sin: Optional[Tensor], position_ids: Optional[Tensor],
                       cu_seqlens: Optional[Tensor], n_heads: int, n_kv_heads: int,
-                      head_dim: int, eps: float, interleaved: bool) -> tuple:
-    """With QK-norm: (dY [M, N], the norm weights' gradients). ropelib.qk_norm_rope's backward
-    undoes the rotation and the norm of q's and k's gradients (laid out as for written_dy) in
-    one launch, from the norm's input the forward kept (the projection's q and k columns);
-    then as written_dy. Packed x comes with position ids [1, T] or with cu_seqlens (the kernel
-    finds each token's index in its sequence)."""
+                      head_dim: int, eps: float, interleaved: bool
+                      ) -> Tuple[Tensor, Tensor, Tensor]:
+    """With QK-norm: (dY [M, N], the norm weights' gradients). qk_norm_rope's backward undoes
+    the rotation and the norm of q's and k's gradients (laid out as for written_dy) in one
+    launch, from the norm's input the forward kept (the projection's q and k columns), and
+    stores them straight into their columns of dY (its GX_ROW); v's are copied into theirs.
+    Packed x comes with position ids [1, T] or with cu_seqlens (the kernel finds each token's
+    index in its sequence)."""
     lead = grad_q.shape[:-2]                     # [B, S] or [T]
-    q_in = norm_input[:, :n_heads * head_dim].view(*lead, n_heads, head_dim)
-    k_in = norm_input[:, n_heads * head_dim:].view(*lead, n_kv_heads, head_dim)
+    M = x.numel() // x.shape[-1]
+    nq, nk, nv = (g.shape[-2] * g.shape[-1] for g in (grad_q, grad_k, grad_v))
+    q_in = norm_input[:, :nq].view(*lead, n_heads, head_dim)
+    k_in = norm_input[:, nq:].view(*lead, n_kv_heads, head_dim)
     packed = x.dim() == 2
     if packed and position_ids is not None:
         position_ids = position_ids[0]
-    dq, dk, dwq, dwk = ops_qk_norm.qk_norm_rope_backward_op(
+    dy = torch.empty(M, nq + nk + nv, dtype=grad_q.dtype, device=grad_q.device)
+    dq = dy[:, :nq].view(*lead, n_heads, head_dim)
+    dk = dy[:, nq:nq + nk].view(*lead, n_kv_heads, head_dim)
+    _, _, dwq, dwk = ops_qk_norm.undo_norm_rope(
         grad_q, grad_k, q_in, k_in, q_norm_weight, k_norm_weight, table, sin, position_ids,
-        cu_seqlens, "thd" if packed else "bshd", interleaved, eps, 0.0)
-    return _rows_side_by_side(x, dq, dk, grad_v), dwq, dwk
+        cu_seqlens, "thd" if packed else "bshd", interleaved, eps, 0.0, into=(dq, dk))
+    dy[:, nq + nk:].copy_(grad_v.reshape(M, nv))
+    return dy, dwq, dwk
 
 
 def _backward(ctx, grad_q, grad_k, grad_v, _grad_rstd, _grad_norm_input):

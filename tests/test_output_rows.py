@@ -133,3 +133,75 @@ def test_outputs_the_kernel_cannot_store_into_are_written_through_a_copy():
                 k_out=k_own)
     assert torch.equal(qs, want_q) and torch.equal(k_own, want_k)
     assert buf[:, HQ * D:].isnan().all()
+
+
+@pytest.mark.parametrize("shape", ["bshd", "bhsd", "thd", "thd-packed", "bshd-ids"])
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_written_dy_normed_is_the_norms_gradients_side_by_side(shape, interleaved):
+    """With QK-norm, qkv_linear.written_dy_normed (qk_norm_rope's backward storing straight
+    into dY's columns, GX_ROW) gives the bits of its operator's fresh gradients set side by side,
+    and the same norm-weight gradients."""
+    from ropelib import qk_norm, qkv_linear
+    g = torch.Generator().manual_seed(5)
+    B, S, hidden = 2, 5, 32
+    lead = (B * S,) if shape.startswith("thd") else (B, S)
+    M = B * S
+    x = torch.randn(*lead, hidden, generator=g).to(DEV, torch.bfloat16)
+    norm_input = torch.randn(M, (HQ + HK) * D, generator=g).to(DEV, torch.bfloat16)
+    wq, wk = (torch.randn(D, generator=g).to(DEV, torch.bfloat16) for _ in range(2))
+    grads = [torch.randn(*lead, h, D, generator=g).to(DEV, torch.bfloat16) for h in (HQ, HK, HK)]
+    if shape == "bhsd":
+        grads = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in grads]
+    angles = ropelib.rope_angles(D, device=DEV)
+    ids = cu = None
+    if shape == "bshd-ids":
+        ids = torch.randint(0, 3 * S, (B, S), generator=g).to(DEV)
+    if shape == "thd-packed":
+        cu = torch.tensor([0, 4, M], dtype=torch.int32, device=DEV)
+    layout = "thd" if shape.startswith("thd") else "bshd"
+    q_in = norm_input[:, :HQ * D].view(*lead, HQ, D)
+    k_in = norm_input[:, HQ * D:].view(*lead, HK, D)
+    dq, dk, want_wq, want_wk = qk_norm.qk_norm_rope_backward_op(
+        grads[0], grads[1], q_in, k_in, wq, wk, angles.turns, angles.amplitude, ids, cu, layout,
+        interleaved, 1e-6, 0.0)
+    want = torch.cat([t.reshape(M, -1) for t in (dq, dk, grads[2])], dim=1)
+    got, got_wq, got_wk = qkv_linear.written_dy_normed(
+        *grads, x, norm_input, wq, wk, angles.turns, angles.amplitude, ids, cu, HQ, HK, D, 1e-6,
+        interleaved)
+    assert got.is_contiguous() and torch.equal(got, want)
+    assert torch.equal(got_wq, want_wq) and torch.equal(got_wk, want_wk)
+
+
+def test_the_norms_backward_stores_into_columns_or_copies():
+    """kernel.Route.backward(into=...): column slices of one buffer are stored into (GX_ROW,
+    nothing outside them touched); tensors it cannot describe so get the same bits through
+    fresh ones."""
+    from ropelib.kernels import qk_norm_rope as kernel
+    g = torch.Generator().manual_seed(7)
+    B, S = 2, 5
+    q, k = (torch.randn(B, S, h, D, generator=g).to(DEV) for h in (HQ, HK))
+    w_q, w_k = (torch.randn(D, generator=g).to(DEV) for _ in range(2))
+    gq, gk = (torch.randn(B, S, h, D, generator=g).to(DEV) for h in (HQ, HK))
+    table = ropelib.rope_freqs(16, D, device=DEV).reshape(16, D)
+    route = kernel.Route(q, k, w_q, w_k, table, None, None, layout="bshd", interleaved=False,
+                         eps=1e-6, weight_offset=0.0)
+    want = route.backward(gq, gk, q, k, w_q, w_k, table, None, None)
+    assert route.keep_strides          # (dense q and k: outputs laid out as them)
+    buf, qs, ks = _slices((B, S), 1, torch.float32)
+    got = route.backward(gq, gk, q, k, w_q, w_k, table, None, None, into=(qs, ks))
+    assert got[0] is qs and got[1] is ks
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert buf[:, (HQ + HK) * D:].isnan().all()
+    # q and k slices of a wider buffer (not dense): the kernel stores into the columns itself
+    wide = torch.randn(B, S, (HQ + HK + 2) * D, generator=g).to(DEV)
+    q2, k2 = wide[..., :HQ * D].unflatten(-1, (HQ, D)), \
+        wide[..., HQ * D:(HQ + HK) * D].unflatten(-1, (HK, D))
+    route2 = kernel.Route(q2, k2, w_q, w_k, table, None, None, layout="bshd", interleaved=False,
+                          eps=1e-6, weight_offset=0.0)
+    assert not route2.keep_strides
+    want2 = route2.backward(gq, gk, q2, k2, w_q, w_k, table, None, None)
+    buf2, qs2, ks2 = _slices((B, S), 1, torch.float32)
+    assert route2._stores_into(qs2, ks2)
+    got2 = route2.backward(gq, gk, q2, k2, w_q, w_k, table, None, None, into=(qs2, ks2))
+    assert all(torch.equal(a, b) for a, b in zip(got2, want2))
+    assert buf2[:, (HQ + HK) * D:].isnan().all()

@@ -624,8 +624,24 @@ def test_opcheck_rotated_dy(packed, seeded):
                           (*grads, x, angles.turns, angles.amplitude, None, cu, False))
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["bshd", "thd"])
+def test_opcheck_rotated_dy_normed(packed, seeded):
+    """The dY operator of backward="dy" with QK-norm (dY and the norm weights' gradients)."""
+    lead = (8,) if packed else (2, 4)
+    x = torch.randn(*lead, 32)
+    grads = [torch.randn(*lead, h, 16) for h in (2, 1, 1)]
+    norm_input = torch.randn(8, 3 * 16)
+    wq, wk = torch.randn(16), torch.randn(16)
+    angles = ropelib.rope_angles(16)
+    cu = torch.tensor([0, 3, 8], dtype=torch.int32) if packed else None
+    torch.library.opcheck(OPS.qkv_rotated_dy_normed.default,
+                          (*grads, x, norm_input, wq, wk, angles.turns, angles.amplitude, None,
+                           cu, 2, 1, 16, 1e-6, False))
+
+
 def test_registered_as_triton_ops_on_a_gpu():
-    assert_registered('qkv_rope_linear', 'qkv_rope_linear_backward', 'qkv_rotated_dy')
+    assert_registered('qkv_rope_linear', 'qkv_rope_linear_backward', 'qkv_rotated_dy',
+                      'qkv_rotated_dy_normed')
 
 
 @pytest.mark.parametrize("table", ["freqs", "angles"])

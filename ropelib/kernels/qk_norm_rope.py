@@ -1,5 +1,5 @@
 """Per-head QK-RMSNorm fused with RoPE: one kernel body, forward and backward (a constexpr switch),
-started through two entry points of 30 and 34 arguments (20 and 23 of them passed at a launch,
+started through two entry points of 30 and 35 arguments (20 and 23 of them passed at a launch,
 the rest compile-time constants).
 
 Qwen3 and Gemma 3 normalise every head vector of q and of k over the head dim before rotating it:
@@ -19,7 +19,9 @@ How it is parallelised
 ----------------------
 q and k are seen as strided [S, B, H, D] views (conventions.view4), read where they are; the
 outputs are fresh, with q's and k's strides where both are dense, else contiguous in the call's
-layout (`outputs`). A program takes a block of BLOCK_S tokens, a block of BLOCK_H heads (of q,
+layout (`outputs`). The backward may instead store the input gradients into column slices of
+one token-major buffer (GX_ROW, a constexpr: their token row stride), as the QKV projection's
+backward writes them into its gradient dY; it reads the output gradients as before. A program takes a block of BLOCK_S tokens, a block of BLOCK_H heads (of q,
 then of k: HEAD_BLOCKS = (HQ + HK) / BLOCK_H blocks, BLOCK_H divides both) and a chunk of batch
 entries. The grid is
 
@@ -146,6 +148,8 @@ def _norm_rope_heads(
     R: tl.constexpr, D: tl.constexpr,   # rotary dim (even, <= D), head dim
     OUT_LAYOUT: tl.constexpr,           # y and gx (and gy): contiguous in this layout, or
                                         # OUT_AS_INPUT: laid out as x, with x's strides
+    GX_ROW: tl.constexpr,               # backward: 0, or gx's token row stride (a column
+                                        # slice of a token-major buffer; gy as OUT_LAYOUT)
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
     INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr,
     TABLE_PER_ENTRY: tl.constexpr,
@@ -189,15 +193,15 @@ def _norm_rope_heads(
         acc_a, acc_b, acc_p = _norm_rope_block(
             x_ptr, gy_ptr, out_ptr, cos_ptr, sin_ptr, pos_ptr, pid_t, h0, b_lo, b_hi, S, B, H, P,
             N_SEQ, eps, stride_x_s, stride_x_b, sw_a, sw_b, sw_p, e, acc_a, acc_b, acc_p, R, D,
-            OUT_LAYOUT, BLOCK_S, BLOCK_H, INTERLEAVED, BACKWARD, TABLE_PER_ENTRY, POSITIONS,
-            INT64)
+            OUT_LAYOUT, GX_ROW, BLOCK_S, BLOCK_H, INTERLEAVED, BACKWARD, TABLE_PER_ENTRY,
+            POSITIONS, INT64)
     else:
         for t in range(TOKEN_BLOCKS):
             acc_a, acc_b, acc_p = _norm_rope_block(
                 x_ptr, gy_ptr, out_ptr, cos_ptr, sin_ptr, pos_ptr, pid_t * TOKEN_BLOCKS + t, h0,
                 b_lo, b_hi, S, B, H, P, N_SEQ, eps, stride_x_s, stride_x_b, sw_a, sw_b, sw_p, e,
-                acc_a, acc_b, acc_p, R, D, OUT_LAYOUT, BLOCK_S, BLOCK_H, INTERLEAVED, BACKWARD,
-                TABLE_PER_ENTRY, POSITIONS, INT64)
+                acc_a, acc_b, acc_p, R, D, OUT_LAYOUT, GX_ROW, BLOCK_S, BLOCK_H, INTERLEAVED,
+                BACKWARD, TABLE_PER_ENTRY, POSITIONS, INT64)
     if BACKWARD:
         tl.store(part_ptr + d_a, acc_a, mask=j < HALF)
         tl.store(part_ptr + d_b, acc_b, mask=j < HALF)
@@ -213,7 +217,7 @@ def _norm_rope_block(
     sw_a, sw_b, sw_p, e,                # the scale [1, 1, pairs] (and [1, 1, BLOCK_PASS]); e:
                                         # the features past R
     acc_a, acc_b, acc_p,                # backward: the running sums of gu n (returned updated)
-    R: tl.constexpr, D: tl.constexpr, OUT_LAYOUT: tl.constexpr,
+    R: tl.constexpr, D: tl.constexpr, OUT_LAYOUT: tl.constexpr, GX_ROW: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
     INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr,
     TABLE_PER_ENTRY: tl.constexpr, POSITIONS: tl.constexpr, INT64: tl.constexpr,
@@ -239,6 +243,10 @@ def _norm_rope_block(
         st_y_s, st_y_b, st_y_h = contiguous_strides(S, B, H, D, OUT_LAYOUT, INT64)
     x_rows = s_off[:, None] * stride_x_s + h_off[None, :] * D           # [BLOCK_S, BLOCK_H]
     y_rows = s_off[:, None] * st_y_s + h_off[None, :] * st_y_h          # (gy and gx alike)
+    if GX_ROW > 0:      # gx's token rows GX_ROW apart (gy's as OUT_LAYOUT's)
+        tl.static_assert(BACKWARD and OUT_LAYOUT != _OUT_AS_INPUT)
+        st_g_s, st_g_b, _ = contiguous_strides(S, B, H, D, OUT_LAYOUT, INT64, GX_ROW)
+        g_rows = s_off[:, None] * st_g_s + h_off[None, :] * D
     # the table's rows are dense: [P, R], or [B, P, R] with one table per batch entry
     stride_tab_b = (tl.full([], 0, tl.int64) + P) * R if TABLE_PER_ENTRY else 0
     if BLOCK_PASS > 0:
@@ -270,7 +278,10 @@ def _norm_rope_block(
             c_a, s_a, c_b, s_b = table_cos_sin(cos_ptr, sin_ptr, rows, valid, bb, stride_tab_b,
                                                R, d_a, d_b, tab_mask, CDT, HALF, True)
         yr = (y_rows + bb * st_y_b)[:, :, None]               # [BLOCK_S, BLOCK_H, 1]
-        orow = out_ptr + yr
+        if GX_ROW > 0:
+            orow = out_ptr + (g_rows + bb * st_g_b)[:, :, None]
+        else:
+            orow = out_ptr + yr
         if PREFETCH:
             x_a = xn_a.to(CDT)
             x_b = xn_b.to(CDT)
@@ -341,7 +352,7 @@ def _norm_rope_q_and_k(
     q_ptr, k_ptr, gq_ptr, gk_ptr, q_out_ptr, k_out_ptr, w_q_ptr, w_k_ptr, cos_ptr, sin_ptr,
     pos_ptr, part_ptr, S, B, HQ, P, N_SEQ, eps, weight_offset,
     stride_q_s, stride_q_b, stride_k_s, stride_k_b,
-    R: tl.constexpr, D: tl.constexpr, OUT_LAYOUT: tl.constexpr,
+    R: tl.constexpr, D: tl.constexpr, OUT_LAYOUT: tl.constexpr, GX_ROW: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr,
     BACKWARD: tl.constexpr, TABLE_PER_ENTRY: tl.constexpr, POSITIONS: tl.constexpr,
     INT64: tl.constexpr, HEAD_BLOCKS: tl.constexpr, TOKEN_BLOCKS: tl.constexpr,
@@ -365,18 +376,18 @@ def _norm_rope_q_and_k(
     if pid_h < q_blocks:
         _norm_rope_heads(q_ptr, gq_ptr, q_out_ptr, w_q_ptr, cos_ptr, sin_ptr, pos_ptr, part,
                          pid_t, pid_h * BLOCK_H, b_lo, b_hi, S, B, HQ, P, N_SEQ, eps,
-                         weight_offset, stride_q_s, stride_q_b, R, D, OUT_LAYOUT, BLOCK_S,
-                         BLOCK_H, INTERLEAVED, BACKWARD, TABLE_PER_ENTRY, POSITIONS, INT64,
-                         TOKEN_BLOCKS)
+                         weight_offset, stride_q_s, stride_q_b, R, D, OUT_LAYOUT, GX_ROW,
+                         BLOCK_S, BLOCK_H, INTERLEAVED, BACKWARD, TABLE_PER_ENTRY, POSITIONS,
+                         INT64, TOKEN_BLOCKS)
     else:
         _norm_rope_heads(k_ptr, gk_ptr, k_out_ptr, w_k_ptr, cos_ptr, sin_ptr, pos_ptr, part,
                          pid_t, (pid_h - q_blocks) * BLOCK_H, b_lo, b_hi, S, B, HK, P, N_SEQ,
-                         eps, weight_offset, stride_k_s, stride_k_b, R, D, OUT_LAYOUT,
+                         eps, weight_offset, stride_k_s, stride_k_b, R, D, OUT_LAYOUT, GX_ROW,
                          BLOCK_S, BLOCK_H, INTERLEAVED, BACKWARD, TABLE_PER_ENTRY, POSITIONS,
                          INT64, TOKEN_BLOCKS)
 
 
-# --- the entry points: forward and backward (30 and 34 arguments) ---------------------------
+# --- the entry points: forward and backward (30 and 35 arguments) ---------------------------
 # Common to both: q and k as strided [S, B, H, D] views, heads at stride D and features at
 # stride 1; the outputs (forward: y; backward: the input gradients, and the output gradients
 # read) fresh, with q's and k's strides (OUT_LAYOUT == OUT_AS_INPUT: q and k are dense) or
@@ -408,7 +419,7 @@ def _qk_norm_rope_kernel(
     _norm_rope_q_and_k(q_ptr, k_ptr, None, None, q_out_ptr, k_out_ptr, w_q_ptr, w_k_ptr,
                        cos_ptr, sin_ptr, pos_ptr, None, S, B, HQ, P, N_SEQ, eps,
                        weight_offset, stride_q_s, stride_q_b, stride_k_s, stride_k_b, R, D,
-                       OUT_LAYOUT, BLOCK_S, BLOCK_H, INTERLEAVED, False, TABLE_PER_ENTRY,
+                       OUT_LAYOUT, 0, BLOCK_S, BLOCK_H, INTERLEAVED, False, TABLE_PER_ENTRY,
                        POSITIONS, INT64, HEAD_BLOCKS, 1)
 
 
@@ -427,12 +438,15 @@ def _qk_norm_rope_backward_kernel(
     TABLE_PER_ENTRY: tl.constexpr, POSITIONS: tl.constexpr, INT64: tl.constexpr,
     HEAD_BLOCKS: tl.constexpr,
     TOKEN_BLOCKS: tl.constexpr,          # token blocks a program takes (pick_token_blocks)
+    GX_ROW: tl.constexpr,                # 0: the input gradients laid out as the outputs; or
+                                         # their token row stride (column slices of one
+                                         # token-major buffer, the QKV projection's dY)
 ):
     _norm_rope_q_and_k(q_ptr, k_ptr, grad_q_out_ptr, grad_k_out_ptr, grad_q_ptr, grad_k_ptr,
                        w_q_ptr, w_k_ptr, cos_ptr, sin_ptr, pos_ptr, part_ptr, S, B, HQ, P,
                        N_SEQ, eps, weight_offset, stride_q_s, stride_q_b, stride_k_s,
-                       stride_k_b, R, D, OUT_LAYOUT, BLOCK_S, BLOCK_H, INTERLEAVED, True,
-                       TABLE_PER_ENTRY, POSITIONS, INT64, HEAD_BLOCKS, TOKEN_BLOCKS)
+                       stride_k_b, R, D, OUT_LAYOUT, GX_ROW, BLOCK_S, BLOCK_H, INTERLEAVED,
+                       True, TABLE_PER_ENTRY, POSITIONS, INT64, HEAD_BLOCKS, TOKEN_BLOCKS)
 
 
 # --- host side: tiles, the plan, the launch --------------------------------------------------
@@ -623,11 +637,17 @@ def plan(q4: torch.Tensor, k4: torch.Tensor, q_out4: torch.Tensor, k_out4: torch
     assert _heads_readable(q4) and _heads_readable(k4), "heads at stride D (readable)"
     assert _dense(table, 3) and (pos is None or _dense(pos, 2)), "dense table rows and ids"
     out_as_in = q_out4.stride() == q4.stride() and k_out4.stride() == k4.stride()
-    from .launch import View, contiguous_in     # (launch imports nothing of this module's)
-    assert out_as_in or all(contiguous_in(View.of(y), layout) or not y.numel()
-                            for y in (q_out4, k_out4)), "outputs from `outputs`"
-    assert gq4 is None or (gq4.stride() == q_out4.stride() and gk4.stride() == k_out4.stride()
-                           ) or not (gq4.numel() and gk4.numel()), "readable_grad"
+    from .launch import View, contiguous_in, output_row     # (launch imports nothing of ours)
+    gx_row = 0
+    if not out_as_in and not all(contiguous_in(View.of(y), layout) or not y.numel()
+                                 for y in (q_out4, k_out4)):
+        # (backward) the input gradients into column slices of one token-major buffer
+        gx_row = output_row(View.of(q_out4), View.of(k_out4), layout) if backward else None
+        assert gx_row, "outputs from `outputs`, or column slices of one token-major buffer"
+    if gq4 is not None and gq4.numel() and gk4.numel():     # laid out as the outputs, or
+        assert (all(contiguous_in(View.of(g), layout) for g in (gq4, gk4)) if gx_row  # (gx_row)
+                else gq4.stride() == q_out4.stride() and gk4.stride() == k_out4.stride()), \
+            "readable_grad"
     args = dict(
         S=S, B=B, HQ=HQ, P=EXACT_POSITIONS if exact else table.shape[-2], eps=eps,
         weight_offset=weight_offset,
@@ -645,6 +665,7 @@ def plan(q4: torch.Tensor, k4: torch.Tensor, q_out4: torch.Tensor, k_out4: torch
     )
     if backward:
         args["TOKEN_BLOCKS"] = token_blocks
+        args["GX_ROW"] = gx_row
     cdt = torch.float64 if q4.dtype == torch.float64 else torch.float32
     dtypes = (q4.dtype, k4.dtype, q_out4.dtype, k_out4.dtype, w_q.dtype, w_k.dtype, table.dtype,
               sin.dtype if sin is not None else None, pos.dtype if pos is not None else None)
@@ -720,6 +741,14 @@ class Route:
             t.shape, t.stride(), dtype=t.dtype, device="meta") for t in read)
         self._backwards = {}
 
+    def _stores_into(self, gx_q, gx_k) -> bool:
+        """Can the backward kernel store the gradients of q and k into these tensors (GX_ROW)?
+        Where the outputs are contiguous in the layout (not laid out as q and k) and the two
+        are column slices of one token-major buffer, with sizes known now."""
+        from .launch import View, output_row
+        return not self.keep_strides and bool(output_row(
+            View.of(view4(gx_q, self.layout)), View.of(view4(gx_k, self.layout)), self.layout))
+
     def _views(self, *tensors) -> tuple:
         return tuple(view4(t, self.layout) for t in tensors)
 
@@ -736,13 +765,25 @@ class Route:
             self.fwd(pointers(self.fwd_launch, q, k, q_out, k_out, w_q, w_k, table, sin, pos))
         return q_out, k_out
 
-    def backward(self, grad_q_out, grad_k_out, q, k, w_q, w_k, table, sin, pos) -> tuple:
+    def backward(self, grad_q_out, grad_k_out, q, k, w_q, w_k, table, sin, pos,
+                 into: Optional[tuple] = None) -> tuple:
         """From the gradients of (q_out, k_out): the gradients of q and k (laid out as the
-        outputs were) and of w_q and w_k, in fp32 (fp64 for fp64 inputs)."""
+        outputs were) and of w_q and w_k, in fp32 (fp64 for fp64 inputs). `into`: tensors of
+        the caller's for the gradients of q and k, column slices of one token-major buffer
+        (`launch.output_row`), stored into directly where the outputs are contiguous in the
+        layout (else written through fresh tensors); they are returned."""
         q, k, w_q, w_k, table, sin, pos = self._readable(q, k, w_q, w_k, table, sin, pos)
         grad_q, grad_k = outputs(q, k, self.keep_strides)
         gq, gk = readable_grad(grad_q_out, grad_q), readable_grad(grad_k_out, grad_k)
-        key = (gq.dtype, gk.dtype)
+        if into is not None and not self._stores_into(*into):
+            *grads, gw_q, gw_k = self.backward(grad_q_out, grad_k_out, q, k, w_q, w_k, table,
+                                               sin, pos)
+            for given, fresh in zip(into, grads):
+                given.copy_(fresh)
+            return (*into, gw_q, gw_k)
+        if into is not None:
+            grad_q, grad_k = into
+        key = (gq.dtype, gk.dtype, into is not None and grad_q.stride())
         planned_backward = self._backwards.get(key)
         if planned_backward is None:
             q_, k_, w_q_, w_k_, table_, sin_, pos_ = self._stand_ins
