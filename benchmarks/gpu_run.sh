@@ -21,6 +21,8 @@
 #   bash benchmarks/gpu_run.sh features  # fused QK-norm, KV-cache write, M-RoPE, table-free angles
 #   bash benchmarks/gpu_run.sh qkv-backward  # the QKV backward's kernels at chosen tiles, then
 #                                            # the fused projection against its providers
+#   bash benchmarks/gpu_run.sh qkv-dy        # the QKV forward+backward in shuffled rounds, the dY
+#                                        # backward against the unfused pipeline (~4 min)
 #   bash benchmarks/gpu_run.sh qkv-mainloop  # the QKV projection's GEMM mainloop three ways vs cuBLAS
 #   bash benchmarks/gpu_run.sh qkv-forward-ab  # qkv_rope_linear's forward: TMA main loop (two row
 #                                              # tiles and four) vs pointer loads, 7 rounds in a
@@ -203,6 +205,15 @@ for what in "${@:-tests}"; do
             keep "$RESULTS"/qkv_tiles_chosen-"$gpu"-*.csv
             step qkv-rope "$PY" benchmarks/qkv_rope_bench.py --out "$RESULTS/qkv_rope-$gpu.csv"
             keep "$RESULTS/qkv_rope-$gpu.csv" ;;
+        qkv-dy)
+            # forward+backward in seven shuffled rounds: the dY backward (q's and k's gradients
+            # rotated straight into dY's columns) against the prologues and the unfused
+            # pipeline, without and with QK-norm (~4 min)
+            step qkv-dy "$PY" benchmarks/qkv_dy_probe.py --rounds 7 \
+                --out "$RESULTS/qkv_dy_rounds-$tag.csv"
+            step qkv-dy-qk-norm "$PY" benchmarks/qkv_dy_probe.py --qk-norm --rounds 7 \
+                --out "$RESULTS/qkv_dy_rounds_qk_norm-$tag.csv"
+            keep "$RESULTS/qkv_dy_rounds-$tag.csv" "$RESULTS/qkv_dy_rounds_qk_norm-$tag.csv" ;;
         qkv-forward-ncu)
             # ropelib's fused forward against the mainloop probe's rotating TMA kernel (and both
             # bare GEMMs, cuBLAS) under Nsight Compute's sections: notebook 12's open question
@@ -332,7 +343,7 @@ print('# what: Nsight Compute (--profile-from-start off --csv${NCU_CLOCK:+ --clo
                 ${ONLY:+--only "$ONLY"} ${KEEP_GOING:+--keep-going}
             [ -n "${OUT:-}" ] && tar czf "$OUT/executed-$tag.tar.gz" -C "$executed" . ;;
         *)
-            echo "unknown step: $what (tests, targets, floor, two-pass, decode, decode-ncu, puzzle9-ncu, te-ncu, mrope_angles-ncu, naive_warps-ncu, rows-ncu, ladder_stalls-ncu, qk_norm-ncu, b1_gap-ncu, contiguous-ncu, model, sweeps, ablation, ladder, features, qkv-backward, qkv-mainloop, qkv-forward-ab, qkv-table-flag, tables, fwdbwd, fwdbwd-mid, probes, flat-tiles, course, notebooks)"; exit 2 ;;
+            echo "unknown step: $what (tests, targets, floor, two-pass, decode, decode-ncu, puzzle9-ncu, te-ncu, mrope_angles-ncu, naive_warps-ncu, rows-ncu, ladder_stalls-ncu, qk_norm-ncu, b1_gap-ncu, contiguous-ncu, model, sweeps, ablation, ladder, features, qkv-backward, qkv-dy, qkv-mainloop, qkv-forward-ab, qkv-table-flag, tables, fwdbwd, fwdbwd-mid, probes, flat-tiles, course, notebooks)"; exit 2 ;;
     esac
 done
 exit $rc
