@@ -18,11 +18,17 @@
 #
 # Every RoPE kernel of this course reads q and k and writes them back, right after the attention
 # block's QKV projection has *written* them. This notebook removes that round trip: the
-# projection's GEMM rotates its output tile while it is still in registers (an **epilogue**), and
-# the backward GEMMs can undo the rotation as they load the gradient (a **prologue**). Section 7
-# measures what that is worth on an H200 against the unfused pipeline (cuBLAS, then ropelib's
-# RoPE), with and without QK-norm (a per-head RMS norm of q and k before RoPE, as in Qwen3 and
-# Gemma 3: ropelib's `qk_norm_rope`), and traces where the fused kernel's time goes.
+# projection's GEMM (general matrix multiply) rotates its output tile while it is still in
+# registers (an **epilogue**), and the backward GEMMs can undo the rotation as they load the
+# gradient (a **prologue**). Section 7 measures what that is worth on an H200 against the unfused
+# pipeline (cuBLAS, then ropelib's RoPE), with and without QK-norm (a per-head RMS norm of q and
+# k before RoPE, as in Qwen3 and Gemma 3: ropelib's `qk_norm_rope`), and traces where the fused
+# kernel's time goes.
+#
+# **Where the numbers come from.** Every number in the text is read from a file committed under
+# `benchmarks/results/` (mostly measured on an H200; section 1 also has an H100's) and asserted
+# by the code cell beside it. Only section 8's two cells time live, and they name their GPU: on
+# the executed page, an H100.
 #
 # **After this notebook you will be able to**
 #
@@ -36,7 +42,8 @@
 #   on a CPU), and a backward prologue repeated by every column block.
 #
 # **Time:** about an hour to read and an hour for the three kernel exercises (1, 1b and 2);
-# Appendices A and B hold the measurement details. The cells run in under a minute on a CPU.
+# Appendices A and B hold the measurement details. The cells run in under a minute on a CPU,
+# in Triton's interpreter (`TRITON_INTERPRET=1`, set by the first cell).
 
 # %%
 import os, torch
@@ -179,16 +186,19 @@ print("ropelib's RoPE alone on the H200, speed / the copy's: forward {:.3f}, for
 assert [round(v, 3) for v in alone_vs_copy] == [0.999, 1.001]
 
 # %% [markdown]
-# Single timings price this pass badly. On the H200 no RoPE-pass cost above is larger than its
-# two timings' spreads added; on the H100 only the forwards' are, and even there the pass at
-# 8192 tokens comes out at 0.042 ms, below the 0.056 ms a copy of q and k needs, while its
-# forward+backward comes out negative (−0.010 ms). Only the H100's forward at 32768 tokens
-# stands clear: 0.381 ms against a floor of 0.223, 14 % of the pipeline. Timed in rounds (7.1)
-# on the H200 the pass adds **7.4 %** to cuBLAS's forward, about one copy of q and k. No pass could beat the copy floor here: q and k (80 MiB at 8192
-# tokens, 320 MiB at 32768) never fit the 50 MiB L2 cache of an H100 or H200, and ropelib's
-# RoPE, timed alone on the copy's bytes, already runs at the copy's speed on the H200 (0.999 of
-# it forward, 1.001 forward+backward). That pass is all a fusion can win, and only if the fused
-# GEMM is as fast as cuBLAS.
+# **Single timings price this pass badly.** A cost computed as the difference of two timings is
+# only believable when it exceeds the two timings' spreads added. On the H200 none of the four
+# does; on the H100 only the forwards do, and even there the pass at 8192 tokens comes out at
+# 0.042 ms, below the 0.056 ms a copy of q and k needs, while its forward+backward comes out
+# negative (−0.010 ms). Only the H100's forward at 32768 tokens stands clear: 0.381 ms against a
+# floor of 0.223, 14 % of the pipeline. Timed in rounds instead (7.1), on the H200 the pass adds
+# **7.4 %** to cuBLAS's forward, about one copy of q and k.
+#
+# **No pass can beat the copy floor here.** q and k (80 MiB at 8192 tokens, 320 MiB at 32768)
+# never fit the 50 MiB L2 cache of an H100 or H200, and ropelib's RoPE, timed alone on the copy's
+# bytes, already runs at the copy's speed on the H200 (0.999 of it forward, 1.001
+# forward+backward). So that pass is all a fusion can win, and it wins it only if the fused GEMM
+# is as fast as cuBLAS.
 #
 # ## 2. What a GEMM epilogue is
 #
@@ -231,16 +241,22 @@ assert [round(v, 3) for v in alone_vs_copy] == [0.999, 1.001]
 # Which costs more, the second read of $X$ or the split (which may move the accumulator between
 # register layouts)? `benchmarks/qkv_mainloop_probe.py` timed both on an H200 at four tiles of
 # Llama-3-8B's projection, one head a tile, loading with TMA (the Tensor Memory Accelerator of
-# Hopper GPUs, which copies a whole tile into shared memory from one instruction). **One
-# accumulator is cheaper**: two took 4 to 30 % longer in seven of the eight cases, five of them
-# beyond the two timings' p20–p80 spreads together. The exception, 64/64/8/4/4 at 32768 tokens
-# (two accumulators 5.3 % faster), is an anomaly of that tile's one-accumulator time, which grew
-# 4.6 times from 8192 tokens where every other tile's grew 4.1 to 4.2 times. The probe's sm_90
-# compile shows what each pays at the 128/64/8/8/4 tile: one accumulator runs 4 wgmma
-# instructions of $64 \times 128$ a K step from 8 TMA loads and takes 120 registers a thread;
-# two run 8 of $64 \times 64$ from 12 TMA loads and take 151. So ropelib holds a head as one
-# accumulator whenever every feature is rotated and $D/2$ is a power of two (the header of
-# `ropelib/kernels/qkv_gemm.py` draws the layouts, partial rotary's too). A whole head in one
+# Hopper GPUs, which copies a whole tile into shared memory from one instruction). A tile is
+# named `BLOCK_M/BLOCK_K/GROUP_M/warps/stages`: tokens a tile, hidden columns a K step, token
+# tiles walked together (the grouped order of Triton's matmul tutorial), warps a program, and
+# pipeline stages (K steps whose tiles are in flight at once).
+#
+# **One accumulator is cheaper**: two took 4 to 30 % longer in seven of the eight cases, five of
+# them beyond the two timings' p20–p80 spreads together. The exception, 64/64/8/4/4 at 32768
+# tokens (two accumulators 5.3 % faster), is an anomaly of that tile's one-accumulator time,
+# which grew 4.6 times from 8192 tokens where every other tile's grew 4.1 to 4.2 times. The
+# probe's compile for sm_90 (the architecture of the H100 and H200) shows what each pays at the
+# 128/64/8/8/4 tile: one accumulator runs 4 `wgmma` instructions (Hopper's warp-group MMA) of
+# $64 \times 128$ a K step from 8 TMA loads and takes 120 registers a thread; two run 8 of
+# $64 \times 64$ from 12 TMA loads and take 151. So ropelib holds a head as one accumulator
+# whenever every feature is rotated and $D/2$ is a power of two (the header of
+# `ropelib/kernels/qkv_gemm.py` draws the layouts, including partial rotary's, where only the
+# first $R < D$ features of a head are rotated). A whole head in one
 # program also gives QK-norm's per-head RMS statistics for free.
 
 # %%
@@ -633,7 +649,8 @@ print(f"dL/dx {tuple(gx_t.shape)}: teaching dX kernel vs autograd of qkv_rope_li
 # kernel differs from the unfused pipeline by less than that pass. So
 # `benchmarks/qkv_forward_ab.py` timed the forward in **rounds**: every variant once a round,
 # seven rounds, in a new order each round (Appendix B says why), each fused output first checked
-# against the unfused one. Its seed-1 CSV keeps every round's time. The variants:
+# against the unfused one. The run whose order was shuffled with seed 1 kept every round's time
+# in its CSV; the tables below are that run's. The variants:
 #
 # | variant in the CSVs | kernel | on this page |
 # |---|---|---|
@@ -652,13 +669,13 @@ print(f"dL/dx {tuple(gx_t.shape)}: teaching dX kernel vs autograd of qkv_rope_li
 # cells (two sizes, with and without QK-norm): 28 rounds. A difference is **resolved** when two
 # tests agree: a sign test on how many of the 28 rounds $a$ won, its $p$ adjusted by Holm's
 # method for the six comparisons asked of the same rounds, is under 0.05; and a distribution-free
-# 95 % interval for the median ratio leaves out 1 (Appendix A.1 derives both). The rule was set
-# after these rounds were taken, so the table describes one sample; only fresh rounds can
-# confirm it.
+# 95 % interval for the median ratio leaves out 1 (Appendix A.1 derives both). The rule was
+# chosen after these rounds were taken, so its verdicts describe this one sample; only fresh
+# rounds can confirm them.
 #
 # | pooled over the 28 rounds of seed 1 | median $t_a / t_b$ | rounds $a$ won | $p$ | adjusted $p$ (Holm) | 95 % interval | verdict |
 # |---|---|---|---|---|---|---|
-# | fused from a table / unfused | 0.984 | 21 | 0.013 | 0.038 | 0.968–0.996 | resolved: fused faster, in this run |
+# | fused from a table / unfused | 0.984 | 21 | 0.013 | 0.038 | 0.968–0.996 | resolved: fused faster, in this sample |
 # | fused from angles / unfused | 1.004 | 14 | 1 | 1 | 0.961–1.033 | not resolved |
 # | fused from angles / bare GEMM | 1.044 | 2 | < 0.001 | < 0.001 | 1.032–1.083 | resolved |
 # | fused from a table / bare GEMM | 1.046 | 0 | < 0.001 | < 0.001 | 1.035–1.058 | resolved |
@@ -671,15 +688,15 @@ print(f"dL/dx {tuple(gx_t.shape)}: teaching dX kernel vs autograd of qkv_rope_li
 # - **The epilogue's price: resolved**, 4.4 % over its own bare GEMM from angles and 4.6 % from a
 #   table (the bare GEMM faster in 26 and 28 of 28 rounds).
 # - **The bare GEMM against cuBLAS: not resolved**: 1.3 % slower in the median, $p = 0.036$
-#   alone but 0.071 adjusted. A later run of seven shuffled rounds (Appendix A.3, medians only)
-#   points the same way, 4.1 % slower at 8192 tokens and 2.4 % at 32768.
-# - **The fused forward from a table beat the unfused pipeline in this run, by 1.6 %**, with
-#   little to spare (adjusted $p = 0.038$, interval 0.968 to 0.996). In that later run it was
+#   alone but 0.071 adjusted. A separate run of seven shuffled rounds (Appendix A.3's clock run,
+#   medians only) points the same way, 4.1 % slower at 8192 tokens and 2.4 % at 32768.
+# - **The fused forward from a table beat the unfused pipeline in the seed-1 run, by 1.6 %**, with
+#   little to spare (adjusted $p = 0.038$, interval 0.968 to 0.996). In the clock run it was
 #   2.0 % *slower* at 8192 tokens (0.663 against 0.650 ms) and 0.3 % faster at 32768: one pooled
 #   result, not a settled one. From angles the two are not told apart.
 #
 # So the fusion saves the pass's 7.4 %, spends 4.4 to 4.6 % of it in its epilogue and a little
-# more in its main loop: on this GPU the fused forward runs level with the unfused pipeline,
+# more in its main loop: on the H200 the fused forward runs level with the unfused pipeline,
 # within a per cent or two either way (the figure below). **Forward+backward**, the default a
 # trainer runs, gets no verdict: its runs kept only each variant's median and range of the
 # ratio to the unfused pipeline, and every fused range reaches both sides of 1 (Appendix A.1).
@@ -773,7 +790,7 @@ floor_share = [bound["nvidia-h200", t, "fwd"]["floor"]
 print("the copy floor over cuBLAS's forward (section 1): " + ", ".join(
     f"{v:.1%} at {t} tokens" for t, v in zip(TOKENS, floor_share)))
 assert [round(100 * v, 1) for v in floor_share] == [6.7, 6.5]
-# a later run of seven shuffled rounds (Appendix A.3, medians): the table's forward 2.0 % slower
+# the clock run of seven shuffled rounds (Appendix A.3, medians): the table's forward 2.0 % slower
 # than the unfused pipeline at 8192 tokens (0.663 against 0.650 ms), 0.3 % faster at 32768; the
 # bare GEMM 4.1 and 2.4 % slower than cuBLAS
 CLOCK_RUN = RESULTS / "qkv_clock-nvidia-h200-20261204-1625.log"
@@ -823,17 +840,21 @@ draw_budget(FIGURES / "12-qkv-forward-budget.png")
 # %% [markdown]
 # ### 7.2 The main loop
 #
-# **Why the first design lost.** The first fused forward was section 4's kernel grown up:
+# **Why the first design cannot win.** The first design, the pointer-loaded forward
+# (`_qkv_rope_fwd_kernel`, which still serves GPUs without TMA), is section 4's kernel grown up:
 # pointer loads, exercise 1b's epilogue. Its main loop alone (the same GEMM with its rotation
-# off) trailed cuBLAS by 0.08 ms at 8192 tokens and 0.58 ms at 32768 (single `do_bench`
-# medians, each beyond the two timings' spreads): 2.1 and 3.7 copy floors, more than the whole
-# RoPE pass a fusion can save (about 0.04 and 0.18 ms). No epilogue on that loop could win.
-# Under Nsight Compute (Appendix A.2), against section 3's probe of the same tile, which loads
-# with TMA, each of its instructions took 1.8 cycles more, mostly a **dispatch stall** (+2.0
-# cycles an instruction, a conflict the counter does not name) and a full queue of
-# global-memory instructions (**LG throttle**, +0.4): at this tile the pointer-loaded GEMM
-# compiles for sm_90 to 32 `cp.async` copies a thread, where the probe has 8 TMA loads, each
-# one instruction for a whole tile.
+# off) trails cuBLAS by 0.08 ms at 8192 tokens and 0.58 ms at 32768 (single medians of
+# `triton.testing.do_bench`, each beyond the two timings' spreads): 2.1 and 3.7 copy floors, more
+# than the whole RoPE pass a fusion can save (about 0.04 and 0.18 ms). No epilogue on that loop
+# can win.
+#
+# Under Nsight Compute, NVIDIA's kernel profiler (Appendix A.2), against section 3's probe of the
+# same tile, which loads with TMA, each of its instructions took 1.8 cycles more. Two **stall
+# reasons** (what a warp was waiting for when it could not issue) make most of it: a **dispatch stall** (+2.0 cycles an instruction; the counter does not
+# say which conflict held the dispatch) and **LG throttle** (+0.4), a full queue of global-memory
+# instructions. At this tile the pointer-loaded GEMM compiles for sm_90 to 32 `cp.async` copies
+# a thread (asynchronous copies from global to shared memory, 16 bytes each, that every thread
+# issues), where the probe has 8 TMA loads, each one instruction for a whole tile.
 
 # %%
 first = {}
@@ -933,8 +954,8 @@ assert [round(rounds["2204", t, v], 2) for v in (ONE_HEAD, TWO) for t in TOKENS]
 # exercise: the kernel below arrives complete, exercise 1's forward (its epilogue written in)
 # with the two changes to the main loop that the shipped forward's loads rest on:
 #
-# - **A persistent grid.** The launch starts `PROGRAMS` programs (on a GPU one per SM: an H200
-#   has 132), not one per tile. Program $p$ walks the tiles $t = p,\; p + \text{PROGRAMS},\;
+# - **A persistent grid.** The launch starts `PROGRAMS` programs (on a GPU one per SM, the
+#   streaming multiprocessor: an H200 has 132), not one per tile. Program $p$ walks the tiles $t = p,\; p + \text{PROGRAMS},\;
 #   p + 2\,\text{PROGRAMS}, \dots$ of the $\lceil M / B_M \rceil \cdot H$ (token tile, head)
 #   tiles, zeroing its accumulators at the start of each.
 # - **TMA descriptors.** `tl.make_tensor_descriptor` describes $X$ and $W$ once: base, shape,
@@ -944,16 +965,18 @@ assert [round(rounds["2204", t, v], 2) for v in (ONE_HEAD, TWO) for t in TOKENS]
 #   16 bytes: the check's hidden sizes are multiples of 4 fp32.) The epilogue still loads and
 #   stores by pointer, as the shipped kernel's does.
 #
-# On a Hopper GPU a descriptor load is one TMA instruction, issued by one thread, which the TMA
-# unit completes into shared memory while the warps wait on a barrier; exercise 1's pointer
-# loads compile to `cp.async` copies that every thread issues. Triton's interpreter runs both as
-# plain copies: on this CPU it checks the indexing, not the speed. The check launches the kernel
-# on 3 and then 5 programs, fewer than every case's tiles (8 to 10), into NaN: a program that
-# stops after one tile leaves tiles unwritten, and the check says where. Walk the tiles in
-# another order (head-major, or grouped), or break the loop to see it fail. The shipped kernel
-# does the same in `_qkv_rope_fwd_tma_kernel` and `_tma_tiles` (`ropelib/kernels/qkv_gemm.py`),
-# and also walks the tiles in groups of `GROUP_M` token tiles (so that tiles running at once
-# share their $W$ tiles in the L2 cache) and holds two heads a tile.
+# On a Hopper GPU a descriptor load is one TMA instruction, issued by one thread; the TMA unit
+# completes it into shared memory while the warps wait on a barrier. Exercise 1's pointer loads
+# compile to `cp.async` copies that every thread issues. Triton's interpreter runs both as plain
+# copies: on this CPU it checks the indexing, not the speed.
+#
+# The check launches the kernel on 3 and then 5 programs, fewer than every case's tiles (8 to
+# 10), into NaN: a program that stops after one tile leaves tiles unwritten, and the check says
+# where. Walk the tiles in another order (heads fastest: `h = tile % H`, or grouped) and it still
+# passes; break out of the loop after one tile and it fails. The shipped kernel does the same in
+# `_qkv_rope_fwd_tma_kernel` and `_tma_tiles` (`ropelib/kernels/qkv_gemm.py`), and also walks
+# the tiles in groups of `GROUP_M` token tiles (so that tiles running at once share their $W$
+# tiles in the L2 cache) and holds two heads a tile.
 
 # %%
 @triton.jit
@@ -1034,10 +1057,11 @@ assert prof["cublas"]["# SMs"] == 132                           # an H200's SMs 
 # timing, carries the argument.
 #
 # So the shipped forward reads one cos and one sin tile a pair (253 registers and no spill under
-# the profiler). It loads each pair member's rows in turn only when the pre-pass that writes a
-# table's rows finds a pair whose members have different angles (a flag; a RoPE table gets flag
-# 0). Doing that for every table (7.1's "table path without its flag") made the forward 3.9 to
-# 8.2 % slower, losing all seven rounds in every cell.
+# the profiler). From an angle table, a pre-pass kernel first writes every token's cos and sin
+# rows, and sets a **flag** if some pair's two members have different angles (a standard RoPE
+# table never does). Only then does the forward load each pair member's rows in turn. Doing that
+# for every table (7.1's "table path without its flag") made the forward 3.9 to 8.2 % slower,
+# losing all seven rounds in every cell.
 
 # %%
 # the probe's sm_90 listing (section 3): {(kernel, tile): registers and stack a thread}
@@ -1180,7 +1204,8 @@ assert [round(alone["dx", shipped["dx"], rot], 2) for rot in (False, True)] == [
 # %% [markdown]
 # Writing $dY$ once costs one pass over the gradients of q and k, the RoPE backward the unfused
 # pipeline makes anyway, and leaves two plain GEMMs. A forward+backward run of seven shuffled
-# rounds (Appendix A.1) times the three ways, relative to the unfused pipeline's speed:
+# rounds (Appendix A.1) times the three ways, as speed over the unfused pipeline's (above 1:
+# faster):
 #
 # | the backward | 8192 tokens | 32768 tokens |
 # |---|---|---|
@@ -1199,10 +1224,10 @@ assert [round(alone["dx", shipped["dx"], rot], 2) for rot in (False, True)] == [
 # In these rounds $dY$ was assembled the way the unfused pipeline assembles it: ropelib's RoPE
 # rotated q's and k's gradients into tensors of their own, and `torch.cat` copied them with v's
 # into $dY$, a second pass over q's and k's bytes (autograd's backward of the unfused pipeline's
-# `split` is the same `cat`). `qkv_rope_linear` now has the RoPE kernel store them straight into
-# their columns of $dY$, so at 8192 tokens 80 MiB of gradients (8192 tokens $\times$ 5,120
-# columns of bf16) are read and written once instead of twice; no GPU run here has timed that
-# yet, so the table above is the backward with the `cat`.
+# `split` is the same `cat`). `qkv_rope_linear` itself has the RoPE kernel store them straight
+# into their columns of $dY$, so at 8192 tokens 80 MiB of gradients (8192 tokens $\times$ 5,120
+# columns of bf16) are read and written once instead of twice. That path has not been timed on a
+# GPU: the table above is the backward with the `cat`.
 #
 # **With QK-norm** the prologue must undo the norm too. Timed alone at 8192 tokens, dX with the
 # norm spills 240 bytes a thread at the plain dX tile and takes 8.01 ms; at a tile of its own
@@ -1259,20 +1284,22 @@ assert shipped["dx_norm"] == (32, 128, 8, 4, 3)            # its own tile: 32 x 
 # ## 8. On a GPU: your kernel, live
 #
 # On a GPU the next cell checks your epilogue kernel (the worked one if yours did not pass) at
-# the benchmark's shape in bf16 against `qkv_rope_linear` (absolute 0.1, relative 0.05), then
+# the benchmark's shape in bf16 against `qkv_rope_linear` (absolute 0.1, relative 0.05). It then
 # times it against cuBLAS alone, cuBLAS + ropelib's RoPE and `qkv_rope_linear` from table-free
 # angles, and once more with `N_ROT = 0` (every head takes the v path): the difference is your
-# rotation's cost, printed beside the two timings' p20–p80 spreads. If your launch is as far
-# behind cuBLAS with its rotation off as with it, the gap is in the main loop (fixed 64 × 64
-# tiles, pointer loads), not in your epilogue; change the tiles in `teaching()` and rerun.
+# rotation's cost, printed beside the two timings' p20–p80 spreads. If your launch trails cuBLAS
+# as far with its rotation off as with it, the gap is in the main loop (fixed 64 × 64 tiles,
+# pointer loads), not in your epilogue; change the tiles in `teaching()` and rerun. On the
+# executed page (an H100, running the worked kernel) that is what the lines show: the rotation is
+# not resolved, and the launch trails cuBLAS either way.
 #
-# Single timings cannot resolve even the whole RoPE pass on an H200 (section 1), so the cell
-# prints the pass as the median of five rounds of the unfused pipeline's speed over cuBLAS's,
-# beside the range of 7.1's rounds (0.81 to 1.06). On an H200 it asserts one wide bound: the
-# median of five rounds of fused over unfused time is below 1.15 (7.1's runs: 0.98 to 1.00; the
-# pointer-loaded forward, at 1.26 to 1.30, would fail it); elsewhere it only prints. The cell
-# after it times 7.2's worked persistent kernel on a GPU with TMA, with and without its
-# rotation, beside the teaching launch and cuBLAS, and asserts nothing about their speed.
+# Single timings cannot resolve even the whole RoPE pass (section 1), so the cell also prints
+# the unfused pipeline's speed over cuBLAS's as the median of five rounds, beside the range of
+# 7.1's H200 rounds (0.81 to 1.06). On an H200 it asserts one wide bound: the median of five
+# rounds of fused over unfused time is below 1.15 (7.1's runs: 0.98 to 1.00; the pointer-loaded
+# forward, at 1.26 to 1.30, would fail it); on other GPUs it only prints. The cell after it
+# times 7.2's worked persistent kernel on a GPU with TMA, with and without its rotation, beside
+# the teaching launch and cuBLAS, and asserts nothing about their speed.
 
 # %%
 # 7.1's shuffled forward runs at this shape: fused over unfused time, from the medians of their
@@ -1411,15 +1438,16 @@ else:
 # %% [markdown]
 # **Reading the persistent kernel's line.** A persistent grid and TMA loads are two parts of a
 # fast main loop, not all of it, so nothing makes the worked kernel sure to beat the 64 × 64
-# teaching launch. One missing part shows without a GPU: `launch_forward` passes no
+# teaching launch (on the executed page's H100 it came no closer to cuBLAS). One missing part
+# shows without a GPU: `launch_forward` passes no
 # `num_warps`, so Triton's default of 4 warps applies, and two fp32 accumulators of $[128, 64]$
 # take $2 \cdot 128 \cdot 64 / 128 = 128$ registers a thread before anything else. Compiled for
 # sm_90 (next cell), the kernel reaches 255 registers and spills at 4 warps; at the shipped
 # forward's 8 it stays under 200 and spills nothing. It also leaves out the grouped tile order
 # and two heads a tile; which costs most is not measured. To find out on your GPU, launch it with
 # `num_warps=8` (`my_persistent_qkv_kernel[(sms,)](..., PROGRAMS=sms, num_warps=8)`, the other
-# arguments as in `launch_forward`) or walk the tiles in the order of `_grouped`, check it on the
-# CPU, and time it again.
+# arguments as in `launch_forward`) or walk the tiles in the order of `_grouped`
+# (`ropelib/kernels/qkv_gemm.py`), check it on the CPU, and time it again.
 
 # %%
 import inspect
@@ -1443,7 +1471,7 @@ assert worked_sm90[8]["registers"] < 200 and worked_sm90[8]["local_stores"] == 0
 #
 # - A RoPE pass moves a copy's worth of bytes, and ropelib's already runs at the copy's speed on
 #   the H200: fusing it into the projection can save that pass and nothing more, 7.4 % of
-#   cuBLAS's forward on the H200, timed in rounds; single timings cannot price it (section 1).
+#   cuBLAS's forward there, timed in rounds; single timings cannot price it (section 1).
 # - An epilogue works on the finished output tile in registers, before its one store;
 #   rotate-half needs whole heads in a tile, cheapest as one accumulator split in the epilogue
 #   (sections 2 to 4).
@@ -1532,9 +1560,8 @@ programs an SM at {q5_two} registers a thread (the accumulator, one cos and one 
 # and cells between $-0.4$ and $0.4$: more rounds, not their pairing, resolve 7.1's rows.
 #
 # **Forward+backward**: seven shuffled rounds (seed 0), every fused output checked against the
-# unfused one. These CSVs keep only each variant's ratio to the unfused pipeline,
-# $t_{\text{unfused}} / t$ (above 1: faster), as a median and range over the rounds, not the
-# rounds themselves.
+# unfused one. These CSVs keep only the median and range over the rounds of each variant's ratio
+# to the unfused pipeline, $t_{\text{unfused}} / t$ (above 1: faster).
 #
 # | forward+backward, speed over the unfused pipeline's | 8192 tokens | 32768 tokens |
 # |---|---|---|
@@ -1542,9 +1569,9 @@ programs an SM at {q5_two} registers a thread (the accumulator, one cos and one 
 # | with QK-norm: the fused projection, from angles | 1.00 (0.92 to 1.13) | 1.02 (0.93 to 1.06) |
 # | with QK-norm: the fused projection, from a table | 1.02 (0.97 to 1.16) | 1.03 (0.96 to 1.08) |
 #
-# Every fused range reaches both sides of 1: the fused projection won some rounds and lost others
-# against the unfused pipeline, at both sizes, with and without QK-norm. The CSVs hold no rounds
-# to pair or pool, so this page gives forward+backward no verdict.
+# Every fused range reaches both sides of 1: the fused projection won some rounds and lost others,
+# at both sizes, with and without QK-norm; with no rounds kept to pair or pool, forward+backward
+# gets no verdict.
 
 # %%
 print(f"{H200}, forward, seed 1: t_a / t_b round by round, median (range) a's wins-b's wins p")
@@ -1743,17 +1770,19 @@ assert round(s_bare[CPI] / s_cublas[CPI], 1) == 0.6
 # ### A.3 The clock, measured
 #
 # `benchmarks/qkv_clock_probe.py` timed the shipped kernels back to back (seven shuffled rounds)
-# while NVML read the SM clock, the power drawn and the reasons the clock was held. Every
-# forward, cuBLAS's too, drew the card's 700 W limit and was power-capped, at 1.44 to 1.53 GHz,
-# well below the H200's highest clock of 1.98 GHz: on the H200 this GEMM is power-bound. The
-# log's "cycles" are not counted: each is a time times the SM clock NVML sampled, in steps of
-# 15 MHz (about 1 %). In those cycles the epilogue costs 4.2 to 6.6 % over the bare GEMM (from
-# angles or from a table, both sizes); the forward from angles and its bare GEMM ran within 1 %
-# of one clock. A ratio of times prices the work and the clock together, and pairing rounds
-# cannot cancel a clock each kernel's own power draw sets.
+# while NVML (NVIDIA's management library) read the SM clock, the power drawn and the reasons
+# the clock was held down. Every forward, cuBLAS's too, drew the card's 700 W limit and was
+# power-capped, at 1.44 to 1.53 GHz, well below the H200's highest clock of 1.98 GHz: on the
+# H200 this GEMM is power-bound.
+#
+# The log's cycles (`Mcycles`) are not counted by the GPU: each is a time times the SM clock NVML
+# sampled, in steps of 15 MHz (about 1 %). In those cycles the epilogue costs 4.2 to 6.6 % over
+# the bare GEMM (from angles or from a table, both sizes); the forward from angles and its bare
+# GEMM ran within 1 % of one clock. A ratio of times prices the work and the clock together, and
+# pairing rounds cannot cancel a clock that each kernel's own power draw sets.
 
 # %%
-# the clock and power NVML read while the shipped forwards ran (7.1's later run)
+# the clock and power NVML read while the shipped forwards ran (the clock run 7.1 cites)
 BOOST_GHZ = 1.98          # the H200's highest SM clock (NVIDIA's specification), not measured here
 _, limit_w = measured_files.qkv_clock_log(CLOCK_RUN)
 print(f"{CLOCK_RUN.name}: medians of 7 shuffled rounds; power limit {limit_w:.0f} W")

@@ -38,15 +38,22 @@
 #   caller hands you;
 # - tell a 16-bit table's own precision from a kernel's rounding, and round once.
 #
-# **How a check works.** The check launches your kernel itself, into an output filled with NaN
-# (an element you never write cannot pass), in the interpreter, whose memory knows the tensors:
-# a lane that touches no element of one is reported and masked off, so a wrong kernel cannot
-# crash the notebook. The output is compared with an fp64 spec, and the check draws which
-# elements your kernel touched. An answer that calls ropelib's own kernels or helpers fails. A
-# ❌ line prints the call that draws its inputs again, such as
-# `pz.check_partial(my_partial_kernel, seed=N)`. On a GPU a kernel that passes is also run
-# compiled on the same cases and timed on a larger one against a device copy of the same bytes
-# (the ⏱ line); each worked solution's ⏱ line is the time to aim for.
+# **How a check works.** The check launches your kernel itself, in the interpreter, into an
+# output filled with NaN, so an element you never write cannot pass. The interpreter's memory
+# knows the tensors: a **lane** (one element of a program's tile of offsets) that touches no
+# element of any tensor is reported and masked off, so a wrong kernel cannot crash the
+# notebook. The output is compared with an fp64 spec, and the check draws which elements your
+# kernel touched. An answer that calls ropelib's own kernels or helpers fails. A ❌ line prints
+# the call that draws its inputs again, such as `pz.check_partial(my_partial_kernel, seed=N)`.
+# On a GPU a kernel that passes is also run compiled on the same cases and timed on a larger
+# one against a device copy of the same bytes (the ⏱ line, the median of Triton's `do_bench`);
+# each worked solution's ⏱ line is the time to aim for.
+#
+# **Where the numbers come from.** The executed page, `docs/executed/13-rope-puzzles.html`, is a
+# run on an NVIDIA H200: its ⏱ lines, and the tables printed from them, are that GPU's. The
+# measurements committed under `benchmarks/results/` (notebook 03's memory counters, the
+# appendix's timings and profiles) were also taken on an H200, and the cells assert each number
+# the text quotes from them. On another GPU your ⏱ lines will differ; on a CPU there are none.
 #
 # **Reading the pictures.** One panel per tensor, rows down and the last dim across (a tensor
 # of three or more dims is drawn with its leading dims folded into the rows: `x [5, 4, 16]` is
@@ -64,7 +71,7 @@
 # wrong" note under the worked solution explains the bug; read it after your ✅. Most repairs
 # are a line or two once found; 5, 7 and 11 need the most thought about why.
 #
-# **Time:** the cells run in about half a minute on a CPU, puzzles answered or not. Reading the
+# **Time:** the cells run in under a minute on a CPU, puzzles answered or not. Reading the
 # prose, the specs and the worked solutions takes about 40 minutes; solving the puzzles, 2–4
 # hours.
 
@@ -177,6 +184,10 @@ if runtime.on_gpu():
 #
 # The grid is `(1,)`: one program, one row. $H$ is a power of two here, so `tl.arange(0, HALF)`
 # covers a half. A loaded tile cannot be sliced: load the two halves as two tiles.
+#
+# **The check** runs three head dims and compares `y` with `spec_rotate_row`. Right, the
+# picture shows every element of `x` and `theta` loaded once and every element of `y` stored by
+# the one program.
 
 # %%
 pz.show_spec("rotate_row")
@@ -221,6 +232,10 @@ solution(pz.solution_rotate_row_kernel.fn, title="Solution: puzzle 1")
 # $j + H$, the check says so. A loaded tile cannot be indexed by feature, so either load the
 # even and the odd features as two tiles, or load whole rows and split the pairs in registers
 # (`tl.reshape`, `tl.split`, `tl.join`).
+#
+# **The check** runs three sizes, most with a short last tile, and compares `y` with
+# `spec_interleaved`. In the picture, `y` takes one colour per program's tile of rows; a grey
+# element was never stored.
 
 # %%
 pz.show_spec("interleaved")
@@ -247,15 +262,15 @@ pz.time_solution("interleaved");
 # %% [markdown]
 # The kernel most of us write first loads the even and the odd features with stride 2
 # (`2 * j`, `2 * j + 1`): each load and store then uses half of every sector it moves. The
-# cell below counts it in section 0's checked memory, on a copy of one row of 128 features
-# done that way. The worked solution loads whole rows instead, at offsets
-# `tl.arange(0, 2 * HALF)` that the compiler can prove contiguous, and splits and joins the
-# pairs in registers; on a GPU its ⏱ line above sets it against a copy of the same bytes.
-# Notebook 03, section 5, reads both patterns off an H200's memory counters (stride 2 is its
-# pattern (b), whole rows its pattern (d)), and there half a sector is not half the speed for
-# loads: the second stride-2 load finds its sectors in L1, so stride-2 loads cost little, while
+# cell below counts this in section 0's checked memory, on a copy of one 128-feature row done
+# that way. The worked solution instead loads whole rows, at offsets `tl.arange(0, 2 * HALF)`
+# that the compiler can prove contiguous, and splits and joins the pairs in registers.
+#
+# Half a sector is not half the speed for loads. Notebook 03, section 5, reads both patterns
+# off an H200's memory counters (stride 2 is its pattern (b), whole rows its pattern (d)): the
+# second stride-2 load finds its sectors in the L1 cache, so stride-2 loads cost little, while
 # stride-2 stores send twice the sectors to L2 and take more than twice the time. The cell's
-# last line reads that from notebook 03's committed counters.
+# last line reads this from notebook 03's committed counters.
 
 # %%
 @triton.jit
@@ -359,9 +374,10 @@ pz.time_solution("partial");
 # ## Puzzle 4 — head dims 80, 96, 72 (write)
 #
 # `tl.arange(0, N)` needs a power of two, and head dims are not always one: 80 (Phi-2), 96
-# (Phi-3-mini), 72. A half of $H = 40$ features is loaded as a tile of `BLOCK_HALF` $= 64$
-# lanes, and the 24 lanes past $H$ must be masked off in *every* load and store. Write the
-# kernel, a tile of `BLOCK_ROWS` rows per program as in puzzle 2, for any `HALF`.
+# (Phi-3-mini), 72. For head dim 80, a half of $H = 40$ features is loaded as a tile of
+# `BLOCK_HALF` $= 64$ lanes, and the 24 lanes past $H$ must be masked off in *every* load and
+# store. Write the kernel, a tile of `BLOCK_ROWS` rows per program as in puzzle 2, for any
+# `HALF`.
 #
 # The bug this puzzle is built on: a kernel that rounds the tile up but masks only the rows.
 # Each row's second half then reads and writes 24 features past its end: into the first
@@ -371,6 +387,11 @@ pz.time_solution("partial");
 # from run to run. The check reports both: the stray lanes past the tensor, and the rows that
 # came out wrong. (One of SGLang's DeepSeek-V4 RoPE kernels was reported with this bug, for a
 # rotary dim that is not a power of two: sgl-project/sglang#35096.)
+#
+# **The check** runs head dims 80, 96 and 72, and a power of two as a control, most with a
+# short last tile of rows. In the picture, an element of `y` stored by two programs is black,
+# and the stray lanes past the tensor are not drawn: the ❌ line and the picture's title count
+# them.
 
 # %%
 pz.show_spec("odd_head_dim")
@@ -409,14 +430,16 @@ pz.time_solution("odd_head_dim");
 # is right at every position up to 131,071.
 #
 # The check grades the **angle error** of each pair, $|y - y_\text{spec}| / |x|$ against the
-# fp64 spec, at positions up to 131,071, and allows 0.03 rad (`pz.ANGLE_TOL`).
+# fp64 spec, at positions up to 131,071, and allows 0.03 rad (`pz.ANGLE_TOL`). Beside the
+# access picture, a panel plots the worst angle error at each checked position, on log axes,
+# against the allowed 0.03 rad.
 #
 # One trap of the interpreter, where the checks run your kernel: it does arithmetic on bf16
-# tiles on their raw bits, not their values (Triton's debugging guide says its interpreter does
-# not support operations on bfloat16, and to convert to float32). The cell below squares four
-# bf16 values in the interpreter (on any machine), once as bf16 tiles and once converted to fp32
-# first: on bf16 tiles not one of the four squares comes out right. Convert each bf16 tile to
-# fp32 before you compute with it, as the given kernel does.
+# tiles on their raw bits, not their values (Triton's debugging guide says the interpreter does
+# not support bfloat16 operations, and to convert to float32). The cell below squares four bf16
+# values in the interpreter (on any machine), once as bf16 tiles and once converted to fp32
+# first: on bf16 tiles not one square comes out right. Convert each bf16 tile to fp32 before you
+# compute with it, as the given kernel does.
 
 # %%
 from ropelib.course.work_count import interpreted
@@ -518,7 +541,12 @@ for top in (2**17, 2**20, 2**24):
 # tensor: one row of positions expanded over the batch (`arange(S)[None].expand(B, -1)`, stride
 # 0 over the batch), or a slice of a larger tensor. In generation with a left-padded batch they
 # are the last $S$ of the positions counted from the attention mask, a slice in which each
-# sequence starts at its own position: the check's fourth case.
+# sequence starts at its own position.
+#
+# **The check's cases:** contiguous ids, one row expanded over the batch, every other row of a
+# transposed tensor, and the last $S$ positions of a left-padded batch in generation. The
+# `position_ids` panel of the picture shows which of its elements your kernel loaded, and how
+# often.
 #
 # The kernel below passed its tests with contiguous position ids, and went wrong in a model
 # that passed them expanded. Repair it so that it is right for any `position_ids` the caller
@@ -729,15 +757,14 @@ pz.time_solution("shared_table");
 # solution's timed case, and puzzle 6's worked solution against this one (the same 143 MB; its
 # table rows are loaded once per batch entry, by $B$ different programs).
 #
-# Each kernel is timed once, and a ratio of two single timings means something only beyond
-# their noise. The committed CSVs of `benchmarks/puzzle_fractions.py` timed this solution at six
-# tiles in four runs on an H200, and the most any tile's time moved between runs, the
-# **run-to-run spread**, is what one timing can be off by; the cell calls a ratio resolved only
-# when it is further from 1 than three of those spreads (or than the page's own copy moved
-# across its rounds, if that is more), and otherwise says it is not resolved. Timing the kernels
-# in alternating rounds would resolve smaller differences; this page does not. Puzzle 6 also
-# differs from puzzle 9 in its layout, its grid and its gather by position, so its ratio does
-# not isolate what its repeated loads cost.
+# Each kernel is timed once, so a ratio of two timings means something only beyond their
+# noise. The committed CSVs of `benchmarks/puzzle_fractions.py` timed this solution at six tiles
+# in four runs on an H200; the most any tile's time moved between runs, the **run-to-run
+# spread**, is what one timing can be off by. The cell calls a ratio resolved only when it is
+# further from 1 than the **noise**: three of those spreads, or how far this page's own copy
+# moved across its timing rounds, whichever is more. (Timing the kernels in alternating rounds
+# would resolve smaller differences.) Puzzle 6 also differs from puzzle 9 in its layout, its
+# grid and its gather by position, so its ratio does not isolate what its repeated loads cost.
 
 # %%
 FRACTIONS = measured.RESULTS / "puzzle_fractions-nvidia-h200.csv"
@@ -789,13 +816,13 @@ if runtime.on_gpu():
 # ## Puzzle 10 — packed sequences (repair)
 #
 # Training on documents of different lengths, and serving many prompts at once, packs the
-# sequences one after another into one tensor with no padding: the `thd` layout that
-# flash-attention's varlen functions and Transformer Engine take. Here $x$ is
-# `[TOTAL, 2 * HALF]`, and `cu_seqlens` (int32, one entry more than there are sequences) says
-# where each sequence begins: sequence $i$ is rows $c_i \ldots c_{i+1} - 1$, with $c_0 = 0$
-# and $c_N = $ `TOTAL`. A sequence may be empty ($c_{i+1} = c_i$), as the padding sequences of
-# a batch filled to a fixed size are. Each sequence is its own text, so its positions start at
-# 0:
+# sequences one after another into one tensor with no padding: the `thd` layout (tokens of all
+# sequences, heads, head dim) that flash-attention's variable-length ("varlen") functions and
+# Transformer Engine take. Here $x$ is `[TOTAL, 2 * HALF]`, and `cu_seqlens` (int32, one entry
+# more than there are sequences) says where each sequence begins: sequence $i$ is rows
+# $c_i \ldots c_{i+1} - 1$, with $c_0 = 0$ and $c_N = $ `TOTAL`. A sequence may be empty
+# ($c_{i+1} = c_i$), as the padding sequences of a batch filled to a fixed size are. Each
+# sequence is its own text, so its positions start at 0:
 #
 # $$
 # \text{pos}(r) = r - c_i \qquad \text{for } c_i \le r < c_{i+1} .
@@ -877,7 +904,8 @@ pz.time_solution("packed_sequences");
 # from where the fp32 table turns it.
 #
 # The kernel below reads such a table. Most of its outputs are within the check's tolerance;
-# some are many bf16 ulps off. Repair it.
+# some are many bf16 **ulps** off (an ulp, a unit in the last place, is the distance from a
+# value to the next one the format can hold). Repair it.
 #
 # The check compares $y$ with an fp64 rotation by the *same* bf16 cos/sin values (the spec) and
 # allows one bf16 ulp per element: enough for one rounding, to nearest or by truncation, which
@@ -929,10 +957,10 @@ pz.time_solution("bf16_table");
 # two products nearly cancel, their rounding errors are many ulps of the small result: the
 # kernel's rounding, not the table, was the problem. The repair keeps the products and the sum in
 # fp32 (a product of two bf16 values is exact there) and rounds once, in the store, as
-# torch.compile's kernel of the same line does. The cell below reads that kernel, as Inductor
-# wrote it for bf16 `q`, `cos` and `sin` on an sm_90 GPU
-# (`benchmarks/results/inductor-rope-bf16-sbhd.txt`): each load goes to fp32, and the one store
-# takes the fp32 sum.
+# torch.compile's kernel of the same line does. The cell below reads that kernel
+# (`benchmarks/results/inductor-rope-bf16-sbhd.txt`), as Inductor, torch.compile's code
+# generator, wrote it for bf16 `q`, `cos` and `sin` on an sm_90 GPU (compute capability 9.0,
+# as the H100 and H200): each load goes to fp32, and the one store takes the fp32 sum.
 
 # %%
 import re
@@ -1021,15 +1049,17 @@ pz.scoreboard();
 # %% [markdown]
 # And the worked solutions' ⏱ lines in one table (puzzle 1 has no timed size: on one row a timer
 # sees only the launch). A fraction is a device copy's time over the kernel's, for the bytes of
-# every tensor the kernel is handed, read or not (puzzle 5's solution never reads the angle
-# table it is handed, so its fraction flatters it); each byte size's copy is timed once and
-# reused. Copy speed for a Triton kernel is section 0's masked copy, the **anchor**, and the band
-# around it is the device copy's spread over the four committed runs of puzzle 9's benchmark.
-# The cell sorts the solutions into short of copy speed (below the anchor by more than the band),
-# within the band, at copy speed, and above the band: a fraction there says that its size's copy
-# was timed slow, not that a kernel beat a copy. Each list rests on one timing per kernel and on
-# an anchor measured at one byte size, while a device copy's rate changes with the size, so a
-# solution near a boundary can change lists from run to run.
+# every tensor the kernel is handed, read or not: puzzle 5's solution never reads the angle
+# table it is handed, so its fraction flatters it. Each byte size's copy is timed once and
+# reused.
+#
+# Copy speed for a Triton kernel is section 0's masked copy, the **anchor**; the **band** around
+# it is the device copy's spread over the four committed runs of puzzle 9's benchmark. The cell
+# sorts the solutions into four lists: short of copy speed (below the anchor by more than the
+# band), within the band below it, at copy speed, and above the band, where a fraction says that
+# its size's copy was timed slow, not that a kernel beat a copy. Each list rests on one timing
+# per kernel, and on an anchor measured at one byte size while a device copy's rate changes with
+# the size, so a solution near a boundary can change lists from run to run.
 
 # %%
 import inspect
@@ -1123,9 +1153,9 @@ assert "freqs_ptr" not in body                    # puzzle 5's solution never re
 #
 # **3.** On a GPU the addresses must exist. Either allocate a tensor that reaches past $2^{31}$
 # elements (the cell below gives its bytes for puzzle 7's rows of 8,192 fp32 features, x and y
-# together, and on a GPU the time to move them at the copy speed measured above), or map one small
-# physical allocation at many virtual addresses (CUDA's virtual memory management), which costs
-# little memory but is more than a test suite usually sets up.
+# together, and on a GPU the time to move them at the copy rate of puzzle 7's ⏱ line), or map
+# one small physical allocation at many virtual addresses (CUDA's virtual memory management),
+# which costs little memory but is more than a test suite usually sets up.
 #
 # **4.** The tables are $2 \times 16384 \times 64 \times 4$ bytes = 8.4 MB of fp32, of the
 # timed 143 MB. They fit in a 50 MB L2, so the $B - 1$ repeated loads should hit there and DRAM
@@ -1136,15 +1166,18 @@ assert "freqs_ptr" not in body                    # puzzle 5's solution never re
 # read against the noise.
 #
 # **5.** A kernel that moves each byte once and uses every byte of the sectors it moves should
-# reach a copy's speed, and by that count every timed solution should: the cell below counts
-# them in checked memory at their timed shapes (a few rows), and each uses every byte of its
-# rows' and tables' sectors. So wherever a GPU lists solutions short of copy speed, the count
-# does not say why, and the cell prints, beside each, what this page knows of its cause. Two
-# can be expected to fall short whatever their tile: puzzle 5's at large angles (its sine's long
-# path, in the appendix) and puzzle 6's, which loads each table row once per batch entry,
-# $B = 8$ times, where puzzle 9's loads it once. Puzzle 4's solution compiles to the same load
-# and store widths as puzzle 2's, with about as many registers (the cell), so its masked lanes,
-# if they cost anything, do not show in its instructions.
+# reach a copy's speed, and by that count every timed solution should. The cell below runs, in
+# checked memory at their timed shapes cut to 32 rows, the solutions listed short of copy speed
+# or within the band (5 and 9 aside: the appendix takes those apart) and one at copy speed as
+# a control, or with no timings every solution but 5 and 9; each uses every byte of its rows'
+# and tables' sectors. So the count does not say why a solution falls short, and the cell
+# prints, beside each, what this page knows of its cause. Two have a reason to fall short
+# whatever their tile: puzzle 5's at large angles (its sine's long path, in the appendix), and
+# puzzle 6's, which loads each table row once per batch entry, $B = 8$ times, where puzzle 9's
+# loads it once. The second reason is not borne out in time: on the H200 page, puzzle 6's time
+# is not resolved from puzzle 9's (the comparison under puzzle 9). Puzzle 4's solution compiles
+# to the same load and store widths as puzzle 2's, with about as many registers (the cell), so
+# its masked lanes, if they cost anything, do not show in its instructions.
 #
 # **6.** Each pair of $q$ and of $k$ is moved by at most $\varepsilon = \sqrt 2 \cdot 2^{-9}$
 # of its length, so each pair's product moves by at most about $2\varepsilon$ of
@@ -1351,11 +1384,11 @@ pz.stated([
 # %% [markdown]
 # **Puzzle 5.** Same kernel, same bytes, only the positions changed: with no angle at 105,615
 # radians or more it runs at 101 % of a copy; with the timed case's positions, at 85 %.
-# `tl.sin` and `tl.cos` compile to libdevice's `sinf` and `cosf`, which reduce an angle below
-# 105,615 with a few multiply-adds and take a long path with a loop at or above it. The timed
-# positions run to 131,071, so 19 % of the rows have a pair on the long path, and a warp waits
-# for its slowest thread. The machine code (sm_90) has one compare with 105,615 per angle a
-# thread holds:
+# `tl.sin` and `tl.cos` compile to `sinf` and `cosf` of libdevice (CUDA's math library), which
+# reduce an angle below 105,615 with a few multiply-adds and take a long path with a loop at or
+# above it. The timed positions run to 131,071, so 19 % of the rows have a pair on the long
+# path, and a warp waits for its slowest thread. The machine code (sm_90) has one compare with
+# 105,615 per angle a thread holds:
 
 # %%
 bf16_, i32_, f32_ = (torch.empty(16, dtype=t) for t in (torch.bfloat16, torch.int32, torch.float32))
@@ -1380,7 +1413,13 @@ assert len(tests) == angles_per_thread                # one per angle a thread h
 #
 # **Puzzle 9.** Its six tiles span 87 % to 94 % of a copy in the table, but the copy's own time
 # moved by 6 % over the four runs, so compare the tiles by their own times: each moved by at
-# most 1.7 %, and BLOCK_S=4 on 4 warps was the fastest in every run. The ⏱ lines time that tile.
+# most 1.7 %, and BLOCK_S=4 on 4 warps was the fastest in every run. The ⏱ lines time that
+# tile; the benchmark script's label "(the timed case)" on the BLOCK_S=16 row is its own, not
+# the tile the puzzle times.
+#
+# Some GPU terms first. An **SM** (streaming multiprocessor; the H200 has 132) runs programs,
+# each as warps of 32 threads. **Occupancy** is the share of an SM's warp slots in use, and a
+# **wave** is as many programs as all SMs hold at once: a grid of 1.94 waves needs two rounds.
 #
 # `benchmarks/puzzle9_ncu.py` profiled the six tiles once each under Nsight Compute on an H200,
 # beside PyTorch's element-wise `buf * 1` over a buffer of the same bytes, half read and half
@@ -1397,8 +1436,9 @@ assert len(tests) == angles_per_thread                # one per angle a thread h
 # (`long_scoreboard`: waiting for a load; `lg_throttle`: the queue of loads and stores full),
 # the occupancy, the waves its grid takes on the 132 SMs (`programs_per_sm`, from answer 5),
 # the idle cycles and their share of the extra cycles, and what an **uneven split** of a single
-# wave predicts: if the SMs holding one program fewer than the others, $n$, finish $1/n$ of the
-# kernel early, the average SM idles $(\text{SMs with fewer}/132) \cdot E / n$ cycles.
+# wave predicts. A grid of one wave gives each SM $n$ or $n - 1$ programs; if those with
+# $n - 1$ finish $1/n$ of the kernel early, the average SM idles
+# $(\text{SMs with } n - 1 \text{ programs}/132) \cdot E / n$ cycles.
 
 # %%
 import statistics
