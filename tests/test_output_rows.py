@@ -89,6 +89,19 @@ def test_output_row_reads_the_strides():
                              "bshd") is None
     assert launch.output_row(view(qs.transpose(1, 2), "bhsd"), None, "bhsd") is None
 
+def _qkv_case(shape, g, B=2, S=5, hidden=32):
+    """The QKV projection's backward inputs for one gradient shape: (x, [grad q, k, v], layout,
+    position ids, cu_seqlens); bhsd's gradients seen token-major (transposed views)."""
+    lead = (B * S,) if shape.startswith("thd") else (B, S)
+    x = torch.randn(*lead, hidden, generator=g).to(DEV, torch.bfloat16)
+    grads = [torch.randn(*lead, h, D, generator=g).to(DEV, torch.bfloat16) for h in (HQ, HK, HK)]
+    if shape == "bhsd":
+        grads = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in grads]
+    ids = torch.randint(0, 3 * S, (B, S), generator=g).to(DEV) if shape == "bshd-ids" else None
+    cu = torch.tensor([0, 4, B * S], dtype=torch.int32, device=DEV) \
+        if shape == "thd-packed" else None
+    return x, grads, "thd" if shape.startswith("thd") else "bshd", ids, cu
+
 
 @pytest.mark.parametrize("shape", ["bshd", "bhsd", "thd", "thd-packed", "bshd-ids"])
 @pytest.mark.parametrize("interleaved", [False, True])
@@ -96,23 +109,11 @@ def test_written_dy_is_the_rotated_gradients_side_by_side(shape, interleaved):
     """qkv_linear.written_dy (q's and k's gradients rotated straight into dY's columns) gives
     the bits of rotating them into tensors of their own and setting them side by side."""
     from ropelib import qkv_linear
-    g = torch.Generator().manual_seed(3)
-    B, S, hidden = 2, 5, 32
-    lead = (B * S,) if shape.startswith("thd") else (B, S)
-    x = torch.randn(*lead, hidden, generator=g).to(DEV, torch.bfloat16)
-    grads = [torch.randn(*lead, h, D, generator=g).to(DEV, torch.bfloat16) for h in (HQ, HK, HK)]
-    if shape == "bhsd":         # the gradients of bhsd outputs, seen token-major (transposed)
-        grads = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in grads]
+    x, grads, layout, ids, cu = _qkv_case(shape, torch.Generator().manual_seed(3))
     angles = ropelib.rope_angles(D, device=DEV)
-    ids = cu = None
-    if shape == "bshd-ids":
-        ids = torch.randint(0, 3 * S, (B, S), generator=g).to(DEV)
-    if shape == "thd-packed":
-        cu = torch.tensor([0, 4, B * S], dtype=torch.int32, device=DEV)
-    layout = "thd" if shape.startswith("thd") else "bshd"
     dq, dk = ops.rope_qk(grads[0], grads[1], angles.turns, angles.amplitude, ids, cu, None,
                          layout, interleaved, 1, 0, True, None)
-    M = B * S
+    M = x.numel() // x.shape[-1]
     want = torch.cat([t.reshape(M, -1) for t in (dq, dk, grads[2])], dim=1)
     got = qkv_linear.written_dy(*grads, x, angles.turns, angles.amplitude, ids, cu, interleaved)
     assert got.shape == want.shape and got.is_contiguous()
@@ -143,22 +144,11 @@ def test_written_dy_normed_is_the_norms_gradients_side_by_side(shape, interleave
     and the same norm-weight gradients."""
     from ropelib import qk_norm, qkv_linear
     g = torch.Generator().manual_seed(5)
-    B, S, hidden = 2, 5, 32
-    lead = (B * S,) if shape.startswith("thd") else (B, S)
-    M = B * S
-    x = torch.randn(*lead, hidden, generator=g).to(DEV, torch.bfloat16)
+    x, grads, layout, ids, cu = _qkv_case(shape, g)
+    lead, M = grads[0].shape[:-2], x.numel() // x.shape[-1]
     norm_input = torch.randn(M, (HQ + HK) * D, generator=g).to(DEV, torch.bfloat16)
     wq, wk = (torch.randn(D, generator=g).to(DEV, torch.bfloat16) for _ in range(2))
-    grads = [torch.randn(*lead, h, D, generator=g).to(DEV, torch.bfloat16) for h in (HQ, HK, HK)]
-    if shape == "bhsd":
-        grads = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in grads]
     angles = ropelib.rope_angles(D, device=DEV)
-    ids = cu = None
-    if shape == "bshd-ids":
-        ids = torch.randint(0, 3 * S, (B, S), generator=g).to(DEV)
-    if shape == "thd-packed":
-        cu = torch.tensor([0, 4, M], dtype=torch.int32, device=DEV)
-    layout = "thd" if shape.startswith("thd") else "bshd"
     q_in = norm_input[:, :HQ * D].view(*lead, HQ, D)
     k_in = norm_input[:, HQ * D:].view(*lead, HK, D)
     dq, dk, want_wq, want_wk = qk_norm.qk_norm_rope_backward_op(
