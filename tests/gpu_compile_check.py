@@ -87,7 +87,8 @@ def main():
         compile_for_gpu(name, planned.launcher.kernel, planned.launcher.pointer_names, planned,
                         ptrs)
     x64 = torch.randn(S, B, H, D, dtype=torch.float64)
-    planned, ptrs = L.plan(L.View.of(x64), L.View.of(torch.empty_like(x64)),
+    y64 = torch.empty(B, S, H, D, dtype=torch.float64).transpose(0, 1)   # contiguous in bshd
+    planned, ptrs = L.plan(L.View.of(x64), L.View.of(y64),
                            L.Table(f.double(), None), L.Positions(), R=D, interleaved=True,
                            backward=False, layout="bshd", tiles=(4, 2, 1, 4))
     compile_for_gpu("rope-fp64", planned.launcher.kernel, planned.launcher.pointer_names,

@@ -21,8 +21,11 @@ import pytest
 # partial sums of the weights' gradient, compiled in: 1 is the loop-free kernel); the
 # two-pass route's flat pass has 30, its 29th and 30th constexprs (WAIT_PRIOR: launched early
 # after the pre-pass, it waits for the pre-pass's rows; PAIRS_EQUAL: kept rows with no
-# differing pair, member b's entries never loaded), and its pre-pass 22 (EARLY_DEPENDENTS)
-WIDEST = {"rope": 33, "kv-cache": 33, "qk-norm": 34, "multi-axis": 32, "qkv-linear": 32,
+# differing pair, member b's entries never loaded), and its pre-pass 22 (EARLY_DEPENDENTS).
+# The finished RoPE kernels' 34th and the QK-norm backward's 35th are constexprs too (OUT_ROW,
+# GX_ROW: outputs stored into column slices of one token-major buffer, the QKV projection's dY;
+# 0 compiles the kernel as it was)
+WIDEST = {"rope": 34, "kv-cache": 33, "qk-norm": 35, "multi-axis": 32, "qkv-linear": 32,
           "two-pass": 30}
 
 

@@ -264,12 +264,12 @@ def plan(q: View, q_out: Optional[View], table: Table, positions: Positions, *, 
 
 def output_row(q_out: Optional[View], k_out: Optional[View], layout: str) -> Optional[int]:
     """The finished kernel's OUT_ROW for these outputs ([S, B, H, D] views in `layout`, None in
-    place): 0 where each is contiguous in the layout (or absent); the token row stride where
-    both are column slices of one token-major buffer (sbhd, bshd or thd: features at stride 1,
-    heads D apart, a token's row of heads ROW >= H * D elements after the one before, the same
-    ROW for q's and k's); None for any other strides."""
-    outs = [v for v in (q_out, k_out) if v is not None]
-    if all(contiguous_in(v, layout) for v in outs):
+    place): 0 where each is contiguous in the layout (or absent, or empty); the token row
+    stride where both are column slices of one token-major buffer (sbhd, bshd or thd: features
+    at stride 1, heads D apart, a token's row of heads ROW >= H * D elements after the one
+    before, the same ROW for q's and k's); None for any other strides."""
+    outs = [v for v in (q_out, k_out) if v is not None and v.tensor.numel()]  # (an empty
+    if all(contiguous_in(v, layout) for v in outs):                         # one: any strides)
         return 0
     if layout not in ("sbhd", "bshd", "thd"):
         return None
