@@ -37,17 +37,19 @@ TILES = ((tiles.TWO_PASS_ELEMENTS, tiles.TWO_PASS_PAIR_WARPS), (1024, 4), (2048,
          (512, 1), (4096, 4), (4096, 8))
 
 
+_planned_at = [None]     # the tile the eager plans were made at
+
+
 def with_tile(elements: int, warps: int, fn):
-    """fn() with the flat pass planned at this tile (eager plans dropped before and after)."""
+    """fn() with the flat pass planned at this tile. The eager route's plans are dropped only
+    when the tile changes, so that do_bench's back-to-back calls of one variant reuse its plan
+    (and its kept cos/sin rows), as a model's calls do."""
     def run():
-        old = launch.TWO_PASS_ELEMENTS, launch.TWO_PASS_PAIR_WARPS
-        launch.TWO_PASS_ELEMENTS, launch.TWO_PASS_PAIR_WARPS = elements, warps
-        eager.SIGNATURES.clear()
-        try:
-            return fn()
-        finally:
-            launch.TWO_PASS_ELEMENTS, launch.TWO_PASS_PAIR_WARPS = old
+        if _planned_at[0] != (elements, warps):
+            launch.TWO_PASS_ELEMENTS, launch.TWO_PASS_PAIR_WARPS = elements, warps
             eager.SIGNATURES.clear()
+            _planned_at[0] = (elements, warps)
+        return fn()
     return run
 
 
@@ -106,6 +108,8 @@ def main():
             rows.append(dict(case=label, variant=name, ms=round(t[0], 5),
                              ratio_to_copy=round(copy_ms / t[0], 4)))
             print(f"  {name:22} {t[0]:.4f} ms  {copy_ms / t[0]:.3f}")
+    launch.TWO_PASS_ELEMENTS, launch.TWO_PASS_PAIR_WARPS = TILES[0]
+    eager.SIGNATURES.clear()
     stamp = time.strftime("%Y%m%d-%H%M", time.gmtime())
     Path(a.out).mkdir(parents=True, exist_ok=True)
     path = Path(a.out) / f"flat_tiles_probe-{slug}-{stamp}.csv"
