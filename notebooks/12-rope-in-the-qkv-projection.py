@@ -1226,8 +1226,14 @@ assert [round(alone["dx", shipped["dx"], rot], 2) for rot in (False, True)] == [
 # into $dY$, a second pass over q's and k's bytes (autograd's backward of the unfused pipeline's
 # `split` is the same `cat`). `qkv_rope_linear` itself has the RoPE kernel store them straight
 # into their columns of $dY$, so at 8192 tokens 80 MiB of gradients (8192 tokens $\times$ 5,120
-# columns of bf16) are read and written once instead of twice. That path has not been timed on a
-# GPU: the table above is the backward with the `cat`.
+# columns of bf16) are read and written once instead of twice. The table above is the backward
+# with the `cat`, on the H200. On an H100, the two backwards alternating in one loan
+# (`benchmarks/results/qkv_dy_ab-*-nvidia-h100-80gb-hbm3-20261205-2138.csv`), storing into the
+# columns took the fused forward+backward from 1.934 and 1.946 ms to 1.899 and 1.910 ms at 8192
+# tokens, and from 7.670 and 7.633 ms to 7.436 and 7.535 ms at 32768: about the 0.05 ms that
+# moving 160 MiB fewer takes at a copy's speed, and enough to put every run's median at or above
+# the unfused pipeline's speed (single rounds still fall on both sides of 1). The H200 has not
+# timed it yet.
 #
 # **With QK-norm** the prologue must undo the norm too. Timed alone at 8192 tokens, dX with the
 # norm spills 240 bytes a thread at the plain dX tile and takes 8.01 ms; at a tile of its own
