@@ -1227,13 +1227,13 @@ assert [round(alone["dx", shipped["dx"], rot], 2) for rot in (False, True)] == [
 # `split` is the same `cat`). `qkv_rope_linear` itself has the RoPE kernel store them straight
 # into their columns of $dY$, so at 8192 tokens 80 MiB of gradients (8192 tokens $\times$ 5,120
 # columns of bf16) are read and written once instead of twice. The table above is the backward
-# with the `cat`, on the H200. On an H100, the two backwards alternating in one loan
+# with the `cat`, on the H200. On an H100, the two backwards alternating in two loans
 # (`benchmarks/results/qkv_dy_ab-*-nvidia-h100-80gb-hbm3-20261205-2138.csv`), storing into the
-# columns took the fused forward+backward from 1.934 and 1.946 ms to 1.899 and 1.910 ms at 8192
-# tokens, and from 7.670 and 7.633 ms to 7.436 and 7.535 ms at 32768: about the 0.05 ms that
-# moving 160 MiB fewer takes at a copy's speed, and enough to put every run's median at or above
-# the unfused pipeline's speed (single rounds still fall on both sides of 1). The H200 has not
-# timed it yet.
+# columns saved the fused forward+backward 0.093 ms on average at 32768 tokens (of about 7.6;
+# three of four pairs), less than the 0.2 ms that moving 640 MiB fewer takes at a copy's speed,
+# and put the medians of every run but one at or above the unfused pipeline's speed there. At
+# 8192 tokens the saving, 0.010 ms on average, was within the spread between loans. Single
+# rounds still fall on both sides of 1. The H200 has not timed it yet.
 #
 # **With QK-norm** the prologue must undo the norm too. Timed alone at 8192 tokens, dX with the
 # norm spills 240 bytes a thread at the plain dX tile and takes 8.01 ms; at a tile of its own
