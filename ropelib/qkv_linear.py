@@ -257,16 +257,23 @@ def written_dy(grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, x: Tensor, table:
     three side by side (torch.cat) moved them twice. position_ids as qkv_rope_linear keeps
     them: [B or 1, S] (packed: [1, T]), what ropelib's RoPE operator reads. x gives the token
     count only."""
+    dy, dq, dk = _dy_with_v(grad_q, grad_k, grad_v, x)
+    ops.rotate_into(grad_q, dq, grad_k, dk, table, sin, position_ids, cu_seqlens,
+                    "thd" if x.dim() == 2 else "bshd", interleaved, backward=True)
+    return dy
+
+
+def _dy_with_v(grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, x: Tensor) -> tuple:
+    """(dY [M, N] fresh in the gradients' dtype with v's gradient copied into its columns, and
+    dY's q and k column slices shaped as their gradients, [B, S, H, D] or [T, H, D]), for the
+    backward kernels to store into."""
     lead = grad_q.shape[:-2]                     # [B, S] or [T]
     M = x.numel() // x.shape[-1]
     nq, nk, nv = (g.shape[-2] * g.shape[-1] for g in (grad_q, grad_k, grad_v))
     dy = torch.empty(M, nq + nk + nv, dtype=grad_q.dtype, device=grad_q.device)
-    dq = dy[:, :nq].view(*lead, *grad_q.shape[-2:])
-    dk = dy[:, nq:nq + nk].view(*lead, *grad_k.shape[-2:])
-    ops.rotate_into(grad_q, dq, grad_k, dk, table, sin, position_ids, cu_seqlens,
-                    "thd" if x.dim() == 2 else "bshd", interleaved, backward=True)
     dy[:, nq + nk:].copy_(grad_v.reshape(M, nv))
-    return dy
+    return (dy, dy[:, :nq].view(*lead, *grad_q.shape[-2:]),
+            dy[:, nq:nq + nk].view(*lead, *grad_k.shape[-2:]))
 
 
 @define_op("ropelib::qkv_rotated_dy_normed")
@@ -283,20 +290,15 @@ def written_dy_normed(grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, x: Tensor,
     Packed x comes with position ids [1, T] or with cu_seqlens (the kernel finds each token's
     index in its sequence)."""
     lead = grad_q.shape[:-2]                     # [B, S] or [T]
-    M = x.numel() // x.shape[-1]
-    nq, nk, nv = (g.shape[-2] * g.shape[-1] for g in (grad_q, grad_k, grad_v))
-    q_in = norm_input[:, :nq].view(*lead, n_heads, head_dim)
-    k_in = norm_input[:, nq:].view(*lead, n_kv_heads, head_dim)
+    q_in = norm_input[:, :n_heads * head_dim].view(*lead, n_heads, head_dim)
+    k_in = norm_input[:, n_heads * head_dim:].view(*lead, n_kv_heads, head_dim)
     packed = x.dim() == 2
     if packed and position_ids is not None:
         position_ids = position_ids[0]
-    dy = torch.empty(M, nq + nk + nv, dtype=grad_q.dtype, device=grad_q.device)
-    dq = dy[:, :nq].view(*lead, n_heads, head_dim)
-    dk = dy[:, nq:nq + nk].view(*lead, n_kv_heads, head_dim)
+    dy, dq, dk = _dy_with_v(grad_q, grad_k, grad_v, x)
     _, _, dwq, dwk = ops_qk_norm.undo_norm_rope(
         grad_q, grad_k, q_in, k_in, q_norm_weight, k_norm_weight, table, sin, position_ids,
         cu_seqlens, "thd" if packed else "bshd", interleaved, eps, 0.0, into=(dq, dk))
-    dy[:, nq + nk:].copy_(grad_v.reshape(M, nv))
     return dy, dwq, dwk
 
 

@@ -21,7 +21,8 @@ q and k are seen as strided [S, B, H, D] views (conventions.view4), read where t
 outputs are fresh, with q's and k's strides where both are dense, else contiguous in the call's
 layout (`outputs`). The backward may instead store the input gradients into column slices of
 one token-major buffer (GX_ROW, a constexpr: their token row stride), as the QKV projection's
-backward writes them into its gradient dY; it reads the output gradients as before. A program takes a block of BLOCK_S tokens, a block of BLOCK_H heads (of q,
+backward writes them into its gradient dY; it reads the output gradients as before. A program
+takes a block of BLOCK_S tokens, a block of BLOCK_H heads (of q,
 then of k: HEAD_BLOCKS = (HQ + HK) / BLOCK_H blocks, BLOCK_H divides both) and a chunk of batch
 entries. The grid is
 
@@ -594,7 +595,7 @@ def readable_grad(g: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     input gradient from `outputs`), copied so where it comes otherwise."""
     if g.stride() == like.stride() or g.numel() == 0:
         return g
-    return torch.empty_like(like).copy_(g)
+    return torch.empty_like(like, device=g.device).copy_(g)
 
 
 # The kernels' pointer arguments, in their order: the forward's, then the backward's three more
@@ -772,17 +773,18 @@ class Route:
         the caller's for the gradients of q and k, column slices of one token-major buffer
         (`launch.output_row`), stored into directly where the outputs are contiguous in the
         layout (else written through fresh tensors); they are returned."""
-        q, k, w_q, w_k, table, sin, pos = self._readable(q, k, w_q, w_k, table, sin, pos)
-        grad_q, grad_k = outputs(q, k, self.keep_strides)
-        gq, gk = readable_grad(grad_q_out, grad_q), readable_grad(grad_k_out, grad_k)
         if into is not None and not self._stores_into(*into):
             *grads, gw_q, gw_k = self.backward(grad_q_out, grad_k_out, q, k, w_q, w_k, table,
                                                sin, pos)
             for given, fresh in zip(into, grads):
                 given.copy_(fresh)
             return (*into, gw_q, gw_k)
-        if into is not None:
-            grad_q, grad_k = into
+        q, k, w_q, w_k, table, sin, pos = self._readable(q, k, w_q, w_k, table, sin, pos)
+        # the output gradients are read laid out as fresh input gradients are (`outputs`; only
+        # their strides where the caller's tensors take the input gradients)
+        laid_out = outputs(q, k, self.keep_strides, None if into is None else "meta")
+        grad_q, grad_k = laid_out if into is None else into
+        gq, gk = readable_grad(grad_q_out, laid_out[0]), readable_grad(grad_k_out, laid_out[1])
         key = (gq.dtype, gk.dtype, into is not None and grad_q.stride())
         planned_backward = self._backwards.get(key)
         if planned_backward is None:
