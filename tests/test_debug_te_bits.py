@@ -27,6 +27,36 @@ def test_te_bits_file_prefers_h200(tmp_path):
     assert D.te_bits_file(tmp_path).name == "te-bits-nvidia-h200.pt"
 
 
+def test_te_bits_files_lists_every_gpu_run(tmp_path):
+    res = tmp_path / "benchmarks" / "results"
+    res.mkdir(parents=True)
+    for name in ("te-bits-nvidia-h200.pt", "te-bits-cpu-dry-run.pt", "te-bits-nvidia-h100.pt"):
+        (res / name).write_bytes(b"")
+    assert [p.name for p in D.te_bits_files(tmp_path)] == ["te-bits-nvidia-h100.pt",
+                                                          "te-bits-nvidia-h200.pt"]
+
+
+def test_te_bits_counts_keys_every_row():
+    rows = [{"variant": "a/tl", "n_differ": 3}, {"variant": "b/tl", "n_differ": 0}]
+    data = {"scenarios": {"big": {"rows": rows}, "bad": {"error": "no TE"}}}
+    assert D.te_bits_counts(data) == {("big", "a/tl"): 3, ("big", "b/tl"): 0,
+                                      ("bad", None): "no TE"}
+
+
+def test_committed_runs_of_one_architecture_count_the_same():
+    """What notebook 08 leans on to check its counts on any GPU of the reference run's
+    architecture: the compiled code, and so every count, depends on the compute capability."""
+    runs = [D.load_te_bits(p) for p in D.te_bits_files()]
+    by_arch = {}
+    for run in runs:
+        by_arch.setdefault(run["meta"]["capability"], []).append(run)
+    pairs = [(a, b) for same in by_arch.values() for a, b in zip(same, same[1:])]
+    if not pairs:
+        pytest.skip("fewer than two committed te-bits runs of one architecture")
+    for a, b in pairs:
+        assert D.te_bits_counts(a) == D.te_bits_counts(b), (a["meta"]["gpu"], b["meta"]["gpu"])
+
+
 @needs_file
 def test_te_bits_cases_rebuild_the_gpu_inputs_and_rows():
     data = D.load_te_bits(PATH)

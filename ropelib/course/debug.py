@@ -35,7 +35,8 @@ __all__ = ["Causes", "Scenario", "REPRO", "FIXED", "CAUSE_DOCS", "DECISIONS", "t
            "te_label", "rope_unsloth_repro", "check_repro_kernel", "REPRO_KERNEL_ARGS",
            "apply_rotary_pos_emb_triton", "reproduce",
            "diagnose", "classify", "model_pairing", "LAYOUT_NORMWISE_U", "te_bits_file",
-           "load_te_bits", "te_bits_inputs", "te_bits_case", "TeBitsCase", "bits_differ",
+           "te_bits_files", "te_bits_counts", "load_te_bits", "te_bits_inputs", "te_bits_case",
+           "TeBitsCase", "bits_differ",
            "CONTRACTION_WAYS", "contraction_emulations", "float_instructions",
            "repro_kernel_instructions", "ptx_products", "combine_kernel_products",
            "repro_kernel_products"]
@@ -648,13 +649,19 @@ def classify(diag: dict) -> str:
 # benchmarks/results/te-bits-<gpu>.pt. Notebook 08 reads that file: on a CPU its kernels run
 # against TE's stored outputs, on the same inputs regenerated here.
 
+def te_bits_files(root=None):
+    """Every committed ``benchmarks/results/te-bits-<gpu>.pt`` (never a ``-dry-run`` file), by
+    name."""
+    from pathlib import Path
+    root = Path(root) if root is not None else Path(__file__).resolve().parents[2]
+    return sorted(p for p in (root / "benchmarks" / "results").glob("te-bits-*.pt")
+                  if "dry-run" not in p.name)
+
+
 def te_bits_file(root=None):
     """The committed ``benchmarks/results/te-bits-<gpu>.pt`` to read (an H200's if there is one,
     else an H100's, else any GPU's; never a ``-dry-run`` file), or None."""
-    from pathlib import Path
-    root = Path(root) if root is not None else Path(__file__).resolve().parents[2]
-    files = sorted(p for p in (root / "benchmarks" / "results").glob("te-bits-*.pt")
-                   if "dry-run" not in p.name)
+    files = te_bits_files(root)
     for gpu in ("h200", "h100"):
         for p in files:
             if gpu in p.name:
@@ -922,6 +929,18 @@ class TeBitsCase:
     def output(self, name: str) -> Optional[torch.Tensor]:
         """A variant's stored GPU output (None where only its row was kept)."""
         return _unpack(self.rec["outputs"][name], self.te)
+
+
+def te_bits_counts(data: dict) -> dict:
+    """{(scenario, variant): elements that differ from TE} over every row of a te-bits file (a
+    failed scenario counts as its error text)."""
+    counts = {}
+    for key, rec in data["scenarios"].items():
+        if "error" in rec:
+            counts[(key, None)] = rec["error"]
+            continue
+        counts.update({(key, r["variant"]): r["n_differ"] for r in rec["rows"]})
+    return counts
 
 
 def te_bits_case(data: dict, key: str) -> TeBitsCase:
