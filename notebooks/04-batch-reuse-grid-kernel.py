@@ -25,13 +25,17 @@
 # H200 at batch 8 it beats Transformer Engine's (TE's) fused CUDA kernel although it evaluates
 # more sines and cosines; why is the question section 3 asks and section 5.5 answers.
 #
-# **Time:** about two hours: an hour of reading (most of it section 5, the measurements), 45
-# minutes for the five exercises and the discussion questions. The appendix holds the profiles
-# behind section 5.5, as further reading. The cells run in about a minute on a two-core CPU
-# (Triton's interpreter, and compiles for an H200 that need no GPU). Every number the text states
-# is read from a committed result measured on an NVIDIA H200 (or from a cell's CPU-side output)
-# and asserted beside it. The live timings of sections 5.1 and 5.3 are printed, never quoted:
-# they come from the GPU that runs the notebook (an H100 on the executed page).
+# **Time:** about two hours: an hour of reading, 45 minutes for the five exercises and the
+# discussion questions. The core is sections 1 to 4 (the kernel), 5.1 to 5.3 (is it faster, and
+# why) and 6. Sections 5.4 and 5.5 and the appendix take the kernel and TE's apart with a
+# profiler (Nsight Compute); they can wait for a second reading, since 5.3 states their
+# conclusions first. The cells run in about a minute on a two-core CPU (Triton's interpreter,
+# plus compiles for an H200 that need no GPU).
+#
+# **Where the numbers come from.** Every number the text states is read from a committed result
+# measured on an NVIDIA H200 (or from a cell's CPU-side output) and asserted beside it. The live
+# timings of sections 5.1 and 5.3 are printed, never quoted: they come from the GPU that runs the
+# notebook (an H100 on the executed page), so they differ from the quoted ones.
 #
 # **After this notebook you will be able to**
 #
@@ -516,12 +520,12 @@ assert load_order["sh_loop_b"]["rows"] == load_order["sh_loop_b_unrolled"]["rows
 # H200 (bf16 sbhd $s = 4096$, $b = 8$, $h = 32$, $d = 128$), and there it is the faster.
 #
 # **Why would it be faster?** "It reuses cos/sin across the batch, and TE does not" does not
-# survive a look at TE's kernel. `fused_rope.cu` launches a grid `(s, b)`: one CUDA block of 4
-# or 8 warps per (position, batch entry), which reuses the sines and cosines of position $s$
-# across its $h$ heads, either computed by each warp in registers or computed once into shared
-# memory behind a barrier. TE 2.20.2, the release section 5 profiles, behaves as the second
-# (appendix A.1: its warps wait at a block-wide barrier, and its float instructions fit one
-# evaluation per block). Per position, one (cos, sin) pair per feature:
+# survive a look at TE's kernel. `fused_rope.cu` launches a grid `(s, b)`: one CUDA block (what
+# Triton calls a program) of 4 or 8 warps per (position, batch entry), which reuses the sines
+# and cosines of position $s$ across its $h$ heads, either computed by each warp in registers or
+# computed once into shared memory behind a barrier. TE 2.20.2, the release section 5 profiles,
+# behaves as the second (appendix A.1: its warps wait at a block-wide barrier, and its float
+# instructions fit one evaluation per block). Per position, one (cos, sin) pair per feature:
 #
 # | kernel | grid | (cos, sin) pairs evaluated per position |
 # |---|---|---|
@@ -584,13 +588,13 @@ assert compare.bytes_moved(cfg) == 2 * x_bytes + Sr * Dr * 4
 #
 # ### 5.1 Live, on this machine: naive vs batch-reuse vs ropelib vs copy
 #
-# The third generation is `ropelib.apply_rope` as it plans each call (from 64 MiB of `q` on it
-# takes two passes: notebook 05, section 6). On a GPU the cell times the three and a copy and
-# prints each live time beside section 5.2's committed H200 one; on an H200 it also prints their
-# ratio, marking with `<<` rows more than 10 % apart. On another GPU (the executed page's H100,
-# say) the two columns are two GPUs' times, and no ratio is printed; without a GPU the live
-# column stays empty. Where the text compares committed runs of different days (section 5.4,
-# the appendix), it assumes the GPU behaved the same in each.
+# The third generation is `ropelib.apply_rope` as it plans each call (from 64 MiB of `q` on, in
+# two passes: notebook 05, section 6). On a GPU the cell times the three and a copy and prints
+# each live time beside section 5.2's committed H200 one. On an H200 it adds their ratio,
+# marking with `<<` rows more than 10 % apart; on another GPU, such as the executed page's H100,
+# the columns are two GPUs' times and no ratio is printed. Where the text compares committed
+# runs of different days (section 5.4, the appendix), it assumes the GPU behaved the same in
+# each.
 
 # %%
 GEN_CSV = measured.path("generations")
@@ -745,7 +749,8 @@ else:
 # Two lines of the output point at the number of programs. The batch-reusing grid launches
 # 131,072 programs at every batch size: 84.6 µs at batch 1, 84.7 at batch 2 with twice the bytes
 # (a ratio of 1.002). The naive kernel, whose programs grow with $B$ (131 thousand at $b = 1$ to
-# 2.1 million at $b = 16$), took 80 to 84 ns per program on each SM across the sweep: 1.00 to
+# 2.1 million at $b = 16$), took 80 to 84 ns per program on each SM (streaming multiprocessor,
+# the unit that runs programs; each takes its share of the grid) across the sweep: 1.00 to
 # 1.06 times the 79.8 ns of a program that does nothing (notebook 03, section 4). Its time is
 # its programs'. In the committed H200 run it takes 1.95 times as long at batch 2 as at batch 1,
 # and the grid takes 0.52 of its time at batch 2 but 1.01 at batch 1, where both launch 131,072
@@ -757,8 +762,10 @@ else:
 # **The answer, before the evidence.** The grid beats the naive kernel because it launches $B$
 # times fewer programs, not because it reuses cos/sin: a one-row-a-program variant with no sine
 # or cosine at all is as slow as the naive kernel. It beats TE's fused kernel at $b = 8$,
-# although TE evaluates fewer sines and cosines, because TE executes 2.5 times the grid's warp
-# instructions per element and issuing them takes two-thirds of its time (section 5.5). At
+# although TE evaluates fewer sines and cosines, because TE executes 2.5 times the grid's **warp
+# instructions** per element (one instruction, executed by a warp's 32 threads together), and
+# **issuing** them, which each of an SM's four schedulers does at most one a cycle, takes
+# two-thirds of its time (section 5.5). At
 # $b = 1$ the grid is back to one row per program and TE is faster (section 5.4). Variants with
 # more heads per program get faster, up to a point; they ask for more bytes of $x$ per SM *and*
 # launch fewer programs, and the profiles cannot say which does it (notebook 05 takes it up).
@@ -1090,16 +1097,17 @@ if ABLATION_CSV.exists():
 #   one-row programs' counts, most of them sin/cos (tables remove 86 %; each value is evaluated
 #   by every thread that holds it: A.1). It takes about twice as long; tables bring it back.
 #
-# **TE's CUDA kernel.** A second run on an H200 with Transformer Engine installed
-# (`benchmarks/results/mechanism-te-nvidia-h200.csv`) profiled it beside the copy and the Triton
+# **TE's CUDA kernel.** A second H200 run, with Transformer Engine installed
+# (`benchmarks/results/mechanism-te-nvidia-h200.csv`), profiled it beside the copy and the Triton
 # kernels (red points 23 and 24 in the figure). It moves the model's bytes, its warps fill
-# nine-tenths of an SM's slots, and counted as the Triton kernels are (a block's 8 KiB of `x` as
-# one step, 1,024 bytes a warp) they ask for about the copy's KiB per SM, 57.6 against 54.5. Yet
+# nine-tenths of an SM's slots, and, counted as the Triton kernels are (a block's 8 KiB of `x` as
+# one step, 1,024 bytes a warp), it asks for about the copy's KiB per SM, 57.6 against 54.5. Yet
 # TE takes 1.94 times the copy's time, longer than the grid with less than a seventh of that
-# (7.7 KiB). So this count, a loose upper bound for TE (its warps load 78 bytes at a time: A.1),
-# does not set TE's time. What differs is work per byte: TE executes more than twice the grid's
-# instructions per element, and its SM throughput is well above its DRAM throughput, the
-# grid's the reverse (section 5.5 takes that apart).
+# (7.7 KiB): this count, a loose upper bound for TE (its warps load 78 bytes at a time: A.1), does
+# not set its time. What differs is work per byte: TE executes more than twice the grid's
+# instructions per element, and its SM throughput (how busy its SMs' busiest unit is, as a share
+# of peak) is well above its DRAM throughput (the share of peak DRAM bandwidth); the grid's are
+# the reverse. Section 5.5 takes that apart.
 #
 # **At $b = 1$ the order reverses.** With no batch to loop over, the (S, H) grid launches a
 # million one-row programs, as many as the naive kernel, and takes its time; TE's grid has
@@ -1389,8 +1397,7 @@ assert te_f["issue_us"] > free["copy"]["us"] \
 # TE's threads each index one element, twice. Which of TE's differences (one-element loads,
 # every element read twice, its indexing, its barrier) costs what, these counters cannot
 # separate: they change together in TE's source, and telling them apart needs section 5.3's
-# method applied to TE's CUDA. At $b = 1$ the order reverses and TE is more than twice as fast
-# (section 5.4).
+# method applied to TE's CUDA.
 
 # %% [markdown]
 # ## 6. What the finished kernel does beyond the batch-reusing grid
@@ -1410,8 +1417,9 @@ assert te_f["issue_us"] > free["copy"]["us"] \
 # small and mid-sized tensors; large ones take two passes, notebook 05 section 6) gives each
 # program a **tile** of positions × heads whose source computes cos/sin once for its heads *and*
 # a chunk of the batch (compiled, as many evaluations per position as the grid's: appendix A.1),
-# loads runs of the head dim as vectors as wide as the tile allows (here 4 bf16, 8 bytes, a
-# thread: A.1 prints `sizePerThread = [1, 1, 4]`), and takes every layout through strides. Its
+# loads runs of the head dim as vectors as wide as the tile allows (16 bytes at most; with the
+# tile it picks here 4 bf16, 8 bytes, a thread: A.1 prints `sizePerThread = [1, 1, 4]`), and
+# takes every layout through strides. Its
 # module docstring says how it is parallelised (notebook 05 builds it up, names included):
 
 # %%
@@ -1423,6 +1431,25 @@ except ImportError as exc:
     print(f"ropelib.kernels.fused is not importable here ({exc})")
 
 # %% [markdown]
+# ## Summary
+#
+# - **The grid decides what is repeated.** The naive grid makes all $B \cdot H$ programs of a
+#   position load its angles and evaluate its cos/sin; the $(S, H)$ grid with a runtime batch
+#   loop does it once per (position, head) and launches $B$ times fewer programs: 131,072 at
+#   $s = 4096$, $h = 32$, whatever the batch.
+# - **The program count, not the cos/sin, sets the time.** At $b = 8$, one row a program instead
+#   of $B$ costs 3.46 times the time, 3.59 between two kernels that read tables; all of the
+#   grid's sin/cos, against reading two tables, costs 4 %.
+# - **Fewer sines and cosines do not make a kernel faster.** TE's fused kernel evaluates a
+#   quarter of the grid's (cos, sin) pairs and is slower at $b = 8$: it executes 2.5 times the
+#   grid's warp instructions per element, and issuing them fills 66 % of its time. At $b = 1$
+#   the grid has no batch to loop over, launches as many programs as the naive kernel, and TE
+#   is more than twice as fast.
+# - **What is left for notebook 05:** one-warp programs that fill half an SM's warp slots, one
+#   256-byte row in flight per warp, and a grid whose work per program depends on $B$.
+# - **The method:** count the bytes a kernel must move, compare its time with a copy's, and
+#   change one factor at a time before believing an explanation.
+#
 # ## Exercises
 #
 # Each check prints ✅ or ❌ and never stops the notebook. Replace the `...` (or the `pass`) and

@@ -702,7 +702,7 @@ solution(ex.solution_mrope_kernel.fn, title="Solution: angles once per token, th
 # plus strides, three layouts, a batch, partial rotary, interleaved pairs and fp64. Its
 # `cos_sin(..., ACCURATE)` calls libdevice's `cos` and `sin` when compiled, which with
 # Triton 3.6 are the same calls your `tl.cos` and `tl.sin` compile to (notebook 05,
-# section 4). Not shown: the helpers it calls, in `ropelib/kernels/common.py` (`cos_sin`,
+# section 3). Not shown: the helpers it calls, in `ropelib/kernels/common.py` (`cos_sin`,
 # `batch_range`: this program's batch entries, `offset_int`, `contiguous_strides`) and
 # `ropelib/kernels/mrope.py` (`_rotate_segment`). Four lines are worth finding:
 #
@@ -713,9 +713,10 @@ solution(ex.solution_mrope_kernel.fn, title="Solution: angles once per token, th
 #   formed again inside that loop, once per entry;
 # - `if BACKWARD: s = -s` is the whole backward pass: the rotation by $-\theta$;
 # - `h_lo` and `h_hi` are the heads of this program: when there are too few blocks of tokens
-#   to give every SM 8 programs (`fit_grid`, the launcher's planner), the grid's second axis
-#   splits the heads into groups of `HEADS`, and each group forms its own angles. The cell after the source prints
-#   the plan: at 16,384 tokens one group of all 32 heads, at 64 tokens 32 groups of one.
+#   to give every SM (streaming multiprocessor, the GPU core that runs programs) 8 programs
+#   (`fit_grid`, the launcher's planner), the grid's second axis splits the heads into groups
+#   of `HEADS`, and each group forms its own angles. The cell after the source prints the
+#   plan: at 16,384 tokens one group of all 32 heads, at 64 tokens 32 groups of one.
 #
 # A group's heads are rotated `HPS` at a time, as a `[BLOCK_S, HPS, HALF]` tile
 # (`_rotate_segment`), rather than one head per loop step.
@@ -1223,10 +1224,32 @@ assert occ_a.programs * 132 == 1584, "waves of 1,584 programs"
 # of written sectors, `lts__t_sectors_op_write.sum`, would). So compare the DRAM column and its
 # TB/s between the kernels, not with `do_bench`'s GB/s.
 #
-# The per-head kernel executes 5.3 times the warp instructions. The loads, rotation and stores
-# of q and k are the same in both; what it repeats for every head is the angle work. Spread
-# over the angles it forms again (16,384 tokens × 64 pairs × 31 more heads, 32 lanes a warp
-# instruction), each costs about 65 warp instructions: three positions, a frequency and an
+# DRAM bytes over time (undercounted as above) say how busy each kernel kept the memory: the
+# once-per-token kernel 3.42 TB/s, a memory stream; the per-head kernel 1.83 TB/s, the same
+# bytes over 1.9 times the time.
+#
+# The per-head kernel also keeps fewer warps resident: on average 56 % of an SM's warp slots
+# (its room for warps at once) hold one of its warps, against 89 % for the once-per-token
+# kernel (the table's *warps active*). Its registers say part of why: 36 a thread, allocated as 40, let an SM hold 12
+# of its 4-warp programs instead of 16, so its 2,048 programs need two waves (rounds of
+# programs that run at the same time) of 1,584 on 132 SMs, where the other kernel's fit in
+# one.
+#
+# ropelib's kernel executes 28 % more instructions than the worked solution (19,857,408
+# against 15,532,032), yet under the profiler, whose clock is fixed, it takes a little less
+# time (68.2 against 71.6 µs), and under `do_bench` on the H200, at the GPU's own clock, the
+# two are level. The second profile, below, says why the extra instructions do not set its
+# time: both kernels wait on memory. The tiles differ too: the plan cell prints 1 token a
+# program, 16,384 programs of 2 warps, where the worked solution runs 8 tokens a program,
+# 2,048 programs of 4 warps. The timing cell also ran your kernel (or the worked solution) at
+# 1 to 16 tokens a program: on the executed page's H100 the worked solution is slowest at 1
+# token a program. Its tile is then one head of one token, 64 pairs for the 128 threads of 4
+# warps; ropelib's kernel, also at 1 token a program, rotates `HPS` heads a step on 2 warps.
+#
+# Where does the per-head kernel's extra time go? It executes 5.3 times the warp
+# instructions. The loads, rotation and stores of q and k are the same in both; what it
+# repeats for every head is the angle work. Spread over the angles it forms again (16,384
+# tokens × 64 pairs × 31 more heads, 32 lanes a warp instruction), each costs about 65 warp instructions: three positions, a frequency and an
 # axis loaded, three selects, a multiply, a sine and a cosine. The compile below counts how
 # those 65 divide among them, in the machine code.
 #
@@ -1388,32 +1411,14 @@ else:
 
 # %% [markdown]
 # The machine code accounts for about 63 of the profile's 65 warp instructions an angle. 20
-# are float multiplies, FMAs and adds: the angle is one multiply, nearly all the rest the range
-# reduction and polynomials of the sine and cosine; 4 are the branches around libdevice's slow
-# path. The five loads of the angle inputs are vector loads that serve 4 angles each, 1.25
+# are float multiplies, fused multiply-adds (FMAs) and adds: the angle is one multiply, nearly
+# all the rest the range reduction and polynomials of the sine and cosine; 4 are the branches
+# around libdevice's slow path. The five loads of the angle inputs are vector loads that serve 4 angles each, 1.25
 # instructions an angle. The other 36 to 38 (compares, selects, conversions, integer work and
 # moves) mix the axis selects with the sine and cosine's quadrant handling; the machine code
 # does not label which is which. So the loads the compiler could not hoist cost little: what
 # the per-head kernel repeats is arithmetic, the sine and cosine the largest part of it that
 # the count can name.
-#
-# Back to the profile. DRAM bytes over time (undercounted as above) say how busy each kernel
-# kept the memory: the once-per-token kernel 3.42 TB/s, a memory stream; the per-head kernel
-# 1.83 TB/s, the same bytes over 1.9 times the time.
-#
-# The per-head kernel also has fewer warps active (56 % of an SM's warp slots against 89 %).
-# Its registers say part of why: 36 a thread, allocated as 40, let an SM hold 12 of its 4-warp
-# programs instead of 16, so its 2,048 programs need two waves of 1,584 on 132 SMs where the
-# other kernel's fit in one.
-#
-# ropelib's kernel executes 28 % more instructions than the worked solution (19,857,408
-# against 15,532,032), yet under the profiler, whose clock is fixed, it takes a little less
-# time (68.2 against 71.6 µs), and under `do_bench` on the H200, at the GPU's own clock, the
-# two are level. The second profile, below, says why the extra instructions do not set its
-# time: both kernels wait on memory. The tiles differ too: the plan cell prints 1 token a
-# program, 16,384 programs of 2 warps, where the worked solution runs 8 tokens a program,
-# 2,048 programs of 4 warps; the timing cell runs your kernel (or the worked solution) at 1 to
-# 16 tokens a program.
 
 # %% [markdown]
 # **Is the per-head kernel bound by its instructions?** A second profile of the same three
@@ -1707,7 +1712,8 @@ assert round(ind_do_bench["forward+backward"], 2) == 1.62, "the probe's do_bench
 # fixed-point fraction of a turn, and the kernel multiplies it by the integer position in
 # wrapping 64-bit integers, so whole turns fall away exactly and the fp32 cos and sin are
 # formed from the fractional turn, with no fp32 angle in between. `tests/test_exact_angles.py`
-# checks the angle within half an fp32 ulp for every scaling law of `ropelib.frequencies` up to
+# checks the angle within half an fp32 ulp (unit in the last place: the gap between
+# neighbouring fp32 numbers at that size) for every scaling law of `ropelib.frequencies` up to
 # position $2^{24}$ (the integer arithmetic is exact to $2^{31}-2$ by construction).
 # `apply_rope(x, angles=..., position_ids=...)` reads no cos/sin table at all.
 #
