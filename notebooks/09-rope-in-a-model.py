@@ -39,7 +39,8 @@
 # Sections 7–8: ropelib in models it did not write; section 9: your own kernel in this one
 # (exercise 3). On a GPU the model trains for a few hundred steps; on a CPU the kernels run in
 # Triton's interpreter, so the model is tiny and trains for a few dozen: the same code path, other
-# numbers.
+# numbers. On a first reading, section 5's host-time measurements ("Who saves what") and
+# the appendix can wait: they go deeper into where the time goes than the rest needs.
 #
 # **Two sets of numbers.** Timings and bf16 training move from run to run, so the cells assert
 # *bands*, not values. The numbers the text quotes come from one committed run on an NVIDIA H200,
@@ -112,9 +113,10 @@ print(ropelib.runtime.mode(), "| device:", device, "| figures go to", FIGURES)
 # CPython ships the text behind `help("topics")` as a module, `pydoc_data.topics`: about half a
 # million characters of English prose, grammar snippets and code, on every machine with Python.
 # A character-level language model reads a window of $T$ characters and predicts each next one;
-# its loss is the cross-entropy in nats per character, and a uniform guess over a vocabulary of
-# $V$ characters scores $\ln V$. The last 10 % of the text is held out for validation. (The text
-# changes a little between Python versions; each run's CSV records the version.)
+# its loss is the cross-entropy per character in nats (natural-log units), and a uniform guess
+# over a vocabulary of $V$ characters scores $\ln V$. The last 10 % of the text is held out for
+# validation. (The text changes a little between Python versions; each run's CSV records the
+# version.)
 
 # %%
 data = CharDataset.from_pydoc_topics()
@@ -155,7 +157,9 @@ print(inspect.getsource(_Rotary.forward))
 # and $\cos$ itself (on a GPU with libdevice, CUDA's math library), computes each output as one
 # fused multiply-add (*fma*, `tl.fma`: $a b + c$ rounded once), and rotates $q$ and $k$ in one
 # launch straight from the strided views of the QKV matmul; its backward is the rotation by
-# $-\theta$. The PyTorch branch is what a model would write by hand: cosines and sines $[P, R]$
+# $-\theta$.
+#
+# The PyTorch branch is what a model would write by hand: cosines and sines $[P, R]$
 # computed on the host, then upcast, multiply, add, concatenate, downcast, several kernels that
 # each pass over the whole tensor (section 5).
 #
@@ -368,13 +372,17 @@ print("wrote", csv_path)
 # [`09-loss-curves-cpu.png`](../figures/09-loss-curves-cpu.png)) into a scratch folder unless
 # `ROPELIB_WRITE_FIGURES=1` is set.*
 #
-# **Reading the committed H200 run** (appendix A.1 asserts each number). ropelib's curve sits at
-# 0.40 of the seed distance, the control's at 0.29, where the check allows 1.5. ropelib's training
-# loss leaves the reference's at step 1, the control's at step 3. Step 1 is no accident: an fma
-# alone rounds about one bf16 entry in $10^5$ differently, and one forward rounds 75 million query
-# and key entries. Training then amplifies both differences to the same order (ropelib's distance
-# is 1.36 times the control's: one sample each, too few to rank them). The run printed above has
-# ratios and first steps of its own; only the band is asserted.
+# **Reading the committed H200 run** (appendix A.1 asserts each number). ropelib's validation
+# curve lies at 0.40 of the seed distance from the reference's, the control's at 0.29, where the
+# check allows 1.5: swapping the kernel moves the curve less than a second seed does.
+#
+# Why does ropelib's run differ at all, and from the first step? Its training loss leaves the
+# reference's at step 1, the control's at step 3. An fma alone rounds about one bf16 entry in
+# $10^5$ differently, and one forward rounds 75 million query and key entries, so some differ in
+# the very first step. Training then amplifies the kernel's rounding differences and the control's
+# nondeterminism to the same order (ropelib's distance is 1.36 times the control's: one sample
+# each, too few to rank them). The run printed above has ratios and first steps of its own; only
+# the band is asserted.
 #
 # **The model has begun to overfit.** In the committed run the gap between validation and training
 # loss widens at every evaluation, from $-0.20$ nats at step 25 (early on the held-out tenth scores
@@ -598,8 +606,9 @@ assert sign_p(15, 15) < 1e-4 and sign_p(3, 3) == 0.25 and sign_p(8, 15) == 1.0
 #
 # `rope_time_share` profiles a few training steps with `torch.profiler`: RoPE's forward is what
 # runs inside the model's `record_function("rope")` ranges, its backward the autograd nodes made
-# there. It reports RoPE's time and the step's as kernel time on the device (on the CPU, host
-# time) and as host time of the same ranges and nodes (`rope_host_ms`, `step_host_ms`).
+# there. It reports RoPE's time and the step's in two ways: as kernel time on the device (on the
+# CPU, host time), the step's being the *busy step*, the time the GPU spends running kernels; and
+# as host time of the same ranges and nodes (`rope_host_ms`, `step_host_ms`).
 
 # %%
 def kernel_kind(name):
@@ -741,25 +750,32 @@ if ON_GPU:
 # kernel for ropelib and a chain for the reference, ropelib's RoPE within $[1.0, 1.6]$ copies,
 # the reference's 12 to 30 times ropelib's.
 #
-# **The split copies** are this run's only. Where they take longer than one copy, each extra
-# launch adds a start and a tail to its bytes' time; ropelib, one launch a layer and pass, pays
-# that too, and the cell prints what part of ropelib's excess over one copy this explains.
+# **The split copies** (measured by this run, not committed) ask how much of ropelib's time
+# beyond one copy comes from being $2\,n_\text{layer}$ launches instead of one: each launch has a
+# start, while the GPU fills with programs, and a tail, while the last ones drain. ropelib, one
+# launch a layer and pass, pays those too; the cell prints what part of ropelib's excess over one
+# copy the split copies' excess explains.
 #
-# **Two clocks.** The profiled step counts the time the GPU is busy; the wall-clock step also the
-# time it waits for the host (the figure draws both). The host lines are timed under the
-# profiler, which adds its own cost (both profiled host steps exceed the wall-clock steps), and
-# RoPE's backward runs on autograd's own thread, beside the Python thread, so a host share is not
-# a share of one clock. On the CPU both clocks are host time, and ropelib's runs in Triton's
-# interpreter.
+# **Two clocks.** The busy step counts only the time the GPU runs kernels; the wall-clock step
+# also counts the time the GPU waits for the host to launch the next one (the figure draws both).
+#
+# The host lines need care: they are timed under the profiler, which adds its own cost (both
+# profiled host steps exceed the wall-clock steps), and RoPE's backward runs on autograd's own
+# thread, beside the Python thread, so a host share is not a share of one clock. On the CPU both
+# clocks are host time, and ropelib's runs in Triton's interpreter.
 #
 # ### Who saves what: two measurements without the profiler (GPU only)
+#
+# The profiler inflates host time, so it cannot say what RoPE costs the host, nor how long the
+# step would take if the host never held the GPU back. Two measurements without it answer both:
 #
 # - **RoPE's host time, as a step difference.** Section 4's rounds again (16 rounds of 10 steps)
 #   with a third arm whose rotary module, `NoRotary`, returns $q$ and $k$ as they are. An arm's
 #   issue time minus the no-RoPE arm's, over $n_\text{layer}$, is RoPE's host time a layer,
 #   printed beside its device time. It counts as *resolved* where the middle half of the rounds
-#   lies on one side of zero (otherwise the cell prints no host / device ratio). Where both are
-#   resolved, this paired issue-time saving must agree with section 4's within a factor of 2.
+#   lies on one side of zero (otherwise the cell prints no host / device ratio). The cell also
+#   takes the issue-time saving, reference minus ropelib, from these rounds' pairs: where it and
+#   section 4's are both resolved, they must agree within a factor of 2.
 # - **The step replayed from a CUDA graph.** `graphed_step(model, x, y)`
 #   (`ropelib/course/cuda_graph_step.py`) runs the training step (bf16 forward, backward,
 #   clipping, AdamW with `capturable=True`, whose state a graph can hold) a few times on a side
@@ -900,15 +916,18 @@ else:
 
 # %% [markdown]
 # **What the two measurements show.** Replayed from a graph, the step no longer waits for the
-# host, and the arms differ by what the device saves (asserted to agree with the profiler's). Run
-# eagerly, the step is host-bound wherever the issue time nears the wall time (as on the executed
-# page), and each RoPE call costs the host Python, dispatch and autograd bookkeeping whatever its
-# kernel does: for ropelib 8.0 times its device time (committed run, under the profiler, A.3).
-# ropelib still saves host time, since its RoPE is 2 launches a layer where the reference's chain
-# is 34 ops (A.4). Host and device work overlap; they do not add: where the step is host-bound the
-# wall clock saves what the issue time saves (asserted within 15 % where the issue time is at
-# least 95 % of the wall time in both arms), and the GPU idles for part of every step (asserted:
-# busy less than 85 % of the wall-clock step).
+# host, and the arms differ by what the device saves (asserted to agree with the profiler's).
+#
+# Run eagerly, the step is host-bound wherever the issue time nears the wall time (as on the
+# executed page's H100). Each RoPE call then costs the host Python, dispatch and autograd
+# bookkeeping whatever its kernel does: for ropelib 8.0 times its device time (committed run,
+# under the profiler, A.3). ropelib still saves host time, since its RoPE is 2 launches a layer
+# (forward and backward) where the reference's chain is 34 ops (A.4).
+#
+# Host and device work overlap; they do not add. Where the step is host-bound, the wall clock
+# saves what the issue time saves (asserted within 15 % where the issue time is at least 95 % of
+# the wall time in both arms), and the GPU idles for part of every step (asserted: busy less than
+# 85 % of the wall-clock step).
 #
 # **Exercise 1 — RoPE's share, by name.** On a GPU the profiler lists every kernel a step ran,
 # with its device time. Write `rope_share(events, rope_names)`: `events` is a list of
@@ -1058,7 +1077,8 @@ assert copied in train_text and copied in generated
 #
 # The check builds a small GPT whose attention depends strongly on position and decodes with the
 # loop below, your function as every layer's attention: a prompt of 5 tokens, then 1, 1, 3 and 1
-# more (a chunk of 3 is what chunked prefill or speculative decoding hands a step). At each step
+# more (a chunk of 3 is what a step receives in *chunked prefill*, a long prompt fed a piece at a
+# time, or in *speculative decoding*, several drafted tokens checked at once). At each step
 # and layer it compares with the full forward, within $10^{-4}$ of the largest value
 # (`in_a_model.KV_TOL`): cached keys and values unchanged, new keys (if wrong, it finds the
 # positions they were rotated at), values, output and logits. A key rotated one position off
@@ -1291,13 +1311,14 @@ print(inspect.getsource(in_a_model._KernelRope))
 # $[S, D]$: $y_j = x_j \cos\theta_j - x_{j + D/2} \sin\theta_j$ and
 # $y_{j + D/2} = x_{j + D/2} \cos\theta_{j + D/2} + x_j \sin\theta_{j + D/2}$.
 #
-# The check runs in Triton's interpreter on the CPU. First one launch (`ROWS` = 4) on a strided
-# $q$ of 30 rows, into a NaN-filled output inside guard bands, against `ropelib.reference`. Then
-# two copies of a small GPT, one with the model's PyTorch RoPE and one with your kernel, train for
-# 3 AdamW steps on the same fp32 batches: each step's loss within $10^{-5}$ of the largest value,
-# the first step's gradients (through your kernel at $-\theta$) within $10^{-4}$, the logits
-# after training within $10^{-4}$ (AdamW divides each update by the root of the squared
-# gradients, so a last-bit difference in a near-zero gradient moves a weight by a whole update).
+# The check runs in Triton's interpreter on the CPU, whatever the notebook's device. First one
+# launch (`ROWS` = 4) on a strided $q$ of 30 rows, into a NaN-filled output inside guard bands,
+# against `ropelib.reference`. Then two copies of a small GPT, one with the model's PyTorch RoPE
+# and one with your kernel, train for 3 AdamW steps on the same fp32 batches: each step's loss
+# within $10^{-5}$ of the largest value, the first step's gradients (through your kernel at
+# $-\theta$) within $10^{-4}$, the logits after training within $10^{-4}$ (AdamW divides each
+# update by the root of the squared gradients, so a last-bit difference in a near-zero gradient
+# moves a weight by a whole update).
 # Kernels that launch or call ropelib's kernels, the course's teaching kernels or the worked
 # solutions are refused.
 
@@ -1458,9 +1479,11 @@ else:   # compiled: contraction turns the multiply-then-subtract into ropelib's 
 # them: every machine prints the same numbers here. A.5 measures your kernel. To regenerate the
 # data, run `ROPELIB_WRITE_FIGURES=1 jupyter nbconvert --to notebook --execute
 # notebooks/09-rope-in-a-model.ipynb` on a GPU: it rewrites `figures/09-loss-curves.png` and
-# `.csv`, `09-qkv-rope-loss.png`, `09-rope-share.csv` and `09-step-kernels.csv`
-# (`09-train-loss-differences.png` follows on the run after), and the asserted numbers, with the
-# text quoting them, must then be updated.
+# `.csv`, `09-qkv-rope-loss.png`, `09-rope-share.csv` and `09-step-kernels.csv`, and adds
+# `09-step-clocks.png` and `09-step-clocks-committed.png`, which the repository does not keep.
+# The appendix reads the files as the run found them, so `09-train-loss-differences.png` shows
+# the new run only on the run after; the asserted numbers, with the text quoting them, must then
+# be updated.
 #
 # ### A.1 Section 3: one fma, and the committed loss curves
 #
