@@ -99,9 +99,10 @@ def check_stated(title, got, stated):
 # value heads of $D$ features. Then RoPE rotates q and k. As two kernels:
 #
 # - the **GEMM** does $2MNK$ floating-point operations and moves $b\,(MK + NK + MN)$ bytes
-#   ($b$ bytes per element). At the benchmark's shape (Llama-3-8B's projection) that is about
-#   two thousand operations per byte, far more than the GPU's own ratio of FLOP/s to bytes/s
-#   (both printed below): the GEMM is **compute-bound**;
+#   ($b$ bytes per element). At the benchmark's shape, Llama-3-8B's projection ($K = 4096$,
+#   $H_Q = 32$, $H_K = 8$, $D = 128$, bf16), that is about two thousand operations per byte,
+#   far more than the GPU's own ratio of FLOP/s to bytes/s (both printed below): the GEMM is
+#   **compute-bound**;
 # - the **RoPE pass** does a few operations per element and moves
 #   $$\text{bytes}_{\text{RoPE}} = 2 \cdot M\,(H_Q + H_K)\,D \cdot b.$$
 #   It reads q and k and writes them back: exactly a copy. The time a device copy of the same
@@ -249,9 +250,10 @@ assert [round(v, 3) for v in alone_vs_copy] == [0.999, 1.001]
 # **One accumulator is cheaper**: two took 4 to 30 % longer in seven of the eight cases, five of
 # them beyond the two timings' p20–p80 spreads together. The exception, 64/64/8/4/4 at 32768
 # tokens (two accumulators 5.3 % faster), is an anomaly of that tile's one-accumulator time,
-# which grew 4.6 times from 8192 tokens where every other tile's grew 4.1 to 4.2 times. The
-# probe's compile for sm_90 (the architecture of the H100 and H200) shows what each pays at the
-# 128/64/8/8/4 tile: one accumulator runs 4 `wgmma` instructions (Hopper's warp-group MMA) of
+# which grew 4.6 times from 8192 tokens where every other tile's grew 4.1 to 4.2 times.
+#
+# The probe's compile for sm_90 (the architecture of the H100 and H200) shows what each pays at
+# the 128/64/8/8/4 tile: one accumulator runs 4 `wgmma` instructions (Hopper's warp-group MMA) of
 # $64 \times 128$ a K step from 8 TMA loads and takes 120 registers a thread; two run 8 of
 # $64 \times 64$ from 12 TMA loads and take 151. So ropelib holds a head as one accumulator
 # whenever every feature is rotated and $D/2$ is a power of two (the header of
@@ -639,9 +641,10 @@ print(f"dL/dx {tuple(gx_t.shape)}: teaching dX kernel vs autograd of qkv_rope_li
 # %% [markdown]
 # ## 7. The measured result
 #
-# This section times `qkv_rope_linear` on an H200 at section 1's shape (Llama-3-8B's
-# projection, bf16, 8192 and 32768 tokens): 7.1 against the unfused pipeline, then where its
-# time goes: **the main loop** (7.2), **the epilogue's registers** (7.3), **the backward** (7.4).
+# This section reads committed H200 timings of `qkv_rope_linear` at section 1's shape
+# (Llama-3-8B's projection, bf16, 8192 and 32768 tokens): 7.1 against the unfused pipeline,
+# then where its time goes: **the main loop** (7.2), **the epilogue's registers** (7.3), **the
+# backward** (7.4).
 #
 # ### 7.1 Where the shipped projection stands
 #
@@ -840,21 +843,23 @@ draw_budget(FIGURES / "12-qkv-forward-budget.png")
 # %% [markdown]
 # ### 7.2 The main loop
 #
-# **Why the first design cannot win.** The first design, the pointer-loaded forward
-# (`_qkv_rope_fwd_kernel`, which still serves GPUs without TMA), is section 4's kernel grown up:
-# pointer loads, exercise 1b's epilogue. Its main loop alone (the same GEMM with its rotation
-# off) trails cuBLAS by 0.08 ms at 8192 tokens and 0.58 ms at 32768 (single medians of
-# `triton.testing.do_bench`, each beyond the two timings' spreads): 2.1 and 3.7 copy floors, more
-# than the whole RoPE pass a fusion can save (about 0.04 and 0.18 ms). No epilogue on that loop
-# can win.
+# **Why pointer loads cannot win.** The pointer-loaded forward (`_qkv_rope_fwd_kernel`, used on
+# GPUs without TMA; "the first design" in the profiles of Appendix A.2) is section 4's kernel
+# grown up: pointer loads, exercise 1b's epilogue. Its main loop alone (the same GEMM with its
+# rotation off) trails cuBLAS by 0.08 ms at 8192 tokens and 0.58 ms at 32768 (single medians of
+# `triton.testing.do_bench`, each beyond the two timings' spreads): 2.1 and 3.7 copy floors,
+# more than the whole RoPE pass a fusion can save (about 0.04 and 0.18 ms). No epilogue on that
+# loop can win.
 #
 # Under Nsight Compute, NVIDIA's kernel profiler (Appendix A.2), against section 3's probe of the
 # same tile, which loads with TMA, each of its instructions took 1.8 cycles more. Two **stall
-# reasons** (what a warp was waiting for when it could not issue) make most of it: a **dispatch stall** (+2.0 cycles an instruction; the counter does not
-# say which conflict held the dispatch) and **LG throttle** (+0.4), a full queue of global-memory
-# instructions. At this tile the pointer-loaded GEMM compiles for sm_90 to 32 `cp.async` copies
-# a thread (asynchronous copies from global to shared memory, 16 bytes each, that every thread
-# issues), where the probe has 8 TMA loads, each one instruction for a whole tile.
+# reasons** (what a warp was waiting for when it could not issue) add more than that: a
+# **dispatch stall** (+2.0 cycles an instruction; the counter does not say which conflict held
+# the dispatch) and **LG throttle** (+0.4), a full queue of global-memory instructions; less
+# waiting at barriers gives some back (A.2). At this tile the pointer-loaded GEMM compiles for
+# sm_90 to 32 `cp.async` copies a thread (asynchronous copies from global to shared memory, 16
+# bytes each, that every thread issues), where the probe has 8 TMA loads, each one instruction
+# for a whole tile.
 
 # %%
 first = {}
@@ -894,23 +899,29 @@ shipped_prof, shipped_kernel = read_profile(SHIPPED)
 # %% [markdown]
 # **The shipped loop.** `benchmarks/qkv_mainloop_probe.py` took the probe three steps further:
 #
-# - **a persistent grid**: one program per SM walks the tiles in grouped order, instead of one
-#   short program per tile filling and draining its pipeline;
+# - **a persistent grid**: one program per SM (streaming multiprocessor, the GPU's unit of
+#   execution: an H100 or H200 has 132) walks the tiles in grouped order, instead of one short
+#   program per tile filling and draining its pipeline;
 # - **TMA** loads and stores;
 # - **two heads a tile**, an accumulator of $[128, 2D]$: both heads share one load of their
 #   tokens' cos and sin.
 #
-# It timed each step against cuBLAS in four runs of seven rounds, whose files keep each
-# variant's median only; the same variant's median moved by up to 5 % between runs, so these
-# runs price nothing finer. The persistent TMA GEMM alone runs at 0.96 to 0.99 of cuBLAS's
-# speed, and with the epilogue on at 0.94 to 0.99. TMA and two heads each helped: in run 2 the
-# same fused kernel with pointer loads runs at 0.87 and 0.88, behind the unfused pipeline
-# (0.93); in run 1 one head a tile (0.88, 0.89) trails two (0.96, 0.95). What the persistent
-# grid adds on its own is not measured. Under the profiler (Appendix A.2) the shipped loop has
-# almost no dispatch stall left and trails cuBLAS by 3.7 %. `qkv_rope_linear` runs its forward
-# on this loop (`_qkv_rope_fwd_tma_kernel` in `ropelib/kernels/qkv_gemm.py`) wherever the GPU
-# has TMA, both head counts are even and every feature is rotated; its epilogue takes each head
-# out of the $[128, 2D]$ accumulator and splits it with exercise 1b's reshape, permute and split.
+# It timed each step against cuBLAS on the H200 in four runs of seven rounds (table below). The
+# files keep each variant's median only, and the same variant's median moved by up to 5 %
+# between runs, so these runs price nothing finer than that.
+#
+# - The persistent TMA GEMM alone runs at 0.96 to 0.99 of cuBLAS's speed; with the epilogue on,
+#   at 0.94 to 0.99.
+# - TMA helped: in run 2 the same fused kernel with pointer loads runs at 0.87 and 0.88, behind
+#   the unfused pipeline (0.93).
+# - Two heads a tile helped: in run 1 one head a tile (0.88, 0.89) trails two (0.96, 0.95).
+# - What the persistent grid adds on its own is not measured.
+#
+# Under the profiler (Appendix A.2) the shipped loop has almost no dispatch stall left and trails
+# cuBLAS by 3.7 %. `qkv_rope_linear` runs its forward on this loop (`_qkv_rope_fwd_tma_kernel` in
+# `ropelib/kernels/qkv_gemm.py`) wherever the GPU has TMA, both head counts are even and every
+# feature is rotated; its epilogue takes each head out of the $[128, 2D]$ accumulator and splits
+# it with exercise 1b's reshape, permute and split.
 
 # %%
 ROUNDS_RUNS = ["2204", "2207", "2221", "2229"]       # four runs of seven rounds, in order
@@ -954,8 +965,8 @@ assert [round(rounds["2204", t, v], 2) for v in (ONE_HEAD, TWO) for t in TOKENS]
 # exercise: the kernel below arrives complete, exercise 1's forward (its epilogue written in)
 # with the two changes to the main loop that the shipped forward's loads rest on:
 #
-# - **A persistent grid.** The launch starts `PROGRAMS` programs (on a GPU one per SM, the
-#   streaming multiprocessor: an H200 has 132), not one per tile. Program $p$ walks the tiles $t = p,\; p + \text{PROGRAMS},\;
+# - **A persistent grid.** The launch starts `PROGRAMS` programs (on a GPU, one per SM), not one
+#   per tile. Program $p$ walks the tiles $t = p,\; p + \text{PROGRAMS},\;
 #   p + 2\,\text{PROGRAMS}, \dots$ of the $\lceil M / B_M \rceil \cdot H$ (token tile, head)
 #   tiles, zeroing its accumulators at the start of each.
 # - **TMA descriptors.** `tl.make_tensor_descriptor` describes $X$ and $W$ once: base, shape,
@@ -1059,9 +1070,9 @@ assert prof["cublas"]["# SMs"] == 132                           # an H200's SMs 
 # So the shipped forward reads one cos and one sin tile a pair (253 registers and no spill under
 # the profiler). From an angle table, a pre-pass kernel first writes every token's cos and sin
 # rows, and sets a **flag** if some pair's two members have different angles (a standard RoPE
-# table never does). Only then does the forward load each pair member's rows in turn. Doing that
-# for every table (7.1's "table path without its flag") made the forward 3.9 to 8.2 % slower,
-# losing all seven rounds in every cell.
+# table never does). Only then does the forward load each pair member's rows in turn. Loading
+# them in turn for every table (7.1's "table path without its flag") made the forward 3.9 to
+# 8.2 % slower, losing all seven rounds in every cell.
 
 # %%
 # the probe's sm_90 listing (section 3): {(kernel, tile): registers and stack a thread}
@@ -1105,13 +1116,17 @@ assert all(c["b_wins"] == 7 for c in in_turn)               # lost all seven rou
 # **Programs per SM: derive them.** A persistent kernel runs one program per SM by design. In a
 # grid of many short programs (the pointer-loaded forward, section 5's dX and dW kernels) fewer
 # registers can mean more programs on an SM. `programs_per_sm` derives how many from the compiled
-# kernel's registers a thread, warps and shared memory. An sm_90 SM (H100, H200) has 65,536
-# registers in four sub-partitions of 16,384, handed to each warp in units of 256 (255 registers
-# a thread take 8,192 a warp, so two such warps fit a sub-partition); 228 KiB of shared memory,
-# 1 KiB of it reserved per program; and room for 2,048 threads and 32 programs. The tightest
-# limit decides (an upper bound, not the occupancy a profiler measures). Two 8-warp programs need
-# 4 warps in each sub-partition, so at most $16{,}384 / 4 / 32 = 128$ registers a thread; above
-# that, an 8-warp program has the SM to itself.
+# kernel's registers a thread, warps and shared memory, against what an sm_90 SM (H100, H200)
+# holds:
+#
+# - 65,536 registers in four sub-partitions of 16,384, handed to each warp in units of 256 (255
+#   registers a thread take 8,192 a warp, so two such warps fit a sub-partition);
+# - 228 KiB of shared memory, 1 KiB of it reserved per program;
+# - 2,048 threads and 32 programs.
+#
+# The tightest limit decides (an upper bound, not the occupancy a profiler measures). Two 8-warp
+# programs need 4 warps in each sub-partition, so at most $16{,}384 / 4 / 32 = 128$ registers a
+# thread; above that, an 8-warp program has the SM to itself.
 #
 # `figures/12-qkv-tiles-sm90.csv` holds the sm_90 compile of ropelib's grid kernels at every
 # swept and shipped tile, bare and rotating, made on a CPU by `python -m ropelib.course.counts`.
@@ -1216,24 +1231,26 @@ assert [round(alone["dx", shipped["dx"], rot], 2) for rot in (False, True)] == [
 # The 2.6 times between the first row and the last has two parts. At the same Triton GEMMs,
 # writing $dY$ once instead of re-forming it is 1.31 and 1.29 times as fast (0.377 to 0.494 at
 # 8192 tokens): the prologue design's share. Handing the two plain GEMMs to cuBLAS is another
-# 1.97 and 2.02 times (0.494 to 0.974): the larger share is cuBLAS's. The prologue was only tried
-# on these pointer-loaded GEMMs, never on the forward's faster main loop (TMA loads on a
-# persistent grid, 7.2), so how it would fare there is untested. Writing $dY$ once is
-# `qkv_rope_linear`'s default (`backward="dy"`; `backward="prologue"` keeps section 5's design).
+# 1.97 and 2.02 times (0.494 to 0.974): the larger share is cuBLAS's. These prologues live in
+# pointer-loaded GEMMs; a prologue on 7.2's faster main loop is not measured. Writing $dY$ once
+# is `qkv_rope_linear`'s default (`backward="dy"`; `backward="prologue"` keeps section 5's
+# design).
 #
-# In these rounds $dY$ was assembled the way the unfused pipeline assembles it: ropelib's RoPE
-# rotated q's and k's gradients into tensors of their own, and `torch.cat` copied them with v's
-# into $dY$, a second pass over q's and k's bytes (autograd's backward of the unfused pipeline's
+# In these rounds $dY$ was assembled as the unfused pipeline assembles it: ropelib's RoPE wrote
+# q's and k's gradients into tensors of their own, and `torch.cat` copied them with v's into
+# $dY$, a second pass over q's and k's bytes (autograd's backward of the unfused pipeline's
 # `split` is the same `cat`). `qkv_rope_linear` itself has the RoPE kernel store them straight
-# into their columns of $dY$, so at 8192 tokens 80 MiB of gradients (8192 tokens $\times$ 5,120
-# columns of bf16) are read and written once instead of twice. The table above is the backward
-# with the `cat`, on the H200. On an H100, the two backwards alternating in two loans
-# (`benchmarks/results/qkv_dy_ab-*-nvidia-h100-80gb-hbm3-20261205-2138.csv`), storing into the
-# columns saved the fused forward+backward 0.093 ms on average at 32768 tokens (of about 7.6;
-# three of four pairs), less than the 0.2 ms that moving 640 MiB fewer takes at a copy's speed,
-# and put the medians of every run but one at or above the unfused pipeline's speed there. At
-# 8192 tokens the saving, 0.010 ms on average, was within the spread between loans. Single
-# rounds still fall on both sides of 1. The H200 has not timed it yet.
+# into their columns of $dY$, so q's and k's gradients (80 MiB at 8192 tokens, section 1) are
+# read and written once instead of twice.
+#
+# The table above times the `cat` version, on the H200. The column stores are timed only on an
+# H100, in files this page does not read (`benchmarks/results/qkv_dy_ab-*-nvidia-h100-80gb-hbm3-*`:
+# each backward run twice on each of two machines, alternating). At 32768 tokens the column
+# stores saved the fused forward+backward 0.093 ms on average (of about 7.6; in three of four
+# pairs), less than the 0.2 ms that moving 640 MiB fewer takes at the H100's copy speed, and put
+# the medians of every run but one at or above the unfused pipeline's speed. At 8192 tokens the
+# saving, 0.010 ms on average, was within the spread between the two machines, and single rounds
+# fall on both sides of 1.
 #
 # **With QK-norm** the prologue must undo the norm too. Timed alone at 8192 tokens, dX with the
 # norm spills 240 bytes a thread at the plain dX tile and takes 8.01 ms; at a tile of its own
@@ -1487,9 +1504,9 @@ assert worked_sm90[8]["registers"] < 200 and worked_sm90[8]["local_stores"] == 0
 # - A backward prologue re-forms $dY$ in every column block; writing $dY$ once and handing dX
 #   and dW to cuBLAS is 2.6 times as fast (7.4). Forward+backward against the unfused pipeline
 #   is not told apart.
-# - A fixed order of timed rounds lowered the variants' speeds by up to 13 % (Appendix B), and
-#   on the H200 these GEMMs run at the card's 700 W power limit (Appendix A.3): vary the order
-#   before believing a few per cent.
+# - Time in shuffled rounds before believing a few per cent: a fixed order lowered the
+#   variants' speeds by up to 13 % (Appendix B). On the H200 these GEMMs run at the card's
+#   700 W power limit, so each kernel's own power draw sets its clock (Appendix A.3).
 # - GPUs without TMA, odd head counts and partial rotary get the slower pointer-loaded forward.
 #   Notebook 09 trains its GPT with `rope="ropelib_qkv"` and checks that its validation curve
 #   stays within seed noise of the unfused model's.
