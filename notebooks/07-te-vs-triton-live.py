@@ -36,12 +36,13 @@
 # - write the yardstick yourself: one kernel that copies or rotates a tile of rows, and race it.
 #
 # **Where the numbers come from.** The numbers in the text are read from runs committed in
-# `benchmarks/results/`, measured on an H200 (section 5 lists each file with its GPU and date),
-# and the code cell beside each paragraph asserts them. A live GPU run prints its own timings
-# beside them, each line naming the GPU it ran on, which need not be an H200: set its *ratios to
-# a copy* beside the committed ones, never its µs. Without a GPU everything runs in Triton's
-# interpreter at tiny sizes: the *errors* are real, the **timings meaningless**. About two hours
-# with the three exercises; the appendix can wait.
+# `benchmarks/results/`, measured on an H200 (section 5 lists each file with its GPU and date), and
+# the code cell beside each paragraph asserts them. A live GPU run prints its own timings beside
+# them, each line naming the GPU it ran on, which need not be an H200 (the executed page,
+# `docs/executed/07-te-vs-triton-live.html`, shows a run on an H100): set its *ratios to a copy*
+# beside the committed ones, never its µs. Without a GPU everything runs in Triton's interpreter at
+# tiny sizes: the *errors* are real, the **timings meaningless**. About two hours with the three
+# exercises; the appendix can wait.
 
 # %%
 import os, torch
@@ -101,8 +102,8 @@ assert all(p.available or p.reason for p in provs)
 #   $$ \text{bytes}_\text{fwd} = 2\,S B H D\, e + 4\, S R, \qquad
 #      \text{bytes}_\text{fwd+bwd} = 2\,\text{bytes}_\text{fwd}; $$
 # - **ratio to copy** $= t_\text{copy} / t_\text{provider}$: 1.0 is as fast as copying the
-#   tensor, the floor for a memory-bound op. A copy timed in the same run absorbs clocks, cache
-#   sizes and the driver; a data-sheet bandwidth does not;
+#   tensor, the yardstick for a memory-bound op (not a hard floor: 7.3). A copy timed in the same
+#   run absorbs clocks, cache sizes and the driver; a data-sheet bandwidth does not;
 # - **errors** against fp64, two in **ulps** (units in the last place of the output dtype):
 #   `max_ulp_err` against the ulp *at each element's own value*, `max_head_ulp_err` against the
 #   ulp of the *largest value in its head vector*; rounded once, an output scores at most 0.5 on
@@ -595,10 +596,11 @@ if "bf16" in models:     # ropelib's bf16 sweep at batch 1, S = 2048 held out
 # would not be). The fused kernels pay 7.8 to 10.3 µs a call before a byte moves, the copy 5.3
 # to 5.4 µs, eager PyTorch 35.5 µs in fp32 and 60.7 µs in bf16 (its ten launches).
 #
-# ropelib pays less per call than TE's kernel and streams faster. Its fp32 line, 4368 GB/s
-# against the copy's 4296, ties the copy: memory-bound. Its line predicts the held-out point at
-# 25.8 µs, measured 26.0. In bf16 at batch 1 it streams at 0.89 of the copy's bandwidth, a loss
-# beyond the fixed cost that no measurement in this notebook explains.
+# ropelib pays less per call than TE's kernel and streams faster, in both dtypes. In fp32 its
+# line streams at 4368 GB/s against the copy's 4296: a tie, so memory-bound. In bf16 at batch 1
+# it streams at 0.89 of the copy's bandwidth, a loss beyond the fixed cost that no measurement in
+# this notebook explains. The bf16 line fitted without $S = 2048$ (the plot) predicts that point
+# at 25.8 µs; it measured 26.0.
 
 # %% [markdown]
 # ### 6.2 Forward+backward: no line through the points
@@ -615,10 +617,9 @@ if "bf16" in models:     # ropelib's bf16 sweep at batch 1, S = 2048 held out
 # $S = 1792$, 702 µs).
 #
 # **Why:** two copies of a point's bytes take at most 127 µs, less than the host alone needs to
-# issue one eager forward+backward. The **floor suite** (`ropelib.bench.floor`, committed as
-# `floor-nvidia-h200.csv`) timed that host time at decode size: ropelib 205 µs, TE 139 µs. The
-# batch-1 medians lie at 0.77 to 1.06 times those host times (section 7.1): the times point at
-# the host, whose work does not follow the bytes. Section 7 times both sides of one call.
+# issue one eager forward+backward: ropelib 205 µs, TE 139 µs, timed at decode size by the
+# **floor suite** (`ropelib.bench.floor`, committed as `floor-nvidia-h200.csv`). The times
+# follow the host, whose work does not grow with the bytes; section 7 times both sides.
 
 # %%
 # the host's time per eager forward+backward call, measured on its own (floor suite)
@@ -694,11 +695,11 @@ if len(models) == 2:
 #
 # ### 7.1 The host's time per call
 #
-# The floor suite timed the host alone issuing eager forward+backward calls at decode size (one
-# token, batch 64, 32 heads of 128, sbhd; 100 calls back to back, then one synchronisation, the
-# best of 5 rounds): ropelib 205 µs, TE 139 µs. Section 6's batch-1 medians lie at 0.77 to 1.06
-# times these. The two are not timed alike (a median of section 6 is `do_bench`'s, one call at
-# a time after a 256 MiB memset) and not at the same shapes, so the ratio points at the host
+# Section 6.2's host times (ropelib 205 µs, TE 139 µs) come from the floor suite issuing eager
+# forward+backward calls at decode size: one token, batch 64, 32 heads of 128, sbhd; 100 calls back
+# to back, then one synchronisation, the best of 5 rounds. Section 6's batch-1 medians lie at 0.77
+# to 1.06 times these. The two are not timed alike (a median of section 6 is `do_bench`'s, one call
+# at a time after a 256 MiB memset) and not at the same shapes, so the ratio points at the host
 # without measuring it. The rest of the section times both sides of one call.
 
 # %%
@@ -902,6 +903,11 @@ if GPU and {"ropelib", "te_fused"} <= available:
         assert 0.5 < t["calls"] / t["do_bench_calls"] < 2, t
 
 # %% [markdown]
+# **Reading the forward+backward lines.** On a GPU with TE the cell checks that each provider's
+# enqueue exceeds its replayed time (the host is the slower side), that the loop's events exceed
+# the replayed time (the device waits for the host), and that ropelib's `do_bench` median is more
+# than twice its replayed kernels: at this size `do_bench` times ropelib's host, not its kernels.
+#
 # **Section 2's forwards** (64 MiB of bf16), timed with exercise 2's function (yours if it
 # passed), then with `do_bench` and its loop written out. Each provider gets two verdicts:
 #
@@ -914,12 +920,12 @@ if GPU and {"ropelib", "te_fused"} <= available:
 #
 # **A fraction above 1 is two timers, not a kernel faster than memory.** The fraction sets a
 # replayed time (calls back to back, no memset, no events between them) against section 2's copy
-# timed by `do_bench`, so a device-bound call can come out above 1: ropelib, 1.04, in the H100
-# run of `docs/executed/07-te-vs-triton-live.html`. The same forward timed by `do_bench` as the
-# copy was (the line's "section 2's median") stays under the copy there. A second reason shows in
-# the committed H200 log (appendix A.5): ropelib's forward kernel alone runs shorter than
-# PyTorch's copy kernel of the same bytes. The copy is a yardstick, not a hard floor: notebook
-# 04 (section 4) notes a kernel up to 1 % faster than it.
+# timed by `do_bench`, so a device-bound call can come out above 1: ropelib, 1.04, in the executed
+# page's H100 run. The same forward timed by `do_bench` as the copy was (the line's "section 2's
+# median") stays under the copy there. A second reason shows in the committed H200 log (appendix
+# A.5): ropelib's forward kernel alone runs shorter than PyTorch's copy kernel of the same bytes.
+# The copy is a yardstick, not a hard floor: notebook 04 (section 4) notes a kernel up to 1 %
+# faster than it.
 
 # %%
 if GPU:
@@ -1252,9 +1258,9 @@ assert [(c, p) for c in MID + [BIG] for p in PROVS
 #    TE's kernels (482 µs) set its pace, the one device bar above its host's.
 #
 # An eager call both issues its work and waits for it, so it should take at least the taller of
-# its two bars; it measures 0.68 to 1.02 of it, short of the host's bar wherever that is the
-# taller. Two host timings of one call differ by up to a third: read a host time to a few tens
-# of per cent.
+# its two bars. It measures 0.68 to 1.02 of it: wherever the host's bar is the taller, the eager
+# call comes in under it, by up to a third. Both are timings of the same host work taken in
+# separate rounds, so read a host time to a few tens of per cent, not to the microsecond.
 #
 # A host-bound call is cured by replaying the whole step from a CUDA graph (notebook 11,
 # section 4, replays a decoding step that way), not by compiling the RoPE call alone:
@@ -1316,14 +1322,16 @@ rows_kernel = my_rows_kernel if rows_ok else yardstick.solution_rows_kernel
 print("racing", "your kernel" if rows_ok else "the worked kernel")
 
 # %% [markdown]
-# **The race.** On one bf16 tensor (256 MiB on a GPU, a few KiB in the interpreter) the cell
-# times `y.copy_(x)`, `ropelib.apply_rope`, and your kernel copying and rotating at tiles of one
-# row a program and more, through `launch_rows` (change its grid or add `num_warps=`, and
-# rerun). Read **down the last column** your copy's time per program an SM runs, $t_\text{copy}
-# \cdot n_\text{SM} / n_\text{programs}$: near notebook 03's ~80 ns a program (section 4), the
-# program count, not the bytes, sets the time (worked kernel, GPU: checked 70 to 95 ns at one
-# row). Read **across a row** *rotation / copy*, what the angles, sines and cosines add at that
-# tile (worked kernel, GPU: checked under 1.1 at one row, over 1.5 at four, over 2 at sixteen).
+# **The race.** On one bf16 tensor (256 MiB on a GPU, a few KiB in the interpreter) the cell times
+# `y.copy_(x)`, `ropelib.apply_rope`, and your kernel copying and rotating at tiles of one row a
+# program and more, through `launch_rows` (change its grid or add `num_warps=`, and rerun). Read
+# **down the last column** your copy's time per program an SM runs, $t_\text{copy} \cdot
+# n_\text{SM} / n_\text{programs}$: where it sits near notebook 03's ~80 ns a program (section 4)
+# *and* your copy falls well short of torch's (the "of torch" column), the program count, not the
+# bytes, sets the time (worked kernel, GPU: checked 70 to 95 ns at one row, and four rows a program
+# copy faster than one). Read **across a row** *rotation / copy*, what the angles, sines and
+# cosines add at that tile (worked kernel, GPU: checked under 1.1 at one row, over 1.5 at four,
+# over 2 at sixteen).
 
 # %%
 if GPU:
@@ -1393,7 +1401,8 @@ if GPU and not rows_ok:     # the worked kernel: a program's cost, and what the 
 #   tile, and per element to no more at 64 rows than at one (the worked kernel: than at four).
 # - **Spills**: the rotation's registers grow with the tile until, at 64 rows, a thread takes all
 #   255 and spills to local memory: under Triton 3.6, 115 stores (`STL`) and 83 loads (`LDL`)
-#   beyond the sine's and cosine's slow-path array (read off the one-row tile), none to 16 rows.
+#   beyond the sine's and cosine's slow-path array (the range reduction for large angles keeps
+#   a small array in local memory at every tile; read off the one-row tile), none to 16 rows.
 # - **Warps**: an SM has 65,536 registers, so a thread's count $r$, rounded up to 8, caps the
 #   warps an SM holds for programs of 4 warps (128 threads):
 #   $$ \text{warps/SM} = \min\left(64,\; 4 \left\lfloor \frac{65536}{128 \cdot
@@ -1452,13 +1461,13 @@ if not rows_ok:     # the worked kernel: from 4 rows to 64 the count per element
     assert inst_per_elem[64, True] <= inst_per_elem[4, True]
 
 # %% [markdown]
-# **Where the growth comes from.** Not from the instructions: the worked kernel compiles to no
-# more of them per element at 64 rows than at four. From one row to four the copy gets faster
-# (at one row the program count sets its time) and the rotation gains less. From four rows on
-# the rotation's registers grow and the warps an SM holds fall, with spills at 64 rows; the race
-# cell checks on a GPU that the rotation's time rises from 4 rows to 64. Whether fewer warps or
-# the spills cost that time needs counters not measured here (appendix A.6 races a variant that
-# cuts both at once).
+# **Where the rotation's extra time comes from.** Not from the instructions: the worked kernel
+# compiles to no more of them per element at 64 rows than at four. From one row to four the copy
+# gets faster (at one row the program count sets its time) and the rotation gains less. From four
+# rows on the rotation's registers grow and the warps an SM holds fall, with spills at 64 rows;
+# the race cell checks on a GPU that the rotation's time rises from 4 rows to 64. Whether fewer
+# warps or the spills cost that time needs counters not measured here (appendix A.6 races a
+# variant that cuts both at once).
 
 # %% [markdown]
 # Now your kernel as a provider, at its fastest tile, beside the others (forward only). Rounded
