@@ -16,21 +16,26 @@
 # %% [markdown]
 # # 05 — The finished kernel, one idea at a time
 #
-# On an H200, notebook 04's batch-reusing grid runs at two thirds to three quarters of the speed
-# of a device copy of the same tensor at batch 8 (a fifth at batch 1, where it has no batch to
-# reuse over); ropelib's finished kernel (`ropelib/kernels/fused.py`) runs at about nine tenths
-# (section 5). Most of that climb is the ladder's first step. The last tenth is not the
-# rotation's: a plain copy launched on the finished kernel's tile, batch loop and grid, with no
-# rotation at all, lands about where the kernel does (section 5). On large tensors (64 MiB and
-# up) `ropelib.apply_rope` takes another route (section 6): two passes, the second of over a hundred
-# thousand small 2-warp programs with no loop, which match the copy within the timing's spread
-# once the first pass's rows are kept: from the second call with the same table on, only the
-# second pass runs.
+# RoPE reads each element of q and k once and writes it once, so a device copy of the same tensor
+# (`y.copy_(x)`), which moves the same bytes less a small table of angles, is the bar: every speed
+# here is a fraction of the copy's. On an H200, notebook 04's batch-reusing grid reaches two
+# thirds to three quarters of it at batch 8 (a fifth at batch 1, where it has no batch to reuse
+# over). This notebook climbs from there to ropelib's finished kernel (`ropelib/kernels/fused.py`),
+# at about nine tenths (section 5).
 #
-# The notebook starts from a number — how many bytes a GPU must have in flight to stream at full
-# speed — which sets a floor under the tile. It then climbs a ladder of kernels, each adding one
-# idea and each checked against the reference, until the last one computes what ropelib's kernel
-# computes, bit for bit.
+# It starts from a number — how many bytes a GPU must have in flight to stream at full speed —
+# which sets a floor under the tile (section 2). It then climbs a ladder of kernels (section 3),
+# each adding one idea and each checked against the reference, until the last computes what
+# ropelib's kernel computes, bit for bit. Sections 4 and 5 read what the compiler made of each
+# rung and what each step bought: most of the climb is the first step, and the last tenth is not
+# the rotation's, since a plain copy launched on the finished kernel's tile, batch loop and grid
+# lands about where the kernel does.
+#
+# Section 6 leaves the ladder. For large tensors (64 MiB and up) `ropelib.apply_rope` takes a
+# two-pass route: a small pass writes a table of cos/sin rows, and a flat pass of over a hundred
+# thousand 2-warp programs with no loop rotates x, reaching the copy at batch 8 with 32 heads
+# (0.996 of it at 256 MiB, 1.002 at 1 GiB, on the H200). From the second call with the same table
+# on, only the flat pass runs.
 #
 # **Where the numbers come from.** Every timing and profile the text quotes is read from a
 # committed CSV under `benchmarks/results/`, measured on an NVIDIA H200 (each table prints its
@@ -120,7 +125,8 @@ def check_rung(y, x, freqs, name):
 # - **`finished kernel (forced)`**: the same call with its route forced to the finished kernel,
 #   `ropelib/kernels/fused.py`.
 #
-# At bf16 sbhd $s = 4096$, $b = 8$, $h = 32$, $d = 128$:
+# At bf16 sbhd (x as $[S, B, H, D]$: tokens, batch, heads, head dim, as in notebook 03) with
+# $s = 4096$, $b = 8$, $h = 32$, $d = 128$:
 
 # %%
 GEN_CSV = measured.path("generations")
@@ -139,9 +145,10 @@ if start:
             print(f"  {shown:24s} {r['fwd_ms'] * 1e3:6.0f} µs  "
                   f"{100 * r['copy_fwd_ms'] / r['fwd_ms']:5.1f} % of copy "
                   f"(copy {r['copy_fwd_ms'] * 1e3:.0f} µs)")
-    # the intro's words: two thirds to three quarters of a copy for the batch-reusing grid;
-    # apply_rope as called (the two-pass route at this size) all of one, within the timing's
-    # spread: the copy's median lies between apply_rope's 20 % and 80 % quantiles
+    # the intro's claims on this CSV: two thirds to three quarters of a copy for the
+    # batch-reusing grid; apply_rope as called (the two-pass route at this size) at the copy's
+    # speed within the timing's spread: the copy's median lies between apply_rope's 20 % and
+    # 80 % quantiles
     r = start["ropelib"]
     print(f"  copy {r['copy_fwd_ms'] * 1e3:.1f} µs; apply_rope's 20-80 % quantiles "
           f"{r['fwd_ms_p20'] * 1e3:.1f}-{r['fwd_ms_p80'] * 1e3:.1f} µs")
@@ -355,14 +362,16 @@ plt.show()
 
 # %% [markdown]
 # Above that floor the model does not order the candidates, so ropelib's tile was chosen by a
-# sweep of timed tiles (`ropelib/kernels/tiles.py` names the sweeps). What the floor asks of a
-# tile:
+# sweep of timed tiles (`ropelib/kernels/tiles.py` names the sweeps). ropelib's **planner**
+# (`launch.plan`) turns those knobs into a launch for each call: route, tile, warps and grid, from
+# the shapes and the GPU. What the floor asks of a tile:
 #
 # - **per thread**: a wide vector per load (8 bf16 = 16 bytes is the widest); one 2-byte element
 #   per thread cannot be enough;
 # - **per program**: $T$ threads moving $e$ elements each stream a tile of $e \cdot T$ elements;
-#   ropelib's planner aims at $e \cdot T$ = 4096 (both halves) for bf16 with a batch loop —
-#   `TILE_LOOP`, split as 16 elements × (32 × 8) threads on the H200 (`TILES_BY_GPU`);
+#   the planner aims at $e \cdot T$ = 4096 (both halves) for bf16 with a batch loop. The knob
+#   `TILE_LOOP` splits it as 8 elements × (32 × 16) threads, the H100's sweep; `TILES_BY_GPU`
+#   gives the H200 16 elements × (32 × 8);
 # - **number of programs**: if $k$ programs fit on an SM, the grid needs at least
 #   $k \cdot N_\text{SM}$ of them or SMs idle; the planner wants 4 per SM (`PROGRAMS_PER_SM`) and
 #   below that splits the batch into chunks (rung 4).
@@ -529,8 +538,8 @@ assert torch.equal(y, ladder.rope_ladder("heads", x, freqs))              # the 
 # attention model, GQA) a quarter of it, and with $d = 64$ half again. Rung 2's idea is that the
 # tile should then span **tokens** too: $[\text{BLOCK\_S}, \text{BLOCK\_H}, D/2]$ per half, heads
 # first, then tokens, up to section 2's 4096-element target (`ladder.tile_shape`), with cos/sin a
-# $[\text{BLOCK\_S}, 1, D/2]$ tile broadcast over the heads. It is a hypothesis: section 5 times it,
-# and at the sizes timed it gains nothing. At $h = 32$ the heads alone fill the target, so
+# $[\text{BLOCK\_S}, 1, D/2]$ tile broadcast over the heads. Section 5 times the idea: at the
+# sizes timed it gains nothing. At $h = 32$ the heads alone fill the target, so
 # $\text{BLOCK\_S} = 1$: rung 1's tile in the 3-D form. Only with 8 heads does the tile span tokens,
 # 4 of them (the launch cell prints both plans and checks this).
 #
@@ -1291,9 +1300,10 @@ else:
 #
 # **Not explained on this page:** the chunks rung's three points at $h = 32$ (neither the launch,
 # the loop bounds nor the store form makes its extra writes: A.1); the 16-token panel from `chunks`
-# on, whose calls split into fast and slow ones (whiskers four to five times their 20 % quantile),
-# so its steps say nothing about the rungs, and what the slow calls wait for is not measured; equal
-# halves at $h = 8$, −0.2 points (hatched) against +5.5 at $h = 32$, not profiled at $h = 8$.
+# on, whose calls split into fast and slow ones (the chunks and accurate rungs' 80 % quantiles are
+# four to five times their 20 % ones), so its steps say nothing about the rungs, and what the slow
+# calls wait for is not measured; equal halves at $h = 8$, −0.2 points (hatched) against +5.5 at
+# $h = 32$, not profiled at $h = 8$.
 
 # %%
 from ropelib.course.checks_nb05 import said
@@ -1552,18 +1562,21 @@ assert [said(mech[v]["waves"], 2) for v in ("ropelib", "copy")] == ["7.76", "31.
 assert [said(100 * idle_share[v], 1) for v in idle_share] == ["3.0", "3.0"]
 
 # %% [markdown]
-# **What the copy on the tile says.** In the committed H200 timing (`benchmarks/tile_sweep.py`,
-# printed after the live lines) the copy on rung 6's launch runs at 0.913 of `y.copy_(x)` and rung 6
-# at 0.915 on the same launch. On a GPU the cell times both again and asserts them within 0.02 of
-# each other (and, on an H200, the copy below 0.95): on the executed page's H100, with its own
-# 16-warp tile, 0.961 and 0.946, beside the table probe's H200 rung at 0.907. A kernel that moves
-# the same bytes with no angles and no arithmetic on the same launch pays what the rung pays: with
-# the table probe, the finished kernel does not stop short of a copy for its cos/sin. Nor does
-# another tile of this kind close the gap: over the 104 launches swept at this size the copy never
-# passes 0.945, and the best profiled tiles of heads, with a batch loop on 1, 2, 4 or 8 warps or
-# without one on 8, stop at 0.87 to 0.91; only the flat pass (section 6) passes them. The copy holds
-# fewer registers than the rung, so more of its programs could fit on an SM; its occupancy was not
-# profiled, so whether more resident warps would close the gap is open. The last, partly filled
+# **What the copy on the tile says.** On rung 6's launch, a kernel that moves the same bytes with
+# no angles and no arithmetic pays what the rung pays. In the committed H200 timing
+# (`benchmarks/tile_sweep.py`, printed after the live lines) the copy on the tile runs at 0.913 of
+# `y.copy_(x)` and rung 6 at 0.915. The live lines time both again and assert them within 0.02 of
+# each other (on an H200, the copy also below 0.95): on the executed page's H100, with its own
+# 16-warp tile, 0.961 and 0.946. With the table probe, this says the finished kernel does not stop
+# short of a copy for its cos/sin: its launch shape holds the gap.
+#
+# No other tile of this shape closes it: over the 104 launches swept at this size the copy on the
+# tile never passes 0.945, and the best profiled tiles of heads (a batch loop on 1, 2, 4 or 8
+# warps, or none on 8) stop at 0.87 to 0.91. Only the flat pass of section 6, with no loop and
+# many small programs, passes them.
+#
+# Why the launch shape costs this is open. The copy holds fewer registers than the rung, so more
+# of its programs fit on an SM, but its occupancy was not profiled. The last, partly filled
 # **wave** (one round of programs filling every SM's slots) is a weak candidate: the finished
 # kernel's 4,096 programs make 7.76 waves and, if every wave took as long, leave 3.0 % of the SMs'
 # program slots idle at the end, but the copy's own grid (31.03 waves) leaves the same 3.0 %.
@@ -1592,10 +1605,11 @@ assert [said(100 * idle_share[v], 1) for v in idle_share] == ["3.0", "3.0"]
 # the one before it ends): its programs start while the pre-pass runs, and each waits for the
 # pre-pass's rows before it reads them.
 #
-# The route is taken when q and k are fresh-output, contiguous, at least 64 MiB, and the table is
-# small beside them: at most 1/32 of the bytes the flat pass moves where every call writes its
-# rows (an operator call, or compiled code), 1/16 where an eager call keeps them; otherwise the
-# finished kernel runs. Packed sequences (thd) take it too, through a row index per token
+# The route is taken when q and k are contiguous, at least 64 MiB and rotated into new outputs
+# (not in place), and the table is small beside them: at most 1/32 of the bytes the flat pass
+# moves where every call writes its rows (an operator call, or compiled code), 1/16 where an eager
+# call keeps them; otherwise the finished kernel runs. Packed sequences (thd: the tokens of several
+# sequences along one axis, $[T, H, D]$) take it too, through a row index per token
 # (`benchmarks/results/two_pass_thd-*.csv`). Tensors on the `meta` device show which route an
 # eager call would take (the last four lines: section 5's ladder sizes):
 
@@ -2167,8 +2181,8 @@ else:
 # rotating features of the second half (or of the next head), and the rows' mask keeps the last
 # program inside the tensor. `_rotate_pairs` in `ropelib/kernels/flat.py` does this for ropelib,
 # with two more things: the table's rows may come from a row index (packed sequences and position
-# ids), and its table addresses are written as section 6 found fastest for each route (A.10 shows
-# it).
+# ids), and it writes its table addresses in the form that timed faster for each route (section
+# 6; A.10 shows the code).
 
 
 # %% [markdown]
@@ -2325,8 +2339,8 @@ if compiled:                                        # the layouts compiled in se
 #
 # The rest of what the route does and why, every number read from a committed H200 run and
 # checked: the flat pass's registers, the flags its pre-pass writes and what they save at batch 1,
-# the pass for rows known to hold equal pairs, torch.compile given each other's tables, where the
-# pairs-in-a-thread design came from, and the shipped pass itself.
+# the pass for rows known to hold equal pairs, torch.compile given each other's tables, why the
+# flat pass holds both members of a pair in one thread, and ropelib's pass itself.
 
 # %% [markdown]
 # ### A.6 The flat pass beside the finished kernel
@@ -2466,7 +2480,8 @@ checks_nb05.kept_rows_three_ways(hr_meta["gpu"])
 if sched:   # ropelib's flat pass given the flags, and the PAIRS_EQUAL pass, compiled for sm_90
     checks_nb05.flags_in_machine_code(own, planned_m["registers"],
                                       flat["registers"] if compiled else None)
-# the two half-rows probe runs of that afternoon: a's loads waiting too, and the pass as shipped
+# two runs of the half-rows probe on the H200: member a's loads waiting for the flag too, and
+# only b's waiting (ropelib's pass)
 checks_nb05.a_loads_wait()
 
 # %% [markdown]
@@ -2581,7 +2596,7 @@ if triton.__version__.startswith(("3.6", "3.9")):     # the counts the text give
 checks_nb05.elementwise_pass_runs(tp, tp_meta, behind)
 
 # %% [markdown]
-# ### A.10 The shipped pass
+# ### A.10 ropelib's pass
 #
 # Here it is as `apply_rope` runs it on large tensors: `_rope_rows_kernel` splits its programs
 # between q and k, `_rotate_rows` finds a program's rows (by token, by batch entry, or through a
