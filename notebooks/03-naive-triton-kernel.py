@@ -46,8 +46,9 @@
 # an NVIDIA H200 and committed under `benchmarks/results/` (files ending in
 # `-nvidia-h200.csv`); the cells read them and check each number the text quotes, so they are
 # the same on every machine. Cells that time live on a GPU print their own numbers, for the
-# GPU the second cell names. On another GPU than an H200 (an H100, say) those differ from the
-# H200's, and each such cell says whether it compares the two.
+# GPU the setup cell below prints (the executed page of this notebook ran on an H100). On a GPU
+# other than an H200 those differ from the H200's, and each such cell says whether it
+# compares the two.
 #
 # **Time budget.** Running every cell takes a minute or two on the CPU in the interpreter.
 # Reading it, working through its tables and trying the suggested edits takes about 2 to 2.5
@@ -423,7 +424,8 @@ for dtype in (torch.float32, torch.bfloat16):
 # that this cell is the code in ropelib, line for line:
 #
 # - **`BACKWARD`** rotates by $-\theta$, which turns `grad_y` into `grad_x` (notebook 06);
-# - **`COMPUTE_DTYPE`** is fp32, or fp64 for fp64 inputs, so that `gradcheck` works;
+# - **`COMPUTE_DTYPE`** is fp32, or fp64 for fp64 inputs, so that `gradcheck` (PyTorch's
+#   comparison of gradients against finite differences, which needs fp64) works;
 # - **`BF16_RTNE`** makes the store round bf16 to nearest even by hand (`round_to`) when the
 #   interpreter would truncate; on a GPU it is False and `round_to` is a plain cast.
 #
@@ -643,14 +645,13 @@ assert not same_x["step 3"] and same_x["_rope_naive_kernel"]   # the two contrac
 # below runs `my_rope_naive`, the launcher of section 3.4, so an edit there shows in its times.
 #
 # **In the interpreter `num_warps` does nothing**: each program runs as one NumPy computation
-# on whole tiles, with no threads, so the four results below are bit-identical on the CPU for
-# that reason alone. On a GPU they are four compiled kernels, and the cell times each with
-# Triton's `do_bench` (the median of many launches), and prints its time per program on each
-# SM (time × SMs ÷ programs). At 1 warp it sets that beside what a program of an empty kernel
-# costs on an H200 (measured further down): on an H200 it checks that the two agree within
-# 10 %, which says the launch is bound by its number of programs; on another GPU it prints
-# both without comparing them, since the empty kernel was not measured there. On any GPU it
-# checks that 8 warps take longer than 2.
+# on whole tiles, with no threads, so on the CPU the four results below are bit-identical for
+# that reason alone. On a GPU they are four compiled kernels. The cell times each with
+# Triton's `do_bench` (the median of many launches) and prints its time per program on each
+# SM, $\text{time} \times \text{SMs} / \text{programs}$. At 1 warp it sets that beside the
+# cost of a program of an empty kernel, measured on an H200 further down; on an H200 it checks
+# that the two agree within 10 % (the launch is bound by its number of programs), elsewhere it
+# prints both. On any GPU it checks that 8 warps take longer than 2.
 
 # %%
 results = {nw: my_rope_naive(x, freqs, num_warps=nw) for nw in (1, 2, 4, 8)}
@@ -697,9 +698,11 @@ else:
 # compiler reported (`benchmarks/results/mechanism-nvidia-h200.csv`). The cell below reads it
 # (`ropelib.course.measured`) and checks each point. On a GPU it also times `my_rope_naive`
 # beside a copy of the same bytes, live at the profile's shape. On an H200 it checks their
-# ratio against a band (4 to 6.5), not against the profile's 5.1: `do_bench` takes a median
-# of many launches, the profile one launch, and a live time moves from run to run. On another
-# GPU it prints the ratio without checking it. Four points:
+# ratio against a band (4 to 6.5) rather than the profile's 5.1, since `do_bench` takes a
+# median of many launches and the profile one launch. On another GPU it prints the ratio
+# unchecked, and the ratio differs: a GPU with less memory bandwidth than the H200 (an H100)
+# copies more slowly, while the naive kernel, bound by its programs, takes about the H200's
+# time, so the ratio comes out smaller. Four points:
 #
 # - **Not bytes.** The DRAM bytes counted match the bytes model (read $x$, write $y$, read the
 #   angle table once) within a few percent, for the naive kernel as for the copy (0.965 and
@@ -712,16 +715,15 @@ else:
 #   occupancy*, the average share of an SM's 64 warp slots holding a warp, is 28.1 % against
 #   the copy's 85.3 %, about 18 of the 32 programs an SM could hold. The measurements below
 #   show that this low occupancy follows from the slow starts; it does not cause them.
-# - **Not bytes in flight.** Memory delivers its bandwidth only when enough bytes are
-#   requested and not yet returned (Little's law: bytes in flight = bandwidth × latency).
-#   `measured` estimates an upper bound per SM; no counter measures it: resident warps × the
-#   `x` bytes a warp asks for in one step (one 256-byte row, for the naive kernel as for
-#   notebook 04's, whose `x B/prog` counts the $B$ rows it loops over). The naive kernel's
-#   bound is 4.5 KiB, a twelfth of the copy's 54.6 KiB. Low as it is, it does not set the
-#   naive kernel's time: the next point shows the time unchanged while this bound falls
-#   nearly threefold, and notebook 04's batch-reusing kernel asks for only 1.7 times the naive
-#   kernel's KiB per SM yet runs 3.5 times faster. (Notebook 05, section 2, measures where
-#   bytes in flight do set a kernel's time.)
+# - **Not bytes in flight.** Memory delivers its bandwidth only when enough bytes have been
+#   requested and not yet returned (Little's law: bytes in flight = bandwidth × latency). No
+#   counter measures them; `measured` bounds them per SM by resident warps × the `x` bytes a
+#   warp asks for in one step: one 256-byte row, for the naive kernel as for notebook 04's
+#   (whose `x B/prog` counts all $B$ rows its program loops over). The naive kernel's bound,
+#   4.5 KiB, is a twelfth of the copy's 54.6 KiB, yet it does not set the time: notebook 04's
+#   kernel asks for only 1.7 times the naive kernel's KiB per SM and runs 3.5 times faster, and
+#   the next point shows the time unchanged while the bound falls nearly threefold. (Notebook
+#   05, section 2, measures where bytes in flight do set a kernel's time.)
 # - **The number of programs.** Notebook 04's ablation (section 5.3 there) has two more
 #   kernels of 1,048,576 one-row programs: `sh_one_b`, notebook 04's kernel with its batch loop
 #   cut to one row, and `sh_one_b_table`, the same reading cos and sin from fp32 tables instead
@@ -852,9 +854,10 @@ assert round(life_us, 1) == 1.4
 # nothing take as long as the naive kernel (within 1 %), and as long as a million programs
 # that each move their row. So at 1 warp the naive kernel's time is the time the GPU takes to
 # start and retire its programs, about 80 ns per program on each SM. Its loads, stores and
-# arithmetic fit under that, but only just: in the profile below the schedulers of the 1-warp
-# naive kernel issue an instruction in 72 % of cycles, those of the one-row kernel (a row
-# moved, no arithmetic) in 4 %. The cost of a start does not grow with the warps: the empty
+# arithmetic fit under that, but only just. Each cycle, an SM's *warp schedulers* each pick a
+# warp that is ready and *issue* its next instruction; in the profile below, those of the
+# 1-warp naive kernel issue in 72 % of cycles, those of the one-row kernel (a row moved, no
+# arithmetic) in 4 %. The cost of a start does not grow with the warps: the empty
 # and one-row kernels keep their 1-warp time at 8 warps, when at most 8 programs fit an SM
 # (64 warp slots ÷ 8).
 #
@@ -866,18 +869,19 @@ assert round(life_us, 1) == 1.4
 # programs reach occupancies 2.9 times apart in the same time.
 #
 # **What the extra warps cost.** Starts do not get costlier with more warps, so something
-# else slows the naive kernel at 4 and 8 warps. `benchmarks/naive_warps_ncu.py` profiled it at
-# 1, 2, 4 and 8 warps on the same H200 under Nsight Compute, beside the one-row kernel at 1
-# and 8 warps, on the same 256 MiB `x` (`naive_warps_ncu-nvidia-h200.csv`; the profiler fixes
-# the SM clock, so compare its times with each other, not with `do_bench`'s). A half of a head
-# row is a tile of 64 pairs: one warp's 32 threads hold two pairs each, two warps' 64 threads
-# one each. Four and eight warps have more threads than pairs, yet Triton's layout gives every
-# thread an element anyway: threads hold copies of the same pairs, and each copy is loaded and
-# rotated again. Besides the time, the cell prints the warp instructions executed, the global
-# load instructions and the 32-byte sectors they asked for (section 5 explains sectors), and
-# how busy the schedulers were: the share of cycles in which a scheduler issued an
-# instruction, and how many cycles a ready warp waited to be picked between two of its
-# instructions (Nsight Compute's `not_selected`).
+# else slows the naive kernel at 4 and 8 warps. A half of a head row is a tile of 64 pairs: one
+# warp's 32 threads hold two pairs each, two warps' 64 threads one each. Four and eight warps
+# have more threads than pairs, yet Triton's layout gives every thread an element anyway:
+# threads hold copies of the same pairs, and each copy is loaded and rotated again.
+#
+# `benchmarks/naive_warps_ncu.py` profiled the naive kernel under Nsight Compute at 1, 2, 4 and
+# 8 warps, beside the one-row kernel at 1 and 8 warps, on the same H200 and the same 256 MiB
+# `x` (`naive_warps_ncu-nvidia-h200.csv`; the profiler fixes the SM clock, so compare its
+# times with each other, not with `do_bench`'s). The cell prints the time, the warp
+# instructions executed, the global load instructions and the 32-byte sectors they asked for
+# (section 5 explains sectors), the share of cycles in which a scheduler issued, and how many
+# cycles a ready warp waited to be picked between two of its instructions (Nsight Compute's
+# `not_selected`).
 
 # %%
 nw_csv = measured.RESULTS / "naive_warps_ncu-nvidia-h200.csv"
@@ -929,8 +933,9 @@ assert abs(naive_w[1]["gpu__time_duration.sum"] / row1["gpu__time_duration.sum"]
 #
 # More warps add instructions: 1.38, 2.74 and 5.46 times the 1-warp count at 2, 4 and 8 warps.
 # Had a warp's work shrunk with its share of the tile, 2 warps together would execute what 1
-# does; the 1.38 says part of each warp's work does not shrink (this page does not break it
-# down; notebook 05's appendix A.4 counts a kernel's instructions opcode by opcode). From 4
+# does; the 1.38 says part of each warp's work does not shrink (this notebook does not break
+# it down; notebook 05's appendix A.4 shows how, counting the finished kernel's instructions
+# opcode by opcode). From 4
 # warps on the threads hold copies of the same pairs, and the load sectors double at 4 warps
 # and again at 8 (the same bytes asked for again). The schedulers are busy in 83–84 % of their
 # cycles from 2 warps on, a ready warp waits 6 to 8 cycles to be picked, and the time follows
@@ -961,7 +966,8 @@ assert abs(naive_w[1]["gpu__time_duration.sum"] / row1["gpu__time_duration.sum"]
 # load, the hardware gathers the addresses of all of them and fetches every sector they touch,
 # once; a load is *coalesced* when its lanes cover whole sectors, so every byte fetched is
 # used. The L1 cache of each SM keeps recently loaded sectors, so a second load of the same
-# sectors soon after is served from L1 without going back to L2 or DRAM. Stores are different:
+# sectors soon after is served from L1 without going back to L2 (the cache all SMs share) or
+# DRAM. Stores are different:
 # L1 does not collect them — each store instruction sends its sectors on to L2 at once, with a
 # mask of the bytes it writes. L1 softens a wasteful pattern of loads, but not of stores.
 #
@@ -1135,14 +1141,14 @@ draw_sectors(recorded, FIGURES / "03-access-sectors.png")
 # offsets `2*j + [0, 1]` are contiguous along the last axis only, two elements long; in (d)
 # `tl.arange(0, D)` is one run of the whole row.
 #
-# So whether (c) runs like (d) on a GPU is the compiler's choice. The next cell compiles both for
-# sm_90 on this machine, no GPU needed, and works out from the compiled layout the sectors one
-# warp's load touches (how, after the counters below); it prints what to expect of (c). On a
-# GPU the cell after it times all five kernels on a large tensor, 16 rows per program, beside a
-# device copy of the same bytes. A stride-2 load should cost little (L1 catches it), a
-# stride-2 store more, and (c) against (d) as the compiled layout says. The cell checks which
-# way each goes on any GPU; how far (a stride-2 store more than 1.5 times (c)'s time, (d) under
-# half of it) it checks only on an H200, the GPU the counters below were measured on.
+# So whether (c) runs like (d) on a GPU is the compiler's choice. The next cell compiles both
+# for sm_90 on this machine (no GPU needed), works out from the compiled layout which sectors
+# one warp's load touches, and prints what to expect of (c); the cells after the counters
+# explain how. On a GPU the cell after it times all five kernels on a large tensor, 16 rows per
+# program, beside a device copy of the same bytes. Expect a stride-2 load to cost little (L1
+# catches it), a stride-2 store more, and (c) against (d) as the compiled layout says. The cell
+# checks the direction of each on any GPU, and the size (a stride-2 store more than 1.5 times
+# (c)'s time, (d) under half of it) only on an H200, the GPU of the counters below.
 
 # %%
 # ropelib's pair swap, the cell above's code, compiled for sm_90 (here, or under the interpreter
@@ -1341,9 +1347,9 @@ assert all(abs(r["dram_read_bytes"] - c["model_bytes"] / 2) < 0.02 * c["model_by
 # Two lessons. The interpreter shows which bytes a program asks for, not how a warp's lanes
 # share them. And the compiler can only lay out as one run what it can prove contiguous:
 # Triton 3.6, the version the counters ran, could not prove (c)'s offsets contiguous across
-# the row, and (d)'s whole-row offsets it could. A newer Triton may do better with (c); read
-# your compiler's layout (printed a few cells below), and write offsets that any compiler
-# reads as one run, as (d) does.
+# the row, and (d)'s whole-row offsets it could. A newer Triton may do better with (c): read
+# your compiler's layout (printed under "The compiled code of (c) and (d)" below), and write
+# offsets that any compiler reads as one run, as (d) does.
 
 # %% [markdown]
 # **The compiled code of (c) and (d).** The cell before the timings compiled the pair swap for
@@ -1822,8 +1828,9 @@ if GPU:
 #
 # The rows timed live (on a GPU, the second table, and its line of measured-to-predicted
 # ratios) are of the worked kernel until yours passes, not of notebook 04's. For the worked
-# kernel the model does not hold: in the last column, its profile, 8 rows are slower than 2.
-# The appendix at the end of this notebook shows why.
+# kernel the model does not hold: in the last column, its profile, 8 rows are slower than 2,
+# and the live ratios show the same on the executed page's H100. The appendix at the end of
+# this notebook shows why.
 #
 # The live rows run at the warps their `warps` column prints, the ablation's for as many rows
 # (`ex.launch_rows(..., num_warps=)`). The prediction has no term for the warps, but a program
