@@ -44,9 +44,14 @@
 # **Where the numbers come from.** The numbers in the text come from committed runs on an NVIDIA
 # H200 (`benchmarks/results/*-nvidia-h200.csv`); the cells that read them assert them. The
 # live timings print the name of the GPU they ran on: on the executed page that is an NVIDIA
-# H100, so its times differ from the H200's. On any GPU the live cells assert only what the bytes
-# predict (the backward takes the forward's time, nothing beats a copy); what holds on the H200
-# alone, they assert only there.
+# H100, and the few of its numbers the text quotes are named as the H100's. On any GPU the live
+# cells assert only what the bytes predict (the backward takes the forward's time, nothing beats
+# a copy); what holds on the H200 alone, they assert only there.
+#
+# **How to read it.** The core is sections 1 to 5 and the exercises: the derivation, the kernel,
+# the `autograd.Function` and the checks of a backward. Three parts measure why the times are
+# what they are, and can wait for a second reading: "Why one warp is faster" at the end of
+# section 2.1, section 3.1 (what a training step costs) and appendix A.
 #
 # **Where it sits.** Notebook 02 introduced `ropelib.reference`, the plain-PyTorch RoPE whose
 # autograd this notebook checks against; notebook 04 built the batch-reusing kernel that
@@ -115,10 +120,11 @@ print(f"x: [S={S}, B={B}, H={H}, D={D}] on {device}")
 # $$
 #
 # A head holds $D/2$ such pairs, each with its own angle $\theta_k$ (both features of a pair turn
-# by the same angle). Rotate-half pairs feature $j$ with $j + D/2$, so the Jacobian is not
-# block-diagonal as it stands. A permutation $P$ that puts each pair side by side makes it so:
-# $J = P^{\top} \operatorname{diag}(R_k)\, P$, with one $2 \times 2$ block
-# $R_k = R(\theta_k)$ per pair. Transposing reverses the product and transposes each block:
+# by the same angle). The rotate-half pairing (GPT-NeoX's and TE's, notebook 01 section 7) pairs
+# feature $j$ with $j + D/2$, so the Jacobian is not block-diagonal as it stands. A permutation
+# $P$ that puts each pair side by side makes it so: $J = P^{\top} \operatorname{diag}(R_k)\, P$,
+# with one $2 \times 2$ block $R_k = R(\theta_k)$ per pair. Transposing reverses the product and
+# transposes each block:
 #
 # $$ J^{\top} = P^{\top} \operatorname{diag}(R_k^{\top})\, P
 #    = P^{\top} \operatorname{diag}\big(R(-\theta_k)\big)\, P. $$
@@ -128,11 +134,12 @@ print(f"x: [S={S}, B={B}, H={H}, D={D}] on {device}")
 # turns the gradient back by $\theta$. As a bonus $R^{\top}R = I$: rotations are orthogonal, so
 # the backward undoes the forward, and gradient norms are preserved.
 #
-# One detail. TE's table holds an angle per *feature*, so a rotate-half pair reads
-# $\theta_a$ (feature $j$) and $\theta_b$ (feature $j+D/2$), and the forward matrix is
+# One detail. TE's table holds an angle per *feature*: it is built as `cat(f, f)`, the $D/2$
+# pair angles $f$ written once for each half. A rotate-half pair reads $\theta_a$ (feature $j$)
+# and $\theta_b$ (feature $j+D/2$), and the forward matrix is
 # $\begin{pmatrix} c_a & -s_a \\ s_b & c_b \end{pmatrix}$. Its transpose
 # $\begin{pmatrix} c_a & s_b \\ -s_a & c_b \end{pmatrix}$ **swaps the two sines and negates
-# them**. With TE's `cat(f, f)` table $\theta_a = \theta_b$ and that is exactly $R(-\theta)$;
+# them**. With `cat(f, f)`, $\theta_a = \theta_b$ and that is exactly $R(-\theta)$;
 # ropelib's kernels implement the swap, so they are the exact transpose for any table.
 #
 # The bonus needs $\theta_a = \theta_b$. When the halves differ, the forward block has the
@@ -473,14 +480,15 @@ assert round(per_thread[4] / per_thread[1], 2) == 0.71
 # The PTX rows show how a thread's share changes. A bf16 is 16 bits and an angle 32. At one
 # warp, each thread holds two elements of each half: it reads $x$ and writes $y$ as 32-bit
 # words, two bf16 each (`ld.v1.b32`, `st.v1.b32`), and its two angles of each half as one
-# 2-word vector (`ld.v2.b32`). At four warps each thread holds one bf16 (`ld.v1.b16`,
-# `st.v1.b16`) and one angle (`ld.v1.b32`). Both codes load $x$ twice and store $y$ twice for
-# each batch row; at four warps each of those instructions moves one bf16 a thread instead of
-# two, so every element costs a load and a store instruction of its own, on each of the two
-# threads that hold it. The profile counts the whole program: a thread at four warps holds half
-# the elements but executes 0.71 of the instructions (356 against 499 a program), and there are
-# four times as many threads. Together that is 2.85 times the instructions, 1.39 warp
-# instructions an element against 0.49.
+# 2-word vector (`ld.v2.b32`). At four warps each thread holds one bf16 of each half
+# (`ld.v1.b16`, `st.v1.b16`) and one angle of each half (`ld.v1.b32`).
+#
+# Both codes load $x$ twice and store $y$ twice for each batch row; at four warps each of those
+# instructions moves one bf16 a thread instead of two, so every element costs a load and a store
+# instruction of its own, on each of the two threads that hold it. The profile counts the whole
+# program: a thread at four warps holds half the elements but executes 0.71 of the instructions
+# (356 against 499 a program), and there are four times as many threads. Together that is 2.85
+# times the instructions, 1.39 warp instructions an element against 0.49.
 #
 # Four warps also fill the SMs (streaming multiprocessors, the GPU's cores) better. Achieved
 # occupancy is the share of an SM's warp slots filled, on average. One-warp programs are capped
@@ -629,16 +637,17 @@ plt.show()
 # the batch-reusing kernel's step takes 427 µs at batch 1 against 207 µs at batch 4, with a
 # quarter of the bytes. The forward there is set by its programs, not its bytes: 84.6 µs at
 # batch 1 and 84.7 µs at batch 2, of which starting batch 1's 131,072 programs takes 79.2 µs
-# (notebook 03's cost per program).
+# (the cost per program that notebook 03, section 4, measured).
 #
 # The committed run timed whole calls, so it cannot say where the rest of the step's time goes.
 # On a GPU the next cell times the same `ropelib_batch_reuse` step and forward at batch 1 two
 # ways: as whole calls, and replayed from a CUDA graph (a recorded sequence of kernel launches
 # that the GPU replays without the host's Python and launch work). It asserts that the replayed
 # step takes about twice the replayed forward: the device's work is what the bytes predict, and
-# what a whole call adds lies outside the kernels. On the executed page this live run is an H100's
-# (replayed step 2.01 forwards); it shows where its own time goes, not where the committed H200
-# run's did.
+# what a whole call adds lies outside the kernels. On the executed page the live run is an
+# H100's: the replayed step takes 2.01 replayed forwards, and the whole call adds 194.7 µs to
+# the step against 4.1 µs to the forward. That shows where the H100's time goes, not where the
+# committed H200 run's did.
 
 # %%
 if GPU:
@@ -848,10 +857,13 @@ print("expanded input: forward reads stride 0, backward's gradients summed over 
 #
 # It then times the copied path's two pieces apart: `g_sum.contiguous()` alone ($4N$ written)
 # and the kernel on a gradient made contiguous once, outside the timed call ($4N$ read, $4N$
-# written). It prints their sum beside the copied path (asserting they agree to 10 %) and names
-# the pieces whose GB/s falls below the as-is kernel's: where the ratio lands above 3, they are
-# why. Every RoPE kernel in the cell is `rope_cell` at four warps, which section 2.1 finds
-# slower than one warp (in bf16), so the ratio to the byte model's 3 is a four-warp kernel's.
+# written). It asserts that the two add up to the copied path (within 10 %) and names the pieces
+# whose GB/s falls below the as-is kernel's: those are what push the ratio above 3. Every RoPE
+# kernel in the cell is `rope_cell` at four warps, the slower launch of section 2.1.
+#
+# On the executed page's H100 the copy costs 3.79x the time, and both pieces fall below:
+# `g_sum.contiguous()` at 0.65 of the as-is kernel's GB/s, the kernel on the contiguous gradient
+# at 0.88.
 
 # %%
 if GPU:
