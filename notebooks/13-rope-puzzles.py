@@ -266,11 +266,15 @@ pz.time_solution("interleaved");
 # that way. The worked solution instead loads whole rows, at offsets `tl.arange(0, 2 * HALF)`
 # that the compiler can prove contiguous, and splits and joins the pairs in registers.
 #
-# Half a sector is not half the speed for loads. Notebook 03, section 5, reads both patterns
-# off an H200's memory counters (stride 2 is its pattern (b), whole rows its pattern (d)): the
-# second stride-2 load finds its sectors in the L1 cache, so stride-2 loads cost little, while
-# stride-2 stores send twice the sectors to L2 and take more than twice the time. The cell's
-# last line reads this from notebook 03's committed counters.
+# Half of each sector is not half the speed for loads. Notebook 03, section 5, timed these
+# patterns on an H200 and read its memory counters; the cell's last line reads them. There,
+# stride 2 is pattern (b), and "contiguous" is pattern (c), which loads and stores each pair as
+# one contiguous `[pairs, 2]` tile. Against (c), stride-2 loads cost about the same, because the
+# second load finds its sectors in the L1 cache (the small cache nearest the cores), while
+# stride-2 stores send twice the sectors to L2 (the cache the whole GPU shares) and take more
+# than twice the time. Pattern (c) is itself far from a copy's speed on that GPU (notebook 03
+# says why); whole rows, its pattern (d) and this worked solution's, run at a copy's speed, as
+# the ⏱ line above shows on the H200 page.
 
 # %%
 @triton.jit
@@ -297,6 +301,7 @@ assert use == {"x": (2, 0.5), "y": (2, 0.5)}         # each instruction uses hal
 
 acc_meta, acc_rows = measured.load("access_counters")   # notebook 03: bf16 [262144, 128]
 swap = {r["pattern"]: r for r in acc_rows if r["group"] == "pair swap"}
+# notebook 03's (c), one contiguous [pairs, 2] tile; (b)'s stride-2 loads; (b)'s stride-2 stores
 base, load2, store2 = (swap[k] for k in ("contiguous load, contiguous store",
                                          "stride-2 load, contiguous store",
                                          "contiguous load, stride-2 store"))
@@ -751,20 +756,25 @@ pz.time_solution("shared_table");
 # %% [markdown]
 # **What was wrong.** The kernel loaded the cos and sin rows inside the loop over the batch:
 # $B$ loads of every table element where one would do. The rows depend on $s$ only, so the
-# worked solution loads them once, before the loop. What the repeated loads cost on a GPU,
-# where they can hit in cache, is study question 4. Where a GPU is present the cell below
-# times the given kernel, as handed out (`pz.given_shared_table_kernel`), on the worked
-# solution's timed case, and puzzle 6's worked solution against this one (the same 143 MB; its
-# table rows are loaded once per batch entry, by $B$ different programs).
+# worked solution loads them once, before the loop.
 #
-# Each kernel is timed once, so a ratio of two timings means something only beyond their
-# noise. The committed CSVs of `benchmarks/puzzle_fractions.py` timed this solution at six tiles
-# in four runs on an H200; the most any tile's time moved between runs, the **run-to-run
-# spread**, is what one timing can be off by. The cell calls a ratio resolved only when it is
-# further from 1 than the **noise**: three of those spreads, or how far this page's own copy
-# moved across its timing rounds, whichever is more. (Timing the kernels in alternating rounds
-# would resolve smaller differences.) Puzzle 6 also differs from puzzle 9 in its layout, its
-# grid and its gather by position, so its ratio does not isolate what its repeated loads cost.
+# **Do the repeated loads cost time?** On a GPU they can hit in cache (study question 4 asks
+# why). Where a GPU is present, the cell below makes two comparisons on the worked solution's
+# timed case, 143 MB of tensors:
+#
+# - repeats in one program's loop: the given kernel, as handed out
+#   (`pz.given_shared_table_kernel`), against the worked solution;
+# - repeats across programs: puzzle 6's worked solution, which loads each table row once per
+#   batch entry from $B$ different programs, against this one. Puzzle 6 also differs in its
+#   layout, its grid and its gather by position, so this ratio does not isolate the repeats.
+#
+# Each kernel is timed once, so a ratio means something only beyond the timings' **noise**. The
+# committed CSVs of `benchmarks/puzzle_fractions.py` timed this solution at six tiles in four
+# runs on an H200; the most any tile's time moved between runs is the **run-to-run spread**.
+# The noise is three of those spreads, or how far this page's copy moved across its timing
+# rounds, whichever is more, and a ratio closer to 1 than that is printed "not resolved".
+# Timing the kernels in alternating rounds would resolve smaller differences. On the H200 page
+# neither ratio is resolved: there, the repeated loads cost less than the noise.
 
 # %%
 FRACTIONS = measured.RESULTS / "puzzle_fractions-nvidia-h200.csv"
@@ -1041,7 +1051,7 @@ assert f"{float(by_angle16[0]):.4f}" == "0.0012" and f"{float(by_angle16[1]):.2f
 # %% [markdown]
 # ## Where you stand
 #
-# The checks remember what passed in this kernel process:
+# The checks remember what passed since this notebook's Jupyter kernel started:
 
 # %%
 pz.scoreboard();
@@ -1165,19 +1175,29 @@ assert "freqs_ptr" not in body                    # puzzle 5's solution never re
 # profiled. What the repeats cost in time is set out under puzzle 9, each kernel timed once and
 # read against the noise.
 #
-# **5.** A kernel that moves each byte once and uses every byte of the sectors it moves should
-# reach a copy's speed, and by that count every timed solution should. The cell below runs, in
-# checked memory at their timed shapes cut to 32 rows, the solutions listed short of copy speed
-# or within the band (5 and 9 aside: the appendix takes those apart) and one at copy speed as
-# a control, or with no timings every solution but 5 and 9; each uses every byte of its rows'
-# and tables' sectors. So the count does not say why a solution falls short, and the cell
-# prints, beside each, what this page knows of its cause. Two have a reason to fall short
-# whatever their tile: puzzle 5's at large angles (its sine's long path, in the appendix), and
-# puzzle 6's, which loads each table row once per batch entry, $B = 8$ times, where puzzle 9's
-# loads it once. The second reason is not borne out in time: on the H200 page, puzzle 6's time
-# is not resolved from puzzle 9's (the comparison under puzzle 9). Puzzle 4's solution compiles
-# to the same load and store widths as puzzle 2's, with about as many registers (the cell), so
-# its masked lanes, if they cost anything, do not show in its instructions.
+# **5.** *The prediction.* A kernel that moves each byte once, and uses every byte of each
+# sector it moves, should run at a copy's speed, and by that count every timed solution should.
+# Two have a reason to fall short whatever their tile: puzzle 5's, whose sine takes a long path
+# at large angles (the appendix), and puzzle 6's, which loads each table row once per batch
+# entry, $B = 8$ times, where puzzle 9's loads it once.
+#
+# *What the H200 page found.* The table under the scoreboard lists 4, 5, 6 and 9 short of copy
+# speed and 3 within the band below it. Puzzle 6's extra loads are not borne out in time: its
+# time is not resolved from puzzle 9's (the comparison under puzzle 9).
+#
+# *What the cell below adds.* It runs the solutions listed short or within the band (5 and 9
+# aside: the appendix takes those apart) in checked memory, at their timed shapes cut to 32
+# rows, with one solution at copy speed as a control; where nothing was timed, it runs every
+# solution but 5 and 9. Each uses every byte of its sectors, so sector use does not explain a
+# shortfall, and the cell prints beside each what this page knows of its cause. It also
+# compiles four solutions for sm_90: puzzle 4's has the same load and store widths as puzzle
+# 2's and about as many registers, so its masked lanes, if they cost anything, do not show in
+# its instructions.
+#
+# The cell's output uses three GPU terms. An **SM** (streaming multiprocessor; the H200 has
+# 132) runs programs, each as **warps** of 32 threads. How many programs an SM holds at once is
+# limited by the registers each thread needs, and a **wave** is as many programs as all SMs
+# hold at once: a grid of more than one wave runs in several rounds.
 #
 # **6.** Each pair of $q$ and of $k$ is moved by at most $\varepsilon = \sqrt 2 \cdot 2^{-9}$
 # of its length, so each pair's product moves by at most about $2\varepsilon$ of
@@ -1269,7 +1289,7 @@ for n, c in code5.items():
 waves = {n: code5[n]["grid"] / (SMS * programs_per_sm(code5[n]["registers"], 4)) for n in (6, 9)}
 print(f"   waves on {SMS} SMs: puzzle 6 {waves[6]:.1f}, puzzle 9 {waves[9]:.1f}")
 assert code5[4]["loads"] == code5[2]["loads"] and code5[4]["stores"] == code5[2]["stores"]
-assert abs(code5[4]["registers"] - code5[2]["registers"]) <= 4    # about as many (3.6 and 3.9)
+assert abs(code5[4]["registers"] - code5[2]["registers"]) <= 4    # about as many: within 4
 assert code5[6]["grid"] == 8 * 1024 and waves[6] > 3 and waves[9] > 1   # several waves, both
 if given9 is not None and solved9 is not None and solved6 is not None:   # puzzle 9's verdicts
     if abs(ratio6 - 1) <= noise9:
@@ -1332,12 +1352,12 @@ assert by_table <= by_round                       # the table costs no more than
 # %% [markdown]
 # ## Appendix: puzzles 5 and 9 against a copy
 #
-# A time alone does not say why a kernel is slow; changing one thing and timing again does.
+# This appendix is optional. A time alone does not say why a kernel is slow; changing one thing and timing again does.
 # `benchmarks/puzzle_fractions.py` timed the worked solutions of puzzles 5 and 9 on an H200
 # beside variants that change one thing, each against a copy of the same bytes. The numbers
 # here are that committed CSV's; the cell prints this page's ⏱ lines beside them and, on an
 # H200, asserts that each lies within the CSV's range widened by three run-to-run spreads.
-# `pz.stated` checks the numbers the text quotes against the data. You can skip this appendix.
+# `pz.stated` checks the numbers the text quotes against the data.
 
 # %%
 fr_meta, fr_rows = compare.read_meta(FRACTIONS), compare.read_csv(FRACTIONS)
@@ -1417,9 +1437,8 @@ assert len(tests) == angles_per_thread                # one per angle a thread h
 # tile; the benchmark script's label "(the timed case)" on the BLOCK_S=16 row is its own, not
 # the tile the puzzle times.
 #
-# Some GPU terms first. An **SM** (streaming multiprocessor; the H200 has 132) runs programs,
-# each as warps of 32 threads. **Occupancy** is the share of an SM's warp slots in use, and a
-# **wave** is as many programs as all SMs hold at once: a grid of 1.94 waves needs two rounds.
+# SM, warp and wave are defined in answer 5. **Occupancy** is the share of an SM's warp slots
+# in use, and a grid of 1.94 waves needs two rounds.
 #
 # `benchmarks/puzzle9_ncu.py` profiled the six tiles once each under Nsight Compute on an H200,
 # beside PyTorch's element-wise `buf * 1` over a buffer of the same bytes, half read and half
@@ -1431,14 +1450,19 @@ assert len(tests) == angles_per_thread                # one per angle a thread h
 # $$E_{\text{sol}} - E_{\text{copy}} = (A_{\text{sol}} - A_{\text{copy}})
 #   + \big((E - A)_{\text{sol}} - (E - A)_{\text{copy}}\big).$$
 #
-# The table gives each tile's median over the four timed runs, then its profile: DRAM bytes
-# read, instructions executed, two stall reasons in warps stalled per instruction issued
-# (`long_scoreboard`: waiting for a load; `lg_throttle`: the queue of loads and stores full),
-# the occupancy, the waves its grid takes on the 132 SMs (`programs_per_sm`, from answer 5),
-# the idle cycles and their share of the extra cycles, and what an **uneven split** of a single
-# wave predicts. A grid of one wave gives each SM $n$ or $n - 1$ programs; if those with
-# $n - 1$ finish $1/n$ of the kernel early, the average SM idles
-# $(\text{SMs with } n - 1 \text{ programs}/132) \cdot E / n$ cycles.
+# The table's columns, one row per tile, fastest first:
+#
+# - `timed us`: the median of the four timed runs;
+# - `DRAM MB`, `inst M`: the bytes read from DRAM and the instructions executed (millions);
+# - `long sb`, `lg thr`: two stall reasons, in warps stalled per instruction issued
+#   (`long_scoreboard`: waiting for a load; `lg_throttle`: the queue of loads and stores full);
+# - `occup`, `waves`: the occupancy, and the waves the grid takes on the 132 SMs (from the
+#   registers each thread needs, as in answer 5's cell);
+# - `idle`, `share`: the idle cycles, and their share of the extra cycles;
+# - `uneven`: the idle cycles an **uneven split** of a single wave predicts. A grid of one wave
+#   gives each SM $n$ or $n - 1$ programs; if those with $n - 1$ finish $1/n$ of the kernel
+#   early, the average SM idles $(\text{SMs with } n - 1 \text{ programs}/132) \cdot E / n$
+#   cycles.
 
 # %%
 import statistics
@@ -1537,18 +1561,24 @@ pz.stated([
 ])
 
 # %% [markdown]
-# Every tile read $x$ and the tables from DRAM once (75.5 MB) and executed fewer instructions
-# than the stand-in, and BLOCK_S=32 on 4 warps fills 23 % of the warp slots and is no slower
-# than the tiles that fill 88 %: bytes, instructions and occupancy do not explain the gap. The
-# two tiles slowest in the timed runs are the two with the most warps resident (88 %), the
-# longest memory stalls and the most `lg_throttle`: more warps in flight waited longer and gained
-# nothing. The five single-wave tiles idle 2,802 to 4,898 cycles, 61 % to 130 % of their extra
-# cycles (above 100 %, their SMs were active fewer cycles than the stand-in's): every program is
-# resident from the start, and an SM whose programs end early has nothing left to run. An
-# uneven split of the wave predicts only 34 % to 59 % of that idle time. The two-wave tile,
-# BLOCK_S=4, idles 795 cycles, 32 % of its extra ones: at the tile the ⏱ lines time, most of the
-# gap to a copy is not idle time and is not explained here. Each tile was profiled once, and
-# BLOCK_S=16 on 4 warps, profiled twice, took 35.3 and 36.5 µs, more than half the six tiles'
-# whole range under one profile (35.0 to 36.7): so the timed medians order the tiles. A per-SM
-# count (`sm__cycles_active` as `.max` and `.min`) would test the single-wave explanation; this
-# page has not run it.
+# What the profile says:
+#
+# - **Not bytes, instructions or occupancy.** Every tile read $x$ and the tables from DRAM once
+#   (75.5 MB) and executed fewer instructions than the stand-in, and BLOCK_S=32 on 4 warps fills
+#   23 % of the warp slots and is no slower than the tiles that fill 88 %.
+# - **More warps waited longer.** The two tiles slowest in the timed runs are the two with the
+#   most warps resident (88 %), the longest memory stalls and the most `lg_throttle`: more warps
+#   in flight gained nothing.
+# - **Single-wave tiles idle.** The five single-wave tiles idle 2,802 to 4,898 cycles, 61 % to
+#   130 % of their extra cycles (above 100 %, their SMs were active fewer cycles than the
+#   stand-in's): every program is resident from the start, and an SM whose programs end early
+#   has nothing left to run. An uneven split of the wave predicts only 34 % to 59 % of that idle
+#   time.
+# - **The timed tile's gap is not explained here.** The two-wave tile, BLOCK_S=4, idles 795
+#   cycles, 32 % of its extra ones: at the tile the ⏱ lines time, most of the gap to a copy is
+#   not idle time.
+#
+# Each tile was profiled once, and BLOCK_S=16 on 4 warps, profiled twice, took 35.3 and 36.5 µs,
+# more than half the six tiles' whole range under one profile (35.0 to 36.7): the profiles do
+# not order the tiles, the timed medians do. A per-SM count (`sm__cycles_active` as `.max` and
+# `.min`) would test the single-wave explanation; it is not measured here.
