@@ -62,8 +62,8 @@
 # compiled kernel fuses one product into a multiply-add, and section 4b counts the elements where
 # the two differ.
 #
-# **Where the numbers come from.** The numbers the text states are asserted in the code beside
-# them and are the same on every machine. Most are read from
+# **Where the numbers come from.** Every number the text states is asserted in the code beside
+# it (the text does not say so each time) and is the same on every machine. Most are read from
 # `benchmarks/results/te-bits-nvidia-h200.pt`, what `benchmarks/te_bits.py` measured against the
 # real TE on an NVIDIA H200 (*the H200 reference run* from here on); the rest are computed on the
 # CPU from fixed inputs. The outputs under the cells come from the machine that ran them: on a
@@ -124,9 +124,9 @@ assert GPU_NAME == "NVIDIA H200", "the text's H200 reference run"
 # Here is that kernel, your own copy of `ropelib.course.debug._rope_unsloth_repro_kernel`. Its
 # switches `FROM_ANGLES`, `COMPUTE_FP32` and `USE_FMA` are the precision causes this notebook
 # studies. The wrapper sets them from a `debug.Causes` (`REPRO`: table and math in bf16;
-# `FIXED`: sin/cos from fp32 angles in the kernel, fp32 math) and decides the layout causes
-# itself: the table's dtype, and the rows, positions and angles the kernel is given. The grid is
-# (rows, heads): one program rotates one head of one row.
+# `FIXED`: sin/cos from fp32 angles in the kernel, fp32 math) and decides the rest itself: the
+# table's dtype, and the layout causes (the rows, positions and angles the kernel is given). The
+# grid is (rows, heads): one program rotates one head of one row.
 # `debug.reproduce(..., kernel=_rope_repro_kernel)` launches this copy: edit it, rerun this cell
 # and the two code cells after it, and see what the edit does.
 #
@@ -279,9 +279,9 @@ assert steps_at_max == 1                                  # the largest differen
 # positions, 128 features). The map the cell drew just before it comes from the machine that ran
 # the cell; its title says which (on a CPU: 32 positions, against the TE emulation).*
 #
-# Row 0 is black: no difference at position 0. Every other position differs somewhere (the
-# cell asserts both). The largest difference lies elsewhere; the cell prints where, and the two
-# values there: one bf16 step apart (asserted). It is small — but how small is small?
+# Row 0 is black: no difference at position 0. Every other position differs somewhere. The
+# largest difference lies elsewhere; the cell prints where, and the two values there: one bf16
+# step apart. It is small — but how small is small?
 
 # %% [markdown]
 # ## 3. Tolerances that fit the dtype, and errors in ulps
@@ -317,9 +317,10 @@ for name, (rtol, atol) in ASSERT_CLOSE_DEFAULTS.items():
 #
 # In the table below, the default `allclose` of the "all causes fixed" row depends on the
 # machine: True on the CPU, False on a GPU against the real TE. The line under the table gives
-# the count: 12 elements in the H200 reference run (asserted), and 12 on the executed page's
-# H100. A GPU compiler fuses products into multiply-adds in an order of its own; the interpreter
-# fuses none. Neither run is broken; section 4b finds the order.
+# the count: 12 elements in the H200 reference run, and 12 on the executed page's H100. A GPU
+# compiler fuses a product and a sum into one *fused multiply-add* (FMA: $ab + d$ with a single
+# rounding, section 4), choosing on its own which product; the interpreter fuses none. Neither
+# run is broken; section 4b finds the order.
 
 # %%
 fixed = debug.reproduce(SC, FIXED, device=device)
@@ -361,7 +362,7 @@ if not GPU:
 # close to zero and its rounded products cancel; section 4 finds why. Second, the fixed kernel
 # passes with dtype-aware tolerances but is not TE bit for bit: in the H200 reference run, 12 of
 # 1,048,576 elements differ from the real TE, enough to fail the default `allclose`, while the
-# CPU's 4,096 elements show none (both asserted). Two suspects for such last-bit differences:
+# CPU's 4,096 elements show none. Two suspects for such last-bit differences:
 # where sin/cos come from, and the order of the multiply-add. Section 3b shows that the first
 # *can* produce the reported symptom; section 4b finds that on the GPU it is the second.
 #
@@ -381,7 +382,7 @@ assert int(apart.max()) <= 1
 # ## 3b. One ulp of sin/cos is enough
 #
 # On the CPU some table entries differ by one ulp, yet the fixed kernel's 4,096 outputs all
-# equal the emulation's (asserted above). Can sin/cos that differ by one fp32 ulp — as two
+# equal the emulation's. Can sin/cos that differ by one fp32 ulp — as two
 # correct implementations can — produce the reported failure on their own?
 #
 # Take the fixed kernel, give it the fp32 table TE's emulation uses, and move every entry from
@@ -444,19 +445,19 @@ assert not bool((vs_te & ~(mism | order)).any())   # each element off TE was mov
 # %% [markdown]
 # That is the reported failure, from two correct kernels: the first ten values equal,
 # `torch.allclose` false for a handful of elements (at most one in a thousand), and true with
-# bf16 tolerances (all asserted). The first line compares the kernel with itself, unmoved table
+# bf16 tolerances. The first line compares the kernel with itself, unmoved table
 # against moved, so the nudge is the only difference on every machine. Most of the elements it
-# moves are one bf16 step apart; any further apart are outputs near zero (below $2^{-6}$,
-# asserted), where $x_1 c$ and $x_2 s$ nearly cancel and bf16's steps are tiny. How many steps
+# moves are one bf16 step apart; any further apart are outputs near zero (below $2^{-6}$),
+# where $x_1 c$ and $x_2 s$ nearly cancel and bf16's steps are tiny. How many steps
 # the farthest one moves depends on the inputs and the machine.
 #
 # The second line compares with the TE side, as the report did. On the CPU that is the
-# emulation, whose table the kernel was given, so the two counts are the same (asserted). On a
+# emulation, whose table the kernel was given, so the two counts are the same. On a
 # GPU the compiled kernel's multiply-add order already differs from TE with the unmoved table:
-# 12 of 1,048,576 elements in the H200 reference run (asserted below), and 12 on the executed
+# 12 of 1,048,576 elements in the H200 reference run, and 12 on the executed
 # page's H100; section 4b finds why. The two counts do not add: an element can be in both sets,
 # and a nudge can put an element back on TE's value. The `split` line counts each part
-# (asserted: every element off TE is in one of the sets).
+# (every element off TE is in one of the sets).
 #
 # The next cell runs the same experiment at the GPU size in plain PyTorch, on every machine:
 # the TE emulation against itself with the moved table.
@@ -494,7 +495,7 @@ assert fixed_gpu["n_differ"] == {r["variant"]: r for r in BITS["scenarios"]["nb_
 
 # %% [markdown]
 # 43 of 1,048,576 elements (one in $2^{14.6}$), 38 of them one bf16 step apart, with the first
-# ten values equal (asserted): the reported symptom. Two *correct* bf16 kernels pass the default
+# ten values equal: the reported symptom. Two *correct* bf16 kernels pass the default
 # tolerances only when their fp32 results round to the same bf16 value in every element. A
 # sin/cos that differs from TE's in the last bit breaks that; so, section 4b shows, does fusing
 # a different product of the same formula, with sin/cos equal to TE's in every bit.
@@ -502,8 +503,8 @@ assert fixed_gpu["n_differ"] == {r["variant"]: r for r in BITS["scenarios"]["nb_
 # %% [markdown]
 # ## 4. Where sin/cos come from, the dtype of the math, and FMA
 #
-# The rotation of a pair is $y_1 = x_1 c - x_2 s$, $y_2 = x_2 c + x_1 s$. Each variant below
-# changes one thing on the fixed kernel:
+# The rotation of a pair is $y_1 = x_1 c - x_2 s$, $y_2 = x_2 c + x_1 s$. The variants below
+# go from the reported kernel to the fixed one, then add an FMA, one cause per row:
 #
 # - **table in the input dtype**: $c, s$ rounded to bf16 before use, a relative error of up to
 #   $u = 2^{-8}$ in each; where the two products cancel, the *output's* relative error is much
@@ -595,25 +596,24 @@ assert [gpu_rows[v]["max_abs_diff"] for v in PRESET_ROWS.values()] == [2 ** -5, 
 # dotted line is 0.5 ulp, one correct rounding), its norm-wise error as the label. Compare the
 # two top bars with the three at the line.*
 #
-# The ulps (bars) and the norm-wise error (labels) tell one story from two sides. Norm-wise, a
-# bf16 table and bf16 products cost a few $u$ at most (asserted at most 3): the standard
-# HF/Unsloth cache is not *wrong*, it is bf16-accurate. In ulps of outputs near zero the same
-# kernel is tens of ulps off or more (asserted more than 16), because it rounds to bf16 before
-# the cancellation $x_1 c - x_2 s$. "Is this formula right?" asks for the norm-wise error; "is it
-# as accurate as bf16 can be?" for ulps. The rule for precision: keep the table in fp32 (or
-# compute sin/cos from fp32 angles), do the math in fp32, round once on the store, as TE's fused
-# kernel and ropelib's kernel do.
+# The ulps (bars) and the norm-wise error (labels) tell one story from two sides. Norm-wise, a bf16
+# table and bf16 products cost at most $3u$: the standard HF/Unsloth cache is not *wrong*, it is
+# bf16-accurate. In ulps of outputs near zero the same kernel is more than 16 ulps off, because it
+# rounds to bf16 before the cancellation $x_1 c - x_2 s$. "Is this formula right?" asks for the
+# norm-wise error; "is it as accurate as bf16 can be?" for ulps. The rule for precision: keep the
+# table in fp32 (or compute sin/cos from fp32 angles), do the math in fp32, round once on the store,
+# as TE's fused kernel and ropelib's kernel do.
 #
 # The lines under the chart read the H200 reference run of the same presets against the real
 # TE: with the fused multiply-add every output has TE's bits (`max |TE - Triton|` is 0); the
-# fixed kernel, with the fma left to the compiler, does not ($2^{-6} \approx 0.0156$; both
-# asserted). Section 4b finds which order makes the difference.
+# fixed kernel, with the fma left to the compiler, does not ($2^{-6} \approx 0.0156$). Section
+# 4b finds which order makes the difference.
 #
-# The rows above the chart are this machine's. Against live TE the fma row's 0 is asserted on
-# any GPU, since `tl.fma` pins its order, and the fixed row's $2^{-6}$ on the reference run's
-# GPU model; the executed page's H100 prints the same two values. The TE emulation rounds both
-# products, as the interpreter does: on the CPU the fixed row is 0 too (asserted), and a GPU
-# without TE, compared with the emulation, may show a few differing outputs in the fma row.
+# The rows above the chart are this machine's. Against live TE the cell asserts the fma row's 0
+# on any GPU, since `tl.fma` pins its order, and the fixed row's $2^{-6}$ only on the reference
+# run's GPU model; the executed page's H100 prints the same two values. The TE emulation rounds
+# both products, as the interpreter does: on the CPU the fixed row is 0 too, and a GPU without
+# TE, compared with the emulation, can show a few differing outputs in the fma row.
 #
 # **Exercise — the norm-wise error.** Write `my_normwise_error(y, exact, x, rot_dim)`: for
 # every element of `y` (any shape, last dim $D$), $|y - y^\star|$ divided by $|x_a| + |x_b|$,
@@ -672,21 +672,29 @@ solution(ex.solution_normwise_error)
 # **The measurements.** In the H200 reference run, `benchmarks/te_bits.py` ran the variants of
 # this section against the real TE and saved TE's outputs, TE's own fp32 cos/sin (an input of
 # ones in the first half and zeros in the second makes TE's output exactly its cos and sin) and
-# one row per variant: `BIG`, bf16 at $S = 512$, $B = 2$, $H = 8$, $D = 128$, and `SMALL32`, fp32
-# at $S = 32$, $B = 2$, $H = 2$, $D = 32$. A row is named `line/source`: `free_sub` is the line as
-# written (`-nofuse`: compiled with contraction off), `none_rn` every product rounded,
-# `fma_xc` and `fma_rs` the two fma orders; the source is where sin/cos come from (step b).
-# The inputs are drawn again here, their hashes checked against the H200's. Each count below
-# is one of two kinds:
+# one row of counts per variant, for two cases:
+#
+# - `BIG` (key `nb_gpu`, the name the counts below print): bf16, $S = 512$, $B = 2$, $H = 8$,
+#   $D = 128$;
+# - `SMALL32` (key `nb_cpu_fp32`): fp32, $S = 32$, $B = 2$, $H = 2$, $D = 32$.
+#
+# A row is named `line/source`. The line: `free_sub` is the line as written, contraction on,
+# and `free_sub-nofuse` the same with contraction off; `none_rn` rounds every product
+# ($y_{\text{none}}$); `fma_xc` and `fma_rs` are the two fma orders ($y_{xc}$, $y_{rs}$). The
+# source is where sin/cos come from (`tl`, `libdevice`, ...: step b). A row named `debug:` and a
+# preset (`debug:REPRO`, `debug:FIXED`, ...) is the course's reproduction kernel of section 1
+# with that `debug.Causes`. The inputs are drawn again here, their hashes checked against the
+# H200's. Each count below is one of two kinds:
 #
 # > - **H200 reference run**: read from that file; the same on every machine.
 # > - **here**: this machine. On the CPU the kernel runs in the interpreter against TE's stored
-# >   output; the interpreter rounds every product, fuses none, has no libdevice, and its
-# >   `tl.cos` is NumPy's. On a GPU the kernel is compiled, and with TE installed it is compared
+# >   output; the interpreter rounds every product, fuses none, has no libdevice (NVIDIA's
+# >   library of CUDA math functions, which compiled Triton code can call), and its `tl.cos` is
+# >   NumPy's. On a GPU the kernel is compiled, and with TE installed it is compared
 # >   with TE computed now (*live*).
 # >
 # > Where the source leaves no rounding to the compiler (each product rounded or inside a
-# > `tl.fma`), *here* equals the reference run on the CPU and on the H200 (asserted). On the
+# > `tl.fma`), *here* equals the reference run on the CPU and on the H200. On the
 # > executed page's H100, steps a to e count what the reference run counts as well.
 
 # %%
@@ -848,12 +856,12 @@ te_combine = my_combine if combined_by_learner else ex.solution_te_combine
 #
 # **Step a — the kernel as written.** The interpreter rounds each product and the sum,
 # $y_{\text{none}}$, and so does a GPU with contraction off (the reference run's
-# `free_sub-nofuse` row): 17 elements differ from TE (asserted). With contraction on, a GPU
+# `free_sub-nofuse` row): 17 elements differ from TE. With contraction on, a GPU
 # compiler makes "as written" a computation of its own choosing, kernel by kernel: in the
-# reference run's kernel (`te_bits.py`'s copy of the reproduction kernel) 12 elements differ
-# (asserted). Step e reads which products it fused there, and in the kernel above. The TE
+# reference run's kernel (`te_bits.py`'s copy of the reproduction kernel) 12 elements differ.
+# Step e reads which products it fused there, and in the kernel above. The TE
 # emulation of the introduction, run in the reference run beside TE, differs from TE in 17
-# elements with torch on the GPU and in 27 with torch on the CPU (asserted).
+# elements with torch on the GPU and in 27 with torch on the CPU.
 
 # %%
 @triton.jit
@@ -1001,11 +1009,11 @@ if GPU and SAME_GPU and triton.__version__ == META["triton"]:   # the reference 
 # On the GPU, `tl.cos`/`tl.sin`, libdevice's `cos`/`sin` and a torch table computed on the GPU
 # are TE's `sincosf` bit for bit: 0 entries differ (in the reference run, and on the executed
 # page's H100). So swapping among them cannot move the count, and it does not: each gives what
-# TE's own table gives, 17 elements as written and 0 with the fma line (asserted; on the CPU the
-# `table_te_fp32` row runs in the interpreter and gives the same 17 and 0, asserted). Sources
+# TE's own table gives, 17 elements as written and 0 with the fma line (on the CPU the
+# `table_te_fp32` row runs in the interpreter and gives the same 17 and 0). Sources
 # whose values *do* differ move the count even under the fma line: the fast approximations
 # (2,287 elements in the reference run), a torch table computed on the CPU (16), NumPy's
-# functions (thousands of entries differ; all asserted). That is why, on the CPU, the kernel
+# functions (thousands of entries differ). That is why, on the CPU, the kernel
 # reads TE's own table rather than the interpreter's `tl.cos`. Sin/cos are not what separates
 # the kernel from TE. The combine line is.
 #
@@ -1112,8 +1120,8 @@ print(f"all {step_e['n']} differing elements lie in the second half (d >= {half}
 # $y_1 = \mathrm{fma}(x_1, c, -\mathrm{rn}(x_2 s))$, TE's order, and
 # $y_2 = \mathrm{fma}(x_1, s, \mathrm{rn}(x_2 c))$, the other one. The bits say the same: the
 # first half of that kernel's output is the reference run's step c output, the second half its
-# step d output (asserted). `gpu_choice` writes that choice down: on the CPU, and on a GPU like the
-# reference run's, it gives that kernel's output bit for bit (asserted), and every element it
+# step d output. `gpu_choice` writes that choice down: on the CPU, and on a GPU like the
+# reference run's, it gives that kernel's output bit for bit, and every element it
 # gets wrong sits in $y_2$. Nothing in the source asks for either order.
 #
 # **The same line in the kernel above.** Both kernels can be compiled on any machine for sm_90
@@ -1162,13 +1170,13 @@ assert [k for k, r in zip("acde", (step_a, step_c, step_d, step_e)) if r["n"] ==
 # %% [markdown]
 # One line, one compiler, two choices. In the reproduction kernel the compiler fuses $x_1 c$
 # and then $x_1 s$: TE's product in $y_1$, the other in $y_2$, 12 elements in the H200 reference
-# run (the compile here makes the choice that run's PTX shows, asserted). In the kernel above it
+# run (the compile here makes the choice that run's PTX shows). In the kernel above it
 # fuses $x_1 c$ and $x_2 c$: TE's product in both halves, which is step c's line, so that
 # kernel's output is step c's, 0 elements. On an sm_90 GPU the cell runs it and checks both
 # halves against step c's bits; the executed page's H100 prints 0 elements, True, True.
 #
 # The PTX shows which choice the compiler made, not why, and nothing in the source decides it.
-# Of steps a to e only c gives 0, here and in the reference run (asserted): pin the order with
+# Of steps a to e only c gives 0, here and in the reference run: pin the order with
 # `tl.fma` rather than hope for it.
 
 # %% [markdown]
@@ -1269,16 +1277,16 @@ elif SAME_GPU:  # tl.cos is CUDA's sincosf, TE's own
 # leave 12; sin/cos from the angles in the kernel leave the same 12; the fma line leaves 0. In
 # fp32 the first three rows give 573 at the small size (in fp32 "the input dtype" is fp32
 # already, and the reference run's torch fp32 table equals TE's entries in every bit), and only
-# the fma line gives 0 (all asserted from the reference run): TE's output is, in every bit, what
+# the fma line gives 0 (all from the reference run): TE's output is, in every bit, what
 # `fma(v_src, v_cos, v_src_rotate * v_sin)` gives for its line. On the GPU the source of sin/cos
 # moved nothing, and the contraction order took the last elements away. The executed page's
 # H100 shows the same: its live bf16 column reads 320,601, 12, 12, 0 and 0.
 #
 # The column "here": on the CPU the interpreter rounds every product, so the first two rows give
-# the reference run's every-product-rounded count, 990 (asserted), where the GPU, whose compiler
+# the reference run's every-product-rounded count, 990, where the GPU, whose compiler
 # contracted the plain line, gives 573. Sin/cos from the angles are NumPy's there, so rows 3 and
 # 4 are not 0: TE's order alone does not make TE's bits from other sin/cos. The last row, TE's
-# order with TE's own cos/sin, is 0 on every machine (both asserted): the CPU needs the same two
+# order with TE's own cos/sin, is 0 on every machine: the CPU needs the same two
 # changes as the GPU. On the reference run's GPU and Triton version the column equals its
 # small-size column row for row (asserted there); on the executed page's H100 it does too.
 #
@@ -1376,26 +1384,25 @@ print("share of the map that differs:", {t: f"{v:.2f}" for t, v in lit.items()},
 #
 # The column in units of $u$ splits each row into its two sides. The side the trap leaves alone
 # is within one $u$ of fp64: one rounding, as for the fixed kernel. The side with the trap is
-# more than $1/u$ off: the error is as large as the values themselves (both bounds asserted for
+# more than $1/u$ off: the error is as large as the values themselves (both bounds hold for
 # every trap). No trap is a rounding difference; each is a wrong value. Four traps rotate the
 # right pair by a wrong angle, and two rotations of one pair are at most
-# $2\sqrt{x_a^2 + x_b^2} \le 2(|x_a| + |x_b|)$ apart: at most $2/u$, plus the roundings
-# (asserted). Interleaved vs rotate-half and partial rotary mix features of different pairs, or
+# $2\sqrt{x_a^2 + x_b^2} \le 2(|x_a| + |x_b|)$ apart: at most $2/u$, plus the roundings.
+# Interleaved vs rotate-half and partial rotary mix features of different pairs, or
 # rotate features the model passes through, so nothing bounds their error by the size of the
-# model's pair: they go beyond $2/u$ (asserted).
+# model's pair: they go beyond $2/u$.
 #
-# The table says *that* the layout is wrong (every trap gets the verdict `layout`), not *how*.
-# The error maps say little more: every trap lights nearly all of its map (more than 0.9,
-# asserted), and row 0 is lit in two of them, sbhd indexing and the table margin, which rotate
-# the position-0 tokens of batch 1 (asserted). A sharper question: **which position does each
-# output encode?** A right RoPE turns the pair of lowest frequency
-# $\omega_{\min} = 10000^{-(R-2)/R}$ by $s\,\omega_{\min}$; the angle from input pair to output
-# pair, $\operatorname{atan2}(x_a y_b - x_b y_a,\ x_a y_a + x_b y_b)$, divided by
-# $\omega_{\min}$ gives the position back (`debug.recovered_positions`). That angle grows by only
+# The table says *that* the layout is wrong (every trap gets the verdict `layout`), not *how*. The
+# error maps say little more: every trap lights nearly all of its map (a share above 0.9), and row 0
+# is lit in two of them, sbhd indexing and the table margin, which rotate the position-0 tokens of
+# batch 1. A sharper question: **which position does each output encode?** A right RoPE turns the
+# pair of lowest frequency $\omega_{\min} = 10000^{-(R-2)/R}$ by $s\,\omega_{\min}$; the angle from
+# input pair to output pair, $\operatorname{atan2}(x_a y_b - x_b y_a,\ x_a y_a + x_b y_b)$, divided
+# by $\omega_{\min}$ gives the position back (`debug.recovered_positions`). That angle grows by only
 # $\omega_{\min} \approx 10^{-4}$ rad per position, finer than bf16 resolves, so we run the traps
 # once more in fp32 (the traps do not depend on the dtype) and plot, for the wrong side, the
-# recovered position of every token (one dot per token and head, colour = batch) against its
-# true position:
+# recovered position of every token (one dot per token and head, colour = batch) against its true
+# position:
 
 # %%
 TRAP_SC = debug.Scenario(seq_len=32, batch=2, heads=2, head_dim=32, dtype="fp32")
@@ -1565,7 +1572,7 @@ assert BIG.rows["fma_rs/tl"]["hist"][5] == BIG.rows["free_sub/tl"]["hist"][5] ==
 # %% [markdown]
 # In one unit, the norm-wise error against fp64 in $u = 2^{-8}$: section 4's precision variants
 # stay within $3u$, the side with a layout trap goes beyond $1/u = 256\,u$, and `debug.classify`'s
-# threshold, $8u$ (`debug.LAYOUT_NORMWISE_U`), lies between them (all asserted). Beyond $8u$ is a
+# threshold, $8u$ (`debug.LAYOUT_NORMWISE_U`), lies between them. Beyond $8u$ is a
 # layout trap; below it, two sides each within one ulp of fp64 are both right (a tolerance
 # question), and a side many ulps off is a precision cause. The rules are meant for bf16/fp16
 # outputs of fp32 math; in fp32 outputs fp32's own rounding is no longer hidden.
@@ -1573,7 +1580,7 @@ assert BIG.rows["fma_rs/tl"]["hist"][5] == BIG.rows["free_sub/tl"]["hist"][5] ==
 # The `tolerance` row says *most* such elements are one rounding step apart: near zero bf16's
 # steps are tiny, and a last-bit difference in fp32 can move an output by several of them
 # (section 3b's nudge in PyTorch: 38 of 43 elements one step apart, the rest more; steps d and
-# e: one element 5 steps apart each; all asserted). What marks the row is that both sides are
+# e: one element 5 steps apart each). What marks the row is that both sides are
 # within one ulp of fp64.
 #
 # ## 7. Try it: toggle the causes
@@ -1583,7 +1590,7 @@ assert BIG.rows["fma_rs/tl"]["hist"][5] == BIG.rows["free_sub/tl"]["hist"][5] ==
 # reset the boxes; the tolerance buttons switch between `allclose`'s defaults and dtype-aware
 # tolerances. The one-ulp cause flips a rounding in tens of elements per million (section 3b:
 # 43 of 1,048,576 in PyTorch), so the CPU's panel of 4,096 elements expects about 0.2 of them
-# (asserted below) and mostly shows none; a GPU's panel of 1,048,576 elements expects about 43.
+# and mostly shows none; a GPU's panel of 1,048,576 elements expects about 43.
 # Widgets need a running Jupyter kernel: in a notebook reopened from disk, run its cells first
 # (until then the saved widget reads "Error displaying widget: model not found"). On the executed
 # page they compute nothing; the cell after the panel drives it from code and prints its verdicts.
