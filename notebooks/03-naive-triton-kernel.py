@@ -44,11 +44,12 @@
 #
 # **Where the numbers come from.** The GPU times and counters the text quotes were measured on
 # an NVIDIA H200 and committed under `benchmarks/results/` (files ending in
-# `-nvidia-h200.csv`); the cells read them and check each number the text quotes, so they are
-# the same on every machine. Cells that time live on a GPU print their own numbers, for the
-# GPU the setup cell below prints (the executed page of this notebook ran on an H100). On a GPU
-# other than an H200 those differ from the H200's, and each such cell says whether it
-# compares the two.
+# `-nvidia-h200.csv`); section 4.4 also reads an H100's run of the same timings
+# (`generations-nvidia-h100-80gb-hbm3.csv`). The cells read them and check each number the
+# text quotes, so they are the same on every machine. Cells that time live on a GPU print their
+# own numbers, for the GPU the setup cell below prints (the executed page of this notebook ran
+# on an H100). On a GPU other than an H200 those differ from the H200's, and each such cell
+# says whether it compares the two.
 #
 # **Time budget.** Running every cell takes a minute or two on the CPU in the interpreter.
 # Reading it, working through its tables and trying the suggested edits takes about 2 to 2.5
@@ -625,12 +626,18 @@ assert not same_x["step 3"] and same_x["_rope_naive_kernel"]   # the two contrac
 # answer has two parts:
 #
 # - **At 1 warp its time is the time the GPU takes to start and retire its programs**, about
-#   80 ns per program on each SM of an H200. A kernel of as many programs that do nothing
-#   takes the same time; its bytes, its bytes in flight and its arithmetic do not set it.
+#   80 ns per program on each SM. A kernel of as many programs that do nothing takes the same
+#   time; its bytes, its bytes in flight and its arithmetic do not set it.
 # - **With 4 or 8 warps, the extra warps repeat the same work**, and the time grows with the
 #   instructions they add.
 #
-# First, two numbers that are easy to mix up:
+# It gets there in five steps: 4.1 times the warps live; 4.2 reads a profile of the naive
+# kernel beside a copy; 4.3 times kernels whose programs do nothing, committed and live; 4.4
+# sets an H100 beside an H200; 4.5 profiles the extra warps.
+#
+# ### 4.1 Tile and warps
+#
+# Two numbers that are easy to mix up:
 #
 # - **`BLOCK_SIZE`** (here `BLOCK_HALF`) is the *tile*: how many elements one program holds in
 #   one vector. It is a property of the data, a `tl.constexpr`, and a power of two. It is **not**
@@ -641,17 +648,14 @@ assert not same_x["step 3"] and same_x["_rope_naive_kernel"]   # the two contrac
 # For $D = 128$ each half is a tile of 64 elements: 2 per thread with 1 warp, 1 with 2 warps,
 # and with 4 or 8 warps more threads than elements. The result cannot depend on that; only the
 # speed can. `rope_naive`, and so `my_rope_naive`, picks one warp per 128 elements of a half
-# (`default_num_warps`: one warp for $D = 128$) and takes `num_warps=` to try others. The cell
-# below runs `my_rope_naive`, the launcher of section 3.4, so an edit there shows in its times.
+# (`default_num_warps`: one warp for $D = 128$) and takes `num_warps=` to try others.
 #
 # **In the interpreter `num_warps` does nothing**: each program runs as one NumPy computation
 # on whole tiles, with no threads, so on the CPU the four results below are bit-identical for
-# that reason alone. On a GPU they are four compiled kernels. The cell times each with
-# Triton's `do_bench` (the median of many launches) and prints its time per program on each
-# SM, $\text{time} \times \text{SMs} / \text{programs}$. At 1 warp it sets that beside the
-# cost of a program of an empty kernel, measured on an H200 further down; on an H200 it checks
-# that the two agree within 10 % (the launch is bound by its number of programs), elsewhere it
-# prints both. On any GPU it checks that 8 warps take longer than 2.
+# that reason alone. On a GPU they are four compiled kernels: the cell times each with
+# Triton's `do_bench` (the median of many launches), prints its time per program on each SM,
+# $\text{time} \times \text{SMs} / \text{programs}$, and checks that 8 warps take longer than
+# 2. It runs `my_rope_naive`, the launcher of section 3.4, so an edit there shows in its times.
 
 # %%
 results = {nw: my_rope_naive(x, freqs, num_warps=nw) for nw in (1, 2, 4, 8)}
@@ -662,10 +666,9 @@ print("num_warps 1, 2, 4, 8: bit-identical results" +
 
 if GPU:
     from triton.testing import do_bench
-    from ropelib.bench import compare
-    from ropelib.course import measured
     nbytes = 2 * x.numel() * x.element_size()
     programs, sms = S * B * H, torch.cuda.get_device_properties(device).multi_processor_count
+    print(f"{torch.cuda.get_device_name()}, {programs:,} programs on {sms} SMs")
     warps_ms = {}
     for nw in (1, 2, 4, 8):
         ms = do_bench(lambda: my_rope_naive(x, freqs, num_warps=nw),
@@ -675,34 +678,19 @@ if GPU:
               f"(x read + y written)  {ms * 1e6 * sms / programs:6.1f} ns per program per SM")
     # live times vary from run to run: only the direction is checked, 8 warps slower than 2
     assert warps_ms[8] > warps_ms[2]
-    # at 1 warp a program costs what a program of an empty kernel does (program_cost, below)
-    cost_csv = measured.RESULTS / "program_cost-nvidia-h200.csv"
-    empty_ns = {r["num_warps"]: r["ns_per_program_per_sm"]
-                for r in compare.read_csv(cost_csv) if r["kernel"] == "empty"}
-    ns_1 = warps_ms[1] * 1e6 * sms / programs
-    print(f"{programs:,} programs on {sms} SMs; an empty kernel's program on an H200: "
-          f"{empty_ns[1]:.1f} ns per SM; at 1 warp this one: {ns_1:.1f} ns")
-    if torch.cuda.get_device_name() == compare.read_meta(cost_csv)["gpu"]:
-        assert abs(ns_1 / empty_ns[1] - 1) < 0.10
-    else:
-        print("(the empty kernel was measured on another GPU: not compared)")
 else:
     print("(timings need a GPU: in the interpreter programs run one by one in Python, and "
           "num_warps is not used)")
 
 # %% [markdown]
-# **Why the naive kernel is slow on a GPU.** Rather than estimate it from a data sheet,
-# `benchmarks/mechanism.py` ran the naive kernel, a plain copy and the later kernels of the
-# course on an NVIDIA H200 under Nsight Compute (NVIDIA's kernel profiler), at bf16 sbhd
+# ### 4.2 A profile: not bytes, not bytes in flight, but programs
+#
+# Rather than estimate from a data sheet why the naive kernel is slow, `benchmarks/mechanism.py`
+# ran it, a plain copy and the later kernels of the course on an NVIDIA H200 under Nsight
+# Compute (NVIDIA's kernel profiler), one launch each, at bf16 sbhd
 # $S = 4096, B = 8, H = 32, D = 128$ (256 MiB of `x`), and committed what the profiler and the
 # compiler reported (`benchmarks/results/mechanism-nvidia-h200.csv`). The cell below reads it
-# (`ropelib.course.measured`) and checks each point. On a GPU it also times `my_rope_naive`
-# beside a copy of the same bytes, live at the profile's shape. On an H200 it checks their
-# ratio against a band (4 to 6.5) rather than the profile's 5.1, since `do_bench` takes a
-# median of many launches and the profile one launch. On another GPU it prints the ratio
-# unchecked, and the ratio differs: a GPU with less memory bandwidth than the H200 (an H100)
-# copies more slowly, while the naive kernel, bound by its programs, takes about the H200's
-# time, so the ratio comes out smaller. Four points:
+# (`ropelib.course.measured`) and checks each point:
 #
 # - **Not bytes.** The DRAM bytes counted match the bytes model (read $x$, write $y$, read the
 #   angle table once) within a few percent, for the naive kernel as for the copy (0.965 and
@@ -711,28 +699,27 @@ else:
 #   one-warp programs, each reading one 256-byte row of `x` and writing one of `y`. An SM holds
 #   at most 32 programs at a time (its limit on resident thread blocks; 32 one-warp programs
 #   fill half of its 64 warp slots), so even a GPU that was always full would need 248
-#   *waves* (rounds of 32 programs on every SM). It is not always full: the *achieved
-#   occupancy*, the average share of an SM's 64 warp slots holding a warp, is 28.1 % against
-#   the copy's 85.3 %, about 18 of the 32 programs an SM could hold. The measurements below
-#   show that this low occupancy follows from the slow starts; it does not cause them.
+#   *waves* (rounds of 32 programs on every SM). The *achieved occupancy*, the average share of
+#   an SM's 64 warp slots holding a warp, is 28.1 % against the copy's 85.3 %: about 18
+#   programs resident on an SM. Section 4.3 shows that this follows from the slow starts; it
+#   does not cause them.
 # - **Not bytes in flight.** Memory delivers its bandwidth only when enough bytes have been
 #   requested and not yet returned (Little's law: bytes in flight = bandwidth × latency). No
 #   counter measures them; `measured` bounds them per SM by resident warps × the `x` bytes a
-#   warp asks for in one step: one 256-byte row, for the naive kernel as for notebook 04's
-#   (whose `x B/prog` counts all $B$ rows its program loops over). The naive kernel's bound,
-#   4.5 KiB, is a twelfth of the copy's 54.6 KiB, yet it does not set the time: notebook 04's
-#   kernel asks for only 1.7 times the naive kernel's KiB per SM and runs 3.5 times faster, and
-#   the next point shows the time unchanged while the bound falls nearly threefold. (Notebook
-#   05, section 2, measures where bytes in flight do set a kernel's time.)
+#   warp asks for in one step (column `x KiB/SM`; for notebook 04's kernel, whose `x B/prog`
+#   counts the $B$ rows its program loops over, one row a step). The naive kernel's 4.5 KiB is
+#   a twelfth of the copy's 54.6, yet notebook 04's kernel asks for only 1.7 times as much and
+#   runs 3.5 times faster. (Notebook 05, section 2, measures where bytes in flight do set a
+#   kernel's time.)
 # - **The number of programs.** Notebook 04's ablation (section 5.3 there) has two more
 #   kernels of 1,048,576 one-row programs: `sh_one_b`, notebook 04's kernel with its batch loop
-#   cut to one row, and `sh_one_b_table`, the same reading cos and sin from fp32 tables instead
-#   of evaluating them. The three execute warp instructions 4.7 times apart and reach
-#   occupancies of 28.1, 18.4 and 9.7 %, so by the same estimate 4.5, 3.0 and 1.6 KiB of `x`
-#   per SM, yet take 634.0, 633.2 and 632.4 µs: the same time within 0.3 % while the bytes in
-#   flight fall nearly threefold. What they share is their number of programs.
+#   cut to one row, and `sh_one_b_table`, the same reading cos and sin from fp32 tables. The
+#   three execute warp instructions 4.7 times apart and their bound on bytes in flight falls
+#   nearly threefold (4.5, 3.0, 1.6 KiB), yet they take the same time within 0.3 %. What they
+#   share is their number of programs.
 
 # %%
+from ropelib.bench import compare
 from ropelib.course import measured
 
 mech = measured.mechanism("s4096-b8")            # Nsight Compute + compiler, one row per kernel
@@ -754,26 +741,6 @@ assert all(0.9 <= r["ncu_dram_bytes_over_model"] <= 1.05 for r in (copy_m, naive
 assert (naive_m["ncu_dram_bytes_over_model"], copy_m["ncu_dram_bytes_over_model"]) == (0.965, 0.954)
 assert round(slower, 1) == 5.1
 assert mech_meta["launches"].endswith("then the launch measured")   # one launch a kernel
-if GPU:   # the same comparison live, at the profile's shape: my_rope_naive against a copy
-    from triton.testing import do_bench
-    shape = tuple(naive_m[k] for k in ("seq_len", "batch", "heads", "head_dim"))
-    x_prof = torch.randn(shape, device=device, dtype=torch.bfloat16)        # 256 MiB
-    f_prof = ex.te_angles(shape[0], shape[3], device=device)
-    y_copy = torch.empty_like(x_prof)
-    copy_live = do_bench(lambda: y_copy.copy_(x_prof), quantiles=[0.5, 0.2, 0.8])[0]
-    naive_live = do_bench(lambda: my_rope_naive(x_prof, f_prof), quantiles=[0.5, 0.2, 0.8])[0]
-    live_slower, here = naive_live / copy_live, torch.cuda.get_device_name()
-    print(f"live on {here}, bf16 sbhd x {list(shape)}: my_rope_naive "
-          f"{naive_live * 1e3:.1f} us, a copy of the same bytes {copy_live * 1e3:.1f} us: "
-          f"{live_slower:.1f}x")
-    del x_prof, y_copy
-    if here == mech_meta["gpu"]:
-        # a band, not the profile's 5.1: another way of timing, another run
-        assert 4 < live_slower < 6.5, f"{live_slower:.2f}x"
-    else:
-        print(f"(the profile is of an {mech_meta['gpu']}: the ratio is not checked here)")
-else:
-    print("live timing skipped: it needs a GPU (the interpreter runs programs one by one)")
 # tiny programs: a million one-warp programs of one row, 248 waves of at most 32 per SM
 nv = naive_m
 assert nv["programs"] == nv["seq_len"] * nv["batch"] * nv["heads"] == 1_048_576
@@ -814,20 +781,19 @@ assert [f"{v:.1f}" for v in times] == ["634.0", "633.2", "632.4"]
 assert max(times) / min(times) < 1.003 and max(kib) / min(kib) > 2.5   # bytes in flight fall ~3x
 
 # %% [markdown]
-# So what does a program cost when it does nothing? `benchmarks/program_cost.py` timed on the
-# same H200, with `do_bench`, a kernel whose body is empty on the naive kernel's grid (a
-# million programs), and a kernel whose programs each load one 256-byte row and store it (the
-# naive kernel's `x` and `y` traffic without its angles and arithmetic), each at 1, 2, 4 and
-# 8 warps:
+# ### 4.3 What a program costs when it does nothing
+#
+# If the programs set the time, a kernel on the naive kernel's grid whose programs do nothing
+# should take as long. `benchmarks/program_cost.py` timed two such kernels on the same H200
+# with `do_bench`, each at 1, 2, 4 and 8 warps: `empty`, whose body is empty (no loads, no
+# stores), and `one row`, whose program loads its 256-byte row of `x` and stores it to `y`
+# (the naive kernel's traffic without its angles and arithmetic). The cell below reads them.
 
 # %%
-from ropelib.bench import compare
-
-cost_csv = measured.RESULTS / "program_cost-nvidia-h200.csv"
-cost_meta, cost_rows = compare.read_meta(cost_csv), compare.read_csv(cost_csv)
+cost_meta, cost_rows = measured.load("program_cost")
 cost = {(r["kernel"], r["num_warps"]): r for r in cost_rows}
-print(f"{cost_meta['gpu']} ({cost_csv.name}), {cost[('empty', 1)]['programs']:,} programs, "
-      "median of do_bench")
+print(f"{cost_meta['gpu']} (program_cost-nvidia-h200.csv), "
+      f"{cost[('empty', 1)]['programs']:,} programs, median of do_bench")
 print(f"{'kernel':10s}"
       + "".join(f"{w} warp{'s' if w > 1 else ''}".rjust(12) for w in (1, 2, 4, 8)))
 for kind in ("empty", "one row"):
@@ -850,38 +816,197 @@ print(f"{resident:.0f} programs resident on an SM, one started every "
 assert round(life_us, 1) == 1.4
 
 # %% [markdown]
-# This is the measurement that explains the naive kernel's speed. A million programs that do
-# nothing take as long as the naive kernel (within 1 %), and as long as a million programs
-# that each move their row. So at 1 warp the naive kernel's time is the time the GPU takes to
-# start and retire its programs, about 80 ns per program on each SM. Its loads, stores and
-# arithmetic fit under that, but only just. Each cycle, an SM's *warp schedulers* each pick a
-# warp that is ready and *issue* its next instruction; in the profile below, those of the
-# 1-warp naive kernel issue in 72 % of cycles, those of the one-row kernel (a row moved, no
-# arithmetic) in 4 %. The cost of a start does not grow with the warps: the empty
-# and one-row kernels keep their 1-warp time at 8 warps, when at most 8 programs fit an SM
-# (64 warp slots ÷ 8).
+# A million programs that do nothing take as long as the naive kernel (within 1 %), and as
+# long as a million programs that each move their row, at any number of warps. So at 1 warp
+# the naive kernel's time is the time the GPU takes to start and retire its programs, about
+# 80 ns per program on each SM; its loads, stores and arithmetic fit under that (4.5 shows
+# how tightly).
 #
 # Occupancy follows from that start rate; it does not set it. Little's law holds for programs
-# too: resident programs = start rate × life of a program. The naive kernel's programs start
-# one per 80 ns on each SM and about 18 are resident on average, so each lives about
-# 18 × 80 ns ≈ 1.4 µs (the cell above prints the product). A program that lived longer
-# would raise the occupancy, not the start rate: that is how the three kernels of a million
-# programs reach occupancies 2.9 times apart in the same time.
+# too: resident programs = start rate × life of a program. One start per 80 ns on each SM and
+# about 18 programs resident means each lives about 18 × 80 ns ≈ 1.4 µs. A program that lived
+# longer would raise the occupancy, not the start rate: that is how the three kernels of a
+# million programs in 4.2 reach occupancies 2.9 times apart in the same time.
 #
-# **What the extra warps cost.** Starts do not get costlier with more warps, so something
-# else slows the naive kernel at 4 and 8 warps. A half of a head row is a tile of 64 pairs: one
-# warp's 32 threads hold two pairs each, two warps' 64 threads one each. Four and eight warps
-# have more threads than pairs, yet Triton's layout gives every thread an element anyway:
-# threads hold copies of the same pairs, and each copy is loaded and rotated again.
+# **Now on this GPU.** The next cell writes the two kernels, so you can read and change them,
+# and runs each once beside `my_rope_naive` at this page's shape, checking what each writes
+# (in the interpreter on the CPU: the empty kernel nothing, the one-row kernel `x` itself). On
+# a GPU it then times the three and a device copy at the profile's shape, a million programs.
+# Predict first: which of the four take about the same time? On any GPU the cell checks that
+# the empty kernel, the one-row kernel and the naive kernel agree within 10 %, and that the
+# copy takes less than half as long; on an H200 also that the empty kernel takes the
+# committed time within 10 %. Then change a kernel — give the empty kernel a loop of
+# arithmetic, or `_one_row_kernel` two rows a program on half the grid — and see which change
+# moves the time.
+
+# %%
+@triton.jit
+def _empty_kernel(x_ptr):  # x_ptr: unused; each program starts and retires, nothing else
+    pass
+
+
+@triton.jit
+def _one_row_kernel(
+    x_ptr,  # *x: [rows, D], contiguous
+    y_ptr,  # *y: [rows, D], contiguous
+    D: tl.constexpr,  # features per row, a power of two
+):
+    r = tl.program_id(0).to(tl.int64)  # one program per row, as in the naive kernel
+    d = tl.arange(0, D)
+    tl.store(y_ptr + r * D + d, tl.load(x_ptr + r * D + d))
+
+
+def one_program_per_row(xs, fs, ys):
+    """The launches of the experiment on a contiguous x [S, B, H, D], into ys: three kernels of
+    one 1-warp program per row, and a device copy of the same bytes."""
+    rows = xs.shape[0] * xs.shape[1] * xs.shape[2]
+    x2, y2 = xs.view(rows, -1), ys.view(rows, -1)
+    return {"empty": lambda: _empty_kernel[(rows,)](x2, num_warps=1),
+            "one row": lambda: _one_row_kernel[(rows,)](x2, y2, D=xs.shape[3], num_warps=1),
+            "naive": lambda: my_rope_naive(xs, fs, out=ys),       # 1 warp at D = 128
+            "copy": lambda: ys.copy_(xs)}
+
+
+# each launch once at this page's shape (in the interpreter on the CPU): what does it write?
+y_runs = torch.full_like(x, float("nan"))
+runs = one_program_per_row(x, freqs, y_runs)
+runs["empty"]()
+assert y_runs.isnan().all(), "the empty kernel wrote something"
+runs["one row"]()
+assert torch.equal(y_runs, x), "the one-row kernel did not move every row unchanged"
+runs["naive"]()
+assert torch.equal(y_runs, my_rope_naive(x, freqs))
+print(f"x [{S}, {B}, {H}, {D}], {S * B * H:,} programs a kernel: the empty kernel writes "
+      "nothing, the one-row kernel copies x, the naive kernel rotates it")
+
+if GPU:   # the profile's shape: a million programs, 256 MiB of x
+    from triton.testing import do_bench
+    shape = tuple(naive_m[k] for k in ("seq_len", "batch", "heads", "head_dim"))
+    x_prof = torch.randn(shape, device=device, dtype=torch.bfloat16)
+    y_prof = torch.empty_like(x_prof)
+    f_prof = ex.te_angles(shape[0], shape[3], device=device)
+    progs = shape[0] * shape[1] * shape[2]
+    here = torch.cuda.get_device_name()
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    live_us = {name: do_bench(fn, quantiles=[0.5, 0.2, 0.8])[0] * 1e3
+               for name, fn in one_program_per_row(x_prof, f_prof, y_prof).items()}
+    del x_prof, y_prof
+    ns_live = live_us["empty"] * 1e3 * sms / progs          # this GPU's cost of a program
+    print(f"live on {here} ({sms} SMs), bf16 x {list(shape)}, {progs:,} programs, median of "
+          f"do_bench; beside it {cost_meta['gpu']}'s committed times")
+    committed = {"empty": empty["us"], "one row": cost["one row", 1]["us"],
+                 "naive": None, "copy": cost["copy", 0]["us"]}
+    for name, us in live_us.items():
+        per = "" if name == "copy" else f"{us * 1e3 * sms / progs:6.1f} ns per program per SM"
+        then = f"{committed[name]:7.1f} us" if committed[name] else " " * 10
+        print(f"  {name:8s} {us:7.1f} us  {per:30s}| {then}")
+    # the naive kernel costs what its programs cost; the bytes alone take far less
+    assert abs(live_us["naive"] / live_us["empty"] - 1) < 0.10, live_us
+    assert abs(live_us["one row"] / live_us["empty"] - 1) < 0.10, live_us
+    assert live_us["copy"] < 0.5 * live_us["empty"], live_us
+    if here == cost_meta["gpu"]:     # the committed run's GPU: the same cost a program
+        assert abs(live_us["empty"] / empty["us"] - 1) < 0.10
+else:
+    print("(timings need a GPU: the interpreter runs the programs one after another in Python)")
+
+# %% [markdown]
+# ### 4.4 Two GPUs: the same naive time, a different copy
+#
+# The H100 and the H200 are both Hopper GPUs with 132 SMs; the H200's memory delivers more
+# bandwidth. If the naive kernel's time is its programs' starts, it should take the same time
+# on both, while the copy, which is set by bandwidth, runs faster on the H200. So the ratio
+# naive / copy is not a property of the kernel alone: it grows with the GPU's bandwidth.
+# `benchmarks/generations.py` timed the naive kernel and a copy with `do_bench` on both GPUs
+# at the profile's shape, and committed `generations-nvidia-h200.csv` and
+# `generations-nvidia-h100-80gb-hbm3.csv`. The cell reads both, sets the H200 profile's
+# (Nsight Compute, one launch at a fixed clock) beside them, and on a GPU adds this page's live
+# times from 4.3; the figure draws the committed ones.
+
+# %%
+two = {}
+for slug in ("nvidia-h200", "nvidia-h100-80gb-hbm3"):
+    gen_meta, gen_rows = measured.load("generations", slug)
+    r = next(r for r in gen_rows if r["case"] == "batch-8" and r["provider"] == "ropelib_naive")
+    assert (r["seq_len"], r["batch"], r["heads"], r["head_dim"], r["dtype"], r["layout"]) == \
+        (4096, 8, 32, 128, "bf16", "sbhd")                       # the profile's x
+    two[gen_meta["gpu"]] = dict(naive=r["fwd_ms"] * 1e3, copy=r["copy_fwd_ms"] * 1e3,
+                                where=measured.where(gen_meta))
+h200, h100 = two["NVIDIA H200"], two["NVIDIA H100 80GB HBM3"]
+shown = [(f"{t['where']}", "do_bench", t["naive"], t["copy"]) for t in two.values()]
+shown.append((measured.where(mech_meta), "ncu", naive_m["us"], copy_m["us"]))
+if GPU:
+    shown.append((f"{here}, this page, 4.3", "do_bench", live_us["naive"], live_us["copy"]))
+print(f"bf16 sbhd x [4096, 8, 32, 128]\n{'measured on':68s}{'timing':>9s}{'naive us':>10s}"
+      f"{'copy us':>9s}{'naive/copy':>12s}")
+for label, how, n, c in shown:
+    print(f"{label:68s}{how:>9s}{n:10.1f}{c:9.1f}{n / c:11.1f}x")
+print(f"H100 / H200: naive {h100['naive'] / h200['naive']:.3f}x, "
+      f"copy {h100['copy'] / h200['copy']:.2f}x")
+# the naive kernel: the same time on both GPUs, within 0.1 %; the copy 1.40x longer on the H100
+assert abs(h100["naive"] / h200["naive"] - 1) < 0.001
+assert round(h100["copy"] / h200["copy"], 2) == 1.40
+# so the ratio: 4.9 on the H200, 3.5 on the H100 (do_bench); the profile's 5.1 has the
+# faster copy of one profiled launch (125 us against do_bench's 130)
+assert (round(h200["naive"] / h200["copy"], 1), round(h100["naive"] / h100["copy"], 1)) == (4.9, 3.5)
+assert (round(copy_m["us"]), round(h200["copy"])) == (125, 130) and round(slower, 1) == 5.1
+if GPU and here in two:   # the live times are those of this GPU's committed run
+    assert abs(live_us["naive"] / two[here]["naive"] - 1) < 0.10
+    live_ratio, committed_ratio = (live_us["naive"] / live_us["copy"],
+                                   two[here]["naive"] / two[here]["copy"])
+    assert abs(live_ratio / committed_ratio - 1) < 0.15, (live_ratio, committed_ratio)
+elif GPU:
+    print(f"({here} has no committed run: its live times are not compared)")
+
+
+def draw_two_gpus(two, empty_us, path):
+    fig, ax = plt.subplots(figsize=(8, 3.3))
+    names = list(two)
+    for i, (what, color) in enumerate((("naive", "tab:red"), ("copy", "tab:blue"))):
+        xs_ = [k + (i - 0.5) * 0.36 for k in range(len(names))]
+        vals = [two[n][what] for n in names]
+        ax.bar(xs_, vals, 0.34, color=color, label=f"{what} (do_bench)")
+        for xv, v in zip(xs_, vals):
+            ax.text(xv, v + 8, f"{v:.0f} µs", ha="center", fontsize=9)
+    ax.axhline(empty_us, color="k", ls="--", lw=1)
+    ax.text(0.5, empty_us - 40, f"- - a million empty programs\n(H200, program_cost): "
+            f"{empty_us:.0f} µs", ha="center", va="top", fontsize=8)
+    ax.set_xticks(range(len(names)), [f"{n}\n{two[n]['where'][-10:]}" for n in names])
+    ax.set_ylabel("µs"), ax.set_ylim(0, 1.25 * max(t["naive"] for t in two.values()))
+    ax.set_title("bf16 sbhd x [4096, 8, 32, 128], one program per row: the naive kernel takes\n"
+                 "its programs' time on both GPUs; the copy follows the memory", fontsize=10)
+    ax.legend(loc="upper right", fontsize=8, ncols=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.show()
+
+
+draw_two_gpus(two, empty["us"], FIGURES / "03-naive-vs-copy-two-gpus.png")
+
+# %% [markdown]
+# The naive kernel takes the same time on both GPUs (within 0.1 %), the copy 1.40 times as
+# long on the H100; so the naive kernel takes 4.9 times the copy's time on the H200 and 3.5
+# times on the H100. A faster memory speeds up the copy and leaves the naive kernel where its
+# programs put it. The profile's 5.1 is the same H200 measured otherwise: Nsight Compute times
+# one launch at a fixed clock, and its copy (125 µs) is faster than `do_bench`'s median
+# (130 µs). A live ratio on this page is therefore read against its own GPU's committed run,
+# which the cell does where there is one.
+#
+# ### 4.5 What the extra warps cost
+#
+# Starts do not get costlier with more warps (4.3), so something else slows the naive kernel at
+# 4 and 8 warps. A half of a head row is a tile of 64 pairs: one warp's 32 threads hold two
+# pairs each, two warps' 64 threads one each. Four and eight warps have more threads than
+# pairs, yet Triton's layout gives every thread an element anyway: threads hold copies of the
+# same pairs, and each copy is loaded and rotated again.
 #
 # `benchmarks/naive_warps_ncu.py` profiled the naive kernel under Nsight Compute at 1, 2, 4 and
 # 8 warps, beside the one-row kernel at 1 and 8 warps, on the same H200 and the same 256 MiB
-# `x` (`naive_warps_ncu-nvidia-h200.csv`; the profiler fixes the SM clock, so compare its
-# times with each other, not with `do_bench`'s). The cell prints the time, the warp
-# instructions executed, the global load instructions and the 32-byte sectors they asked for
-# (section 5 explains sectors), the share of cycles in which a scheduler issued, and how many
-# cycles a ready warp waited to be picked between two of its instructions (Nsight Compute's
-# `not_selected`).
+# `x` (`naive_warps_ncu-nvidia-h200.csv`; compare its fixed-clock times with each other, not
+# with `do_bench`'s). Per launch: the time, the warp instructions executed, the global load
+# instructions and the 32-byte sectors they asked for (section 5 explains sectors), the share
+# of cycles in which a *warp scheduler* (each SM has four; each cycle each picks a ready warp
+# and *issues* its next instruction) issued, and how many cycles a ready warp waited to be
+# picked (Nsight Compute's `not_selected`).
 
 # %%
 nw_csv = measured.RESULTS / "naive_warps_ncu-nvidia-h200.csv"
@@ -927,31 +1052,26 @@ assert [round(100 * r["smsp__issue_active.avg.per_cycle_active"]) for r in (row1
 assert abs(naive_w[1]["gpu__time_duration.sum"] / row1["gpu__time_duration.sum"] - 1) < 0.02
 
 # %% [markdown]
-# At 1 warp the naive kernel takes the one-row kernel's time (within 2 %), but its schedulers
-# already issue an instruction in 72 % of their cycles, the one-row kernel's in 4 %: its loads,
-# sin/cos and multiplies nearly fill the time its programs take to start.
+# At 1 warp the naive kernel takes the one-row kernel's time, but its schedulers already issue
+# in 72 % of their cycles, the one-row kernel's in 4 %: its loads, sin/cos and multiplies nearly
+# fill the time its programs take to start.
 #
-# More warps add instructions: 1.38, 2.74 and 5.46 times the 1-warp count at 2, 4 and 8 warps.
-# Had a warp's work shrunk with its share of the tile, 2 warps together would execute what 1
-# does; the 1.38 says part of each warp's work does not shrink (this notebook does not break
-# it down; notebook 05's appendix A.4 shows how, counting the finished kernel's instructions
-# opcode by opcode). From 4
-# warps on the threads hold copies of the same pairs, and the load sectors double at 4 warps
-# and again at 8 (the same bytes asked for again). The schedulers are busy in 83–84 % of their
-# cycles from 2 warps on, a ready warp waits 6 to 8 cycles to be picked, and the time follows
-# the instructions: 1.19, 2.33 and 4.66 times the 1-warp time. The one-row kernel also
-# executes 6.7 times its instructions at 8 warps, but its schedulers, issuing in 20 % of their
-# cycles, absorb them, and its time does not move.
-#
-# These ratios are the profiler's, at its fixed SM clock; `do_bench` at the GPU's own clock
-# need not give the same ones, so the first cell of this section checks only that 8 warps
-# take longer than 2.
+# More warps add instructions, and from 2 warps on the schedulers are busy in 83–84 % of their
+# cycles (a ready warp waits 6 to 8 cycles to be picked), so the time follows the
+# instructions. From 4 warps on the threads hold copies of the same pairs, and the load
+# sectors double at 4 warps and again at 8. Even at 2 warps the count is not flat (1.38, not
+# 1): part of each warp's work does not shrink with its share of the tile (this notebook does
+# not break it down; notebook 05's appendix A.4 counts the finished kernel's instructions
+# opcode by opcode). The one-row kernel executes 6.7 times its instructions at 8 warps too,
+# but its schedulers, issuing in 20 % of their cycles, absorb them, and its time does not
+# move. These ratios are the profiler's, at its fixed clock; 4.1's live cell checks only that
+# 8 warps take longer than 2.
 #
 # What to take from section 4: at 1 warp the naive kernel's time is the time to start its
-# programs, not the time to move its bytes; at 4 and 8 warps it is the time of instructions
-# that only repeat its work. Hence `default_num_warps` gives a tile at least as many elements
-# as threads (one warp per 128 elements of a half), and the cure is fewer programs, each doing
-# more: notebook 04's grid, and exercise 5 below.
+# programs, not the time to move its bytes, on an H100 as on an H200; at 4 and 8 warps it is
+# the time of instructions that only repeat its work. Hence `default_num_warps` gives a tile at
+# least as many elements as threads (one warp per 128 elements of a half), and the cure is
+# fewer programs, each doing more: notebook 04's grid, and exercise 5 below.
 
 # %% [markdown]
 # ## 5. Coalescing, made visible
@@ -1748,8 +1868,8 @@ solution(ex.solution_predicted_us)
 # kernel and the worked kernel of exercise 5 (`rows_ncu-nvidia-h200.csv`). The profiler fixes
 # the clock, so read those two columns against each other, not against the rest. On a GPU the
 # cell then times your kernel (the worked one until yours passes) at this page's shape and the
-# same warps, beside a prediction for this GPU: its SMs and its copy's time, with the H200's
-# cost of a program, the only one measured (on another GPU the cell says so).
+# same warps, beside a prediction for this GPU: its SMs, its copy's time and the cost of a
+# program that section 4.3 measured on it.
 
 # %%
 predict = my_predicted_us if pred_ok else ex.solution_predicted_us
@@ -1800,9 +1920,8 @@ if GPU:
     f2d, y_rows = freqs.view(S, D), torch.empty_like(x)
     here_sms = torch.cuda.get_device_properties(device).multi_processor_count
     here_copy = do_bench(lambda: y_rows.copy_(x), quantiles=[0.5, 0.2, 0.8])[0] * 1e3
-    print(f"this GPU ({here_sms} SMs), x [{S}, {B}, {H}, {D}] bf16: a copy {here_copy:.1f} us"
-          + ("" if compare.gpu_slug() == measured.GPU else
-             f"; the predictions take the H200's {ns:.1f} ns a program, not measured on this GPU"))
+    print(f"{torch.cuda.get_device_name()} ({here_sms} SMs), x [{S}, {B}, {H}, {D}] bf16: a copy "
+          f"{here_copy:.1f} us, a program {ns_live:.1f} ns on each SM (4.3's empty kernel)")
     live = {}
     for rows in (1, 2, 4, 8):
         warps = by_rows[rows]["num_warps"]   # the warps of the ablation's row above
@@ -1810,11 +1929,13 @@ if GPU:
                                                           num_warps=warps),
                                    quantiles=[0.5, 0.2, 0.8])[0] * 1e3
         print(f"{rows:>4} {triton.cdiv(S * B * H, rows):>10,} {warps:>5} "
-              f"{predict(S * B * H, rows, here_sms, ns, here_copy):13.1f} {us:12.1f}")
+              f"{predict(S * B * H, rows, here_sms, ns_live, here_copy):13.1f} {us:12.1f}")
     print("measured / the worked prediction: " + ", ".join(
         f"{r} row{'s' * (r > 1)} "
-        f"{live[r] / ex.solution_predicted_us(S * B * H, r, here_sms, ns, here_copy):.2f}"
+        f"{live[r] / ex.solution_predicted_us(S * B * H, r, here_sms, ns_live, here_copy):.2f}"
         for r in live) + f"; 8 rows take {live[8] / live[2]:.2f}x the time of 2")
+    if not rows_ok:   # the worked kernel: 8 rows slower than 2, as its profile (appendix)
+        assert live[8] > live[2]
 
 # %% [markdown]
 # In the H200's ablation, at 1 and 2 rows a program the measurement lands within 2 % of the
@@ -1826,17 +1947,12 @@ if GPU:
 # bytes each SM must have in flight for a kernel to stream at a copy's speed. Where does your
 # prediction stop holding, in the ablation and in the rows timed live, and why there?
 #
-# The rows timed live (on a GPU, the second table, and its line of measured-to-predicted
-# ratios) are of the worked kernel until yours passes, not of notebook 04's. For the worked
-# kernel the model does not hold: in the last column, its profile, 8 rows are slower than 2,
-# and the live ratios show the same on the executed page's H100. The appendix at the end of
-# this notebook shows why.
-#
-# The live rows run at the warps their `warps` column prints, the ablation's for as many rows
-# (`ex.launch_rows(..., num_warps=)`). The prediction has no term for the warps, but a program
-# whose threads outnumber its tile's elements repeats its work (section 4's last profile): time
-# your kernel at 4 warps as well (the ablation's 8 rows at 4 warps: the row `heads8_loop_b` of
-# its CSV).
+# The rows timed live (on a GPU, the second table) are of the worked kernel until yours
+# passes, not of notebook 04's, and for it the model does not hold: in its profile (last
+# column) 8 rows are slower than 2, and the live cell checks the same on its own GPU. The
+# appendix shows why. The live rows run at the ablation's warps (`warps` column); the
+# prediction has no term for warps, but threads that outnumber a tile's elements repeat its
+# work (section 4.5): time your kernel at 4 warps as well.
 #
 # ## Questions for a study group
 #
@@ -1894,16 +2010,12 @@ assert all(per_row[r] == (256, 256 / r) for r in per_row)
 # a row at every `ROWS`, while notebook 04's kernel evaluates 32 a row at 8 heads a program.
 # Is that what keeps the worked kernel above the model, and why would 8 rows be slower than
 # 2, which evaluate as many a row? `benchmarks/rows_ncu.py` profiled both kernels under Nsight
-# Compute on the H200, at 1, 2, 4 and 8 rows (heads) a program, at the ablation's shape and
-# warps (`rows_ncu-nvidia-h200.csv`; the profiler fixes the SM clock, so compare its times with
-# each other). The cell prints, per launch, the time, the warp instructions executed, the share
-# of cycles in which a scheduler issued one, the registers each thread of the compiled kernel
-# held, the share of an SM's 64 warp slots those registers and the launch leave room for
-# (theoretical occupancy, "warps fit"), and the share that held a warp on average (achieved
-# occupancy). The cell then compiles the worked kernel for sm_90 on this machine, as section 5
-# does, reads the registers a thread at 2 and 8 rows, and works out the warps an SM can hold
-# with them (`ropelib.course.counts.programs_per_sm`), both for this machine's Triton and for
-# the registers the H200's kernel held.
+# Compute on the H200 at the ablation's shape and warps (`rows_ncu-nvidia-h200.csv`, fixed
+# clock). Beside time, instructions and issue share, the cell prints the registers a thread
+# held, the share of an SM's 64 warp slots they leave room for ("warps fit", the theoretical
+# occupancy) and the share that held a warp ("warps active", the achieved occupancy). It then
+# compiles the worked kernel for sm_90 here, as section 5 does, and works out from its
+# registers how many warps fit (`ropelib.course.counts.programs_per_sm`).
 
 # %%
 rows_csv = measured.RESULTS / "rows_ncu-nvidia-h200.csv"
@@ -1997,22 +2109,19 @@ assert profiled("worked", "active")[1] <= 100 * occ2.fraction
 # The profile answers both questions.
 #
 # - **The sines and cosines keep the worked kernel above the model.** Notebook 04's kernel
-#   executes 287, 172, 114 and 58 million warp instructions at 1, 2, 4 and 8 heads a program,
-#   and its time falls with them (648, 325, 192 and 150 µs, beside the copy's 125). The worked
-#   kernel executes about as many at every `ROWS` (299, 278, 284 and 256 million): with fewer
-#   programs, each evaluates the sin and cos of every row of its tile again. At 2 and 4 rows
-#   its schedulers issue an instruction in 86 and 91 % of their cycles, so the instructions,
-#   not the programs, set its time (413 and 396 µs). The model counts programs only; it holds
-#   while programs are what the GPU waits for, at 1 row.
+#   executes fewer instructions with every doubling of its heads a program, and its time falls
+#   with them. The worked kernel executes about as many at every `ROWS`: with fewer programs,
+#   each evaluates the sin and cos of every row of its tile again. At 2 and 4 rows its
+#   schedulers issue in 86 and 91 % of their cycles, so the instructions, not the programs, set
+#   its time. The model counts programs only; it holds while programs are what the GPU waits
+#   for, at 1 row.
 # - **8 rows are slower than 2 because too few warps fit.** One warp holds 8 rows of 64 pairs,
-#   16 pairs a thread, and their sines and cosines: the kernel the H200 ran held 151 registers
-#   a thread (the profile reports it; the cell also prints this machine's Triton's count, from
-#   its own compile). That leaves room for 12 one-warp programs, 19 % of an SM's 64 warp slots,
-#   against half at 2 rows (46 registers; 32 programs of one warp is the limit there): the
-#   profiler's own occupancy limits, which `programs_per_sm` reproduces from the registers.
-#   The profile finds 18 % of the warp slots busy, against 47 % at 2 rows and 70 % at 4, and
-#   the schedulers issuing in only 48 % of their cycles: with so few warps, nothing else is
-#   ready while one waits for its previous instruction. The same instructions take 676 µs.
+#   16 pairs a thread, and their sines and cosines: 151 registers a thread on the H200. That
+#   leaves room for 12 one-warp programs, 19 % of an SM's warp slots, against half at 2 rows
+#   (46 registers; there the limit of 32 programs binds first), as `programs_per_sm`
+#   reproduces. With 18 % of the slots busy, nothing else is ready while a warp waits for its
+#   previous instruction: the schedulers issue in only 48 % of their cycles, and the same
+#   instructions take 676 µs.
 #
 # So the next step past exercise 5, for your kernel as for the worked one (which evaluates
 # them for every row on purpose): evaluate the sines and cosines once a position, share them
