@@ -386,6 +386,34 @@ def test_the_notebooks_persistent_kernel_passes(capsys):
     assert out.count("✅") == len(ex.PERSISTENT_PROGRAMS) and "❌" not in out
 
 
+def test_launch_options_reach_the_launch_and_keep_its_result():
+    # notebook 12, section 8 launches the persistent kernel as the shipped forward is launched
+    # (launch_forward(..., num_warps=8, num_stages=3)): the options go to kernel[grid](...), and
+    # the output is the reference's, as at Triton's defaults
+    device = runtime.default_device()
+    gen = torch.Generator().manual_seed(5)
+    M, K, HQ, HK, D, BLOCK_M, BLOCK_K = ex.CASES[1]
+    x, w, cos, sin, pos = ex.draw_inputs(gen, M, K, HQ, HK, D, device=device)
+    want = ex.reference_qkv(x, w, cos, sin, pos, HQ, HK, D).float()
+    tol = dict(atol=1e-4, rtol=1e-4) if runtime.INTERPRET else dict(atol=2e-2, rtol=2e-2)
+    kernel = _notebook_persistent()
+    for options in ({}, dict(num_warps=8, num_stages=3)):
+        out = torch.full((M, HQ + 2 * HK, D), float("nan"), device=device)
+        ex.launch_forward(kernel, x, w, out, cos, sin, pos, HQ, HK, D, BLOCK_M, BLOCK_K,
+                          programs=3, **options)
+        torch.testing.assert_close(out, want, **tol)
+    seen = {}
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: seen.update(grid=grid, **kwargs)
+
+    ex.launch_forward(Recorder(), x, w, out, cos, sin, pos, HQ, HK, D, BLOCK_M, BLOCK_K,
+                      programs=3, num_warps=8, num_stages=3)
+    assert seen["grid"] == (3,) and (seen["num_warps"], seen["num_stages"]) == (8, 3)
+    assert seen["PROGRAMS"] == 3
+
+
 @pytest.mark.parametrize("why, replacements", [
     ("one tile a program: not persistent",
      [("for tile in range(tl.program_id(0), tiles_m * H, PROGRAMS):",

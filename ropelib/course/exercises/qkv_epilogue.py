@@ -103,7 +103,7 @@ def reference_dx(grad_qkv, x, weight, cos, sin, positions, HQ, HK, D) -> torch.T
 
 
 def launch_forward(kernel, x, weight, out, cos, sin, positions, HQ, HK, D, BLOCK_M, BLOCK_K,
-                   rotate=True, programs=None):
+                   rotate=True, programs=None, **options):
     """Launch a forward kernel (the teaching kernel's signature) on grid (cdiv(M, BLOCK_M), H).
     rotate=False passes N_ROT = 0: no head is a q or k head, so every head is stored as v is,
     unrotated, and the launch times the same GEMM without the epilogue's rotation.
@@ -112,7 +112,10 @@ def launch_forward(kernel, x, weight, out, cos, sin, positions, HQ, HK, D, BLOCK
     (P,), each program walking the (token tile, head) tiles program_id, program_id + P, ... On a
     GPU this sets the allocator Triton asks for the scratch of descriptors made in a kernel
     (tl.make_tensor_descriptor): this module's own, so that the launch calls no code of the
-    library (the check refuses answers that do)."""
+    library (the check refuses answers that do).
+
+    options: Triton's launch options (num_warps, num_stages), passed on as they are; Triton's
+    defaults (4 warps, 3 stages) where absent. The interpreter accepts and ignores them."""
     M, K = x.shape
     H = HQ + 2 * HK
     n_rot = HQ + HK if rotate else 0
@@ -123,7 +126,7 @@ def launch_forward(kernel, x, weight, out, cos, sin, positions, HQ, HK, D, BLOCK
         if not runtime.INTERPRET:
             triton.set_allocator(_descriptor_scratch)
     kernel[grid](x, weight, out, cos, sin, positions, M, K, H, n_rot,
-                 D=D, BLOCK_M=BLOCK_M, BLOCK_K=BLOCK_K, **persistent)
+                 D=D, BLOCK_M=BLOCK_M, BLOCK_K=BLOCK_K, **persistent, **options)
 
 
 # programs the persistent check launches: fewer than every case's tiles (8, 10 and 8), so a kernel
