@@ -2,7 +2,7 @@
 (`ropelib.course.cuda_graph_step.graphed_step`) for the notebook and `graph_pair_probe.py`, the
 loss-curve CSV recording the characters the run trained on, the host time a layer printed as
 not resolved where its rounds' middle half spans zero, the split copies read from this run, and
-A.5's floor a plain copy of q's bytes."""
+A.4's floor a plain copy of q's bytes."""
 import ast
 import os
 from pathlib import Path
@@ -99,7 +99,7 @@ def test_the_split_copies_are_this_runs_and_the_floor_is_a_plain_copy():
     assert "within 10 % of the split copies" not in section5
     assert "0.95 < split_x" not in section5
     assert "explains none of ropelib's excess" in section5 and '"split_copies_ms"' in section5
-    a5 = _section(text, "### A.5 Section 9", "**Which change moves a kernel")
+    a5 = _section(text, "### A.4 Section 9", "**Which change moves a kernel")
     assert "t_copy = compare.time_ms(lambda: y_t.copy_(packed), device)" in a5
     assert "packed = q_t.contiguous()" in a5
     assert "t_strided = compare.time_ms(lambda: y_t.copy_(q_t), device)" in a5
