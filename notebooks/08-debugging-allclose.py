@@ -63,13 +63,13 @@
 # the two differ.
 #
 # **Where the numbers come from.** Every number the text states is asserted in the code beside
-# it (the text does not say so each time) and is the same on every machine. Most are read from
-# `benchmarks/results/te-bits-nvidia-h200.pt`, what `benchmarks/te_bits.py` measured against the
-# real TE on an NVIDIA H200 (*the H200 reference run* from here on); the rest are computed on the
-# CPU from fixed inputs. The outputs under the cells come from the machine that ran them: on a
-# CPU, the interpreter against the TE emulation at small sizes; on the executed page in
-# `docs/executed/`, an NVIDIA H100 against the real TE at the H200's sizes. Where the text quotes
-# the H100, it names it; those numbers are that page's outputs, not asserts.
+# it and is the same on every machine. Most are read from `benchmarks/te_bits.py`'s measurements
+# against the real TE, committed under `benchmarks/results/`: `te-bits-nvidia-h200.pt`, *the H200
+# reference run*, and `te-bits-nvidia-h100-80gb-hbm3.pt`, the same script on an NVIDIA H100, which
+# section 4b shows agrees with the H200's in every row. The rest are computed on the CPU from fixed
+# inputs. The outputs under the cells come from the machine that ran them, named in the first
+# cell's output: on a CPU, the interpreter against the TE emulation at small sizes; on a GPU, the
+# compiled kernels at the reference run's sizes, against the real TE where it is installed.
 
 # %%
 import os, torch
@@ -102,14 +102,34 @@ SC = (debug.Scenario(seq_len=512, batch=2, heads=8, head_dim=128) if GPU
       else debug.Scenario(seq_len=32, batch=2, heads=2, head_dim=32))
 print(runtime.mode(), "| TE side:", debug.te_label(device), "|", SC)
 
-TE_BITS = debug.te_bits_file(ROOT)      # the GPU's measurements against the real TE
+TE_BITS = debug.te_bits_file(ROOT)      # the reference run: the GPU measurements the text reads
 assert TE_BITS is not None, ("benchmarks/results/te-bits-<gpu>.pt is missing: run `python "
                              "benchmarks/te_bits.py --out benchmarks/results` on a GPU with TE")
-BITS = debug.load_te_bits(TE_BITS)
+RUNS = {p: debug.load_te_bits(p) for p in debug.te_bits_files(ROOT)}   # every committed GPU run
+BITS = RUNS[TE_BITS]
 META = BITS["meta"]
 GPU_NAME = META["gpu"]
-print("measured against the real TE on:", GPU_NAME)
 assert GPU_NAME == "NVIDIA H200", "the text's H200 reference run"
+H100_RUN = next(r for r in RUNS.values() if r["meta"]["gpu"].startswith("NVIDIA H100"))
+# A GPU compiles the reference run's code when it has the run's compute capability and Triton
+# (section 4b shows the H100 run agreeing with the H200's in every row): there, the cells check
+# this machine's counts against the committed run of this GPU, or the reference run's.
+HERE = ({"capability": "{}.{}".format(*torch.cuda.get_device_capability()),
+         "triton": triton.__version__} if GPU else None)
+SAME_ARCH = not GPU or all(HERE[k] == META[k] for k in ("capability", "triton"))
+OWN_RUN = next((r for r in RUNS.values() if GPU and
+                compare.gpu_slug(r["meta"]["gpu"]) == compare.gpu_slug()), BITS)
+
+
+def run_row(run, variant, key="nb_gpu"):
+    """A committed run's row for one variant (n_differ, max_abs_diff, hist, ...)."""
+    return {r["variant"]: r for r in run["scenarios"][key]["rows"]}[variant]
+
+
+print("measured against the real TE on:", ", ".join(r["meta"]["gpu"] for r in RUNS.values()),
+      f"| the reference run: {GPU_NAME}" + ("" if not GPU else
+      f" | this GPU: compute capability {HERE['capability']}, Triton {HERE['triton']}; its "
+      f"counts checked against the {OWN_RUN['meta']['gpu']} run: {SAME_ARCH}"))
 
 # %% [markdown]
 # ## 1. The failure, reproduced
@@ -297,7 +317,7 @@ assert steps_at_max == 1                                  # the largest differen
 # $u = 2^{-24}$; `torch.finfo(dtype).eps` is $2u$). The default `rtol` asks bf16 for about 17
 # bits — a difference of *one* rounding step fails it. Tolerances must come from the dtype:
 # `ropelib.course.debug.tolerances` gives the defaults that `torch.testing.assert_close`
-# documents for each dtype (the cell asserts them against that table):
+# documents for each dtype:
 
 # %%
 for name in ("bf16", "fp16", "fp32"):
@@ -317,10 +337,10 @@ for name, (rtol, atol) in ASSERT_CLOSE_DEFAULTS.items():
 #
 # In the table below, the default `allclose` of the "all causes fixed" row depends on the
 # machine: True on the CPU, False on a GPU against the real TE. The line under the table gives
-# the count: 12 elements in the H200 reference run, and 12 on the executed page's H100. A GPU
-# compiler fuses a product and a sum into one *fused multiply-add* (FMA: $ab + d$ with a single
-# rounding, section 4), choosing on its own which product; the interpreter fuses none. Neither
-# run is broken; section 4b finds the order.
+# the count: 12 elements, in the H200 reference run and in the H100 run alike. A GPU compiler
+# fuses a product and a sum into one *fused multiply-add* (FMA: $ab + d$ with a single rounding,
+# section 4), choosing on its own which product; the interpreter fuses none. Neither run is
+# broken; section 4b finds the order.
 
 # %%
 fixed = debug.reproduce(SC, FIXED, device=device)
@@ -340,11 +360,13 @@ fx = debug.diagnose(fixed, "dtype")
 assert fx["allclose"] and fx["triton_max_ulp"] <= 1.0 and fx["te_max_ulp"] <= 1.0
 assert rows[0][6] > 4 * rows[1][6]     # the reported kernel is many ulps off fp64
 n_fixed = debug.diagnose(fixed)["n_differ"]
-fixed_gpu = {r["variant"]: r for r in BITS["scenarios"]["nb_gpu"]["rows"]}["debug:FIXED"]
-print(f"fixed kernel vs {fixed.te_label}: {n_fixed} of {fixed.x.numel()} elements differ here; "
-      f"vs the real TE on the {GPU_NAME} (S=512 B=2 H=8 D=128): {fixed_gpu['n_differ']} of "
-      f"{fixed_gpu['numel']:,}")
+fixed_gpu = run_row(BITS, "debug:FIXED")
+print(f"fixed kernel vs {fixed.te_label}: {n_fixed} of {fixed.x.numel():,} elements differ here; "
+      f"vs the real TE (S=512 B=2 H=8 D=128): {fixed_gpu['n_differ']} of "
+      f"{fixed_gpu['numel']:,} on the {GPU_NAME}, "
+      f"{run_row(H100_RUN, 'debug:FIXED')['n_differ']} on the {H100_RUN['meta']['gpu']}")
 assert fixed_gpu["n_differ"] == 12, "the text's 12 elements (the H200 reference run)"
+assert run_row(H100_RUN, "debug:FIXED")["n_differ"] == 12, "the text's 12 (the H100 run)"
 assert fixed_gpu["numel"] == 1_048_576, "the text's 1,048,576 elements of the reference run"
 # the reference run's stored outputs: those 12 fail the default allclose against the real TE
 ref_case = debug.te_bits_case(BITS, "nb_gpu")
@@ -454,10 +476,9 @@ assert not bool((vs_te & ~(mism | order)).any())   # each element off TE was mov
 # The second line compares with the TE side, as the report did. On the CPU that is the
 # emulation, whose table the kernel was given, so the two counts are the same. On a
 # GPU the compiled kernel's multiply-add order already differs from TE with the unmoved table:
-# 12 of 1,048,576 elements in the H200 reference run, and 12 on the executed
-# page's H100; section 4b finds why. The two counts do not add: an element can be in both sets,
-# and a nudge can put an element back on TE's value. The `split` line counts each part
-# (every element off TE is in one of the sets).
+# 12 of 1,048,576 elements in the H200 reference run and in the H100 run; section 4b finds why.
+# The two counts do not add: an element can be in both sets, and a nudge can put an element
+# back on TE's value. The `split` line counts each part.
 #
 # The next cell runs the same experiment at the GPU size in plain PyTorch, on every machine:
 # the TE emulation against itself with the moved table.
@@ -489,9 +510,8 @@ print(f"one element in 2^{rate_log2:.1f}; {1e6 * n_big / yb.numel():.0f} per mil
 assert 14 <= rate_log2 <= 16, "the text's 'about one element in 2^15'"
 assert round(rate_log2, 1) == 14.6, "the text's one in 2^14.6"
 assert 10 <= 1e6 * n_big / yb.numel() < 100       # "tens of elements per million" (section 7)
-# the reference run's reproduction kernel with the unmoved fp32 table, against the real TE
-assert fixed_gpu["n_differ"] == {r["variant"]: r for r in BITS["scenarios"]["nb_gpu"]["rows"]}[
-    "debug:FIXED-table_fp32"]["n_differ"] == 12
+# the reproduction kernel with the unmoved fp32 table against the real TE, in both GPU runs
+assert {run_row(run, "debug:FIXED-table_fp32")["n_differ"] for run in RUNS.values()} == {12}
 
 # %% [markdown]
 # 43 of 1,048,576 elements (one in $2^{14.6}$), 38 of them one bf16 step apart, with the first
@@ -570,26 +590,29 @@ if not GPU or debug.te_label(device) == "TE fused":   # the emulation here, or T
 if not GPU:   # the interpreter fuses nothing, as the emulation: the fixed row is 0 too
     assert prec["sin/cos in kernel, fp32 (fixed)"]["max_abs_diff"] == 0, \
         "the fixed row on the CPU: 0 against the TE emulation"
-if GPU and debug.te_label(device) == "TE fused" and \
-        compare.gpu_slug() == compare.gpu_slug(GPU_NAME):
-    # live TE on the reference run's GPU: the fixed row shows the compiler's order, as there
-    assert prec["sin/cos in kernel, fp32 (fixed)"]["max_abs_diff"] == 2 ** -6, \
-        "the fixed row against live TE: the reference run's 2^-6"
+if GPU and debug.te_label(device) == "TE fused" and SAME_ARCH:
+    # live TE, the reference run's compute capability and Triton: the compiler's order, as there
+    assert prec["sin/cos in kernel, fp32 (fixed)"]["max_abs_diff"] == \
+        run_row(OWN_RUN, "debug:FIXED")["max_abs_diff"], "the fixed row: the committed run's"
 # the outputs each row compares (the prose's counts): 4,096 on the CPU, 1,048,576 on a GPU
 assert prec["sin/cos in kernel + FMA"]["numel"] == (1_048_576 if GPU else 4096)
 assert prec["table bf16, math bf16 (reported)"]["triton_max_ulp"] > 16   # tens of ulps, or more
 
-# the same kernel's presets against the real TE on the GPU, at its size (the reference run's rows)
-gpu_rows = {r["variant"]: r for r in BITS["scenarios"]["nb_gpu"]["rows"]}
+# the same kernel's presets against the real TE on the GPU, at its size (the committed runs' rows)
 PRESET_ROWS = {"table bf16, math bf16 (reported)": "debug:REPRO",
                "table fp32, math fp32": "debug:FIXED-table_fp32",
                "sin/cos in kernel, fp32 (fixed)": "debug:FIXED",
                "sin/cos in kernel + FMA": "debug:FIXED+fma"}
+print(f"against the real TE, S=512 B=2 H=8 D=128, on the {GPU_NAME} (the reference run) and the "
+      f"{H100_RUN['meta']['gpu']}: max |TE - Triton|, elements that differ of 1,048,576")
 for label, v in PRESET_ROWS.items():
-    print(f"{label:34s} on the {GPU_NAME} vs the real TE (reference run, S=512 B=2 H=8 D=128): "
-          f"max |TE - Triton| {gpu_rows[v]['max_abs_diff']:.3g}, {gpu_rows[v]['n_differ']:,} "
-          f"of {gpu_rows[v]['numel']:,} elements differ")
-assert [gpu_rows[v]["max_abs_diff"] for v in PRESET_ROWS.values()] == [2 ** -5, 2 ** -6, 2 ** -6, 0]
+    h200, h100 = run_row(BITS, v), run_row(H100_RUN, v)
+    print(f"{label:34s} H200 {h200['max_abs_diff']:<7.3g} {h200['n_differ']:>8,}    "
+          f"H100 {h100['max_abs_diff']:<7.3g} {h100['n_differ']:>8,}")
+    assert (h200["max_abs_diff"], h200["n_differ"]) == (h100["max_abs_diff"], h100["n_differ"])
+assert [run_row(BITS, v)["max_abs_diff"] for v in PRESET_ROWS.values()] == [2 ** -5, 2 ** -6,
+                                                                            2 ** -6, 0]
+assert all(run_row(BITS, v)["numel"] == 1_048_576 for v in PRESET_ROWS.values())
 
 # %% [markdown]
 # *The chart: one bar per variant, its largest error against fp64 in bf16 ulps (log scale; the
@@ -604,16 +627,15 @@ assert [gpu_rows[v]["max_abs_diff"] for v in PRESET_ROWS.values()] == [2 ** -5, 
 # table in fp32 (or compute sin/cos from fp32 angles), do the math in fp32, round once on the store,
 # as TE's fused kernel and ropelib's kernel do.
 #
-# The lines under the chart read the H200 reference run of the same presets against the real
-# TE: with the fused multiply-add every output has TE's bits (`max |TE - Triton|` is 0); the
-# fixed kernel, with the fma left to the compiler, does not ($2^{-6} \approx 0.0156$). Section
-# 4b finds which order makes the difference.
+# The lines under the chart read the committed runs of the same presets against the real TE,
+# the H200's and the H100's, equal row for row: with the fused multiply-add every output has
+# TE's bits (`max |TE - Triton|` is 0); the fixed kernel, with the fma left to the compiler,
+# does not ($2^{-6} \approx 0.0156$). Section 4b finds which order makes the difference.
 #
-# The rows above the chart are this machine's. Against live TE the cell asserts the fma row's 0
-# on any GPU, since `tl.fma` pins its order, and the fixed row's $2^{-6}$ only on the reference
-# run's GPU model; the executed page's H100 prints the same two values. The TE emulation rounds
-# both products, as the interpreter does: on the CPU the fixed row is 0 too, and a GPU without
-# TE, compared with the emulation, can show a few differing outputs in the fma row.
+# The rows above the chart are this machine's. On the CPU the TE emulation rounds both products
+# as the interpreter does, so the fixed row is 0 too. On a GPU of compute capability 9.0 against
+# the real TE the two rows show the committed runs' 0 and $2^{-6}$; against the emulation, a GPU
+# can show a few differing outputs in the fma row.
 #
 # **Exercise — the norm-wise error.** Write `my_normwise_error(y, exact, x, rot_dim)`: for
 # every element of `y` (any shape, last dim $D$), $|y - y^\star|$ divided by $|x_a| + |x_b|$,
@@ -669,10 +691,11 @@ solution(ex.solution_normwise_error)
 # last fp32 bit for many elements; rounding to bf16 hides most of that, but not where an fp32
 # value lies close to a midpoint between two bf16 numbers.
 #
-# **The measurements.** In the H200 reference run, `benchmarks/te_bits.py` ran the variants of
-# this section against the real TE and saved TE's outputs, TE's own fp32 cos/sin (an input of
-# ones in the first half and zeros in the second makes TE's output exactly its cos and sin) and
-# one row of counts per variant, for two cases:
+# **The measurements.** `benchmarks/te_bits.py` ran the variants of this section against the
+# real TE, on the H200 (the reference run) and on an H100, and saved TE's outputs, TE's own fp32
+# cos/sin (an input of ones in the first half and zeros in the second makes TE's output exactly
+# its cos and sin) and one row per variant (the count, the PTX and SASS instructions of the
+# compiled line), for two cases:
 #
 # - `BIG` (key `nb_gpu`, the name the counts below print): bf16, $S = 512$, $B = 2$, $H = 8$,
 #   $D = 128$;
@@ -684,9 +707,9 @@ solution(ex.solution_normwise_error)
 # source is where sin/cos come from (`tl`, `libdevice`, ...: step b). A row named `debug:` and a
 # preset (`debug:REPRO`, `debug:FIXED`, ...) is the course's reproduction kernel of section 1
 # with that `debug.Causes`. The inputs are drawn again here, their hashes checked against the
-# H200's. Each count below is one of two kinds:
+# GPU's. Each count below is one of two kinds:
 #
-# > - **H200 reference run**: read from that file; the same on every machine.
+# > - **reference run**: read from the H200's file; the same on every machine.
 # > - **here**: this machine. On the CPU the kernel runs in the interpreter against TE's stored
 # >   output; the interpreter rounds every product, fuses none, has no libdevice (NVIDIA's
 # >   library of CUDA math functions, which compiled Triton code can call), and its `tl.cos` is
@@ -694,20 +717,58 @@ solution(ex.solution_normwise_error)
 # >   with TE computed now (*live*).
 # >
 # > Where the source leaves no rounding to the compiler (each product rounded or inside a
-# > `tl.fma`), *here* equals the reference run on the CPU and on the H200. On the
-# > executed page's H100, steps a to e count what the reference run counts as well.
+# > `tl.fma`), *here* equals the reference run on every machine. Where it leaves one to the
+# > compiler, a GPU's count depends on the code compiled for it: the cells check it against a
+# > committed run only on a GPU with the run's compute capability and Triton version, and read
+# > this GPU's own file where there is one. The next cell shows why those two are the key.
 
 # %%
-print(f"{TE_BITS.relative_to(ROOT)}: {GPU_NAME} (compute capability {META['capability']}), "
-      f"Transformer Engine {META['transformer_engine']}, torch {META['torch']}, "
-      f"Triton {META['triton']}, measured {META['date']}")
 BIG = debug.te_bits_case(BITS, "nb_gpu")            # bf16, S=512 B=2 H=8 D=128
 SMALL32 = debug.te_bits_case(BITS, "nb_cpu_fp32")   # fp32, S=32 B=2 H=2 D=32
 assert (tuple(BIG.x.shape), BIG.x.dtype) == ((512, 2, 8, 128), torch.bfloat16), "the text's BIG"
 assert (tuple(SMALL32.x.shape), SMALL32.x.dtype) == ((32, 2, 2, 32), torch.float32), \
     "the text's SMALL32"
+
+
+def agreement(run):
+    """(rows equal to the reference run's in every field, rows, rows with a PTX tail,
+    whether TE's stored outputs and TE's cos/sin equal the reference run's bit for bit)."""
+    same = n = n_ptx = 0
+    tensors_equal = True
+    for key, rec in BITS["scenarios"].items():
+        ref = {r["variant"]: r for r in rec["rows"]}
+        mine = {r["variant"]: r for r in run["scenarios"][key]["rows"]}
+        n, n_ptx = n + len(ref), n_ptx + sum("ptx_tail" in r for r in ref.values())
+        same += sum(mine.get(v) == r for v, r in ref.items())
+        a, b = debug.te_bits_case(run, key), debug.te_bits_case(BITS, key)
+        tensors_equal &= torch.equal(a.te_cos, b.te_cos) and torch.equal(a.te_sin, b.te_sin)
+        tensors_equal &= (a.te is None) == (b.te is None) and (a.te is None or
+                                                              torch.equal(a.te, b.te))
+    return same, n, n_ptx, tensors_equal
+
+
+AGREE = {path: agreement(run) for path, run in RUNS.items()}
+display(HTML(
+    "<table><tr><th>committed run</th><th>GPU</th><th>compute capability</th><th>Triton</th>"
+    "<th>torch</th><th>TE</th><th>measured</th><th>rows equal to the reference run's</th>"
+    "<th>TE's outputs and cos/sin, bit for bit</th></tr>" +
+    "".join(f"<tr><td>{p.name}</td><td>{r['meta']['gpu']}</td><td>{r['meta']['capability']}</td>"
+            f"<td>{r['meta']['triton']}</td><td>{r['meta']['torch']}</td>"
+            f"<td>{r['meta']['transformer_engine']}</td><td>{r['meta']['date'][:10]}</td>"
+            f"<td>{AGREE[p][0]} of {AGREE[p][1]}</td><td>{AGREE[p][3]}</td></tr>"
+            for p, r in RUNS.items()) + "</table>"))
+h100_agree = next(a for p, a in AGREE.items() if RUNS[p] is H100_RUN)
+assert h100_agree[0] == h100_agree[1] == 156 and h100_agree[2] == 132 and h100_agree[3], \
+    "the text's H100 run: 156 of 156 rows (132 with a PTX tail), TE's bits equal"
+assert all(H100_RUN["meta"][k] == META[k] for k in ("capability", "triton", "torch",
+                                                    "transformer_engine"))
+assert (META["capability"], META["triton"]) == ("9.0", "3.6.0"), "the text's sm_90, Triton 3.6.0"
+OWN_BIG, OWN_SMALL32 = ((BIG, SMALL32) if OWN_RUN is BITS else
+                        (debug.te_bits_case(OWN_RUN, k) for k in ("nb_gpu", "nb_cpu_fp32")))
 LIVE = GPU and debug.te_label(device) == "TE fused"
-SAME_GPU = not GPU or torch.cuda.get_device_name() == GPU_NAME   # the reference run's GPU, or a CPU
+print("this machine's counts are checked against: " + (
+    f"the {OWN_RUN['meta']['gpu']} run" if GPU and SAME_ARCH else "the reference run" if not GPU
+    else f"none (compute capability {HERE['capability']}, Triton {HERE['triton']})"))
 
 
 def ones_then_zeros(S, half):
@@ -732,6 +793,14 @@ SIDE = {case.key: te_side(case) for case in (BIG, SMALL32)}
 where = f"live {debug.te_label(device)} on this GPU" if LIVE else \
     f"TE's output as measured on the {GPU_NAME}"
 print(f"compared with: {where}; x and angles hash as on the GPU")
+
+# %% [markdown]
+# The H100 run equals the reference run in all 156 rows and in every field of each: the count,
+# the histogram of steps, and, in the 132 rows that kept them, the tail of the line's PTX and
+# the PTX and SASS instructions counted; TE's outputs and its cos/sin have the same bits too.
+# Both GPUs have compute capability 9.0, and Triton 3.6.0 compiled the same instructions for
+# both: the bits follow the compiled code, not the card. So a GPU's counts are checked where
+# its compute capability and Triton version are the run's.
 
 # %% [markdown]
 # **The kernel.** A complete RoPE kernel, short on purpose: one program rotates `BLOCK_ROWS`
@@ -885,8 +954,8 @@ if GPU:                           # (step e reads it)
 if not GPU:   # the interpreter rounds every product: the GPU's no-contraction row, bit for bit
     assert step_a["n"] == gpu_row(BIG, "none_rn/table_te_fp32")
     assert torch.equal(step_a["y"], BIG.output("none_rn/table_te_fp32"))
-elif SAME_GPU:   # contraction off: the reference run's line without contraction, bit for bit
-    assert step_a["n"] == gpu_row(BIG, "free_sub-nofuse/tl")
+elif SAME_ARCH:   # contraction off: the committed run's line without contraction
+    assert step_a["n"] == gpu_row(OWN_BIG, "free_sub-nofuse/tl")
 assert gpu_row(BIG, "free_sub-nofuse/tl") == gpu_row(BIG, "none_rn/tl") == 17   # the reference run
 assert gpu_row(BIG, "free_sub/tl") == 12
 emu = {v: gpu_row(BIG, v) for v in ("emulation:device", "emulation:cpu")}
@@ -920,8 +989,9 @@ TABLES = {   # cos/sin tables any machine can make, on the CPU
 GPU_SOURCES = ("tl", "libdevice", "fast", "table_fp32")   # a GPU's (table_fp32: torch on it)
 SOURCE_DOC = {**BITS["sincos_sources"],
               "numpy": "NumPy's cos / sin in fp32 (the interpreter's tl.cos / tl.sin)"}
-MEASURED = f"here, on this {torch.cuda.get_device_name()}" if GPU else "here, in the interpreter"
-FILE = f"{GPU_NAME} reference run"
+MEASURED, FILE = "here", "reference run"        # the "measured" column; the caption names each
+WHO = (f"<p>here: {f'on this {torch.cuda.get_device_name()}' if GPU else 'in the interpreter'}; "
+       f"reference run: the {GPU_NAME}'s file</p>")
 
 
 def kernel_cos_sin(case, sincos):
@@ -973,17 +1043,18 @@ display(HTML("<table><tr><th>cos/sin source</th><th></th><th>cos entries ≠ TE'
              "<th>sin entries ≠ TE's</th><th>of</th><th>measured</th></tr>" +
              "".join(f"<tr><td>{src}</td><td>{SOURCE_DOC[src]}</td>"
                      + "".join(f"<td>{fmt_n(v) if not isinstance(v, str) else v}</td>" for v in r)
-                     + "</tr>" for src, r in src_values.items()) + "</table>"))
+                     + "</tr>" for src, r in src_values.items()) + "</table>" + WHO))
 src_outputs = {src: source_outputs(src) for src in (*GPU_SOURCES, *TABLES)}
 display(HTML(f"<table><tr><th>cos/sin source</th><th>as written, no contraction</th>"
              f"<th>fma(x, c, rot·s)</th><th>measured</th><th>as written, contraction on: the "
-             f"reference run's kernel, {FILE}</th></tr>" +
+             f"reference run's kernel</th></tr>" +
              "".join(f"<tr><td>{src}</td><td>{fmt_n(r[0])}</td><td>{fmt_n(r[1])}</td>"
                      f"<td>{r[2]}</td>"
                      f"<td>{fmt_n(BIG.rows.get(f'free_sub/{src}', {}).get('n_differ'))}</td></tr>"
                      for src, r in src_outputs.items()) +
              f"</table><p>bf16 elements whose bits differ from TE's, of {BIG.x.numel():,}; TE: "
-             f"{'live on this GPU' if LIVE else f'its output stored from the {GPU_NAME}'}</p>"))
+             f"{'live on this GPU' if LIVE else f'its output stored from the {GPU_NAME}'}</p>"
+             + WHO))
 
 same_as_te = [s for s, r in src_values.items() if r[0] == r[1] == 0]
 assert set(same_as_te) == {"tl", "libdevice", "table_fp32"}     # equal to TE's sincosf, bit for bit
@@ -993,24 +1064,25 @@ assert all(src_outputs[s][1] == 0 for s in equal_values)              # and the 
 te_table_ref = (gpu_row(BIG, "free_sub-nofuse/table_te_fp32"),
                  gpu_row(BIG, "fma_xc/table_te_fp32"))
 assert te_table_ref == (17, 0)                                  # the reference run
-if SAME_GPU:   # TE's own cos/sin, in the interpreter or on the reference run's GPU: its counts
-    assert src_outputs["table_te_fp32"][:2] == te_table_ref
+if SAME_ARCH:   # TE's own cos/sin, in the interpreter or compiled as the committed run was
+    assert src_outputs["table_te_fp32"][:2] == (gpu_row(OWN_BIG, "free_sub-nofuse/table_te_fp32"),
+                                                gpu_row(OWN_BIG, "fma_xc/table_te_fp32"))
 different = ("fast", "table_cpu_fp32", "numpy")                  # sources that differ move it
 assert all(src_values[s][0] > 0 and src_outputs[s][1] > 0 for s in different)
 assert min(src_values["numpy"][:2]) > 1000                      # thousands of NumPy's entries
 assert (gpu_row(BIG, "fma_xc/fast"), gpu_row(BIG, "fma_xc/table_cpu_fp32")) == (2287, 16)
-if GPU and SAME_GPU and triton.__version__ == META["triton"]:   # the reference run's GPU and compiler
-    # the cos and sin entries are the reference run's: they do not depend on the kernel around them
-    assert all(src_values[s][:3] == (BIG.sincos[s]["cos"]["n_differ"],
-                                     BIG.sincos[s]["sin"]["n_differ"],
-                                     BIG.sincos[s]["cos"]["numel"]) for s in GPU_SOURCES)
+if GPU and SAME_ARCH:   # compiled as the committed run was: its cos and sin entries, which do
+    # not depend on the kernel around them
+    assert all(src_values[s][:3] == (OWN_BIG.sincos[s]["cos"]["n_differ"],
+                                     OWN_BIG.sincos[s]["sin"]["n_differ"],
+                                     OWN_BIG.sincos[s]["cos"]["numel"]) for s in GPU_SOURCES)
 
 # %% [markdown]
 # On the GPU, `tl.cos`/`tl.sin`, libdevice's `cos`/`sin` and a torch table computed on the GPU
-# are TE's `sincosf` bit for bit: 0 entries differ (in the reference run, and on the executed
-# page's H100). So swapping among them cannot move the count, and it does not: each gives what
-# TE's own table gives, 17 elements as written and 0 with the fma line (on the CPU the
-# `table_te_fp32` row runs in the interpreter and gives the same 17 and 0). Sources
+# are TE's `sincosf` bit for bit: 0 entries differ (in the reference run, and in the H100 run,
+# which agrees with it in every row). So swapping among them cannot move the count, and it does
+# not: each gives what TE's own table gives, 17 elements as written and 0 with the fma line (on
+# the CPU the `table_te_fp32` row runs in the interpreter and gives the same 17 and 0). Sources
 # whose values *do* differ move the count even under the fma line: the fast approximations
 # (2,287 elements in the reference run), a torch table computed on the CPU (16), NumPy's
 # functions (thousands of entries differ). That is why, on the CPU, the kernel
@@ -1046,9 +1118,9 @@ def fma_rs(x1, x2, c, s):
 
 step_d = check_bits(BIG, fma_rs)
 assert step_d["n"] > 0
-if SAME_GPU:
-    assert step_d["n"] == gpu_row(BIG, "fma_rs/tl")
-    assert torch.equal(step_d["y"], BIG.output("fma_rs/table_te_fp32"))   # the GPU's bits
+if SAME_ARCH:
+    assert step_d["n"] == gpu_row(OWN_BIG, "fma_rs/tl")
+    assert torch.equal(step_d["y"], OWN_BIG.output("fma_rs/table_te_fp32"))   # the GPU's bits
 
 # %% [markdown]
 # **Step e — what the GPU compiler did with the line as written.** PTX is the assembly that
@@ -1100,9 +1172,9 @@ def gpu_choice(x1, x2, c, s):
 
 
 step_e = check_bits(BIG, gpu_choice)
-if SAME_GPU:
-    assert step_e["n"] == gpu_row(BIG, "free_sub/tl")
-    assert torch.equal(step_e["y"], BIG.output("free_sub/tl"))   # the GPU's output, bit for bit
+if SAME_ARCH:
+    assert step_e["n"] == gpu_row(OWN_BIG, "free_sub/tl")
+    assert torch.equal(step_e["y"], OWN_BIG.output("free_sub/tl"))   # the GPU's output
 half = BIG.x.shape[-1] // 2
 where_d = step_e["differ"].nonzero()[:, -1]
 assert bool((where_d >= half).all())                           # all in the second half
@@ -1172,8 +1244,8 @@ assert [k for k, r in zip("acde", (step_a, step_c, step_d, step_e)) if r["n"] ==
 # and then $x_1 s$: TE's product in $y_1$, the other in $y_2$, 12 elements in the H200 reference
 # run (the compile here makes the choice that run's PTX shows). In the kernel above it
 # fuses $x_1 c$ and $x_2 c$: TE's product in both halves, which is step c's line, so that
-# kernel's output is step c's, 0 elements. On an sm_90 GPU the cell runs it and checks both
-# halves against step c's bits; the executed page's H100 prints 0 elements, True, True.
+# kernel's output is step c's, 0 elements. On an sm_90 GPU the cell also runs it, and the line
+# "run here" compares both halves with step c's bits.
 #
 # The PTX shows which choice the compiler made, not why, and nothing in the source decides it.
 # Of steps a to e only c gives 0, here and in the reference run: pin the order with
@@ -1253,7 +1325,7 @@ display(HTML(
             + (f"<td>{fmt_n(live[i])}</td>" if live else "") + "</tr>"
             for i, row in enumerate(LEDGER)) +
     f"</table><p>elements whose bits differ from TE's output. {FILE}: the course's kernel "
-    f"against the real TE; —: no such row</p>"))
+    f"against the real TE; —: no such row</p>" + WHO))
 print("your kernel gives the course kernel's counts" if yours_bits == course_bits else
       "your edit changed a count: the asserts below check the course's kernel")
 # the reference run: the source of sin/cos leaves the count, the fma line takes it to 0
@@ -1266,10 +1338,11 @@ assert SMALL32.rows["none_rn/table_te_fp32"]["n_differ"] == 990   # every produc
 if not GPU:   # the interpreter rounds every product, and its tl.cos is NumPy's, not CUDA's
     assert course_bits[0] == course_bits[1] == SMALL32.rows["none_rn/table_te_fp32"]["n_differ"]
     assert course_bits[2] > 0 and course_bits[3] > 0
-elif SAME_GPU:  # tl.cos is CUDA's sincosf, TE's own
-    assert course_bits[3] == 0
-    if triton.__version__ == META["triton"]:    # and its compiler: its counts
-        assert course_bits[:4] == ref_small[:4]
+elif SAME_ARCH:  # tl.cos is CUDA's sincosf, TE's own, and the compiled code the committed run's
+    assert course_bits[:4] == [OWN_SMALL32.rows[v]["n_differ"] for *_, v in LEDGER[:4]]
+    if live and yours_bits == course_bits:   # your unedited kernel against live TE: the
+        # committed run's counts at the GPU size, and 0 with TE's own cos/sin
+        assert live == [gpu_row(OWN_BIG, v) for *_, v in LEDGER[:4]] + [0]
 
 # %% [markdown]
 # **Which change did it.** Read the reference run's columns row by row. Section 1's reported
@@ -1279,16 +1352,16 @@ elif SAME_GPU:  # tl.cos is CUDA's sincosf, TE's own
 # already, and the reference run's torch fp32 table equals TE's entries in every bit), and only
 # the fma line gives 0 (all from the reference run): TE's output is, in every bit, what
 # `fma(v_src, v_cos, v_src_rotate * v_sin)` gives for its line. On the GPU the source of sin/cos
-# moved nothing, and the contraction order took the last elements away. The executed page's
-# H100 shows the same: its live bf16 column reads 320,601, 12, 12, 0 and 0.
+# moved nothing, and the contraction order took the last elements away. The H100 run counts
+# the same in every row; on a GPU with TE, the live column runs your kernel now.
 #
 # The column "here": on the CPU the interpreter rounds every product, so the first two rows give
 # the reference run's every-product-rounded count, 990, where the GPU, whose compiler
 # contracted the plain line, gives 573. Sin/cos from the angles are NumPy's there, so rows 3 and
 # 4 are not 0: TE's order alone does not make TE's bits from other sin/cos. The last row, TE's
 # order with TE's own cos/sin, is 0 on every machine: the CPU needs the same two
-# changes as the GPU. On the reference run's GPU and Triton version the column equals its
-# small-size column row for row (asserted there); on the executed page's H100 it does too.
+# changes as the GPU. On a GPU with the reference run's compute capability and Triton version,
+# the column equals its small-size column row for row.
 #
 # Further reading: `benchmarks/repro_contraction.py` (a GPU script) takes the first row apart:
 # which of the sixteen ways of rounding or fusing its four bf16 products the GPU's output
@@ -1299,7 +1372,8 @@ elif SAME_GPU:  # tl.cos is CUDA's sincosf, TE's own
 # ## 5. Six layout traps — all invisible in the first ten values
 #
 # Each trap below is switched on, alone, on top of the fixed kernel. None of them changes the
-# first ten printed values (the cell asserts it); each fails the dtype-aware `allclose` at once.
+# first ten printed values; each fails the dtype-aware `allclose` at once (the table's first two
+# columns).
 #
 # - **sbhd vs bshd indexing.** Unsloth's kernel flattens a *bshd* tensor into rows
 #   $r = bS + s$ and takes the position as $r \bmod S = s$. Fed an sbhd tensor, rows are
@@ -1482,7 +1556,8 @@ print({t: f"{v:.0f}" for t, v in spread.items()}, "= largest |recovered position
 # - **in-place double rotation**: a clean line of slope 2 on the *TE* side, $2s$;
 # - **interleaved vs rotate-half** and **partial rotary**: no curve at all; the output is no
 #   rotation of the model's pairs, so the angle is noise. Partial rotary's cloud is far wider
-#   (the cell asserts more than 4 times; the axis goes logarithmic beyond $\pm 2S$): the kernel
+#   (the line under the figure prints each cloud's largest $|$recovered position$|$; the axis
+#   goes logarithmic beyond $\pm 2S$): the kernel
 #   turns the model's lowest-frequency features with the higher frequencies of a $D$-wide head,
 #   and changes the features the model passes through. With the kernel's pairing instead
 #   (rotate-half over all of $D$) both give the diagonal back: the positions are right, the
@@ -1686,8 +1761,8 @@ print(f"fixed: allclose with {tol} passes; max error {float(ulps.max()):.3g} ulp
 # - against the real TE in the H200 reference run (the table at the end of section 4b), the
 #   reproduction kernel went from 320,601 differing bf16 elements to 12 with an fp32 table and
 #   fp32 math, stayed at 12 with sin/cos from the angles in the kernel (equal to TE's in every
-#   entry), and reached 0 with `tl.fma(x, c, rot * s)`; live on the executed page's H100, the
-#   same counts. The 12 lie in the half of the outputs where the compiler fused the other
+#   entry), and reached 0 with `tl.fma(x, c, rot * s)`; the H100 run counts the same in every
+#   row. The 12 lie in the half of the outputs where the compiler fused the other
 #   product (step e). The compiler makes that choice kernel by kernel: it fuses TE's product in
 #   both halves of section 4b's kernel, 0 elements (the sm_90 compile after step e). Only
 #   `tl.fma` makes TE's order a property of the source. On the CPU the same kernel reaches 0
