@@ -22,7 +22,8 @@
 # installed), **and where it loses, why?** In short: ropelib's forward runs near a copy of the
 # same bytes and ahead of TE's fused kernel; where its eager forward+backward loses to TE's
 # (the committed runs, at batch 1 and at 64 MiB), the host issuing the call sets the time, not
-# the kernels.
+# the kernels: replayed from a CUDA graph, ropelib's forward+backward takes 0.55 to 0.57 of
+# TE's time (section 7.1).
 #
 # **After this notebook you will be able to**
 #
@@ -30,7 +31,7 @@
 #   copy of the same bytes measured in the same run, and the error in ulps against fp64;
 # - drive the dashboard and the standard sweeps, and read the committed H200 results;
 # - fit a sweep as *fixed cost per call + bytes over bandwidth*, and tell a fit worth reading
-#   from one that is not;
+#   from one that is not by the standard error of its slope;
 # - time a call three ways (the host's enqueue, the wall clock, a CUDA-graph replay) and say
 #   whether the host or the device sets its pace;
 # - write the yardstick yourself: one kernel that copies or rotates a tile of rows, and race it.
@@ -175,14 +176,12 @@ assert all(r["max_head_ulp_err"] <= 4 for r in rows32)
 # formula, compiled) rounds once too, and `torch.compile` of Hugging Face's formula, from bf16
 # cos/sin tables, lands between.
 #
-# The times are checked on the committed runs (sections 5 to 7). At this 64 MiB shape ropelib's
-# forward runs near the copy and ahead of TE's. Its forward+backward time is mostly the host's
-# (section 7), so which of ropelib and TE leads in that column depends on the machine's host and
-# on the timer; in the committed H200 log at this size TE's eager call is the faster (7.5).
-# torch.compile's forward took 84 µs in the committed H200 sweep, 0.43 of a copy; the printed
-# line sets a GPU run's ratio beside it, and on another GPU it can lie far from 0.43. Its times
-# vary even within one run: in the same sweep the 32 MiB base shape, timed twice, took 30 and
-# 83 µs; appendix A.2 tests one explanation.
+# The times are read in sections 5 to 7. At this 64 MiB shape ropelib's forward runs near the
+# copy and ahead of TE's. Its forward+backward is mostly the host's time (7.1), so which of
+# ropelib and TE leads in that column depends on the machine's host. torch.compile's forward
+# took 84 µs in the committed H200 sweep, 0.43 of a copy, and on another GPU can lie far from
+# that (the printed line sets the two side by side); even within one run its times wander: 30
+# and 83 µs for one 32 MiB shape timed twice (appendix A.2).
 #
 # In **fp32** (the last lines) the output format *is* the arithmetic format, so the error is
 # fp32's own: a few head-wise ulps (at most 4, checked), tens or hundreds element-wise near zero.
@@ -225,12 +224,10 @@ assert dash.figure.get_suptitle() == f"measured on {widgets.measured_on(dash_row
 # 32 MiB base that add TE's unfused path and torch.compile, all committed in
 # `benchmarks/results/seed_sweeps.csv`. The cell runs the first live (shrunk in the interpreter).
 #
-# GB/s depend on the GPU that ran the sweep, its memory above all; so does the copy timed beside
-# each point in the same run. Their ratio can therefore be set beside another GPU's, GB/s
-# cannot. On a GPU the cell prints each provider's median forward **ratio to a copy** beside the
-# committed run's, naming both GPUs, and checks ropelib's alone: between 0.8 and 1.25 times the
-# committed one. The other providers' ratios can move by more from one GPU to another; each line
-# prints by how much.
+# GB/s belong to the GPU that ran the sweep, its memory above all; so does the copy timed beside
+# each point. Their ratio does not, so on a GPU the cell sets each provider's median **ratio to a
+# copy** beside the committed run's, naming both GPUs. ropelib's, which runs near the copy,
+# should travel (it is checked to within 0.8 to 1.25 times); the others can move further.
 
 # %%
 first = compare.SEED_SWEEPS[0] if GPU else compare.shrink(compare.SEED_SWEEPS[0])
@@ -507,6 +504,18 @@ solution(measuring.solution_fit_time_model)
 # the rest of the notebook uses your fit if it passed, else the worked one
 fit = fit_time_model if fitted_by_learner else measuring.solution_fit_time_model
 
+# %% [markdown]
+# **When is $1/b$ a bandwidth?** Only when the line fits: a slope the points do not pin down
+# makes $1/b$ any number, negative or beyond what the memory can do. The residuals
+# $r_i = t_i - (a + bN_i)$ say how well it is pinned: with $s^2 = \sum_i r_i^2 / (n-2)$ and
+# $S_{NN} = \sum_i (N_i - \bar N)^2$,
+# $$ \operatorname{se}(b) = \frac{s}{\sqrt{S_{NN}}}, \qquad
+#    \operatorname{se}(a) = s\,\sqrt{\frac{1}{n} + \frac{\bar N^2}{S_{NN}}}. $$
+# The cell prints each bandwidth with the band that $b \pm 2\operatorname{se}(b)$ gives, and
+# reads a fit only if that band is positive, lies under the H200's 4.8 TB/s (NVIDIA's figure)
+# and reaches the copy's band or below it: no kernel streams faster than a copy of its bytes
+# except within the noise.
+
 # %%
 def time_model_rows(rows, dtype, batch=1):
     """{provider: {"fwd": (t0_us, gbps), "copy": (t0_us, gbps), "fwd+bwd_us" and
@@ -525,17 +534,41 @@ def time_model_rows(rows, dtype, batch=1):
     return out
 
 
-models = {}
+def line_spread(nbytes, ms, t0_us, gbps):
+    """(se of t0 in µs, the slope in µs per MiB, se of the slope) of the line (t0_us, gbps)
+    fitted through the points (nbytes, ms): standard errors from its residuals."""
+    N, t = np.asarray(nbytes, float) / 2**20, np.asarray(ms, float) * 1e3      # MiB, µs
+    slope = 2**20 / (gbps * 1e3)                                  # µs per MiB
+    resid = t - (t0_us + slope * N)
+    s2 = (resid @ resid) / (len(N) - 2)                           # the points' scatter
+    sxx = ((N - N.mean()) ** 2).sum()
+    return (s2 * (1 / len(N) + N.mean() ** 2 / sxx)) ** 0.5, slope, (s2 / sxx) ** 0.5
+
+
+HBM_GBPS = 4800     # NVIDIA's figure for the H200 SXM's memory, the GPU of these sweeps
+assert not DTYPES or seed_meta["gpu"] == "NVIDIA H200"
+models, band = {}, {}
 for dtype in DTYPES:
     models[dtype] = time_model_rows(seed_rows, dtype)
-    print(f"{dtype} ({seed_meta.get('gpu')}, {seed_meta.get('date', '?')[:10]}), batch 1:")
+    print(f"{dtype} ({seed_meta.get('gpu')}, {seed_meta.get('date', '?')[:10]}), batch 1: t0 "
+          "+- one standard error; in brackets the bandwidth at the slope +- two")
     for prov, fits in models[dtype].items():
+        nbytes = [compare.bytes_moved(as_config(r)) for r in fits["rows"]]
+        for key, col in (("fwd", "fwd_ms"), ("copy", "copy_fwd_ms")):
+            fits[key + "_se_t0"], slope, se = line_spread(
+                nbytes, [r[col] for r in fits["rows"]], *fits[key])
+            band[dtype, prov, key] = (2**20 / ((slope + 2 * se) * 1e3),   # the slower end
+                                      2**20 / ((slope - 2 * se) * 1e3))
         (t0f, bwf), (t0c, bwc) = fits["fwd"], fits["copy"]
-        print(f"  {prov:9s} forward t0 {t0f:6.1f} us, {bwf:5.0f} GB/s (the copy: {t0c:4.1f} us, "
-              f"{bwc:5.0f} GB/s) | forward+backward: median {fits['fwd+bwd_us']:5.0f} us per "
-              f"call, a copy of those bytes {fits['copy_fwdbwd_us']:4.0f} us (median)")
-        # a fit worth reading: positive, and at most 2 % faster than the copy fitted with it
-        assert 0 < bwf <= 1.02 * bwc and t0f > 0, (prov, t0f, bwf)
+        (lo, hi), (clo, chi) = band[dtype, prov, "fwd"], band[dtype, prov, "copy"]
+        print(f"  {prov:9s} forward t0 {t0f:4.1f} +- {fits['fwd_se_t0']:4.1f} us, {bwf:4.0f} GB/s "
+              f"[{lo:4.0f}, {hi:4.0f}] | the copy: t0 {t0c:3.1f} +- {fits['copy_se_t0']:3.1f} us, "
+              f"{bwc:4.0f} GB/s [{clo:4.0f}, {chi:4.0f}] | forward+backward: median "
+              f"{fits['fwd+bwd_us']:3.0f} us a call")
+        # a fit worth reading: a positive slope, its band under the memory's data-sheet figure
+        # and reaching down to the copy's band; a fixed cost above zero by two standard errors
+        assert 0 < lo < hi < HBM_GBPS and lo <= chi < HBM_GBPS, (prov, lo, hi)
+        assert t0f > 2 * fits["fwd_se_t0"], (prov, t0f)
     rope_fit, te_fit = models[dtype]["ropelib"], models[dtype]["te_fused"]
     # ropelib's forward: a lower fixed cost than TE's and more bandwidth; its forward+backward
     # median above TE's
@@ -555,12 +588,25 @@ if len(models) == 2:
     assert [(round(min(v), 1), round(max(v), 1)) for v in (t0_copy, extra, fused)] == [
         (5.3, 5.4), (2.4, 3.1), (7.8, 10.3)]
     assert [round(t0[d, "pytorch"], 1) for d in ("fp32", "bf16")] == [35.5, 60.7]
-    # ropelib's fp32 line against the copy's: within 2 %, a tie
+    # ropelib's fp32 line against the copy's: 1.7 % faster, but the two bands overlap: a tie
     assert [round(v) for v in (models["fp32"]["ropelib"]["fwd"][1],
                                models["fp32"]["ropelib"]["copy"][1])] == [4368, 4296]
-    # bf16 at batch 1: ropelib's line streams at 0.89 of the copy's bandwidth
+    r32, c32 = band["fp32", "ropelib", "fwd"], band["fp32", "ropelib", "copy"]
+    assert r32[0] <= c32[1] and c32[0] <= r32[1] and round(
+        models["fp32"]["ropelib"]["fwd"][1] / models["fp32"]["ropelib"]["copy"][1] - 1, 3) == 0.017
+    # bf16 at batch 1: ropelib's line streams at 0.89 of the copy's, its band wholly below
     assert round(models["bf16"]["ropelib"]["fwd"][1] / models["bf16"]["ropelib"]["copy"][1], 2) \
         == 0.89
+    assert band["bf16", "ropelib", "fwd"][1] < band["bf16", "ropelib", "copy"][0]
+    # eager PyTorch's "bandwidth" counts the fused kernel's bytes; its ten kernels move 6.0
+    # times those (section 5): the traffic its line implies, against the copy's line
+    eager_traffic = models["bf16"]["pytorch"]["fwd"][1] * chain_bytes
+    print(f"eager PyTorch, bf16: {models['bf16']['pytorch']['fwd'][1]:.0f} GB/s of the fused "
+          f"kernel's bytes x {chain_bytes:.1f} = {eager_traffic:.0f} GB/s moved, "
+          f"{eager_traffic / models['bf16']['pytorch']['copy'][1]:.2f} of the copy's line "
+          f"(notebook 02's profile: its kernels at {chain_speed:.2f} of the copy's speed)")
+    assert (round(models["bf16"]["pytorch"]["fwd"][1]), round(eager_traffic / 1e3, 1),
+            round(eager_traffic / models["bf16"]["pytorch"]["copy"][1], 2)) == (347, 2.1, 0.47)
 
 # %%
 if "bf16" in models:     # ropelib's bf16 sweep at batch 1, S = 2048 held out
@@ -591,24 +637,32 @@ if "bf16" in models:     # ropelib's bf16 sweep at batch 1, S = 2048 held out
     plt.show()
 
 # %% [markdown]
-# **What the forward lines say.** Every fitted bandwidth is positive and at most 2 % above the
-# copy's: fits worth reading (a line that streams faster than the copy, or at negative speed,
-# would not be). The fused kernels pay 7.8 to 10.3 µs a call before a byte moves, the copy 5.3
-# to 5.4 µs, eager PyTorch 35.5 µs in fp32 and 60.7 µs in bf16 (its ten launches).
+# **What the forward lines say.** Every forward line passes: the fused kernels pay 7.8 to
+# 10.3 µs a call before a byte moves, the copy 5.3 to 5.4 µs, eager PyTorch 35.5 µs in fp32 and
+# 60.7 µs in bf16 (its ten launches). ropelib pays less per call than TE's kernel and streams
+# faster, in both dtypes.
 #
-# ropelib pays less per call than TE's kernel and streams faster, in both dtypes. In fp32 its
-# line streams at 4368 GB/s against the copy's 4296: a tie, so memory-bound. In bf16 at batch 1
-# it streams at 0.89 of the copy's bandwidth, a loss beyond the fixed cost that no measurement in
-# this notebook explains. The bf16 line fitted without $S = 2048$ (the plot) predicts that point
-# at 25.8 µs; it measured 26.0.
+# - **fp32**: ropelib's line streams at 4368 GB/s, 1.7 % *above* the copy's 4296. Not a kernel
+#   beating memory: the two bands overlap, a tie within the noise, so memory-bound.
+# - **bf16**: 0.89 of the copy's bandwidth, with the band wholly below the copy's: a real loss
+#   beyond the fixed cost, which no measurement in this notebook explains.
+# - **Eager PyTorch's** 347 GB/s (bf16) counts the *fused* kernel's bytes. Its ten kernels move
+#   6.0 times as many (section 5), so the memory really streams about 2.1 TB/s, 0.47 of the
+#   copy's line: what notebook 02's profile of its kernels (0.44) says, from the other side.
+#
+# The bf16 line fitted without $S = 2048$ (the plot) predicts that point at 25.8 µs; it
+# measured 26.0.
 
 # %% [markdown]
 # ### 6.2 Forward+backward: no line through the points
 #
-# **Question: does the forward+backward follow its bytes too?** At batch 1, no. A line fitted
-# anyway gets a negative bandwidth for three of ropelib's and TE's four sweeps, and the fourth
-# (ropelib, fp32) is no better: its intercept, like the others' (132 to 185 µs), is far above
-# any fixed cost of section 6.1.
+# **Question: does the forward+backward follow its bytes too?** At batch 1, no. Fit the line
+# anyway and read its slope $b$ in µs per MiB with its standard error, not $1/b$. Two copies of
+# the same bytes climb about 0.25 µs per MiB, pinned to within 0.003. ropelib's and TE's slopes
+# come out between −0.04 and 0.27 µs per MiB, each uncertain by 0.08 to 0.28 (over thirty times
+# the copies'): three of the four lie within two standard errors of zero, so $1/b$ is no
+# bandwidth (for ropelib's bf16 line it would be about −31 TB/s). Their intercepts, 132 to
+# 185 µs, lie far above any fixed cost of section 6.1.
 #
 # The figure shows why no line fits. From the smallest tensor to the largest, two copies of the
 # same bytes grow 6.6 times (bf16) and 8.8 times (fp32); ropelib's and TE's times grow at most
@@ -619,7 +673,8 @@ if "bf16" in models:     # ropelib's bf16 sweep at batch 1, S = 2048 held out
 # **Why:** two copies of a point's bytes take at most 127 µs, less than the host alone needs to
 # issue one eager forward+backward: ropelib 205 µs, TE 139 µs, timed at decode size by the
 # **floor suite** (`ropelib.bench.floor`, committed as `floor-nvidia-h200.csv`). The times
-# follow the host, whose work does not grow with the bytes; section 7 times both sides.
+# follow the host, whose work does not grow with the bytes; 7.1 sets the host's time,
+# `do_bench`'s and the replayed kernels' side by side from the committed floor runs.
 
 # %%
 # the host's time per eager forward+backward call, measured on its own (floor suite)
@@ -628,14 +683,30 @@ host = {r["provider"]: r["ms"] * 1e3 for r in floor_rows
 assert (round(host["ropelib"]), round(host["te_fused"])) == (205, 139)
 if len(models) == 2:
     fb_mib = lambda r: compare.bytes_moved(as_config(r), backward=True) / 2**20
-    fwdbwd_fits = {(d, p): fit([fb_mib(r) * 2**20 for r in models[d][p]["rows"]],  # bytes
-                               [r["fwdbwd_ms"] for r in models[d][p]["rows"]])
-                   for d in DTYPES for p in ("ropelib", "te_fused")}
-    for (d, p), (t0_, bw) in fwdbwd_fits.items():
-        print(f"{d} {p:9s} forward+backward, a line through the points: t0 {t0_:5.0f} us, "
-              f"{bw:8.0f} GB/s")
-    assert sorted(k for k, (t0_, bw) in fwdbwd_fits.items() if bw < 0) == [
+    # a line through each sweep's forward+backward anyway: its slope in µs per MiB, +- one
+    # standard error, beside the line through the same sweep's two copies
+    slopes = {}
+    for d in DTYPES:
+        for p in ("ropelib", "te_fused", "copies"):
+            got = models[d]["ropelib" if p == "copies" else p]["rows"]
+            col = "copy_fwdbwd_ms" if p == "copies" else "fwdbwd_ms"
+            nbytes_fb = [fb_mib(r) * 2**20 for r in got]
+            t0_, bw = fit(nbytes_fb, [r[col] for r in got])
+            se_t0_, slope, se = line_spread(nbytes_fb, [r[col] for r in got], t0_, bw)
+            slopes[d, p] = (t0_, slope, se)
+            print(f"{d} {p:9s} forward+backward: t0 {t0_:5.1f} +- {se_t0_:4.1f} us, slope "
+                  f"{slope:6.3f} +- {se:5.3f} us per MiB")
+    fused = {k: v for k, v in slopes.items() if k[1] != "copies"}
+    copies = [v for k, v in slopes.items() if k[1] == "copies"]
+    # the copies' lines are pinned; the fused kernels' slopes are not, three within 2 se of zero
+    assert all(0.24 < v[1] < 0.26 for v in copies) and max(v[2] for v in copies) < 0.003
+    assert min(se for _, _, se in fused.values()) > 30 * max(se for _, _, se in copies)
+    assert sorted(k for k, (_, b, se) in fused.items() if abs(b) < 2 * se) == [
         ("bf16", "ropelib"), ("bf16", "te_fused"), ("fp32", "te_fused")]
+    assert [round(f(v[1] for v in fused.values()), 2) for f in (min, max)] == [-0.04, 0.27]
+    assert [round(f(v[2] for v in fused.values()), 2) for f in (min, max)] == [0.08, 0.28]
+    assert [round(f(v[0] for v in fused.values())) for f in (min, max)] == [132, 185]
+    assert round(2**20 / (slopes["bf16", "ropelib"][1] * 1e3) / 1e3) == -31     # 1/b, TB/s
     # why: at every point two copies of the bytes take less than ropelib's host needs to issue
     # one eager forward+backward (the floor run, decode size): its times are the host's
     copies_us = max(r["copy_fwdbwd_ms"] for d in DTYPES
@@ -693,26 +764,63 @@ if len(models) == 2:
 # *host-bound* when the host takes longer to issue it (Python, autograd, allocations, launches)
 # than the GPU takes to run its kernels, *device-bound* otherwise.
 #
-# ### 7.1 The host's time per call
+# ### 7.1 The host's time per call, and the device's
 #
-# Section 6.2's host times (ropelib 205 µs, TE 139 µs) come from the floor suite issuing eager
-# forward+backward calls at decode size: one token, batch 64, 32 heads of 128, sbhd; 100 calls back
-# to back, then one synchronisation, the best of 5 rounds. Section 6's batch-1 medians lie at 0.77
-# to 1.06 times these. The two are not timed alike (a median of section 6 is `do_bench`'s, one call
-# at a time after a 256 MiB memset) and not at the same shapes, so the ratio points at the host
-# without measuring it. The rest of the section times both sides of one call.
+# The floor suite (`ropelib.bench.floor`, committed as `floor-nvidia-h200.csv`) times one eager
+# forward+backward three ways on an H200. **Host**: the host alone issuing calls at decode size
+# (one token, batch 64, 32 heads of 128, sbhd; 100 calls back to back, then one synchronisation,
+# the best of 5 rounds): ropelib 205 µs a call, TE 139. At 64 MiB of bf16, in each layout, in
+# one later run: **`do_bench`**'s median, one eager call at a time as section 6 timed it, and the
+# call **replayed** from a CUDA graph, the kernels alone with no Python between them.
+#
+# Replayed, ropelib's kernels are the faster: 70 to 71 µs against TE's 124 to 128. Under
+# `do_bench` the order flips: ropelib 174 to 252 µs, 2.5 to 3.6 times its kernels and around
+# its host's 205; TE 130 to 143 µs, within 1.12 times its kernels. torch.compile's kernels tie
+# ropelib's, yet its median, 5.9 to 7.9 times them, stays just under its host's 549 µs. So
+# ropelib's eager call loses to TE's on the host, not on the device. Section 6's batch-1 medians
+# lie at 0.77 to 1.06 times the host times: they too time the host. The rest of the section
+# times both sides on this machine.
 
 # %%
-# the host's time per eager call, measured on its own (floor suite), against section 6's medians
 host_way = re.search(r"calls back to back: (\d+), a third of that for forward\+backward; "
                      r"best of (\d+) rounds", floor_meta["host_rows"])
 host_calls, host_rounds = int(host_way[1]) // 3, int(host_way[2])
 assert (host_calls, host_rounds) == (100, 5)
-print(f"host time per eager forward+backward call ({floor_meta['gpu']}, the run of "
-      f"{decode_date[:16]}; {host_calls} calls back to back, then one synchronisation, the best "
-      f"of {host_rounds} rounds): ropelib {host['ropelib']:.0f} us, te_fused "
-      f"{host['te_fused']:.0f} us")
-if len(models) == 2:
+FLOOR_64 = [f"64 MiB bf16 {layout}" for layout in ("sbhd", "bshd", "thd")]
+floor_64_date = measured.floor_run_date(floor_meta, FLOOR_64[0])
+assert all(measured.floor_run_date(floor_meta, c) == floor_64_date for c in FLOOR_64)
+floor_ms = {(r["case"], r["provider"]): r["ms"] for r in floor_rows}
+ways_64 = {(c, p): (floor_ms[f"forward+backward {c}", p] * 1e3,
+                    floor_ms[f"forward+backward {c} under CUDA graphs", p] * 1e3)
+           for c in FLOOR_64 for p in ("ropelib", "te_fused", "torch.compile")}
+print(f"floor suite, {floor_meta['gpu']}: host µs per eager forward+backward at decode size "
+      f"(the run of {decode_date[:16]}; {host_calls} calls back to back, the best of "
+      f"{host_rounds} rounds), and at 64 MiB bf16 (the run of {floor_64_date[:16]}) do_bench's "
+      "median and the replayed call, µs")
+print(f"  {'provider':13s} {'host':>6s}   " + "  ".join(f"{c[12:]:>19s}" for c in FLOOR_64))
+print(f"  {'':13s} {'':6s}   " + "  ".join(f"{'do_bench  replayed':>19s}" for _ in FLOOR_64))
+for p in ("ropelib", "te_fused", "torch.compile"):
+    print(f"  {p:13s} {host[p]:6.0f}   "
+          + "  ".join(f"{ways_64[c, p][0]:9.1f} {ways_64[c, p][1]:9.1f}" for c in FLOOR_64))
+over_kernels = {p: [ways_64[c, p][0] / ways_64[c, p][1] for c in FLOOR_64]
+                for p in ("ropelib", "te_fused", "torch.compile")}
+print("do_bench / replayed:", {p: [round(v, 2) for v in vs] for p, vs in over_kernels.items()})
+span = lambda p, i: tuple(round(f(ways_64[c, p][i] for c in FLOOR_64)) for f in (min, max))
+assert [span(p, 1) for p in ("ropelib", "te_fused")] == [(70, 71), (124, 128)]   # replayed
+assert [span(p, 0) for p in ("ropelib", "te_fused")] == [(174, 252), (130, 143)]  # do_bench
+assert [round(f(over_kernels["ropelib"]), 1) for f in (min, max)] == [2.5, 3.6]
+assert round(max(over_kernels["te_fused"]), 2) == 1.12
+assert [round(f(over_kernels["torch.compile"]), 1) for f in (min, max)] == [5.9, 7.9]
+replayed_te_over = [ways_64[c, "ropelib"][1] / ways_64[c, "te_fused"][1] for c in FLOOR_64]
+assert [round(f(replayed_te_over), 2) for f in (min, max)] == [0.55, 0.57]   # the intro's
+assert all(abs(ways_64[c, "torch.compile"][1] / ways_64[c, "ropelib"][1] - 1) < 0.05
+           for c in FLOOR_64)                                   # its kernels tie ropelib's
+assert round(host["torch.compile"]) == 549 and span("torch.compile", 0)[1] < host["torch.compile"]
+assert span("ropelib", 0)[0] < host["ropelib"] < span("ropelib", 0)[1]     # around its host's
+# in every layout: ropelib's kernels the faster, its eager call under do_bench the slower
+assert all(ways_64[c, "ropelib"][1] < ways_64[c, "te_fused"][1]
+           and ways_64[c, "ropelib"][0] > ways_64[c, "te_fused"][0] for c in FLOOR_64)
+if len(models) == 2:     # section 6's batch-1 medians against the host's time per call
     over_host = {(d, p): models[d][p]["fwd+bwd_us"] / host[p]
                  for d in models for p in ("ropelib", "te_fused")}
     print(f"batch-1 median (do_bench, {seed_meta.get('gpu')}) / host time per call:",
@@ -903,68 +1011,88 @@ if GPU and {"ropelib", "te_fused"} <= available:
         assert 0.5 < t["calls"] / t["do_bench_calls"] < 2, t
 
 # %% [markdown]
-# **Reading the forward+backward lines.** On a GPU with TE the cell checks that each provider's
-# enqueue exceeds its replayed time (the host is the slower side), that the loop's events exceed
-# the replayed time (the device waits for the host), and that ropelib's `do_bench` median is more
-# than twice its replayed kernels: at this size `do_bench` times ropelib's host, not its kernels.
+# At this size `do_bench` times ropelib's host, not its kernels: on a GPU with TE its median
+# comes out over twice the replayed time.
 #
-# **Section 2's forwards** (64 MiB of bf16), timed with exercise 2's function (yours if it
-# passed), then with `do_bench` and its loop written out. Each provider gets two verdicts:
+# **Section 2's forwards** (64 MiB of bf16 on a GPU), timed with exercise 2's function (yours if
+# it passed) and with `do_bench` and its loop written out. Back to back a call takes the larger
+# of its enqueue and its replay; under `do_bench` the memset gives the host time to get ahead,
+# so one call can be host-bound back to back and queued under `do_bench` (a training loop has
+# no memset to hide the host).
 #
-# - the line `enqueue …, replayed …` compares back-to-back issue with the replay, no memset.
-#   Back to back a call takes the larger of the two; a host-bound forward runs at the host's
-#   pace, and the line prints that pace as a fraction of section 2's copy;
-# - the line `host … an iteration, device …` reads `do_bench`'s loop, where the memset gives the
-#   host time to get ahead. So one call can be host-bound back to back and queued under
-#   `do_bench`, whose ratio then comes out higher; a training loop has no memset to hide the host.
-#
-# **A fraction above 1 is two timers, not a kernel faster than memory.** The fraction sets a
-# replayed time (calls back to back, no memset, no events between them) against section 2's copy
-# timed by `do_bench`, so a device-bound call can come out above 1: ropelib, 1.04, in the executed
-# page's H100 run. The same forward timed by `do_bench` as the copy was (the line's "section 2's
-# median") stays under the copy there. A second reason shows in the committed H200 log (appendix
-# A.5): ropelib's forward kernel alone runs shorter than PyTorch's copy kernel of the same bytes.
-# The copy is a yardstick, not a hard floor: notebook 04 (section 4) notes a kernel up to 1 %
-# faster than it.
+# **Like with like.** The copy of section 2's bytes is timed the same two ways, in the same
+# cell: back to back by the same function, and by `do_bench` in the same rounds as the
+# forwards. Each forward's fraction of a copy is printed twice, once per timer, never a replayed
+# forward over a `do_bench` copy: those two timers differ (no memset and no events between
+# replayed calls), and mixing them can put a device-bound forward above 1. In the committed
+# H200 log of 7.5, ropelib's forward replayed runs at 0.942 to 0.957 of the copy replayed.
+# Appendix A.5 finds its kernel alone a little shorter than PyTorch's copy kernel, so a fraction
+# slightly above 1 is possible: the copy is a yardstick, not a hard floor (notebook 04,
+# section 4). Without a GPU the same code runs in the interpreter at section 2's tiny shape,
+# with the wall clock for the replay: the fractions then mean nothing.
 
 # %%
-if GPU:
-    case2 = compare.make_case(one, device, seed=1)      # section 2's shape: 64 MiB of bf16
-    fwd_calls = {p.name: (lambda p=p: p.fn(case2)) for p in provs
-                 if p.name in ("ropelib", "torch.compile") and by.get(p.name, {}).get("available")}
-    fwd_three = {n: time_three_ways(call, 20) for n, call in fwd_calls.items()}
-    fwd_runs = {}
-    for k in range(5):                          # five rounds, the providers alternating
-        for n in (list(fwd_calls) if k % 2 == 0 else list(fwd_calls)[::-1]):
-            fwd_runs.setdefault(n, []).append((launch_queue.dobench_counted(fwd_calls[n], device),
-                                               dobench_loop(fwd_calls[n], flush)))
-    print(f"forward at section 2's shape ({torch.cuda.get_device_name()}); do_bench's memset "
-          f"of 256 MiB: {flush_us:.1f} us")
-    for name, t in fwd_three.items():
-        copy_us = by[name]["copy_fwd_ms"] * 1e3
-        dobench_us = statistics.median(d for (d, _), _ in fwd_runs[name])
+def back_to_back_us(t):
+    """A call's µs back to back from host_or_device's dict: the slower of the host's issue and
+    the device's replay (without a GPU, the wall clock's: the interpreter's)."""
+    return t["wall_us"] if t["replay_us"] is None else max(t["enqueue_us"], t["replay_us"])
+
+
+case2 = compare.make_case(one, device, seed=1)      # section 2's shape: 64 MiB of bf16 on a GPU
+fwd_calls = {p.name: (lambda p=p: p.fn(case2)) for p in provs
+             if p.name in ("ropelib", "torch.compile") and by.get(p.name, {}).get("available")}
+timed2 = {**fwd_calls, "copy": compare.copy_floor(case2.tensors)[0]}   # section 2's copy
+fwd_three = {n: time_three_ways(call, 20 if GPU else 2) for n, call in timed2.items()}
+fwd_runs = {}
+for k in range(5 if GPU else 1):                # rounds, the calls alternating
+    for n in (list(timed2) if k % 2 == 0 else list(timed2)[::-1]):
+        fwd_runs.setdefault(n, []).append((launch_queue.dobench_counted(timed2[n], device),
+                                           dobench_loop(timed2[n], flush) if GPU else None))
+dobench2 = {n: statistics.median(d for (d, _), _ in runs_) for n, runs_ in fwd_runs.items()}
+where2 = torch.cuda.get_device_name() if GPU else "CPU, Triton's interpreter: times mean nothing"
+print(f"forward at section 2's shape ({where2})"
+      + (f"; do_bench's memset of 256 MiB: {flush_us:.1f} us" if GPU else ""))
+def issue_line(name, t):
+    """One call's line: its enqueue against its replay (or the wall clock), and do_bench's."""
+    if t["replay_us"] is None:
+        verdict = f"enqueue {t['enqueue_us']:6.1f} us, wall {t['wall_us']:6.1f} us"
+    else:
+        level = abs(t["enqueue_us"] / t["replay_us"] - 1) <= 0.05
+        verdict = (f"enqueue {t['enqueue_us']:6.1f} us, replayed {t['replay_us']:5.1f} us: "
+                   + ("level (within 5 %)" if level else "host-bound"
+                      if t["enqueue_us"] > t["replay_us"] else "device-bound"))
+    return (f"  {name:13s} {verdict}; back to back {back_to_back_us(t):6.1f} us, do_bench "
+            f"{dobench2[name]:6.1f} us")
+
+
+copy_b2b = back_to_back_us(fwd_three["copy"])
+print(issue_line("copy", fwd_three["copy"]))
+of_copy = {}
+for name, t in fwd_three.items():
+    if name == "copy":
+        continue
+    of_copy[name] = (copy_b2b / back_to_back_us(t), dobench2["copy"] / dobench2[name])
+    print(issue_line(name, t) + f"\n  {'':13s} of a copy: back to back {of_copy[name][0]:.2f}, "
+          f"under do_bench {of_copy[name][1]:.2f} (each against the copy on the same timer)")
+    if GPU:
         calls = statistics.median(c for (_, c), _ in fwd_runs[name])
         loop = {k: statistics.median(l[k] for _, l in fwd_runs[name]) for k in fwd_runs[name][0][1]}
-        back_to_back = max(t["enqueue_us"], t["replay_us"])
-        level = abs(t["enqueue_us"] / t["replay_us"] - 1) <= 0.05
-        print(f"  {name:13s} enqueue {t['enqueue_us']:6.1f} us, replayed {t['replay_us']:5.1f} us: "
-              + ("level (within 5 %)" if level else
-                 "host-bound" if t["enqueue_us"] > t["replay_us"] else "device-bound")
-              + f"; back to back a call takes about {back_to_back:.1f} us, "
-              f"{copy_us / back_to_back:.2f} of section 2's copy ({copy_us:.1f} us)")
-        print(f"  {'':13s} do_bench: {calls:.0f} calls (section 2's median: "
-              f"{by[name]['fwd_ms'] * 1e3:6.1f} us); its loop written out: "
+        print(f"  {'':13s} do_bench: {calls:.0f} calls; its loop written out: "
               f"{loop['calls']:.0f} calls")
-        model_lines(name, loop, flush_us, t["replay_us"], dobench_us)
+        model_lines(name, loop, flush_us, t["replay_us"], dobench2[name])
         assert loop["events"] > 0.7 * t["replay_us"], (name, loop, t)
         assert 0.5 < loop["calls"] / calls < 2, (name, loop["calls"], calls)
+assert "ropelib" in of_copy and all(v > 0 for pair in of_copy.values() for v in pair)
+if GPU:
+    # ropelib's forward at 64 MiB runs near the copy: its kernels replayed against the copy's,
+    # and under do_bench (where the memset lets the host get ahead)
+    kernels_of_copy = fwd_three["copy"]["replay_us"] / fwd_three["ropelib"]["replay_us"]
+    assert 0.8 < kernels_of_copy < 1.15 and 0.8 < of_copy["ropelib"][1] < 1.15, of_copy
     if "torch.compile" in fwd_three:
         tc_three = fwd_three["torch.compile"]
         assert tc_three["enqueue_us"] > tc_three["replay_us"], tc_three    # the host's is larger
         assert tc_three["bound"] == "host"
-else:
-    print("the forwards' host and device times at section 2's shape: skipped (no GPU, nothing "
-          "to replay)")
+del case2, timed2, fwd_calls
 
 # %% [markdown]
 # ### 7.4 Where the host's time goes
@@ -990,12 +1118,9 @@ else:
 # These overlap rather than add: at decode the thread's extra 28 µs and the launches' 68 µs sum
 # to more than the 58 µs gap. Appendix A.4 reads a cProfile of ropelib's call.
 #
-# On a GPU the cell times ropelib's and TE's calls (TE's where it runs) again at the log's five
-# sizes, as the probe did (`ropelib.course.probe_timers`: 50 calls back to back, the best of 5
-# rounds, with the thread and without), and prints them beside the log's. Compare host times
-# within one run: a host's speed belongs to its machine, CPU and all. Section 7.3's "thread"
-# column is another measure (the host's time inside one call of `do_bench`'s loop) and can order
-# ropelib and TE differently; it is not set beside the log.
+# On a GPU the cell times the same calls again as the probe did (`ropelib.course.probe_timers`)
+# and prints them beside the log's. Compare host times within one run: a host's speed belongs to
+# its machine, CPU and all.
 
 # %%
 HOST_LOG = RESULTS / "host_by_size-nvidia-h200-20261204-1600.log"
@@ -1087,10 +1212,8 @@ if GPU:
 # the **host** (7.2's enqueue, 50 calls) and **eager** (50 calls, then one synchronisation: what
 # a training step waits for), at section 2's size, 64 MiB of bf16 ($S = 1024$, $B = 8$,
 # $H = 32$, $D = 128$), in each layout (sbhd, bshd, thd: notebook 02, section 1), and at 256 MiB
-# in bshd; medians of three rounds, committed as an H200 log. On a GPU the cell times the same
-# calls at the log's first case (64 MiB, sbhd) as the probe did (`ropelib.course.probe_timers`:
-# the same calls, rounds and medians) and prints each way beside the log's: host beside host,
-# device beside device, eager call beside eager call.
+# in bshd; medians of three rounds, committed as an H200 log. On a GPU the cell times the log's
+# first case again the same three ways and prints each beside the log's.
 
 # %%
 MID_LOG = RESULTS / "mid_fwdbwd-nvidia-h200-20261201-2307.log"
@@ -1248,8 +1371,7 @@ assert [(c, p) for c in MID + [BIG] for p in PROVS
 #    to 128.4 µs (0.520 to 0.533): 1.8 times ropelib's in that log. (ropelib's ran with two
 #    settings of its two-pass route on, the early launch and 256 table entries a program,
 #    notebook 05, section 6; with both off, 74.4 to 74.8 µs. Appendix A.5 looks inside its
-#    forward.) On an H200 the cell asserts that a live run's replayed µs match the log's; on
-#    another GPU it prints them beside the log's, and only the ratios compare.
+#    forward.)
 # 2. **The host is.** Issuing one call took ropelib's host 3.3 to 4.9 times its kernels,
 #    torch.compile's 6.3 to 7.8 times, TE's 1.3 to 1.6 times (7.4's run, three days later: 2.7
 #    to 3.8 for ropelib, 0.9 to 1.4 for TE). So TE's eager call is the fastest, 148 to 182 µs
@@ -1506,7 +1628,8 @@ if not rows_ok:     # the worked kernel: rounded once; on a GPU below TE's fused
 # - **A forward sweep is a fixed cost per call plus bytes over bandwidth.** ropelib's line ties
 #   the copy's bandwidth in fp32 and reaches 0.89 of it in bf16 at batch 1 (committed H200
 #   sweeps); it runs within a tenth of the copy wherever $x$ holds 64 MiB or more; TE's fused
-#   kernel stays well below.
+#   kernel stays well below. Read $1/b$ as a bandwidth only where the slope's standard error
+#   pins it: the forward+backward's slopes are lost in their noise.
 # - **A time that does not follow the bytes is a cost per call; find out whose.** Enqueue and
 #   replayed timings tell the host from the device: in the committed H200 runs ropelib's eager
 #   forward+backward loses to TE's on the host, not on its kernels, and a cProfile finds a third
