@@ -24,7 +24,8 @@ notebook; tests/test_puzzles.py runs the notebook with them filled in). A check
    per byte size, in COPY_ROUNDS rounds, and its median reused by every line of that size, so
    equal kernels of equal bytes get equal fractions); on the CPU it says why it does not.
    `time_solution` prints the same line for a puzzle's worked solution (the
-   notebook shows it under the solution, as the time to aim for).
+   notebook shows it under the solution, as the time to aim for). `time_in_rounds` times several
+   kernels against each other in alternating rounds, each round a do_bench median of each.
 
 Checks print ✅ / ❌ with the reason and return a bool; they never raise. `last_grade` keeps what
 the last check of a puzzle found (its seed, and for a pass the accesses it printed). `COPY` is
@@ -41,6 +42,7 @@ import inspect
 import itertools
 import math
 import re
+import sys
 import textwrap
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -53,13 +55,15 @@ import triton.language as tl
 from .. import runtime
 from . import access
 from .exercises import guarded_view, kernel_answer
-from .exercises.own_code import fresh_seed, run_own_code
+from .exercises.own_code import LibraryAnswer, fresh_seed, run_own_code
+from .exercises.own_code import _refusal, _Rules   # run_own_code's rules, for a kernel's body
 from .work_count import interpreted
 
 __all__ = ["PUZZLES", "BoundsCheckedMemory", "Region", "run_in_checked_memory", "draw_accesses",
            "grade", "Graded", "last_grade", "hint", "sector_use", "at_timed_shape",
            "SOLUTIONS_AT_TIMED_SHAPE", "scoreboard", "show_spec",
-           "Timing", "time_solution", "solution_times", "time_kernel", "stated",
+           "Timing", "time_solution", "solution_times", "time_kernel", "time_in_rounds",
+           "stated",
            "given_shared_table_kernel", "copy_of", "COPY", "check_copy",
            "check_rotate_row", "check_interleaved", "check_partial", "check_odd_head_dim",
            "check_long_context", "check_position_ids", "check_int64_offsets", "check_backward",
@@ -1597,15 +1601,48 @@ class _Ran:
         self.error = error
 
 
-def _launch_checked(kernel, case: Case, memory: BoundsCheckedMemory) -> Callable[[], _Ran]:
+def _launch_checked(kernel, case: Case, memory: BoundsCheckedMemory,
+                    bar: Sequence = ()) -> Callable[[], _Ran]:
+    """The launch a check runs inside `run_own_code`. That watch of the answer's calls is off
+    while a kernel it allows runs (a compiled kernel calls no Python); in the interpreter the
+    kernel's body is Python, so a lighter watch of its own refuses, by run_own_code's rules, a
+    call the body makes into ropelib's finished functions (one that launches a kernel is
+    refused at its launch anyway)."""
     interp = interpreted(kernel)
+    runner = interp if isinstance(getattr(interp, "pre_run_hooks", None), list) else interp.run
+    rules, verdicts, refused = _Rules((runtime,), bar), {}, []
+
+    def body_watch(frame, event, arg):
+        if event == "call":
+            code = frame.f_code
+            hit = verdicts.get(code)
+            if hit is None:
+                hit = verdicts[code] = rules.verdict(code) or ""
+            if hit == "barred":
+                refused.append(_refusal("your kernel", "called", code))
+                raise LibraryAnswer(refused[-1])
+        elif event == "c_call" and arg is sys.setprofile \
+                and frame.f_code.co_filename != run_own_code.__code__.co_filename:  # the guard
+            refused.append("this exercise wants your kernel, but its body switched off the "
+                           "check's watch of the calls it makes (sys.setprofile): write it "
+                           "yourself, without touching the profiler")
+            raise LibraryAnswer(refused[-1])
+
+    def watch_the_body(*args, **kwargs):     # run by the interpreter before the first program
+        sys.setprofile(body_watch)
 
     def launch() -> _Ran:
-        try:
+        runner.pre_run_hooks.append(watch_the_body)
+        try:             # run_own_code's launch guard puts its own watch back when it returns
             with memory.installed():
                 interp[case.grid](*case.args, **case.constexprs)
         except Exception as exc:  # noqa: BLE001 -- reported by the check
-            return _Ran(exc)
+            if not refused:
+                return _Ran(exc)
+        finally:
+            runner.pre_run_hooks.remove(watch_the_body)
+        if refused:               # even if the body caught it: not the learner's code
+            raise LibraryAnswer(refused[0])
         return _Ran()
     return launch
 
@@ -1807,7 +1844,7 @@ def _grade(p: Puzzle, kernel, *, seed, draw, time_it) -> bool:
     for i, case in enumerate(cases):
         memory = BoundsCheckedMemory(case.regions())
         ok, ran = run_own_code(f"{name}, {case.label}", "your kernel",
-                               _launch_checked(kernel, case, memory), bar=bar)
+                               _launch_checked(kernel, case, memory, bar), bar=bar)
         if not ok:
             _RESULTS[p.key] = False
             _GRADES[p.key] = Graded(p.key, False, None)
@@ -1849,6 +1886,8 @@ class Timing:
     copy_us: float                   # a device copy of the same bytes: its rounds' median
     nbytes: int                      # the bytes of every tensor the kernel is handed
     copy_spread: float = 0.0         # how far that copy's rounds moved: max / min - 1
+    rounds: Tuple[float, ...] = ()   # time_in_rounds: the kernel's time in each round, us
+    copy_rounds: Tuple[float, ...] = ()   # time_in_rounds: the copy's time in each round, us
 
     @property
     def of_copy(self) -> float:
@@ -1927,6 +1966,15 @@ def _copy_rounds(nbytes: int, device) -> List[float]:
     return _COPY_ROUNDS[key]
 
 
+def _handed_bytes(case: Case) -> int:
+    """The bytes of every tensor a case hands its kernel (each storage once), read or not."""
+    storages = {}
+    for t in case.args:
+        if isinstance(t, torch.Tensor):
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return sum(storages.values())
+
+
 def _time_big(p: Puzzle, kernel) -> Timing:
     """The compiled kernel on the puzzle's timed case, and a device copy of the same bytes."""
     from triton.testing import do_bench
@@ -1938,11 +1986,7 @@ def _time_big(p: Puzzle, kernel) -> Timing:
 
     run()
     torch.cuda.synchronize()
-    storages = {}
-    for t in big.args:
-        if isinstance(t, torch.Tensor):
-            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-    nbytes = sum(storages.values())
+    nbytes = _handed_bytes(big)
     ms = do_bench(run, quantiles=[0.5, 0.2, 0.8])[0]
     rounds = _copy_rounds(nbytes, big.out.device)
     return Timing(torch.cuda.get_device_name(), big.label, ms * 1e3,
@@ -2008,6 +2052,63 @@ def time_kernel(key: str, kernel, who: str) -> Optional[Timing]:
         return None
     print(f"{head}, {t.gpu}, {t.label}: {t.against_copy()}")
     return t
+
+
+def time_in_rounds(kernels: Dict[str, Tuple[str, object]],
+                   rounds: int = COPY_ROUNDS) -> Optional[Dict[str, Timing]]:
+    """Time several kernels, each on its puzzle's timed case, in `rounds` alternating rounds.
+
+    Args:
+        kernels: {name: (puzzle key, kernel)}; each kernel is first run compiled on its puzzle's
+            cases and must be right there, as a check's kernel is (it is not graded: a kernel
+            that fails its check for its loads can be timed).
+        rounds: how many rounds. Each round times every kernel once, then a device copy of each
+            byte size once (`copy_of`), each a do_bench median, so a drift of the GPU's clocks
+            during the cell reaches every kernel alike.
+
+    Returns {name: Timing}: `us` the median of the kernel's rounds and `rounds` all of them,
+    `copy_us` and `copy_rounds` the same for the copy of its bytes. On the CPU, or when a
+    kernel is wrong or cannot be timed, it prints why and returns None; it never raises.
+    """
+    if not runtime.on_gpu():
+        print(f"   ⏱ not timed in rounds ({_why_no_timing()})")
+        return None
+    from triton.testing import do_bench
+
+    def timed(run) -> float:
+        return do_bench(run, quantiles=[0.5, 0.2, 0.8])[0] * 1e3
+
+    try:
+        cases, runs = {}, {}
+        for name, (key, kernel) in kernels.items():
+            wrong = _compiled_problem(PUZZLES[key], kernel, seed=0)
+            if wrong is not None:
+                print(f"❌ {name}: not timed, wrong on the GPU ({wrong[0]}: {wrong[1]})")
+                return None
+            big = cases[name] = PUZZLES[key].big("cuda")
+            runs[("kernel", name)] = (lambda k, c: lambda: k[c.grid](*c.args, **c.constexprs))(
+                kernel, big)
+        nbytes = {name: _handed_bytes(big) for name, big in cases.items()}
+        for n in sorted(set(nbytes.values())):
+            device = next(c.out.device for name, c in cases.items() if nbytes[name] == n)
+            runs[("copy", n)] = copy_of(n, device)
+        for run in runs.values():      # compiled and warm before the first round
+            run()
+        torch.cuda.synchronize()
+        us: Dict[tuple, List[float]] = {what: [] for what in runs}
+        for _ in range(rounds):
+            for what, run in runs.items():
+                us[what].append(timed(run))
+    except Exception as exc:  # noqa: BLE001 -- the notebook goes on
+        print(f"❌ not timed in rounds ({type(exc).__name__}: {_error_line(exc)})")
+        return None
+    gpu = torch.cuda.get_device_name()
+    out = {}
+    for name, big in cases.items():
+        mine, copy = us[("kernel", name)], us[("copy", nbytes[name])]
+        out[name] = Timing(gpu, big.label, float(np.median(mine)), float(np.median(copy)),
+                           nbytes[name], max(copy) / min(copy) - 1, tuple(mine), tuple(copy))
+    return out
 
 
 def stated(claims: Sequence[Tuple[str, object, object]]) -> None:
