@@ -23,19 +23,16 @@
 # over). This notebook climbs from there to ropelib's finished kernel (`ropelib/kernels/fused.py`),
 # at about nine tenths (section 5).
 #
-# It starts from a number — how many bytes a GPU must have in flight to stream at full speed —
-# which sets a floor under the tile (section 2). It then climbs a ladder of kernels (section 3),
-# each adding one idea and each checked against the reference, until the last computes what
-# ropelib's kernel computes, bit for bit. Sections 4 and 5 read what the compiler made of each
-# rung and what each step bought: most of the climb is the first step, and the last tenth is not
-# the rotation's, since a plain copy launched on the finished kernel's tile, batch loop and grid
-# lands about where the kernel does.
-#
-# Section 6 leaves the ladder. For large tensors (64 MiB and up) `ropelib.apply_rope` takes a
-# two-pass route: a small pass writes a table of cos/sin rows, and a flat pass of over a hundred
-# thousand 2-warp programs with no loop rotates x, reaching the copy at batch 8 with 32 heads
-# (0.996 of it at 256 MiB, 1.002 at 1 GiB, on the H200). From the second call with the same table
-# on, only the flat pass runs.
+# Section 2 works out how many bytes a GPU must have in flight to stream at full speed, a floor
+# under the tile. Section 3 climbs a ladder of kernels, each adding one idea, each checked against
+# the reference and timed against a copy as you edit it, until the last computes what ropelib's
+# kernel computes, bit for bit. Sections 4 and 5 read what the compiler made of each rung and what
+# each step bought: most of the climb is the first step, and the last tenth is not the rotation's,
+# since a plain copy launched on the finished kernel's tile, batch loop and grid lands about where
+# the kernel does. Section 6 leaves the ladder: for large tensors (64 MiB and up) `apply_rope`
+# runs a small pass that writes a table of cos/sin rows, then a flat pass of over a hundred
+# thousand small programs with no loop, which reaches the copy at batch 8 with 32 heads (0.996 of
+# it at 256 MiB, 1.002 at 1 GiB, on the H200).
 #
 # **Where the numbers come from.** Every timing and profile the text quotes is read from a
 # committed CSV under `benchmarks/results/`, measured on an NVIDIA H200 (each table prints its
@@ -45,11 +42,12 @@
 # a program where the H200 has 8), so its live ratios land near the H200's, not on them.
 #
 # **Time budget.** About two and a half hours: 15 minutes for section 2, 35 for the ladder (read
-# each kernel, change it or its launch, rerun), 10 for the compiled layout, 35 for Exercises 1 and
-# 1b, half an hour for sections 5 and 6, and 25 minutes for Exercises 2 and 3; the appendices and
-# the questions are for afterwards. Every cell runs in a minute or two on a 2-core CPU: Triton's
-# interpreter runs the kernels, and the layout and load-schedule cells compile them for sm_90
-# (the H100's and H200's architecture) without a GPU.
+# each kernel, change it or its launch, rerun, time it on a GPU), 10 for the compiled layout, 35 for
+# Exercises 1 and 1b, half an hour for sections 5 and 6, and 25 minutes for Exercises 2 and 3; the
+# appendices (A.1–A.12: the profiles' details, the machine code, the two-pass route, the launch
+# shape) and the questions are for afterwards. Every cell runs in a minute or two on a 2-core CPU:
+# Triton's interpreter runs the kernels, and the layout and load-schedule cells compile them for
+# sm_90 (the H100's and H200's architecture) without a GPU.
 #
 # **After this notebook you will be able to**
 #
@@ -87,7 +85,7 @@ import triton.language as tl
 
 from ropelib import reference, runtime
 from ropelib.bench import compare
-from ropelib.course import ladder, measured
+from ropelib.course import checks_nb05, ladder, measured
 from ropelib.course.exercises import finished_kernel as fk
 from ropelib.kernels import launch
 from ropelib.kernels.common import BF16_RTNE, round_to
@@ -410,19 +408,19 @@ assert fin_m["ncu_achieved_occupancy_pct"] < br_m["ncu_achieved_occupancy_pct"]
 #
 # Each rung is a kernel in a code cell, and the cell after it launches that kernel: the grid, the
 # tile constants (`BLOCK_S`, `BLOCK_H`, `B_CHUNK`), the warps and the call are all there. Change
-# the kernel or its launch and rerun the two cells; the check under them tells you whether it
-# still computes RoPE, and nothing more. Speed comes later: sections 4 and 5 compile and profile
-# the same rungs, and the ladder's times are the H200 run's. The rungs cover what the lesson needs
-# (sbhd, rotate-half, full rotary, fp32 angles $[S, D]$, the forward pass) and are the kernels
-# `benchmarks/ladder.py` times; `ropelib/course/ladder.py` holds them, and a test checks that
-# these cells match it.
+# the kernel or its launch and rerun the two cells: the check under them says whether it still
+# computes RoPE. The section's last cell launches every rung through these same launch functions
+# and, on a GPU, times each against a copy, so what you change is what gets timed. The rungs cover
+# what the lesson needs (sbhd, rotate-half, full rotary, fp32 angles $[S, D]$, the forward pass)
+# and are the kernels `benchmarks/ladder.py` times; a test holds these cells to
+# `ropelib/course/ladder.py`.
 #
 # Each launch cell takes the tile the benchmark measures (`ladder.plan`: ropelib's planner with
-# this GPU's tile knobs; in the interpreter, large tiles that keep it fast), launches the
-# notebook's kernel with it, launches again with small blocks that leave partial tiles at the
-# edges, and checks that the first launch gives the measured rung's bits (`ladder.rope_ladder`).
-# On a GPU the input is bf16 sbhd $[4096, 8, 32, 128]$; in the interpreter a small
-# $[6, 3, 5, 48]$, whose sizes no block divides.
+# this GPU's tile knobs), launches again with small blocks that leave partial tiles at the edges,
+# and checks that the first launch gives the measured rung's bits (`ladder.rope_ladder`; an edit
+# that changes the rounding fails only that last line). On a GPU the input is bf16 sbhd
+# $[4096, 8, 32, 128]$ (256 MiB); in the interpreter a small $[6, 3, 5, 48]$, whose sizes no
+# block divides.
 
 # %%
 S, B, H, D = (4096, 8, 32, 128) if GPU else (6, 3, 5, 48)   # D = 48: a half of 24 in a 32-lane tile
@@ -828,6 +826,63 @@ print("rung 6 == ropelib.apply_rope's finished kernel, bit for bit (bf16, fp16, 
 # ids, packed sequences, context parallelism, the backward pass (a constexpr), fp64, int64 offsets
 # for huge tensors, and NaN for positions outside the table.
 #
+# ### Your rungs against a copy
+#
+# The cell below launches every rung through the launch functions above, as they stand now, with
+# the tile this GPU's plan gives each (`tile_for`, printed). It checks each output against the
+# reference, then on a GPU times each with `do_bench` beside `y.copy_(x)` of the same x and prints
+# its speed as a % of the copy's, beside the committed H200 run at this size (section 5 draws that
+# run). The calls are in the cell: edit one to time another launch. In the interpreter there is
+# nothing to time; the cell checks the launches and prints the committed column.
+#
+# Three one-line experiments, each with an H200 answer further on:
+#
+# - rung 0 on 2 warps (`num_warps=2`): twice the threads for the same 256-byte rows. Does it move?
+#   (Appendix A.1: notebook 04's `sh_loop_b_w2`.)
+# - rung 1 with `block_h=4` on 2 warps: 4 heads a program instead of 32. How much of the big step
+#   is left? (A.1: `heads4_loop_b`.)
+# - rung 3 with the other GPU's warps (8 on an H100, 16 on an H200). Which is faster here?
+#   (Section 4: each GPU's tile was chosen by a sweep on it.)
+
+# %%
+def tile_for(rung):
+    """This GPU's plan for `rung` on x: the launch arguments the launch cells above use."""
+    p = ladder.plan(rung, S, B, H, D, x.element_size(), SM_HERE, KNOBS_HERE)
+    return dict(block_s=p.block_s, block_h=p.block_h, chunk=p.chunk, num_warps=p.num_warps)
+
+
+rung_plan = {r: tile_for(r) for r in ("heads", "tile", "warps", "chunks", "accurate",
+                                      "equal_halves")}
+RUNG_CALLS = {   # rung -> the launch this cell checks and times (your kernels, your launchers)
+    "batch_reuse": lambda: launch_batch_reuse(x, freqs, num_warps=1),
+    "heads": lambda: launch_heads(x, freqs, block_h=rung_plan["heads"]["block_h"],
+                                  num_warps=rung_plan["heads"]["num_warps"]),
+    "tile": lambda: launch_tile(x, freqs, block_s=rung_plan["tile"]["block_s"],
+                                block_h=rung_plan["tile"]["block_h"],
+                                num_warps=rung_plan["tile"]["num_warps"]),
+    "warps": lambda: launch_tile(x, freqs, block_s=rung_plan["warps"]["block_s"],
+                                 block_h=rung_plan["warps"]["block_h"],
+                                 num_warps=rung_plan["warps"]["num_warps"]),
+    "chunks": lambda: launch_chunks(x, freqs, **rung_plan["chunks"], accurate=False),
+    "accurate": lambda: launch_chunks(x, freqs, **rung_plan["accurate"], accurate=ACCURATE),
+    "equal_halves": lambda: launch_final(x, freqs, **rung_plan["equal_halves"]),
+}
+print("tiles:", "; ".join(f"{r} {v['block_s']}x{v['block_h']}, B_CHUNK={v['chunk']}, "
+                          f"{v['num_warps']} warps" for r, v in rung_plan.items()))
+want = reference.rope_reference(x, freqs)             # fp64 math, rounded once to x's dtype
+for name, call in RUNG_CALLS.items():                 # each launch as it stands computes RoPE
+    torch.testing.assert_close(call(), want, atol=1e-5, rtol=1e-2,
+                               msg=lambda m, name=name: f"{name}: {m}")
+del want
+lad_meta, _ = measured.load("ladder")
+committed = {r: 100 * lad["copy"]["ms"] / lad[r]["ms"] for r in RUNG_CALLS}  # s4096-b8, H200
+live = checks_nb05.time_rungs(x, RUNG_CALLS, committed, f"{measured.where(lad_meta)}, "
+                              "s=4096 b=8 h=32 d=128", timed=GPU)
+# the committed run's biggest step is the tile of heads, 16.5 points (section 5's "big step")
+steps = {b: committed[b] - committed[a] for a, b in zip(RUNG_CALLS, list(RUNG_CALLS)[1:])}
+assert max(steps, key=steps.get) == "heads" and round(steps["heads"], 1) == 16.5, steps
+
+# %% [markdown]
 # ## 4. How Triton lays the tile over threads
 #
 # `num_warps` says how many threads a program has; Triton decides which elements each thread
@@ -867,11 +922,9 @@ try:
                                       sm_count=SMS_H200, knobs=H200_KNOBS)
     # the H100's tile (ropelib's default knobs), for comparison
     compiled_h100 = ladder.compile_for_gpu(["ropelib"])
-except COMPILE_ERRORS as exc:  # no compiler for this target here: say so
-    compiled = compiled_h100 = None
-    print(f"compiling for sm_90 did not work here ({type(exc).__name__}: {str(exc)[:300]}).\n"
-          "The layout rules below still hold; on a GPU, kernel.warmup(...) or the compiled "
-          "kernel's .asm['ttgir'] shows the same.")
+except COMPILE_ERRORS as exc:  # no compiler for this target here: say so (the layout rules
+    # below still hold; on a GPU a compiled kernel's .asm["ttgir"] shows the same)
+    compiled = compiled_h100 = checks_nb05.compile_failed(exc)
 
 
 def x_tile(c):
@@ -1024,8 +1077,7 @@ def measure_loads(kernel, args, num_warps):
     try:
         sc = load_schedule.schedule(kernel, args, num_warps=num_warps)
     except Exception as exc:  # noqa: BLE001 -- a kernel that does not compile: say so
-        print(f"compiling it for sm_90 did not work ({type(exc).__name__}: {str(exc)[-300:]})")
-        return None
+        return checks_nb05.compile_failed(exc, "compiling your kernel for sm_90")
     widths = load_schedule.load_widths(sc)
     print(f"sm_90, Triton {triton.__version__}: a thread's global loads, by the bytes each moves: "
           + ", ".join(f"{n} of {b}" for b, n in widths.items())
@@ -1069,8 +1121,6 @@ def my_interleaved_vector_kernel(
     pass  # your code
 
 
-from ropelib.course import checks_nb05
-
 ex1b_passed = load_schedule.check_wide_loads(
     "interleaved tile, 16-byte loads", my_interleaved_vector_kernel, EX1_ARGS,
     num_warps=plan_h200.num_warps, wide=X_VECTORS, check=fk.check_interleaved_tile_kernel) \
@@ -1113,9 +1163,10 @@ checks_nb05.slow_path_share(sol_ex1, X_VECTORS)
 # times it with `do_bench` beside the worked solution, ropelib's finished kernel on the same
 # interleaved pairs (route forced), `apply_rope` as it plans this size (section 6's two passes) and
 # a device copy `y.copy_(x)`. A kernel is timed once it has passed its check; its launch
-# (`launch_interleaved`) uses the planner's tile and warps for this GPU (on the executed page's
-# H100, 16 warps) — change it and rerun. Each kernel moves the copy's bytes, so the cell prints its
-# speed as a fraction of the copy's: the rest of the way to 1.00 is time its bytes do not explain.
+# (`launch_interleaved`) uses the planner's tile and warps for this GPU (16 warps a program on an
+# H100, 8 on an H200) — change it and rerun. Each kernel moves the copy's bytes, so the cell prints
+# its speed as a fraction of the copy's: the rest of the way to 1.00 is time its bytes do not
+# explain.
 
 # %%
 TIMED_SHAPE = (4096, 8, 32, 128)    # [S, B, H, D] bf16 sbhd: 256 MiB
@@ -1186,8 +1237,8 @@ else:
 
 # %% [markdown]
 # On a GPU the cell ends with ropelib's finished kernel and `apply_rope` beside the ratios of
-# section 6's committed H200 run at the same shape, each asserted within 15 % of it (on the
-# executed page the H100's 0.935 and 0.992 against the H200's 0.903 and 0.997). The worked
+# section 6's committed H200 run at the same shape, each asserted within 15 % of it (another GPU
+# or tile moves a ratio by a few per cent, not by a sixth). The worked
 # solution and the finished kernel form their pairs the same way; where their lines differ, look at
 # how each reads its angles. If your Exercise 1 kernel loads and stores at stride 2, how much of
 # its gap would the loads explain (L1 serves them a second time), and how much the stores that
@@ -1281,9 +1332,9 @@ else:
 #   programs, about half the warp instructions per element, over six times the x asked for per SM.
 #   Notebook 04's variants, profiled in the same run, change them one at a time (A.1): occupancy
 #   alone buys nothing, and past four heads a program nothing more is bought.
-# - **Chunks (rung 4)** at $b = 8$ launch the warps rung's 4,096 programs with about as many
-#   instructions and the same DRAM reads, yet cost about three points; their counted DRAM writes
-#   are higher (0.99 of the bytes model against 0.96). At $b = 1$ they evaluate each sin/cos once.
+# - **Chunks (rung 4)** at $b = 8$ launch the warps rung's 4,096 programs with the same DRAM
+#   reads, yet cost about three points; their counted DRAM writes are higher (0.99 of the bytes
+#   model against 0.96).
 # - **Equal halves (rung 6)** gain 5.5 points over rung 5, but rungs 4 and 5 had lost 2.7 on the
 #   warps rung; over the warps rung, which has no extra writes, the gain is 2.8. Rung 6 runs a
 #   quarter fewer warp instructions per element, 0.29 against 0.38, on SMs far from busy (SM
@@ -1295,8 +1346,6 @@ else:
 #   variants of the finished kernel (`benchmarks/results/finished_kernel_knobs-nvidia-h200.csv`),
 #   `x` first is the faster at $s = 4096$, $b = 1$ (0.931 of a copy against 0.892) and the slower
 #   at $s = 1024$, $b = 8$ (0.804 against 0.835).
-# - **`apply_rope (two passes)`** is the fastest bar at $s = 4096$, $b = 8$ and level with the
-#   finished kernel at $b = 1$ (section 6).
 #
 # **Not explained on this page:** the chunks rung's three points at $h = 32$ (neither the launch,
 # the loop bounds nor the store form makes its extra writes: A.1); the 16-token panel from `chunks`
@@ -1406,9 +1455,9 @@ tab = checks_nb05.table_probe()
 # **A copy on the rung's tile.** `_copy_on_tile_kernel` has rung 6's grid, tile, warps and batch
 # loop (`ladder.plan("equal_halves", ...)`), loads each half of a head's rows of `x` as the rung
 # does and stores them to `y` unchanged: no angles, no arithmetic. On a GPU the cell times it
-# beside `y.copy_(x)` and rung 6: if it lands near the rung, the gap belongs to the launch; near
-# 1.0, to the rotation. It then compiles the copy's registers, groups the profiled tiles of heads
-# by batch loop and warps, and prints the grid's waves.
+# beside `y.copy_(x)` and rung 6 as section 3 launches it (`launch_final`, your edits included):
+# if the copy lands near the rung, the gap belongs to the launch; near 1.0, to the rotation. It
+# then prints the committed H200 timing of both on the same launches.
 
 # %%
 @triton.jit
@@ -1459,14 +1508,15 @@ p_c = copy_on_tile(x_c, y_c)
 assert torch.equal(y_c, x_c)                      # a copy: every element, unchanged
 print(f"x {list(x_c.shape)} bf16: grid {p_c.grid}, BLOCK_S={p_c.block_s} "
       f"BLOCK_H={p_c.block_h} B_CHUNK={p_c.chunk}, {p_c.num_warps} warps; y == x")
+# rung 6 as section 3 launches it (your kernel and launcher, this GPU's plan), checked here
+f_c = compare.angles(*tile_shape_copy[::3]).view(tile_shape_copy[0], -1).to(device)
+rung6_on_x_c = lambda: launch_final(x_c, f_c, **final_tile(x_c))   # noqa: E731
+check_rung(rung6_on_x_c(), x_c, f_c, "rung 6")
 if GPU:
     from triton.testing import do_bench
-    f_c = compare.angles(*tile_shape_copy[::3]).view(tile_shape_copy[0], -1).to(device)
-    y_r = torch.empty_like(x_c)
     t_copy = do_bench(lambda: y_c.copy_(x_c), quantiles=[0.5, 0.2, 0.8])
     t_tile = do_bench(lambda: copy_on_tile(x_c, y_c), quantiles=[0.5, 0.2, 0.8])
-    t_rung = do_bench(lambda: ladder.rope_ladder("equal_halves", x_c, f_c, out=y_r),
-                      quantiles=[0.5, 0.2, 0.8])
+    t_rung = do_bench(rung6_on_x_c, quantiles=[0.5, 0.2, 0.8])
     tile_ratio, live_rung = t_copy[0] / t_tile[0], t_copy[0] / t_rung[0]
     rung_ratio = tab["s4096-b8"]["equal_halves"]["ratio_to_copy"]   # the probe's, committed
     print(f"y.copy_(x) {t_copy[0] * 1e3:.1f} us; the copy on rung 6's tile "
@@ -1502,84 +1552,17 @@ assert abs(shipped_b8["tile_copy_ratio"] - shipped_b8["rope_ratio"]) < 0.02
 assert [said(shipped_b8[k]) for k in ("tile_copy_ratio", "rope_ratio")] == ["0.913", "0.915"]
 assert len(sweep_b8) == 104 and said(best_copy) == "0.945" and best_copy < 0.95
 
-
-def resident_programs(registers, threads):
-    """Programs an SM holds by registers and threads alone (65,536 registers, allocated 8 a
-    thread at a time; 2,048 threads; 32 programs)."""
-    return min(65536 // (-(-registers // 8) * 8 * threads), 2048 // threads, 32)
-
-
-# its registers against rung 6's, both compiled for sm_90 here with the H200's plan: Exercise
-# 1's arguments (the same launch), less the angles
-cot_args = {k: v for k, v in EX1_ARGS.items() if k != "freqs_ptr"}
-try:
-    cot_regs = load_schedule.schedule(_copy_on_tile_kernel, cot_args,
-                                      num_warps=plan_h200.num_warps)["registers"]
-    (rung6_sm90,) = ladder.compile_for_gpu(["equal_halves"], sm_count=SMS_H200, knobs=H200_KNOBS)
-    rung6_regs = rung6_sm90["registers"]
-except COMPILE_ERRORS as exc:  # no compiler for this target here: say so
-    cot_regs = None
-    print(f"compiling for sm_90 did not work here ({type(exc).__name__}: {str(exc)[:300]})")
-if cot_regs:
-    threads = 32 * plan_h200.num_warps
-    print(f"\nsm_90, Triton {triton.__version__}, {plan_h200.num_warps} warps a program: the copy "
-          f"on the tile {cot_regs} registers a thread, {resident_programs(cot_regs, threads)} "
-          f"programs per SM; rung 6 {rung6_regs}, {resident_programs(rung6_regs, threads)} "
-          f"(the H200 run's rung 6, Triton {mech_meta.get('triton')}: {rung6_m['registers']}, "
-          f"{rung6_m['occ_blocks_per_sm']})")
-    # fewer registers than the rung: more programs could be resident (achieved: not profiled)
-    assert resident_programs(cot_regs, threads) > resident_programs(rung6_regs, threads)
-    assert resident_programs(rung6_m["registers"], threads) == rung6_m["occ_blocks_per_sm"]
-
-# the tiles of heads profiled at this size (notebook 04's variants and the rungs), by batch
-# loop and warps a program: the copy's profiled time over each one's
-LOOP_GROUPS = {"batch loop": [v for v in mech if v.startswith("heads") and "loop_b" in v
-                              or v in RUNGS_PROFILED[:-1]],
-               "no batch loop": [v for v in mech if v.startswith("heads_all_one_b")]}
-print("\nUnder Nsight Compute (s=4096 b=8), tiles of heads: the best of each group, as a share "
-      "of the copy's speed")
-best = {}
-for loop, names in LOOP_GROUPS.items():
-    for w in sorted({mech[v]["num_warps"] for v in names}):
-        v = min((v for v in names if mech[v]["num_warps"] == w), key=lambda v: mech[v]["us"])
-        best[loop, w] = mech["copy"]["us"] / mech[v]["us"]
-        print(f"  {loop:14s} {w} warp{'s' if w > 1 else ' '}: {shown(v):26s} "
-              f"{best[loop, w]:.3f}")
-flat_speed = mech["copy"]["us"] / planned_m["us"]
-print(f"  the flat pass (no loop, 2 warps, {planned_m['programs']:,} programs): {flat_speed:.3f}")
-assert (said(min(best.values()), 2), said(max(best.values()), 2)) == ("0.87", "0.91")
-assert max(best.values()) < 0.95 < flat_speed
-assert {w for _, w in best} == {1, 2, 4, 8}
-
-# the grid in waves (the mechanism CSV's `waves`: programs / (SMs x resident programs per SM)),
-# and the share of the SMs' program slots the last wave leaves idle if every wave took as long
-idle_share = {v: (math.ceil(mech[v]["waves"]) - mech[v]["waves"]) / math.ceil(mech[v]["waves"])
-              for v in ("ropelib", "copy")}
-print("\nwaves on the H200 (mechanism CSV), bf16 sbhd s=4096 b=8: " + ", ".join(
-    f"{shown(v)} {mech[v]['programs']:,} programs, {mech[v]['occ_blocks_per_sm']} per SM, "
-    f"{mech[v]['waves']:.2f} waves, {idle_share[v]:.1%} of the slots idle" for v in idle_share))
-assert [said(mech[v]["waves"], 2) for v in ("ropelib", "copy")] == ["7.76", "31.03"]
-assert [said(100 * idle_share[v], 1) for v in idle_share] == ["3.0", "3.0"]
-
 # %% [markdown]
 # **What the copy on the tile says.** On rung 6's launch, a kernel that moves the same bytes with
 # no angles and no arithmetic pays what the rung pays. In the committed H200 timing
 # (`benchmarks/tile_sweep.py`, printed after the live lines) the copy on the tile runs at 0.913 of
-# `y.copy_(x)` and rung 6 at 0.915. The live lines time both again and assert them within 0.02 of
-# each other (on an H200, the copy also below 0.95): on the executed page's H100, with its own
-# 16-warp tile, 0.961 and 0.946. With the table probe, this says the finished kernel does not stop
-# short of a copy for its cos/sin: its launch shape holds the gap.
-#
-# No other tile of this shape closes it: over the 104 launches swept at this size the copy on the
-# tile never passes 0.945, and the best profiled tiles of heads (a batch loop on 1, 2, 4 or 8
-# warps, or none on 8) stop at 0.87 to 0.91. Only the flat pass of section 6, with no loop and
-# many small programs, passes them.
-#
-# Why the launch shape costs this is open. The copy holds fewer registers than the rung, so more
-# of its programs fit on an SM, but its occupancy was not profiled. The last, partly filled
-# **wave** (one round of programs filling every SM's slots) is a weak candidate: the finished
-# kernel's 4,096 programs make 7.76 waves and, if every wave took as long, leave 3.0 % of the SMs'
-# program slots idle at the end, but the copy's own grid (31.03 waves) leaves the same 3.0 %.
+# `y.copy_(x)` and rung 6 at 0.915; the live lines time both again on the GPU the page runs on,
+# with its own tile, and assert them within 0.02 of each other. With the table probe, this says
+# the finished kernel does not stop short of a copy for its cos/sin: its launch shape holds the
+# gap. No other tile of this shape closes it: over the 104 launches swept at this size the copy on
+# the tile never passes 0.945. Only the flat pass of section 6, with no loop and many small
+# programs, does. Why the launch shape costs this is open; appendix A.12 sets out what was
+# measured (registers, the best tile of heads per batch loop and warps, the last wave).
 #
 # ## 6. Past the finished kernel: two passes for large tensors
 #
@@ -1768,11 +1751,10 @@ assert said(100 * lead_b1, 1) == "2.7" and lead_b1 < hi_c - lo_c      # "within 
 # %% [markdown]
 # On the H200, forward:
 #
-# - at 256 MiB (batch 8) the flat pass beats the finished kernel: 0.996 of a copy with angles,
-#   0.998 reading a cos/sin table, against 0.903;
-# - at 1 GiB (batch 8) too: 1.002 with angles and 0.987 with a table against 0.932, and
-#   forward+backward with angles 0.998 of two copies against 0.935. Two design choices get it
-#   there: both members of a pair in one thread (A.9) and how it writes its table addresses (next);
+# - at batch 8 the flat pass beats the finished kernel: at 256 MiB 0.996 of a copy with angles
+#   and 0.998 reading a cos/sin table, against 0.903; at 1 GiB 1.002 and 0.987 against 0.932, and
+#   forward+backward 0.998 of two copies against 0.935. Two design choices get it there: both
+#   members of a pair in one thread (A.9) and how it writes its table addresses (A.11);
 # - at batch 1 (128 MiB, 16,384 tokens) the pre-pass writes a row for every token with no batch
 #   to spread it over: 11.7 µs, 17.2 % of the copy's time (2.3 % at batch 8). Paid on every call,
 #   it would hold the route to copy / (copy + pre-pass) = 0.854 of a copy at most. The route
@@ -1788,191 +1770,6 @@ assert said(100 * lead_b1, 1) == "2.7" and lead_b1 < hi_c - lo_c      # "within 
 # points, larger than any of the differences here. It reads a bf16 table where ropelib reads fp32 by
 # default (appendix A.8 gives each the other's tables).
 
-
-# %% [markdown]
-# ### How an address is written decides when a load goes out
-#
-# Written with one offset per table entry, ropelib's pairs pass runs at 0.915 of a copy at 1 GiB on
-# the H200, while a probe kernel on the same fp32 rows in the same process runs at 0.992, with the
-# same 16-byte loads and stores in the PTX (the timings end this subsection). The difference is how
-# the address of a token's cos/sin row is written: the probe computes `s * D`, `D` a compile-time
-# constant; the offset form computes one offset per entry, `cos_ptr + (s * stride_tab + j)`, the
-# stride a runtime argument. ropelib's pass writes a pointer per row instead, and here is why.
-#
-# A thread reads four 16-byte pieces of a cos row and four of an $s'$ row. Written as offsets,
-# each piece's address is computed on its own: the compiler cannot prove that adding 4 to a 32-bit
-# offset does not carry before it is widened to 64 bits, so the thread needs four base addresses
-# where two would do. At 48 registers a thread (Triton 3.6 and 3.9) ptxas then gives a later load
-# the destination registers of an earlier one, and that load must wait until the earlier one has
-# landed and its value been consumed: a second trip to memory.
-#
-# The PTX cannot show that (its registers are virtual); the machine code (SASS) can. Below, the
-# pairs pass in a dozen lines, with both ways of writing the table's address behind
-# `ROW_POINTERS`; the cell after checks it, and the one after that compiles it for sm_90 here and
-# counts the loads issued before the first multiply. Change how an address is written and rerun.
-
-# %%
-@triton.jit
-def rotate_rows(x_ptr, y_ptr, cos_ptr, sin_ptr, n_rows, B, H, stride_tab,
-                D: tl.constexpr, ROWS: tl.constexpr, ROW_POINTERS: tl.constexpr):
-    # ROWS head rows of x [S * B * H rows of D] (sbhd, contiguous) per program; a thread holds
-    # both members x_j, x_{j+D/2} of its pairs. cos_ptr, sin_ptr: fp32 rows [S, stride_tab] of
-    # cos and s' (s'_a = -sin, s'_b = +sin: y_a = x_a c_a + x_b s'_a, y_b = x_b c_b + x_a s'_b)
-    HALF: tl.constexpr = D // 2
-    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)          # head rows [ROWS]
-    j = tl.arange(0, HALF)                                     # pairs [HALF]
-    live = (r < n_rows)[:, None]
-    s = r // (B * H)                                           # each row's token
-    at = r[:, None] * D + j[None, :]                           # [ROWS, HALF]
-    xa = tl.load(x_ptr + at, mask=live, other=0.0).to(tl.float32)
-    xb = tl.load(x_ptr + at + HALF, mask=live, other=0.0).to(tl.float32)
-    if ROW_POINTERS:    # each row's pointer first, then the features: one address a row
-        cos_a = (cos_ptr + s * stride_tab)[:, None] + j[None, :]
-        sin_a = (sin_ptr + s * stride_tab)[:, None] + j[None, :]
-    else:               # one offset per entry [row, feature], then the pointer
-        cos_a = cos_ptr + (s[:, None] * stride_tab + j[None, :])
-        sin_a = sin_ptr + (s[:, None] * stride_tab + j[None, :])
-    ca = tl.load(cos_a, mask=live, other=0.0, eviction_policy="evict_last")
-    sa = tl.load(sin_a, mask=live, other=0.0, eviction_policy="evict_last")
-    cb = tl.load(cos_a + HALF, mask=live, other=0.0, eviction_policy="evict_last")
-    sb = tl.load(sin_a + HALF, mask=live, other=0.0, eviction_policy="evict_last")
-    ya = tl.fma(xa, ca, xb * sa)
-    yb = tl.fma(xb, cb, xa * sb)
-    tl.store(y_ptr + at, ya.to(y_ptr.dtype.element_ty), mask=live)
-    tl.store(y_ptr + at + HALF, yb.to(y_ptr.dtype.element_ty), mask=live)
-
-
-# both ways give the same result: checked against the reference on a small input
-S_, B_, H_, D_ = 16, 2, 4, 64
-x_small = torch.randn(S_, B_, H_, D_, device=device, dtype=torch.bfloat16)
-f_small = ropelib.rope_freqs(S_, D_, device=device)                # [S, 1, 1, D] angles
-ang = f_small[:, 0, 0].float()
-cos_rows = torch.cos(ang).contiguous()                             # [S, D]
-s_rows = torch.cat([-torch.sin(ang[:, : D_ // 2]), torch.sin(ang[:, D_ // 2:])], 1).contiguous()
-want = reference.rope_reference(x_small, f_small)
-for row_pointers in (False, True):
-    y_small = torch.empty_like(x_small)
-    n_rows = S_ * B_ * H_
-    rotate_rows[(triton.cdiv(n_rows, 8),)](x_small, y_small, cos_rows, s_rows, n_rows, B_, H_,
-                                           cos_rows.stride(0), D=D_, ROWS=8,
-                                           ROW_POINTERS=row_pointers, num_warps=2)
-    torch.testing.assert_close(y_small, want, atol=1e-5, rtol=1e-2)
-print("rotate_rows, offsets and row pointers: both == the reference")
-
-# %%
-from ropelib.course import load_schedule
-
-one_gib = dict(n_rows=16384 * 8 * 32, B=8, H=32, stride_tab=128, D=128, ROWS=8)  # 1 GiB bf16 sbhd
-bf16, fp32 = torch.empty(16, dtype=torch.bfloat16), torch.empty(16)
-try:
-    sched = {rp: load_schedule.schedule(rotate_rows, dict(x_ptr=bf16, y_ptr=bf16, cos_ptr=fp32,
-                                                          sin_ptr=fp32, ROW_POINTERS=rp, **one_gib),
-                                        num_warps=2)
-             for rp in (False, True)}
-except COMPILE_ERRORS as exc:  # no compiler for this target here: say so
-    sched = None
-    print(f"compiling for sm_90 did not work here ({type(exc).__name__}: {str(exc)[:300]})")
-if sched:
-    print(f"sm_90, Triton {triton.__version__}: 10 global loads a thread (2 of x, 8 of the table)")
-    for rp, label in ((False, "offsets [row, feature]"), (True, "row pointers")):
-        sc = sched[rp]
-        print(f"  {label:24s} {sc['registers']} registers, {sc['early']} loads before the first "
-              f"multiply (instruction {sc['first_math']}), the rest at "
-              f"{[i for i, _ in sc['loads'] if i > sc['first_math']]}")
-    assert all(len(sc["loads"]) == 10 for sc in sched.values())
-    assert sched[True]["early"] > sched[False]["early"]          # row pointers: more in flight
-
-    # the SASS of the loads: a table load (evict_last: LDG.E.EL) reads [Rbase.64 + offset]
-    def table_bases(sc):
-        return {re.search(r"\[(R\d+)\.64", ins)[1] for _, ins in sc["loads"] if ".EL." in ins}
-
-    def late_reusing(sc):
-        """Loads after the first multiply that write a register an earlier load wrote."""
-        dest = [(i, re.search(r"LDG\S*\s+(R\d+)", ins)[1]) for i, ins in sc["loads"]]
-        return [i for i, r in dest if i > sc["first_math"]
-                and any(r == r0 for i0, r0 in dest if i0 < i)]
-
-    for rp, label in ((False, "offsets [row, feature]"), (True, "row pointers")):
-        sc = sched[rp]
-        print(f"  {label}: {len(table_bases(sc))} base registers for the table loads "
-              f"{sorted(table_bases(sc))}; late loads writing an earlier load's register: "
-              f"{late_reusing(sc)}")
-        for i, ins in sc["loads"]:
-            print(f"    {i:4d}  {ins}")
-    if triton.__version__.startswith(("3.6", "3.9")):             # the counts the prose gives
-        assert [len(table_bases(sched[rp])) for rp in (False, True)] == [4, 2]
-        late_offsets = [i for i, _ in sched[False]["loads"] if i > sched[False]["first_math"]]
-        assert late_reusing(sched[False]) == late_offsets and len(late_offsets) == 3
-        assert len(late_reusing(sched[True])) == 1         # row pointers: one of their two
-    if triton.__version__.startswith(("3.6", "3.9")):             # the counts the prose gives
-        assert (sched[False]["early"], sched[True]["early"]) == (7, 8)
-        assert sched[False]["registers"] == 48                   # "at 48 a thread"
-    # ropelib's own flat pass (kernels/flat.py) at 1 GiB, planned on shapes alone ("meta")
-    x_meta = torch.empty(16384, 8, 32, 128, dtype=torch.bfloat16, device="meta")
-    route_1g, _ = launch.plan_two_pass(launch.View.of(x_meta), launch.View.of(x_meta),
-                                       launch.Table(torch.empty(16384, 128, device="meta"), None),
-                                       launch.Positions(), R=128, interleaved=False,
-                                       backward=False, layout="sbhd")
-    rot_pass = route_1g.rotate_pass
-    rot_args = dict(zip(rot_pass.launcher.pointer_names,
-                        (bf16, bf16, None, None, fp32, fp32, None, None)),
-                    # the GPU's program size
-                    **dict(rot_pass.args, XBLOCK=tiles.TWO_PASS_ELEMENTS))
-    own = load_schedule.schedule(rot_pass.launcher.kernel, rot_args, num_warps=rot_pass.num_warps)
-    print(f"  ropelib's flat pass        {own['registers']} registers, {own['early']} of "
-          f"{len(own['loads'])} loads before the first multiply")
-    assert own["early"] == sched[True]["early"] and len(own["loads"]) == 10
-
-
-# %% [markdown]
-# With offsets, three of the eight table loads go out only after the rotation has started; with
-# row pointers two do, and the thread keeps its two x loads and six table loads in flight
-# together. The listing shows both causes: with offsets the table loads read four base registers
-# (the `Rn` of `[Rn.64+offset]`), with row pointers two; and each of the three late loads with
-# offsets writes a register an earlier load wrote, so it waits for that load (with row pointers one
-# of the two late loads does). The counts are asserted with Triton 3.6, the GPU runs', and 3.9;
-# with another version only that row pointers put more loads out early. ropelib's own flat pass,
-# compiled the same way, issues the same eight early, in 46 registers (appendix A.7 compiles it as
-# the route runs it, with the pre-pass's flags).
-#
-# What the two forms are worth, timed on the H200 by `benchmarks/one_gib_probe.py` (five
-# alternating rounds in one process, medians; one run with ropelib's pass written each way, each
-# beside the same probe kernel):
-
-# %%
-def one_gib_medians(gpu):
-    meta, rows = measured.load("one_gib_probe", gpu)
-    by = {}
-    for r in rows:
-        by.setdefault(r["provider"], []).append(float(r["ratio_to_copy"]))
-    return meta, {k: sorted(v)[len(v) // 2] for k, v in by.items()}
-
-
-before_meta, before = one_gib_medians(measured.GPU + "-20261129-0909")
-after_meta, after = one_gib_medians(measured.GPU)
-print(f"{measured.where(after_meta)}: 1 GiB bf16 sbhd forward, ratio to a copy (median of rounds)")
-print(f"{'':34s}{'offsets':>10s}{'row pointers':>14s}")
-for prov, label in (("flat pass", "ropelib's flat pass alone"),
-                    ("planned", "apply_rope as planned"),
-                    ("probe copy", "the probe's kernel (s * D)"),
-                    ("torch.compile", "torch.compile")):
-    print(f"{label:34s}{before[prov]:10.3f}{after[prov]:14.3f}")
-assert [said(before[p]) for p in ("flat pass", "planned", "probe copy")] == \
-    ["0.915", "0.913", "0.992"]
-assert [said(after[p]) for p in ("flat pass", "planned")] == ["0.990", "0.986"]
-assert abs(after["probe copy"] - before["probe copy"]) < 0.005      # the probe did not move
-
-
-# %% [markdown]
-# With row pointers the flat pass alone runs at 0.990 of a copy against 0.915 with offsets, level
-# with the probe's kernel, and `apply_rope` at 0.986 against 0.913; the probe's own kernel measures
-# the same beside both. The two forms differ only in those two lines of address arithmetic. That
-# the one more early load buys the difference is what the listing suggests; no stall profile of
-# the two forms is committed, so it is a hypothesis. Nor is it a rule: ropelib's packed-sequence
-# route (one sequence per grid row) keeps offsets, the form its own timings favoured. What carries
-# over is the method: when a kernel runs slower than a copy of itself with "the same code", compile
-# both with the Triton the GPU runs, and count in the SASS which loads go out before the arithmetic
-# that waits for them.
 
 # %% [markdown]
 # ## Exercise 2: the flat pass
@@ -2080,11 +1877,11 @@ else:
 # %% [markdown]
 # ## Exercise 3: both members of a pair in one thread, for any head
 #
-# `rotate_rows` in section 6 holds $x_j$ and $x_{j+D/2}$ of its pairs in one thread, but only
-# for a head whose half is a power of two, and every feature rotated. ropelib's pass takes any
-# head: a rotary dim $R \le D$ (even), pairs $(j, j + R/2)$ for $j < R/2$, and the features
-# $R \ldots D-1$ copied through. Write that pass: `ROWS` whole head rows per program, no loop,
-# reading the first pass's fp32 rows of cos and signed sine, now $[S, R]$:
+# Section 6's flat pass gives one thread both members $x_j$ and $x_{j+R/2}$ of its pairs, so no
+# element is loaded twice, and it takes any head: a rotary dim $R \le D$ (even), pairs
+# $(j, j + R/2)$ for $j < R/2$, and the features $R \ldots D-1$ copied through. Write that pass:
+# `ROWS` whole head rows per program, no loop, reading the first pass's fp32 rows of cos and
+# signed sine, now $[S, R]$:
 #
 # $$ y_{r,j} = x_{r,j}\,c_{s,j} + x_{r,j+R/2}\,s'_{s,j}, \qquad
 #    y_{r,j+R/2} = x_{r,j+R/2}\,c_{s,j+R/2} + x_{r,j}\,s'_{s,j+R/2}, \qquad
@@ -2127,16 +1924,21 @@ pairs_pass.show_solution()
 # %% [markdown]
 # How many of your kernel's loads go out before its first multiply? The cell below compiles it
 # at section 6's 1 GiB launch (8 head rows a program on 2 warps) and sets the count beside
-# ropelib's pass compiled the same way in section 6 (`own`). If yours has fewer early, section
-# 6 says where to look: how the address of a token's cos/sin row is written.
+# ropelib's pass as the route plans it, compiled the same way (`checks_nb05.flat_pass_schedule`).
+# If yours has fewer early, appendix A.11 says where to look: how the address of a token's cos/sin
+# row is written.
 
 # %%
 EX3_ARGS = dict(x_ptr=bf16_any, y_ptr=bf16_any, cos_ptr=fp32_any, sin_ptr=fp32_any,
                 n_rows=16384 * 8 * 32, BH=8 * 32, D=128, R=128, ROWS=8, HALF_BLOCK=64,
                 PASS_BLOCK=1)
 mine = measure_loads(my_pairs_kernel, EX3_ARGS, tiles.TWO_PASS_PAIR_WARPS)
-if mine and sched:
-    print(f"ropelib's flat pass (section 6): {own['early']} of {len(own['loads'])} loads before "
+try:    # ropelib's flat pass as the route plans it at 1 GiB (s16k b8), compiled for sm_90
+    own = checks_nb05.flat_pass_schedule()
+except COMPILE_ERRORS as exc:  # no compiler for this target here: say so
+    own = checks_nb05.compile_failed(exc)
+if mine and own:
+    print(f"ropelib's flat pass: {own['early']} of {len(own['loads'])} loads before "
           f"the first multiply, {own['registers']} registers")
 
 # %% [markdown]
@@ -2181,8 +1983,8 @@ else:
 # rotating features of the second half (or of the next head), and the rows' mask keeps the last
 # program inside the tensor. `_rotate_pairs` in `ropelib/kernels/flat.py` does this for ropelib,
 # with two more things: the table's rows may come from a row index (packed sequences and position
-# ids), and it writes its table addresses in the form that timed faster for each route (section
-# 6; A.10 shows the code).
+# ids), and it writes its table addresses in the form that timed faster for each route (A.10
+# shows the code, A.11 why the form matters).
 
 
 # %% [markdown]
@@ -2237,7 +2039,7 @@ else:
 # ### A.3 The load order
 #
 # Which loads a program issues before the arithmetic that waits for them can be read without a
-# GPU: `load_schedule` (section 6 uses it too) compiles a kernel for sm_90 here, disassembles it,
+# GPU: `load_schedule` (the exercises use it too) compiles a kernel for sm_90 here, disassembles it,
 # and lists its global loads (`LDG`) in machine-code order with the index of the first multiply.
 # Below, the finished kernel as the planner launches it on the H200 at $s = 32768$, $b = 1$, where
 # each program takes one batch entry and the planner sets `X_FIRST` (load `x` first), and the same
@@ -2253,8 +2055,7 @@ try:   # checks_nb05.finished_schedule: launch.plan's launch on the H200, compil
     order_sass = {"x first": sc_b1, "table first": checks_nb05.finished_schedule(
         (32768, 1, 32, 128), SMS_H200, H200_KNOBS, x_first=0)[1]}
 except COMPILE_ERRORS as exc:  # no compiler for this target here: say so
-    order_sass = None
-    print(f"compiling for sm_90 did not work here ({type(exc).__name__}: {str(exc)[:300]})")
+    order_sass = checks_nb05.compile_failed(exc)
 if order_sass:
     print(f"sm_90, Triton {triton.__version__}: the finished kernel at s=32768 b=1, grid "
           f"{lau_b1.grid}, {lau_b1.num_warps} warps, X_FIRST={lau_b1.args['X_FIRST']} as planned")
@@ -2340,7 +2141,8 @@ if compiled:                                        # the layouts compiled in se
 # The rest of what the route does and why, every number read from a committed H200 run and
 # checked: the flat pass's registers, the flags its pre-pass writes and what they save at batch 1,
 # the pass for rows known to hold equal pairs, torch.compile given each other's tables, why the
-# flat pass holds both members of a pair in one thread, and ropelib's pass itself.
+# flat pass holds both members of a pair in one thread, ropelib's pass itself, and how the way
+# its table addresses are written decides when its loads go out.
 
 # %% [markdown]
 # ### A.6 The flat pass beside the finished kernel
@@ -2477,7 +2279,7 @@ checks_nb05.kept_rows_three_ways(hr_meta["gpu"])
 # five of them early, in 32 registers with both versions.
 
 # %%
-if sched:   # ropelib's flat pass given the flags, and the PAIRS_EQUAL pass, compiled for sm_90
+if own:   # ropelib's flat pass given the flags, and the PAIRS_EQUAL pass, compiled for sm_90
     checks_nb05.flags_in_machine_code(own, planned_m["registers"],
                                       flat["registers"] if compiled else None)
 # two runs of the half-rows probe on the H200: member a's loads waiting for the flag too, and
@@ -2599,20 +2401,21 @@ checks_nb05.elementwise_pass_runs(tp, tp_meta, behind)
 # ### A.10 ropelib's pass
 #
 # Here it is as `apply_rope` runs it on large tensors: `_rope_rows_kernel` splits its programs
-# between q and k, `_rotate_rows` finds a program's rows (by token, by batch entry, or through a
-# row index), and `_rotate_pairs` rotates them. Set it beside your Exercise 3 kernel: the loads of
-# $x_a$ and $x_b$ under the mask `m`, the table loaded after $x$, and the rotation are the ones
-# you wrote; `SIGNED` (the pre-pass's $s'$) and `BACKWARD` choose the formula, `KEEP_TABLE` keeps a
-# table that serves every batch entry in L2 (`evict_last`), `ROW_POINTERS` is section 6's address
-# form, the `AXIS_*` constants serve notebook 10's multi-axis tables, and `row_flags_ptr` holds the
+# between q and k, `_rotate_rows` finds a program's rows (by token, by batch entry, or through a row
+# index), and `_rotate_pairs` rotates them. Set it beside your Exercise 3 kernel: the loads of $x_a$
+# and $x_b$ under the mask `m`, the table loaded after $x$, and the rotation are the ones you wrote;
+# `SIGNED` (the pre-pass's $s'$) and `BACKWARD` choose the formula, `KEEP_TABLE` keeps a table that
+# serves every batch entry in L2 (`evict_last`), `ROW_POINTERS` is the address form A.11 explains,
+# the `AXIS_*` constants serve notebook 10's multi-axis tables, and `row_flags_ptr` holds the
 # pre-pass's flags (A.7): where a row's flag is 0, the mask `m_b` switches off member $b$'s loads of
 # cos and $s'$ and $b$ takes $c_b = c_a$, $s'_b = -s'_a$.
 #
 # The cell below prints that part of the function from ropelib's source (`inspect`), from the
 # loads of $x$ to the rotation's two fmas (the NaN guard, the stores and the copy of unrotated
 # features under the mask `mp` follow in `ropelib/kernels/flat.py`). The cell after it launches
-# it on section 6's small input and rows (`x_small`, `cos_rows`, `s_rows`) through a dozen-line
-# kernel that finds each program's rows as `rotate_rows` does, and compares with the reference;
+# it on a small input, with the pre-pass's rows of cos and $s'$ computed in PyTorch, through a
+# dozen-line kernel that finds each program's rows (token $\lfloor r / BH \rfloor$), and compares
+# with the reference;
 # the last runs `apply_rope` with the two-pass route forced on a small input of its own (8 tokens,
 # batch 2, 4 heads of 64).
 
@@ -2647,6 +2450,13 @@ def rotate_rows_with_copy(x_ptr, y_ptr, cos_ptr, sin_ptr, n_rows, B, H, stride_t
                   stride_tab, 0, None, D, D, False, True, False, True, D // 2, D // 2, False)
 
 
+# a small input, and the pre-pass's rows of it computed in PyTorch: cos and s' [S, D]
+S_, B_, H_, D_ = 16, 2, 4, 64
+x_small = torch.randn(S_, B_, H_, D_, device=device, dtype=torch.bfloat16)
+f_small = ropelib.rope_freqs(S_, D_, device=device)                # [S, 1, 1, D] angles
+ang = f_small[:, 0, 0].float()
+cos_rows = torch.cos(ang).contiguous()                             # [S, D]
+s_rows = torch.cat([-torch.sin(ang[:, : D_ // 2]), torch.sin(ang[:, D_ // 2:])], 1).contiguous()
 y_copy = torch.empty_like(x_small)
 n_rows = x_small.numel() // D_
 rotate_rows_with_copy[(triton.cdiv(n_rows, 8),)](x_small, y_copy, cos_rows, s_rows, n_rows, B_,
@@ -2673,6 +2483,251 @@ diff = (y_rows.float() - want_rows.float()).abs().max().item()
 print(f"apply_rope through the two passes, x {tuple(x_rows.shape)} bf16: at most {diff:.3g} from "
       f"the fp64 reference rounded to bf16")
 torch.testing.assert_close(y_rows, want_rows, atol=2e-2, rtol=2 ** -7)     # a bf16 ulp or so
+
+# %% [markdown]
+# ### A.11 How an address is written decides when a load goes out
+#
+# Why does A.10's `_rotate_pairs` write its table addresses behind `ROW_POINTERS`? Written with one
+# offset per table entry, ropelib's pairs pass runs at 0.915 of a copy at 1 GiB on the H200, while a
+# probe kernel on the same fp32 rows in the same process runs at 0.992, with the same 16-byte loads
+# and stores in the PTX (the timings end this subsection). The difference is how the address of a
+# token's cos/sin row is written: the probe computes `s * D`, `D` a compile-time constant; the
+# offset form computes one offset per entry, `cos_ptr + (s * stride_tab + j)`, the stride a runtime
+# argument. ropelib's pass writes a pointer per row instead, and here is why.
+#
+# A thread reads four 16-byte pieces of a cos row and four of an $s'$ row. Written as offsets,
+# each piece's address is computed on its own: the compiler cannot prove that adding 4 to a 32-bit
+# offset does not carry before it is widened to 64 bits, so the thread needs four base addresses
+# where two would do. At 48 registers a thread (Triton 3.6 and 3.9) ptxas then gives a later load
+# the destination registers of an earlier one, and that load must wait until the earlier one has
+# landed and its value been consumed: a second trip to memory.
+#
+# The PTX cannot show that (its registers are virtual); the machine code (SASS) can. Below, the
+# pairs pass in a dozen lines (Exercise 3 for a power-of-two half, every feature rotated), with
+# both ways of writing the table's address behind `ROW_POINTERS`; the cell checks it, and the one
+# after compiles it for sm_90 here and counts the loads issued before the first multiply. Change
+# how an address is written and rerun.
+
+# %%
+@triton.jit
+def rotate_rows(x_ptr, y_ptr, cos_ptr, sin_ptr, n_rows, B, H, stride_tab,
+                D: tl.constexpr, ROWS: tl.constexpr, ROW_POINTERS: tl.constexpr):
+    # ROWS head rows of x [S * B * H rows of D] (sbhd, contiguous) per program; a thread holds
+    # both members x_j, x_{j+D/2} of its pairs. cos_ptr, sin_ptr: fp32 rows [S, stride_tab] of
+    # cos and s' (s'_a = -sin, s'_b = +sin: y_a = x_a c_a + x_b s'_a, y_b = x_b c_b + x_a s'_b)
+    HALF: tl.constexpr = D // 2
+    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)          # head rows [ROWS]
+    j = tl.arange(0, HALF)                                     # pairs [HALF]
+    live = (r < n_rows)[:, None]
+    s = r // (B * H)                                           # each row's token
+    at = r[:, None] * D + j[None, :]                           # [ROWS, HALF]
+    xa = tl.load(x_ptr + at, mask=live, other=0.0).to(tl.float32)
+    xb = tl.load(x_ptr + at + HALF, mask=live, other=0.0).to(tl.float32)
+    if ROW_POINTERS:    # each row's pointer first, then the features: one address a row
+        cos_a = (cos_ptr + s * stride_tab)[:, None] + j[None, :]
+        sin_a = (sin_ptr + s * stride_tab)[:, None] + j[None, :]
+    else:               # one offset per entry [row, feature], then the pointer
+        cos_a = cos_ptr + (s[:, None] * stride_tab + j[None, :])
+        sin_a = sin_ptr + (s[:, None] * stride_tab + j[None, :])
+    ca = tl.load(cos_a, mask=live, other=0.0, eviction_policy="evict_last")
+    sa = tl.load(sin_a, mask=live, other=0.0, eviction_policy="evict_last")
+    cb = tl.load(cos_a + HALF, mask=live, other=0.0, eviction_policy="evict_last")
+    sb = tl.load(sin_a + HALF, mask=live, other=0.0, eviction_policy="evict_last")
+    ya = tl.fma(xa, ca, xb * sa)
+    yb = tl.fma(xb, cb, xa * sb)
+    tl.store(y_ptr + at, ya.to(y_ptr.dtype.element_ty), mask=live)
+    tl.store(y_ptr + at + HALF, yb.to(y_ptr.dtype.element_ty), mask=live)
+
+
+# both ways give the same result: checked against the reference on A.10's small input and rows
+want = reference.rope_reference(x_small, f_small)
+for row_pointers in (False, True):
+    y_small = torch.empty_like(x_small)
+    n_rows = S_ * B_ * H_
+    rotate_rows[(triton.cdiv(n_rows, 8),)](x_small, y_small, cos_rows, s_rows, n_rows, B_, H_,
+                                           cos_rows.stride(0), D=D_, ROWS=8,
+                                           ROW_POINTERS=row_pointers, num_warps=2)
+    torch.testing.assert_close(y_small, want, atol=1e-5, rtol=1e-2)
+print("rotate_rows, offsets and row pointers: both == the reference")
+
+# %%
+one_gib = dict(n_rows=16384 * 8 * 32, B=8, H=32, stride_tab=128, D=128, ROWS=8)  # 1 GiB bf16 sbhd
+bf16, fp32 = torch.empty(16, dtype=torch.bfloat16), torch.empty(16)
+try:
+    sched = {rp: load_schedule.schedule(rotate_rows, dict(x_ptr=bf16, y_ptr=bf16, cos_ptr=fp32,
+                                                          sin_ptr=fp32, ROW_POINTERS=rp, **one_gib),
+                                        num_warps=2)
+             for rp in (False, True)}
+except COMPILE_ERRORS as exc:  # no compiler for this target here: say so
+    sched = checks_nb05.compile_failed(exc)
+if sched:
+    print(f"sm_90, Triton {triton.__version__}: 10 global loads a thread (2 of x, 8 of the table)")
+    for rp, label in ((False, "offsets [row, feature]"), (True, "row pointers")):
+        sc = sched[rp]
+        print(f"  {label:24s} {sc['registers']} registers, {sc['early']} loads before the first "
+              f"multiply (instruction {sc['first_math']}), the rest at "
+              f"{[i for i, _ in sc['loads'] if i > sc['first_math']]}")
+    assert all(len(sc["loads"]) == 10 for sc in sched.values())
+    assert sched[True]["early"] > sched[False]["early"]          # row pointers: more in flight
+
+    # the SASS of the loads: a table load (evict_last: LDG.E.EL) reads [Rbase.64 + offset]
+    def table_bases(sc):
+        return {re.search(r"\[(R\d+)\.64", ins)[1] for _, ins in sc["loads"] if ".EL." in ins}
+
+    def late_reusing(sc):
+        """Loads after the first multiply that write a register an earlier load wrote."""
+        dest = [(i, re.search(r"LDG\S*\s+(R\d+)", ins)[1]) for i, ins in sc["loads"]]
+        return [i for i, r in dest if i > sc["first_math"]
+                and any(r == r0 for i0, r0 in dest if i0 < i)]
+
+    for rp, label in ((False, "offsets [row, feature]"), (True, "row pointers")):
+        sc = sched[rp]
+        print(f"  {label}: {len(table_bases(sc))} base registers for the table loads "
+              f"{sorted(table_bases(sc))}; late loads writing an earlier load's register: "
+              f"{late_reusing(sc)}")
+        for i, ins in sc["loads"]:
+            print(f"    {i:4d}  {ins}")
+    if triton.__version__.startswith(("3.6", "3.9")):             # the counts the prose gives
+        assert [len(table_bases(sched[rp])) for rp in (False, True)] == [4, 2]
+        late_offsets = [i for i, _ in sched[False]["loads"] if i > sched[False]["first_math"]]
+        assert late_reusing(sched[False]) == late_offsets and len(late_offsets) == 3
+        assert len(late_reusing(sched[True])) == 1         # row pointers: one of their two
+    if triton.__version__.startswith(("3.6", "3.9")):             # the counts the prose gives
+        assert (sched[False]["early"], sched[True]["early"]) == (7, 8)
+        assert sched[False]["registers"] == 48                   # "at 48 a thread"
+    # ropelib's own flat pass (kernels/flat.py) at 1 GiB, compiled in Exercise 3's cell
+    if own:
+        print(f"  ropelib's flat pass        {own['registers']} registers, {own['early']} of "
+              f"{len(own['loads'])} loads before the first multiply")
+        assert own["early"] == sched[True]["early"] and len(own["loads"]) == 10
+
+
+# %% [markdown]
+# With offsets, three of the eight table loads go out only after the rotation has started; with
+# row pointers two do, and the thread keeps its two x loads and six table loads in flight
+# together. The listing shows both causes: with offsets the table loads read four base registers
+# (the `Rn` of `[Rn.64+offset]`), with row pointers two; and each of the three late loads with
+# offsets writes a register an earlier load wrote, so it waits for that load (with row pointers one
+# of the two late loads does). The counts are asserted with Triton 3.6, the GPU runs', and 3.9;
+# with another version only that row pointers put more loads out early. ropelib's own flat pass,
+# compiled the same way, issues the same eight early, in 46 registers (A.7 compiles it as the
+# route runs it, with the pre-pass's flags).
+#
+# What the two forms are worth, timed on the H200 by `benchmarks/one_gib_probe.py` (five
+# alternating rounds in one process, medians; one run with ropelib's pass written each way, each
+# beside the same probe kernel):
+
+# %%
+def one_gib_medians(gpu):
+    meta, rows = measured.load("one_gib_probe", gpu)
+    by = {}
+    for r in rows:
+        by.setdefault(r["provider"], []).append(float(r["ratio_to_copy"]))
+    return meta, {k: sorted(v)[len(v) // 2] for k, v in by.items()}
+
+
+before_meta, before = one_gib_medians(measured.GPU + "-20261129-0909")
+after_meta, after = one_gib_medians(measured.GPU)
+print(f"{measured.where(after_meta)}: 1 GiB bf16 sbhd forward, ratio to a copy (median of rounds)")
+print(f"{'':34s}{'offsets':>10s}{'row pointers':>14s}")
+for prov, label in (("flat pass", "ropelib's flat pass alone"),
+                    ("planned", "apply_rope as planned"),
+                    ("probe copy", "the probe's kernel (s * D)"),
+                    ("torch.compile", "torch.compile")):
+    print(f"{label:34s}{before[prov]:10.3f}{after[prov]:14.3f}")
+assert [said(before[p]) for p in ("flat pass", "planned", "probe copy")] == \
+    ["0.915", "0.913", "0.992"]
+assert [said(after[p]) for p in ("flat pass", "planned")] == ["0.990", "0.986"]
+assert abs(after["probe copy"] - before["probe copy"]) < 0.005      # the probe did not move
+
+
+# %% [markdown]
+# With row pointers the flat pass alone runs at 0.990 of a copy against 0.915 with offsets, level
+# with the probe's kernel, and `apply_rope` at 0.986 against 0.913; the probe's own kernel measures
+# the same beside both. The two forms differ only in those two lines of address arithmetic. That
+# the one more early load buys the difference is what the listing suggests; no stall profile of
+# the two forms is committed, so it is a hypothesis. Nor is it a rule: ropelib's packed-sequence
+# route (one sequence per grid row) keeps offsets, the form its own timings favoured. What carries
+# over is the method: when a kernel runs slower than a copy of itself with "the same code", compile
+# both with the Triton the GPU runs, and count in the SASS which loads go out before the arithmetic
+# that waits for them.
+
+# %% [markdown]
+# ## Appendix: the finished kernel's launch shape
+#
+# ### A.12 What the copy on the tile leaves open
+#
+# Section 5's copy on rung 6's tile lands where the rung does, well short of a copy: the launch
+# shape holds the gap. The cell below compiles the copy's registers against rung 6's for sm_90
+# with the H200's plan, takes the best of the tiles of heads profiled at $s = 4096$, $b = 8$ for
+# each batch loop and warp count, and prints the finished kernel's grid in waves.
+
+# %%
+def resident_programs(registers, threads):
+    """Programs an SM holds by registers and threads alone (65,536 registers, allocated 8 a
+    thread at a time; 2,048 threads; 32 programs)."""
+    return min(65536 // (-(-registers // 8) * 8 * threads), 2048 // threads, 32)
+
+
+# its registers against rung 6's, both compiled for sm_90 here with the H200's plan: Exercise
+# 1's arguments (the same launch), less the angles
+cot_args = {k: v for k, v in EX1_ARGS.items() if k != "freqs_ptr"}
+try:
+    cot_regs = load_schedule.schedule(_copy_on_tile_kernel, cot_args,
+                                      num_warps=plan_h200.num_warps)["registers"]
+    (rung6_sm90,) = ladder.compile_for_gpu(["equal_halves"], sm_count=SMS_H200, knobs=H200_KNOBS)
+    rung6_regs = rung6_sm90["registers"]
+except COMPILE_ERRORS as exc:  # no compiler for this target here: say so
+    cot_regs = checks_nb05.compile_failed(exc)
+if cot_regs:
+    threads = 32 * plan_h200.num_warps
+    print(f"sm_90, Triton {triton.__version__}, {plan_h200.num_warps} warps a program: the copy "
+          f"on the tile {cot_regs} registers a thread, {resident_programs(cot_regs, threads)} "
+          f"programs per SM; rung 6 {rung6_regs}, {resident_programs(rung6_regs, threads)} "
+          f"(the H200 run's rung 6, Triton {mech_meta.get('triton')}: {rung6_m['registers']}, "
+          f"{rung6_m['occ_blocks_per_sm']})")
+    # fewer registers than the rung: more programs could be resident (achieved: not profiled)
+    assert resident_programs(cot_regs, threads) > resident_programs(rung6_regs, threads)
+    assert resident_programs(rung6_m["registers"], threads) == rung6_m["occ_blocks_per_sm"]
+
+# the tiles of heads profiled at this size (notebook 04's variants and the rungs), by batch
+# loop and warps a program: the copy's profiled time over each one's
+LOOP_GROUPS = {"batch loop": [v for v in mech if v.startswith("heads") and "loop_b" in v
+                              or v in RUNGS_PROFILED[:-1]],
+               "no batch loop": [v for v in mech if v.startswith("heads_all_one_b")]}
+print("\nUnder Nsight Compute (s=4096 b=8), tiles of heads: the best of each group, as a share "
+      "of the copy's speed")
+best = {}
+for loop, names in LOOP_GROUPS.items():
+    for w in sorted({mech[v]["num_warps"] for v in names}):
+        v = min((v for v in names if mech[v]["num_warps"] == w), key=lambda v: mech[v]["us"])
+        best[loop, w] = mech["copy"]["us"] / mech[v]["us"]
+        print(f"  {loop:14s} {w} warp{'s' if w > 1 else ' '}: {shown(v):26s} "
+              f"{best[loop, w]:.3f}")
+flat_speed = mech["copy"]["us"] / planned_m["us"]
+print(f"  the flat pass (no loop, 2 warps, {planned_m['programs']:,} programs): {flat_speed:.3f}")
+assert (said(min(best.values()), 2), said(max(best.values()), 2)) == ("0.87", "0.91")
+assert max(best.values()) < 0.95 < flat_speed
+assert {w for _, w in best} == {1, 2, 4, 8}
+
+# the grid in waves (the mechanism CSV's `waves`: programs / (SMs x resident programs per SM)),
+# and the share of the SMs' program slots the last wave leaves idle if every wave took as long
+idle_share = {v: (math.ceil(mech[v]["waves"]) - mech[v]["waves"]) / math.ceil(mech[v]["waves"])
+              for v in ("ropelib", "copy")}
+print("\nwaves on the H200 (mechanism CSV), bf16 sbhd s=4096 b=8: " + ", ".join(
+    f"{shown(v)} {mech[v]['programs']:,} programs, {mech[v]['occ_blocks_per_sm']} per SM, "
+    f"{mech[v]['waves']:.2f} waves, {idle_share[v]:.1%} of the slots idle" for v in idle_share))
+assert [said(mech[v]["waves"], 2) for v in ("ropelib", "copy")] == ["7.76", "31.03"]
+assert [said(100 * idle_share[v], 1) for v in idle_share] == ["3.0", "3.0"]
+
+# %% [markdown]
+# The copy holds fewer registers than the rung, so more of its programs fit on an SM, but its
+# occupancy was not profiled. The best profiled tiles of heads (a batch loop on 1, 2, 4 or 8
+# warps, or none on 8) stop at 0.87 to 0.91 of a copy; only the flat pass passes them. The last,
+# partly filled **wave** (one round of programs filling every SM's slots) is a weak candidate: the
+# finished kernel's 4,096 programs make 7.76 waves and, if every wave took as long, leave 3.0 % of
+# the SMs' program slots idle at the end, but the copy's own grid (31.03 waves) leaves the same
+# 3.0 %.
 
 # %% [markdown]
 # ## Questions for discussion

@@ -609,3 +609,20 @@ def test_the_waterfall_can_hatch_a_step_inside_both_ends_spreads(tmp_path):
     hatched = [rows_drawn for rows_drawn, bar in enumerate(ax.patches) if bar.get_hatch()]
     assert len(hatched) == len(both)
     assert "spreads at its two ends" in fig._suptitle.get_text()
+
+
+def test_the_ladder_is_timed_as_the_notebook_launches_it(same):
+    # section 3's timing launches the learner's launch functions (which launch the notebook's
+    # kernels), not ropelib's ladder; section 5 times the notebook's rung 6 beside the copy
+    code = [t for k, t in same.notebook_cells(NOTEBOOK.with_suffix(".py")) if k == "code"]
+    (cell,) = [t for t in code if "checks_nb05.time_rungs(" in t]
+    calls = cell.split("RUNG_CALLS = {")[1].split("\n}\n")[0]
+    for launcher in ("launch_batch_reuse(", "launch_heads(", "launch_tile(", "launch_chunks(",
+                     "launch_final("):
+        assert launcher in calls, launcher
+    assert "rope_ladder" not in cell and "timed=GPU" in cell
+    defined = [t for t in code if re.search(r"^def launch_(batch_reuse|heads|tile|chunks|final)\(",
+                                            t, re.M)]
+    assert len(defined) == 5 and all(re.search(r"\b_\w+_kernel\[grid\]\(", t) for t in defined)
+    (copy_cell,) = [t for t in code if "def copy_on_tile(" in t]
+    assert "launch_final(x_c, f_c" in copy_cell and "rope_ladder" not in copy_cell

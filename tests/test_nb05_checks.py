@@ -3,6 +3,7 @@ condition refuses a kernel that stores pairs at stride 2."""
 import pytest
 import torch
 import triton
+import triton.testing  # noqa: F401 -- do_bench, replaced in the timing test
 import triton.language as tl
 
 from ropelib.course import checks_nb05, ladder, load_schedule, measured
@@ -149,3 +150,52 @@ def test_three_eager_calls_start_the_pre_pass_once(capsys):
     checks_nb05.kernels_of_three_calls("cpu")
     out = capsys.readouterr().out
     assert "eager call 1: 2 kernels" in out and "eager call 3: 1 kernel" in out
+
+
+# --- the notebook's shared helpers: compile failures, section 3's timing, the flat pass compiled --
+
+def test_compile_failed_says_what_and_why_in_one_line(capsys):
+    long = RuntimeError("ptxas\nfailed on " + "x" * 1000 + " the error itself")
+    assert checks_nb05.compile_failed(long) is None          # a cell writes `sched = ...(exc)`
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and len(out) < 400
+    assert out.startswith("compiling for sm_90 did not work here (RuntimeError: ptxas failed on")
+    assert out.rstrip().endswith("the error itself)")       # the compiler's own words, at the end
+    checks_nb05.compile_failed(OSError("no cuobjdump"), what="compiling it for sm_90")
+    assert capsys.readouterr().out == \
+        "compiling it for sm_90 did not work here (OSError: no cuobjdump)\n"
+
+
+def test_time_rungs_times_every_launch_beside_a_copy(monkeypatch, capsys):
+    timed = []
+
+    def do_bench(fn, quantiles=None):        # 1 ms for the first call (the copy's), then 2 ms
+        fn()
+        timed.append(fn)
+        ms = 1.0 if len(timed) == 1 else 2.0
+        return [ms, 0.9 * ms, 1.1 * ms]
+    monkeypatch.setattr(triton.testing, "do_bench", do_bench)
+    x = torch.randn(4, 2, 3, 8)
+    launched = []
+    calls = {"batch_reuse": lambda: launched.append("batch_reuse"),
+             "heads": lambda: launched.append("heads")}
+    committed = {"batch_reuse": 70.4, "heads": 86.9}
+    live = checks_nb05.time_rungs(x, calls, committed, "the H200 run", timed=True)
+    assert live == {"batch_reuse": 50.0, "heads": 50.0}
+    assert launched == ["batch_reuse", "heads"] and len(timed) == 3    # the copy, then each rung
+    out = capsys.readouterr().out
+    assert "the H200 run" in out and "+16.5" in out and "+0.0" in out
+    assert "the biggest step, live: heads (+0.0 points)" in out
+    assert "the biggest step, committed: heads (+16.5 points)" in out
+    # without a GPU: nothing timed, nothing launched, the committed column printed
+    assert checks_nb05.time_rungs(x, calls, committed, "the H200 run", timed=False) == {}
+    out = capsys.readouterr().out
+    assert "needs a GPU" in out and "+16.5" in out and len(timed) == 3 and len(launched) == 2
+    assert "biggest step, live" not in out
+
+
+def test_flat_pass_schedule_compiles_ropelibs_pass():
+    own = checks_nb05.flat_pass_schedule()
+    assert len(own["loads"]) == 10 and all(".128" in ins for _, ins in own["loads"])
+    if triton.__version__.startswith(("3.6", "3.9")):       # section 5's profile: 46 registers
+        assert own["registers"] == 46 and own["early"] == 8

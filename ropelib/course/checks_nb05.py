@@ -5,9 +5,12 @@ every number that section's prose states, so a changed CSV or a changed sentence
 (AssertionError) instead of leaving the prose wrong. They read only committed files under
 `benchmarks/results/` (and, where they say so, compile for sm_90 on this machine), so they run on
 a CPU. The appendices' longer helpers live here too, each saying what it does: the finished
-kernel's launch compiled for sm_90 (`finished_schedule`), the kernels three eager calls start
-(`kernels_of_three_calls`, on the notebook's device), one angle's share of libdevice's sin/cos
-slow path (`slow_path_share`). `tests/test_nb05_checks.py` runs them.
+kernel's launch compiled for sm_90 (`finished_schedule`), ropelib's flat pass compiled the same
+way (`flat_pass_schedule`), the kernels three eager calls start (`kernels_of_three_calls`, on the
+notebook's device), one angle's share of libdevice's sin/cos slow path (`slow_path_share`). So do
+the notebook's shared helpers: section 3's timing of the rungs as the notebook launches them
+(`time_rungs`), the exercises' timing (`time_against_copy`) and the one line every cell prints
+when compiling for sm_90 fails here (`compile_failed`). `tests/test_nb05_checks.py` runs them.
 """
 import math
 import re
@@ -625,6 +628,42 @@ def check_wide_stores(name: str, kernel, args: dict, *, num_warps: int, wide: in
     return True
 
 
+# Section 3's timing: the rungs as the notebook launches them
+def time_rungs(x, calls, committed, where, *, timed):
+    """Time each rung as the notebook launches it (`calls`: rung name -> a call that launches
+    it on x) beside y.copy_(x) with do_bench, when `timed` (on a GPU), and print each one's
+    speed as a % of the copy's, with its step from the rung before, beside the same columns
+    of a committed run (`committed`: rung name -> % of a copy, measured on `where`). Returns
+    the live % by name ({} when not timed). The calls' outputs are checked by the cell."""
+    live = {}
+    if timed:
+        from triton.testing import do_bench
+        y = torch.empty_like(x)
+        copy_ms = do_bench(lambda: y.copy_(x), quantiles=[0.5, 0.2, 0.8])[0]
+        for name, call in calls.items():
+            live[name] = 100 * copy_ms / do_bench(call, quantiles=[0.5, 0.2, 0.8])[0]
+    from ropelib import runtime
+    here = runtime.mode() if timed else "not timed here: it needs a GPU"
+    print(f"x {list(x.shape)} {str(x.dtype).replace('torch.', '')}: each rung's speed as a % of "
+          "a copy's (the copy's median time over the rung's), and its step from the rung before")
+    print(f"  live: {here}\n  committed: {where}")
+    print(f"  {'rung':13s} {'live':>7s} {'step':>6s}   {'committed':>9s} {'step':>6s}")
+    names = list(calls)
+    for i, name in enumerate(names):
+        prev = names[i - 1] if i else None
+        now = f"{live[name]:7.1f}" if name in live else f"{'-':>7s}"
+        now_step = (f"{live[name] - live[prev]:+6.1f}" if prev and name in live
+                    else f"{'':6s}")
+        was_step = f"{committed[name] - committed[prev]:+6.1f}" if prev else f"{'':6s}"
+        print(f"  {name:13s} {now} {now_step}   {committed[name]:9.1f} {was_step}")
+    for label, pct in (("live", live), ("committed", committed)):
+        if len(pct) > 1:
+            steps = {b: pct[b] - pct[a] for a, b in zip(names, names[1:])}
+            big = max(steps, key=steps.get)
+            print(f"  the biggest step, {label}: {big} ({steps[big]:+.1f} points)")
+    return live
+
+
 # Exercise 1's timing on a GPU (the notebook's `time_exercise_1` calls these)
 def time_against_copy(x, y, want, yours, solution, others=()):
     """Time y.copy_(x), each of your launches (yours: name -> (passed its check, a call that
@@ -681,9 +720,17 @@ def ratio(runs, case, provider, pass_="forward"):
     return runs[(case, pass_)][provider]["ratio_to_copy"]
 
 
-def compile_failed(exc):
-    """Say that compiling for sm_90 failed here, and why (the first 300 characters)."""
-    print(f"compiling for sm_90 did not work here ({type(exc).__name__}: {str(exc)[:300]})")
+def compile_failed(exc, what="compiling for sm_90", limit=300):
+    """Print one line saying that `what` failed here and why, and return None (a cell writes
+    `sched = compile_failed(exc)`). The reason is the exception's type and message, cut to
+    `limit` characters by keeping its start (the command or kernel that failed) and its end
+    (where a compiler writes its error)."""
+    msg = " ".join(str(exc).split())
+    if len(msg) > limit:
+        half = (limit - 5) // 2
+        msg = f"{msg[:half]} ... {msg[-half:]}"
+    print(f"{what} did not work here ({type(exc).__name__}: {msg})")
+    return None
 
 
 def finished_schedule(shape, sms, knobs, x_first=None):
@@ -905,32 +952,45 @@ def kept_rows_three_ways(gpu):
                for k in cols)
 
 
+def _planned_two_pass(batch, **kw):
+    """ropelib's two-pass route for a bf16 sbhd call [16384, batch, 32, 128] with angles,
+    planned on shapes alone (the `meta` device)."""
+    from ropelib.kernels import launch
+    xm = torch.empty(16384, batch, 32, 128, dtype=torch.bfloat16, device="meta")
+    route, _ = launch.plan_two_pass(launch.View.of(xm), launch.View.of(xm),
+                                    launch.Table(torch.empty(16384, 128, device="meta"), None),
+                                    launch.Positions(), R=128, interleaved=False,
+                                    backward=False, layout="sbhd", **kw)
+    return route
+
+
+def _compiled_rotate(rot_pass, flags):
+    """A planned flat pass compiled for sm_90 at the GPU's program size (load_schedule)."""
+    from ropelib.course import load_schedule
+    from ropelib.kernels import tiles
+    bf16, fp32 = torch.empty(16, dtype=torch.bfloat16), torch.empty(16)
+    args = dict(zip(rot_pass.launcher.pointer_names,
+                    (bf16, bf16, None, None, fp32, fp32, None, flags)),
+                **dict(rot_pass.args, XBLOCK=tiles.TWO_PASS_ELEMENTS))
+    return load_schedule.schedule(rot_pass.launcher.kernel, args, num_warps=rot_pass.num_warps)
+
+
+def flat_pass_schedule():
+    """Exercise 3 and A.11: ropelib's flat pass as the route plans it for 1 GiB bf16 sbhd
+    (s16k b8), launched without flags as section 5 profiled it, compiled for sm_90: its
+    load_schedule (registers, loads in machine-code order, how many before the first
+    multiply). Raises what a missing compiler raises."""
+    return _compiled_rotate(_planned_two_pass(8).rotate_pass, None)
+
+
 def flags_in_machine_code(own, planned_registers, flat_registers=None):
     """A.7: ropelib's flat pass at section 6's 1 GiB launch, compiled for sm_90 given the
     pre-pass's flags, and the pass for kept rows known equal (`PAIRS_EQUAL`, planned at batch 1):
     prints registers and loads before the first multiply, asserts the counts the text gives.
-    `own`: section 6's schedule of the pass without flags; `planned_registers`: the H200
+    `own`: `flat_pass_schedule()`, the pass without flags; `planned_registers`: the H200
     profile's registers of that pass; `flat_registers`: A.6's compile of the pass with flags, if
     it ran. Raises what a missing compiler raises."""
-    from ropelib.course import load_schedule
-    from ropelib.kernels import launch, tiles
-    bf16, fp32 = torch.empty(16, dtype=torch.bfloat16), torch.empty(16)
-
-    def planned(batch, **kw):
-        xm = torch.empty(16384, batch, 32, 128, dtype=torch.bfloat16, device="meta")
-        route, _ = launch.plan_two_pass(launch.View.of(xm), launch.View.of(xm),
-                                        launch.Table(torch.empty(16384, 128, device="meta"),
-                                                     None),
-                                        launch.Positions(), R=128, interleaved=False,
-                                        backward=False, layout="sbhd", **kw)
-        return route
-
-    def compiled(rot_pass, flags):
-        args = dict(zip(rot_pass.launcher.pointer_names,
-                        (bf16, bf16, None, None, fp32, fp32, None, flags)),
-                    **dict(rot_pass.args, XBLOCK=tiles.TWO_PASS_ELEMENTS))
-        return load_schedule.schedule(rot_pass.launcher.kernel, args,
-                                      num_warps=rot_pass.num_warps)
+    planned, compiled = _planned_two_pass, _compiled_rotate
 
     # as the route runs it after its pre-pass (1 GiB, batch 8), given the pre-pass's flags
     route_1g = planned(8)
