@@ -746,16 +746,11 @@ else:
 # from the naive one in the number of programs, the work per program and the reuse of cos/sin
 # all at once.
 #
-# Two lines of the output point at the number of programs. The batch-reusing grid launches
-# 131,072 programs at every batch size: 84.6 µs at batch 1, 84.7 at batch 2 with twice the bytes
-# (a ratio of 1.002). The naive kernel, whose programs grow with $B$ (131 thousand at $b = 1$ to
-# 2.1 million at $b = 16$), took 80 to 84 ns per program on each SM (streaming multiprocessor,
-# the unit that runs programs; each takes its share of the grid) across the sweep: 1.00 to
-# 1.06 times the 79.8 ns of a program that does nothing (notebook 03, section 4). Its time is
-# its programs'. In the committed H200 run it takes 1.95 times as long at batch 2 as at batch 1,
-# and the grid takes 0.52 of its time at batch 2 but 1.01 at batch 1, where both launch 131,072
-# programs. These are one run's times (section 5.1's live ones, on another GPU or day, need not
-# repeat them); the argument rests on sections 5.3 and 5.4, which change one factor at a time.
+# The printed lines point at the number of programs. The grid's 131,072 programs take 84.6 µs
+# at batch 1 and 84.7 at batch 2, with twice the bytes. The naive kernel's programs grow with
+# $B$, and each costs 1.00 to 1.06 times a program that does nothing (79.8 ns of an SM's time,
+# notebook 03, section 4): its time is its programs'. Where both launch 131,072 programs
+# ($b = 1$) they take the same time. Section 5.3 tests this one factor at a time.
 #
 # ### 5.3 Why: one factor at a time
 #
@@ -765,8 +760,8 @@ else:
 # although TE evaluates fewer sines and cosines, because TE executes 2.5 times the grid's **warp
 # instructions** per element (one instruction, executed by a warp's 32 threads together), and
 # **issuing** them, which each of an SM's four schedulers does at most one a cycle, takes
-# two-thirds of its time (section 5.5). At
-# $b = 1$ the grid is back to one row per program and TE is faster (section 5.4). Variants with
+# two-thirds of its time. The end of this section prints the counts behind both answers beside
+# the times (the figure of three floors); section 5.5 takes TE's apart. At $b = 1$ the grid is back to one row per program and TE is faster (section 5.4). Variants with
 # more heads per program get faster, up to a point; they ask for more bytes of $x$ per SM *and*
 # launch fewer programs, and the profiles cannot say which does it (notebook 05 takes it up).
 #
@@ -1046,21 +1041,139 @@ if ABLATION_CSV.exists():
 
 
 # %% [markdown]
-# A ratio above 1 means the second kernel of the pair is faster. The line that begins
-# `s4096-b8: one row a program` prices section 1's two costs separately. One row per program
-# instead of $B$ costs the (S, H) grid a factor 3.46, and 3.59 between the two kernels that read
-# tables, where granularity is the only difference: the 3.46 is program granularity, not cos/sin
-# reuse. All the grid's sin/cos work, replaced by two table reads, costs 4 %
-# (`sh_loop_b / sh_loop_b_table` = 1.04, above the run's noise), and with one row a program even
-# that disappears (`sh_one_b / sh_one_b_table` = 1.00): the program count sets the time there.
+# A ratio above 1 means the second kernel of the pair is faster. The ablation's limits: one GPU,
+# two sizes, bf16 only, one run, whose 20 % and 80 % quantiles lie at most 1.7 % of the median
+# apart, so a factor that changes the time by less has not been shown to matter. (The
+# `ropelib_finished` row is the finished kernel forced onto this 256 MiB tensor; section 5.2's
+# `ropelib` is `apply_rope` as planned, in two passes from 64 MiB of `q` on.)
 #
-# The last line squares two tables: `ropelib_finished` here is the finished kernel forced onto
-# this 256 MiB tensor, while section 5.2's `ropelib` is `apply_rope` as it plans the call, in two
-# passes from 64 MiB of `q` on (notebook 05, section 6), which reaches a higher share of a copy.
+# **Times say how much, not why.** Three floors lie under any kernel's time, each computed from
+# a count, not from a time of the kernel itself:
 #
-# The ablation's limits: one GPU, two sizes, bf16 only, one run. Its CSV keeps every timing's
-# 20 % and 80 % quantiles, at most 1.7 % of the median apart: a factor that changes the time by
-# less has not been shown to matter.
+# $$ t \;\ge\; \max\Big(\underbrace{t_{\text{copy}}}_{\text{bytes}},\;
+#    \underbrace{\frac{P}{N_{\text{SM}}}\, t_{\text{empty}}}_{\text{programs}},\;
+#    \underbrace{\frac{I_{\text{warp}}}{4\, N_{\text{SM}}\, f_{\max}}}_{\text{issue}}\Big) $$
+#
+# - **bytes**: a device copy of the same tensors, timed in the same ablation run (section 4: a
+#   yardstick more than a hard floor);
+# - **programs**: $P$ programs shared by $N_{\text{SM}} = 132$ SMs, each costing what a program
+#   that does nothing costs, $t_{\text{empty}} = 79.8$ ns of an SM's time (notebook 03, section
+#   4, `program_cost-nvidia-h200.csv`, at the kernel's number of warps);
+# - **issue**: $I_{\text{warp}}$, the warp instructions Nsight Compute counted for the kernel
+#   (`mechanism-nvidia-h200.csv`; TE's from `mechanism-te-nvidia-h200.csv`), issued by 4
+#   schedulers per SM at one a cycle at most, at the device's top clock $f_{\max}$.
+#
+# The floor closest under a kernel's time names what limits it. The next cell computes the
+# three for the ablation's four granularity and cos/sin variants and for TE's fused kernel.
+
+# %%
+# three floors under each kernel's time: bf16 sbhd s=4096, b=8, h=32, d=128, NVIDIA H200
+elems_a = S_a * B_a * H_a * D_a
+t_ab8 = measured.timings("ablation", "s4096-b8")                        # do_bench medians, ms
+counted = {**measured.mechanism("s4096-b8"),                             # Nsight Compute counts
+           "te_fused": measured.mechanism("s4096-b8", kind="mechanism-te")["te_fused"]}
+empty_ns_by_warps = {r["num_warps"]: r["ns_per_program_per_sm"]
+                     for r in measured.load("program_cost")[1] if r["kernel"] == "empty"}
+sm_n = device_attr("multiprocessor_count")
+schedulers = device_attr("num_schedulers_per_multiprocessor")   # issue one warp instruction a cycle
+ghz_top = device_attr("clock_rate") / 1e6                                # kHz to GHz
+FLOOR_KERNELS = ("sh_loop_b", "sh_loop_b_table", "sh_one_b", "sh_one_b_table", "te_fused")
+FLOOR_KINDS = ("bytes", "programs", "issue")
+floors = {}
+for name in FLOOR_KERNELS:
+    c = counted[name]
+    floors[name] = dict(
+        us=t_ab8[name]["ms"] * 1e3, n_programs=c["programs"],
+        warp_inst=c["ncu_warp_inst_per_element"],
+        # (cos, sin) values per position its source asks for; TE's shared-memory form: B * D
+        sincos=B_a * D_a if name == "te_fused" else t_ab8[name]["cos_sin_per_position"],
+        bytes=t_ab8["copy"]["ms"] * 1e3,
+        programs=c["programs"] / sm_n * empty_ns_by_warps[c["num_warps"]] / 1e3,
+        issue=c["ncu_warp_inst_per_element"] * elems_a / (schedulers * sm_n * ghz_top * 1e3))
+    floors[name]["limit"] = max(FLOOR_KINDS, key=floors[name].get)
+print(f"{GPU_NAME}: ablation of {measured.load('ablation')[0]['date'][:10]}, Nsight Compute "
+      f"counts of {measured.load('mechanism')[0]['date'][:10]} (TE's: "
+      f"{measured.load('mechanism-te')[0]['date'][:10]}); floors in us")
+print(f"{'kernel':16} {'time us':>8} {'programs':>10} {'cos,sin/pos':>11} {'warp inst/el':>12} "
+      f"{'bytes':>6} {'programs':>8} {'issue':>6}   largest floor, time over it")
+for name, f in floors.items():
+    print(f"{name:16} {f['us']:8.1f} {f['n_programs']:10,} {f['sincos']:11,} "
+          f"{f['warp_inst']:12.2f} "
+          f"{f['bytes']:6.1f} {f['programs']:8.1f} {f['issue']:6.1f}   "
+          f"{f['limit']:8} {f['us'] / f[f['limit']]:.2f}x")
+
+fig, ax = plt.subplots(figsize=(9.5, 4.4))
+for i, name in enumerate(FLOOR_KERNELS):
+    for j, (kind, label, colour) in enumerate((
+            ("bytes", "bytes: a copy of the same tensors", "tab:gray"),
+            ("programs", f"programs x {empty_ns_by_warps[1]:.1f} ns / {sm_n} SMs", "tab:orange"),
+            ("issue", f"issue: warp instructions / ({schedulers} x {sm_n} x {ghz_top} GHz)",
+             "tab:blue"))):
+        ax.barh(i + (j - 1) * 0.26, floors[name][kind], height=0.26, color=colour,
+                label=label if i == 0 else None)
+    ax.plot([floors[name]["us"]] * 2, [i - 0.45, i + 0.45], color="k", lw=3,
+            label="measured time (do_bench)" if i == 0 else None)
+ax.set_yticks(range(len(FLOOR_KERNELS)), FLOOR_KERNELS)
+ax.invert_yaxis()
+ax.set_xlabel("µs")
+ax.set_title(f"{GPU_NAME}, bf16 sbhd s=4096 b=8 h=32 d=128: the three floors under each "
+             "kernel's time", fontsize=9)
+ax.legend(fontsize=7.5, loc="upper center", bbox_to_anchor=(0.5, -0.17), ncol=2)
+fig.tight_layout()
+fig.savefig(FIGURES / "04-three-floors.png", dpi=110)
+plt.show()
+
+one, one_t, loop, loop_t, te_f3 = (floors[n] for n in (
+    "sh_one_b", "sh_one_b_table", "sh_loop_b", "sh_loop_b_table", "te_fused"))
+# one row a program: the time is the program floor (within 1 %), whatever the instructions
+for f in (one, one_t):
+    assert f["limit"] == "programs" and abs(f["us"] / f["programs"] - 1) < 0.01
+assert one["issue"] > 3 * one_t["issue"] and abs(one["us"] / one_t["us"] - 1) < 0.01
+# B rows a program: 8 times fewer programs put that floor under the copy; what was 3.46 times
+# sh_loop_b's time is, all but a fraction of a percent, sh_one_b's program floor
+assert one["n_programs"] == B_a * loop["n_programs"] and loop["programs"] < loop["bytes"]
+print(f"sh_one_b: time / sh_loop_b's {one['us'] / loop['us']:.2f}; its program floor alone / "
+      f"sh_loop_b's time {one['programs'] / loop['us']:.2f}; sh_one_b's issue floor / "
+      f"sh_one_b_table's {one['issue'] / one_t['issue']:.2f}, their times "
+      f"{one['us'] / one_t['us']:.3f}")
+assert (round(one["us"] / loop["us"], 2), round(one["programs"] / loop["us"], 2)) == (3.46, 3.45)
+assert round(one["issue"] / one_t["issue"], 2) == 3.65 and round(one["programs"], 1) == 633.7
+# TE: its issue floor is its largest, above a copy and 2.5 times the grid's, while its
+# programs (a quarter) and its cos/sin (a quarter) are fewer
+assert te_f3["limit"] == "issue" and loop["limit"] == loop_t["limit"] == "bytes"
+assert te_f3["n_programs"] * 4 == loop["n_programs"] and te_f3["sincos"] * 4 == loop["sincos"]
+print(f"te_fused: issue floor {te_f3['issue']:.1f} us = {te_f3['issue'] / te_f3['bytes']:.2f} "
+      f"copies, {te_f3['issue'] / loop['issue']:.1f}x sh_loop_b's {loop['issue']:.1f} us; "
+      f"time over it {te_f3['us'] / te_f3['issue']:.2f}x")
+assert (round(te_f3["issue"], 1), round(loop["issue"], 1)) == (157.5, 62.6)
+assert round(te_f3["issue"] / te_f3["bytes"], 2) == 1.21 and loop["issue"] < 0.5 * loop["bytes"]
+assert round(te_f3["issue"] / loop["issue"], 1) == 2.5 and round(te_f3["programs"], 1) == 19.8
+assert round(loop["us"] / loop["bytes"], 2) == 1.41 and round(loop["programs"]) == 79
+# the constants the text names
+assert (sm_n, schedulers, ghz_top, round(empty_ns_by_warps[1], 1)) == (132, 4, 1.98, 79.8)
+
+# %% [markdown]
+# ![The three floors under each kernel's time, NVIDIA H200](../figures/04-three-floors.png)
+#
+# Read the figure row by row, each claim asserted in the cell above:
+#
+# - **One row a program: the programs set the time.** `sh_one_b` and `sh_one_b_table` sit on
+#   their program floor (633.7 µs), within 1 %. `sh_one_b` executes 3.65 times the instructions of
+#   `sh_one_b_table`, which has no sine or cosine at all, and takes the same time.
+# - **The 3.46 is program granularity, not cos/sin reuse.** $B = 8$ rows a program divide the
+#   programs by 8 and put their floor (79 µs) under the copy's. `sh_one_b`'s program floor alone
+#   is 3.45 times `sh_loop_b`'s whole time: the rows' programs account for all but a fraction of
+#   a percent of the 3.46 (3.59 between the two kernels that read tables, where granularity is
+#   the only difference).
+# - **Cos/sin cost little, and only where programs do not set the time.** All of the grid's
+#   sin/cos, replaced by two table reads, costs 4 % (`sh_loop_b / sh_loop_b_table` = 1.04,
+#   above the run's 1.7 % noise); with one row a program, nothing (1.00).
+# - **The grid is limited by neither programs nor instructions.** Its largest floor is the copy,
+#   and it takes 1.41 times a copy's time: what is left is how it waits on memory (section 5.4).
+# - **TE's fused kernel is limited by issuing.** Its program floor and its (cos, sin) count are
+#   a quarter of the grid's, yet its warp instructions alone need 157.5 µs to issue at the top
+#   clock: 1.21 copies, 2.5 times the grid's 62.6 µs. Section 5.5 shows that issuing fills
+#   two-thirds of its time.
 #
 # ### 5.4 Why, measured: the profiler's answer
 #
@@ -1359,7 +1472,36 @@ print(f"TE's issuing alone, clock free: {te_f['issue_us']:.1f} us; the copy, all
 assert te_f["issue_us"] > free["copy"]["us"] \
     and (round(te_f["issue_us"], 1), round(free["copy"]["us"], 1)) == (159.6, 125.7)
 
+# %%
+# the time split of appendix A.2 (clock free), drawn: issuing against waiting
+fig, ax = plt.subplots(figsize=(9, 2.6))
+SPLIT = (("issue_us", "issuing warp instructions", "tab:blue"),
+         ("empty_us", "no warp ready (waiting)", "tab:gray"),
+         ("idle_us", "SM idle (start, tail)", "tab:olive"))
+split_rows = ("te_fused", "sh_loop_b", "copy")
+for i, name in enumerate(split_rows):
+    left = 0.0
+    for key, label, colour in SPLIT:
+        ax.barh(i, free[name][key], left=left, color=colour, label=label if i == 0 else None)
+        left += free[name][key]
+    ax.text(left + 2, i, f"{free[name]['us']:.1f} µs, issuing {free[name]['issue_share']:.0%}",
+            va="center", fontsize=8)
+    assert abs(left / free[name]["us"] - 1) < 0.01   # the three parts make the measured time
+ax.axvline(free["copy"]["us"], color="k", ls="--", lw=1)
+ax.set_yticks(range(len(split_rows)), split_rows)
+ax.invert_yaxis()
+ax.set_xlim(0, 1.3 * free["te_fused"]["us"])
+ax.set_xlabel("µs (the dashed line: the copy's whole time)")
+ax.set_title(f"{free_meta['gpu']}, Nsight Compute with the clock free ({free_meta['date'][:10]}): "
+             "where each kernel's time goes", fontsize=9)
+ax.legend(fontsize=7.5, loc="lower right")
+fig.tight_layout()
+fig.savefig(FIGURES / "04-time-split.png", dpi=110)
+plt.show()
+
 # %% [markdown]
+# ![Where the time of TE's kernel, the grid and the copy goes, NVIDIA H200](../figures/04-time-split.png)
+#
 # **The answer.** At $b = 8$ on the H200, TE's fused kernel is slower than the batch-reusing
 # grid because it executes far more instructions per element of $x$, and issuing them, not
 # moving bytes or computing sines and cosines, fills most of its time. The grid does less work
@@ -1383,18 +1525,20 @@ assert te_f["issue_us"] > free["copy"]["us"] \
 #   (TE's 59 %): it is bound by memory latency, with half an SM's warp slots filled, which
 #   notebook 05 works on.
 #
-# Against section 3's list of hypotheses: the way threads touch memory differs on TE's side
-# (one-element loads, each element read twice: more load and integer instructions), not through
-# wide vectors in the grid, whose threads load 4 bytes at a time (A.1); TE launches
-# $4096 \times 8$ blocks, a quarter of the batch-reusing grid's 131,072 programs, so program
-# count is not TE's handicap here; the batch loop runs level unrolled or not (section 5.3); and
-# computing cos/sin accounts for at most 0.91 of TE's float instructions per element (A.1).
+# Section 3's hypotheses, each against what was measured:
 #
-# By kind (thread instructions per element), TE executes 18.7 more than the grid: 12.1 more
-# integer, 5.9 more of other kinds, 1.5 more loads and 0.5 more stores, but 1.2 *fewer*
-# floating-point ones. Integer work is the largest part: the grid computes a program's position
-# and head offsets once (a row adds `b * stride_xb`) and loads half a row per instruction, where
-# TE's threads each index one element, twice. Which of TE's differences (one-element loads,
+# | hypothesis | verdict at $b = 8$ | where measured |
+# |---|---|---|
+# | how each thread touches memory | on TE's side: one-element loads, each element read twice (78 bytes a warp load, the grid's 142); the grid's threads load 4 bytes, no wide vectors | `te_ncu`, A.1 |
+# | number of programs | not TE's handicap: 32,768 blocks, a quarter of the grid's programs, a program floor of 19.8 µs | section 5.3's floors |
+# | the batch loop unrolled | level, under 1 % apart, within the run's noise | section 5.3's ablation |
+# | where cos/sin come from | at most 0.91 of TE's float instructions per element; in the grid, tables save 4 % | A.1, section 5.3 |
+# | instructions issued | **the cause**: 2.5 times the grid's; issuing fills 66 % of TE's time | this cell, A.2 |
+#
+# By kind (thread instructions per element), TE executes 18.7 more than the grid, most of them
+# integer (12.1; floating point: 1.2 *fewer*): the grid computes a program's position and head
+# offsets once (a row adds `b * stride_xb`) and loads half a row per instruction, where TE's
+# threads each index one element, twice. Which of TE's differences (one-element loads,
 # every element read twice, its indexing, its barrier) costs what, these counters cannot
 # separate: they change together in TE's source, and telling them apart needs section 5.3's
 # method applied to TE's CUDA.
