@@ -17,14 +17,20 @@
 # # 00 — Setup and a one-minute tour of `ropelib`
 #
 # `ropelib` teaches rotary position embedding (RoPE), from the RoFormer math to Triton kernels,
-# and ships those kernels as a library. RoPE does little arithmetic for each byte it moves, so a
-# kernel is judged against a plain copy of the same bytes. On large tensors ropelib comes close
-# to a copy's speed (notebook 05). Small tensors cannot hide the fixed cost of a call, and
-# ropelib's is larger than a copy's: on a decoding step its call takes 2.7 times as long as
-# torch's copy of the same bytes, 13 µs more, most of it in ropelib's own Python layers on the
-# host. Section 3 reads these numbers off the committed H200 measurements.
-# Every notebook runs on a CUDA GPU (full sizes) and on a plain CPU, where Triton's
-# *interpreter* executes the same kernels in Python (small sizes, chosen automatically).
+# and ships those kernels as a library. The course builds one kernel three times: a naive one
+# with a program for every row of the tensor (notebook 03), a grid whose programs reuse a
+# token's angles over the whole batch (04), and the finished kernel that `ropelib.apply_rope`
+# runs (05). Then it gives the kernel its backward (06), races it against Transformer Engine
+# (07), debugs the comparisons that fail (08), and takes RoPE into a model (09), to images and
+# video (10), to context parallelism and the KV cache (11) and into the QKV projection's matrix
+# multiply (12); 13 is a set of puzzles.
+#
+# This notebook checks your setup (sections 1 and 2), runs the finished kernel and its library
+# around it (section 3), says what a RoPE call costs and why a plain copy of the same bytes is
+# the yardstick (end of section 3), then runs the course's three kernels on one tensor and reads
+# what separates them on an H200 (section 4). Every notebook runs on a CUDA GPU (full sizes) and
+# on a plain CPU, where Triton's *interpreter* executes the same kernels in Python (small sizes,
+# chosen automatically).
 #
 # **After this notebook you will be able to**
 #
@@ -35,10 +41,12 @@
 #   Face drop-ins, forward and backward;
 # - say why a RoPE kernel is measured against a copy of the same bytes, read "% of a copy", and
 #   work out a call's TB/s and TFLOP/s;
+# - say what separates the course's three kernels, which move the same bytes: how many programs
+#   each starts, and what each program does;
 # - find your way through the other notebooks.
 #
-# **Time:** about 30 minutes to read and do the three exercises; the cells take seconds, on a
-# GPU and in Triton's interpreter on a CPU alike.
+# **Time:** about 30 minutes to read and do the three exercises; the cells take seconds on a
+# GPU and under a minute in Triton's interpreter on a CPU.
 
 # %% [markdown]
 # Every notebook starts with this cell. It must run **before** `ropelib` is imported: Triton
@@ -168,6 +176,8 @@ assert "TRITON_INTERPRET" in refusal                 # and says which setting to
 
 # %%
 from ropelib import frequencies, reference
+from ropelib.course.counts import count_kernels, interpreted_launches
+from ropelib.kernels import tiles
 
 S, B, H, D = (2048, 4, 16, 128) if GPU else (12, 2, 4, 32)
 dtype = torch.bfloat16
@@ -182,6 +192,18 @@ torch.testing.assert_close(y, reference.rope_reference(x, freqs))   # fp64 refer
 print("apply_rope:", tuple(x.shape), x.dtype, "->", tuple(y.shape), y.dtype,
       "| matches the reference")
 
+# which kernel ran: the CUDA kernels of one more call on a GPU, the Triton launches in the
+# interpreter (a tensor of 64 MiB or more would take the two-pass route instead)
+x_bytes = x.numel() * x.element_size()
+if GPU:
+    ran = count_kernels(lambda: ropelib.apply_rope(x, freqs)).cuda
+else:
+    with interpreted_launches() as ran:
+        ropelib.apply_rope(x, freqs)
+print(f"x is {x_bytes / 2**20:.2f} MiB, below the two-pass route's "
+      f"{tiles.TWO_PASS_MIN_BYTES >> 20} MiB: one launch of {ran}")
+assert x_bytes < tiles.TWO_PASS_MIN_BYTES and ran == ["_rope_kernel"], ran
+
 # %% [markdown]
 # The same call covers the other layouts and features, by keyword: `layout="bshd"` or `"thd"`
 # (with `cu_seqlens`), `interleaved=True`, a partial table (`rotary_percent < 1`),
@@ -193,7 +215,8 @@ print("apply_rope:", tuple(x.shape), x.dtype, "->", tuple(y.shape), y.dtype,
 # `apply_rope` chooses how to run each call. Most calls run the finished kernel of notebook 05.
 # Large contiguous tensors, from 64 MiB of `x` on, take a two-pass route: a pre-pass writes a
 # table of each token's cos and sine, then a flat pass rotates the whole tensor (notebook 05,
-# section 6). The tour's tensors stay below that size (the appendix checks it).
+# section 6). The tour's tensors stay below that size (the cell above checks it, and names the
+# kernel that ran).
 #
 # It is differentiable. A rotation is orthogonal, $R(\theta)^{\top} = R(-\theta)$, so the
 # backward of a rotation by $\theta$ is the rotation by $-\theta$ (notebook 06 derives it), and
@@ -223,8 +246,6 @@ print(f"x.grad vs dy rotated by -theta: largest difference "
 # of NaN rather than an error (notebook 02 shows when, under position offsets).
 
 # %%
-from ropelib.course.counts import count_kernels, interpreted_launches
-
 kv_heads = H // 2
 q = torch.randn(B, S, H, D, device=device, dtype=dtype)            # [B, S, H, D]
 k = torch.randn(B, S, kv_heads, D, device=device, dtype=dtype)     # [B, S, H_kv, D]
@@ -250,10 +271,11 @@ assert len(kernels) == 1 and kernels[0].startswith("_rope"), kernels
 #
 # `ropelib.te.apply_rotary_pos_emb` has Transformer Engine 2.x's signature and defaults;
 # `fused=True` runs ropelib's kernel, `fused=False` the plain PyTorch path.
-# `ropelib.hf.apply_rotary_pos_emb` has Hugging Face's signature and semantics (queries and keys
-# `[B, H, S, D]`, a cos/sin cache `[B, S, D]`), but computes in fp32 and rounds once, where
-# Hugging Face's code rounds each multiply and the add to bf16; the cell measures that
-# difference against transformers' own function where it is installed.
+# `ropelib.hf.apply_rotary_pos_emb` has Hugging Face's signature (queries and keys
+# `[B, H, S, D]`, a cos/sin cache `[B, S, D]`) and formula, $x\cos + \mathrm{rotate\_half}(x)\sin$,
+# computed in fp32 and rounded once. The cell checks each against what it stands in for, and,
+# where transformers is installed, checks the formula it compares with against transformers' own
+# Llama function.
 
 # %%
 from ropelib import hf as rope_hf
@@ -267,55 +289,45 @@ unfused = rope_te.apply_rotary_pos_emb(t, freqs, tensor_format="sbhd", fused=Fal
 # fused=False: TE's PyTorch code, op for op (cos/sin and the products rounded to bf16)
 torch.testing.assert_close(fused, reference.te_fused_emulation(t, freqs))
 assert torch.equal(unfused, reference.te_unfused(t, freqs))
-# unfused measured against fused, in bf16 ulps of the largest |value| of each head vector
-gap = error_metrics(unfused, fused.double())
-print(f"TE drop-in: fused vs unfused differ by up to {gap['max_abs_err']:g} in value, "
-      f"{gap['max_head_ulp_err']:g} bf16 ulp(s) of the head's largest value, "
-      f"{gap['max_ulp_err']:g} ulps of the value itself")
-assert gap["max_head_ulp_err"] <= 2
-assert gap["max_ulp_err"] > 10 * gap["max_head_ulp_err"]     # near zero, its own ulps are fine
 
 cos, sin = frequencies.rope_cos_sin(S, D, dtype=dtype, device=device)      # [S, D] HF cache
 q_bhsd, k_bhsd = q.transpose(1, 2), k.transpose(1, 2)                      # [B, H, S, D]
 q_hf, k_hf = rope_hf.apply_rotary_pos_emb(q_bhsd, k_bhsd, cos[None], sin[None])
-# HF's formula, q * cos + rotate_half(q) * sin, in fp32 and rounded once:
-qf = q_bhsd.float()
-expected_q = (qf * cos.float() + reference.rotate_half(qf) * sin.float()).to(dtype)
-kf = k_bhsd.float()
-expected_k = (kf * cos.float() + reference.rotate_half(kf) * sin.float()).to(dtype)
-torch.testing.assert_close(q_hf, expected_q)
-torch.testing.assert_close(k_hf, expected_k)
-# Hugging Face's own code: the same formula, each multiply and the add rounded to bf16
-hf_q = q_bhsd * cos + reference.rotate_half(q_bhsd) * sin
+for inp, out in ((q_bhsd, q_hf), (k_bhsd, k_hf)):     # HF's formula in fp32, rounded once
+    xf = inp.float()
+    torch.testing.assert_close(
+        out, (xf * cos.float() + reference.rotate_half(xf) * sin.float()).to(dtype))
+hf_q = q_bhsd * cos + reference.rotate_half(q_bhsd) * sin    # HF's code: every op rounds to bf16
 if version("transformers"):
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as hf_apply
     assert torch.equal(hf_apply(q_bhsd, k_bhsd, cos[None], sin[None])[0], hf_q)
     hf_source = f"transformers {version('transformers')}"
 else:
     hf_source = "HF's formula op for op (transformers is not installed)"
-hf_gap = error_metrics(hf_q, q_hf.double())
+
+# an ulp here: the gap between neighbouring bf16 numbers at the head vector's largest |value|
+gap, hf_gap = error_metrics(unfused, fused.double()), error_metrics(hf_q, q_hf.double())
 hf_share = (hf_q != q_hf).float().mean().item()
-print("HF drop-in:", tuple(q_hf.shape), tuple(k_hf.shape), f"| against {hf_source}: "
-      f"{hf_share:.0%} of q's outputs differ, by up to {hf_gap['max_head_ulp_err']:g} bf16 "
-      f"ulp(s) of the head's largest value")
+print(f"TE drop-in: fused=True and fused=False differ by up to {gap['max_head_ulp_err']:g} "
+      f"bf16 ulp(s)")
+print(f"HF drop-in: {tuple(q_hf.shape)} {tuple(k_hf.shape)} | against {hf_source}: "
+      f"{hf_share:.0%} of q's outputs differ, by up to {hf_gap['max_head_ulp_err']:g} ulp(s)")
+assert 0 < gap["max_head_ulp_err"] <= 2
 assert 0 < hf_share < 1 and hf_gap["max_head_ulp_err"] <= 2
 
 # %% [markdown]
-# The two TE paths differ by at most two bf16 ulps, where an ulp is the gap between neighbouring
-# bf16 numbers at the largest value of the head vector (the cell asserts the bound). That is the
-# fair unit: an output near zero is what is left after $x_j\cos\theta - x_{j+D/2}\sin\theta$
-# cancels values as large as the head's largest, so its own, much finer ulps overstate the
-# error; counted in them, the same difference is more than ten times larger (printed last on the
-# TE line, and asserted). Hugging Face's bf16 arithmetic and the HF drop-in differ within the
-# same bound (the HF line, asserted). Notebook 08 shows how this difference makes
-# `torch.allclose` fail between two correct implementations.
+# Both drop-ins are right and still differ from the code they replace in the last bits: one
+# path rounds cos, sin and each product to bf16, the other rounds once at the end, and the
+# cell bounds the difference at two bf16 ulps of the head's largest value. Notebook 08 shows
+# why such a difference fails `torch.allclose` between two correct implementations, and which
+# unit to measure it in.
 
 # %% [markdown]
 # ### What a call costs: bytes set the time of a large call, a fixed cost that of a small one
 #
 # For each element it rotates, the kernel multiplies twice and adds once,
 # $y_j = x_j\cos\theta_{m,j} - x_{j+D/2}\sin\theta_{m,j}$: 3 FLOPs, not counting the sines and
-# cosines (the appendix counts what the H200 really executes). It also reads the element and
+# cosines (section 4 reads what the H200 executes per element). It also reads the element and
 # writes it back, 4 bytes in bf16, and reads the fp32 angle table, which every batch entry and
 # head share. Its *arithmetic intensity*, FLOPs per byte, is therefore below one. A bf16 matrix
 # multiply of two $n \times n$ matrices does $2n^3$ FLOPs on $3 \cdot 2n^2$ bytes, $n/3$ FLOPs
@@ -345,24 +357,18 @@ print(f"copy_kernel: {x.numel():,} elements, {triton.cdiv(x.numel(), 1024)} prog
       "equal to torch's copy_")
 
 # %% [markdown]
-# The next cell computes RoPE's intensity for the tour's `x`, then reads the committed H200 run
-# of the floor suite (`benchmarks/results/floor-nvidia-h200.csv`): a forward pass over 1 GiB of
-# `x`, timed on the device, and the forward of one decoding step (1 token × 64 sequences × 32
-# heads × 128 features), timed on the host's clock as an eager call is, and again replayed from
-# a CUDA graph. These are one H200's numbers, not your machine's: notebook 07 measures them live.
+# The next cell computes RoPE's intensity for the tour's `x` and sets it beside the matrix
+# multiply's:
 
 # %%
 import math
-import re
 
 import matplotlib.pyplot as plt
 
 from ropelib.bench import floor as floor_suite
 from ropelib.bench.compare import bytes_moved
 from ropelib.course import measured
-from ropelib.kernels import tiles
 
-x_bytes = x.numel() * x.element_size()
 rope_flops = 3 * x.numel()                                      # 2 multiplies + 1 add a feature
 rope_bytes = 2 * x_bytes + freqs.numel() * freqs.element_size()  # x in, y out, the table
 n = 4096
@@ -371,9 +377,18 @@ print(f"RoPE of x {tuple(x.shape)}: {rope_flops / rope_bytes:.2f} FLOP/byte; "
       f"a {n}x{n} bf16 matmul: {gemm_intensity:.0f} FLOP/byte")
 assert rope_flops / rope_bytes < 1 and gemm_intensity > 1000
 
+# %% [markdown]
+# How close does a RoPE call come to the copy? The next cell reads the committed H200 run of the
+# floor suite (`benchmarks/results/floor-nvidia-h200.csv`) at two sizes: a forward pass over
+# 1 GiB of `x`, timed on the device, and the forward of one decoding step (1 token × 64
+# sequences × 32 heads × 128 features), timed on the host's clock as an eager call is, and
+# again replayed from a CUDA graph, which takes the host out. These are one H200's numbers, not
+# your machine's (notebook 07 measures them live), and every one the text quotes is asserted.
+
+# %%
 HBM_TB_S = 4.8                    # NVIDIA's figure for the H200 SXM's memory
-PIECES = measured.RESULTS / "launch_pieces-nvidia-h200-20261204-2140.log"
-if measured.path("floor").is_file():
+FLOOR = measured.path("floor").is_file()
+if FLOOR:
     floor_meta, _ = measured.load("floor")
     floor = measured.floor()
     assert floor_meta["gpu"] == "NVIDIA H200"
@@ -404,39 +419,35 @@ if measured.path("floor").is_file():
     print(f"  1 GiB: copy {tb_s['copy']:.2f} TB/s, ropelib {tb_s['ropelib']:.2f} TB/s "
           f"({tb_s['ropelib'] / HBM_TB_S:.0%} of {HBM_TB_S} TB/s); a decoding step's bytes, "
           f"{fewer:,.0f} times fewer, need {step_spec_us:.2f} µs at {HBM_TB_S} TB/s")
-    assert large["ropelib"]["ratio_to_copy"] > 0.95                 # within 5 % of a copy
-    assert [round(v, 1) for v in tb_s.values()] == [4.3, 4.3]
-    assert round(100 * tb_s["ropelib"] / HBM_TB_S) == 89
-    assert 1500 < fewer < 2500 and step_spec_us < 0.25
     # the decoding step, eager (host clock) and replayed from a CUDA graph (per replayed call)
     host_us = {p: step[p]["ms"] * 1e3 for p in ("copy", "ropelib")}
     device_us = {p: graph[p]["ms"] * 1e3 for p in ("copy", "ropelib")}
+    gap_host = host_us["ropelib"] - host_us["copy"]
+    gap_device = device_us["ropelib"] - device_us["copy"]
+    print(f"  the decoding step: ropelib's eager call takes {gap_host:.1f} µs more than the "
+          f"copy's; replayed, {gap_device:.1f} µs more ({gap_device / gap_host:.0%} of it)")
+    # the 1 GiB call (apply_rope's two-pass route) runs at the copy's rate ...
+    assert large["ropelib"]["ratio_to_copy"] > 0.95                 # within 5 % of a copy
+    assert [round(v, 1) for v in tb_s.values()] == [4.3, 4.3]
+    assert round(100 * tb_s["ropelib"] / HBM_TB_S) == 89
+    assert big_bytes / 2 > tiles.TWO_PASS_MIN_BYTES > bytes_moved(configs["sbhd"])
+    # ... the decoding step (the finished kernel) is a fixed cost, most of it the host's
+    assert 1500 < fewer < 2500 and step_spec_us < 0.25
     assert "calls captured per CUDA graph: 100" in floor_meta["graph_rows"]
     assert round(host_us["copy"], 1) == 7.6
     assert round(host_us["ropelib"] / host_us["copy"], 1) == 2.7
     assert round(step["ropelib"]["ratio_to_copy"], 2) == 0.37
     assert round(device_us["copy"], 1) == 1.4 and round(device_us["ropelib"], 1) == 2.0
-    gap_host = host_us["ropelib"] - host_us["copy"]
-    gap_device = device_us["ropelib"] - device_us["copy"]
     assert round(gap_host, 1) == 13.1 and round(gap_device, 1) == 0.5
-    # where ropelib's eager call goes on the host: a later run timed the pieces of its call path
-    if PIECES.is_file():
-        best = {m[1]: float(m[2]) for m in re.finditer(r"^(\S.*?)\s{2,}([\d.]+)\s+[\d.]+$",
-                                                        PIECES.read_text(), re.M)}
-        launch = best["finished kernel, Triton's C launcher"]       # the launch itself
-        wrapper = best["finished kernel, EagerLaunch"] - launch     # ropelib's launch wrapper
-        python = host_us["ropelib"] - best["finished kernel, EagerLaunch"]   # ropelib's Python
-        print(f"  ropelib's eager call, {host_us['ropelib']:.1f} µs on the host: the launch "
-              f"{launch:.1f} µs (torch's whole copy call: {host_us['copy']:.1f}), its launch "
-              f"wrapper {wrapper:.1f} µs, its Python before that {python:.1f} µs\n"
-              f"    (pieces: best of runs, {measured.committed_when(PIECES)[1]}; the call: "
-              f"{measured.floor_run_date(floor_meta, 'decode sbhd')[:10]}; subtracted across "
-              f"the two runs)")
-        assert abs(launch - host_us["copy"]) < 1.5          # about a whole copy call
-        assert 2.5 < wrapper < 5 and 7 < python < 11         # ropelib's own layers: most of it
-        assert wrapper + python > 0.8 * gap_host
+else:
+    print("ropelib is installed without its benchmarks/results/ folder: nothing to read")
 
-    # the figure: the three lines' times, and the time their bytes need at the memory's 4.8 TB/s
+# %% [markdown]
+# The figure sets each line's two times beside the time its bytes alone need at the memory's
+# 4.8 TB/s (the red marks):
+
+# %%
+if FLOOR:
     labels = list(rows)
     copy_us = [floor[rows[lb][0]]["copy"]["ms"] * 1e3 for lb in labels]
     rope_us = [floor[rows[lb][0]]["ropelib"]["ms"] * 1e3 for lb in labels]
@@ -459,26 +470,159 @@ if measured.path("floor").is_file():
     fig.tight_layout()
     fig.savefig(ropelib.runtime.figures_dir() / "00-cost-of-a-call.png", dpi=120)
     plt.show()
-else:
-    print("ropelib is installed without its benchmarks/results/ folder: nothing to read")
 
 # %% [markdown]
 # On 1 GiB ropelib runs within 5 % of a copy's speed, and both move their bytes at 4.3 TB/s,
 # 89 % of the 4.8 TB/s NVIDIA gives for the H200 SXM's memory: the bytes set the time (in the
-# figure both bars stand just above the red line). A decoding step's bytes would need under a
-# quarter of a microsecond, yet the copy takes 7.6 µs and ropelib 2.7 times as long, 0.37 of a
-# copy. Replayed from a CUDA graph, which drops the host's part of each call, the step costs
-# 1.4 µs (copy) and 2.0 µs (ropelib): of ropelib's 13.1 µs extra, 0.5 µs are left. The rest is
-# host work, and not the launch: the last printed line splits ropelib's eager call into the
-# launch itself, about as long as torch's whole copy call, and ropelib's own Python layers (its
-# launch wrapper and the code before it), which make up most of the extra. No faster kernel
-# removes them; a leaner call path or a CUDA graph does. Notebook 07 measures both regimes live.
+# figure both bars stand just above the red mark). That call is large enough (from 64 MiB of
+# `x` on, the cell checks) to take `apply_rope`'s two-pass route. A decoding step's bytes would
+# need under a quarter of a microsecond, yet the copy takes 7.6 µs and ropelib 2.7 times as
+# long, 0.37 of a copy. Replayed from a CUDA graph, which drops the host's part of each call,
+# the step costs 1.4 µs (copy) and 2.0 µs (ropelib): of ropelib's 13.1 µs extra, 0.5 µs are
+# left on the device. The rest is work on the host, which no faster kernel removes; a leaner
+# call path or a CUDA graph does. Notebook 07 measures both regimes live and, in its section 7,
+# takes the host's part of a call apart.
 
 # %% [markdown]
-# ## 4. Where to go next
+# ## 4. What the course builds: three kernels, the same bytes
+#
+# Notebooks 03 to 05 write the same rotation three times, and each differs from the last in how
+# the work is split into *programs*, the instances of a kernel that the GPU runs in parallel:
+#
+# | notebook | kernel | one program handles | programs for `x` of $[S, B, H, D]$ |
+# |---|---|---|---|
+# | 03 | naive | one row of $D$ features: a token, a batch entry, a head | $S \cdot B \cdot H$ |
+# | 04 | batch-reusing grid | a token and a head, looping over the batch | $S \cdot H$ |
+# | 05 | finished | a tile of tokens × heads, looping over the batch | a few thousand, below |
+#
+# The cell runs all three on the tour's `x` and checks each against the reference; change
+# `S, B, H` in section 3's first cell and the program counts follow (in the interpreter, keep
+# them small: each program is simulated in Python).
+
+# %%
+from ropelib.course.kernels.batch_reuse import batch_reuse_grid, rope_batch_reuse
+from ropelib.course.kernels.naive import naive_grid, rope_naive
+
+expected = reference.rope_reference(x, freqs)
+for name, rope_fn, programs in (("03 naive", rope_naive, math.prod(naive_grid(S, B, H))),
+                                ("04 batch-reusing grid", rope_batch_reuse,
+                                 math.prod(batch_reuse_grid(S, H))),
+                                ("05 finished (apply_rope)", ropelib.apply_rope, None)):
+    torch.testing.assert_close(rope_fn(x, freqs), expected)
+    print(f"{name:25s} matches the reference"
+          + (f"; {programs:,} programs" if programs else ""))
+
+# %% [markdown]
+# What does the split cost? `benchmarks/mechanism.py` ran each kernel once under Nsight Compute
+# on an H200, at $x$ of $[4096, 8, 32, 128]$ in bf16 (256 MiB), beside a copy
+# (`benchmarks/results/mechanism-nvidia-h200.csv`): the kernel's time, the bytes it moved to
+# and from the GPU's memory (DRAM), its programs, and the instructions its threads executed.
+# The fifth row is what `apply_rope` itself runs at this size: the two-pass route, whose table
+# pass had already run in a warm-up call, so only its flat pass is in the profile. A second
+# file, `program_cost-nvidia-h200.csv`, timed a kernel of as many programs as the naive
+# kernel's that do nothing at all.
+
+# %%
+MECHANISM = measured.path("mechanism").is_file() and measured.path("program_cost").is_file()
+if MECHANISM:
+    mech_meta, _ = measured.load("mechanism")
+    mech = measured.mechanism()                    # case s4096-b8
+    cost_meta, cost_rows = measured.load("program_cost")
+    assert mech_meta["gpu"] == cost_meta["gpu"] == "NVIDIA H200"
+    variants = {"copy": "copy", "naive": "03 naive", "batch_reuse": "04 batch-reusing grid",
+                "ropelib": "05 finished kernel", "ropelib_planned": "05 two-pass, flat pass"}
+    table_rows = [dict(mech[k], name=name, pct=100 * mech["copy"]["us"] / mech[k]["us"])
+                  for k, name in variants.items()]
+    print(f"x [4096, 8, 32, 128] bf16, one launch under Nsight Compute: "
+          f"{measured.where(mech_meta)}")
+    print(measured.table(table_rows, [
+        ("kernel", "name", ""), ("µs", "us", ".1f"), ("% of copy", "pct", ".0f"),
+        ("DRAM / model", "ncu_dram_bytes_over_model", ".2f"), ("programs", "programs", ",d"),
+        ("warps each", "num_warps", "d"), ("thread inst / element", "ncu_thread_inst_per_element",
+                                           ".1f")]))
+    empty = next(r for r in cost_rows if r["kernel"] == "empty" and r["num_warps"] == 1)
+    print(f"{empty['programs']:,} programs that do nothing ({cost_meta['gpu']}, do_bench): "
+          f"{empty['us']:.1f} µs")
+    naive_m, reuse_m, fin_m, two_m = (mech[k] for k in list(variants)[1:])
+    shape = (naive_m["seq_len"], naive_m["batch"], naive_m["heads"], naive_m["head_dim"])
+    assert shape == (4096, 8, 32, 128) and naive_m["dtype"] == "bf16"
+    # the same bytes for all five: DRAM reads are the model's (x, the table), the writes (y)
+    # come out a little under it, the copy's included
+    for r in table_rows:
+        model_reads = r["model_bytes"] - r["elements"] * 2                # all but y
+        assert 0.99 < r["ncu_dram_read_bytes"] / model_reads < 1.03, r["name"]
+        assert 0.9 < r["ncu_dram_write_bytes"] / (r["elements"] * 2) < 0.94, r["name"]
+        assert 0.95 < r["ncu_dram_bytes_over_model"] < 0.98, r["name"]
+    # other programs: a row each, a (token, head) each, a few thousand tiles
+    assert naive_m["programs"] == 4096 * 8 * 32 == empty["programs"]
+    assert reuse_m["programs"] == 4096 * 32 and fin_m["programs"] == 4096
+    assert [round(r["pct"]) for r in table_rows[1:]] == [20, 70, 90, 99]
+    assert round(naive_m["us"]) == 634 and naive_m["num_warps"] == 1 and fin_m["num_warps"] == 8
+    assert abs(naive_m["us"] / empty["us"] - 1) < 0.01          # the naive kernel: its programs
+    assert round(naive_m["ncu_thread_inst_per_element"]) == 88
+    assert round(fin_m["ncu_thread_inst_per_element"], 1) == 9.9
+    assert two_m["ncu_thread_inst_per_element"] > fin_m["ncu_thread_inst_per_element"]
+
+# %% [markdown]
+# The figure sets the five side by side: the time of each launch against the copy's, and how
+# many programs each starts.
+
+# %%
+if MECHANISM:
+    fig, (ax_t, ax_p) = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
+    drawn = table_rows[::-1]                       # the copy on top
+    names = [r["name"] for r in drawn]
+    colors = [{"copy": "0.6", "ropelib": "C1", "ropelib_planned": "C2"}.get(r["variant"], "C0")
+              for r in drawn]
+    ax_t.barh(names, [r["us"] for r in drawn], color=colors)
+    for i, r in enumerate(drawn):
+        ax_t.text(r["us"] + 12, i, f"{r['pct']:.0f} % of a copy", va="center", fontsize=8)
+    ax_t.axvline(empty["us"], color="C3", ls=":",
+                 label=f"{empty['programs']:,} programs that do nothing")
+    ax_t.set_xlim(0, 1.3 * max(r["us"] for r in table_rows))
+    ax_t.set_xlabel("time of one launch (µs)")
+    ax_t.legend(fontsize=8, loc="upper right")
+    ax_p.barh(names, [r["programs"] for r in drawn], color=colors)
+    for i, r in enumerate(drawn):
+        warps = f"{r['num_warps']} warp" + "s" * (r["num_warps"] > 1)
+        ax_p.text(r["programs"] * 1.15, i, f"{r['programs']:,} × {warps}", va="center", fontsize=8)
+    ax_p.set_xscale("log")
+    ax_p.set_xlim(1e3, 2e7)
+    ax_p.set_xlabel("programs launched (log scale)")
+    for ax in (ax_t, ax_p):
+        ax.grid(axis="x", alpha=0.3)
+    fig.suptitle("The same bytes, other programs: the course's kernels on x [4096, 8, 32, 128] "
+                 f"bf16\n{measured.where(mech_meta)}, Nsight Compute", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(ropelib.runtime.figures_dir() / "00-three-kernels.png", dpi=120)
+    plt.show()
+
+# %% [markdown]
+# All five move the bytes the model counts: the DRAM traffic Nsight Compute measured is 0.95 to
+# 0.98 of it (the reads match the model's `x` and table within 3 %; the writes of `y` come out 6
+# to 10 % under it, the copy's as much as the others'). The bytes do not tell the kernels apart.
+# The programs do. The naive kernel starts over a million one-warp programs and takes 634 µs,
+# 20 % of a copy; a kernel of as many programs that do nothing takes as long (within 1 %), so
+# the naive kernel's time is the time the GPU takes to start its programs, not its arithmetic
+# (notebook 03 measures this). The batch-reusing grid starts 8 times fewer, each looping over
+# the batch: 70 %. The finished kernel starts 4,096 programs of 8 warps, each a tile of tokens
+# and heads, and reaches 90 %; its threads execute 9.9 instructions an element where the naive
+# kernel's execute 88. The last tenth is not a matter of instruction count: the two-pass
+# route's flat pass executes more per element than the finished kernel and reaches 99 %.
+# Notebook 05 finds what the finished kernel leaves on the table, and why `apply_rope` takes
+# the two-pass route from 64 MiB on.
+
+# %% [markdown]
+# ## 5. Where to go next
+#
+# The notebooks are in teaching order, and each says at its top what it assumes. Three routes
+# through them: to **write kernels**, 01, then 03 → 04 → 05 → 06, then the puzzles of 13; to
+# **use ropelib in a model**, 02 → 09, then 10, 11 or 12 as your model needs; to **compare
+# with Transformer Engine**, 07 → 08.
 #
 # - [00 — Setup and a one-minute tour of `ropelib`](00-setup-and-tour.ipynb) (this notebook): what
-#   is installed, compiled or interpreter mode, the API in one minute.
+#   is installed, compiled or interpreter mode, the API in one minute, a copy as the yardstick,
+#   the course's three kernels side by side.
 # - [01 — The RoFormer math: rotations that encode relative position](01-roformer-math.ipynb): the
 #   2-D rotation and $R_m$, the complex view, scores that depend only on $m - n$, the frequency
 #   spectrum and the context-extension scalings, long-term decay, the two pairings.
@@ -640,76 +784,3 @@ solution(basics.solution_interleaved_rope)
 #    query and key bytes in the same step, so that RoPE could ride along with it (one launch
 #    instead of two). Notebooks 07, 11 and 12 each try one answer; guess which before you open
 #    them.
-
-# %% [markdown]
-# ## Appendix: reading the committed H200 run
-#
-# Section 3's two lines ran different code. `apply_rope` sends `x` from 64 MiB on down the
-# two-pass route, so the 1 GiB line is two-pass and the decoding step (like the tour's `x`) the
-# finished kernel; the first lines below check it.
-#
-# What did the H200 execute? Notebook 05's profile by opcode
-# (`ladder_opcodes_per_opcode-nvidia-h200.csv`) counts the warp instructions of rungs 4 to 6 of
-# its ladder and of ropelib's finished kernel, at the shape the profile's header names. No rung
-# executes `MUFU`, the special-function unit's instruction: the sines and cosines are
-# polynomials on the fp32 units. The finished kernel executes one `MUFU` per warp, which these
-# counts alone do not explain. Per element it executes about ten thread instructions (if every
-# lane of each warp works: the profile counts warp instructions), among them 2.4 `FFMA` and 0.7
-# `FMUL` — about 5.6 fp32 FLOPs, not the model's 3, because the sine and cosine polynomials are
-# in them — and 2.2 `IMAD` of indexing. Each of an SM's four schedulers issues at most one warp
-# instruction a cycle, so at 1.98 GHz the H200's 132 SMs need about 40 µs to issue them all,
-# while the kernel's bytes at the 1 GiB copy's 4.3 TB/s take about 126 µs: the schedulers are
-# about one third busy, and memory sets the time. (The profile is of the finished kernel forced
-# at this shape; the 1 GiB line ran the two-pass route.) Last, a launch against a large call:
-# ropelib's whole decoding step, replayed from a CUDA graph, costs the device 0.4 % of its
-# 1 GiB call.
-
-# %%
-OPCODES = measured.RESULTS / "ladder_opcodes_per_opcode-nvidia-h200.csv"
-print(f"two-pass route from {tiles.TWO_PASS_MIN_BYTES >> 20} MiB of x; "
-      f"the tour's x: {x_bytes / 2**20:.2f} MiB (the finished kernel)")
-assert tiles.TWO_PASS_MIN_BYTES == 64 << 20 and x_bytes < tiles.TWO_PASS_MIN_BYTES
-
-if measured.path("floor").is_file():
-    x_bytes_of = {c: configs[c].seq_len * configs[c].batch * configs[c].heads
-                  * configs[c].head_dim * 2 for c in ("1 GiB bf16 sbhd", "sbhd")}   # bf16 x
-    print(f"the 1 GiB line's x: {x_bytes_of['1 GiB bf16 sbhd'] / 2**20:.0f} MiB (two-pass); "
-          f"the decoding step's: {x_bytes_of['sbhd'] / 2**20:.1f} MiB (the finished kernel)")
-    assert x_bytes_of["1 GiB bf16 sbhd"] >= tiles.TWO_PASS_MIN_BYTES > x_bytes_of["sbhd"]
-    big_us = large["ropelib"]["ms"] * 1e3
-    print(f"ropelib's decoding step under a CUDA graph: {device_us['ropelib']:.1f} µs, "
-          f"{device_us['ropelib'] / big_us:.1%} of its 1 GiB call's {big_us:.0f} µs")
-    assert round(100 * device_us["ropelib"] / big_us, 1) == 0.4
-
-if OPCODES.is_file() and measured.path("floor").is_file():   # 05's rungs 4-6, ropelib
-    import csv
-    from ropelib.bench import compare
-    text = OPCODES.read_text()
-    profiled = measured.ncu_kernels(OPCODES)
-    ops = [k["instances"]["sass__inst_executed_per_opcode"] for k in profiled]
-    launch_row = next(r for r in csv.DictReader(compare.ncu_table(text)) if r["ID"] == "3")
-    size = lambda dims: math.prod(int(v) for v in re.findall(r"\d+", dims))   # noqa: E731
-    warps = size(launch_row["Grid Size"]) * size(launch_row["Block Size"]) // 32
-    shape = dict(re.findall(r"\b([sbhd])=(\d+)", re.search(r"^# what: (.*)$", text, re.M)[1]))
-    elements = math.prod(int(shape[k]) for k in "sbhd")
-    fin, fin_all = ops[3], profiled[3]["metrics"]["sass__inst_executed_per_opcode"]
-    per_element = {op: fin.get(op, 0) * 32 / elements for op in ("FFMA", "FMUL", "FADD", "IMAD")}
-    flops = 2 * per_element["FFMA"] + per_element["FMUL"] + per_element["FADD"]  # an FMA: 2
-    issue_us = fin_all / (132 * 4 * 1.98e9) * 1e6     # 132 SMs x 4 schedulers x 1.98 GHz
-    fin_bytes = 2 * 2 * elements + int(shape["s"]) * int(shape["d"]) * 4   # x, y, table
-    memory_us = fin_bytes / (tb_s["copy"] * 1e12) * 1e6
-    print(f"the profile (s={shape['s']}, b={shape['b']}, h={shape['h']}, d={shape['d']}): MUFU "
-          + " / ".join(f"{o.get('MUFU', 0):,.0f}" for o in ops[:3])
-          + f" in rungs 4-6, {fin['MUFU']:,.0f} in {profiled[3]['kernel']} ({warps:,} warps)")
-    print(f"{profiled[3]['kernel']} per element: {fin_all * 32 / elements:.1f} thread "
-          "instructions, " + ", ".join(f"{op} {v:.2f}" for op, v in per_element.items())
-          + f" -> {flops:.1f} fp32 FLOPs")
-    print(f"issue slots: {issue_us:.0f} µs; its {fin_bytes / 1e6:.0f} MB at "
-          f"{tb_s['copy']:.2f} TB/s: {memory_us:.0f} µs -> schedulers "
-          f"{issue_us / memory_us:.0%} busy")
-    assert profiled[3]["kernel"] == launch_row["Kernel Name"] == "_rope_kernel" and len(ops) == 4
-    assert all("MUFU" not in o for o in ops[:3]) and fin["MUFU"] == warps   # one per warp
-    assert 9.5 < fin_all * 32 / elements < 10.5 and round(per_element["FFMA"], 1) == 2.4
-    assert round(per_element["FMUL"], 1) == 0.7 and round(per_element["IMAD"], 1) == 2.2
-    assert round(flops, 1) == 5.6 and 35 < issue_us < 45 and 120 < memory_us < 132
-    assert 0.25 < issue_us / memory_us < 0.4                               # about one third
