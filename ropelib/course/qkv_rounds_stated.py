@@ -1,8 +1,21 @@
-"""What notebook 12's section 7.1 states about the seed-1 forward rounds on the H200, cell by cell
-(`benchmarks/results/qkv_forward_ab-seed1-nvidia-h200-20261201-0941.csv`), kept here so that the
-page's cell shows the pooled result and one call checks its per-cell table against the rounds."""
+"""What notebook 12 states about the seed-1 forward rounds on the H200
+(`benchmarks/results/qkv_forward_ab-seed1-nvidia-h200-20261201-0941.csv`): section 7.1's pooled
+table and the per-cell results its Appendix A.1 prints, kept here so that the page's cells show
+the results and one call each checks them against the rounds."""
 
-# the page's per-cell table: (median ratio, rounds a won, sign-test p), in the order
+# section 7.1's pooled table: (median ratio, rounds a won, sign-test p, p adjusted by Holm's
+# method, the 95 % interval), p under 0.001 written as 0, and the verdict (resolved or not)
+POOLED = {
+    "fused from angles / unfused": (1.004, 14, 1.0, 1.0, (0.961, 1.033), False),
+    "fused from a table / unfused": (0.984, 21, 0.013, 0.038, (0.968, 0.996), True),
+    "fused from angles / bare GEMM": (1.044, 2, 0, 0, (1.032, 1.083), True),
+    "fused from a table / bare GEMM": (1.046, 0, 0, 0, (1.035, 1.058), True),
+    "unfused / cuBLAS alone": (1.074, 5, 0, 0.004, (1.053, 1.087), True),
+    "bare GEMM / cuBLAS alone": (1.013, 8, 0.036, 0.071, (1.002, 1.024), False),
+}
+COVERAGE = 0.964            # the interval's coverage: 1 - 2 P(Bin(28, 1/2) < 9)
+
+# the per-cell results: (median ratio, rounds a won, sign-test p), in the order
 # 8192 plain, 8192 QK-norm, 32768 plain, 32768 QK-norm
 CELLS = {
     "fused from angles / unfused": [(0.975, 5, 0.453), (1.031, 3, 1.0), (1.009, 3, 1.0), (1.009, 3, 1.0)],
@@ -25,9 +38,22 @@ RANGES = {
 }
 
 
+def check_pooled(pooled: dict) -> None:
+    """Assert that ``pooled`` ({pair label: pooled_rounds result with ``holm_p`` and ``verdict``
+    added}) gives section 7.1's table, row by row, and the interval's stated coverage."""
+    def small(v):
+        return round(v, 3) if v >= 0.001 else 0
+
+    got = {label: (round(c["ratio"], 3), c["a_wins"], small(c["p"]), small(c["holm_p"]),
+                   tuple(round(v, 3) for v in c["ci"]), c["verdict"])
+           for label, c in pooled.items()}
+    assert got == POOLED, {k: v for k, v in got.items() if POOLED.get(k) != v}
+    assert all(round(c["coverage"], 3) == COVERAGE for c in pooled.values())
+
+
 def check_cells(paired: dict) -> None:
     """Assert that ``paired`` ({pair label: [paired_rounds result a cell]}) gives the page's
-    per-cell table: each cell's median ratio, wins and p, and its range."""
+    per-cell results: each cell's median ratio, wins and p, and its range."""
     got = {label: [(round(c["ratio"], 3), c["a_wins"], round(c["p"], 3)) for c in paired[label]]
            for label in CELLS}
     assert got == CELLS, {k: v for k, v in got.items() if CELLS[k] != v}
