@@ -38,8 +38,9 @@
 #   a paged one (block table → physical block);
 # - choose the scale of an fp8 cache, say what error it costs, and why a decoder must fix
 #   the scale before the keys it will store arrive;
-# - count the kernels one decoding step launches, fused and unfused, with `torch.profiler`,
-#   and read the counts beside the step's time replayed from a CUDA graph.
+# - count the bytes one decoding step moves, fused and in two kernels, and the kernels it
+#   launches, and read both beside the step's time replayed from a CUDA graph: at decode,
+#   fusion saves a kernel, not bandwidth.
 #
 # **Time:** about 75 minutes to read, 50 for exercises 1–4 (the two kernels take most), 20 for
 # the optional fifth. Section 3 and the end of section 4 are dense with measurements: on a first
@@ -49,8 +50,8 @@
 #
 # **Where the numbers come from.** The measured numbers in the text (times, memory, the GPU
 # runs' losses) are read from CSVs committed in `benchmarks/results/`, all measured on NVIDIA
-# H200s; the others (pair counts, fp8 errors) the cells compute. The cells assert both, so
-# they are the same on every machine. A few cells also time or profile live on whatever GPU
+# H200s; the others (pair counts, byte counts, fp8 errors) the cells compute, the same on
+# every machine. A few cells also time or profile live on whatever GPU
 # runs the notebook, and each such line names that GPU. On the executed page that GPU is one
 # H100, so its live lines are an H100's, not the H200's of the text.
 
@@ -307,8 +308,8 @@ solution(ex.solution_dual_chunk_positions)
 # - on one GPU: gloo, both ranks on that GPU (NCCL refuses to share one), the kernel compiled.
 #
 # Every setup trains in fp32 (on a GPU the cell asks for it with `--dtype fp32`), so that the
-# losses compare to fp32 rounding. The executed page ran on one H100: its output below is the
-# third case. The cell after the run asserts from the CSV's header which case ran.
+# losses compare to fp32 rounding. The CSV's header records which case ran: on the executed
+# page, one H100, the third.
 
 # %%
 def free_port() -> int:
@@ -410,9 +411,9 @@ plt.show()
 
 # %% [markdown]
 # **Answer:** yes, to fp32 rounding: the two losses agree to at most 4 ulps of fp32 (an ulp,
-# "unit in the last place", is the gap between neighbouring fp32 numbers near the loss). The
-# cell asserts that bound and prints the distance of the run it just made, read from the
-# header's `max_loss_diff` because the per-step columns keep only 6 decimals. The losses need
+# "unit in the last place", is the gap between neighbouring fp32 numbers near the loss); the
+# distance comes from the header's `max_loss_diff`, since the per-step columns keep only 6
+# decimals. The losses need
 # not agree to the bit: attention over two chunks and the all-reduce add in another order than
 # one process does.
 #
@@ -435,9 +436,12 @@ plt.show()
 #     torchrun --nproc_per_node 1 benchmarks/cp_train.py --steps 6 \
 #         --out benchmarks/results/cp-1gpu-nvidia-h200.csv
 #
-# The cell below reads the newest run of each number of ranks it finds in
-# `benchmarks/results/` and reports their tokens/s and peak memory as the CSVs record them; it
-# reads only committed H200 runs, so its output is the same on any machine.
+# The two runs are not the same length: 12 steps on two ranks, 6 on one GPU. The 1-GPU run
+# was taken for its memory and its step time, which 6 steps measure as well as 12; the next
+# three cells show where the difference matters (the loss after step 2) and where it does not
+# (memory, time per step). The first reads the newest run of each number of ranks in
+# `benchmarks/results/` (committed H200 runs: the same output on any machine) and adds up a
+# rank's peak memory from the run's sizes.
 
 # %%
 def newest_cp_runs(folder) -> dict:
@@ -452,130 +456,176 @@ def newest_cp_runs(folder) -> dict:
 
 
 def report_cp_runs(runs) -> None:
-    print(f"{'ranks':>5} {'device':<24} {'seq_len':>8} {'tokens/s':>10} {'ms/step':>9}  "
-          f"peak GiB per rank   file")
+    print(f"{'ranks':>5} {'device':<24} {'seq_len':>8} {'steps':>5} {'tokens/s':>10} "
+          f"{'ms/step':>9}  peak GiB per rank   file")
     for n, r in sorted(runs.items()):
         m = r["meta"]
         where = m["gpu"] if m.get("gpu", "none") != "none" else m.get("device", "?")
-        print(f"{n:>5} {where[:24]:<24} {m['seq_len']:>8} "
+        print(f"{n:>5} {where[:24]:<24} {m['seq_len']:>8} {m['steps']:>5} "
               f"{float(m['tokens_per_s']):>10.0f} {float(m['ms_per_step']):>9.1f}  "
               f"{m.get('peak_mem_gib_per_rank', ''):<18} {r['path'].name}")
-    multi = [n for n in runs if n > 1]
-    if 1 in runs and multi:
-        n = min(multi)
-        same = all(runs[1]["meta"][k] == runs[n]["meta"][k]
-                   for k in ("seq_len", "n_layer", "n_embd", "batch_size", "dtype"))
-        if same:
-            ratio = float(runs[n]["meta"]["tokens_per_s"]) / float(runs[1]["meta"]["tokens_per_s"])
-            print(f"{n} ranks / 1 rank: {ratio:.2f}x the tokens/s on the same sequences")
-        else:
-            print("the 1-rank and the multi-rank runs differ in size: their tokens/s do not "
-                  "compare")
 
 
 gpu_runs = newest_cp_runs(RESULTS)
-multi = sorted(n for n in gpu_runs if n > 1)
-if multi:
-    run = gpu_runs[2] if 2 in gpu_runs else gpu_runs[multi[0]]
-    report_cp_runs(gpu_runs)
-    m = run["meta"]
-    print(f"largest |loss difference| over the first steps, {run['cp_size']} ranks vs 1 process "
-          f"({m['dtype']}): {m.get('max_loss_diff', 'not measured')}; "
-          f"1-process baseline: {m.get('single_process', 'not run')}")
-    # the command above: 12 steps on 2 ranks, the 1-process baseline over the first 2
-    assert (m["steps"], m["single_process"].split(",")[0]) == ("12", "2 steps"), m
-    assert m["gpu"] == "NVIDIA H200", "the 2-rank run: on H200s"
-    # the default case the text describes: 12 layers, 1024 wide, 131072 characters, bf16
-    assert m["n_layer"] == "12", "12 layers"
-    assert m["n_embd"] == "1024", "1024 wide"
-    assert m["seq_len"] == "131072", "sequences of 131072 characters"
-    assert m["dtype"] == "bf16", "in bf16"
-    if 1 in gpu_runs:   # what the split buys: each rank's peak memory against one GPU's
-        assert gpu_runs[1]["meta"]["gpu"] == m["gpu"], "the 1-GPU run: the same GPU"
-        one = float(gpu_runs[1]["meta"]["peak_mem_gib_per_rank"])
-        per_rank = [float(v) for v in m["peak_mem_gib_per_rank"].split()]
-        print(f"peak memory per rank: {one:.2f} GiB on one GPU, {max(per_rank):.2f} GiB on each "
-              f"of {run['cp_size']} ({max(per_rank) / one:.0%} of one GPU's)")
-        # "a little over half": each rank keeps half the activations, plus the gathered k and v
-        assert 0.5 < max(per_rank) / one < 0.6
-        # the text's numbers: the 1-GPU run (6 steps) peaked at 65.12 GiB, each rank at 55 % of it
-        assert gpu_runs[1]["meta"]["steps"] == "6"
-        assert round(one, 2) == 65.12, "one GPU's peak: 65.12 GiB"
-        assert round(max(per_rank) / one, 2) == 0.55, "each rank: 55 % of it"
-        speedup = float(m["tokens_per_s"]) / float(gpu_runs[1]["meta"]["tokens_per_s"])
-        assert round(speedup, 2) == 1.30                 # 2 ranks: 1.30 x one GPU's tokens/s
-        # added up from the run's sizes: AdamW's fp32 weights, gradients and two moments (16
-        # bytes a parameter) on every rank; half of one GPU's activations (its peak less that
-        # state); the other rank's k and v, bf16, kept for the backward in every layer
-        gib = 2 ** 30
-        state = 16 * int(m["params"]) / gib
-        gathered_kv = (int(m["n_layer"]) * (int(m["seq_len"]) - int(m["local_seq_len"]))
-                       * int(m["n_embd"]) * 2 * 2) / gib
-        estimate = (one - state) / 2 + state + gathered_kv
-        print(f"added up: optimizer state {state:.2f} GiB + half of one GPU's activations "
-              f"{(one - state) / 2:.2f} + the other rank's k and v {gathered_kv:.2f} = "
-              f"{estimate:.2f} GiB, against {max(per_rank):.2f} measured")
-        assert abs(estimate / max(per_rank) - 1) < 0.05
-        assert round(estimate, 2) == 36.69, "added up: 36.69 GiB"
-        assert round(max(per_rank), 2) == 35.94, "measured: 35.94 GiB"
-        # the loss per step: the 2-rank run against the 1-GPU run (same seed, weights, batches);
-        # the 2-rank job's own 1-process baseline is the 1-GPU run: the same first two losses
-        one_loss, two_loss = gpu_runs[1]["loss"], run["loss"]
-        base = [v for v in run["single_loss"] if v is not None]
-        assert len(base) == 2 and all(abs(a - b) < 1e-4 for a, b in zip(base, one_loss))
-        assert max(abs(a - b) for a, b in zip(two_loss[:2], one_loss[:2])) < 1e-3
-        print(f"loss at step 3: 1 GPU {one_loss[2]:.3f}, 2 ranks {two_loss[2]:.3f}")
-        assert abs(two_loss[2] - one_loss[2]) > 0.1, "the losses part at step 3"
-        for name, curve in (("1 GPU", one_loss), ("2 ranks", two_loss)):
-            assert curve[1] > curve[0] and curve[-1] < max(curve), f"{name}: climbs, then falls"
-        # but not the same learning rates after step 1: train's schedule depends on the length
-        lr_of = {n: [cpt.lr_schedule(it, int(r["meta"]["steps"]), float(r["meta"]["lr"]))
-                     for it in range(6)] for n, r in ((1, gpu_runs[1]), (2, run))}
-        print("learning rate of the update after step", "".join(f"{i:>7}" for i in range(1, 7)))
-        for n, lrs in lr_of.items():
-            steps_n = (gpu_runs[1] if n == 1 else run)["meta"]["steps"]
-            print(f"{n} rank(s), a {steps_n:>2}-step schedule    "
-                  + "".join(f"{v * 1e4:7.2f}" for v in lrs) + "  (x 1e-4)")
-        assert all(math.isclose(lrs[0], float(m["lr"])) for lrs in lr_of.values())  # step 1
-        assert all(a < b for a, b in zip(lr_of[1][1:], lr_of[2][1:]))  # from step 2: smaller
-        assert [int(r["meta"]["steps"]) // 10 for r in (gpu_runs[1], run)] == [0, 1]  # warmup
-    fig, ax = plt.subplots(figsize=(7, 4))
-    plot_cp_run(run, ax, one_gpu=gpu_runs.get(1))
-    fig.tight_layout()
-    fig.savefig(FIGURES / "11-cp-gpu-loss.png", dpi=120)
-    plt.show()
-else:
-    print("No benchmarks/results/cp-*.csv from a GPU run is committed yet, so there is no "
-          "GPU loss curve or tokens/s to show here.\nThey come from `torchrun "
-          "--nproc_per_node 2 benchmarks/cp_train.py --compare-single --out "
-          "benchmarks/results/cp-....csv` on two GPUs (and --nproc_per_node 1 for one GPU).")
+one, run = gpu_runs[1], gpu_runs[2]                 # one GPU; two ranks
+m = run["meta"]
+report_cp_runs(gpu_runs)
+# the commands above: 12 steps on 2 ranks with a 2-step 1-process baseline; 6 steps on 1 GPU
+assert (m["steps"], m["single_process"].split(",")[0]) == ("12", "2 steps"), m
+assert one["meta"]["steps"] == "6", "the 1-GPU run: 6 steps"
+assert m["gpu"] == one["meta"]["gpu"] == "NVIDIA H200", "both runs on H200s"
+# the default case the text describes, the same in both runs
+for key, want in (("n_layer", "12"), ("n_embd", "1024"), ("seq_len", "131072"),
+                  ("dtype", "bf16"), ("batch_size", "1")):
+    assert m[key] == one["meta"][key] == want, (key, m[key], one["meta"][key])
+# what the split buys: each rank's peak memory against one GPU's, and the same added up from
+# the run's sizes: AdamW's fp32 weights, gradients and two moments (16 bytes a parameter) on
+# every rank; half of one GPU's activations (its peak less that state); the other rank's k and
+# v, bf16, kept for the backward in every layer
+peak_one = float(one["meta"]["peak_mem_gib_per_rank"])
+peak_rank = max(float(v) for v in m["peak_mem_gib_per_rank"].split())
+gib = 2 ** 30
+state = 16 * int(m["params"]) / gib
+gathered_kv = (int(m["n_layer"]) * (int(m["seq_len"]) - int(m["local_seq_len"]))
+               * int(m["n_embd"]) * 2 * 2) / gib
+estimate = (peak_one - state) / 2 + state + gathered_kv
+print(f"\npeak memory: {peak_one:.2f} GiB on one GPU, {peak_rank:.2f} GiB on each of 2 ranks "
+      f"({peak_rank / peak_one:.0%} of one GPU's)")
+print(f"added up: optimizer state {state:.2f} GiB + half of one GPU's activations "
+      f"{(peak_one - state) / 2:.2f} + the other rank's k and v {gathered_kv:.2f} = "
+      f"{estimate:.2f} GiB, against {peak_rank:.2f} measured")
+assert round(peak_one, 2) == 65.12, "one GPU's peak: 65.12 GiB"
+assert round(peak_rank / peak_one, 2) == 0.55, "each rank: 55 % of it"
+assert round(estimate, 2) == 36.69, "added up: 36.69 GiB"
+assert round(peak_rank, 2) == 35.94, "measured: 35.94 GiB"
+assert abs(estimate - peak_rank) < 1, "the parts add up to within 1 GiB"
 
 # %% [markdown]
 # The 131072-token sequence fits on one H200, at a peak of 65.12 GiB; split over two ranks,
-# each peaks at 55 % of that. The cell adds that up from the run's sizes (36.69 GiB against
-# 35.94 measured): half of one GPU's activations, the other rank's k and v for every layer
-# (kept for the backward), and the full weights, gradients and optimizer state, which CP does
-# not split. So CP buys memory first: at a little over half of one GPU's peak per rank, a
-# sequence somewhat too long for one GPU should fit on two (no such run is committed, so that
-# is not measured here). In speed, two ranks are 1.30 times as fast as one GPU, not twice; the
-# end of this section asks why.
+# each peaks at 55 % of that, and the sum of its parts comes to within 1 GiB of it: half of
+# one GPU's activations, the other rank's k and v for every layer (kept for the backward), and
+# the full weights, gradients and optimizer state, which CP does not split. So CP buys memory
+# first: at a little over half of one GPU's peak per rank, a sequence somewhat too long for
+# one GPU should fit on two (no such run is committed, so that is not measured here).
 #
-# The two loss curves start the same: both runs use seed 0, the 2-rank job's own 1-process
-# baseline reproduces the 1-GPU run's first two losses to 1e-4, and the two runs agree to
-# within 0.001 nats at steps 1 and 2 (asserted).
+# **Speed, over the same steps.** A header's tokens/s leaves out the run's first `steps // 5`
+# steps (at least one: step 1 compiles), so the two headers average steps 2–6 of the 1-GPU run
+# and 3–12 of the 2-rank run. The next cell takes, from the per-step columns, the steps both
+# runs have, 2 to 6, and draws every step's time.
+
+# %%
+STEPS_BOTH = range(2, min(len(one["ms"]), len(run["ms"])) + 1)      # steps 2 .. 6
+tokens = int(m["seq_len"]) * int(m["batch_size"])                   # whole-batch tokens a step
+mean_ms = {n: statistics.mean(r["ms"][s - 1] for s in STEPS_BOTH) for n, r in ((1, one), (2, run))}
+speedup = mean_ms[1] / mean_ms[2]                                   # tokens/s, 2 ranks / 1 GPU
+# the headers' windows: the steps after the first steps // 5 (at least 1, at most 5)
+window = {n: range(min(5, max(1, int(r["meta"]["steps"]) // 5)) + 1, len(r["ms"]) + 1)
+          for n, r in ((1, one), (2, run))}
+for n, r in ((1, one), (2, run)):     # the header's ms per step is the mean over its window
+    in_window = statistics.mean(r["ms"][s - 1] for s in window[n])
+    assert abs(in_window / float(r["meta"]["ms_per_step"]) - 1) < 1e-4, (n, in_window)
+header_speedup = float(m["tokens_per_s"]) / float(one["meta"]["tokens_per_s"])
+spread = {n: max(r["ms"][1:]) / min(r["ms"][1:]) - 1 for n, r in ((1, one), (2, run))}
+print(f"steps {STEPS_BOTH[0]}-{STEPS_BOTH[-1]} of both runs: 1 GPU {mean_ms[1]:.1f} ms a step, "
+      f"2 ranks {mean_ms[2]:.1f}: {speedup:.3f}x the tokens/s of one GPU")
+print(f"the headers' windows (1 GPU steps {window[1][0]}-{window[1][-1]}, 2 ranks steps "
+      f"{window[2][0]}-{window[2][-1]}): {header_speedup:.3f}x")
+print(f"every step after the first, slowest / fastest: 1 GPU +{spread[1]:.2%}, "
+      f"2 ranks +{spread[2]:.2%}")
+assert list(STEPS_BOTH) == [2, 3, 4, 5, 6]
+assert (list(window[1]), list(window[2])) == ([2, 3, 4, 5, 6], list(range(3, 13)))
+assert round(speedup, 2) == round(header_speedup, 2) == 1.30, "1.30 x one GPU's tokens/s"
+assert max(spread.values()) < 0.01, "every step within 1 % of the others"
+fig, ax = plt.subplots(figsize=(7, 3.6))
+for n, r, style in ((1, one, "o--"), (2, run, "s-")):
+    ax.plot(r["step"], r["ms"], style, ms=4,
+            label=f"{'1 GPU' if n == 1 else f'{n} ranks'}, a {r['meta']['steps']}-step run")
+ax.axvspan(STEPS_BOTH[0] - 0.3, STEPS_BOTH[-1] + 0.3, color="tab:gray", alpha=0.15,
+           label=f"steps compared: {STEPS_BOTH[0]}-{STEPS_BOTH[-1]}")
+ax.set(xlabel="step", ylabel="ms per step (wall clock)", yscale="log",
+       title=f"measured on {m['gpu']}s: S={m['seq_len']}, {m['dtype']}; step 1 compiles")
+ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+ax.legend(fontsize=8)
+ax.grid(alpha=0.3, which="both")
+fig.tight_layout()
+plt.show()
+
+# %% [markdown]
+# After the first step every step takes the same time, within 1 % in either run, so the
+# length of a run does not change its speed: over the same five steps two ranks are 1.30
+# times as fast as one GPU, as the headers say, and not twice; the end of this section asks
+# why.
 #
-# After that they do not compare, for a reason in the commands, not in CP. The training loop
-# (`cpt.train`, with `cpt.lr_schedule`) warms the learning rate up over `steps // 10` steps,
-# then decays it along a cosine over the run's `steps`. So the 6-step and the 12-step runs
-# take the same first update, and from the second on the shorter run takes smaller ones (the
-# cell prints both schedules); the losses part at step 3, the first after the updates differ.
-# Comparing the runs past step 2 would take a 1-GPU run of 12 steps. (Both curves climb
+# **Loss, where the lengths matter.** Both runs use seed 0, the same initial weights and the
+# same batches, and the 2-rank job's own 1-process baseline reproduces the 1-GPU run's first
+# two losses. After step 2 the curves part, for a reason in the commands, not in CP: the
+# training loop (`cpt.train`, with `cpt.lr_schedule`) warms the learning rate up over
+# `steps // 10` steps, then decays it along a cosine over the run's `steps`. The 6-step and
+# the 12-step run take the same first update, and from the second on the shorter run takes
+# smaller ones.
+
+# %%
+one_loss, two_loss = one["loss"], run["loss"]
+base = [v for v in run["single_loss"] if v is not None]             # the 2-rank job's baseline
+print(f"{'step':>4}{'1 GPU':>9}{'2 ranks':>9}{'2-rank job, 1 process':>23}")
+for s in range(1, 5):
+    baseline = f"{base[s - 1]:.4f}" if s <= len(base) else "not run"
+    print(f"{s:>4}{one_loss[s - 1]:9.4f}{two_loss[s - 1]:9.4f}{baseline:>23}")
+assert len(base) == 2 and all(abs(a - b) < 1e-4 for a, b in zip(base, one_loss))
+assert max(abs(a - b) for a, b in zip(two_loss[:2], one_loss[:2])) < 1e-3
+assert abs(two_loss[2] - one_loss[2]) > 0.1, "the losses part at step 3"
+for name, curve in (("1 GPU", one_loss), ("2 ranks", two_loss)):
+    assert curve[1] > curve[0] and curve[-1] < max(curve), f"{name}: climbs, then falls"
+lr_of = {n: [cpt.lr_schedule(it, int(r["meta"]["steps"]), float(r["meta"]["lr"]))
+             for it in range(6)] for n, r in ((1, one), (2, run))}
+print("\nlearning rate of the update after step", "".join(f"{i:>7}" for i in range(1, 7)))
+for n, r in ((1, one), (2, run)):
+    print(f"{n} rank(s), a {r['meta']['steps']:>2}-step schedule    "
+          + "".join(f"{v * 1e4:7.2f}" for v in lr_of[n]) + "  (x 1e-4)")
+assert all(math.isclose(lrs[0], float(m["lr"])) for lrs in lr_of.values())      # step 1
+assert all(a < b for a, b in zip(lr_of[1][1:], lr_of[2][1:]))                  # then smaller
+assert [int(r["meta"]["steps"]) // 10 for r in (one, run)] == [0, 1]           # warmup steps
+fig, ax = plt.subplots(figsize=(7, 4))
+plot_cp_run(run, ax, one_gpu=one)
+fig.tight_layout()
+fig.savefig(FIGURES / "11-cp-gpu-loss.png", dpi=120)
+plt.show()
+
+# %% [markdown]
+# That the schedule alone parts the curves at step 3 can be shown on any machine, without CP
+# and without the H200: the next cell trains the dry run's tiny model in one process on this
+# machine, twice from the same seed on the same batches, with the learning rate of the GPU
+# runs, once under a 6-step schedule and once under a 12-step one (`stop_after=4`: the first
+# 4 steps of each).
+
+# %%
+chars = CharDataset.from_pydoc_topics()            # the characters cp_train.py trains on
+tiny_cfg = GPTConfig(vocab_size=chars.vocab_size, block_size=16, n_layer=2, n_head=2, n_embd=16)
+schedule_loss = {}
+for steps in (6, 12):
+    torch.manual_seed(0)                               # the same initial weights
+    tiny = GPT(tiny_cfg).to(device)
+    schedule_loss[steps] = cpt.train(tiny, chars, steps=steps, stop_after=4, batch_size=2,
+                                     lr=float(m["lr"]), seed=0)["train_loss"]
+gaps = [abs(a - b) for a, b in zip(schedule_loss[6], schedule_loss[12])]
+print(f"{device}, live: one process, the same weights and batches, lr {float(m['lr']):g}")
+print(f"{'step':>4}{'6-step schedule':>17}{'12-step schedule':>18}{'|difference|':>14}")
+for s, (a, b, gap) in enumerate(zip(schedule_loss[6], schedule_loss[12], gaps), 1):
+    print(f"{s:>4}{a:17.6f}{b:18.6f}{gap:14.1e}")
+assert max(gaps[:2]) < 1e-5, "the same first two losses"
+assert gaps[2] > 1e-4 and gaps[3] > gaps[2], "parted at step 3, further at step 4"
+
+# %% [markdown]
+# The first two losses are the same; the 6-step schedule's smaller second update parts them
+# at step 3, and they move further apart at step 4, as on the H200s. So the two GPU runs
+# compare in memory and in time per step at any length, and in loss at steps 1 and 2 only; a
+# loss comparison past step 2 would take a 1-GPU run of 12 steps. (Both GPU curves climb
 # before they fall, as a run does that starts at the full learning rate with at most one
-# warmup step.)
+# warmup step.) The 200-step runs below are the same length on both sides.
 #
-# **Answer:** per rank, 55 % of one GPU's peak memory; 1.30 times one GPU's speed, not twice;
-# the same losses at steps 1 and 2, the only ones taken before the two schedules part (the
-# 200-step runs below ask about training).
+# **Answer:** per rank, 55 % of one GPU's peak memory; 1.30 times one GPU's speed over the
+# same steps, not twice; the same losses at steps 1 and 2, the only ones taken before the
+# two schedules part.
 
 # %% [markdown]
 # ### 200 steps in bf16: does the two-rank run train the same model?
@@ -592,10 +642,9 @@ else:
 # - one process, seed 1: other initial weights *and other batches*.
 #
 # The seed-1 run is a loose yardstick: its gap to seed 0 holds other batches as well as other
-# weights, so "well inside the seed gap" can still let a real offset through. The cell asserts
-# that, over the 200 steps and over the last 50, the 2-rank curve stays on average less than
-# half as far from its twin as the seeds stay from each other, and counts the steps where it
-# holds.
+# weights, so "well inside the seed gap" can still let a real offset through. The cell
+# measures both gaps over the 200 steps and over the last 50, and counts the steps where the
+# 2-rank run is the closer.
 
 # %%
 def loss_curve(path) -> list:
@@ -932,8 +981,7 @@ solution(ex.solution_rope_kv_cache_kernel.fn, title="Solution: RoPE + contiguous
 # two programs per SM (streaming multiprocessor, the GPU's unit that runs a program;
 # `pick_tiles` in `ropelib/kernels/kv_cache.py`). The cell prints both grids on any machine,
 # computed for an H200's 132 SMs: 40 programs against your 1 at batch 1, and 320 against your
-# 64 at batch 64. On a GPU it asserts only loose bounds, with room for noise: yours no slower
-# than the unfused step (within 15 %), and the worked kernel within 1.5 times ropelib's.
+# 64 at batch 64.
 #
 # The cell's table sets the live times beside the committed H200 decode run, where ropelib's
 # fused step took 6.4 µs at batch 1 and 7.4 µs at batch 64, the unfused one 20.4 and 21.5 µs.
@@ -1014,6 +1062,88 @@ if ropelib.runtime.on_gpu():
 else:
     print("timing skipped: your kernel is timed against the unfused step on a GPU only "
           "(in the interpreter the numbers would say nothing)")
+
+# %% [markdown]
+# ### What the fused write saves, in bytes
+#
+# The times say how much sooner the fused step ends; the bytes say what it no longer moves.
+# The next cell runs one decoding step twice in Triton's interpreter under `access.record`
+# (notebook 03's tracer: the byte address of every lane each `tl.load` and `tl.store`
+# touches) and sums the bytes per tensor, at the decode benchmark's head sizes (q 32 heads, k
+# and v 8 heads of 128, bf16):
+#
+# - **fused**: exercise 2's worked kernel (and yours, once it passes, on a line of its own);
+# - **two kernels**: the same rotation with the rotated k written to memory
+#   (`ropelib.course.nb11_decode_traffic`), then the decode benchmark's write kernel
+#   (`ropelib.bench.cache_write`), which reads the rotated k back and stores it with v.
+#
+# The interpreter counts the bytes the kernels ask for, the same on every machine. The cell
+# then converts the difference to time at the H200's memory bandwidth and sets it beside what
+# fusion saved on the H200 (the committed decode run, contiguous bf16 cache, one step per
+# graph replay).
+
+# %%
+from collections import Counter
+
+from ropelib.course import nb11_decode_traffic as traffic
+
+worked = traffic.step_traffic(ex.solution_rope_kv_cache_kernel)   # 2 sequences, bf16
+assert worked["same"], "both paths write the same q_out and caches"
+per_seq = {path: Counter({key: n // worked["B"] for key, n in worked[path].items()})
+           for path in ("fused", "two kernels")}
+print("bytes a sequence moves, counted in Triton's interpreter (any machine): q [32, 128], "
+      "k and v [8, 128], bf16")
+print(f"{'tensor':<9}{'fused: read':>12}{'written':>9}{'two kernels: read':>19}{'written':>9}")
+for name in traffic.TENSORS:
+    row = [per_seq[p][name, kind] for p in ("fused", "two kernels") for kind in ("load", "store")]
+    print(f"{name:<9}" + "".join(f"{n:>{w}}" for n, w in zip(row, (12, 9, 19, 9))))
+total = {p: sum(c.values()) for p, c in per_seq.items()}
+saved = total["two kernels"] - total["fused"]
+print(f"{'all':<9}{total['fused']:>21}{total['two kernels']:>28}   "
+      f"difference {saved} bytes ({saved / total['fused']:.0%} of the fused step's)")
+if kv_ok:                            # your kernel, on a line of its own (not asserted)
+    yours = traffic.step_traffic(my_rope_kv_cache_kernel)
+    yours_total = sum(yours["fused"].values()) // yours["B"]
+    print(f"your kernel: {yours_total} bytes a sequence "
+          + ("(each byte once, as the worked one)" if yours_total == total["fused"] else
+             f"(the worked one: {total['fused']}; a tensor read twice shows in the counts)"))
+# the worked kernel moves each byte once: q, k, v read, q_out and the two slots written, one
+# position and one row of D/2 angles read
+HQd, HKd, Dd = 32, 8, 128
+once = 2 * (2 * HQd * Dd + 4 * HKd * Dd) + 4 + 4 * Dd // 2
+assert total["fused"] == once == 24836, "24,836 bytes a sequence"
+# the difference is the rotated k's round trip and the position read again, nothing else
+assert per_seq["two kernels"] - per_seq["fused"] == Counter(
+    {("k_rot", "store"): 2 * HKd * Dd, ("k_rot", "load"): 2 * HKd * Dd, ("seqlens", "load"): 4})
+assert not per_seq["fused"] - per_seq["two kernels"]
+assert saved == 4100 and round(saved / total["fused"], 2) == 0.17, "4,100 bytes, 17 % more"
+q_share = (per_seq["fused"]["q", "load"] + per_seq["fused"]["q_out", "store"]) / total["fused"]
+assert round(3 * q_share) == 2, "two thirds of them q and q_out"
+
+H200_HBM_TBS = 4.8   # H200 SXM memory bandwidth, TB/s (NVIDIA's figure)
+print(f"\n{'B':>4}{'round trip':>12}{'at 4.8 TB/s':>13}   NVIDIA H200, measured: two kernels "
+      f"- fused ({DECODE.name})")
+byte_us, gain_us = {}, {}
+for b in (1, 8, 64, 256):
+    byte_us[b] = saved * b / (H200_HBM_TBS * 1e12) * 1e6
+    gain_us[b] = csv_us["two_kernels", b] - csv_us["fused", b]
+    print(f"{b:>4}{saved * b / 2 ** 10:>9.0f} KiB{byte_us[b]:>10.3f} us{gain_us[b]:>10.1f} us")
+assert all(byte_us[b] < 0.1 * gain_us[b] for b in byte_us), "bytes: under a tenth of the gain"
+assert round(saved * 256 / 2 ** 20, 1) == 1.0 and round(byte_us[256], 2) == 0.22
+assert rounds_to(min(gain_us.values()), 1.2, 0.1) and rounds_to(max(gain_us.values()), 2.9, 0.1)
+
+# %% [markdown]
+# The worked kernel moves each byte once: 24,836 bytes a sequence, two thirds of them q read
+# and q_out written. The two kernels move exactly two things more: the rotated k, written by
+# the first kernel and read back by the second (2 × 2,048 bytes), and the position, read
+# again (4 bytes). That is 4,100 bytes a sequence, 17 % more traffic.
+#
+# At decode sizes those bytes cost almost nothing: even at a batch of 256 the round trip is
+# 1.0 MiB, 0.22 µs at the H200's 4.8 TB/s (an upper bound: the rotated k may never leave the
+# L2 cache). Fusion saved 1.2 to 2.9 µs a step on the H200, so bandwidth is under a tenth of
+# the gain. What the fused step saves at decode is a kernel, not its bytes: the second
+# kernel's start inside the graph and its own chain of dependent reads (the position, then k
+# and v). The last part of section 4 measures what starting a kernel costs.
 
 # %% [markdown]
 # ### Exercise 3: the slot of a position in a paged cache
@@ -1341,8 +1471,6 @@ solution(ex.solution_fp8_store_kernel.fn, title="Solution: the fp8 store")
 # and on a GPU each of them launches its own kernels.
 
 # %%
-from collections import Counter
-
 from ropelib.course.counts import count_kernels
 
 fp8_kernel = my_fp8_store_kernel if fp8_ok else ex.solution_fp8_store_kernel
@@ -1402,7 +1530,7 @@ else:
 # The unfused store is 4 ATen operators: `quantize_fp8`'s divide by the scale, clamp and
 # round to fp8 (its conversion to fp32 has nothing to do on fp32 values), then the indexed
 # write, each its own pass over k. On a GPU the fused store takes less than a third of their
-# time per call (the cell asserts it). How many CUDA kernels the four run, and what each
+# time per call. How many CUDA kernels the four run, and what each
 # costs inside a 100-call replay, this cell does not measure.
 
 # %% [markdown]
@@ -1594,10 +1722,9 @@ for cache in ("contiguous", "paged"):      # per cache: to fp32, divide, clamp, 
 # - 8 more with an fp8 cache, 4 per cache (to fp32, divide by the scale, clamp, round to
 #   fp8): 14 contiguous and 17 paged.
 #
-# On a GPU each operator runs exactly one CUDA kernel (the cell asserts it there), so the
-# unfused step runs 7, 10, 15 and 18 kernels (`_rope_kernel` first) where the fused one runs
-# 1; on the CPU the cell asserts the operators and the one Triton launch. The cell below sets
-# these counts beside the replayed times of the committed H200 run:
+# On a GPU each operator runs exactly one CUDA kernel, so the unfused step runs 7, 10, 15 and
+# 18 kernels (`_rope_kernel` first) where the fused one runs 1. The cell below sets these
+# counts beside the replayed times of the committed H200 run:
 #
 # - **Replayed, the time follows the count.** The unfused step's time rises with its
 #   operations (7, 10, 15, 18): 20.4–25.2, 27.6–35.5, 35.8–43.6 and 42.8–53.5 µs over the
@@ -1710,6 +1837,7 @@ assert as_stated((min(gap_large),), (2.6,)), "at 256 sequences: from 2.6 us"
 assert as_stated((max(gap_large),), (3.0,)), "... to 3.0 us"
 assert per_empty / 2 < min(gap_small) and max(gap_small) < 2 * per_empty   # about one launch
 assert min(gap_large) > 2 * per_empty                                      # more than one
+assert byte_us[256] < 0.1 * min(gap_large)           # the round trip: not what the rest is
 # the two kernels against the PyTorch write: most of the unfused step's cost is its operators
 two_vs_unfused = [step_us[k[:3] + ("unfused",)] / step_us[k[:3] + ("two_kernels",)]
                   for k in step_us if k[3] == "two_kernels"]
@@ -1724,9 +1852,10 @@ assert as_stated((max(two_vs_unfused),), (4.8,)), "... to 4.8"
 # unfused step, so most of the 2.9–5.6× against the unfused step is the PyTorch operators.
 #
 # Up to 64 sequences fusion saves 0.8 to 1.6 µs a step, about one more kernel in a replay
-# (1.1 µs). At 256 sequences it saves 2.6 to 3.0 µs, more than one launch; what the rest is
-# (the two kernels' own durations and memory traffic at that batch) these replays do not
-# measure.
+# (1.1 µs). At 256 sequences it saves 2.6 to 3.0 µs, more than one launch. The bytes do not
+# explain the rest: the rotated k's round trip at that batch is the 1.0 MiB counted after
+# exercise 2, at most 0.22 µs. What remains is the second kernel's own duration, which these
+# replays do not separate from its start.
 #
 # **Takeaway:** a decoding step stores rotated keys; fusing RoPE with the store is one kernel
 # with the bits of RoPE-then-write, in either cache layout and in fp8 (whose scale must be
@@ -1763,7 +1892,9 @@ assert as_stated((max(two_vs_unfused),), (4.8,)), "... to 4.8"
 # - The fused step is one kernel, the unfused step 7 to 18; replayed on the H200, the unfused
 #   step's time follows the count at about 2.0 µs an operation on average at batch 1. Against
 #   RoPE plus one write kernel, the fused step is 1.09–1.34× faster (one step per replay):
-#   about the one kernel it does not start, up to a batch of 64 (0.8–1.6 µs).
+#   about the one kernel it does not start, up to a batch of 64 (0.8–1.6 µs). The bytes it
+#   saves, the rotated k's round trip (4,100 a sequence, counted in the interpreter), are
+#   under a tenth of that time even at a batch of 256.
 
 # %% [markdown]
 # ## Questions for a study group
@@ -1961,15 +2092,6 @@ else:
     print(f"The attention kernels are profiled on a GPU only; this run's device is {device}.")
 
 # %% [markdown]
-# On any GPU the cell asserts what an H200 showed, with margins for a live measurement:
-#
-# - one GPU's attention runs cuDNN's kernels (over 90 % of its time), rank 0's mostly PyTorch's
-#   flash kernels (cuDNN's under 20 %: its first chunk);
-# - one GPU forced onto the flash kernel runs within 10 % of rank 0's rate, and cuDNN's rate is
-#   more than 1.3 times the flash kernel's;
-# - on an H200 only, the GPU the fit was measured on: each call's attention, times the layers,
-#   lies within 5 % of its fit's $S^2$ term.
-#
 # The three lines an H200 printed for this cell are saved in
 # `benchmarks/results/cp_attention_profile-nvidia-h200-20261204-from-page.csv`, so the next
 # cell reads them on any machine and sets them beside the fit.
@@ -2041,8 +2163,8 @@ assert round(fit_vs_profile, -2) == 100, "the fit's split good to about 100 ms"
 # timed exactly as the decode benchmark times a step (`kv_cache_decode.time_step`, one step per
 # replay), for $n$ from 1 to 18, in five rounds that alternately go up and down in $n$, on an
 # H200 (another day than the decode run: the cell prints both dates). The cell fits the same
-# kind of line; on a GPU it also replays graphs of 1 and 7 such kernels on that GPU, not
-# asserted (on the executed page, an H100).
+# kind of line; on a GPU it also replays graphs of 1 and 7 such kernels on that GPU (on the
+# executed page, an H100), for comparison only: another GPU, another day.
 
 # %%
 floor_meta = compare.read_meta(FLOOR)
