@@ -28,11 +28,11 @@
 # give the same symptom. So this notebook shows which causes produce exactly that symptom, not
 # which one struck there. We reproduce the failure, then take apart, one by one, everything that
 # can make such a check fail, with the tools that find it: an error map over position × feature,
-# the location of the largest difference, errors in ulps, a norm-wise error, and tolerances that
-# fit the dtype.
+# the location of the largest difference, a print from inside the kernel at that element, errors
+# in ulps, a norm-wise error, and tolerances that fit the dtype.
 #
-# **Time:** about two hours of reading, with the exercises of sections 4, 4b and 5; section 4b
-# alone is close to half of it. The cells run in a few minutes in the Triton interpreter.
+# **Time:** about two hours of reading, with the exercises of sections 4b, 5 and 6; section 4b
+# is the longest. The cells run in a few minutes in the Triton interpreter.
 #
 # **After this notebook you will be able to**
 #
@@ -66,7 +66,7 @@
 # it and is the same on every machine. Most are read from `benchmarks/te_bits.py`'s measurements
 # against the real TE, committed under `benchmarks/results/`: `te-bits-nvidia-h200.pt`, *the H200
 # reference run*, and `te-bits-nvidia-h100-80gb-hbm3.pt`, the same script on an NVIDIA H100, which
-# section 4b shows agrees with the H200's in every row. The rest are computed on the CPU from fixed
+# agrees with the H200's in every row (Appendix A). The rest are computed on the CPU from fixed
 # inputs. The outputs under the cells come from the machine that ran them, named in the first
 # cell's output: on a CPU, the interpreter against the TE emulation at small sizes; on a GPU, the
 # compiled kernels at the reference run's sizes, against the real TE where it is installed.
@@ -93,6 +93,7 @@ from ropelib import runtime
 from ropelib.bench import compare
 from ropelib.course import debug, widgets
 from ropelib.course.debug import FIXED, REPRO, Causes
+from ropelib.course.exercises import debugging as ex, solution
 from ropelib.kernels.common import round_to
 
 ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "ropelib").is_dir())
@@ -111,9 +112,7 @@ META = BITS["meta"]
 GPU_NAME = META["gpu"]
 assert GPU_NAME == "NVIDIA H200", "the text's H200 reference run"
 H100_RUN = next(r for r in RUNS.values() if r["meta"]["gpu"].startswith("NVIDIA H100"))
-# A GPU compiles the reference run's code when it has the run's compute capability and Triton
-# (section 4b shows the H100 run agreeing with the H200's in every row): there, the cells check
-# this machine's counts against the committed run of this GPU, or the reference run's.
+# where a GPU's own counts are checked against a committed run (Appendix A): SAME_ARCH
 HERE = ({"capability": "{}.{}".format(*torch.cuda.get_device_capability()),
          "triton": triton.__version__} if GPU else None)
 SAME_ARCH = not GPU or all(HERE[k] == META[k] for k in ("capability", "triton"))
@@ -127,9 +126,7 @@ def run_row(run, variant, key="nb_gpu"):
 
 
 print("measured against the real TE on:", ", ".join(r["meta"]["gpu"] for r in RUNS.values()),
-      f"| the reference run: {GPU_NAME}" + ("" if not GPU else
-      f" | this GPU: compute capability {HERE['capability']}, Triton {HERE['triton']}; its "
-      f"counts checked against the {OWN_RUN['meta']['gpu']} run: {SAME_ARCH}"))
+      f"| the reference run: {GPU_NAME}")
 
 # %% [markdown]
 # ## 1. The failure, reproduced
@@ -302,6 +299,70 @@ assert steps_at_max == 1                                  # the largest differen
 # Row 0 is black: no difference at position 0. Every other position differs somewhere. The
 # largest difference lies elsewhere; the cell prints where, and the two values there: one bf16
 # step apart. It is small — but how small is small?
+#
+# **Look inside the kernel.** Triton's own print is `tl.device_print(prefix, value)`: it prints
+# a value from inside a running kernel, with the program id. The probe below is the reproduction
+# kernel's reported line (bf16 table, bf16 products) cut down to the one pair that holds the
+# largest difference: it prints the angle, the fp32 cos and sin, the same two rounded to bf16
+# (the table the reported wrapper builds), and $y$ in fp32 before the store, once with the bf16
+# table and products and once with the fp32 table and fp32 products. In the interpreter the
+# prints appear under the cell; on a GPU `tl.device_print` is a `printf` of every thread, which
+# goes to the stdout of the process (the terminal that started Jupyter) rather than the cell. The
+# kernel also stores what it printed, and the cell checks it against both outputs.
+
+# %%
+@triton.jit
+def _probe_pair(x_ptr, ang_ptr, cos_ptr, sin_ptr, out_ptr, J: tl.constexpr, HALF: tl.constexpr,
+                SECOND: tl.constexpr, BF16_RTNE: tl.constexpr):
+    # one row's pair (J, J + HALF); SECOND: print y2 = x2 c + x1 s, else y1 = x1 c - x2 s
+    theta = tl.load(ang_ptr + J)
+    c = tl.load(cos_ptr + J)                      # fp32, torch.cos of the angle, as the wrapper's
+    s = tl.load(sin_ptr + J)
+    x1 = tl.load(x_ptr + J).to(tl.float32)
+    x2 = tl.load(x_ptr + HALF + J).to(tl.float32)
+    cb = round_to(c, tl.bfloat16, BF16_RTNE).to(tl.float32)   # the reported table: bf16
+    sb = round_to(s, tl.bfloat16, BF16_RTNE).to(tl.float32)
+    if SECOND:                                                 # y = a c + b s
+        a = x2
+        b = x1
+    else:
+        a = x1
+        b = -x2
+    y_bf16 = (round_to(a * cb, tl.bfloat16, BF16_RTNE).to(tl.float32)
+              + round_to(b * sb, tl.bfloat16, BF16_RTNE).to(tl.float32))   # the reported line
+    y_fp32 = a * c + b * s                                     # fp32 table and products
+    tl.device_print("theta", theta)
+    tl.device_print("cos, sin in fp32", c, s)
+    tl.device_print("cos, sin in bf16", cb, sb)
+    tl.device_print("y (fp32, before the store): bf16 table and products", y_bf16)
+    tl.device_print("y (fp32, before the store): fp32 table and products", y_fp32)
+    tl.store(out_ptr + 0, theta)
+    tl.store(out_ptr + 1, c)
+    tl.store(out_ptr + 2, s)
+    tl.store(out_ptr + 3, cb)
+    tl.store(out_ptr + 4, sb)
+    tl.store(out_ptr + 5, y_bf16)
+    tl.store(out_ptr + 6, y_fp32)
+
+
+assert res.layout == "sbhd"
+half_d = SC.head_dim // 2
+j_max, second = loc["dim"] % half_d, loc["dim"] >= half_d
+ang_row = compare.angles(SC.seq_len, SC.head_dim, device=device)[loc["position"], 0, 0, :half_d]
+x_row = res.x[loc["position"], loc["batch"], loc["head"]].contiguous().to(device)
+probe = torch.empty(7, device=device)
+_probe_pair[(1,)](x_row, ang_row, torch.cos(ang_row), torch.sin(ang_row), probe, J=j_max,
+                  HALF=half_d, SECOND=second, BF16_RTNE=debug.BF16_RTNE, num_warps=1,
+                  enable_fp_fusion=False)
+theta_p, c_p, s_p, cb_p, sb_p, y_bf16_p, y_fp32_p = probe.cpu().tolist()
+print(f"the probe at position {loc['position']}, dim {loc['dim']}: stored y rounded to bf16: "
+      f"bf16 table {torch.tensor(y_bf16_p).bfloat16().item():.5g} (Triton's output there "
+      f"{loc['b']:.5g}), fp32 table {torch.tensor(y_fp32_p).bfloat16().item():.5g} "
+      f"({res.te_label} there {loc['a']:.5g})")
+assert torch.tensor(y_bf16_p).bfloat16().item() == loc["b"]   # the reported kernel's element
+assert (cb_p, sb_p) != (c_p, s_p)                              # the table's rounding moved it
+if not GPU:   # the interpreter rounds each fp32 product, as the TE emulation does
+    assert torch.tensor(y_fp32_p).bfloat16().item() == loc["a"]
 
 # %% [markdown]
 # ## 3. Tolerances that fit the dtype, and errors in ulps
@@ -451,18 +512,6 @@ if one_ulp.te_label == "TE emulation" and not GPU:   # the interpreter contracts
 assert hist_u.get(1, 0) >= sum(hist_u.values()) / 2          # most: one bf16 step
 far_u = mism & (debug.steps_apart(unmoved, moved) > 1)
 assert bool((moved[far_u].float().abs() < 2 ** -6).all())   # the rest, however far: near zero
-# the second line's count, split: elements the nudge moved, elements where the kernel's
-# multiply-add order already differs from TE, and those of either now back on TE's value
-te_out = one_ulp.tokens_te
-assert torch.equal(te_out, control.tokens_te)                # one TE output, two tables
-order = ~torch.isclose(te_out, unmoved)
-vs_te = ~torch.isclose(te_out, moved)
-back = (mism | order) & ~vs_te
-print(f"split: {n_nudge} moved by the nudge, {int(order.sum())} off by the order, "
-      f"{int((mism & order).sum())} both; {int(back.sum())} of these back on TE's value: "
-      f"{int((mism | order).sum())} - {int(back.sum())} = {int(vs_te.sum())}")
-assert int(vs_te.sum()) == du["n_mismatched"]
-assert not bool((vs_te & ~(mism | order)).any())   # each element off TE was moved or off before
 
 # %% [markdown]
 # That is the reported failure, from two correct kernels: the first ten values equal,
@@ -477,8 +526,8 @@ assert not bool((vs_te & ~(mism | order)).any())   # each element off TE was mov
 # emulation, whose table the kernel was given, so the two counts are the same. On a
 # GPU the compiled kernel's multiply-add order already differs from TE with the unmoved table:
 # 12 of 1,048,576 elements in the H200 reference run and in the H100 run; section 4b finds why.
-# The two counts do not add: an element can be in both sets, and a nudge can put an element
-# back on TE's value. The `split` line counts each part.
+# The two counts need not add up: an element can be off for both reasons, and a nudge can put
+# an element back on TE's value.
 #
 # The next cell runs the same experiment at the GPU size in plain PyTorch, on every machine:
 # the TE emulation against itself with the moved table.
@@ -636,27 +685,6 @@ assert all(run_row(BITS, v)["numel"] == 1_048_576 for v in PRESET_ROWS.values())
 # as the interpreter does, so the fixed row is 0 too. On a GPU of compute capability 9.0 against
 # the real TE the two rows show the committed runs' 0 and $2^{-6}$; against the emulation, a GPU
 # can show a few differing outputs in the fma row.
-#
-# **Exercise — the norm-wise error.** Write `my_normwise_error(y, exact, x, rot_dim)`: for
-# every element of `y` (any shape, last dim $D$), $|y - y^\star|$ divided by $|x_a| + |x_b|$,
-# where $(a, b)$ is the rotate-half pair the element belongs to: feature $j < R/2$ pairs with
-# $j + R/2$, and the other way round, $R$ being `rot_dim`. A feature past $R$ is passed through
-# unrotated, and its error is measured against $|x_j|$ alone. Return float64. The check runs
-# your function on fresh outputs (bf16 with every feature rotated, fp32 with partial rotary)
-# and compares with `debug.normwise_error`, which it bars inside your answer.
-
-# %%
-from ropelib.course.exercises import debugging as ex, solution
-
-
-def my_normwise_error(y, exact, x, rot_dim):
-    ...  # your code: a float64 tensor of y's shape
-
-
-ex.check_normwise_error(my_normwise_error);
-
-# %%
-solution(ex.solution_normwise_error)
 
 # %% [markdown]
 # ## 4b. Bit for bit: which change makes the kernel equal TE?
@@ -707,20 +735,12 @@ solution(ex.solution_normwise_error)
 # source is where sin/cos come from (`tl`, `libdevice`, ...: step b). A row named `debug:` and a
 # preset (`debug:REPRO`, `debug:FIXED`, ...) is the course's reproduction kernel of section 1
 # with that `debug.Causes`. The inputs are drawn again here, their hashes checked against the
-# GPU's. Each count below is one of two kinds:
-#
-# > - **reference run**: read from the H200's file; the same on every machine.
-# > - **here**: this machine. On the CPU the kernel runs in the interpreter against TE's stored
-# >   output; the interpreter rounds every product, fuses none, has no libdevice (NVIDIA's
-# >   library of CUDA math functions, which compiled Triton code can call), and its `tl.cos` is
-# >   NumPy's. On a GPU the kernel is compiled, and with TE installed it is compared
-# >   with TE computed now (*live*).
-# >
-# > Where the source leaves no rounding to the compiler (each product rounded or inside a
-# > `tl.fma`), *here* equals the reference run on every machine. Where it leaves one to the
-# > compiler, a GPU's count depends on the code compiled for it: the cells check it against a
-# > committed run only on a GPU with the run's compute capability and Triton version, and read
-# > this GPU's own file where there is one. The next cell shows why those two are the key.
+# GPU's. A count labelled **reference run** is read from the H200's file, the same on every
+# machine; one labelled **here** is this machine's (on the CPU: the interpreter against TE's
+# stored output; it rounds every product, fuses none, has no libdevice — NVIDIA's CUDA math
+# library — and its `tl.cos` is NumPy's). The H100 run equals the H200's in every row: the bits
+# follow the compiled code, sm_90 with Triton 3.6 (Appendix A compares the two runs, and says
+# when a GPU's own counts are checked against them).
 
 # %%
 BIG = debug.te_bits_case(BITS, "nb_gpu")            # bf16, S=512 B=2 H=8 D=128
@@ -730,39 +750,7 @@ assert (tuple(SMALL32.x.shape), SMALL32.x.dtype) == ((32, 2, 2, 32), torch.float
     "the text's SMALL32"
 
 
-def agreement(run):
-    """(rows equal to the reference run's in every field, rows, rows with a PTX tail,
-    whether TE's stored outputs and TE's cos/sin equal the reference run's bit for bit)."""
-    same = n = n_ptx = 0
-    tensors_equal = True
-    for key, rec in BITS["scenarios"].items():
-        ref = {r["variant"]: r for r in rec["rows"]}
-        mine = {r["variant"]: r for r in run["scenarios"][key]["rows"]}
-        n, n_ptx = n + len(ref), n_ptx + sum("ptx_tail" in r for r in ref.values())
-        same += sum(mine.get(v) == r for v, r in ref.items())
-        a, b = debug.te_bits_case(run, key), debug.te_bits_case(BITS, key)
-        tensors_equal &= torch.equal(a.te_cos, b.te_cos) and torch.equal(a.te_sin, b.te_sin)
-        tensors_equal &= (a.te is None) == (b.te is None) and (a.te is None or
-                                                              torch.equal(a.te, b.te))
-    return same, n, n_ptx, tensors_equal
-
-
-AGREE = {path: agreement(run) for path, run in RUNS.items()}
-display(HTML(
-    "<table><tr><th>committed run</th><th>GPU</th><th>compute capability</th><th>Triton</th>"
-    "<th>torch</th><th>TE</th><th>measured</th><th>rows equal to the reference run's</th>"
-    "<th>TE's outputs and cos/sin, bit for bit</th></tr>" +
-    "".join(f"<tr><td>{p.name}</td><td>{r['meta']['gpu']}</td><td>{r['meta']['capability']}</td>"
-            f"<td>{r['meta']['triton']}</td><td>{r['meta']['torch']}</td>"
-            f"<td>{r['meta']['transformer_engine']}</td><td>{r['meta']['date'][:10]}</td>"
-            f"<td>{AGREE[p][0]} of {AGREE[p][1]}</td><td>{AGREE[p][3]}</td></tr>"
-            for p, r in RUNS.items()) + "</table>"))
-h100_agree = next(a for p, a in AGREE.items() if RUNS[p] is H100_RUN)
-assert h100_agree[0] == h100_agree[1] == 156 and h100_agree[2] == 132 and h100_agree[3], \
-    "the text's H100 run: 156 of 156 rows (132 with a PTX tail), TE's bits equal"
-assert all(H100_RUN["meta"][k] == META[k] for k in ("capability", "triton", "torch",
-                                                    "transformer_engine"))
-assert (META["capability"], META["triton"]) == ("9.0", "3.6.0"), "the text's sm_90, Triton 3.6.0"
+assert (META["capability"], META["triton"]) == ("9.0", "3.6.0"), "the text's sm_90, Triton 3.6"
 OWN_BIG, OWN_SMALL32 = ((BIG, SMALL32) if OWN_RUN is BITS else
                         (debug.te_bits_case(OWN_RUN, k) for k in ("nb_gpu", "nb_cpu_fp32")))
 LIVE = GPU and debug.te_label(device) == "TE fused"
@@ -793,14 +781,6 @@ SIDE = {case.key: te_side(case) for case in (BIG, SMALL32)}
 where = f"live {debug.te_label(device)} on this GPU" if LIVE else \
     f"TE's output as measured on the {GPU_NAME}"
 print(f"compared with: {where}; x and angles hash as on the GPU")
-
-# %% [markdown]
-# The H100 run equals the reference run in all 156 rows and in every field of each: the count,
-# the histogram of steps, and, in the 132 rows that kept them, the tail of the line's PTX and
-# the PTX and SASS instructions counted; TE's outputs and its cos/sin have the same bits too.
-# Both GPUs have compute capability 9.0, and Triton 3.6.0 compiled the same instructions for
-# both: the bits follow the compiled code, not the card. So a GPU's counts are checked where
-# its compute capability and Triton version are the run's.
 
 # %% [markdown]
 # **The kernel.** A complete RoPE kernel, short on purpose: one program rotates `BLOCK_ROWS`
@@ -989,9 +969,7 @@ TABLES = {   # cos/sin tables any machine can make, on the CPU
 GPU_SOURCES = ("tl", "libdevice", "fast", "table_fp32")   # a GPU's (table_fp32: torch on it)
 SOURCE_DOC = {**BITS["sincos_sources"],
               "numpy": "NumPy's cos / sin in fp32 (the interpreter's tl.cos / tl.sin)"}
-MEASURED, FILE = "here", "reference run"        # the "measured" column; the caption names each
-WHO = (f"<p>here: {f'on this {torch.cuda.get_device_name()}' if GPU else 'in the interpreter'}; "
-       f"reference run: the {GPU_NAME}'s file</p>")
+MEASURED, FILE = "here", "reference run"        # the "measured" column
 
 
 def kernel_cos_sin(case, sincos):
@@ -1043,7 +1021,7 @@ display(HTML("<table><tr><th>cos/sin source</th><th></th><th>cos entries ≠ TE'
              "<th>sin entries ≠ TE's</th><th>of</th><th>measured</th></tr>" +
              "".join(f"<tr><td>{src}</td><td>{SOURCE_DOC[src]}</td>"
                      + "".join(f"<td>{fmt_n(v) if not isinstance(v, str) else v}</td>" for v in r)
-                     + "</tr>" for src, r in src_values.items()) + "</table>" + WHO))
+                     + "</tr>" for src, r in src_values.items()) + "</table>"))
 src_outputs = {src: source_outputs(src) for src in (*GPU_SOURCES, *TABLES)}
 display(HTML(f"<table><tr><th>cos/sin source</th><th>as written, no contraction</th>"
              f"<th>fma(x, c, rot·s)</th><th>measured</th><th>as written, contraction on: the "
@@ -1053,8 +1031,7 @@ display(HTML(f"<table><tr><th>cos/sin source</th><th>as written, no contraction<
                      f"<td>{fmt_n(BIG.rows.get(f'free_sub/{src}', {}).get('n_differ'))}</td></tr>"
                      for src, r in src_outputs.items()) +
              f"</table><p>bf16 elements whose bits differ from TE's, of {BIG.x.numel():,}; TE: "
-             f"{'live on this GPU' if LIVE else f'its output stored from the {GPU_NAME}'}</p>"
-             + WHO))
+             f"{'live on this GPU' if LIVE else f'its output stored from the {GPU_NAME}'}</p>"))
 
 same_as_te = [s for s, r in src_values.items() if r[0] == r[1] == 0]
 assert set(same_as_te) == {"tl", "libdevice", "table_fp32"}     # equal to TE's sincosf, bit for bit
@@ -1247,9 +1224,39 @@ assert [k for k, r in zip("acde", (step_a, step_c, step_d, step_e)) if r["n"] ==
 # kernel's output is step c's, 0 elements. On an sm_90 GPU the cell also runs it, and the line
 # "run here" compares both halves with step c's bits.
 #
-# The PTX shows which choice the compiler made, not why, and nothing in the source decides it.
-# Of steps a to e only c gives 0, here and in the reference run: pin the order with
-# `tl.fma` rather than hope for it.
+# The PTX shows which choice the compiler made; the step before it shows where the choice was
+# taken. Triton hands LLVM IR (the compiled kernel's `asm["llir"]`) to LLVM's NVPTX back end,
+# which contracts an `fmul` into the `fadd` or `fsub` that uses it. The next cell compiles both
+# kernels for sm_90 again and reads, for each line, the two operands of its sum in the IR, each
+# named by the source text its debug location points to (`ropelib.course.nb08_llir`):
+
+# %%
+from ropelib.course import nb08_llir
+
+llir_sums = {   # the same two compiles as above, read one stage earlier
+    "_rope_combine_kernel (above)": nb08_llir.sum_operands(*nb08_llir.kernel_llir(
+        "combine", header + inspect.getsource(_rope_combine_kernel.fn) + "\n\n"
+        + inspect.getsource(as_written.fn))),
+    "reproduction kernel (debug.FIXED)": nb08_llir.sum_operands(*nb08_llir.kernel_llir("repro"))}
+for kname, ys in llir_sums.items():
+    for y, r in ys.items():
+        print(f"{kname:34s} {y}: {r['op']}({r['first'][0]}, {r['second'][0]});  "
+              f"the PTX fuses {compiled[kname][y]['fused'][0]}")
+# in both kernels the product the PTX fuses is the first operand of the sum in the IR
+assert all(ys[y]["first"] == compiled[k][y]["fused"] for k, ys in llir_sums.items() for y in ys)
+assert {k: sorted(ys) for k, ys in llir_sums.items()} == {k: ["y1", "y2"] for k in llir_sums}
+# the reproduction kernel's IR holds y2's sum with its operands swapped against the source
+assert llir_sums["reproduction kernel (debug.FIXED)"]["y2"]["first"] == ["x1 * s"]
+assert llir_sums["_rope_combine_kernel (above)"]["y2"]["first"] == ["x2 * c"]
+
+# %% [markdown]
+# In all four sums the product the PTX fuses is the sum's first operand in the IR. The source
+# writes $y_2 = x_2 c + x_1 s$ in both kernels. In the kernel above the IR keeps that order, and
+# $x_2 c$ is fused; in the reproduction kernel the IR's `fadd` has its operands the other way
+# round ($x_1 s$ first; an `fadd` is commutative, so LLVM's optimiser may reorder it), and
+# $x_1 s$ is fused. The choice follows the operand order in the IR, not anything the source
+# says; which pass swapped it in the reproduction kernel is not traced here. Of steps a to e only c gives 0, here and in the
+# reference run: pin the order with `tl.fma` rather than hope for it.
 
 # %% [markdown]
 # To make a Triton kernel equal TE bit for bit: compute cos/sin in fp32 from the fp32 angles
@@ -1325,7 +1332,7 @@ display(HTML(
             + (f"<td>{fmt_n(live[i])}</td>" if live else "") + "</tr>"
             for i, row in enumerate(LEDGER)) +
     f"</table><p>elements whose bits differ from TE's output. {FILE}: the course's kernel "
-    f"against the real TE; —: no such row</p>" + WHO))
+    f"against the real TE; —: no such row</p>"))
 print("your kernel gives the course kernel's counts" if yours_bits == course_bits else
       "your edit changed a count: the asserts below check the course's kernel")
 # the reference run: the source of sin/cos leaves the count, the fma line takes it to 0
@@ -1658,6 +1665,26 @@ assert BIG.rows["fma_rs/tl"]["hist"][5] == BIG.rows["free_sub/tl"]["hist"][5] ==
 # e: one element 5 steps apart each). What marks the row is that both sides are
 # within one ulp of fp64.
 #
+# **Exercise — the decision table as code.** Write `my_classify(diag)`. `diag` is a diagnosis
+# as `debug.diagnose` reports it, without its `verdict`: among its keys `n_differ` (elements
+# not bit-equal), `te_max_normwise_u` and `triton_max_normwise_u` (each side's norm-wise error
+# against fp64, in $u$), `te_max_ulp` and `triton_max_ulp` (each side's error in ulps). Return
+# the row of the table, `"equal"`, `"tolerance"`, `"precision"` or `"layout"`, by the rules of
+# the paragraph above; the order in which you test them matters, and so does which side each
+# rule looks at. The check tries diagnoses like this notebook's, the boundary of each rule, and
+# twenty drawn as it runs; it bars `debug.classify` and `debug.diagnose` inside your answer.
+
+# %%
+def my_classify(diag):
+    ...  # your code: "equal", "tolerance", "precision" or "layout"
+
+
+ex.check_classify(my_classify);
+
+# %%
+solution(ex.solution_classify)
+
+# %% [markdown]
 # ## 7. Try it: toggle the causes
 #
 # Each checkbox switches one cause on; watch `allclose`, the largest difference and where it is,
@@ -1793,3 +1820,58 @@ print(f"fixed: allclose with {tol} passes; max error {float(ulps.max()):.3g} ulp
 #    expression, in a `torch.compile`d one — and which of them would you trust to stay put
 #    after a compiler upgrade?
 
+# %% [markdown]
+# ## Appendix A. Two GPUs, one compiled code
+#
+# `benchmarks/te_bits.py` ran on an H200 (the reference run) and on an H100. The cell compares
+# the two committed files field by field: each row (count, histogram of steps, and, where kept,
+# the tail of the line's PTX and the PTX and SASS instructions counted), TE's stored outputs and
+# TE's cos/sin.
+
+# %%
+def agreement(run):
+    """(rows equal to the reference run's in every field, rows, rows with a PTX tail,
+    whether TE's stored outputs and TE's cos/sin equal the reference run's bit for bit)."""
+    same = n = n_ptx = 0
+    tensors_equal = True
+    for key, rec in BITS["scenarios"].items():
+        ref = {r["variant"]: r for r in rec["rows"]}
+        mine = {r["variant"]: r for r in run["scenarios"][key]["rows"]}
+        n, n_ptx = n + len(ref), n_ptx + sum("ptx_tail" in r for r in ref.values())
+        same += sum(mine.get(v) == r for v, r in ref.items())
+        a, b = debug.te_bits_case(run, key), debug.te_bits_case(BITS, key)
+        tensors_equal &= torch.equal(a.te_cos, b.te_cos) and torch.equal(a.te_sin, b.te_sin)
+        tensors_equal &= (a.te is None) == (b.te is None) and (a.te is None or
+                                                              torch.equal(a.te, b.te))
+    return same, n, n_ptx, tensors_equal
+
+
+AGREE = {path: agreement(run) for path, run in RUNS.items()}
+display(HTML(
+    "<table><tr><th>committed run</th><th>GPU</th><th>compute capability</th><th>Triton</th>"
+    "<th>torch</th><th>TE</th><th>measured</th><th>rows equal to the reference run's</th>"
+    "<th>TE's outputs and cos/sin, bit for bit</th></tr>" +
+    "".join(f"<tr><td>{p.name}</td><td>{r['meta']['gpu']}</td><td>{r['meta']['capability']}</td>"
+            f"<td>{r['meta']['triton']}</td><td>{r['meta']['torch']}</td>"
+            f"<td>{r['meta']['transformer_engine']}</td><td>{r['meta']['date'][:10]}</td>"
+            f"<td>{AGREE[p][0]} of {AGREE[p][1]}</td><td>{AGREE[p][3]}</td></tr>"
+            for p, r in RUNS.items()) + "</table>"))
+h100_agree = next(a for p, a in AGREE.items() if RUNS[p] is H100_RUN)
+assert h100_agree[0] == h100_agree[1] == 156 and h100_agree[2] == 132 and h100_agree[3], \
+    "the text's H100 run: 156 of 156 rows (132 with a PTX tail), TE's bits equal"
+assert all(H100_RUN["meta"][k] == META[k] for k in ("capability", "triton", "torch",
+                                                    "transformer_engine"))
+assert (META["capability"], META["triton"]) == ("9.0", "3.6.0"), "the text's sm_90, Triton 3.6.0"
+
+# %% [markdown]
+# The H100 run equals the reference run in all 156 rows and in every field of each (132 rows
+# kept a PTX tail); TE's outputs and its cos/sin have the same bits too. Both GPUs have compute
+# capability 9.0, and Triton 3.6.0 compiled the same instructions for both: the bits follow the
+# compiled code, not the card.
+#
+# So on a GPU the cells check this machine's counts against a committed run only where the
+# source leaves a rounding to the compiler *and* this GPU has the run's compute capability and
+# Triton version (`SAME_ARCH`): against this GPU's own file where there is one (`OWN_RUN`), else
+# the reference run's. Where the source leaves nothing to the compiler (each product rounded, or
+# inside a `tl.fma`), *here* equals the reference run on every machine. On a GPU with TE
+# installed, the kernels are compared with TE computed now (*live*).

@@ -321,11 +321,11 @@ def test_normwise_check_unanswered(capsys):
     assert "no answer yet" in capsys.readouterr().out
 
 
-def test_the_notebook_grades_my_normwise_error_before_showing_the_solution():
+def test_the_notebook_grades_my_classify_before_showing_the_solution():
     source = NOTEBOOK.read_text(encoding="utf-8")
-    check = source.index("ex.check_normwise_error(my_normwise_error)")
-    assert source.index("def my_normwise_error(y, exact, x, rot_dim):") < check
-    assert check < source.index("solution(ex.solution_normwise_error)")
+    check = source.index("ex.check_classify(my_classify)")
+    assert source.index("def my_classify(diag):") < check
+    assert check < source.index("solution(ex.solution_classify)")
 
 
 # --- section 5's exercise: the recovered positions, and the trap's name ------------------------

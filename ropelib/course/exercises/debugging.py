@@ -1,5 +1,13 @@
-"""Notebook 08's exercises: the norm-wise error (section 4), and a combine line that gives
-Transformer Engine's bits (section 4b).
+"""Notebook 08's exercises: a combine line that gives Transformer Engine's bits (section 4b),
+the trap read off the recovered positions (section 5), and the decision table as code
+(section 6). `check_normwise_error` (the norm-wise error of section 4) is kept for the tests.
+
+`check_classify(fn)` hands the learner's ``fn(diag)`` diagnoses (the keys `debug.diagnose`
+reports, without its ``verdict``) and wants back the row of `debug.DECISIONS` that
+`debug.classify` names: on fixed cases, on each boundary of the rules (a norm-wise error of
+exactly `debug.LAYOUT_NORMWISE_U` u, an ulp error of exactly 1) and on cases drawn when the check
+runs (`own_code.fresh_generator`, its seed in the label). `debug.classify`, `debug.diagnose`
+(whose result carries the verdict) and the worked solution are barred inside the answer.
 
 `check_normwise_error(fn)` runs the learner's ``fn(y, exact, x, rot_dim)`` on fresh outputs
 (bf16 with every feature rotated, fp32 with partial rotary) and compares it with
@@ -62,7 +70,7 @@ from .own_code import check_cases, fresh_generator, launch_barred
 __all__ = ["check_normwise_error", "solution_normwise_error", "check_recovered_positions",
            "solution_recovered_positions", "check_trap_name", "solution_trap_name",
            "TRAPS_WITH_A_CURVE", "check_te_combine", "solution_te_combine", "launch", "CASE_KEYS",
-           "te_cases"]
+           "te_cases", "check_classify", "solution_classify"]
 
 
 # --- section 4: the norm-wise error ----------------------------------------------------------
@@ -257,6 +265,71 @@ def solution_trap_name(pos):
         return "table_margin"                              # batch 0 right, later batches shifted
     raise ValueError("the positions follow no curve of the four traps, nor s: not a RoPE of "
                      "these inputs")
+
+# --- section 6: the decision table as code ---------------------------------------------------
+
+def _diag(n_differ, te_u, triton_u, te_ulp, triton_ulp) -> dict:
+    """A diagnosis as `debug.diagnose` reports it, the keys the rules read and a few others,
+    without its verdict."""
+    return {"n_differ": int(n_differ), "te_max_normwise_u": float(te_u),
+            "triton_max_normwise_u": float(triton_u), "te_max_ulp": float(te_ulp),
+            "triton_max_ulp": float(triton_ulp), "allclose": n_differ == 0,
+            "first_ten_equal": True, "max_abs_diff": 0.0 if n_differ == 0 else 2.0 ** -7}
+
+
+def _classify_cases() -> list:
+    """(label, (diag,), the row debug.classify names): fixed cases like the notebook's, the
+    rules' boundaries, then twenty drawn when the check runs."""
+    U = debug.LAYOUT_NORMWISE_U
+    fixed = {
+        "the fixed kernel, bit for bit": (0, 0.5, 0.5, 0.5, 0.5),
+        "no element differs, large errors on both sides": (0, 40.0, 40.0, 30.0, 30.0),
+        "sin/cos one ulp apart": (43, 0.6, 0.6, 0.9, 0.8),
+        "a bf16 table and bf16 products on the Triton side": (1037, 0.5, 1.9, 0.5, 40.0),
+        "a bf16 table on the TE side": (200, 2.5, 0.5, 24.0, 0.5),
+        "a layout trap on the Triton side": (3900, 0.5, 500.0, 0.5, 1e4),
+        "a layout trap on the TE side": (3900, 480.0, 0.5, 2e4, 0.5),
+        f"norm-wise exactly {U:g} u": (10, U, 0.5, 20.0, 0.5),
+        f"norm-wise just over {U:g} u": (10, 0.5, U * (1 + 2 ** -20), 0.5, 0.9),
+        "ulp error exactly 1 on both sides": (5, 0.9, 0.9, 1.0, 1.0),
+        "ulp error just over 1": (5, 0.9, 0.9, 1.0, 1.0 + 2 ** -20),
+    }
+    cases = [(label, (_diag(*v),), debug.classify(_diag(*v))) for label, v in fixed.items()]
+    seed, g = fresh_generator()
+    for i in range(20):
+        r = torch.rand(5, generator=g, dtype=torch.float64)
+        n = 0 if r[0] < 0.15 else int(1 + 1000 * r[0])
+        nw = 10 ** (-1 + 3.5 * r[1:3])                 # 0.1 u to 300 u
+        ulp = 10 ** (-0.7 + 2 * r[3:5])                # 0.2 to 20 ulp
+        v = (n, float(nw[0]), float(nw[1]), float(ulp[0]), float(ulp[1]))
+        cases.append((f"drawn case {i + 1} with seed {seed}", (_diag(*v),),
+                      debug.classify(_diag(*v))))
+    return cases
+
+
+def check_classify(fn) -> bool:
+    """fn(diag) -> "equal", "tolerance", "precision" or "layout": the row of debug.DECISIONS a
+    diagnosis falls in, as section 6's table and rules say (diag: the keys debug.diagnose
+    reports, n_differ, te_max_normwise_u, triton_max_normwise_u, te_max_ulp, triton_max_ulp and
+    others, without its verdict)."""
+    return check_cases(
+        "the decision table", "your decision table", fn, _classify_cases(),
+        bar=(debug.classify, debug.diagnose),
+        hint=f"no element differs: 'equal'; else either side's norm-wise error beyond "
+             f"{debug.LAYOUT_NORMWISE_U:g} u: 'layout'; else both sides within 1 ulp of fp64: "
+             f"'tolerance'; else 'precision'")
+
+
+def solution_classify(diag):
+    if diag["n_differ"] == 0:                                       # nothing differs
+        return "equal"
+    worst_u = max(diag["te_max_normwise_u"], diag["triton_max_normwise_u"])
+    if worst_u > debug.LAYOUT_NORMWISE_U:                           # a wrong value, not a rounding
+        return "layout"
+    if max(diag["te_max_ulp"], diag["triton_max_ulp"]) <= 1.0:      # both sides correct
+        return "tolerance"
+    return "precision"                                              # a side many ulps off
+
 
 # the te-bits scenarios the check compares: fp32 first (cheap, every rounding visible), then the
 # notebook's bf16 comparison at the GPU size
