@@ -316,15 +316,19 @@ def _rope_batch_reuse_kernel(
 # included) is read as it is. It also passes the half width, its power-of-two tile, `BACKWARD`,
 # `COMPUTE_DTYPE` (fp64 for fp64 inputs, which `gradcheck` needs: section 4) and `BF16_RTNE`
 # (round bf16 results to nearest even by hand, since the interpreter truncates). `num_warps`,
-# the warps of each program, stays at Triton's default, 4, unless the caller asks for another
-# (section 2.1 times 1 too).
+# the warps of each program, defaults to ropelib's choice: one warp per 128 elements of a half,
+# so one warp at $D = 128$, the faster launch that section 2.1 measures against Triton's default
+# of four (a caller can still ask for any count).
 
 # %%
-def rope_cell(x, freqs, *, backward=False, num_warps=4):
+def rope_cell(x, freqs, *, backward=False, num_warps=None):
     """Launch the kernel of the cell above: x [S, B, H, D] (any strides), fp32 angles freqs
     [P, 1, 1, D] or [P, D] (P >= S); returns a new contiguous tensor of x's dtype. num_warps:
-    warps per program (4 is Triton's default; the interpreter ignores it)."""
+    warps per program (None: one per 128 elements of a half, as ropelib's launcher picks;
+    the interpreter ignores it)."""
     S, B, H, D = x.shape
+    if num_warps is None:                                     # 1 at D = 128 (section 2.1)
+        num_warps = max(1, min(8, triton.next_power_of_2(D // 2) // 128))
     f2 = freqs.reshape(freqs.shape[0], D)                     # [P, D], a view when it can be
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     _rope_batch_reuse_kernel[(S, H)](                         # one program per (token, head)
@@ -351,10 +355,9 @@ def rope_cell(x, freqs, *, backward=False, num_warps=4):
 # It then compares the cell's backward with ropelib's own, bit for bit.
 #
 # On a GPU it also times this kernel forward and backward on the cell's fp32 tensor, at
-# `rope_cell`'s default of four warps, and prints the ratio of the two times: the same bytes
-# predict 1, and the cell asserts 0.9 to 1.1. Section 2.1 counts those bytes and sets both
-# times beside a copy and at one warp; what a whole training step costs, through an
-# `autograd.Function`, is section 3.1's question, once section 3 has built one.
+# `rope_cell`'s default warps, and prints the ratio of the two times: the same bytes predict 1,
+# and the cell asserts 0.9 to 1.1. Section 2.1 sets both times beside a copy and at four warps;
+# section 3.1 asks what a whole training step costs.
 
 # %%
 torch.manual_seed(0)
@@ -399,12 +402,14 @@ assert all(mine), "the cell's backward fails a row of the table above"
 gx = rope_cell(g, freqs, backward=True)
 assert torch.equal(gx, rope_batch_reuse(g, freqs, backward=True))    # = ropelib's, bit for bit
 print("and bit for bit ropelib's backward")
+# rope_cell's default warps are the ones ropelib's launcher picks, for every head size
+assert all(max(1, min(8, bh // 128)) == default_num_warps(bh) for bh in (8, 64, 128, 256, 2048))
 
 if GPU:
     from triton.testing import do_bench
     fwd_ms = do_bench(lambda: rope_cell(x, freqs))
     bwd_ms = do_bench(lambda: rope_cell(g, freqs, backward=True))
-    print(f"{torch.cuda.get_device_name()}, fp32, num_warps=4: forward {fwd_ms * 1e3:.1f} us, "
+    print(f"{torch.cuda.get_device_name()}, fp32, default warps: forward {fwd_ms * 1e3:.1f} us, "
           f"backward {bwd_ms * 1e3:.1f} us = {bwd_ms / fwd_ms:.2f}x the forward "
           "(same loads and stores, same kernel)")
     assert 0.9 < bwd_ms / fwd_ms < 1.1, "the same bytes should take the forward's time"
@@ -416,13 +421,11 @@ if GPU:
 # copy of $\partial L/\partial y$, plus $S \times D$ fp32 angles ($2/(BH)$ of the gradient's
 # bytes in bf16). A copy of the same tensor is therefore its floor.
 #
-# That is a claim about the code, so count it rather than read it off. `ropelib.course.access`
-# (notebook 03, section 5) launches a kernel in Triton's interpreter with `tl.load` and
-# `tl.store` wrapped, and records the address of every element each one touches. The next cell
-# records section 2's kernel forward and backward on small bf16 CPU tensors, on any machine (a
-# GPU page runs this cell through the interpreter too), and prints, for each tensor, the load or
-# store instructions of all programs, the bytes they move and the distinct bytes among those.
-# Distinct bytes are what DRAM has to supply at the least; the rest can come from the caches.
+# The next cell confirms it on small bf16 CPU tensors: `ropelib.course.access` (notebook 03,
+# section 5) runs section 2's kernel in Triton's interpreter and records every address each
+# `tl.load` and `tl.store` touches. It prints, per tensor, the instructions, the bytes they move
+# and the distinct bytes among those (what DRAM must supply at the least). Section 5 reuses it
+# on a stride-0 gradient, where the count is less obvious.
 
 # %%
 def recorded_bytes(t, table, *, backward):
@@ -464,28 +467,24 @@ assert fwd_c["angles"][2] == S_r * D_r * 4, "S x D fp32 angles, distinct"
 assert fwd_c["angles"][1] == H_r * fwd_c["angles"][2], "each of the H programs of a row reads them"
 
 # %% [markdown]
-# The two rows are equal, instruction for instruction: the `BACKWARD` flag changes two sines,
-# not one load or store. The input and the output move $2N$ bytes each, as a copy would, and
-# every byte once. The angles are the one difference from a copy: each program loads its
-# position's $D$ angles, so a row of the table is loaded $H$ times, by the $H$ programs of that
-# position, while only $S \times D \times 4$ of those bytes are distinct; after the first load
-# the others can come from the L2 cache.
+# As the source says, the rows are equal, and beside a copy's $2N + 2N$ bytes the only extra is
+# the angles: each row of the table is loaded by the $H$ programs of its position, of which
+# only $S \times D \times 4$ bytes are distinct (the rest can come from the L2 cache).
 #
 # On a GPU the next cell times, at this page's shape in bf16, a copy of $\partial L/\partial y$ and
 # section 2's kernel forward and backward at `num_warps=4` (Triton's default) and at
-# `num_warps=1`, with `triton.testing.do_bench` (median, 20th and 80th percentiles). It prints
-# each speed as a fraction of the copy's (copy time / kernel time: 1 = as fast as the copy) and
-# asserts what the bytes predict on any GPU: at either warp count the backward takes 0.9 to 1.1
-# times the forward, and nothing beats the copy. That one warp a program is faster than four is
-# what notebook 04 and the profile below measured on the H200; the cell asserts it only there,
-# and another GPU prints its own ratio.
+# `num_warps=1` (`rope_cell`'s default here), with `triton.testing.do_bench` (median, 20th and
+# 80th percentiles). It prints each speed as a fraction of the copy's (copy time / kernel time)
+# and asserts what the bytes predict on any GPU: at either warp count the backward takes 0.9 to
+# 1.1 times the forward, and nothing beats the copy. That one warp beats four is what the
+# profile below measured on the H200; the cell asserts it only there.
 
 # %%
 if GPU:
     from triton.testing import do_bench
     x_bf, g_bf = x.to(torch.bfloat16), g.to(torch.bfloat16)      # [S, B, H, D] bf16
     for t_ in (x_bf, g_bf):                                       # the warps change no result
-        torch.testing.assert_close(rope_cell(t_, freqs, num_warps=1), rope_cell(t_, freqs))
+        torch.testing.assert_close(rope_cell(t_, freqs, num_warps=4), rope_cell(t_, freqs))
     copy_out = torch.empty_like(g_bf)
     timed = {"copy of dL/dy": lambda: copy_out.copy_(g_bf)}
     for w in (4, 1):
@@ -533,11 +532,13 @@ print(f"{measured.path('mechanism').name}: {measured.where(mech_meta)}")
 print(f"Nsight Compute, {w1_row['dtype']} [{w1_row['seq_len']}, {w1_row['batch']}, "
       f"{w1_row['heads']}, {w1_row['head_dim']}]:")
 print(f"{'warps':>5} {'time (us)':>10} {'warp instr / element':>21} "
-      f"{'thread instr / element':>23} {'achieved occupancy':>19} {'DRAM bytes / model':>19}")
+      f"{'thread instr / element':>23} {'achieved occupancy':>19} {'DRAM bytes / model':>19} "
+      f"{'SM throughput':>14} {'DRAM throughput':>16}")
 for r in (w1_row, w4_row):
     print(f"{int(r['num_warps']):5d} {r['us']:10.1f} {r['ncu_warp_inst_per_element']:21.3f} "
           f"{r['ncu_thread_inst_per_element']:23.1f} {r['ncu_achieved_occupancy_pct']:18.0f}% "
-          f"{r['ncu_dram_bytes_over_model']:19.3f}")
+          f"{r['ncu_dram_bytes_over_model']:19.3f} {r['ncu_sm_throughput_pct']:13.0f}% "
+          f"{r['ncu_dram_throughput_pct']:15.0f}%")
 print("compiled code:")
 print(f"{'warps':>5} {'registers':>10} {'resident programs / SM':>23} {'capped by':>16}   "
       "PTX global loads (ld) and stores (st), by vector.word size")
@@ -553,6 +554,9 @@ print(f"instructions a thread executes per program: {per_thread[1]:.0f} at one w
       f"{per_thread[4]:.0f} at four ({per_thread[4] / per_thread[1]:.2f} of them)")
 print(f"four warps: 4x the threads at {per_thread[4] / per_thread[1]:.2f} of the instructions "
       f"each = {inst_x:.2f}x the instructions per element, {time_x:.2f}x the time")
+sm_x = w4_row["ncu_sm_throughput_pct"] / w1_row["ncu_sm_throughput_pct"]
+print(f"instructions per microsecond: {inst_x / time_x:.2f}x at four warps; "
+      f"SM throughput: {sm_x:.2f}x")
 assert (w1_row["seq_len"], w1_row["batch"], w1_row["heads"], w1_row["head_dim"]) == \
     (4096, 8, 32, 128)
 assert abs(w4_row["ncu_dram_bytes_over_model"] / w1_row["ncu_dram_bytes_over_model"] - 1) < 0.01
@@ -572,6 +576,9 @@ assert [r["ptx_access_detail"] for r in (w1_row, w4_row)] == [
     "ld.v1.b16=2 ld.v1.b32=2 st.v1.b16=2"]          # x, y: one bf16; angles: one word
 assert [round(per_thread[w]) for w in (1, 4)] == [499, 356]
 assert round(per_thread[4] / per_thread[1], 2) == 0.71
+assert [round(r["ncu_sm_throughput_pct"]) for r in (w1_row, w4_row)] == [36, 63]
+assert [round(r["ncu_dram_throughput_pct"]) for r in (w1_row, w4_row)] == [61, 38]
+assert (round(inst_x / time_x, 2), round(sm_x, 2)) == (1.76, 1.74), "the text's 1.76x and 1.74x"
 
 # %% [markdown]
 # Both launches move the same DRAM bytes (within 1 %); what differs is the work for each byte.
@@ -593,6 +600,15 @@ assert round(per_thread[4] / per_thread[1], 2) == 0.71
 # by the limit of 32 programs on an SM (`blocks`: 32 of its 64 warp slots, 48 % filled);
 # four-warp programs by registers and warps (96 %). The extra occupancy does not pay for the
 # extra instructions: four warps take 1.62 times the time.
+#
+# Where does the time go, then? The last two columns are Nsight Compute's throughputs, each the
+# busiest unit's share of its peak over the run. From one warp to four the SMs' rises from 36 %
+# to 63 % and DRAM's falls from 61 % to 38 %: the same bytes move more slowly while the SMs work
+# harder, and the SMs' rise is the instructions': four warps execute 1.76 times as many
+# instructions a microsecond (2.85x the instructions in 1.62x the time), and the SM throughput
+# rises 1.74 times. Neither side is saturated (63 %, not 100 %), so the profile does not show a
+# purely issue-bound kernel: it shows the time moving from the memory to the instructions, and
+# it records no stall reasons to say what the four-warp warps wait on for the rest.
 
 # %% [markdown]
 # ## 3. A `torch.autograd.Function`
@@ -657,10 +673,9 @@ print("gradients match the reference's autograd in fp32, fp16 and bf16")
 # `torch.autograd.grad` through such a Function, beside the forward alone, in bf16 and as whole
 # calls (`do_bench`), for each of ropelib's three generations of kernel: `ropelib_naive`
 # (notebook 03), `ropelib_batch_reuse` (notebook 04) and `ropelib`, the finished kernel
-# (notebook 05). `ropelib_batch_reuse` is section 2's kernel, launched by ropelib at one warp a
-# program (section 2.1 says why), so its times do not compare with section 2's four-warp ones.
-# The cell prints the step's time over the forward's for every batch size of the run
-# ($s = 4096$, $h = 32$, $d = 128$) and draws both times.
+# (notebook 05). `ropelib_batch_reuse` is section 2's kernel, launched at one warp a program as
+# `rope_cell` launches it. The cell prints the step's time over the forward's for every batch
+# size of the run ($s = 4096$, $h = 32$, $d = 128$); the next one draws both times.
 
 # %%
 gen_meta, gen_rows = measured.load("generations")
@@ -709,8 +724,78 @@ assert programs == 131_072, "the text's 131,072 programs at batch 1"
 assert round(start_us, 1) == 79.2, "the text's 79.2 us to start them"
 assert round(start_us / (br1["fwd_ms"] * 1e3), 2) == 0.94
 
-fig, ax = plt.subplots(figsize=(6.4, 4.2))
-for k, colour in zip(("ropelib_naive", "ropelib_batch_reuse"), ("tab:orange", "tab:blue")):
+# %% [markdown]
+# From batch 4 up the step takes 1.97 to 2.01 forwards, as the bytes predict. Below it does not:
+# the batch-reusing kernel's step takes 427 µs at batch 1 against 207 µs at batch 4, with a
+# quarter of the bytes. The forward there is set by its programs, not its bytes: 84.6 µs at
+# batch 1 and 84.7 µs at batch 2, of which starting batch 1's 131,072 programs takes 79.2 µs
+# (the cost per program that notebook 03, section 4, measured).
+#
+# The rest of a small step is not on the device alone. `do_bench` records a CUDA event before
+# and after each call, so when the host takes longer to issue a step than the GPU takes to run
+# it, the GPU waits for the host and the wait is timed. `benchmarks/autograd_host_probe.py`
+# measured that host time on the H200, in two runs of the same day as the sweep: the host µs
+# per forward+backward (`torch.autograd.grad`, calls back to back) of `ropelib.apply_rope`,
+# of a trivial `autograd.Function` that launches no kernel (`empty_like` both ways), and of
+# ropelib with its two Triton launches replaced by nothing, each also with autograd's device
+# thread off (the backward then runs on the calling thread instead of being handed over). Its
+# shape is a decode step's ($s = 1$, $b = 64$), not the sweep's, so its times are set beside
+# the sweep's only as an order of size. The cell parses both logs, and draws the sweep with the
+# band the two host times span.
+
+# %%
+def autograd_host_log(path):
+    """(header line, {variant: (host us with autograd's device thread on, off)}) of a
+    benchmarks/autograd_host_probe.py log: its markdown table, one row per variant."""
+    compare.note_read(path)
+    lines = path.read_text().splitlines()
+    rows = {}
+    for line in lines:
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| ") and len(cells) == 3 and cells[1][:1].isdigit():
+            rows[cells[0]] = (float(cells[1]), float(cells[2]))
+    return next(l for l in lines if l.startswith("# NVIDIA")), rows
+
+
+host = {}
+for hhmm in ("1352", "1436"):
+    head, host[hhmm] = autograd_host_log(
+        measured.RESULTS / f"autograd_host-nvidia-h200-20261130-{hhmm}.log")
+    assert head.startswith("# NVIDIA H200,") and "best of 7 rounds of 200 calls" in head
+print(f"{head[2:].split(';')[0]}, 2026-11-30 13:52 and 14:36 UTC; host us per forward+backward, "
+      "s=1 b=64 h=32 d=128 bf16 (device thread on / off)")
+HOST_ROWS = {"trivial Function: forward+backward": "a trivial autograd.Function",
+             "ropelib: forward+backward, launches removed": "ropelib, launches removed",
+             "ropelib: forward+backward": "ropelib"}
+for key, label in HOST_ROWS.items():
+    print(f"  {label:28s}" + "".join(f"{hhmm[:2]}:{hhmm[2:]} {on:6.1f} / {off:5.1f}    "
+                                     for hhmm, (on, off) in ((h, host[h][key]) for h in host)))
+late = host["1436"]
+assert late["ropelib: forward+backward"] == (184.7, 89.8), "the text's 184.7 and 89.8 us"
+assert late["trivial Function: forward+backward"] == (99.1, 46.2), "the text's 99.1 and 46.2 us"
+assert late["ropelib: forward+backward, launches removed"][0] == 159.1, "the text's 159.1 us"
+assert host["1352"]["ropelib: forward+backward"][0] == 125.7, "the text's 125.7 us"
+host_lo, host_hi = (host[h]["ropelib: forward+backward"][0] for h in ("1352", "1436"))
+fin1 = sweep[("ropelib", 1)]                         # the finished kernel's step at batch 1
+print(f"the sweep, ropelib at batch 1: step {fin1['fwdbwd_ms'] * 1e3:.1f} us, two forwards "
+      f"{2 * fin1['fwd_ms'] * 1e3:.1f} us; the probe's host time of its step: "
+      f"{host_lo:.1f} to {host_hi:.1f} us")
+assert (round(fin1["fwdbwd_ms"] * 1e3, 1), round(fin1["fwd_ms"] * 1e3, 1)) == (147.6, 22.3)
+assert host_lo < fin1["fwdbwd_ms"] * 1e3 < host_hi, "the step lies inside the host's band"
+assert round(sweep[("ropelib", 2)]["fwdbwd_ms"] * 1e3, 1) == 218.4, "the text's 218.4 us"
+assert round(2 * fin1["fwd_ms"] * 1e3, 1) == 44.6, "the text's 44.6 us of device work"
+assert round(host_hi / host_lo, 1) == 1.5, "the two runs: half again"
+trivial_on, trivial_off = late["trivial Function: forward+backward"]
+assert round((trivial_on - trivial_off) / trivial_on, 1) == 0.5, "about half: the thread"
+teach = [sweep[(k, b_)] for k in STEP_KERNELS[:2] for b_ in (1, 2)]   # the teaching kernels
+assert [round(min(r["fwdbwd_ms"] for r in teach) * 1e3),
+        round(max(r["fwdbwd_ms"] for r in teach) * 1e3)] == [224, 486], "the text's 224 to 486"
+assert all(r["fwdbwd_ms"] * 1e3 > max(host_hi, 2 * r["fwd_ms"] * 1e3) for r in teach)
+
+fig, ax = plt.subplots(figsize=(10, 4.2))
+ax.axhspan(host_lo, host_hi, color="grey", alpha=0.2,
+           label="host time of ropelib's forward+backward\n(probe at s=1 b=64, two runs)")
+for k, colour in zip(STEP_KERNELS, ("tab:orange", "tab:blue", "tab:green")):
     fwd_us = [sweep[(k, b_)]["fwd_ms"] * 1e3 for b_ in batches]
     ax.plot(batches, fwd_us, "o--", color=colour, label=f"{k}: forward")
     ax.plot(batches, [sweep[(k, b_)]["fwdbwd_ms"] * 1e3 for b_ in batches], "s-", color=colour,
@@ -725,26 +810,29 @@ ax.set_ylabel("time, µs (do_bench median)")
 ax.set_title(f"{gen_meta['gpu']}, {gen_meta['date'][:10]}: a step against two forwards",
              fontsize=9)
 ax.grid(alpha=0.3, which="both")
-ax.legend(fontsize=7)
+ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
 fig.tight_layout()
 fig.savefig(FIGURES / "06-step-vs-forward.png", dpi=110)
 plt.show()
 
 # %% [markdown]
-# From batch 4 up the step takes 1.97 to 2.01 forwards, as the bytes predict. Below it does not:
-# the batch-reusing kernel's step takes 427 µs at batch 1 against 207 µs at batch 4, with a
-# quarter of the bytes. The forward there is set by its programs, not its bytes: 84.6 µs at
-# batch 1 and 84.7 µs at batch 2, of which starting batch 1's 131,072 programs takes 79.2 µs
-# (the cost per program that notebook 03, section 4, measured).
+# For the finished kernel, the host's time is the answer. Before any kernel, a step through a
+# trivial `autograd.Function` cost the host 99.1 µs in the later run, about half of it handing
+# the backward to autograd's device thread (46.2 µs with the thread off). ropelib's own Python
+# and its two launches bring its step to 184.7 µs (159.1 with the launches removed, 89.8 with
+# the thread off). The two runs differ by half again (125.7 µs for ropelib's step in the earlier
+# one), so take them as a range. The finished kernel's step at batch 1 has 44.6 µs of device
+# work, yet takes 147.6 µs, inside that range: that step is the host's time, not the bytes'.
+# Its batch-2 step, 218.4 µs, lies above the range, so two runs of the probe bound the host's
+# time only loosely.
 #
-# The committed run timed whole calls, so it cannot say where the rest of the step's time goes.
-# On a GPU the next cell times the same `ropelib_batch_reuse` step and forward at batch 1 two
-# ways: as whole calls, and replayed from a CUDA graph (a recorded sequence of kernel launches
-# that the GPU replays without the host's Python and launch work). It asserts that the replayed
-# step takes about twice the replayed forward: the device's work is what the bytes predict, and
-# what a whole call adds lies outside the kernels. It prints how much the whole call adds to
-# each, and the GPU it ran on; on a GPU other than the committed run's, that shows where this
-# GPU's time goes, not where the committed H200 run's did.
+# The teaching kernels' steps at batches 1 and 2 (224 to 486 µs) exceed the host's range and
+# their two forwards alike; the probe did not time their Functions, so the committed data do
+# not say where that goes. On a GPU the next cell times the `ropelib_batch_reuse` step and
+# forward at batch 1 two ways: as whole calls, and replayed from a CUDA graph (a recorded
+# sequence of kernel launches that the GPU replays without the host's Python and launch work).
+# It asserts that the replayed step takes about twice the replayed forward, and prints what the
+# whole call adds to each, on the GPU it ran on.
 
 # %%
 if GPU:
@@ -957,11 +1045,10 @@ print("expanded input: forward reads stride 0, backward's gradients summed over 
 # same 4 distinct bytes, where the contiguous copy makes them $4N$ distinct bytes that DRAM must
 # supply. The stores are the same $4N$ bytes in both.
 #
-# On a GPU it then times, with `do_bench`, the four calls the model speaks of. The RoPE kernel in
-# them is launched by `rope_batch_reuse`, ropelib's launcher of section 2's kernel, which picks
-# one warp a program at this head size: the faster launch of section 2.1, where `RopeFunction`
-# above keeps Triton's default of four. (The cell first checks, on any machine, that every path
-# gives the gradient of the cell's kernel.) The four calls:
+# On a GPU it then times, with `do_bench`, the four calls the model speaks of, through
+# `rope_batch_reuse`, ropelib's launcher of section 2's kernel (one warp a program, as
+# `rope_cell`). The cell first checks, on any machine, that every path gives the gradient of
+# the cell's kernel. The four calls:
 #
 # - the kernel on `g_sum` read as it is ($4N$ bytes written);
 # - `.contiguous()` first, then the kernel ($12N$ bytes moved);
@@ -1031,9 +1118,9 @@ else:
     print("timed on a GPU only (the interpreter's times say nothing of memory traffic)")
 
 # %% [markdown]
-# Why PyTorch's `g_sum.contiguous()` writes its bytes more slowly than a plain copy does is a
-# question about PyTorch's copy kernel rather than about RoPE; appendix A times the two and reads
-# their profiles.
+# Why PyTorch's `g_sum.contiguous()` can write its bytes more slowly than the kernel moves its
+# own is a question about PyTorch's copy kernel rather than about RoPE; appendix A reads its
+# profile.
 
 # %% [markdown]
 # ## 6. Summary, and the finished kernel
@@ -1049,12 +1136,13 @@ else:
 #   `gradcheck` in float64, and with stride-0 tensors: the gradient of `y.sum()` and an input
 #   built with `expand`.
 # - The backward moves the forward's bytes and takes the forward's time. In the committed H200
-#   run a training step takes 1.97 to 2.01 forwards from batch 4 up; at batch 1 whole calls take
-#   more, while the live cell's step replayed from a CUDA graph is still two forwards
-#   (section 3.1).
-# - One warp a program beats four (section 2.1). With four warps each thread holds one bf16
-#   where it held two, and each element sits on two threads: 1.39 warp instructions an element
-#   against 0.49, for 1.62 times the time and the same DRAM bytes (the H200 profile).
+#   run a training step takes 1.97 to 2.01 forwards from batch 4 up. Below, whole calls take
+#   more: the host's time of a step through an `autograd.Function` (99.1 µs for a trivial one,
+#   184.7 for ropelib's, in one probe) can exceed the device's work (section 3.1).
+# - One warp a program beats four (section 2.1), so `rope_cell` launches one at $D = 128$. With
+#   four warps each thread holds one bf16 where it held two, and each element sits on two
+#   threads: 1.39 warp instructions an element against 0.49, for 1.62 times the time and the
+#   same DRAM bytes; the SMs get busier (63 % against 36 %), DRAM less (the H200 profile).
 #
 # ropelib's finished kernel (notebook 05) serves both directions the same way. Its module header
 # is long (it also documents the grid, the layouts and the angle tables); the cell below prints
@@ -1162,9 +1250,10 @@ solution(ex.solution_rope_backward)
 # uses the worked launcher until exercise 3's check passes), then times it as section 2.1 timed
 # section 2's kernel: beside a copy of $\partial L/\partial y$, the floor, and section 2's
 # backward at four warps and at one, in bf16 at this page's shape. It prints each speed as a
-# fraction of the copy's. The worked launcher runs at Triton's default of four warps, so compare
-# it with the four-warp backward; if yours lands well below that, compare your loads and your
-# grid with section 2's kernel. Then try `num_warps=1` in your launcher.
+# fraction of the copy's. The worked launcher passes no `num_warps`, so it runs at Triton's
+# default of four: compare it with the four-warp backward; if yours lands well below that,
+# compare your loads and your grid with section 2's kernel. Then pass `num_warps=1` in your
+# launch and compare it with the one-warp backward (section 2.1's faster launch).
 
 # %%
 backward_timed = my_rope_backward if launcher_ok else ex.solution_rope_backward
@@ -1225,11 +1314,11 @@ solution(ex.SolutionRopeFunction)
 # ## Questions for discussion
 #
 # 1. In section 3.1's committed H200 run the batch-reusing kernel's step takes 427 µs at
-#    batch 1 and 207 µs at batch 4, with four times the bytes, and from batch 4 up every step
-#    takes about two forwards; the live cell finds a whole call's extra time outside the kernels.
-#    What outside the kernels could make the smaller steps slower, and differ between the kernels
-#    of one run? Which timing would you add to each case (notebook 07 times a call's host
-#    enqueue, its wall clock and a CUDA-graph replay) to tell your explanations apart?
+#    batch 1 and 207 µs at batch 4, with four times the bytes; the host's time of a step, as the
+#    probe measured it, explains the finished kernel's batch-1 step but not this one. What else
+#    outside the kernels could make the smaller steps slower, and differ between the kernels of
+#    one run? Which timing would you add to each case (notebook 07 times a call's host enqueue,
+#    its wall clock and a CUDA-graph replay) to tell your explanations apart?
 # 2. With TE's `cat(f, f)` table, "negate the sines" and "swap and negate the sines" give the
 #    same results. Why did ropelib keep the swap? What would break, and where would you notice?
 # 3. `ctx.save_for_backward(freqs)` keeps a reference to a table shared by every layer. What
@@ -1243,102 +1332,42 @@ solution(ex.SolutionRopeFunction)
 # %% [markdown]
 # ## Appendix A. Why `g_sum.contiguous()` is slow
 #
-# Section 5 timed the copied path in two pieces; one is `g_sum.contiguous()` alone, which writes
-# the $N$ fp32 elements of the stride-0 gradient of `y.sum()` into a new contiguous tensor. On a
-# GPU the next cell times it beside a plain copy of the contiguous gradient, which reads as many
-# bytes as it writes, and prints the first's GB/s as a fraction of the second's.
-
-# %%
-if GPU:
-    from triton.testing import do_bench
-    g_sum = torch.ones((), device=device).expand(S, B, H, D)     # dL/dy of loss = y.sum()
-    g_c = g_sum.contiguous()                                      # made once, not timed
-    n_bytes = g_sum.numel() * g_sum.element_size()
-    contig_ms = do_bench(lambda: g_sum.contiguous())              # writes 4N
-    copy_buf = torch.empty_like(g_c)
-    plain_ms = do_bench(lambda: copy_buf.copy_(g_c))              # reads 4N, writes 4N
-    gbps_contig, gbps_plain = n_bytes / contig_ms / 1e6, 2 * n_bytes / plain_ms / 1e6
-    print(f"{torch.cuda.get_device_name()}, N = {g_sum.numel():,} fp32 elements")
-    print(f"  g_sum.contiguous():                   {contig_ms * 1e3:7.1f} us, "
-          f"{gbps_contig:5.0f} GB/s ({n_bytes / 1e6:.0f} MB written)")
-    print(f"  a plain copy of the contiguous dL/dy: {plain_ms * 1e3:7.1f} us, "
-          f"{gbps_plain:5.0f} GB/s ({2 * n_bytes / 1e6:.0f} MB read and written)")
-    print(f"  g_sum.contiguous() runs at {gbps_contig / gbps_plain:.2f} of the plain copy's GB/s")
-    if compare.gpu_slug() == measured.GPU:    # the committed runs' GPU: the text below
-        assert gbps_contig < 0.5 * gbps_plain, "g_sum.contiguous(): under half a copy's GB/s"
-else:
-    print("timed on a GPU only (the interpreter's times say nothing of memory traffic)")
-
-# %% [markdown]
-# On the H200 the cell asserts that `g_sum.contiguous()` writes its 537 MB at less than half the
-# GB/s of the plain copy; another GPU prints its own ratio, not asserted. Writing alone is half
-# of a copy's traffic, so at the memory's speed it should reach at least the copy's GB/s; where
-# it runs slower, the slowness is the kernel's, not the memory's.
-#
-# A committed H200 profile sets it beside a kernel that only writes: `benchmarks/contiguous_ncu.py`
-# profiled it under Nsight Compute beside `buf.fill_(1.0)`, which writes the same $N$ fp32
-# elements and reads nothing (`contiguous_ncu-nvidia-h200.csv`; the profiler fixes the SM clock,
-# so compare the two times with each other, not with the timings above). The plain copy is not
-# in the profile: for two contiguous tensors of one dtype PyTorch calls `cudaMemcpyAsync`, which
-# runs no kernel.
-#
-# The cell prints, for each kernel, the bytes it wrote to DRAM, its time, its store
-# instructions and the bytes each thread writes per store ($4N$ bytes ÷ (store instructions ×
-# 32 threads)), the warp instructions it executed, and the warps resident on an
-# SM as a share of the most it holds.
+# `benchmarks/contiguous_ncu.py` profiled `g_sum.contiguous()` on the H200 with Nsight Compute
+# beside `buf.fill_(1.0)`, which writes the same $N$ fp32 elements and reads nothing
+# (`contiguous_ncu-nvidia-h200.csv`; the profiler fixes the SM clock, so compare the two with
+# each other only). Both put about 509 MB into DRAM; the copy takes 2.75 times the fill's time. A
+# stride-0 source is not contiguous, so PyTorch takes its general `elementwise_kernel`, which
+# computes each offset through the strides and stores 4 bytes a thread per store; the fill's
+# `vectorized_elementwise_kernel` stores 16. The general kernel executes 11.5 times the warp
+# instructions and fills 24 % of an SM's warp slots against 88 %. The profile does not split the
+# 2.75x between these causes; the kernel is PyTorch's, and what a RoPE backward can do is not
+# call it: read the stride-0 gradient as it is.
 
 # %%
 ct_csv = measured.path("contiguous_ncu")
 ct_meta = compare.read_meta(ct_csv)
 assert ct_meta["gpu"] == "NVIDIA H200", "the text's H200 profile"
-ct = dict(zip(("g_sum.contiguous()", "buf.fill_(1.0)"),
-              (k for k in measured.ncu_kernels(ct_csv))))
-print(f"{ct_csv.name}: {measured.where(ct_meta)}")
-print(f"N = {4096 * 8 * 32 * 128:,} fp32 elements written: "
-      f"4N = {4 * 4096 * 8 * 32 * 128 / 1e6:.0f} MB")
-print(f"{'':20s}{'MB to DRAM':>11s}{'us':>7s}{'TB/s':>6s}{'stores M':>10s}"
-      f"{'B/thread/store':>16s}{'warp instr. M':>15s}{'warps resident':>16s}")
+ct = dict(zip(("g_sum.contiguous()", "buf.fill_(1.0)"), measured.ncu_kernels(ct_csv)))
+n_bytes_ct = 4 * 4096 * 8 * 32 * 128                               # 4N: what each kernel writes
 ct_row = {}
-n_bytes_ct = 4 * 4096 * 8 * 32 * 128                               # what each kernel writes
-assert round(n_bytes_ct / 1e6) == 537                               # the text's 537 MB
 for label, k in ct.items():
     m = k["metrics"]
-    written, us = m["dram__bytes_write.sum"], m["gpu__time_duration.sum"] / 1e3
-    stores = m["smsp__sass_inst_executed_op_global_st.sum"]
-    ct_row[label] = {"mb": written / 1e6, "us": us, "tb_s": written / us / 1e6,
-                     "width": n_bytes_ct / (stores * 32),
-                     "instr_m": m["smsp__inst_executed.sum"] / 1e6,
-                     "resident": m["sm__warps_active.avg.pct_of_peak_sustained_active"]}
-    r = ct_row[label]
-    print(f"{label:20s}{r['mb']:11.0f}{us:7.0f}{r['tb_s']:6.2f}{stores / 1e6:10.2f}"
-          f"{r['width']:16.1f}{r['instr_m']:15.1f}{r['resident']:15.1f}%")
-    print(f"{'':20s}kernel: {k['kernel'][:60]}...")
+    ct_row[label] = {"MB to DRAM": m["dram__bytes_write.sum"] / 1e6,
+                     "us": m["gpu__time_duration.sum"] / 1e3,
+                     "B/thread/store": n_bytes_ct / (m["smsp__sass_inst_executed_op_global_st.sum"]
+                                                     * 32),
+                     "warp instr. M": m["smsp__inst_executed.sum"] / 1e6,
+                     "warps resident %": m["sm__warps_active.avg.pct_of_peak_sustained_active"]}
+print(f"{ct_csv.name}: {measured.where(ct_meta)}")
+print(f"{'':20s}" + "".join(f"{c:>18s}" for c in ct_row["buf.fill_(1.0)"]))
+for label, r in ct_row.items():
+    print(f"{label:20s}" + "".join(f"{v:18.1f}" for v in r.values()))
 con, fil = ct_row["g_sum.contiguous()"], ct_row["buf.fill_(1.0)"]
 assert "elementwise_kernel<128, 2" in ct["g_sum.contiguous()"]["kernel"]
 assert ct["buf.fill_(1.0)"]["kernel"].startswith("void vectorized_elementwise_kernel<4")
-assert abs(con["mb"] - fil["mb"]) < 1, "the same bytes reach DRAM"
-assert round(con["mb"]) == 509, "the text's 509 MB to DRAM"
-assert con["width"] == 4, "the text's 4 bytes a thread per store (one float)"
-assert fil["width"] == 16, "the text's 16 bytes a thread per store (four floats)"
-assert round(con["instr_m"] / fil["instr_m"], 1) == 11.5, "the text's 11.5x the warp instructions"
-assert round(con["resident"]) == 24, "the text's 24 % of the warp slots"
-assert round(fil["resident"]) == 88, "the text's 88 % of the warp slots"
+assert round(con["MB to DRAM"]) == 509, "the text's 509 MB"
+assert abs(con["MB to DRAM"] - fil["MB to DRAM"]) < 1, "the same bytes reach DRAM"
+assert (con["B/thread/store"], fil["B/thread/store"]) == (4, 16), "the text's 4 and 16 bytes"
+assert round(con["warp instr. M"] / fil["warp instr. M"], 1) == 11.5, "the text's 11.5x"
+assert [round(r["warps resident %"]) for r in (con, fil)] == [24, 88], "the text's 24 and 88 %"
 assert round(con["us"] / fil["us"], 2) == 2.75, "the text's 2.75x the fill's time"
-assert round(fil["us"] / con["us"], 2) == 0.36, "the text's 0.36 of the time"
-print(f"g_sum.contiguous(): {con['us'] / fil['us']:.2f}x the fill's time for the same bytes, "
-      f"{con['instr_m'] / fil['instr_m']:.1f}x its warp instructions")
-
-# %% [markdown]
-# Both kernels put the same 509 MB into DRAM; the fill takes 0.36 of the time. (The rest of the
-# 537 MB written is presumably still in the L2 cache when the kernel ends; the profile has no L2
-# write count to show it.)
-#
-# They are different kernels. A stride-0 source is not contiguous, so PyTorch's copy takes its
-# general `elementwise_kernel`, which computes each element's offset through the source's
-# strides and stores one float (4 bytes) per thread per store instruction. The fill runs the
-# `vectorized_elementwise_kernel`, whose threads store four floats (16 bytes) at once. The
-# general kernel executes 11.5 times the warp instructions, and its warps fill only 24 % of an
-# SM's warp slots, against 88 % for the fill, so it can keep fewer stores in flight to hide the
-# memory's latency (the profile does not count stores in flight). The profile does not split its
-# 2.75 times the fill's time between these causes, and the kernel is PyTorch's, not the course's
-# to change. What a RoPE backward can do is not ask for it: read the stride-0 gradient as it is.
