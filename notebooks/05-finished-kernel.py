@@ -24,30 +24,29 @@
 # at about nine tenths (section 5).
 #
 # Section 2 works out how many bytes a GPU must have in flight to stream at full speed, a floor
-# under the tile. Section 3 climbs a ladder of kernels, each adding one idea, each checked against
-# the reference and timed against a copy as you edit it, until the last computes what ropelib's
-# kernel computes, bit for bit. Sections 4 and 5 read what the compiler made of each rung and what
-# each step bought: most of the climb is the first step, and the last tenth is not the rotation's,
-# since a plain copy launched on the finished kernel's tile, batch loop and grid lands about where
-# the kernel does. Section 6 leaves the ladder: for large tensors (64 MiB and up) `apply_rope`
-# runs a small pass that writes a table of cos/sin rows, then a flat pass of over a hundred
-# thousand small programs with no loop, which reaches the copy at batch 8 with 32 heads (0.996 of
-# it at 256 MiB, 1.002 at 1 GiB, on the H200).
+# under the tile. Section 3 climbs a ladder of kernels, each adding one idea to the source, each
+# checked against the reference and timed against a copy as you edit it, until the last computes
+# what ropelib's kernel computes, bit for bit. Sections 4 and 5 read what the compiler made of each
+# rung and what each step bought. One idea in the source is not always one change in what runs:
+# ropelib's planner picks each rung's launch, so at $b = 1$ the chunks rung also gets another tile
+# and warp count, and with Triton 3.6 the accurate rung compiles to the chunks rung's machine code;
+# section 5 says of every step what changed in the launch and the code. Most of the climb is the
+# first step, and the last tenth is not the rotation's, since a plain copy launched on the finished
+# kernel's tile, batch loop and grid lands about where the kernel does. Section 6 leaves the
+# ladder: for large tensors (64 MiB and up) `apply_rope` runs a small pass that writes a table of
+# cos/sin rows, then a flat pass of over a hundred thousand small programs with no loop, which
+# reaches the copy at batch 8 with 32 heads (0.996 of it at 256 MiB, 1.002 at 1 GiB, on the H200).
 #
 # **Where the numbers come from.** Every timing and profile the text quotes is read from a
 # committed CSV under `benchmarks/results/`, measured on an NVIDIA H200 (each table prints its
 # GPU, Triton version and date), and asserted by the cell beside it (the longer checks are in
 # `ropelib/course/checks_nb05.py`). A few cells also time kernels live, on the GPU they run on: on
 # the executed page (`docs/executed/05-finished-kernel.html`) an H100, with its own tile (16 warps
-# a program where the H200 has 8), so its live ratios land near the H200's, not on them.
-#
-# **Time budget.** About two and a half hours: 15 minutes for section 2, 35 for the ladder (read
-# each kernel, change it or its launch, rerun, time it on a GPU), 10 for the compiled layout, 35 for
-# Exercises 1 and 1b, half an hour for sections 5 and 6, and 25 minutes for Exercises 2 and 3; the
-# appendices (A.1–A.12: the profiles' details, the machine code, the two-pass route, the launch
-# shape) and the questions are for afterwards. Every cell runs in a minute or two on a 2-core CPU:
-# Triton's interpreter runs the kernels, and the layout and load-schedule cells compile them for
-# sm_90 (the H100's and H200's architecture) without a GPU.
+# a program where the H200 has 8), so its live ratios land near the H200's, not on them. Without a
+# GPU every cell still runs: Triton's interpreter runs the kernels, and the layout and
+# load-schedule cells compile them for sm_90 (the H100's and H200's architecture). The appendices
+# (A.1–A.12: the profiles' details, the machine code, the two-pass route, the launch shape) and
+# the questions are for afterwards.
 #
 # **After this notebook you will be able to**
 #
@@ -86,6 +85,7 @@ import triton.language as tl
 from ropelib import reference, runtime
 from ropelib.bench import compare
 from ropelib.course import checks_nb05, ladder, measured
+from ropelib.course.checks_nb05 import said
 from ropelib.course.exercises import finished_kernel as fk
 from ropelib.kernels import launch
 from ropelib.kernels.common import BF16_RTNE, round_to
@@ -188,7 +188,7 @@ print(measured.table([named(mech[v]) for v in ("copy", "batch_reuse", "ropelib")
     ("DRAM/model", "ncu_dram_bytes_over_model", ".3f"), ("programs", "programs", ","),
     ("warps", "num_warps", "d"), ("x B/warp/step", "x_bytes_per_warp_step", ".0f"),
     ("occ. %", "ncu_achieved_occupancy_pct", ".0f"), ("limited by", "occ_limiter", ""),
-    ("x KiB/SM", "x_kib_per_sm", ".1f"), ("DRAM thr. %", "ncu_dram_throughput_pct", ".0f")]))
+    ("x KiB/SM bound", "x_kib_per_sm", ".1f"), ("DRAM thr. %", "ncu_dram_throughput_pct", ".0f")]))
 br_m, fin_m = mech["batch_reuse"], mech["ropelib"]
 assert all(0.9 <= r["ncu_dram_bytes_over_model"] <= 1.05 for r in (br_m, fin_m))   # no extra bytes
 assert br_m["x_bytes_per_warp_step"] == 256 and fin_m["num_warps"] == 8
@@ -279,17 +279,19 @@ assert round(W_READ / 1e12, 2) == 2.15                                    # "2.1
 # in flight per SM (under 3 bytes per resident thread) idle DRAM latency alone caps the read
 # bandwidth: a kernel there is latency-bound whatever else runs. A kernel streaming near full
 # bandwidth meets the loaded latency instead, and keeps the queues as full as a copy does only with
-# about 20 KiB per SM in flight (about 10 bytes a thread). Section 1's `x KiB/SM` is the other side
-# of the equation: what all resident warps would have in flight if each had its whole batch step's
-# loads out at once — an upper bound, not a measurement. The cell below sets them side by side.
+# about 20 KiB per SM in flight (about 10 bytes a thread). What a kernel actually keeps in flight
+# was not measured. Section 1's `x KiB/SM` is only an **upper bound** on it, computed from the code
+# and the occupancy: what all resident warps would have out if each had its whole batch step's
+# loads in flight at once. A bound below the idle floor proves a kernel latency-bound; a bound
+# above it proves nothing. The cell below sets each kernel's bound beside the two floors.
 
 # %%
 need_idle, need_loaded = kib_idle, kib_loaded
 
 
 def where_it_sits(kib):
-    return ("below both bounds" if kib < need_idle else
-            "between the bounds" if kib < need_loaded else "above both bounds")
+    return ("below both floors" if kib < need_idle else
+            "between the floors" if kib < need_loaded else "above both floors")
 
 
 # the three kernels of section 1, then every rung of section 3 (profiled at the same size),
@@ -303,9 +305,9 @@ def read_rate(r):
     return r["ncu_dram_read_bytes"] / (r["us"] * 1e-6)
 
 
-print(f"bounds: {need_idle:.1f} KiB per SM (idle DRAM) and {need_loaded:.1f} (beside a copy); "
-      f"W_read {W_READ / 1e12:.2f} TB/s")
-print(f"  {'':24s} {'KiB/SM':>6s}  {'where':27s} {'us':>4s} {'speed':>5s}  {'read TB/s':>9s}")
+print(f"floors: {need_idle:.1f} KiB per SM (idle DRAM) and {need_loaded:.1f} (beside a copy); "
+      f"W_read {W_READ / 1e12:.2f} TB/s; `bound`: x KiB/SM, an upper bound from the code")
+print(f"  {'':24s} {'bound':>6s}  {'the bound is':27s} {'us':>4s} {'speed':>5s}  {'read TB/s':>9s}")
 for v in ("naive", "batch_reuse", "ropelib", "copy", "", *RUNGS_PROFILED):
     if not v:
         print("  the rungs:")
@@ -322,10 +324,10 @@ assert round(mech["copy"]["us"] / mech["batch_reuse"]["us"] * 100) == 70     # "
 # across these three, more asked for goes with more speed
 speed = {v: mech["copy"]["us"] / mech[v]["us"] for v in ("naive", "batch_reuse", "ropelib")}
 assert speed["naive"] < speed["batch_reuse"] < speed["ropelib"] < 1
-# "about 1.4 times the loaded bound", "about 2.7 times it"
+# "about 1.4 times the loaded floor", "about 2.7 times it"
 assert [round(mech[v]["x_kib_per_sm"] / need_loaded, 1) for v in ("ropelib", "copy")] == [1.4, 2.7]
-# ... but not across the rungs, all above the loaded bound: heads asks for 1.8 times rung 6's
-# bytes and is slower; apply_rope as planned asks for less than heads and is the fastest
+# ... but not across the rungs, all above the loaded floor: heads has a bound 1.8 times rung 6's
+# and is slower; apply_rope as planned has a smaller bound than heads and is the fastest
 heads_m, rung6_m, planned_m = mech["heads"], mech["equal_halves"], mech["ropelib_planned"]
 assert all(mech[v]["x_kib_per_sm"] > need_loaded for v in RUNGS_PROFILED)
 assert round(heads_m["x_kib_per_sm"] / rung6_m["x_kib_per_sm"], 1) == 1.8
@@ -334,32 +336,19 @@ assert planned_m["x_kib_per_sm"] < heads_m["x_kib_per_sm"]
 assert planned_m["us"] == min(mech[v]["us"] for v in RUNGS_PROFILED)
 
 # %% [markdown]
-# The batch-reusing kernel's warps ask for more than the idle bound but less than the loaded one,
-# and it runs at about 70 % of a copy's speed; the finished kernel's ask for about 1.4 times the
-# loaded bound, the copy's for about 2.7 times it. (The naive kernel sits below both, but what sets
-# its time is a million one-warp programs, each too short to keep its slot busy: notebook 04.)
+# The batch-reusing kernel's bound lies between the two floors, and it runs at about 70 % of a
+# copy's speed: even with every load out, its warps would hold less than DRAM beside a copy needs
+# in flight. The finished kernel's bound is about 1.4 times the loaded floor, the
+# copy's about 2.7 times. (The naive kernel's is below both, but what sets its time is a million
+# one-warp programs, each too short to keep its slot busy: notebook 04.)
 #
-# Above the loaded bound, bytes asked for no longer order the kernels: the `heads` rung asks for
-# 1.8 times rung 6's bytes (`equal_halves`) and is slower, 142 µs against 137, and `apply_rope`
-# (two passes) asks for less than `heads` and is the fastest of them. Section 5 counts from a stall
-# profile how many warps actually wait on loads. The plot sets each kernel's time against the KiB
-# it asks for: every variant profiled at this size, notebook 04's among them.
-
-# %%
-IN_FLIGHT_GROUPS = [
-    ("a device copy", "k", {"copy": "copy"}),
-    ("notebook 04's kernels and variants", "tab:blue",
-     {v: v for v in mech if v not in ("copy", *RUNGS_PROFILED)}),
-    ("the ladder's rungs (section 3)", "tab:green", {v: v for v in RUNGS_PROFILED[:-2]}),
-    ("ropelib", "tab:red", {v: shown(v) for v in RUNGS_PROFILED[-2:]})]
-drawn = [v for _, _, members in IN_FLIGHT_GROUPS for v in members]
-assert sorted(drawn) == sorted(mech), "every profiled variant is drawn, once"
-ladder.plot_in_flight(mech, IN_FLIGHT_GROUPS,
-                      title=f"{measured.where(mech_meta)}: bf16 sbhd s=4096, b=8, h=32, d=128")
-plt.show()
-
-# %% [markdown]
-# Above that floor the model does not order the candidates, so ropelib's tile was chosen by a
+# Above the loaded floor the bound orders nothing: the `heads` rung's is 1.8 times rung 6's
+# (`equal_halves`) and it is slower, 142 µs against 137, and `apply_rope` (two passes) has a
+# smaller bound than `heads` and is the fastest of them. (Notebook 04 plots the bound against
+# time for all these variants.) Section 5 counts from a stall profile how many warps actually wait
+# on loads.
+#
+# Since the bound does not order the candidates, ropelib's tile was chosen by a
 # sweep of timed tiles (`ropelib/kernels/tiles.py` names the sweeps). ropelib's **planner**
 # (`launch.plan`) turns those knobs into a launch for each call: route, tile, warps and grid, from
 # the shapes and the GPU. What the floor asks of a tile:
@@ -428,8 +417,10 @@ torch.manual_seed(0)
 x = torch.randn(S, B, H, D, device=device, dtype=torch.bfloat16)
 freqs = compare.angles(S, D).view(S, D).to(device)           # TE's cat([f, f]): equal halves
 print(f"x [S={S}, B={B}, H={H}, D={D}] bf16 on {device}")
-for rung in ladder.RUNGS:
-    print(f"  {rung.name:13s} {rung.idea}")
+IDEAS = {rung.name: rung.idea for rung in ladder.RUNGS}
+IDEAS["accurate"] = "libdevice cos/sin: within 2 ulp for any fp32 angle"
+for name, idea in IDEAS.items():
+    print(f"  {name:13s} {idea}")
 SM_HERE, KNOBS_HERE = ladder.device_knobs(x)   # this GPU's SM count and tile knobs (None, {} here
                                                # in the interpreter)
 
@@ -630,12 +621,22 @@ assert ladder.plan("warps", 4096, 8, 32, 128, 2, SMS_H200, H200_KNOBS).num_warps
 # `B_CHUNK` batch entries restores the count: the planner (`launch.pick_tiles`) takes the smallest
 # split that gives 4 programs per SM, and for 16-bit inputs whose programs loop over fewer than 4
 # entries a tile of fewer threads with more elements each (no batch loop amortises their sin/cos).
+# So the rung is one idea in the source but not always one change in the launch (the cell prints
+# the H200's plans):
+#
+# - at $s = 16$, $b = 64$ it splits the batch, 16 programs → 1,024, and drops from 8 warps to 4;
+# - at $s = 32768$, $b = 1$ there is no batch to split: it changes the tile instead, one token of
+#   32 heads on 8 warps → two tokens on 4 warps, and halves the grid;
+# - at $s = 4096$, $b = 8$ (and with 8 heads) the grid already has 4,096 programs: one chunk of 8,
+#   the warps rung's grid, tile and warps; only the kernel's loop bounds, read from
+#   `tl.program_id(2)`, differ.
 #
 # **Accurate sin/cos** (rung 5, the constexpr `ACCURATE`) calls `cosf`/`sinf` from libdevice,
-# NVIDIA's math library for GPU code, exact for any angle as Transformer Engine's (TE's) `sincosf`
-# is (positions reach $10^5$; notebook 08 measures what an ulp, a unit in the last place, costs).
-# With the H200 run's Triton, 3.6, `tl.cos` is libdevice's too, so rungs 4 and 5 compile to the same
-# machine code (section 4 reads the call; appendix A.4's opcode profile asserts the counts).
+# NVIDIA's math library for GPU code, accurate to 2 ulp (a unit in the last place) over the whole
+# fp32 range, as CUDA documents for them and as Transformer Engine's (TE's) `sincosf` is (positions
+# reach $10^5$; notebook 08 measures what an ulp costs). With the H200 run's Triton, 3.6, `tl.cos`
+# is libdevice's too, so rungs 4 and 5 compile to the same machine code (section 4 reads the call;
+# appendix A.4's opcode profile asserts the counts).
 
 # %%
 # ropelib-source: ropelib.course.ladder._ladder_chunk_kernel
@@ -708,10 +709,21 @@ for rung in ("chunks", "accurate"):
 # the tails: chunks of 2 of a batch of 3, blocks of 4 tokens and 2 heads (S=6, H=5 do not divide)
 check_rung(launch_chunks(x, freqs, block_s=4, block_h=2, chunk=2, num_warps=4, accurate=False),
            x, freqs, "  tails")
-for s_, b_ in ((16, 64), (4096, 8)):
-    print(f"s={s_}, b={b_}, h=32, d=128 on the H200: warps rung "
-          f"{ladder.plan('warps', s_, b_, 32, 128, 2, SMS_H200, H200_KNOBS).grid} -> chunks rung "
-          f"{ladder.plan('chunks', s_, b_, 32, 128, 2, SMS_H200, H200_KNOBS)}")
+# the H200's plans for the warps and chunks rungs at three of section 5's sizes: (grid,
+# BLOCK_S x BLOCK_H, B_CHUNK, warps)
+def launch_of(rung, s_, b_):
+    p_ = ladder.plan(rung, s_, b_, 32, 128, 2, SMS_H200, H200_KNOBS)
+    return p_.grid, f"{p_.block_s}x{p_.block_h}", p_.chunk, p_.num_warps
+
+
+for s_, b_ in ((16, 64), (32768, 1), (4096, 8)):
+    print(f"s={s_}, b={b_}, h=32, d=128 on the H200: warps rung {launch_of('warps', s_, b_)} -> "
+          f"chunks rung {launch_of('chunks', s_, b_)}")
+assert [launch_of(r, 16, 64) for r in ("warps", "chunks")] == \
+    [((16, 1), "1x32", 64, 8), ((16, 1, 64), "1x32", 1, 4)]            # a split, and 4 warps
+assert [launch_of(r, 32768, 1) for r in ("warps", "chunks")] == \
+    [((32768, 1), "1x32", 1, 8), ((16384, 1, 1), "2x32", 1, 4)]        # no split: a new tile
+assert launch_of("chunks", 4096, 8) == ((4096, 1, 1),) + launch_of("warps", 4096, 8)[1:]
 
 # %% [markdown]
 # ### Rung 6 — the equal-halves shortcut
@@ -1285,15 +1297,45 @@ if LADDER_CSV.exists():
         if r.get("pct_of_copy") is not None:
             assert r["pct_of_copy"] < 110, f"{r['case']}/{r['provider']}: faster than a copy?"
             assert r["ms_p20"] <= r["ms"] <= r["ms_p80"], (r["case"], r["provider"])
-    # the axis labels say what two rungs are at the sizes drawn: at h = 32 the tile rung's
-    # tile is one token (BLOCK_S = 1), and with Triton 3.6 the accurate rung is the chunks
-    # rung's machine code (the appendix's opcode profile)
-    WATERFALL_NAMES = {**SHOWN, "tile": "tile (BLOCK_S=1 at h=32)",
-                       "accurate": "accurate (= chunks' code)"}
-    ladder.plot_waterfall(rows, FIGURES / "05-ladder-waterfall.png", names=WATERFALL_NAMES,
-                          title="From the batch-reusing grid to the finished kernel, one idea at "
-                                f"a time: {measured.where(meta)}",
-                          unclear_rule=ladder.within_both_spreads)
+    # what each step changes in what runs, read from the CSV's launch columns: the programs,
+    # the tile (BLOCK_S x BLOCK_H), B_CHUNK and the warps, against the rung before
+    by = {(r["case"], r["provider"]): r for r in rows}
+    CASES = list(dict.fromkeys(r["case"] for r in rows))
+
+    def launch_cols(r):
+        return {"programs": math.prod(int(g) for g in str(r["grid"]).split("x")),
+                "tile": f"{r['block_s']}x{r['block_h']}", "B_CHUNK": r["chunk"],
+                "warps": r["num_warps"]}
+
+    def what_changed(case, rung):
+        prev = ladder.NAMES[ladder.NAMES.index(rung) - 1]
+        a, b = launch_cols(by[case, prev]), launch_cols(by[case, rung])
+        moved = [f"tile {b['tile']}"] * (a["tile"] != b["tile"]) \
+            + [f"{b['warps']} warps"] * (a["warps"] != b["warps"]) \
+            + [f"B_CHUNK {b['B_CHUNK']}"] * (a["B_CHUNK"] != b["B_CHUNK"])
+        if moved:
+            return ", ".join(moved)
+        # the same launch: what differs is the kernel (with Triton 3.6, rung 5 compiles to
+        # rung 4's machine code: appendix A.4)
+        return {"tile": "same launch, 3-D kernel", "chunks": "same launch, loop bounds",
+                "accurate": "same launch, same code", "equal_halves": "same launch, shortcut"
+                }[rung]
+
+    changed = {case: {n: what_changed(case, n) for n in ladder.NAMES[2:]} for case in CASES}
+    fig = ladder.plot_waterfall(rows, None, names=SHOWN,
+                                title="From the batch-reusing grid to the finished kernel: "
+                                      f"{measured.where(meta)}\nunder each rung: what its step "
+                                      "changed in the launch",
+                                unclear_rule=ladder.within_both_spreads)
+    for ax, case in zip([a for a in fig.axes if a.patches], CASES):   # each panel's own launches
+        drawn = [r["provider"] for r in sorted((r for r in rows if r["case"] == case
+                                                and r["provider"] != "copy"),
+                                               key=lambda r: r["step"])]
+        ax.set_xticks(range(len(drawn)), [shown(n) + (f"\n{changed[case][n]}" if n in
+                                                      changed[case] else "") for n in drawn],
+                      rotation=40, ha="right", fontsize=6.5)
+    fig.tight_layout()
+    fig.savefig(FIGURES / "05-ladder-waterfall.png", dpi=110)
     plt.show()
     hatched = {case: ladder.within_both_spreads(rows, case)
                for case in dict.fromkeys(r["case"] for r in rows)}
@@ -1302,6 +1344,46 @@ if LADDER_CSV.exists():
     # s = 4096, b = 8; from chunks on, the 16-token panel's steps too
     assert hatched["s4096-b8"] == ["tile", "warps", "accurate"]
     assert hatched["s16-b64"][-3:] == ["chunks", "accurate", "equal_halves"]
+
+    # each step in points of a copy (the rung's median % of copy less the rung before's), with
+    # what it changed in the launch: the table below the figure reads this
+    pct = {key: r["pct_of_copy"] for key, r in by.items()}
+    step = {(c, n): pct[c, n] - pct[c, ladder.NAMES[ladder.NAMES.index(n) - 1]]
+            for c in CASES for n in ladder.NAMES[1:]}
+    for c in CASES:
+        print(f"\n{c}: each step in points of a copy, and what it changed in the launch")
+        for n in ladder.NAMES[1:]:
+            print(f"  {n:13s} {step[c, n]:+6.1f}  {changed[c].get(n, 'the tile of heads')}")
+    c8, c1 = "s4096-b8", "s32768-b1"
+    assert [said(step[c, "tile"], 1) for c in (c8, c1)] == ["-0.1", "-5.9"]
+    assert [said(step[c, "warps"], 1) for c in (c8, c1)] == ["1.8", "-29.6"]
+    assert said(step[c8, "chunks"], 1) == "-3.0" and said(step[c1, "chunks"], 1) == "48.1"
+    assert [said(step[c, "equal_halves"], 1) for c in (c8, c1)] == ["5.5", "4.9"]
+    assert said(pct[c8, "equal_halves"] - pct[c8, "warps"], 1) == "2.8"     # over the warps rung
+    assert [said(pct[c, "equal_halves"] - pct[c, "ropelib"], 1) for c in (c8, c1)] == \
+        ["1.5", "-2.7"]                                         # the finished kernel's bar
+    assert pct[c1, "batch_reuse"] < 25 and 70 < pct[c1, "heads"] < 80  # a fifth -> 3 quarters
+    # the steps that change nothing in the launch: the chunks rung with a batch loop (one chunk
+    # of 8), the accurate rung everywhere; at b = 1 the chunks rung changes the tile instead
+    assert changed[c8]["chunks"] == changed["s16384-b8-h8"]["chunks"] == "same launch, loop bounds"
+    assert {changed[c]["accurate"] for c in CASES} == {"same launch, same code"}
+    assert changed[c1]["chunks"] == "tile 2x32, 4 warps"       # from 1x32 on 8 warps
+    assert changed["s16-b64"]["chunks"] == "4 warps, B_CHUNK 1"  # from one chunk of 64 on 8
+    assert meta["triton"].startswith("3.6")                   # "the same code" holds for 3.6
+
+    # 16 tokens, a batch of 64: the rungs from chunks on have fast and slow calls, so the
+    # median says little; the 20 % quantiles, the fastest fifth of the calls
+    q16 = {n: {k: 1e3 * by["s16-b64", n][k] for k in ("ms_p20", "ms", "ms_p80")}
+           for n in ("warps", "chunks", "accurate", "equal_halves")}
+    print("\ns16-b64, µs (20 % quantile, median, 80 % quantile): "
+          + "; ".join(f"{n} {v['ms_p20']:.1f}, {v['ms']:.1f}, {v['ms_p80']:.1f}"
+                      for n, v in q16.items()))
+    assert [said(q16["chunks"][k], 1) for k in ("ms_p20", "ms")] == ["13.2", "51.5"]
+    assert [said(q16["warps"][k], 1) for k in ("ms_p20", "ms_p80")] == ["40.7", "41.9"]
+    assert round(q16["warps"]["ms_p20"] / q16["chunks"]["ms_p20"]) == 3          # "threefold"
+    assert q16["chunks"]["ms"] > q16["warps"]["ms_p80"]     # its median: among the slow calls
+    # ... and the accurate rung, the chunks rung's launch and code, "gains" 35.6 points
+    assert said(step["s16-b64", "accurate"], 1) == "35.6"
 else:
     print(f"{LADDER_CSV.relative_to(ROOT)} is not there yet: the numbers come from "
           f"`python benchmarks/ladder.py --out {LADDER_CSV.relative_to(ROOT)}` on a GPU "
@@ -1315,26 +1397,30 @@ else:
 #
 # ![The ladder on an NVIDIA H200: % of a copy per rung](../figures/05-ladder-waterfall.png)
 #
-# **What the H200 run shows** (the cell below checks each number on the CSVs; appendix A.1 has
-# the profiles' details):
+# **What the H200 run shows** (the cell above derives the steps and what each changed in the
+# launch; the cell below checks the profiles' numbers, appendix A.1 has their details). A step is
+# one idea only where it is the only change: the table says which rungs change the tile or the
+# warps, and which change nothing that runs.
 #
-# | rung | step at $s = 4096$, $b = 8$ | at $b = 1$ | what the profiles say |
+# | rung | step at $s = 4096$, $b = 8$ | at $s = 32768$, $b = 1$ | what changed; what the profiles say |
 # |---|---|---|---|
-# | tile of heads | the big step | a fifth of a copy → three quarters | work per program: notebook 04's variants (A.1) |
-# | tile (3-D form) | −0.1 points (hatched) | −5.9 points | at $b = 1$ ($\text{BLOCK\_S} = 1$): 3 % more instructions, issued at a lower rate |
-# | warps | +1.8 points (hatched) | −29.6 points | $b = 8$: the two profiles disagree on its sign; $b = 1$: each sin/cos evaluated 32 times, not 16 |
-# | chunks | about −3 points | +48.1 points | $b = 8$: more DRAM writes counted; $b = 1$: 7.6 times fewer instructions |
-# | accurate sin/cos | noise (hatched) | noise (hatched) | the chunks rung's machine code (Triton 3.6) |
-# | equal halves | +5.5 points, +2.8 over the warps rung | +4.9 points | $b = 8$: the chunks rung's extra writes gone; fewer instructions between loads put 0.6 more warps a scheduler on loads (warp states, below) |
+# | tile of heads | the big step | a fifth of a copy → three quarters | programs, work per program, bytes asked for at once: notebook 04's variants change them one at a time (A.1) |
+# | tile (3-D form) | −0.1 points (hatched) | −5.9 points | the same launch ($\text{BLOCK\_S} = 1$ at $h = 32$); at $b = 1$ 3 % more instructions, issued at a lower rate |
+# | warps | +1.8 points (hatched) | −29.6 points | 4 → 8 warps; $b = 8$: the two profiles disagree on its sign; $b = 1$: each sin/cos evaluated 32 times, not 16 |
+# | chunks | −3.0 points | +48.1 points | $b = 8$: the same launch, only the loop bounds read from the grid; more DRAM writes counted, cause not found. $b = 1$: no batch to split; the planner's tile change, 1×32 heads on 8 warps → 2×32 on 4, evaluates each sin/cos once, 7.6 times fewer instructions |
+# | accurate sin/cos | noise (hatched) | noise (hatched) | nothing that runs: the chunks rung's launch and, with Triton 3.6, its machine code |
+# | equal halves | +5.5 points, +2.8 over the warps rung | +4.9 points | the same launch, the shortcut in the kernel; $b = 8$: the chunks rung's extra writes gone, fewer instructions between loads (warp states, below) |
 # | finished kernel | 1.5 points below rung 6 | 2.7 points above | 7 % more instructions; at $b = 1$ `x` loaded first |
 #
 # - **A tile of heads is the big step.** It changes three things at once: 32 times fewer
 #   programs, about half the warp instructions per element, over six times the x asked for per SM.
 #   Notebook 04's variants, profiled in the same run, change them one at a time (A.1): occupancy
 #   alone buys nothing, and past four heads a program nothing more is bought.
-# - **Chunks (rung 4)** at $b = 8$ launch the warps rung's 4,096 programs with the same DRAM
-#   reads, yet cost about three points; their counted DRAM writes are higher (0.99 of the bytes
-#   model against 0.96).
+# - **The chunks rung's +48.1 points at $b = 1$ are not the chunks idea**: that run has one batch
+#   entry and one chunk. They are the tile and warps the planner gives programs with no batch loop,
+#   measured against the warps rung's 8-warp tile, which had lost 29.6 points. At $b = 8$ the rung
+#   changes no launch number, yet costs 3.0 points; its counted DRAM writes are higher (0.99 of the
+#   bytes model against 0.96).
 # - **Equal halves (rung 6)** gain 5.5 points over rung 5, but rungs 4 and 5 had lost 2.7 on the
 #   warps rung; over the warps rung, which has no extra writes, the gain is 2.8. Rung 6 runs a
 #   quarter fewer warp instructions per element, 0.29 against 0.38, on SMs far from busy (SM
@@ -1347,16 +1433,19 @@ else:
 #   `x` first is the faster at $s = 4096$, $b = 1$ (0.931 of a copy against 0.892) and the slower
 #   at $s = 1024$, $b = 8$ (0.804 against 0.835).
 #
-# **Not explained on this page:** the chunks rung's three points at $h = 32$ (neither the launch,
-# the loop bounds nor the store form makes its extra writes: A.1); the 16-token panel from `chunks`
-# on, whose calls split into fast and slow ones (the chunks and accurate rungs' 80 % quantiles are
-# four to five times their 20 % ones), so its steps say nothing about the rungs, and what the slow
-# calls wait for is not measured; equal halves at $h = 8$, −0.2 points (hatched) against +5.5 at
-# $h = 32$, not profiled at $h = 8$.
+# **The 16-token panel measures no rung from `chunks` on.** Those rungs' calls fall into a fast
+# and a slow population, and the median lands in either: the chunks rung's fastest fifth of calls
+# take at most 13.2 µs, against 40.7 for the warps rung's (whose 20–80 % range is 40.7–41.9),
+# but its median, 51.5 µs, is among the slow calls. The accurate rung, the same launch and machine
+# code, "gains" 35.6 points by the median. So the quantiles say the split can cut a call about
+# threefold; the medians, and the bars drawn from them, say nothing about these rungs, and what the
+# slow calls wait for is not measured.
+#
+# **Not explained on this page:** the chunks rung's three points at $h = 32$, $b = 8$ (neither the
+# launch, the loop bounds nor the store form makes its extra writes: A.1); equal halves at $h = 8$,
+# −0.2 points (hatched) against +5.5 at $h = 32$, not profiled at $h = 8$.
 
 # %%
-from ropelib.course.checks_nb05 import said
-
 # the tables this section reads, printed; every number the text above states is asserted in
 # checks_nb05.ladder_claims (read it for what each check guards)
 if LADDER_CSV.exists():
@@ -1812,17 +1901,18 @@ ex2_passed = flat_pass.check_flat_kernel(my_flat_rope_kernel)
 flat_pass.show_solution()
 
 # %% [markdown]
-# The solution picks the partner with a `tl.where`, as ropelib's element-wise flat pass does.
-# Whether the compiler can still prove each thread's run of partners contiguous depends on its
-# version's analysis; where it cannot, the partner load becomes eight one-element loads per thread
-# in bf16. The element-wise pass therefore tells the compiler, with `tl.multiple_of` and
-# `tl.max_contiguous`, that each thread's 16-byte run stays in one half (true when $D/2$ and $D$ are
-# multiples of the run). ropelib's rotate-half flat pass loads no partner at all: a thread holds
-# both members of its pairs, in 16-byte loads, 2 of `x` and 8 of the fp32 table (section 6).
+# The solution picks the partner with a `tl.where`, as ropelib's element-wise flat pass does. A
+# thread's 8 elements are 8 consecutive features, all in one half when $D/2$ is a multiple of 8,
+# so its partners are 8 consecutive elements too, and with Triton 3.6 (the GPU runs') and 3.9 the
+# compiler proves it unaided. ropelib's element-wise pass states it anyway, with `tl.multiple_of`
+# and `tl.max_contiguous`, a promise for versions whose analysis proves less; on these two the
+# hints are not needed at this launch. ropelib's rotate-half flat pass loads no
+# partner at all: a thread holds both members of its pairs, in 16-byte loads, 2 of `x` and 8 of
+# the fp32 table (section 6).
 #
 # The cell below compiles the worked solution and your kernel at the element-wise pass's 1 GiB
 # launch (1,024 elements a program on 4 warps, 8 a thread) and counts their loads by width: with
-# Triton 3.6 (the GPU runs') and 3.9 the worked solution's six loads are all 16 bytes, the
+# Triton 3.6 and 3.9 the worked solution, with no hints, makes six loads, all of 16 bytes, the
 # partner's included (the cell asserts it). Your kernel's count is not graded. A hint is a promise
 # the compiler trusts and the interpreter ignores: a false one (for a half that is not a multiple
 # of 8, $d = 24$ among the check's cases) passes the check here, and on a GPU reads the wrong

@@ -129,18 +129,17 @@ def ladder_claims(rows, meta, mech, mech_meta, hatched, named, sms, knobs, compi
         "heads": "work per program (notebook 04's variants, above)",
         "tile": "b = 8: no step; b = 1 (BLOCK_S = 1): 3 % more instructions, lower occupancy",
         "warps": "b = 8: level; b = 1: each sin/cos evaluated 32 times, not 16",
-        "chunks": "b = 1: each sin/cos once; b = 8: 16.1 MB more reach DRAM in its time",
-        "accurate": "none: the same machine code (Triton 3.6)",
+        "chunks": "b = 1 (the planner's new tile): each sin/cos once; b = 8 (the same "
+                  "launch): 16.1 MB more reach DRAM in its time",
+        "accurate": "none: the chunks rung's launch and machine code (Triton 3.6)",
         "equal_halves": "DRAM rate 3.49 -> 3.65 TB/s, 16.4 MB fewer writes in its time; "
                         "0.6 more warps a scheduler waiting on loads"}
     cases = list(by_case)
     step = {case: {b: by_case[case][b] - by_case[case][a]
                    for a, b in zip(ladder.NAMES, ladder.NAMES[1:])} for case in cases}
-    print(f"\n{'step, points of a copy':22s}" + "".join(f"{c:>14s}" for c in cases)
-          + "  mechanism")
+    print("\nwhat the profiles say of each step (the steps: the notebook's table above)")
     for name in ladder.NAMES[1:]:
-        print(f"  {name:20s}" + "".join(f"{step[c][name]:+14.1f}" for c in cases)
-              + f"  {MECHANISM[name]}")
+        print(f"  {name:13s} {MECHANISM[name]}")
     said_steps = {(c, n): said(step[c][n], 1) for c in cases for n in ladder.NAMES[1:]}
     # the tile rung: nothing at b = 8 (32 heads or 8), a loss at b = 1 on the same grid
     assert all(abs(step[c]["tile"]) < 0.5 for c in ("s4096-b8", "s16384-b8-h8"))
