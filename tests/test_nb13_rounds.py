@@ -72,3 +72,27 @@ def test_a_kernel_wrong_on_the_gpu_is_not_timed(stand_in, capsys):
     out = pz.time_in_rounds({"forward as backward": ("backward", pz.solution_interleaved_kernel)})
     assert out is None and stand_in == []
     assert "❌ forward as backward: not timed, wrong on the GPU" in capsys.readouterr().out
+
+
+def test_rounds_line_gives_the_median_and_the_range_of_each_round(stand_in, capsys):
+    """Notebook 13's "Where you stand" prints each solution's rounds with pz.rounds_line."""
+    out = pz.time_in_rounds(KERNELS, rounds=3)
+    capsys.readouterr()
+    t = out["solution 9"]
+    assert t.round_fractions == tuple(c / k for c, k in zip(t.copy_rounds, t.rounds))
+    line = pz.rounds_line("9. one table for the batch", t)
+    low, high = min(t.round_fractions), max(t.round_fractions)
+    assert line.startswith("9. one table for the batch") and t.label in line
+    assert f"{t.us:7.1f} us ({min(t.rounds):.1f}-{max(t.rounds):.1f})" in line
+    assert line.endswith(f"{t.of_copy:4.0%} of a copy ({low:.0%}-{high:.0%})")
+
+
+def test_every_timed_solution_in_rounds_as_where_you_stand_does(stand_in, capsys):
+    """The call and the lines of notebook 13's "Where you stand", on the stand-in GPU."""
+    timed = [p for p in pz.PUZZLES.values() if p.big is not None]
+    out = pz.time_in_rounds({f"{p.number}. {p.title}": (p.key, p.solution) for p in timed},
+                            rounds=2)
+    assert "❌" not in capsys.readouterr().out
+    assert out is not None and len(out) == len(timed) == 10
+    lines = [pz.rounds_line(name, t) for name, t in out.items()]
+    assert all(line.startswith(f"{p.number}. ") for line, p in zip(lines, timed))

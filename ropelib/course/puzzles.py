@@ -1900,6 +1900,19 @@ class Timing:
                 f"the same bytes {self.copy_us:.1f} us: {self.of_copy:.0%} of copy speed "
                 "(median of do_bench)")
 
+    @property
+    def round_fractions(self) -> Tuple[float, ...]:
+        """time_in_rounds: per round, the copy's time over the kernel's in that round."""
+        return tuple(c / k for c, k in zip(self.copy_rounds, self.rounds))
+
+
+def rounds_line(name: str, t: Timing) -> str:
+    """One line for a kernel timed by `time_in_rounds`: its median and its rounds' range, and
+    its fraction of copy speed at the median with the lowest and highest round's fraction."""
+    f = t.round_fractions
+    return (f"{name[:34]:34s} {t.label[:34]:34s} {t.us:7.1f} us ({min(t.rounds):.1f}-"
+            f"{max(t.rounds):.1f}); {t.of_copy:4.0%} of a copy ({min(f):.0%}-{max(f):.0%})")
+
 
 def _why_no_timing() -> str:
     return ("no GPU here" if not torch.cuda.is_available() else
