@@ -507,7 +507,7 @@ def test_an_unanswered_function_and_a_plain_value_are_not_answers(exercise, caps
 # --- the notebooks pass functions, not values ----------------------------------------------------
 
 NOTEBOOK_CHECKS = [
-    ("00-setup-and-tour.py", "check_rotary_dim", "my_rotary_dim"),
+    ("00-setup-and-tour.py", "check_program_floor", "my_program_floor_us"),
     ("00-setup-and-tour.py", "check_interleaved_rope", "my_rope"),
     ("01-roformer-math.py", "check_interleave_permutation", "perm_back"),
     ("02-pytorch-reference-and-layouts.py", "check_cp_positions", "rank_positions"),
