@@ -831,7 +831,8 @@ from ropelib.kernels import mrope as mrope_kernels
 from ropelib.kernels.mrope import _mrope_cos_sin, _mrope_kernel
 
 # the lines the text points to, found in the code ropelib runs (file and line number)
-kernel_file = Path(inspect.getsourcefile(_mrope_kernel.fn)).relative_to(ROOT)
+kernel_file = Path(inspect.getsourcefile(_mrope_kernel.fn)).resolve().relative_to(
+    Path(ropelib.__file__).resolve().parents[1])      # ropelib/kernels/mrope.py, wherever installed
 pointed_to = (("unmatched axis -> NaN", _mrope_cos_sin,
                'p = tl.full((BLOCK_S, BLOCK_HALF), float("nan"), CDT)'),
               ("c, s formed once ...", _mrope_kernel, "if not POS_PER_BATCH:"),
