@@ -114,6 +114,11 @@ def lab(checkout, tmp_path):
     env.update(JUPYTER_PLATFORM_DIRS="1",
                JUPYTERLAB_SETTINGS_DIR=str(tmp_path / "lab-settings"),
                JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "lab-workspaces"))
+    # every cell rendered, not only those in view (JupyterLab 4 renders a long notebook's cells
+    # as they scroll in): an error in a cell out of view must be found by ERRORS_JS
+    tracker = tmp_path / "lab-settings" / "@jupyterlab" / "notebook-extension"
+    tracker.mkdir(parents=True, exist_ok=True)
+    (tracker / "tracker.jupyterlab-settings").write_text('{"windowingMode": "none"}\n')
     log_path = tmp_path / "lab.log"
     log = open(log_path, "w")
     proc = subprocess.Popen(cmd, cwd=checkout, stdout=log, stderr=subprocess.STDOUT, env=env)
