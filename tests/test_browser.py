@@ -186,10 +186,16 @@ IMAGES_JS = """async () => {
     }
     return out;
 }"""
-ERRORS_JS = """() => [...document.querySelectorAll(
+# An error: a traceback or an exception's line in an error or stderr output (a cell that
+# prints an exception's message on purpose, as notebook 08 does, writes it to stdout), or a
+# widget that failed to show.
+ERRORS_JS = """() => { const STDERR = '[data-mime-type="application/vnd.jupyter.stderr"]';
+  return [...document.querySelectorAll(
     '.jp-NotebookPanel:not(.lm-mod-hidden) .jp-OutputArea-output')]
-    .map(e => e.innerText)
-    .filter(t => /Traceback|^\\w*Error\\b|Error displaying widget/m.test(t))"""
+    .filter(e => ((e.matches(STDERR) || e.querySelector(STDERR) !== null)
+                  && /Traceback|^\\w*Error\\b/m.test(e.innerText))
+                 || /Error displaying widget/.test(e.innerText))
+    .map(e => e.innerText); }"""
 
 
 IDLE = (".jp-NotebookPanel:not(.lm-mod-hidden) "
