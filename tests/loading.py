@@ -54,3 +54,17 @@ def switched_kernels(folder, tag: str, body, switches: tuple, variants: dict, pa
         yield made
     finally:
         del sys.modules[module]
+
+
+def puzzles_built_on_the_cpu(monkeypatch, pz) -> None:
+    """Every puzzle of `pz` (ropelib.course.puzzles) builds its cases and its timed case on the
+    CPU whatever device it is asked for, so that timing with a stand-in GPU runs the kernels in
+    the interpreter on the puzzles' small cases."""
+    import torch
+
+    for p in pz.PUZZLES.values():
+        build = p.build
+        monkeypatch.setattr(p, "build", lambda gen, device, build=build: build(gen, "cpu"))
+        if p.big is not None:
+            monkeypatch.setattr(p, "big", lambda device, build=build: build(
+                torch.Generator().manual_seed(0), "cpu")[0])

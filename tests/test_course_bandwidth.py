@@ -224,7 +224,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.testing  # noqa: E402
 
-from loading import load_file  # noqa: E402
+from loading import load_file, puzzles_built_on_the_cpu  # noqa: E402
 from ropelib.course import puzzles as pz  # noqa: E402
 
 KERNEL_US, COPY_US = 20.0, 10.0
@@ -247,12 +247,7 @@ def fake_gpu(monkeypatch):
     monkeypatch.setattr(triton.testing, "do_bench", do_bench)
     monkeypatch.setattr(pz, "_SOLUTION_TIMES", {})
     monkeypatch.setattr(pz, "_COPY_ROUNDS", {})
-    for p in pz.PUZZLES.values():
-        build = p.build
-        monkeypatch.setattr(p, "build", lambda gen, device, build=build: build(gen, "cpu"))
-        if p.big is not None:
-            monkeypatch.setattr(p, "big", lambda device, build=build: build(
-                torch.Generator().manual_seed(0), "cpu")[0])
+    puzzles_built_on_the_cpu(monkeypatch, pz)
     return benched
 
 

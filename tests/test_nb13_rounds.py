@@ -7,6 +7,7 @@ import pytest
 import torch
 import triton
 
+from loading import puzzles_built_on_the_cpu
 from ropelib.course import puzzles as pz
 
 KERNELS = {"given": ("shared_table", pz.given_shared_table_kernel),
@@ -29,12 +30,7 @@ def stand_in(monkeypatch):
         return [(10.0 + len(benched) - 1) / 1e3, 0.0, 0.0]
 
     monkeypatch.setattr(triton.testing, "do_bench", do_bench)
-    for p in pz.PUZZLES.values():
-        build = p.build
-        monkeypatch.setattr(p, "build", lambda gen, device, build=build: build(gen, "cpu"))
-        if p.big is not None:
-            monkeypatch.setattr(p, "big", lambda device, build=build: build(
-                torch.Generator().manual_seed(0), "cpu")[0])
+    puzzles_built_on_the_cpu(monkeypatch, pz)
     return benched
 
 
