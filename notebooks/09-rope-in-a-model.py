@@ -771,11 +771,11 @@ if floor_n_ms is not None:
         print("the split copies take no longer than one copy here: splitting the bytes into "
               f"{launches} launches explains none of ropelib's excess over one copy")
     else:
-        part = split_excess_ms / rope_excess_ms
+        split_share = split_excess_ms / rope_excess_ms
         print(f"each launch beyond the first adds {1e3 * split_excess_ms / (launches - 1):.1f} µs "
               f"to the copies, beside {1e3 * floor_ms / launches:.1f} µs for its bytes at the one "
               f"copy's rate; the split copies' {1e3 * split_excess_ms:.0f} µs beyond one copy are "
-              + (f"{100 * part:.0f} % of" if part < 1 else "as much as or more than")
+              + (f"{100 * split_share:.0f} % of" if split_share < 1 else "as much as or more than")
               + f" ropelib's {1e3 * rope_excess_ms:.0f} µs beyond it")
     # bands around the committed H200 run (next cell): ropelib's RoPE 1.27 copies, the
     # reference's 19 times ropelib's
