@@ -325,19 +325,14 @@ assert 0 < hf_share < 1 and hf_gap["max_head_ulp_err"] <= 2
 # %% [markdown]
 # ### What a call costs: bytes set the time of a large call, a fixed cost that of a small one
 #
-# For each element it rotates, the kernel multiplies twice and adds once,
-# $y_j = x_j\cos\theta_{m,j} - x_{j+D/2}\sin\theta_{m,j}$: 3 FLOPs, not counting the sines and
-# cosines (section 4 reads what the H200 executes per element). It also reads the element and
-# writes it back, 4 bytes in bf16, and reads the fp32 angle table, which every batch entry and
-# head share. Its *arithmetic intensity*, FLOPs per byte, is therefore below one. A bf16 matrix
-# multiply of two $n \times n$ matrices does $2n^3$ FLOPs on $3 \cdot 2n^2$ bytes, $n/3$ FLOPs
-# per byte: over a thousand at $n = 4096$. A GPU that is fast enough for the matrix multiply
-# waits on memory for RoPE, so the fair yardstick for a RoPE kernel is a copy of the same bytes,
-# and "% of a copy" is the copy's time over the kernel's (0.99 of a copy is 99 %).
-#
-# Here is the yardstick as a Triton kernel, checked against torch's copy; on a GPU, section 4
-# times it beside torch's copy and the course's three kernels. Edit it, rerun it and that cell
-# (notebook 03 explains programs, offsets and masks):
+# For each element RoPE multiplies twice and adds once (3 FLOPs, the sines and cosines aside)
+# and moves 4 bytes in bf16 (`x` read, `y` written), plus the fp32 angle table that every batch
+# entry and head share: under one FLOP per byte. A bf16 matrix multiply of two $n \times n$
+# matrices does $2n^3$ FLOPs on $3 \cdot 2n^2$ bytes, $n/3$ per byte. A GPU fast enough for
+# the matrix multiply waits on memory for RoPE, so the yardstick for a RoPE kernel is a copy of
+# the same bytes, and "% of a copy" is the copy's time over the kernel's (0.99 of a copy is
+# 99 %). Here is the copy as a Triton kernel (notebook 03 explains programs, offsets and
+# masks); section 4 times it on a GPU:
 
 # %%
 import triton
@@ -381,10 +376,10 @@ assert rope_flops / rope_bytes < 1 and gemm_intensity > 1000
 # %% [markdown]
 # How close does a RoPE call come to the copy? The next cell reads the committed H200 run of the
 # floor suite (`benchmarks/results/floor-nvidia-h200.csv`) at two sizes: a forward pass over
-# 1 GiB of `x`, timed on the device, and the forward of one decoding step (1 token × 64
-# sequences × 32 heads × 128 features), timed on the host's clock as an eager call is, and
-# again replayed from a CUDA graph, which takes the host out. These are one H200's numbers, not
-# your machine's (notebook 07 measures them live), and every one the text quotes is asserted.
+# 1 GiB of `x`, timed on the device, and one decoding step (1 token × 64 sequences × 32 heads ×
+# 128 features), timed on the host's clock as an eager call is, and again replayed from a CUDA
+# graph, which takes the host out. They are one H200's numbers, not your machine's (notebook 07
+# measures them live).
 
 # %%
 HBM_TB_S = 4.8                    # NVIDIA's figure for the H200 SXM's memory
@@ -473,22 +468,20 @@ if FLOOR:
     plt.show()
 
 # %% [markdown]
-# On 1 GiB ropelib runs within 5 % of a copy's speed, and both move their bytes at 4.3 TB/s,
-# 89 % of the 4.8 TB/s NVIDIA gives for the H200 SXM's memory: the bytes set the time (in the
-# figure both bars stand just above the red mark). That call is large enough (from 64 MiB of
-# `x` on, the cell checks) to take `apply_rope`'s two-pass route. A decoding step's bytes would
-# need under a quarter of a microsecond, yet the copy takes 7.6 µs and ropelib 2.7 times as
-# long, 0.37 of a copy. Replayed from a CUDA graph, which drops the host's part of each call,
-# the step costs 1.4 µs (copy) and 2.0 µs (ropelib): of ropelib's 13.1 µs extra, 0.5 µs are
-# left on the device. The rest is work on the host, which no faster kernel removes; a leaner
-# call path or a CUDA graph does. Notebook 07 measures both regimes live and, in its section 7,
-# takes the host's part of a call apart.
+# On 1 GiB, large enough for `apply_rope`'s two-pass route, ropelib runs within 5 % of a copy,
+# both at 4.3 TB/s, 89 % of the H200's 4.8 TB/s: the bytes set the time. A decoding step's
+# bytes need under a quarter of a microsecond, yet the copy takes 7.6 µs and ropelib 2.7 times
+# as long. Replayed from a CUDA graph, only 0.5 µs of ropelib's 13.1 µs extra is left: the
+# rest is work on the host, which a leaner call path or a CUDA graph removes and a faster
+# kernel does not. Notebook 07 (section 7) takes the host's part of a call apart.
 
 # %% [markdown]
 # ## 4. What the course builds: three kernels, the same bytes
 #
 # Notebooks 03 to 05 write the same rotation three times, and each differs from the last in how
-# the work is split into *programs*, the instances of a kernel that the GPU runs in parallel:
+# the work is split into *programs*, the instances of a kernel that the GPU runs in parallel.
+# Each program runs on one of the GPU's *streaming multiprocessors* (SMs: 132 on an H200), as
+# one or more *warps*, groups of 32 threads that execute each instruction together:
 #
 # | notebook | kernel | one program handles | programs for `x` of $[S, B, H, D]$ |
 # |---|---|---|---|
@@ -496,12 +489,11 @@ if FLOOR:
 # | 04 | batch-reusing grid | a token and a head, looping over the batch | $S \cdot H$ |
 # | 05 | finished | a tile of tokens × heads, looping over the batch | a few thousand, below |
 #
-# The cell runs all three on the tour's `x`, with section 3's `copy_kernel` and torch's copy,
-# and checks each; change `S, B, H` in section 3's first cell and the program counts follow (in
-# the interpreter, keep them small: each program is simulated in Python). On a GPU it then
-# times all five with `triton.testing.do_bench` and prints each as % of torch's copy, on your
-# GPU and at the tour's size (the interpreter's times would say nothing about a GPU, so on a
-# CPU it times nothing).
+# The cell runs the three and both copies on the tour's `x` and checks each (change `S, B, H`
+# in section 3's first cell and the program counts follow; in the interpreter keep them small).
+# On a GPU it also times all five with `triton.testing.do_bench` (the median of many launches)
+# as % of torch's copy; the interpreter's times would say nothing about a GPU, so on a CPU it
+# times nothing.
 
 # %%
 from ropelib.course.kernels.batch_reuse import batch_reuse_grid, rope_batch_reuse
@@ -535,15 +527,24 @@ if GPU:                                         # do_bench: the median of many l
         print(f"  {name:25s} {t * 1e3:8.1f} µs  {100 * ms['torch copy_'] / t:4.0f} % of a copy")
 
 # %% [markdown]
-# What does the split cost? `benchmarks/mechanism.py` ran each kernel once under Nsight Compute
-# on an H200, at $x$ of $[4096, 8, 32, 128]$ in bf16 (256 MiB), beside a copy
-# (`benchmarks/results/mechanism-nvidia-h200.csv`): the kernel's time, the bytes it moved to
-# and from the GPU's memory (DRAM), its programs, and the instructions its threads executed.
-# The fifth row is what `apply_rope` itself runs at this size: the two-pass route, whose table
-# pass had already run in a warm-up call, so only its flat pass is in the profile. A second
-# file, `program_cost-nvidia-h200.csv`, timed with `do_bench` (not under Nsight Compute) a
-# kernel of as many programs as the naive kernel's that do nothing at all, and one whose
-# programs each move a row.
+# On a GPU those live shares are your GPU's at the tour's size, `x` of $[2048, 4, 16, 128]$
+# (32 MiB), and need not match the committed profile below, an H200's at $[4096, 8, 32, 128]$
+# (256 MiB). The shapes say where to expect a difference. The grid's programs loop over the
+# batch, $B = 4$ rows each at the tour's size and 8 in the profile: for the same bytes it starts
+# twice as many programs, so the time its programs take to start weighs twice as much, and its
+# share of a copy comes out lower. The naive kernel starts one program a row at any size, so its
+# share moves with the GPU instead: notebook 03 (section 4.4) measures its time the same on an
+# H100 and an H200 and the copy faster on the H200, so on an H100 it reaches a larger share.
+#
+# What does the split cost? `benchmarks/mechanism.py` ran each kernel once under *Nsight
+# Compute*, NVIDIA's kernel profiler, which replays a launch and reads the GPU's hardware
+# counters (`benchmarks/results/mechanism-nvidia-h200.csv`): the kernel's time, the bytes it
+# moved to and from the GPU's memory (DRAM) over the bytes RoPE must move (`x`, `y` and the
+# table: "DRAM / model"), its programs, and its *thread instructions per element* (warp
+# instructions × 32 over the elements of `x`). The fifth row is what `apply_rope` runs at this
+# size: the two-pass route's flat pass (its table pass ran in a warm-up call). A second file,
+# `program_cost-nvidia-h200.csv`, timed with `do_bench` a kernel of as many programs as the
+# naive kernel's that do nothing at all, and one whose programs each move a row.
 
 # %%
 MECHANISM = measured.path("mechanism").is_file() and measured.path("program_cost").is_file()
@@ -640,27 +641,25 @@ if MECHANISM:
     plt.show()
 
 # %% [markdown]
-# All five move the bytes the model counts: the DRAM traffic Nsight Compute measured is 0.95 to
-# 0.98 of it. The reads match the model's `x` and table within 3 %; the writes of `y` come out 6
-# to 10 % under it, the copy's as much as the others', each short by less than the H200's 60 MiB
-# L2 holds, which fits the last lines of `y` still sitting dirty in the L2 when the kernel ends,
-# written back after the profiler stops counting (notebook 04, appendix A.5). The bytes do not
-# tell the kernels apart.
+# All five move the same bytes: Nsight Compute counted 0.95 to 0.98 of them, the writes a
+# little short (the copy's too), as the last lines of `y` can still sit in the L2 cache when the
+# profiler stops counting (notebook 04, appendix A.5). The bytes do not tell the kernels apart.
 #
-# The programs explain the naive row, and only it. Timed with `do_bench`, 1,048,576 one-warp
-# programs take 633.7 µs doing nothing and 634.6 µs each moving a row; Nsight Compute's launch
-# of the naive kernel, as many programs, took 634 µs, 20 % of a copy. Its time is the time the
-# GPU takes to start its programs, not its arithmetic (notebook 03 measures this). Shared by
-# 132 SMs, an empty program costs 79.8 ns of an SM's time, which puts a *program floor* of its
-# programs / SMs × 79.8 ns under every kernel (the table's column and the figure's red marks;
-# exercise 2 derives it from the empty run). The other rows stand well above theirs: the
-# batch-reusing grid's 8 times fewer programs need 79 µs, under half its 179 µs, and the
-# two-pass route's flat pass starts as many programs as the grid, 32 times the finished
-# kernel's 4,096, yet is faster than both. Instructions do not rank them either: the finished
-# kernel's threads execute 9.9 an element (the naive kernel's 88), the flat pass's more. What
-# sets the others' times is notebook 04's subject, whose section 5.3 sets each kernel against
-# three floors (bytes, programs, instruction issue), and notebook 05's, which also says why
-# `apply_rope` takes the two-pass route from 64 MiB on.
+# The programs explain the naive row, and only it. 1,048,576 one-warp programs take 633.7 µs
+# doing nothing and 634.6 µs each moving a row; the naive kernel, as many programs, took 634 µs,
+# 20 % of a copy: its time is the GPU starting programs (notebook 03 measures this). Shared by
+# 132 SMs, an empty program costs 79.8 ns of an SM's time, which puts a *program floor*, the
+# time its programs alone take to start, under every kernel (the table's column and the
+# figure's red marks; exercise 2 works it out). The others stand well above theirs: the grid's 8 times fewer programs need 79 µs, under half its
+# 179 µs, and the flat pass starts as many programs as the grid, 32 times the finished kernel's
+# 4,096, yet is faster than both. Instructions do not rank them either: the finished
+# kernel's threads execute 9.9 an element (the naive kernel's 88), the flat pass's more.
+#
+# What sets the others' times is not settled here. Notebook 04 (section 5.3) sets the grid
+# against three floors (bytes, programs, instruction issue) and finds it above all three; it
+# names a suspect for the rest, one row in flight per warp, and leaves it unmeasured. Notebook 05
+# climbs from the grid to the finished kernel one change at a time, measures what each step
+# buys, and says why `apply_rope` takes the two-pass route from 64 MiB on.
 
 # %% [markdown]
 # ## 5. Where to go next

@@ -568,15 +568,17 @@ for dtype in (torch.float32, torch.bfloat16):
 # profile below, and under the profiler 4 or 8 warps make it slower still. This section
 # measures why, and the answer has two parts:
 #
-# - **At 1 warp its time is the time the GPU takes to start and retire its programs**, about
-#   80 ns per program on each SM. A kernel of as many programs that do nothing takes the same
-#   time; its bytes, its bytes in flight and its arithmetic do not set it.
+# - **At 1 warp its time is the time the GPU takes to start and retire its programs.** A
+#   kernel of as many programs that do nothing takes the same time; its bytes, its bytes in
+#   flight and its arithmetic do not set it. This course writes that cost as about 80 ns per
+#   program on each SM; 4.4 says what that way of writing it assumes.
 # - **With 4 or 8 warps, the extra warps repeat the same work**: they add instructions, and a
 #   profile at a locked clock shows the time growing with them.
 #
 # It gets there in five steps: 4.1 times the warps live; 4.2 reads a profile of the naive
 # kernel beside a copy; 4.3 times kernels whose programs do nothing, committed and live; 4.4
-# sets an H100 beside an H200; 4.5 profiles the extra warps.
+# sets an H100 beside an H200; 4.5, a detour that can wait for a second reading, profiles the
+# extra warps.
 #
 # ### 4.1 Tile and warps
 #
@@ -654,12 +656,13 @@ else:
 #   a twelfth of the copy's 54.6, yet notebook 04's kernel asks for only 1.7 times as much and
 #   runs 3.5 times faster. (Notebook 05, section 2, measures where bytes in flight do set a
 #   kernel's time.)
-# - **The number of programs.** Notebook 04's ablation (section 5.3 there) has two more
-#   kernels of 1,048,576 one-row programs: `sh_one_b`, notebook 04's kernel with its batch loop
-#   cut to one row, and `sh_one_b_table`, the same reading cos and sin from fp32 tables. The
-#   three execute warp instructions 4.7 times apart and their bound on bytes in flight falls
-#   nearly threefold (4.5, 3.0, 1.6 KiB), yet they take the same time within 0.3 %. What they
-#   share is their number of programs.
+# - **The number of programs.** The same profile holds two more kernels of 1,048,576 one-row
+#   programs, written differently from the naive one (the cell's second table): the second
+#   evaluates cos and sin as the naive kernel does, the third reads them from fp32 tables
+#   instead (their names are those of notebook 04's ablation, which builds them). The three
+#   execute warp instructions 4.7 times apart and their bound on bytes in flight falls nearly
+#   threefold (4.5, 3.0, 1.6 KiB), yet they take the same time within 0.3 %. What they share
+#   is their number of programs.
 
 # %%
 from ropelib.bench import compare
@@ -761,12 +764,13 @@ assert round(life_us, 1) == 1.4
 # %% [markdown]
 # A million programs that do nothing take as long as the naive kernel (within 1 %), and as
 # long as a million programs that each move their row, at any number of warps. So at 1 warp
-# the naive kernel's time is the time the GPU takes to start and retire its programs, about
-# 80 ns per program on each SM; its loads, stores and arithmetic fit under that (4.5 shows
-# how tightly).
+# the naive kernel's time is the time the GPU takes to start and retire its programs: 0.60 ns
+# a program for the whole GPU (4.2's cell), which spread over 132 SMs is about 80 ns per
+# program on each SM; its loads, stores and arithmetic fit under that (4.5 shows how tightly).
 #
 # Occupancy follows from that start rate; it does not set it. Little's law holds for programs
-# too: resident programs = start rate × life of a program. One start per 80 ns on each SM and
+# too: resident programs = start rate × life of a program. One start per 80 ns on each SM (on
+# average, wherever the limit on starts sits) and
 # about 18 programs resident means each lives about 18 × 80 ns ≈ 1.4 µs. A program that lived
 # longer would raise the occupancy, not the start rate: that is how the three kernels of a
 # million programs in 4.2 reach occupancies 2.9 times apart in the same time.
@@ -936,7 +940,19 @@ draw_two_gpus(two, empty["us"], FIGURES / "03-naive-vs-copy-two-gpus.png")
 # than `do_bench`'s median (130 µs). A live ratio on this page is therefore read against its
 # own GPU's committed run, which the cell does where there is one.
 #
+# **What these GPUs cannot tell apart.** Both have 132 SMs, so "80 ns per program on each SM"
+# and "0.60 ns per program for the whole GPU" are one measurement written two ways. A cost each
+# SM pays for every program it starts would make the time fall with more SMs; a limit on how
+# fast the GPU as a whole hands out programs would not. Telling the two apart needs a GPU with
+# another SM count (an H100 PCIe card has 114) or a launch confined to fewer SMs, and no
+# committed file has either. The per-SM reading is an assumption, not a finding: exercise 5's
+# prediction, and the program floor the course uses elsewhere, divide by the SM count and so
+# rest on it. On a 132-SM GPU the two readings predict the same times.
+#
 # ### 4.5 What the extra warps cost
+#
+# *A detour for a second reading: the rest of the notebook uses only its conclusion, that warps
+# whose threads outnumber a tile's elements repeat its work.*
 #
 # Starts do not get costlier with more warps (4.3), so something else slows the naive kernel at
 # 4 and 8 warps. A half of a head row is a tile of 64 pairs: one warp's 32 threads hold two
@@ -1007,29 +1023,21 @@ assert all(round(m["gpc__cycles_elapsed.max"] / m["gpu__time_duration.sum"], 2) 
 # in 72 % of their cycles, the one-row kernel's in 4 %: its loads, sin/cos and multiplies nearly
 # fill the time its programs take to start.
 #
-# More warps add instructions, and at the profiler's locked clock, from 2 warps on, the
-# schedulers are busy in 83–84 % of their cycles (a ready warp waits 6 to 8 cycles to be
-# picked) and the time grows with the instructions. From 4 warps on the threads hold copies of
-# the same pairs, and the load sectors double at 4 warps and again at 8. Even at 2 warps the
-# count is not flat (1.38, not 1): part of each warp's work does not shrink with its share of
-# the tile (this notebook does not break it down; notebook 05's appendix A.4 counts the
-# finished kernel's instructions opcode by opcode). The one-row kernel executes 6.7 times its
-# instructions at 8 warps too, but its schedulers, issuing in 20 % of their cycles, absorb
-# them, and its time does not move.
+# More warps add instructions, and from 2 warps on the schedulers are nearly full, so the
+# time grows with the instructions. From 4 warps on the threads hold copies of the same pairs:
+# the load sectors double at 4 warps and again at 8. Even 2 warps execute more than 1 (part
+# of each warp's work does not shrink with its share of the tile; notebook 05's appendix A.4
+# counts instructions opcode by opcode). The one-row kernel's schedulers, mostly idle, absorb
+# its extra instructions at 8 warps, and its time does not move.
 #
-# Every statement of this subsection is the profiler's, at 1.50 GHz. How far it carries to
-# `do_bench`'s clock is not measured here: no committed file times the naive kernel at 2, 4
-# or 8 warps with `do_bench`, nor records the clock it ran at. At 2 warps the profile's margin
-# is thin (1.19 times 1 warp's time), and instructions finish sooner at a higher clock, so 2
-# warps may take 1 warp's time there; 4.1's live cell prints the four times and checks only
-# that 8 warps take longer than 2.
+# All of this is the profiler's, at its locked 1.50 GHz; no committed file times the warps
+# with `do_bench` or records its clock. At a higher clock the instructions finish sooner, so 2
+# warps may take 1 warp's time there: 4.1's live cell checks only that 8 warps take longer
+# than 2.
 #
-# What to take from section 4: at 1 warp the naive kernel's time is the time to start its
-# programs, not the time to move its bytes, on an H100 as on an H200; at 4 and 8 warps, in
-# the profile, it is the time of instructions that only repeat its work. Hence
-# `default_num_warps` gives a tile at least as many elements as threads (one warp per 128
-# elements of a half), and the cure is fewer programs, each doing more: notebook 04's grid,
-# and exercise 5 below.
+# Hence `default_num_warps` gives a tile at least as many elements as threads (one warp per
+# 128 elements of a half), and the cure for the program count is fewer programs, each doing
+# more: notebook 04's grid, and exercise 5 below.
 
 # %% [markdown]
 # ## 5. Coalescing, made visible
@@ -1384,23 +1392,19 @@ assert all(abs(r["dram_read_bytes"] - c["model_bytes"] / 2) < 0.02 * c["model_by
 #   registers, by `tl.reshape`. This is how ropelib's finished kernel reads interleaved pairs.
 #
 # Two lessons. The interpreter shows which bytes a program asks for, not how a warp's lanes
-# share them. And the compiler can only lay out as one run what it can prove contiguous:
-# Triton 3.6, the version the counters ran, could not prove (c)'s offsets contiguous across
-# the row, and (d)'s whole-row offsets it could. A newer Triton may do better with (c): read
-# your compiler's layout (printed under "The compiled code of (c) and (d)" below), and write
-# offsets that any compiler reads as one run, as (d) does.
+# share them. And the compiler lays out as one run only what it can prove contiguous, as it
+# could for (d)'s whole-row offsets and, in Triton 3.6, not for (c)'s: write offsets that any
+# compiler reads as one run, as (d) does.
 
 # %% [markdown]
-# **The compiled code of (c) and (d).** The cell before the timings compiled the pair swap for
-# sm_90 on this machine and read two things from what the compiler made. From the
-# TTGIR, Triton's intermediate code after it has chosen how threads hold a tile: the
-# `#ttg.blocked` layout of the tile the load reads. `sizePerThread` is the run of elements one
-# lane holds, `threadsPerWarp` how a warp's 32 lanes spread over the tile's axes, `order` which
-# axis counts fastest. From the PTX: the load and store instructions, and how wide each is.
-# From the two, `ropelib.course.nb03_layouts.one_warp_load` places each of a warp's 32 lanes on
-# the tile (its lane index split over `threadsPerWarp`, axes taken in `order`) and counts the
-# rows, bytes and sectors one load instruction touches; the next cell prints them beside the
-# counters.
+# **Detour: the compiled code of (c) and (d)** (for a second reading). The cell before the
+# timings compiled the pair swap for sm_90 on this machine. From the TTGIR (Triton's
+# intermediate code once it has chosen how threads hold a tile) it read the `#ttg.blocked`
+# layout of the loaded tile: `sizePerThread`, the run of elements one lane holds;
+# `threadsPerWarp`, how a warp's 32 lanes spread over the tile's axes; `order`, which axis
+# counts fastest. From the PTX it read the load and store instructions and their width.
+# `ropelib.course.nb03_layouts.one_warp_load` places a warp's 32 lanes on the tile with them
+# and counts what one load instruction touches; the next cell prints that beside the counters.
 
 # %%
 swap_programs = 262144 // 16   # the counters' launch: 16 rows a program
@@ -1437,13 +1441,10 @@ else:
           "request; the H200's counters are of Triton 3.6's code")
 
 # %% [markdown]
-# Compiled by Triton 3.6, the version the counters ran, the compiler proves only the last axis
-# of (c)'s `[16, 64, 2]` tile contiguous, two elements long, so each lane loads one pair, 4
-# bytes (`ld.global.b32`), and `threadsPerWarp = [16, 2, 1]` sets a warp's lanes down 16 rows,
-# two on each: 8 bytes of every row, a quarter of one sector, 16 sectors a request, as the
-# counters saw. (d)'s whole-row offsets let a lane load 16 bytes in one `ld.global.v4.b32`, 16
-# lanes a whole row: 512 bytes in 16 whole sectors. Another Triton may lay (c) out otherwise
-# (the cell says so when it does): the layout is the compiler's choice, worth reading.
+# With Triton 3.6 the compiler proves only the last axis of (c)'s tile contiguous, two
+# elements long: each lane loads one pair, and the warp's lanes run down 16 rows, a few bytes
+# of each, which is the quarter-used sectors the counters saw. (d)'s lanes load 16 bytes each
+# along whole rows. Another Triton may lay (c) out otherwise (the cell says so when it does).
 
 # %% [markdown]
 # ## 6. Debugging in the interpreter
@@ -1727,20 +1728,18 @@ solution(ex.solution_rope_interleaved.fn, title="Solution: an interleaved, parti
 # Triton 3.6, and its compiled layout what your Triton makes of each.
 #
 # **Exercise 5: fewer programs, each doing more.** Section 4 found the naive kernel's time set
-# by its number of programs: about 80 ns per program on each SM of an H200, with the loads,
-# stores and arithmetic hidden under that. Put it to the test. First give step 3's kernel
-# (section 3.3) a `ROWS` constexpr: program `p` rotates the `ROWS` consecutive rows
-# `p * ROWS` … `p * ROWS + ROWS - 1`, on the grid `(cdiv(S * B * H, ROWS),)`. Hold the rows
-# as a `[ROWS, BLOCK_HALF]` tile, or loop over them. Each row has its own $(s, b, h)$. The last
-# program may hold fewer than `ROWS` rows, so the rows need a mask, as the lanes past `HALF`
-# do. The worked solution changes only how rows map to programs: each of its rows still
-# loads its own angles and evaluates its own cos and sin, as step 3's program did. So its
-# timing tests the program count at `ROWS` = 1 only. From 2 rows up, the H200 profile below
-# finds other limits: at 2 and 4 rows its instructions (the schedulers issue in 86 and 91 % of
-# their cycles), at 8 rows its registers (151 a thread leave room for 19 % of an SM's warp
-# slots); the appendix explains both. Notebook 04's kernel, timed in the ablation below and
-# profiled beside the worked one, evaluates cos and sin once a position: the prediction is
-# tested on it.
+# by its number of programs. Put it to the test. Give step 3's kernel (section 3.3) a `ROWS`
+# constexpr: program `p` rotates the `ROWS` consecutive rows `p * ROWS` … `p * ROWS + ROWS - 1`,
+# on the grid `(cdiv(S * B * H, ROWS),)`. Hold the rows as a `[ROWS, BLOCK_HALF]` tile, or loop
+# over them. Each row has its own $(s, b, h)$, and the last program may hold fewer than `ROWS`
+# rows, so the rows need a mask, as the lanes past `HALF` do.
+#
+# What the timing below can test: a program's rows may belong to several positions (the check
+# includes such shapes), so the worked solution, like step 3, evaluates cos and sin for every
+# row. Fewer programs leave it as many sines and cosines as before, and past `ROWS` = 1 they
+# and the registers they hold, not the programs, set its time (the appendix shows how). The
+# model is therefore tested on notebook 04's kernel, which evaluates them once a position and
+# is timed beside it.
 #
 # The check launches your kernel with `ROWS` from 1 to 8 into a NaN-filled output inside guard
 # bands, then launches program 0 alone: it must rotate its own `ROWS` rows and no others.
@@ -1886,9 +1885,8 @@ if GPU:
 # prediction stop holding, in the ablation and in the rows timed live, and why there?
 #
 # The rows timed live (on a GPU, the second table) are of the worked kernel until yours
-# passes, not of notebook 04's, and past 1 row the model does not hold for it: in its profile
-# (last column) 8 rows are slower than 2, and the live cell checks the same on its own GPU. The
-# appendix shows why. The live rows run at the ablation's warps (`warps` column); the
+# passes, and past 1 row the model does not hold for it: in its profile (last column) 8 rows
+# are slower than 2, as the live cell checks on its own GPU; the appendix shows why. The
 # prediction has no term for warps, but threads that outnumber a tile's elements repeat its
 # work (section 4.5): time your kernel at 4 warps as well.
 #
@@ -1913,13 +1911,10 @@ if GPU:
 # %% [markdown]
 # ## Appendix: why 8 rows are slower than 2
 #
-# Exercise 5's first table times the worked kernel under Nsight Compute at 645, 413, 396 and
-# 676 µs for 1, 2, 4 and 8 rows a program (notebook 04's kernel: 648, 325, 192, 150): the
-# model does not hold for it, and 8 rows are slower than 2. One difference between the two
-# kernels can be counted on the CPU: the worked kernel evaluates cos and sin for every row of
-# its tile, notebook 04's those of its position once, shared by its heads. The next cell
-# counts both in the interpreter (`work_count`, the counting tool of notebook 04) on a small
-# `x` of one position and 8 heads.
+# In exercise 5's profile the worked kernel does not follow the model, and 8 rows are slower
+# than 2. First, a difference that can be counted on the CPU: the sines and cosines each kernel
+# evaluates a row, counted in the interpreter (`work_count`, the counting tool of notebook 04)
+# on an `x` of one position and 8 heads.
 
 # %%
 from ropelib.course import work_count
@@ -1944,16 +1939,12 @@ for rows in (1, 2, 4, 8):
 assert all(per_row[r] == (256, 256 / r) for r in per_row)
 
 # %% [markdown]
-# Fewer programs leave the worked kernel's sines and cosines where the naive kernel's were: 256
-# a row at every `ROWS`, while notebook 04's kernel evaluates 32 a row at 8 heads a program.
-# Is that what keeps the worked kernel above the model, and why would 8 rows be slower than
-# 2, which evaluate as many a row? `benchmarks/rows_ncu.py` profiled both kernels under Nsight
-# Compute on the H200 at the ablation's shape and warps (`rows_ncu-nvidia-h200.csv`, fixed
+# What sets the worked kernel's time, and why 8 rows are slower than 2, which evaluate as many
+# a row, the H200 profile says (`benchmarks/rows_ncu.py`, `rows_ncu-nvidia-h200.csv`, fixed
 # clock). Beside time, instructions and issue share, the cell prints the registers a thread
-# held, the share of an SM's 64 warp slots they leave room for ("warps fit", the theoretical
-# occupancy) and the share that held a warp ("warps active", the achieved occupancy). It then
-# compiles the worked kernel for sm_90 here, as section 5 does, and works out from its
-# registers how many warps fit (`ropelib.course.counts.programs_per_sm`).
+# held, the share of an SM's 64 warp slots they leave room for ("warps fit") and the share
+# that held a warp ("warps active"); then it compiles the worked kernel for sm_90 here and
+# works out from its registers how many warps fit (`ropelib.course.counts.programs_per_sm`).
 
 # %%
 rows_csv = measured.RESULTS / "rows_ncu-nvidia-h200.csv"
@@ -2044,26 +2035,16 @@ assert profiled("worked", "active")[3] <= 100 * occ8.fraction
 assert profiled("worked", "active")[1] <= 100 * occ2.fraction
 
 # %% [markdown]
-# The profile answers both questions.
+# What the profile shows:
 #
-# - **The sines and cosines keep the worked kernel above the model.** Notebook 04's kernel
-#   executes fewer instructions with every doubling of its heads a program, and its time falls
-#   with them. The worked kernel executes about as many at every `ROWS`: with fewer programs,
-#   each evaluates the sin and cos of every row of its tile again. At 2 and 4 rows its
-#   schedulers issue in 86 and 91 % of their cycles, so the instructions, not the programs, set
-#   its time. The model counts programs only; it holds while programs are what the GPU waits
-#   for, at 1 row.
-# - **8 rows are slower than 2 because too few warps fit.** One warp holds 8 rows of 64 pairs,
-#   16 pairs a thread, and their sines and cosines: 151 registers a thread on the H200. That
-#   leaves room for 12 one-warp programs, 19 % of an SM's warp slots, against half at 2 rows
-#   (46 registers; there the limit of 32 programs binds first), as `programs_per_sm`
-#   reproduces. With 18 % of the slots busy, nothing else is ready while a warp waits for its
-#   previous instruction: the schedulers issue in only 48 % of their cycles, and the same
-#   instructions take 676 µs.
+# - **At 2 and 4 rows, the instructions.** Notebook 04's kernel executes fewer instructions
+#   with each doubling of its heads a program, and its time falls with them; the worked kernel
+#   executes about as many at every `ROWS`, with its schedulers nearly full. The model counts
+#   programs only, so it holds for the worked kernel at 1 row only.
+# - **At 8 rows, the registers.** One warp holding 8 rows and their sines and cosines needs so
+#   many registers a thread that few one-warp programs fit on an SM; with so few warps, nothing
+#   else is ready while a warp waits, and the same instructions take longer.
 #
-# So the next step past exercise 5, for your kernel as for the worked one (which evaluates
-# them for every row on purpose): evaluate the sines and cosines once a position, share them
-# over the rows of that position, and keep a thread's share of the tile small enough that the
-# warps still fit. That needs a program's rows to share a position. Here they do when `ROWS`
-# divides $B \cdot H$, as at the profile's shape; notebook 04's grid makes it so by
-# construction, and its kernel shares them.
+# The next step past exercise 5 is notebook 04's: give a program rows of one position, evaluate
+# the sines and cosines once and share them, and keep a thread's share of the tile small enough
+# that the warps still fit.

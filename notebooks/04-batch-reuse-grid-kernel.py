@@ -21,9 +21,10 @@
 # same cos/sin. This notebook changes one thing, the **grid**, so that each program does $B$
 # rows' work: $B$ times fewer programs, and with them $B$ times fewer cos/sin evaluations and
 # angle loads. Which of the three saves the time is section 5's question. This kernel is the
-# second of ropelib's three generations (naive, batch-reusing grid, finished kernel), and on an
-# H200 at batch 8 it beats Transformer Engine's (TE's) fused CUDA kernel although it evaluates
-# more sines and cosines; why is the question section 3 asks and section 5.5 answers.
+# second of ropelib's three generations (naive, batch-reusing grid, finished kernel), and at
+# batch 8 it beats Transformer Engine's (TE's) fused CUDA kernel on an H200 and on an H100
+# (section 5.2) although it evaluates more sines and cosines; why is the question section 3
+# asks and section 5.5 answers, from H200 profiles.
 #
 # **Time:** about two hours: an hour of reading, 45 minutes for the five exercises and the
 # discussion questions. The core is sections 1 to 4 (the kernel), 5.1 to 5.3 (is it faster, and
@@ -33,9 +34,10 @@
 # (Triton's interpreter, plus compiles for an H200 that need no GPU).
 #
 # **Where the numbers come from.** Every number the text states is read from a committed result
-# measured on an NVIDIA H200 (or from a cell's CPU-side output) and asserted beside it. The live
-# timings of sections 5.1 and 5.3 are printed, never quoted: they come from the GPU that runs the
-# notebook (an H100 on the executed page), so they differ from the quoted ones.
+# measured on an NVIDIA H200 (section 5.2 sets H100 runs beside it), or from a cell's CPU-side
+# output, and asserted beside it. The live timings of sections 5.1 and 5.3 are printed, never
+# quoted: they come from the GPU that runs the notebook (an H100 on the executed page), so they
+# differ from the quoted ones.
 #
 # **After this notebook you will be able to**
 #
@@ -509,17 +511,18 @@ assert load_order["sh_loop_b"]["rows"] == load_order["sh_loop_b_unrolled"]["rows
 # stores of row $b$: a compiler may not move a load above an earlier store unless it can prove
 # they touch different memory, and `x` and `y` are pointers it cannot tell apart (an in-place
 # call passes one tensor as both). So each warp asks for one 256-byte row of `x`, waits, stores
-# it, and only then asks for the next. To have several rows in flight a kernel must load them
-# before it stores any. Whether this limits the grid's time is **not measured**: it is a
-# hypothesis, which later sections cite as "one row in flight per warp" and point back here.
-# Testing it needs a kernel that differs in the rows in flight and nothing else, and none is
-# among the committed runs (appendix A.4).
+# it, and only then asks for the next; to have several rows in flight a kernel must load them
+# before it stores any. Whether this "one row in flight per warp" limits the grid's time is
+# **not measured**, here or in any committed run: that needs a kernel that differs in the rows
+# in flight and nothing else. Later sections refer back to this paragraph for the caveat;
+# section 5.2 adds indirect evidence from a second GPU.
 #
 # ## 3. The batch-reusing grid against Transformer Engine
 #
 # This kernel works on TE's sbhd layout (`[S, B, H, D]`): grid `(seq_len, head_num)`, cos/sin
 # once per program, a loop over the batch. Section 5.3 times it beside TE's fused kernel on an
-# H200 (bf16 sbhd $s = 4096$, $b = 8$, $h = 32$, $d = 128$), and there it is the faster.
+# H200 (bf16 sbhd $s = 4096$, $b = 8$, $h = 32$, $d = 128$), and there it is the faster; so it
+# is on an H100 (section 5.2).
 #
 # **Why would it be faster?** "It reuses cos/sin across the batch, and TE does not" does not
 # survive a look at TE's kernel. `fused_rope.cu` launches a grid `(s, b)`: one CUDA block (what
@@ -657,8 +660,9 @@ assert not GEN_CSV.exists() or {(c, k) for c in LIVE for k in (
 # `python benchmarks/generations.py` on a GPU times the three generations and the copy and
 # writes a CSV whose header holds the GPU's name, the driver, torch/Triton versions and the date
 # (here `benchmarks/results/generations-nvidia-h200.csv`). Every committed result this notebook
-# reads comes from NVIDIA H200s (torch 2.11, Triton 3.6), on different days; each cell prints
-# the date and versions it reads. The cell below redraws the figure from the CSV, without a GPU:
+# reads comes from NVIDIA H200s (torch 2.11, Triton 3.6), on different days, but for the H100
+# runs read at the end of this section; each cell prints the date and versions it reads. The
+# cell below redraws the figure from the CSV, without a GPU:
 #
 # ![GB/s of the generations and of a device copy, NVIDIA H200](../figures/04-generations-gbps.png)
 
@@ -753,6 +757,73 @@ else:
 # $B$, and each costs 1.00 to 1.06 times a program that does nothing (79.8 ns of an SM's time,
 # notebook 03, section 4): its time is its programs'. Where both launch 131,072 programs
 # ($b = 1$) they take the same time. Section 5.3 tests this one factor at a time.
+#
+# **A second GPU.** The same shape ($s = 4096$, $b = 8$) was also timed on an H100, whose copy
+# is slower (less DRAM bandwidth), by `benchmarks/floor.py`: the copy, ropelib's generations and
+# TE's fused kernel, one process per GPU. The next cell reads that suite's H200 and H100 runs.
+
+# %%
+# batch-8's shape on two GPUs: the floor suite's committed runs (do_bench medians, L2 flushed),
+# TE's fused kernel included; the generations runs of the same GPUs as a cross-check
+H100 = "nvidia-h100-80gb-hbm3"
+FLOOR_CASE = "forward 256 MiB bf16 sbhd"          # 4096 x 8 x 32 x 128 bf16: batch-8's tensor
+assert 4096 * 8 * 32 * 128 * 2 == 256 * 2**20
+two_gpus = {}
+for slug in (measured.GPU, H100):
+    if measured.path("floor", slug).exists():
+        f_meta, _ = measured.load("floor", slug)
+        two_gpus[f_meta["gpu"]] = dict(
+            date=measured.floor_run_date(f_meta, FLOOR_CASE.removeprefix("forward "))[:10],
+            te=f_meta.get("transformer_engine"),
+            **{k: r["ms"] * 1e3 for k, r in measured.floor(slug)[FLOOR_CASE].items()})
+if len(two_gpus) == 2:
+    print(f"{FLOOR_CASE}, times in us (floor suite)")
+    print(f"{'GPU':22} {'run':10} {'copy':>7} {'naive':>7} {'grid':>7} {'TE fused':>8} "
+          f"{'grid/copy':>9} {'TE/grid':>7}")
+    for name, r in two_gpus.items():
+        print(f"{name:22} {r['date']:10} {r['copy']:7.1f} {r['ropelib_naive']:7.1f} "
+              f"{r['ropelib_batch_reuse']:7.1f} {r['te_fused']:8.1f} "
+              f"{r['ropelib_batch_reuse'] / r['copy']:9.2f} "
+              f"{r['te_fused'] / r['ropelib_batch_reuse']:7.2f}")
+    on_h200, on_h100 = two_gpus["NVIDIA H200"], two_gpus["NVIDIA H100 80GB HBM3"]
+    slower = {k: on_h100[k] / on_h200[k]
+              for k in ("copy", "ropelib_naive", "ropelib_batch_reuse", "te_fused")}
+    print("H100 time / H200 time: " + ", ".join(f"{k} {v:.2f}" for k, v in slower.items()))
+    # the generations runs (section 5.2's CSV and its H100 twin) give the same grid/copy
+    gen_b8 = {g: fwd_times(measured.load("generations", slug)[1])
+              for g, slug in (("H200", measured.GPU), ("H100", H100))}
+    gen_gap = {g: t_["batch-8", "ropelib_batch_reuse"] / t_["batch-8", "copy"]
+               for g, t_ in gen_b8.items()}
+    print("generations runs, batch-8, grid/copy: "
+          + ", ".join(f"{g} {v:.2f}" for g, v in gen_gap.items()))
+    assert on_h200["te"] == on_h100["te"] == "2.20.2"           # one TE release on both
+    gap = {g: r["ropelib_batch_reuse"] / r["copy"] for g, r in (("H200", on_h200),
+                                                               ("H100", on_h100))}
+    assert (round(gap["H200"], 2), round(gap["H100"], 2)) == (1.42, 1.26)
+    assert {g: round(v, 2) for g, v in gen_gap.items()} == dict(H200=1.42, H100=1.26)
+    assert {k: round(v, 2) for k, v in slower.items()} == dict(
+        copy=1.39, ropelib_naive=1.00, ropelib_batch_reuse=1.24, te_fused=1.11)
+    te_over_grid = {g: r["te_fused"] / r["ropelib_batch_reuse"] for g, r in (("H200", on_h200),
+                                                                            ("H100", on_h100))}
+    assert (round(te_over_grid["H200"], 2), round(te_over_grid["H100"], 2)) == (1.32, 1.18)
+else:
+    print("the floor suite's committed H200 and H100 runs are not both in this checkout")
+
+# %% [markdown]
+# On the H100 the copy takes 1.39 times its H200 time. The naive kernel takes the same time on
+# both (1.00): its programs set it, not DRAM. The grid takes 1.24 times, so its time over the
+# copy's falls from 1.42 to 1.26 (the generations runs agree). A kernel limited by DRAM
+# bandwidth would slow by the copy's 1.39. One limited by the bytes its warps keep in flight
+# would, by Little's law (throughput = bytes in flight / latency: notebook 05, section 2),
+# follow the memory latency instead, which no committed run measures on the H100. The grid's
+# 1.24 lies between: it fits section 2.3's one row in flight per warp setting part of its time,
+# but does not test it.
+#
+# **TE's kernel is slower than the grid on both GPUs**, by less on the H100 (1.18 times the
+# grid's time, against 1.32 on the H200): its time changes less than the copy's or the grid's
+# (1.11 times), as that of a kernel mostly issuing instructions would (section 5.5; the two
+# runs' clocks are not compared here). Everything below that takes TE's kernel apart comes from
+# H200 runs; section 5.1's live cell does not time TE.
 #
 # ### 5.3 Why: one factor at a time
 #
@@ -1169,28 +1240,20 @@ assert (sm_n, schedulers, ghz_top, round(empty_ns_by_warps[1], 1)) == (132, 4, 1
 # %% [markdown]
 # ![The three floors under each kernel's time, NVIDIA H200](../figures/04-three-floors.png)
 #
-# Read the figure row by row, each claim asserted in the cell above:
+# Row by row (the cell above asserts each number):
 #
 # - **One row a program: the programs set the time.** `sh_one_b` and `sh_one_b_table` sit on
-#   their program floor (633.7 µs), within 1 %. `sh_one_b` executes 3.65 times the instructions of
-#   `sh_one_b_table`, which has no sine or cosine at all, and takes the same time.
-# - **The 3.46 is program granularity, not cos/sin reuse.** $B = 8$ rows a program divide the
-#   programs by 8 and put their floor (79 µs) under the copy's. `sh_one_b`'s program floor alone
-#   is 3.45 times `sh_loop_b`'s whole time: the rows' programs account for all but a fraction of
-#   a percent of the 3.46 (3.59 between the two kernels that read tables, where granularity is
-#   the only difference).
-# - **Cos/sin cost little, and only where programs do not set the time.** All of the grid's
-#   sin/cos, replaced by two table reads, costs 4 % (`sh_loop_b / sh_loop_b_table` = 1.04, in
-#   both committed runs); with one row a program, nothing (1.00).
-# - **The grid is limited by neither programs nor instructions.** Its largest floor is the copy,
-#   and it takes 1.41 times a copy's time: what is left is how it waits on memory (one row in
-#   flight per warp is the suspect, not measured: section 2.3).
-# - **TE's fused kernel: issue time, plus waits it does not hide.** Its program floor and its
-#   (cos, sin) count are a quarter of the grid's, yet its warp instructions alone need 157.5 µs
-#   to issue at the top clock: 1.21 copies, 2.5 times the grid's 62.6 µs. That floor alone does
-#   not make TE slower than the grid: it lies below the grid's whole 183.6 µs, and TE takes 1.56
-#   times it. Section 5.5 and appendix A.2 account for the rest: TE's time is its issue time
-#   plus about 80 µs of waiting on memory that the issuing does not overlap.
+#   their program floor (633.7 µs), though `sh_one_b` executes 3.65 times the instructions.
+# - **The 3.46 is program granularity, not cos/sin reuse.** `sh_one_b`'s program floor alone is
+#   3.45 times `sh_loop_b`'s whole time; $B = 8$ rows a program put that floor (79 µs) under the
+#   copy's. All of the grid's sin/cos, replaced by two table reads, costs 4 %.
+# - **The grid is limited by neither programs nor instructions**: its largest floor is the copy,
+#   and it takes 1.41 times a copy's time, waiting on memory (section 2.3).
+# - **TE's fused kernel: issue time, plus waits it does not hide.** With a quarter of the grid's
+#   programs and (cos, sin) pairs, its instructions alone need 157.5 µs to issue at the top
+#   clock (1.21 copies, 2.5 times the grid's 62.6 µs): less than the grid's whole 183.6 µs, but
+#   TE takes 1.56 times it, adding waits on memory that issuing does not overlap (section 5.5,
+#   appendix A.2).
 #
 # ### 5.4 Why, measured: the profiler's answer
 #
@@ -1203,11 +1266,9 @@ assert (sm_n, schedulers, ghz_top, round(empty_ns_by_warps[1], 1)) == (132, 4, 1
 # - **DRAM bytes are the model's**, within a few percent for every variant at this size, so the
 #   differences lie in how well each keeps the memory system busy (appendix A.5 reads the bytes,
 #   and the grid's re-reads of its table at $s = 32768$, $b = 1$).
-# - **A million one-warp, one-row programs take the same time, whatever they do.** The naive
-#   kernel, `sh_one_b` and `sh_one_b_table` each launch 1,048,576 one-warp programs and take as
-#   long as an empty kernel with that grid (notebook 03, section 4), about 80 ns per program on
-#   each SM. `sh_one_b_table` has no sine or cosine at all: at one row a program cos/sin cost no
-#   measurable time.
+# - **A million one-warp, one-row programs take the same time, whatever they do**: the naive
+#   kernel, `sh_one_b` and `sh_one_b_table` (1,048,576 programs each) take as long as an empty
+#   kernel with that grid (notebook 03, section 4), about 80 ns per program on each SM.
 # - **The grid's one-warp programs fill half an SM.** An SM holds 32 programs at most, so they
 #   fill at most 32 of its 64 warp slots. Variants with more heads or more warps a program fill
 #   more, and take less or more time; appendix A.4 sets them side by side and finds that each
@@ -1220,12 +1281,11 @@ assert (sm_n, schedulers, ghz_top, round(empty_ns_by_warps[1], 1)) == (132, 4, 1
 #   evaluated by every thread that holds it: A.1). It takes about twice as long; tables bring it
 #   back.
 #
-# **TE's CUDA kernel.** A second H200 run, with Transformer Engine installed
-# (`benchmarks/results/mechanism-te-nvidia-h200.csv`), profiled it beside the copy and the Triton
-# kernels. It moves the model's bytes and its warps fill nine-tenths of an SM's slots, yet it
-# takes 1.94 times the copy's time, longer than the grid. Its SM throughput (how busy its SMs'
-# busiest unit is, as a share of peak) is well above its DRAM throughput (the share of peak
-# DRAM bandwidth); the grid's are the reverse. Section 5.5 takes it apart.
+# **TE's CUDA kernel**, profiled in a second H200 run with Transformer Engine installed
+# (`mechanism-te-nvidia-h200.csv`), moves the model's bytes with its warps filling nine-tenths
+# of an SM's slots, yet takes 1.94 times the copy's time. Its SMs are busier than its DRAM (SM
+# against DRAM throughput, each a share of its peak); the grid's are the reverse. Section 5.5
+# takes it apart.
 #
 # **At $b = 1$ the order reverses.** With no batch to loop over, the (S, H) grid launches a
 # million one-row programs, as many as the naive kernel, and takes its time; TE's grid has
@@ -1477,8 +1537,8 @@ plt.show()
 #   issuing alone takes 159.6 µs, longer than the copy's whole 125.7 µs, so TE cannot reach the
 #   copy's speed without executing fewer instructions, however its loads are arranged.
 # - **The grid mostly waits on memory.** Its warps spend 84 % of their cycles waiting for loads
-#   (TE's 59 %), with half an SM's warp slots filled and, by section 2.3's hypothesis (not
-#   measured), one row in flight per warp; notebook 05 works on both.
+#   (TE's 59 %), with half an SM's warp slots filled and one row in flight per warp (section
+#   2.3); notebook 05 works on both.
 #
 # Section 3's hypotheses, each against what was measured:
 #
@@ -1491,12 +1551,11 @@ plt.show()
 # | instructions issued | **the cause**: 2.5 times the grid's; issuing them fills 66 % of TE's time and does not overlap its memory waits | this cell, A.2 |
 #
 # By kind (thread instructions per element), TE executes 18.7 more than the grid, most of them
-# integer (12.1; floating point: 1.2 *fewer*). A plausible reading, not measured: the grid
-# computes a program's position and head offsets once (a row adds `b * stride_xb`) and loads
-# half a row per instruction, where TE's threads each index one element, twice. Which of TE's differences (one-element loads,
-# every element read twice, its indexing, its barrier) costs what, these counters cannot
-# separate: they change together in TE's source, and telling them apart needs section 5.3's
-# method applied to TE's CUDA.
+# integer (12.1; floating point: 1.2 *fewer*): plausibly indexing, since the grid computes a
+# program's offsets once and loads half a row per instruction, where TE's threads each index one
+# element, twice. Which of TE's differences (one-element loads, double reads, indexing, its
+# barrier) costs what, these counters cannot separate: that needs section 5.3's method applied
+# to TE's CUDA.
 
 # %% [markdown]
 # ## 6. What the finished kernel does beyond the batch-reusing grid
@@ -1540,14 +1599,14 @@ except ImportError as exc:
 #   of $B$ costs 3.46 times the time, 3.59 between two kernels that read tables; all of the
 #   grid's sin/cos, against reading two tables, costs 4 %.
 # - **Fewer sines and cosines do not make a kernel faster.** TE's fused kernel evaluates a
-#   quarter of the grid's (cos, sin) pairs and is slower at $b = 8$: it executes 2.5 times the
-#   grid's warp instructions per element, and issuing them fills 66 % of its time without
-#   overlapping its waits on memory (appendix A.2's clock test). At $b = 1$
-#   the grid has no batch to loop over, launches as many programs as the naive kernel, and TE
-#   is more than twice as fast.
+#   quarter of the grid's (cos, sin) pairs and is slower at $b = 8$, on an H200 and on an H100.
+#   On the H200, whose profiles explain it, it executes 2.5 times the grid's warp instructions
+#   per element, and issuing them fills 66 % of its time without overlapping its waits on
+#   memory (appendix A.2's clock test). At $b = 1$ the grid has no batch to loop over, launches
+#   as many programs as the naive kernel, and TE is more than twice as fast (H200).
 # - **What is left for notebook 05:** one-warp programs that fill half an SM's warp slots, one
-#   256-byte row in flight per warp (suspected, not measured: section 2.3), and a grid whose
-#   work per program depends on $B$.
+#   256-byte row in flight per warp (section 2.3), and a grid whose work per program depends on
+#   $B$.
 # - **The method:** count the bytes a kernel must move, compare its time with a copy's, and
 #   change one factor at a time before believing an explanation.
 #
@@ -1632,8 +1691,7 @@ if GEN_CSV.exists():
 # %% [markdown]
 # At $b = 1$ and $2$ the programs set the time: the grid is within 7 % of the model. From
 # $b = 4$ on it takes 1.33 to 1.42 times what the model allows, so neither its programs nor a
-# copy's bytes bound it there. The suspects are one-warp programs filling half an SM's warp
-# slots (section 5.4) and one row in flight per warp (section 2.3); neither is measured here.
+# copy's bytes bound it there; sections 2.3, 5.2 and 5.4 say what is suspected instead.
 #
 # **4. The kernel.** Write the batch-reusing kernel yourself, from a blank `@triton.jit`,
 # without scrolling up — and give it one feature the kernel above lacks: **partial rotary**.
@@ -2212,19 +2270,15 @@ assert round(predicted_locked["sh_loop_b"] / grid_p["us"] - 1, 2) == 0.04
 # %% [markdown]
 # What the profile with the clock free says:
 #
-# - **The clock.** The five kernels ran at 1.92 to 1.96 GHz (TE's at 1.95), just under the
-#   device's top clock, their times within 2 % of section 5.4's: TE's kernel 240.8 µs against
-#   243.6, the grid 178.9 against 181.9.
-# - **Issuing takes two-thirds of TE's time.** Its warp instructions (the locked run's, kernel by
-#   kernel), issued back to back on all schedulers, take 159.6 µs at 1.95 GHz: 66 % of its
-#   240.8 µs. The grid's take 63.7 µs, 36 % of its time.
-# - **In the rest, TE's warps wait on memory.** Besides issuing, TE's time holds 78.0 µs in
-#   which a scheduler issued nothing and 3.2 µs in which SMs held no block. 70 % of its warps'
-#   stalled cycles are `long_scoreboard` (59 % of all their cycles, issuing included: section
-#   5.5's measure): at an average cycle 8.5 of a scheduler's 14.4 warps wait on a global load.
-#   The clock agrees: from locked to free (1.49 to 1.95 GHz, 31 % faster) TE's issuing time falls
-#   from 209.8 to 159.6 µs (by construction: the same instructions), but its time with no ready
-#   warp does not, 75.7 µs then 78.0, as a wait on DRAM would not.
+# - **Issuing takes two-thirds of TE's time.** At 1.92 to 1.96 GHz (TE's 1.95, times within 2 %
+#   of section 5.4's: TE 240.8 µs against 243.6, the grid 178.9 against 181.9), TE's warp
+#   instructions issued back to back take 159.6 µs, 66 % of its time; the grid's 63.7 µs, 36 %.
+# - **In the rest, TE's warps wait on memory**: 78.0 µs with no warp ready and 3.2 µs of SM
+#   idle. 70 % of its warps' stalled cycles are `long_scoreboard` (59 % of all their cycles:
+#   section 5.5's measure); at an average cycle 8.5 of a scheduler's 14.4 warps wait on a global
+#   load. From locked to free (1.49 to 1.95 GHz, 31 % faster) its issuing time falls from 209.8
+#   to 159.6 µs (by construction), but its time with no ready warp does not (75.7 µs, then
+#   78.0), as a wait on DRAM would not.
 # - **A model that predicts.** If TE's issue time follows the clock and its 81.2 µs of waiting
 #   and idle do not, its time at the locked clock should be
 #   $159.6 \times 1.95 / 1.49 + 78.0 + 3.2 \approx 291$ µs; it measured 289.2, within 1 %. Had
@@ -2264,7 +2318,7 @@ if ABLATION_CSV.exists():
 # (`steps`: the batch rows a program loops over). It is an upper bound on the bytes of `x` in
 # flight, reached only while every warp waits on its loads at once. For the batch-reusing grid a
 # step is one row, and section 2.3's machine code showed that a warp asks for no more before it
-# stores (whether that limits its time is not measured: section 2.3).
+# stores.
 #
 # The figure draws each variant's time against it. Each kernel carries a number named in the
 # key on the right; the middle panel enlarges those under 190 µs. Besides this notebook's
@@ -2274,15 +2328,13 @@ if ABLATION_CSV.exists():
 # ![Time against the KiB of x requested per SM, H200](../figures/04-bytes-in-flight.png)
 #
 # More KiB requested per SM goes with less time, up to the copy's, but is not shown to be the
-# cause. More heads per program ask for more KiB per SM and take less time (`heads4_loop_b`
-# comes level with the finished kernel at $b = 8$); more warps on one tile ask for less and take
-# longer. But each also changes the program count or the instructions per element
-# (`sh_loop_b_w4`, two threads holding each element, executes 1.39 warp instructions an element,
-# more than TE's 1.23: A.1). TE, counted as the Triton kernels are (a block's 8 KiB of `x` as one
-# step, 1,024 bytes a warp), asks for about the copy's KiB per SM, 57.6 against 54.5, yet takes
-# 1.94 times the copy's time, longer than the grid with less than a seventh of that (7.7 KiB):
-# for TE the count is a loose upper bound (its warps load 78 bytes at a time: A.1), and it does
-# not set its time.
+# cause: more heads per program ask for more and take less time (`heads4_loop_b` comes level with
+# the finished kernel at $b = 8$), more warps on one tile ask for less and take longer, and each
+# also changes the program count or the instructions per element (`sh_loop_b_w4` executes 1.39
+# warp instructions an element, more than TE's 1.23). TE, counted the same way (a block's 8 KiB
+# of `x` as one step), asks for about the copy's KiB per SM (57.6 against 54.5) yet takes 1.94
+# times the copy's time, longer than the grid with 7.7: for TE, whose warps load 78 bytes at a
+# time (A.1), the count is a loose upper bound and does not set its time.
 
 # %%
 print(measured.table([mech[v] for v in order if v in mech], [
@@ -2343,29 +2395,13 @@ assert round(te_run["sh_loop_b"]["x_kib_per_sm"], 1) == 7.7
 assert te["x_kib_per_sm"] >= 0.95 * te_copy["x_kib_per_sm"]
 
 # %% [markdown]
-# These comparisons come closest to changing one thing (section 5.4's profile, $s = 4096$,
-# $b = 8$):
-#
-# - **More warps on one tile.** Two warps on `sh_loop_b`'s tile (`sh_loop_b_w2`) nearly double
-#   the occupancy but halve the bytes each warp holds: the same KiB per SM and time, with more
-#   warp instructions per element (0.69 against 0.49). Four warps (`sh_loop_b_w4`) cannot raise
-#   the occupancy further (64 warp slots hold only 16 four-warp programs) but halve the bytes
-#   per warp again: half the KiB per SM, 1.6 times the time, twice the warp instructions.
-# - **More heads per program.** `heads4_loop_b` (four heads on two warps) raises occupancy and
-#   bytes per warp and launches a quarter of the programs. Level with the finished kernel at
-#   $b = 8$, it is slower at $b = 1$: 175 µs against 138 (section 5.3's ablation).
-# - `sh_loop_b_table` and `heads2_loop_b` (one warp, 48 % occupancy, 8 steps, 0.31 and 0.33
-#   warp instructions per element) still change two things: twice the KiB and half the
-#   programs, 170 to 148 µs.
-# - `heads2_loop_b` and `heads8_loop_b_w8` ask for about the same KiB per SM (15.4 and 13.9)
-#   with four times different program counts (65,536 and 16,384) and take the same time (148
-#   and 147 µs), though they differ in warps and instructions too: at these counts the programs
-#   alone do not set the time.
-#
-# Whether the bytes in flight do, these profiles cannot settle: that takes one kernel with the
-# same programs and instructions but a different number of rows in flight (fewer programs
-# resident on an SM, by reserving unused shared memory, say; or, after section 2.3, a batch loop
-# that loads several rows before it stores any). Neither is among the committed results.
+# The next cell prints the pairs of section 5.4's profile that come closest to changing one
+# thing (more warps on one tile; more heads a program; `sh_loop_b_table` against
+# `heads2_loop_b`; `heads2_loop_b` against `heads8_loop_b_w8`) and asserts what each shows. Each
+# pair still differs in more than one of KiB per SM, programs, warps and instructions, so
+# these profiles cannot settle whether the bytes in flight set the time. That takes a kernel
+# with the same programs and instructions but more rows in flight, such as a batch loop that
+# loads several rows before it stores any (section 2.3).
 
 # %%
 br, w2, w4, h4 = (mech[v] for v in ("batch_reuse", "sh_loop_b_w2", "sh_loop_b_w4",

@@ -27,23 +27,21 @@
 #
 # **After this notebook you will be able to**
 #
-# - run one configuration through every provider and read its row: time, GB/s, the ratio to a
-#   copy of the same bytes measured in the same run, and the error in ulps against fp64;
-# - drive the dashboard and the standard sweeps, and read the committed H200 results;
-# - fit a sweep as *fixed cost per call + bytes over bandwidth*, and tell a fit worth reading
-#   from one that is not by the standard error of its slope;
-# - time a call three ways (the host's enqueue, the wall clock, a CUDA-graph replay) and say
-#   whether the host or the device sets its pace;
-# - write the yardstick yourself: one kernel that copies or rotates a tile of rows, and race it.
+# - read a provider's row: time, GB/s, the ratio to a copy of the same bytes timed in the same
+#   run, the error in ulps against fp64; drive the dashboard and the standard sweeps;
+# - fit a sweep as *fixed cost per call + bytes over bandwidth*, and judge the fit by the standard
+#   error of its slope;
+# - time a call three ways (enqueue, wall clock, CUDA-graph replay) and say whether the host or the
+#   device sets its pace;
+# - write the yardstick yourself, one kernel that copies or rotates a tile of rows, and race it.
 #
-# **Where the numbers come from.** The numbers in the text are read from runs committed in
-# `benchmarks/results/`, measured on an H200 (section 5 lists each file with its GPU and date), and
-# the code cell beside each paragraph asserts them. A live GPU run prints its own timings beside
-# them, each line naming the GPU it ran on, which need not be an H200 (the executed page,
-# `docs/executed/07-te-vs-triton-live.html`, shows a run on an H100): set its *ratios to a copy*
-# beside the committed ones, never its µs. Without a GPU everything runs in Triton's interpreter at
-# tiny sizes: the *errors* are real, the **timings meaningless**. About two hours with the three
-# exercises; the appendix can wait.
+# **Where the numbers come from.** The text's numbers are read from runs committed in
+# `benchmarks/results/`, measured on an H200 (section 5 lists each file with its date), and the
+# code beside each paragraph asserts them. A live GPU run prints its own timings, each line naming
+# its GPU (the executed page, `docs/executed/07-te-vs-triton-live.html`, ran on an H100): set its
+# *ratios to a copy* beside the committed ones, never its µs. Without a GPU everything runs in
+# Triton's interpreter at tiny sizes: the *errors* are real, the **timings meaningless**. About two
+# hours with the three exercises; the appendix can wait.
 
 # %%
 import os, torch
@@ -94,23 +92,22 @@ assert all(p.available or p.reason for p in provs)
 # computes an fp64 reference, times a **plain copy of the same bytes** (`y.copy_(x)`) and runs
 # each provider. A row holds:
 #
-# - **time**: on a GPU the median of `triton.testing.do_bench`'s repeats (CUDA events around
-#   one call, a 256 MiB buffer zeroed before each to flush the L2 cache; 7.3 takes the loop
-#   apart), forward and forward+backward; the forward's 20th and 80th percentiles say how small
-#   a difference means anything;
+# - **time**: on a GPU the median of `triton.testing.do_bench` (CUDA events around one call, a
+#   256 MiB buffer zeroed before each to flush the L2 cache; 7.3 takes the loop apart), forward
+#   and forward+backward, with the forward's 20th and 80th percentiles;
 # - **GB/s** from a bytes model: RoPE reads $x$, writes $y$ and reads the fp32 angle table, so
 #   with $e$ bytes per element and rotary dimension $R$
 #   $$ \text{bytes}_\text{fwd} = 2\,S B H D\, e + 4\, S R, \qquad
 #      \text{bytes}_\text{fwd+bwd} = 2\,\text{bytes}_\text{fwd}; $$
 # - **ratio to copy** $= t_\text{copy} / t_\text{provider}$: 1.0 is as fast as copying the
-#   tensor, the yardstick for a memory-bound op (not a hard floor: 7.3). A copy timed in the same
-#   run absorbs clocks, cache sizes and the driver; a data-sheet bandwidth does not;
-# - **errors** against fp64, two in **ulps** (units in the last place of the output dtype):
-#   `max_ulp_err` against the ulp *at each element's own value*, `max_head_ulp_err` against the
-#   ulp of the *largest value in its head vector*; rounded once, an output scores at most 0.5 on
-#   both. Near zero, where $x_a\cos\theta - x_b\sin\theta$ cancels two large products, a tiny
-#   output carries many of its own ulps though exact to an ulp of the operands: the head-wise
-#   column is the fair scale.
+#   tensor, the yardstick for a memory-bound op (not a hard floor: 7.3); a copy timed in the same
+#   run absorbs clocks, cache sizes and the driver, a data-sheet bandwidth does not;
+# - **errors** against fp64 in **ulps** (units in the last place of the output dtype):
+#   `max_ulp_err` against the ulp at each element's own value, `max_head_ulp_err` against the ulp
+#   of the largest value in its head vector. Rounded once, an output scores at most 0.5 on both;
+#   near zero, where $x_a\cos\theta - x_b\sin\theta$ cancels two large products, a tiny output
+#   carries many of its own ulps though exact to an ulp of the operands: the head-wise column is
+#   the fair scale.
 
 # %%
 if GPU:
@@ -170,22 +167,13 @@ for r in rows32:
 assert all(r["max_head_ulp_err"] <= 4 for r in rows32)
 
 # %% [markdown]
-# **Reading the table.** The error is set by *where the rounding happens*, not by the formula:
-# eager PyTorch rounds every intermediate to bf16, hence more ulps; the fused kernels compute in
-# fp32 and round once. Where torch.compile runs, `torch.compile_te_unfused` (eager PyTorch's
-# formula, compiled) rounds once too, and `torch.compile` of Hugging Face's formula, from bf16
-# cos/sin tables, lands between.
-#
-# The times are read in sections 5 to 7. At this 64 MiB shape ropelib's forward runs near the
-# copy and ahead of TE's. Its forward+backward is mostly the host's time (7.1), so which of
-# ropelib and TE leads in that column depends on the machine's host. torch.compile's forward
-# took 84 µs in the committed H200 sweep, 0.43 of a copy, and on another GPU can lie far from
-# that (the printed line sets the two side by side); even within one run its times wander: 30
-# and 83 µs for one 32 MiB shape timed twice (appendix A.2).
-#
-# In **fp32** (the last lines) the output format *is* the arithmetic format, so the error is
-# fp32's own: a few head-wise ulps (at most 4, checked), tens or hundreds element-wise near zero.
-# "Rounds once, ≤ 0.5 ulp" is a statement about bf16 and fp16 outputs.
+# **Reading the table.** The error is set by *where the rounding happens*: eager PyTorch rounds
+# every intermediate to bf16; the fused kernels and eager PyTorch's formula compiled
+# (`torch.compile_te_unfused`) compute in fp32 and round once; `torch.compile` of Hugging Face's
+# formula, from bf16 cos/sin tables, lands between. In **fp32** (the last lines) the output format
+# is the arithmetic format: a few head-wise ulps (at most 4, checked), tens or hundreds element-wise
+# near zero. The times are read in sections 5 to 7; torch.compile's forward took 84 µs in the
+# committed H200 sweep, 0.43 of a copy, and on another GPU can lie far from that (the printed line).
 
 # %% [markdown]
 # ## 3. The dashboard
@@ -218,16 +206,13 @@ assert dash.figure.get_suptitle() == f"measured on {widgets.measured_on(dash_row
 # %% [markdown]
 # ## 4. The standard sweeps
 #
-# `compare.SEED_SWEEPS`: GB/s against sequence length 256 … 3840 at batch 1, 2, 4, 8 (64 heads of
-# 128, fp32 and bf16) for ropelib, its batch-reuse generation (notebook 04's kernel), TE's fused
-# kernel and eager PyTorch; and bf16 sweeps of sequence, head dim, heads and batch around a
-# 32 MiB base that add TE's unfused path and torch.compile, all committed in
-# `benchmarks/results/seed_sweeps.csv`. The cell runs the first live (shrunk in the interpreter).
-#
-# GB/s belong to the GPU that ran the sweep, its memory above all; so does the copy timed beside
-# each point. Their ratio does not, so on a GPU the cell sets each provider's median **ratio to a
-# copy** beside the committed run's, naming both GPUs. ropelib's, which runs near the copy,
-# should travel (it is checked to within 0.8 to 1.25 times); the others can move further.
+# `compare.SEED_SWEEPS`, committed in `benchmarks/results/seed_sweeps.csv`: GB/s against sequence
+# length 256 … 3840 at batch 1, 2, 4, 8 (64 heads of 128, fp32 and bf16) for ropelib, its
+# batch-reuse generation (notebook 04), TE's fused kernel and eager PyTorch; and bf16 sweeps of
+# sequence, head dim, heads and batch around a 32 MiB base, adding TE's unfused path and
+# torch.compile. The cell runs the first live (shrunk in the interpreter) and, on a GPU, sets each
+# provider's median **ratio to a copy** beside the committed run's, naming both GPUs (GB/s belong
+# to a GPU; the ratio travels better). ropelib's is checked to within 0.8 to 1.25 times.
 
 # %%
 first = compare.SEED_SWEEPS[0] if GPU else compare.shrink(compare.SEED_SWEEPS[0])
@@ -320,23 +305,15 @@ for dtype in DTYPES:
 # (figures/07-seed-*.png, drawn from the same CSV by benchmarks/seed_sweeps.py, show them too)
 
 # %% [markdown]
-# **Reading the panels** (forward GB/s by the bytes model; dashed grey: the copy timed beside
-# each point), each reading checked below:
-#
-# - **The lines rise** with the tensor: a fixed cost per call, amortised (section 6 measures it).
-# - **Eager PyTorch stays low**: at most 0.15 of a copy in fp32, 0.10 in bf16. Notebook 02's
-#   profile (section 6) predicts the bf16 figure: ten kernels moving 6.0 times the fused
-#   kernel's bytes at 0.44 of the copy's speed give $0.44 / 6.0 = 0.073$; the largest tensor
-#   measures 0.073.
-# - **From 64 MiB of $x$ on (size and route together), ropelib ties the copy.** 64 MiB is also
-#   where ropelib switches to its **two-pass route**, so these sweeps cannot tell the size from
-#   the route (notebook 05, section 6, separates them). In fp32 from batch 2 on, every point
-#   from 64 MiB on lies at 0.98 of the copy or above (up to 1.017, within the spread of its
-#   percentiles: a tie); below 64 MiB none reaches 0.94. In bf16 at the longest sequence: 0.85
-#   at batch 1 ($x$ under 64 MiB), 0.93 to 0.99 from batch 2 on. From 64 MiB on, TE's kernel
-#   and the batch-reuse generation lie below ropelib.
-# - The one point well above 1 (fp32, batch 8, the longest sequence: 1.11) is a slow copy, not a
-#   fast kernel: the copy's GB/s drops there and TE's ratio jumps at the same point.
+# **Reading the panels** (dashed grey: the copy timed beside each point; the cell checks each
+# reading). The lines rise with the tensor: a fixed cost per call, amortised (section 6). Eager
+# PyTorch stays at or below 0.15 of a copy in fp32, 0.10 in bf16, as notebook 02's profile predicts
+# (ten kernels moving 6.0 times the fused kernel's bytes at 0.44 of the copy's speed: 0.073, what
+# the largest tensor measures). **From 64 MiB of $x$ on ropelib ties the copy** (fp32, batch 2 on:
+# 0.98 to 1.017, within its percentiles), ahead of TE's kernel and the batch-reuse generation.
+# 64 MiB is also where ropelib switches to its two-pass route, so size and route are not told apart
+# here (notebook 05, section 6, does). The one point well above 1 (fp32, batch 8, the longest
+# sequence: 1.11) is a slow copy: the copy's GB/s drops there and TE's ratio jumps with it.
 
 # %%
 from ropelib.course import kernel_bandwidth
@@ -413,15 +390,13 @@ for dtype in DTYPES:
         assert te[r["seq_len"]] == max(te.values())      # TE's ratio jumps at the same point
 
 # %% [markdown]
-# **The other axes.** The last four sweeps hold a bf16 tensor of $S = 2048$, $B = 2$, $H = 32$,
-# $D = 128$ (32 MiB) and grow one axis at a time. No axis matters on its own: whichever makes $x$
-# 64 MiB or more, ropelib's forward runs at 0.95 of the copy or above, below that at 0.88 or
-# less; over all sweeps, its 90 points with $x$ of 64 MiB or more lie at 0.931 or above, within
-# a tenth of the copy. TE's fused kernel stays at or below 0.60, behind ropelib at every point;
-# eager PyTorch at 0.10 at most. **torch.compile is the odd line**: it reaches the copy only on
-# the largest tensors (0.99) and is not monotone (0.67 at $S = 2048$, 0.43 at 4096 in the
-# committed sweep): its time does not follow the bytes. Appendix A.2 tests one explanation, a
-# cost per call on the host.
+# **The other axes.** The last four sweeps grow one axis at a time from a 32 MiB bf16 tensor
+# ($S = 2048$, $B = 2$, $H = 32$, $D = 128$). No axis matters on its own: whichever makes $x$
+# 64 MiB or more, ropelib's forward runs at 0.95 of the copy or above, below that at 0.88 or less
+# (over all sweeps, its 90 points from 64 MiB on lie at 0.931 or above). TE's fused kernel stays at
+# or below 0.60, behind ropelib at every point; eager PyTorch at 0.10 at most. **torch.compile is
+# the odd line**: on the copy only on the largest tensors (0.99), and not monotone (0.67 at
+# $S = 2048$, 0.43 at 4096): its time does not follow the bytes (appendix A.2).
 
 # %%
 AXES = {"seq-bf16": "seq_len", "hidden-bf16": "head_dim", "heads-bf16": "heads",
@@ -465,26 +440,24 @@ if DTYPES:
 # %% [markdown]
 # ## 6. Time against bytes: fixed cost and bandwidth from the sweeps
 #
-# **Question: does a call's time grow with its bytes as a straight line: what does each
-# provider pay per call before a byte moves, and how fast does it stream after?** A call moving
-# $N$ bytes takes about $t(N) = t_0 + N/\text{BW}$: a fixed cost $t_0$ (launch work, or kernels
-# too small to fill the GPU) plus streaming at a bandwidth BW, near the copy's if memory-bound.
+# **Question: what does each provider pay per call before a byte moves, and how fast does it
+# stream after?** A call moving $N$ bytes takes about $t(N) = t_0 + N/\text{BW}$: a fixed cost
+# $t_0$ (launch work, or kernels too small to fill the GPU) plus streaming at a bandwidth BW.
 #
 # ### 6.1 The forward: fixed cost and bandwidth
 #
 # **Exercise 1 — fit the line by the normal equations.** Write `fit_time_model(nbytes, ms)`
 # returning `(t0_us, gbps)`: the least-squares line $t = a + bN$ through the points $(N_i, t_i)$,
-# with $t_0 = a$ in microseconds and the bandwidth $1/b$ in GB/s ($10^9$ bytes per second).
-# Setting the derivatives of $\sum_i (a + bN_i - t_i)^2$ to zero gives the normal equations
+# with $t_0 = a$ in µs and the bandwidth $1/b$ in GB/s ($10^9$ bytes per second). Setting the
+# derivatives of $\sum_i (a + bN_i - t_i)^2$ to zero gives the normal equations
 # $$ \begin{pmatrix} n & \sum N_i \\ \sum N_i & \sum N_i^2 \end{pmatrix}
 #    \begin{pmatrix} a \\ b \end{pmatrix} =
 #    \begin{pmatrix} \sum t_i \\ \sum N_i t_i \end{pmatrix}; $$
-# solve them yourself. The check tries your function on made-up sweeps whose answer is known;
-# a library's least-squares fit (`np.polyfit`, `lstsq`, `pinv`, `linregress` and the like),
-# ropelib and the worked fit are refused. Then the fit (yours if it passed) runs on the committed
-# batch-1 H200 sweeps, each provider's line printed beside the copy's. Fitted to ropelib's bf16
-# sweep without $S = 2048$, it predicts that point: write down the number you expect before
-# running it.
+# solve them yourself. The check tries your function on made-up sweeps whose answer is known; a
+# library's least-squares fit (`np.polyfit`, `lstsq`, `pinv`, `linregress` and the like), ropelib
+# and the worked fit are refused. The fit (yours if it passed) then runs on the committed batch-1
+# H200 sweeps. Fitted to ropelib's bf16 sweep without $S = 2048$, it predicts that point: write
+# down the number you expect first.
 
 # %%
 import numpy as np
@@ -637,37 +610,32 @@ if "bf16" in models:     # ropelib's bf16 sweep at batch 1, S = 2048 held out
     plt.show()
 
 # %% [markdown]
-# **What the forward lines say.** Every forward line passes: the fused kernels pay 7.8 to
-# 10.3 µs a call before a byte moves, the copy 5.3 to 5.4 µs, eager PyTorch 35.5 µs in fp32 and
-# 60.7 µs in bf16 (its ten launches). ropelib pays less per call than TE's kernel and streams
-# faster, in both dtypes.
-#
-# - **fp32**: ropelib's line streams at 4368 GB/s, 1.7 % *above* the copy's 4296. Not a kernel
-#   beating memory: the two bands overlap, a tie within the noise, so memory-bound.
-# - **bf16**: 0.89 of the copy's bandwidth, with the band wholly below the copy's: a real loss
-#   beyond the fixed cost (its cause is among the points not measured here, listed at the end).
-# - **Eager PyTorch's** 347 GB/s (bf16) counts the *fused* kernel's bytes. Its ten kernels move
-#   6.0 times as many (section 5), so the memory really streams about 2.1 TB/s, 0.47 of the
-#   copy's line: what notebook 02's profile of its kernels (0.44) says, from the other side.
-#
-# The bf16 line fitted without $S = 2048$ (the plot) predicts that point at 25.8 µs; it
-# measured 26.0.
+# **What the forward lines say.** Every forward fit passes. The fused kernels pay 7.8 to 10.3 µs a
+# call before a byte moves, the copy 5.3 to 5.4, eager PyTorch 35.5 (fp32) and 60.7 µs (bf16, ten
+# launches); ropelib pays less than TE's kernel and streams faster. ropelib's fp32 line streams
+# 1.7 % above the copy's, the bands overlapping: a tie. Its bf16 line streams at 0.89 of the
+# copy's, the band wholly below: a loss, its cause not measured here. Eager PyTorch's 347 GB/s
+# (bf16) counts the fused kernel's bytes; its kernels move 6.0 times as many, 0.47 of the copy's
+# line, near notebook 02's 0.44. The bf16 line fitted without $S = 2048$ predicts 25.8 µs there;
+# it measured 26.0.
 
 # %% [markdown]
 # ### 6.2 Forward+backward: no line through the points
 #
-# **Question: does the forward+backward follow its bytes too?** At batch 1, no. Fit the line
-# anyway and read its slope $b$ in µs per MiB with its standard error, not $1/b$. The line
-# through two copies of the same bytes is pinned; ropelib's and TE's slopes are over thirty times
-# less certain, three of the four lie within two standard errors of zero (ropelib's bf16
-# "bandwidth" $1/b$ would be negative), and their intercepts lie far above any fixed cost of
-# 6.1. The figure shows why no line fits: from the smallest tensor to the largest, two copies
-# grow several times over, ropelib's and TE's times at most 1.8 times, raggedly.
+# **Question: does the forward+backward follow its bytes too?** At batch 1, no. Fit the line anyway
+# and read its slope $b$ (µs per MiB) with its standard error: the line through two copies of the
+# same bytes is pinned, while ropelib's and TE's slopes are over thirty times less certain, three
+# of the four within two standard errors of zero (ropelib's bf16 $1/b$ would be negative), their
+# intercepts far above any fixed cost of 6.1. In the figure two copies grow several times over from
+# the smallest tensor to the largest, ropelib's and TE's times at most 1.8 times.
 #
-# **Why:** at every point two copies of its bytes take less time than the host alone needs to
-# issue one eager forward+backward, timed at decode size by the **floor suite**
-# (`ropelib.bench.floor`, committed as `floor-nvidia-h200.csv`; 7.1 reads it). The times follow
-# the host, whose work does not grow with the bytes.
+# **A likely reason, from another run.** Two copies of a point's bytes take at most 127 µs, less
+# than the 205 µs ropelib's host needs to issue one eager forward+backward at decode size in the
+# **floor suite** (`floor-nvidia-h200.csv`, read in 7.1); the host's work does not grow with the
+# bytes. But the floor suite ran on another day (section 5 lists both dates) and the sweeps did not
+# time their host: this sets host times of two runs side by side, against this notebook's own rule
+# (A.4), so it is a hypothesis, not a measurement. 7.3 times both sides in one run, at this sweep's
+# bf16 point $S = 2048$.
 
 # %%
 # the host's time per eager forward+backward call, measured on its own (floor suite)
@@ -759,27 +727,17 @@ if len(models) == 2:
 #
 # ### 7.1 The host's time per call, and the device's
 #
-# The floor suite (`ropelib.bench.floor`, committed as `floor-nvidia-h200.csv`) times one eager
-# forward+backward three ways on an H200. **Host**: the host alone issuing calls at decode size
-# (one token, batch 64, 32 heads of 128, sbhd; 100 calls back to back, then one synchronisation,
-# the best of 5 rounds). At 64 MiB of bf16, in each layout, in one later run: **`do_bench`**'s
-# median, one eager call at a time as section 6 timed it, and the call **replayed** from a CUDA
-# graph, the kernels alone with no Python between them. The cell checks what the table says:
-#
-# - **replayed, ropelib's kernels are the faster**, at 0.55 to 0.57 of TE's time in every layout;
-#   torch.compile's kernels tie ropelib's;
-# - **under `do_bench` the order flips**: ropelib's median lies around its host's time per call,
-#   several times its kernels, while TE's stays near its kernels; torch.compile's, far above its
-#   kernels, stays under its host's;
-# - section 6's batch-1 medians lie near the host times too: they time the host.
-#
-# So ropelib's eager forward+backward loses to TE's on the host, not on its kernels. Appendix A.4
-# reads where ropelib's host spends the extra time (its two launches at decode size, its
-# two-pass route's Python from 64 MiB on), A.5 what an eager call that also waits for its
-# kernels takes. A host-bound call is cured by replaying the whole step from a CUDA graph
-# (notebook 11, section 4, replays a decoding step that way), not by compiling the RoPE call
-# alone: torch.compile's host takes the longest of the three. The rest of this section times
-# both sides on this machine.
+# The floor suite (`ropelib.bench.floor`) times one eager forward+backward on an H200: the **host**
+# alone issuing calls at decode size (one token, batch 64, 32 heads of 128, sbhd; 100 calls back
+# to back, then one synchronisation, best of 5 rounds) and, at 64 MiB of bf16 in a later run of
+# the same day, **`do_bench`**'s median and the call **replayed** from a CUDA graph (its kernels
+# alone). Replayed, ropelib's kernels take 0.55 to 0.57 of TE's time (torch.compile's tie
+# ropelib's); under `do_bench` ropelib's median lies around its host's time, TE's near its
+# kernels: ropelib loses on the host. The last line sets section 6's batch-1 medians beside the
+# host times; they lie near them, but come from another run (6.2). A host-bound call is cured by
+# replaying the whole step from a CUDA graph (notebook 11, section 4), not by compiling the RoPE
+# call alone: torch.compile's host takes the longest of the three. A.4 reads where ropelib's host
+# spends its time, A.5 what an eager call that also waits for its kernels takes.
 
 # %%
 host_way = re.search(r"calls back to back: (\d+), a third of that for forward\+backward; "
@@ -830,22 +788,21 @@ if len(models) == 2:     # section 6's batch-1 medians against the host's time p
 # %% [markdown]
 # ### 7.2 Host or device? Time a call three ways
 #
-# **Exercise 2 — host or device?** Write `host_or_device(call, n)`: it times `call()`, a
-# function of no arguments, three ways and says which side sets its pace. Return a dict:
+# **Exercise 2 — host or device?** Write `host_or_device(call, n)`: time `call()` (no arguments)
+# three ways and say which side sets its pace. Return a dict:
 #
 # - `"enqueue_us"`: the host's time per call to issue $n$ calls back to back: synchronise, start
 #   the clock, call $n$ times, stop the clock *before* synchronising, divide by $n$;
 # - `"wall_us"`: the same with the synchronisation inside the clock;
 # - `"replay_us"`: on a GPU, the time per call of the $n$ calls captured in a CUDA graph
 #   (`torch.cuda.CUDAGraph`, `torch.cuda.graph`) and replayed; without a GPU, `None`;
-# - `"bound"`: `"host"` when the host takes at least as long to issue a call as the device to
-#   run it (`enqueue_us >= replay_us`, or no device at all), else `"device"`.
+# - `"bound"`: `"host"` when `enqueue_us >= replay_us` (or there is no device), else `"device"`.
 #
-# Call `call` once before the timings (a first call may compile or allocate), and $n$ times for
-# each eager timing. The check hands your function calls whose cost it knows (the host kept busy
-# 100 and 1000 µs; on a GPU a 512 MiB copy, which must come out device-bound), counts them, and
-# checks every time against the host's busy time and the time your function took. A library's
-# timer (`do_bench`, `torch.utils.benchmark.Timer`, `timeit`, ropelib's suite) is refused.
+# Call `call` once first (a first call may compile or allocate), then $n$ times for each eager
+# timing. The check hands your function calls whose cost it knows (the host kept busy 100 and
+# 1000 µs; on a GPU a 512 MiB copy, which must come out device-bound), counts them, and checks
+# every time against the host's busy time and your function's own duration. A library's timer
+# (`do_bench`, `torch.utils.benchmark.Timer`, `timeit`, ropelib's suite) is refused.
 
 # %%
 import time
@@ -868,25 +825,22 @@ time_three_ways = host_or_device if timed_by_learner else measuring.solution_hos
 # ### 7.3 One call three ways, live
 #
 # **What `do_bench` times: a picture.** Each iteration of its loop zeroes a 256 MiB buffer (the
-# *memset*), records a start event, calls, and records an end event; its sample is the time
-# between the two events. Per iteration the device spends $t_\text{memset} + t_\text{replayed}$
-# ($t_\text{replayed}$: the call's kernels alone, replayed from a CUDA graph) and the host
-# $t_\text{iter}$. If the host is the faster it gets ahead: every kernel is queued before its
-# start event fires, and the sample is the kernels' time. If it is the slower, the device waits
-# for it: the start event fires when the memset ends, the kernel starts only when the host
-# launches it, and the sample takes in part of the host's time. The picture says which side *can*
-# set the median; it does not predict the median, since where inside the call the host launches
-# each kernel is not known (`ropelib.course.launch_queue` holds it).
+# *memset*), records a start event, calls, and records an end event; the sample is the time
+# between the events. Per iteration the device spends $t_\text{memset} + t_\text{replayed}$ (the
+# call's kernels alone, replayed from a CUDA graph) and the host $t_\text{iter}$. If the host is
+# the faster it gets ahead: every kernel is queued before its start event fires, and the sample is
+# the kernels' time. If it is the slower, the device waits: the start event fires when the memset
+# ends, the kernel starts only when the host launches it, and the sample takes in part of the
+# host's time. The picture says which side *can* set the median, not the median: where in the call
+# the host launches each kernel is not known (`ropelib.course.launch_queue` holds the model).
 #
-# On a GPU with Transformer Engine the cell times ropelib's and TE's forward+backward at one
-# point of section 6's batch-1 bf16 sweep ($S = 2048$), five rounds in shuffled order:
-# `do_bench` (its calls counted), the host's enqueue (7.2), a CUDA-graph replay, and
-# **`do_bench`'s loop written out** (`dobench_loop`, which also times the host's side of each
-# iteration). The loop runs again with **autograd's device thread** off: PyTorch runs the
-# backward of GPU tensors on a worker thread of its own, and
-# `torch.autograd.set_multithreading_enabled(False)` runs it on the calling thread instead; the
-# difference is the "thread" column. Each provider's last line puts it in one of the picture's
-# two cases and says whether the loop written out reproduces `do_bench` (within a fifth).
+# On a GPU with TE the cell times ropelib's and TE's forward+backward at section 6's batch-1 bf16
+# point $S = 2048$, five shuffled rounds: `do_bench` (calls counted), the enqueue (7.2), a replay,
+# and **`do_bench`'s loop written out** (`dobench_loop`, which times the host's side too), that
+# loop also with **autograd's device thread** off
+# (`torch.autograd.set_multithreading_enabled(False)` runs the backward on the calling thread; the
+# difference is the "thread" column). Each provider's last line gives its case and whether the
+# written-out loop reproduces `do_bench` (within a fifth).
 
 # %%
 import random
@@ -1005,24 +959,25 @@ if GPU and {"ropelib", "te_fused"} <= available:
         assert 0.5 < t["calls"] / t["do_bench_calls"] < 2, t
 
 # %% [markdown]
-# At this size `do_bench` times ropelib's host, not its kernels: on a GPU with TE its median
-# comes out over twice the replayed time.
+# At this size `do_bench` times ropelib's host, not its kernels: on a GPU with TE its median comes
+# out over twice the replayed time, the host-bound case 6.2 supposed, here within one run.
 #
-# **Section 2's forwards** (64 MiB of bf16 on a GPU), timed with exercise 2's function (yours if
-# it passed) and with `do_bench` and its loop written out. Back to back a call takes the larger
-# of its enqueue and its replay; under `do_bench` the memset gives the host time to get ahead,
-# so one call can be host-bound back to back and queued under `do_bench` (a training loop has
-# no memset to hide the host).
+# **Section 2's forwards** (64 MiB of bf16 on a GPU) are timed with exercise 2's function (yours if
+# it passed), with `do_bench` and with its loop written out, beside the copy of the same bytes
+# timed the same ways; each fraction of a copy uses one timer (a replayed forward over a
+# `do_bench` copy can put a device-bound forward above 1). Even on one timer a fraction slightly
+# above 1 is possible (A.5: ropelib's forward kernel alone runs a little shorter than PyTorch's
+# copy kernel): the copy is a yardstick, not a hard floor. Under `do_bench` the memset lets the
+# host get ahead, so a call host-bound back to back can be queued there; a training loop has no
+# memset to hide the host.
 #
-# **Like with like.** The copy of section 2's bytes is timed the same two ways, in the same
-# cell: back to back by the same function, and by `do_bench` in the same rounds as the
-# forwards. Each forward's fraction of a copy is printed twice, once per timer, never a replayed
-# forward over a `do_bench` copy: those two timers differ (no memset and no events between
-# replayed calls), and mixing them can put a device-bound forward above 1. Even on one timer a
-# fraction slightly above 1 is possible: appendix A.5 finds ropelib's forward kernel alone a
-# little shorter than PyTorch's copy kernel of the same bytes, so the copy is a yardstick, not a
-# hard floor (notebook 04, section 4). Without a GPU the same code runs in the interpreter at
-# section 2's tiny shape, with the wall clock for the replay: the fractions then mean nothing.
+# **Where the picture fails.** A line ending in *differ* means the loop written out did not
+# reproduce `do_bench`'s median, and its case says nothing about `do_bench`. On the executed H100
+# page this happens for torch.compile's forward: the loop's host time puts it in the "device waits"
+# case and its events lie well above the replayed time, while `do_bench`'s median sits near the
+# replayed time, as if its calls were queued. Why two loops that zero the same buffer and make about
+# as many calls time it differently is not measured here (a profiler's timeline of each would show
+# when the kernel starts): read that median as measured, not explained.
 
 # %%
 def back_to_back_us(t):
@@ -1091,14 +1046,14 @@ del case2, timed2, fwd_calls
 # ## 8. Your kernel in the race
 #
 # **Question: what does the rotation add to the bytes?** A RoPE kernel is a copy kernel with
-# arithmetic between its load and its store. Written as **one** kernel with a switch, it times
-# both: switched on, it also loads each row's partner (same cache lines), reads an fp32 angle
-# per element and evaluates a sine and a cosine.
+# arithmetic between its load and its store; written as **one** kernel with a switch, it times
+# both. Switched on, it also loads each row's partner (same cache lines), reads an fp32 angle per
+# element and evaluates a sine and a cosine.
 #
 # **Exercise 3 — copy and rotate.** Write `my_rows_kernel`. View the contiguous sbhd tensor as
-# $n = SBH$ rows of $D$ features; row $r$ belongs to token $s = \lfloor r / BH \rfloor$.
-# Program $p$ owns the `BLOCK_ROWS` rows from $p \cdot$ `BLOCK_ROWS` on (mask the last
-# program's rows at $n$) and all $D$ features of each, one `[BLOCK_ROWS, D]` tile:
+# $n = SBH$ rows of $D$ features; row $r$ belongs to token $s = \lfloor r / BH \rfloor$. Program
+# $p$ owns the `BLOCK_ROWS` rows from $p \cdot$ `BLOCK_ROWS` on (mask the last program's rows at
+# $n$) and all $D$ features of each, one `[BLOCK_ROWS, D]` tile:
 #
 # - `ROTATE` False: store what you loaded (the copy, bit for bit);
 # - `ROTATE` True: with $\theta_d$ = `freqs[s, d]`, the angle of feature $d$ at the row's
@@ -1108,10 +1063,10 @@ del case2, timed2, fwd_calls
 #   and store $y$ in $x$'s dtype. The partner is a second load of the same row at the index
 #   `tl.where(d < D // 2, d + D // 2, d - D // 2)`.
 #
-# The check launches your kernel on fresh inputs: a row count that is not a multiple of
-# `BLOCK_ROWS`, one to sixteen rows a program, fp32, bf16 and fp16, angle tables whose two
-# members of a pair differ, and an output of NaN between NaN guard bands (so an unwritten row or
-# a stray store shows). A kernel of ropelib's, or one that calls one, is refused.
+# The check launches your kernel on fresh inputs (a row count that is not a multiple of
+# `BLOCK_ROWS`, one to sixteen rows a program, fp32, bf16 and fp16, angle tables whose two members
+# of a pair differ, an output of NaN between NaN guard bands so that an unwritten row or a stray
+# store shows). A kernel of ropelib's, or one that calls one, is refused.
 
 # %%
 import triton
@@ -1144,15 +1099,14 @@ print("racing", "your kernel" if rows_ok else "the worked kernel")
 
 # %% [markdown]
 # **The race.** On one bf16 tensor (256 MiB on a GPU, a few KiB in the interpreter) the cell times
-# `y.copy_(x)`, `ropelib.apply_rope`, and your kernel copying and rotating at tiles of one row a
-# program and more, through `launch_rows` (change its grid or add `num_warps=`, and rerun). Read
-# **down the last column** your copy's time per program an SM runs, $t_\text{copy} \cdot
-# n_\text{SM} / n_\text{programs}$: where it sits near notebook 03's ~80 ns a program (section 4)
-# *and* your copy falls well short of torch's (the "of torch" column), the program count, not the
-# bytes, sets the time (worked kernel, GPU: checked 70 to 95 ns at one row, and four rows a program
-# copy faster than one). Read **across a row** *rotation / copy*, what the angles, sines and
-# cosines add at that tile (worked kernel, GPU: checked under 1.1 at one row, over 1.5 at four,
-# over 2 at sixteen).
+# `y.copy_(x)`, `ropelib.apply_rope`, and your kernel copying and rotating at one row a program and
+# more, through `launch_rows` (change its grid or add `num_warps=`, and rerun). **Down the last
+# column**, your copy's time per program an SM runs, $t_\text{copy} \cdot n_\text{SM} /
+# n_\text{programs}$: near notebook 03's ~80 ns a program (section 4), with your copy well short of
+# torch's ("of torch"), the program count sets the time, not the bytes. **Across a row**,
+# *rotation / copy* is what the angles, sines and cosines add at that tile. (Worked kernel, GPU,
+# checked: 70 to 95 ns at one row, four rows copying faster than one; rotation / copy under 1.1 at
+# one row, over 1.5 at four, over 2 at sixteen.)
 
 # %%
 if GPU:
@@ -1215,22 +1169,18 @@ if GPU and not rows_ok:     # the worked kernel: a program's cost, and what the 
 
 # %% [markdown]
 # **What the compiler made of each tile.** `ropelib.course.load_schedule.schedule` (notebook 05)
-# compiles the racing kernel for sm_90 on any machine, at each tile: registers per thread and
-# instructions compiled per element (code compiled, not code run). The cell checks:
-#
-# - **Instructions**: the rotation compiles to over five times the copy's per element at every
-#   tile, and per element to no more at 64 rows than at one (the worked kernel: than at four).
-# - **Spills**: the rotation's registers grow with the tile until, at 64 rows, a thread takes all
-#   255 and spills to local memory: under Triton 3.6, 115 stores (`STL`) and 83 loads (`LDL`)
-#   beyond the sine's and cosine's slow-path array (the range reduction for large angles keeps
-#   a small array in local memory at every tile; read off the one-row tile), none to 16 rows.
-# - **Warps**: an SM has 65,536 registers, so a thread's count $r$, rounded up to 8, caps the
-#   warps an SM holds for programs of 4 warps (128 threads):
-#   $$ \text{warps/SM} = \min\left(64,\; 4 \left\lfloor \frac{65536}{128 \cdot
-#      8\lceil r/8 \rceil} \right\rfloor\right). $$
-#   The rotation keeps 48 at 4 rows (Triton 3.6), 16 at 16 and 8 at 64; the copy 40 or more at
-#   every tile. A cap, not the warps an SM actually held while the kernel ran (appendix A.7
-#   bounds what can have run).
+# compiles the racing kernel for sm_90 on any machine: registers per thread and instructions
+# *compiled* per element (every branch counts, run or not). The cell checks that the rotation
+# compiles to over five times the copy's instructions per element at every tile, and no more per
+# element at 64 rows than at one; that its registers grow with the tile until at 64 rows a thread
+# takes all 255 and spills (Triton 3.6: 115 `STL` and 83 `LDL` beyond the small local array the
+# sine's and cosine's slow path keeps at every tile), none up to 16 rows; and what the registers do
+# to the warps an SM can hold. With 65,536 registers an SM and $r$ a thread (rounded up to 8),
+# programs of 4 warps (128 threads) are capped at
+# $$ \text{warps/SM} = \min\left(64,\; 4 \left\lfloor \frac{65536}{128 \cdot
+#    8\lceil r/8 \rceil} \right\rfloor\right): $$
+# the rotation 48 at 4 rows (Triton 3.6), 16 at 16 and 8 at 64, the copy 40 or more at every tile.
+# A cap, not the warps an SM held while the kernel ran (that takes a profiler).
 
 # %%
 from ropelib.course import load_schedule
@@ -1282,20 +1232,20 @@ if not rows_ok:     # the worked kernel: from 4 rows to 64 the count per element
     assert inst_per_elem[64, True] <= inst_per_elem[4, True]
 
 # %% [markdown]
-# **Why the rotation falls further behind the copy from four rows on is an open question
-# here**: the table shows what the compiler changes with the tile (registers up, the warps an SM
-# can hold down, spills at 64 rows, instructions per element not up), but which of these costs
-# the time the race measures takes a profiler's counters, not taken for this kernel (appendix
-# A.6 races a variant that cuts registers and sine work at once).
+# **Why the rotation falls behind the copy from four rows on.** With the tile the compiler raises
+# the registers, lowers the warps an SM can hold, spills at 64 rows, and does not raise the
+# instructions per element. Appendix A.6 narrows the cause: a variant with the per-row angle work cut (angles
+# loaded and evaluated once a tile), moving the same bytes, races level with the copy at the larger
+# tiles on the executed H100 page. Which of that work's costs, instruction issue or registers,
+# takes a profiler's counters on a GPU, not taken here.
 
 # %% [markdown]
-# Now your kernel as a provider, at its fastest tile, beside the others (forward only). Rounded
+# Now your kernel as a provider at its fastest tile, beside the others (forward only). Rounded
 # once, the worked kernel scores at most half an ulp head-wise on a GPU, up to one in the
-# interpreter (whose `.to(tl.bfloat16)` truncates: notebook 03, section 6.3). On a GPU it lands
-# below TE's fused kernel, and TE's below ropelib's (checked where TE is installed). The worked
-# kernel evaluates a sine and a cosine per element; TE's kernel is bound by issuing
-# instructions, many of them integer index arithmetic (notebook 04, section 5.4 and appendix
-# A.1).
+# interpreter (whose `.to(tl.bfloat16)` truncates: notebook 03, section 6.3); on a GPU it lands
+# below TE's fused kernel, and TE's below ropelib's (checked where TE is installed). TE's kernel is
+# bound by issuing instructions, many of them integer index arithmetic (notebook 04, section 5.4
+# and appendix A.1).
 
 # %%
 best = min(race, key=lambda r: r["your rotation"])["BLOCK_ROWS"]
@@ -1318,36 +1268,32 @@ if not rows_ok:     # the worked kernel: rounded once; on a GPU below TE's fused
 # %% [markdown]
 # ## What we saw
 #
-# - **Judge a memory-bound kernel against a copy of the same bytes, measured in the same run
-#   with the same timer**, and state its error in head-wise ulps against fp64: the fused kernels
-#   round once (≤ 0.5). A ratio above 1 means a slow copy, two different timers, or a copy
-#   kernel that is not the fastest possible, never a kernel faster than memory.
-# - **A forward sweep is a fixed cost per call plus bytes over bandwidth.** ropelib's line ties
-#   the copy's bandwidth in fp32 and reaches 0.89 of it in bf16 at batch 1 (committed H200
-#   sweeps); it runs within a tenth of the copy wherever $x$ holds 64 MiB or more; TE's fused
-#   kernel stays well below. Read $1/b$ as a bandwidth only where the slope's standard error
-#   pins it: the forward+backward's slopes are lost in their noise.
-# - **A time that does not follow the bytes is a cost per call; find out whose.** Enqueue and
-#   replayed timings tell the host from the device: in the committed H200 runs ropelib's eager
-#   forward+backward loses to TE's on the host, not on its kernels, and a cProfile finds a third
-#   of its host time per call in ropelib's own route to its launches (A.4). Compare host times
-#   within one run. Replaying the step from a CUDA graph removes that cost; `torch.compile` of
-#   the RoPE call alone does not.
-# - **A RoPE kernel is a copy with arithmetic in between**: one kernel with a switch measures
-#   what the rotation adds; its compiled code bounds registers and warps.
+# - **Judge a memory-bound kernel against a copy of the same bytes, timed in the same run with the
+#   same timer**, and its error in head-wise ulps against fp64: the fused kernels round once
+#   (≤ 0.5). A ratio above 1 is a slow copy, two timers mixed or a copy kernel short of the
+#   fastest possible, never a kernel faster than memory.
+# - **A forward sweep is a fixed cost per call plus bytes over bandwidth**, $1/b$ a bandwidth only
+#   where the slope's standard error pins it. ropelib's line ties the copy's in fp32 and reaches
+#   0.89 of it in bf16 at batch 1 (committed H200 sweeps); TE's fused kernel stays well below.
+# - **A time that does not follow the bytes is a cost per call; find out whose**, comparing host
+#   times within one run. ropelib's eager forward+backward loses to TE's on the host (committed
+#   H200 runs), a third of its host time at decode size in its own route to its launches (A.4);
+#   replaying the step from a CUDA graph removes that cost, compiling the RoPE call does not.
+# - **A RoPE kernel is a copy with arithmetic in between**: one kernel with a switch measures what
+#   the rotation adds; a variant with less per-row angle work (A.6) shows where it goes.
 
 # %% [markdown]
 # ## Not measured here
 #
-# Each of these would take a profiler on a GPU (a timeline, or a kernel's counters); the
-# notebook states the observation and leaves the cause open:
+# Each of these would take a profiler on a GPU (a timeline, or a kernel's counters):
 #
 # - why ropelib's bf16 forward line at batch 1 streams at 0.89 of the copy's (6.1);
 # - why ropelib's bf16 ratio dips at batch 8 and is not monotone along the batch axis (A.1);
-# - when inside the call torch.compile's forward launches its kernel, which decides how its
-#   `do_bench` medians come about (A.2);
+# - when inside the call torch.compile's forward launches its kernel, and why `do_bench` and its
+#   loop written out can time that forward differently (A.2, 7.3);
 # - where ropelib's replayed forward spends about 3 µs beyond its kernel (A.5);
-# - what makes the rotation fall behind the copy from four rows a program on (section 8).
+# - which part of the rotation's per-row angle work, instruction issue or registers, slows it
+#   from four rows a program on (section 8, A.6), and how many instructions actually run (A.7).
 
 # %% [markdown]
 # Notebook 08 turns from speed to correctness: an `allclose` between two RoPE kernels that
@@ -1372,12 +1318,9 @@ if not rows_ok:     # the worked kernel: rounded once; on a GPU below TE's fused
 # ### A.1 Two open points of section 5
 #
 # In bf16 at the longest sequence ropelib's ratio is lower at batch 8 (0.931) than at batches 2 and
-# 4 (0.987, 0.984), and along the batch axis it is not monotone (0.879, 0.807, 0.987, 0.998, 0.963
-# at batch 1 to 16). On a GPU the cell times them again. Only on the committed run's GPU, an
-# H200, does it draw a verdict: there a dip that does not come back was that run's; one that does
-# belongs to the shape, its cause unmeasured here (a profiler's DRAM bytes and occupancy would
-# tell). On another GPU it prints this run's ratios beside the committed ones and draws none: a
-# ratio measured there is another GPU's, not the committed run repeated.
+# 4 (0.987, 0.984); along the batch axis it is not monotone (0.879, 0.807, 0.987, 0.998, 0.963 at
+# batch 1 to 16). On a GPU the cell times these points again; only on the committed run's GPU, an
+# H200, does it judge whether a dip comes back (then it belongs to the shape) or not (that run's).
 
 # %%
 if DTYPES:     # the batch axis of the committed run: not monotone
@@ -1423,21 +1366,15 @@ if GPU and DTYPES and "ropelib" in available:
 # ### A.2 torch.compile's forward in the sweeps
 #
 # Up to 64 MiB torch.compile's call took 64 to 84 µs at every point but one while the copy grew
-# from 9 to 37 µs; the 32 MiB base shape, timed twice, took 30 and 83 µs. The host alone takes
-# 73 µs to issue one torch.compile forward at decode size (ropelib 21, TE 27; the floor suite).
-# Can that reach `do_bench`'s median? Take the copy's time as torch.compile's kernel time $k$ (on
-# the largest tensors it ties the copy), the memset's time from the committed `dobench_gap` log
-# (`benchmarks/dobench_gap_probe.py`: `do_bench`'s loop traced on the H200), and ask when the
-# host launches the kernel (7.3's picture):
-#
-# - **at the call's return**: the device waits only when the host needs the memset plus $k$ or
-#   more, so the median is $k$ (queued) or at least about $2k$ (device waits). Two points, at
-#   1.49 and 1.41 times $k$, fit neither, and the slow points would need 107 to 124 µs of host
-#   an iteration against the floor's 73 µs a call;
-# - **inside the call** (the same log caught ropelib's forward kernel launched 52 µs into a
-#   forward+backward call that returned after 292 µs): any median from $k$ up is possible; the
-#   last column says how long after the memset's end the launch must come. When torch.compile
-#   launches its kernel is not measured here.
+# from 9 to 37 µs (the 32 MiB base shape, timed twice: 30 and 83 µs); its host alone takes 73 µs
+# to issue one forward at decode size (ropelib 21, TE 27; floor suite). With the copy's time as the
+# kernel's, $k$, and the memset's from the committed `dobench_gap` log (`do_bench`'s loop traced on
+# the H200), a kernel launched at the call's return would give medians of $k$ (queued) or at least
+# about $2k$ (device waits): two points, at 1.49 and 1.41 times $k$, fit neither, and the slow ones
+# would need 107 to 124 µs of host an iteration against the floor's 73. A launch inside the call
+# (the same log caught ropelib's forward kernel launched 52 µs into a 292 µs call) allows any
+# median from $k$ up; the last column says how late it must come. When torch.compile launches its
+# kernel is not measured here.
 
 # %%
 # the host's time to issue one eager forward (floor suite, decode size S = 1, B = 64, sbhd)
@@ -1484,13 +1421,11 @@ if DTYPES:     # torch.compile's forward along the sequence and the batch
 # %% [markdown]
 # ### A.3 The fixed cost where ropelib runs one pass
 #
-# Below 64 MiB ropelib runs one kernel, not its two-pass route. ropelib's extra fixed cost over
-# the copy's (6.1), added to the copy's time at the four fp32 points of section 5 under 64 MiB
-# from batch 2 on, predicts 0.85 to 0.92 of a copy. The two points with tight percentiles land
-# within 0.04 of that; the two at $S = 256$ do not (at batch 2 even ropelib's 20th percentile
-# falls more than 0.2 short, at batch 4 the percentiles lie up to 50 % from the median, the
-# prediction between them). TE's forward lies further off, a median 0.57 of a copy
-# at batch 8 in bf16, 0.76 in fp32: notebook 04 (5.4, A.1) traces it to its instructions.
+# Below 64 MiB ropelib runs one kernel. Its extra fixed cost over the copy's (6.1), added to the
+# copy's time, predicts 0.85 to 0.92 of a copy at the four fp32 points under 64 MiB from batch 2
+# on; the two with tight percentiles land within 0.04 of that, the two at $S = 256$, with wide
+# percentiles, do not. TE's forward lies further off (at batch 8 a median 0.57 of a copy in bf16,
+# 0.76 in fp32): notebook 04 (5.4, A.1) traces it to its instructions.
 
 # %%
 if len(models) == 2:
@@ -1529,26 +1464,15 @@ if len(models) == 2:
 # %% [markdown]
 # ### A.4 Where ropelib's host spends its time
 #
-# **Question: where does ropelib's host spend the time TE's does not (7.1)?**
-# `benchmarks/host_by_size_probe.py` issued eager forward+backward calls (50 back to back, best
-# of five rounds) at decode size, 64 and 256 MiB, in one run on an H200: ropelib's, TE's, a
-# control of one plain PyTorch operator with autograd (`x * c`), and ropelib's with its two
-# Triton launches replaced by nothing, each also with autograd's device thread off (7.3). The
-# cell prints the log's table and checks what it says: ropelib's host takes longer than TE's at
-# every size, and
-#
-# - **at decode size its two launches account for the gap**: removing them saves more than the
-#   gap, and the rest (its Python, autograd's bookkeeping) takes less than TE's whole call;
-# - **from 64 MiB on, its Python costs more**: without the launches it still takes longer than
-#   TE's whole call. There ropelib takes its two-pass route (notebook 05, section 6), whose own
-#   Python (`eager.EagerTwoPass`, and `TableRows.keeps` and `.get`, which look up the first
-#   pass's rows kept from an earlier call) the log's profile lists at 64 MiB and not at decode;
-#   how much of the difference it is, the log does not say;
-# - autograd's device thread costs every provider, ropelib more than TE.
-#
-# These overlap rather than add: at decode the thread's extra and the launches' cost sum to more
-# than the gap. A host's speed belongs to its machine, CPU and all: compare host times within
-# one run.
+# `benchmarks/host_by_size_probe.py` issued eager forward+backward calls (50 back to back, best of
+# five rounds) at decode size, 64 and 256 MiB in one H200 run: ropelib's, TE's, a control (`x * c`
+# with autograd) and ropelib's with its two Triton launches replaced by nothing, each also with
+# autograd's device thread off (7.3). The cell checks that ropelib's host is the slower at every
+# size; that **at decode size its two launches account for the gap**; that **from 64 MiB on its
+# Python alone** takes longer than TE's whole call (there it runs the two-pass route, notebook 05,
+# section 6, whose Python the log's profile lists at 64 MiB and not at decode); and that autograd's
+# device thread costs every provider, ropelib more than TE. These overlap rather than add. A host's
+# speed belongs to its machine, CPU and all: compare host times within one run.
 
 # %%
 HOST_LOG = RESULTS / "host_by_size-nvidia-h200-20261204-1600.log"
@@ -1591,18 +1515,14 @@ assert not any(f in sections[decode] for f in two_pass_python)
 assert all(f in sections["64 MiB sbhd"] for f in two_pass_python)
 
 # %% [markdown]
-# **A cProfile of the call at decode size.** `benchmarks/host_profile.py` runs a leaf `x` of
-# shape [1, 64, 32, 128] (sbhd, bf16, `requires_grad=True`) through
-# `ropelib.apply_rope(x, freqs).backward(g)`, 50 times to warm up, then 300 times under cProfile
-# (`host-profile-nvidia-h200-20261201.txt`, an H200).
-#
-# The 300 calls took 90 ms of host time: the backward (into PyTorch's autograd engine) 64 %, the
-# forward 32 %. By *own time* (time inside a function, not in those it calls) the largest item
-# is the engine's C++ code (`run_backward`), 27 %. ropelib's eager route to a Triton launch
-# (`eager.py`'s `run`: allocate the output, launch) takes 32 % over the 600 launches (one
-# forward and one backward a call), of which `torch.empty_like` 6 % and Triton's C launcher 8 %.
-# So a third of the host's time is ropelib's own route to its launches, two thirds around them.
-# (cProfile adds its own cost to every Python call: read shares, not times.)
+# **A cProfile at decode size** (`benchmarks/host_profile.py`: a leaf `x` of [1, 64, 32, 128],
+# sbhd bf16, through `ropelib.apply_rope(x, freqs).backward(g)`, 300 calls after 50 to warm up;
+# `host-profile-nvidia-h200-20261201.txt`). The 300 calls took 90 ms of host time: the backward
+# 64 %, the forward 32 %; by *own time* the largest item is autograd's C++ engine
+# (`run_backward`), 27 %. ropelib's route to a Triton launch (`eager.py`'s `run`: allocate the
+# output, launch) takes 32 % over the 600 launches, `torch.empty_like` 6 % and Triton's C launcher
+# 8 % within it: a third of the host's time. (cProfile adds a cost to every Python call: read
+# shares, not times.)
 
 # %%
 from ropelib.course.cprofile_text import entry, read_profile
@@ -1641,25 +1561,15 @@ for what, (seconds, pct) in stated_shares.items():
 # %% [markdown]
 # ### A.5 The eager call at 64 and 256 MiB
 #
-# **Question: what does an eager forward+backward, which both issues its work and waits for it,
-# take at sizes where the bytes should dominate?** `benchmarks/mid_fwdbwd_probe.py` times one
-# forward+backward of ropelib, torch.compile and TE's fused kernel three ways: the **device**
-# (replayed from a CUDA graph), the **host** (7.2's enqueue, 50 calls) and **eager** (50 calls,
-# then one synchronisation: what a training step waits for), at 64 MiB of bf16 ($S = 1024$,
-# $B = 8$, $H = 32$, $D = 128$) in each layout (notebook 02, section 1) and at 256 MiB in bshd;
-# medians of three rounds, an H200 log. Its replayed times repeat 7.1's; what it adds:
-#
-# - **at 64 MiB TE's eager call is the fastest**: ropelib's and torch.compile's hosts take
-#   several times their kernels' time, TE's well under twice;
-# - **at 256 MiB the kernels catch up**: ropelib's eager call runs at 0.96 of two copies, and
-#   TE's kernels set its pace, the one device bar above its host's;
-# - an eager call should take at least the taller of its two bars, yet where the host's is the
-#   taller it comes in under it, by up to a third: the two are timings of the same host work in
-#   separate rounds, so read a host time to a few tens of per cent.
-#
-# The log's ropelib ran with the two-pass route's settings of the code imported here (the early
-# launch, 256 table entries a program: notebook 05, section 6), as the variants log, which times
-# them on and off in one run, confirms. 7.3 times host and device live on this machine.
+# `benchmarks/mid_fwdbwd_probe.py` timed one forward+backward of ropelib, torch.compile and TE's
+# fused kernel as **device** (a CUDA-graph replay), **host** (7.2's enqueue) and **eager** (50
+# calls, then one synchronisation: what a training step waits for), at 64 MiB of bf16 in each
+# layout and 256 MiB in bshd (medians of three rounds, an H200 log). At 64 MiB TE's eager call is
+# the fastest: ropelib's and torch.compile's hosts take several times their kernels' time, TE's
+# under twice. At 256 MiB the kernels catch up: ropelib's eager call runs at 0.96 of two copies,
+# and TE's kernels set its pace. Where the host's bar is the taller the eager call comes in under
+# it, by up to a third (separate rounds of the same host work: read host times to a few tens of
+# per cent). The log's ropelib had the two-pass settings imported here, as the variants log shows.
 
 # %%
 MID_LOG = RESULTS / "mid_fwdbwd-nvidia-h200-20261201-2307.log"
@@ -1751,12 +1661,10 @@ assert [(c, p) for c in MID + [BIG] for p in PROVS
 
 # %% [markdown]
 # **Inside ropelib's replayed forward.** In one profiled eager call (the same log) ropelib's and
-# torch.compile's forward kernels ran shorter than the replayed copy of the same bytes: a RoPE
-# kernel alone can beat PyTorch's copy kernel, which is why a ratio slightly above 1 is possible
-# (7.3). The two are timed differently (the kernels by the profiler, the copy by CUDA events
-# around a replayed graph), and the log does not profile the copy's kernel, so the size of that
-# lead is not pinned down. ropelib's replayed forward spends about 3 µs more than its kernel;
-# the log does not say where.
+# torch.compile's forward kernels ran shorter than the replayed copy of the same bytes, so a ratio
+# slightly above 1 is possible (7.3). The two are timed differently (the kernels by the profiler,
+# the copy by CUDA events around a replayed graph), so the size of that lead is not pinned down.
+# ropelib's replayed forward spends about 3 µs more than its kernel; the log does not say where.
 
 # %%
 def kernels_us(path):
@@ -1793,10 +1701,14 @@ assert all(2.5 < v < 3.5 for v in beyond), beyond
 # %% [markdown]
 # ### A.6 One angle load per tile
 #
-# This variant of the worked kernel loads the angles of the tile's one token once, `[1, D]`, and
-# broadcasts them (right when a tile lies within one token, which owns $BH$ consecutive rows). It
-# cuts the sine and cosine work *and* the registers at once, so its race (on a GPU) cannot tell
-# the two apart. The cell checks its output and compiles it beside section 8's racing kernel.
+# This variant loads the angles of the tile's one token once, `[1, D]`, and broadcasts them (right
+# when a tile lies within one token's $BH$ rows). It moves the same bytes of $x$ as the racing
+# kernel but cuts the per-row angle work (loads, sines, cosines), and with it instructions and
+# registers (the compiled table). On the executed H100 page it races level with the copy at the
+# larger tiles, where the racing kernel takes over twice the copy's time: that per-row work, not
+# memory traffic, slows the racing kernel from four rows on. Which part, instruction issue or
+# registers, the race cannot say (both fall together; a tile where the variant holds few registers
+# yet trails the copy hints at issue): that takes a profiler's counters on a GPU, not taken here.
 
 # %%
 @triton.jit
@@ -1861,15 +1773,14 @@ else:
     print("the token-angle race: skipped (no GPU; the interpreter's times mean nothing)")
 
 # %% [markdown]
-# ### A.7 How much of the compiled code runs?
+# ### A.7 How much of the compiled code runs? Not answered here
 #
-# Section 8 counts instructions *compiled* per element, $i$; not all of them run (the sine's and
-# cosine's slow path, for one, runs only for large arguments). On a GPU the cell turns each
-# count into the least time its $N$ elements could take to issue: $N i / 32$ warp instructions,
-# at most 4 an SM a clock (one per warp scheduler),
-# $t_\text{issue} \ge (N\, i / 32) / (4\, n_\text{SM}\, f_\text{clock})$. Where that bound
-# exceeds the measured time, the count overstates what ran; where it does not, the count alone
-# cannot say.
+# Section 8 counts instructions *compiled* per element, $i$, including the sine's and cosine's slow
+# path, which runs only for large angles. On a GPU the cell sets the least time $N$ elements would
+# take to issue them, $(N\, i / 32) / (4\, n_\text{SM}\, f_\text{clock})$ at 4 warp instructions
+# an SM a clock, beside the race's time. That cannot tell what ran: a bound above the measured time
+# says only that some compiled code did not run, known beforehand from the slow path; one below
+# says nothing. Executed counts take a GPU profiler (Nsight Compute), not run here.
 
 # %%
 # the least time the compiled instructions would take to issue, against the race's times

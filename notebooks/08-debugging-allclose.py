@@ -305,10 +305,12 @@ assert steps_at_max == 1                                  # the largest differen
 # kernel's reported line (bf16 table, bf16 products) cut down to the one pair that holds the
 # largest difference: it prints the angle, the fp32 cos and sin, the same two rounded to bf16
 # (the table the reported wrapper builds), and $y$ in fp32 before the store, once with the bf16
-# table and products and once with the fp32 table and fp32 products. In the interpreter the
-# prints appear under the cell; on a GPU `tl.device_print` is a `printf` of every thread, which
-# goes to the stdout of the process (the terminal that started Jupyter) rather than the cell. The
-# kernel also stores what it printed, and the cell checks it against both outputs.
+# table and products and once with the fp32 table and fp32 products. In the interpreter each
+# print appears once under the cell. On a GPU `tl.device_print` is a `printf` in every thread of
+# the program, so a scalar is printed once per thread: with `num_warps=1`, each line 32 times
+# (`pid (0, 0, 0) idx ()`). The lines go to the process's stdout; in Jupyter they appear under
+# the cell, before its own printed line; a script prints them in its terminal. The kernel also
+# stores what it printed, and the cell checks it against both outputs.
 
 # %%
 @triton.jit
@@ -524,8 +526,8 @@ assert bool((moved[far_u].float().abs() < 2 ** -6).all())   # the rest, however 
 #
 # The second line compares with the TE side, as the report did. On the CPU that is the
 # emulation, whose table the kernel was given, so the two counts are the same. On a
-# GPU the compiled kernel's multiply-add order already differs from TE with the unmoved table:
-# 12 of 1,048,576 elements in the H200 reference run and in the H100 run; section 4b finds why.
+# GPU the compiled kernel's multiply-add order already differs from TE with the unmoved table
+# (the count under section 3's table); section 4b finds why.
 # The two counts need not add up: an element can be off for both reasons, and a nudge can put
 # an element back on TE's value.
 #
@@ -712,12 +714,12 @@ assert all(run_row(BITS, v)["numel"] == 1_048_576 for v in PRESET_ROWS.values())
 #    y_{xc} = \mathrm{rn}\big(xc + \mathrm{rn}(rs)\big), \qquad
 #    y_{rs} = \mathrm{rn}\big(rs + \mathrm{rn}(xc)\big). $$
 #
-# $y_{xc}$ is one fused multiply-add, $\mathrm{fma}(x, c, rs)$: the product $xc$ enters the sum
-# exact. CUDA compilers *contract* `a*b + c*d` into such an fma by default (nvcc's `-fmad=true`,
-# Triton's `enable_fp_fusion=True`; "contraction off" below means this option off), and
-# **which** product is fused is the compiler's choice, not the source's. The three differ in the
-# last fp32 bit for many elements; rounding to bf16 hides most of that, but not where an fp32
-# value lies close to a midpoint between two bf16 numbers.
+# $y_{xc}$ and $y_{rs}$ are each one fused multiply-add: the product in the subscript enters
+# the sum exact, the other is rounded first. CUDA compilers *contract* `a*b + c*d` into such an
+# fma by default (nvcc's `-fmad=true`, Triton's `enable_fp_fusion=True`; "contraction off"
+# below means this option off), and **which** product is fused is the compiler's choice, not
+# the source's. The three differ in the last fp32 bit for many elements; rounding to bf16 hides
+# most of that, but not where an fp32 value lies close to a midpoint between two bf16 numbers.
 #
 # **The measurements.** `benchmarks/te_bits.py` ran the variants of this section against the
 # real TE, on the H200 (the reference run) and on an H100, and saved TE's outputs, TE's own fp32
@@ -872,7 +874,8 @@ def check_bits(case, combine_fn, sincos=SINCOS, table=None, quiet=False, fusion=
 # equals TE's bit for bit. It starts as the line as written, $y_1 = x_1 c - x_2 s$ and
 # $y_2 = x_2 c + x_1 s$; `check_bits(BIG, my_combine)` prints how many elements differ from TE
 # and how many bf16 steps apart they are. `tl.fma(a, b, d)` computes $ab + d$ with one
-# rounding; the three ways of evaluating the line are written out above.
+# rounding; the three ways of evaluating the line are written out above. Which of them is TE's,
+# the text has not said: let the count tell you.
 #
 # `ex.check_te_combine(my_combine)` grades it with TE's own cos and sin on both cases of this
 # section, `BIG` and `SMALL32` (fp32, where every rounding shows). It passes when no element
@@ -1253,10 +1256,14 @@ assert llir_sums["_rope_combine_kernel (above)"]["y2"]["first"] == ["x2 * c"]
 # In all four sums the product the PTX fuses is the sum's first operand in the IR. The source
 # writes $y_2 = x_2 c + x_1 s$ in both kernels. In the kernel above the IR keeps that order, and
 # $x_2 c$ is fused; in the reproduction kernel the IR's `fadd` has its operands the other way
-# round ($x_1 s$ first; an `fadd` is commutative, so LLVM's optimiser may reorder it), and
-# $x_1 s$ is fused. The choice follows the operand order in the IR, not anything the source
-# says; which pass swapped it in the reproduction kernel is not traced here. Of steps a to e only c gives 0, here and in the
-# reference run: pin the order with `tl.fma` rather than hope for it.
+# round ($x_1 s$ first), and $x_1 s$ is fused. The IR's order is not the source's. With LLVM's
+# print-after-all on, the reproduction kernel's `fadd` reaches LLVM as written, $x_2 c + x_1 s$,
+# and LLVM's `Reassociate` pass, which puts the operands of a commutative operation in an order
+# of its own, swaps them; written $x_1 s + x_2 c$ in the source, the line reaches the same IR
+# and the same fused product (`ropelib.course.nb08_passes`; `tests/test_nb08_passes.py` compiles
+# both for sm_90 and checks this). That the back end fuses the first operand is what these four
+# sums show, not a rule traced through LLVM's code. Of steps a to e only c gives 0, here and in
+# the reference run: pin the order with `tl.fma` rather than hope for it.
 
 # %% [markdown]
 # To make a Triton kernel equal TE bit for bit: compute cos/sin in fp32 from the fp32 angles
@@ -1352,15 +1359,13 @@ elif SAME_ARCH:  # tl.cos is CUDA's sincosf, TE's own, and the compiled code the
         assert live == [gpu_row(OWN_BIG, v) for *_, v in LEDGER[:4]] + [0]
 
 # %% [markdown]
-# **Which change did it.** Read the reference run's columns row by row. Section 1's reported
-# failure differs from TE in 320,601 of 1,048,576 bf16 elements. An fp32 table and fp32 math
-# leave 12; sin/cos from the angles in the kernel leave the same 12; the fma line leaves 0. In
-# fp32 the first three rows give 573 at the small size (in fp32 "the input dtype" is fp32
-# already, and the reference run's torch fp32 table equals TE's entries in every bit), and only
-# the fma line gives 0 (all from the reference run): TE's output is, in every bit, what
-# `fma(v_src, v_cos, v_src_rotate * v_sin)` gives for its line. On the GPU the source of sin/cos
-# moved nothing, and the contraction order took the last elements away. The H100 run counts
-# the same in every row; on a GPU with TE, the live column runs your kernel now.
+# **Which change did it.** Read the reference run's columns row by row: an fp32 table and fp32
+# math take away all but the last few elements, sin/cos from the angles in the kernel move
+# nothing, and only the fma line reaches 0, in bf16 and in fp32 (where the first three rows
+# agree: "the input dtype" is fp32 already, and the reference run's torch fp32 table equals
+# TE's entries in every bit). TE's output is, in every bit, what
+# `fma(v_src, v_cos, v_src_rotate * v_sin)` gives for its line. The H100 run counts the same in
+# every row; on a GPU with TE, the live column runs your kernel now.
 #
 # The column "here": on the CPU the interpreter rounds every product, so the first two rows give
 # the reference run's every-product-rounded count, 990, where the GPU, whose compiler
@@ -1783,17 +1788,12 @@ print(f"fixed: allclose with {tol} passes; max error {float(ulps.max()):.3g} ulp
 # - a kernel written after Unsloth's carries a bf16 cos/sin table and bf16 products: tens of
 #   ulps off fp64 or more near zero, yet within $3u$ norm-wise (section 4, on every machine);
 # - a correct kernel whose sin/cos differ from TE's in the last fp32 bit fails the default
-#   tolerances, most elements by one bf16 step and a few near-zero ones by more (section 3b:
-#   43 of 1,048,576 elements in PyTorch at the GPU size);
-# - against the real TE in the H200 reference run (the table at the end of section 4b), the
-#   reproduction kernel went from 320,601 differing bf16 elements to 12 with an fp32 table and
-#   fp32 math, stayed at 12 with sin/cos from the angles in the kernel (equal to TE's in every
-#   entry), and reached 0 with `tl.fma(x, c, rot * s)`; the H100 run counts the same in every
-#   row. The 12 lie in the half of the outputs where the compiler fused the other
-#   product (step e). The compiler makes that choice kernel by kernel: it fuses TE's product in
-#   both halves of section 4b's kernel, 0 elements (the sm_90 compile after step e). Only
-#   `tl.fma` makes TE's order a property of the source. On the CPU the same kernel reaches 0
-#   only with both TE's own cos/sin and TE's order.
+#   tolerances, most elements by one bf16 step and a few near-zero ones by more (section 3b);
+# - against the real TE (the table at the end of section 4b), only the fma line took the
+#   reproduction kernel to TE's bits; with the order left to the compiler, the elements left
+#   lie in the half where it fused the other product (step e), a choice it makes kernel by
+#   kernel. Only `tl.fma` makes TE's order a property of the source; on the CPU the kernel also
+#   needs TE's own cos/sin.
 #
 # The fix is the comparison itself: an fp64 reference, dtype-aware tolerances, errors in ulps
 # *and* norm-wise, a look at the argmax and at the positions the output encodes instead of the

@@ -423,23 +423,16 @@ assert round(tr_c[-1] - tr_c[-2], 3) == -0.028 and round(v_c[-1] - v_c[-2], 3) =
 # distance from the reference's, the control's at 0.29, where the check allows 1.5: swapping the
 # kernel moves the curve less than a second seed does.
 #
-# Why does ropelib's run differ at all, and from the first step? Its training loss leaves the
-# reference's at step 1, the control's at step 3. An fma alone rounds about one bf16 entry in
-# $10^5$ differently, and one forward rounds 75 million query and key entries (appendix A.1
-# counts both), so some differ in the very first step. Training then amplifies the kernel's
-# rounding differences and the control's nondeterminism to the same order (ropelib's distance is
-# 1.36 times the control's: one sample each, too few to rank them). Your run, printed further
-# up, has ratios and first steps of its own; only the band is asserted there.
+# Why does ropelib's run differ from the first step? An fma alone rounds about one bf16 entry in
+# $10^5$ differently, and one forward rounds 75 million query and key entries (appendix A.1), so
+# some differ at once; training then amplifies the kernel's rounding and the control's
+# nondeterminism to the same order (one sample each: too few to rank them).
 #
-# **The model has begun to overfit.** The gap between validation and training loss widens at
-# every evaluation, from $-0.20$ nats at step 25 (early on the held-out tenth scores better than
-# the training batches) to $+0.31$ at step 300, after more than ten passes over the text (A.1).
-# Over the last 25 steps the reference's training loss fell by 0.028 nats, its validation loss by
-# only 0.003: the last passes went almost entirely into fitting the training text. Two of the
-# four runs, the second seed and the control, reached their lowest validation loss at step 275
-# and then rose, by at most 0.10 of the seed distance. That is inside the check: the comparison
-# still measures RoPE, not memorising. Trained much longer on this text, the validation curves
-# would turn up for good, and a comparison would need more text or fewer steps.
+# **The model has begun to overfit**: the validation-minus-training gap widens at every
+# evaluation, and over the last 25 steps the training loss fell by 0.028 nats, the validation
+# loss by 0.003. The two runs that turned up did so by a tenth of the seed distance, inside the
+# check: the comparison still measures RoPE, not memorising. Trained much longer on this text, a
+# comparison would need more text or fewer steps.
 
 # %% [markdown]
 # ### The same model with RoPE inside the QKV projection
@@ -811,18 +804,15 @@ assert [round(r["rope_ms"] / timed_floor_ms, 2) for r in (lib, ref)] == [1.27, 2
 
 # %% [markdown]
 # **Reading it.** On the committed H200 run RoPE takes **2.84 %** of the busy step with ropelib
-# and **35.76 %** with the reference: 1.27 and 24.11 times a copy of its bytes. ropelib's RoPE
-# runs near the copy's pace; the reference's chain moves more bytes, and moves them slower
-# (appendix A.3 counts both). Your run's columns differ with the GPU and the sizes (on the CPU
-# they time the interpreter, not a kernel); on a GPU the cells above hold them to bands around
-# the H200's.
+# and **35.76 %** with the reference. ropelib's RoPE runs near a copy's pace; the reference's
+# chain moves more bytes, and moves them slower (appendix A.3 counts both). On a GPU the cells
+# above hold your run to bands around the H200's; on the CPU they time the interpreter.
 #
 # **Two clocks.** The busy step counts only the time the GPU runs kernels; the wall-clock step
 # also counts the time the GPU waits for the host to launch the next one. The profiler also
 # times the host side of RoPE's ranges and backward nodes: Python, dispatch, autograd and the
-# launches. The figure draws the four clocks of one step of the committed run. The reference's
-# wall-clock step is its control run's (14.74 ms, section 4), not its first run's, the slow
-# outlier at 18.03 ms.
+# launches. The figure draws the four clocks of one step of the committed run, whose wall-clock
+# steps come from section 4's training runs, one per arm (the reference's: its control run).
 
 # %%
 def plot_step_clocks(rows, title, path):
@@ -867,16 +857,16 @@ assert (round(step_saved, 2), round(rope_saved, 2), round(wall_saved_c, 2)) == (
 assert round(1e3 * lib["rope_ms"] / n_layer_c) == 31        # ropelib's RoPE a layer: "31 µs"
 
 # %% [markdown]
-# The GPU sits idle for a third to a half of each step of this small model: busy 50 % of the
-# wall-clock step with ropelib, 67 % with the reference. The busy step is 3.32 ms shorter with
-# ropelib, and RoPE's kernels account for 3.33 ms of that: all of the device saving is RoPE's.
-# The wall-clock step is only 1.89 ms shorter (one training run per arm, so a rough figure):
-# with the GPU idle for part of every step, device time saved need not shorten the step.
+# In the committed H200 run the GPU is busy for only 50 % of the wall-clock step with ropelib and
+# 67 % with the reference: for the rest it waits for the host. The busy step is 3.32 ms shorter
+# with ropelib, and RoPE's kernels account for 3.33 ms of that: all of the device saving is
+# RoPE's. The wall-clock difference the cell prints comes from one training run per arm, which
+# section 4 showed cannot rank the arms; section 4's interleaved rounds are the wall-clock
+# measurement, and the next subsection asks where their saving comes from.
 #
 # The host bars need care: they are timed under the profiler, which adds its own cost (both
 # profiled host steps exceed the wall-clock steps, A.2), and RoPE's backward runs on autograd's
-# own thread, beside the Python thread, so a host share is not a share of one clock; the next
-# subsection measures host time without the profiler. On a GPU the next cell prints the same
+# own thread, so a host share is not a share of one clock. On a GPU the next cell prints the same
 # clocks for your run, draws them, and (with `ROPELIB_WRITE_FIGURES=1`) writes the CSVs the
 # committed run left.
 
@@ -920,17 +910,17 @@ else:
 # %% [markdown]
 # ### Who saves what: two measurements without the profiler
 #
-# The profiler inflates host time, so it cannot say what RoPE costs the host, nor how long the
-# step would take if the host never held the GPU back. Two measurements without it answer both.
+# *(Optional on a first reading: host time, not RoPE's math.)* The profiler inflates host time,
+# so it cannot say what RoPE costs the host, nor how long the step would take if the host never
+# held the GPU back. Two measurements without it answer both.
 #
 # **RoPE's host time, as a step difference.** Section 4's rounds again, with a third arm whose
 # rotary module, `NoRotary`, returns $q$ and $k$ as they are. An arm's issue time minus the
-# no-RoPE arm's, over $n_\text{layer}$, is RoPE's host time a layer, printed beside its device
-# time. It counts as *resolved* where the middle half of the rounds lies on one side of zero
-# (otherwise the cell prints no host / device ratio). The cell also takes the issue-time saving,
-# reference minus ropelib, from these rounds' pairs; on a GPU, where it and section 4's are both
-# resolved, they must agree within a factor of 2. On a GPU: 16 rounds of 10 steps an arm; on the
-# CPU 3 rounds of one step, which test the code, not the host cost of a GPU step.
+# no-RoPE arm's, over $n_\text{layer}$, is RoPE's host time a layer; it counts as *resolved*
+# where the middle half of the rounds lies on one side of zero. The issue-time saving, reference
+# minus ropelib, taken from these rounds' pairs must agree with section 4's within a factor of 2
+# where both are resolved. On a GPU: 16 rounds of 10 steps an arm; on the CPU 3 rounds of one
+# step, which test the code only.
 
 # %%
 class NoRotary(torch.nn.Module):
@@ -990,22 +980,11 @@ else:
 
 # %% [markdown]
 # **The step replayed from a CUDA graph** (GPU only). `graphed_step(model, x, y)`
-# (`ropelib/course/cuda_graph_step.py`) runs the training step (bf16 forward, backward, clipping,
-# AdamW with `capturable=True`, whose state a graph can hold) a few times on a side stream, so
-# that Triton compiles and AdamW builds its state, then records its kernels once:
-#
-# ```python
-# graph = torch.cuda.CUDAGraph()
-# with torch.cuda.graph(graph):    # the step's kernels are recorded, not run
-#     step()                       # forward, backward, clipping, AdamW
-# graph.replay()                   # every recorded kernel again, from one call
-# ```
-#
-# The replay reads and writes memory the graph does not own (weights, gradients, AdamW's state),
-# so the returned call keeps the optimizer and the graph alive: freed, that memory could go back
-# to the driver while a replay still reads it. With one host call a step the device sets the
-# pace, and the arms differ by what the device saves: the cell compares that saving with the
-# profiler's busy steps, this run's and the committed H200 run's.
+# (`ropelib/course/cuda_graph_step.py`) warms the training step up on a side stream (Triton
+# compiles, AdamW with `capturable=True` builds its state), records its kernels once under
+# `with torch.cuda.graph(graph):`, and returns a call that replays them all, one host call a
+# step. The device then sets the pace, and the arms differ by what the device saves: the cell
+# checks that saving against the profiler's busy steps.
 
 # %%
 from ropelib.course.cuda_graph_step import graphed_step
@@ -1052,15 +1031,15 @@ else:
     torch.cuda.empty_cache()
 
 # %% [markdown]
-# **What the measurements show.** Host and device work overlap; they do not add. Run eagerly, the
-# step is host-bound wherever the issue time nears the wall time (section 4's cell prints which
-# case your run is, and there checks that the wall clock then saves what the issue time saves);
-# the device's larger saving shows only once the host is out of the way, as in the graph replay
-# above, or in a larger model whose kernels outlast their launches. Measured without the
-# profiler, a RoPE call's host cost is the step difference printed above; on the committed H200,
-# a probe on another model put ropelib's q-and-k call at 148.8 µs of host time a layer, most of
-# it autograd's machinery (A.2), where its kernels take 31 µs of device time a layer in this
-# model. ropelib's RoPE is 2 launches a layer, the reference's chain 34 ops (A.3).
+# **What the measurements show.** Host and device work overlap; they do not add, and the two
+# savings come from different places. Run eagerly, the step is host-bound wherever the issue
+# time nears the wall time (section 4's cell prints which case your run is): the wall clock then
+# saves what the host saves, and section 4's cell checks that the two agree. The host's saving is
+# the reference's 34 ops a layer (A.3), each dispatched, recorded for autograd and launched from
+# Python, against ropelib's 2 launches; the probe above measures it per layer, in this model, on
+# your machine's CPU. Replayed from a CUDA graph the host is out of the way, and the arms differ
+# by the device saving, RoPE's kernel time. The two savings have different causes, so neither
+# need be the larger: read the printed pair; neither cell asserts an order.
 #
 # **Exercise 1 — RoPE's share, by name.** On a GPU the profiler lists every kernel a step ran,
 # with its device time. Write `rope_share(events, rope_names)`: `events` is a list of
@@ -1577,12 +1556,13 @@ else:   # compiled: contraction turns the multiply-then-subtract into ropelib's 
 # - **Device time.** RoPE is memory-bound. The reference's elementwise chain moves 16.0 times
 #   ropelib's bytes, about half at about half a copy's rate: 35.76 % of the busy step against
 #   ropelib's 2.84 % (committed H200 run), all of the step's device saving.
-# - **Wall clock.** The GPU idles for much of this small model's step (busy 50 % and 67 % of it in
-#   the committed H200 run, the reference against its control run): the wall-clock step was 1.89 ms
-#   shorter with ropelib where the busy step was 3.32 ms shorter.
-#   One run per arm cannot rank the two: the committed run's ropelib trained 1.403 times the
-#   reference's first run's tokens/s but only 1.145 times its fastest, less than the 1.226 the
-#   reference code moved by itself. Interleaved rounds, read as pairs, can.
+# - **Wall clock.** One training run per arm cannot rank the two (committed H200 run: ropelib
+#   1.145 times the fastest reference run's tokens/s, less than the 1.226 the reference code moved
+#   by itself); interleaved rounds, read as pairs, can, and on a GPU section 4 asserts they find
+#   ropelib's step the faster. Where the eager step is host-bound (section 4 prints whether; in
+#   the committed H200 run the GPU was busy for only 50 % and 67 % of the step, ropelib and the
+#   reference), the wall clock saves what the host saves, 34 ops a layer against 2 launches; a
+#   CUDA graph replay saves what the device saves. Neither need be the larger.
 # - **KV cache.** Rotate each new token at its absolute position $L + j$, the cached keys never
 #   again, and every step's logits are the full forward's.
 # - **Drop-in.** One context manager for a Hugging Face Llama, one import for a TE-style block.
@@ -1736,7 +1716,10 @@ plt.show()
 # a layer, TE's fused RoPE 115.9, an `autograd.Function` that only allocates its outputs 96.5; with
 # autograd's device thread off (the backward run on the calling thread) 105.3, 104.3 and 46.8 µs.
 # A Function that only allocates costs about two thirds of ropelib's host time: most of it is
-# autograd's machinery, which any RoPE called from Python pays.
+# autograd's machinery, which any RoPE called from Python pays. Read the probe for that ratio, not
+# for this model's µs: it ran another model, on the H200's host, and takes the best of its rounds
+# where section 5's probe takes the median. Section 5's step difference is what this model pays
+# on your machine; this notebook does not measure what sets the gap between the two.
 
 # %%
 # share_meta, lib, ref, timed_floor_ms: the committed profile, as section 5 read it
@@ -1935,13 +1918,11 @@ assert round(100 * (g_slow[2] + g_cat[2]) / ref_bytes) == 48                    
 assert round(extra_us / 1e3, 2) == 3.51                                          # "3.51 ms"
 
 # %% [markdown]
-# The 84 generic `elementwise_kernel<128, ...>` (all 48 multiplies by the broadcast $[S, 1, D]$
-# tables, all 24 negations of a strided half, 12 of the 24 upcasts) take 44.5 % of the extra
-# device time at 0.54 of the copy's rate; the 24 non-vectorised concatenations 20.2 % at 0.41; the
-# other 96 kernels 35.2 % at 0.97, the copy's own pace. The slow groups hold 48 % of the bytes:
-# about half the bytes move at about half the rate. (A rate here is bytes held over time, not DRAM
-# traffic: an intermediate can still sit in the L2 cache.) The extra kernels sum to 3.51 ms,
-# within 5 % of the reference's RoPE by range.
+# The generic `elementwise_kernel<128, ...>` group holds all the multiplies by the broadcast
+# $[S, 1, D]$ tables, all the negations of a strided half and half the upcasts; with the
+# non-vectorised concatenations it moves 48 % of the bytes at about half the copy's rate, while
+# the vectorised kernels run at the copy's own pace. (A rate here is bytes held over time, not
+# DRAM traffic: an intermediate can still sit in the L2 cache.)
 #
 # **Why half the rate.** Where an operand is not contiguous (a broadcast table with stride 0, a
 # strided half of $x$), PyTorch's elementwise machinery (TensorIterator) falls back to its generic
@@ -1984,8 +1965,17 @@ assert all(509 < m["dram__bytes_write.sum"] / 1e6 < 510 for m in (g, v))     # "
 # device, that each kernel computes ropelib's rotation at `ROWS` = 4, 16 and 64; on a GPU it
 # then times your kernel (or the worked one), a variant with one angle a pair
 # (`in_a_model.solution_model_rope_one_angle`: in TE's table $\theta_{j + D/2} = \theta_j$, so
-# one sine and one cosine serve a pair), and `apply_rope_qk` against two copies. Launches of tens
-# of µs carry some of the host's launch cost: read the fractions as a ranking.
+# one sine and one cosine serve a pair), and `apply_rope_qk` against two copies.
+#
+# **What these timings do not measure.** Each launch moves only $q$'s bytes, a job short enough
+# that the host's cost to launch a Triton kernel from Python may match it. `do_bench` times
+# launches back to back, so where the host issues them slower than the GPU runs them, a fraction
+# times the host, not the kernel, and this notebook does not measure which is the case. Nor does
+# it measure why one `ROWS` beats another. A profile would: the kernel's own duration from
+# `torch.profiler` or Nsight Compute (`gpu__time_duration`) to rule the host in or out, then
+# Nsight Compute's DRAM throughput, warp stall reasons and achieved occupancy at each `ROWS`
+# (notebook 05 reads occupancy and bytes in flight for ropelib's kernel). Until then the
+# fractions are this run's, not an explanation.
 
 # %%
 who = "your kernel" if model_rope_by_learner else "the worked kernel"
@@ -2117,9 +2107,10 @@ else:
 # $H$ heads of a token, in each of the $B$ sequences, compute the same sines and
 # cosines again; ropelib's kernel computes them once per (token, pair) of its tile
 # (`table_cos_sin` in `ropelib/kernels/fused.py`). Counts are not times: fewer instructions or
-# more registers need not change a launch's time; compare the fractions the timing cell printed.
-# What else sets a memory-bound kernel's time, and which `ROWS` keeps enough bytes in flight
-# (notebook 05)?
+# more registers need not change a launch's time, and whether they explain the fractions the
+# timing cell printed is not measured here (a profile would, as above). Candidates to test: the
+# instructions, the registers (how many warps an SM holds), and how many bytes each `ROWS` keeps
+# in flight (notebook 05).
 #
 # **Optional — make your kernel cheaper.** Aim for one sine and one cosine a pair
 # (`sin+cos / element` at 1) and a SASS count per element that falls from `ROWS` = 4 to 64 as the

@@ -40,7 +40,8 @@
 #   the scale before the keys it will store arrive;
 # - count the bytes one decoding step moves, fused and in two kernels, and the kernels it
 #   launches, and read both beside the step's time replayed from a CUDA graph: at decode,
-#   fusion saves a kernel, not bandwidth.
+#   fusion's gain is small (up to a batch of 64, about what one more kernel adds to a
+#   replay), yet far more than its bytes take at peak bandwidth.
 #
 # **Time:** about 75 minutes to read, 50 for exercises 1–4 (the two kernels take most), 20 for
 # the optional fifth. Section 3 and the end of section 4 are dense with measurements: on a first
@@ -575,7 +576,8 @@ for name, curve in (("1 GPU", one_loss), ("2 ranks", two_loss)):
 # %% [markdown]
 # **So far:** per rank, 55 % of one GPU's peak memory; 1.30 times one GPU's speed over the
 # same steps, not twice; the same losses at steps 1 and 2. (Over 200 bf16 steps at 16384
-# tokens the 2-rank run stays well inside the gap between two seeds: appendix A.5.)
+# tokens the 2-rank run's loss stays on average well inside the gap between two seeds, but
+# ends below its 1-process twin's by a small one-sided offset: appendix A.5.)
 #
 # ### Why two ranks are not twice as fast
 #
@@ -683,10 +685,12 @@ assert round(at_link_ms) == 16, "about 16 ms over NVLink"
 # is 2373 ms where half of one GPU's is 1623: 68 % of one GPU's rate. A step waits for its
 # slower rank, so that is the slower rank's rate; the CSVs time the step, not each rank.
 #
-# The other 214 ms, the linear term, stays unattributed. The collectives move 6.56 GiB per
-# rank and step; to take 214 ms they would have to run at 33 GB/s, and over NVLink between
-# two H200s (450 GB/s each way) they would take about 16 ms. The CSVs record neither the link
-# nor the collectives' time: a trace of one 2-rank step (Nsight Systems) would measure both.
+# **Not measured: the other 214 ms**, the linear term. The collectives move 6.56 GiB per rank
+# and step; to take 214 ms they would have to run at 33 GB/s, where NVLink between two H200s
+# (450 GB/s each way) would move them in about 16 ms. Whether the runs came near either, the
+# CSVs do not say: they record neither the link nor the collectives' time, nor anything else
+# outside attention. Only a trace of both ranks of one 2-GPU step (Nsight Systems), which is
+# not committed, would say what the 214 ms is.
 #
 # **Answer, by the profiles.** Appendix A.2 profiles one layer's attention, forward and
 # backward, at this run's sizes (the H200's profiles are committed and read on any machine).
@@ -695,15 +699,17 @@ assert round(at_link_ms) == 16, "about 16 ms over NVLink"
 # queries than keys (a bottom-right causal mask) reaches only PyTorch's flash kernel (its own
 # build of FlashAttention): rank 0 ran at 307. Forced onto the flash kernel, one GPU falls to
 # 294, within 10 % of rank 0. So rank 0's slower attention is mostly the kernel a masked call
-# can reach. Only rank 0 was profiled: rank 1 runs the flash kernel for both its calls, and
-# could be slower still, which the step would wait for (A.2 puts a number on that). The
-# profiles also check the fit: with rank 0's attention they put 731 ms of the excess in
-# attention and 233 outside it, against the fit's 750 and 214.
+# can reach. Only rank 0 was profiled (one layer's calls, on one GPU): rank 1, which runs the
+# flash kernel for both its calls and which the step may wait for, was not (A.2 gives an
+# estimate, not a measurement). With rank 0's attention the profiles put 731 ms of the excess
+# in attention and 233 outside it, against the fit's 750 and 214; both splits take rank 0's
+# attention for the step's.
 #
 # **Takeaway:** with RoPE at global positions, the dual-chunk split computes one process's
-# loss to fp32 rounding (section 2), and each rank needs 55 % of one GPU's memory. Most of the
-# speed it gives up lies in attention, because a rank's masked calls reach PyTorch's flash
-# kernel, not cuDNN's; the rest (the two answers above) is not measured.
+# loss to fp32 rounding (section 2), and each rank needs 55 % of one GPU's memory. By the fit
+# and rank 0's profile, most of the speed it gives up lies in attention, where a rank's masked
+# calls reach PyTorch's flash kernel, not cuDNN's. What the remaining 214 ms is, and how fast
+# rank 1's attention runs, is not measured: that needs a trace of a 2-GPU step.
 #
 # ## 4. Decoding with the fused cache write
 #
@@ -842,13 +848,14 @@ solution(ex.solution_rope_kv_cache_kernel.fn, title="Solution: RoPE + contiguous
 # starts every kernel in the graph, so a step of many small kernels still pays per kernel.
 #
 # Expect yours well under the unfused step (one kernel against RoPE and then the write's
-# PyTorch operators) and somewhat slower than ropelib's. A likely cause, which no run here
-# isolates, is the grid: yours runs one program per sequence; ropelib's kernel halves the
-# heads a program takes, down to one, as long as the grid has fewer than two programs per SM
-# (streaming multiprocessor, the GPU's unit that runs a program; `pick_tiles` in
-# `ropelib/kernels/kv_cache.py`). The cell prints both grids on any machine, computed for an
-# H200's 132 SMs: 40 programs against your 1 at batch 1, and 320 against your 64 at batch
-# 64.
+# PyTorch operators) and somewhat slower than ropelib's. Why it is slower, no run here
+# measures. One difference you can see is the grid: yours runs one program per sequence;
+# ropelib's kernel halves the heads a program takes, down to one, as long as the grid has
+# fewer than two programs per SM (streaming multiprocessor, the GPU's unit that runs a
+# program; `pick_tiles` in `ropelib/kernels/kv_cache.py`). The cell prints both grids on any
+# machine, computed for an H200's 132 SMs: 40 programs against your 1 at batch 1, and 320
+# against your 64 at batch 64. Whether the grid accounts for the gap would take your kernel
+# launched with ropelib's grid, which this notebook does not time.
 #
 # The cell's table sets the live times beside the committed H200 decode run, where ropelib's
 # fused step took 6.4 µs at batch 1 and 7.4 µs at batch 64, the unfused one 20.4 and 21.5 µs.
@@ -1005,12 +1012,13 @@ assert rounds_to(min(gain_us.values()), 1.2, 0.1) and rounds_to(max(gain_us.valu
 # the first kernel and read back by the second (2 × 2,048 bytes), and the position, read
 # again (4 bytes). That is 4,100 bytes a sequence, 17 % more traffic.
 #
-# At decode sizes those bytes cost almost nothing: even at a batch of 256 the round trip is
-# 1.0 MiB, 0.22 µs at the H200's 4.8 TB/s (an upper bound: the rotated k may never leave the
-# L2 cache). Fusion saved 1.2 to 2.9 µs a step on the H200, so bandwidth is under a tenth of
-# the gain. What the fused step saves at decode is a kernel, not its bytes: the second
-# kernel's start inside the graph and its own chain of dependent reads (the position, then k
-# and v). The last part of section 4 measures what starting a kernel costs.
+# Even at a batch of 256 the round trip is 1.0 MiB: 0.22 µs at the H200's peak 4.8 TB/s.
+# That is the least those bytes take if they go to memory, not the most: a kernel this small
+# runs well below peak, while the rotated k may instead never leave the L2 cache; neither is
+# measured here. Fusion saved 1.2 to 2.9 µs a step on the H200, over ten times the
+# peak-bandwidth time. The second kernel also costs its start inside the graph and its own
+# chain of dependent reads (the position, then k and v); the last part of section 4 measures
+# what starting a kernel costs, though no run here splits the gain between these.
 
 # %% [markdown]
 # ### Exercise 3: the slot of a position in a paged cache
@@ -1421,10 +1429,9 @@ else:
 # 07 (section 7.1) measures the host's time per call.
 #
 # The cell below draws the committed H200 run, `decode_cache-nvidia-h200-20261201-2015.csv`
-# (the same on any machine). With a bf16 cache the fused step takes 6.4–9.2 µs, the two
-# kernels 8.0–12.2 and the unfused step 20.4–35.5 µs; with an fp8 cache 7.0–10.0, 8.5–12.5
-# and 35.8–53.5 µs. Against the unfused step the fused one is 2.9–3.9× faster (bf16) and
-# 4.6–5.6× (fp8); the figure shows how little of that is left against the two kernels.
+# (the same on any machine), and prints each path's range over the caches and batches, and
+# the fused step's speedup over the unfused one (2.9–5.6×); the figure shows how little of
+# that is left against the two kernels.
 
 # %%
 PROVIDER_STYLE = {"fused": ("tab:blue", "s-"), "two_kernels": ("tab:green", "^-"),
@@ -1485,7 +1492,7 @@ def as_stated(measured, stated, step=0.1):
 
 assert sorted({r["batch"] for r in timed}) == [1, 8, 64, 256]
 assert {r["provider"] for r in timed} == set(PROVIDER_STYLE)
-# the ranges the text above states: µs per step (and the speedups, x), to 0.1
+# the ranges the cell prints: µs per step (and the speedups, x), to 0.1
 stated_ranges = {("bfloat16", "fused", "ms"): (6.4, 9.2),
                  ("bfloat16", "two_kernels", "ms"): (8.0, 12.2),
                  ("bfloat16", "unfused", "ms"): (20.4, 35.5),
@@ -1594,8 +1601,8 @@ for cache in ("contiguous", "paged"):      # per cache: to fp32, divide, clamp, 
 # counts beside the replayed times of the committed H200 run:
 #
 # - **Replayed, the time follows the count.** The unfused step's time rises with its
-#   operations (7, 10, 15, 18): 20.4–25.2, 27.6–35.5, 35.8–43.6 and 42.8–53.5 µs over the
-#   batches. The fused kernel takes 6.4–10.0 µs with any cache.
+#   operations, 7 to 18 (the cell prints each cache's range over the batches); the fused
+#   kernel takes 6.4–10.0 µs with any cache.
 # - **About 2.0 µs an operation, on average.** At batch 1 a least-squares line through the
 #   four times against the count has a slope of 2.0 µs per operation (an average over four
 #   different mixes of operators, not any one kernel's cost) and an intercept of 7.1 µs, every
@@ -1637,7 +1644,7 @@ assert as_stated((min(fused_b1),), (6.4,)), "the fused step at batch 1: from 6.4
 assert as_stated((max(fused_b1),), (7.6,)), "... to 7.6 us"
 assert min(fused_b1) < fixed < max(fused_b1)            # the fixed part: about the fused step
 assert all(a[0] < b[0] and a[1] < b[1] for a, b in zip(graph, graph[1:]))   # rises with the count
-# the numbers the text above states, in µs to 0.1, in the order of the operation counts
+# the ranges the cell prints, in µs to 0.1, in the order of the operation counts
 stated_graph = [(20.4, 25.2), (27.6, 35.5), (35.8, 43.6), (42.8, 53.5)]
 assert all(as_stated(g, s) for g, s in zip(graph, stated_graph, strict=True)), graph
 fused_graph = [r["ms"] * 1e3 for r in timed if r["provider"] == "fused"]
@@ -1704,7 +1711,7 @@ assert as_stated((min(gap_large),), (2.6,)), "at 256 sequences: from 2.6 us"
 assert as_stated((max(gap_large),), (3.0,)), "... to 3.0 us"
 assert per_empty / 2 < min(gap_small) and max(gap_small) < 2 * per_empty   # about one launch
 assert min(gap_large) > 2 * per_empty                                      # more than one
-assert byte_us[256] < 0.1 * min(gap_large)           # the round trip: not what the rest is
+assert byte_us[256] < 0.1 * min(gap_large)           # the round trip at peak: under a tenth
 # the two kernels against the PyTorch write: most of the unfused step's cost is its operators
 two_vs_unfused = [step_us[k[:3] + ("unfused",)] / step_us[k[:3] + ("two_kernels",)]
                   for k in step_us if k[3] == "two_kernels"]
@@ -1718,16 +1725,17 @@ assert as_stated((max(two_vs_unfused),), (4.8,)), "... to 4.8"
 # followed by one write kernel. The two kernels in turn run 2.2 to 4.8 times faster than the
 # unfused step, so most of the 2.9–5.6× against the unfused step is the PyTorch operators.
 #
-# Up to 64 sequences fusion saves 0.8 to 1.6 µs a step, about one more kernel in a replay
-# (1.1 µs). At 256 sequences it saves 2.6 to 3.0 µs, more than one launch and more than the
-# rotated k's round trip (the 1.0 MiB counted after exercise 2, at most 0.22 µs) explains;
-# what the rest is, these replays do not measure.
+# Up to 64 sequences fusion saves 0.8 to 1.6 µs a step, about what one more kernel adds to a
+# replay (1.1 µs), a match in size, not a measured cause. At 256 sequences it saves 2.6 to
+# 3.0 µs, more than one do-nothing kernel and more than the rotated k's round trip takes at
+# peak bandwidth (the 1.0 MiB counted after exercise 2, 0.22 µs); what the rest is, these
+# replays do not measure.
 #
 # **Takeaway:** a decoding step stores rotated keys; fusing RoPE with the store is one kernel
 # with the bits of RoPE-then-write, in either cache layout and in fp8 (whose scale must be
 # fixed before the keys arrive). On a GPU, replayed, its gain over a well-written two-kernel
-# path is about one kernel's start up to a batch of 64: small, but paid in every layer at
-# every decoding step.
+# path is about the size of one more kernel in a replay up to a batch of 64: small, but paid
+# in every layer at every decoding step.
 
 # %% [markdown]
 # ## Summary
@@ -1738,13 +1746,16 @@ assert as_stated((max(two_vs_unfused),), (4.8,)), "... to 4.8"
 # - A rank's tokens keep their global positions: `apply_rope(..., cp_size, cp_rank)` rotates a
 #   shard bit for bit as the full sequence; attention all-gathers k and v and runs two
 #   bottom-right causal blocks (`cp.dual_chunk_attention`). Over 3 fp32 steps, two processes
-#   reach the 1-process loss within a few ulps; in bf16 the 2-rank run stays well inside the
-#   gap between two seeds over 200 steps (appendix A.5).
+#   reach the 1-process loss within a few ulps. Over 200 bf16 steps the 2-rank run's mean
+#   gap to its 1-process twin is well under the gap between two seeds, but over the last 50
+#   steps it sits below its twin at every step, an offset that one pair of runs cannot tell
+#   from where two bf16 trajectories happened to drift (appendix A.5).
 # - On H200s, two ranks ran a 131072-token step 1.30 times as fast as one GPU, each peaking at
 #   55 % of its memory. Most of the shortfall is attention (section 3 splits it, by a fit and
 #   by profiles): a rank's masked calls reach PyTorch's flash kernel (one GPU's call forced
 #   onto it runs within 10 % of rank 0's rate), where one GPU's call reaches cuDNN's, 1.5
-#   times faster. Only rank 0 was profiled (appendix A.2).
+#   times faster. Only rank 0 was profiled (appendix A.2); rank 1's attention and the other
+#   214 ms of the shortfall are not measured.
 # - A KV cache stores rotated keys. Your fused kernel (exercises 2 and 4) runs one program per
 #   sequence: its position, one row of angles, every head rotated, k and v stored at slot
 #   `[b, p]` or, paged, `[block_table[b, p // BS], p % BS]`. `ropelib.rope_kv_cache` writes
@@ -1754,10 +1765,10 @@ assert as_stated((max(two_vs_unfused),), (4.8,)), "... to 4.8"
 #   before the keys arrive.
 # - The fused step is one kernel, the unfused step 7 to 18; replayed on the H200, the unfused
 #   step's time follows the count at about 2.0 µs an operation on average at batch 1. Against
-#   RoPE plus one write kernel, the fused step is 1.09–1.34× faster (one step per replay):
-#   about the one kernel it does not start, up to a batch of 64 (0.8–1.6 µs). The bytes it
-#   saves, the rotated k's round trip (4,100 a sequence, counted in the interpreter), are
-#   under a tenth of that time even at a batch of 256.
+#   RoPE plus one write kernel, the fused step is 1.09–1.34× faster (one step per replay),
+#   up to a batch of 64 by about what one more kernel adds to a replay (0.8–1.6 µs). The
+#   bytes it saves, the rotated k's round trip (4,100 a sequence, counted in the
+#   interpreter), take under a tenth of that time at peak bandwidth even at a batch of 256.
 
 # %% [markdown]
 # ## Questions for a study group
@@ -2025,15 +2036,15 @@ assert rank1_extra < lin_by_profile                          # it would fit insi
 # that halving the work would not predict: a rank spends longer outside attention on half the
 # tokens (399 ms by the fit, 364 by the profiles) than one GPU on all of them (370 and 262).
 #
-# What that time is made of (the collectives, the reorder of the gathered k and v, the
-# projections at half the size) is not measured here, and one candidate lies in attention
-# itself. The profiles time rank 0, and the step waits for the slower rank. Rank 1 runs the
-# flash kernel for both its calls, where rank 0's first call (9 % of its time) reaches cuDNN.
-# At the per-pair time of one GPU's call forced onto the flash kernel, rank 1's attention
-# would take 107 ms a step more than rank 0's (4.5 %). Shapes change a kernel's rate, so this
-# is an estimate, not a measurement. But it would land in the 233 ms the profiles leave
-# outside attention, so it could explain part of them. A profile of rank 1's two calls would
-# settle it.
+# What that time is made of is **not measured**: the collectives, the reorder of the
+# gathered k and v, the projections at half the size, or a slower rank 1 could each take part
+# of it, and nothing committed separates them. On rank 1 there is only an estimate. The step
+# waits for the slower rank, and rank 1 runs the flash kernel for both its calls, where rank
+# 0's first call (9 % of its time) reaches cuDNN. At the per-pair time of one GPU's call
+# forced onto the flash kernel, rank 1's attention would take 107 ms a step more than rank 0's
+# (4.5 %). That borrows another call's rate, and shapes change a kernel's rate, so it is a
+# guess at a size, not a part of the 233 ms. A trace of both ranks of one 2-GPU step (Nsight
+# Systems) would measure rank 1's attention and the rest alike.
 
 # %% [markdown]
 # ### A.3 What a replay costs before any kernel works
@@ -2217,7 +2228,7 @@ else:
     print("the 200-step bf16 runs (benchmarks/results/cp200-*.csv) are not in this checkout")
 
 # %% [markdown]
-# **Answer:** the 2-rank curve stays well inside the seed gap: 0.030 from its twin on average
+# **Answer:** on average the 2-rank curve stays well inside the seed gap: 0.030 from its twin
 # against 0.258 between the seeds, closer than the seeds in 178 of the 200 steps. Its gap
 # grows, though: 0.052 over the last 50 steps, against 0.305 between the seeds. And it is
 # one-sided: the signed mean over the last 50 steps is −0.052, the 2-rank loss below its

@@ -20,15 +20,15 @@
 # block's QKV projection has *written* them. This notebook removes that round trip: the
 # projection's GEMM (general matrix multiply) rotates its output tile while it is still in
 # registers (an **epilogue**), and the backward GEMMs can undo the rotation as they load the
-# gradient (a **prologue**). Section 7 measures what that is worth on an H200 against the unfused
-# pipeline (cuBLAS, then ropelib's RoPE), with and without QK-norm (a per-head RMS norm of q and
-# k before RoPE, as in Qwen3 and Gemma 3: ropelib's `qk_norm_rope`), and traces where the fused
-# kernel's time goes.
+# gradient (a **prologue**). Section 7 measures what that is worth on an H200 (the forward on an
+# H100 too) against the unfused pipeline (cuBLAS, then ropelib's RoPE), with and without
+# QK-norm (a per-head RMS norm of q and k before RoPE, as in Qwen3 and Gemma 3: ropelib's
+# `qk_norm_rope`), and traces where the fused kernel's time goes.
 #
 # **Where the numbers come from.** Every number in the text is read from a file committed under
-# `benchmarks/results/` (mostly measured on an H200; section 1 and Appendix A.4 also have an
-# H100's) and asserted by a code cell, beside it or in the appendix it cites. Only section 8's
-# two cells time live; they print the name of the GPU they ran on.
+# `benchmarks/results/` (mostly measured on an H200; sections 1 and 7.1 and Appendix A.4 also
+# have an H100's) and asserted by a code cell, beside it or in the appendix it cites. Only
+# section 8's two cells time live; they print the name of the GPU they ran on.
 #
 # **After this notebook you will be able to**
 #
@@ -540,12 +540,14 @@ if triton.__version__.startswith(("3.6", "3.9")):    # the versions the text was
 assert [4096 // qkv_gemm.GPU_TILES[kind]["BLOCK_K"] for kind in ("dx", "dw")] == [64, 16]
 
 # %% [markdown]
-# The two builds trade one cost for another. Two accumulators issue two MMAs of width $D/2$ a
-# K step, each reading the step's $X$ tile from shared memory: over $K = 4096$ a megabyte a
-# program more (derived from the tile's sizes). One accumulator issues one MMA of width $D$ and
-# pays once, in its epilogue: the split moves 64 KiB more between register layouts. Once per
-# program against once per K step agrees with section 3's timings at this tile, where two
-# accumulators took 8 and 10 % longer: the counts suggest why, the timings show which is faster.
+# The compile shows what each build does, not what it costs. Two accumulators issue two MMAs of
+# width $D/2$ a K step, and each reads the step's $X$ tile from shared memory: over $K = 4096$
+# the second one reads a megabyte a program again (counted from the tile's sizes). One
+# accumulator issues one MMA of width $D$ and instead moves 64 KiB more between register layouts,
+# once, in its epilogue. A byte read again by an MMA and a byte moved between layouts need not
+# cost the same, and nothing here times either apart. What is timed is the whole kernel, and for
+# section 3's TMA probe rather than these pointer-loaded builds: at this tile two accumulators
+# took 8 and 10 % longer on the H200.
 #
 # ## 5. The backward's prologue: undo the rotation while loading $dY$
 #
@@ -643,51 +645,51 @@ print(f"dL/dx {tuple(gx_t.shape)}: teaching dX kernel vs autograd of qkv_rope_li
 # ## 7. The measured result
 #
 # This section reads committed H200 timings of `qkv_rope_linear` at section 1's shape
-# (Llama-3-8B's projection, bf16, 8192 and 32768 tokens): 7.1 against the unfused pipeline,
-# then where its time goes: **the main loop** (7.2), **the epilogue's registers** (7.3), **the
-# backward** (7.4).
+# (Llama-3-8B's projection, bf16, 8192 and 32768 tokens), and in 7.1 an H100's run of the same
+# forward: 7.1 against the unfused pipeline, then where its time goes: **the main loop** (7.2),
+# **the epilogue's registers** (7.3), **the backward** (7.4).
 #
 # ### 7.1 Where the shipped projection stands
 #
-# Single timings on the H200 do not resolve even the whole RoPE pass (section 1), and a fused
-# kernel differs from the unfused pipeline by less than that pass. So
-# `benchmarks/qkv_forward_ab.py` timed the forward in **rounds**: every variant once a round,
-# seven rounds, in a new order each round (Appendix B says why), each fused output first checked
-# against the unfused one. The run shuffled with seed 1 kept every round's time; the table below
-# is that run's. Besides cuBLAS alone and the unfused pipeline it times the shipped fused forward
-# with angles computed in the kernel ("from angles") and loaded from an angle table ("from a
-# table"), and the same kernel with its rotation off (**the bare GEMM**); Appendix A.1 lists
-# every variant by its name in the CSVs.
+# Single timings do not resolve even the whole RoPE pass (section 1), and a fused kernel differs
+# from the unfused pipeline by less than that pass. So `benchmarks/qkv_forward_ab.py` timed the
+# forward in **rounds**: every variant once a round, seven rounds, in a new order each round
+# (Appendix B says why), each fused output first checked against the unfused one. Two such runs
+# kept every round's time: one on the H200 (order shuffled with seed 1) and one on an H100 (seed
+# 0). Besides cuBLAS alone and the unfused pipeline they time the shipped fused forward with
+# angles computed in the kernel ("from angles") and loaded from an angle table ("from a table"),
+# and the same kernel with its rotation off (**the bare GEMM**); Appendix A.1 lists every variant
+# by its name in the CSVs.
 #
 # **Resolved**, on this page: two variants timed in the same round met the same clocks and
 # neighbours, so the page takes their ratio $t_a / t_b$ round by round and pools the four cells
 # (two sizes, with and without QK-norm): 28 rounds. A difference is resolved when a sign test on
 # the rounds $a$ won, its $p$ adjusted by Holm's method for the six comparisons, is under 0.05,
 # and a distribution-free 95 % interval for the median ratio leaves out 1 (Appendix A.1). The
-# rule was chosen after these rounds were taken, so its verdicts describe this one sample.
+# rule was chosen after the H200's rounds were taken, so its verdicts describe these samples. The
+# cell below prints the six comparisons for each GPU.
 #
-# | pooled over the 28 rounds of seed 1 | median $t_a / t_b$ | rounds $a$ won | $p$ | adjusted $p$ (Holm) | 95 % interval | verdict |
-# |---|---|---|---|---|---|---|
-# | fused from a table / unfused | 0.984 | 21 | 0.013 | 0.038 | 0.968–0.996 | resolved: fused faster, in this sample |
-# | fused from angles / unfused | 1.004 | 14 | 1 | 1 | 0.961–1.033 | not resolved |
-# | fused from angles / bare GEMM | 1.044 | 2 | < 0.001 | < 0.001 | 1.032–1.083 | resolved |
-# | fused from a table / bare GEMM | 1.046 | 0 | < 0.001 | < 0.001 | 1.035–1.058 | resolved |
-# | unfused / cuBLAS alone | 1.074 | 5 | < 0.001 | 0.004 | 1.053–1.087 | resolved |
-# | bare GEMM / cuBLAS alone | 1.013 | 8 | 0.036 | 0.071 | 1.002–1.024 | not resolved |
-#
-# Read as a budget (the figure below): the RoPE pass costs 7.4 % of cuBLAS's forward, about one
-# copy of q and k (its floor is 6.7 and 6.5 % of cuBLAS's forward, section 1), and that is all a
-# fusion can save. The fused forward spends most of it in its epilogue, 4.4 % over its bare GEMM
-# from angles and 4.6 % from a table, and some in its main loop: the bare GEMM trails cuBLAS by
-# 1.3 %, unresolved here (the clock run of Appendix A.3, medians only, has it 4.1 % behind at 8192
-# tokens and 2.4 % at 32768).
+# Read as a budget (the figure below): on the H200 the RoPE pass costs 7.4 % of cuBLAS's
+# forward, about one copy of q and k (its floor is 6.7 and 6.5 % of cuBLAS's forward, section 1),
+# and that is all a fusion can save. The fused forward spends most of it in its epilogue, 4.4 %
+# over its bare GEMM from angles and 4.6 % from a table, and some in its main loop: the bare GEMM
+# trails cuBLAS by 1.3 %, unresolved here (the clock run of Appendix A.3, medians only, has it
+# 4.1 % behind at 8192 tokens and 2.4 % at 32768). On the H100 the epilogue costs about as much
+# (5.2 and 4.7 %), but the bare GEMM is level with cuBLAS (0.990 of its time, unresolved) and the
+# pass costs 8.5 %. That is a little under the H100's copy floor (9.1 and 9.7 % of cuBLAS's
+# forward), but the pass's 95 % interval, 7.2 to 17.1 %, takes the floor in: one run of seven
+# rounds prices it only roughly.
 #
 # So on the H200 the fused forward runs **level with the unfused pipeline**, on either side of it
 # by up to about 3 %: pooled, 0.984 of its time from a table and 1.004 from angles; cell by cell
 # (seven rounds each, Appendix A.1) the medians run from 0.971 to 1.031; in the clock run the
-# table path was 2.0 % slower at 8192 tokens and 0.3 % faster at 32768. **Forward+backward**, the
-# default a trainer runs, gets no verdict: its runs kept only each variant's median and range,
-# and every fused range reaches both sides of 1 (Appendix A.1).
+# table path was 2.0 % slower at 8192 tokens and 0.3 % faster at 32768. On the H100 it runs
+# **ahead of the unfused pipeline**: pooled, 0.955 of its time from a table (resolved) and 0.964
+# from angles (not resolved after Holm's adjustment), every cell's median below 1 (0.891 to
+# 0.996). Each GPU has one such run, with a different seed, so what makes the two differ is not
+# measured here. **Forward+backward**, the default a trainer runs, gets no verdict: its runs kept
+# only each variant's median and range, and every fused range reaches both sides of 1 (Appendix
+# A.1).
 
 # %%
 def read_rounds(path, name):
@@ -739,36 +741,71 @@ PAIRS = {"fused from angles / unfused": ("TMA, two heads", "unfused"),
          "unfused / cuBLAS alone": ("unfused", "cublas"),
          "bare GEMM / cuBLAS alone": ("GEMM, no epilogue", "cublas")}
 paired = {label: [pair(a, b, t, norm) for t, norm in KINDS] for label, (a, b) in PAIRS.items()}
-# pooled: every round of the four cells once; each sign test's p adjusted by Holm's method over
-# the six pairs; resolved: adjusted p < 0.05 and a 95 % interval that leaves out 1
-pooled = {label: round_stats.pooled_rounds([(round_ms(a, t, n), round_ms(b, t, n))
-                                            for t, n in KINDS])
-          for label, (a, b) in PAIRS.items()}
-for c, adjusted in zip(pooled.values(), round_stats.holm([c["p"] for c in pooled.values()])):
-    c["holm_p"], c["verdict"] = adjusted, c["resolved"] and adjusted < 0.05
-print(f"pooled over the {pooled['unfused / cuBLAS alone']['rounds']} rounds: median t_a / t_b, "
-      f"a's wins-b's wins, p, p adjusted (Holm), 95 % interval (coverage "
-      f"{pooled['unfused / cuBLAS alone']['coverage']:.3f}), verdict")
-for label, c in pooled.items():
-    print(f"  {label:31} {c['ratio']:.3f}  {c['a_wins']:2d}-{c['b_wins']:<2d}  p {c['p']:<7.4f} "
-          f"adjusted {c['holm_p']:<7.4f} [{c['ci'][0]:.3f}, {c['ci'][1]:.3f}]  "
-          f"{'resolved' if c['verdict'] else 'not resolved'}")
-qkv_rounds_stated.check_pooled(pooled)         # the table above, row by row
+
+
+def pool(times):
+    """Each pair of PAIRS pooled over the four cells' rounds, times(variant, tokens, norm) giving
+    a variant's time in each round; each sign test's p adjusted by Holm's method over the six
+    pairs; resolved: adjusted p < 0.05 and a 95 % interval that leaves out 1."""
+    out = {label: round_stats.pooled_rounds([(times(a, t, n), times(b, t, n)) for t, n in KINDS])
+           for label, (a, b) in PAIRS.items()}
+    for c, adjusted in zip(out.values(), round_stats.holm([c["p"] for c in out.values()])):
+        c["holm_p"], c["verdict"] = adjusted, c["resolved"] and adjusted < 0.05
+    return out
+
+
+# the same script's forward on an H100: one shuffled run of seven rounds (seed 0)
+H100_AB = RESULTS / "qkv_forward_ab-shuffled-nvidia-h100-80gb-hbm3-20261205-2135.csv"
+h100_meta = compare.read_meta(H100_AB)
+assert h100_meta["gpu"] == "NVIDIA H100 80GB HBM3" and h100_meta["rounds_order"] == "shuffled"
+h100_ab = {(r["tokens"], r["qk_norm"], r["variant"]): [float(v) for v in r["round_ms"].split()]
+           for r in compare.read_csv(H100_AB)}
+assert {len(v) for v in h100_ab.values()} == {7}
+pooled = pool(round_ms)
+pooled_h100 = pool(lambda variant, t, norm: h100_ab[t, norm, variant])
+for gpu_, seed_, pooled_ in ((H200, 1, pooled), (h100_meta["gpu"], 0, pooled_h100)):
+    print(f"{gpu_} (seed {seed_}), pooled over the {pooled_['unfused / cuBLAS alone']['rounds']} "
+          f"rounds: median t_a / t_b, a's wins-b's wins, p, p adjusted (Holm), 95 % interval "
+          f"(coverage {pooled_['unfused / cuBLAS alone']['coverage']:.3f}), verdict")
+    for label, c in pooled_.items():
+        print(f"  {label:31} {c['ratio']:.3f}  {c['a_wins']:2d}-{c['b_wins']:<2d}  p "
+              f"{c['p']:<7.4f} adjusted {c['holm_p']:<7.4f} [{c['ci'][0]:.3f}, {c['ci'][1]:.3f}]  "
+              f"{'resolved' if c['verdict'] else 'not resolved'}")
+qkv_rounds_stated.check_pooled(pooled)         # the H200's numbers the text states
 # the budget: the pass 7.4 %, the epilogue 4.4 and 4.6 %, the bare GEMM 1.3 %; net 0.984 and
 # 1.004 pooled, and cell by cell (seven rounds each) 0.971 to 1.031
 assert [round(100 * (pooled[k]["ratio"] - 1), 1) for k in (
     "unfused / cuBLAS alone", "fused from angles / bare GEMM", "fused from a table / bare GEMM",
     "bare GEMM / cuBLAS alone")] == [7.4, 4.4, 4.6, 1.3]
-net_cells = [c["ratio"] for k in ("fused from angles / unfused", "fused from a table / unfused")
-             for c in paired[k]]
-print("fused / unfused, cell by cell (medians of seven rounds): "
-      + ", ".join(f"{v:.3f}" for v in net_cells))
+NET = ("fused from angles / unfused", "fused from a table / unfused")
+net_cells = [c["ratio"] for k in NET for c in paired[k]]
+net_cells_h100 = [round_stats.paired_rounds(*(h100_ab[t, n, v] for v in PAIRS[k]))["ratio"]
+                  for k in NET for t, n in KINDS]
+floor_share, floor_share_h100 = ([bound[slug, t, "fwd"]["floor"]
+                                  / measured(slug, "cublas", "fwd", t)["ms"] for t in TOKENS]
+                                 for slug in ("nvidia-h200", "nvidia-h100-80gb-hbm3"))
+for gpu_, cells_, shares_ in ((H200, net_cells, floor_share),
+                              (h100_meta["gpu"], net_cells_h100, floor_share_h100)):
+    print(f"{gpu_}: fused / unfused, cell by cell (medians of seven rounds): "
+          + ", ".join(f"{v:.3f}" for v in cells_) + "; the copy floor over cuBLAS's forward "
+          "(section 1): " + ", ".join(f"{v:.1%} at {t} tokens" for t, v in zip(TOKENS, shares_)))
 assert rounded_range(net_cells, 3) == (0.971, 1.031)
-floor_share = [bound["nvidia-h200", t, "fwd"]["floor"]
-               / measured("nvidia-h200", "cublas", "fwd", t)["ms"] for t in TOKENS]
-print("the copy floor over cuBLAS's forward (section 1): " + ", ".join(
-    f"{v:.1%} at {t} tokens" for t, v in zip(TOKENS, floor_share)))
 assert [round(100 * v, 1) for v in floor_share] == [6.7, 6.5]
+# the H100's run: the pass 8.5 % (interval 7.2 to 17.1 %, taking in its floor of 9.1 and 9.7 %),
+# the epilogue 5.2 and 4.7 %, the bare GEMM 0.990 of cuBLAS's time, unresolved; net 0.955 from
+# a table (resolved) and 0.964 from angles (not), cell by cell 0.891 to 0.996
+h100_pass = pooled_h100["unfused / cuBLAS alone"]
+assert [round(100 * (v - 1), 1) for v in (h100_pass["ratio"], *h100_pass["ci"])] == [8.5, 7.2, 17.1]
+assert [round(100 * v, 1) for v in floor_share_h100] == [9.1, 9.7]
+assert h100_pass["ci"][0] < 1 + min(floor_share_h100) <= 1 + max(floor_share_h100) \
+    < h100_pass["ci"][1]
+assert [round(100 * (pooled_h100[k]["ratio"] - 1), 1) for k in (
+    "fused from angles / bare GEMM", "fused from a table / bare GEMM")] == [5.2, 4.7]
+assert round(pooled_h100["bare GEMM / cuBLAS alone"]["ratio"], 3) == 0.990
+assert [(round(pooled_h100[k]["ratio"], 3), pooled_h100[k]["verdict"]) for k in NET] \
+    == [(0.964, False), (0.955, True)]
+assert not pooled_h100["bare GEMM / cuBLAS alone"]["verdict"]
+assert rounded_range(net_cells_h100, 3) == (0.891, 0.996) and max(net_cells_h100) < 1
 # the clock run of seven shuffled rounds (Appendix A.3, medians): the table's forward 2.0 % slower
 # than the unfused pipeline at 8192 tokens, 0.3 % faster at 32768; the bare GEMM 4.1 and 2.4 %
 # slower than cuBLAS
@@ -784,30 +821,40 @@ assert [round(100 * (v - 1), 1) for vs in later_vs.values() for v in vs] == [2.0
 
 
 def draw_budget(path):
-    """7.1's pooled medians as a budget: what the RoPE pass costs, what the fused forward spends
-    (its epilogue, its main loop) and what is left, each with its 95 % interval."""
+    """7.1's pooled medians as a budget, the H200's and the H100's bars side by side: what the
+    RoPE pass costs, what the fused forward spends (its epilogue, its main loop) and what is left,
+    each with its 95 % interval; a filled bar is resolved, a hatched one not."""
+    from matplotlib.patches import Patch
+
     bars = [("the RoPE pass\n(unfused / cuBLAS)", "unfused / cuBLAS alone"),
             ("epilogue, angles\n(fused / bare GEMM)", "fused from angles / bare GEMM"),
             ("epilogue, table\n(fused / bare GEMM)", "fused from a table / bare GEMM"),
             ("bare loop\n(bare GEMM / cuBLAS)", "bare GEMM / cuBLAS alone"),
             ("net, angles\n(fused / unfused)", "fused from angles / unfused"),
             ("net, table\n(fused / unfused)", "fused from a table / unfused")]
-    fig, ax = plt.subplots(figsize=(10, 4.2))
-    for i, (name, label) in enumerate(bars):
-        c = pooled[label]
-        mid, lo, hi = (100 * (v - 1) for v in (c["ratio"], *c["ci"]))
-        ax.bar(i, mid, color="tab:green" if c["verdict"] else "tab:gray")
-        ax.errorbar(i, mid, yerr=[[mid - lo], [hi - mid]], color="k", capsize=4)
-        ax.annotate(f"{mid:+.1f} %", (i, max(hi, 0) + 0.3), ha="center", fontsize=8)
-    ax.axhspan(100 * min(floor_share), 100 * max(floor_share), color="tab:orange", alpha=0.3,
-               label="copy floor of q and k, over cuBLAS's time")
+    gpus = [(f"{H200} (seed 1)", pooled, floor_share, "tab:green"),
+            (f"{h100_meta['gpu']} (seed 0)", pooled_h100, floor_share_h100, "tab:blue")]
+    fig, ax = plt.subplots(figsize=(11, 4.6))
+    handles = []
+    for g, (name_, pooled_, shares_, color) in enumerate(gpus):
+        for i, (_, label) in enumerate(bars):
+            c, x = pooled_[label], i + (g - 0.5) * 0.4
+            mid, lo, hi = (100 * (v - 1) for v in (c["ratio"], *c["ci"]))
+            ax.bar(x, mid, width=0.4, color=color if c["verdict"] else "white", edgecolor=color,
+                   hatch=None if c["verdict"] else "//")
+            ax.errorbar(x, mid, yerr=[[mid - lo], [hi - mid]], color="k", capsize=3)
+            ax.annotate(f"{mid:+.1f}", (x, max(hi, 0) + 0.3), ha="center", fontsize=7)
+        ax.axhspan(100 * min(shares_), 100 * max(shares_), color=color, alpha=0.2)
+        handles += [Patch(color=color, label=name_),
+                    Patch(color=color, alpha=0.2, label="its copy floor of q and k")]
+    handles.append(Patch(facecolor="white", edgecolor="gray", hatch="//", label="not resolved"))
     ax.axhline(0, color="k", lw=0.6)
     ax.set_ylim(top=ax.get_ylim()[1] + 1.5)
     ax.set_xticks(range(len(bars)), [name for name, _ in bars], fontsize=8)
     ax.set_ylabel("median t_a / t_b - 1 (%), 95 % interval")
-    ax.legend(fontsize=8, loc="upper right")
-    ax.set_title(f"{H200}: qkv_rope_linear's forward, 28 rounds pooled (seed 1); "
-                 "green: resolved, gray: not", fontsize=10)
+    ax.legend(handles=handles, fontsize=7, loc="lower left")
+    ax.set_title("qkv_rope_linear's forward, 28 shuffled rounds pooled a GPU; copy floors over "
+                 "cuBLAS's time (section 1)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.show()
@@ -828,9 +875,11 @@ draw_budget(FIGURES / "12-qkv-forward-budget.png")
 #
 # Where its time goes shows under Nsight Compute, NVIDIA's kernel profiler (Appendix A.2):
 # against section 3's TMA probe of the same tile, each of its instructions waits 1.8 cycles
-# longer. The largest part, +2.0 cycles, is a **dispatch stall**; its bare GEMM has it too, the
-# shipped TMA loop almost none. What held the dispatch the counter does not say, and nothing here
-# measures it. A smaller part, +0.4, is **LG throttle**, a full queue of global-memory
+# longer. The largest part, +2.0 cycles, is a **dispatch stall**: cycles in which the warp's
+# next instruction was ready and could have issued, but the SM's dispatch unit held it back for
+# some conflict or event that the counter does not name (after Nsight Compute's own
+# description). Its bare GEMM has it too, the shipped TMA loop almost none. What held the dispatch
+# nothing here measures. A smaller part, +0.4, is **LG throttle**, a full queue of global-memory
 # instructions, which fits how the loop loads: at this tile it compiles for sm_90 to 32
 # `cp.async` copies a thread (16 bytes each, every thread making its own) where the probe issues
 # 8 TMA loads, each one instruction for a whole tile.
@@ -880,16 +929,12 @@ shipped_prof, shipped_kernel = read_profile(SHIPPED)
 # - **two heads a tile**, an accumulator of $[128, 2D]$: both heads share one load of their
 #   tokens' cos and sin.
 #
-# It timed each step against cuBLAS on the H200 in four runs of seven rounds (table below). The
-# files keep each variant's median only, and the same variant's median moved by up to 5 %
-# between runs, so these runs price nothing finer than that.
-#
-# - The persistent TMA GEMM alone runs at 0.96 to 0.99 of cuBLAS's speed; with the epilogue on,
-#   at 0.94 to 0.99.
-# - TMA helped: in run 2 the same fused kernel with pointer loads runs at 0.87 and 0.88, behind
-#   the unfused pipeline (0.93).
-# - Two heads a tile helped: in run 1 one head a tile (0.88, 0.89) trails two (0.96, 0.95).
-# - What the persistent grid adds on its own is not measured.
+# It timed each step against cuBLAS on the H200 in four runs of seven rounds (printed below):
+# the persistent TMA GEMM alone ran at 0.96 to 0.99 of cuBLAS's speed, 0.94 to 0.99 with the
+# epilogue on. The files keep each variant's median only, which moved by up to 5 % between runs,
+# so these runs price nothing finer than that. Still, TMA and two heads a tile each helped: with
+# pointer loads (run 2) the fused kernel falls behind the unfused pipeline, and with one head a
+# tile (run 1) behind two. What the persistent grid adds on its own is not measured.
 #
 # Under the profiler (Appendix A.2) the shipped loop has almost no dispatch stall left and trails
 # cuBLAS by 3.7 %. `qkv_rope_linear` runs its forward on this loop (`_qkv_rope_fwd_tma_kernel` in
@@ -1433,6 +1478,10 @@ for w, b in worked_sm90.items():
 assert 2 * 128 * 64 // (32 * 4) == 128 and 2 * 128 * 64 // (32 * 8) == 64   # the accumulators
 assert worked_sm90[4]["registers"] == 255 and worked_sm90[4]["local_stores"] > 0   # spills
 assert worked_sm90[8]["registers"] < 200 and worked_sm90[8]["local_stores"] == 0  # none
+# section 3's probe at this launch's tile (128/64/8/8/3, TMA, H200): two accumulators 30 % slower
+# than one at both sizes, beyond the spreads
+assert [round(two_over_one[(128, 64, 8, 8, 3), t], 2) for t in TOKENS] == [0.30, 0.30]
+assert all(resolved_two[(128, 64, 8, 8, 3), t] for t in TOKENS)
 # the launch section 8 times, on a small case: the same function, the same options
 M_s, K_s, HQ_s, HK_s, D_s, BM_s, BK_s = ex.CASES[1]
 case_s = ex.draw_inputs(torch.Generator().manual_seed(12), M_s, K_s, HQ_s, HK_s, D_s)
@@ -1446,11 +1495,16 @@ print(f"launched with {SHIPPED_LAUNCH} on {M_s} tokens, 3 programs: matches the 
 # At 4 warps the compile reaches the 255-register ceiling and spills to local memory; at 8 it
 # fits with room to spare. On a GPU with TMA the next cell times the kernel both ways, rotating
 # and with its rotation off, beside the 64 × 64 teaching launch and cuBLAS, and prints what the
-# timings say; it asserts nothing about speed. Even at 8 warps the kernel still lacks two of the
-# shipped loop's parts, the grouped tile order and two heads a tile, so where it lands against
-# cuBLAS is for the cell to show, not for this text to promise. To go on, walk the tiles in the
-# order of `_grouped` (`ropelib/kernels/qkv_gemm.py`), check the kernel on the CPU (7.2's cell)
-# and time it again.
+# timings say; it asserts nothing about speed. Even at 8 warps the kernel differs from the
+# shipped loop in three ways. It holds each head as **two** $[128, 64]$ accumulators, which
+# section 3's probe timed on the H200 at 30 % slower than one at both sizes, at this tile and
+# these options (128 tokens, K steps of 64, 8 warps, 3 stages; there one program a tile). It
+# walks the tiles in plain order, not grouped. It holds one head a tile, not two. So where it
+# lands against cuBLAS is for the cell to show, not for this text to promise. To go on, start
+# with the accumulator: one `tl.dot` a K step against a $[D, B_K]$ tile of $W$ (a descriptor of
+# that block shape), split in the epilogue as in exercise 1b; then walk the tiles in the order
+# of `_grouped` (`ropelib/kernels/qkv_gemm.py`). Check each change on the CPU (7.2's cell) and
+# time it again.
 
 # %%
 if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9 and persistent_ok:
@@ -1506,8 +1560,9 @@ else:
 #   (sections 2 to 4).
 # - On the H200 the epilogue costs 4.4 to 4.6 % over the bare GEMM, and the fused forward runs
 #   level with the unfused pipeline, on either side of it by up to about 3 % depending on the
-#   run and the cell (7.1). It gets there only with a main loop close to cuBLAS's (7.2) and an
-#   epilogue that fits in registers (7.3).
+#   run and the cell. In one run on an H100 it runs ahead of it: 0.955 of its time from a table,
+#   0.964 from angles, unresolved (7.1). It gets there only with a main loop close to cuBLAS's
+#   (7.2) and an epilogue that fits in registers (7.3).
 # - A backward prologue re-forms $dY$ in every column block. The shipped backward, $dY$ written
 #   once and dX and dW handed to cuBLAS, is 2.6 times as fast as ropelib's prologue GEMMs; of
 #   that, writing $dY$ once is 1.3 times (the same Triton GEMMs either way) and cuBLAS's GEMMs
@@ -1535,6 +1590,31 @@ else:
 # 5. Section 7.3 counted registers for a two-head tile of 128 tokens on 8 warps. Count them for
 #    one head and 64 tokens on 4 warps. How many cos/sin tiles fit before the count passes 255,
 #    and how many such programs could one SM hold by registers alone? (Worked below.)
+#
+# **Short answers to 1 to 4** (try them first):
+#
+# 1. Not in bytes: `qk_norm_rope` still reads q and k once and writes them once (its norm weights
+#    are $D$ elements), so the forward's floor stays one copy of q and k. Its extra arithmetic (a
+#    sum of squares a head), if anything, holds the pass further above that floor, leaving a
+#    fusion at least as much to save. The backward pass moves more: the norm's gradient also
+#    needs the pre-norm q and k (which `qk_norm_rope` saves), so it reads two tensors of their
+#    size and writes one, 1.5 copies.
+# 2. `from_linear` would have to own a row-permuted copy of the weight (and of the bias and, with
+#    QK-norm, of the norm weights), where today it shares the caller's parameters. The optimizer
+#    would see that permuted parameter: its gradient and its state (Adam's moments) in the
+#    permuted order, so a checkpoint holds the permuted weight unless saving and loading permute
+#    it back, and the caller's `nn.Linear` no longer sees the updates.
+# 3. Form it once: one pass reads the gradients of q and k and writes their columns of $dY$,
+#    one read and one write of q's and k's bytes, then both GEMMs read $dY$ as plain GEMMs do.
+#    That is one copy of q and k, the same bytes the forward's fusion saved, and the pass
+#    the unfused pipeline's backward makes too (7.4's "$dY$ written once").
+# 4. No. With interleaved pairs any column tile that starts on an even column holds whole pairs,
+#    so $B_N$ can be any even width, across heads; column $c$ takes the angle of pair
+#    $\lfloor (c \bmod D)/2 \rfloor$, and a tile reaching into v's columns rotates only the
+#    columns before v's. In the epilogue, `tl.reshape(acc, (BLOCK_M, BLOCK_N // 2, 2))` and
+#    `tl.split` give the pairs with no permute, `tl.join` and the inverse reshape put them back,
+#    and the store is a plain GEMM store of the tile. QK-norm would still need whole heads, for
+#    its per-head statistics.
 
 # %%
 # question 5, worked: 7.3's counts for one head (D = 128) of 64 tokens on 4 warps
@@ -1590,18 +1670,11 @@ programs an SM at {q5_two} registers a thread (the accumulator, one cos and one 
 # **Cell by cell**, the next cell prints every pair's median ratio, range, wins and $p$, and the
 # figure below it plots every round.
 #
-# **Forward+backward**: seven shuffled rounds (seed 0), every fused output checked against the
-# unfused one. These CSVs keep only the median and range over the rounds of each variant's ratio
-# to the unfused pipeline, $t_{\text{unfused}} / t$ (above 1: faster).
-#
-# | forward+backward, speed over the unfused pipeline's | 8192 tokens | 32768 tokens |
-# |---|---|---|
-# | the fused projection | 0.97 (0.95 to 1.05) | 1.01 (0.89 to 1.10) |
-# | with QK-norm: the fused projection, from angles | 1.00 (0.92 to 1.13) | 1.02 (0.93 to 1.06) |
-# | with QK-norm: the fused projection, from a table | 1.02 (0.97 to 1.16) | 1.03 (0.96 to 1.08) |
-#
-# Every fused range reaches both sides of 1, and with no rounds kept to pair or pool,
-# forward+backward gets no verdict.
+# **Forward+backward**: seven shuffled rounds (seed 0) on the H200, every fused output checked
+# against the unfused one. These CSVs keep only the median and range over the rounds of each
+# variant's ratio to the unfused pipeline, $t_{\text{unfused}} / t$ (above 1: faster), which the
+# cell prints. Every fused range reaches both sides of 1, and with no rounds kept to pair or
+# pool, forward+backward gets no verdict.
 
 # %%
 print(f"{H200}, forward, seed 1: t_a / t_b round by round, median (range) a's wins-b's wins p")
@@ -1894,22 +1967,12 @@ assert all(lo < 1 < hi for _, lo, hi in col_speed[t_small])
 # %% [markdown]
 # ## Appendix B. The rounds' order
 #
-# **A fixed order of rounds is a variable; vary it before believing a few per cent.** In a fixed
-# order every variant always follows the same neighbour, and cuBLAS, the reference, always runs
-# first. Two forward runs back to back on one H200, one in each order:
-#
-# | forward (8192, 32768 tokens) | fixed order | a new order each round |
-# |---|---|---|
-# | cuBLAS's median time, fixed against shuffled | 1.6 to 4.6 % shorter | |
-# | the fused forward from angles, speed / cuBLAS's | 0.93, 0.89 | 0.95, 0.97 |
-# | every other variant, speed / cuBLAS's | up to 13 % lower | |
-# | the fused forward from a table, against angles | 2 to 10 % behind | within 2 % |
-# | each variant's range of rounds | | 2 to 7 times wider |
-#
-# In the fixed order the table path always ran right after the table path without its flag, and
-# lagged angles; shuffled, the lag is gone. Shuffled rounds scatter more, but their median
-# favours no neighbour. What a kernel's predecessor does to it (its clock, the power drawn just
-# before; not L2, which `do_bench` clears) is not measured here.
+# **A fixed order of rounds is a variable; vary it before believing a few per cent.** Two forward
+# runs back to back on one H200, one in a fixed order (every variant after the same neighbour,
+# cuBLAS first) and one shuffled, differ as the cell below prints: in the fixed order cuBLAS ran
+# faster and every other variant slower, and the table path lagged angles only there, while
+# shuffled rounds scatter wider but favour no neighbour; what a kernel's predecessor does to it
+# (its clock, the power drawn just before; not L2, which `do_bench` clears) is not measured here.
 
 # %%
 # two forward runs back to back, {(tokens, kind, variant): (speed, least, most, median ms)}

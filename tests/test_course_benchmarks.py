@@ -243,6 +243,21 @@ def test_model_host_probe_checks_every_provider_against_the_formula(benchmark, c
         probe.check(model, torch.randn(1, 2, 8), wrong)
 
 
+def test_qkv_epilogue_select_dry_run_gives_the_same_outputs(benchmark, capsys, tmp_path):
+    # the select candidate is built from the shipped file's text (its branch must still be there
+    # to be replaced), gives the shipped outputs in every case, and is priced paired by round
+    probe = benchmark("qkv_epilogue_select_ab")
+    if torch.cuda.is_available():
+        pytest.skip("the dry run is the interpreter's check; a GPU times the real shapes")
+    out_csv = tmp_path / "select.csv"
+    assert probe.main(["--dry-run", "--rounds", "1", "--out", str(out_csv)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("select over branch, paired by round") == 3    # plain, QK-norm, training
+    rows = compare.read_csv(out_csv)
+    assert {r["variant"] for r in rows} == {"cublas", "branch (shipped)", "select",
+                                            "GEMM, no epilogue"} and len(rows) == 12
+
+
 def test_qkv_forward_rounds_dry_run_checks_every_variant(benchmark, capsys, tmp_path):
     # the forward's variants built and checked against one another at tiny shapes, one round in
     # a shuffled order, the epilogue priced paired by round, and every round's time kept

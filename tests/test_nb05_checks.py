@@ -1,5 +1,7 @@
 """Notebook 05's checks module: its claims hold on the committed CSVs, and Exercise 1b's store
 condition refuses a kernel that stores pairs at stride 2."""
+from pathlib import Path
+
 import pytest
 import torch
 import triton
@@ -8,6 +10,8 @@ import triton.language as tl
 
 from ropelib.course import checks_nb05, ladder, load_schedule, measured
 from ropelib.kernels import tiles
+
+ROOT = Path(__file__).resolve().parents[1]
 
 SMS_H200 = 132
 H200_KNOBS = dict(tile_loop=tiles.TILES_BY_GPU["NVIDIA H200"]["loop"],
@@ -23,6 +27,23 @@ def _ladder_rows():
     return meta, rows
 
 
+def _stall_cells():
+    """Section 5's two cells that derive the cycles profile's numbers, as the notebook has them."""
+    import jupytext
+    nb = jupytext.read(ROOT / "notebooks" / "05-finished-kernel.py", fmt="py:percent")
+    code = [c.source for c in nb.cells if c.cell_type == "code"]
+    first = next(i for i, t in enumerate(code) if "def cycles(" in t)
+    assert "WARPS_PER_SCHEDULER" in code[first + 1]
+    return code[first:first + 2]
+
+
+def _run_stall_cells():
+    ns = dict(checks_nb05=checks_nb05, measured=measured)
+    for cell in _stall_cells():
+        exec(compile(cell, "<section 5's stall cell>", "exec"), ns)  # noqa: S102
+    return ns
+
+
 def test_the_ladder_and_stall_claims_hold_on_the_committed_csvs():
     meta, rows = _ladder_rows()
     mech = measured.mechanism("s4096-b8")
@@ -31,8 +52,9 @@ def test_the_ladder_and_stall_claims_hold_on_the_committed_csvs():
     claims = checks_nb05.ladder_claims(rows, meta, mech, mech_meta, hatched, lambda r: r,
                                        sms=SMS_H200, knobs=H200_KNOBS,
                                        compile_errors=(RuntimeError, OSError, ImportError))
-    cyc = checks_nb05.stall_profile(claims["MECHANISM"])
-    st = cyc["states"]
+    ns = _run_stall_cells()
+    st = checks_nb05.stall_details(ns["prof"], ns["kernels"], ns["profile"], ns["resident"],
+                                   claims["MECHANISM"])
     assert round(st["equal_halves"]["long_scoreboard"] - st["accurate"]["long_scoreboard"], 2) == 0.60
 
 
@@ -45,8 +67,14 @@ def test_a_changed_number_fails_the_stall_check(monkeypatch):
         ks[7]["metrics"] = {**ks[7]["metrics"], key: ks[7]["metrics"][key] * 1.2}
         return ks
     monkeypatch.setattr(measured, "ncu_kernels", shifted)
-    with pytest.raises(AssertionError):
-        checks_nb05.stall_profile()
+    with pytest.raises(AssertionError):          # the notebook's cell: rung 6's waiting warps
+        _run_stall_cells()
+    monkeypatch.setattr(measured, "ncu_kernels", real)
+    ns = _run_stall_cells()
+    monkeypatch.setattr(measured, "ncu_kernels", shifted)
+    with pytest.raises(AssertionError):          # the appendix's warp states
+        checks_nb05.stall_details(ns["prof"], checks_nb05.stall_kernels(), ns["profile"],
+                                  ns["resident"])
 
 
 def test_torch_compile_spread():

@@ -354,114 +354,40 @@ def table_probe():
     return tab
 
 
-def stall_profile(mechanism=None):
+STALLS_CSV = measured.RESULTS / "ladder_stalls_ncu-nvidia-h200-20261201-2309.csv"
+STALL_NAMES = ("copy", *ladder.NAMES, "finished")    # each size's launches, in the profile's order
+LONG_SB = "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio"
+
+
+def stall_kernels(path=STALLS_CSV):
     """Section 5's cycles profile (`benchmarks/ladder_stalls_ncu.py`, Nsight Compute's warp
-    states): prints the derived table per size, checks the prose's numbers, and returns
-    {size: {kernel: derived numbers}} with the warp-state table under "states"."""
-    STALLS_CSV = measured.RESULTS / "ladder_stalls_ncu-nvidia-h200-20261201-2309.csv"
-    STALL_CASES = {"s4096-b8": 4096, "s32768-b1": 32768}        # the profile's sizes: S; b = 8, 1
-    STALL_NAMES = ("copy", *ladder.NAMES, "finished")
-    stall_kernels = measured.ncu_kernels(STALLS_CSV)
-    assert compare.read_meta(STALLS_CSV)["gpu"] == "NVIDIA H200"
-    assert [k["kernel"] for k in stall_kernels[:len(STALL_NAMES)]] == [
+    states): its kernels' metrics, checked to be the H200's and in the order STALL_NAMES gives,
+    one size after the other."""
+    kernels = measured.ncu_kernels(path)
+    assert compare.read_meta(path)["gpu"] == "NVIDIA H200"
+    assert [k["kernel"] for k in kernels[:len(STALL_NAMES)]] == [
         "_copy_kernel", "_rope_batch_reuse_kernel", "_ladder_heads_kernel", "_ladder_tile_kernel",
         "_ladder_tile_kernel", "_ladder_chunk_kernel", "_ladder_chunk_kernel",
         "_ladder_final_kernel", "_rope_kernel"]
-    LONG_SB = "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio"
+    return kernels
 
 
-    def cycles(m, S):
-        """The derived numbers of one profiled kernel (metrics m) at S tokens."""
-        ns = m["gpu__time_duration.sum"]
-        moved = m["dram__bytes_read.sum"] + m["dram__bytes_write.sum"]
-        return dict(us=ns / 1e3, tb_s=moved / ns / 1e3, written_mb=m["dram__bytes_write.sum"] / 1e6,
-                    inst_m=m["smsp__inst_executed.sum"] / 1e6,
-                    issuing=m["smsp__issue_active.avg.per_cycle_active"],
-                    occupancy=m["sm__warps_active.avg.pct_of_peak_sustained_active"],
-                    waiting_on_memory=m[LONG_SB],
-                    sin_cos_copies=m["smsp__inst_executed_pipe_xu.sum"] / (S * 64 * 2 / 32))
-
-
-    def profile(kernels, case):
-        """{name: cycles()} of one size's launches in a profile's kernels (its sizes in order)."""
-        first = list(STALL_CASES).index(case) * len(STALL_NAMES)
-        return {name: cycles(kernels[first + j]["metrics"], STALL_CASES[case])
-                for j, name in enumerate(STALL_NAMES)}
-
-
-    prof = {case: profile(stall_kernels, case) for case in STALL_CASES}
-    print(f"{STALLS_CSV.name}: NVIDIA H200, bf16 sbhd h=32 d=128, Nsight Compute's base clock")
-    for case in STALL_CASES:
-        print(f"\n{case:10s}{'us':>8s}{'DRAM TB/s':>11s}{'written MB':>12s}{'warp inst M':>13s}"
-              f"{'issuing':>9s}{'occupancy':>11s}{'waiting on memory':>19s}{'sin/cos copies':>16s}")
-        for name in STALL_NAMES:
-            p = prof[case][name]
-            copies = (f"{p['sin_cos_copies']:16.0f}" if name in ("heads", "tile", "warps", "chunks",
-                                                                 "accurate") else "")
-            print(f"  {name:14s}{p['us']:8.1f}"
-                  f"{p['tb_s']:11.2f}{p['written_mb']:12.1f}{p['inst_m']:13.1f}"
-                  f"{p['issuing']:9.0%}{p['occupancy']:10.1f}%{p['waiting_on_memory']:19.1f}{copies}")
-
-
-    def r(v, digits=1):
-        return round(v, digits)
-
-
-    b8, b1 = (prof[c] for c in STALL_CASES)
-    # b = 8. heads, tile and warps: the same time and DRAM rate while the instructions grow by
-    # 45 %, the schedulers issuing in a third to under half of their cycles: memory sets the pace
-    assert [r(b8[n]["us"]) for n in ("heads", "tile", "warps")] == [145.4, 146.5, 147.4]
-    assert [r(b8[n]["tb_s"], 2) for n in ("heads", "tile", "warps")] == [3.56, 3.53, 3.51]
-    assert r(b8["warps"]["inst_m"] / b8["heads"]["inst_m"], 2) == 1.45
-    assert [round(100 * b8[n]["issuing"]) for n in ("heads", "warps")] == [32, 46]
-    # chunks: the warps rung's DRAM rate and instructions, 16.1 MB more written inside its time,
-    # which at that rate is most of its extra time
-    extra_mb = b8["chunks"]["written_mb"] - b8["warps"]["written_mb"]
-    extra_us = b8["chunks"]["us"] - b8["warps"]["us"]
-    writes_us = extra_mb / b8["chunks"]["tb_s"]        # MB / (TB/s) = us
-    print(f"\nb = 8, chunks against warps: {extra_us:+.1f} us, {extra_mb:+.1f} MB written, which at "
-          f"{b8['chunks']['tb_s']:.2f} TB/s take {writes_us:.1f} us")
-    assert [r(b8[n]["tb_s"], 2) for n in ("warps", "chunks")] == [3.51, 3.50]
-    assert r(b8["chunks"]["inst_m"] / b8["warps"]["inst_m"] - 1, 2) == 0.03
-    assert (r(extra_mb), r(extra_us), r(writes_us)) == (16.1, 5.0, 4.6)
-    assert r(prof["s4096-b8"]["copy"]["written_mb"]) == 244.2        # the copy's too fall short
-    assert r(4096 * 8 * 32 * 128 * 2 / 1e6) == 268.4                   # ... of its y's 268.4 MB
-    # the copy's DRAM rate, 4.11 TB/s at both sizes, the most of any kernel profiled
-    assert all(r(p["copy"]["tb_s"], 2) == 4.11 for p in prof.values())
-    assert all(p["copy"]["tb_s"] == max(v["tb_s"] for v in p.values()) for p in prof.values())
-    # equal halves: the writes back where the warps rung had them, and a faster DRAM rate
-    eh, acc = b8["equal_halves"], b8["accurate"]
-    at_new_rate = (acc["tb_s"] * acc["us"]) / eh["tb_s"]          # the accurate rung's bytes
-    print(f"b = 8, equal halves against accurate: {eh['us'] - acc['us']:+.1f} us; DRAM "
-          f"{acc['tb_s']:.2f} -> {eh['tb_s']:.2f} TB/s, written {acc['written_mb']:.1f} -> "
-          f"{eh['written_mb']:.1f} MB; the accurate rung's bytes at the new rate: {at_new_rate:.1f} us")
-    assert [r(v["tb_s"], 2) for v in (acc, eh)] == [3.49, 3.65]
-    assert r(acc["written_mb"] - eh["written_mb"]) == 16.4 and r(eh["written_mb"]) == 246.9
-    if mechanism is not None:   # the step table's mechanism column says these writes
+def stall_details(prof, kernels, profile, resident, mechanism=None):
+    """Appendix A.2: the cycles profile's details, from section 5's derived numbers (`prof`, made
+    by the notebook's `profile(kernels, case)`) and resident warps: the tile rung's time predicted
+    at b = 1, the same profile at the GPU's own clock, and every warp state; printed, the
+    appendix's numbers asserted, the warp-state table returned. `mechanism`: section 5's step
+    table's mechanism column, whose sentences about writes must match the profile."""
+    b8, b1 = prof["s4096-b8"], prof["s32768-b1"]
+    if mechanism is not None:   # the step table's mechanism column says the profile's writes
+        acc, eh = b8["accurate"], b8["equal_halves"]
+        extra_mb = b8["chunks"]["written_mb"] - b8["warps"]["written_mb"]
         assert f"{r(extra_mb)} MB more reach DRAM" in mechanism["chunks"]
         assert f"{r(acc['written_mb'] - eh['written_mb'])} MB fewer writes" in mechanism["equal_halves"]
         assert f"{r(acc['tb_s'], 2)} -> {r(eh['tb_s'], 2)} TB/s" in mechanism["equal_halves"]
-    assert (r(acc["us"] - at_new_rate), r(at_new_rate - eh["us"])) == (6.6, 4.5)
-    assert r(acc["us"] - eh["us"]) == 11.1
-    assert r(1 - eh["inst_m"] / acc["inst_m"], 2) == 0.24
-    assert [round(100 * v["issuing"]) for v in (acc, eh)] == [46, 38]
-    assert [r(v["waiting_on_memory"]) for v in (acc, eh)] == [10.7, 14.5]
-    # the finished kernel against rung 6: 1.9 us, 4.2 MB more written (1.2 us of it at its rate),
-    # 7 % more instructions
-    fin8 = b8["finished"]
-    assert [r(v["us"]) for v in (fin8, eh)] == [143.7, 141.9]
-    assert (r(fin8["us"] - eh["us"]), r(fin8["written_mb"] - eh["written_mb"])) == (1.9, 4.2)
-    assert r((fin8["written_mb"] - eh["written_mb"]) / fin8["tb_s"]) == 1.2
-    assert r(fin8["inst_m"] / eh["inst_m"] - 1, 2) == 0.07
-
-    # b = 1. heads, tile, warps: bound by issuing; each sin/cos evaluated 16 or 32 times
-    assert [round(100 * b1[n]["issuing"]) for n in ("heads", "tile", "warps")] == [80, 79, 74]
-    assert [r(b1[n]["sin_cos_copies"]) for n in ("heads", "tile", "warps", "chunks")] == \
-        [16, 16, 32, 1]
-    assert [r(b1[n]["tb_s"], 2) for n in ("heads", "tile", "warps")] == [2.50, 2.40, 1.25]
-    # the tile rung (BLOCK_S = 1 at h = 32, the heads rung's tile in the 3-D form): 3 % more
-    # instructions at lower occupancy; instructions over the issue rate predict the time under the
-    # profiler
+    # the tile rung (BLOCK_S = 1 at h = 32, the heads rung's tile in the 3-D form) at b = 1: 3 %
+    # more instructions at lower occupancy; instructions over the issue rate predict the time
+    # under the profiler
     more_inst = b1["tile"]["inst_m"] / b1["heads"]["inst_m"]
     predicted = more_inst * b1["heads"]["issuing"] / b1["tile"]["issuing"]
     print(f"b = 1, tile against heads: {more_inst:.3f}x the instructions, issuing "
@@ -471,31 +397,13 @@ def stall_profile(mechanism=None):
     assert r(more_inst - 1, 2) == 0.03 and [r(b1[n]["occupancy"]) for n in ("heads", "tile")] == \
         [47.3, 41.4]
     assert (r(predicted, 3), r(b1["tile"]["us"] / b1["heads"]["us"], 3)) == (1.043, 1.041)
-    # chunks: each sin/cos once, 7.6x fewer instructions than the warps rung; memory-bound from here
-    assert r(b1["warps"]["inst_m"] / b1["chunks"]["inst_m"]) == 7.6
-    assert [round(100 * b1[n]["issuing"]) for n in ("chunks", "equal_halves", "finished")] == \
-        [29, 30, 36]
-    assert [r(b1[n]["tb_s"], 2) for n in ("chunks", "equal_halves", "finished", "copy")] == \
-        [3.53, 3.69, 3.99, 4.11]
-    # x first (the finished kernel at b = 1): fewer warps waiting on memory in an average cycle
-    waiting_b1 = {n: b1[n]["waiting_on_memory"] * b1[n]["issuing"] for n in ("equal_halves",
-                                                                             "finished")}
-    assert [r(waiting_b1[n]) for n in ("equal_halves", "finished")] == [3.3, 2.2]
-
-    # the profiler's base clock against the timed runs (benchmarks/ladder.py's CSV), at b = 1: the
-    # heads rung, paced by its instructions, slower under the profiler; the chunks rung about the same
-    timed_b1 = {n: t["ms"] * 1e3 for n, t in measured.timings("ladder", "s32768-b1").items()}
-    print(f"b = 1, profiled at the base clock against timed: heads {b1['heads']['us']:.1f} against "
-          f"{timed_b1['heads']:.1f} us, chunks {b1['chunks']['us']:.1f} against "
-          f"{timed_b1['chunks']:.1f} us")
-    assert [r(b1[n]["us"]) for n in ("heads", "chunks")] == [214.3, 151.1]
-    assert [r(timed_b1[n]) for n in ("heads", "tile", "chunks")] == [175.8, 191.1, 150.1]
     # the same profile at the GPU's own clock (Nsight Compute told to leave it alone): the tile
     # rung's step as the timed runs see it, and the instructions over the issue rate predict it
+    timed_b1 = {n: t["ms"] * 1e3 for n, t in measured.timings("ladder", "s32768-b1").items()}
     FREE_CSV = measured.RESULTS / "ladder_stalls_ncu-nvidia-h200-20261201-2335-clock-none.csv"
     free_kernels = measured.ncu_kernels(FREE_CSV)
     assert "--clock-control none" in compare.read_meta(FREE_CSV)["what"]
-    assert [k["kernel"] for k in free_kernels] == [k["kernel"] for k in stall_kernels]
+    assert [k["kernel"] for k in free_kernels] == [k["kernel"] for k in kernels]
     free = profile(free_kernels, "s32768-b1")
     free_more = free["tile"]["inst_m"] / free["heads"]["inst_m"]
     free_predicted = free_more * free["heads"]["issuing"] / free["tile"]["issuing"]
@@ -506,46 +414,18 @@ def stall_profile(mechanism=None):
           f"{timed_b1['tile'] / timed_b1['heads']:.3f}x")
     assert [r(free[n]["us"]) for n in ("heads", "tile")] == [173.7, 188.5]
     assert [round(100 * free[n]["issuing"]) for n in ("heads", "tile")] == [77, 73]
+    assert r(timed_b1["tile"]) == 191.1
     assert (r(free_predicted, 2), r(free["tile"]["us"] / free["heads"]["us"], 2),
             r(timed_b1["tile"] / timed_b1["heads"], 2)) == (1.09, 1.08, 1.09)
 
-    # warps waiting on memory in an average cycle of a scheduler: waiting on memory per
-    # instruction issued, times the share of cycles a scheduler issues; resident warps from the
-    # achieved occupancy (16 warp slots a scheduler, 4 schedulers an SM on sm_90)
-    WARPS_PER_SCHEDULER = 16
-    print("\nb = 8, warps a scheduler in an average cycle\n"
-          "  kernel        waiting on memory  resident  waiting/resident  DRAM TB/s")
-    waiting, resident = {}, {}
-    for name in ("copy", "heads", "tile", "warps", "chunks", "accurate", "equal_halves",
-                 "finished"):
-        m = stall_kernels[STALL_NAMES.index(name)]["metrics"]
-        waiting[name] = m[LONG_SB] * m["smsp__issue_active.avg.per_cycle_active"]
-        resident[name] = (m["sm__warps_active.avg.pct_of_peak_sustained_active"] / 100
-                          * WARPS_PER_SCHEDULER)
-        print(f"  {name:14s}{waiting[name]:12.1f}{resident[name]:16.1f}"
-              f"{waiting[name] / resident[name]:14.2f}{b8[name]['tb_s']:13.2f}")
-    LATER = ("warps", "chunks", "accurate", "equal_halves", "finished")
-    assert r(waiting["copy"]) == 10.6
-    assert (r(min(waiting[n] for n in LATER)), r(max(waiting[n] for n in LATER))) == (4.9, 5.5)
-    assert all(1.8 < waiting["copy"] / waiting[n] < 2.3 for n in LATER)     # "about half"
-    # ... and about half its warps resident; the share of resident warps waiting: the copy's at
-    # rung 6 and the finished kernel, lower for the three rungs before, at the same occupancy
-    assert r(resident["copy"]) == 13.6 and all(r(resident[n]) == 7.1 for n in LATER)
-    share = {n: waiting[n] / resident[n] for n in waiting}
-    assert all(0.77 < share[n] < 0.79 for n in ("copy", "heads", "equal_halves", "finished"))
-    assert all(0.68 < share[n] < 0.70 for n in ("warps", "chunks", "accurate"))
-    assert [r(b8[n]["occupancy"]) for n in ("accurate", "equal_halves")] == [44.4, 44.3]
-    assert (r(min(b8[n]["tb_s"] for n in LATER), 2), r(max(b8[n]["tb_s"] for n in LATER), 2)) == \
-        (3.49, 3.65)
-
     # every warp state (Nsight Compute's 18), as warps a scheduler in an average cycle: they sum,
-    # within 2 %, to the resident warps. From rung 5 to rung 6, at the same residency, the warps leave the
-    # other states for long_scoreboard (waiting on a load)
+    # within 2 %, to the resident warps. From rung 5 to rung 6, at the same residency, the warps
+    # leave the other states for long_scoreboard (waiting on a load)
     STATE, ISSUE = "smsp__average_warps_issue_stalled_", "smsp__issue_active.avg.per_cycle_active"
     STATE_KERNELS = ("heads", "warps", "accurate", "equal_halves", "finished")
     states = {}
     for name in STATE_KERNELS:
-        m = stall_kernels[STALL_NAMES.index(name)]["metrics"]
+        m = kernels[STALL_NAMES.index(name)]["metrics"]
         states[name] = {k[len(STATE):-len("_per_issue_active.ratio")]: m[k] * m[ISSUE]
                         for k in m if k.startswith(STATE)}
     SHOWN_STATES = ("long_scoreboard", "no_instruction", "not_selected", "selected", "wait",
@@ -563,8 +443,6 @@ def stall_profile(mechanism=None):
     assert all(abs(sum(states[n].values()) / resident[n] - 1) < 0.02 for n in STATE_KERNELS)
     acc_st, eh_st = states["accurate"], states["equal_halves"]
     delta = {st: eh_st[st] - acc_st[st] for st in acc_st}
-    print("rung 5 -> rung 6: " + ", ".join(f"{st} {acc_st[st]:.2f} -> {eh_st[st]:.2f}"
-                                            for st in SHOWN_STATES))
     # the prose: long_scoreboard 4.90 -> 5.50 (+0.60); the others fall
     assert [r(v, 2) for v in (acc_st["long_scoreboard"], eh_st["long_scoreboard"])] == [4.90, 5.50]
     assert r(delta["long_scoreboard"], 2) == 0.60
@@ -576,7 +454,7 @@ def stall_profile(mechanism=None):
     # heads -> warps: more resident warps, the same warps on loads (4.93 -> 4.94)
     assert [r(states[n]["long_scoreboard"], 2) for n in ("heads", "warps")] == [4.93, 4.94]
     assert [r(resident[n], 1) for n in ("heads", "warps")] == [6.4, 7.1]
-    return dict(prof=prof, waiting=waiting, resident=resident, states=states)
+    return states
 
 
 def torch_compile_runs(main_ratio):
