@@ -1236,7 +1236,7 @@ solution(layouts.solution_hf_cos_sin)
 # with every feature rotated. A model's attention rotates q and k, in one launch: q of shape
 # `[S, B, Hq, D] = [4096, 2, 32, 128]` and k with `Hk = 8` heads (grouped-query attention), in
 # bf16, reading the fp32 angle table once for both. With partial rotary only the first
-# $R$ = `int(D * rotary_percent)` features turn (notebook 00's exercise 2); a kernel that writes
+# $R$ = `int(D * rotary_percent)` features turn (section 3); a kernel that writes
 # fresh outputs still copies the rest through. How many bytes must it move at least? (This is
 # the model `ropelib.bench.compare` uses for GB/s.) Write
 # `bytes_moved(seq_len, batch, q_heads, kv_heads, head_dim, rotary_percent=1.0,

@@ -1,7 +1,8 @@
 """A file of this checkout loaded as a module: the benchmark scripts and notebooks' helper files
 the tests exercise, and test modules whose helpers other tests share (their folders are no
-packages). Imported by the test modules as `from loading import load_file` (pytest puts tests/
-on the path)."""
+packages); and source a test writes (a learner's kernel, a worked solution typed in again, a
+notebook's cell) run from a file of its own (`written_module`). Imported by the test modules as
+`from loading import load_file` (pytest puts tests/ on the path)."""
 import importlib.util
 import sys
 import types
@@ -16,6 +17,24 @@ def load_file(name: str, path):
     spec = importlib.util.spec_from_file_location(name, str(path))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def written_module(name: str, path, source: str, names: dict = None):
+    """`source` written to `path` (a str or Path) and run from there as the module `name`, not
+    registered in sys.modules: code in a file of its own, as a learner's notebook cell has it
+    (Triton and inspect read its lines back from the file). Without `names` the file is imported
+    as any other (`load_file`); `names` ({name: value}) are globals set before its first line
+    runs (the modules it uses, a function it calls, a worked solution's module's names), and it
+    then runs in a namespace made of them, with `__name__` and `__file__` set."""
+    path = Path(path)
+    path.write_text(source, encoding="utf-8")
+    if names is None:
+        return load_file(name, path)
+    module = types.ModuleType(name)
+    vars(module).update(names)
+    vars(module).update(__name__=name, __file__=str(path))
+    exec(compile(source, str(path), "exec"), vars(module))  # noqa: S102 -- the tests' own source
     return module
 
 
@@ -46,11 +65,11 @@ def switched_kernels(folder, tag: str, body, switches: tuple, variants: dict, pa
             flags.update(switched)
             call = ", ".join(f"{k}={v}" for k, v in flags.items())
             name = f"{tag}_variant_{label.replace('-', '_')}"
-            file = Path(folder) / f"{name}.py"
-            file.write_text("import triton\nimport triton.language as tl\n"
-                            f"from {module} import _body\n\n\n@triton.jit\n"
-                            f"def kernel({params}):\n    _body({args}, {call})\n")
-            made[label] = load_file(name, file).kernel
+            made[label] = written_module(
+                name, Path(folder) / f"{name}.py",
+                "import triton\nimport triton.language as tl\n"
+                f"from {module} import _body\n\n\n@triton.jit\n"
+                f"def kernel({params}):\n    _body({args}, {call})\n").kernel
         yield made
     finally:
         del sys.modules[module]

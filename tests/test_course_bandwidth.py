@@ -224,7 +224,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.testing  # noqa: E402
 
-from loading import load_file, puzzles_built_on_the_cpu  # noqa: E402
+from loading import puzzles_built_on_the_cpu, written_module  # noqa: E402
 from ropelib.course import puzzles as pz  # noqa: E402
 
 KERNEL_US, COPY_US = 20.0, 10.0
@@ -318,9 +318,9 @@ def test_a_learners_right_answer_gets_the_same_line_as_before(fake_gpu, tmp_path
     fn = pz.solution_shared_table_kernel.fn
     src = textwrap.dedent(inspect.getsource(fn)).replace(f"def {fn.__name__}(",
                                                          "def my_shared_table_kernel(", 1)
-    path = tmp_path / "learner.py"
-    path.write_text("import triton\nimport triton.language as tl\n\n\n" + src, encoding="utf-8")
-    mine = load_file("learner", path).my_shared_table_kernel
+    mine = written_module("learner", tmp_path / "learner.py",
+                          "import triton\nimport triton.language as tl\n\n\n"
+                          + src).my_shared_table_kernel
     assert pz.check_shared_table(mine, seed=0, draw=False) is True
     out = capsys.readouterr().out
     assert "   ⏱ a CPU standing in, x [5, 4, 16]: your kernel 20.0 us for " in out

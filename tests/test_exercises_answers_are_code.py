@@ -1,7 +1,7 @@
 """Exercises whose answer is a number or a list are answered with the learner's function.
 
-Notebook 00's exercises 2 (how many features partial rotary turns) and 3 (interleaved RoPE of
-a `bshd` tensor, what `ropelib.apply_rope(..., layout="bshd", interleaved=True)` returns),
+Notebook 00's exercise 3 (interleaved RoPE of a `bshd` tensor, what
+`ropelib.apply_rope(..., layout="bshd", interleaved=True)` returns),
 notebook 01's exercise 4 (the permutation back to the interleaved pairing), notebook 02's
 exercises 1 (the positions a context-parallel rank holds) and 3 (the bytes a fused forward
 moves), notebook 03's exercise 5b (the time a kernel of ROWS rows a program takes), notebook 04's
@@ -104,16 +104,6 @@ def _with_side_call(own, side):
         side()
         return own(*args)
     return answer
-
-
-# --- notebook 00, exercise 2: how many features partial rotary turns ---------------------------
-
-def _rotary_dim_written_here(head_dim, rotary_percent):
-    return math.floor(head_dim * rotary_percent)      # the product is positive: floor == int
-
-
-def _check_rotary_dim(fn):
-    return basics.check_rotary_dim(fn)
 
 
 # --- notebook 00, exercise 3: interleaved RoPE of a bshd tensor --------------------------------
@@ -308,19 +298,6 @@ def _check_rope_share(fn):
 # --- the table: each check, its learner answers and its library answers ------------------------
 
 EXERCISES = {
-    "00 ex2 rotary_dim": dict(
-        check=_check_rotary_dim,
-        solution=lambda: learner_copy(basics.solution_rotary_dim),
-        own=_rotary_dim_written_here,
-        library={
-            "ropelib.frequencies.rotary_dim": (
-                frequencies.rotary_dim, "called ropelib's rotary_dim (ropelib/frequencies.py)"),
-            "the width of ropelib.rope_freqs": (
-                lambda d, p: ropelib.rope_freqs(1, d, rotary_percent=p).shape[-1],
-                "called ropelib's rope_freqs (ropelib/frequencies.py)"),
-            "the worked solution": (basics.solution_rotary_dim,
-                                    "called ropelib's solution_rotary_dim"),
-        }),
     "00 ex3 interleaved_rope": dict(
         check=_check_interleaved_rope,
         solution=lambda: learner_copy(basics.solution_interleaved_rope),

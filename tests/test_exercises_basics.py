@@ -120,29 +120,6 @@ def test_check_device(capsys):
     assert not basics.check_device(...)
 
 
-def test_check_rotary_dim(capsys):
-    own = learner_copy(basics.solution_rotary_dim)
-    # hand values: int(80 * 0.5) = 40, int(128 * 0.6) = int(76.8) = 76
-    assert own(80, 0.5) == 40 and own(128, 0.6) == 76
-    assert basics.check_rotary_dim(own)
-    assert basics.check_rotary_dim(lambda d, p: float(int(d * p)))          # 40.0 counts
-    assert not basics.check_rotary_dim(lambda d, p: round(d * p))           # rounds 76.8 up
-    assert "rotary_percent=0.6" in capsys.readouterr().out
-    assert not basics.check_rotary_dim(lambda d, p: d // 2)                 # right for 80, 0.5 only
-    assert not basics.check_rotary_dim(lambda d, p: d)                      # the whole head
-    assert not basics.check_rotary_dim(lambda d, p: 40)
-    assert not basics.check_rotary_dim(lambda d, p: ...)
-    assert not basics.check_rotary_dim(40)                                  # a value, not a rule
-    assert "expected a function" in capsys.readouterr().out
-    # ropelib's rotary_dim, a table's width, and the worked solution are not the learner's
-    for library in (frequencies.rotary_dim,
-                    lambda d, p: frequencies.rope_freqs(1, d, rotary_percent=p).shape[-1],
-                    basics.solution_rotary_dim):
-        assert not basics.check_rotary_dim(library)
-        out = capsys.readouterr().out
-        assert "this exercise wants your own rule for the rotary dim" in out and "ropelib's" in out
-
-
 def _rotate_neighbours(x):
     return torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)
 

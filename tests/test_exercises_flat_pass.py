@@ -15,7 +15,7 @@ import triton.language as tl  # noqa: E402
 
 from ropelib import reference  # noqa: E402
 from ropelib.course.exercises import flat_pass as fp  # noqa: E402
-from loading import learner_copy, load_file, switched_kernels  # noqa: E402
+from loading import learner_copy, switched_kernels, written_module  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "05-finished-kernel.py"
@@ -150,9 +150,8 @@ def test_the_exercise_refuses_kernels_that_call_ropelibs_helpers(tmp_path, capsy
            "    sn = tl.load(sin_ptr + s * D + d, mask=live, other=0.0)\n"
            "    y = round_to(x * c + xp * sn, y_ptr.dtype.element_ty, ROUND_BF16_RTNE)\n"
            "    tl.store(y_ptr + i, y, mask=live)\n")
-    file = tmp_path / "learner_flat_with_helper.py"
-    file.write_text(src)
-    kernel = load_file("learner_flat_with_helper", file).kernel
+    kernel = written_module("learner_flat_with_helper", tmp_path / "learner_flat_with_helper.py",
+                            src).kernel
     assert fp.check_flat_kernel(kernel, seed=1) is False
     out = capsys.readouterr().out
     assert "❌ flat pass" in out and "ropelib" in out, out

@@ -29,7 +29,7 @@ from ropelib.course.exercises import kernels as ex  # noqa: E402
 from ropelib.course.kernels import batch_reuse  # noqa: E402
 from ropelib.course.kernels.batch_reuse import rope_batch_reuse  # noqa: E402
 from ropelib.kernels import common  # noqa: E402
-from loading import load_file  # noqa: E402
+from loading import load_file, written_module  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 INTERPRETER_ONLY = pytest.mark.skipif(not runtime.INTERPRET,
@@ -228,9 +228,7 @@ def test_batch_reuse_check_refuses_a_kernel_the_notebook_itself_defines(tmp_path
                                                                       capsys):
     # notebook 04 defines its versions 1 and 2 in cells: neither file nor name is ropelib's, so
     # only the notebook's namespace says they are the notebook's and not the learner's
-    path = tmp_path / "notebook_cells.py"
-    path.write_text(_notebook_cells(), encoding="utf-8")
-    cells = load_file("notebook_cells", path)
+    cells = written_module("notebook_cells", tmp_path / "notebook_cells.py", _notebook_cells())
     answer = cells.my_batch_reuse_kernel
     assert gk.check_batch_reuse_kernel(answer) is True       # outside a notebook: a helper
     capsys.readouterr()
@@ -599,13 +597,9 @@ def _notebook_rope_cell(folder):
              if isinstance(node, ast.FunctionDef) and node.name in wanted]
     assert len(parts) == 2, "notebook 06 no longer defines its kernel cell and rope_cell"
     source = "@triton.jit\n" + "\n\n\n".join(parts)      # the decorator is not in the segment
-    copy = folder / "notebook06_rope_cell.py"
-    copy.write_text(source, encoding="utf-8")
-    namespace = {"torch": torch, "triton": triton, "tl": tl, "round_to": common.round_to,
-                 "BF16_RTNE": common.BF16_RTNE, "__name__": "notebook06_rope_cell",
-                 "__file__": str(copy)}
-    exec(compile(source, str(copy), "exec"), namespace)  # noqa: S102 -- the notebook's own source
-    return namespace["rope_cell"]
+    return written_module("notebook06_rope_cell", folder / "notebook06_rope_cell.py", source,
+                          {"torch": torch, "triton": triton, "tl": tl,
+                           "round_to": common.round_to, "BF16_RTNE": common.BF16_RTNE}).rope_cell
 
 
 def test_rope_function_check_refuses_a_forward_through_the_notebooks_rope_cell(

@@ -28,7 +28,7 @@ from ropelib.course.exercises import finished_kernel as fk  # noqa: E402
 from ropelib.course.exercises.own_code import library_kernel  # noqa: E402
 from ropelib.course.kernels import batch_reuse, naive  # noqa: E402
 from ropelib.kernels import flat, fused  # noqa: E402
-from loading import load_file  # noqa: E402
+from loading import load_file, written_module  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "interleaved 3-D tile kernel"
@@ -149,9 +149,7 @@ def learner(tmp_path_factory):
     made = {}
     for name, src in sources.items():
         module = "interleaved_learner_" + name.replace("-", "_")
-        file = folder / f"{module}.py"
-        file.write_text(src, encoding="utf-8")
-        made[name] = load_file(module, file).kernel
+        made[name] = written_module(module, folder / f"{module}.py", src).kernel
     return made
 
 
@@ -336,9 +334,8 @@ def test_access_bytes_reads_the_width_of_every_sass_load():
 
 def test_exercise_1b_accepts_a_kernel_whose_x_loads_are_vectors(tmp_path, capsys):
     from ropelib.course import load_schedule
-    file = tmp_path / "learner_vector_kernel.py"
-    file.write_text(VECTOR_KERNEL)
-    kernel = load_file("learner_vector_kernel", file).kernel
+    kernel = written_module("learner_vector_kernel", tmp_path / "learner_vector_kernel.py",
+                            VECTOR_KERNEL).kernel
     sched = load_schedule.schedule(kernel, _h200_args(), num_warps=8)
     widths = load_schedule.load_widths(sched)
     assert widths.get(16, 0) >= 2 and 2 not in widths
@@ -384,9 +381,8 @@ def kernel(x_ptr, y_ptr, freqs_ptr, S, B, H, B_CHUNK, sxs, sxb, sxh, sxd, sys_, 
 
 def test_exercise_1b_refuses_the_stride_2_kernel_though_it_is_right(tmp_path, capsys):
     from ropelib.course import load_schedule
-    file = tmp_path / "learner_stride_2_kernel.py"
-    file.write_text(STRIDE_2_KERNEL)
-    own = load_file("learner_stride_2_kernel", file).kernel          # right, but 2-byte loads
+    own = written_module("learner_stride_2_kernel", tmp_path / "learner_stride_2_kernel.py",
+                         STRIDE_2_KERNEL).kernel                     # right, but 2-byte loads
     assert fk.check_interleaved_tile_kernel(own) is True
     widths = load_schedule.load_widths(load_schedule.schedule(own, _h200_args(), num_warps=8))
     assert widths.get(2, 0) >= 8                                      # one element at a time

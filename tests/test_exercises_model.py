@@ -25,7 +25,7 @@ from ropelib.course.rounds import paired_rounds  # noqa: E402
 from ropelib.course import model as gpt_model  # noqa: E402
 from ropelib.course.exercises import in_a_model, own_code  # noqa: E402
 from ropelib.course.model import GPTConfig, KVCache  # noqa: E402
-from loading import load_file  # noqa: E402
+from loading import load_file, written_module  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "09-rope-in-a-model.py"
@@ -415,11 +415,8 @@ def _kernel_variant(label, *edits):
         source = source.replace(old, new)
     name = "my_" + "".join(c if c.isalnum() else "_" for c in label)[:40]
     source = source.replace("def solution_model_rope_kernel(", f"def {name}(")
-    path = _VARIANTS / f"{name}.py"
-    path.write_text(source, encoding="utf-8")
-    namespace = {"triton": triton, "tl": tl, "__name__": name, "__file__": str(path)}
-    exec(compile(source, str(path), "exec"), namespace)  # noqa: S102 -- the test's own source
-    return namespace[name]
+    return getattr(written_module(name, _VARIANTS / f"{name}.py", source,
+                                  {"triton": triton, "tl": tl}), name)
 
 
 def test_the_worked_kernel_typed_in_passes_and_trains_like_the_reference(capsys):
@@ -496,12 +493,8 @@ def _calling(target):
                                    args=[ast.Name(a.arg, ast.Load()) for a in node.args.args],
                                    keywords=[]))]
     source = "@triton.jit\n" + ast.unparse(ast.fix_missing_locations(tree)) + "\n"
-    path = _VARIANTS / f"{node.name}.py"
-    path.write_text(source, encoding="utf-8")
-    namespace = {"triton": triton, "tl": tl, "TARGET": target, "__name__": node.name,
-                 "__file__": str(path)}
-    exec(compile(source, str(path), "exec"), namespace)  # noqa: S102 -- the test's own source
-    return namespace[node.name]
+    return getattr(written_module(node.name, _VARIANTS / f"{node.name}.py", source,
+                                  {"triton": triton, "tl": tl, "TARGET": target}), node.name)
 
 
 def test_the_worked_kernel_and_kernels_that_call_it_are_refused(capsys):

@@ -28,7 +28,7 @@ from ropelib import runtime  # noqa: E402
 from ropelib.course.exercises import qkv_epilogue as ex  # noqa: E402
 from ropelib.course.kernels import qkv_teaching  # noqa: E402
 from ropelib.kernels import common  # noqa: E402
-from loading import load_file  # noqa: E402
+from loading import load_file, written_module  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "12-rope-in-the-qkv-projection.py"
@@ -53,12 +53,9 @@ def mutated(kernel, *replacements, name=None):
     if name:
         src = src.replace(f"def {fn.__name__}(", f"def {name}(")
     path = _COPIES / f"mutated_{name or fn.__name__}_{next(_count)}.py"
-    path.write_text(src, encoding="utf-8")
-    namespace = {k: v for k, v in vars(sys.modules[fn.__module__]).items()
-                 if k not in ("__file__", "__cached__")}
-    namespace.update(__name__=f"learner_{path.stem}", __file__=str(path))
-    exec(compile(src, str(path), "exec"), namespace)  # noqa: S102 -- the test's own source
-    return namespace[name or fn.__name__]
+    names = {k: v for k, v in vars(sys.modules[fn.__module__]).items()
+             if k not in ("__file__", "__cached__")}
+    return getattr(written_module(f"learner_{path.stem}", path, src, names), name or fn.__name__)
 
 
 EPILOGUE = "        acc_a, acc_b = acc_a * c - acc_b * s, acc_b * c + acc_a * s\n"
@@ -288,13 +285,11 @@ def test_notebook_starters_fail_and_lack_only_the_exercise(name, worked, removed
     assert [ln for ln in _code_lines(src) if ln != "pass"] == [
         ln for ln in solved if ln not in removed]
     path = _COPIES / f"{name}_{next(_count)}.py"
-    path.write_text(src, encoding="utf-8")
-    namespace = {"triton": triton, "tl": tl, "__name__": f"learner_{path.stem}",
-                 "__file__": str(path)}
-    exec(compile(src, str(path), "exec"), namespace)  # noqa: S102 -- the notebook's source
+    starting_point = getattr(written_module(f"learner_{path.stem}", path, src,
+                                            {"triton": triton, "tl": tl}), name)
     check = {FWD: ex.check_epilogue_kernel, ONE: ex.check_split_epilogue_kernel,
              DX: ex.check_prologue_kernel}[worked]
-    assert not check(namespace[name], seed=9)
+    assert not check(starting_point, seed=9)
     assert "❌" in capsys.readouterr().out
 
 
@@ -373,11 +368,8 @@ def _notebook_persistent(name="my_persistent_qkv_kernel", *replacements):
         assert old in src, old
         src = src.replace(old, new)
     path = _COPIES / f"{name}_{next(_count)}.py"
-    path.write_text(src, encoding="utf-8")
-    namespace = {"triton": triton, "tl": tl, "__name__": f"learner_{path.stem}",
-                 "__file__": str(path)}
-    exec(compile(src, str(path), "exec"), namespace)  # noqa: S102 -- the notebook's source
-    return namespace["my_persistent_qkv_kernel"]
+    return written_module(f"learner_{path.stem}", path, src,
+                          {"triton": triton, "tl": tl}).my_persistent_qkv_kernel
 
 
 def test_the_notebooks_persistent_kernel_passes(capsys):

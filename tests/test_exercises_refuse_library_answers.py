@@ -62,7 +62,7 @@ from ropelib.course.exercises import (  # noqa: E402
     in_a_model, kernels, measuring, multi_axis, naive_kernel, pairs_pass, qkv_epilogue,
     yardstick)
 from ropelib.course.kernels import naive, qkv_teaching  # noqa: E402
-from loading import load_file  # noqa: E402
+from loading import load_file, written_module  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 _own_code_tests = load_file("own_code_tests_refuse", ROOT / "tests" / "test_own_code.py")
@@ -591,8 +591,6 @@ def _rope_bshd(x, f):
 
 
 PRECOMPUTED = [
-    ("00 ex2 check_rotary_dim", basics.check_rotary_dim, basics.solution_rotary_dim,
-     frequencies.rotary_dim),
     ("00 ex3 check_interleaved_rope", basics.check_interleaved_rope,
      basics.solution_interleaved_rope, _rope_bshd),
     ("01 ex3 check_rotate_half", basics.check_rotate_half, basics.solution_rotate_half,
@@ -670,12 +668,8 @@ def wrapping(target, *, returns=False):
     node.body = [ast.Return(call) if returns else ast.Expr(call)]
     node.returns = None
     source = "@triton.jit\n" + ast.unparse(ast.fix_missing_locations(tree)) + "\n"
-    path = _COPIES / f"{name}.py"
-    path.write_text(source, encoding="utf-8")
-    namespace = {"triton": triton, "tl": tl, "TARGET": target, "__name__": name,
-                 "__file__": str(path)}
-    exec(compile(source, str(path), "exec"), namespace)  # noqa: S102 -- the test's own source
-    return namespace[name]
+    return getattr(written_module(name, _COPIES / f"{name}.py", source,
+                                  {"triton": triton, "tl": tl, "TARGET": target}), name)
 
 
 def _granular_work(S, B, H, D, rows):

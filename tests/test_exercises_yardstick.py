@@ -17,7 +17,7 @@ import triton.language as tl  # noqa: E402
 from ropelib import reference, runtime  # noqa: E402
 from ropelib.bench import compare  # noqa: E402
 from ropelib.course.exercises import yardstick as ys  # noqa: E402
-from loading import learner_copy, load_file, switched_kernels  # noqa: E402
+from loading import learner_copy, switched_kernels, written_module  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "07-te-vs-triton-live.py"
@@ -136,9 +136,8 @@ def test_the_exercise_refuses_kernels_that_call_ropelibs_kernels(tmp_path, capsy
            "           BLOCK_ROWS: tl.constexpr, ROTATE: tl.constexpr):\n"
            "    solution_rows_kernel(x_ptr, y_ptr, freqs_ptr, n_rows, ROWS_PER_TOKEN, D,\n"
            "                          BLOCK_ROWS, ROTATE)\n")
-    file = tmp_path / "learner_rows_with_solution.py"
-    file.write_text(src)
-    kernel = load_file("learner_rows_with_solution", file).kernel
+    kernel = written_module("learner_rows_with_solution",
+                            tmp_path / "learner_rows_with_solution.py", src).kernel
     assert ys.check_rows_kernel(kernel, seed=1) is False
     out = capsys.readouterr().out
     assert "❌ copy and rotate" in out and "ropelib" in out, out

@@ -17,6 +17,7 @@ if not torch.cuda.is_available():
 from ropelib import reference  # noqa: E402
 from ropelib.course.exercises import in_a_model  # noqa: E402
 from ropelib.frequencies import rope_freqs  # noqa: E402
+from loading import written_module  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "09-rope-in-a-model.py"
@@ -50,12 +51,8 @@ def _calling(target):
                                    args=[ast.Name(a.arg, ast.Load()) for a in node.args.args],
                                    keywords=[]))]
     source = "@triton.jit\n" + ast.unparse(ast.fix_missing_locations(tree)) + "\n"
-    path = _DIR / f"{node.name}.py"
-    path.write_text(source, encoding="utf-8")
-    namespace = {"triton": triton, "tl": tl, "TARGET": target, "__name__": node.name,
-                 "__file__": str(path)}
-    exec(compile(source, str(path), "exec"), namespace)  # noqa: S102 -- the test's own source
-    return namespace[node.name]
+    return getattr(written_module(node.name, _DIR / f"{node.name}.py", source,
+                                  {"triton": triton, "tl": tl, "TARGET": target}), node.name)
 
 
 def test_the_one_angle_kernel_is_refused_as_an_answer(capsys):

@@ -25,6 +25,7 @@ from ropelib import hf as rope_hf
 from ropelib import te as rope_te
 from ropelib.course import puzzles as pz
 from ropelib.kernels.fused import _rope_kernel
+from loading import written_module
 
 KEYS = list(pz.PUZZLES)
 _COPIES = Path(tempfile.mkdtemp(prefix="nb13_library_answers_"))
@@ -58,12 +59,8 @@ def _own_kernel_calling(key: str, call) -> object:
     body = next(i for i, line in enumerate(lines) if line.startswith("):")) + 1
     lines.insert(body, "    CALL()  # ropelib's finished function, its result thrown away")
     source = "\n".join(lines) + "\n"
-    path = _COPIES / f"{name}.py"
-    path.write_text(source, encoding="utf-8")
-    namespace = {"triton": triton, "tl": tl, "CALL": call, "__name__": name,
-                 "__file__": str(path)}
-    exec(compile(source, str(path), "exec"), namespace)  # noqa: S102 -- the test's own source
-    return namespace[name]
+    return getattr(written_module(name, _COPIES / f"{name}.py", source,
+                                  {"triton": triton, "tl": tl, "CALL": call}), name)
 
 
 @pytest.mark.parametrize("key, finished", CASES, ids=[f"{k}: {f}" for k, f in CASES])

@@ -9,6 +9,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before ropelib's kernels are imported
 
 from ropelib.course.offline_compile import compiled_code  # noqa: E402
+from loading import written_module  # noqa: E402
 
 # a kernel as a notebook defines one: with a helper it calls and a combine function it is given
 SOURCE = '''import triton
@@ -30,13 +31,7 @@ def scale_kernel(x_ptr, y_ptr, n, COMBINE: tl.constexpr, DTYPE: tl.constexpr,
 
 
 def _module(tmp_path):
-    import importlib.util
-    path = tmp_path / "scale_kernels.py"
-    path.write_text(SOURCE)
-    spec = importlib.util.spec_from_file_location("scale_kernels", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return written_module("scale_kernels", tmp_path / "scale_kernels.py", SOURCE)
 
 
 def test_a_kernel_from_source_given_a_dtype_and_a_function(tmp_path):

@@ -36,6 +36,7 @@ from ropelib.course.exercises.own_code import (LibraryAnswer, launch_barred,  # 
 from ropelib.course import debug  # noqa: E402
 from ropelib.course.kernels import batch_reuse, naive  # noqa: E402
 from ropelib.kernels import common  # noqa: E402
+from loading import written_module  # noqa: E402
 
 DEVICE = runtime.default_device()
 INTERPRETER_ONLY = pytest.mark.skipif(not runtime.INTERPRET, reason="needs Triton's interpreter")
@@ -53,11 +54,8 @@ def learner_copy(obj):
     module = sys.modules[fn.__module__]
     source = textwrap.dedent(inspect.getsource(fn))
     path = _COPIES / f"learner_{fn.__name__}_{next(_count)}.py"
-    path.write_text(source, encoding="utf-8")
-    namespace = {k: v for k, v in vars(module).items() if k not in ("__file__", "__cached__")}
-    namespace.update(__name__=f"learner_{path.stem}", __file__=str(path))
-    exec(compile(source, str(path), "exec"), namespace)  # noqa: S102 -- the test's own source
-    return namespace[fn.__name__]
+    names = {k: v for k, v in vars(module).items() if k not in ("__file__", "__cached__")}
+    return getattr(written_module(f"learner_{path.stem}", path, source, names), fn.__name__)
 
 
 def _x():

@@ -22,7 +22,7 @@ import triton.language as tl
 from ropelib.course import puzzles as pz
 from ropelib.course.work_count import interpreted
 from ropelib.kernels.common import cos_sin, rotate_pair
-from loading import load_file  # noqa: E402
+from loading import written_module  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "13-rope-puzzles.py"
@@ -57,12 +57,6 @@ def _hinted(capsys, number: int, out: str) -> str:
     return told
 
 
-def _import_file(path: Path, name: str):
-    """Import a module from a file (the interpreter reads a kernel's source from its file)."""
-    module = load_file(name, path)
-    return module
-
-
 def _notebook_kernels(source: str):
     """{name: (first line, last line)} of the notebook's learner kernels `my_*_kernel`
     (1-based, decorator included)."""
@@ -80,10 +74,10 @@ def starters(tmp_path_factory):
     source = NOTEBOOK.read_text(encoding="utf-8")
     lines = source.splitlines()
     blocks = [("\n".join(lines[a - 1:b])) for a, b in _notebook_kernels(source).values()]
-    path = tmp_path_factory.mktemp("starters") / "puzzle_starters.py"
-    path.write_text("import triton\nimport triton.language as tl\n\n\n"
-                    + "\n\n\n".join(blocks) + "\n", encoding="utf-8")
-    return _import_file(path, "puzzle_starters")
+    return written_module("puzzle_starters",
+                          tmp_path_factory.mktemp("starters") / "puzzle_starters.py",
+                          "import triton\nimport triton.language as tl\n\n\n"
+                          + "\n\n\n".join(blocks) + "\n")
 
 
 def test_the_notebook_has_a_kernel_cell_per_puzzle():
@@ -103,11 +97,10 @@ def _solution_as_learner(key: str) -> str:
 @pytest.fixture(scope="module")
 def own_solutions(tmp_path_factory):
     """Every worked solution, copied into a file of the learner's (their own code objects)."""
-    path = tmp_path_factory.mktemp("solutions") / "puzzle_solutions.py"
-    path.write_text("import triton\nimport triton.language as tl\n\n\n"
-                    + "\n\n\n".join(_solution_as_learner(k) for k in KEYS) + "\n",
-                    encoding="utf-8")
-    return _import_file(path, "puzzle_solutions")
+    return written_module("puzzle_solutions",
+                          tmp_path_factory.mktemp("solutions") / "puzzle_solutions.py",
+                          "import triton\nimport triton.language as tl\n\n\n"
+                          + "\n\n\n".join(_solution_as_learner(k) for k in KEYS) + "\n")
 
 
 @pytest.mark.parametrize("key", KEYS)
@@ -263,11 +256,11 @@ def _with_library_call(kernel, name: str) -> str:
 @pytest.fixture(scope="module")
 def library_answers(tmp_path_factory):
     blocks = [_with_library_call(p.solution, f"lib_{k}_kernel") for k, p in pz.PUZZLES.items()]
-    path = tmp_path_factory.mktemp("library") / "puzzle_library_answers.py"
-    path.write_text("import triton\nimport triton.language as tl\n"
-                    "from ropelib.kernels.common import pair_features\n\n\n"
-                    + "\n\n\n".join(blocks) + "\n", encoding="utf-8")
-    return _import_file(path, "puzzle_library_answers")
+    return written_module("puzzle_library_answers",
+                          tmp_path_factory.mktemp("library") / "puzzle_library_answers.py",
+                          "import triton\nimport triton.language as tl\n"
+                          "from ropelib.kernels.common import pair_features\n\n\n"
+                          + "\n\n\n".join(blocks) + "\n")
 
 
 @pytest.mark.parametrize("key", KEYS)
@@ -471,10 +464,9 @@ def partial_variants(tmp_path_factory):
     folder = tmp_path_factory.mktemp("partial")
     out = {}
     for name, (partner, tail) in variants.items():
-        path = folder / f"partial_{name}.py"
-        path.write_text("import triton\nimport triton.language as tl\n"
-                        + _partial_source(partner, tail), encoding="utf-8")
-        out[name] = _import_file(path, f"partial_{name}").partial_kernel
+        out[name] = written_module(f"partial_{name}", folder / f"partial_{name}.py",
+                                   "import triton\nimport triton.language as tl\n"
+                                   + _partial_source(partner, tail)).partial_kernel
     return out
 
 

@@ -3,8 +3,8 @@
 Every `check_...` computes its expected answer from ropelib itself (`reference`, `frequencies`,
 `compare`), prints ✅ or ❌ through `ropelib.course.exercises.check`, returns a bool and never raises.
 The exercises of notebooks 00, 01 and 02 are answered with the learner's *function*, also those
-whose answer is a number or a list (a call's TB/s and TFLOP/s, the rotary dim, a permutation, the
-positions a rank holds, a byte count): the check tries it on several inputs and reports the first
+whose answer is a number or a list (a call's TB/s and TFLOP/s, a permutation, the positions a
+rank holds, a byte count): the check tries it on several inputs and reports the first
 one that fails, and runs it with ropelib's own answers barred (`own_code`): a function that
 calls `ropelib.apply_rope`, `ropelib.reference`, `ropelib.frequencies`, the finished API, the
 benchmarks' bytes model or the worked solution below is refused, whatever it returns. Notebook 01's checks also refuse the
@@ -42,7 +42,7 @@ from .own_code import (check_cases, course_rope_helpers, fresh_generator, instal
                        listed_as_tensor, run_own_code)
 
 __all__ = [
-    "check_device", "check_call_rates", "check_rotary_dim", "check_interleaved_rope",
+    "check_device", "check_call_rates", "check_interleaved_rope",
     "check_rotation_matrix", "check_relative_score", "check_rotate_half",
     "check_interleave_permutation",
     "check_cp_positions", "check_cos_sin_from_freqs", "check_bytes_moved",
@@ -141,24 +141,6 @@ def _as_pair(answer, expected):
     """The learner's (tb_s, tflop_s) as a tuple of two floats."""
     tb_s, tflop_s = answer
     return float(tb_s), float(tflop_s)
-
-
-def check_rotary_dim(fn: Callable) -> bool:
-    """Notebook 00, exercise 2: fn(head_dim, rotary_percent) -> R, the number of features of
-    each head that RoPE rotates (partial rotary), as Transformer Engine and Hugging Face compute
-    it. Tried on the exercise's model (head_dim 80, rotary_percent 0.5) and on others, one where
-    head_dim * rotary_percent is not a whole number; the expected R is
-    `ropelib.frequencies.rotary_dim`'s, which is barred, with ropelib and the worked solution."""
-    cases = [(f"head_dim={d}, rotary_percent={p}", (d, p), frequencies.rotary_dim(d, p))
-             for d, p in ((80, 0.5), (128, 1.0), (96, 0.25), (80, 0.4), (128, 0.6))]
-    seed, g = fresh_generator()     # and one drawn now: a table of answers made beforehand fails
-    d = 8 * int(torch.randint(2, 33, (), generator=g))
-    p = (2 * int(torch.randint(1, d // 2, (), generator=g)) + 0.5) / d   # R even, d*p not whole
-    cases.append((f"head_dim={d}, rotary_percent={p:.6g} (drawn with seed {seed})", (d, p),
-                  frequencies.rotary_dim(d, p)))
-    return check_cases("rotary dim", "your own rule for the rotary dim", fn, cases,
-                       hint="TE and HF both take int(head_dim * rotary_percent): int() cuts the "
-                            "fraction off, it does not round")
 
 
 def check_interleaved_rope(fn: Callable) -> bool:
@@ -563,7 +545,8 @@ def check_bytes_moved(fn: Callable) -> bool:
     return check_cases("bytes moved", "your count of the bytes", fn, cases,
                        hint="every element of q and of k is read once and written once "
                             "(bytes_per_element each), plus seq_len * R fp32 angles (4 bytes "
-                            "each), R = int(head_dim * rotary_percent) as in notebook 00",
+                            "each), R = int(head_dim * rotary_percent) as in notebook 02, "
+                            "section 3",
                        bar=(solution_bytes_moved,))   # (ropelib.bench's models: barred)
 
 
@@ -576,13 +559,6 @@ def solution_call_rates(seq_len, batch, heads, head_dim, bytes_per_element, ms):
     flops = 3 * elements                       # y = x cos - x' sin: 2 multiplies, 1 add
     seconds = ms * 1e-3
     return bytes_ / seconds / 1e12, flops / seconds / 1e12
-
-
-def solution_rotary_dim(head_dim, rotary_percent):
-    # Transformer Engine and Hugging Face both cut the fraction off: int(80 * 0.5) = 40, and
-    # int(128 * 0.6) = int(76.8) = 76. The table has that many columns; the features after
-    # them pass through unchanged.
-    return int(head_dim * rotary_percent)
 
 
 def solution_interleaved_rope(x, freqs):
@@ -651,6 +627,6 @@ def solution_bytes_moved(seq_len, batch, q_heads, kv_heads, head_dim, rotary_per
                          bytes_per_element=2):
     # every feature of q and k is read and written, rotated or passed through
     qk_bytes = seq_len * batch * (q_heads + kv_heads) * head_dim * bytes_per_element
-    rotary_dim = int(head_dim * rotary_percent)   # TE's and HF's truncation (notebook 00)
+    rotary_dim = int(head_dim * rotary_percent)   # TE's and HF's truncation (section 3)
     table_bytes = seq_len * rotary_dim * 4        # fp32 angles [S, R], read once for q and k
     return 2 * qk_bytes + table_bytes             # read q and k, write both, read the table
