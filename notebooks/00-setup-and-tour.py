@@ -480,8 +480,9 @@ if FLOOR:
 #
 # Notebooks 03 to 05 write the same rotation three times, and each differs from the last in how
 # the work is split into *programs*, the instances of a kernel that the GPU runs in parallel.
-# Each program runs on one of the GPU's *streaming multiprocessors* (SMs: 132 on an H200), as
-# one or more *warps*, groups of 32 threads that execute each instruction together:
+# Each program runs on one of the GPU's *streaming multiprocessors* (SMs: 132 on an H100 SXM
+# and on an H200), as one or more *warps*, groups of 32 threads that execute each instruction
+# together:
 #
 # | notebook | kernel | one program handles | programs for `x` of $[S, B, H, D]$ |
 # |---|---|---|---|
@@ -492,8 +493,8 @@ if FLOOR:
 # The cell runs the three and both copies on the tour's `x` and checks each (change `S, B, H`
 # in section 3's first cell and the program counts follow; in the interpreter keep them small).
 # On a GPU it also times all five with `triton.testing.do_bench` (the median of many launches)
-# as % of torch's copy; the interpreter's times would say nothing about a GPU, so on a CPU it
-# times nothing.
+# as % of torch's copy; on a CPU it times nothing, as the interpreter's times say nothing about
+# a GPU.
 
 # %%
 from ropelib.course.kernels.batch_reuse import batch_reuse_grid, rope_batch_reuse
@@ -527,24 +528,17 @@ if GPU:                                         # do_bench: the median of many l
         print(f"  {name:25s} {t * 1e3:8.1f} µs  {100 * ms['torch copy_'] / t:4.0f} % of a copy")
 
 # %% [markdown]
-# On a GPU those live shares are your GPU's at the tour's size, `x` of $[2048, 4, 16, 128]$
-# (32 MiB), and need not match the committed profile below, an H200's at $[4096, 8, 32, 128]$
-# (256 MiB). The shapes say where to expect a difference. The grid's programs loop over the
-# batch, $B = 4$ rows each at the tour's size and 8 in the profile: for the same bytes it starts
-# twice as many programs, so the time its programs take to start weighs twice as much, and its
-# share of a copy comes out lower. The naive kernel starts one program a row at any size, so its
-# share moves with the GPU instead: notebook 03 (section 4.4) measures its time the same on an
-# H100 and an H200 and the copy faster on the H200, so on an H100 it reaches a larger share.
-#
-# What does the split cost? `benchmarks/mechanism.py` ran each kernel once under *Nsight
-# Compute*, NVIDIA's kernel profiler, which replays a launch and reads the GPU's hardware
-# counters (`benchmarks/results/mechanism-nvidia-h200.csv`): the kernel's time, the bytes it
-# moved to and from the GPU's memory (DRAM) over the bytes RoPE must move (`x`, `y` and the
-# table: "DRAM / model"), its programs, and its *thread instructions per element* (warp
-# instructions × 32 over the elements of `x`). The fifth row is what `apply_rope` runs at this
-# size: the two-pass route's flat pass (its table pass ran in a warm-up call). A second file,
-# `program_cost-nvidia-h200.csv`, timed with `do_bench` a kernel of as many programs as the
-# naive kernel's that do nothing at all, and one whose programs each move a row.
+# Those live shares are your GPU's at the tour's size, `x` of $[2048, 4, 16, 128]$ (32 MiB).
+# The committed profile below is an H200's at $[4096, 8, 32, 128]$ (256 MiB):
+# `benchmarks/mechanism.py` ran each kernel once under *Nsight Compute*, NVIDIA's kernel
+# profiler, which reads the GPU's hardware counters (`mechanism-nvidia-h200.csv` in
+# `benchmarks/results/`). Its columns: the time, the bytes moved to and from the GPU's memory
+# (DRAM) over the bytes RoPE must move ("DRAM / model"), the programs and their warps, and the
+# thread instructions per element that notebooks 04 and 05 use. The fifth row is the flat pass
+# of the two-pass route `apply_rope` takes at this size. `program_cost-nvidia-h200.csv` timed
+# with `do_bench` as many programs as the naive kernel's, doing nothing or each moving a row;
+# from it comes each kernel's *program floor*, the time its programs alone take to start
+# (exercise 2 works it out).
 
 # %%
 MECHANISM = measured.path("mechanism").is_file() and measured.path("program_cost").is_file()
@@ -641,25 +635,26 @@ if MECHANISM:
     plt.show()
 
 # %% [markdown]
-# All five move the same bytes: Nsight Compute counted 0.95 to 0.98 of them, the writes a
-# little short (the copy's too), as the last lines of `y` can still sit in the L2 cache when the
-# profiler stops counting (notebook 04, appendix A.5). The bytes do not tell the kernels apart.
+# All five move the same bytes: Nsight Compute counted 0.95 to 0.98 of them. The writes come
+# out a little short, the copy's too, likely because the last lines of `y` still sit in the L2
+# cache when counting stops; the cell shows only that the shortfall fits in the L2 (notebook 04,
+# appendix A.5, looks closer).
 #
 # The programs explain the naive row, and only it. 1,048,576 one-warp programs take 633.7 µs
 # doing nothing and 634.6 µs each moving a row; the naive kernel, as many programs, took 634 µs,
-# 20 % of a copy: its time is the GPU starting programs (notebook 03 measures this). Shared by
-# 132 SMs, an empty program costs 79.8 ns of an SM's time, which puts a *program floor*, the
-# time its programs alone take to start, under every kernel (the table's column and the
-# figure's red marks; exercise 2 works it out). The others stand well above theirs: the grid's 8 times fewer programs need 79 µs, under half its
-# 179 µs, and the flat pass starts as many programs as the grid, 32 times the finished kernel's
-# 4,096, yet is faster than both. Instructions do not rank them either: the finished
-# kernel's threads execute 9.9 an element (the naive kernel's 88), the flat pass's more.
+# 20 % of a copy: its time is the GPU starting programs, 79.8 ns of an SM's time each (notebook
+# 03, section 4.3, measures this). Every other kernel stands well above its floor: the grid's
+# 79 µs is under half its 179 µs.
 #
-# What sets the others' times is not settled here. Notebook 04 (section 5.3) sets the grid
-# against three floors (bytes, programs, instruction issue) and finds it above all three; it
-# names a suspect for the rest, one row in flight per warp, and leaves it unmeasured. Notebook 05
-# climbs from the grid to the finished kernel one change at a time, measures what each step
-# buys, and says why `apply_rope` takes the two-pass route from 64 MiB on.
+# The same arithmetic reads the tour's size, at the H200's cost a program. The naive kernel
+# starts 131,072 programs, as many as the profile's grid: that row's floor of 79 µs, and as
+# notebook 03 (section 4.4) finds the naive time the same on an H100, it should be most of the
+# naive kernel's live time on either GPU. The grid starts 32,768, a quarter of that floor. If
+# its live time stands well above its floor plus the copy's, as on an H100, program starts do
+# not explain a share below the profile's 70 %, and nothing here measures what does. Notebook 04
+# (sections 2 and 5.3) sets the grid against three floors and names a suspect, one row in flight
+# per warp; notebook 05 climbs to the finished kernel one change at a time and says why
+# `apply_rope` takes the two-pass route from 64 MiB on.
 
 # %% [markdown]
 # ## 5. Where to go next

@@ -258,8 +258,20 @@ print("dual-chunk attention of each rank = its share of causal attention over th
 #
 # Write `my_dual_chunk_positions(seq_len, cp_size, cp_rank)`: the `seq_len / cp_size` global
 # positions rank `cp_rank` holds under the dual-chunk split, its first chunk then its second.
-# For `(8, 2, 0)`: `[0, 1, 6, 7]`. It takes the length of the *whole* sequence, where
-# `cp.dual_chunk_positions` above takes the rank's local length (`S // CP`).
+# It takes the length of the *whole* sequence, where `cp.dual_chunk_positions` above takes the
+# rank's local length (`S // CP`). The check also tries one rank, where the two chunks adjoin.
+#
+# Then the inverse, on paper, which a rank needs to pick its labels and a debugger needs to find
+# a token: on 4 ranks with a 128-token sequence, which rank holds global position 100, and at
+# which local index? Which ranks hold their two chunks as one run of positions, for any $c$?
+#
+# <details><summary>Answers</summary>
+#
+# 8 chunks of 16: position 100 is in chunk 6 $= 2c-1-r$, so rank 1, which holds chunk 1
+# (positions 16–31, local indices 0–15) and then chunk 6: local index $16 + (100 - 96) = 20$.
+# Chunks $r$ and $2c-1-r$ adjoin only when $2c-1-r = r+1$, that is $r = c-1$: the last rank
+# (appendix A.1 shows it for rank 1 of 2).
+# </details>
 
 # %%
 def my_dual_chunk_positions(seq_len, cp_size, cp_rank):
@@ -423,8 +435,7 @@ plt.show()
 #
 # ## 3. The GPU run
 #
-# *Questions: what does splitting a long sequence over two H200s buy in memory and in speed,
-# and where does the time go?*
+# *Question: what does splitting a long sequence over two H200s buy in memory and in speed?*
 #
 # On GPUs context parallelism is meant for sequences too long for one. The default case of
 # `cp_train.py` is a 12-layer, 1024-wide model on sequences of 131072 characters in bf16;
@@ -552,8 +563,7 @@ plt.show()
 # %% [markdown]
 # After the first step every step takes the same time, within 1 % in either run, so the
 # length of a run does not change its speed: over the same five steps two ranks are 1.30
-# times as fast as one GPU, as the headers say, and not twice; the end of this section asks
-# why.
+# times as fast as one GPU, as the headers say, and not twice (appendix A.2 asks why).
 #
 # **Loss.** Both runs start from seed 0 with the same weights and batches, but they compare at
 # steps 1 and 2 only: from the second update on, the 6-step run's cosine schedule takes
@@ -574,25 +584,12 @@ for name, curve in (("1 GPU", one_loss), ("2 ranks", two_loss)):
     assert curve[1] > curve[0] and curve[-1] < max(curve), f"{name}: climbs, then falls"
 
 # %% [markdown]
-# **So far:** per rank, 55 % of one GPU's peak memory; 1.30 times one GPU's speed over the
-# same steps, not twice; the same losses at steps 1 and 2. (Over 200 bf16 steps at 16384
-# tokens the 2-rank run's loss stays on average well inside the gap between two seeds, but
-# ends below its 1-process twin's by a small one-sided offset: appendix A.5.)
+# **Answer:** per rank, 55 % of one GPU's peak memory; 1.30 times one GPU's speed over the same
+# steps, not twice; the same losses at steps 1 and 2 (over 200 bf16 steps: appendix A.5).
 #
-# ### Why two ranks are not twice as fast
-#
-# On 131072 tokens one GPU takes 3616 ms a step and two ranks 2772 ms, where half of one GPU's
-# step would be 1808 ms: the split costs 964 ms. What a rank adds for CP (per layer an
-# all-gather of k and v and a reduce-scatter of their gradients, per step an all-reduce of the
-# weights' gradients) grows at most in proportion to $S$; only attention grows with $S^2$. The
-# 200-step runs of appendix A.5 are the same model at $S = 16384$, and two lengths fit
-#
-# $$t(S) = aS^2 + bS, \qquad a = \frac{t_2/S_2 - t_1/S_1}{S_2 - S_1}, \quad
-#   b = \frac{t_1}{S_1} - aS_1$$
-#
-# exactly, so the fit is an attribution, not a test of the model (a third length would test
-# it). The cell fits $a$ and $b$ for one GPU and for two ranks from the four CSV headers and
-# splits each step at $S = 131072$ into its two terms.
+# Why not twice is appendix A.2's question. The next cell prepares its first tool: the step
+# times at two lengths, 16384 tokens (the 200-step runs of A.5, the same model) and 131072,
+# fitted by $t(S) = aS^2 + bS$ for one GPU and for two ranks, and what the collectives move.
 
 # %%
 SPEED_RUNS = {(1, "short"): "cp200-1gpu-seed0", (2, "short"): "cp200-2gpu-seed0",
@@ -678,38 +675,12 @@ assert round(need_gbs) == 33, "33 GB/s to fill 214 ms"
 assert round(at_link_ms) == 16, "about 16 ms over NVLink"
 
 # %% [markdown]
-# **Answer, by the fit: attention.** The excess grows 25 times for 8 times the length (38.5 ms
-# a step at 16384 tokens, the 964 above at 131072), faster than anything linear in $S$ can,
-# and the fit puts 750 of the 964 ms in the $S^2$ term. Each rank computes exactly half of the
-# pairs (section 1; appendix A.1 counts them at this length), yet the 2-rank step's $S^2$ term
-# is 2373 ms where half of one GPU's is 1623: 68 % of one GPU's rate. A step waits for its
-# slower rank, so that is the slower rank's rate; the CSVs time the step, not each rank.
-#
-# **Not measured: the other 214 ms**, the linear term. The collectives move 6.56 GiB per rank
-# and step; to take 214 ms they would have to run at 33 GB/s, where NVLink between two H200s
-# (450 GB/s each way) would move them in about 16 ms. Whether the runs came near either, the
-# CSVs do not say: they record neither the link nor the collectives' time, nor anything else
-# outside attention. Only a trace of both ranks of one 2-GPU step (Nsight Systems), which is
-# not committed, would say what the 214 ms is.
-#
-# **Answer, by the profiles.** Appendix A.2 profiles one layer's attention, forward and
-# backward, at this run's sizes (the H200's profiles are committed and read on any machine).
-# One GPU's call (`is_causal=True`) reaches the fused attention kernel of cuDNN (NVIDIA's
-# library of deep-learning kernels): 441 TFLOP/s on the H200. A rank's chunk with fewer
-# queries than keys (a bottom-right causal mask) reaches only PyTorch's flash kernel (its own
-# build of FlashAttention): rank 0 ran at 307. Forced onto the flash kernel, one GPU falls to
-# 294, within 10 % of rank 0. So rank 0's slower attention is mostly the kernel a masked call
-# can reach. Only rank 0 was profiled (one layer's calls, on one GPU): rank 1, which runs the
-# flash kernel for both its calls and which the step may wait for, was not (A.2 gives an
-# estimate, not a measurement). With rank 0's attention the profiles put 731 ms of the excess
-# in attention and 233 outside it, against the fit's 750 and 214; both splits take rank 0's
-# attention for the step's.
-#
-# **Takeaway:** with RoPE at global positions, the dual-chunk split computes one process's
-# loss to fp32 rounding (section 2), and each rank needs 55 % of one GPU's memory. By the fit
-# and rank 0's profile, most of the speed it gives up lies in attention, where a rank's masked
-# calls reach PyTorch's flash kernel, not cuDNN's. What the remaining 214 ms is, and how fast
-# rank 1's attention runs, is not measured: that needs a trace of a 2-GPU step.
+# **Takeaway:** with RoPE at global positions, the dual-chunk split computes one process's loss
+# to fp32 rounding (section 2); on two H200s each rank needs 55 % of one GPU's memory and the
+# step runs 1.30 times as fast. Where the rest of the speed goes, appendix A.2 reads from this
+# cell and from profiles: mostly attention, where a rank's masked calls reach PyTorch's flash
+# kernel rather than cuDNN's. The part outside attention (by the fit, 214 of the 964 ms the
+# split costs) and rank 1's attention are not measured.
 #
 # ## 4. Decoding with the fused cache write
 #
@@ -849,13 +820,15 @@ solution(ex.solution_rope_kv_cache_kernel.fn, title="Solution: RoPE + contiguous
 #
 # Expect yours well under the unfused step (one kernel against RoPE and then the write's
 # PyTorch operators) and somewhat slower than ropelib's. Why it is slower, no run here
-# measures. One difference you can see is the grid: yours runs one program per sequence;
-# ropelib's kernel halves the heads a program takes, down to one, as long as the grid has
-# fewer than two programs per SM (streaming multiprocessor, the GPU's unit that runs a
-# program; `pick_tiles` in `ropelib/kernels/kv_cache.py`). The cell prints both grids on any
-# machine, computed for an H200's 132 SMs: 40 programs against your 1 at batch 1, and 320
-# against your 64 at batch 64. Whether the grid accounts for the gap would take your kernel
-# launched with ropelib's grid, which this notebook does not time.
+# measures, and the text names no cause. One difference between the two launches is visible
+# without a GPU, the grid: yours runs one program per sequence; ropelib's kernel halves the
+# heads a program takes, down to one, as long as the grid has fewer than two programs per SM
+# (streaming multiprocessor, the GPU's unit that runs a program; `pick_tiles` in
+# `ropelib/kernels/kv_cache.py`). The cell prints both grids on any machine, computed for an
+# H200's 132 SMs: 40 programs against your 1 at batch 1, and 320 against your 64 at batch 64.
+# The kernels differ in more than the grid, so this is a difference, not an explanation:
+# testing it would take your kernel launched with ropelib's grid, which this notebook does not
+# time.
 #
 # The cell's table sets the live times beside the committed H200 decode run, where ropelib's
 # fused step took 6.4 µs at batch 1 and 7.4 µs at batch 64, the unfused one 20.4 and 21.5 µs.
@@ -1028,7 +1001,21 @@ assert rounds_to(min(gain_us.values()), 1.2, 0.1) and rounds_to(max(gain_us.valu
 # lists, in order, the pool blocks that hold its positions. Write
 # `my_paged_slot(block_table_row, block_size, position)`: `(block, offset)`, where in the pool
 # `[n_blocks, block_size, H, D]` the key of `position` of a sequence with that block-table row
-# is stored. For the row `[5, 2, 7, 0]` with blocks of 4, position 9 lives in pool block 7.
+# is stored.
+#
+# Then, on paper: a sequence has 9 tokens cached in blocks of 4, and its row is `[5, 2, 7]`.
+# How many of its slots are free, and where does the next token's key go? Which token is the
+# first whose slot your function cannot give from this row, and what must happen before the
+# decoding step that writes it?
+#
+# <details><summary>Answers</summary>
+#
+# 3 blocks hold 12 slots, 9 used: 3 free. The next token, position 9, goes to logical block
+# $\lfloor 9/4 \rfloor = 2$, pool block 7, offset 1. Position 12 (the 13th token) needs
+# logical block 3, which the row does not have: before that step the cache manager must take a
+# free block from the pool and append it to the row, since the kernel only reads the table and
+# never allocates.
+# </details>
 
 # %%
 def my_paged_slot(block_table_row, block_size, position):
@@ -1341,9 +1328,10 @@ solution(ex.solution_fp8_store_kernel.fn, title="Solution: the fp8 store")
 # instead).
 #
 # On any machine the cell first counts the ATen operators the unfused store dispatches, with
-# `ropelib.course.counts.count_kernels`. ATen is PyTorch's operator library: every PyTorch
-# call on a tensor dispatches one or more ATen operators (`aten::div`, `aten::index_put_`, ...),
-# and on a GPU each of them launches its own kernels.
+# `ropelib.course.counts.count_kernels` (on a GPU it also lists the CUDA kernels they launch).
+# ATen is PyTorch's operator library: every PyTorch call on a tensor dispatches one or more ATen
+# operators (`aten::div`, `aten::index_put_`, ...), and on a GPU each of them launches its own
+# kernels.
 
 # %%
 from ropelib.course.counts import count_kernels
@@ -1357,8 +1345,12 @@ def small_unfused_store():          # the unfused store of this section's step, 
     small_cache[small_rows, small_pos] = kv_cache.quantize_fp8(k_ref[:, 0], scale)
 
 
-store_ops = count_kernels(small_unfused_store).aten
+store_count = count_kernels(small_unfused_store)
+store_ops = store_count.aten
 print("the unfused fp8 store:", len(store_ops), "ATen operators:", ", ".join(store_ops))
+if store_count.cuda is not None:    # on a GPU: the CUDA kernels they ran (printed, not asserted)
+    print(f"{torch.cuda.get_device_name()}, live: {len(store_count.cuda)} CUDA kernels: "
+          + ", ".join(name[:60] for name in store_count.cuda))
 assert Counter(store_ops) == Counter(
     {"aten::div": 1, "aten::clamp": 1, "aten::to": 1, "aten::index_put_": 1})
 if ropelib.runtime.on_gpu():
@@ -1404,9 +1396,9 @@ else:
 # %% [markdown]
 # The unfused store is 4 ATen operators: `quantize_fp8`'s divide by the scale, clamp and
 # round to fp8 (its conversion to fp32 has nothing to do on fp32 values), then the indexed
-# write, each its own pass over k. On a GPU the fused store takes less than a third of their
-# time per call. How many CUDA kernels the four run, and what each
-# costs inside a 100-call replay, this cell does not measure.
+# write, each its own pass over k. On a GPU the cell also lists the CUDA kernels the four run
+# (on the CPU there are none to count), and the fused store takes less than a third of their
+# time per call; what each of those kernels costs inside a 100-call replay, it does not measure.
 
 # %% [markdown]
 # ### Decode latency on a GPU
@@ -1751,10 +1743,10 @@ assert as_stated((max(two_vs_unfused),), (4.8,)), "... to 4.8"
 #   steps it sits below its twin at every step, an offset that one pair of runs cannot tell
 #   from where two bf16 trajectories happened to drift (appendix A.5).
 # - On H200s, two ranks ran a 131072-token step 1.30 times as fast as one GPU, each peaking at
-#   55 % of its memory. Most of the shortfall is attention (section 3 splits it, by a fit and
-#   by profiles): a rank's masked calls reach PyTorch's flash kernel (one GPU's call forced
+#   55 % of its memory. Most of the shortfall is attention (appendix A.2 splits it, by a fit
+#   and by profiles): a rank's masked calls reach PyTorch's flash kernel (one GPU's call forced
 #   onto it runs within 10 % of rank 0's rate), where one GPU's call reaches cuDNN's, 1.5
-#   times faster. Only rank 0 was profiled (appendix A.2); rank 1's attention and the other
+#   times faster. Only rank 0 was profiled; rank 1's attention and the other
 #   214 ms of the shortfall are not measured.
 # - A KV cache stores rotated keys. Your fused kernel (exercises 2 and 4) runs one program per
 #   sequence: its position, one row of angles, every head rotated, k and v stored at slot
@@ -1843,28 +1835,36 @@ assert pairs_cp[0] == 4_295_000_064, "the text's 4,295,000,064 pairs on each ran
 # shows, reach other kernels.
 
 # %% [markdown]
-# ### A.2 The attention kernel each call reaches
+# ### A.2 Where the 2-rank step's time goes
 #
-# Why does a rank's attention do its half of the pairs more slowly per pair? The kernels say.
-# One GPU calls attention once per layer with `is_causal=True`, which PyTorch may send to
-# cuDNN's fused kernel; a rank calls it twice (`cp.dual_chunk_attention`), and for a chunk
-# with fewer queries than keys (a bottom-right causal mask) PyTorch offers only its flash and
-# memory-efficient kernels.
+# Section 3's last cell fits $t(S) = aS^2 + bS$ through the step times at 16384 tokens (A.5's
+# runs) and 131072, for one GPU and for two ranks. Only attention grows with $S^2$; what a rank
+# adds for CP (per layer an all-gather of k and v and a reduce-scatter of their gradients, per
+# step an all-reduce of the weight gradients) grows at most in proportion to $S$. Two points fit
+# two terms exactly, so the split is an attribution, not a test of the model; the profiles
+# below test it.
 #
-# On a GPU the cell below profiles one layer's attention, forward and backward, at the
-# 131072-token run's sizes: as one GPU runs it, as rank 0 runs it, and as one GPU runs it
-# forced onto the flash kernel (`sdpa_kernel(SDPBackend.FLASH_ATTENTION)`). It prints one line
-# each: attention's kernels' time and cuDNN's part of it, their rate in TFLOP/s, and that time
-# times the layers. The rate counts $14D$ operations a (query, key) pair: forward, $QK^\top$
-# and $PV$ take $2D$ each (a multiply and an add per feature); backward, flash attention
-# recomputes $QK^\top$ and computes $dV$, $dP$, $dQ$ and $dK$, $2D$ each: $4D$ forward
-# $+ 10D$ backward.
+# At 131072 tokens two ranks take 2772 ms a step where half of one GPU's step is 1808: the split
+# costs 964 ms. That excess grows 25 times for 8 times the length (38.5 ms at 16384), faster
+# than anything linear in $S$, and the fit puts 750 of the 964 ms in the $S^2$ term: each rank
+# computes exactly half of the pairs (A.1), yet its $S^2$ term is 2373 ms where half of one
+# GPU's is 1623, 68 % of one GPU's rate. A step waits for its slower rank, so that is the slower
+# rank's rate; the CSVs time the step, not each rank. The other 214 ms, the linear term, is
+# **not measured**: the collectives move 6.56 GiB per rank and step, about 16 ms at NVLink's
+# 450 GB/s each way between two H200s, and would have to run at 33 GB/s to fill 214 ms; the
+# CSVs record neither the link nor the collectives' time.
 #
-# On an H200, the GPU of the committed runs, the cell also sets that time beside the fit's
-# $S^2$ term and prints the rate as a share of the H200's dense bf16 peak, 989 TFLOP/s
-# (NVIDIA's figure); on another GPU neither compares. The executed page ran this cell on an
-# H100, so its three lines are an H100's and stand alone; the H200's lines follow two cells
-# down.
+# Why does a rank's attention run its pairs more slowly? One GPU calls attention once per layer
+# with `is_causal=True`, which PyTorch may send to the fused kernel of cuDNN (NVIDIA's library
+# of deep-learning kernels); a rank calls it twice (`cp.dual_chunk_attention`), and for a chunk
+# with fewer queries than keys (a bottom-right causal mask) PyTorch offers only its flash kernel
+# (its own build of FlashAttention) and its memory-efficient one. On a GPU the cell below
+# profiles one layer's attention, forward and backward, at the run's sizes: as one GPU runs it,
+# as rank 0 runs it, and as one GPU runs it forced onto the flash kernel. Each line gives
+# attention's kernel time, cuDNN's part of it, and the rate at $14D$ operations a (query, key)
+# pair ($4D$ forward, $10D$ backward: the cell's comments count them). Only on an H200 does it
+# set the time beside the fit and the rate beside the H200's dense bf16 peak (989 TFLOP/s); the
+# executed page's lines are an H100's, and the H200's follow two cells down.
 
 # %%
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -2027,24 +2027,22 @@ assert rank1_extra < lin_by_profile                          # it would fit insi
 # %% [markdown]
 # On the H200, one GPU's attention ran cuDNN's kernels only, at 441 TFLOP/s; rank 0's ran
 # cuDNN's for 9 % of its time (its first chunk, a square causal mask) and the flash kernel for
-# the rest, at 307; one GPU forced onto the flash kernel ran at 294, within 10 % of rank 0.
+# the rest, at 307; one GPU forced onto the flash kernel ran at 294, within 10 % of rank 0. So
+# rank 0's slower attention is mostly the kernel a masked call can reach.
 #
-# The profiles also test the fit. Attention times the layers is 3354 ms a step on one GPU,
-# where the fit's $S^2$ term says 3245, and 2408 on rank 0 against 2373: the fit's split
-# between its two terms is good to about 100 ms, no better. The table's last two rows split
-# the 964 ms the 2-rank step loses, as section 3 quotes them. Fit and profiles agree on a fact
-# that halving the work would not predict: a rank spends longer outside attention on half the
-# tokens (399 ms by the fit, 364 by the profiles) than one GPU on all of them (370 and 262).
+# The profiles also test the fit: attention times the layers is 3354 ms a step on one GPU
+# against the fit's $S^2$ term of 3245, and 2408 on rank 0 against 2373, so the fit's split is
+# good to about 100 ms. Of the 964 ms the 2-rank step loses, the profiles put 731 in attention
+# and 233 outside it (the fit: 750 and 214); both take rank 0's attention for the step's. Both
+# find a rank longer outside attention on half the tokens (399 ms by the fit, 364 by the
+# profiles) than one GPU on all of them (370 and 262).
 #
-# What that time is made of is **not measured**: the collectives, the reorder of the
-# gathered k and v, the projections at half the size, or a slower rank 1 could each take part
-# of it, and nothing committed separates them. On rank 1 there is only an estimate. The step
-# waits for the slower rank, and rank 1 runs the flash kernel for both its calls, where rank
-# 0's first call (9 % of its time) reaches cuDNN. At the per-pair time of one GPU's call
-# forced onto the flash kernel, rank 1's attention would take 107 ms a step more than rank 0's
-# (4.5 %). That borrows another call's rate, and shapes change a kernel's rate, so it is a
-# guess at a size, not a part of the 233 ms. A trace of both ranks of one 2-GPU step (Nsight
-# Systems) would measure rank 1's attention and the rest alike.
+# **Not measured:** what that time is made of (the collectives, the reorder of the gathered k
+# and v, the projections at half the size, or a slower rank 1), and rank 1's attention. Rank 1
+# runs the flash kernel for both its calls; at the forced flash call's time per pair it would
+# take 107 ms a step (4.5 %) more than rank 0, a guess at a size that borrows another call's
+# rate, not a part of the 233 ms. A trace of both ranks of one 2-GPU step (Nsight Systems)
+# would measure rank 1's attention and the rest alike.
 
 # %% [markdown]
 # ### A.3 What a replay costs before any kernel works

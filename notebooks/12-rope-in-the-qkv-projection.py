@@ -249,18 +249,20 @@ assert [round(v, 3) for v in alone_vs_copy] == [0.999, 1.001]
 #
 # **One accumulator is cheaper**: two took 4 to 30 % longer in seven of the eight cases, five of
 # them beyond the two timings' p20–p80 spreads together. The exception, 64/64/8/4/4 at 32768
-# tokens (two accumulators 5.3 % faster, beyond the spreads), is not explained here. One hint,
-# not a measured cause: that tile's one-accumulator time grew 4.6 times from 8192 tokens where
-# every other tile's grew 4.1 to 4.2 times, so the odd timing may be the one accumulator's.
+# tokens (two accumulators 5.3 % faster, beyond the spreads), is unexplained. A hint: that
+# tile's one-accumulator time grew 4.6 times from 8192 tokens where every other tile's grew 4.1
+# to 4.2 times, so the odd timing may be the one accumulator's.
 #
 # The probe's compile for sm_90 (the architecture of the H100 and H200) shows what each pays at
 # the 128/64/8/8/4 tile: one accumulator runs 4 `wgmma` instructions (Hopper's warp-group MMA) of
-# $64 \times 128$ a K step from 8 TMA loads and takes 120 registers a thread; two run 8 of
-# $64 \times 64$ from 12 TMA loads and take 151. So ropelib holds a head as one accumulator
-# whenever every feature is rotated and $D/2$ is a power of two (the header of
+# $64 \times 128$ a K step and takes 120 registers a thread; two run 8 of $64 \times 64$ and take
+# 151. The TMA loads the cell prints are counted over the whole compiled kernel, which holds one
+# set per pipeline stage: 8 for one accumulator (an $X$ and a $W$ tile for each of the 4 stages),
+# 12 for two (an $X$ tile and two half-head $W$ tiles a stage). So ropelib holds a head as one
+# accumulator whenever every feature is rotated and $D/2$ is a power of two (the header of
 # `ropelib/kernels/qkv_gemm.py` draws the layouts, including partial rotary's, where only the
-# first $R < D$ features of a head are rotated). A whole head in one
-# program also gives QK-norm's per-head RMS statistics for free.
+# first $R < D$ features of a head are rotated). A whole head in one program also gives
+# QK-norm's per-head RMS statistics for free.
 
 # %%
 probe_csv = RESULTS / "qkv_mainloop-nvidia-h200.csv"
@@ -569,8 +571,8 @@ assert [4096 // qkv_gemm.GPU_TILES[kind]["BLOCK_K"] for kind in ("dx", "dw")] ==
 # The price is how often it is formed. A dX program owns $B_M$ tokens and $B_K$ hidden columns
 # and loops over every head, so the $dY$ tile of a (token tile, head) is formed again by each of
 # the $K / B_K$ column blocks; dW does the same. For $K = 4096$ that is 64 times at ropelib's dX
-# tile ($B_K = 64$) and 16 times at its dW tile (256 columns a block); section 7.4 measures what
-# that costs.
+# tile ($B_K = 64$) and 16 times at its dW tile (256 columns a block); section 7.4 times the
+# kernels with and without it.
 #
 # ## 6. Exercise 2: the prologue of the dX GEMM
 #
@@ -654,42 +656,35 @@ print(f"dL/dx {tuple(gx_t.shape)}: teaching dX kernel vs autograd of qkv_rope_li
 # Single timings do not resolve even the whole RoPE pass (section 1), and a fused kernel differs
 # from the unfused pipeline by less than that pass. So `benchmarks/qkv_forward_ab.py` timed the
 # forward in **rounds**: every variant once a round, seven rounds, in a new order each round
-# (Appendix B says why), each fused output first checked against the unfused one. Two such runs
-# kept every round's time: one on the H200 (order shuffled with seed 1) and one on an H100 (seed
-# 0). Besides cuBLAS alone and the unfused pipeline they time the shipped fused forward with
-# angles computed in the kernel ("from angles") and loaded from an angle table ("from a table"),
-# and the same kernel with its rotation off (**the bare GEMM**); Appendix A.1 lists every variant
-# by its name in the CSVs.
+# (Appendix B says why), each fused output first checked against the unfused one; one run on the
+# H200 and one on an H100. Besides cuBLAS alone and the unfused pipeline it times the shipped
+# fused forward with angles computed in the kernel ("from angles") or loaded from a table ("from
+# a table"), and the same kernel with its rotation off (**the bare GEMM**); Appendix A.1 lists
+# every variant.
 #
 # **Resolved**, on this page: two variants timed in the same round met the same clocks and
 # neighbours, so the page takes their ratio $t_a / t_b$ round by round and pools the four cells
 # (two sizes, with and without QK-norm): 28 rounds. A difference is resolved when a sign test on
 # the rounds $a$ won, its $p$ adjusted by Holm's method for the six comparisons, is under 0.05,
 # and a distribution-free 95 % interval for the median ratio leaves out 1 (Appendix A.1). The
-# rule was chosen after the H200's rounds were taken, so its verdicts describe these samples. The
-# cell below prints the six comparisons for each GPU.
+# cell below prints the six comparisons for each GPU; the figure draws them as a budget.
 #
-# Read as a budget (the figure below): on the H200 the RoPE pass costs 7.4 % of cuBLAS's
-# forward, about one copy of q and k (its floor is 6.7 and 6.5 % of cuBLAS's forward, section 1),
-# and that is all a fusion can save. The fused forward spends most of it in its epilogue, 4.4 %
-# over its bare GEMM from angles and 4.6 % from a table, and some in its main loop: the bare GEMM
-# trails cuBLAS by 1.3 %, unresolved here (the clock run of Appendix A.3, medians only, has it
-# 4.1 % behind at 8192 tokens and 2.4 % at 32768). On the H100 the epilogue costs about as much
-# (5.2 and 4.7 %), but the bare GEMM is level with cuBLAS (0.990 of its time, unresolved) and the
-# pass costs 8.5 %. That is a little under the H100's copy floor (9.1 and 9.7 % of cuBLAS's
-# forward), but the pass's 95 % interval, 7.2 to 17.1 %, takes the floor in: one run of seven
-# rounds prices it only roughly.
+# **The budget.** On the H200 the RoPE pass costs 7.4 % of cuBLAS's forward, about one copy of q
+# and k (section 1), and that is all a fusion can save. The fused forward spends most of it in its
+# epilogue, 4.4 % over its bare GEMM from angles and 4.6 % from a table, and a little in its main
+# loop: the bare GEMM trails cuBLAS by 1.3 %, not resolved. On the H100 the epilogue costs about
+# as much (5.2 and 4.7 %), the bare GEMM is level with cuBLAS (0.990 of its time, not resolved),
+# and the pass costs 8.5 %, with an interval (7.2 to 17.1 %) wide enough to take in the copy
+# floor: one run of seven rounds prices it only roughly.
 #
-# So on the H200 the fused forward runs **level with the unfused pipeline**, on either side of it
-# by up to about 3 %: pooled, 0.984 of its time from a table and 1.004 from angles; cell by cell
-# (seven rounds each, Appendix A.1) the medians run from 0.971 to 1.031; in the clock run the
-# table path was 2.0 % slower at 8192 tokens and 0.3 % faster at 32768. On the H100 it runs
-# **ahead of the unfused pipeline**: pooled, 0.955 of its time from a table (resolved) and 0.964
-# from angles (not resolved after Holm's adjustment), every cell's median below 1 (0.891 to
-# 0.996). Each GPU has one such run, with a different seed, so what makes the two differ is not
-# measured here. **Forward+backward**, the default a trainer runs, gets no verdict: its runs kept
-# only each variant's median and range, and every fused range reaches both sides of 1 (Appendix
-# A.1).
+# **The net.** On the H200 the fused forward from a table runs **slightly ahead** of the unfused
+# pipeline, 0.984 of its time (resolved), and from angles **level** with it, 1.004 (not resolved);
+# cell by cell the medians run from 0.971 to 1.031. On the H100 it runs **ahead**: 0.955 of its
+# time from a table (resolved), with 0.964 from angles (not resolved after Holm's adjustment),
+# every cell's median below 1 (0.891 to 0.996). Each GPU has one run, with its own seed, so why
+# the two differ is open. **Forward+backward**, the default a trainer runs, gets no verdict: its
+# runs kept only each variant's median and range, and every fused range reaches both sides of 1
+# (Appendix A.1).
 
 # %%
 def read_rounds(path, name):
@@ -875,14 +870,14 @@ draw_budget(FIGURES / "12-qkv-forward-budget.png")
 #
 # Where its time goes shows under Nsight Compute, NVIDIA's kernel profiler (Appendix A.2):
 # against section 3's TMA probe of the same tile, each of its instructions waits 1.8 cycles
-# longer. The largest part, +2.0 cycles, is a **dispatch stall**: cycles in which the warp's
-# next instruction was ready and could have issued, but the SM's dispatch unit held it back for
-# some conflict or event that the counter does not name (after Nsight Compute's own
-# description). Its bare GEMM has it too, the shipped TMA loop almost none. What held the dispatch
-# nothing here measures. A smaller part, +0.4, is **LG throttle**, a full queue of global-memory
+# longer. The largest part, +2.0 cycles, is a **dispatch stall**: the warp's next instruction
+# was ready, but the SM's dispatch unit held it back for a conflict or event the counter does not
+# name (after Nsight Compute's own description). Its bare GEMM has it too, the shipped TMA loop
+# almost none. A smaller part, +0.4, is **LG throttle**, a full queue of global-memory
 # instructions, which fits how the loop loads: at this tile it compiles for sm_90 to 32
-# `cp.async` copies a thread (16 bytes each, every thread making its own) where the probe issues
-# 8 TMA loads, each one instruction for a whole tile.
+# `cp.async` copies a thread over its 4 stages, 8 a K step (16 bytes each, every thread making its
+# own), where the probe's kernel holds 8 TMA loads, 2 a K step, each one instruction for a whole
+# tile.
 
 # %%
 first = {}
@@ -1153,8 +1148,8 @@ assert all(c["b_wins"] == 7 for c in in_turn)               # lost all seven rou
 # registers a thread to 226, yet it holds one program either way: the bare kernel's four
 # pipeline stages (128 KiB of shared memory) already leave room for only one. At every shipped
 # tile the rotating kernel holds as many programs as the bare one. Only rotating kernels spill,
-# all at 255 registers; of the shipped tiles only dX, 56 bytes a thread (what that costs is not
-# measured apart: 7.4's dX timings include the whole prologue).
+# all at 255 registers; of the shipped tiles only dX, 56 bytes a thread (7.4's dX timings include
+# that cost, not apart).
 
 # %%
 SM90_CSV = ROOT / "figures" / "12-qkv-tiles-sm90.csv"
@@ -1208,10 +1203,12 @@ assert [(k, table[k, t, True]["stack"]) for k, t in shipped.items() if table[k, 
 # Section 5 named the prologue's price: every column block re-forms the $dY$ tiles it needs. The
 # dX and dW kernels timed alone on the H200 at 8192 tokens (single `do_bench` medians), with and
 # without their prologue, measure what it costs altogether. At ropelib's dW tile (64 rows by 256
-# columns, 8 warps) dW takes 1.25 ms bare and 2.74 ms with its prologue, 2.2 times as long. With
-# 128 columns a program (32 rows by 128, 4 warps) there are twice as many column blocks, and the
-# prologue adds 3.45 ms (1.32 to 4.78 ms) where at 256 columns it adds 1.50: 2.3 times as much
-# (the two tiles differ in rows, warps and stages too). dX at its tile goes from 1.19 ms to 1.74.
+# columns, 8 warps, 2 stages) dW takes 1.25 ms bare and 2.74 ms with its prologue, 2.2 times as
+# long. With 128 columns a program (32 rows by 128, 4 warps, 4 stages) there are twice as many
+# column blocks, and the prologue adds 3.45 ms (1.32 to 4.78 ms) where at 256 columns it adds
+# 1.50. That fits a cost that grows with the column blocks but does not isolate it: the two tiles
+# differ in rows, warps and stages too, and each time is one median. dX at its tile goes from
+# 1.19 ms to 1.74.
 
 # %%
 CHOSEN = RESULTS / "qkv_tiles_chosen-nvidia-h200-20261129-1914.csv"
@@ -1232,7 +1229,7 @@ assert [round(alone["dw", wide, rot], 2) for rot in (False, True)] == [1.25, 2.7
 assert round(alone["dw", wide, True] / alone["dw", wide, False], 1) == 2.2
 assert [round(alone["dw", narrow, rot], 2) for rot in (False, True)] == [1.32, 4.78]
 assert (round(extra[narrow], 2), round(extra[wide], 2)) == (3.45, 1.50)
-assert round(extra[narrow] / extra[wide], 1) == 2.3                 # "2.3 times as much"
+assert round(extra[narrow] / extra[wide], 1) == 2.3     # the narrow tile's over the wide's
 assert [round(alone["dx", shipped["dx"], rot], 2) for rot in (False, True)] == [1.19, 1.74]
 
 # %% [markdown]
@@ -1495,12 +1492,15 @@ print(f"launched with {SHIPPED_LAUNCH} on {M_s} tokens, 3 programs: matches the 
 # At 4 warps the compile reaches the 255-register ceiling and spills to local memory; at 8 it
 # fits with room to spare. On a GPU with TMA the next cell times the kernel both ways, rotating
 # and with its rotation off, beside the 64 × 64 teaching launch and cuBLAS, and prints what the
-# timings say; it asserts nothing about speed. Even at 8 warps the kernel differs from the
-# shipped loop in three ways. It holds each head as **two** $[128, 64]$ accumulators, which
-# section 3's probe timed on the H200 at 30 % slower than one at both sizes, at this tile and
-# these options (128 tokens, K steps of 64, 8 warps, 3 stages; there one program a tile). It
-# walks the tiles in plain order, not grouped. It holds one head a tile, not two. So where it
-# lands against cuBLAS is for the cell to show, not for this text to promise. To go on, start
+# timings say; it asserts nothing about speed.
+#
+# **Expect it to lose.** On an H100 this kernel, even at 8 warps, runs slower than the plain
+# 64 × 64 teaching launch, and far behind cuBLAS: a persistent grid and TMA loads alone do not
+# make the shipped loop. It differs from that loop in three ways. It holds each head as **two**
+# $[128, 64]$ accumulators, which section 3's probe timed on the H200 at 30 % slower than one at
+# both sizes, at this tile and these options (128 tokens, K steps of 64, 8 warps, 3 stages; there
+# one program a tile): the first suspect. It walks the tiles in plain order, not grouped. It
+# holds one head a tile, not two. To go on, start
 # with the accumulator: one `tl.dot` a K step against a $[D, B_K]$ tile of $W$ (a descriptor of
 # that block shape), split in the epilogue as in exercise 1b; then walk the tiles in the order
 # of `_grouped` (`ropelib/kernels/qkv_gemm.py`). Check each change on the CPU (7.2's cell) and
@@ -1559,9 +1559,9 @@ else:
 #   rotate-half needs whole heads in a tile, cheapest as one accumulator split in the epilogue
 #   (sections 2 to 4).
 # - On the H200 the epilogue costs 4.4 to 4.6 % over the bare GEMM, and the fused forward runs
-#   level with the unfused pipeline, on either side of it by up to about 3 % depending on the
-#   run and the cell. In one run on an H100 it runs ahead of it: 0.955 of its time from a table,
-#   0.964 from angles, unresolved (7.1). It gets there only with a main loop close to cuBLAS's
+#   close to the unfused pipeline: 0.984 of its time from a table (resolved), 1.004 from angles
+#   (not resolved). In one run on an H100 it runs ahead: 0.955 from a table (resolved), 0.964
+#   from angles (not resolved) (7.1). It gets there only with a main loop close to cuBLAS's
 #   (7.2) and an epilogue that fits in registers (7.3).
 # - A backward prologue re-forms $dY$ in every column block. The shipped backward, $dY$ written
 #   once and dX and dW handed to cuBLAS, is 2.6 times as fast as ropelib's prologue GEMMs; of
@@ -1665,7 +1665,8 @@ programs an SM at {q5_two} registers a thread (the accumulator, one cos and one 
 # more often than one in twenty, so **Holm's method** (`holm`) sorts the six $p$ from least to
 # most, multiplies the least by 6, the next by 5, and so on, never letting an adjusted value fall
 # below the one before it; calling only adjusted values under 0.05 keeps the chance of *any*
-# false call among the six at most 0.05.
+# false call among the six at most 0.05. (The rule was chosen after the H200's rounds were taken,
+# so its verdicts describe these samples rather than test a rule fixed in advance.)
 #
 # **Cell by cell**, the next cell prints every pair's median ratio, range, wins and $p$, and the
 # figure below it plots every round.
@@ -1750,7 +1751,8 @@ draw_paired(FIGURES / "12-qkv-projection-paired.png")
 # pointer-loaded loop (its bare GEMM shows 2.3 too); which conflict held the dispatch, the
 # counter does not say. The LG throttle, a full queue of global-memory instructions, is the part
 # the loop's loads plausibly explain: 32 `cp.async` a thread at this tile (8 a stage, 4 stages;
-# the committed sm_90 listing) against the probe's 8 TMA loads. Neither link is measured: one
+# the committed sm_90 listing) against the probe's 8 TMA loads (2 a stage, each issued once for a
+# whole tile). Neither link is measured: one
 # profile shows where the warps wait, not why.
 #
 # **The shipped forward** (the second profile, printed below: the persistent TMA GEMM with its
@@ -1870,8 +1872,12 @@ assert round(s_bare[CPI] / s_cublas[CPI], 1) == 0.6
 # the bare GEMM (from angles or from a table, both sizes); the forward from angles and its bare
 # GEMM ran within 1 % of one clock. A ratio of times prices the work and the clock together;
 # pairing rounds cancels what two kernels share within a round, not a clock that differs between
-# them. Why the clocks differ (each kernel's own power draw is the obvious candidate) is not
-# measured here.
+# them. Why the clocks differ (each kernel's own power draw is the obvious candidate) is open.
+#
+# The same run's medians (7.1's cell prints them) put the bare GEMM 4.1 % behind cuBLAS at 8192
+# tokens and 2.4 % at 32768, and the forward from a table 2.0 % slower than the unfused pipeline at
+# 8192 tokens and 0.3 % faster at 32768: medians of one run, not paired round by round as 7.1's
+# verdicts are.
 
 # %%
 # the clock and power NVML read while the shipped forwards ran (the clock run 7.1 cites)

@@ -132,7 +132,7 @@ def _ladder_chunk_kernel(
     BLOCK_HALF: tl.constexpr,  # next power of two >= HALF
     BLOCK_S: tl.constexpr,  # tokens per program
     BLOCK_H: tl.constexpr,  # heads per program
-    ACCURATE: tl.constexpr,  # libdevice cos/sin (GPU) instead of the fast approximations
+    ACCURATE: tl.constexpr,  # libdevice cos/sin by name (with Triton 3.6 tl.cos is libdevice's too)
     BF16_RTNE: tl.constexpr,  # round bf16 to nearest even by hand (the interpreter truncates)
 ):
     # grid (cdiv(S, BLOCK_S), cdiv(H, BLOCK_H), cdiv(B, B_CHUNK))
@@ -175,7 +175,7 @@ def _ladder_final_kernel(
     BLOCK_HALF: tl.constexpr,  # next power of two >= HALF
     BLOCK_S: tl.constexpr,  # tokens per program
     BLOCK_H: tl.constexpr,  # heads per program
-    ACCURATE: tl.constexpr,  # libdevice cos/sin (GPU) instead of the fast approximations
+    ACCURATE: tl.constexpr,  # libdevice cos/sin by name (with Triton 3.6 tl.cos is libdevice's too)
     BF16_RTNE: tl.constexpr,  # round bf16 to nearest even by hand (the interpreter truncates)
 ):
     # grid (cdiv(S, BLOCK_S), cdiv(H, BLOCK_H), cdiv(B, B_CHUNK))
