@@ -38,10 +38,12 @@
 # **Where the numbers come from.** The text's numbers are read from runs committed in
 # `benchmarks/results/`, measured on an H200 (section 5 lists each file with its date), and the
 # code beside each paragraph asserts them. A live GPU run prints its own timings, each line naming
-# its GPU (the executed page, `docs/executed/07-te-vs-triton-live.html`, ran on an H100): set its
-# *ratios to a copy* beside the committed ones, never its µs. Without a GPU everything runs in
-# Triton's interpreter at tiny sizes: the *errors* are real, the **timings meaningless**. About two
-# hours with the three exercises; the appendix can wait.
+# its GPU (the executed page, `docs/executed/07-te-vs-triton-live.html`, ran on an H100). Its µs
+# belong to that GPU, and so, for most providers, do its *ratios to a copy*: a copy timed in the
+# same run cancels the memory's speed only for a kernel that memory paces (section 4 shows which
+# ratios carry over). Without a GPU everything runs in Triton's interpreter at tiny sizes: the
+# *errors* are real, the **timings meaningless**. About two hours with the three exercises; the
+# appendix can wait.
 
 # %%
 import os, torch
@@ -101,7 +103,8 @@ assert all(p.available or p.reason for p in provs)
 #      \text{bytes}_\text{fwd+bwd} = 2\,\text{bytes}_\text{fwd}; $$
 # - **ratio to copy** $= t_\text{copy} / t_\text{provider}$: 1.0 is as fast as copying the
 #   tensor, the yardstick for a memory-bound op (not a hard floor: 7.3); a copy timed in the same
-#   run absorbs clocks, cache sizes and the driver, a data-sheet bandwidth does not;
+#   run absorbs the memory's speed, clocks and driver of that run, a data-sheet bandwidth does not.
+#   It does not absorb whatever else paces a kernel (section 4);
 # - **errors** against fp64 in **ulps** (units in the last place of the output dtype):
 #   `max_ulp_err` against the ulp at each element's own value, `max_head_ulp_err` against the ulp
 #   of the largest value in its head vector. Rounded once, an output scores at most 0.5 on both;
@@ -211,8 +214,17 @@ assert dash.figure.get_suptitle() == f"measured on {widgets.measured_on(dash_row
 # batch-reuse generation (notebook 04), TE's fused kernel and eager PyTorch; and bf16 sweeps of
 # sequence, head dim, heads and batch around a 32 MiB base, adding TE's unfused path and
 # torch.compile. The cell runs the first live (shrunk in the interpreter) and, on a GPU, sets each
-# provider's median **ratio to a copy** beside the committed run's, naming both GPUs (GB/s belong
-# to a GPU; the ratio travels better). ropelib's is checked to within 0.8 to 1.25 times.
+# provider's median **ratio to a copy** beside the committed run's, naming both GPUs; ropelib's is
+# checked to within 0.8 to 1.25 times.
+#
+# **Which ratios travel.** A ratio to a copy cancels the memory's speed, so it carries from one GPU
+# to another only for a kernel that memory paces. On the executed H100 page only ropelib's median
+# ratio lands within a tenth of the committed H200 one; TE's fused kernel, the batch-reuse
+# generation and eager PyTorch come out nearer their copy on the H100 (the printed lines), and so
+# does torch.compile at section 2's shape. A likely reason, not measured here: the H100 is the
+# H200's chip with slower memory, so a kernel paced partly by its instructions (TE's: notebook 04)
+# or by its launches (eager PyTorch's ten) loses less to the copy there. Read another GPU's ratio
+# for such a provider as that GPU's, like its µs: only ropelib's is checked across GPUs.
 
 # %%
 first = compare.SEED_SWEEPS[0] if GPU else compare.shrink(compare.SEED_SWEEPS[0])
@@ -610,32 +622,22 @@ if "bf16" in models:     # ropelib's bf16 sweep at batch 1, S = 2048 held out
     plt.show()
 
 # %% [markdown]
-# **What the forward lines say.** Every forward fit passes. The fused kernels pay 7.8 to 10.3 µs a
-# call before a byte moves, the copy 5.3 to 5.4, eager PyTorch 35.5 (fp32) and 60.7 µs (bf16, ten
-# launches); ropelib pays less than TE's kernel and streams faster. ropelib's fp32 line streams
-# 1.7 % above the copy's, the bands overlapping: a tie. Its bf16 line streams at 0.89 of the
-# copy's, the band wholly below: a loss, its cause not measured here. Eager PyTorch's 347 GB/s
-# (bf16) counts the fused kernel's bytes; its kernels move 6.0 times as many, 0.47 of the copy's
-# line, near notebook 02's 0.44. The bf16 line fitted without $S = 2048$ predicts 25.8 µs there;
-# it measured 26.0.
+# **What the forward lines say** (the cell checks each figure it prints). Every forward fit passes.
+# The fused kernels pay a few µs more than the copy before a byte moves, eager PyTorch several
+# times that (ten launches); ropelib pays less than TE's kernel and streams faster. ropelib's fp32
+# line ties the copy's (the bands overlap); its bf16 line streams at 0.89 of the copy's, the band
+# wholly below: a loss whose cause is not measured here. Eager PyTorch's line counts the fused
+# kernel's bytes; scaled by the 6.0 times as many its kernels move, it lands near notebook 02's
+# share of the copy's speed. The held-out point lands where the line predicts.
 
 # %% [markdown]
 # ### 6.2 Forward+backward: no line through the points
 #
-# **Question: does the forward+backward follow its bytes too?** At batch 1, no. Fit the line anyway
-# and read its slope $b$ (µs per MiB) with its standard error: the line through two copies of the
-# same bytes is pinned, while ropelib's and TE's slopes are over thirty times less certain, three
-# of the four within two standard errors of zero (ropelib's bf16 $1/b$ would be negative), their
-# intercepts far above any fixed cost of 6.1. In the figure two copies grow several times over from
-# the smallest tensor to the largest, ropelib's and TE's times at most 1.8 times.
-#
-# **A likely reason, from another run.** Two copies of a point's bytes take at most 127 µs, less
-# than the 205 µs ropelib's host needs to issue one eager forward+backward at decode size in the
-# **floor suite** (`floor-nvidia-h200.csv`, read in 7.1); the host's work does not grow with the
-# bytes. But the floor suite ran on another day (section 5 lists both dates) and the sweeps did not
-# time their host: this sets host times of two runs side by side, against this notebook's own rule
-# (A.4), so it is a hypothesis, not a measurement. 7.3 times both sides in one run, at this sweep's
-# bf16 point $S = 2048$.
+# **Question: does the forward+backward follow its bytes too?** At batch 1, no. The cell fits the
+# line anyway and reads its slope with its standard error: the line through two copies of the same
+# bytes is pinned, while ropelib's and TE's slopes are over thirty times less certain, most within
+# two standard errors of zero, their intercepts far above any fixed cost of 6.1. A time that does
+# not follow the bytes is a cost per call; whose, section 7 asks.
 
 # %%
 # the host's time per eager forward+backward call, measured on its own (floor suite)
@@ -723,7 +725,11 @@ if len(models) == 2:
 #
 # **Question: is ropelib's forward+backward slow because of its kernels or its host?** A call is
 # *host-bound* when the host takes longer to issue it (Python, autograd, allocations, launches)
-# than the GPU takes to run its kernels, *device-bound* otherwise.
+# than the GPU takes to run its kernels, *device-bound* otherwise. 6.2's cell prints a hint:
+# two copies of any of its points' bytes take less than ropelib's host needs to issue one eager
+# forward+backward in the floor suite. That suite ran on another day and the sweeps did not time
+# their host, so this is a hypothesis (host times of two runs side by side, A.4); 7.3 times both
+# sides in one run, at 6.2's bf16 point $S = 2048$.
 #
 # ### 7.1 The host's time per call, and the device's
 #
@@ -959,8 +965,10 @@ if GPU and {"ropelib", "te_fused"} <= available:
         assert 0.5 < t["calls"] / t["do_bench_calls"] < 2, t
 
 # %% [markdown]
-# At this size `do_bench` times ropelib's host, not its kernels: on a GPU with TE its median comes
-# out over twice the replayed time, the host-bound case 6.2 supposed, here within one run.
+# At this size both calls are host-bound: for TE as for ropelib the cell checks that the enqueue
+# exceeds the replayed time and that the loop's events exceed it too, so `do_bench`'s median takes
+# in host time for both; ropelib's comes out over twice its replayed time (checked). That is the
+# host-bound case 6.2 supposed, here within one run.
 #
 # **Section 2's forwards** (64 MiB of bf16 on a GPU) are timed with exercise 2's function (yours if
 # it passed), with `do_bench` and with its loop written out, beside the copy of the same bytes
@@ -972,12 +980,11 @@ if GPU and {"ropelib", "te_fused"} <= available:
 # memset to hide the host.
 #
 # **Where the picture fails.** A line ending in *differ* means the loop written out did not
-# reproduce `do_bench`'s median, and its case says nothing about `do_bench`. On the executed H100
-# page this happens for torch.compile's forward: the loop's host time puts it in the "device waits"
-# case and its events lie well above the replayed time, while `do_bench`'s median sits near the
-# replayed time, as if its calls were queued. Why two loops that zero the same buffer and make about
-# as many calls time it differently is not measured here (a profiler's timeline of each would show
-# when the kernel starts): read that median as measured, not explained.
+# reproduce `do_bench`'s median, and its case then says nothing about `do_bench`. torch.compile's
+# forward can end so (it did on the executed H100 page: read its lines there). Why two loops that
+# zero the same buffer and make about as many calls would time it differently is not measured here
+# (a profiler's timeline of each would show when the kernel starts): read such a median as
+# measured, not explained.
 
 # %%
 def back_to_back_us(t):
@@ -1170,17 +1177,16 @@ if GPU and not rows_ok:     # the worked kernel: a program's cost, and what the 
 # %% [markdown]
 # **What the compiler made of each tile.** `ropelib.course.load_schedule.schedule` (notebook 05)
 # compiles the racing kernel for sm_90 on any machine: registers per thread and instructions
-# *compiled* per element (every branch counts, run or not). The cell checks that the rotation
-# compiles to over five times the copy's instructions per element at every tile, and no more per
-# element at 64 rows than at one; that its registers grow with the tile until at 64 rows a thread
-# takes all 255 and spills (Triton 3.6: 115 `STL` and 83 `LDL` beyond the small local array the
-# sine's and cosine's slow path keeps at every tile), none up to 16 rows; and what the registers do
-# to the warps an SM can hold. With 65,536 registers an SM and $r$ a thread (rounded up to 8),
-# programs of 4 warps (128 threads) are capped at
+# *compiled* per element (every branch counts, run or not). With 65,536 registers an SM and $r$ a
+# thread (rounded up to 8), programs of 4 warps (128 threads) are capped at
 # $$ \text{warps/SM} = \min\left(64,\; 4 \left\lfloor \frac{65536}{128 \cdot
-#    8\lceil r/8 \rceil} \right\rfloor\right): $$
-# the rotation 48 at 4 rows (Triton 3.6), 16 at 16 and 8 at 64, the copy 40 or more at every tile.
-# A cap, not the warps an SM held while the kernel ran (that takes a profiler).
+#    8\lceil r/8 \rceil} \right\rfloor\right), $$
+# a cap, not the warps an SM held while the kernel ran (that takes a profiler). The cell checks
+# what the table shows: the rotation compiles to over five times the copy's instructions per
+# element at every tile, no more per element at 64 rows than at one, while its registers grow with
+# the tile until at 64 rows a thread takes all 255 and spills (none up to 16 rows, beyond the small
+# local array the sine's and cosine's slow path keeps at every tile); its warp cap falls with them
+# (the worked kernel: 16 at 16 rows, 8 at 64), the copy's stays at 40 or more.
 
 # %%
 from ropelib.course import load_schedule
@@ -1234,10 +1240,10 @@ if not rows_ok:     # the worked kernel: from 4 rows to 64 the count per element
 # %% [markdown]
 # **Why the rotation falls behind the copy from four rows on.** With the tile the compiler raises
 # the registers, lowers the warps an SM can hold, spills at 64 rows, and does not raise the
-# instructions per element. Appendix A.6 narrows the cause: a variant with the per-row angle work cut (angles
-# loaded and evaluated once a tile), moving the same bytes, races level with the copy at the larger
-# tiles on the executed H100 page. Which of that work's costs, instruction issue or registers,
-# takes a profiler's counters on a GPU, not taken here.
+# instructions per element. Appendix A.6 races a variant with the per-row angle work cut (angles
+# loaded and evaluated once a tile), moving the same bytes; where it runs near the copy while the
+# racing kernel does not, that work, not memory traffic, is what slows the rotation. Which of its
+# costs, instruction issue or registers, takes a profiler's counters on a GPU, not taken here.
 
 # %% [markdown]
 # Now your kernel as a provider at its fastest tile, beside the others (forward only). Rounded
@@ -1271,7 +1277,8 @@ if not rows_ok:     # the worked kernel: rounded once; on a GPU below TE's fused
 # - **Judge a memory-bound kernel against a copy of the same bytes, timed in the same run with the
 #   same timer**, and its error in head-wise ulps against fp64: the fused kernels round once
 #   (≤ 0.5). A ratio above 1 is a slow copy, two timers mixed or a copy kernel short of the
-#   fastest possible, never a kernel faster than memory.
+#   fastest possible, never a kernel faster than memory; a ratio carries to another GPU only for
+#   a kernel that memory paces.
 # - **A forward sweep is a fixed cost per call plus bytes over bandwidth**, $1/b$ a bandwidth only
 #   where the slope's standard error pins it. ropelib's line ties the copy's in fp32 and reaches
 #   0.89 of it in bf16 at batch 1 (committed H200 sweeps); TE's fused kernel stays well below.
@@ -1317,10 +1324,10 @@ if not rows_ok:     # the worked kernel: rounded once; on a GPU below TE's fused
 #
 # ### A.1 Two open points of section 5
 #
-# In bf16 at the longest sequence ropelib's ratio is lower at batch 8 (0.931) than at batches 2 and
-# 4 (0.987, 0.984); along the batch axis it is not monotone (0.879, 0.807, 0.987, 0.998, 0.963 at
-# batch 1 to 16). On a GPU the cell times these points again; only on the committed run's GPU, an
-# H200, does it judge whether a dip comes back (then it belongs to the shape) or not (that run's).
+# In bf16 ropelib's ratio at the longest sequence is lower at batch 8 than at batches 2 and 4, and
+# along the batch axis it is not monotone (the cell prints both). On a GPU the cell times these
+# points again; only on the committed run's GPU, an H200, does it judge whether a dip comes back
+# (then it belongs to the shape) or not (that run's).
 
 # %%
 if DTYPES:     # the batch axis of the committed run: not monotone
@@ -1365,16 +1372,14 @@ if GPU and DTYPES and "ropelib" in available:
 # %% [markdown]
 # ### A.2 torch.compile's forward in the sweeps
 #
-# Up to 64 MiB torch.compile's call took 64 to 84 µs at every point but one while the copy grew
-# from 9 to 37 µs (the 32 MiB base shape, timed twice: 30 and 83 µs); its host alone takes 73 µs
-# to issue one forward at decode size (ropelib 21, TE 27; floor suite). With the copy's time as the
-# kernel's, $k$, and the memset's from the committed `dobench_gap` log (`do_bench`'s loop traced on
-# the H200), a kernel launched at the call's return would give medians of $k$ (queued) or at least
-# about $2k$ (device waits): two points, at 1.49 and 1.41 times $k$, fit neither, and the slow ones
-# would need 107 to 124 µs of host an iteration against the floor's 73. A launch inside the call
-# (the same log caught ropelib's forward kernel launched 52 µs into a 292 µs call) allows any
-# median from $k$ up; the last column says how late it must come. When torch.compile launches its
-# kernel is not measured here.
+# Up to 64 MiB torch.compile's forward took about the same time at nearly every point while the
+# copy grew several times over: its time is not its bytes'. The cell sets each point against the
+# two cases of 7.3's picture, with the memset from the committed `dobench_gap` log (`do_bench`'s
+# loop traced on the H200): a kernel launched at the call's return would give a median of the
+# kernel's time (queued) or about twice it (device waits). Two points fit neither, and the slow
+# ones would need more host time an iteration than the floor suite measured; a launch inside the
+# call allows any median (the last column: how late). When torch.compile launches its kernel is
+# not measured here.
 
 # %%
 # the host's time to issue one eager forward (floor suite, decode size S = 1, B = 64, sbhd)
@@ -1421,11 +1426,10 @@ if DTYPES:     # torch.compile's forward along the sequence and the batch
 # %% [markdown]
 # ### A.3 The fixed cost where ropelib runs one pass
 #
-# Below 64 MiB ropelib runs one kernel. Its extra fixed cost over the copy's (6.1), added to the
-# copy's time, predicts 0.85 to 0.92 of a copy at the four fp32 points under 64 MiB from batch 2
-# on; the two with tight percentiles land within 0.04 of that, the two at $S = 256$, with wide
-# percentiles, do not. TE's forward lies further off (at batch 8 a median 0.57 of a copy in bf16,
-# 0.76 in fp32): notebook 04 (5.4, A.1) traces it to its instructions.
+# Below 64 MiB ropelib runs one kernel. Does 6.1's extra fixed cost over the copy explain its ratio
+# there? Added to the copy's time at section 5's fp32 points under 64 MiB from batch 2 on, it
+# predicts the ratio within 0.04 where the percentiles are tight, not where they are wide. TE's
+# forward lies further off; notebook 04 (5.4, A.1) traces that to its instructions.
 
 # %%
 if len(models) == 2:
@@ -1562,14 +1566,11 @@ for what, (seconds, pct) in stated_shares.items():
 # ### A.5 The eager call at 64 and 256 MiB
 #
 # `benchmarks/mid_fwdbwd_probe.py` timed one forward+backward of ropelib, torch.compile and TE's
-# fused kernel as **device** (a CUDA-graph replay), **host** (7.2's enqueue) and **eager** (50
-# calls, then one synchronisation: what a training step waits for), at 64 MiB of bf16 in each
-# layout and 256 MiB in bshd (medians of three rounds, an H200 log). At 64 MiB TE's eager call is
-# the fastest: ropelib's and torch.compile's hosts take several times their kernels' time, TE's
-# under twice. At 256 MiB the kernels catch up: ropelib's eager call runs at 0.96 of two copies,
-# and TE's kernels set its pace. Where the host's bar is the taller the eager call comes in under
-# it, by up to a third (separate rounds of the same host work: read host times to a few tens of
-# per cent). The log's ropelib had the two-pass settings imported here, as the variants log shows.
+# fused kernel on an H200 as **device** (a CUDA-graph replay), **host** (7.2's enqueue) and
+# **eager** (50 calls, then one synchronisation: what a training step waits for), at 64 MiB of bf16
+# in each layout and 256 MiB in bshd. The figure says it: at 64 MiB ropelib's and torch.compile's
+# host bars tower over their kernels and TE's eager call is the fastest; at 256 MiB the kernels
+# catch up. Host times come from separate rounds: read them to a few tens of per cent.
 
 # %%
 MID_LOG = RESULTS / "mid_fwdbwd-nvidia-h200-20261201-2307.log"
@@ -1704,11 +1705,11 @@ assert all(2.5 < v < 3.5 for v in beyond), beyond
 # This variant loads the angles of the tile's one token once, `[1, D]`, and broadcasts them (right
 # when a tile lies within one token's $BH$ rows). It moves the same bytes of $x$ as the racing
 # kernel but cuts the per-row angle work (loads, sines, cosines), and with it instructions and
-# registers (the compiled table). On the executed H100 page it races level with the copy at the
-# larger tiles, where the racing kernel takes over twice the copy's time: that per-row work, not
-# memory traffic, slows the racing kernel from four rows on. Which part, instruction issue or
-# registers, the race cannot say (both fall together; a tile where the variant holds few registers
-# yet trails the copy hints at issue): that takes a profiler's counters on a GPU, not taken here.
+# registers (the compiled table). On a GPU the cell races it beside the racing kernel (checked only
+# against a sanity band): at a tile where it runs near the copy and the racing kernel does not, the
+# per-row work, not memory traffic, slows the racing kernel. Which part, instruction issue or
+# registers, the race cannot say (both fall together): that takes a profiler's counters on a GPU,
+# not taken here.
 
 # %%
 @triton.jit
