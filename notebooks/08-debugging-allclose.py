@@ -49,7 +49,7 @@
 # - tell six layout traps (sbhd vs bshd indexing, TE's duplicated angles, interleaved vs
 #   rotate-half pairs, partial rotary, table margins, an in-place double rotation) from
 #   rounding differences, and name four of them from the positions the output encodes (the
-#   other two leave no position to read);
+#   other two leave no position to read), and repair the sbhd indexing in a kernel;
 # - go from the shape of a difference to its family of causes with a decision table;
 # - write the comparison that passes for the right reasons.
 #
@@ -307,10 +307,14 @@ assert steps_at_max == 1                                  # the largest differen
 # (the table the reported wrapper builds), and $y$ in fp32 before the store, once with the bf16
 # table and products and once with the fp32 table and fp32 products. In the interpreter each
 # print appears once under the cell. On a GPU `tl.device_print` is a `printf` in every thread of
-# the program, so a scalar is printed once per thread: with `num_warps=1`, each line 32 times
-# (`pid (0, 0, 0) idx ()`). The lines go to the process's stdout; in Jupyter they appear under
-# the cell, before its own printed line; a script prints them in its terminal. The kernel also
-# stores what it printed, and the cell checks it against both outputs.
+# the program, and a scalar lives in every thread, so it is printed once per thread: with
+# `num_warps=1` (one warp, 32 threads), each of the five lines 32 times
+# (`pid (0, 0, 0) idx ()`). Triton gives a kernel no thread index to guard a print with. To see
+# each value once, store it into a small output tensor and print that on the host, as this probe
+# also does (`probe` below); `tl.static_print` prints once, but at compile time, so only what is
+# known then (shapes, dtypes, constexprs). The lines go to the process's stdout; in Jupyter they
+# appear under the cell, before its own printed line; a script prints them in its terminal. The
+# cell checks the stored values against both outputs.
 
 # %%
 @triton.jit
@@ -906,14 +910,19 @@ te_combine = my_combine if combined_by_learner else ex.solution_te_combine
 # %% [markdown]
 # Steps a to e walk to that line, one change at a time.
 #
-# **Step a — the kernel as written.** The interpreter rounds each product and the sum,
-# $y_{\text{none}}$, and so does a GPU with contraction off (the reference run's
-# `free_sub-nofuse` row): 17 elements differ from TE. With contraction on, a GPU
-# compiler makes "as written" a computation of its own choosing, kernel by kernel: in the
-# reference run's kernel (`te_bits.py`'s copy of the reproduction kernel) 12 elements differ.
-# Step e reads which products it fused there, and in the kernel above. The TE
-# emulation of the introduction, run in the reference run beside TE, differs from TE in 17
-# elements with torch on the GPU and in 27 with torch on the CPU.
+# **Step a — the kernel as written.** "As written" is not one computation. The reference
+# run's `BIG` rows for it, and for the TE emulation of the introduction run beside TE, count
+# the elements that differ from TE (of 1,048,576):
+#
+# | what ran (row) | how the line is evaluated | elements ≠ TE |
+# |---|---|---|
+# | the line as written, contraction off (`free_sub-nofuse/tl`) | every product rounded, $y_{\text{none}}$, as the interpreter does | 17 |
+# | the line as written, contraction on, in `te_bits.py`'s copy of the reproduction kernel (`free_sub/tl`) | the compiler's choice of fma (step e) | 12 |
+# | the TE emulation, torch on the GPU (`emulation:device`) | every product rounded | 17 |
+# | the TE emulation, torch on the CPU (`emulation:cpu`) | every product rounded, the CPU's cos/sin | 27 |
+#
+# Step e reads which products the compiler fused in the second row's kernel, and in the kernel
+# above.
 
 # %%
 @triton.jit
@@ -1220,12 +1229,9 @@ assert [v for v in ("free_sub-nofuse/tl", "free_sub-nofuse/libdevice", "fma_xc/t
 assert [k for k, r in zip("acde", (step_a, step_c, step_d, step_e)) if r["n"] == 0] == ["c"]
 
 # %% [markdown]
-# One line, one compiler, two choices. In the reproduction kernel the compiler fuses $x_1 c$
-# and then $x_1 s$: TE's product in $y_1$, the other in $y_2$, 12 elements in the H200 reference
-# run (the compile here makes the choice that run's PTX shows). In the kernel above it
-# fuses $x_1 c$ and $x_2 c$: TE's product in both halves, which is step c's line, so that
-# kernel's output is step c's, 0 elements. On an sm_90 GPU the cell also runs it, and the line
-# "run here" compares both halves with step c's bits.
+# One line, one compiler, two choices: the reproduction kernel fuses $x_1 c$, then $x_1 s$
+# (TE's order in $y_1$ only), the kernel above $x_1 c$ and $x_2 c$ (TE's order in both halves:
+# step c's line).
 #
 # The PTX shows which choice the compiler made; the step before it shows where the choice was
 # taken. Triton hands LLVM IR (the compiled kernel's `asm["llir"]`) to LLVM's NVPTX back end,
@@ -1359,21 +1365,11 @@ elif SAME_ARCH:  # tl.cos is CUDA's sincosf, TE's own, and the compiled code the
         assert live == [gpu_row(OWN_BIG, v) for *_, v in LEDGER[:4]] + [0]
 
 # %% [markdown]
-# **Which change did it.** Read the reference run's columns row by row: an fp32 table and fp32
-# math take away all but the last few elements, sin/cos from the angles in the kernel move
-# nothing, and only the fma line reaches 0, in bf16 and in fp32 (where the first three rows
-# agree: "the input dtype" is fp32 already, and the reference run's torch fp32 table equals
-# TE's entries in every bit). TE's output is, in every bit, what
-# `fma(v_src, v_cos, v_src_rotate * v_sin)` gives for its line. The H100 run counts the same in
-# every row; on a GPU with TE, the live column runs your kernel now.
-#
-# The column "here": on the CPU the interpreter rounds every product, so the first two rows give
-# the reference run's every-product-rounded count, 990, where the GPU, whose compiler
-# contracted the plain line, gives 573. Sin/cos from the angles are NumPy's there, so rows 3 and
-# 4 are not 0: TE's order alone does not make TE's bits from other sin/cos. The last row, TE's
-# order with TE's own cos/sin, is 0 on every machine: the CPU needs the same two
-# changes as the GPU. On a GPU with the reference run's compute capability and Triton version,
-# the column equals its small-size column row for row.
+# **Which change did it.** In the reference run's columns only the fma line reaches 0: TE's
+# output is, in every bit, `fma(v_src, v_cos, v_src_rotate * v_sin)`. In the column "here" on
+# the CPU the interpreter rounds every product (990 in the first two rows, where the GPU's
+# contracted line gives 573) and its sin/cos are NumPy's, so rows 3 and 4 stay above 0: only
+# TE's order *with* TE's cos/sin, the last row, is 0 on every machine.
 #
 # Further reading: `benchmarks/repro_contraction.py` (a GPU script) takes the first row apart:
 # which of the sixteen ways of rounding or fusing its four bf16 products the GPU's output
@@ -1621,6 +1617,50 @@ ex.check_trap_name(my_trap_name);
 
 # %%
 solution(ex.solution_trap_name)
+
+# %% [markdown]
+# **Exercise — repair the sbhd indexing.** Naming a trap is half the work; now fix one.
+# `my_sbhd_kernel` below is section 1's kernel cut to its fixed path (sin/cos from the fp32
+# angles, fp32 math), with the trap's line: the wrapper hands it the rows of an sbhd tensor,
+# $r = sB + b$, and it takes the position as $r \bmod S$, bshd's formula. Change that one line
+# so that every row gets its own $s$. The kernel is given $S$ (`SEQ_LEN`) but not $B$; the grid's
+# first axis has one program per row, so `tl.num_programs(0)` is $S \cdot B$.
+#
+# `nb08_repair.check_sbhd_repair(my_sbhd_kernel)` runs your kernel through the course's wrapper
+# with `sbhd_row_indexing` on, in fp32, reads the position every output token encodes with the
+# recovered-position method above, and passes when each token gives its true $s$ back and the
+# output is the fp64 RoPE's within fp32 tolerances. Its cases have two and three batches and one
+# size drawn as it runs, so a line that assumes $B = 2$ fails; the unchanged kernel fails with
+# the sawtooth of the figure. It refuses the course's kernel and the worked solution.
+
+# %%
+from ropelib.course import nb08_repair
+
+
+@triton.jit
+def my_sbhd_kernel(x_ptr, cos_ptr, sin_ptr, stride_xr, stride_xh, stride_t, SEQ_LEN,
+                   HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, FROM_ANGLES: tl.constexpr,
+                   COMPUTE_FP32: tl.constexpr, USE_FMA: tl.constexpr, BF16_RTNE: tl.constexpr):
+    # section 1's kernel on its fixed path: cos_ptr holds fp32 angles, the math is fp32
+    row = tl.program_id(0).to(tl.int64)     # the wrapper hands it sbhd rows: row = s * B + b
+    head = tl.program_id(1).to(tl.int64)
+    pos = row % SEQ_LEN                     # bshd's position formula: the trap. Fix this line
+    offs = tl.arange(0, BLOCK_HALF)
+    mask = offs < HALF
+    theta = tl.load(cos_ptr + pos * stride_t + offs, mask=mask, other=0.0).to(tl.float32)
+    c = tl.cos(theta)
+    s = tl.sin(theta)
+    x_row = x_ptr + row * stride_xr + head * stride_xh
+    x1 = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(x_row + HALF + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(x_row + offs, x1 * c - x2 * s, mask=mask)
+    tl.store(x_row + HALF + offs, x2 * c + x1 * s, mask=mask)
+
+
+repaired = nb08_repair.check_sbhd_repair(my_sbhd_kernel)
+
+# %%
+solution(nb08_repair.solution_sbhd_kernel.fn, title="Solution: the sbhd position line")
 
 # %% [markdown]
 # ## 6. From the shape of a difference to its cause

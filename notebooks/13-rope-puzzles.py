@@ -46,8 +46,8 @@
 # kernel touched. An answer that calls ropelib's own kernels or helpers fails. A ❌ line prints
 # the call that draws its inputs again, such as `pz.check_partial(my_partial_kernel, seed=N)`.
 # On a GPU a kernel that passes is also run compiled on the same cases and timed on a larger
-# one against a device copy of the same bytes (the ⏱ line, the median of Triton's `do_bench`);
-# each worked solution's ⏱ line is the time to aim for.
+# one against a device copy of the bytes a right answer moves (the ⏱ line, the median of
+# Triton's `do_bench`); each worked solution's ⏱ line is the time to aim for.
 #
 # **Where the numbers come from.** Two sources, kept apart. The ⏱ lines, and the tables and
 # verdicts printed from them, are measured live by whatever GPU runs the notebook, and each
@@ -848,11 +848,8 @@ pz.stated([("load instructions per program, given; solution", "32; 18",
 #
 # First the rule on committed data: `benchmarks/puzzle_fractions.py` timed this worked solution
 # at six tiles in four runs on an H200, each run standing in for a round. A tile is `BLOCK_S`
-# and the number of **warps** (groups of 32 threads) each program runs as. Programs run on the
-# GPU's **SMs** (streaming multiprocessors; the H200 has 132), each holding as many programs at
-# once as its registers allow; a **wave** is as many programs as all SMs hold at once, and a
-# grid of more than one wave runs in several rounds. The cell sets two tiles against BLOCK_S=16
-# on 4 warps: BLOCK_S=4, the tile the ⏱ lines time, and BLOCK_S=32.
+# and the number of **warps** (groups of 32 threads) each program runs as. The cell sets two
+# tiles against BLOCK_S=16 on 4 warps: BLOCK_S=4, the tile the ⏱ lines time, and BLOCK_S=32.
 
 # %%
 import statistics
@@ -861,14 +858,13 @@ FRACTIONS = measured.RESULTS / "puzzle_fractions-nvidia-h200.csv"
 runs9 = [FRACTIONS] + [measured.RESULTS / f"puzzle_fractions-nvidia-h200-20261130-run{k}.csv"
                        for k in (1, 2, 3)]
 p9_runs = [[r for r in compare.read_csv(f) if r["puzzle"] == 9] for f in runs9]
-SMS = p9_runs[0][0]["sms"]                               # 132 on the H200
 own = {}                                                 # tile -> the kernel's us, run by run
 for run in p9_runs:
     for r in run:
         own.setdefault((r["block"], r["num_warps"]), []).append(r["us"])
 spread9 = max((max(v) - min(v)) / min(v) for v in own.values())   # the run-to-run spread
 assert len(own) == 6 and all(len(v) == 4 for v in own.values())
-assert SMS == 132 and {compare.read_meta(f)["gpu"] for f in runs9} == {"NVIDIA H200"}
+assert {compare.read_meta(f)["gpu"] for f in runs9} == {"NVIDIA H200"}
 tile9 = (pz.PUZZLES["shared_table"].big("meta").constexprs["BLOCK_S"], 4)   # the ⏱ lines' tile
 
 
@@ -1161,12 +1157,12 @@ pz.scoreboard();
 
 # %% [markdown]
 # And the worked solutions against a copy (puzzle 1 has no timed size: on one row a timer sees
-# only the launch). A fraction is a device copy's time over the kernel's, for the bytes of every
-# tensor the kernel is handed, read or not: puzzle 5's solution never reads the angle table it
-# is handed, so its fraction flatters it. The ⏱ lines above are one `do_bench` each, which can
-# move from call to call, so the cell times the ten solutions in alternating rounds, as under
-# puzzle 9, and prints each fraction at the median of its rounds with its lowest and highest
-# round beside it. Two solutions whose ranges overlap are not told apart by the run. Section
+# only the launch). A fraction is a device copy's time over the kernel's, for the bytes a right
+# answer reads and writes: every tensor the kernel is handed but puzzle 5's bf16 angle table,
+# which its solution never reads (the cell prints both counts). The ⏱ lines above are one
+# `do_bench` each, which can move from call to call, so the cell times the ten solutions in
+# alternating rounds, as under puzzle 9, and prints each fraction at the median of its rounds
+# with its lowest and highest round beside it. Two solutions whose ranges overlap are not told apart by the run. Section
 # 0's masked copy, a Triton kernel that moves each byte once, is printed as the reference for
 # copy speed (one `do_bench`). On a CPU the cell times nothing.
 
@@ -1190,6 +1186,14 @@ if runtime.on_gpu():
 assert len(timed) == 10 and pz.PUZZLES["rotate_row"].big is None
 body = inspect.getsource(pz.solution_long_context_kernel.fn).split("):", 1)[1]
 assert "freqs_ptr" not in body                    # puzzle 5's solution never reads the table
+big5 = pz.PUZZLES["long_context"].big("meta")     # shapes only: the bytes each fraction counts
+handed5 = sum(t.numel() * t.element_size() for t in big5.args if isinstance(t, torch.Tensor))
+moved5_bytes = sum(t.numel() * t.element_size() for t in [*big5.inputs.values(), big5.out])
+print(f"puzzle 5's timed case: handed {handed5 / 1e6:.1f} MB, of which a right answer moves "
+      f"{moved5_bytes / 1e6:.1f} MB (the angle table, {(handed5 - moved5_bytes) / 1e6:.1f} MB, "
+      "is not read); its fraction counts the moved bytes")
+assert [f"{b / 1e6:.1f}" for b in (handed5, moved5_bytes, handed5 - moved5_bytes)] == [
+    "84.4", "67.6", "16.8"]
 
 # %% [markdown]
 # ## Questions for a study group
@@ -1320,23 +1324,22 @@ angles_per_thread = 16 * 64 // (4 * 32)               # BLOCK_ROWS x HALF over 1
 assert len(tests) == angles_per_thread                # one per angle a thread holds
 
 # %% [markdown]
-# Puzzle 5's fractions count every tensor the kernel is handed, the bf16 angle table it never
-# reads included: against a copy of only the bytes it moves, the timed positions reach 74 % (on
-# the H200). What this appendix measures is the part the positions make, 85 % against 101 % of
-# the handed bytes; the rest of the gap to a copy is not taken apart here.
+# The CSV's first two puzzle 5 rows count every tensor the kernel is handed, the bf16 angle
+# table it never reads included; against a copy of only the bytes it moves, as the ⏱ lines
+# count, the timed positions reach 74 % (on the H200). What this appendix measures is the part
+# the positions make, 85 % against 101 % of the handed bytes; the rest of the gap to a copy is
+# not taken apart here.
 # `ropelib.frequencies.Angles` reduces the angle exactly before the sine, so no angle it hands
 # `sin` is large.
 #
-# **Puzzle 9.** Its six tiles span 87 % to 94 % of a copy in the table, but the copy's own time
-# moved by 6 % over the four runs, so the tiles are compared by their own times (under puzzle
-# 9): each moved by at most 1.7 %, and BLOCK_S=4 on 4 warps was the fastest in every run.
-# `benchmarks/puzzle9_ncu.py` also profiled the six tiles once each under Nsight Compute, beside
-# PyTorch's element-wise `buf * 1` over the same bytes (a stand-in for the copy, which Nsight
-# Compute does not profile). Every tile read $x$ and the tables from DRAM once (75.5 MB) and
-# executed fewer instructions than the stand-in: neither extra bytes nor extra instructions
-# hold the tiles below a copy. What does is not established here. The one tile profiled twice
-# took 35.3 and 36.5 µs, more than half the six tiles' range under one profile (35.0 to
-# 36.7 µs), so a single profile of each cannot order them, let alone explain their gaps.
+# **Puzzle 9.** On the H200, the tile moves the time by a few percent and neither extra bytes
+# nor extra instructions hold any tile below a copy. BLOCK_S=4 on 4 warps was the fastest tile
+# in every run, each tile's own time moving by at most 1.7 % (the table's 87 % to 94 % of a copy
+# ride on a copy whose time moved by 6 %). Profiled once each under Nsight Compute
+# (`benchmarks/puzzle9_ncu.py`), every tile read $x$ and the tables from DRAM once (75.5 MB) and
+# executed fewer instructions than PyTorch's `buf * 1` over the same bytes, the stand-in for the
+# copy. One profile per tile cannot order the tiles: BLOCK_S=16, profiled twice, took 35.3 and
+# 36.5 µs, against the six tiles' 35.0 to 36.7 µs.
 
 # %%
 def profile(path):
@@ -1423,34 +1426,34 @@ pz.stated([
 # at large angles (measured on an H200 in the first appendix), and puzzle 6's, which loads each
 # table row once per batch entry, $B = 8$ times, where puzzle 9's loads it once.
 #
-# *What this page measures of it.* The times are printed live under "Where you stand", each with
-# its rounds' range, and this page draws no verdict from them. The cell below runs every timed
-# solution but 5 and 9 (the first appendix covers those) in checked memory at its timed shape
-# cut to 32 rows: each uses every byte of its rows' and tables' sectors, so sector use does not
-# explain a shortfall where one shows. It also compiles four solutions for sm_90: puzzle 4's,
-# whose tiles carry masked lanes, has the same load and store widths as puzzle 2's and about as
-# many registers, so its masked lanes, if they cost anything, do not show in its instructions;
-# puzzles 6 and 9 both have grids of more than one wave. For puzzle 6, the cell prints the
-# verdict of puzzle 9's alternating rounds, which set its $B = 8$ loads of each table row
-# against puzzle 9's one, where a GPU ran them.
+# *What this page measures of it.* The fractions are printed live under "Where you stand",
+# each with its rounds' range: judge the prediction by them and by the verdict a GPU prints, not
+# by this paragraph. The cell below runs every timed solution but 5 and 9 (the first appendix
+# covers those) in checked memory at its timed shape cut to 32 rows: each uses every byte of
+# its rows' and tables' sectors, so sector use does not explain a shortfall where one shows. It
+# compiles puzzles 2's and 4's solutions for sm_90: puzzle 4's, whose tiles carry masked lanes,
+# has the same load and store widths as puzzle 2's and about as many registers, so its masked
+# lanes, if they cost anything, do not show in its instructions. And where a GPU ran puzzle 9's
+# alternating rounds, it prints their verdict on puzzle 6's $B = 8$ loads of each table row
+# against puzzle 9's one.
 #
-# *It does not hold on every GPU.* On the H100 that rendered the executed page, neither puzzle
-# 5's nor puzzle 6's solution fell far short of a copy: judge the prediction by the table and
-# the verdict a GPU prints, not by this paragraph. What that teaches: a load count predicts
-# instructions and cache requests, not DRAM bytes. Puzzle 6's repeated table rows are expected
-# to hit in cache, so that DRAM reads each byte about once and the repeats cost only
-# instructions, which a kernel waiting on memory can hide (no memory counter was read for puzzle
-# 6: a likely reason, not a measured one). Likewise the sine's long path costs arithmetic, and
-# how much of it the loads hide depends on the GPU; its cost was measured on an H200 only.
+# *Puzzle 5.* Its fraction counts the 67.6 MB its solution moves, not the 16.8 MB angle table
+# it is handed and never reads ("Where you stand" prints both). Counted that way it fell short
+# on the H200: 74 % of a copy in the committed run, where counting the table gave 85 % (first
+# appendix). How much the long path costs on another GPU is not measured here.
+#
+# *Puzzle 6.* Where it comes out near a copy, or no slower than puzzle 9's solution in the
+# rounds, a load count has predicted instructions and cache requests, not DRAM bytes: its
+# repeated table rows are expected to hit in cache, so that DRAM reads each byte about once and
+# the repeats cost only instructions, which a kernel waiting on memory can hide. No memory
+# counter was read for puzzle 6: a likely reason, not a measured one.
 #
 # *Puzzle 10* can come out a little above a copy. Its solution moves every byte its fraction
 # counts (the cell below checks, at its timed shape cut to 4 sequences, that it loads every
 # element of its inputs and stores every element of $y$ once), but not in a copy's mix: at the
 # timed shape it reads 66.2 MB ($x$, the tables and `cu_seqlens`) and writes 64.1 MB, where the
-# copy of the same 130.3 MB reads and writes half each. Every sequence requests the tables'
-# rows from row 0 on; one expects those repeats to hit in cache. Why the kernel can run faster
-# than the copy, that mix or something else, is not measured here: this page does not explain
-# it.
+# copy of the same 130.3 MB reads and writes half each. Whether that mix, or the tables' rows
+# that every sequence requests again from row 0, lets it beat the copy is not measured here.
 #
 # **6.** Each pair of $q$ and of $k$ is moved by at most $\varepsilon = \sqrt 2 \cdot 2^{-9}$
 # of its length, so each pair's product moves by at most about $2\varepsilon$ of
@@ -1533,23 +1536,12 @@ def compiled(key):
                 registers=code["registers"], grid=math.prod(big.grid))
 
 
-def programs_per_sm(registers, warps):
-    """Programs of `warps` warps an SM of compute capability 9.0 holds: at most 32 programs,
-    64 warps and 65,536 registers (allocated per warp in steps of 256)."""
-    per_warp = math.ceil(registers * 32 / 256) * 256
-    return min(32, 64 // warps, 65536 // per_warp // warps)
-
-
-code5 = {n: compiled(k) for n, k in ((2, "interleaved"), (4, "odd_head_dim"),
-                                     (6, "position_ids"), (9, "shared_table"))}
+code5 = {n: compiled(k) for n, k in ((2, "interleaved"), (4, "odd_head_dim"))}
 for n, c in code5.items():
     print(f"   puzzle {n}, sm_90, Triton {triton.__version__}: {{bytes: count}} of a thread's "
           f"loads {c['loads']}, stores {c['stores']}, {c['registers']} registers, {c['grid']:,} programs")
-waves = {n: code5[n]["grid"] / (SMS * programs_per_sm(code5[n]["registers"], 4)) for n in (6, 9)}
-print(f"   waves on {SMS} SMs: puzzle 6 {waves[6]:.1f}, puzzle 9 {waves[9]:.1f}")
 assert code5[4]["loads"] == code5[2]["loads"] and code5[4]["stores"] == code5[2]["stores"]
 assert abs(code5[4]["registers"] - code5[2]["registers"]) <= 4    # about as many: within 4
-assert code5[6]["grid"] == 8 * 1024 and waves[6] > 3 and waves[9] > 1   # several waves, both
 if rounds9 is not None:                   # puzzle 9's rounds: puzzle 6's solution against 9's
     print(f"   puzzle 6 against puzzle 9, in puzzle 9's rounds: {said6}")
 else:
