@@ -419,9 +419,8 @@ assert (at_c[-1], at_c[-1] - at_c[-2]) == (300, 25)
 assert round(tr_c[-1] - tr_c[-2], 3) == -0.028 and round(v_c[-1] - v_c[-2], 3) == -0.003
 
 # %% [markdown]
-# **Reading the committed H200 run.** ropelib's validation curve lies at 0.40 of the seed
-# distance from the reference's, the control's at 0.29, where the check allows 1.5: swapping the
-# kernel moves the curve less than a second seed does.
+# **Reading the committed H200 run.** The check allows 1.5 seed distances; ropelib's curve and
+# the control's lie well inside: swapping the kernel moves the curve less than a second seed does.
 #
 # Why does ropelib's run differ from the first step? An fma alone rounds about one bf16 entry in
 # $10^5$ differently, and one forward rounds 75 million query and key entries (appendix A.1), so
@@ -429,9 +428,9 @@ assert round(tr_c[-1] - tr_c[-2], 3) == -0.028 and round(v_c[-1] - v_c[-2], 3) =
 # nondeterminism to the same order (one sample each: too few to rank them).
 #
 # **The model has begun to overfit**: the validation-minus-training gap widens at every
-# evaluation, and over the last 25 steps the training loss fell by 0.028 nats, the validation
-# loss by 0.003. The two runs that turned up did so by a tenth of the seed distance, inside the
-# check: the comparison still measures RoPE, not memorising. Trained much longer on this text, a
+# evaluation, and at the end the training loss still falls while the validation loss barely
+# does. The two runs that turned up did so by a tenth of the seed distance, inside the check: the
+# comparison still measures RoPE, not memorising. Trained much longer on this text, a
 # comparison would need more text or fewer steps.
 
 # %% [markdown]
@@ -530,12 +529,10 @@ assert max(ms_c, key=ms_c.get) == "reference"                      # "its first 
 
 # %% [markdown]
 # In the committed H200 run ropelib's model trained 1.403 times as many tokens a second as the
-# reference's first run, which looks like a 40 % end-to-end speed-up. But the same reference code
-# trained 1.226 times as many in its second-seed run and 1.223 times in the control: its first and
-# slowest run took 18.03 ms a step, the control 14.74 ms, 3.29 ms apart for the same program.
-# Against the fastest reference run ropelib's margin was 1.145, smaller than the 1.226 the
-# reference moved by itself: no verdict. Your run's answer, printed above, may differ, and even a
-# yes is weak evidence: each arm is *one* run, so whatever drifts between runs lands on one arm.
+# reference's first run, which looks like a 40 % speed-up; but the same reference code, run
+# again, moved by 1.226 by itself, more than ropelib's margin over its fastest run: no verdict.
+# Your run's answer, printed above, may differ, and even a yes is weak evidence: each arm is *one*
+# run, so whatever drifts between runs lands on one arm.
 #
 # ### A measurement that can resolve it: interleaved rounds
 #
@@ -803,9 +800,8 @@ assert round(timed_floor_ms, 3) == 0.146 and round(int(share_meta["rope_bytes"])
 assert [round(r["rope_ms"] / timed_floor_ms, 2) for r in (lib, ref)] == [1.27, 24.11]
 
 # %% [markdown]
-# **Reading it.** On the committed H200 run RoPE takes **2.84 %** of the busy step with ropelib
-# and **35.76 %** with the reference. ropelib's RoPE runs near a copy's pace; the reference's
-# chain moves more bytes, and moves them slower (appendix A.3 counts both). On a GPU the cells
+# **Reading it.** ropelib's RoPE runs near a copy's pace; the reference's chain moves more
+# bytes, and moves them slower (appendix A.3 counts both). On a GPU the cells
 # above hold your run to bands around the H200's; on the CPU they time the interpreter.
 #
 # **Two clocks.** The busy step counts only the time the GPU runs kernels; the wall-clock step
@@ -857,10 +853,8 @@ assert (round(step_saved, 2), round(rope_saved, 2), round(wall_saved_c, 2)) == (
 assert round(1e3 * lib["rope_ms"] / n_layer_c) == 31        # ropelib's RoPE a layer: "31 µs"
 
 # %% [markdown]
-# In the committed H200 run the GPU is busy for only 50 % of the wall-clock step with ropelib and
-# 67 % with the reference: for the rest it waits for the host. The busy step is 3.32 ms shorter
-# with ropelib, and RoPE's kernels account for 3.33 ms of that: all of the device saving is
-# RoPE's. The wall-clock difference the cell prints comes from one training run per arm, which
+# For part of every step the GPU waits for the host, and all of the busy step's saving is RoPE's
+# kernels. The wall-clock difference the cell prints comes from one training run per arm, which
 # section 4 showed cannot rank the arms; section 4's interleaved rounds are the wall-clock
 # measurement, and the next subsection asks where their saving comes from.
 #
@@ -1034,12 +1028,18 @@ else:
 # **What the measurements show.** Host and device work overlap; they do not add, and the two
 # savings come from different places. Run eagerly, the step is host-bound wherever the issue
 # time nears the wall time (section 4's cell prints which case your run is): the wall clock then
-# saves what the host saves, and section 4's cell checks that the two agree. The host's saving is
-# the reference's 34 ops a layer (A.3), each dispatched, recorded for autograd and launched from
-# Python, against ropelib's 2 launches; the probe above measures it per layer, in this model, on
-# your machine's CPU. Replayed from a CUDA graph the host is out of the way, and the arms differ
-# by the device saving, RoPE's kernel time. The two savings have different causes, so neither
-# need be the larger: read the printed pair; neither cell asserts an order.
+# saves what the host saves, and section 4's cell checks that the two agree. That saving is a
+# difference of two large host costs, not a dear call against a cheap one: the reference's 34 ops
+# a layer (A.3), each dispatched, recorded for autograd and launched from Python, against
+# ropelib's call, which pays for its Python, an autograd node and 2 Triton launches a layer. The
+# probe prints ropelib's host time a layer beside its kernels' device time; in the committed H200
+# profile its RoPE took 1.472 ms of host time a step (inflated by the profiler, A.2) against
+# 31 µs of device time a layer over 6 layers: several times its kernels' time. How that host time
+# splits between autograd, ropelib's Python and the launches is not measured in this model (A.2
+# reads a probe on another model, where a Function that only allocates costs about two thirds of
+# ropelib's host time). Replayed from a CUDA graph the host is out of the way, and the arms
+# differ by the device saving, RoPE's kernel time. The two savings have different causes, so
+# neither need be the larger: read the printed pair; neither cell asserts an order.
 #
 # **Exercise 1 — RoPE's share, by name.** On a GPU the profiler lists every kernel a step ran,
 # with its device time. Write `rope_share(events, rope_names)`: `events` is a list of
@@ -1561,8 +1561,9 @@ else:   # compiled: contraction turns the multiply-then-subtract into ropelib's 
 #   by itself); interleaved rounds, read as pairs, can, and on a GPU section 4 asserts they find
 #   ropelib's step the faster. Where the eager step is host-bound (section 4 prints whether; in
 #   the committed H200 run the GPU was busy for only 50 % and 67 % of the step, ropelib and the
-#   reference), the wall clock saves what the host saves, 34 ops a layer against 2 launches; a
-#   CUDA graph replay saves what the device saves. Neither need be the larger.
+#   reference), the wall clock saves what the host saves: the reference's 34 ops a layer against
+#   ropelib's call, whose own host cost is several times its kernels' time and is not broken down
+#   here; a CUDA graph replay saves what the device saves. Neither need be the larger.
 # - **KV cache.** Rotate each new token at its absolute position $L + j$, the cached keys never
 #   again, and every step's logits are the full forward's.
 # - **Drop-in.** One context manager for a Hugging Face Llama, one import for a TE-style block.
@@ -1698,10 +1699,8 @@ fig = plot_train_loss_differences(
 plt.show()
 
 # %% [markdown]
-# In the committed H200 run, over steps 1 to 20 ropelib's median difference from the
-# reference's training loss is 7.2 times the control's: the fma's rounding starts earlier than the
-# control's nondeterminism. The control catches up (the figure), and from step 61 on the medians
-# are 0.0051 and 0.0037 nats.
+# Over the first 20 steps ropelib's run leaves the reference's sooner than the control does: the
+# fma's rounding starts earlier than the control's nondeterminism, which catches up (the figure).
 #
 # ### A.2 Section 5: RoPE's share of the step
 #
@@ -1712,14 +1711,14 @@ plt.show()
 #
 # The cell after it reads a host probe made without the profiler, on another model (8 layers,
 # batch 1, 64 tokens, width 4096, as the log's first line records): the step's host time (best of
-# several rounds) with each RoPE minus without, per layer. ropelib's `apply_rope_qk` added 148.8 µs
-# a layer, TE's fused RoPE 115.9, an `autograd.Function` that only allocates its outputs 96.5; with
-# autograd's device thread off (the backward run on the calling thread) 105.3, 104.3 and 46.8 µs.
-# A Function that only allocates costs about two thirds of ropelib's host time: most of it is
-# autograd's machinery, which any RoPE called from Python pays. Read the probe for that ratio, not
-# for this model's µs: it ran another model, on the H200's host, and takes the best of its rounds
-# where section 5's probe takes the median. Section 5's step difference is what this model pays
-# on your machine; this notebook does not measure what sets the gap between the two.
+# several rounds) with each RoPE minus without, per layer, for ropelib's `apply_rope_qk`, TE's
+# fused RoPE and an `autograd.Function` that only allocates its outputs, also with autograd's
+# device thread off (the backward run on the calling thread). The Function that only allocates
+# costs about two thirds of ropelib's host time: most of it is autograd's machinery, which any
+# RoPE called from Python pays. Read the probe for that ratio, not for this model's µs: it ran
+# another model, on the H200's host, and takes the best of its rounds where section 5's probe
+# takes the median. Section 5's step difference is what this model pays on your machine; this
+# notebook does not measure what sets the gap between the two.
 
 # %%
 # share_meta, lib, ref, timed_floor_ms: the committed profile, as section 5 read it
@@ -1971,11 +1970,12 @@ assert all(509 < m["dram__bytes_write.sum"] / 1e6 < 510 for m in (g, v))     # "
 # that the host's cost to launch a Triton kernel from Python may match it. `do_bench` times
 # launches back to back, so where the host issues them slower than the GPU runs them, a fraction
 # times the host, not the kernel, and this notebook does not measure which is the case. Nor does
-# it measure why one `ROWS` beats another. A profile would: the kernel's own duration from
-# `torch.profiler` or Nsight Compute (`gpu__time_duration`) to rule the host in or out, then
-# Nsight Compute's DRAM throughput, warp stall reasons and achieved occupancy at each `ROWS`
-# (notebook 05 reads occupancy and bytes in flight for ropelib's kernel). Until then the
-# fractions are this run's, not an explanation.
+# it measure why one `ROWS` beats another: the cells after it derive from the compiled code what
+# could (instructions, registers, programs per SM, bytes in flight), not which does. A profile
+# would: the kernel's own duration from `torch.profiler` or Nsight Compute
+# (`gpu__time_duration`) to rule the host in or out, then Nsight Compute's DRAM throughput, warp
+# stall reasons and achieved occupancy at each `ROWS` (notebook 05 reads them for ropelib's
+# kernel).
 
 # %%
 who = "your kernel" if model_rope_by_learner else "the worked kernel"
@@ -2032,14 +2032,18 @@ else:
 # without a GPU: `offline_compile.compiled_code` compiles a kernel here for sm_90 (the H100's and
 # H200's architecture) and returns its Triton IR and SASS (machine code). The next cell compiles
 # the worked kernel, the one-angle variant (and yours, if it passed) for the GPU run's $q$ at
-# `ROWS` = 4 and 64, and counts per element **sines and cosines** (in the IR; each is libdevice's
-# accurate function, a range reduction and a polynomial, dozens of instructions) and **SASS
-# instructions in the compiled code** per element a thread holds (128 threads share a program's
-# `ROWS` $\times D$ elements). That is a static count, every instruction once, the slow path for
-# large angles included: not the instructions a thread executes. Beside them, as `cuobjdump`
-# reports them, the **registers** a thread uses and its **stack**, the local memory it reserves.
+# `ROWS` = 4, 16 and 64, and counts per element **sines and cosines** (in the IR; each is
+# libdevice's accurate function, a range reduction and a polynomial, dozens of instructions) and
+# **SASS instructions in the compiled code** per element a thread holds (128 threads share a
+# program's `ROWS` $\times D$ elements). That is a static count, every instruction once, the slow
+# path for large angles included: not the instructions a thread executes. Beside them, as
+# `cuobjdump` reports them, the **registers** a thread uses and its **stack**, the local memory
+# it reserves; then, from the registers, the **programs one SM holds** at once
+# (`counts.programs_per_sm`, as in notebook 03's appendix) and the bytes of $q$ they load
+# together, the **bytes in flight**.
 
 # %%
+from ropelib.course.counts import programs_per_sm
 from ropelib.course.offline_compile import compiled_code
 
 B_c, S_c, H_c, D_c = 64, 256, 6, 64         # the GPU run's batch, context, heads and head_dim
@@ -2070,7 +2074,7 @@ count_kernels = {"worked": in_a_model.solution_model_rope_kernel,
 if model_rope_by_learner:
     count_kernels["your kernel"] = my_model_rope_kernel
 counts = {(name, rows): instruction_counts(kern, rows)
-          for name, kern in count_kernels.items() for rows in (4, 64)}
+          for name, kern in count_kernels.items() for rows in (4, 16, 64)}
 print(f"compiled for sm_90 by Triton {counts['worked', 4][2]}, q {tuple(q_c.shape)} bf16:")
 print(f"{'kernel':>18} {'ROWS':>5} {'sin+cos / element':>18} {'SASS / element':>15} "
       f"{'registers':>10} {'stack bytes':>12}")
@@ -2093,6 +2097,20 @@ if counts["worked", 4][1] is not None:          # (a machine without cuobjdump h
     for name in ("worked", "one angle a pair"):          # "more than three times the registers"
         assert regs[name, 64] > 3 * regs[name, 4], regs
         assert counts[name, 64][3]["stack"] == counts[name, 4][3]["stack"]    # "the same stack"
+    # programs one SM holds at once, from the registers (no shared memory), and the bytes of q
+    # they ask for together: each program loads its ROWS x D bf16 elements before it stores
+    fits = {k: programs_per_sm(regs[k], WARPS, 0) for k in counts}
+    print(f"\n{'kernel':>18} {'ROWS':>5} {'programs / SM':>14} {'warps / SM':>11} "
+          f"{'limited by':>11} {'KiB of q a program':>19} {'KiB in flight / SM':>19}")
+    for (name, rows), fit in fits.items():
+        kib = rows * D_c * 2 / 1024
+        print(f"{name:>18} {rows:5d} {fit.programs:14d} {fit.warps:11d} "
+              f"{'+'.join(fit.limited_by):>11} {kib:19.1f} {fit.programs * kib:19.1f}")
+    for name in ("worked", "one angle a pair"):
+        p4, p16, p64 = (fits[name, r].programs for r in (4, 16, 64))
+        assert p4 == 16 and fits[name, 4].warps == 64          # "every warp an SM holds"
+        assert p4 >= p16 >= p64 and p64 <= 4 and "registers" in fits[name, 64].limited_by
+        assert p64 * 64 > 2 * p4 * 4                           # "more bytes in flight at 64"
 else:
     print("(no cuobjdump here: no SASS to count, and the checks on it do not run)")
 
@@ -2102,15 +2120,22 @@ else:
 # element a thread holds (where the cell finds `cuobjdump`, which Triton's wheel ships, to
 # disassemble): code that does not grow with the elements a thread holds (the integer divisions
 # that turn a row into $(b, s, h)$, the address set-up) is shared by more of them. It also takes
-# more than three times the registers a thread, which bounds how many warps an SM can hold
-# (notebook 05), while the stack stays the same. Neither change touches the real redundancy: the
-# $H$ heads of a token, in each of the $B$ sequences, compute the same sines and
-# cosines again; ropelib's kernel computes them once per (token, pair) of its tile
-# (`table_cos_sin` in `ropelib/kernels/fused.py`). Counts are not times: fewer instructions or
-# more registers need not change a launch's time, and whether they explain the fractions the
-# timing cell printed is not measured here (a profile would, as above). Candidates to test: the
-# instructions, the registers (how many warps an SM holds), and how many bytes each `ROWS` keeps
-# in flight (notebook 05).
+# more than three times the registers a thread, while the stack stays the same.
+#
+# **Reading the programs per SM.** Registers bound how many programs an SM holds. At `ROWS` = 4
+# there is room for 16, every warp an SM holds (64), but each loads only 0.5 KiB of $q$; at 64
+# the registers allow 4 programs or fewer, a quarter of the warps or less, which together still
+# load more bytes at once than at 4; 16 lies between. The two ends trade warps against bytes in
+# flight: memory streams only with enough bytes requested and not yet returned (Little's law,
+# notebook 03, section 4.2), and with fewer warps less of one warp's sines, cosines and address
+# arithmetic hides behind another's loads. These are upper bounds derived from the compiled code
+# (another machine's compiler may give other register counts), not the occupancy a profiler
+# measures; which of them sets the fractions the timing cell printed is not measured here (a
+# profile would, as above).
+#
+# Neither change touches the real redundancy: the $H$ heads of a token, in each of the $B$
+# sequences, compute the same sines and cosines again; ropelib's kernel computes them once per
+# (token, pair) of its tile (`table_cos_sin` in `ropelib/kernels/fused.py`).
 #
 # **Optional — make your kernel cheaper.** Aim for one sine and one cosine a pair
 # (`sin+cos / element` at 1) and a SASS count per element that falls from `ROWS` = 4 to 64 as the
