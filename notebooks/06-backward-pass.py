@@ -250,9 +250,9 @@ draw_jacobians(FIGURES / "06-jacobian.png")
 # an edit of the branch leaves them alone: edit 1 is the cell's forward at $-\theta$, edit 2 its
 # forward at $\theta$, edit 3 ropelib's unchanged backward at $-\theta$ (the cosines are even,
 # so only the sines flip sign). It prints which of them your kernel's results match. Undo the
-# edit to go on: the cell asserts that the cell's kernel passes every row. One more line compares bits with ropelib's unchanged kernel
-# (`torch.equal`): a correct rewrite that orders the arithmetic differently can fail that line
-# alone; the table is what judges the math.
+# edit to go on: the cell asserts that the cell's kernel passes every row. One more line
+# compares bits with ropelib's unchanged kernel (`torch.equal`): a correct rewrite that orders
+# the arithmetic differently can fail that line alone; the table is what judges the math.
 
 # %%
 # ropelib-source: ropelib.course.kernels.batch_reuse._rope_batch_reuse_kernel
@@ -742,14 +742,13 @@ assert round(start_us / (br1["fwd_ms"] * 1e3), 2) == 0.94
 # batch 1 and 84.7 µs at batch 2, of which starting batch 1's 131,072 programs takes 79.2 µs
 # (the cost per program that notebook 03, section 4, measured).
 #
-# The rest of a small step is not on the device alone. `do_bench` records a CUDA event before
-# and after each call, so when the host takes longer to issue a step (autograd's Python, its
-# device thread, the launches) than the GPU takes to run it, the GPU waits for the host and the
-# wait is timed. The next cell draws the sweep beside a rough band of that host time:
-# `benchmarks/autograd_host_probe.py` timed the host's side of ropelib's step (and of a trivial
-# `autograd.Function`, for scale) in two runs on the H200 the same day. Its shape is a decode
-# step's ($s = 1$, $b = 64$), not the sweep's, and its two runs differ by half again, so the band
-# is an order of size only; notebook 07, section 7, measures host against device properly.
+# The rest of a small step is not on the device alone: `do_bench` times from a CUDA event
+# before a call to one after it, so when the host takes longer to issue a step (autograd's
+# Python, its device thread, the launches) than the GPU takes to run it, the wait is timed. For
+# scale only, the next cell draws a band of that host time: two runs of
+# `benchmarks/autograd_host_probe.py` on the H200, half again apart, at a decode step's shape
+# ($s = 1$, $b = 64$), not the sweep's. Notebook 07, section 7, measures host against device;
+# this section's own measurement is the CUDA-graph cell after the figure.
 
 # %%
 def autograd_host_log(path):
@@ -825,8 +824,8 @@ plt.show()
 
 # %% [markdown]
 # The finished kernel's batch-1 step (147.6 µs, against 44.6 µs of device work) lies inside the
-# band: that step is the host's time, not the bytes'. The teaching kernels' steps at batches 1
-# and 2 (224 to 486 µs) lie above it, and the probe did not time their Functions.
+# band, so host time could account for it; the teaching kernels' steps at batches 1 and 2 (224
+# to 486 µs) lie above it, and the probe did not time their Functions.
 #
 # The next cell splits such a step on whatever GPU runs it: the `ropelib_batch_reuse` step and
 # forward at batch 1, each timed as a whole call (`do_bench`) and replayed from a CUDA graph (a
@@ -875,13 +874,14 @@ else:
 
 # %% [markdown]
 # Read its last lines. The replayed times are the device's work, and the step's stays at two
-# forwards, as the bytes predict. What the whole call adds on top is host time the device waited
-# for (plus whatever the cache flush that the replay skips costs: the forward's gap bounds that).
-# Where it adds far more to the step than to the forward, the small step's excess is
-# autograd's and the launches' time on the host, not the kernels': the band's diagnosis of the
-# finished kernel, measured here for a teaching one. Notebook 07 (section 7) times a call's host
-# enqueue, its wall clock and its replay side by side, and its appendix A.4 finds where ropelib's
-# host time goes.
+# forwards, as the bytes predict. What the whole call adds on top is outside the kernels: time
+# the device waited, plus whatever the cache flush that the replay skips costs (the forward's
+# gap bounds that). Where it adds far more to the step than to the forward, the excess is in
+# what the step does around its kernels, not in them. Set it beside the band: the gap can be several
+# times the band's top (the band is another GPU's, at another shape), and then that host time
+# does not explain it. What fills such a gap is not measured here: this cell times no host
+# side. Notebook 07, section 7, times a call's host enqueue, its wall clock and its replay side
+# by side, and its appendix A.4 finds where ropelib's host time goes.
 
 # %% [markdown]
 # ## 4. `gradcheck` in float64
@@ -1141,11 +1141,13 @@ else:
 #   `gradcheck` in float64, and with stride-0 tensors: the gradient of `y.sum()` and an input
 #   built with `expand`.
 # - The backward moves the forward's bytes and takes the forward's time, so a training step is
-#   two forwards of device work; at small sizes the host's time of the step through autograd
-#   can exceed that work and set the whole call's time (section 3.1).
+#   two forwards of device work; at small sizes the whole call takes far longer than that work,
+#   and a CUDA-graph replay removes the excess (section 3.1; notebook 07 times the host side).
 # - One warp a program beats four (section 2.1), so `rope_cell` launches one at $D = 128$: with
 #   four, each element sits on two threads and costs load and store instructions of its own,
-#   more instructions for the same DRAM bytes.
+#   2.85 times the instructions for the same DRAM bytes, in 1.62 times the time (the H200's
+#   profile). Whether those instructions are what the extra time waits on is not measured: the
+#   profile has no stall reasons.
 #
 # ropelib's finished kernel (notebook 05) serves both directions the same way. Its module header
 # is long (it also documents the grid, the layouts and the angle tables); the cell below prints
