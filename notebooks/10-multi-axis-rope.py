@@ -1318,7 +1318,8 @@ assert round(once_m[WARPS_ACTIVE]) == 89, "once per token: 89 % of the warp slot
 # ropelib's kernel, where the worked solution runs 8 tokens a program, 2,048 programs of 4
 # warps. The timing cell also ran your kernel (or the worked solution) at 1 to 16 tokens a
 # program: in both committed runs the worked solution is slowest at 1 token a program.
-# Its tile is then one head of one token, 64 pairs for the 128 threads of 4 warps; ropelib's
+# Its tile is then one head of one token, 64 pairs for the 128 threads of 4 warps (the compiled
+# layout, read after the next compile cell, shows what that does to its loads); ropelib's
 # kernel, also at 1 token a program, rotates `HPS` heads a step on 2 warps.
 
 # %% [markdown]
@@ -1435,6 +1436,39 @@ assert moved.get(("load", False), 0) >= 5 and moved.get(("sin/cos", False), 0) >
 # and `axis` as they were, it loads them again after each store and forms everything from them
 # again. Loading them before the loop, as the worked solution does, states what the compiler
 # cannot prove.
+
+# %% [markdown]
+# The same compiler shows why the worked solution is slowest at 1 token a program. The next cell
+# compiles it at 1 token a program too and reads the layout of its first load of q
+# (`#ttg.blocked`, notebook 03's fields): the contiguous elements each thread holds
+# (`sizePerThread`), and how many threads hold each element of the `[BLOCK_T, 64]` tile.
+
+# %%
+from ropelib.course import nb03_layouts      # notebook 03's TTGIR reader
+
+tile_ir = {1: compiled_code(multi_axis.solution_mrope_kernel, {**hoist_args, "BLOCK_T": 1},
+                            num_warps=4, source=hoist_source, timeout=600)["ttgir"],
+           8: compiled_asm["ttgir"]["solution_mrope_kernel"]}          # compiled above
+tile_copies, tile_bytes = {}, {}
+for bt, ir in tile_ir.items():
+    shape, L, text = nb03_layouts.load_layout(ir)
+    spans = [s * t * w for s, t, w in zip(L["sizePerThread"], L["threadsPerWarp"],
+                                          L["warpsPerCTA"])]           # what the 128 threads span
+    tile_copies[bt] = 1
+    for span, n in zip(spans, shape):
+        tile_copies[bt] *= max(1, span // n)     # a span past the tile: threads hold copies
+    tile_bytes[bt] = L["sizePerThread"][-1] * 2  # bf16 elements a thread holds in a row, 2 bytes
+    print(f"{bt} token(s) a program: tile {shape}, {text}\n  {tile_copies[bt]} thread(s) an "
+          f"element, {tile_bytes[bt]} contiguous bytes a thread holds")
+assert (tile_copies[1], tile_bytes[1]) == (2, 2), "1 token: each element on 2 threads, 2 bytes"
+assert (tile_copies[8], tile_bytes[8]) == (1, 8), "8 tokens: one thread an element, 8 bytes"
+
+# %% [markdown]
+# At 1 token a program the 128 threads span a `[2, 64]` tile for a `[1, 64]` one: every element
+# is held by two threads, so half the threads repeat the other half's work, and each holds one
+# bf16 (2 bytes) of a row. At 8 tokens a program each element has one thread, which holds 4
+# contiguous bf16 (8 bytes), room for one wider load. The layout shows the doubled threads and
+# the narrow rows; how much of the slowdown each costs is not measured.
 
 # %% [markdown]
 # **Is the per-head kernel bound by its instructions?** A second profile of the same three
@@ -1581,11 +1615,44 @@ assert all(v > 0 for v in parts["other"])                   # the two waits are 
 # would otherwise leave idle, and do not set its time.
 #
 # Under the profiler the gap is wider than under `do_bench` (1.90 against 1.40 on the H200).
-# Why is not measured. The profiler holds the SMs at 1.50 GHz; `do_bench` does not lock the
-# clock, and the only reading of it is one NVML sample right after timing (1980 MHz in the
-# committed runs, asserted in the next cell), not the clock during the runs. A lower clock would stretch the
-# instruction-bound kernel more than the memory-bound one, which fits, but no run here tests it
-# (it would take `do_bench` under the profiler's locked clock, or the clock sampled while timing).
+# The profiler holds the SMs at 1.50 GHz; `do_bench` does not lock the clock. If the clock is
+# the reason, the instruction-bound kernel's time should scale with it and the memory-bound
+# kernel's should not. The next cell tests that with the one clock reading the timing run has:
+# NVML's 1980 MHz, sampled right after timing, not during it.
+
+# %%
+# each kernel's profiled time moved from the profiler's clock to NVML's 1980 MHz, as it would
+# move if the kernel's time were all SM cycles, beside do_bench's median on the same H200
+assert do_bench_mhz["NVIDIA H200"] == 1980, "NVML: 1980 MHz after timing"
+nvml_ghz = do_bench_mhz["NVIDIA H200"] / 1e3
+at_nvml = {}
+for label, who in (("angles per (token, head)", "angles per (token head)"),
+                   ("angles once per token", "angles once per token")):
+    ncu_us = ncu_rows[label]["gpu__time_duration.sum"] / 1e3
+    at_nvml[label] = ncu_us * clock_ghz[label] / nvml_ghz
+    print(f"{label:26s} profiler {ncu_us:6.1f} us at {clock_ghz[label]:.2f} GHz -> "
+          f"{at_nvml[label]:6.1f} us at {nvml_ghz:.2f} GHz if all cycles; "
+          f"do_bench {h200_us[who]:6.1f} us")
+clock_ratio = at_nvml["angles per (token, head)"] / (once_m["gpu__time_duration.sum"] / 1e3)
+print(f"per (token, head) / once per token: {time_ratio:.2f}x under the profiler, "
+      f"{clock_ratio:.2f}x with only the per-head kernel following the clock, "
+      f"{h200_ratio:.2f}x under do_bench")
+assert round(per_head_m["gpu__time_duration.sum"] / 1e3, 1) == 136.2, "the profiler's 136.2 us"
+assert round(at_nvml["angles per (token, head)"]) == 103, "136.2 us at 1.50 GHz -> 103 us"
+assert round(h200_us["angles per (token head)"], 1) == 108.6
+assert 0.94 < at_nvml["angles per (token, head)"] / h200_us["angles per (token head)"] < 0.96
+assert round(at_nvml["angles once per token"]) == 54, "the once-per-token kernel: 54 us ..."
+assert round(h200_us["angles once per token"], 1) == 77.6, "... against do_bench's 77.6"
+assert round(clock_ratio, 2) == 1.44 and round(h200_ratio, 2) == 1.40
+
+# %% [markdown]
+# Scaled to 1980 MHz, the per-head kernel's 136.2 µs becomes 103 µs, 5 % under `do_bench`'s
+# 108.6: most of its speed-up outside the profiler is the clock. The once-per-token kernel does
+# not follow it: scaled, 54 µs, but `do_bench` measured 77.6 µs, slower than the profiler's
+# 71.6, as a memory-bound kernel whose time is set by memory, not SM cycles, can be. With only
+# the per-head kernel scaled, the ratio is 1.44, against 1.40 measured and 1.90 under the
+# profiler. The test is as good as its clock reading: one NVML sample after timing, so the
+# clock during the runs, and whether it held, is not measured.
 
 # %% [markdown]
 # ### Why the gap is smaller on an H100
@@ -1675,12 +1742,15 @@ if bench_ratio is not None:                       # this run's copy, on the GPU 
 # model's dtype) adds bf16's own rounding. Long-context models reach $10^6$ positions and
 # beyond.
 #
-# For plain RoPE, ropelib can skip the fp32 angle: `ropelib.rope_angles(...)` holds each pair's
-# frequency as a fixed-point fraction of a turn, the kernel multiplies it by the integer
-# position in wrapping 64-bit integers, so whole turns fall away exactly, and cos and sin are
-# formed from the fractional turn. `tests/test_exact_angles.py` checks the angle within half an
-# fp32 ulp (unit in the last place: the gap between neighbouring fp32 numbers at that size) for
-# every scaling law of `ropelib.frequencies` up to position $2^{24}$.
+# ropelib has no exact-angle path for M-RoPE: `apply_mrope` and `apply_mrope_qk` take no
+# `angles`, and their kernel forms $p_{a_j}\,\omega_j$ as a product in fp32 (fp64 for fp64
+# inputs), so the errors below apply to it. For plain RoPE, ropelib can skip the fp32 angle:
+# `ropelib.rope_angles(...)` holds each pair's frequency as a fixed-point fraction of a turn,
+# the kernel multiplies it by the integer position in wrapping 64-bit integers, so whole turns
+# fall away exactly, and cos and sin are formed from the fractional turn.
+# `tests/test_exact_angles.py` checks the angle within half an fp32 ulp (unit in the last
+# place: the gap between neighbouring fp32 numbers at that size) for every scaling law of
+# `ropelib.frequencies` up to position $2^{24}$.
 #
 # The cell runs `benchmarks/angle_precision.py` at five positions from 1 K to 16 M
 # (Llama-like: $d = 128$, base 500 000) and measures the three (the fp32 angle table, the
