@@ -31,10 +31,12 @@
 # - use partial rotary (`rotary_percent`), position offsets (`start_positions`, `position_ids`)
 #   and context-parallel positions (`cp_size`, `cp_rank`), also of a packed batch (exercise 1);
 # - count the kernels and bytes of the unfused PyTorch version, and explain why on a GPU it is
-#   slower than one fused kernel by more than its extra bytes account for.
+#   slower than one fused kernel by more than its extra bytes account for, and write an eager
+#   chain without two of those costs (exercise 4).
 #
-# **Time:** about an hour to read and do the three exercises; section 6, on speed, is about
-# half of the reading. The cells run in seconds on a CPU (Triton's interpreter).
+# **Time:** about an hour to read and do the four exercises; section 6, on speed, is about
+# half of the reading (an appendix at the end holds two asides to it). The cells run in
+# seconds on a CPU (Triton's interpreter).
 
 # %%
 import os, torch
@@ -418,8 +420,10 @@ print("each rank's local rotation == the global rotation at its positions")
 # RoPE is **memory-bound**: its speed is set by the bytes it moves, and the floor is reading $x$
 # once and writing $y$ once (plus a small table). The cell below puts numbers on that claim:
 # RoPE's arithmetic intensity (operations per byte moved) beside the GPU's, and the time of
-# ropelib's fused kernel beside a device copy of the same bytes, which does no arithmetic at all,
-# from the committed H200 run (`benchmarks/results/floor-nvidia-h200.csv`).
+# `ropelib.apply_rope` beside a device copy of the same bytes, which does no arithmetic at all,
+# from the committed H200 run (`benchmarks/results/floor-nvidia-h200.csv`). At this size
+# `apply_rope` takes its default route, two passes (a small kernel for the angle rows, then a
+# flat rotation kernel; notebook 05).
 
 # %%
 from ropelib.bench import compare, floor as floor_suite
@@ -456,9 +460,12 @@ assert rope_flops / h200_fp32_flops < 0.05
 # %% [markdown]
 # RoPE does 0.75 operations per byte it moves; the H200 balances its arithmetic and its memory
 # near 16 (the printed ratio uses the copy's measured bandwidth and the datasheet's FP32 rate,
-# which this course does not measure). The measurement that settles it is the last line: the
-# fused kernel takes the time of a copy of the same bytes, which does no arithmetic, while
-# using a few percent of the arithmetic rate. So every byte counts, and the arithmetic is free.
+# which this course does not measure). The measurement that settles it is the last line:
+# ropelib's two-pass route takes the time of a copy of the same bytes, which does no
+# arithmetic, while using a few percent of the arithmetic rate. So every byte counts, and the
+# arithmetic is free. (The single fused kernel that the rest of this section forces, to hold
+# one kernel against the chain, is a little slower: the end of "Each kernel against a copy"
+# measures both routes against a copy.)
 #
 # TE's plain-PyTorch path (`apply_rotary_pos_emb(..., fused=False)`) is the code below, for
 # `sbhd` and rotate-half. `ropelib.reference.te_unfused` keeps it line for line; the cell writes
@@ -1003,57 +1010,8 @@ assert (round(single, 2), round(two_pass, 2)) == (0.86, 0.95)
 #
 # The `add` of two contiguous temporaries and the second `cat` run vectorized, at 103% and 97%
 # of the copy's GB/s. (`cos`, `sin` and their casts are vectorized too, on the small table.)
-# An `add` above 100 % is not a kernel outrunning the memory. Both figures are counted bytes
-# over time, and the two kernels do not move the same kind of bytes: for each element of $x$
-# the `add` reads two and writes one (three $x$-sized tensors, asserted below), the copy reads
-# one and writes one. Two thirds of the `add`'s bytes are reads, half of the copy's. A copy is
-# a yardstick, not the memory's peak, and whether the share of reads moves the GB/s can be
-# measured: on a GPU the next cell times four streams over contiguous tensors the size of $x$
-# that read 0, 1, 2 and 3 tensors for each one they write (`fill_`, the copy, `add`,
-# `addcmul`: the copy as above, the others PyTorch's element-wise kernels), each with
-# `do_bench`, and prints each one's GB/s by counted bytes.
-
-# %%
-add_row = next(r for r in committed_rows if r.op == "add")
-cat_v = next(r for r in committed_rows if r.kind == kb.CAT_VECTORIZED)
-x_committed = cat_v.nbytes // 2       # the second cat reads x's two halves and writes x
-c_copy_us = 2 * x_committed / committed["copy_gbps"] / 1e3
-print(f"{COMMITTED}:\n  the add moves {add_row.nbytes / x_committed:.0f} tensors the size of x "
-      f"(reads 2, writes 1) in {add_row.us:.1f} us, the copy 2 (reads 1, writes 1) in "
-      f"{c_copy_us:.1f} us: {add_row.gbps:.0f} against {committed['copy_gbps']:.0f} GB/s "
-      f"({add_row.of_copy:.2f} of the copy's)")
-assert add_row.nbytes == 3 * x_committed and round(add_row.of_copy, 2) == 1.03
-if GPU:
-    a_, b_, c_, out_ = (torch.randn_like(xd) for _ in range(4))
-    streams = {"fill_": (lambda: out_.fill_(1.0), 0), "copy": (lambda: out_.copy_(a_), 1),
-               "add": (lambda: torch.add(a_, b_, out=out_), 2),
-               "addcmul": (lambda: torch.addcmul(a_, b_, c_, out=out_), 3)}
-    n_x = xd.numel() * xd.element_size()
-    by_reads = {name: (reads + 1) * n_x / (triton.testing.do_bench(fn) * 1e-3) / 1e9
-                for name, (fn, reads) in streams.items()}
-    print(f"{LIVE}: tensors of {n_x / 2**20:.0f} MiB, {xd.dtype}")
-    for name, (_, reads) in streams.items():
-        print(f"  {name:8s} reads {reads} for 1 written ({reads / (reads + 1):4.0%} of its bytes "
-              f"read): {by_reads[name]:6.0f} GB/s = {by_reads[name] / by_reads['copy']:.3f} "
-              "of the copy's")
-    ranked = list(by_reads.values())
-    rises = all(u < v for u, v in zip(ranked, ranked[1:]))
-    print("  GB/s " + ("rises with the share of reads, at every step" if rises else
-                       "does not rise at every step with the share of reads")
-          + f"; the add against the copy here: {by_reads['add'] / by_reads['copy']:.3f}")
-    assert by_reads["add"] > 0.8 * by_reads["copy"]          # vectorized: near a copy, as above
-    del a_, b_, c_, out_
-else:
-    print("(no GPU here: the four streams are timed on a GPU only)")
-
-# %% [markdown]
-# Read the live lines on a GPU: they say, for the machine that ran them, whether the GB/s
-# rises with the share of reads. Where it does, the `add`'s few per cent over the copy come
-# with what it moves, two thirds reads, and not from a kernel that does better than a copy;
-# where it does not, the share of reads is not what sets the `add` apart there. Why a memory
-# would serve reads faster than writes (a DRAM bus loses time each time it turns from reading
-# to writing, and written data passes through the cache on its way) lies below what these
-# timings can show: they count bytes and time, not the memory's own cycles.
+# An `add` above 100 % is not a kernel outrunning the memory: a copy is a yardstick, not the
+# memory's peak, and the appendix at the end of the notebook times why the `add` can beat it.
 #
 # So far this is an observation across kernels, not a controlled experiment: the kind is read
 # from a name, the GB/s from device time and counted bytes. The loads themselves take hardware
@@ -1091,14 +1049,6 @@ print(f"\none multiply against the add: {mul['l1_load_sectors']:,.0f} against "
       f"({mul['l1_load_requests'] / add['l1_load_requests']:.0f}x)")
 assert mul["l1_load_sectors"] == add["l1_load_sectors"] == 8_388_608
 assert mul["l1_load_requests"] == 8 * add["l1_load_requests"]
-# Nsight Compute's durations against the committed profiler run's, kernel for kernel
-c_x_rows = [committed_rows[i] for i in c_on_x]              # the same six kernels, in order
-assert [r.op for r in c_x_rows] == ["mul", "neg", "cat", "mul", "add", "cat"]
-under_ncu = [r["duration_ns"] / 1e3 / c.us for r, c in zip(big, c_x_rows)]
-print("duration under Nsight Compute / under the profiler: "
-      + ", ".join(f"{c.op} {q:.2f}" for c, q in zip(c_x_rows, under_ncu)))
-assert all(q > 1.05 for r, q in zip(big, under_ncu) if r in one_wide)     # longer
-assert all(abs(q - 1) < 0.05 for r, q in zip(big, under_ncu) if r in eight_wide)  # about as long
 
 # %% [markdown]
 # The counters confirm what the names said. Every kernel of the chain that is not vectorized
@@ -1110,9 +1060,8 @@ assert all(abs(q - 1) < 0.05 for r, q in zip(big, under_ncu) if r in eight_wide)
 #
 # Two cautions. The non-vectorized path also computes each element's offset from the strides,
 # and these counters cannot separate that cost from the narrower loads. And Nsight Compute
-# replays each kernel under its own measurement, so its durations are not the profiler's: the
-# last line of the cell shows the non-vectorized kernels taking longer under it, the two
-# vectorized ones about as long. Compare its counts, not its times.
+# replays each kernel under its own measurement, so its durations are not the profiler's
+# (the appendix sets the two side by side): compare its counts, not its times.
 #
 # One more timing answers a question the counters leave aside: is it the broadcast operand
 # that costs the time? On a GPU the next cell times the
@@ -1255,6 +1204,42 @@ basics.check_bytes_moved(bytes_moved);
 solution(basics.solution_bytes_moved)
 
 # %% [markdown]
+# **Exercise 4 — an eager chain without the broadcast table or the split.** Section 6 found two
+# costs in TE's chain besides its bytes: its two multiplies read the cos/sin table broadcast
+# over batch and heads, which sends them down PyTorch's non-vectorized template, and its
+# partial-rotary split ends in a `cat` that copies the whole output again. Write
+# `lean_chain(t, freqs)`: the same rotation (`sbhd`, rotate-half, every feature turned;
+# `freqs` is `[S, 1, 1, D]` fp32) in plain PyTorch, with the cos and sin tables made
+# contiguous at `t`'s shape, in `t`'s dtype, before any multiply, and no split. The check wants
+# TE's chain's bits exactly, on several shapes and one drawn when it runs; it then records your
+# ops at dispatch as `CountTraffic` does, refuses an arithmetic op on `t`-sized tensors that
+# reads a broadcast operand, and holds the bytes to the budget it prints (in units of `t`'s
+# bytes, plus the small table's).
+#
+# Your chain moves *more* bytes than TE's: the two tables are written at `t`'s size. Whether
+# the vectorized multiplies repay that is a question for a GPU: once your chain passes, the cell
+# times it there with `do_bench` beside TE's chain and the single fused kernel (live; nothing
+# is timed in the interpreter). The `neg` and the first `cat` of `rotate_half` still read
+# strided halves of `t`: can you think of a way to avoid those in plain PyTorch, and what
+# would it cost in bytes?
+
+# %%
+from ropelib.course.exercises import nb02_lean_chain
+
+
+def lean_chain(t, freqs):
+    ...   # your code: return the rotated t
+
+
+if nb02_lean_chain.check_lean_chain(lean_chain) and GPU:    # passed: timed on this GPU
+    t_lean = triton.testing.do_bench(lambda: lean_chain(xd, fp))
+    print(f"{LIVE}: x {tuple(xd.shape)}: TE's chain {t_unfused * 1e3:.0f} us, yours "
+          f"{t_lean * 1e3:.0f} us, ropelib's single kernel {t_fused * 1e3:.1f} us")
+
+# %%
+solution(nb02_lean_chain.solution_lean_chain)
+
+# %% [markdown]
 # ## Questions for a study group
 #
 # 1. You are writing the KV cache of a decoder. Which layout would you store the keys in
@@ -1274,3 +1259,74 @@ solution(basics.solution_bytes_moved)
 #    hand-written kernel still do better, or differently: the angle table, the backward,
 #    strided inputs, in-place updates, queries and keys in one launch?
 # 5. Packing into `thd` avoids computing on padding. When is padding the better choice anyway?
+
+
+# %% [markdown]
+# ## Appendix: two asides to section 6
+#
+# **Why the `add` streams above a copy.** Section 6's committed table has the vectorized `add`
+# at 103% of the copy's GB/s. Both figures are counted bytes over time, and the two kernels do
+# not move the same kind of bytes: for each element of $x$ the `add` reads two and writes one
+# (three $x$-sized tensors, asserted below), the copy reads one and writes one. Two thirds of
+# the `add`'s bytes are reads, half of the copy's. Whether the share of reads moves the GB/s
+# can be measured: on a GPU the next cell times four streams over contiguous tensors the size
+# of $x$ that read 0, 1, 2 and 3 tensors for each one they write (`fill_`, the copy, `add`,
+# `addcmul`: the copy as in section 6, the others PyTorch's element-wise kernels), each with
+# `do_bench`, and prints each one's GB/s by counted bytes.
+
+# %%
+add_row = next(r for r in committed_rows if r.op == "add")
+cat_v = next(r for r in committed_rows if r.kind == kb.CAT_VECTORIZED)
+x_committed = cat_v.nbytes // 2       # the second cat reads x's two halves and writes x
+c_copy_us = 2 * x_committed / committed["copy_gbps"] / 1e3
+print(f"{COMMITTED}:\n  the add moves {add_row.nbytes / x_committed:.0f} tensors the size of x "
+      f"(reads 2, writes 1) in {add_row.us:.1f} us, the copy 2 (reads 1, writes 1) in "
+      f"{c_copy_us:.1f} us: {add_row.gbps:.0f} against {committed['copy_gbps']:.0f} GB/s "
+      f"({add_row.of_copy:.2f} of the copy's)")
+assert add_row.nbytes == 3 * x_committed and round(add_row.of_copy, 2) == 1.03
+if GPU:
+    a_, b_, c_, out_ = (torch.randn_like(xd) for _ in range(4))
+    streams = {"fill_": (lambda: out_.fill_(1.0), 0), "copy": (lambda: out_.copy_(a_), 1),
+               "add": (lambda: torch.add(a_, b_, out=out_), 2),
+               "addcmul": (lambda: torch.addcmul(a_, b_, c_, out=out_), 3)}
+    n_x = xd.numel() * xd.element_size()
+    by_reads = {name: (reads + 1) * n_x / (triton.testing.do_bench(fn) * 1e-3) / 1e9
+                for name, (fn, reads) in streams.items()}
+    print(f"{LIVE}: tensors of {n_x / 2**20:.0f} MiB, {xd.dtype}")
+    for name, (_, reads) in streams.items():
+        print(f"  {name:8s} reads {reads} for 1 written ({reads / (reads + 1):4.0%} of its bytes "
+              f"read): {by_reads[name]:6.0f} GB/s = {by_reads[name] / by_reads['copy']:.3f} "
+              "of the copy's")
+    ranked = list(by_reads.values())
+    rises = all(u < v for u, v in zip(ranked, ranked[1:]))
+    print("  GB/s " + ("rises with the share of reads, at every step" if rises else
+                       "does not rise at every step with the share of reads")
+          + f"; the add against the copy here: {by_reads['add'] / by_reads['copy']:.3f}")
+    assert by_reads["add"] > 0.8 * by_reads["copy"]          # vectorized: near a copy, as above
+    del a_, b_, c_, out_
+else:
+    print("(no GPU here: the four streams are timed on a GPU only)")
+
+# %% [markdown]
+# Read the live lines on a GPU: they say, for the machine that ran them, whether the GB/s
+# rises with the share of reads. Where it does, the `add`'s few per cent over the copy come
+# with what it moves, two thirds reads, and not from a kernel that does better than a copy;
+# where it does not, the share of reads is not what sets the `add` apart there. Why a memory
+# would serve reads faster than writes (a DRAM bus loses time each time it turns from reading
+# to writing, and written data passes through the cache on its way) lies below what these
+# timings can show: they count bytes and time, not the memory's own cycles.
+#
+# **Nsight Compute's clock against the profiler's.** Nsight Compute replays each kernel under
+# its own measurement. The cell below divides its durations for the six kernels on $x$ by the
+# committed profiler run's: the non-vectorized kernels take longer under it, the two vectorized
+# ones about as long (both asserted). Its counts, not its times, are what section 6 uses.
+
+# %%
+# Nsight Compute's durations against the committed profiler run's, kernel for kernel
+c_x_rows = [committed_rows[i] for i in c_on_x]              # the same six kernels, in order
+assert [r.op for r in c_x_rows] == ["mul", "neg", "cat", "mul", "add", "cat"]
+under_ncu = [r["duration_ns"] / 1e3 / c.us for r, c in zip(big, c_x_rows)]
+print("duration under Nsight Compute / under the profiler: "
+      + ", ".join(f"{c.op} {q:.2f}" for c, q in zip(c_x_rows, under_ncu)))
+assert all(q > 1.05 for r, q in zip(big, under_ncu) if r in one_wide)     # longer
+assert all(abs(q - 1) < 0.05 for r, q in zip(big, under_ncu) if r in eight_wide)  # about as long
