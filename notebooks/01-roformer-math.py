@@ -38,7 +38,7 @@
 # (only section 7 uses its angle tables, which are float32, as Transformer Engine's are), and
 # one small Triton kernel that runs the elementwise form, compiled or in Triton's interpreter.
 #
-# **Time:** about 60 minutes to read and do the four exercises; the cells run in a few seconds
+# **Time:** about 75 minutes to read and do the five exercises; the cells run in a few seconds
 # on a CPU.
 
 # %%
@@ -314,8 +314,10 @@ plt.show()
 # $b = 10000$ (the cell counts both). A longer context shows them angles they never saw. The
 # context-extension methods of `ropelib.frequencies` slow those pairs down. Linear scaling
 # slows every pair. Llama 3.1 and YaRN keep the fast pairs and change only the slower ones.
-# NTK keeps only the fastest exactly and slows every other pair: 7 of the 29 pairs Llama 3.1
-# keeps are slowed 2× or more, the last of them (a wavelength near 2000 tokens) 2.5×.
+# "NTK-aware" scaling (named after neural tangent kernel theory, by which a network hardly
+# recovers high frequencies its inputs have lost, hence: keep the fast pairs) only raises the
+# base: it keeps the fastest pair exactly and slows every other one, 7 of the 29 pairs
+# Llama 3.1 keeps by 2× or more, the last of them (a wavelength near 2000 tokens) 2.5×.
 # Llama 3.1's rule divides exactly those 29 slowest pairs by 8 (the cell checks all of this):
 #
 # | scaling | effect on $\theta_j$ |
@@ -324,6 +326,21 @@ plt.show()
 # | `NTKScaling(s)` | base $b \to b\,s^{d/(d-2)}$: highest frequency kept, lowest divided by $s$ |
 # | `Llama3Scaling` | $\lambda_j < L_0/4$ kept, $\lambda_j > L_0$ divided by $s$, a linear blend in $1/\lambda_j$ between (Llama 3.1: $s = 8$, $L_0 = 8192$) |
 # | `YaRNScaling` | the same idea with a ramp in $j$, plus an attention temperature on cos/sin |
+#
+# YaRN's ramp blends each pair between kept and divided by $s$,
+#
+# $$
+# \theta'_j = (1-\rho_j)\,\theta_j + \rho_j\,\theta_j/s, \qquad
+# \rho_j = \mathrm{clamp}\Big(\frac{j - j_{\text{lo}}}{j_{\text{hi}} - j_{\text{lo}}},\ 0,\ 1\Big),
+# $$
+#
+# where $j_{\text{lo}}$ and $j_{\text{hi}}$ are the pairs that turn $\beta_{\text{fast}} = 32$
+# and $\beta_{\text{slow}} = 1$ times within $L_0$ (rounded down and up): a ramp linear in $j$
+# where Llama 3.1's is linear in $1/\lambda_j$. Its **attention temperature** $t$ multiplies
+# both $\cos$ and $\sin$. Queries and keys are both rotated with those tables, so every logit
+# is multiplied by $t^2$:
+# $\langle tR_m q, tR_n k\rangle = t^2\langle R_m q, R_n k\rangle$, a sharper softmax that
+# offsets the flatter attention over a longer context.
 
 # %%
 d, base = 128, 500000.0
@@ -402,7 +419,7 @@ assert round(factor, 2) == 0.81 and abs((1 - factor) - 1 / 5) < 0.02
 # Left: the wavelength of each pair; the pairs above the dashed line never finish a turn in
 # 8192 tokens. Right: each scaling's $\theta'_j/\theta_j$. Linear is flat at $1/8$; NTK starts
 # at 1 and falls geometrically to $1/8$; Llama 3.1 keeps the fast pairs, divides the slow ones
-# by 8 and blends between; YaRN does the same with a ramp in $j$.
+# by 8 and blends between; YaRN does the same with its ramp in $j$.
 
 # %% [markdown]
 # ## 6. Long-term decay (RoFormer §3.4.3, Figure 2) — and what it does *not* say
@@ -446,12 +463,11 @@ assert round(factor, 2) == 0.81 and abs((1 - factor) - 1 / 5) < 0.02
 # plot the score of the constant vector $q = k = \mathbf 1$: every $h_j = (1+i)(1-i) = 2$, so
 # the score is $\sum_j 2\cos(\Delta\theta_j)$, and it falls with distance too.
 #
-# **What the decay is not.** It is a property of the *bound*. The bound is loose: for
-# $q = k = \mathbf 1$ it is $2 \sum_j |S_j|$, at least 18 times the score at every distance
-# from 0 to 256. Vectors whose $h_j$ are positive and spread over the fast pairs as well as
-# the slow ones, like $q = k = \mathbf 1$, have scores that decay too: at $\Delta = 0$ every
-# term adds, further away the fast pairs' terms cancel. Other pairs $(q, k)$ need not. The
-# expected score is
+# **What the decay is not.** It is a property of the *bound*, and the bound is loose (the
+# cells below print by how much). Vectors whose $h_j$ are positive and spread over the fast
+# pairs as well as the slow ones, like $q = k = \mathbf 1$, have scores that decay too: at
+# $\Delta = 0$ every term adds, further away the fast pairs' terms cancel. Other pairs
+# $(q, k)$ need not. The expected score is
 #
 # $$
 # \mathbb E\,\langle R_m q, R_n k\rangle = \mathrm{Re}\sum_{j} \mathbb E[h_j]\, e^{i\Delta\theta_j},
@@ -465,8 +481,6 @@ assert round(factor, 2) == 0.81 and abs((1 - factor) - 1 / 5) < 0.02
 #   **0 at every distance**, near or far. With i.i.d. $\mathcal N(0,1)$ entries the spread does
 #   not shrink either: $R_{n-m}$ is orthogonal, so
 #   $\mathbb E\,(q^\top R_{n-m} k)^2 = \mathrm{tr}(R_{n-m} R_{n-m}^\top) = d$ at every distance.
-#   For such pairs the bound holds but is, in the median, hundreds of times the score or more
-#   (the last column of the table below).
 # - **$k = q$** (a query meeting a key that points the same way):
 #   $\mathbb E[h_j] = \mathbb E|q_j|^2 = 2$ for $\mathcal N(0,1)$ entries, so the expected score
 #   is exactly the curve $\sum_j 2\cos(\Delta\theta_j)$ of $q = k = \mathbf 1$, and *that* decays.
@@ -474,12 +488,11 @@ assert round(factor, 2) == 0.81 and abs((1 - factor) - 1 / 5) < 0.02
 # So the long-term decay is a prior built into the construction: on average, a query and a key
 # that point the same way score less the further apart they are. It is not a rule that far
 # tokens interact less: a trained model chooses its $q$ and $k$ and can give a high score at any
-# distance, for instance by putting its weight on the slowest pair, which hardly turns: at
-# $d = 128$, $b = 10000$ it turns by less than a sixth of a turn over 8192 tokens, so a $q = k$
-# on that pair alone keeps more than half of its score at every distance up to 8192.
-# The next cell checks each of these statements: the bound, the summation-by-parts identity,
-# the scores of 4096 random pairs at distances 0 to 256, and where the weight sits: all pairs
-# alike ($q = k = \mathbf 1$), falling with $j$, or only the slowest pair.
+# distance, for instance by putting its weight on the slowest pair, which hardly turns over a
+# training context. The three cells below check these statements in turn: the bound and its
+# decay; random pairs $(q, k)$ at distances 0 to 256 (the summation-by-parts identity, the
+# bound, the mean and spread of the score); and where the weight sits: all pairs alike
+# ($q = k = \mathbf 1$), falling with $j$, or only the slowest pair.
 
 # %%
 d = 128
@@ -493,7 +506,14 @@ ones_score = 2 * torch.cos(dist[:, None] * theta128[None, :]).sum(dim=1)   # q =
 assert abs(bound[0].item() - (d / 2 + 1) / 2) < 1e-9         # 32.5 at distance 0
 assert bound[200:].max() < 0.5 * bound[:20].mean()           # it decays
 assert bound[100:].max() < bound[:10].min()
+print(f"the relative upper bound: {bound[0].item():.1f} at distance 0, "
+      f"{bound[250].item():.2f} at 250")
 
+# %% [markdown]
+# Random pairs: 4096 queries and keys with $\mathcal N(0,1)$ entries, read as complex pairs,
+# independent ($h_j = q_j\overline{k_j}$) and equal ($k = q$), scored at every distance.
+
+# %%
 # Random pairs, N(0, 1) entries, as complex pairs z_j = x_{2j} + i x_{2j+1}:
 N = 4096
 gen = torch.Generator().manual_seed(0)
@@ -535,9 +555,6 @@ for i in (0, 10, 50, 100, 250):
           f"{mean_indep[i].item():13.2f} {std_indep[i].item():12.1f} {ratio:16.0f}")
 print(f"(N = {N} random pairs; sqrt(d) = {math.sqrt(d):.1f}; "
       "the last column is the median over pairs)")
-# what the text below reads off the table: over 250 positions the bound falls by a factor of
-# 5.0 and the k = q curve by 3.3, and for independent pairs the bound is hundreds to
-# thousands of times the score
 falls = [bound[0].item() / bound[250].item(), ones_score[0].item() / ones_score[250].abs().item()]
 print(f"from distance 0 to 250 the bound falls {falls[0]:.1f}x, the k = q curve {falls[1]:.1f}x")
 bound_over_score = [(upper[:, i] / score_indep[:, i].abs()).median().item()
@@ -549,11 +566,16 @@ ones_over_score = (2 * S_j.abs().sum(dim=1) / ones_score.abs()).min().item()
 print(f"q = k = 1: the bound 2 sum_j |S_j| is at least {ones_over_score:.1f} times the score "
       "at every distance 0..256")
 assert ones_over_score > 18
+
+# %% [markdown]
+# Where the weight sits. Three profiles $h_j$, real and positive, of about the same score at
+# distance 0: all pairs alike ($q = k = \mathbf 1$), falling with $j$ (weight on the fast
+# pairs), and all on the slowest pair ($q = k$ with only pair 63 nonzero).
+
+# %%
 slowest_turns = 8192 * theta128[-1].item() / (2 * math.pi)      # turns of the slowest pair
 print(f"the slowest pair turns {slowest_turns:.2f} of a full turn over 8192 tokens")
 assert slowest_turns < 1 / 6
-# where the weight sits, each profile real and positive with the score 128 of q = k = 1 at 0:
-# falling with j (weight on the fast pairs), or all on the slowest pair, |q_63|^2 = 128
 def profile_score(h, at):
     """Re sum_j h_j e^{i at theta_j} for a real h [64], at every distance of `at`."""
     return (h * torch.cos(at[:, None] * theta128)).sum(dim=1)
@@ -587,7 +609,7 @@ ax2.plot(dist, slowest_only[:257], color="C3", lw=1.2, ls=":",
          label=r"$q = k$ on the slowest pair only (same score at 0)")
 ax2.axhline(0, color="gray", lw=0.5)
 ax2.set(xlabel="relative distance m − n", ylabel=r"score $\langle R_m q, R_n k\rangle$",
-        title=f"Scores of {N} random pairs, N(0, 1) entries")
+        title=f"Scores by distance: mean of {N} random pairs, and fixed profiles")
 ax2.legend(fontsize=8, loc="upper right", bbox_to_anchor=(1, 0.93))
 ax2.grid(alpha=0.3)
 fig.tight_layout()
@@ -597,9 +619,9 @@ plt.show()
 # %% [markdown]
 # Left: the relative upper bound decays with distance, as in RoFormer's Figure 2. Right: the
 # mean score of independent random $q, k$ is zero within sampling error at every distance, with
-# a spread near $\sqrt d$ that does not shrink; the mean score of $k = q$ decays. Over 250
-# positions the bound falls by a factor of 5.0 and the $k = q$ curve by 3.3 (both printed); a
-# $q = k$ on the slowest pair alone (dotted) stays level.
+# a spread near $\sqrt d$ that does not shrink; the mean score of $k = q$ decays, more slowly
+# than the bound (the factors are printed above); a $q = k$ on the slowest pair alone (dotted)
+# stays level.
 
 # %% [markdown]
 # ## 7. Rotate-half vs interleaved: one rotation, two pairings
@@ -689,8 +711,9 @@ assert (wrong - trained).abs().max() > trained.std()
 # interpreter on a CPU; the cell checks it against section 2's $R_m x$ and section 7's
 # permutation. `D` must be a power of two: `tl.arange(0, D)` has no other sizes, and the cell
 # shows $D = 80$ refused (notebook 03 loads a power-of-two tile and masks the lanes past the
-# end). Try a change: pair feature $i$ with $i \oplus 2$, or drop the minus sign on `first`,
-# and rerun; the asserts catch both. Later notebooks grow this kernel into the library's.
+# end; exercise 5 asks you to do it here). Try a change: pair feature $i$ with $i \oplus 2$, or
+# drop the minus sign on `first`, and rerun; the asserts catch both. Later notebooks grow this
+# kernel into the library's.
 
 # %%
 import triton
@@ -842,6 +865,36 @@ basics.check_interleave_permutation(perm_back, to="interleaved");
 solution(basics.solution_interleave_permutation)
 
 # %% [markdown]
+# **Exercise 5 — the angle in the kernel, for any head dim.** `rope_rows_kernel` reads one
+# angle per feature from an $[S, D]$ table. Write `my_angle_kernel` (interleaved pairs only)
+# that reads just the $D/2$ frequencies $\theta_j$ (`inv_ptr`, float32) and forms each angle
+# itself: program $m$ rotates row $m$ of `x` to position `start` $+\,m$, by the angle
+# $(\text{start} + m)\,\theta_j$ on pair $j$. It must also take a head dim that is not a power
+# of two, such as $D = 80$, refused above: the check passes `BLOCK = triton.next_power_of_2(D)`,
+# so load a tile of `BLOCK` lanes and switch off the lanes $i \ge D$ with a mask, in every load
+# and in the store. The check launches one program per row on $D = 8$, $80$ and $6$, with $x$,
+# the base and `start` drawn when it runs, and compares with $R_m x$ computed in float64. It
+# fills the output with NaN inside guard bands, so an element never written or a store past the
+# row shows, and it refuses a kernel that launches or calls ropelib's kernels or this notebook's
+# `rope_rows_kernel`. Keep the `my_` name: the check bars the notebook's other kernels.
+
+# %%
+from ropelib.course.exercises import nb01_angle_kernel
+
+
+@triton.jit
+def my_angle_kernel(x_ptr, inv_ptr, y_ptr, start, D: tl.constexpr, BLOCK: tl.constexpr):
+    """y[m] = R_{start+m} x[m]: x, y [S, D] float32, contiguous; inv [D/2] float32."""
+    ...   # your code
+
+
+nb01_angle_kernel.check_angle_kernel(my_angle_kernel);
+
+# %%
+solution(nb01_angle_kernel.solution_angle_kernel.fn,
+         title="Solution: the angle in the kernel, a masked tile")
+
+# %% [markdown]
 # ## Questions for a study group
 #
 # 1. Independent random $q$ and $k$ score 0 on average at every distance, so the long-term
@@ -866,3 +919,25 @@ solution(basics.solution_interleave_permutation)
 #    compute $m\theta_j$ in float64, reduce it modulo $2\pi$ first, or build the table from
 #    $\cos$ and $\sin$ of smaller steps? (Notebook 08, section 3b, shows what one ulp of a sine or
 #    cosine does to the output.)
+#
+# **A start on question 6.** The cell below builds row $m = 500\,000$ of the float32 angle table
+# ($d = 128$, $b = 10000$) and compares it with $m\theta_j$ in float64. Near $m\theta_0$ the
+# float32 numbers are $2^{-5}$ rad apart, so a fast pair's angle can be off by hundredths of a
+# radian, and its output by about as much relative to its length: far beyond float32's own
+# relative precision, $2^{-24}$. The error shrinks with $m\theta_j$, so the slow pairs are safe. Reducing the
+# float32 angle modulo $2\pi$ afterwards cannot help (the error is already in it); forming
+# $m\theta_j$ in float64, or in exact fixed point as `ropelib.rope_angles` does (notebook 10,
+# section 7, measures all three on a GPU), and reducing before rounding to float32 does.
+
+# %%
+m_far, d_far = 500_000, 128
+ang32 = frequencies.rope_freqs(1, d_far, offset=m_far)[0, 0, 0, : d_far // 2].double()
+err = (ang32 - m_far * frequencies.inv_freq(d_far, dtype=f64)).abs()   # [64], radians
+a32 = torch.tensor(float(m_far), dtype=torch.float32)
+spacing = (torch.nextafter(a32, torch.tensor(math.inf)) - a32).item()
+last_bad = int((err > 1e-3).nonzero().max())
+print(f"float32 spacing near m*theta_0 = {m_far}: {spacing} rad; largest angle error "
+      f"{err.max().item():.3f} rad (pair {int(err.argmax())}); every pair after pair "
+      f"{last_bad} is within 1e-3 rad")
+assert spacing == 2 ** -5 and 0.01 < err.max().item() < spacing
+assert bool((err[last_bad + 1:] < 1e-3).all()) and last_bad < d_far // 2 - 1
