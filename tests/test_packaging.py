@@ -380,6 +380,7 @@ TORCH_API_SINCE = {
         # the course's exercise checks: an ATen operator barred in an answer (block_diag: 1.8),
         # watched through a dispatch mode (1.13)
         "ops.aten.block_diag.default", "utils._python_dispatch.TorchDispatchMode",
+        "utils._pytree.tree_leaves",
         # a timer barred in an answer (torch.utils.benchmark: public since 1.8)
         "utils.benchmark.Timer",
         # every block_diag overload, its decomposition, and the watch kept on: the Python
