@@ -26,7 +26,7 @@
 # (section 5.2) although it evaluates more sines and cosines; why is the question section 3
 # asks and section 5.5 answers, from H200 profiles.
 #
-# **Time:** about two hours: an hour of reading, 45 minutes for the five exercises and the
+# **Time:** about two hours: an hour of reading, 45 minutes for the six exercises and the
 # discussion questions. The core is sections 1 to 4 (the kernel), 5.1 to 5.3 (is it faster, and
 # why) and 6. Sections 5.4 and 5.5 and the appendix take the kernel and TE's apart with a
 # profiler (Nsight Compute); they can wait for a second reading, since 5.3's figure of three
@@ -205,8 +205,6 @@ def draw_grids(path):
 draw_grids(FIGURES / "04-grids.png")
 
 # %% [markdown]
-# ![The naive grid and the (S, H) grid](../figures/04-grids.png)
-#
 # The right panel names each program by its coordinates $(s, h)$. A grid's programs also have
 # an order: Triton, like CUDA, numbers them with axis 0 varying fastest, so program $(s, h)$ is
 # number $s + S \cdot h$ (the colours follow that number). All positions of head 0 come first,
@@ -513,9 +511,9 @@ assert load_order["sh_loop_b"]["rows"] == load_order["sh_loop_b_unrolled"]["rows
 # call passes one tensor as both). So each warp asks for one 256-byte row of `x`, waits, stores
 # it, and only then asks for the next; to have several rows in flight a kernel must load them
 # before it stores any. Whether this "one row in flight per warp" limits the grid's time is
-# **not measured**, here or in any committed run: that needs a kernel that differs in the rows
-# in flight and nothing else. Later sections refer back to this paragraph for the caveat;
-# section 5.2 adds indirect evidence from a second GPU.
+# **not measured** in any committed run: that needs a kernel that differs in the rows in flight
+# and nothing else, which exercise 6 writes (and times, on a GPU). Later sections refer back to
+# this paragraph for the caveat; section 5.2 adds indirect evidence from a second GPU.
 #
 # ## 3. The batch-reusing grid against Transformer Engine
 #
@@ -662,9 +660,7 @@ assert not GEN_CSV.exists() or {(c, k) for c in LIVE for k in (
 # (here `benchmarks/results/generations-nvidia-h200.csv`). Every committed result this notebook
 # reads comes from NVIDIA H200s (torch 2.11, Triton 3.6), on different days, but for the H100
 # runs read at the end of this section; each cell prints the date and versions it reads. The
-# cell below redraws the figure from the CSV, without a GPU:
-#
-# ![GB/s of the generations and of a device copy, NVIDIA H200](../figures/04-generations-gbps.png)
+# cell below redraws the figure from the CSV, without a GPU.
 
 # %%
 if GEN_CSV.exists():   # read by the cell of section 5.1
@@ -1238,8 +1234,6 @@ assert round(te_f3["us"] / te_f3["issue"], 2) == 1.56
 assert (sm_n, schedulers, ghz_top, round(empty_ns_by_warps[1], 1)) == (132, 4, 1.98, 79.8)
 
 # %% [markdown]
-# ![The three floors under each kernel's time, NVIDIA H200](../figures/04-three-floors.png)
-#
 # Row by row (the cell above asserts each number):
 #
 # - **One row a program: the programs set the time.** `sh_one_b` and `sh_one_b_table` sit on
@@ -1281,11 +1275,9 @@ assert (sm_n, schedulers, ghz_top, round(empty_ns_by_warps[1], 1)) == (132, 4, 1
 #   evaluated by every thread that holds it: A.1). It takes about twice as long; tables bring it
 #   back.
 #
-# **TE's CUDA kernel**, profiled in a second H200 run with Transformer Engine installed
-# (`mechanism-te-nvidia-h200.csv`), moves the model's bytes with its warps filling nine-tenths
-# of an SM's slots, yet takes 1.94 times the copy's time. Its SMs are busier than its DRAM (SM
-# against DRAM throughput, each a share of its peak); the grid's are the reverse. Section 5.5
-# takes it apart.
+# **TE's CUDA kernel** (a second H200 run, `mechanism-te-nvidia-h200.csv`) moves the model's
+# bytes and fills nine-tenths of an SM's warp slots, yet takes 1.94 times the copy's time;
+# section 5.5 says why.
 #
 # **At $b = 1$ the order reverses.** With no batch to loop over, the (S, H) grid launches a
 # million one-row programs, as many as the naive kernel, and takes its time; TE's grid has
@@ -1512,50 +1504,26 @@ fig.savefig(FIGURES / "04-time-split.png", dpi=110)
 plt.show()
 
 # %% [markdown]
-# ![Where the time of TE's kernel, the grid and the copy goes, NVIDIA H200](../figures/04-time-split.png)
-#
 # **The answer.** At $b = 8$ on the H200, TE's fused kernel is slower than the batch-reusing
-# grid because it executes far more instructions per element of $x$, and the time it spends
-# issuing them does not overlap its waits on memory: its time is the two added. Moving bytes and
-# computing sines and cosines are not why. The grid does less work per byte and spends its time
-# waiting on memory. Row by row, the table says:
-#
-# - **Not cos/sin, bytes or occupancy.** TE evaluates a quarter of the grid's (cos, sin) pairs
-#   per position (1,024 against 4,096), moves the same DRAM bytes and fills 90 % of an SM's warp
-#   slots against the grid's 48 %, yet takes 62 µs longer. None of these three works against
-#   TE, so none can be why it is slower.
-# - **More instructions.** TE executes 2.5 times the grid's warp instructions per element:
-#   17.7 integer instructions an element against 5.7 (indexing, by our reading of TE's source:
-#   a hypothesis, since the counters do not say what an instruction computes), and 3.7 times
-#   the global loads. Each TE thread reads one bf16 element, every element twice (as itself and
-#   as its rotate-half partner), so a warp's load asks for 78 bytes against the grid's 142.
-# - **Issue time that does not overlap the waits.** Issuing fills 66 % of TE's time at its own
-#   clock, against 36 % for the grid, and TE's extra issuing (96 µs) exceeds the whole 62 µs by
-#   which it is slower (A.2 splits the time). The rest of TE's time is mostly waiting on memory,
-#   and the issuing does not hide it: a model in which the issue time follows the SMs' clock and
-#   the other 81 µs do not predicts TE's time at a locked, lower clock within 1 % (A.2). TE's
-#   issuing alone takes 159.6 µs, longer than the copy's whole 125.7 µs, so TE cannot reach the
-#   copy's speed without executing fewer instructions, however its loads are arranged.
-# - **The grid mostly waits on memory.** Its warps spend 84 % of their cycles waiting for loads
-#   (TE's 59 %), with half an SM's warp slots filled and one row in flight per warp (section
-#   2.3); notebook 05 works on both.
-#
-# Section 3's hypotheses, each against what was measured:
+# grid because it executes 2.5 times the grid's warp instructions per element, and issuing them
+# (66 % of its time, against the grid's 36 %) does not overlap its waits on memory: its time is
+# the two added, and its extra issuing (96 µs) alone exceeds the 62 µs by which it is slower.
+# Not cos/sin, bytes or occupancy: TE evaluates a quarter of the grid's (cos, sin) pairs, moves
+# the same DRAM bytes and fills 90 % of an SM's warp slots against 48 %. Most of its extra
+# instructions are integer ones (indexing, by our reading of TE's source: the counters do not
+# say what an instruction computes). The grid, for its part, mostly waits on memory (84 % of its
+# warps' cycles). Section 3's hypotheses, each against what was measured:
 #
 # | hypothesis | verdict at $b = 8$ | where measured |
 # |---|---|---|
-# | how each thread touches memory | on TE's side: one-element loads, each element read twice (78 bytes a warp load, the grid's 142); the grid's threads load 4 bytes, no wide vectors | `te_ncu`, A.1 |
-# | number of programs | not TE's handicap: 32,768 blocks, a quarter of the grid's programs, a program floor of 19.8 µs | section 5.3's floors |
+# | how each thread touches memory | on TE's side: one-element loads, each element read twice (78 bytes a warp load, the grid's 142) | `te_ncu`, A.1 |
+# | number of programs | not TE's handicap: a quarter of the grid's programs | section 5.3's floors |
 # | the batch loop unrolled | level: under 1 % apart in each of two runs | section 5.3's ablation |
 # | where cos/sin come from | at most 0.91 of TE's float instructions per element; in the grid, tables save 4 % | A.1, section 5.3 |
-# | instructions issued | **the cause**: 2.5 times the grid's; issuing them fills 66 % of TE's time and does not overlap its memory waits | this cell, A.2 |
+# | instructions issued | **the cause**: 2.5 times the grid's, issued without overlapping the waits | this cell, A.2 |
 #
-# By kind (thread instructions per element), TE executes 18.7 more than the grid, most of them
-# integer (12.1; floating point: 1.2 *fewer*): plausibly indexing, since the grid computes a
-# program's offsets once and loads half a row per instruction, where TE's threads each index one
-# element, twice. Which of TE's differences (one-element loads, double reads, indexing, its
-# barrier) costs what, these counters cannot separate: that needs section 5.3's method applied
-# to TE's CUDA.
+# Which of TE's differences (one-element loads, double reads, indexing, its barrier) costs what,
+# these counters cannot separate; appendices A.1 and A.2 hold the details.
 
 # %% [markdown]
 # ## 6. What the finished kernel does beyond the batch-reusing grid
@@ -1691,7 +1659,8 @@ if GEN_CSV.exists():
 # %% [markdown]
 # At $b = 1$ and $2$ the programs set the time: the grid is within 7 % of the model. From
 # $b = 4$ on it takes 1.33 to 1.42 times what the model allows, so neither its programs nor a
-# copy's bytes bound it there; sections 2.3, 5.2 and 5.4 say what is suspected instead.
+# copy's bytes bound it there; sections 2.3, 5.2 and 5.4 say what is suspected instead, and
+# exercise 6 builds the test of one suspect.
 #
 # **4. The kernel.** Write the batch-reusing kernel yourself, from a blank `@triton.jit`,
 # without scrolling up — and give it one feature the kernel above lacks: **partial rotary**.
@@ -1807,6 +1776,75 @@ assert round(table["us"] / one["us"], 3) == 0.998
 # Removing every sine and cosine, and doubling the table reads, leaves `ROWS` = 1 at its time
 # (0.998 of it), 3.46 times that of `ROWS` = 8: only the programs are left to follow the time,
 # as section 5.4 found.
+
+# %% [markdown]
+# **6. Two rows in flight.** Section 2.3 found that each warp asks for one row of `x`, stores
+# it, and only then asks for the next; exercise 3's model left the grid at 1.33 to 1.42 times
+# its time from $b = 4$ on. The cheap test of "one row in flight per warp" is a kernel that
+# differs in that alone: write the batch loop so that it loads rows $b$ and $b + 1$ (all four
+# half-rows) before it stores either. Same grid $(S, H)$, same cos/sin once a program, same
+# bytes. $B$ may be odd: the last trip then has one row, so mask row $b + 1$ off.
+#
+# The check runs your kernel in Triton's interpreter (CPU tensors, any machine) at three
+# shapes, an odd batch and a batch of one included, compares each output with the reference,
+# and counts, program by program, the elements of `x` loaded before the program's first store:
+# with $B \ge 2$ that must be two whole rows, $2D$. It also counts the programs, the cos/sin
+# and the elements of `x` and of the table read, which must stay the grid's.
+
+# %%
+from ropelib.course.exercises import nb04_two_rows
+
+
+@triton.jit
+def my_two_rows_kernel(
+    x_ptr,  # *x: input [S, B, H, D], contiguous
+    y_ptr,  # *y: output [S, B, H, D], contiguous, same dtype as x
+    freqs_ptr,  # *fp32: angles [S, D], contiguous (row s: theta1, then theta2)
+    B, H,  # batch size (any, odd too), heads
+    HALF: tl.constexpr,  # D // 2, a power of two
+):
+    # launched on grid (S, H): program (s, h) rotates x[s, b, h, :] for every b, loading
+    # rows b and b + 1 before it stores either
+    pass  # your code
+
+
+nb04_two_rows.check_two_rows(my_two_rows_kernel);
+
+# %%
+nb04_two_rows.show_two_rows_solution()
+
+# %% [markdown]
+# The next cell compiles the worked solution for an H200 (sm_90, no GPU needed) and lists its
+# global loads (L) and stores (S) as section 2.3 did: four half-rows are asked for before the
+# first store, twice section 2.3's 256 bytes a warp. On a GPU it also times the solution beside
+# exercise 5's worked kernel at `ROWS` $= B$, the same kernel one row at a time, both on one
+# warp a program. No committed run has timed this variant, so whether two rows in flight close
+# part of the gap to exercise 3's model is measured only on the GPU that runs the notebook.
+
+# %%
+two_rows = nb04_two_rows._rope_two_rows_solution_kernel
+x_t = torch.empty(4096, 8, 32, 128, dtype=torch.bfloat16)   # only dtypes and strides matter
+code = compiled_code(two_rows, dict(x_ptr=x_t, y_ptr=torch.empty_like(x_t),
+                                    freqs_ptr=torch.empty(4096, 128), B=8, H=32, HALF=64),
+                     num_warps=1)
+seq = "".join("L" if m[1] == "LDG" else "S" for m in re.finditer(
+    r"\b(LDG|STG)\.E((?:\.64|\.128|\.U16)?)\b(?!\.CONSTANT)", code["sass"]))
+print(f"two rows a trip (Triton {code['triton']}): {' '.join(re.findall('L+|S+', seq))}")
+assert re.fullmatch(r"LL(LLLLSSSS)+", seq), seq   # the angles, then four loads before a store
+if GPU:   # timing needs a GPU: no committed run has timed this kernel
+    xg = torch.randn(4096, 8, 32, 128, device=device, dtype=torch.bfloat16)
+    fg = (torch.rand(4096, 128, device=device) * 6.0 - 3.0).contiguous()
+    yg1, yg2 = torch.empty_like(xg), torch.empty_like(xg)
+    one_row = grid_kernel._rope_granular_solution_kernel
+    launches = {
+        "one row at a time (exercise 5, ROWS = B)":
+            lambda: one_row[(4096, 32, 1)](xg, yg1, fg, 8, 32, 8, HALF=64, num_warps=1),
+        "two rows loaded before a store":
+            lambda: two_rows[(4096, 32)](xg, yg2, fg, 8, 32, HALF=64, num_warps=1)}
+    for label, go in launches.items():
+        print(f"{label:42}: {triton.testing.do_bench(go) * 1e3:6.1f} us on this GPU, "
+              f"bf16 s=4096, b=8, h=32, d=128")
+    torch.testing.assert_close(yg2, yg1)
 
 # %% [markdown]
 # ## Questions for discussion
@@ -1983,39 +2021,23 @@ print(f"sh_loop_b's loads per program: 2 of angles ({angle_load} bytes a warp), 
 assert round(mix) == round(grid_p["load_bytes"]) == 142
 
 # %% [markdown]
-# What the tables say about TE's kernel, against the batch-reusing grid (section 5.5 quotes the
-# loads, the integer count and the clock's effect):
+# What the tables say about TE's kernel, against the batch-reusing grid:
 #
-# - **No 16-byte vectors.** Section 3 listed wide vector loads as a possible edge of the grid.
-#   It has none: a half-row of 64 bf16 on one warp of 32 threads is two values, 4 bytes, a
-#   thread (section 2.3's machine code loads it as one 4-byte word; the next cell prints its
-#   layout, `sizePerThread = [1, 2]`). The profile's 142 bytes a warp load averages the
-#   program's two fp32 angle loads (256 bytes a warp) and its 16 loads of `x` (128). A TE load
-#   asks for 2.4 bytes a thread on average (78 a warp: one bf16, plus the fp32 angle loads), a
-#   copy's for 16 (512 a warp). TE stores one element a store.
-# - **The clock matters to TE.** Locked at about 1.5 GHz, TE's kernel takes 289.2 µs, 19 %
-#   longer than in section 5.4's clock-free run (243.6 µs), and TE's grid in Triton 373.1 µs
-#   against 293.2, while the copy (124.5 against 125.3 µs) and TE's grid from tables (145.1
-#   against 143.7) keep their times. The batch-reusing grid slows by 5 % (190.9 against
-#   181.9 µs), about a quarter of TE's 19 %.
-# - **Its instructions crowd the issue slots.** At the locked clock TE's instructions alone need
-#   1.77 copies' time (the grid's fit in one), and 3.4 of its ready warps wait as `not_selected`
-#   per instruction issued, against the grid's 0.5. Its warps also wait at a block-wide barrier
-#   (0.44 warps per instruction issued), where the Triton kernels never do, and on memory (A.2).
-#
-# Sin and cos are a small part of TE's instructions. The rotation needs two float instructions
-# per element (a multiply and a fused multiply-add, fma), and TE's grid from tables executes
-# exactly 2.00; TE's kernel executes 2.91, so at most 0.91 float instructions per element are
-# its sin and cos. They bring other instructions along (angle reduction, the quadrant): in TE's
-# grid in Triton, 2.4 thread instructions of all kinds per float one, so about 2 of TE's 33
-# thread instructions per element, against 17.7 integer ones. In TE's grid in Triton, by
-# contrast, sin and cos are most of the work: tables remove 86 % of its warp instructions (246 M
-# to 36 M).
-#
-# TE's barrier fits section 3's shared-memory form ($B \cdot D$ (cos, sin) pairs per position),
-# and so does its float count: at the grid's cost of about 17 float instructions a pair, the
-# register version's 8,192 pairs per position would need 4.2 float instructions an element,
-# more than TE's 2.91 of all kinds; the shared-memory version's 1,024 need 0.53, within its 0.91.
+# - **No 16-byte vectors in either.** A half-row of 64 bf16 on one warp is 4 bytes a thread for
+#   the grid (the next cell prints its layout, `sizePerThread = [1, 2]`); its 142 bytes a warp
+#   load average two fp32 angle loads (256) and 16 loads of `x` (128). TE's average 78 bytes a
+#   warp (one bf16 a thread, plus the angles), a copy's 512. TE stores one element a store.
+# - **The clock matters to TE.** Locked at about 1.5 GHz, TE takes 289.2 µs, 19 % longer than
+#   clock-free (243.6 µs), while the copy (124.5 against 125.3 µs) keeps its time and the grid
+#   slows by 5 % (190.9 against 181.9 µs).
+# - **Its instructions crowd the issue slots**: alone they need 1.77 copies' time at the locked
+#   clock, and 3.4 ready warps lose the slot (`not_selected`) per instruction issued, against
+#   the grid's 0.5. Its warps also wait at a block-wide barrier (0.44 per instruction issued).
+# - **Sin and cos are a small part of them**: TE's grid from tables executes exactly the
+#   rotation's 2.00 float instructions an element, TE's kernel 2.91, so at most 0.91 are its
+#   sin and cos, about 2 of its 33 thread instructions an element against 17.7 integer ones.
+#   Its barrier and float count fit section 3's shared-memory form ($B \cdot D$ pairs a
+#   position: 1,024 need 0.53 float instructions an element, the register form's 8,192 need 4.2).
 #
 # **TE's grid in Triton evaluates sin and cos 32 times as often as its source asks.** Beyond the
 # rotation it executes 16.99 float instructions per element for them, the grid 2.11: 8.06 times
@@ -2270,26 +2292,21 @@ assert round(predicted_locked["sh_loop_b"] / grid_p["us"] - 1, 2) == 0.04
 # %% [markdown]
 # What the profile with the clock free says:
 #
-# - **Issuing takes two-thirds of TE's time.** At 1.92 to 1.96 GHz (TE's 1.95, times within 2 %
-#   of section 5.4's: TE 240.8 µs against 243.6, the grid 178.9 against 181.9), TE's warp
-#   instructions issued back to back take 159.6 µs, 66 % of its time; the grid's 63.7 µs, 36 %.
-# - **In the rest, TE's warps wait on memory**: 78.0 µs with no warp ready and 3.2 µs of SM
-#   idle. 70 % of its warps' stalled cycles are `long_scoreboard` (59 % of all their cycles:
-#   section 5.5's measure); at an average cycle 8.5 of a scheduler's 14.4 warps wait on a global
-#   load. From locked to free (1.49 to 1.95 GHz, 31 % faster) its issuing time falls from 209.8
-#   to 159.6 µs (by construction), but its time with no ready warp does not (75.7 µs, then
-#   78.0), as a wait on DRAM would not.
-# - **A model that predicts.** If TE's issue time follows the clock and its 81.2 µs of waiting
-#   and idle do not, its time at the locked clock should be
-#   $159.6 \times 1.95 / 1.49 + 78.0 + 3.2 \approx 291$ µs; it measured 289.2, within 1 %. Had
-#   all of its time followed the clock, or none, the guess would miss by more than 8 %. So TE's
-#   time is issue time *that does not overlap the waits*: it adds to them. The same model
-#   over-predicts the grid by 4 %: there issuing and waiting overlap (next point).
-# - **The split is accounting.** Time with no ready warp is what is left of the active time
-#   after issuing, so it moves with how much issuing overlaps the waits: the grid's *grows* as its
-#   issuing shrinks (issuing 83.7 to 63.7 µs, no warp ready 103.9 to 112.4, locked to free). So
-#   section 5.5's 62 µs is not "96 µs more issuing, 34 µs less waiting" as causes; what the split
-#   does show is that TE's extra issuing alone exceeds the whole difference.
+# - **Issuing takes two-thirds of TE's time**: 159.6 µs of warp instructions issued back to
+#   back, 66 % of its time (the grid's 63.7 µs, 36 %), at 1.92 to 1.96 GHz, times within 2 % of
+#   section 5.4's.
+# - **In the rest, TE's warps wait on memory**: 78.0 µs with no warp ready, 3.2 µs of SM idle;
+#   70 % of its warps' stalled cycles are `long_scoreboard`. From locked to free (31 % faster)
+#   its issuing falls from 209.8 to 159.6 µs, but its time with no ready warp does not (75.7 µs,
+#   then 78.0), as a wait on DRAM would not.
+# - **A model that predicts.** Issue time following the clock and the other 81.2 µs not gives
+#   $159.6 \times 1.95 / 1.49 + 78.0 + 3.2 \approx 291$ µs at the locked clock; it measured
+#   289.2, within 1 % (all or none of it following the clock misses by more than 8 %). So TE's
+#   issuing adds to its waits. The same model over-predicts the grid by 4 %: there the two
+#   overlap, and its time with no ready warp *grows* as its issuing shrinks (issuing 83.7 to
+#   63.7 µs, no warp ready 103.9 to 112.4). The split is accounting, not causes: section 5.5's
+#   62 µs is not "96 µs more issuing, 34 µs less waiting"; what it shows is that TE's extra
+#   issuing alone exceeds the whole difference.
 #
 # ### A.3 The ablation's other rows
 #
@@ -2320,12 +2337,10 @@ if ABLATION_CSV.exists():
 # step is one row, and section 2.3's machine code showed that a warp asks for no more before it
 # stores.
 #
-# The figure draws each variant's time against it. Each kernel carries a number named in the
-# key on the right; the middle panel enlarges those under 190 µs. Besides this notebook's
+# The next cell draws each variant's time against it. Each kernel carries a number named in
+# the key on the right; the middle panel enlarges those under 190 µs. Besides this notebook's
 # kernels it shows notebook 05's finished kernel (`ropelib`, forced onto that kernel) and, from
 # the run with TE installed, TE's kernel and its copy (red points 23 and 24).
-#
-# ![Time against the KiB of x requested per SM, H200](../figures/04-bytes-in-flight.png)
 #
 # More KiB requested per SM goes with less time, up to the copy's, but is not shown to be the
 # cause: more heads per program ask for more and take less time (`heads4_loop_b` comes level with
@@ -2401,7 +2416,7 @@ assert te["x_kib_per_sm"] >= 0.95 * te_copy["x_kib_per_sm"]
 # pair still differs in more than one of KiB per SM, programs, warps and instructions, so
 # these profiles cannot settle whether the bytes in flight set the time. That takes a kernel
 # with the same programs and instructions but more rows in flight, such as a batch loop that
-# loads several rows before it stores any (section 2.3).
+# loads several rows before it stores any (exercise 6).
 
 # %%
 br, w2, w4, h4 = (mech[v] for v in ("batch_reuse", "sh_loop_b_w2", "sh_loop_b_w4",
