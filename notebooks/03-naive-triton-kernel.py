@@ -575,10 +575,9 @@ for dtype in (torch.float32, torch.bfloat16):
 # - **With 4 or 8 warps, the extra warps repeat the same work**: they add instructions, and a
 #   profile at a locked clock shows the time growing with them.
 #
-# It gets there in five steps: 4.1 times the warps live; 4.2 reads a profile of the naive
-# kernel beside a copy; 4.3 times kernels whose programs do nothing, committed and live; 4.4
-# sets an H100 beside an H200; 4.5, a detour that can wait for a second reading, profiles the
-# extra warps.
+# 4.1 times the warps live; 4.2 profiles the naive kernel beside a copy; 4.3 times kernels
+# whose programs do nothing; 4.4 sets an H100 beside an H200 and asks what a program's cost
+# depends on; 4.5, a detour for a second reading, profiles the extra warps.
 #
 # ### 4.1 Tile and warps
 #
@@ -630,39 +629,33 @@ else:
 # %% [markdown]
 # ### 4.2 A profile: not bytes, not bytes in flight, but programs
 #
-# Rather than estimate from a data sheet why the naive kernel is slow, `benchmarks/mechanism.py`
-# ran it, a plain copy and the later kernels of the course on an NVIDIA H200 under Nsight
-# Compute (NVIDIA's kernel profiler), one launch each, at bf16 sbhd
-# $S = 4096, B = 8, H = 32, D = 128$ (256 MiB of `x`), and committed what the profiler and the
-# compiler reported (`benchmarks/results/mechanism-nvidia-h200.csv`). The cell below reads it
-# (`ropelib.course.measured`) and checks each point:
+# `benchmarks/mechanism.py` ran the naive kernel, a plain copy and the later kernels of the
+# course on an NVIDIA H200 under Nsight Compute (NVIDIA's kernel profiler), one launch each, at
+# bf16 sbhd $S = 4096, B = 8, H = 32, D = 128$ (256 MiB of `x`), and committed what the
+# profiler and the compiler reported (`benchmarks/results/mechanism-nvidia-h200.csv`). The cell
+# below reads it (`ropelib.course.measured`) and checks each point:
 #
-# - **Not bytes.** The DRAM bytes counted match the bytes model (read $x$, write $y$, read the
-#   angle table once) within a few percent, for the naive kernel as for the copy (0.965 and
-#   0.954 of it), yet the naive kernel takes 5.1 times the copy's time.
+# - **Not bytes.** The naive kernel and the copy both move what the bytes model says (read
+#   $x$, write $y$, read the angle table once) within a few percent, yet the naive kernel takes
+#   5.1 times the copy's time.
 # - **Tiny programs, and low occupancy.** It launches $S \cdot B \cdot H$ = 1,048,576
-#   one-warp programs, each reading one 256-byte row of `x` and writing one of `y`. An SM holds
-#   at most 32 programs at a time (its limit on resident thread blocks; 32 one-warp programs
-#   fill half of its 64 warp slots), so even a GPU that was always full would need 248
-#   *waves* (rounds of 32 programs on every SM). The *achieved occupancy*, the average share of
-#   an SM's 64 warp slots holding a warp, is 28.1 % against the copy's 85.3 %: about 18
-#   programs resident on an SM. Section 4.3 shows that this follows from the slow starts; it
-#   does not cause them.
+#   one-warp programs of one 256-byte row each. An SM holds at most 32 programs at a time (its
+#   limit on resident thread blocks; 32 one-warp programs fill half of its 64 warp slots), so
+#   even a GPU that was always full would need 248 *waves* of them. The *achieved occupancy*,
+#   the average share of an SM's warp slots holding a warp, is 28.1 % against the copy's
+#   85.3 %: about 18 programs resident on an SM. Section 4.3 shows that this follows from the
+#   slow starts; it does not cause them.
 # - **Not bytes in flight.** Memory delivers its bandwidth only when enough bytes have been
-#   requested and not yet returned (Little's law: bytes in flight = bandwidth × latency). No
-#   counter measures them; `measured` bounds them per SM by resident warps × the `x` bytes a
-#   warp asks for in one step (column `x KiB/SM`; for notebook 04's kernel, whose `x B/prog`
-#   counts the $B$ rows its program loops over, one row a step). The naive kernel's 4.5 KiB is
-#   a twelfth of the copy's 54.6, yet notebook 04's kernel asks for only 1.7 times as much and
-#   runs 3.5 times faster. (Notebook 05, section 2, measures where bytes in flight do set a
-#   kernel's time.)
-# - **The number of programs.** The same profile holds two more kernels of 1,048,576 one-row
-#   programs, written differently from the naive one (the cell's second table): the second
-#   evaluates cos and sin as the naive kernel does, the third reads them from fp32 tables
-#   instead (their names are those of notebook 04's ablation, which builds them). The three
+#   requested and not yet returned (Little's law: bytes in flight = bandwidth × latency).
+#   `measured` bounds them per SM by resident warps × the `x` bytes a warp asks for in one step
+#   (`x KiB/SM`): the naive kernel's is a twelfth of the copy's. Yet notebook 04's kernel (the
+#   table's third row: $B$ times fewer programs, each looping over $B$ rows) asks for only 1.7
+#   times as much and runs 3.5 times faster.
+# - **The number of programs.** The second table adds two more kernels of 1,048,576 one-row
+#   programs, variants that notebook 04 builds (only their counts matter here). The three
 #   execute warp instructions 4.7 times apart and their bound on bytes in flight falls nearly
-#   threefold (4.5, 3.0, 1.6 KiB), yet they take the same time within 0.3 %. What they share
-#   is their number of programs.
+#   threefold, yet they take the same time within 0.3 %. What they share is their number of
+#   programs.
 
 # %%
 from ropelib.bench import compare
@@ -932,13 +925,11 @@ def draw_two_gpus(two, empty_us, path):
 draw_two_gpus(two, empty["us"], FIGURES / "03-naive-vs-copy-two-gpus.png")
 
 # %% [markdown]
-# The naive kernel takes the same time on both GPUs (within 0.1 %), the copy 1.40 times as
-# long on the H100; so the naive kernel takes 4.9 times the copy's time on the H200 and 3.5
-# times on the H100. A faster memory speeds up the copy and leaves the naive kernel where its
-# programs put it. The profile's 5.1 is the same H200 measured otherwise: Nsight Compute timed
-# one launch (its clock left free, the file notes), and that launch's copy (125 µs) was faster
-# than `do_bench`'s median (130 µs). A live ratio on this page is therefore read against its
-# own GPU's committed run, which the cell does where there is one.
+# A faster memory speeds up the copy and leaves the naive kernel where its programs put it:
+# 4.9 times the copy's time on the H200, 3.5 on the H100. The profile's 5.1 is the same H200
+# measured otherwise: Nsight Compute timed one launch (its clock left free), whose copy (125
+# µs) beat `do_bench`'s median (130 µs). A live ratio is therefore read against its own GPU's
+# committed run, where there is one.
 #
 # **What these GPUs cannot tell apart.** Both have 132 SMs, so "80 ns per program on each SM"
 # and "0.60 ns per program for the whole GPU" are one measurement written two ways. A cost each
@@ -948,6 +939,59 @@ draw_two_gpus(two, empty["us"], FIGURES / "03-naive-vs-copy-two-gpus.png")
 # committed file has either. The per-SM reading is an assumption, not a finding: exercise 5's
 # prediction, and the program floor the course uses elsewhere, divide by the SM count and so
 # rest on it. On a 132-SM GPU the two readings predict the same times.
+#
+# **A hint from the SM clock.** A cost paid in the SMs' own cycles would shrink as their clock
+# rises. `benchmarks/ladder_stalls_ncu.py` (notebook 05's profile of its kernels) ran one kernel
+# of a million one-warp, one-row programs (notebook 04's at $B = 1$) on the H200 twice: once
+# with the SM clock locked, as Nsight Compute does by default, and once with it free; each
+# profile's cycles over its time give the clock it ran at. 4.3's one-row kernel adds a second
+# pair: its locked-clock profile (section 4.5's) against its `do_bench` time, whose clock no
+# file records. The cell reads both.
+
+# %%
+import csv
+
+
+def ncu_run(name, kernel, nth=0):
+    """Time (us), SM clock (GHz) and grid of the nth launch of kernel in a committed profile."""
+    path = measured.RESULTS / name
+    k = [k for k in measured.ncu_kernels(path) if k["kernel"] == kernel][nth]
+    grid = next(r["Grid Size"] for r in csv.DictReader(compare.ncu_table(path.read_text()))
+                if r["ID"] == str(k["id"]))
+    ns = k["metrics"]["gpu__time_duration.sum"]
+    return ns / 1e3, k["metrics"]["gpc__cycles_elapsed.max"] / ns, grid
+
+
+top_ghz = measured.ncu_device()["max_gpu_frequency_khz"] / 1e6    # the H200's top SM clock
+locked_us, locked_ghz, grid_l = ncu_run("ladder_stalls_ncu-nvidia-h200-20261201-2309.csv",
+                                        "_rope_batch_reuse_kernel", 1)
+free_us, free_ghz, grid_f = ncu_run("ladder_stalls_ncu-nvidia-h200-20261201-2335-clock-none.csv",
+                                    "_rope_batch_reuse_kernel", 1)
+assert grid_l == grid_f == "(32768, 32, 1)"       # S = 32768, H = 32: a million one-row programs
+row_us, row_ghz, _ = ncu_run("naive_warps_ncu-nvidia-h200.csv", "_one_row_kernel")
+row_bench = cost["one row", 1]["us"]
+print(f"NVIDIA H200, {32768 * 32:,} one-warp programs of one row (top SM clock {top_ghz:.2f} GHz)")
+print(f"notebook 04's kernel, B = 1: {locked_us:.1f} us at {locked_ghz:.2f} GHz (locked), "
+      f"{free_us:.1f} us at {free_ghz:.2f} GHz (free); in SM cycles it would take "
+      f"{locked_us * locked_ghz / free_ghz:.0f} us at the free clock")
+print(f"4.3's one-row kernel: {row_us:.1f} us at {row_ghz:.2f} GHz (locked), {row_bench:.1f} us "
+      f"under do_bench (clock not recorded)")
+assert (round(locked_ghz, 2), round(free_ghz, 2), top_ghz) == (1.50, 1.98, 1.98)
+assert (round(locked_us, 1), round(free_us, 1)) == (646.0, 633.3)
+assert round(locked_us * locked_ghz / free_ghz) == 489          # what a cost in SM cycles predicts
+# a 32 % faster SM clock, 2 % less time; the one-row kernel under do_bench 1.5 % less
+assert (round(100 * (free_ghz / locked_ghz - 1)), round(100 * (1 - free_us / locked_us))) == (32, 2)
+assert round(100 * (1 - row_bench / row_us), 1) == 1.5
+assert (round(row_ghz, 2), round(row_us, 1), round(row_bench, 1)) == (1.50, 644.2, 634.6)
+
+# %% [markdown]
+# The SM clock rose by 32 % and the time fell by 2 %; a cost counted in SM cycles would have
+# cut it to 489 µs. The one-row kernel agrees: under `do_bench`, whose clock is free to rise,
+# it takes 1.5 % less than at the locked clock. So a program's cost is mostly not paid at the
+# SMs' clock, which fits a limit outside them, such as the unit that hands programs to the SMs,
+# better than a cost each SM pays. This is a hint, not a test of the SM-count question: a
+# per-SM cost paid at some other, fixed clock would fit it too. The course keeps writing the
+# cost per SM, which on these 132-SM GPUs predicts the same times.
 #
 # ### 4.5 What the extra warps cost
 #
@@ -1025,9 +1069,9 @@ assert all(round(m["gpc__cycles_elapsed.max"] / m["gpu__time_duration.sum"], 2) 
 #
 # More warps add instructions, and from 2 warps on the schedulers are nearly full, so the
 # time grows with the instructions. From 4 warps on the threads hold copies of the same pairs:
-# the load sectors double at 4 warps and again at 8. Even 2 warps execute more than 1 (part
-# of each warp's work does not shrink with its share of the tile; notebook 05's appendix A.4
-# counts instructions opcode by opcode). The one-row kernel's schedulers, mostly idle, absorb
+# the load sectors double at 4 warps and again at 8. Even 2 warps execute 1.38 times the
+# instructions of 1: part of each warp's work does not shrink with its share of the tile (which
+# instructions, this profile does not say). The one-row kernel's schedulers, mostly idle, absorb
 # its extra instructions at 8 warps, and its time does not move.
 #
 # All of this is the profiler's, at its locked 1.50 GHz; no committed file times the warps
@@ -1911,10 +1955,9 @@ if GPU:
 # %% [markdown]
 # ## Appendix: why 8 rows are slower than 2
 #
-# In exercise 5's profile the worked kernel does not follow the model, and 8 rows are slower
-# than 2. First, a difference that can be counted on the CPU: the sines and cosines each kernel
-# evaluates a row, counted in the interpreter (`work_count`, the counting tool of notebook 04)
-# on an `x` of one position and 8 heads.
+# In exercise 5's profile the worked kernel is slower at 8 rows than at 2. First, what can be
+# counted on the CPU: the sines and cosines each kernel evaluates a row (`work_count`, notebook
+# 04's counting tool, on an `x` of one position and 8 heads).
 
 # %%
 from ropelib.course import work_count
@@ -1939,12 +1982,10 @@ for rows in (1, 2, 4, 8):
 assert all(per_row[r] == (256, 256 / r) for r in per_row)
 
 # %% [markdown]
-# What sets the worked kernel's time, and why 8 rows are slower than 2, which evaluate as many
-# a row, the H200 profile says (`benchmarks/rows_ncu.py`, `rows_ncu-nvidia-h200.csv`, fixed
-# clock). Beside time, instructions and issue share, the cell prints the registers a thread
-# held, the share of an SM's 64 warp slots they leave room for ("warps fit") and the share
-# that held a warp ("warps active"); then it compiles the worked kernel for sm_90 here and
-# works out from its registers how many warps fit (`ropelib.course.counts.programs_per_sm`).
+# The rest comes from the H200 profile (`rows_ncu-nvidia-h200.csv`, fixed clock): the registers
+# a thread held, the share of an SM's 64 warp slots they leave room for ("warps fit") and the
+# share that held a warp ("warps active"). The cell then compiles the worked kernel for sm_90
+# here and works out how many warps its registers let fit (`ropelib.course.counts`).
 
 # %%
 rows_csv = measured.RESULTS / "rows_ncu-nvidia-h200.csv"
@@ -2035,16 +2076,11 @@ assert profiled("worked", "active")[3] <= 100 * occ8.fraction
 assert profiled("worked", "active")[1] <= 100 * occ2.fraction
 
 # %% [markdown]
-# What the profile shows:
+# - **At 2 and 4 rows, the instructions.** Notebook 04's kernel executes fewer with each
+#   doubling of its heads a program; the worked kernel about as many at every `ROWS`, its
+#   schedulers nearly full. The model counts programs only, so it holds for it at 1 row only.
+# - **At 8 rows, the registers.** So many registers a thread leave room for few one-warp
+#   programs on an SM; while a warp waits, nothing else is ready.
 #
-# - **At 2 and 4 rows, the instructions.** Notebook 04's kernel executes fewer instructions
-#   with each doubling of its heads a program, and its time falls with them; the worked kernel
-#   executes about as many at every `ROWS`, with its schedulers nearly full. The model counts
-#   programs only, so it holds for the worked kernel at 1 row only.
-# - **At 8 rows, the registers.** One warp holding 8 rows and their sines and cosines needs so
-#   many registers a thread that few one-warp programs fit on an SM; with so few warps, nothing
-#   else is ready while a warp waits, and the same instructions take longer.
-#
-# The next step past exercise 5 is notebook 04's: give a program rows of one position, evaluate
-# the sines and cosines once and share them, and keep a thread's share of the tile small enough
-# that the warps still fit.
+# Notebook 04 takes the next step: rows of one position a program, their sines and cosines
+# evaluated once, and a thread's share of the tile small enough that the warps still fit.
