@@ -609,7 +609,8 @@ def test_the_notebook_reads_its_speed_claims_from_committed_data():
     another model's, is not quoted as this model's swings; the wall-clock saving is not split
     into a device part plus a host part; section 9's fp-fusion reading is asserted on a GPU, with
     no escape clause; each headline number of the committed run is read and asserted by a cell
-    just before the prose that quotes it, the rest in an appendix after the main path."""
+    before the Summary quotes it (the prose after the cell does not restate it), the rest in an
+    appendix after the main path."""
     text = NOTEBOOK.read_text(encoding="utf-8")
     for name in ("model_host_parts-nvidia-h200-20261130-1958.log",
                  "contiguous_ncu-nvidia-h200.csv"):
@@ -625,15 +626,18 @@ def test_the_notebook_reads_its_speed_claims_from_committed_data():
     appendix = text.index("# ## Appendix: the measurements behind the text")
     assert appendix > text.index("# ## Questions for a study group")
     assert text.index("from statistics import median") > appendix
+    summary = text.index("# ## Summary")
     for readout, quoted in (
             ('assert (round(100 * lib["share"], 2), round(100 * ref["share"], 2)) == (2.84, 35.76)',
-             "takes **2.84 %** of the busy step"),
-            ("assert round(margin_c, 3) == 1.145", "ropelib's margin was 1.145"),
+             "ropelib's 2.84 %"),
+            ("assert round(margin_c, 3) == 1.145", "1.145 times the fastest reference run's"),
             ('assert [round(d_c[k] / d_seed_c, 2) for k in ("ropelib", "reference again")] == '
-             "[0.40, 0.29]", "curve lies at 0.40 of the seed")):
-        # the cell that asserts a number runs just before the prose that quotes it
-        at, said = text.index(readout), text.index(quoted)
-        assert at < said < appendix and "# ## " not in text[at:said], readout
+             "[0.40, 0.29]", "0.40 of the seed distance")):
+        # a cell asserts the number before the Summary quotes it, and nothing between the cell
+        # and the Summary restates it (the text after a cell does not repeat what it asserts)
+        at, said = text.index(readout), text.index(quoted, summary)
+        assert at < summary < said < appendix, readout
+        assert quoted not in text[at + len(readout):summary], quoted
 
 
 def test_the_host_probe_times_three_arms_and_the_no_rope_model_ignores_positions():
