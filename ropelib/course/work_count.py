@@ -4,11 +4,13 @@ On a GPU a kernel's cost is its time. In the interpreter (the CPU runs the kerne
 program after another, with numpy for every tile) time says nothing about a GPU, but the work
 the kernel issues can be counted exactly: how many programs run, how many sines and cosines
 are evaluated (every lane of a tile, masked or not: a GPU evaluates those lanes too) and how
-many elements each load reads from each tensor (the lanes whose mask is on).
+many elements each load reads from each tensor (the lanes whose mask is on), and how many of
+those each program had read before its first store.
 
     with count_work(positions=pos, inv_freq=inv) as work:
         interpreted(kernel)[grid](q, ..., BLOCK_T=4)
     work.programs, work.sin, work.cos, work.loads["positions"]
+    work.loads_before_store["positions"]     # one entry per program, in the order they ran
 
 `interpreted(kernel)` is the kernel as the interpreter runs it: the kernel itself under
 TRITON_INTERPRET=1; elsewhere (a GPU machine) its Python function run by the interpreter, on CPU
@@ -17,7 +19,7 @@ tensors, with the @triton.jit helpers it calls by a global name interpreted alon
 import inspect
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Dict
+from typing import Dict, List
 
 import numpy as np
 import torch
@@ -32,6 +34,8 @@ class WorkCount:
     sin: int = 0                        # sine evaluations (elements of every tl.sin)
     cos: int = 0                        # cosine evaluations
     loads: Dict[str, int] = field(default_factory=dict)   # elements loaded, per named tensor
+    # per named tensor, program by program: the elements loaded before the program's first store
+    loads_before_store: Dict[str, List[int]] = field(default_factory=dict)
 
     @property
     def sincos(self) -> int:
@@ -49,7 +53,8 @@ def count_work(**tensors: torch.Tensor):
     """Count programs, sin/cos evaluations and loads of the interpreted launches in the block.
 
     tensors: name -> a CPU tensor the kernel reads; `loads[name]` counts the elements loaded
-    from its memory (lanes whose mask is on). Only launches run by Triton's interpreter are
+    from its memory (lanes whose mask is on), `loads_before_store[name]` the part of them each
+    program loaded before its first store. Only launches run by Triton's interpreter are
     counted (see `interpreted`).
     """
     from triton.runtime.interpreter import InterpreterBuilder
@@ -58,10 +63,13 @@ def count_work(**tensors: torch.Tensor):
         if t.device.type != "cpu":
             raise ValueError(f"count_work counts interpreted launches, which read CPU tensors: "
                              f"{name} is on {t.device}")
-    work = WorkCount(loads={name: 0 for name in tensors})
+    work = WorkCount(loads={name: 0 for name in tensors},
+                     loads_before_store={name: [] for name in tensors})
     ranges = {name: _byte_range(t) for name, t in tensors.items()}
+    stored = [True]             # has the program running now stored anything yet?
     saved = {name: getattr(InterpreterBuilder, name)
-             for name in ("create_sin", "create_cos", "create_masked_load", "set_grid_idx")}
+             for name in ("create_sin", "create_cos", "create_masked_load",
+                          "create_masked_store", "set_grid_idx")}
 
     def sin(self, arg):
         work.sin += int(arg.data.size)
@@ -77,15 +85,25 @@ def count_work(**tensors: torch.Tensor):
         addr = np.asarray(ptrs.data)
         on = np.broadcast_to(np.asarray(mask.data, dtype=bool), addr.shape)
         for name, (lo, hi) in ranges.items():
-            work.loads[name] += int(((addr >= lo) & (addr < hi) & on).sum())
+            n = int(((addr >= lo) & (addr < hi) & on).sum())
+            work.loads[name] += n
+            if not stored[0]:
+                work.loads_before_store[name][-1] += n
         return saved["create_masked_load"](self, ptrs, mask, *rest, **kw)
+
+    def masked_store(self, *args, **kw):
+        stored[0] = True
+        return saved["create_masked_store"](self, *args, **kw)
 
     def grid_idx(self, x, y, z):
         work.programs += 1
+        stored[0] = False
+        for counts in work.loads_before_store.values():
+            counts.append(0)
         return saved["set_grid_idx"](self, x, y, z)
 
     patched = {"create_sin": sin, "create_cos": cos, "create_masked_load": masked_load,
-               "set_grid_idx": grid_idx}
+               "create_masked_store": masked_store, "set_grid_idx": grid_idx}
     for name, fn in patched.items():
         setattr(InterpreterBuilder, name, fn)
     try:

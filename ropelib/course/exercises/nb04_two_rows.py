@@ -15,10 +15,8 @@ rows (2 * D elements) by then. It also asks for what the grid already gave: cos/
 once per program, `x` read once and the angles once a program. Timing needs a GPU: the notebook
 prints it only there.
 """
-import contextlib
 import inspect
 
-import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -48,57 +46,6 @@ def my_two_rows_kernel(
 _CASES = ((3, 4, 2, 16), (2, 5, 3, 32), (2, 1, 2, 16))
 
 
-@contextlib.contextmanager
-def _order_counted(x: torch.Tensor, freqs2d: torch.Tensor):
-    """Count, in Triton's interpreter, the programs, sin/cos lanes, elements loaded from x and
-    from the table, and for each program the elements of x it loaded before its first store."""
-    from triton.runtime.interpreter import InterpreterBuilder
-    lo_x, hi_x = x.data_ptr(), x.data_ptr() + x.numel() * x.element_size()
-    lo_f, hi_f = freqs2d.data_ptr(), freqs2d.data_ptr() + freqs2d.numel() * freqs2d.element_size()
-    work = dict(programs=0, sincos=0, x_loads=0, angle_loads=0, before_store=[])
-    state = {"stored": True}
-    names = ("create_sin", "create_cos", "create_masked_load", "create_masked_store",
-             "set_grid_idx")
-    saved = {n: getattr(InterpreterBuilder, n) for n in names}
-
-    def trig(original):
-        def counted(self, arg):
-            work["sincos"] += int(arg.data.size)
-            return original(self, arg)
-        return counted
-
-    def masked_load(self, ptrs, mask, *rest, **kw):
-        addr = np.asarray(ptrs.data)
-        on = np.broadcast_to(np.asarray(mask.data, dtype=bool), addr.shape)
-        in_x = int(((addr >= lo_x) & (addr < hi_x) & on).sum())
-        work["x_loads"] += in_x
-        work["angle_loads"] += int(((addr >= lo_f) & (addr < hi_f) & on).sum())
-        if not state["stored"]:
-            work["before_store"][-1] += in_x
-        return saved["create_masked_load"](self, ptrs, mask, *rest, **kw)
-
-    def masked_store(self, *args, **kw):
-        state["stored"] = True
-        return saved["create_masked_store"](self, *args, **kw)
-
-    def grid_idx(self, *args):
-        work["programs"] += 1
-        work["before_store"].append(0)
-        state["stored"] = False
-        return saved["set_grid_idx"](self, *args)
-
-    patched = {"create_sin": trig(saved["create_sin"]), "create_cos": trig(saved["create_cos"]),
-               "create_masked_load": masked_load, "create_masked_store": masked_store,
-               "set_grid_idx": grid_idx}
-    for n, fn in patched.items():
-        setattr(InterpreterBuilder, n, fn)
-    try:
-        yield work
-    finally:
-        for n, fn in saved.items():
-            setattr(InterpreterBuilder, n, fn)
-
-
 def launch_two_rows(kernel, x: torch.Tensor, freqs2d: torch.Tensor) -> torch.Tensor:
     """Launch `kernel` (TWO_ROWS_SIGNATURE's argument order) on grid (S, H) through Triton's
     interpreter, on CPU tensors; return its output (it starts as NaN)."""
@@ -110,9 +57,11 @@ def launch_two_rows(kernel, x: torch.Tensor, freqs2d: torch.Tensor) -> torch.Ten
 
 
 def count_two_rows(kernel, x: torch.Tensor, freqs2d: torch.Tensor):
-    """(output, counts) of one interpreted launch; counts["before_store"] lists, program by
-    program, the elements of x loaded before the program's first store."""
-    with _order_counted(x, freqs2d) as work:
+    """(output, WorkCount) of one interpreted launch, x's and the angles' loads counted as "x"
+    and "freqs"; work.loads_before_store["x"] lists, program by program, the elements of x
+    loaded before the program's first store."""
+    from ..work_count import count_work
+    with count_work(x=x, freqs=freqs2d) as work:
         y = launch_two_rows(kernel, x, freqs2d)
     return y, work
 
@@ -146,18 +95,19 @@ def check_two_rows(kernel) -> bool:
                          hint="y1 = x1*cos1 - x2*sin1, y2 = x2*cos2 + x1*sin2; row (s, b + 1, h) "
                               "is H * D elements after row (s, b, h)")
         programs = S * H
-        wants = dict(programs=programs, sincos=programs * 2 * D, x_loads=x.numel(),
-                     angle_loads=programs * D)
-        for key, what in (("programs", "programs"), ("sincos", "sines and cosines"),
-                          ("x_loads", "elements of x read"), ("angle_loads", "angles read")):
-            if work[key] != wants[key]:
-                print(f"❌ {name} ({label}): correct outputs, but {work[key]:,} {what} where the "
-                      f"grid (S, H) needs {wants[key]:,}: cos/sin once a program before its "
+        for got, want, what in ((work.programs, programs, "programs"),
+                                (work.sincos, programs * 2 * D, "sines and cosines"),
+                                (work.loads["x"], x.numel(), "elements of x read"),
+                                (work.loads["freqs"], programs * D, "angles read")):
+            if got != want:
+                print(f"❌ {name} ({label}): correct outputs, but {got:,} {what} where the "
+                      f"grid (S, H) needs {want:,}: cos/sin once a program before its "
                       "loop, each element of x read once (a masked-off lane reads nothing)")
                 return False
-        if B >= 2 and min(work["before_store"]) < 2 * D:
+        first_loads = min(work.loads_before_store["x"])
+        if B >= 2 and first_loads < 2 * D:
             print(f"❌ {name} ({label}): correct outputs, but a program loaded only "
-                  f"{min(work['before_store'])} elements of x before its first store, where two "
+                  f"{first_loads} elements of x before its first store, where two "
                   f"rows are {2 * D}: load rows b and b + 1 (all four half-rows), then store both")
             return False
     print(f"✅ {name}: correct on {len(_CASES)} launches (an odd batch included), two rows of x "
