@@ -207,6 +207,12 @@ def guarded_view(shape, pad: int, *, dtype, device, fill=float("nan")) -> Tuple[
     return buf, buf[pad:pad + n].view(shape)
 
 
+def guard_band_writes(buf: torch.Tensor, pad: int) -> int:
+    """How many elements of a NaN `guarded_view` buffer's two guard bands a kernel overwrote
+    (stores outside the view: a missing mask or a wrong offset)."""
+    return int((~buf[:pad].isnan()).sum() + (~buf[-pad:].isnan()).sum())
+
+
 def call_answer(name: str, fn: Callable, *args, **kwargs) -> Tuple[bool, Any]:
     """Call a learner's function; on an exception print ❌ with it and return (False, None).
 

@@ -51,7 +51,7 @@ import ropelib
 from ... import frequencies, reference, runtime
 from .. import model as gpt
 from ..work_count import interpreted
-from . import check, guarded_view, kernel_answer
+from . import check, guard_band_writes, guarded_view, kernel_answer
 from .own_code import check_cases, fresh_generator, fresh_seed, launch_barred, run_own_code
 
 __all__ = ["check_rope_share", "solution_rope_share", "check_cached_attention",
@@ -536,7 +536,7 @@ def _barred_rotate(kernel, log: list) -> Callable:
                               lambda: launch_model_rope(run, x.detach(), freqs, y))
         if not ok:
             raise _Stop
-        outside = int((~buf[:pad].isnan()).sum() + (~buf[-pad:].isnan()).sum())
+        outside = guard_band_writes(buf, pad)
         if outside:
             print(f"❌ {_MODEL_ROPE} ({label}): the kernel stored {outside} elements outside y "
                   "(a store without its mask: rows past n_rows, or lanes past HALF)")
