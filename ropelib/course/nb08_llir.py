@@ -16,22 +16,29 @@ from typing import Optional
 from . import debug
 from .offline_compile import in_compiling_python
 
-__all__ = ["kernel_llir", "sum_operands"]
+__all__ = ["kernel_llir", "sum_operands", "repro_args"]
+
+
+def repro_args() -> dict:
+    """The reproduction kernel's arguments for an sm_90 compile: debug.FIXED's switches at
+    notebook 08's GPU size (x [1024, 8, 128] bf16 in place, an fp32 angle table [512, 64])."""
+    import torch
+    x = torch.empty(1024, 8, 128, dtype=torch.bfloat16)
+    table = torch.empty(512, 64)
+    return dict(x_ptr=x, cos_ptr=table, sin_ptr=table, stride_xr=x.stride(0),
+                stride_xh=x.stride(1), stride_t=table.stride(0), SEQ_LEN=512, HALF=64,
+                BLOCK_HALF=64, FROM_ANGLES=True, COMPUTE_FP32=True, USE_FMA=False,
+                BF16_RTNE=False)
 
 _CHILD = """
 import importlib.util, json, sys
 import torch
-from ropelib.course import debug
+from ropelib.course import debug, nb08_llir
 from ropelib.course.offline_compile import compile_for_cuda
 which, path = sys.argv[1], sys.argv[2]
 if which == "repro":      # debug.FIXED's switches, the line as written, notebook 08's GPU size
-    x = torch.empty(1024, 8, 128, dtype=torch.bfloat16)
-    table = torch.empty(512, 64)
     kernel = debug._rope_unsloth_repro_kernel
-    args = dict(x_ptr=x, cos_ptr=table, sin_ptr=table, stride_xr=x.stride(0),
-                stride_xh=x.stride(1), stride_t=table.stride(0), SEQ_LEN=512, HALF=64,
-                BLOCK_HALF=64, FROM_ANGLES=True, COMPUTE_FP32=True, USE_FMA=False,
-                BF16_RTNE=False)
+    args = nb08_llir.repro_args()
 else:                     # the combine kernel with COMBINE=as_written, from the file at path
     spec = importlib.util.spec_from_file_location("combine_kernels", path)
     module = importlib.util.module_from_spec(spec)

@@ -19,9 +19,8 @@ _AS_WRITTEN = "        y2 = x2 * c + x1 * s\n"
 _SWAPPED = "        y2 = x1 * s + x2 * c\n"
 
 _CHILD = """
-import importlib.util, json, os, sys, tempfile
+import importlib.util, json, os, sys
 from pathlib import Path
-import torch
 from ropelib.course import debug, nb08_llir, nb08_passes
 from ropelib.course.offline_compile import compile_for_cuda
 swap, tmp = sys.argv[1] == "1", sys.argv[2]
@@ -41,11 +40,7 @@ path.write_text(text)
 spec = importlib.util.spec_from_file_location(path.stem, path)
 module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
-x = torch.empty(1024, 8, 128, dtype=torch.bfloat16)
-table = torch.empty(512, 64)
-args = dict(x_ptr=x, cos_ptr=table, sin_ptr=table, stride_xr=x.stride(0), stride_xh=x.stride(1),
-            stride_t=table.stride(0), SEQ_LEN=512, HALF=64, BLOCK_HALF=64, FROM_ANGLES=True,
-            COMPUTE_FP32=True, USE_FMA=False, BF16_RTNE=False)
+args = nb08_llir.repro_args()
 dump = Path(tmp) / "passes.txt"
 sys.stderr.flush()
 saved = os.dup(2)
