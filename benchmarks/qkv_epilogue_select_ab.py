@@ -31,14 +31,12 @@ HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import qkv_rope_bench as bench  # noqa: E402
+from qkv_forward_ab import DRY_SHAPE, SHAPE  # noqa: E402  (Llama-3-8B's projection; a tiny one)
 
 import ropelib  # noqa: E402
 from ropelib import qkv_linear, runtime  # noqa: E402
 from ropelib.bench import compare  # noqa: E402
 from ropelib.kernels import qkv_gemm  # noqa: E402
-
-SHAPE = dict(hidden=4096, HQ=32, HK=8, D=128)        # Llama-3-8B's projection
-DRY_SHAPE = dict(hidden=64, HQ=4, HK=2, D=32)
 
 BRANCH = '''    if h < HQ:
         _norm_rotate_store(y_a, y_b, y_p, q_ptr, norm_q_ptr, rstd_ptr, pre_ptr, c_a, s_a, c_b,
