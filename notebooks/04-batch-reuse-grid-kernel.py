@@ -23,21 +23,16 @@
 # angle loads. Which of the three saves the time is section 5's question. This kernel is the
 # second of ropelib's three generations (naive, batch-reusing grid, finished kernel), and at
 # batch 8 it beats Transformer Engine's (TE's) fused CUDA kernel on an H200 and on an H100
-# (section 5.2) although it evaluates more sines and cosines; why is the question section 3
-# asks and section 5.5 answers, from H200 profiles.
+# (section 5.2) although it evaluates more sines and cosines; section 3 asks why, section 5.5
+# answers.
 #
-# **Time:** about two hours: an hour of reading, 45 minutes for the six exercises and the
-# discussion questions. The core is sections 1 to 4 (the kernel), 5.1 to 5.3 (is it faster, and
-# why) and 6. Sections 5.4 and 5.5 and the appendix take the kernel and TE's apart with a
-# profiler (Nsight Compute); they can wait for a second reading, since 5.3's figure of three
-# floors states their conclusions first. The cells run in about a minute on a two-core CPU
-# (Triton's interpreter, plus compiles for an H200 that need no GPU).
+# **Time:** about two hours, 45 minutes of it for the six exercises. The core is sections 1 to
+# 4, 5.1 to 5.3 and 6; sections 5.4, 5.5 and the appendix read Nsight Compute profiles and can
+# wait for a second reading. The cells run in about a minute on a two-core CPU.
 #
 # **Where the numbers come from.** Every number the text states is read from a committed result
-# measured on an NVIDIA H200 (section 5.2 sets H100 runs beside it), or from a cell's CPU-side
-# output, and asserted beside it. The live timings of sections 5.1 and 5.3 are printed, never
-# quoted: they come from the GPU that runs the notebook (an H100 on the executed page), so they
-# differ from the quoted ones.
+# (NVIDIA H200 runs; section 5.2 sets H100 runs beside them) and asserted beside it. Live
+# timings, where a GPU runs the notebook, are printed, never quoted.
 #
 # **After this notebook you will be able to**
 #
@@ -107,12 +102,11 @@ print(f"x: [S={S}, B={B}, H={H}, D={D}] on {device}")
 # - load the position's angles $B \cdot H$ times instead of once, and
 # - evaluate the same $D$ cosines and $D$ sines $B \cdot H$ times.
 #
-# The repeats are served by the caches (L1 or L2: not measured here), not by DRAM: the reference
-# case's whole table, $16384 \times 128$ fp32 angles, is 8 MiB against an H200's 60 MiB of L2,
-# and appendix A.5 finds the naive kernel reading, beyond `x`, only 2.03 MiB at
-# $s = 4096, b = 8$: the 2 MiB table once. The other cost is the number of programs: each naive
-# program moves one row (for $D = 128$ in bf16, 256 bytes in and 256 out), and every program
-# has to be started and retired. The bill for the reference case:
+# The repeats are served by the caches, not by DRAM: the reference case's table is 8 MiB against
+# an H200's 60 MiB of L2 (appendix A.5: the naive kernel reads the table from DRAM once). The
+# other cost is the number of programs: each naive program moves one row (256 bytes in, 256 out
+# for $D = 128$ in bf16), and every program has to be started and retired. The bill for the
+# reference case:
 
 # %%
 Sr, Br, Hr, Dr = 16384, 8, 32, 128            # the reference case: 1 GiB of bf16 activations
@@ -153,10 +147,9 @@ print(f"L2 of the {GPU_NAME}: "
 assert GPU_NAME == "NVIDIA H200" and l2_bytes == 62_914_560 and l2_bytes / 2**20 == 60
 
 # %% [markdown]
-# To rotate 1 GiB of bf16 data the naive kernel requests 2 GiB of fp32 angles, requests the
-# caches serve. Sharing the angles across the batch divides them, the sin/cos work and the
-# programs by $B$. (The last column counts cosines and sines separately, $2D$ a program; from
-# section 3 on the counts are of (cos, sin) *pairs*, $D$ a program.)
+# Sharing the angles across the batch divides the angle requests, the sin/cos work and the
+# programs by $B$. (The last column counts cosines and sines separately; from section 3 on the
+# counts are of (cos, sin) *pairs*.)
 #
 # ## 2. The (seq, head) grid
 #
@@ -205,10 +198,8 @@ def draw_grids(path):
 draw_grids(FIGURES / "04-grids.png")
 
 # %% [markdown]
-# The right panel names each program by its coordinates $(s, h)$. A grid's programs also have
-# an order: Triton, like CUDA, numbers them with axis 0 varying fastest, so program $(s, h)$ is
-# number $s + S \cdot h$ (the colours follow that number). All positions of head 0 come first,
-# then all positions of head 1, and so on.
+# Triton, like CUDA, numbers a grid's programs with axis 0 varying fastest: program $(s, h)$ is
+# number $s + S \cdot h$ (the colours), so all positions of head 0 come first, then head 1.
 #
 # ### 2.1 A first kernel you can edit
 #
@@ -302,10 +293,8 @@ assert given.sin + given.cos in (Sc * Hc * Dc, Sc * Bc * Hc * Dc), "edited? see 
 assert in_loop.loads["x"] == given.loads["x"] == x_c.numel()   # the same data either way
 
 # %% [markdown]
-# Moved into the loop, cos and sin run once per row: $B = 4$ times version 1's work, for the
-# same output and the same reads of `x`. What that costs on a GPU is not among the committed
-# measurements: section 5.3 times the opposite change (tables instead of sin/cos), and its
-# editable kernel can time this one.
+# Moved into the loop, cos and sin run once per row: $B = 4$ times the work, for the same
+# output and the same reads of `x`. Section 5.3's editable kernel can time that on a GPU.
 #
 # ### 2.2 Any strides, any head size, any table
 #
@@ -458,16 +447,12 @@ print(f"programs launched: naive {naive.naive_grid(S, B, H)[0]:,}, batch-reuse "
       f"{batch_reuse.batch_reuse_grid(S, H)[0] * batch_reuse.batch_reuse_grid(S, H)[1]:,}")
 
 # %% [markdown]
-# **`range` vs `tl.static_range`.** `tl.static_range(B)` unrolls the loop at compile time: $B$
-# must be a `tl.constexpr`, so every batch size compiles its own kernel, and in exchange the
-# compiler could issue all rows' loads together. ropelib's runtime `range(0, B)` compiles once
-# for every batch size. On the H200 the two run level: section 5.3 times both (`sh_loop_b`,
-# `sh_loop_b_unrolled`), under one percent apart in each of two committed runs.
-#
-# The machine code says why. The next cell compiles both forms of section 5.3's kernel (one head
-# and all $B = 8$ rows a program, $s = 4096, h = 32, d = 128$) for an H200 (sm_90), with no GPU,
-# and lists the global loads (L) and stores (S) of its SASS (the GPU's machine code) in program
-# order, leaving out the constant tables sin/cos read.
+# **`range` vs `tl.static_range`.** `tl.static_range(B)` unrolls the loop at compile time, so
+# every batch size compiles its own kernel, and in exchange the compiler could issue all rows'
+# loads together; the runtime `range(0, B)` compiles once. On the H200 the two run level
+# (section 5.3: `sh_loop_b` and `sh_loop_b_unrolled`, under 1 % apart in each of two runs). The
+# next cell compiles both for sm_90, with no GPU, and lists the global loads (L) and stores (S)
+# of their SASS (machine code) in program order, at $B = 8$, $s = 4096, h = 32, d = 128$.
 
 # %%
 # section 5.3's kernel as sh_loop_b (runtime loop) and sh_loop_b_unrolled launch it, compiled for
@@ -503,24 +488,21 @@ for name, o in load_order.items():
 assert load_order["sh_loop_b"]["rows"] == load_order["sh_loop_b_unrolled"]["rows"] == 8
 
 # %% [markdown]
-# Both forms compile to the same order: the two angle loads, then, row by row, a row's two loads
-# and its two stores. The runtime loop is unrolled too, by `ptxas` (PTX to machine code): its
-# SASS also holds the row 8 times. In either form the loads of row $b + 1$ come only after the
+# Both forms compile to the same order (`ptxas` unrolls the runtime loop too): the angle loads,
+# then, row by row, two loads and two stores. The loads of row $b + 1$ come only after the
 # stores of row $b$: a compiler may not move a load above an earlier store unless it can prove
-# they touch different memory, and `x` and `y` are pointers it cannot tell apart (an in-place
-# call passes one tensor as both). So each warp asks for one 256-byte row of `x`, waits, stores
-# it, and only then asks for the next; to have several rows in flight a kernel must load them
-# before it stores any. Whether this "one row in flight per warp" limits the grid's time is
-# **not measured** in any committed run: that needs a kernel that differs in the rows in flight
-# and nothing else, which exercise 6 writes (and times, on a GPU). Later sections refer back to
-# this paragraph for the caveat; section 5.2 adds indirect evidence from a second GPU.
+# they touch different memory, and `x` and `y` may be one tensor (an in-place call). So each
+# warp asks for one 256-byte row of `x`, waits, stores it, and only then asks for the next.
+# Whether this "one row in flight per warp" limits the grid's time is **not measured** in any
+# committed run: that needs a kernel that differs in the rows in flight and nothing else, which
+# exercise 6 writes and, on a GPU, times beside the one-row kernel and a copy. Read its printed
+# ratio of the two kernels' times: well below 1 means the rows in flight limit the grid; about 1
+# means they do not.
 #
 # ## 3. The batch-reusing grid against Transformer Engine
 #
-# This kernel works on TE's sbhd layout (`[S, B, H, D]`): grid `(seq_len, head_num)`, cos/sin
-# once per program, a loop over the batch. Section 5.3 times it beside TE's fused kernel on an
-# H200 (bf16 sbhd $s = 4096$, $b = 8$, $h = 32$, $d = 128$), and there it is the faster; so it
-# is on an H100 (section 5.2).
+# At bf16 sbhd $s = 4096$, $b = 8$, $h = 32$, $d = 128$ this kernel is faster than TE's fused
+# kernel on an H200 (section 5.3) and on an H100 (section 5.2).
 #
 # **Why would it be faster?** "It reuses cos/sin across the batch, and TE does not" does not
 # survive a look at TE's kernel. `fused_rope.cu` launches a grid `(s, b)`: one CUDA block (what
@@ -539,19 +521,17 @@ assert load_order["sh_loop_b"]["rows"] == load_order["sh_loop_b_unrolled"]["rows
 # Against TE's shared-memory version the (S, H) grid evaluates $H / B$ times as many: at
 # $h = 32$, 4 times at $b = 8$ and 32 times at $b = 1$ (A.1 prints the counts at $b = 8$), and
 # never fewer for any batch up to the number of heads. So reusing cos/sin cannot be what makes
-# it faster at $b = 8$. Other differences could matter, each a hypothesis until measured:
+# it faster at $b = 8$. Other differences, each a hypothesis until measured (section 5.5 gives
+# the verdicts):
 #
-# - **how each thread touches memory**: a TE thread reads one element (2 bytes in bf16) at a
-#   time, every element twice (as itself and as its rotate-half partner), while a Triton
-#   program loads a half-row tile the compiler can split into wide (up to 16-byte) vector loads;
-# - **work per program and number of programs**: $S \cdot H$ programs of $B$ rows against
-#   $S \cdot B$ blocks of $H$ rows;
+# - **how each thread touches memory**: a TE thread reads one bf16 element at a time, every
+#   element twice (as itself and as its rotate-half partner); a Triton program loads half-row
+#   tiles;
+# - **the number of programs**: $S \cdot H$ programs of $B$ rows against $S \cdot B$ blocks of
+#   $H$ rows;
 # - **the loop**: unrolled (`tl.static_range`) or not (section 2.3: the same loads and stores);
-# - **warps per program**, which with the tile size decide how many elements a thread moves;
-# - **where cos/sin come from**: computed (`tl.sin`, `tl.cos`: accurate, float arithmetic) or
-#   read from a table.
-#
-# Section 5.3 times kernels that differ in one of these at a time.
+# - **where cos/sin come from**: computed (`tl.sin`, `tl.cos`) or read from a table;
+# - **the instructions issued** per element: indexing, a barrier.
 #
 # ## 4. A bytes-moved model, GB/s and the copy floor
 #
@@ -593,11 +573,8 @@ assert compare.bytes_moved(cfg) == 2 * x_bytes + Sr * Dr * 4
 #
 # The third generation is `ropelib.apply_rope` as it plans each call (from 64 MiB of `q` on, in
 # two passes: notebook 05, section 6). On a GPU the cell times the three and a copy and prints
-# each live time beside section 5.2's committed H200 one. On an H200 it adds their ratio,
-# marking with `<<` rows more than 10 % apart; on another GPU, such as the executed page's H100,
-# the columns are two GPUs' times and no ratio is printed. Where the text compares committed
-# runs of different days (section 5.4, the appendix), it assumes the GPU behaved the same in
-# each.
+# each live time beside section 5.2's committed H200 one; only on an H200 does it add their
+# ratio (`<<`: more than 10 % apart), since on another GPU the columns are two GPUs' times.
 
 # %%
 GEN_CSV = measured.path("generations")
@@ -656,11 +633,10 @@ assert not GEN_CSV.exists() or {(c, k) for c in LIVE for k in (
 # ### 5.2 Committed results from an H200
 #
 # `python benchmarks/generations.py` on a GPU times the three generations and the copy and
-# writes a CSV whose header holds the GPU's name, the driver, torch/Triton versions and the date
-# (here `benchmarks/results/generations-nvidia-h200.csv`). Every committed result this notebook
-# reads comes from NVIDIA H200s (torch 2.11, Triton 3.6), on different days, but for the H100
-# runs read at the end of this section; each cell prints the date and versions it reads. The
-# cell below redraws the figure from the CSV, without a GPU.
+# writes a CSV whose header names the GPU, driver, versions and date
+# (`benchmarks/results/generations-nvidia-h200.csv`). Every committed result this notebook reads
+# comes from NVIDIA H200s (torch 2.11, Triton 3.6), but for the H100 runs at the end of this
+# section. The cell redraws the figure from the CSV.
 
 # %%
 if GEN_CSV.exists():   # read by the cell of section 5.1
@@ -742,17 +718,14 @@ else:
           "`python benchmarks/generations.py` on a GPU to measure and draw it.")
 
 # %% [markdown]
-# The dashed line (left) and the grey bar (right) are the copy, the yardstick; a generation's
-# distance below it is the price of its design. The left panel sweeps $B$, the right one is the
-# 1 GiB reference case. These curves say *how fast*, not *why*: the batch-reuse kernel differs
-# from the naive one in the number of programs, the work per program and the reuse of cos/sin
-# all at once.
-#
-# The printed lines point at the number of programs. The grid's 131,072 programs take 84.6 µs
-# at batch 1 and 84.7 at batch 2, with twice the bytes. The naive kernel's programs grow with
-# $B$, and each costs 1.00 to 1.06 times a program that does nothing (79.8 ns of an SM's time,
-# notebook 03, section 4): its time is its programs'. Where both launch 131,072 programs
-# ($b = 1$) they take the same time. Section 5.3 tests this one factor at a time.
+# The dashed line (left) and the grey bar (right) are the copy. These curves say *how fast*, not
+# *why*: the batch-reuse kernel differs from the naive one in programs, work per program and
+# cos/sin reuse at once. The printed lines point at the number of programs. The grid's 131,072
+# programs take 84.6 µs at batch 1 and 84.7 at batch 2, with twice the bytes. The naive
+# kernel's programs grow with $B$, and each costs 1.00 to 1.06 times a program that does
+# nothing (79.8 ns of an SM's time, notebook 03, section 4): its time is its programs'. Where
+# both launch 131,072 programs ($b = 1$) they take the same time. Section 5.3 tests this one
+# factor at a time.
 #
 # **A second GPU.** The same shape ($s = 4096$, $b = 8$) was also timed on an H100, whose copy
 # is slower (less DRAM bandwidth), by `benchmarks/floor.py`: the copy, ropelib's generations and
@@ -813,18 +786,14 @@ else:
 # would, by Little's law (throughput = bytes in flight / latency: notebook 05, section 2),
 # follow the memory latency instead, which no committed run measures on the H100. The grid's
 # 1.24 lies between: it fits section 2.3's one row in flight per warp setting part of its time,
-# but does not test it.
+# but does not test it (exercise 6 does).
 #
 # **TE's kernel is slower than the grid on both GPUs**, by less on the H100 (1.18 times the
 # grid's time, against 1.32 on the H200): its time changes less than the copy's or the grid's
-# (1.11 times), as that of a kernel mostly issuing instructions would (section 5.5; the two
-# runs' clocks are not compared here). Everything below that takes TE's kernel apart comes from
-# H200 runs; section 5.1's live cell does not time TE.
+# (1.11 times), as that of a kernel mostly issuing instructions would (section 5.5). The
+# profiles below are all H200 runs.
 #
 # ### 5.3 Why: one factor at a time
-#
-# The figure of three floors at the end of this section sets each kernel's time beside what its
-# bytes, programs and instructions allow, and states the answer; section 5.5 takes TE's apart.
 #
 # `benchmarks/ablation.py` times, at bf16 sbhd $s = 4096, b = 8, h = 32, d = 128$ and at
 # $s = 32768, b = 1$ (the same bytes), a device copy, TE's fused kernel (where installed),
@@ -1116,13 +1085,11 @@ if ABLATION_CSV.exists():
 
 
 # %% [markdown]
-# A ratio above 1 means the second kernel of the pair is faster. The ablation's limits: one GPU,
-# two sizes, bf16 only. Its noise is judged by replication: an earlier committed run of the
-# same script (2026-11-22, `ablation.csv`) gives 1.040 for the cost of sin/cos with $B$ rows a
-# program (this run: 1.039), but 0.999 with one row (this run: 1.002), so a difference of a few
-# tenths of a percent is not shown to be real; the unrolled loop is under 1 % apart in both. (The
-# `ropelib_finished` row is the finished kernel forced onto this 256 MiB tensor; section 5.2's
-# `ropelib` is `apply_rope` as planned, in two passes from 64 MiB of `q` on.)
+# A ratio above 1 means the second kernel of the pair is faster. The ablation covers one GPU,
+# two sizes, bf16 only; an earlier committed run of the same script reproduces the 4 % cost of
+# sin/cos with $B$ rows a program but not the few tenths of a percent with one row, so
+# differences that small are noise. (`ropelib_finished` is the finished kernel forced onto this
+# 256 MiB tensor; section 5.2's `ropelib` is `apply_rope` as planned, in two passes.)
 #
 # **Times say how much, not why.** Three floors lie under any kernel's time, each computed from
 # a count, not from a time of the kernel itself:
@@ -1234,55 +1201,40 @@ assert round(te_f3["us"] / te_f3["issue"], 2) == 1.56
 assert (sm_n, schedulers, ghz_top, round(empty_ns_by_warps[1], 1)) == (132, 4, 1.98, 79.8)
 
 # %% [markdown]
-# Row by row (the cell above asserts each number):
-#
 # - **One row a program: the programs set the time.** `sh_one_b` and `sh_one_b_table` sit on
 #   their program floor (633.7 µs), though `sh_one_b` executes 3.65 times the instructions.
 # - **The 3.46 is program granularity, not cos/sin reuse.** `sh_one_b`'s program floor alone is
 #   3.45 times `sh_loop_b`'s whole time; $B = 8$ rows a program put that floor (79 µs) under the
-#   copy's. All of the grid's sin/cos, replaced by two table reads, costs 4 %.
-# - **The grid is limited by neither programs nor instructions**: its largest floor is the copy,
-#   and it takes 1.41 times a copy's time, waiting on memory (section 2.3).
-# - **TE's fused kernel: issue time, plus waits it does not hide.** With a quarter of the grid's
-#   programs and (cos, sin) pairs, its instructions alone need 157.5 µs to issue at the top
-#   clock (1.21 copies, 2.5 times the grid's 62.6 µs): less than the grid's whole 183.6 µs, but
-#   TE takes 1.56 times it, adding waits on memory that issuing does not overlap (section 5.5,
-#   appendix A.2).
+#   copy's.
+# - **The grid's largest floor is the copy**; it takes 1.41 times a copy's time, waiting on
+#   memory (section 2.3).
+# - **TE's largest floor is issue**: 157.5 µs at the top clock, 2.5 times the grid's 62.6 µs,
+#   with a quarter of its programs and (cos, sin) pairs. That is under the grid's whole
+#   183.6 µs, yet TE takes 1.56 times it: section 5.5 says why.
 #
 # ### 5.4 Why, measured: the profiler's answer
 #
-# Timings say how much a factor changes, not why. `benchmarks/mechanism.py` ran the same
-# variants under Nsight Compute on an H200, the clock left free as in the timings
-# (`--clock-control none`), and committed what profiler and compiler reported
-# (`benchmarks/results/mechanism-nvidia-h200.csv`). The **achieved occupancy** is the average
-# share of an SM's 64 warp slots in use.
+# `benchmarks/mechanism.py` ran the same variants under Nsight Compute on an H200, the clock
+# left free as in the timings (`benchmarks/results/mechanism-nvidia-h200.csv`). **Achieved
+# occupancy** is the average share of an SM's 64 warp slots in use.
 #
-# - **DRAM bytes are the model's**, within a few percent for every variant at this size, so the
-#   differences lie in how well each keeps the memory system busy (appendix A.5 reads the bytes,
-#   and the grid's re-reads of its table at $s = 32768$, $b = 1$).
+# - **DRAM bytes are the model's**, within a few percent for every variant (appendix A.5).
 # - **A million one-warp, one-row programs take the same time, whatever they do**: the naive
-#   kernel, `sh_one_b` and `sh_one_b_table` (1,048,576 programs each) take as long as an empty
-#   kernel with that grid (notebook 03, section 4), about 80 ns per program on each SM.
-# - **The grid's one-warp programs fill half an SM.** An SM holds 32 programs at most, so they
-#   fill at most 32 of its 64 warp slots. Variants with more heads or more warps a program fill
-#   more, and take less or more time; appendix A.4 sets them side by side and finds that each
-#   also changes the program count or the instructions per element, so these profiles cannot
-#   say which sets the time (notebook 05 takes it up).
-# - **Instructions count where nothing amortises them.** TE's grid in Triton (`heads_all_one_b`:
-#   one program per token and batch row, all heads) launches as many programs as
-#   `heads4_loop_b` (32,768) but executes several times the instructions per element, between
-#   the one-row programs' counts, most of them sin/cos (tables remove 86 %; each value is
-#   evaluated by every thread that holds it: A.1). It takes about twice as long; tables bring it
-#   back.
+#   kernel, `sh_one_b` and `sh_one_b_table` take as long as an empty kernel with that grid
+#   (notebook 03, section 4), about 80 ns per program on each SM.
+# - **The grid's one-warp programs fill half an SM**: an SM holds 32 programs at most, 32 of its
+#   64 warp slots. Variants that fill more also change programs or instructions (appendix A.4).
+# - **Instructions count where nothing amortises them.** TE's grid in Triton (`heads_all_one_b`)
+#   launches as many programs as `heads4_loop_b` (32,768) but executes several times the
+#   instructions per element, most of them sin/cos (A.1), and takes about twice as long; tables
+#   bring it back.
+# - **TE's CUDA kernel** (`mechanism-te-nvidia-h200.csv`) moves the model's bytes and fills
+#   nine-tenths of an SM's warp slots, yet takes 1.94 times the copy's time, executing more
+#   than twice the grid's warp instructions per element (section 5.5).
 #
-# **TE's CUDA kernel** (a second H200 run, `mechanism-te-nvidia-h200.csv`) moves the model's
-# bytes and fills nine-tenths of an SM's warp slots, yet takes 1.94 times the copy's time;
-# section 5.5 says why.
-#
-# **At $b = 1$ the order reverses.** With no batch to loop over, the (S, H) grid launches a
-# million one-row programs, as many as the naive kernel, and takes its time; TE's grid has
-# 32,768 programs, one per token for all heads, and is more than twice as fast. The grid wins
-# where $B$ amortises its program count; notebook 05's tile of heads removes that dependence.
+# **At $b = 1$ the order reverses.** With no batch to loop over, the (S, H) grid launches as
+# many one-row programs as the naive kernel and takes its time; TE's 32,768 blocks are more
+# than twice as fast. Notebook 05's tile of heads removes that dependence on $B$.
 
 # %%
 mech = measured.mechanism("s4096-b8")
@@ -1360,24 +1312,8 @@ print(f"{measured.where(te_run_meta)}: TE fused (CUDA) {te['us']:.0f} us = "
 assert 0.9 <= te["ncu_dram_bytes_over_model"] <= 1.05 and te["ncu_achieved_occupancy_pct"] > 85
 assert te["us"] > 1.2 * te_run["sh_loop_b"]["us"] and round(te["us"] / te_copy["us"], 2) == 1.94
 assert te["ncu_warp_inst_per_element"] > 2 * te_br["ncu_warp_inst_per_element"]
-# busier SMs than DRAM for TE's kernel and TE's grid in Triton; the reverse for the grid
-for name in ("te_fused", "heads_all_one_b", "batch_reuse"):
-    r = te_run[name]
-    print(f"  {name:16} SM throughput {r['ncu_sm_throughput_pct']:4.0f} % of peak, DRAM throughput "
-          f"{r['ncu_dram_throughput_pct']:4.0f} %")
-assert te["ncu_sm_throughput_pct"] > 1.2 * te["ncu_dram_throughput_pct"]
-assert te_run["heads_all_one_b"]["ncu_sm_throughput_pct"] > \
-    1.5 * te_run["heads_all_one_b"]["ncu_dram_throughput_pct"]
-assert te_br["ncu_sm_throughput_pct"] < 0.8 * te_br["ncu_dram_throughput_pct"]
-# the answer: the (S, H) grid beats TE fused; TE's time lies between its grid's two Triton versions
-t = measured.timings("ablation", "s4096-b8")
-print(f"TE fused / batch-reusing grid (sh_loop_b): "
-      f"{t['te_fused']['ms'] / t['sh_loop_b']['ms']:.2f}; "
-      f"TE's grid in Triton: {t['heads_all_one_b']['ms'] * 1e3:.0f} us with sin/cos, "
-      f"{t['heads_all_one_b_table']['ms'] * 1e3:.0f} us from tables; TE fused "
-      f"{t['te_fused']['ms'] * 1e3:.0f} us")
-assert t["te_fused"]["ms"] > 1.1 * t["sh_loop_b"]["ms"]
-assert t["heads_all_one_b_table"]["ms"] < t["te_fused"]["ms"] < t["heads_all_one_b"]["ms"]
+print(f"TE fused / batch-reusing grid (sh_loop_b), b = 8 (ablation): "
+      f"{t_ab8['te_fused']['ms'] / t_ab8['sh_loop_b']['ms']:.2f}")
 # b = 1: the (S, H) grid has the naive kernel's program count, and TE is faster
 t1 = measured.timings("ablation", "s32768-b1")
 te1_programs = t1["te_fused"]["seq_len"] * t1["te_fused"]["batch"]   # TE's grid (s, b)
@@ -1391,11 +1327,10 @@ assert te1_programs == 32_768 and t1["sh_loop_b"]["programs"] == 1_048_576
 # %% [markdown]
 # ### 5.5 The answer: why the batch-reusing grid beat TE's fused kernel
 #
-# Section 3 asked why a Triton kernel that reuses cos/sin *less* than TE's CUDA kernel ran
-# faster. The next cell sets the two side by side (bf16 sbhd $s = 4096$, $b = 8$, $h = 32$,
-# $d = 128$, H200), each row read from the committed CSV it names, and checks every number the
-# answer states. Two of those CSVs (`benchmarks/te_ncu.py`) profile TE's kernel beside the grid
-# with the GPU's clock locked and with it free; appendices A.1 and A.2 read them in full.
+# Section 3 asked why a Triton kernel that reuses cos/sin *less* than TE's CUDA kernel is
+# faster. The cell sets the two side by side (bf16 sbhd $s = 4096$, $b = 8$, $h = 32$,
+# $d = 128$, H200), each row from the committed CSV it names; `benchmarks/te_ncu.py` profiled
+# TE's kernel beside the grid with the clock locked and free (appendices A.1 and A.2).
 
 # %%
 # the two profiles of TE's kernel beside the grid (benchmarks/te_ncu.py), per kernel: the locked
@@ -1506,13 +1441,12 @@ plt.show()
 # %% [markdown]
 # **The answer.** At $b = 8$ on the H200, TE's fused kernel is slower than the batch-reusing
 # grid because it executes 2.5 times the grid's warp instructions per element, and issuing them
-# (66 % of its time, against the grid's 36 %) does not overlap its waits on memory: its time is
-# the two added, and its extra issuing (96 µs) alone exceeds the 62 µs by which it is slower.
-# Not cos/sin, bytes or occupancy: TE evaluates a quarter of the grid's (cos, sin) pairs, moves
-# the same DRAM bytes and fills 90 % of an SM's warp slots against 48 %. Most of its extra
-# instructions are integer ones (indexing, by our reading of TE's source: the counters do not
-# say what an instruction computes). The grid, for its part, mostly waits on memory (84 % of its
-# warps' cycles). Section 3's hypotheses, each against what was measured:
+# takes 66 % of its time (the grid's: 36 %) without overlapping its waits on memory. Its extra
+# issuing, 96 µs, alone exceeds the 62 µs by which it is slower. It is not cos/sin, bytes or
+# occupancy: TE evaluates a quarter of the grid's (cos, sin) pairs, moves the same DRAM bytes
+# and fills 90 % of an SM's warp slots against 48 %. Most of its extra instructions are integer
+# ones (indexing, by our reading of TE's source). The grid's warps, by contrast, spend 84 % of
+# their cycles waiting on loads. Section 3's hypotheses:
 #
 # | hypothesis | verdict at $b = 8$ | where measured |
 # |---|---|---|
@@ -1523,7 +1457,7 @@ plt.show()
 # | instructions issued | **the cause**: 2.5 times the grid's, issued without overlapping the waits | this cell, A.2 |
 #
 # Which of TE's differences (one-element loads, double reads, indexing, its barrier) costs what,
-# these counters cannot separate; appendices A.1 and A.2 hold the details.
+# these counters cannot separate.
 
 # %% [markdown]
 # ## 6. What the finished kernel does beyond the batch-reusing grid
@@ -1539,14 +1473,11 @@ plt.show()
 #   small there are too few programs to fill the GPU;
 # - only sbhd, rotate-half, full rotary, and positions $0 \ldots S-1$.
 #
-# ropelib's finished kernel (`ropelib/kernels/fused.py`, what `ropelib.apply_rope` runs on
-# small and mid-sized tensors; large ones take two passes, notebook 05 section 6) gives each
+# ropelib's finished kernel (`ropelib/kernels/fused.py`; notebook 05 builds it) gives each
 # program a **tile** of positions × heads whose source computes cos/sin once for its heads *and*
-# a chunk of the batch (compiled, as many evaluations per position as the grid's: appendix A.1),
-# loads runs of the head dim as vectors as wide as the tile allows (16 bytes at most; with the
-# tile it picks here 4 bf16, 8 bytes, a thread: A.1 prints `sizePerThread = [1, 1, 4]`), and
-# takes every layout through strides. Its
-# module docstring says how it is parallelised (notebook 05 builds it up, names included):
+# a chunk of the batch (compiled, as many evaluations per position as the grid's: A.1), loads
+# wider vectors (here 4 bf16 a thread: A.1's `sizePerThread = [1, 1, 4]`), and takes every
+# layout through strides. Its module docstring:
 
 # %%
 try:
@@ -1567,11 +1498,9 @@ except ImportError as exc:
 #   of $B$ costs 3.46 times the time, 3.59 between two kernels that read tables; all of the
 #   grid's sin/cos, against reading two tables, costs 4 %.
 # - **Fewer sines and cosines do not make a kernel faster.** TE's fused kernel evaluates a
-#   quarter of the grid's (cos, sin) pairs and is slower at $b = 8$, on an H200 and on an H100.
-#   On the H200, whose profiles explain it, it executes 2.5 times the grid's warp instructions
-#   per element, and issuing them fills 66 % of its time without overlapping its waits on
-#   memory (appendix A.2's clock test). At $b = 1$ the grid has no batch to loop over, launches
-#   as many programs as the naive kernel, and TE is more than twice as fast (H200).
+#   quarter of the grid's (cos, sin) pairs and is slower at $b = 8$ on an H200 and an H100: it
+#   executes 2.5 times the grid's warp instructions (section 5.5). At $b = 1$ TE is more than
+#   twice as fast.
 # - **What is left for notebook 05:** one-warp programs that fill half an SM's warp slots, one
 #   256-byte row in flight per warp (section 2.3), and a grid whose work per program depends on
 #   $B$.
@@ -1740,11 +1669,11 @@ grid_kernel.check_granularity(my_granular_kernel, my_work);
 grid_kernel.show_granular_solution()
 
 # %% [markdown]
-# The knob changes three of the four counts by the same factor $B / \text{ROWS}$ (programs,
-# sines and cosines, angle loads), while `x` is read once whatever the grid: the interpreter
-# cannot say which sets a GPU's time, section 5.3's ablation can. Its `sh_one_b` and `sh_loop_b`
-# are `ROWS` = 1 and `ROWS` = $B$ = 8, and `sh_one_b_table` is `ROWS` = 1 reading two tables
-# instead of evaluating sin/cos. The counts at the H200 shape, beside the committed times:
+# The knob changes programs, sines and cosines and angle loads by the same factor, `x` not at
+# all; which of them sets a GPU's time the interpreter cannot say. Section 5.3's `sh_one_b` and
+# `sh_loop_b` are `ROWS` = 1 and 8, `sh_one_b_table` is `ROWS` = 1 reading two tables instead of
+# evaluating sin/cos; their counts beside the committed H200 times: with no sin/cos at all,
+# `ROWS` = 1 keeps its time, so only the programs follow it.
 
 # %%
 t_ab = measured.timings("ablation", "s4096-b8")
@@ -1771,11 +1700,6 @@ print(f"ROWS = 1 against ROWS = 8: {one['programs'] // loop['programs']}x the pr
 assert one["programs"] == 8 * loop["programs"] and one["x_loads"] == loop["x_loads"]
 assert round(one["us"] / loop["us"], 2) == 3.46
 assert round(table["us"] / one["us"], 3) == 0.998
-
-# %% [markdown]
-# Removing every sine and cosine, and doubling the table reads, leaves `ROWS` = 1 at its time
-# (0.998 of it), 3.46 times that of `ROWS` = 8: only the programs are left to follow the time,
-# as section 5.4 found.
 
 # %% [markdown]
 # **6. Two rows in flight.** Section 2.3 found that each warp asks for one row of `x`, stores
@@ -1808,7 +1732,7 @@ def my_two_rows_kernel(
     pass  # your code
 
 
-nb04_two_rows.check_two_rows(my_two_rows_kernel);
+two_rows_ok = nb04_two_rows.check_two_rows(my_two_rows_kernel)
 
 # %%
 nb04_two_rows.show_two_rows_solution()
@@ -1816,10 +1740,13 @@ nb04_two_rows.show_two_rows_solution()
 # %% [markdown]
 # The next cell compiles the worked solution for an H200 (sm_90, no GPU needed) and lists its
 # global loads (L) and stores (S) as section 2.3 did: four half-rows are asked for before the
-# first store, twice section 2.3's 256 bytes a warp. On a GPU it also times the solution beside
-# exercise 5's worked kernel at `ROWS` $= B$, the same kernel one row at a time, both on one
-# warp a program. No committed run has timed this variant, so whether two rows in flight close
-# part of the gap to exercise 3's model is measured only on the GPU that runs the notebook.
+# first store, twice section 2.3's 256 bytes a warp. On a GPU it then times, at
+# $s = 4096, b = 8, h = 32, d = 128$ in bf16 and one warp a program, your kernel (the worked
+# solution while yours does not pass the check), the same grid one row at a time (exercise 5's
+# worked kernel at `ROWS` $= B$) and a copy of the same tensors. It prints the two-row kernel's
+# time over the one-row kernel's: well below 1, and closer to the copy, means one row in flight
+# per warp was holding the grid back; about 1 means it was not, and the gap to the copy lies
+# elsewhere. No committed run has timed this variant.
 
 # %%
 two_rows = nb04_two_rows._rope_two_rows_solution_kernel
@@ -1831,20 +1758,37 @@ seq = "".join("L" if m[1] == "LDG" else "S" for m in re.finditer(
     r"\b(LDG|STG)\.E((?:\.64|\.128|\.U16)?)\b(?!\.CONSTANT)", code["sass"]))
 print(f"two rows a trip (Triton {code['triton']}): {' '.join(re.findall('L+|S+', seq))}")
 assert re.fullmatch(r"LL(LLLLSSSS)+", seq), seq   # the angles, then four loads before a store
-if GPU:   # timing needs a GPU: no committed run has timed this kernel
-    xg = torch.randn(4096, 8, 32, 128, device=device, dtype=torch.bfloat16)
-    fg = (torch.rand(4096, 128, device=device) * 6.0 - 3.0).contiguous()
-    yg1, yg2 = torch.empty_like(xg), torch.empty_like(xg)
-    one_row = grid_kernel._rope_granular_solution_kernel
-    launches = {
-        "one row at a time (exercise 5, ROWS = B)":
-            lambda: one_row[(4096, 32, 1)](xg, yg1, fg, 8, 32, 8, HALF=64, num_warps=1),
-        "two rows loaded before a store":
-            lambda: two_rows[(4096, 32)](xg, yg2, fg, 8, 32, HALF=64, num_warps=1)}
-    for label, go in launches.items():
-        print(f"{label:42}: {triton.testing.do_bench(go) * 1e3:6.1f} us on this GPU, "
-              f"bf16 s=4096, b=8, h=32, d=128")
-    torch.testing.assert_close(yg2, yg1)
+timed_two = my_two_rows_kernel if two_rows_ok else two_rows
+S6, B6, H6, D6 = (4096, 8, 32, 128) if GPU else (4, 3, 2, 16)   # the interpreter: a small shape
+xg = torch.randn(S6, B6, H6, D6, device=device, dtype=torch.bfloat16)
+fg = (torch.rand(S6, D6, device=device) * 6.0 - 3.0).contiguous()
+y_one, y_two, y_copy = (torch.empty_like(xg) for _ in range(3))
+one_row = grid_kernel._rope_granular_solution_kernel
+launches = {
+    "one row at a time (exercise 5, ROWS = B)":
+        lambda: one_row[(S6, H6, 1)](xg, y_one, fg, B6, H6, B6, HALF=D6 // 2, num_warps=1),
+    f"two rows before a store ({'yours' if two_rows_ok else 'worked solution'})":
+        lambda: timed_two[(S6, H6)](xg, y_two, fg, B6, H6, HALF=D6 // 2, num_warps=1),
+    "copy of the same tensors": lambda: y_copy.copy_(xg)}
+for go in launches.values():   # each launch once, on any machine
+    go()
+assert torch.equal(y_copy, xg)
+print(f"bf16 s={S6}, b={B6}, h={H6}, d={D6}, one warp a program; largest difference between the "
+      f"two kernels' outputs: {(y_two.float() - y_one.float()).abs().max().item():.3g}")
+if not two_rows_ok:   # the worked solution: the one-row kernel's outputs, within a rounding
+    torch.testing.assert_close(y_two, y_one)
+if GPU:   # only the timer needs a GPU
+    us6 = {label: triton.testing.do_bench(go, return_mode="median") * 1e3
+           for label, go in launches.items()}
+    for label, t_us in us6.items():
+        print(f"{label:42}: {t_us:6.1f} us")
+    one_us, two_us, copy_us6 = us6.values()
+    print(f"two rows / one row: {two_us / one_us:.2f}; one row / copy: {one_us / copy_us6:.2f}, "
+          f"two rows / copy: {two_us / copy_us6:.2f}")
+    assert min(one_us, two_us) > 0.8 * copy_us6, "faster than a copy of the same tensors?"
+else:
+    print("timing needs a GPU: there the cell prints the three medians (do_bench) and the "
+          "two-row kernel's time over the one-row kernel's")
 
 # %% [markdown]
 # ## Questions for discussion
@@ -1852,12 +1796,9 @@ if GPU:   # timing needs a GPU: no committed run has timed this kernel
 # 1. Section 3 counts cos/sin evaluations per position for TE's grid $(s, b)$ and the
 #    $(S, H)$ grid. For which shapes does each grid evaluate fewer? Does that count matter for a
 #    memory-bound kernel at all — what do the `*_table` rows of the ablation say on your GPU?
-# 2. Section 5.3's ablation times the $(S, H)$ grid (`sh_loop_b`) and TE's fused kernel at
-#    $b = 8$ ($s = 4096$) and at $b = 1$ ($s = 32768$, the same bytes), and section 5.4's cell
-#    prints TE's time over the grid's at both. How does the grid's standing against TE change
-#    with the batch size? Give two explanations that do not involve cos/sin, and name the
-#    ablation rows (or a new variant) that would tell them apart. What would you measure, on
-#    your GPU, to see the trend between the two batch sizes?
+# 2. Section 5.4 prints TE's time over the grid's at $b = 8$ and at $b = 1$ (the same bytes).
+#    Give two explanations of the change that do not involve cos/sin, and name the ablation
+#    rows (or a new variant) that would tell them apart.
 # 3. `tl.static_range(B)` compiles one kernel per batch size; `range(0, B)` one kernel for all.
 #    When would you accept the extra compilations? (Think of training, where shapes are fixed,
 #    and of serving, where the batch changes every step.)
@@ -1869,26 +1810,14 @@ if GPU:   # timing needs a GPU: no committed run has timed this kernel
 # %% [markdown]
 # ## Appendix: the measurements behind section 5
 #
-# A.1 and A.2 show what section 5.5's answer rests on: A.1 counts TE's instructions by kind at a
-# locked clock and compiles the Triton kernels to see how many threads compute each cos/sin
-# value; A.2 splits TE's time at the free clock and tests the split against the locked one.
-# A.3 prints the ablation rows section 5.3 leaves out, A.4 derives the KiB of `x` requested per
-# SM, draws every variant's time against it and compares the variants one pair at a time, and
-# A.5 reads the DRAM bytes against the model.
-#
 # ### A.1 What TE's instructions are, and whether they set its time
 #
-# A third profile (`benchmarks/te_ncu.py`, on an H200 with TE installed) counts TE's
-# instructions by kind beside the batch-reusing grid, TE's grid in Triton (with sin/cos and from
-# tables) and the copy, on the same $s = 4096, b = 8$ tensor: global loads and stores (and the
-# bytes a warp's load asks for, from the 32-byte sectors it touches), integer and float
-# instructions, and the warp states (what a warp waits on: A.2). Unlike section 5.4's profiles,
-# it let Nsight Compute lock the clocks (1.44 to 1.50 GHz for all five kernels): a kernel
-# limited by DRAM keeps its time at a lower SM clock, one limited by its SMs' own work does not.
-# The **issue floor**: a scheduler (4 to an SM) issues at most one warp instruction a cycle, so a
-# kernel needs at least $\text{warp instructions} / (4 \times \text{SMs})$ cycles ("issue
-# floor/copy" divides that by the copy's active cycles). `not_selected` counts warps ready to
-# issue that lost the slot.
+# `benchmarks/te_ncu.py` (an H200 with TE installed) counts instructions by kind for TE's
+# kernel, the batch-reusing grid, TE's grid in Triton (with sin/cos and from tables) and the
+# copy, at $s = 4096, b = 8$, with Nsight Compute's clocks locked (1.44 to 1.50 GHz): a kernel
+# limited by DRAM keeps its time at a lower SM clock, one limited by its own instructions does
+# not. The **issue floor** is warp instructions / (4 schedulers × SMs) cycles; `not_selected`
+# counts ready warps that lost the issue slot.
 
 # %%
 print(f"Nsight Compute on {te_meta['gpu']} (torch {te_meta['torch']}, Triton {te_meta['triton']}, "
@@ -1917,14 +1846,10 @@ assert (round(min(ghz), 2), round(max(ghz), 2)) == (1.44, 1.50)
 assert abs(copy_p["slowed"] - 1) < 0.03 and abs(te_table_p["slowed"] - 1) < 0.03
 assert te_p["us"] > 1.15 * te_p["us_free"] and te_grid_p["us"] > 1.2 * te_grid_p["us_free"]
 assert (round(te_p["us"], 1), round(te_p["us_free"], 1)) == (289.2, 243.6)
-assert (round(te_grid_p["us"], 1), round(te_grid_p["us_free"], 1)) == (373.1, 293.2)
-assert (round(copy_p["us"], 1), round(copy_p["us_free"], 1)) == (124.5, 125.3)
-assert (round(te_table_p["us"], 1), round(te_table_p["us_free"], 1)) == (145.1, 143.7)
 # the batch-reusing grid in between: 5 % slower, about a quarter of TE's 19 %
 print(f"slowed by the locked clock: TE fused {te_p['slowed'] - 1:.0%}, the batch-reusing grid "
       f"{grid_p['slowed'] - 1:.0%} ({grid_p['us']:.1f} against {grid_p['us_free']:.1f} us)")
 assert round(grid_p["slowed"], 2) == 1.05 and round(te_p["slowed"], 2) == 1.19
-assert (round(grid_p["us"], 1), round(grid_p["us_free"], 1)) == (190.9, 181.9)
 assert 0.2 < (grid_p["slowed"] - 1) / (te_p["slowed"] - 1) < 0.3
 # TE reads every element twice (itself, its partner), two bytes a load, and stores one a store
 assert round(te_p["loads"], 1) == 2.1 and round(te_p["stores"], 2) == 1.00
@@ -1991,65 +1916,24 @@ assert need["te_registers"] > te_p["float"]                 # more than all its 
 assert (round(per_pair), round(need["te_registers"], 1), round(need["te_shared"], 2)) \
     == (17, 4.2, 0.53)                                      # the text's 17, 4.2 and 0.53
 
-# %%
-# the bytes a thread asks for in one load: a warp's (the table above) over its 32 threads
-print("bytes a thread asks for in one load (B/warp load / 32): " + ", ".join(
-    f"{n} {prof[n]['load_bytes'] / 32:.1f}" for n in ("te_fused", "sh_loop_b", "copy")))
-assert [round(prof[n]["load_bytes"] / 32) for n in ("te_fused", "sh_loop_b", "copy")] == [2, 4, 16]
-assert round(prof["te_fused"]["load_bytes"] / 32, 1) == 2.4     # the text's 2.4
-# sh_loop_b's tile: a half-row of BLOCK_HALF lanes on default_warps(BLOCK_HALF) warps of 32
-# threads, BLOCK_HALF / (32 x warps) values of each half a thread
-half_tile = triton.next_power_of_2(D_a // 2)
-grid_warps = ablation.default_warps(half_tile)
-per_thread = half_tile // (32 * grid_warps)
-sh_row = measured.timings("ablation", "s4096-b8")["sh_loop_b"]   # the launch the H200 timed
-print(f"sh_loop_b: a half-row of {half_tile} bf16 ({half_tile * 2} bytes) on {grid_warps} warp "
-      f"of 32 threads: {per_thread} values ({per_thread * 2} bytes) a thread per load; the "
-      f"ablation CSV: {sh_row['tile_elems']} elements, {sh_row['num_warps']} warp, "
-      f"{sh_row['elems_per_thread']:g} a thread; the profile: "
-      f"{mech['sh_loop_b']['x_bytes_per_warp_step']:.0f} bytes of x a warp per step (two halves)")
-assert (half_tile, grid_warps) == (sh_row["tile_elems"], sh_row["num_warps"]) == (64, 1)
-assert per_thread == sh_row["elems_per_thread"] == 2
-assert mech["sh_loop_b"]["x_bytes_per_warp_step"] == 2 * 32 * per_thread * 2   # halves, threads
-# the profile's 142 bytes a warp load: per program two fp32 angle loads (256 bytes a warp) and
-# 2 x B of x (bf16 half-rows, 128 bytes)
-angle_load, x_load = half_tile * 4, 32 * per_thread * 2
-mix = (2 * angle_load + 2 * B_a * x_load) / (2 + 2 * B_a)
-print(f"sh_loop_b's loads per program: 2 of angles ({angle_load} bytes a warp), {2 * B_a} of x "
-      f"({x_load} bytes a warp): {mix:.1f} bytes a warp load on average; the profile: "
-      f"{grid_p['load_bytes']:.1f}")
-assert round(mix) == round(grid_p["load_bytes"]) == 142
-
 # %% [markdown]
-# What the tables say about TE's kernel, against the batch-reusing grid:
+# - **Small loads in both**: TE's average 78 bytes a warp load (one bf16 a thread, each element
+#   read twice), the grid's 142 (2 bf16 a thread, `sizePerThread = [1, 2]` below), a copy's 512.
+# - **The clock matters to TE**: locked, it takes 19 % longer (289.2 against 243.6 µs), the grid
+#   5 % and the copy under 3 %.
+# - **Its instructions crowd the issue slots**: 1.77 copies' time at the locked clock, and 3.4
+#   ready warps lose the slot per instruction issued (the grid: 0.5).
+# - **Sin and cos are a small part of them**: at most 0.91 of TE's 2.91 float instructions an
+#   element (the rotation is 2.00), against 17.7 integer ones; that fits section 3's
+#   shared-memory form (0.53 needed), not the register form (4.2).
 #
-# - **No 16-byte vectors in either.** A half-row of 64 bf16 on one warp is 4 bytes a thread for
-#   the grid (the next cell prints its layout, `sizePerThread = [1, 2]`); its 142 bytes a warp
-#   load average two fp32 angle loads (256) and 16 loads of `x` (128). TE's average 78 bytes a
-#   warp (one bf16 a thread, plus the angles), a copy's 512. TE stores one element a store.
-# - **The clock matters to TE.** Locked at about 1.5 GHz, TE takes 289.2 µs, 19 % longer than
-#   clock-free (243.6 µs), while the copy (124.5 against 125.3 µs) keeps its time and the grid
-#   slows by 5 % (190.9 against 181.9 µs).
-# - **Its instructions crowd the issue slots**: alone they need 1.77 copies' time at the locked
-#   clock, and 3.4 ready warps lose the slot (`not_selected`) per instruction issued, against
-#   the grid's 0.5. Its warps also wait at a block-wide barrier (0.44 per instruction issued).
-# - **Sin and cos are a small part of them**: TE's grid from tables executes exactly the
-#   rotation's 2.00 float instructions an element, TE's kernel 2.91, so at most 0.91 are its
-#   sin and cos, about 2 of its 33 thread instructions an element against 17.7 integer ones.
-#   Its barrier and float count fit section 3's shared-memory form ($B \cdot D$ pairs a
-#   position: 1,024 need 0.53 float instructions an element, the register form's 8,192 need 4.2).
-#
-# **TE's grid in Triton evaluates sin and cos 32 times as often as its source asks.** Beyond the
-# rotation it executes 16.99 float instructions per element for them, the grid 2.11: 8.06 times
-# as many, where its source (once per program) asks for $B / H$, a quarter, of the grid's. The
-# cause is in the compiled kernel: Triton computes a value in the layout of the tensor that uses
-# it. `cos1[None, :]` is broadcast over a `[heads, BLOCK_HALF]` tile, so `tl.cos` runs in that
-# tile's layout, and every thread holding a column computes that column's cosine itself. The
-# next cell compiles the kernels for an H200 (sm_90) with no GPU, reads the layouts from
-# Triton's GPU IR (TTGIR, the intermediate code where each tensor carries its thread layout), and
-# counts how many threads of a program hold each cos/sin value and each element of a loaded `x`
-# tile. It uses this machine's Triton, whose layouts could differ from those of the Triton that
-# ran the H200 profiles.
+# **TE's grid in Triton evaluates sin and cos 32 times as often as its source asks**: 8.06 times
+# the grid's float work for them, where its source asks for a quarter. Triton computes a value in
+# the layout of the tensor that uses it: `cos1[None, :]` is broadcast over a
+# `[heads, BLOCK_HALF]` tile, so every thread holding a column computes that column's cosine.
+# The next cell compiles the kernels for sm_90 with no GPU, reads the layouts from Triton's GPU
+# IR (TTGIR) and counts how many threads of a program hold each cos/sin value and each element of
+# an `x` tile (with this machine's Triton, which may lay out differently from the profiled one).
 
 # %%
 # compiled for an H200 (sm_90) by this machine's Triton, in a child Python without
@@ -2146,10 +2030,10 @@ else:
               f"{x_layout.split('<')[1].rstrip('}>')}")
     # each cos/sin value is computed by every thread that holds it: the source's count times
     # the copies (sh_loop_b: one; TE's grid in Triton and the finished kernel: 32); the grid's x
-    # tile holds per_thread values of a half-row a thread (counted from the launch above)
+    # tile holds 2 bf16 of a half-row a thread (64 lanes on one warp of 32 threads)
     assert rep["sh_loop_b"][:2] == (1, 1) and rep["heads4_loop_b"][0] == 1
     grid_spt = re.search(r"sizePerThread = \[([\d, ]*)\]", rep["sh_loop_b"][2])[1]
-    assert math.prod(int(n) for n in grid_spt.split(",")) == per_thread
+    assert math.prod(int(n) for n in grid_spt.split(",")) == D_a // 2 // 32
     assert grid_spt.replace(" ", "") == "1,2"   # the prose of A.1 quotes it
     assert rep["heads_all_one_b"][0] == 32 and rep["ropelib_finished"][0] == 32
     # the measured 8.06 (A.1's profile, Triton 3.6): 32 copies x B/H programs' worth
@@ -2167,41 +2051,30 @@ else:
     assert source["ropelib_finished"] == D_a and fin == source["sh_loop_b"] == 4096
 
 # %% [markdown]
-# In `heads_all_one_b` 32 threads hold each column of the tile (its layout's threads and warps
-# run along the head axis), so each cos/sin value is computed 32 times: $32 \times B/H = 8$
-# times the grid's work per element, the 8.06 the profile measured. With four heads on two warps
-# (`heads4_loop_b`) Triton computes cos/sin in a layout of its own, one copy each, and the
-# source's count holds. The same rule explains section 5.4's four-warp tile: on 128 threads each
-# element of its 64-element half-row, and its cos/sin, is held and computed by 2 threads
-# (`sh_loop_b_w8`: 4), so it executes twice the warp instructions of `sh_loop_b_w2`. And the
-# finished kernel's cos/sin values are each held by 32 threads too: with the tile it picks here,
-# one program per position, that makes 4,096 per position, the grid's count. Notebook 05
-# measures what its instructions cost.
+# In `heads_all_one_b` 32 threads hold each column of the tile, so each cos/sin value is
+# computed 32 times: $32 \times B/H = 8$ times the grid's work per element, the 8.06 measured.
+# With four heads on two warps (`heads4_loop_b`) cos/sin get a layout of their own, one copy
+# each. On 128 threads (`sh_loop_b_w4`) each element of a 64-element half-row, and its cos/sin,
+# is held and computed by 2 threads (`_w8`: 4), while `sh_loop_b_w2` keeps one copy. The
+# finished kernel's values are held by 32 threads too: with one program per position, 4,096 per
+# position, the grid's count.
 #
 # ### A.2 Where TE's time goes with the clock free
 #
-# A second run of the same script,
-# `benchmarks/results/te_ncu-nvidia-h200-20261201-1431-clock-none.csv`, used
-# `--clock-control none`: the same five launches and counters (plus the share of cycles in which
-# a scheduler issued), at the clock of section 5.4's times. A scheduler issues one warp
-# instruction a cycle or none, so with $f$ the measured clock (elapsed cycles over time) and
-# $4 \times 132$ schedulers a kernel's time splits into three parts:
+# A second run of the same script (`te_ncu-nvidia-h200-20261201-1431-clock-none.csv`) left the
+# clock free, as in section 5.4's times. A scheduler issues one warp instruction a cycle or none,
+# so with $f$ the measured clock and $4 \times 132$ schedulers a kernel's time splits into three
+# parts:
 #
 # $$t \;=\; \underbrace{\frac{\text{warp instructions}}{4 \times 132 \cdot f}}_{\text{issue}}
 # \;+\; \underbrace{\frac{\text{active cycles} - \text{issue cycles}}{f}}_{\text{no warp ready}}
 # \;+\; \underbrace{\frac{\text{elapsed cycles} - \text{active cycles}}{f}}_{\text{SM idle}} .$$
 #
-# With $f$ so defined the parts add up to $t$ by algebra: they name parts of a time, not causes.
-# Read the last two loosely ("no warp ready" also counts cycles in which a scheduler held no
-# warp; "SM idle", start and tail, subtracts an average over SMs from a maximum); the first
-# assumes instructions spread evenly over the schedulers, which the cell checks against the
-# profile's own issue share (within 0.01).
-#
-# The profile also counts, per instruction issued, the warps in each *state* (`long_scoreboard`:
-# stalled on a load's data; `not_selected`: ready but not picked; ...). They add up to the
-# cycles between two instructions of a warp, so a state's share of the sum is its share of a
-# warp's time. And the locked run gives one more test: a wait counted in cycles (a fixed
-# latency, a busy pipe) shortens when the clock rises, a wait on DRAM keeps its nanoseconds.
+# The parts add up to $t$ by algebra: they name parts of a time, not causes (the first assumes
+# instructions spread evenly over the schedulers; the cell checks that against the profile's
+# issue share). The warp *states* (`long_scoreboard`: stalled on a load's data) give each
+# state's share of a warp's cycles. The test that separates causes is the clock: a wait counted
+# in cycles shortens when the clock rises, a wait on DRAM keeps its nanoseconds.
 
 # %%
 # the same probe with the clock free (--clock-control none), as in section 5.4's runs
@@ -2292,21 +2165,14 @@ assert round(predicted_locked["sh_loop_b"] / grid_p["us"] - 1, 2) == 0.04
 # %% [markdown]
 # What the profile with the clock free says:
 #
-# - **Issuing takes two-thirds of TE's time**: 159.6 µs of warp instructions issued back to
-#   back, 66 % of its time (the grid's 63.7 µs, 36 %), at 1.92 to 1.96 GHz, times within 2 % of
-#   section 5.4's.
-# - **In the rest, TE's warps wait on memory**: 78.0 µs with no warp ready, 3.2 µs of SM idle;
-#   70 % of its warps' stalled cycles are `long_scoreboard`. From locked to free (31 % faster)
-#   its issuing falls from 209.8 to 159.6 µs, but its time with no ready warp does not (75.7 µs,
-#   then 78.0), as a wait on DRAM would not.
+# - **Issuing takes two-thirds of TE's time**: 159.6 µs, 66 % (the grid's 63.7 µs, 36 %).
+# - **In the rest, TE's warps wait on memory**: 78.0 µs with no warp ready; 70 % of its stalled
+#   cycles are `long_scoreboard`. From locked to free (31 % faster) its issuing falls from 209.8
+#   to 159.6 µs, but its time with no ready warp does not (75.7, then 78.0 µs): a wait on DRAM.
 # - **A model that predicts.** Issue time following the clock and the other 81.2 µs not gives
-#   $159.6 \times 1.95 / 1.49 + 78.0 + 3.2 \approx 291$ µs at the locked clock; it measured
-#   289.2, within 1 % (all or none of it following the clock misses by more than 8 %). So TE's
-#   issuing adds to its waits. The same model over-predicts the grid by 4 %: there the two
-#   overlap, and its time with no ready warp *grows* as its issuing shrinks (issuing 83.7 to
-#   63.7 µs, no warp ready 103.9 to 112.4). The split is accounting, not causes: section 5.5's
-#   62 µs is not "96 µs more issuing, 34 µs less waiting"; what it shows is that TE's extra
-#   issuing alone exceeds the whole difference.
+#   $159.6 \times 1.95 / 1.49 + 81.2 \approx 291$ µs locked; it measured 289.2, within 1 %
+#   (all or none of it following the clock misses by more than 8 %). So TE's issuing adds to its
+#   waits. For the grid the model over-predicts by 4 %: its issuing and waits overlap.
 #
 # ### A.3 The ablation's other rows
 #
@@ -2327,29 +2193,22 @@ if ABLATION_CSV.exists():
                   f"slowest {slow} ({ws[slow]:.4f} ms)")
 
 # %% [markdown]
-# ### A.4 KiB per SM, one pair at a time
+# ### A.4 KiB of `x` requested per SM
 #
-# Section 5.4's variants with more heads or more warps a program suggest a measure of how much
-# each SM asks of memory at once. The **KiB of `x` per SM** is derived, not counted
-# (`ropelib.course.measured`): resident warps × bytes of `x` a warp loads per batch step
-# (`steps`: the batch rows a program loops over). It is an upper bound on the bytes of `x` in
-# flight, reached only while every warp waits on its loads at once. For the batch-reusing grid a
-# step is one row, and section 2.3's machine code showed that a warp asks for no more before it
-# stores.
+# The **KiB of `x` per SM** is derived, not counted (`ropelib.course.measured`): resident warps
+# × bytes of `x` a warp loads per batch step. It bounds the bytes of `x` in flight from above;
+# for the batch-reusing grid a step is one row, and section 2.3 showed a warp asks for no more
+# before it stores. The cell draws each variant's time against it (numbered in the key; the
+# middle panel enlarges those under 190 µs), with notebook 05's finished kernel (`ropelib`) and,
+# from the run with TE installed, TE's kernel and its copy (red points 23 and 24).
 #
-# The next cell draws each variant's time against it. Each kernel carries a number named in
-# the key on the right; the middle panel enlarges those under 190 µs. Besides this notebook's
-# kernels it shows notebook 05's finished kernel (`ropelib`, forced onto that kernel) and, from
-# the run with TE installed, TE's kernel and its copy (red points 23 and 24).
-#
-# More KiB requested per SM goes with less time, up to the copy's, but is not shown to be the
-# cause: more heads per program ask for more and take less time (`heads4_loop_b` comes level with
-# the finished kernel at $b = 8$), more warps on one tile ask for less and take longer, and each
-# also changes the program count or the instructions per element (`sh_loop_b_w4` executes 1.39
-# warp instructions an element, more than TE's 1.23). TE, counted the same way (a block's 8 KiB
-# of `x` as one step), asks for about the copy's KiB per SM (57.6 against 54.5) yet takes 1.94
-# times the copy's time, longer than the grid with 7.7: for TE, whose warps load 78 bytes at a
-# time (A.1), the count is a loose upper bound and does not set its time.
+# More KiB per SM goes with less time, but is not shown to be the cause: more heads a program ask
+# for more and take less time (`heads4_loop_b` comes level with the finished kernel at $b = 8$),
+# more warps on one tile ask for less and take longer, and each also changes the programs or the
+# instructions (`sh_loop_b_w4`: 1.39 warp instructions an element, more than TE's 1.23; two
+# warps, `sh_loop_b_w2`, keep the grid's time). TE, counted the same way, asks for about the
+# copy's KiB per SM (57.6 against 54.5) yet takes 1.94 times the copy's time: with 78-byte warp
+# loads (A.1) the bound is loose. Exercise 6 is the test that changes the rows in flight alone.
 
 # %%
 print(measured.table([mech[v] for v in order if v in mech], [
@@ -2391,6 +2250,7 @@ assert h4["x_kib_per_sm"] > 3 * br["x_kib_per_sm"] and h4["us"] < 0.8 * br["us"]
 assert mech["heads2_loop_b"]["x_kib_per_sm"] > 1.9 * br["x_kib_per_sm"] \
     and mech["heads2_loop_b"]["us"] < 0.9 * br["us"]
 assert same_time(h4, mech["ropelib"], tol=0.03)          # level with the finished kernel, b = 8
+assert same_time(mech["sh_loop_b_w2"], br)                # two warps on one tile: the same time
 for w in (4, 8):
     wide = mech[f"sh_loop_b_w{w}"]
     assert wide["x_kib_per_sm"] < 0.6 * br["x_kib_per_sm"] and wide["us"] > 1.5 * br["us"]
@@ -2410,69 +2270,17 @@ assert round(te_run["sh_loop_b"]["x_kib_per_sm"], 1) == 7.7
 assert te["x_kib_per_sm"] >= 0.95 * te_copy["x_kib_per_sm"]
 
 # %% [markdown]
-# The next cell prints the pairs of section 5.4's profile that come closest to changing one
-# thing (more warps on one tile; more heads a program; `sh_loop_b_table` against
-# `heads2_loop_b`; `heads2_loop_b` against `heads8_loop_b_w8`) and asserts what each shows. Each
-# pair still differs in more than one of KiB per SM, programs, warps and instructions, so
-# these profiles cannot settle whether the bytes in flight set the time. That takes a kernel
-# with the same programs and instructions but more rows in flight, such as a batch loop that
-# loads several rows before it stores any (exercise 6).
-
-# %%
-br, w2, w4, h4 = (mech[v] for v in ("batch_reuse", "sh_loop_b_w2", "sh_loop_b_w4",
-                                    "heads4_loop_b"))
-tab, h2, h8w8 = mech["sh_loop_b_table"], mech["heads2_loop_b"], mech["heads8_loop_b_w8"]
-for r in (mech["sh_loop_b"], w2, w4, tab, h2, h8w8):
-    print(f"  {r['variant']:16} {r['x_kib_per_sm']:5.1f} KiB/SM, {r['programs']:7,} programs, "
-          f"{r['num_warps']} warp(s), occupancy {r['ncu_achieved_occupancy_pct']:.0f} %, "
-          f"{r['ncu_warp_inst_per_element']:.2f} warp inst/elem: {r['us']:.0f} us")
-# more warps on one tile: two, the same KiB and time; four, half the KiB, 1.6 times the time
-assert w2["ncu_achieved_occupancy_pct"] > 1.5 * br["ncu_achieved_occupancy_pct"]
-assert same_time(w2, br) and abs(w2["x_kib_per_sm"] - br["x_kib_per_sm"]) < 0.1 * br["x_kib_per_sm"]
-assert [round(mech[v]["ncu_warp_inst_per_element"], 2) for v in ("sh_loop_b_w2", "sh_loop_b")] \
-    == [0.69, 0.49]
-assert w4["ncu_achieved_occupancy_pct"] > 90 and w4["occ_blocks_per_sm"] == 16
-assert abs(w4["x_kib_per_sm"] / w2["x_kib_per_sm"] - 0.5) < 0.05 \
-    and round(w4["us"] / w2["us"], 1) == 1.6
-assert 1.8 < w4["ncu_warp_inst_per_element"] / w2["ncu_warp_inst_per_element"] < 2.2   # twice
-# four heads a program: a quarter of the programs; level with the finished kernel at b = 8 only
-assert h4["ncu_achieved_occupancy_pct"] > 1.5 * br["ncu_achieved_occupancy_pct"] \
-    and 4 * h4["programs"] == br["programs"]
-h4_t = {case: measured.timings("ablation", case) for case in ("s4096-b8", "s32768-b1")}
-print("heads4_loop_b against the finished kernel (ablation): " + "; ".join(
-    f"{case} {t_['heads4_loop_b']['ms'] * 1e3:.0f} us against "
-    f"{t_['ropelib_finished']['ms'] * 1e3:.0f}" for case, t_ in h4_t.items()))
-assert abs(h4_t["s4096-b8"]["heads4_loop_b"]["ms"] / h4_t["s4096-b8"]["ropelib_finished"]["ms"]
-           - 1) < 0.03
-assert [round(h4_t["s32768-b1"][v]["ms"] * 1e3) for v in ("heads4_loop_b", "ropelib_finished")] \
-    == [175, 138]
-# the two closest pairs
-assert tab["num_warps"] == h2["num_warps"] == 1 and tab["steps"] == h2["steps"] == 8
-assert round(tab["ncu_achieved_occupancy_pct"]) == round(h2["ncu_achieved_occupancy_pct"]) == 48
-assert [round(r["ncu_warp_inst_per_element"], 2) for r in (tab, h2)] == [0.31, 0.33]
-assert tab["programs"] == 2 * h2["programs"]
-assert round(h2["x_kib_per_sm"] / tab["x_kib_per_sm"]) == 2
-assert [round(r["us"]) for r in (tab, h2, h8w8)] == [170, 148, 147]
-assert [round(r["x_kib_per_sm"], 1) for r in (h2, h8w8)] == [15.4, 13.9]
-assert (h2["programs"], h8w8["programs"]) == (65_536, 16_384)
-
-
-# %% [markdown]
 # ### A.5 DRAM bytes against the model
 #
-# Section 5.4's profiles put every variant's DRAM bytes within a few percent of the model at
-# $s = 4096$, $b = 8$. A ratio below 1 (the copy's 0.954) is not a kernel moving fewer bytes
-# than it must: the reads are complete (the naive kernel reads all of `x` and 2.03 MiB more, the
-# 2 MiB table once), and the shortfall is in the writes, 23.6 MiB for the copy. That fits the
-# last lines of `y` still sitting in the 60 MiB L2 when the kernel ends, written back after the
-# profiler stops counting; the profile does not show it directly.
+# At $s = 4096$, $b = 8$ a ratio below 1 (the copy's 0.954) is not a kernel moving fewer bytes
+# than it must: the reads are complete (the naive kernel reads `x` and 2.03 MiB more, the 2 MiB
+# table once) and the writes fall short, 23.6 MiB for the copy, less than the 60 MiB L2 holds:
+# lines of `y` presumably written back after the profiler stops counting.
 #
-# **At $s = 32768$, $b = 1$ the grid re-reads its table.** There the batch-reuse kernel moves
-# 1.19 times the model's bytes: it reads 128 MiB beyond `x`, 8.0 times the 16 MiB table, where
-# the naive kernel reads the table once. Section 2's program order suggests why: the $(S, H)$
-# grid runs all positions of head 0 before head 1, so it sweeps the whole table 32 times, each
-# sweep beside 16 MiB of `x` and `y` passing through the L2. That is a hypothesis: no counter
-# here says which lines miss. The kernel still takes the naive kernel's time.
+# **At $s = 32768$, $b = 1$ the grid re-reads its table**: 1.19 times the model's bytes, 128 MiB
+# beyond `x`, 8.0 times the 16 MiB table (the naive kernel: once). A plausible cause, not shown
+# by any counter here: the $(S, H)$ grid runs all positions of head 0 before head 1, sweeping
+# the table 32 times beside 16 MiB of `x` and `y` each. It still takes the naive kernel's time.
 
 # %%
 # the reads complete, the writes short by less than the L2 holds (y's last lines, not yet

@@ -36,25 +36,24 @@
 # - count the bytes a kernel loads and stores by recording it in Triton's interpreter, and show
 #   that the backward moves the forward's bytes and reads a stride-0 gradient from one cell;
 # - time a backward kernel on a GPU beside the forward and a copy of the same bytes, read its
-#   speed as a fraction of the copy's, and say from a profile and the compiled code why one warp
-#   a program beats four.
+#   speed as a fraction of the copy's, and read from a profile and the compiled code what four
+#   warps a program change against one (and what that profile cannot say);
+# - split a training step's time into the device's work and the host's issue time.
 #
 # **Time:** about 90–120 minutes. The cells also run on a CPU, through Triton's interpreter; the
 # time goes to reading, changing the kernel of section 2, the four exercises (the
 # backward kernel is the long one, ~20 minutes) and the discussion questions.
 #
 # **Where the numbers come from.** The numbers in the text come from committed runs on an NVIDIA
-# H200 (`benchmarks/results/*-nvidia-h200.csv`); the cells that read them assert them. The
-# cells that read a committed file print the GPU and date it names. The live timings print the
-# name of the GPU they ran on, and the text quotes none of them: it says what each live cell
-# prints and asserts. On any GPU the live cells assert only what the bytes predict (the backward
-# takes the forward's time, nothing beats a copy); what holds on the H200 alone, they assert
-# only there. The bytes themselves are counted on any machine, in Triton's interpreter
-# (sections 2.1 and 5).
+# H200 (`benchmarks/results/*-nvidia-h200.csv`); the cells that read them print the GPU and date
+# and assert them. Live timings print the GPU they ran on, and the text quotes none of them. On
+# any GPU they assert only what the bytes predict (the backward takes the forward's time, nothing
+# beats a copy); what holds on the H200 alone, only there. The bytes themselves are counted on
+# any machine, in Triton's interpreter (sections 2.1 and 5).
 #
 # **How to read it.** The core is sections 1 to 5 and the exercises: the derivation, the kernel,
 # the `autograd.Function` and the checks of a backward. Three parts measure why the times are
-# what they are, and can wait for a second reading: "Why one warp is faster" at the end of
+# what they are, and can wait for a second reading: "What four warps change" at the end of
 # section 2.1, section 3.1 (what a training step costs) and appendix A.
 #
 # **Where it sits.** Notebook 02 introduced `ropelib.reference`, the plain-PyTorch RoPE whose
@@ -357,8 +356,7 @@ def rope_cell(x, freqs, *, backward=False, num_warps=None):
 #
 # On a GPU it also times this kernel forward and backward on the cell's fp32 tensor, at
 # `rope_cell`'s default warps, and prints the ratio of the two times: the same bytes predict 1,
-# and the cell asserts 0.9 to 1.1. Section 2.1 sets both times beside a copy and at four warps;
-# section 3.1 asks what a whole training step costs.
+# and the cell asserts 0.9 to 1.1.
 
 # %%
 torch.manual_seed(0)
@@ -470,9 +468,9 @@ assert fwd_c["angles"][2] == S_r * D_r * 4, "S x D fp32 angles, distinct"
 assert fwd_c["angles"][1] == H_r * fwd_c["angles"][2], "each of the H programs of a row reads them"
 
 # %% [markdown]
-# As the source says, the rows are equal, and beside a copy's $2N + 2N$ bytes the only extra is
-# the angles: each row of the table is loaded by the $H$ programs of its position, of which
-# only $S \times D \times 4$ bytes are distinct (the rest can come from the L2 cache).
+# Beside a copy's $2N + 2N$ bytes the only extra is the angles: each row of the table is loaded
+# by the $H$ programs of its position, of which only $S \times D \times 4$ bytes are distinct
+# (the rest can come from the L2 cache).
 #
 # On a GPU the next cell times, at this page's shape in bf16, a copy of $\partial L/\partial y$ and
 # section 2's kernel forward and backward at `num_warps=4` (Triton's default) and at
@@ -515,7 +513,7 @@ else:
     print("timed on a GPU only (the interpreter runs one program after another in Python)")
 
 # %% [markdown]
-# **Why one warp is faster.** On the H200, `benchmarks/mechanism.py` profiled this kernel's
+# **What four warps change.** On the H200, `benchmarks/mechanism.py` profiled this kernel's
 # forward with Nsight Compute (NVIDIA's kernel profiler) at one and at four warps a program
 # (variants `sh_loop_b_w1` and `sh_loop_b_w4`; bf16, $S = 4096$, $B = 8$, $H = 32$,
 # $D = 128$). It also compiled both and counted the global loads and stores in their PTX (the
@@ -613,13 +611,9 @@ assert (round(inst_x / time_x, 2), round(sm_x, 2)) == (1.76, 1.74), "the text's 
 # purely issue-bound kernel: it shows the time moving from the memory to the instructions, and
 # it records no stall reasons to say what the four-warp warps wait on for the rest.
 #
-# Nor does it say why one warp stays short of a copy where it does (section 2.1's cell prints its
-# fraction of a copy on the GPU it ran on): at one warp DRAM's throughput is 61 %, and the SMs'
-# 36 %.
-# Without stall reasons, and without a profile of the copy beside the kernel, the cause is not
-# measured here. Candidates to test with Nsight Compute's warp-state statistics on that GPU: each
-# program loads its angles and computes sin/cos before its first store, the cap of 32 programs
-# an SM leaves half the warp slots empty, and the loop over $B = 8$ rows is short.
+# Nor does it say why one warp stays short of a copy where it does (the cell above prints its
+# fraction of a copy): at one warp DRAM's throughput is 61 % and the SMs' 36 %, and without
+# stall reasons and a profile of the copy beside the kernel the cause is not measured here.
 
 # %% [markdown]
 # ## 3. A `torch.autograd.Function`
@@ -747,8 +741,7 @@ assert round(start_us / (br1["fwd_ms"] * 1e3), 2) == 0.94
 # Python, its device thread, the launches) than the GPU takes to run it, the wait is timed. For
 # scale only, the next cell draws a band of that host time: two runs of
 # `benchmarks/autograd_host_probe.py` on the H200, half again apart, at a decode step's shape
-# ($s = 1$, $b = 64$), not the sweep's. Notebook 07, section 7, measures host against device;
-# this section's own measurement is the CUDA-graph cell after the figure.
+# ($s = 1$, $b = 64$), not the sweep's. The cell after the figure measures the host's part live.
 
 # %%
 def autograd_host_log(path):
@@ -827,61 +820,105 @@ plt.show()
 # band, so host time could account for it; the teaching kernels' steps at batches 1 and 2 (224
 # to 486 µs) lie above it, and the probe did not time their Functions.
 #
-# The next cell splits such a step on whatever GPU runs it: the `ropelib_batch_reuse` step and
-# forward at batch 1, each timed as a whole call (`do_bench`) and replayed from a CUDA graph (a
-# recorded sequence of kernel launches that the GPU replays without the host's Python and launch
-# work). It asserts that the replayed step takes about twice the replayed forward, and prints
-# what the whole call adds to each.
+# The next cell times the `ropelib_batch_reuse` step and forward at batch 1 three ways on a GPU:
+# as a whole call (`do_bench`); replayed from a CUDA graph (a recorded sequence of kernel
+# launches that the GPU replays without the host's Python and launch work), the device's time
+# alone; and on the host, with `time.perf_counter` around each phase of 50 steps issued back to
+# back (the forward call, then `torch.autograd.grad`) and no synchronisation inside the loop, so
+# the clock sees the host's issue and not the kernels. It times the backward's host phase again
+# with autograd's device thread off (`torch.autograd.set_multithreading_enabled(False)`: the
+# backward runs on the calling thread). On a CPU it runs the same calls at a small shape in the
+# interpreter and checks their results; the times need a GPU.
 
 # %%
+import statistics, time
+from ropelib.bench import suite
+from ropelib.course import launch_queue
+
+
+def host_phases(forward, leaves, grads, calls):
+    """Host µs of `calls` steps issued back to back: the medians of the forward call and of
+    torch.autograd.grad, the loop's time per step before the final synchronisation (enqueue)
+    and after it (wall)."""
+    sync = torch.cuda.synchronize if GPU else (lambda: None)
+    fwd, bwd = [], []
+    sync()
+    t_start = time.perf_counter()
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        out = compare.output_tuple(forward())
+        t1 = time.perf_counter()
+        torch.autograd.grad(out, leaves, grads)
+        fwd.append(t1 - t0), bwd.append(time.perf_counter() - t1)
+    t_issued = time.perf_counter()
+    sync()
+    t_done = time.perf_counter()
+    return {"forward": statistics.median(fwd) * 1e6, "backward": statistics.median(bwd) * 1e6,
+            "enqueue": (t_issued - t_start) / calls * 1e6, "wall": (t_done - t_start) / calls * 1e6}
+
+
+cfg = (compare.Config(br1["seq_len"], br1["batch"], br1["heads"], br1["head_dim"], br1["dtype"])
+       if GPU else compare.Config(4, 1, 2, 16, "bf16"))     # the committed batch-1 row, or tiny
+case = compare.make_case(cfg, device)
+prov = next(p for p in compare.providers() if p.name == "ropelib_batch_reuse")
+gcase, leaves, grads = compare.fwdbwd_inputs(case, fill=0.5)   # no random draws (capture)
+calls = {"forward": lambda: prov.fn(case),
+         "step": compare.fwdbwd_step(lambda: prov.fn(gcase), leaves, grads)}
+assert torch.equal(calls["forward"](), rope_batch_reuse(case.x, case.freqs))
+assert torch.equal(calls["step"]()[0], rope_batch_reuse(grads[0], case.freqs, backward=True))
+
+
+def measure_host():
+    return host_phases(lambda: prov.fn(gcase), leaves, grads, 50 if GPU else 2)
+
+
 if GPU:
-    from ropelib.bench import compare, suite
-    small = br1                                   # the committed batch-1 row (above)
-    cfg = compare.Config(small["seq_len"], small["batch"], small["heads"], small["head_dim"],
-                         small["dtype"])
-    case = compare.make_case(cfg, device)
-    prov = next(p for p in compare.providers() if p.name == "ropelib_batch_reuse")
-    gcase, leaves, grads = compare.fwdbwd_inputs(case, fill=0.5)   # no random draws (capture)
-    calls = {"forward": lambda: prov.fn(case),
-             "step": compare.fwdbwd_step(lambda: prov.fn(gcase), leaves, grads)}
     whole = {k: compare.time_ms(f, device)[0] * 1e3 for k, f in calls.items()}
-    # 20 calls replayed from one CUDA graph, as notebook 07 section 7.3 does: back to back,
-    # without do_bench's cache flush, so some bytes may come from L2 (a lower bound)
+    # 20 calls replayed from one CUDA graph, back to back, without do_bench's cache flush, so
+    # some bytes may come from L2 (a lower bound)
     try:
         replayed = {k: suite.graph_replay_ms(f, 20, device)[0] * 1e3 for k, f in calls.items()}
     except RuntimeError as err:          # a build where this route cannot be captured
         replayed = None
         print(f"not captured in a CUDA graph here ({str(err)[:150]})")
-    print(f"{torch.cuda.get_device_name()}, live, {cfg}:")
+host_us = measure_host()
+host_1t = launch_queue.one_thread(lambda _: measure_host())(None)   # autograd's thread off
+assert 0 < host_us["enqueue"] <= host_us["wall"] and min(host_1t.values()) > 0
+if GPU:
+    print(f"{torch.cuda.get_device_name()}, live, ropelib_batch_reuse, bf16 "
+          f"[{cfg.seq_len}, {cfg.batch}, {cfg.heads}, {cfg.head_dim}], us:")
     for k in calls:
-        print(f"  {k:8s} whole call (do_bench) {whole[k]:7.1f} us"
-              + (f" | replayed (device) {replayed[k]:7.1f} us" if replayed else ""))
+        print(f"  {k:8s} whole call (do_bench) {whole[k]:7.1f}"
+              + (f" | replayed (device) {replayed[k]:7.1f}" if replayed else ""))
+    print(f"  host, per step back to back: forward call {host_us['forward']:.1f}, autograd.grad "
+          f"{host_us['backward']:.1f} ({host_1t['backward']:.1f} with the device thread off); "
+          f"issued in {host_us['enqueue']:.1f}, done in {host_us['wall']:.1f} (wall)")
     if replayed:
         device_x = replayed["step"] / replayed["forward"]
+        gap = whole["step"] - replayed["step"]
         print(f"  replayed step = {device_x:.2f}x the replayed forward (the bytes predict 2)")
-        print(f"  the whole call adds {whole['step'] - replayed['step']:.1f} us to the replayed "
-              f"step, {whole['forward'] - replayed['forward']:.1f} us to the replayed forward")
-        if compare.gpu_slug() == compare.gpu_slug(gen_meta["gpu"]):   # one GPU: comparable
-            print(f"  the committed run's step at this shape: {small['fwdbwd_ms'] * 1e3:.0f} us "
-                  f"= {small['fwdbwd_ms'] * 1e3 / whole['step']:.2f}x today's whole call")
-        else:
-            print(f"  (the committed run's step was timed on an {gen_meta['gpu']}, not this "
-                  "GPU: its time is not set beside today's)")
         assert 1.9 < device_x < 2.1, "on the device, a step should be two forwards' work"
-        assert whole["step"] > replayed["step"]
+        assert gap > 0, "the whole call takes longer than the replayed kernels"
+        print(f"  the whole call adds {gap:.1f} to the replayed step, "
+              f"{whole['forward'] - replayed['forward']:.1f} to the replayed forward")
+        print(f"  host share of the step's gap: (issue {host_us['enqueue']:.1f} - replayed "
+              f"{replayed['step']:.1f}) / {gap:.1f} = "
+              f"{(host_us['enqueue'] - replayed['step']) / gap:.2f}")
 else:
-    print("(no GPU here: the step's device time is measured on a GPU only)")
+    print(f"interpreter, bf16 [{cfg.seq_len}, {cfg.batch}, {cfg.heads}, {cfg.head_dim}]: the "
+          "forward and the step match ropelib's launcher; the whole call, the replay and the "
+          "host's phases are timed on a GPU only")
 
 # %% [markdown]
-# Read its last lines. The replayed times are the device's work, and the step's stays at two
-# forwards, as the bytes predict. What the whole call adds on top is outside the kernels: time
-# the device waited, plus whatever the cache flush that the replay skips costs (the forward's
-# gap bounds that). Where it adds far more to the step than to the forward, the excess is in
-# what the step does around its kernels, not in them. Set it beside the band: the gap can be several
-# times the band's top (the band is another GPU's, at another shape), and then that host time
-# does not explain it. What fills such a gap is not measured here: this cell times no host
-# side. Notebook 07, section 7, times a call's host enqueue, its wall clock and its replay side
-# by side, and its appendix A.4 finds where ropelib's host time goes.
+# How to read it. The replayed step stays at about two replayed forwards (asserted): the
+# device's work is what the bytes predict. The gap is what the whole call adds to the replayed
+# step; the host share is how far the host's issue time per step exceeds the device's, as a
+# fraction of that gap. Where it is above one half, the host issuing the step (the forward call
+# and autograd's backward) is what fills the gap, and the GPU waits for it; where it is near zero
+# or below, the host keeps up, and the gap comes from elsewhere (the forward's own gap bounds
+# what the cache flush that the replay skips can add). The two `autograd.grad` times say how much
+# of the backward's host time is the hand-off to autograd's device thread: the difference between
+# them. Notebook 07, section 7.3, takes `do_bench`'s loop itself apart the same way.
 
 # %% [markdown]
 # ## 4. `gradcheck` in float64
@@ -897,17 +934,12 @@ else:
 # relative 0.1 %, `rtol=1e-3`). So gradcheck runs in float64, and ropelib's kernels compute in
 # fp64 when they are given fp64 (`COMPUTE_DTYPE`).
 #
-# The cell shows both sides: in float64 the cell's kernel and `ropelib.apply_rope` pass, while
-# the same op computed in fp32 and cast back fails. Then it takes the finite differences itself,
-# with section 2's kernel in fp32 and in fp64, and prints how far the fp32 ones land from the
-# fp64 ones.
-#
-# `ropelib.apply_rope` is checked twice, on TE's table and on a table whose two halves differ,
-# because on TE's table the transpose and a backward that negates the sines without swapping
-# them give the same numbers, so only the second table can catch a missing swap. The cell
-# prints how far such a backward would land from $J^{\top}$ on each table, and asserts the
-# direction: not at all on TE's table, and on the other more than ten times what gradcheck
-# allows.
+# The cell runs gradcheck in float64 on the cell's kernel and on `ropelib.apply_rope`, then on
+# the same op computed in fp32 and cast back, which fails; it takes the finite differences
+# itself in fp32 and fp64 and prints how far apart they land. `ropelib.apply_rope` is checked on
+# TE's table and on a table whose halves differ: on TE's table a backward that negates the sines
+# without swapping them gives the transpose's numbers, so only the second table can catch a
+# missing swap. The cell prints how far such a backward lands from $J^{\top}$ on each.
 
 # %%
 x_small = torch.randn(3, 2, 1, 8, device=device, dtype=torch.float64, requires_grad=True)
@@ -1047,28 +1079,25 @@ print("expanded input: forward reads stride 0, backward's gradients summed over 
 # `.contiguous()` first, the copy writes $4N$ bytes and the kernel reads them back before writing
 # its own $4N$: three times the traffic, so 3x the time at the same GB/s.
 #
-# The next cell checks the model's parts before it times anything. It prints the memory behind
-# each tensor (the storage of `g_sum` is one fp32, its contiguous copy $4N$ bytes), then records
-# section 2's kernel in the interpreter on both, at section 2.1's small shape in fp32: the
-# loads of $\partial L/\partial y$ move $4N$ bytes either way, but as it is they all hit the
+# The next cell checks the model's parts before it times anything: the memory behind each tensor,
+# then section 2's kernel recorded in the interpreter on both (section 2.1's small shape, fp32).
+# The loads of $\partial L/\partial y$ move $4N$ bytes either way, but as it is they all hit the
 # same 4 distinct bytes, where the contiguous copy makes them $4N$ distinct bytes that DRAM must
-# supply. The stores are the same $4N$ bytes in both.
+# supply.
 #
 # On a GPU it then times, with `do_bench`, the four calls the model speaks of, through
 # `rope_batch_reuse`, ropelib's launcher of section 2's kernel (one warp a program, as
-# `rope_cell`). The cell first checks, on any machine, that every path gives the gradient of
-# the cell's kernel. The four calls:
+# `rope_cell`):
 #
 # - the kernel on `g_sum` read as it is ($4N$ bytes written);
 # - `.contiguous()` first, then the kernel ($12N$ bytes moved);
 # - the copied path's two pieces apart: `g_sum.contiguous()` alone ($4N$ written), and the
 #   kernel on a gradient made contiguous once, outside the timed call ($4N$ read, $4N$ written).
 #
-# It prints each call's GB/s under the model's bytes, and the copy's cost as a multiple of the
-# as-is time. It asserts that the copy costs more than 2.5x the time and that the two pieces add
-# up to the copied path (within 10 %). A ratio above the model's 3 comes from the pieces whose
-# GB/s falls more than 5 % below the as-is kernel's; the cell names them (appendix A profiles
-# PyTorch's `g_sum.contiguous()` on the H200).
+# It prints each call's GB/s under the model's bytes and the copy's cost as a multiple of the
+# as-is time. A multiple above the model's 3 comes from the pieces whose GB/s falls more than 5 %
+# below the as-is kernel's; the cell names them (appendix A profiles PyTorch's
+# `g_sum.contiguous()` on the H200).
 
 # %%
 g_sum = torch.ones((), device=device).expand(S, B, H, D)     # dL/dy of loss = y.sum()
@@ -1142,12 +1171,12 @@ else:
 #   built with `expand`.
 # - The backward moves the forward's bytes and takes the forward's time, so a training step is
 #   two forwards of device work; at small sizes the whole call takes far longer than that work,
-#   and a CUDA-graph replay removes the excess (section 3.1; notebook 07 times the host side).
-# - One warp a program beats four (section 2.1), so `rope_cell` launches one at $D = 128$: with
-#   four, each element sits on two threads and costs load and store instructions of its own,
-#   2.85 times the instructions for the same DRAM bytes, in 1.62 times the time (the H200's
-#   profile). Whether those instructions are what the extra time waits on is not measured: the
-#   profile has no stall reasons.
+#   a CUDA-graph replay removes the excess, and section 3.1's live cell prints the host's share
+#   of it.
+# - One warp a program beats four on the H200 (section 2.1), so `rope_cell` launches one at
+#   $D = 128$: with four, each element sits on two threads and costs load and store instructions
+#   of its own, 2.85 times the instructions for the same DRAM bytes, in 1.62 times the time. What
+#   the four-warp warps wait on is not measured: the profile has no stall reasons.
 #
 # ropelib's finished kernel (notebook 05) serves both directions the same way. Its module header
 # is long (it also documents the grid, the layouts and the angle tables); the cell below prints
@@ -1321,8 +1350,8 @@ solution(ex.SolutionRopeFunction)
 # 1. In section 3.1's committed H200 run the batch-reusing kernel's step takes 427 µs at
 #    batch 1 and 207 µs at batch 4, with four times the bytes. What does the host do in a step
 #    through autograd that it does not do in a forward, and why could that differ between the
-#    three kernels' Functions of one run? Which timing would you add (notebook 07 times a call's
-#    host enqueue, its wall clock and a CUDA-graph replay) to tell your explanations apart?
+#    three kernels' Functions of one run? Section 3.1's live cell splits one kernel's step; what
+#    would you run on the other two to tell your explanations apart?
 # 2. With TE's `cat(f, f)` table, "negate the sines" and "swap and negate the sines" give the
 #    same results. Why did ropelib keep the swap? What would break, and where would you notice?
 # 3. `ctx.save_for_backward(freqs)` keeps a reference to a table shared by every layer. What

@@ -20,10 +20,9 @@
 # compare with everything else that computes RoPE** (Transformer Engine's fused CUDA kernel and
 # its plain-PyTorch path, eager PyTorch, `torch.compile`, Liger Kernel and flash-attn where
 # installed), **and where it loses, why?** In short: ropelib's forward runs near a copy of the
-# same bytes and ahead of TE's fused kernel; where its eager forward+backward loses to TE's
-# (the committed runs, at batch 1 and at 64 MiB), the host issuing the call sets the time, not
-# the kernels: replayed from a CUDA graph, ropelib's forward+backward takes 0.55 to 0.57 of
-# TE's time (section 7.1).
+# same bytes and ahead of TE's fused kernel; where its eager forward+backward loses to TE's, the
+# host issuing the call sets the time, not the kernels: replayed from a CUDA graph, ropelib's
+# forward+backward takes 0.55 to 0.57 of TE's time on an H200, 0.70 to 0.73 on an H100 (7.1).
 #
 # **After this notebook you will be able to**
 #
@@ -36,14 +35,12 @@
 # - write the yardstick yourself, one kernel that copies or rotates a tile of rows, and race it.
 #
 # **Where the numbers come from.** The text's numbers are read from runs committed in
-# `benchmarks/results/`, measured on an H200 (section 5 lists each file with its date), and the
-# code beside each paragraph asserts them. A live GPU run prints its own timings, each line naming
-# its GPU (the executed page, `docs/executed/07-te-vs-triton-live.html`, ran on an H100). Its µs
-# belong to that GPU, and so, for most providers, do its *ratios to a copy*: a copy timed in the
-# same run cancels the memory's speed only for a kernel that memory paces (section 4 shows which
-# ratios carry over). Without a GPU everything runs in Triton's interpreter at tiny sizes: the
-# *errors* are real, the **timings meaningless**. About two hours with the three exercises; the
-# appendix can wait.
+# `benchmarks/results/` (section 5 lists each file, its GPU and date) and asserted by the code
+# beside them; most are an H200's, and sections 4 and 7.1 set one suite's H200 and H100 runs side
+# by side.
+# A live GPU run prints its own timings, each line naming its GPU. Without a GPU everything runs
+# in Triton's interpreter at tiny sizes: the *errors* are real, the **timings meaningless**. About
+# two hours with the three exercises; the appendix can wait.
 
 # %%
 import os, torch
@@ -103,14 +100,11 @@ assert all(p.available or p.reason for p in provs)
 #      \text{bytes}_\text{fwd+bwd} = 2\,\text{bytes}_\text{fwd}; $$
 # - **ratio to copy** $= t_\text{copy} / t_\text{provider}$: 1.0 is as fast as copying the
 #   tensor, the yardstick for a memory-bound op (not a hard floor: 7.3); a copy timed in the same
-#   run absorbs the memory's speed, clocks and driver of that run, a data-sheet bandwidth does not.
-#   It does not absorb whatever else paces a kernel (section 4);
+#   run absorbs that run's memory speed, clocks and driver, and nothing else (section 4);
 # - **errors** against fp64 in **ulps** (units in the last place of the output dtype):
-#   `max_ulp_err` against the ulp at each element's own value, `max_head_ulp_err` against the ulp
-#   of the largest value in its head vector. Rounded once, an output scores at most 0.5 on both;
-#   near zero, where $x_a\cos\theta - x_b\sin\theta$ cancels two large products, a tiny output
-#   carries many of its own ulps though exact to an ulp of the operands: the head-wise column is
-#   the fair scale.
+#   `max_ulp_err` at each element's own value, `max_head_ulp_err` at the largest value of its head
+#   vector, the fair scale: near zero, where $x_a\cos\theta - x_b\sin\theta$ cancels two large
+#   products, a tiny output carries many of its own ulps though exact to an ulp of the operands.
 
 # %%
 if GPU:
@@ -140,27 +134,12 @@ if "torch.compile_te_unfused" in head:
     assert head["torch.compile_te_unfused"] <= 0.5 + 1e-3 < head["pytorch"]
 if "torch.compile" in head:
     assert 0.5 + 1e-3 < head["torch.compile"] < head["pytorch"]
-# the committed sweep's run of this very shape (seq-bf16, S = 4096: 64 MiB), beside this run's
-SEED_ROWS_AT_ONE = {r["provider"]: r for r in compare.read_csv(RESULTS / "seed_sweeps.csv")
-                    if r["timing"] == compare.TIMING_GPU and r["sweep"] == "seq-bf16"
-                    and r["seq_len"] == 4096}
-SEED_GPU_AT_ONE = compare.read_meta(RESULTS / "seed_sweeps.csv").get("gpu", "GPU not recorded")
-for name in ("ropelib", "torch.compile"):
-    was = SEED_ROWS_AT_ONE[name]
-    line = (f"{name:13s} forward at S=4096, B=2, H=32, D=128 bf16: the committed sweep's run "
-            f"({SEED_GPU_AT_ONE}) {was['fwd_ms'] * 1e3:5.1f} us, "
-            f"{was['ratio_fwd']:.3f} of its copy")
-    if GPU and by.get(name, {}).get("available"):
-        # µs belong to one GPU; the ratio to a copy timed in the same run can be set beside
-        # another GPU's
-        now = by[name]["ratio_fwd"] / was["ratio_fwd"]
-        line += (f"; this run ({torch.cuda.get_device_name()}) {by[name]['fwd_ms'] * 1e3:5.1f} us, "
-                 f"{by[name]['ratio_fwd']:.3f} of its copy: the ratio "
-                 + ("within a tenth of the committed one" if 0.9 <= now <= 1.1 else
-                    f"{now:.2f} times the committed one"))
-    print(line)
-assert (round(SEED_ROWS_AT_ONE["torch.compile"]["fwd_ms"] * 1e3),
-        round(SEED_ROWS_AT_ONE["torch.compile"]["ratio_fwd"], 2)) == (84, 0.43)
+# the committed H200 sweep's run of this very shape (seq-bf16, S = 4096: 64 MiB of bf16)
+at_one = {r["provider"]: r for r in compare.read_csv(RESULTS / "seed_sweeps.csv")
+          if r["timing"] == compare.TIMING_GPU and (r["sweep"], r["seq_len"]) == ("seq-bf16", 4096)}
+assert compare.read_meta(RESULTS / "seed_sweeps.csv")["gpu"] == "NVIDIA H200"
+assert (round(at_one["torch.compile"]["fwd_ms"] * 1e3),
+        round(at_one["torch.compile"]["ratio_fwd"], 2)) == (84, 0.43)
 # the same case in fp32, forward only
 rows32 = compare.run_case(dataclasses.replace(one, dtype="fp32"), providers=["ropelib", "pytorch"],
                           backward=False, device=device)
@@ -173,10 +152,10 @@ assert all(r["max_head_ulp_err"] <= 4 for r in rows32)
 # **Reading the table.** The error is set by *where the rounding happens*: eager PyTorch rounds
 # every intermediate to bf16; the fused kernels and eager PyTorch's formula compiled
 # (`torch.compile_te_unfused`) compute in fp32 and round once; `torch.compile` of Hugging Face's
-# formula, from bf16 cos/sin tables, lands between. In **fp32** (the last lines) the output format
-# is the arithmetic format: a few head-wise ulps (at most 4, checked), tens or hundreds element-wise
-# near zero. The times are read in sections 5 to 7; torch.compile's forward took 84 µs in the
-# committed H200 sweep, 0.43 of a copy, and on another GPU can lie far from that (the printed line).
+# formula, from bf16 cos/sin tables, lands between. In **fp32** the output format is the arithmetic
+# format: a few head-wise ulps, hundreds element-wise near zero. torch.compile's forward took 84 µs
+# in the committed H200 sweep, 0.43 of a copy; section 4 shows why another GPU's ratio for it can
+# lie far from that.
 
 # %% [markdown]
 # ## 3. The dashboard
@@ -213,18 +192,9 @@ assert dash.figure.get_suptitle() == f"measured on {widgets.measured_on(dash_row
 # length 256 … 3840 at batch 1, 2, 4, 8 (64 heads of 128, fp32 and bf16) for ropelib, its
 # batch-reuse generation (notebook 04), TE's fused kernel and eager PyTorch; and bf16 sweeps of
 # sequence, head dim, heads and batch around a 32 MiB base, adding TE's unfused path and
-# torch.compile. The cell runs the first live (shrunk in the interpreter) and, on a GPU, sets each
+# torch.compile. The cell runs the first live (shrunk in the interpreter) and, on a GPU, prints each
 # provider's median **ratio to a copy** beside the committed run's, naming both GPUs; ropelib's is
 # checked to within 0.8 to 1.25 times.
-#
-# **Which ratios travel.** A ratio to a copy cancels the memory's speed, so it carries from one GPU
-# to another only for a kernel that memory paces. On the executed H100 page only ropelib's median
-# ratio lands within a tenth of the committed H200 one; TE's fused kernel, the batch-reuse
-# generation and eager PyTorch come out nearer their copy on the H100 (the printed lines), and so
-# does torch.compile at section 2's shape. A likely reason, not measured here: the H100 is the
-# H200's chip with slower memory, so a kernel paced partly by its instructions (TE's: notebook 04)
-# or by its launches (eager PyTorch's ten) loses less to the copy there. Read another GPU's ratio
-# for such a provider as that GPU's, like its µs: only ropelib's is checked across GPUs.
 
 # %%
 first = compare.SEED_SWEEPS[0] if GPU else compare.shrink(compare.SEED_SWEEPS[0])
@@ -244,57 +214,95 @@ if GPU and SEED_CSV.exists():
     seed_gpu = compare.read_meta(SEED_CSV).get("gpu", "GPU not recorded")
     committed = [r for r in compare.read_csv(SEED_CSV)
                  if r["timing"] == compare.TIMING_GPU and r["sweep"] == first.name]
-    median_ratio = {}
-    for which, got in (("live", live), ("committed", committed)):
-        for p in names:
-            got_p = [r["ratio_fwd"] for r in got
-                     if r["provider"] == p and r["available"] and r["ratio_fwd"]]
-            if got_p:
-                median_ratio[which, p] = statistics.median(got_p)
-    print(f"{first.name}, median forward ratio to a copy timed in the same run: this run on "
-          f"{where_live}, the committed run on {seed_gpu}")
+    def median_of(got, p):
+        vals = [r["ratio_fwd"] for r in got if r["provider"] == p and r["available"]
+                and r["ratio_fwd"]]
+        return statistics.median(vals) if vals else None
+    median_ratio = {(which, p): m for which, got in (("live", live), ("committed", committed))
+                    for p in names if (m := median_of(got, p)) is not None}
+    print(f"{first.name}, median forward ratio to a copy timed in the same run: here "
+          f"({where_live}) / committed ({seed_gpu})")
     for p in names:
         if ("live", p) in median_ratio and ("committed", p) in median_ratio:
-            now = median_ratio["live", p] / median_ratio["committed", p]
-            print(f"  {p:20s} here {median_ratio['live', p]:.3f} ({where_live}), committed "
-                  f"{median_ratio['committed', p]:.3f} ({seed_gpu}), {now - 1:+.0%}: "
-                  + ("within a tenth" if 0.9 <= now <= 1.1 else "outside a tenth"))
-        else:
-            has = lambda which: "yes" if (which, p) in median_ratio else "no"
-            print(f"  {p:20s} a forward ratio here: {has('live')}, committed: {has('committed')}")
-    assert ("live", "ropelib") in median_ratio and ("committed", "ropelib") in median_ratio
+            print(f"  {p:20s} {median_ratio['live', p]:.3f} / {median_ratio['committed', p]:.3f}")
     # on any GPU: ropelib's forward as near a copy as in the committed run, within 0.8-1.25 times
     assert 0.8 < median_ratio["live", "ropelib"] / median_ratio["committed", "ropelib"] < 1.25, \
         median_ratio
 
 # %% [markdown]
+# **Which ratios travel between GPUs.** A copy timed in the same run cancels the memory's speed, so
+# a ratio carries to another GPU only for a kernel whose time follows the memory's. The floor suite
+# (`ropelib.bench.floor`) ran the same forward cases, 64 MiB to 2 GiB, on an H200 and on an H100,
+# whose copy takes 1.35 to 1.41 times as long. The cell reads both runs. ropelib's time grows with
+# the copy's and its ratio carries, within 3 %. TE's fused kernel and eager PyTorch slow down by
+# less than the copy (TE's by 1.08 to 1.24 times), so their ratios come out higher on the H100
+# (TE's 1.14 to 1.30 times): part of their time is not the memory's, and their ratio belongs to the
+# GPU it was measured on, like a µs. torch.compile's ratio carries where it ties the copy on the
+# H200; at 64 MiB its forward took *less* time on the H100 than on the H200 although the copy took
+# more: there its time is not its kernel's (sections 5 and 7).
+
+# %%
+H100 = "nvidia-h100-80gb-hbm3"
+floor_by_gpu = {gpu: measured.floor(gpu) for gpu in (measured.GPU, H100)}
+floor_gpu_names = {gpu: measured.load("floor", gpu)[0]["gpu"] for gpu in floor_by_gpu}
+both_fwd = [c for c in floor_by_gpu[measured.GPU] if c.startswith("forward ")
+            and " under " not in c and c in floor_by_gpu[H100]]
+TRAVEL = ("copy", "ropelib", "te_fused", "pytorch", "torch.compile")
+slower, travels = {}, {}          # the H100's time / the H200's; the H100's ratio / the H200's
+for c in both_fwd:
+    h200, h100 = floor_by_gpu[measured.GPU][c], floor_by_gpu[H100][c]
+    for p in (p for p in TRAVEL if p in h200 and p in h100):
+        slower[c, p] = h100[p]["ms"] / h200[p]["ms"]
+        travels[c, p] = h100[p]["ratio_to_copy"] / h200[p]["ratio_to_copy"]
+print(f"floor suite, forward: {floor_gpu_names[H100]} against {floor_gpu_names[measured.GPU]}; "
+      "time there / time here, and in brackets ratio to copy there / here")
+print(f"  {'case':30s} " + " ".join(f"{p:>17s}" for p in TRAVEL))
+for c in both_fwd:
+    print(f"  {c[8:]:30s} " + " ".join(
+        f"{slower[c, p]:7.2f} ({travels[c, p]:5.2f})" if (c, p) in slower else f"{'':>17s}"
+        for p in TRAVEL))
+span = lambda d, p, cases=both_fwd: [round(f(d[c, p] for c in cases if (c, p) in d), 2)
+                                     for f in (min, max)]
+assert len(both_fwd) == 10 and span(slower, "copy") == [1.35, 1.41]
+assert all(abs(travels[c, "ropelib"] - 1) <= 0.03 for c in both_fwd)           # carries
+assert span(slower, "te_fused") == [1.08, 1.24] and span(travels, "te_fused") == [1.14, 1.30]
+assert all(slower[c, p] < slower[c, "copy"] for c in both_fwd for p in ("te_fused", "pytorch"))
+assert span(travels, "pytorch")[1] == 1.28
+# torch.compile: its ratio carries where it ties the copy on the H200; at 64 MiB it ran faster
+# on the slower-memory GPU
+ties = [c for c in both_fwd if floor_by_gpu[measured.GPU][c]["torch.compile"]["ratio_to_copy"]
+        >= 0.95]
+assert len(ties) == 5 and all(abs(travels[c, "torch.compile"] - 1) <= 0.03 for c in ties)
+at_64mib = [c for c in both_fwd if " 64 MiB " in c]
+assert len(at_64mib) == 3 and all(slower[c, "torch.compile"] < 1 < slower[c, "copy"]
+                                  for c in at_64mib)
+
+# %% [markdown]
 # ## 5. The committed GPU results
 #
 # **Question: on an H200, where does each provider stand against a copy, and what sets that?**
-# From here on the text reads committed files; the cell lists each with its GPU, its date and
-# the sections that read it.
+# The cell lists each committed file the text reads, with its GPU, its date and where it is read.
 
 # %%
 import re
 
 measured_when = measured.committed_when          # (GPU, date) of a committed result
-PROVENANCE = {SEED_CSV: "2, 4-7, A.1-A.3", FIGURES / "02-unfused-kernels.csv": "5",
-              RESULTS / "floor-nvidia-h200.csv": "5-7, A.2",
-              RESULTS / "dobench_gap-nvidia-h200-20261204-0930.log": "A.2",
-              RESULTS / "host_by_size-nvidia-h200-20261204-1600.log": "A.4",
-              RESULTS / "mid_fwdbwd-nvidia-h200-20261201-2307.log": "A.5",
-              RESULTS / "host-profile-nvidia-h200-20261201.txt": "A.4",
-              RESULTS / "mid_fwdbwd_variants-nvidia-h200-20261201-1444.log": "A.5"}
+PROVENANCE = {SEED_CSV: "2, 4-7", FIGURES / "02-unfused-kernels.csv": "5",
+              RESULTS / "floor-nvidia-h200.csv": "4, 6.2, 7",
+              RESULTS / f"floor-{H100}.csv": "4, 7",
+              RESULTS / "host_by_size-nvidia-h200-20261204-1600.log": "A.1",
+              RESULTS / "mid_fwdbwd-nvidia-h200-20261201-2307.log": "A.2"}
 when = {p.name: measured_when(p) for p in PROVENANCE if p.exists()}
 for p, read_in in PROVENANCE.items():
     gpu, date = when.get(p.name, ("(missing)", None))
-    print(f"{p.name:50s} {gpu:12s} {date or '(no date recorded)':17s} read in {read_in}")
-assert all("h200" in gpu.lower() for gpu, _ in when.values())
-# the floor's decode rows (the only ones read here) come from the run that wrote the file; its
-# large-tensor rows, measured again later, are not read here
-floor_meta, floor_rows = measured.load("floor")
-decode_date = measured.floor_run_date(floor_meta, "decode sbhd")
-assert decode_date == floor_meta["date"]
+    print(f"{p.name:50s} {gpu:22s} {date or '(no date recorded)':17s} read in {read_in}")
+assert [g for g, _ in when.values() if "h200" not in g.lower()] == ["NVIDIA H100 80GB HBM3"]
+floor_meta, floor_rows = measured.load("floor")          # the H200's: decode rows of its date,
+later = {part: measured.floor_run_date(floor_meta, part)   # larger tensors from later runs
+         for part in ("decode sbhd", "64 MiB bf16 sbhd")}
+print(f"floor-nvidia-h200.csv: its decode rows from {later['decode sbhd'][:16]}, its 64 MiB rows "
+      f"from {later['64 MiB bf16 sbhd'][:16]}")
+assert later["decode sbhd"] == floor_meta["date"] < later["64 MiB bf16 sbhd"]
 
 DTYPES = ("fp32", "bf16") if SEED_CSV.exists() else ()
 if not DTYPES:
@@ -314,17 +322,16 @@ for dtype in DTYPES:
     fig.suptitle(f"{seed_meta.get('gpu')}, TE {seed_meta.get('transformer_engine')}, "
                  f"{seed_meta.get('date')}", fontsize=9)
     plt.show()
-# (figures/07-seed-*.png, drawn from the same CSV by benchmarks/seed_sweeps.py, show them too)
 
 # %% [markdown]
-# **Reading the panels** (dashed grey: the copy timed beside each point; the cell checks each
-# reading). The lines rise with the tensor: a fixed cost per call, amortised (section 6). Eager
+# **Reading the panels** (dashed grey: the copy timed beside each point). The lines rise with the
+# tensor: a fixed cost per call, amortised (section 6). Eager
 # PyTorch stays at or below 0.15 of a copy in fp32, 0.10 in bf16, as notebook 02's profile predicts
 # (ten kernels moving 6.0 times the fused kernel's bytes at 0.44 of the copy's speed: 0.073, what
 # the largest tensor measures). **From 64 MiB of $x$ on ropelib ties the copy** (fp32, batch 2 on:
-# 0.98 to 1.017, within its percentiles), ahead of TE's kernel and the batch-reuse generation.
-# 64 MiB is also where ropelib switches to its two-pass route, so size and route are not told apart
-# here (notebook 05, section 6, does). The one point well above 1 (fp32, batch 8, the longest
+# 0.98 to 1.017, within its percentiles), ahead of TE's kernel and the batch-reuse generation
+# (64 MiB is also where ropelib switches to its two-pass route: notebook 05, section 6). The one
+# point well above 1 (fp32, batch 8, the longest
 # sequence: 1.11) is a slow copy: the copy's GB/s drops there and TE's ratio jumps with it.
 
 # %%
@@ -385,7 +392,7 @@ for dtype in DTYPES:
         print("bf16, longest sequence: ropelib's forward ratio",
               {b: round(r["ratio_fwd"], 3) for b, r in top.items()})
         assert round(top[1]["ratio_fwd"], 2) == 0.85 and not two_pass(top[1])
-        # batch 8 (the largest tensor) below batches 2 and 4: not explained here (A.1)
+        # batch 8 (the largest tensor) below batches 2 and 4: not explained here
         assert [round(top[b]["ratio_fwd"], 3) for b in (2, 4, 8)] == [0.987, 0.984, 0.931]
     # a ratio well above 1 is the copy of that one point measured slow, not a kernel beating it
     for r in (r for (_, _, p), r in seq.items() if p == "ropelib" and r["ratio_fwd"] > 1.03):
@@ -408,7 +415,8 @@ for dtype in DTYPES:
 # (over all sweeps, its 90 points from 64 MiB on lie at 0.931 or above). TE's fused kernel stays at
 # or below 0.60, behind ropelib at every point; eager PyTorch at 0.10 at most. **torch.compile is
 # the odd line**: on the copy only on the largest tensors (0.99), and not monotone (0.67 at
-# $S = 2048$, 0.43 at 4096): its time does not follow the bytes (appendix A.2).
+# $S = 2048$, 0.43 at 4096): below 128 MiB its time does not follow the bytes (nor the GPU's
+# memory: section 4). When in the call it launches its kernel is not measured here.
 
 # %%
 AXES = {"seq-bf16": "seq_len", "hidden-bf16": "head_dim", "heads-bf16": "heads",
@@ -607,37 +615,32 @@ if "bf16" in models:     # ropelib's bf16 sweep at batch 1, S = 2048 held out
     assert (round(model_ms * 1e3, 1), round(row["fwd_ms"] * 1e3, 1)) == (25.8, 26.0)
     mib = lambda r: nbytes(r) / 2**20
     fig, ax = plt.subplots(figsize=(6, 3.6))
-    ax.plot([mib(r) for r in seen], [r["fwd_ms"] * 1e3 for r in seen], "o",
-            label="measured: the points fitted")
+    ax.plot([mib(r) for r in seen], [r["fwd_ms"] * 1e3 for r in seen], "o", label="fitted points")
     xs = np.array([0.0, max(mib(r) for r in seen)])
     ax.plot(xs, t0_us + xs * 2**20 / (gbps * 1e3), "-",
             label=f"$t_0 + N/BW$: {t0_us:.1f} us + N / {gbps:.0f} GB/s")
-    ax.plot([mib(row)], [row["fwd_ms"] * 1e3], "s", ms=9, mfc="none",
-            label="S = 2048, held out: measured")
+    ax.plot([mib(row)], [row["fwd_ms"] * 1e3], "s", ms=9, mfc="none", label="S = 2048: measured")
     ax.plot([mib(row)], [model_ms * 1e3], "x", ms=9, color="k", label="S = 2048: predicted")
-    ax.set(xlabel="N, MiB moved a call", ylabel="forward, us")
-    ax.set_title(f"ropelib forward, batch 1, bf16 ({seed_meta.get('gpu')})", fontsize=9)
+    ax.set(xlabel="N, MiB moved a call", ylabel="forward, us",
+           title=f"ropelib forward, batch 1, bf16 ({seed_meta.get('gpu')})")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     plt.show()
 
 # %% [markdown]
-# **What the forward lines say** (the cell checks each figure it prints). Every forward fit passes.
-# The fused kernels pay a few µs more than the copy before a byte moves, eager PyTorch several
-# times that (ten launches); ropelib pays less than TE's kernel and streams faster. ropelib's fp32
-# line ties the copy's (the bands overlap); its bf16 line streams at 0.89 of the copy's, the band
-# wholly below: a loss whose cause is not measured here. Eager PyTorch's line counts the fused
-# kernel's bytes; scaled by the 6.0 times as many its kernels move, it lands near notebook 02's
-# share of the copy's speed. The held-out point lands where the line predicts.
+# **What the forward lines say.** Every forward fit passes. ropelib pays less per call than TE's
+# kernel and streams faster; its fp32 line ties the copy's (the bands overlap), its bf16 line
+# streams at 0.89 of the copy's, the band wholly below, for a cause not measured here. Eager
+# PyTorch's line, scaled by the 6.0 times the bytes its ten kernels move, lands near notebook 02's
+# share of the copy's speed.
 
 # %% [markdown]
 # ### 6.2 Forward+backward: no line through the points
 #
-# **Question: does the forward+backward follow its bytes too?** At batch 1, no. The cell fits the
-# line anyway and reads its slope with its standard error: the line through two copies of the same
-# bytes is pinned, while ropelib's and TE's slopes are over thirty times less certain, most within
-# two standard errors of zero, their intercepts far above any fixed cost of 6.1. A time that does
-# not follow the bytes is a cost per call; whose, section 7 asks.
+# **Question: does the forward+backward follow its bytes too?** At batch 1, no. Fitted anyway, the
+# line through two copies of the same bytes is pinned, while ropelib's and TE's slopes are over
+# thirty times less certain, most within two standard errors of zero, their intercepts far above
+# any fixed cost of 6.1: a cost per call. Whose, section 7 asks.
 
 # %%
 # the host's time per eager forward+backward call, measured on its own (floor suite)
@@ -694,97 +697,72 @@ if len(models) == 2:
                  f"{seed_meta.get('date', '?')[:10]}", fontsize=9)
     fig.tight_layout()
     plt.show()
-    # what the figure shows: growth from the smallest tensor to the largest, and the copies below
-    grow = {(d, p): models[d][p]["rows"][-1]["fwdbwd_ms"] / models[d][p]["rows"][0]["fwdbwd_ms"]
-            for d in DTYPES for p in ("ropelib", "te_fused", "pytorch")}
-    grow_copy = {d: models[d]["ropelib"]["rows"][-1]["copy_fwdbwd_ms"]
-                 / models[d]["ropelib"]["rows"][0]["copy_fwdbwd_ms"] for d in DTYPES}
-    print("largest / smallest tensor's forward+backward time:",
-          {f"{d} {p}": round(v, 2) for (d, p), v in grow.items()},
-          "; two copies:", {d: round(v, 1) for d, v in grow_copy.items()})
-    assert [round(grow_copy[d], 1) for d in ("bf16", "fp32")] == [6.6, 8.8]
-    assert round(max(v for (d, p), v in grow.items() if p != "pytorch"), 1) == 1.8
-    # the fused kernels over the two copies, at the smallest and the largest size
-    ends = {end: [models[d][p]["rows"][i]["fwdbwd_ms"] / models[d][p]["rows"][i]["copy_fwdbwd_ms"]
-                  for d in DTYPES for p in ("ropelib", "te_fused")]
-            for end, i in (("smallest", 0), ("largest", -1))}
-    print("forward+backward / two copies:",
-          {k: [round(v, 2) for v in vs] for k, vs in ends.items()})
-    assert (int(min(ends["smallest"])), round(max(ends["smallest"]))) == (9, 15)
-    assert (round(min(ends["largest"]), 1), round(max(ends["largest"]), 1)) == (1.6, 2.9)
-    # eager PyTorch above both fused kernels at every size, but at one point of TE's
-    above_eager = [(d, p, r["seq_len"], round(r["fwdbwd_ms"] * 1e3)) for d in DTYPES
-                   for p in ("ropelib", "te_fused") for r, e in zip(models[d][p]["rows"],
-                                                                    models[d]["pytorch"]["rows"])
-                   if r["seq_len"] == e["seq_len"] and r["fwdbwd_ms"] >= e["fwdbwd_ms"]]
-    print("fused points at or above eager PyTorch's:", above_eager)
-    assert above_eager == [("fp32", "te_fused", 1792, 702)]
 
 # %% [markdown]
 # ## 7. Fixed cost per call: the host against the device
 #
 # **Question: is ropelib's forward+backward slow because of its kernels or its host?** A call is
 # *host-bound* when the host takes longer to issue it (Python, autograd, allocations, launches)
-# than the GPU takes to run its kernels, *device-bound* otherwise. 6.2's cell prints a hint:
-# two copies of any of its points' bytes take less than ropelib's host needs to issue one eager
-# forward+backward in the floor suite. That suite ran on another day and the sweeps did not time
-# their host, so this is a hypothesis (host times of two runs side by side, A.4); 7.3 times both
-# sides in one run, at 6.2's bf16 point $S = 2048$.
+# than the GPU takes to run its kernels, *device-bound* otherwise. 6.2 left a hint from two runs
+# on different days: two copies of any of its points' bytes take less than ropelib's host needs to
+# issue one call. 7.1 tests it on both GPUs' committed floor runs; 7.3 times both sides live.
 #
 # ### 7.1 The host's time per call, and the device's
 #
-# The floor suite (`ropelib.bench.floor`) times one eager forward+backward on an H200: the **host**
-# alone issuing calls at decode size (one token, batch 64, 32 heads of 128, sbhd; 100 calls back
-# to back, then one synchronisation, best of 5 rounds) and, at 64 MiB of bf16 in a later run of
-# the same day, **`do_bench`**'s median and the call **replayed** from a CUDA graph (its kernels
-# alone). Replayed, ropelib's kernels take 0.55 to 0.57 of TE's time (torch.compile's tie
-# ropelib's); under `do_bench` ropelib's median lies around its host's time, TE's near its
-# kernels: ropelib loses on the host. The last line sets section 6's batch-1 medians beside the
-# host times; they lie near them, but come from another run (6.2). A host-bound call is cured by
-# replaying the whole step from a CUDA graph (notebook 11, section 4), not by compiling the RoPE
-# call alone: torch.compile's host takes the longest of the three. A.4 reads where ropelib's host
-# spends its time, A.5 what an eager call that also waits for its kernels takes.
+# The floor suite times one eager forward+backward three ways: the **host** alone issuing calls
+# (at decode size: one token, batch 64, 32 heads of 128; calls back to back, then one
+# synchronisation, best of 5 rounds) and, at 64 MiB of bf16, **`do_bench`**'s median and the call
+# **replayed** from a CUDA graph (its kernels alone). `do_bench`'s median less the replay is time
+# the kernels did not spend; the host's time beyond the kernels, over that gap, is the **share**
+# the cell prints. Where it is near 1 the host's time is what fills the gap. For ropelib and
+# torch.compile it lies between 0.7 and 1.4 in every layout on both GPUs, while replayed, ropelib's
+# kernels take 0.55 to 0.57 of TE's time on the H200 and 0.70 to 0.73 on the H100, torch.compile's
+# tie ropelib's, and TE's `do_bench` median lies within an eighth of its kernels. ropelib loses on
+# the host. (The host is timed at decode size, the gap at 64 MiB; A.2 times both at 64 MiB in one
+# run.) A host-bound call is cured by replaying the whole step from a CUDA graph (notebook 11,
+# section 4), not by compiling the RoPE call alone: torch.compile's host takes the longest.
 
 # %%
-host_way = re.search(r"calls back to back: (\d+), a third of that for forward\+backward; "
-                     r"best of (\d+) rounds", floor_meta["host_rows"])
-host_calls, host_rounds = int(host_way[1]) // 3, int(host_way[2])
-assert (host_calls, host_rounds) == (100, 5)
 FLOOR_64 = [f"64 MiB bf16 {layout}" for layout in ("sbhd", "bshd", "thd")]
-floor_64_date = measured.floor_run_date(floor_meta, FLOOR_64[0])
-assert all(measured.floor_run_date(floor_meta, c) == floor_64_date for c in FLOOR_64)
-floor_ms = {(r["case"], r["provider"]): r["ms"] for r in floor_rows}
-ways_64 = {(c, p): (floor_ms[f"forward+backward {c}", p] * 1e3,
-                    floor_ms[f"forward+backward {c} under CUDA graphs", p] * 1e3)
-           for c in FLOOR_64 for p in ("ropelib", "te_fused", "torch.compile")}
-print(f"floor suite, {floor_meta['gpu']}: host µs per eager forward+backward at decode size "
-      f"(the run of {decode_date[:16]}; {host_calls} calls back to back, the best of "
-      f"{host_rounds} rounds), and at 64 MiB bf16 (the run of {floor_64_date[:16]}) do_bench's "
-      "median and the replayed call, µs")
-print(f"  {'provider':13s} {'host':>6s}   " + "  ".join(f"{c[12:]:>19s}" for c in FLOOR_64))
-print(f"  {'':13s} {'':6s}   " + "  ".join(f"{'do_bench  replayed':>19s}" for _ in FLOOR_64))
-for p in ("ropelib", "te_fused", "torch.compile"):
-    print(f"  {p:13s} {host[p]:6.0f}   "
-          + "  ".join(f"{ways_64[c, p][0]:9.1f} {ways_64[c, p][1]:9.1f}" for c in FLOOR_64))
-over_kernels = {p: [ways_64[c, p][0] / ways_64[c, p][1] for c in FLOOR_64]
-                for p in ("ropelib", "te_fused", "torch.compile")}
-print("do_bench / replayed:", {p: [round(v, 2) for v in vs] for p, vs in over_kernels.items()})
-replayed_te_over = [ways_64[c, "ropelib"][1] / ways_64[c, "te_fused"][1] for c in FLOOR_64]
-assert [round(f(replayed_te_over), 2) for f in (min, max)] == [0.55, 0.57]   # the intro's
-assert all(abs(ways_64[c, "torch.compile"][1] / ways_64[c, "ropelib"][1] - 1) < 0.05
-           for c in FLOOR_64)                                   # its kernels tie ropelib's
-# under do_bench: ropelib's median around its host's time and over twice its kernels, TE's
-# within an eighth of its kernels, torch.compile's under its host's
-dobench_at = lambda p: [ways_64[c, p][0] for c in FLOOR_64]
-assert min(dobench_at("ropelib")) < host["ropelib"] < max(dobench_at("ropelib"))
-assert min(over_kernels["ropelib"]) > 2 and max(over_kernels["te_fused"]) < 1.125
-assert max(dobench_at("torch.compile")) < host["torch.compile"]
-assert min(over_kernels["torch.compile"]) > 5
-assert host["torch.compile"] > max(host["ropelib"], host["te_fused"])    # the longest of three
-# in every layout: ropelib's kernels the faster, its eager call under do_bench the slower
-assert all(ways_64[c, "ropelib"][1] < ways_64[c, "te_fused"][1]
-           and ways_64[c, "ropelib"][0] > ways_64[c, "te_fused"][0] for c in FLOOR_64)
-if len(models) == 2:     # section 6's batch-1 medians against the host's time per call
+PROVS3 = ("ropelib", "te_fused", "torch.compile")
+three_ways = {}                    # (gpu, case, provider): (host, do_bench, replayed) µs
+for gpu, fl in floor_by_gpu.items():
+    meta = measured.load("floor", gpu)[0]
+    assert re.search(r"calls back to back: 300, a third of that for forward\+backward; "
+                     r"best of 5 rounds", meta["host_rows"])
+    for c in FLOOR_64:
+        for p in PROVS3:
+            three_ways[gpu, c, p] = (fl["decode host forward+backward sbhd"][p]["ms"] * 1e3,
+                                     fl[f"forward+backward {c}"][p]["ms"] * 1e3,
+                                     fl[f"forward+backward {c} under CUDA graphs"][p]["ms"] * 1e3)
+share = {k: (host_ - rep) / (dob - rep) for k, (host_, dob, rep) in three_ways.items()}
+for gpu in floor_by_gpu:
+    print(f"floor suite, {floor_gpu_names[gpu]}: µs per eager forward+backward; host at decode "
+          "size, do_bench and replayed at 64 MiB bf16; share = (host - replayed) / (do_bench - "
+          "replayed)")
+    for p in PROVS3:
+        print(f"  {p:13s} host {three_ways[gpu, FLOOR_64[0], p][0]:5.0f} | " + " | ".join(
+            f"{c[12:]}: do_bench {three_ways[gpu, c, p][1]:5.1f} replayed "
+            f"{three_ways[gpu, c, p][2]:5.1f} share {share[gpu, c, p]:5.2f}" for c in FLOOR_64))
+for gpu in floor_by_gpu:
+    t = lambda c, p, k: three_ways[gpu, c, p][k]
+    # the host's time beyond the kernels fills do_bench's gap: ropelib and torch.compile
+    assert all(0.7 <= share[gpu, c, p] <= 1.4 for c in FLOOR_64 for p in ("ropelib",
+                                                                           "torch.compile"))
+    assert all(t(c, p, 0) > 2 * t(c, p, 2) for c in FLOOR_64 for p in ("ropelib",
+                                                                      "torch.compile"))
+    # TE: do_bench within an eighth of its kernels; its host the nearest its kernels
+    assert all(t(c, "te_fused", 1) < 1.125 * t(c, "te_fused", 2) for c in FLOOR_64)
+    # replayed, ropelib's kernels the faster and torch.compile's level with them; under
+    # do_bench ropelib the slower; torch.compile's host the longest of the three
+    assert all(t(c, "ropelib", 2) < t(c, "te_fused", 2) and t(c, "ropelib", 1) > t(c, "te_fused", 1)
+               and abs(t(c, "torch.compile", 2) / t(c, "ropelib", 2) - 1) < 0.05 for c in FLOOR_64)
+    assert t(FLOOR_64[0], "torch.compile", 0) > max(t(FLOOR_64[0], p, 0) for p in PROVS3[:2])
+replayed_te_over = {gpu: [three_ways[gpu, c, "ropelib"][2] / three_ways[gpu, c, "te_fused"][2]
+                          for c in FLOOR_64] for gpu in floor_by_gpu}
+assert {g: [round(f(v), 2) for f in (min, max)] for g, v in replayed_te_over.items()} == {
+    measured.GPU: [0.55, 0.57], H100: [0.70, 0.73]}                  # the intro's
+if len(models) == 2:     # section 6's batch-1 medians (H200) against the H200's host time
     over_host = {(d, p): models[d][p]["fwd+bwd_us"] / host[p]
                  for d in models for p in ("ropelib", "te_fused")}
     print(f"batch-1 median (do_bench, {seed_meta.get('gpu')}) / host time per call:",
@@ -842,75 +820,25 @@ time_three_ways = host_or_device if timed_by_learner else measuring.solution_hos
 #
 # On a GPU with TE the cell times ropelib's and TE's forward+backward at section 6's batch-1 bf16
 # point $S = 2048$, five shuffled rounds: `do_bench` (calls counted), the enqueue (7.2), a replay,
-# and **`do_bench`'s loop written out** (`dobench_loop`, which times the host's side too), that
-# loop also with **autograd's device thread** off
-# (`torch.autograd.set_multithreading_enabled(False)` runs the backward on the calling thread; the
-# difference is the "thread" column). Each provider's last line gives its case and whether the
-# written-out loop reproduces `do_bench` (within a fifth).
+# and **`do_bench`'s loop written out** (`dobench_loop` in `ropelib/course/nb07_dobench.py`, which
+# times the host's side too), that loop also with **autograd's device thread** off (the "thread"
+# column: the host's time inside the call with it on, less with it off). Each provider's last line
+# gives its case and whether the written-out loop reproduces `do_bench` (within a fifth). Then
+# 7.1's **share**, now with both sides timed at one size in one run: the enqueue's time beyond the
+# replay over `do_bench`'s median beyond it. The cell checks that for ropelib it is at least one
+# half: the host's time is what fills the gap between `do_bench` and its kernels. Without a GPU
+# the cell says what it would measure.
 
 # %%
 import random
 from ropelib.bench import suite
 from ropelib.course import launch_queue
-
-
-def dobench_loop(step, flush, warmup_ms=25, rep_ms=100):
-    """do_bench's loop written out with its own counts. Returns the calls made, the repeats,
-    and medians over the repeats: host µs per iteration, host µs from zeroing the buffer to the
-    call's start and to its end, host µs inside the call, device µs between the two events."""
-    step()
-    torch.cuda.synchronize()
-    begin, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-    begin.record()
-    for _ in range(5):                                   # do_bench's estimate of one call
-        flush.zero_()
-        step()
-    end.record()
-    torch.cuda.synchronize()
-    estimate_ms = begin.elapsed_time(end) / 5
-    n_warmup, n_repeat = max(1, int(warmup_ms / estimate_ms)), max(1, int(rep_ms / estimate_ms))
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n_repeat)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n_repeat)]
-    for _ in range(n_warmup):                            # back to back, no buffer zeroed
-        step()
-    iteration, to_start, to_call, call = [], [], [], []
-    for i in range(n_repeat):
-        t_iter = time.perf_counter()
-        flush.zero_()
-        starts[i].record()
-        t_call = time.perf_counter()
-        step()
-        t_done = time.perf_counter()
-        ends[i].record()
-        iteration.append((time.perf_counter() - t_iter) * 1e6)
-        to_start.append((t_call - t_iter) * 1e6)
-        to_call.append((t_done - t_iter) * 1e6)
-        call.append((t_done - t_call) * 1e6)
-    torch.cuda.synchronize()
-    return {"calls": 6 + n_warmup + n_repeat, "n_repeat": n_repeat,
-            "iter_host": statistics.median(iteration),
-            "to_start_host": statistics.median(to_start),
-            "to_call_host": statistics.median(to_call), "call_host": statistics.median(call),
-            "events": statistics.median(s_.elapsed_time(e) * 1e3 for s_, e in zip(starts, ends))}
-
-
-def regime_line(name, loop, memset_us, replayed_us, dobench_us):
-    """One provider's case of the picture (the host's µs an iteration against the device's) and
-    whether the loop's events reproduce do_bench's median, within a fifth."""
-    q = launch_queue.queue_model(loop, memset_us, replayed_us)
-    agree = launch_queue.within(loop["events"], dobench_us, dobench_us)
-    return (f"  {name:13s} host {loop['iter_host']:6.1f} us an iteration, device "
-            f"{memset_us + replayed_us:6.1f} us: {q['regime']}"
-            + (" (within a tenth of the boundary)" if q["edge"] else "")
-            + f"; events {loop['events']:.1f} us, do_bench {dobench_us:.1f} us: "
-            + ("agree" if agree else "differ"))
-
+from ropelib.course.nb07_dobench import back_to_back_us, dobench_loop, issue_line, regime_line
 
 # the picture's two cases on made-up µs: a host slower than the device, then a faster one
 slow_host = {"iter_host": 300.0, "to_start_host": 40.0, "to_call_host": 290.0, "events": 120.0}
 assert "device waits" in regime_line("made up", slow_host, 60.0, 50.0, 110.0)
 assert "host ahead" in regime_line("made up", {**slow_host, "iter_host": 80.0}, 60.0, 50.0, 50.0)
-
 
 if GPU:        # do_bench's 256 MiB buffer, allocated once for this cell and the next
     flush = torch.empty(64 * 2**20, dtype=torch.int32, device=device)
@@ -963,36 +891,27 @@ if GPU and {"ropelib", "te_fused"} <= available:
         assert t["events"] > t["replayed"], t                # the device waits for the host
         # the loop written out makes as many calls as do_bench, within a factor of two
         assert 0.5 < t["calls"] / t["do_bench_calls"] < 2, t
+    # 7.1's share in one run: the host's time beyond the kernels over do_bench's gap
+    live_share = {n: (t["enqueue"] - t["replayed"]) / (t["do_bench"] - t["replayed"])
+                  for n, t in three.items() if t["do_bench"] > t["replayed"]}
+    print("  share = (enqueue - replayed) / (do_bench - replayed):",
+          {n: round(v, 2) for n, v in live_share.items()})
+    assert live_share["ropelib"] >= 0.5, live_share     # the host fills at least half the gap
+else:
+    print("7.3 needs a GPU with Transformer Engine: it would time ropelib's and TE's "
+          "forward+backward at S = 2048, batch 1, bf16 by do_bench, the enqueue, a replay and "
+          "do_bench's loop written out, and print the host's share of do_bench's gap")
 
 # %% [markdown]
-# At this size both calls are host-bound: for TE as for ropelib the cell checks that the enqueue
-# exceeds the replayed time and that the loop's events exceed it too, so `do_bench`'s median takes
-# in host time for both; ropelib's comes out over twice its replayed time (checked). That is the
-# host-bound case 6.2 supposed, here within one run.
-#
 # **Section 2's forwards** (64 MiB of bf16 on a GPU) are timed with exercise 2's function (yours if
 # it passed), with `do_bench` and with its loop written out, beside the copy of the same bytes
-# timed the same ways; each fraction of a copy uses one timer (a replayed forward over a
-# `do_bench` copy can put a device-bound forward above 1). Even on one timer a fraction slightly
-# above 1 is possible (A.5: ropelib's forward kernel alone runs a little shorter than PyTorch's
-# copy kernel): the copy is a yardstick, not a hard floor. Under `do_bench` the memset lets the
+# timed the same ways; each fraction of a copy uses one timer. Under `do_bench` the memset lets the
 # host get ahead, so a call host-bound back to back can be queued there; a training loop has no
-# memset to hide the host.
-#
-# **Where the picture fails.** A line ending in *differ* means the loop written out did not
-# reproduce `do_bench`'s median, and its case then says nothing about `do_bench`. torch.compile's
-# forward can end so (it did on the executed H100 page: read its lines there). Why two loops that
-# zero the same buffer and make about as many calls would time it differently is not measured here
-# (a profiler's timeline of each would show when the kernel starts): read such a median as
-# measured, not explained.
+# memset to hide the host. A line ending in *differ* means the loop written out did not reproduce
+# `do_bench`'s median; its case then says nothing about `do_bench`, and why two loops that zero the
+# same buffer would time a call differently is not measured here.
 
 # %%
-def back_to_back_us(t):
-    """A call's µs back to back from host_or_device's dict: the slower of the host's issue and
-    the device's replay (without a GPU, the wall clock's: the interpreter's)."""
-    return t["wall_us"] if t["replay_us"] is None else max(t["enqueue_us"], t["replay_us"])
-
-
 case2 = compare.make_case(one, device, seed=1)      # section 2's shape: 64 MiB of bf16 on a GPU
 fwd_calls = {p.name: (lambda p=p: p.fn(case2)) for p in provs
              if p.name in ("ropelib", "torch.compile") and by.get(p.name, {}).get("available")}
@@ -1007,27 +926,15 @@ dobench2 = {n: statistics.median(d for (d, _), _ in runs_) for n, runs_ in fwd_r
 where2 = torch.cuda.get_device_name() if GPU else "CPU, Triton's interpreter: times mean nothing"
 print(f"forward at section 2's shape ({where2})"
       + (f"; do_bench's memset of 256 MiB: {flush_us:.1f} us" if GPU else ""))
-def issue_line(name, t):
-    """One call's line: its enqueue against its replay (or the wall clock), and do_bench's."""
-    if t["replay_us"] is None:
-        verdict = f"enqueue {t['enqueue_us']:6.1f} us, wall {t['wall_us']:6.1f} us"
-    else:
-        level = abs(t["enqueue_us"] / t["replay_us"] - 1) <= 0.05
-        verdict = (f"enqueue {t['enqueue_us']:6.1f} us, replayed {t['replay_us']:5.1f} us: "
-                   + ("level (within 5 %)" if level else "host-bound"
-                      if t["enqueue_us"] > t["replay_us"] else "device-bound"))
-    return (f"  {name:13s} {verdict}; back to back {back_to_back_us(t):6.1f} us, do_bench "
-            f"{dobench2[name]:6.1f} us")
-
-
 copy_b2b = back_to_back_us(fwd_three["copy"])
-print(issue_line("copy", fwd_three["copy"]))
+print(issue_line("copy", fwd_three["copy"], dobench2["copy"]))
 of_copy = {}
 for name, t in fwd_three.items():
     if name == "copy":
         continue
     of_copy[name] = (copy_b2b / back_to_back_us(t), dobench2["copy"] / dobench2[name])
-    print(issue_line(name, t) + f"\n  {'':13s} of a copy: back to back {of_copy[name][0]:.2f}, "
+    print(issue_line(name, t, dobench2[name])
+          + f"\n  {'':13s} of a copy: back to back {of_copy[name][0]:.2f}, "
           f"under do_bench {of_copy[name][1]:.2f} (each against the copy on the same timer)")
     if GPU:
         calls = statistics.median(c for (_, c), _ in fwd_runs[name])
@@ -1111,9 +1018,7 @@ print("racing", "your kernel" if rows_ok else "the worked kernel")
 # column**, your copy's time per program an SM runs, $t_\text{copy} \cdot n_\text{SM} /
 # n_\text{programs}$: near notebook 03's ~80 ns a program (section 4), with your copy well short of
 # torch's ("of torch"), the program count sets the time, not the bytes. **Across a row**,
-# *rotation / copy* is what the angles, sines and cosines add at that tile. (Worked kernel, GPU,
-# checked: 70 to 95 ns at one row, four rows copying faster than one; rotation / copy under 1.1 at
-# one row, over 1.5 at four, over 2 at sixteen.)
+# *rotation / copy* is what the angles, sines and cosines add at that tile.
 
 # %%
 if GPU:
@@ -1181,12 +1086,7 @@ if GPU and not rows_ok:     # the worked kernel: a program's cost, and what the 
 # thread (rounded up to 8), programs of 4 warps (128 threads) are capped at
 # $$ \text{warps/SM} = \min\left(64,\; 4 \left\lfloor \frac{65536}{128 \cdot
 #    8\lceil r/8 \rceil} \right\rfloor\right), $$
-# a cap, not the warps an SM held while the kernel ran (that takes a profiler). The cell checks
-# what the table shows: the rotation compiles to over five times the copy's instructions per
-# element at every tile, no more per element at 64 rows than at one, while its registers grow with
-# the tile until at 64 rows a thread takes all 255 and spills (none up to 16 rows, beyond the small
-# local array the sine's and cosine's slow path keeps at every tile); its warp cap falls with them
-# (the worked kernel: 16 at 16 rows, 8 at 64), the copy's stays at 40 or more.
+# a cap, not the warps an SM held while the kernel ran (that takes a profiler).
 
 # %%
 from ropelib.course import load_schedule
@@ -1239,19 +1139,16 @@ if not rows_ok:     # the worked kernel: from 4 rows to 64 the count per element
 
 # %% [markdown]
 # **Why the rotation falls behind the copy from four rows on.** With the tile the compiler raises
-# the registers, lowers the warps an SM can hold, spills at 64 rows, and does not raise the
-# instructions per element. Appendix A.6 races a variant with the per-row angle work cut (angles
-# loaded and evaluated once a tile), moving the same bytes; where it runs near the copy while the
-# racing kernel does not, that work, not memory traffic, is what slows the rotation. Which of its
-# costs, instruction issue or registers, takes a profiler's counters on a GPU, not taken here.
+# the registers, lowers the warps an SM can hold and spills at 64 rows, while the instructions per
+# element do not rise. Appendix A.3 races a variant with the per-row angle work cut, moving the
+# same bytes: where it runs near the copy and the racing kernel does not, that work, not memory
+# traffic, slows the rotation.
 
 # %% [markdown]
 # Now your kernel as a provider at its fastest tile, beside the others (forward only). Rounded
 # once, the worked kernel scores at most half an ulp head-wise on a GPU, up to one in the
 # interpreter (whose `.to(tl.bfloat16)` truncates: notebook 03, section 6.3); on a GPU it lands
-# below TE's fused kernel, and TE's below ropelib's (checked where TE is installed). TE's kernel is
-# bound by issuing instructions, many of them integer index arithmetic (notebook 04, section 5.4
-# and appendix A.1).
+# below TE's fused kernel, and TE's below ropelib's (checked where TE is installed).
 
 # %%
 best = min(race, key=lambda r: r["your rotation"])["BLOCK_ROWS"]
@@ -1276,31 +1173,27 @@ if not rows_ok:     # the worked kernel: rounded once; on a GPU below TE's fused
 #
 # - **Judge a memory-bound kernel against a copy of the same bytes, timed in the same run with the
 #   same timer**, and its error in head-wise ulps against fp64: the fused kernels round once
-#   (≤ 0.5). A ratio above 1 is a slow copy, two timers mixed or a copy kernel short of the
-#   fastest possible, never a kernel faster than memory; a ratio carries to another GPU only for
-#   a kernel that memory paces.
+#   (≤ 0.5). The ratio carries to another GPU only for a kernel whose time follows the memory's:
+#   ropelib's forward did between the committed H200 and H100 runs; TE's and eager PyTorch's not.
 # - **A forward sweep is a fixed cost per call plus bytes over bandwidth**, $1/b$ a bandwidth only
 #   where the slope's standard error pins it. ropelib's line ties the copy's in fp32 and reaches
 #   0.89 of it in bf16 at batch 1 (committed H200 sweeps); TE's fused kernel stays well below.
-# - **A time that does not follow the bytes is a cost per call; find out whose**, comparing host
-#   times within one run. ropelib's eager forward+backward loses to TE's on the host (committed
-#   H200 runs), a third of its host time at decode size in its own route to its launches (A.4);
-#   replaying the step from a CUDA graph removes that cost, compiling the RoPE call does not.
+# - **A time that does not follow the bytes is a cost per call; find out whose** by timing the
+#   host's issue, `do_bench` and a replay: ropelib's eager forward+backward loses to TE's because
+#   its host's time fills the gap between `do_bench` and its kernels (both GPUs' committed runs;
+#   7.3 live), at decode size its two launches (A.1). Replaying the step from a CUDA graph removes
+#   that cost; compiling the RoPE call does not.
 # - **A RoPE kernel is a copy with arithmetic in between**: one kernel with a switch measures what
-#   the rotation adds; a variant with less per-row angle work (A.6) shows where it goes.
+#   the rotation adds; a variant with less per-row angle work (A.3) shows where it goes.
 
 # %% [markdown]
 # ## Not measured here
 #
-# Each of these would take a profiler on a GPU (a timeline, or a kernel's counters):
-#
-# - why ropelib's bf16 forward line at batch 1 streams at 0.89 of the copy's (6.1);
-# - why ropelib's bf16 ratio dips at batch 8 and is not monotone along the batch axis (A.1);
-# - when inside the call torch.compile's forward launches its kernel, and why `do_bench` and its
-#   loop written out can time that forward differently (A.2, 7.3);
-# - where ropelib's replayed forward spends about 3 µs beyond its kernel (A.5);
-# - which part of the rotation's per-row angle work, instruction issue or registers, slows it
-#   from four rows a program on (section 8, A.6), and how many instructions actually run (A.7).
+# Each of these would take a profiler on a GPU (a timeline, or a kernel's counters): why
+# ropelib's bf16 forward line at batch 1 streams at 0.89 of the copy's (6.1) and its ratio dips at
+# batch 8 (5); when inside the call torch.compile's forward launches its kernel (5, 7.3); and which
+# part of the rotation's per-row angle work, instruction issue or registers, slows it from four
+# rows a program on (8, A.3).
 
 # %% [markdown]
 # Notebook 08 turns from speed to correctness: an `allclose` between two RoPE kernels that
@@ -1315,168 +1208,19 @@ if not rows_ok:     # the worked kernel: rounded once; on a GPU below TE's fused
 # 3. ropelib's eager forward+backward costs a hundred or more microseconds a call at batch 1
 #    (sections 6 and 7), and a transformer layer calls RoPE for q and k every step. At what model
 #    size does that stop mattering, and what removes the cost where it matters?
-# 4. In fp32 the element-wise ulp error of a correct kernel can be in the hundreds. How would you
-#    set `torch.allclose`'s tolerances for an fp32 RoPE test so that it cannot pass a wrong kernel
-#    and cannot fail a right one?
 
 # %% [markdown]
 # ## Appendix: the measurements behind the side remarks
 #
-# ### A.1 Two open points of section 5
-#
-# In bf16 ropelib's ratio at the longest sequence is lower at batch 8 than at batches 2 and 4, and
-# along the batch axis it is not monotone (the cell prints both). On a GPU the cell times these
-# points again; only on the committed run's GPU, an H200, does it judge whether a dip comes back
-# (then it belongs to the shape) or not (that run's).
-
-# %%
-if DTYPES:     # the batch axis of the committed run: not monotone
-    batch_ratio = [round(ratio["batch-bf16", b, "ropelib"], 3) for b in (1, 2, 4, 8, 16)]
-    print(f"batch sweep, ropelib's forward ratio ({seed_meta['gpu']}):",
-          dict(zip((1, 2, 4, 8, 16), batch_ratio)))
-    assert batch_ratio == [0.879, 0.807, 0.987, 0.998, 0.963]
-    assert seed_meta["gpu"] == "NVIDIA H200"                  # the GPU a verdict needs
-if GPU and DTYPES and "ropelib" in available:
-    rope_p = next(p for p in provs if p.name == "ropelib")
-    longest = max(r["seq_len"] for r in seed_rows if r["sweep"] == "seq_len-b8-bf16")
-    open_points = {(r["sweep"], r["batch"]): r for r in seed_rows if r["provider"] == "ropelib"
-                   and (r["sweep"] in ("seq_len-b2-bf16", "seq_len-b4-bf16", "seq_len-b8-bf16")
-                        and r["seq_len"] == longest or r["sweep"] == "batch-bf16")}
-    again_steps = {}
-    for k, r in open_points.items():
-        case_k = compare.make_case(as_config(r), device)
-        again_steps[k, "ropelib"] = lambda c=case_k: rope_p.fn(c)
-        again_steps[k, "copy"] = compare.copy_floor(case_k.tensors)[0]
-    again = compare.time_in_rounds(again_steps, device, rounds=5)
-    again_ratio = {k: again[k, "copy"][0] / again[k, "ropelib"][0] for k in open_points}
-    here_gpu = torch.cuda.get_device_name()
-    print(f"ropelib's forward / the copy at the open points, medians of 5 rounds: committed "
-          f"({seed_meta['gpu']}) beside this run ({here_gpu})")
-    for (sweep, b), r in open_points.items():
-        print(f"  {sweep:16s} batch {b:2d}: committed {r['ratio_fwd']:.3f}, here "
-              f"{again_ratio[sweep, b]:.3f}")
-    if here_gpu == seed_meta["gpu"]:      # the committed run's GPU: its points measured again
-        b8_low = again_ratio["seq_len-b8-bf16", 8] < min(again_ratio["seq_len-b2-bf16", 2],
-                                                         again_ratio["seq_len-b4-bf16", 4])
-        batch_here = [again_ratio["batch-bf16", b] for b in sorted(b for s_, b in open_points
-                                                                    if s_ == "batch-bf16")]
-        print(f"  here: batch 8 below batches 2 and 4 at S={longest}: "
-              f"{'yes' if b8_low else 'no'}; the batch axis rises at every step: "
-              f"{'yes' if all(a <= b for a, b in zip(batch_here, batch_here[1:])) else 'no'}")
-    else:
-        print(f"  no verdict on the two points: it needs the committed run's GPU, "
-              f"{seed_meta['gpu']}; these ratios are this {here_gpu}'s")
-    assert all(0.3 < v < 1.5 for v in again_ratio.values()), again_ratio      # a sanity band
-    del again_steps, case_k
-
-# %% [markdown]
-# ### A.2 torch.compile's forward in the sweeps
-#
-# Up to 64 MiB torch.compile's forward took about the same time at nearly every point while the
-# copy grew several times over: its time is not its bytes'. The cell sets each point against the
-# two cases of 7.3's picture, with the memset from the committed `dobench_gap` log (`do_bench`'s
-# loop traced on the H200): a kernel launched at the call's return would give a median of the
-# kernel's time (queued) or about twice it (device waits). Two points fit neither, and the slow
-# ones would need more host time an iteration than the floor suite measured; a launch inside the
-# call allows any median (the last column: how late). When torch.compile launches its kernel is
-# not measured here.
-
-# %%
-# the host's time to issue one eager forward (floor suite, decode size S = 1, B = 64, sbhd)
-host_fwd = {r["provider"]: r["ms"] * 1e3 for r in floor_rows
-            if r["case"] == "decode host forward sbhd"}
-print(f"host time per eager forward call, decode size ({floor_meta['gpu']}, the run of "
-      f"{decode_date[:16]}):", {p: round(host_fwd[p], 1) for p in ("torch.compile", "ropelib",
-                                                                    "te_fused")}, "us")
-assert [round(host_fwd[p]) for p in ("torch.compile", "ropelib", "te_fused")] == [73, 21, 27]
-GAP_LOG = RESULTS / "dobench_gap-nvidia-h200-20261204-0930.log"
-memset_us = measured.dobench_gap_log(GAP_LOG)[0]
-timeline = measured.dobench_gap_timeline(GAP_LOG)["ropelib"]
-print(f"{GAP_LOG.name} ({measured_when(GAP_LOG)[1]}): memset of 256 MiB {memset_us:.1f} us; "
-      f"ropelib's forward kernel launched {timeline['first_launch'] - timeline['call_start']:.1f}"
-      f" us into a call of {timeline['call_end'] - timeline['call_start']:.1f} us")
-assert memset_us == 61.6
-assert [round(timeline[k] - timeline["call_start"]) for k in ("first_launch", "call_end")] \
-    == [52, 292]
-if DTYPES:     # torch.compile's forward along the sequence and the batch
-    tc_rows = [r for r in on_axes if r["provider"] == "torch.compile"
-               and r["sweep"] in ("seq-bf16", "batch-bf16")]
-    up_to_64 = [r for r in tc_rows if x_bytes(r) <= 64 * 2**20]
-    call_us = {(r["sweep"], r[AXES[r["sweep"]]]): r["fwd_ms"] * 1e3 for r in up_to_64}
-    # the 32 MiB base shape, timed twice: along the sequence (the one fast point) and the batch
-    assert (round(call_us.pop(("seq-bf16", 2048))), round(call_us["batch-bf16", 2])) == (30, 83)
-    assert len(call_us) == 6 and (round(min(call_us.values())), round(max(call_us.values()))) \
-        == (64, 84)
-    assert [round(f(r["copy_fwd_ms"] * 1e3 for r in up_to_64)) for f in (min, max)] == [9, 37]
-    need = {(r["sweep"], r[AXES[r["sweep"]]]): launch_queue.regime_needed(
-        r["fwd_ms"] * 1e3, r["copy_fwd_ms"] * 1e3, memset_us) for r in tc_rows}
-    print(f"  {'torch.compile point':18s} {'MiB':>4s} {'median':>9s} {'k (copy)':>9s} "
-          f"{'median / k':>10s} {'at return':>13s} {'host needed':>11s} "
-          f"{'launch after memset ends':>25s}")
-    for r in tc_rows:
-        n = need[r["sweep"], r[AXES[r["sweep"]]]]
-        print(f"  {r['sweep']:10s} {r[AXES[r['sweep']]]:7d} {x_bytes(r) / 2**20:4.0f} "
-              f"{r['fwd_ms'] * 1e3:6.1f} us {r['copy_fwd_ms'] * 1e3:6.1f} us {n['ratio']:10.2f} "
-              f"{n['at_return']:>13s} {n['host_us']:8.1f} us {n['lag_us']:22.1f} us")
-    neither = {k: round(n["ratio"], 2) for k, n in need.items() if n["at_return"] == "neither"}
-    assert neither == {("seq-bf16", 2048): 1.49, ("batch-bf16", 8): 1.41}
-    slow = [n["host_us"] for n in need.values() if n["at_return"] == "device waits"]
-    assert (round(min(slow)), round(max(slow))) == (107, 124)
-
-# %% [markdown]
-# ### A.3 The fixed cost where ropelib runs one pass
-#
-# Below 64 MiB ropelib runs one kernel. Does 6.1's extra fixed cost over the copy explain its ratio
-# there? Added to the copy's time at section 5's fp32 points under 64 MiB from batch 2 on, it
-# predicts the ratio within 0.04 where the percentiles are tight, not where they are wide. TE's
-# forward lies further off; notebook 04 (5.4, A.1) traces that to its instructions.
-
-# %%
-if len(models) == 2:
-    # section 5's fp32 points under 64 MiB from batch 2 on: the copy's time there, against the
-    # same plus ropelib's extra fixed cost at batch 1
-    extra_ms = (models["fp32"]["ropelib"]["fwd"][0] - models["fp32"]["ropelib"]["copy"][0]) / 1e3
-    one_pass = [r for r in seed_rows if r["provider"] == "ropelib" and r["dtype"] == "fp32"
-                and r["batch"] > 1 and not two_pass(r)]
-    spread = lambda r: max(r["fwd_ms_p80"] / r["fwd_ms"] - 1, 1 - r["fwd_ms_p20"] / r["fwd_ms"])
-    left = {}
-    for r in one_pass:
-        left[r["batch"], r["seq_len"]] = r["copy_fwd_ms"] / (r["copy_fwd_ms"] + extra_ms)
-        print(f"fp32 batch {r['batch']}, S={r['seq_len']}: the fixed cost leaves "
-              f"{left[r['batch'], r['seq_len']]:.3f} of a copy, measured {r['ratio_fwd']:.3f} "
-              f"(percentiles within {spread(r):.0%} of the median)")
-    assert len(one_pass) == 4 and (round(min(left.values()), 2), round(max(left.values()), 2)) \
-        == (0.85, 0.92)
-    tight = [r for r in one_pass if round(spread(r), 2) <= 0.03]
-    assert len(tight) == 2 and all(r["seq_len"] > 256 for r in tight)
-    assert all(abs(r["ratio_fwd"] - left[r["batch"], r["seq_len"]]) < 0.04 for r in tight)
-    # the two at S = 256, with wide percentiles: batch 2 short of the prediction by more than
-    # 0.2 even at its 20th percentile; batch 4's prediction between its percentiles
-    at_256 = {r["batch"]: r for r in one_pass if r["seq_len"] == 256}
-    band = {b: (r["ratio_fwd"] * r["fwd_ms"] / r["fwd_ms_p20"],
-                r["ratio_fwd"] * r["fwd_ms"] / r["fwd_ms_p80"]) for b, r in at_256.items()}
-    print("S=256, ropelib's ratio at its 20th and 80th percentiles:",
-          {b: tuple(round(v, 3) for v in band[b]) for b in band})
-    assert sorted(at_256) == [2, 4] and band[2][0] < left[2, 256] - 0.2
-    assert band[4][1] < left[4, 256] < band[4][0] and round(spread(at_256[4]), 2) == 0.50
-    # TE's forward at batch 8, the median over the sweep: fp32 and bf16
-    te_b8 = {d: statistics.median(r["ratio_fwd"] for r in seed_rows if r["provider"] == "te_fused"
-                                  and r["sweep"] == f"seq_len-b8-{d}") for d in DTYPES}
-    print("TE fused, batch 8, median forward ratio:", {d: round(v, 2) for d, v in te_b8.items()})
-    assert (round(te_b8["fp32"], 2), round(te_b8["bf16"], 2)) == (0.76, 0.57)
-
-# %% [markdown]
-# ### A.4 Where ropelib's host spends its time
+# ### A.1 Where ropelib's host spends its time
 #
 # `benchmarks/host_by_size_probe.py` issued eager forward+backward calls (50 back to back, best of
 # five rounds) at decode size, 64 and 256 MiB in one H200 run: ropelib's, TE's, a control (`x * c`
 # with autograd) and ropelib's with its two Triton launches replaced by nothing, each also with
-# autograd's device thread off (7.3). The cell checks that ropelib's host is the slower at every
-# size; that **at decode size its two launches account for the gap**; that **from 64 MiB on its
-# Python alone** takes longer than TE's whole call (there it runs the two-pass route, notebook 05,
-# section 6, whose Python the log's profile lists at 64 MiB and not at decode); and that autograd's
-# device thread costs every provider, ropelib more than TE. These overlap rather than add. A host's
-# speed belongs to its machine, CPU and all: compare host times within one run.
+# autograd's device thread off. The cell checks that **at decode size ropelib's two launches
+# account for its gap to TE**, that **from 64 MiB on its Python alone** (the two-pass route's
+# bookkeeping, notebook 05, section 6) takes longer than TE's whole call, and that autograd's device
+# thread costs ropelib more than TE. These overlap rather than add.
 
 # %%
 HOST_LOG = RESULTS / "host_by_size-nvidia-h200-20261204-1600.log"
@@ -1519,58 +1263,16 @@ assert not any(f in sections[decode] for f in two_pass_python)
 assert all(f in sections["64 MiB sbhd"] for f in two_pass_python)
 
 # %% [markdown]
-# **A cProfile at decode size** (`benchmarks/host_profile.py`: a leaf `x` of [1, 64, 32, 128],
-# sbhd bf16, through `ropelib.apply_rope(x, freqs).backward(g)`, 300 calls after 50 to warm up;
-# `host-profile-nvidia-h200-20261201.txt`). The 300 calls took 90 ms of host time: the backward
-# 64 %, the forward 32 %; by *own time* the largest item is autograd's C++ engine
-# (`run_backward`), 27 %. ropelib's route to a Triton launch (`eager.py`'s `run`: allocate the
-# output, launch) takes 32 % over the 600 launches, `torch.empty_like` 6 % and Triton's C launcher
-# 8 % within it: a third of the host's time. (cProfile adds a cost to every Python call: read
-# shares, not times.)
-
-# %%
-from ropelib.course.cprofile_text import entry, read_profile
-
-PROFILE = RESULTS / "host-profile-nvidia-h200-20261201.txt"
-total_s, tables = read_profile(PROFILE)
-own, cum = tables["internal time"], tables["cumulative time"]
-print(f"{PROFILE.name}: measured on {' '.join(measured_when(PROFILE))}; {total_s} s profiled")
-step = entry(cum, "host_profile.py", "(step)")              # one forward+backward call
-backward = entry(cum, "torch/_tensor.py", "(backward)")       # Tensor.backward
-forward = entry(cum, "ropelib/api.py", "(apply_rope)")
-engine = entry(own, "run_backward")
-launches = entry(cum, "ropelib/eager.py", "(run)")
-launcher = entry(own, "__triton_launcher.launch")
-alloc = entry(own, "torch.empty_like")
-assert step["ncalls"] == 300 and step["cumtime"] <= total_s
-# what benchmarks/host_profile.py runs: .backward on a leaf x of [1, 64, 32, 128], as said above
-script = (ROOT / "benchmarks" / "host_profile.py").read_text()
-assert all(s_ in script for s_ in ("randn(1, 64, 32, 128", "requires_grad=True", ".backward(g)"))
-assert abs(step["cumtime"] * 1e3 - 90) <= 0.5                # "90 ms", to the millisecond
-assert backward["cumtime"] + forward["cumtime"] <= step["cumtime"]
-assert engine["tottime"] == max(r["tottime"] for r in own.values())   # the largest own time
-assert launches["ncalls"] == launcher["ncalls"] == alloc["ncalls"] == 600 == 2 * step["ncalls"]
-# the shares the text above states, in whole per cent of the 300 calls' host time
-stated_shares = {"backward (Tensor.backward)": (backward["cumtime"], 64),
-                 "forward (apply_rope)": (forward["cumtime"], 32),
-                 "autograd engine, own time": (engine["tottime"], 27),
-                 "eager run, 600 launches": (launches["cumtime"], 32),
-                 "torch.empty_like, own time": (alloc["tottime"], 6),
-                 "Triton's C launcher, own time": (launcher["tottime"], 8)}
-for what, (seconds, pct) in stated_shares.items():
-    share = 100 * seconds / step["cumtime"]
-    print(f"{what:31s} {share:5.1f} % of the host time (the text: {pct} %)")
-    assert abs(share - pct) <= 0.5, (what, share, pct)     # the text rounds to whole per cent
-
-# %% [markdown]
-# ### A.5 The eager call at 64 and 256 MiB
+# ### A.2 The eager call at 64 and 256 MiB
 #
 # `benchmarks/mid_fwdbwd_probe.py` timed one forward+backward of ropelib, torch.compile and TE's
-# fused kernel on an H200 as **device** (a CUDA-graph replay), **host** (7.2's enqueue) and
-# **eager** (50 calls, then one synchronisation: what a training step waits for), at 64 MiB of bf16
-# in each layout and 256 MiB in bshd. The figure says it: at 64 MiB ropelib's and torch.compile's
-# host bars tower over their kernels and TE's eager call is the fastest; at 256 MiB the kernels
-# catch up. Host times come from separate rounds: read them to a few tens of per cent.
+# fused kernel on an H200 as **host** (7.2's enqueue), **device** (a CUDA-graph replay) and
+# **eager** (50 calls, then one synchronisation: what a training step waits for) at 64 MiB of
+# bf16 in each layout and 256 MiB in bshd, in one run: 7.1's comparison with the host timed at the
+# same size. At 64 MiB ropelib's and
+# torch.compile's host takes three to eight times their kernels' time and TE's eager call is the
+# fastest; at 256 MiB the kernels catch up. The eager call takes about the larger of the two sides
+# (0.68 to 1.02 of it). Host times come from separate rounds: read them to a few tens of per cent.
 
 # %%
 MID_LOG = RESULTS / "mid_fwdbwd-nvidia-h200-20261201-2307.log"
@@ -1580,10 +1282,6 @@ assert "h200" in mid_gpu and mid_day == "20261201"
 MID = [f"64 MiB bf16 {layout}" for layout in ("sbhd", "bshd", "thd")]
 BIG = "256 MiB bf16 bshd"
 PROVS = ("ropelib", "torch.compile", "te_fused")
-from ropelib.bench import floor as floor_suite
-
-c64 = {c.name: c.config for c in floor_suite.rope_cases()}["64 MiB bf16 sbhd"]
-assert (c64.seq_len, c64.batch, c64.heads, c64.head_dim, c64.dtype) == (1024, 8, 32, 128, "bf16")
 print(f"{MID_LOG.name}: measured on {mid_gpu}, {mid_day}; µs per forward+backward, medians of "
       "three rounds; 'of copies': the replayed time against two replayed copies (forward: one)")
 print(f"{'case':17s} {'provider':13s} {'host':>7s} {'device':>7s} {'host/device':>12s} "
@@ -1610,6 +1308,7 @@ assert at_64("fwdbwd_ratio", ["ropelib"])[0] > 0.93 > 0.55 > at_64("fwdbwd_ratio
 # TE's near them; so TE's eager call is the fastest at 64 MiB
 host_over = {p: at_64("enqueue_us", [p], per="fwdbwd_graph_us") for p in PROVS}
 assert host_over["ropelib"][0] > 3 and host_over["torch.compile"][0] > 6 \
+    and max(host_over["ropelib"][1], host_over["torch.compile"][1]) < 8 \
     and host_over["te_fused"][1] < 1.7, host_over
 assert all(mid[c, "te_fused"]["eager_us"] < min(mid[c, p]["eager_us"] for p in PROVS[:2])
            for c in MID)
@@ -1621,95 +1320,20 @@ assert round(big["ropelib"]["eager_us"]) == 264
 assert round(big["ropelib"]["copy_pair_us"] / big["ropelib"]["eager_us"], 2) == 0.96
 assert round(big["te_fused"]["fwdbwd_graph_us"]) == 482
 assert round(big["te_fused"]["enqueue_us"] / big["te_fused"]["fwdbwd_graph_us"], 2) == 0.33
-# the log's ropelib had the two-pass route's settings of the code imported here (the early
-# launch, 256 entries a program): the variants log, one run, with both on and both off
-from ropelib.kernels import launch, tiles
-VARIANTS_LOG = RESULTS / "mid_fwdbwd_variants-nvidia-h200-20261201-1444.log"
-variants = measured.fwdbwd_variants_log(VARIANTS_LOG)
-ON, OFF = "early True, 256 a program", "early False, 1024 a program"
-assert tiles.EARLY_LAUNCH and launch.TWO_PASS_TABLE_ELEMENTS == 256
-assert all(abs(variants[c, ON]["fwdbwd_us"] / mid[c, "ropelib"]["fwdbwd_graph_us"] - 1) <= 0.015
-           and abs(variants[c, ON]["fwdbwd_ratio"] - mid[c, "ropelib"]["fwdbwd_ratio"]) <= 0.01
-           for c in MID + [BIG])
-# the log, drawn: per provider the host's time, the device's and the eager call's
-fig, axes = plt.subplots(1, 4, figsize=(16, 3.4), sharey=True)
-BARS = (("enqueue_us", "host: enqueue"), ("fwdbwd_graph_us", "device: replayed"),
-        ("eager_us", "eager call"))
-for ax, case in zip(axes, MID + [BIG]):
-    for k, (key, label) in enumerate(BARS):
-        ax.bar([i + (k - 1) * 0.27 for i in range(len(PROVS))],
-               [mid[case, p][key] for p in PROVS], width=0.27, label=label)
-    ax.set_xticks(range(len(PROVS)), PROVS, fontsize=8)
-    ax.set_title(case, fontsize=9)
-    ax.grid(axis="y", alpha=0.3)
-axes[0].set_ylabel("µs per forward+backward")
-axes[0].legend(fontsize=7)
-fig.suptitle(f"{MID_LOG.name}: measured on {mid_gpu}, {mid_day} (a committed run, not this one)",
-             fontsize=9)
-fig.tight_layout()
-plt.show()
-# the eager call against the larger of the host's and the device's time, in every group
+# the eager call waits for the slower side: at most about the larger of host and device
 eager_over = {(c, p): mid[c, p]["eager_us"] / max(mid[c, p]["enqueue_us"],
                                                   mid[c, p]["fwdbwd_graph_us"])
               for c in MID + [BIG] for p in PROVS}
-print("eager call / the larger of enqueue and replayed:",
-      {f"{c.replace(' bf16', '')} {p}": round(v, 3) for (c, p), v in eager_over.items()})
 assert rounded((min(eager_over.values()), max(eager_over.values())), 2) == (0.68, 1.02)
-# above 1 only where the device's bar is the taller: everywhere but TE at 256 MiB, the host's
-assert [k for k, v in eager_over.items() if v > 1] == [(BIG, "te_fused")]
-assert [(c, p) for c in MID + [BIG] for p in PROVS
-        if mid[c, p]["fwdbwd_graph_us"] > mid[c, p]["enqueue_us"]] == [(BIG, "te_fused")]
 
 # %% [markdown]
-# **Inside ropelib's replayed forward.** In one profiled eager call (the same log) ropelib's and
-# torch.compile's forward kernels ran shorter than the replayed copy of the same bytes, so a ratio
-# slightly above 1 is possible (7.3). The two are timed differently (the kernels by the profiler,
-# the copy by CUDA events around a replayed graph), so the size of that lead is not pinned down.
-# ropelib's replayed forward spends about 3 µs more than its kernel; the log does not say where.
-
-# %%
-def kernels_us(path):
-    """{(case, provider): [µs of each device kernel, in order]} that torch.profiler listed under
-    each provider's line in a mid_fwdbwd log: one eager forward+backward."""
-    compare.note_read(path)
-    out, case, prov = {}, None, None
-    for line in path.read_text().splitlines():
-        if m := re.match(r"== (.+?): copy ", line):
-            case = m[1]
-        elif m := re.match(r"(\S+)\s+fwd graph ", line):
-            prov = m[1]
-        elif m := re.match(r"\s+([\d.]+) us  \S", line):
-            out.setdefault((case, prov), []).append(float(m[1]))
-    return out
-
-# a ratio above 1: the forward kernels of ropelib and torch.compile, each alone, run shorter
-# than PyTorch's copy kernel of the same bytes (the replayed copy of the case)
-kernels = kernels_us(MID_LOG)
-assert all(len(kernels[c, p]) == 2 for c in MID for p in PROVS)     # one kernel each way
-kernel_fwd = {k: v[0] for k, v in kernels.items()}
-copy_64 = [mid[c, "ropelib"]["copy_us"] for c in MID]
-fast = [kernel_fwd[c, p] for c in MID for p in ("ropelib", "torch.compile")]
-print(f"64 MiB: the copy replayed {min(copy_64):.1f}-{max(copy_64):.1f} us; forward kernels in "
-      f"one profiled eager call, ropelib's and torch.compile's {min(fast):.1f}-{max(fast):.1f} us")
-assert all(kernel_fwd[c, p] < mid[c, "ropelib"]["copy_us"] for c in MID
-           for p in ("ropelib", "torch.compile"))
-assert (min(copy_64), max(copy_64), min(fast), max(fast)) == (33.3, 33.5, 31.8, 32.5)
-# ropelib's replayed forward (the copy's µs over its ratio) spends about 3 µs more than its kernel
-beyond = [mid[c, "ropelib"]["copy_us"] / mid[c, "ropelib"]["fwd_ratio"] - kernel_fwd[c, "ropelib"]
-          for c in MID]
-assert all(2.5 < v < 3.5 for v in beyond), beyond
-
-# %% [markdown]
-# ### A.6 One angle load per tile
+# ### A.3 One angle load per tile
 #
 # This variant loads the angles of the tile's one token once, `[1, D]`, and broadcasts them (right
-# when a tile lies within one token's $BH$ rows). It moves the same bytes of $x$ as the racing
-# kernel but cuts the per-row angle work (loads, sines, cosines), and with it instructions and
-# registers (the compiled table). On a GPU the cell races it beside the racing kernel (checked only
-# against a sanity band): at a tile where it runs near the copy and the racing kernel does not, the
-# per-row work, not memory traffic, slows the racing kernel. Which part, instruction issue or
-# registers, the race cannot say (both fall together): that takes a profiler's counters on a GPU,
-# not taken here.
+# when a tile lies within one token's $BH$ rows): the same bytes of $x$ as the racing kernel, far
+# less per-row angle work (the compiled table). On a GPU the cell races the two: at a tile where the
+# variant runs near the copy and the racing kernel does not, the per-row work, not memory traffic,
+# slows the racing kernel. Whether through instruction issue or registers, the race cannot say.
 
 # %%
 @triton.jit
@@ -1773,40 +1397,3 @@ if GPU:     # the race again, the token-angle rotation beside the racing kernel'
 else:
     print("the token-angle race: skipped (no GPU; the interpreter's times mean nothing)")
 
-# %% [markdown]
-# ### A.7 How much of the compiled code runs? Not answered here
-#
-# Section 8 counts instructions *compiled* per element, $i$, including the sine's and cosine's slow
-# path, which runs only for large angles. On a GPU the cell sets the least time $N$ elements would
-# take to issue them, $(N\, i / 32) / (4\, n_\text{SM}\, f_\text{clock})$ at 4 warp instructions
-# an SM a clock, beside the race's time. That cannot tell what ran: a bound above the measured time
-# says only that some compiled code did not run, known beforehand from the slow path; one below
-# says nothing. Executed counts take a GPU profiler (Nsight Compute), not run here.
-
-# %%
-# the least time the compiled instructions would take to issue, against the race's times
-if GPU:
-    props = torch.cuda.get_device_properties(device)
-    clock_khz = getattr(props, "clock_rate", 0) or 0          # the peak SM clock, kHz
-    clock_from = "read from the device"
-    if not clock_khz:                      # not reported: the H200's 1980 MHz peak, assumed
-        clock_khz, clock_from = 1_980_000, "assumed (the H200's peak), not reported"
-    issue_per_s = props.multi_processor_count * 4 * clock_khz * 1e3   # warp instructions / s
-    n_elem = x7.numel()
-    print(f"issue bound: {props.multi_processor_count} SMs x 4 warp instructions a clock x "
-          f"{clock_khz / 1e3:.0f} MHz ({clock_from}); {n_elem:,} elements")
-    for r in race:
-        b = r["BLOCK_ROWS"]
-        if (b, True) not in compiled:
-            continue
-        for rotate, key in ((False, "your copy"), (True, "your rotation")):
-            bound_ms = n_elem * inst_per_elem[b, rotate] / 32 / issue_per_s * 1e3
-            label = ("the count overstates what ran" if bound_ms > r[key] else
-                     "within the measured time: the count alone cannot say")
-            print(f"  {b:>2} rows, {key[5:]:8s} {inst_per_elem[b, rotate]:4.0f} inst/elem: "
-                  "at least "
-                  f"{bound_ms * 1e3:7.1f} us to issue, measured {r[key] * 1e3:7.1f} us "
-                  f"({bound_ms / r[key]:.2f} x): {label}")
-else:
-    print("issue bound against the race's times: skipped (no GPU: no clock, and the times "
-          "above are the interpreter's)")

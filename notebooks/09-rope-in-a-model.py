@@ -372,10 +372,6 @@ print("wrote", csv_path)
 # cell above draws your run's figure (a CPU's is
 # [`09-loss-curves-cpu.png`](../figures/09-loss-curves-cpu.png)) into a scratch folder unless
 # `ROPELIB_WRITE_FIGURES=1` is set.*
-#
-# The next cell reads that committed run's CSV and prints what the text after it quotes: each
-# run's validation distance from the reference over the second seed's, the first step whose
-# training loss leaves the reference's, and how the validation loss ends.
 
 # %%
 meta_c, saved_c = COMMITTED_CURVES                 # figures/09-loss-curves.csv: {run: history}
@@ -430,8 +426,7 @@ assert round(tr_c[-1] - tr_c[-2], 3) == -0.028 and round(v_c[-1] - v_c[-2], 3) =
 # **The model has begun to overfit**: the validation-minus-training gap widens at every
 # evaluation, and at the end the training loss still falls while the validation loss barely
 # does. The two runs that turned up did so by a tenth of the seed distance, inside the check: the
-# comparison still measures RoPE, not memorising. Trained much longer on this text, a
-# comparison would need more text or fewer steps.
+# comparison still measures RoPE, not memorising.
 
 # %% [markdown]
 # ### The same model with RoPE inside the QKV projection
@@ -528,11 +523,10 @@ assert round(ms_c["reference"] - ms_c["reference again"], 2) == 3.29           #
 assert max(ms_c, key=ms_c.get) == "reference"                      # "its first and slowest"
 
 # %% [markdown]
-# In the committed H200 run ropelib's model trained 1.403 times as many tokens a second as the
-# reference's first run, which looks like a 40 % speed-up; but the same reference code, run
-# again, moved by 1.226 by itself, more than ropelib's margin over its fastest run: no verdict.
-# Your run's answer, printed above, may differ, and even a yes is weak evidence: each arm is *one*
-# run, so whatever drifts between runs lands on one arm.
+# In the committed H200 run ropelib's 1.403 times the reference's first run looks like a 40 %
+# speed-up, but the same reference code moved by more than ropelib's margin by itself: no
+# verdict. Even a yes would be weak evidence: each arm is *one* run, so whatever drifts between
+# runs lands on one arm.
 #
 # ### A measurement that can resolve it: interleaved rounds
 #
@@ -801,8 +795,7 @@ assert [round(r["rope_ms"] / timed_floor_ms, 2) for r in (lib, ref)] == [1.27, 2
 
 # %% [markdown]
 # **Reading it.** ropelib's RoPE runs near a copy's pace; the reference's chain moves more
-# bytes, and moves them slower (appendix A.3 counts both). On a GPU the cells
-# above hold your run to bands around the H200's; on the CPU they time the interpreter.
+# bytes, and moves them slower (appendix A.3 counts both).
 #
 # **Two clocks.** The busy step counts only the time the GPU runs kernels; the wall-clock step
 # also counts the time the GPU waits for the host to launch the next one. The profiler also
@@ -854,15 +847,13 @@ assert round(1e3 * lib["rope_ms"] / n_layer_c) == 31        # ropelib's RoPE a l
 
 # %% [markdown]
 # For part of every step the GPU waits for the host, and all of the busy step's saving is RoPE's
-# kernels. The wall-clock difference the cell prints comes from one training run per arm, which
-# section 4 showed cannot rank the arms; section 4's interleaved rounds are the wall-clock
-# measurement, and the next subsection asks where their saving comes from.
+# kernels. The wall-clock difference comes from one training run per arm, which section 4 showed
+# cannot rank the arms; the next subsection reads section 4's interleaved rounds instead.
 #
-# The host bars need care: they are timed under the profiler, which adds its own cost (both
-# profiled host steps exceed the wall-clock steps, A.2), and RoPE's backward runs on autograd's
-# own thread, so a host share is not a share of one clock. On a GPU the next cell prints the same
-# clocks for your run, draws them, and (with `ROPELIB_WRITE_FIGURES=1`) writes the CSVs the
-# committed run left.
+# The host bars are timed under the profiler, which adds its own cost (both profiled host steps
+# exceed the wall-clock steps, A.2), and RoPE's backward runs on autograd's own thread, so a host
+# share is not a share of one clock. On a GPU the next cell draws the same clocks for your run
+# (with `ROPELIB_WRITE_FIGURES=1` it also writes the CSVs the committed run left).
 
 # %%
 # HOST_COLUMNS: the host side of the step, per step (columns of figures/09-rope-share.csv)
@@ -902,11 +893,11 @@ else:
                                   {**environment_meta(), "config": cfg, "batch": BATCH})
 
 # %% [markdown]
-# ### Who saves what: two measurements without the profiler
+# ### Who saves what: measurements without the profiler
 #
 # *(Optional on a first reading: host time, not RoPE's math.)* The profiler inflates host time,
 # so it cannot say what RoPE costs the host, nor how long the step would take if the host never
-# held the GPU back. Two measurements without it answer both.
+# held the GPU back. Three measurements without it answer both, and split ropelib's host time.
 #
 # **RoPE's host time, as a step difference.** Section 4's rounds again, with a third arm whose
 # rotary module, `NoRotary`, returns $q$ and $k$ as they are. An arm's issue time minus the
@@ -1025,39 +1016,79 @@ else:
     torch.cuda.empty_cache()
 
 # %% [markdown]
-# **What the measurements show.** Host and device work overlap; they do not add, and the two
-# savings come from different places. Run eagerly, the step is host-bound wherever the issue
-# time nears the wall time (section 4's cell prints which case your run is): the wall clock then
-# saves what the host saves, and section 4's cell checks that the two agree. That saving is a
-# difference of two large host costs, not a dear call against a cheap one: the reference's 34 ops
-# a layer (A.3), each dispatched, recorded for autograd and launched from Python, against
-# ropelib's call, which pays for its Python, an autograd node and 2 Triton launches a layer. The
-# probe prints ropelib's host time a layer beside its kernels' device time; in the committed H200
-# profile its RoPE took 1.472 ms of host time a step (inflated by the profiler, A.2) against
-# 31 µs of device time a layer over 6 layers: several times its kernels' time. How that host time
-# splits between autograd, ropelib's Python and the launches is not measured in this model (A.2
-# reads a probe on another model, where a Function that only allocates costs about two thirds of
-# ropelib's host time). Replayed from a CUDA graph the host is out of the way, and the arms
-# differ by the device saving, RoPE's kernel time. The two savings have different causes, so
-# neither need be the larger: read the printed pair; neither cell asserts an order.
+# **Where a layer's RoPE host time goes.** The step difference above gives ropelib's host time
+# a layer as one number. The next cell splits it without the profiler
+# (`ropelib/course/nb09_host_split.py`): it takes the first layer's $q$ and $k$ from one forward
+# of the trained model (its strided views, its autocast dtype) and issues `apply_rope_qk` on them
+# 50 times back to back, four ways: forward and backward; the same with ropelib's Triton launches
+# replaced by nothing (`eager.EagerLaunch.__call__`); the forward alone, launch-free, with $q$ and
+# $k$ requiring grad (autograd records a node); and the same under `torch.no_grad()` (no node).
+# The successive differences are the two launches, the backward's rest (autograd's engine and
+# ropelib's backward Python), autograd's forward node, and the forward's own Python; they add up
+# to the forward+backward. Where the launches' line is the smaller part, a cheaper launch path
+# would not close the gap to the kernels' device time; autograd's lines are what any RoPE called
+# from Python pays. On the CPU a launch runs the kernel in the interpreter and dwarfs the rest:
+# the cell tests the code only.
+
+# %%
+from ropelib.course import nb09_host_split
+
+q1, k1, freqs1 = nb09_host_split.layer_inputs(trained, step_batch[0],
+                                              torch.bfloat16 if ON_GPU else None)
+split_us = nb09_host_split.host_split(q1, k1, freqs1, calls=50 if ON_GPU else 1,
+                                      rounds=7 if ON_GPU else 2, warmup=10 if ON_GPU else 1)
+del q1, k1
+print(f"{HERE}: host µs per apply_rope_qk call on one layer's q and k, median of the rounds:")
+for way, us in split_us.items():
+    print(f"{way:>26}: {us:9.1f}")
+for piece, us in nb09_host_split.parts(split_us).items():
+    print(f"{piece:>26}: {us:9.1f} µs = {100 * us / split_us['fwd+bwd']:5.1f} % of fwd+bwd")
+if not ON_GPU:
+    print("(CPU: each launch runs the kernel in Triton's interpreter; on a GPU this cell splits "
+          "the host's time of a layer's RoPE)")
+else:
+    print(f"fwd+bwd: {split_us['fwd+bwd']:.0f} µs of host a layer; ropelib's kernels "
+          f"{device_layer['ropelib']:.0f} µs of device a layer (the profiler's); the step "
+          "difference above: " + ("not resolved" if host_layer["ropelib"] is None
+                                  else f"{host_layer['ropelib']:.0f} µs a layer"))
+    sp = split_us
+    assert sp["fwd+bwd"] > sp["fwd+bwd, no launch"]          # removing launches saves time
+    assert sp["fwd+bwd, no launch"] > sp["fwd, no launch"]   # the backward adds a call
+    assert sp["fwd, no launch"] > 0.9 * sp["fwd, no_grad, no launch"]   # a node costs, not saves
+
+# %% [markdown]
+# **What the measurements show.** Host and device work overlap; they do not add. Run eagerly, the
+# step is host-bound wherever the issue time nears the wall time (section 4's cell prints which
+# case your run is), and the wall clock saves what the host saves: the reference's 34 ops a layer
+# (A.3), each dispatched, recorded for autograd and launched, against ropelib's one call with its
+# Python, an autograd node and 2 Triton launches a layer. In the committed H200 profile ropelib's
+# RoPE took 1.472 ms of host time a step (inflated by the profiler, A.2) against 31 µs of device
+# time a layer over 6 layers: several times its kernels' time; the split above says which of its
+# parts that is on your machine. Replayed from a CUDA graph, the host is out of the way and the
+# arms differ by RoPE's kernel time. The two savings have different causes, so neither need be the
+# larger; neither cell asserts an order.
 #
-# **Exercise 1 — RoPE's share, by name.** On a GPU the profiler lists every kernel a step ran,
-# with its device time. Write `rope_share(events, rope_names)`: `events` is a list of
-# `(kernel name, device µs)` pairs from one profiled step (a kernel launched in every layer
-# appears once per launch), `rope_names` a set of substrings; a kernel is RoPE's when its name
-# contains one of them (counted once, however many it contains). Return
-# `(rope_us, step_us, share)`: the µs of RoPE's kernels, of all kernels, and `rope_us / step_us`
-# (0 when no kernel is RoPE's).
+# **Exercise 1 — RoPE in a profiled step, by name and in copies.** On a GPU the profiler lists
+# every kernel a step ran, with its device time: `events` is a list of `(kernel name, device µs)`
+# pairs from one step (a kernel launched in every layer appears once per launch), `rope_names` a
+# set of substrings; a kernel is RoPE's when its name contains one of them (counted once).
 #
-# The check tries made-up steps whose answer is known: ropelib's one kernel, launched forward and
-# backward in every layer; another library's kernel with "rotary" inside a longer name; the
-# PyTorch reference, whose generic elementwise kernels carry no RoPE name; and a compiled model,
-# whose RoPE `torch.compile` fuses into one kernel named after its operations,
-# `triton_poi_fused_add_cat_mul_neg_slice_view_0`
-# (`benchmarks/results/compile_gap-nvidia-h200.log`). ropelib and the worked solutions are barred
-# while it runs. A cell after the solution hands your function (or the worked one) a real step
-# with `{"rope"}` as the names: on a GPU the step profiled above, elsewhere the committed one
-# (`figures/09-step-kernels.csv`).
+# (a) Write `rope_share(events, rope_names)`, returning `(rope_us, step_us, share)`: the µs of
+# RoPE's kernels, of all kernels, and `rope_us / step_us` (0 when no kernel is RoPE's).
+#
+# (b) Write `rope_copies(events, rope_names, qk_shape, elt_bytes, copy_gbps)`: each of RoPE's
+# launches reads and writes one layer's $q$ and $k$, both of shape `qk_shape` $(B, S, H, D)$ at
+# `elt_bytes` an element. Return `(rope_bytes, copies)`: the bytes all of the step's RoPE
+# launches move, and RoPE's µs over the µs one copy of those bytes takes at `copy_gbps` GB/s
+# (`(0, 0.0)` when no kernel is RoPE's). Nothing hands you the number of layers: the events do.
+#
+# The checks try made-up steps whose answer is known (ropelib's kernel in 2 layers, another
+# library's "rotary" kernel, the reference's generic kernels, and `torch.compile`'s fused RoPE,
+# `triton_poi_fused_add_cat_mul_neg_slice_view_0` in
+# `benchmarks/results/compile_gap-nvidia-h200.log`), the committed step, and a step drawn when
+# they run; ropelib and the worked solutions are barred. The cell after the solutions hands your
+# functions (or the worked ones) a real step with `{"rope"}` as the names: on a GPU the step
+# profiled above with this run's copy, elsewhere the committed one (`figures/09-*.csv`).
 
 # %%
 from ropelib.course.exercises import in_a_model, solution
@@ -1067,21 +1098,35 @@ def rope_share(events, rope_names):
     ...   # your code: return (rope_us, step_us, share)
 
 
+def rope_copies(events, rope_names, qk_shape, elt_bytes, copy_gbps):
+    ...   # your code: return (rope_bytes, copies)
+
+
 shared_by_learner = in_a_model.check_rope_share(rope_share)
+copies_by_learner = in_a_model.check_rope_copies(rope_copies)
 
 # %%
 solution(in_a_model.solution_rope_share)
+solution(in_a_model.solution_rope_copies)
 
 # %%
 by_name = rope_share if shared_by_learner else in_a_model.solution_rope_share
+in_copies = rope_copies if copies_by_learner else in_a_model.solution_rope_copies
 if ON_GPU:
     real_steps = {rope: s["device_events"] for rope, s in shares.items()}
     by_range = {rope: s["share"] for rope, s in shares.items()}
     where = f"this run's step on the {torch.cuda.get_device_name()}"
+    qk_shape, qk_elt, qk_bytes = (BATCH, cfg.block_size, cfg.n_head, cfg.head_dim), elt, rope_bytes
+    copy_gbps, range_copies = rope_bytes / floor_ms / 1e6, shares["ropelib"]["rope_ms"] / floor_ms
 else:
     real_steps = COMMITTED_STEPS[1]
     by_range = {r["rope"]: r["share"] for r in COMMITTED_SHARE[1]}
     where = f"the committed step on the {COMMITTED_STEPS[0]['gpu']} (figures/09-*.csv)"
+    n_c = dict(re.findall(r"(\w+)=(\d+)", share_meta["config"]))
+    qk_shape = (int(share_meta["batch"]), int(n_c["block_size"]), int(n_c["n_head"]),
+                int(n_c["n_embd"]) // int(n_c["n_head"]))
+    qk_elt, qk_bytes = 2, int(share_meta["rope_bytes"])              # bf16 under autocast
+    copy_gbps, range_copies = qk_bytes / timed_floor_ms / 1e6, lib["rope_ms"] / timed_floor_ms
 print(f"{'your' if shared_by_learner else 'the worked'} rope_share on {where}:")
 named = {}
 for rope, events in real_steps.items():
@@ -1096,6 +1141,14 @@ assert round(COMMITTED_SHARE[1][1]["share"], 4) == 0.3576                  # as 
 assert COMMITTED_SHARE[1][1]["rope"] == "reference"
 if ON_GPU:   # the same run: ropelib's kernels are all of its RoPE time, by name or by range
     assert abs(named["ropelib"] - by_range["ropelib"]) <= 0.15 * by_range["ropelib"]
+lib_bytes, lib_copies = in_copies(list(real_steps["ropelib"]), {"rope"}, qk_shape, qk_elt,
+                                  copy_gbps)
+print(f"{'your' if copies_by_learner else 'the worked'} rope_copies: ropelib's launches move "
+      f"{lib_bytes / 1e6:.0f} MB; at the copy's {copy_gbps:.0f} GB/s they take {lib_copies:.2f} "
+      f"copies (section 5's profile, by range over several steps: {range_copies:.2f})")
+assert lib_bytes == qk_bytes              # the bytes section 5 counted from the model's sizes
+if not ON_GPU:                            # the committed step: 1.28 copies by name, 1.27 by range
+    assert (round(lib_copies, 2), round(range_copies, 2)) == (1.28, 1.27)
 
 # %% [markdown]
 # Does a search by name find RoPE's time? For ropelib, all of it. The reference spends 35.76 % of
@@ -1562,8 +1615,8 @@ else:   # compiled: contraction turns the multiply-then-subtract into ropelib's 
 #   ropelib's step the faster. Where the eager step is host-bound (section 4 prints whether; in
 #   the committed H200 run the GPU was busy for only 50 % and 67 % of the step, ropelib and the
 #   reference), the wall clock saves what the host saves: the reference's 34 ops a layer against
-#   ropelib's call, whose own host cost is several times its kernels' time and is not broken down
-#   here; a CUDA graph replay saves what the device saves. Neither need be the larger.
+#   ropelib's call, whose own host cost is several times its kernels' time (section 5 splits it
+#   into launches, autograd and Python); a CUDA graph replay saves what the device saves.
 # - **KV cache.** Rotate each new token at its absolute position $L + j$, the cached keys never
 #   again, and every step's logits are the full forward's.
 # - **Drop-in.** One context manager for a Hugging Face Llama, one import for a TE-style block.
@@ -1714,11 +1767,10 @@ plt.show()
 # several rounds) with each RoPE minus without, per layer, for ropelib's `apply_rope_qk`, TE's
 # fused RoPE and an `autograd.Function` that only allocates its outputs, also with autograd's
 # device thread off (the backward run on the calling thread). The Function that only allocates
-# costs about two thirds of ropelib's host time: most of it is autograd's machinery, which any
-# RoPE called from Python pays. Read the probe for that ratio, not for this model's µs: it ran
-# another model, on the H200's host, and takes the best of its rounds where section 5's probe
-# takes the median. Section 5's step difference is what this model pays on your machine; this
-# notebook does not measure what sets the gap between the two.
+# costs about two thirds of ropelib's host time: on that model most of it is autograd's
+# machinery. Read the probe for that ratio, not for this model's µs: it ran another model, on the
+# H200's host, and takes the best of its rounds where section 5's probes take the median; section
+# 5's split measures this model's parts on your machine.
 
 # %%
 # share_meta, lib, ref, timed_floor_ms: the committed profile, as section 5 read it
@@ -1844,11 +1896,11 @@ assert (sum(per_layer.values()), per_layer["fill"]) == (34, 2)
 assert round(bytes_x, 1) == 16.0 and round(bytes_x / time_x, 2) == 0.66
 
 # %% [markdown]
-# The count matches the committed step kernel for kernel: 34 a layer, 204 a step, 156
-# elementwise, 36 concatenations and 12 fills (the backward of the empty pass-through slice
-# `x[..., R:]`, a tensor of zeros written and then added). Together they move 16.0 times the
-# bytes of ropelib's one kernel a pass in 24.11 times a copy's time: 0.66 of the copy's rate on
-# average. More bytes explain most of the gap; a rate below the copy's explains the rest.
+# The count matches the committed step kernel for kernel (its fills are the backward of the
+# empty pass-through slice `x[..., R:]`, a tensor of zeros written and then added). Together they
+# move 16.0 times the bytes of ropelib's one kernel a pass in 24.11 times a copy's time: 0.66 of
+# the copy's rate on average. More bytes explain most of the gap; a rate below the copy's
+# explains the rest.
 #
 # Which kernels are slow? Each kernel name tells its aten op (`BinaryFunctor` a multiply,
 # `neg_kernel`, `direct_copy` an upcast, `bfloat16_copy` a downcast, `CUDAFunctor_add`,

@@ -41,7 +41,8 @@
 # - count the bytes one decoding step moves, fused and in two kernels, and the kernels it
 #   launches, and read both beside the step's time replayed from a CUDA graph: at decode,
 #   fusion's gain is small (up to a batch of 64, about what one more kernel adds to a
-#   replay), yet far more than its bytes take at peak bandwidth.
+#   replay), yet far more than its bytes take at peak bandwidth; on a GPU, split that gain
+#   into the launch and the pass it saves.
 #
 # **Time:** about 75 minutes to read, 50 for exercises 1–4 (the two kernels take most), 20 for
 # the optional fifth. Section 3 and the end of section 4 are dense with measurements: on a first
@@ -448,10 +449,10 @@ plt.show()
 #     torchrun --nproc_per_node 1 benchmarks/cp_train.py --steps 6 \
 #         --out benchmarks/results/cp-1gpu-nvidia-h200.csv
 #
-# The runs are not the same length (12 steps on two ranks, 6 on one GPU), which changes their
+# The runs' lengths differ (12 steps on two ranks, 6 on one GPU), which changes their
 # learning-rate schedules after step 2 but not their memory or time per step. The first cell
-# reads the newest run of each number of ranks in `benchmarks/results/` (committed H200 runs:
-# the same output on any machine) and adds up a rank's peak memory from the run's sizes.
+# reads the newest committed run of each number of ranks and adds up a rank's peak memory from
+# the run's sizes.
 
 # %%
 def newest_cp_runs(folder) -> dict:
@@ -515,8 +516,8 @@ assert abs(estimate - peak_rank) < 1, "the parts add up to within 1 GiB"
 # each peaks at 55 % of that, and the sum of its parts comes to within 1 GiB of it: half of
 # one GPU's activations, the other rank's k and v for every layer (kept for the backward), and
 # the full weights, gradients and optimizer state, which CP does not split. So CP buys memory
-# first: at a little over half of one GPU's peak per rank, a sequence somewhat too long for
-# one GPU should fit on two (no such run is committed, so that is not measured here).
+# first: a sequence somewhat too long for one GPU should fit on two (not measured: no such run
+# is committed).
 #
 # **Speed, over the same steps.** A header's tokens/s leaves out the run's first `steps // 5`
 # steps (at least one: step 1 compiles), so the two headers average steps 2–6 of the 1-GPU run
@@ -677,10 +678,8 @@ assert round(at_link_ms) == 16, "about 16 ms over NVLink"
 # %% [markdown]
 # **Takeaway:** with RoPE at global positions, the dual-chunk split computes one process's loss
 # to fp32 rounding (section 2); on two H200s each rank needs 55 % of one GPU's memory and the
-# step runs 1.30 times as fast. Where the rest of the speed goes, appendix A.2 reads from this
-# cell and from profiles: mostly attention, where a rank's masked calls reach PyTorch's flash
-# kernel rather than cuDNN's. The part outside attention (by the fit, 214 of the 964 ms the
-# split costs) and rank 1's attention are not measured.
+# step runs 1.30 times as fast. Appendix A.2 splits the shortfall: mostly attention, where a
+# rank's masked calls reach PyTorch's flash kernel rather than cuDNN's.
 #
 # ## 4. Decoding with the fused cache write
 #
@@ -813,29 +812,35 @@ solution(ex.solution_rope_kv_cache_kernel.fn, title="Solution: RoPE + contiguous
 # `ropelib.rope_kv_cache` and the unfused step above, at the decode benchmark's sizes: q 32
 # heads, k and v 8 heads of 128, bf16, a contiguous cache of 4096 positions, batch 1 and 64.
 # It first checks your q and cache against ropelib's, then replays each step alone from a CUDA
-# graph (`kv_cache_decode.time_step`), as the decode benchmark at the end of this section does.
-# A CUDA graph records a sequence of kernel launches once; a replay submits all of them with
-# one call from the host. The host's per-kernel work drops out of the time, but the GPU still
-# starts every kernel in the graph, so a step of many small kernels still pays per kernel.
+# graph (`kv_cache_decode.time_step`). A CUDA graph records a sequence of kernel launches once;
+# a replay submits them all with one call from the host, so the host's per-kernel work drops
+# out, but the GPU still starts every kernel in the graph.
 #
-# Expect yours well under the unfused step (one kernel against RoPE and then the write's
-# PyTorch operators) and somewhat slower than ropelib's. Why it is slower, no run here
-# measures, and the text names no cause. One difference between the two launches is visible
-# without a GPU, the grid: yours runs one program per sequence; ropelib's kernel halves the
-# heads a program takes, down to one, as long as the grid has fewer than two programs per SM
-# (streaming multiprocessor, the GPU's unit that runs a program; `pick_tiles` in
-# `ropelib/kernels/kv_cache.py`). The cell prints both grids on any machine, computed for an
-# H200's 132 SMs: 40 programs against your 1 at batch 1, and 320 against your 64 at batch 64.
-# The kernels differ in more than the grid, so this is a difference, not an explanation:
-# testing it would take your kernel launched with ropelib's grid, which this notebook does not
-# time.
+# Expect yours well under the unfused step and somewhat slower than ropelib's, although it
+# moves fewer bytes. The cell counts, in Triton's interpreter on any machine, the programs each
+# kernel runs and the bytes each program loads and stores, at the grid ropelib picks for 132
+# SMs (streaming multiprocessors, the units that run programs; an H100 SXM and an H200 both
+# have 132): `pick_tiles` in `ropelib/kernels/kv_cache.py` halves the heads a program takes
+# while the grid has fewer than two programs per SM. At batch 1 yours is one program moving
+# every byte of the step; ropelib's is 40 programs, each of which reads the position and a row
+# of angles again, so more bytes in all.
+#
+# Hypothesis: at batch 1 one program is one SM's worth of loads in flight, and 40 programs
+# spread the same step over 40 SMs. On a GPU the cell tests it with ropelib's own kernel
+# launched at two grids, its 40 programs and 5 (8 heads a program): the same code, only the
+# grid differs. It prints which share of the gap between yours and ropelib's the smaller grid
+# reproduces; near one, the grid is what separates them; near zero, the cause is in the
+# kernels' code, not their grid.
 #
 # The cell's table sets the live times beside the committed H200 decode run, where ropelib's
 # fused step took 6.4 µs at batch 1 and 7.4 µs at batch 64, the unfused one 20.4 and 21.5 µs.
 
 # %%
+from functools import partial
+
 from ropelib.bench import kv_cache_decode
-from ropelib.kernels.kv_cache import pick_tiles
+from ropelib.course import nb11_decode_traffic as traffic
+from ropelib.kernels import kv_cache as kv_kernels
 
 DECODE = RESULTS / "decode_cache-nvidia-h200-20261201-2015.csv"   # read again further down
 if not DECODE.exists():
@@ -849,17 +854,34 @@ csv_us = {(r["provider"], r["batch"]): r["ms"] * 1e3 for r in compare.read_csv(D
 stated_csv = {("fused", 1): 6.4, ("fused", 64): 7.4, ("unfused", 1): 20.4, ("unfused", 64): 21.5}
 for key, us in stated_csv.items():
     assert abs(csv_us[key] - us) <= 0.05 + 1e-9, f"{key[0]} at batch {key[1]}: {us} us"
-# the grids: yours one program per sequence; ropelib's from pick_tiles, for one new token
-# (S = 1), 32 q and 8 kv heads of 128, on an H200's SMs (ropelib/kernels/kv_cache.py)
-H200_SMS = 132                                  # SMs of an H200 SXM (NVIDIA's figure)
-lib_programs = {}
-for Bt in (1, 64):
-    block_s, block_h, per_program, _ = pick_tiles(1, Bt, 32, 8, 128, 128, H200_SMS)
-    lib_programs[Bt] = (triton.cdiv(1, block_s) * (triton.cdiv(32, block_h)
-                        + triton.cdiv(8, block_h)) * triton.cdiv(Bt, per_program))
-    print(f"B={Bt:>2}: ropelib's grid {lib_programs[Bt]} programs ({block_h} head(s) each), "
-          f"yours {Bt}")
-assert lib_programs == {1: 40, 64: 320}
+
+# programs and bytes per program, recorded in the interpreter: the worked kernel at its grid
+# (B,), ropelib's kernel at the grid pick_tiles gives it on 132 SMs (q 32, k and v 8 heads of
+# 128, bf16)
+per_program = {Bt: traffic.program_bytes(ex.solution_rope_kv_cache_kernel, B=Bt)
+               for Bt in (1, 64)}
+print(f"{'B':>4}{'kernel':>9}{'programs':>10}{'bytes a program':>17}{'bytes in all':>14}")
+for Bt, counts in per_program.items():
+    for name in ("yours", "ropelib"):
+        n = counts[name]
+        span = f"{min(n)}" if min(n) == max(n) else f"{min(n)}-{max(n)}"
+        print(f"{Bt:>4}{name:>9}{len(n):>10}{span:>17}{sum(n):>14}")
+assert [len(per_program[Bt]["ropelib"]) for Bt in (1, 64)] == [40, 320]
+assert per_program[1]["yours"] == [24836] and max(per_program[1]["ropelib"]) == 1540
+assert sum(per_program[1]["ropelib"]) > sum(per_program[1]["yours"])   # more bytes in all
+
+# ropelib's kernel for one sequence at its own grid (40 programs) and at 8 heads a program (5):
+# launched as they are, checked against each other (the GPU's sizes; a cache of 8 on the CPU)
+grids = {}
+for n_programs, block_h in ((40, None), (5, 8)):
+    grid, pointers, args, warps, outs = traffic.ropelib_launch(
+        1, L=4096 if ropelib.runtime.on_gpu() else 8, block_h=block_h, device=device)
+    assert grid[1] == n_programs, grid
+    grids[n_programs] = (partial(kv_kernels._rope_kv_cache_kernel[grid], *pointers,
+                                 num_warps=warps, **args), outs)
+    grids[n_programs][0]()
+assert all(torch.allclose(a.float(), b.float(), atol=1e-2, rtol=1.6e-2)
+           for a, b in zip(grids[40][1], grids[5][1])), "the two grids write the same"
 
 kv_kernel = my_rope_kv_cache_kernel if kv_ok else ex.solution_rope_kv_cache_kernel
 if ropelib.runtime.on_gpu():
@@ -890,6 +912,9 @@ if ropelib.runtime.on_gpu():
         for name, step in steps.items():
             live[name, Bt] = kv_cache_decode.time_step(step, case, "graph")[0] * 1e3
         del case
+    for n_programs, (launch, _) in grids.items():     # batch 1: the same kernel, two grids
+        live[f"ropelib, {n_programs} programs"] = kv_cache_decode.time_step(
+            lambda _c, launch=launch: launch(), None, "graph")[0] * 1e3
     print(f"{torch.cuda.get_device_name()}, live: one decoding step per CUDA-graph replay, "
           f"q [B, 1, 32, 128], k and v [B, 1, 8, 128], bf16, contiguous cache of 4096 positions "
           f"({'your kernel' if kv_ok else 'the worked kernel'})")
@@ -901,14 +926,20 @@ if ropelib.runtime.on_gpu():
               f"{csv_us['unfused', Bt]:.1f})")
     # one kernel against RoPE and the write's operators: not slower, with a margin for noise
     assert all(live["yours", Bt] <= 1.15 * live["unfused", Bt] for Bt in (1, 64)), live
-    print("yours / ropelib's fused step:",
-          ", ".join(f"B={Bt} {live['yours', Bt] / live['ropelib fused', Bt]:.2f}x "
-                    f"({Bt} programs against {lib_programs[Bt]})" for Bt in (1, 64)))
     if not kv_ok:   # the worked kernel: one program per sequence, a little behind ropelib's
         assert all(live["yours", Bt] <= 1.5 * live["ropelib fused", Bt] for Bt in (1, 64)), live
+    t40, t5 = live["ropelib, 40 programs"], live["ropelib, 5 programs"]
+    print(f"B=1, ropelib's kernel launched as it is: 40 programs {t40:.1f} us, 5 programs "
+          f"{t5:.1f} us; yours (1 program) {live['yours', 1]:.1f} us")
+    if live["yours", 1] - t40 > 0.2:               # a gap to explain, beyond the timer's noise
+        print(f"share of the gap yours - ropelib's that the smaller grid reproduces: "
+              f"{(t5 - t40) / (live['yours', 1] - t40):.2f}")
+    else:
+        print("no gap between yours and ropelib's at batch 1 on this GPU: nothing to explain")
 else:
-    print("timing skipped: your kernel is timed against the unfused step on a GPU only "
-          "(in the interpreter the numbers would say nothing)")
+    print("timing skipped: your kernel, ropelib's and the unfused step, and ropelib's kernel "
+          "at 40 and at 5 programs, are timed on a GPU only (in the interpreter the numbers "
+          "would say nothing)")
 
 # %% [markdown]
 # ### What the fused write saves, in bytes
@@ -931,8 +962,6 @@ else:
 
 # %%
 from collections import Counter
-
-from ropelib.course import nb11_decode_traffic as traffic
 
 worked = traffic.step_traffic(ex.solution_rope_kv_cache_kernel)   # 2 sequences, bf16
 assert worked["same"], "both paths write the same q_out and caches"
@@ -987,11 +1016,65 @@ assert rounds_to(min(gain_us.values()), 1.2, 0.1) and rounds_to(max(gain_us.valu
 #
 # Even at a batch of 256 the round trip is 1.0 MiB: 0.22 µs at the H200's peak 4.8 TB/s.
 # That is the least those bytes take if they go to memory, not the most: a kernel this small
-# runs well below peak, while the rotated k may instead never leave the L2 cache; neither is
-# measured here. Fusion saved 1.2 to 2.9 µs a step on the H200, over ten times the
-# peak-bandwidth time. The second kernel also costs its start inside the graph and its own
-# chain of dependent reads (the position, then k and v); the last part of section 4 measures
-# what starting a kernel costs, though no run here splits the gain between these.
+# runs well below peak, while the rotated k may instead never leave the L2 cache. Fusion saved
+# 1.2 to 2.9 µs a step on the H200, over ten times the peak-bandwidth time. So what else does
+# the second kernel cost?
+#
+# ### What the fused write saves, in time
+#
+# On a GPU the next cell replays three versions of one decoding step from a CUDA graph, at the
+# decode benchmark's sizes, batch 1 and 64:
+#
+# - **fused**: the worked kernel alone;
+# - **fused + empty**: the worked kernel, then a kernel that writes one element: one more
+#   launch in the graph, next to no work;
+# - **two kernels**: the two whose bytes the last cell counted.
+#
+# *fused + empty − fused* is what one more kernel costs a replay; *two kernels − (fused +
+# empty)* is the second pass itself: its bytes and its chain of dependent reads (the position,
+# then the rotated k and v). The cell prints both beside the committed H200 gain of ropelib's
+# fused step over its two kernels. Where the launch's part is most of the gain, fusion saves a
+# launch more than a pass. On any machine it first runs the three steps once (in the
+# interpreter at small sizes) and checks that they write the same q and caches.
+
+# %%
+split_shape = (dict(HQ=32, HK=8, D=128, L=4096) if ropelib.runtime.on_gpu()
+               else dict(HQ=4, HK=2, D=16, L=8))           # the interpreter's stand-ins
+live_split = {}
+for Bt in (1, 64) if ropelib.runtime.on_gpu() else (2,):
+    paths, outs = traffic.decode_steps(ex.solution_rope_kv_cache_kernel, Bt, device=device,
+                                       **split_shape)
+    for run_step in paths.values():
+        run_step()
+    assert all(torch.allclose(a.float(), b.float(), atol=1e-2, rtol=1.6e-2)
+               for name in ("fused + empty", "two kernels")
+               for a, b in zip(outs["fused"], outs[name])), "the three write the same"
+    if ropelib.runtime.on_gpu():
+        for name, run_step in paths.items():
+            live_split[name, Bt] = kv_cache_decode.time_step(
+                lambda _c, run_step=run_step: run_step(), None, "graph")[0] * 1e3
+if live_split:
+    print(f"{torch.cuda.get_device_name()}, live, us a replay (the worked kernel); last "
+          f"column: the committed H200 run, ropelib's two kernels - fused")
+    print(f"{'B':>4}{'fused':>8}{'+ empty':>9}{'two kernels':>13}{'gain':>7}{'launch':>8}"
+          f"{'pass':>7}{'round trip':>12}{'H200 gain':>11}")
+    for Bt in (1, 64):
+        f, fe, two = (live_split[name, Bt] for name in ("fused", "fused + empty", "two kernels"))
+        print(f"{Bt:>4}{f:8.1f}{fe:9.1f}{two:13.1f}{two - f:7.1f}{fe - f:8.1f}{two - fe:7.1f}"
+              f"{saved * Bt:>8} B{gain_us[Bt]:>9.1f}")
+    # one kernel fewer, and a pass fewer: the fused step is ahead at both batches
+    assert all(live_split["two kernels", Bt] > live_split["fused", Bt] for Bt in (1, 64)), \
+        live_split
+else:
+    print(f"checked: fused, fused + empty and two kernels write the same (B=2, q "
+          f"{split_shape['HQ']} heads, k and v {split_shape['HK']} of {split_shape['D']}, a cache "
+          f"of {split_shape['L']}); timed on a GPU only: in the interpreter the numbers would "
+          f"say nothing")
+
+# %% [markdown]
+# Read *launch* and *pass* against *gain*: where *launch* is most of *gain*, the second kernel
+# costs chiefly its launch; the round trip's bytes (the table above gives their time at the
+# H200's peak bandwidth) cannot be most of it.
 
 # %% [markdown]
 # ### Exercise 3: the slot of a position in a paged cache
@@ -1718,10 +1801,11 @@ assert as_stated((max(two_vs_unfused),), (4.8,)), "... to 4.8"
 # unfused step, so most of the 2.9–5.6× against the unfused step is the PyTorch operators.
 #
 # Up to 64 sequences fusion saves 0.8 to 1.6 µs a step, about what one more kernel adds to a
-# replay (1.1 µs), a match in size, not a measured cause. At 256 sequences it saves 2.6 to
-# 3.0 µs, more than one do-nothing kernel and more than the rotated k's round trip takes at
-# peak bandwidth (the 1.0 MiB counted after exercise 2, 0.22 µs); what the rest is, these
-# replays do not measure.
+# replay (1.1 µs); the split after exercise 2 measures, for the worked kernel on the GPU that
+# runs the notebook, how much of its gain one more launch accounts for. At 256 sequences it
+# saves 2.6 to 3.0 µs, more than one do-nothing kernel and more than the rotated k's round
+# trip takes at peak bandwidth (the 1.0 MiB counted after exercise 2, 0.22 µs); what the rest
+# is, these replays do not measure.
 #
 # **Takeaway:** a decoding step stores rotated keys; fusing RoPE with the store is one kernel
 # with the bits of RoPE-then-write, in either cache layout and in fp8 (whose scale must be
@@ -1837,34 +1921,28 @@ assert pairs_cp[0] == 4_295_000_064, "the text's 4,295,000,064 pairs on each ran
 # %% [markdown]
 # ### A.2 Where the 2-rank step's time goes
 #
-# Section 3's last cell fits $t(S) = aS^2 + bS$ through the step times at 16384 tokens (A.5's
-# runs) and 131072, for one GPU and for two ranks. Only attention grows with $S^2$; what a rank
-# adds for CP (per layer an all-gather of k and v and a reduce-scatter of their gradients, per
-# step an all-reduce of the weight gradients) grows at most in proportion to $S$. Two points fit
-# two terms exactly, so the split is an attribution, not a test of the model; the profiles
-# below test it.
+# Section 3's last cell fits $t(S) = aS^2 + bS$ through the step times at 16384 and 131072
+# tokens, for one GPU and for two ranks. Only attention grows with $S^2$; what CP adds (per
+# layer an all-gather of k and v and a reduce-scatter of their gradients, per step an
+# all-reduce of the weight gradients) grows at most with $S$. Two points fit two terms
+# exactly, so the split is an attribution; the profiles below test it.
 #
-# At 131072 tokens two ranks take 2772 ms a step where half of one GPU's step is 1808: the split
-# costs 964 ms. That excess grows 25 times for 8 times the length (38.5 ms at 16384), faster
-# than anything linear in $S$, and the fit puts 750 of the 964 ms in the $S^2$ term: each rank
-# computes exactly half of the pairs (A.1), yet its $S^2$ term is 2373 ms where half of one
-# GPU's is 1623, 68 % of one GPU's rate. A step waits for its slower rank, so that is the slower
-# rank's rate; the CSVs time the step, not each rank. The other 214 ms, the linear term, is
-# **not measured**: the collectives move 6.56 GiB per rank and step, about 16 ms at NVLink's
-# 450 GB/s each way between two H200s, and would have to run at 33 GB/s to fill 214 ms; the
-# CSVs record neither the link nor the collectives' time.
+# At 131072 tokens the split costs 964 ms a step (two ranks 2772 ms, half of one GPU's step
+# 1808), and the fit puts 750 of them in the $S^2$ term: each rank computes exactly half of
+# the pairs (A.1), at 68 % of one GPU's rate (a step waits for its slower rank; the CSVs time
+# the step, not each rank). The linear 214 ms is **not measured**: the collectives' 6.56 GiB
+# per rank and step take about 16 ms at NVLink's 450 GB/s each way, and would have to run at
+# 33 GB/s to fill it.
 #
 # Why does a rank's attention run its pairs more slowly? One GPU calls attention once per layer
-# with `is_causal=True`, which PyTorch may send to the fused kernel of cuDNN (NVIDIA's library
-# of deep-learning kernels); a rank calls it twice (`cp.dual_chunk_attention`), and for a chunk
+# with `is_causal=True`, which PyTorch may send to cuDNN's fused kernel (NVIDIA's library of
+# deep-learning kernels); a rank calls it twice (`cp.dual_chunk_attention`), and for a chunk
 # with fewer queries than keys (a bottom-right causal mask) PyTorch offers only its flash kernel
-# (its own build of FlashAttention) and its memory-efficient one. On a GPU the cell below
-# profiles one layer's attention, forward and backward, at the run's sizes: as one GPU runs it,
-# as rank 0 runs it, and as one GPU runs it forced onto the flash kernel. Each line gives
-# attention's kernel time, cuDNN's part of it, and the rate at $14D$ operations a (query, key)
-# pair ($4D$ forward, $10D$ backward: the cell's comments count them). Only on an H200 does it
-# set the time beside the fit and the rate beside the H200's dense bf16 peak (989 TFLOP/s); the
-# executed page's lines are an H100's, and the H200's follow two cells down.
+# and its memory-efficient one. On a GPU the cell below profiles one layer's attention, forward
+# and backward, at the run's sizes: as one GPU runs it, as rank 0 runs it, and as one GPU runs
+# it forced onto the flash kernel. Each line gives attention's kernel time, cuDNN's part of it,
+# and the rate at $14D$ operations a (query, key) pair. Only on an H200 does it set them beside
+# the fit and the H200's dense bf16 peak (989 TFLOP/s); the H200's lines follow two cells down.
 
 # %%
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -2037,12 +2115,11 @@ assert rank1_extra < lin_by_profile                          # it would fit insi
 # find a rank longer outside attention on half the tokens (399 ms by the fit, 364 by the
 # profiles) than one GPU on all of them (370 and 262).
 #
-# **Not measured:** what that time is made of (the collectives, the reorder of the gathered k
-# and v, the projections at half the size, or a slower rank 1), and rank 1's attention. Rank 1
-# runs the flash kernel for both its calls; at the forced flash call's time per pair it would
-# take 107 ms a step (4.5 %) more than rank 0, a guess at a size that borrows another call's
-# rate, not a part of the 233 ms. A trace of both ranks of one 2-GPU step (Nsight Systems)
-# would measure rank 1's attention and the rest alike.
+# **Not measured:** what the time outside attention is made of (the collectives, the reorder
+# of the gathered k and v, the projections at half the size, or a slower rank 1), and rank 1's
+# attention: at the forced flash call's time per pair it would take 107 ms a step (4.5 %) more
+# than rank 0, a guess that borrows another call's rate. A trace of both ranks of one 2-GPU
+# step (Nsight Systems) would measure both.
 
 # %% [markdown]
 # ### A.3 What a replay costs before any kernel works

@@ -249,9 +249,7 @@ assert [round(v, 3) for v in alone_vs_copy] == [0.999, 1.001]
 #
 # **One accumulator is cheaper**: two took 4 to 30 % longer in seven of the eight cases, five of
 # them beyond the two timings' p20–p80 spreads together. The exception, 64/64/8/4/4 at 32768
-# tokens (two accumulators 5.3 % faster, beyond the spreads), is unexplained. A hint: that
-# tile's one-accumulator time grew 4.6 times from 8192 tokens where every other tile's grew 4.1
-# to 4.2 times, so the odd timing may be the one accumulator's.
+# tokens (two accumulators 5.3 % faster, beyond the spreads), is unexplained.
 #
 # The probe's compile for sm_90 (the architecture of the H100 and H200) shows what each pays at
 # the 128/64/8/8/4 tile: one accumulator runs 4 `wgmma` instructions (Hopper's warp-group MMA) of
@@ -653,38 +651,29 @@ print(f"dL/dx {tuple(gx_t.shape)}: teaching dX kernel vs autograd of qkv_rope_li
 #
 # ### 7.1 Where the shipped projection stands
 #
-# Single timings do not resolve even the whole RoPE pass (section 1), and a fused kernel differs
-# from the unfused pipeline by less than that pass. So `benchmarks/qkv_forward_ab.py` timed the
-# forward in **rounds**: every variant once a round, seven rounds, in a new order each round
-# (Appendix B says why), each fused output first checked against the unfused one; one run on the
-# H200 and one on an H100. Besides cuBLAS alone and the unfused pipeline it times the shipped
-# fused forward with angles computed in the kernel ("from angles") or loaded from a table ("from
-# a table"), and the same kernel with its rotation off (**the bare GEMM**); Appendix A.1 lists
-# every variant.
+# A fused kernel differs from the unfused pipeline by less than the RoPE pass, which single
+# timings do not resolve (section 1). So `benchmarks/qkv_forward_ab.py` timed the forward in
+# **rounds**: every variant once a round, seven rounds, in a new order each round (Appendix B
+# says why), each fused output first checked against the unfused one; one run on the H200, one
+# on an H100. Besides cuBLAS alone and the unfused pipeline it times the shipped fused forward
+# with angles computed in the kernel ("from angles") or loaded from a table ("from a table"),
+# and the same kernel with its rotation off (**the bare GEMM**); Appendix A.1 lists every
+# variant.
 #
 # **Resolved**, on this page: two variants timed in the same round met the same clocks and
 # neighbours, so the page takes their ratio $t_a / t_b$ round by round and pools the four cells
 # (two sizes, with and without QK-norm): 28 rounds. A difference is resolved when a sign test on
 # the rounds $a$ won, its $p$ adjusted by Holm's method for the six comparisons, is under 0.05,
-# and a distribution-free 95 % interval for the median ratio leaves out 1 (Appendix A.1). The
-# cell below prints the six comparisons for each GPU; the figure draws them as a budget.
+# and a distribution-free 95 % interval for the median ratio leaves out 1 (Appendix A.1).
 #
-# **The budget.** On the H200 the RoPE pass costs 7.4 % of cuBLAS's forward, about one copy of q
-# and k (section 1), and that is all a fusion can save. The fused forward spends most of it in its
-# epilogue, 4.4 % over its bare GEMM from angles and 4.6 % from a table, and a little in its main
-# loop: the bare GEMM trails cuBLAS by 1.3 %, not resolved. On the H100 the epilogue costs about
-# as much (5.2 and 4.7 %), the bare GEMM is level with cuBLAS (0.990 of its time, not resolved),
-# and the pass costs 8.5 %, with an interval (7.2 to 17.1 %) wide enough to take in the copy
-# floor: one run of seven rounds prices it only roughly.
-#
-# **The net.** On the H200 the fused forward from a table runs **slightly ahead** of the unfused
-# pipeline, 0.984 of its time (resolved), and from angles **level** with it, 1.004 (not resolved);
-# cell by cell the medians run from 0.971 to 1.031. On the H100 it runs **ahead**: 0.955 of its
-# time from a table (resolved), with 0.964 from angles (not resolved after Holm's adjustment),
-# every cell's median below 1 (0.891 to 0.996). Each GPU has one run, with its own seed, so why
-# the two differ is open. **Forward+backward**, the default a trainer runs, gets no verdict: its
-# runs kept only each variant's median and range, and every fused range reaches both sides of 1
-# (Appendix A.1).
+# The cell prints the six comparisons for each GPU; the figure draws them as a budget. On the
+# H200 the RoPE pass costs 7.4 % of cuBLAS's forward, about one copy of q and k: all a fusion can
+# save. The fused forward spends most of it in its epilogue (4.4 % over its bare GEMM from
+# angles, 4.6 % from a table) and nets out **level** with the unfused pipeline: 0.984 of its time
+# from a table (resolved), 1.004 from angles (not). The H100's run, with its own seed, puts it
+# slightly **ahead** (the printed pooled ratios below 1); why the two GPUs differ is open.
+# **Forward+backward**, the default a trainer runs, gets no verdict: its runs kept only each
+# variant's median and range, and every fused range reaches both sides of 1 (Appendix A.1).
 
 # %%
 def read_rounds(path, name):
@@ -929,7 +918,8 @@ shipped_prof, shipped_kernel = read_profile(SHIPPED)
 # epilogue on. The files keep each variant's median only, which moved by up to 5 % between runs,
 # so these runs price nothing finer than that. Still, TMA and two heads a tile each helped: with
 # pointer loads (run 2) the fused kernel falls behind the unfused pipeline, and with one head a
-# tile (run 1) behind two. What the persistent grid adds on its own is not measured.
+# tile (run 1) behind two. These runs do not separate the persistent grid's share; the worked
+# kernel below does, in section 8's last cell, launched persistent and one program a tile.
 #
 # Under the profiler (Appendix A.2) the shipped loop has almost no dispatch stall left and trails
 # cuBLAS by 3.7 %. `qkv_rope_linear` runs its forward on this loop (`_qkv_rope_fwd_tma_kernel` in
@@ -1329,18 +1319,16 @@ assert shipped["dx_norm"] == (32, 128, 8, 4, 3)            # its own tile: 32 x 
 #
 # On a GPU the next cell checks your epilogue kernel (the worked one if yours did not pass) at
 # the benchmark's shape in bf16 against `qkv_rope_linear` (absolute 0.1, relative 0.05), then
-# times it beside cuBLAS alone, cuBLAS + ropelib's RoPE and `qkv_rope_linear` from table-free
-# angles, and once more with `N_ROT = 0` (every head takes the v path). The difference of the
-# last two is your rotation's cost; the cell prints it beside the two timings' p20–p80 spreads
-# and says whether it is resolved. If your launch trails cuBLAS as far with its rotation off as
-# with it, the gap is in the main loop (fixed 64 × 64 tiles, pointer loads), not in your
-# epilogue: change the tiles in `teaching()` and rerun.
+# times it with its rotation on and off (`N_ROT = 0`: every head takes the v path) beside
+# cuBLAS alone, cuBLAS + ropelib's RoPE and `qkv_rope_linear` from table-free angles. The on-off
+# difference is your rotation's cost; the cell says whether it exceeds the two timings' p20–p80
+# spreads. If your launch trails cuBLAS as far with its rotation off as on, the gap is in the
+# main loop (fixed 64 × 64 tiles, pointer loads), not your epilogue: change the tiles in
+# `teaching()` and rerun.
 #
-# Single timings cannot resolve even the whole RoPE pass (section 1), so the cell also takes
-# five rounds of fused, unfused and cuBLAS and prints the medians, beside the range of 7.1's
-# H200 rounds. On an H200 it asserts one wide bound: fused over unfused time below 1.15 (7.1's
-# runs: 0.98 to 1.00; the pointer-loaded forward, at 1.26 to 1.30, would fail it); on other GPUs
-# it only prints.
+# It also times fused, unfused and cuBLAS in five rounds and prints the medians beside 7.1's
+# H200 range. On an H200 it asserts fused over unfused time below 1.15 (7.1's runs: 0.98 to
+# 1.00; the pointer-loaded forward, at 1.26 to 1.30, would fail it); elsewhere it only prints.
 
 # %%
 # 7.1's shuffled forward runs at this shape: fused over unfused time, from the medians of their
@@ -1469,12 +1457,18 @@ persistent_args = dict(tile_args, BLOCK_M=128, BLOCK_K=64, PROGRAMS=132)
 worked_sm90 = {w: load_schedule.schedule(my_persistent_qkv_kernel, persistent_args, num_warps=w,
                                          num_stages=SHIPPED_LAUNCH["num_stages"])
                for w in (4, SHIPPED_LAUNCH["num_warps"])}
-for w, b in worked_sm90.items():
-    print(f"my_persistent_qkv_kernel, sm_90, {w} warps: {b['registers']} registers, "
+# section 8's other launch of it: one program a tile (PROGRAMS = every tile, so no walk)
+ONE_A_TILE = triton.cdiv(persistent_args["M"], persistent_args["BLOCK_M"]) * persistent_args["H"]
+one_a_tile_sm90 = load_schedule.schedule(
+    my_persistent_qkv_kernel, {**persistent_args, "PROGRAMS": ONE_A_TILE}, **SHIPPED_LAUNCH)
+for w, b in (*((f"{w} warps", b) for w, b in worked_sm90.items()),
+             (f"8 warps, {ONE_A_TILE} programs (one a tile)", one_a_tile_sm90)):
+    print(f"my_persistent_qkv_kernel, sm_90, {w}: {b['registers']} registers, "
           f"{b['local_stores']} spill stores, {b['shared'] // 1024} KiB shared")
 assert 2 * 128 * 64 // (32 * 4) == 128 and 2 * 128 * 64 // (32 * 8) == 64   # the accumulators
 assert worked_sm90[4]["registers"] == 255 and worked_sm90[4]["local_stores"] > 0   # spills
 assert worked_sm90[8]["registers"] < 200 and worked_sm90[8]["local_stores"] == 0  # none
+assert one_a_tile_sm90["local_stores"] == 0
 # section 3's probe at this launch's tile (128/64/8/8/3, TMA, H200): two accumulators 30 % slower
 # than one at both sizes, beyond the spreads
 assert [round(two_over_one[(128, 64, 8, 8, 3), t], 2) for t in TOKENS] == [0.30, 0.30]
@@ -1486,25 +1480,39 @@ out_s = torch.full((M_s, HQ_s + 2 * HK_s, D_s), float("nan"), device=device)
 ex.launch_forward(my_persistent_qkv_kernel, case_s[0], case_s[1], out_s, *case_s[2:], HQ_s, HK_s,
                   D_s, BM_s, BK_s, programs=3, **SHIPPED_LAUNCH)
 torch.testing.assert_close(out_s, ex.reference_qkv(*case_s, HQ_s, HK_s, D_s).float(), **tol)
-print(f"launched with {SHIPPED_LAUNCH} on {M_s} tokens, 3 programs: matches the reference")
+# and one program a tile, as section 8 times it: the same tiles, the same sums, the same output
+tiles_s = triton.cdiv(M_s, BM_s) * (HQ_s + 2 * HK_s)
+out_s1 = torch.full_like(out_s, float("nan"))
+ex.launch_forward(my_persistent_qkv_kernel, case_s[0], case_s[1], out_s1, *case_s[2:], HQ_s, HK_s,
+                  D_s, BM_s, BK_s, programs=tiles_s, **SHIPPED_LAUNCH)
+torch.testing.assert_close(out_s1, out_s, **(dict(atol=0, rtol=0) if device == "cpu" else tol))
+print(f"launched with {SHIPPED_LAUNCH} on {M_s} tokens, 3 programs and {tiles_s} (one a tile): "
+      "both match the reference" + (", and each other exactly" if device == "cpu" else ""))
 
 # %% [markdown]
 # At 4 warps the compile reaches the 255-register ceiling and spills to local memory; at 8 it
 # fits with room to spare. On a GPU with TMA the next cell times the kernel both ways, rotating
-# and with its rotation off, beside the 64 × 64 teaching launch and cuBLAS, and prints what the
-# timings say; it asserts nothing about speed.
+# and with its rotation off, beside the 64 × 64 teaching launch and cuBLAS; it asserts nothing
+# about speed.
 #
-# **Expect it to lose.** On an H100 this kernel, even at 8 warps, runs slower than the plain
-# 64 × 64 teaching launch, and far behind cuBLAS: a persistent grid and TMA loads alone do not
-# make the shipped loop. It differs from that loop in three ways. It holds each head as **two**
-# $[128, 64]$ accumulators, which section 3's probe timed on the H200 at 30 % slower than one at
-# both sizes, at this tile and these options (128 tokens, K steps of 64, 8 warps, 3 stages; there
-# one program a tile): the first suspect. It walks the tiles in plain order, not grouped. It
-# holds one head a tile, not two. To go on, start
-# with the accumulator: one `tl.dot` a K step against a $[D, B_K]$ tile of $W$ (a descriptor of
-# that block shape), split in the epilogue as in exercise 1b; then walk the tiles in the order
-# of `_grouped` (`ropelib/kernels/qkv_gemm.py`). Check each change on the CPU (7.2's cell) and
-# time it again.
+# **The persistent grid on its own.** The same kernel launched on one program a tile
+# (`PROGRAMS` = every tile, so each program's walk stops after one) is the kernel without a
+# persistent grid: the same tiles in the same order, the same sums (the cell above checks that
+# both launches give the same output). The cell times the two launches and cuBLAS in five
+# alternating rounds and prints each round's persistent / one-a-tile time and their median.
+# Below 1 the persistent grid saves time (a program's launch and setup, here its two TMA
+# descriptors, paid once an SM rather than once a tile); about 1, this kernel's time is spent
+# elsewhere and the grid buys nothing yet.
+#
+# **Expect the kernel to lose** to cuBLAS, and perhaps to the 64 × 64 teaching launch (the cell
+# prints both ratios): a persistent grid and TMA loads alone do not make the shipped loop. It
+# differs from that loop in three ways. It holds each head as **two** $[128, 64]$ accumulators,
+# which section 3's probe timed on the H200 at 30 % slower than one at this tile and these
+# options (there one program a tile): the first suspect. It walks the tiles in plain order, not
+# grouped. It holds one head a tile, not two. To go on, start with the accumulator: one
+# `tl.dot` a K step against a $[D, B_K]$ tile of $W$, split in the epilogue as in exercise 1b;
+# then walk the tiles in the order of `_grouped` (`ropelib/kernels/qkv_gemm.py`). Check each
+# change on the CPU (7.2's cell) and time it again.
 
 # %%
 if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9 and persistent_ok:
@@ -1546,8 +1554,32 @@ if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9 and 
                  ("persistent, 8 warps", "persistent, 8 warps, rotation off"),
                  ("persistent, 8 warps", "teaching launch, 64 x 64")):
         print(verdict(a, b))
+    # the persistent grid on its own: the same launch on one program a tile, same output
+    tiles = triton.cdiv(M, 128) * H
+    out_t = torch.full_like(out_g, float("nan"))
+
+    def one_a_tile():
+        ex.launch_forward(my_persistent_qkv_kernel, xg, wg, out_t, cos_g, sin_g, pos_g, HQ, HK,
+                          D, 128, 64, programs=tiles, **SHIPPED_LAUNCH)
+
+    persistent()
+    one_a_tile()
+    torch.testing.assert_close(out_t.float(), out_p.float(), atol=0.1, rtol=0.05)
+    print(f"{sms} programs and {tiles} (one a tile): outputs "
+          + ("bitwise equal" if torch.equal(out_t, out_p) else "equal within bf16's tolerance"))
+    grid_rounds = [[do_bench(fn, return_mode="median") for fn in (persistent, one_a_tile, cublas)]
+                   for _ in range(5)]                   # alternating: each round meets all three
+    over_one = [p / o for p, o, _ in grid_rounds]
+    print(f"persistent / one program a tile, 8 warps ({gpu}), round by round: "
+          + ", ".join(f"{v:.3f}" for v in over_one)
+          + f"; median {statistics.median(over_one):.3f}")
+    for i, name in enumerate(("persistent", "one program a tile")):
+        print(f"{name} / cuBLAS, median of the five rounds: "
+              f"{statistics.median(r[i] / r[2] for r in grid_rounds):.2f}")
 else:
-    print("No Hopper GPU here (or the persistent check did not pass): nothing timed.")
+    print("No Hopper GPU here (or the persistent check did not pass): nothing timed. On one, "
+          "this cell also times the kernel persistent against one program a tile in five "
+          "alternating rounds, beside cuBLAS.")
 
 # %% [markdown]
 # ## Summary

@@ -49,13 +49,12 @@
 # one against a device copy of the bytes a right answer moves (the ⏱ line, the median of
 # Triton's `do_bench`); each worked solution's ⏱ line is the time to aim for.
 #
-# **Where the numbers come from.** Two sources, kept apart. The ⏱ lines, and the tables and
-# verdicts printed from them, are measured live by whatever GPU runs the notebook, and each
-# names it; the executed page, `docs/executed/13-rope-puzzles.html`, shows one GPU's run, and
-# on a CPU there are none. The measurements committed under `benchmarks/results/` (notebook
-# 03's memory counters, puzzle 9's committed runs, the first appendix's timings and profile)
-# were taken on an NVIDIA H200: the cells read each number the text quotes from them, and
-# assert it. The text states no live timing as a fact: what a GPU finds, the cells print.
+# **Where the numbers come from.** The ⏱ lines, and the tables printed from live timings, are
+# measured by whatever GPU runs the notebook, and each names it; on a CPU there are none, and
+# the text states no live timing as a fact. The measurements committed under
+# `benchmarks/results/` (notebook 03's timings and memory counters, the first appendix's sweep
+# and profiles) were taken on an NVIDIA H200: the cells read each number the text quotes from
+# them, and assert it.
 #
 # **Reading the pictures.** One panel per tensor, rows down and the last dim across (a tensor
 # of three or more dims is drawn with its leading dims folded into the rows: `x [5, 4, 16]` is
@@ -792,6 +791,11 @@ def load_counts(kernel):
                                       inputs={"x": x9, **tables9}, outputs={"y": y9})
     want = pz.spec_shared_table(x9.double(), tables9["cos"].double(), tables9["sin"].double())
     assert not memory.faults and torch.allclose(y9.double(), want, atol=1e-5)
+    return load_summary(memory)
+
+
+def load_summary(memory):
+    """Per input of a run in checked memory: (load instructions, sectors requested, distinct)."""
     out = {}
     for name in ("x", "cos", "sin"):
         s = access.summary([a for a, o in zip(memory.accesses, memory.owners) if o == name],
@@ -821,105 +825,67 @@ pz.stated([("load instructions per program, given; solution", "32; 18",
            ("sectors requested, given over solution", "1.78", f"{gr / sr:.2f}")])
 
 # %% [markdown]
-# The given kernel runs 32 load instructions per program where the worked solution runs
-# 18, and requests 1.78 times the sectors, yet both touch the same distinct sectors: each
-# repeat asks again for table bytes its own program loaded an iteration before. So the saving
-# is in load instructions and cache requests. One expects those repeats to hit in cache (L1, or
-# an L2 that holds the 8.4 MB tables: question 4), leaving DRAM traffic, and perhaps the time,
-# unchanged. That is an expectation, not a measurement: no memory counter was read for the
-# given kernel, and the timing below may not resolve a difference.
+# The given kernel runs 32 load instructions per program where the worked solution runs 18 and
+# requests 1.78 times the sectors, yet both touch the same distinct sectors: each repeat asks
+# again for table bytes its own program loaded an iteration before. What that costs depends on
+# where the repeats are served from: from a cache, they add instructions and cache requests,
+# which a kernel that waits on DRAM can hide; from DRAM, about what copying their bytes costs.
 #
-# **Timing a small difference.** Two comparisons on the timed case, 143 MB of tensors: the given
-# kernel (`pz.given_shared_table_kernel`) against the worked solution, for repeats in one
-# program's loop; and puzzle 6's worked solution, which loads each table row once per batch
-# entry from $B$ different programs, against this one, for repeats across programs (puzzle 6
-# also differs in its layout, grid and gather by position, so that ratio does not isolate the
-# repeats). `pz.time_in_rounds` times the three kernels, and a device copy of each byte size,
-# in five **alternating rounds**, each round one `do_bench` median of every one of them, so a
-# drift of the GPU's clocks reaches them all alike. A kernel's time is the median of its
-# rounds. A difference counts as **resolved** only where the rounds do not overlap: every round
-# of one kernel faster than every round of the other. Were two kernels equally fast, every order
-# of their $2n$ rounds would be equally likely, and only 2 of the $\binom{2n}{n}$ orders separate
-# them, so the rule finds a difference that is not there with a chance of
-#
-# $$
-# p = 2 \Big/ \binom{2n}{n}: \qquad 2.9\,\% \text{ for } n = 4, \qquad 0.8\,\% \text{ for } n = 5.
-# $$
-#
-# First the rule on committed data: `benchmarks/puzzle_fractions.py` timed this worked solution
-# at six tiles in four runs on an H200, each run standing in for a round. A tile is `BLOCK_S`
-# and the number of **warps** (groups of 32 threads) each program runs as. The cell sets two
-# tiles against BLOCK_S=16 on 4 warps: BLOCK_S=4, the tile the ⏱ lines time, and BLOCK_S=32.
+# **Where the repeats are served from, measured.** `nb13_table_reuse` gives the given kernel
+# the table's strides as arguments and runs the same sm_90 code (the cell asserts it) on two
+# layouts of the same values: one table for the batch, and a table per batch entry (each row
+# copied $B$ times), where no two loads read the same bytes, so DRAM serves every one. Beside
+# them runs the worked solution at BLOCK_S=4, its timed tile, and at 16. Checked memory, at the
+# shape above, checks each output and finds the tensors each launch touches (all of each): 143
+# MB at the timed shape, 201 MB with a table per entry. A copy of exactly those bytes is each
+# launch's yardstick. On a GPU the cell times the four at the timed shape in five alternating
+# rounds (each a `do_bench` median of every launch and copy, so a drift of the clocks reaches
+# all alike) and prints what the repeats cost on one table (its time less the solution's), what
+# the per-entry tables add to that, and what a copy of the 59 MB they add takes. It asserts that
+# they add more than a third of that copy's time, and that the repeats on one table cost less.
+# Where the first cost is near zero and the second near the copy, a cache serves the repeats:
+# the time follows the distinct bytes a kernel touches, not the loads it issues.
 
 # %%
-import statistics
+from ropelib.course import nb13_table_reuse as reuse
 
-FRACTIONS = measured.RESULTS / "puzzle_fractions-nvidia-h200.csv"
-runs9 = [FRACTIONS] + [measured.RESULTS / f"puzzle_fractions-nvidia-h200-20261130-run{k}.csv"
-                       for k in (1, 2, 3)]
-p9_runs = [[r for r in compare.read_csv(f) if r["puzzle"] == 9] for f in runs9]
-own = {}                                                 # tile -> the kernel's us, run by run
-for run in p9_runs:
-    for r in run:
-        own.setdefault((r["block"], r["num_warps"]), []).append(r["us"])
-spread9 = max((max(v) - min(v)) / min(v) for v in own.values())   # the run-to-run spread
-assert len(own) == 6 and all(len(v) == 4 for v in own.values())
-assert {compare.read_meta(f)["gpu"] for f in runs9} == {"NVIDIA H200"}
-tile9 = (pz.PUZZLES["shared_table"].big("meta").constexprs["BLOCK_S"], 4)   # the ⏱ lines' tile
+small9 = reuse.launches(S9, B9, "cpu")                # the shape above: 32 positions
+bytes9 = {}                                           # per launch: bytes touched at S = 16384
+for name, launch in small9.items():
+    memory = reuse.run_checked(launch)                # the spec's output, no stray lane
+    shares = reuse.touched(memory)                    # per tensor: the share of elements touched
+    bytes9[name] = reuse.touched_bytes(launch, shares) * (16384 // S9)   # each tensor grows with S
+    per_input = load_summary(memory)
+    cos_loads = memory.counts("cos", "load")
+    print(f"{name:32s} touches {', '.join(shares)}: {bytes9[name] / 1e6:.1f} MB at the timed "
+          f"shape; cos: {cos_loads.size} elements, each loaded {int(cos_loads.max())}x")
+    if name == reuse.ONE_TABLE:                       # the given kernel's very loads
+        assert per_input == counts9["the given kernel"]
+    if name == reuse.PER_ENTRY:                       # the same loads, each on bytes of its own
+        assert [v[:2] for v in per_input.values()] == [
+            v[:2] for v in counts9["the given kernel"].values()]
+        assert (memory.counts("cos", "load") == 1).all()
+sm90 = {layout: reuse.compiled_sm90(layout) for layout in (reuse.ONE_TABLE, reuse.PER_ENTRY)}
+assert sm90[reuse.ONE_TABLE]["sass"] == sm90[reuse.PER_ENTRY]["sass"]   # the same machine code
+print(f"sm_90, Triton {triton.__version__}: both layouts compile to the same "
+      f"{sm90[reuse.ONE_TABLE]['instructions']} instructions")
+extra9 = bytes9[reuse.PER_ENTRY] - bytes9[reuse.ONE_TABLE]
+pz.stated([("bytes touched at the timed shape: one table; a table per entry; added, MB",
+            "143; 201; 59", f"{bytes9[reuse.ONE_TABLE] / 1e6:.0f}; "
+            f"{bytes9[reuse.PER_ENTRY] / 1e6:.0f}; {extra9 / 1e6:.0f}")])
 
-
-def verdict(a, b, what, unit="round"):
-    """a's rounds against b's (us): the ratio of their medians, and whether it is resolved
-    (every round of one faster than every round of the other)."""
-    ratio = statistics.median(a) / statistics.median(b)
-    resolved = max(a) < min(b) or max(b) < min(a)
-    said = (f"{what} {'slower' if ratio > 1 else 'faster'} by {abs(ratio - 1):.1%}, in every "
-            f"{unit}" if resolved else f"not resolved: their {unit}s overlap")
-    return ratio, resolved, (f"{statistics.median(a):.1f} us against "
-                             f"{statistics.median(b):.1f} us: {ratio:.3f}x, {said}")
-
-
-print(f"committed, {compare.read_meta(FRACTIONS)['gpu']}, four runs a tile (us):")
-for t in (tile9, (16, 4), (32, 4)):
-    print(f"  BLOCK_S={t[0]:<2d} on {t[1]} warps: " + ", ".join(f"{u:.2f}" for u in own[t]))
-r4, ok4, said4 = verdict(own[tile9], own[(16, 4)], f"BLOCK_S={tile9[0]}", "run")
-r32, ok32, said32 = verdict(own[(32, 4)], own[(16, 4)], "BLOCK_S=32", "run")
-print(f"BLOCK_S={tile9[0]} against BLOCK_S=16: {said4}\nBLOCK_S=32 against BLOCK_S=16: {said32}")
-assert tile9 == (4, 4) and ok4 and r4 < 1 and not ok32
-pz.stated([
-    ("p, four rounds each", "2.9%", f"{2 / math.comb(8, 4):.1%}"),
-    ("p, five rounds each", "0.8%", f"{2 / math.comb(10, 5):.1%}"),
-    ("BLOCK_S=4 faster than BLOCK_S=16, medians", "3.0%", f"{1 - r4:.1%}"),
-])
-
-# %% [markdown]
-# BLOCK_S=4 was faster than BLOCK_S=16 in every one of the four runs, by 3.0 % at the
-# medians: resolved. BLOCK_S=32's runs and BLOCK_S=16's overlap: not resolved, whatever their
-# medians say. Now the same rule on the GPU that runs this notebook (on a CPU the cell says it
-# timed nothing). Where it finds the given kernel's rounds and the solution's overlapping, the
-# repeated loads cost less than five rounds can see, which the counts above lead one to expect;
-# it does not show that they cost nothing.
-
-# %%
-rounds9 = pz.time_in_rounds({
-    "the given kernel": ("shared_table", pz.given_shared_table_kernel),   # cos/sin per entry
-    "puzzle 9's solution": ("shared_table", pz.solution_shared_table_kernel),
-    "puzzle 6's solution": ("position_ids", pz.solution_position_ids_kernel)})
-if rounds9 is not None:
-    for who, t in rounds9.items():
-        print(f"{who:20s} {t.gpu}, {t.label}: rounds "
-              + ", ".join(f"{u:.1f}" for u in t.rounds)
-              + f" us; median {t.us:.1f} us, {t.of_copy:.0%} of a copy ({t.copy_us:.1f} us)")
-    given9, solved9, solved6 = rounds9.values()
-    ratio9, resolved9, said9 = verdict(given9.rounds, solved9.rounds, "the given kernel")
-    ratio6, resolved6, said6 = verdict(solved6.rounds, solved9.rounds, "puzzle 6's solution")
-    print(f"repeats in one program's loop (given kernel, worked solution): {said9}")
-    print(f"repeats across programs (puzzle 6's solution, puzzle 9's): {said6}")
-    assert all(len(t.rounds) == len(t.copy_rounds) == pz.COPY_ROUNDS for t in rounds9.values())
-    assert given9.copy_rounds == solved9.copy_rounds    # one copy of their bytes, in the rounds
-    assert 0.8 < ratio9 < 1.5 and 0.8 < ratio6 < 1.25  # a band: the times vary by GPU and run
+timed9 = reuse.time_in_rounds(bytes9, B=B9)
+if timed9 is not None:
+    for name, t in timed9.items():
+        print(pz.rounds_line(name, t) + f", copy of {t.nbytes / 1e6:.0f} MB")
+    sol, one, per = (timed9[k] for k in (reuse.SOLUTION, reuse.ONE_TABLE, reuse.PER_ENTRY))
+    on_one, added = one.us - sol.us, per.us - one.us
+    copy_extra = per.copy_us - one.copy_us            # a copy of the 59 MB the per-entry tables add
+    print(f"the repeats on one table cost {on_one:+.1f} us; a table per entry adds "
+          f"{added:+.1f} us; a copy of the bytes it adds takes {copy_extra:.1f} us")
+    assert added > copy_extra / 3 > on_one            # from DRAM they cost, from a cache far less
 if runtime.on_gpu():
-    assert rounds9 is not None                          # all three ran; the verdicts are printed
+    assert timed9 is not None
 
 # %% [markdown]
 # ## Puzzle 10 — packed sequences (repair)
@@ -1144,8 +1110,7 @@ assert f"{float(by_angle16[0]):.4f}" == "0.0012" and f"{float(by_angle16[1]):.2f
 # The bf16 table (0.0024 to 0.0026 of a pair's length) stays within the bound of 0.0028 at
 # every position and costs no more than storing $y$ in bf16 (0.0030 to 0.0036). The bf16 angle
 # is off by less at position 1 (0.0012), but by position 1,000 it moves a pair by more than its
-# own length (1.66). The cell asserts each of these comparisons. What is left to a kernel that
-# reads a bf16 cos/sin table is to round once.
+# own length (1.66). What is left to a kernel that reads a bf16 cos/sin table is to round once.
 
 # %% [markdown]
 # ## Where you stand
@@ -1156,15 +1121,13 @@ assert f"{float(by_angle16[0]):.4f}" == "0.0012" and f"{float(by_angle16[1]):.2f
 pz.scoreboard();
 
 # %% [markdown]
-# And the worked solutions against a copy (puzzle 1 has no timed size: on one row a timer sees
-# only the launch). A fraction is a device copy's time over the kernel's, for the bytes a right
-# answer reads and writes: every tensor the kernel is handed but puzzle 5's bf16 angle table,
-# which its solution never reads (the cell prints both counts). The ⏱ lines above are one
-# `do_bench` each, which can move from call to call, so the cell times the ten solutions in
-# alternating rounds, as under puzzle 9, and prints each fraction at the median of its rounds
-# with its lowest and highest round beside it. Two solutions whose ranges overlap are not told apart by the run. Section
-# 0's masked copy, a Triton kernel that moves each byte once, is printed as the reference for
-# copy speed (one `do_bench`). On a CPU the cell times nothing.
+# And the worked solutions against a copy of the bytes a right answer reads and writes (puzzle
+# 1 has no timed size: on one row a timer sees only the launch; puzzle 5's unread angle table is
+# not counted, and the cell prints both counts). The ⏱ lines above are one `do_bench` each, so
+# the cell times the ten solutions in alternating rounds, as under puzzle 9, and prints each
+# fraction at the median of its rounds with its lowest and highest round: two solutions whose
+# ranges overlap are not told apart. Section 0's masked copy is the reference for a Triton
+# kernel at copy speed. On a CPU the cell times nothing.
 
 # %%
 import inspect
@@ -1227,22 +1190,29 @@ assert [f"{b / 1e6:.1f}" for b in (handed5, moved5_bytes, handed5 - moved5_bytes
 # %% [markdown]
 # ## Appendix: puzzles 5 and 9 against a copy
 #
-# This appendix is optional. A time alone does not say why a kernel is slow; changing one thing
-# and timing again does. `benchmarks/puzzle_fractions.py` timed the worked solutions of puzzles
-# 5 and 9 on an H200 beside variants that change one thing, each against a copy of the same
-# bytes. The numbers here are that committed CSV's; the cell prints this page's ⏱ lines beside
-# them, each with its GPU (times from different GPUs do not compare), and, on an H200, asserts
-# that each lies within the CSV's range widened by three run-to-run spreads (the most any
-# tile's time moved between the four runs, read under puzzle 9). `pz.stated` checks the
-# numbers the text quotes against the data.
-#
-# One label in the CSV is out of date. It was written when puzzle 9 timed BLOCK_S=16 on 4
-# warps, and marks that row "(the timed case)"; the sweep found BLOCK_S=4 faster, and the
-# puzzle now times that tile (the benchmark script labels the tile the puzzle times, so a new
-# run would mark it). The table below moves the label to the tile the ⏱ lines time, read from
-# the puzzle, and the cell asserts what the committed file says.
+# Optional. `benchmarks/puzzle_fractions.py` timed the worked solutions of puzzles 5 and 9 on
+# an H200 beside variants that change one thing, each against a copy of the same bytes, four
+# times for puzzle 9's six tiles (a tile: BLOCK_S, and the number of **warps**, groups of 32
+# threads, each program runs as). The cell prints that committed CSV, with this page's ⏱ lines
+# beside it (each names its GPU; on an H200 it asserts they lie within the CSV's range widened
+# by three run-to-run spreads). The CSV marks BLOCK_S=16 as puzzle 9's timed case, the tile it
+# timed when written; the table moves the mark to the tile the puzzle times now.
 
 # %%
+import statistics
+
+FRACTIONS = measured.RESULTS / "puzzle_fractions-nvidia-h200.csv"
+runs9 = [FRACTIONS] + [measured.RESULTS / f"puzzle_fractions-nvidia-h200-20261130-run{k}.csv"
+                       for k in (1, 2, 3)]
+p9_runs = [[r for r in compare.read_csv(f) if r["puzzle"] == 9] for f in runs9]
+own = {}                                                 # tile -> the kernel's us, run by run
+for run in p9_runs:
+    for r in run:
+        own.setdefault((r["block"], r["num_warps"]), []).append(r["us"])
+spread9 = max((max(v) - min(v)) / min(v) for v in own.values())   # the run-to-run spread
+assert len(own) == 6 and all(len(v) == 4 for v in own.values())
+assert {compare.read_meta(f)["gpu"] for f in runs9} == {"NVIDIA H200"}
+tile9 = (pz.PUZZLES["shared_table"].big("meta").constexprs["BLOCK_S"], 4)   # the ⏱ lines' tile
 fr_meta, fr_rows = compare.read_meta(FRACTIONS), compare.read_csv(FRACTIONS)
 TIMED = " (the timed case)"
 
@@ -1299,15 +1269,12 @@ pz.stated([
 ])
 
 # %% [markdown]
-# **Puzzle 5.** Same kernel, same bytes, only the positions changed: on the H200, with no angle
-# at 105,615 radians or more it runs at 101 % of a copy; with the timed case's positions, at
-# 85 %. That comparison was made on an H200 only: on another GPU the long path may cost less
-# or more, and this page does not time the positions without it.
-# `tl.sin` and `tl.cos` compile to `sinf` and `cosf` of libdevice (CUDA's math library), which
-# reduce an angle below 105,615 with a few multiply-adds and take a long path with a loop at or
-# above it. The timed positions run to 131,071, so 19 % of the rows have a pair on the long
-# path, and a warp waits for its slowest thread. The machine code (sm_90) has one compare with
-# 105,615 per angle a thread holds:
+# **Puzzle 5.** Same kernel, same bytes, only the positions changed: on the H200 it runs at
+# 101 % of a copy with no angle at 105,615 radians or more, and at 85 % with the timed case's
+# positions. `tl.sin` and `tl.cos` compile to libdevice's `sinf` and `cosf`, which reduce an
+# angle below 105,615 with a few multiply-adds and take a long path with a loop at or above it;
+# 19 % of the timed rows have a pair on it, and a warp waits for its slowest thread. The sm_90
+# machine code has one compare with 105,615 per angle a thread holds:
 
 # %%
 from ropelib.course import load_schedule
@@ -1324,22 +1291,20 @@ angles_per_thread = 16 * 64 // (4 * 32)               # BLOCK_ROWS x HALF over 1
 assert len(tests) == angles_per_thread                # one per angle a thread holds
 
 # %% [markdown]
-# The CSV's first two puzzle 5 rows count every tensor the kernel is handed, the bf16 angle
-# table it never reads included; against a copy of only the bytes it moves, as the ⏱ lines
-# count, the timed positions reach 74 % (on the H200). What this appendix measures is the part
-# the positions make, 85 % against 101 % of the handed bytes; the rest of the gap to a copy is
-# not taken apart here.
-# `ropelib.frequencies.Angles` reduces the angle exactly before the sine, so no angle it hands
-# `sin` is large.
+# Those two rows count every tensor the kernel is handed, the unread bf16 angle table
+# included; against a copy of the bytes it moves, as the ⏱ lines count, the timed positions
+# reach 74 % on the H200. The positions account for the step from 101 % to 85 %; the rest of
+# the gap is not taken apart. `ropelib.frequencies.Angles` reduces the angle exactly before the
+# sine, so no angle it hands `sin` is large.
 #
-# **Puzzle 9.** On the H200, the tile moves the time by a few percent and neither extra bytes
-# nor extra instructions hold any tile below a copy. BLOCK_S=4 on 4 warps was the fastest tile
-# in every run, each tile's own time moving by at most 1.7 % (the table's 87 % to 94 % of a copy
-# ride on a copy whose time moved by 6 %). Profiled once each under Nsight Compute
-# (`benchmarks/puzzle9_ncu.py`), every tile read $x$ and the tables from DRAM once (75.5 MB) and
-# executed fewer instructions than PyTorch's `buf * 1` over the same bytes, the stand-in for the
-# copy. One profile per tile cannot order the tiles: BLOCK_S=16, profiled twice, took 35.3 and
-# 36.5 µs, against the six tiles' 35.0 to 36.7 µs.
+# **Puzzle 9.** On the H200 the tile moves the time by a few percent: BLOCK_S=4 on 4 warps was
+# the fastest of six tiles in every run, each tile's time moving by at most 1.7 % from run to
+# run (the table's 87 % to 94 % of a copy ride on a copy whose time moved by 6 %). Profiled once
+# each under Nsight Compute (`benchmarks/puzzle9_ncu.py`), every tile read $x$ and the tables
+# from DRAM once (75.5 MB) and executed fewer instructions than PyTorch's `buf * 1` over the same
+# bytes, the copy's stand-in: neither extra bytes nor extra instructions hold a tile below a
+# copy. One profile per tile is too noisy to order them: BLOCK_S=16, profiled twice, took 35.3
+# and 36.5 µs, against the six tiles' 35.0 to 36.7 µs.
 
 # %%
 def profile(path):
@@ -1413,12 +1378,10 @@ pz.stated([
 # which costs little memory but is more than a test suite usually sets up.
 #
 # **4.** The tables are $2 \times 16384 \times 64 \times 4$ bytes = 8.4 MB of fp32, of the
-# timed 143 MB. They fit in a 50 MB L2, so one expects the $B - 1$ repeated loads to hit there
-# and DRAM to read the tables about once: $B - 1$ extra load instructions and their L2 traffic,
-# not $B$ times the table's DRAM bytes. The first appendix's profile measured the once for the
-# worked solution (DRAM read $x$ and the tables once, within 0.1 %); the given kernel was not
-# profiled, so for it the estimate is expected, not measured. Puzzle 9 counts the extra
-# instructions and requests, and times the two kernels in alternating rounds on a GPU.
+# timed 143 MB. They fit in a 50 MB L2, so the $B - 1$ repeated loads can be served from cache
+# and DRAM can read the tables about once: $B - 1$ extra load instructions and their cache
+# traffic, not $B$ times the table's DRAM bytes. Puzzle 9's last cell tests this by time on
+# the GPU that runs it, against the same loads on a table per entry, which DRAM must serve.
 #
 # **5.** *The prediction.* A kernel that moves each byte once, and uses every byte of each
 # sector it moves, should run at a copy's speed, and by that count every timed solution should.
@@ -1426,34 +1389,24 @@ pz.stated([
 # at large angles (measured on an H200 in the first appendix), and puzzle 6's, which loads each
 # table row once per batch entry, $B = 8$ times, where puzzle 9's loads it once.
 #
-# *What this page measures of it.* The fractions are printed live under "Where you stand",
-# each with its rounds' range: judge the prediction by them and by the verdict a GPU prints, not
-# by this paragraph. The cell below runs every timed solution but 5 and 9 (the first appendix
-# covers those) in checked memory at its timed shape cut to 32 rows: each uses every byte of
-# its rows' and tables' sectors, so sector use does not explain a shortfall where one shows. It
-# compiles puzzles 2's and 4's solutions for sm_90: puzzle 4's, whose tiles carry masked lanes,
-# has the same load and store widths as puzzle 2's and about as many registers, so its masked
-# lanes, if they cost anything, do not show in its instructions. And where a GPU ran puzzle 9's
-# alternating rounds, it prints their verdict on puzzle 6's $B = 8$ loads of each table row
-# against puzzle 9's one.
+# *What this page measures of it.* "Where you stand" prints the fractions, each with its
+# rounds' range: judge the prediction by them. The cell below runs every timed solution but 5
+# and 9 (the first appendix covers those) in checked memory at its timed shape cut to 32 rows:
+# each uses every byte of its rows' and tables' sectors, so sector use does not explain a
+# shortfall. It compiles puzzles 2's and 4's solutions for sm_90: puzzle 4's masked lanes leave
+# its load and store widths those of puzzle 2's, and its registers within 4 of them.
 #
-# *Puzzle 5.* Its fraction counts the 67.6 MB its solution moves, not the 16.8 MB angle table
-# it is handed and never reads ("Where you stand" prints both). Counted that way it fell short
-# on the H200: 74 % of a copy in the committed run, where counting the table gave 85 % (first
-# appendix). How much the long path costs on another GPU is not measured here.
+# *Puzzle 5* fell short on the H200: 74 % of a copy of the 67.6 MB it moves (first appendix).
 #
-# *Puzzle 6.* Where it comes out near a copy, or no slower than puzzle 9's solution in the
-# rounds, a load count has predicted instructions and cache requests, not DRAM bytes: its
-# repeated table rows are expected to hit in cache, so that DRAM reads each byte about once and
-# the repeats cost only instructions, which a kernel waiting on memory can hide. No memory
-# counter was read for puzzle 6: a likely reason, not a measured one.
+# *Puzzle 6.* Its $B$ loads of a table row come from $B$ programs, so only L2 can serve the
+# repeats. Where its fraction is near a copy, that is the likely reason, by analogy with puzzle
+# 9's cell (repeats within one program); for puzzle 6 itself it is not measured.
 #
 # *Puzzle 10* can come out a little above a copy. Its solution moves every byte its fraction
-# counts (the cell below checks, at its timed shape cut to 4 sequences, that it loads every
-# element of its inputs and stores every element of $y$ once), but not in a copy's mix: at the
-# timed shape it reads 66.2 MB ($x$, the tables and `cu_seqlens`) and writes 64.1 MB, where the
-# copy of the same 130.3 MB reads and writes half each. Whether that mix, or the tables' rows
-# that every sequence requests again from row 0, lets it beat the copy is not measured here.
+# counts, once (the cell checks it at 4 sequences), and reads about what it writes (66.2 MB
+# against 64.1 MB), as a copy does. A fraction above 100 % then says that the device copy falls
+# a little short of the fastest way to move those bytes on that GPU, or, where the rounds'
+# ranges overlap 100 %, nothing: read the range.
 #
 # **6.** Each pair of $q$ and of $k$ is moved by at most $\varepsilon = \sqrt 2 \cdot 2^{-9}$
 # of its length, so each pair's product moves by at most about $2\varepsilon$ of
@@ -1542,10 +1495,6 @@ for n, c in code5.items():
           f"loads {c['loads']}, stores {c['stores']}, {c['registers']} registers, {c['grid']:,} programs")
 assert code5[4]["loads"] == code5[2]["loads"] and code5[4]["stores"] == code5[2]["stores"]
 assert abs(code5[4]["registers"] - code5[2]["registers"]) <= 4    # about as many: within 4
-if rounds9 is not None:                   # puzzle 9's rounds: puzzle 6's solution against 9's
-    print(f"   puzzle 6 against puzzle 9, in puzzle 9's rounds: {said6}")
-else:
-    print("   puzzle 6 against puzzle 9: its B = 8 loads of each table row need a GPU to time")
 
 # 6. the score q . k, head dim 128, with q and k rotated by a bf16 table or rounded to bf16
 gen6 = torch.Generator().manual_seed(6)

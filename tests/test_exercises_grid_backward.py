@@ -307,11 +307,17 @@ def test_blank_detection():
 
 
 @INTERPRETER_ONLY
-def test_count_trig_counts_cos_and_sin_tiles():
-    x = torch.randn(2, 3, 2, 16)
-    with gk.count_trig() as n:
-        rope_batch_reuse(x, torch.randn(2, 16))
-    assert n["trig"] == 4 * 2 * 2      # cos, sin of two halves, per (s, h) program; not per b
+def test_the_reuse_check_counts_cos_and_sin_per_program_not_per_batch_row():
+    """The check's counter (count_work) sees the teaching kernel's cos/sin once per (s, h)
+    program: the same count for a batch of 1 and of 3."""
+    from ropelib.course.work_count import count_work
+    counted = []
+    for B in (1, 3):
+        with count_work() as work:
+            rope_batch_reuse(torch.randn(2, B, 2, 16), torch.randn(2, 16))
+        counted.append((work.programs, work.sincos))
+    assert counted[0] == counted[1]
+    assert counted[0][0] == 2 * 2 and counted[0][1] > 0
 
 
 # --- notebook 06: the backward kernel ------------------------------------------------------------

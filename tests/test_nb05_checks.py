@@ -147,11 +147,6 @@ def test_the_appendix_claims_hold_on_the_committed_csvs(capsys):
     tab = checks_nb05.table_probe()
     assert list(tab) == ["s4096-b8", "s16384-b8-h8", "s32768-b1", "s16-b64"]
     checks_nb05.opcode_profile(mech)
-    bytes_bound = {"both halves": 16 / 17, "halves": 32 / 33}
-    b1 = checks_nb05.ratio(tp, "bf16 sbhd 128 MiB s16k b1", "two-pass")
-    hr_meta = checks_nb05.half_rows_probe(bytes_bound, b1, tp_meta["gpu"])
-    checks_nb05.kept_rows_three_ways(hr_meta["gpu"])
-    checks_nb05.a_loads_wait()
     # the notebook passes section 6's planner; the route it names for a cos/sin table stands in
     behind = checks_nb05.tables_swapped(tp, tp_meta, lambda *a: "two passes, your table")
     assert [round(v, 1) for v in behind.values()] == [1.0, -1.4, 0.5]
@@ -172,12 +167,6 @@ def test_a_changed_probe_number_fails_its_check(monkeypatch):
     monkeypatch.setattr(measured, "probe", shifted)
     with pytest.raises(AssertionError):
         checks_nb05.paired_rows_probe()
-
-
-def test_three_eager_calls_start_the_pre_pass_once(capsys):
-    checks_nb05.kernels_of_three_calls("cpu")
-    out = capsys.readouterr().out
-    assert "eager call 1: 2 kernels" in out and "eager call 3: 1 kernel" in out
 
 
 # --- the notebook's shared helpers: compile failures, section 3's timing, the flat pass compiled --

@@ -87,3 +87,48 @@ def test_a_wrong_kernel_is_not_the_same():
     r = traffic.step_traffic(_no_v_kernel, B=2, HQ=4, HK=2, D=16)
     assert not r["same"]
     assert ("v_cache", "store") not in r["fused"]
+
+
+def test_the_three_timed_steps_write_the_same():
+    import torch
+    steps, outs = traffic.decode_steps(at_scale.solution_rope_kv_cache_kernel, B=3, HQ=4, HK=2,
+                                       D=16, L=8)
+    for step in steps.values():
+        step()
+    for name in ("fused + empty", "two kernels"):
+        for a, b in zip(outs["fused"], outs[name]):
+            assert torch.allclose(a.float(), b.float(), atol=1e-2, rtol=1.6e-2), name
+    assert int((outs["two kernels"][1] != 0).any(-1).any(-1).sum()) == 3    # one slot each
+
+
+def test_bytes_per_program_at_ropelibs_decode_grid():
+    # batch 1 on 132 SMs: ropelib splits the heads down to one a program (40 programs); every
+    # program reads the position and one row of angles on its own
+    r = traffic.program_bytes(at_scale.solution_rope_kv_cache_kernel, B=1)
+    assert r["yours"] == [24836]
+    assert len(r["ropelib"]) == 40
+    row = 4 + 2 * 64 * 4                   # the position, and both halves of an angle row
+    assert sorted(set(r["ropelib"])) == [2 * 256 + row, 4 * 256 + row]
+    assert r["ropelib"].count(2 * 256 + row) == 32                           # q programs
+
+
+def test_the_timed_kernels_compile_for_sm90():
+    """The kernels the notebook times that no other test compiles for sm_90: the two-kernel
+    step's rotation, and ropelib's kernel at 8 heads a program for one sequence."""
+    from ropelib.course.offline_compile import in_compiling_python
+    code = """
+import json, torch
+from ropelib.course import nb11_decode_traffic as t
+from ropelib.course.offline_compile import compile_for_cuda
+from ropelib.kernels import kv_cache as K
+q, k = torch.empty(1, 32, 128, dtype=torch.bfloat16), torch.empty(1, 8, 128, dtype=torch.bfloat16)
+c1 = compile_for_cuda(t._rope_qk_decode_kernel, dict(q_ptr=q, k_ptr=k, q_out_ptr=q, k_out_ptr=k,
+    seqlens_ptr=torch.empty(1, dtype=torch.int32), freqs_ptr=torch.empty(8, 128), HQ=32, HK=8,
+    D=128), num_warps=4)
+grid, pointers, args, warps, _ = t.ropelib_launch(1, L=8, block_h=8)
+names = K._rope_kv_cache_kernel.arg_names[:len(pointers)]
+c2 = compile_for_cuda(K._rope_kv_cache_kernel, dict(zip(names, pointers), **args), num_warps=warps)
+print(json.dumps([grid, len(c1.asm["cubin"]) > 0, len(c2.asm["cubin"]) > 0]))
+"""
+    grid, ok1, ok2 = in_compiling_python(code, what="compiling for sm_90")
+    assert grid == [1, 5, 1] and ok1 and ok2

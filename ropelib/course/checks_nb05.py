@@ -6,8 +6,7 @@ every number that section's prose states, so a changed CSV or a changed sentence
 `benchmarks/results/` (and, where they say so, compile for sm_90 on this machine), so they run on
 a CPU. The appendices' longer helpers live here too, each saying what it does: the finished
 kernel's launch compiled for sm_90 (`finished_schedule`), ropelib's flat pass compiled the same
-way (`flat_pass_schedule`), the kernels three eager calls start (`kernels_of_three_calls`, on the
-notebook's device), one angle's share of libdevice's sin/cos slow path (`slow_path_share`). So do
+way (`flat_pass_schedule`), one angle's share of libdevice's sin/cos slow path (`slow_path_share`). So do
 the notebook's shared helpers: section 3's timing of the rungs as the notebook launches them
 (`time_rungs`), the exercises' timing (`time_against_copy`) and the one line every cell prints
 when compiling for sm_90 fails here (`compile_failed`). `tests/test_nb05_checks.py` runs them.
@@ -611,7 +610,7 @@ def compile_failed(exc, what="compiling for sm_90", limit=300):
 
 
 def finished_schedule(shape, sms, knobs, x_first=None):
-    """A.3: (launch, load_schedule) of the finished kernel as launch.plan launches it on a GPU
+    """Section 5: (launch, load_schedule) of the finished kernel as launch.plan launches it on a GPU
     of `sms` SMs and tile `knobs` for a bf16 sbhd call with angles of `shape` (nothing is
     allocated: the shapes are on the `meta` device); `x_first` overrides the planner's
     X_FIRST."""
@@ -632,9 +631,9 @@ def finished_schedule(shape, sms, knobs, x_first=None):
 
 
 def opcode_profile(mech):
-    """A.4: the finished kernel's executed warp instructions beside rung 6's, opcode by opcode
+    """A.3: the finished kernel's executed warp instructions beside rung 6's, opcode by opcode
     (`benchmarks/ladder_opcodes_ncu.py`, bf16 sbhd s4096 b8 on the H200), printed, with every
-    number A.4's text states asserted; `mech`: section 1's mechanism rows (s4096-b8)."""
+    number A.3's text states asserted; `mech`: section 1's mechanism rows (s4096-b8)."""
     OPCODE_CSV = measured.RESULTS / "ladder_opcodes_per_opcode-nvidia-h200.csv"
     TIMED_CSV = measured.RESULTS / "ladder_opcodes_ncu-nvidia-h200.csv"
     elements = 4096 * 8 * 32 * 128                      # the profiled bf16 sbhd s4096 b8 launch
@@ -681,154 +680,6 @@ def opcode_profile(mech):
     assert abs(mech_extra - more) < 0.02, "the two profiles within two points"
 
 
-def kernels_of_three_calls(device):
-    """A.7: three eager `apply_rope` calls in a row on a small input with the two-pass route
-    forced and one angle table: prints the kernels each call starts (`+flag`: given the
-    pre-pass's flags; `+equal`: the flat pass for rows known to have no differing pair) and
-    what the route keeps with the rows, and asserts both. Counts by wrapping
-    `eager.EagerLaunch.__call__` for the three calls."""
-    import ropelib
-    from ropelib import eager
-    from ropelib.bench.routes import forced
-    x_kept = torch.randn(8, 1, 4, 64, device=device, dtype=torch.bfloat16)
-    f_kept = ropelib.rope_freqs(8, 64, device=device)       # one angle table for every call
-    launched = []
-    start = eager.EagerLaunch.__call__
-
-    def counting_start(self, pointers):
-        flag = dict(zip(self.direct.pointer_names, pointers)).get("row_flags_ptr")
-        mark = ("+flag" if flag is not None else
-                "+equal" if self.launch.args.get("PAIRS_EQUAL") else "")
-        launched[-1].append(self.direct.kernel.fn.__name__ + mark)
-        start(self, pointers)
-
-    eager.TABLE_ROWS.clear()                                 # no rows kept from earlier cells
-    eager.EagerLaunch.__call__ = counting_start
-    try:
-        with forced("two-pass"):
-            for _ in range(3):                               # three calls, as a timed loop makes
-                launched.append([])
-                ropelib.apply_rope(x_kept, f_kept)
-                if torch.device(device).type == "cuda":
-                    # (as a timed loop's rounds do: the flags' answer reaches the host by call 2)
-                    torch.cuda.synchronize()
-    finally:
-        eager.EagerLaunch.__call__ = start
-    for i, names in enumerate(launched, 1):
-        print(f"eager call {i}: {len(names)} kernel{'s' if len(names) > 1 else ''} {names}")
-    assert [len(names) for names in launched] == [2, 1, 1], "the pre-pass on the first call only"
-    assert launched[0] == ["_cos_sin_rows_kernel+flag", "_rope_rows_kernel+flag"]
-    # later calls: the flat pass alone, reading no flags once they are known to be all 0
-    assert launched[1] == launched[2] == ["_rope_rows_kernel+equal"]
-    (_, kept_rows, _), = eager.TABLE_ROWS.entries.values()   # the rows of these calls, kept
-    kept_cos, kept_s, kept_flags, kept_equal = kept_rows
-    assert kept_equal.known()                                # (eager.PairsEqual)
-    print(f"kept: cos and s' rows {tuple(kept_cos.shape)} fp32, and a flag a row "
-          f"{tuple(kept_flags.shape)} {str(kept_flags.dtype)[6:]} = {kept_flags.tolist()}")
-    assert kept_flags.shape == kept_cos.shape[:1] and kept_flags.dtype == torch.int8
-    assert not kept_flags.any(), "rope_freqs: every pair's members equal, every flag 0"
-
-
-def half_rows_probe(bytes_bound, route_b1, gpu):
-    """A.7: `benchmarks/half_rows_probe.py` (H200, five alternating rounds): the route reading
-    half of its kept rows (`halves`) and all of them (`both halves`) beside a copy and
-    torch.compile, printed, with every number A.7's text states asserted. `bytes_bound`: the
-    text's bytes estimate per way of reading the rows; `route_b1`: the main two_pass table's
-    batch-1 ratio (the two runs agree); `gpu`: the main table's GPU. Returns the run's meta."""
-    run = measured.GPU + "-20261202-0822"
-    hr = measured.two_pass(run, kind="half_rows_probe")     # {(case, pass): {provider: row}}
-    hr_meta, _ = measured.load("half_rows_probe", run)
-    assert hr_meta["gpu"] == gpu
-    cols = ("both halves", "halves", "torch.compile")
-    n_rounds = len(hr[("sbhd 128 MiB s16k b1", "forward")]["copy"]["ms_per_round"].split())
-    assert n_rounds == 5, f"{n_rounds} rounds, not five"
-    print(f"\n{measured.where(hr_meta)}: ratio to a copy, the median of {n_rounds} rounds")
-    print(f"{'case':24s}{'pass':>9s}" + "".join(f"{c:>15s}" for c in cols))
-    for (case, pass_), rows in hr.items():
-        print(f"{case:24s}{pass_:>9s}" + "".join(
-            f"{rows[c]['ratio_to_copy']:15.3f}" if c in rows else f"{'':15s}" for c in cols))
-
-    def halves(case, pass_="forward"):
-        return [said(hr[(case, pass_)][c]["ratio_to_copy"]) for c in ("both halves", "halves")]
-
-    # batch 1: half the rows is faster, forward and forward+backward, in every case ...
-    for case, pass_ in hr:
-        if case.endswith("b1"):
-            both_r, half_r = (hr[(case, pass_)][c]["ratio_to_copy"]
-                              for c in ("both halves", "halves"))
-            assert half_r > both_r + 0.02, (case, pass_)
-    assert halves("sbhd 128 MiB s16k b1") == ["0.932", "0.963"]
-    assert halves("sbhd 128 MiB s16k b1", "fwd+bwd") == ["0.936", "0.963"]
-    assert halves("bshd 128 MiB s16k b1") == ["0.927", "0.948"]
-    assert halves("sbhd 256 MiB s32k b1") == ["0.941", "0.967"]
-    # ... and below the bytes estimate of half the rows, where torch.compile's kernel is above it
-    assert all(hr[(c, "forward")]["halves"]["ratio_to_copy"] < bytes_bound["halves"]
-               for c in ("sbhd 128 MiB s16k b1", "sbhd 256 MiB s32k b1"))
-    compile_b1 = hr[("sbhd 128 MiB s16k b1", "forward")]["torch.compile"]["ratio_to_copy"]
-    assert said(compile_b1) == "0.981", f"torch.compile at batch 1: {compile_b1}, not 0.981"
-    assert compile_b1 > bytes_bound["halves"]
-    assert said(route_b1) == halves("sbhd 128 MiB s16k b1")[1]      # the two runs agree
-    # batch 8: a gain at 1 GiB, level at 256 MiB (the two providers' times a round overlap)
-    assert halves("sbhd 1 GiB s16k b8") == ["0.986", "1.002"]
-    assert halves("sbhd 256 MiB s4k b8") == ["0.999", "0.994"]
-    rows_256 = hr[("sbhd 256 MiB s4k b8", "forward")]
-    rounds_256 = {c: [float(t) for t in rows_256[c]["ms_per_round"].split()]
-                  for c in ("both halves", "halves")}
-    print("256 MiB s4k b8, forward, ms a round: "
-          + "; ".join(f"{c} {min(t):.5f}-{max(t):.5f}" for c, t in rounds_256.items()))
-    assert min(rounds_256["halves"]) < max(rounds_256["both halves"]), "the rounds overlap"
-    return hr_meta
-
-
-def kept_rows_three_ways(gpu):
-    """A.7: another run of the half-rows probe, kept rows read three ways (`both halves`,
-    `halves`, `known equal`) in five alternating rounds, printed with whether `known equal` was
-    faster than the flags in every round, slower in every round, or neither; asserts every number
-    A.7's text states. `gpu`: the first run's GPU."""
-    run = measured.GPU + "-20261202-1747"
-    eq = measured.two_pass(run, kind="half_rows_probe")
-    eq_meta, _ = measured.load("half_rows_probe", run)
-    assert eq_meta["gpu"] == gpu
-    cols = ("both halves", "halves", "known equal")
-    print(f"{measured.where(eq_meta)}: kept rows, forward, ratio to a copy (median of the rounds)")
-    print(f"{'case':24s}" + "".join(f"{c:>13s}" for c in cols) + "   known equal: every round")
-    rounds = {}
-    for case in ("sbhd 128 MiB s16k b1", "bshd 128 MiB s16k b1", "sbhd 256 MiB s32k b1",
-                 "sbhd 256 MiB s4k b8", "sbhd 1 GiB s16k b8"):
-        r_ = eq[(case, "forward")]
-        t = {c: [float(v) for v in r_[c]["ms_per_round"].split()]
-             for c in ("halves", "known equal")}
-        assert all(len(v) == 5 for v in t.values()), f"{case}: not five rounds"
-        # faster in every round (all of its times below the flags' fastest), slower in every
-        # round, or the rounds overlap
-        rounds[case] = ("faster" if max(t["known equal"]) < min(t["halves"]) else
-                        "slower" if min(t["known equal"]) > max(t["halves"]) else "overlap")
-        print(f"{case:24s}" + "".join(f"{r_[c]['ratio_to_copy']:13.3f}" for c in cols)
-              + f"   {rounds[case]}")
-
-    def eq_ratio(case, c):
-        return said(eq[(case, "forward")][c]["ratio_to_copy"])
-
-    # batch 1, rows read once: no flags is ahead (its median) ...
-    assert [eq_ratio("bshd 128 MiB s16k b1", c) for c in cols[1:]] == ["0.947", "0.957"]
-    assert [eq_ratio("sbhd 256 MiB s32k b1", c) for c in cols[1:]] == ["0.953", "0.961"]
-    assert [eq_ratio("sbhd 128 MiB s16k b1", c) for c in cols[1:]] == ["0.942", "0.946"]
-    # ... in every round for bshd; sbhd's rounds overlap at the edges
-    assert rounds["bshd 128 MiB s16k b1"] == "faster"
-    assert rounds["sbhd 128 MiB s16k b1"] == rounds["sbhd 256 MiB s32k b1"] == "overlap"
-    # ... at batch 8, rows kept in L2 for every entry, behind at 1 GiB in every round
-    assert [eq_ratio("sbhd 1 GiB s16k b8", c) for c in cols[1:]] == ["1.000", "0.990"]
-    assert rounds["sbhd 1 GiB s16k b8"] == "slower"
-    # torch.compile in the same run, batch 1: above every way of reading kept rows
-    b1_cases = ("sbhd 128 MiB s16k b1", "bshd 128 MiB s16k b1", "sbhd 256 MiB s32k b1")
-    compiled_b1 = [eq[(c, "forward")]["torch.compile"]["ratio_to_copy"] for c in b1_cases]
-    print("torch.compile, batch 1, same run: " + ", ".join(f"{v:.3f}" for v in compiled_b1))
-    assert said(min(compiled_b1)) == "0.971", f"torch.compile's lowest: {min(compiled_b1)}"
-    assert said(max(compiled_b1)) == "0.982", f"torch.compile's highest: {max(compiled_b1)}"
-    assert all(eq[(c, "forward")][k]["ratio_to_copy"] < v for c, v in zip(b1_cases, compiled_b1)
-               for k in cols)
-
-
 def _planned_two_pass(batch, **kw):
     """ropelib's two-pass route for a bf16 sbhd call [16384, batch, 32, 128] with angles,
     planned on shapes alone (the `meta` device)."""
@@ -853,74 +704,16 @@ def _compiled_rotate(rot_pass, flags):
 
 
 def flat_pass_schedule():
-    """Exercise 3 and A.11: ropelib's flat pass as the route plans it for 1 GiB bf16 sbhd
+    """Exercise 3 and A.8: ropelib's flat pass as the route plans it for 1 GiB bf16 sbhd
     (s16k b8), launched without flags as section 5 profiled it, compiled for sm_90: its
     load_schedule (registers, loads in machine-code order, how many before the first
     multiply). Raises what a missing compiler raises."""
     return _compiled_rotate(_planned_two_pass(8).rotate_pass, None)
 
 
-def flags_in_machine_code(own, planned_registers, flat_registers=None):
-    """A.7: ropelib's flat pass at section 6's 1 GiB launch, compiled for sm_90 given the
-    pre-pass's flags, and the pass for kept rows known equal (`PAIRS_EQUAL`, planned at batch 1):
-    prints registers and loads before the first multiply, asserts the counts the text gives.
-    `own`: `flat_pass_schedule()`, the pass without flags; `planned_registers`: the H200
-    profile's registers of that pass; `flat_registers`: A.6's compile of the pass with flags, if
-    it ran. Raises what a missing compiler raises."""
-    planned, compiled = _planned_two_pass, _compiled_rotate
-
-    # as the route runs it after its pre-pass (1 GiB, batch 8), given the pre-pass's flags
-    route_1g = planned(8)
-    assert route_1g.row_flags
-    own_flag = compiled(route_1g.rotate_pass, torch.zeros(16, dtype=torch.int8))
-    print(f"ropelib's flat pass given the flags: {own_flag['registers']} registers, "
-          f"{own_flag['early']} of {len(own_flag['loads'])} loads before the first multiply, "
-          f"the first {own_flag['loads'][0][1]}")
-    # its row's flag (1 byte) first, then the same ten 16-byte loads; how many of them go out
-    # before the first multiply depends on the version: all of them with Triton 3.9, with 3.6
-    # (the GPU runs') two fewer
-    assert len(own_flag["loads"]) == 11 and "LDG.E.U8 " in own_flag["loads"][0][1]
-    assert all(".128" in ins for _, ins in own_flag["loads"][1:])
-    if triton.__version__.startswith("3.9"):                      # nine of eleven
-        assert own_flag["early"] == own["early"] + 1, f"{own_flag['early']} early, not nine"
-    if triton.__version__.startswith("3.6"):                      # 7 of 11, in 42 registers
-        assert own_flag["early"] == own["early"] - 1, f"{own_flag['early']} early, not seven"
-        assert own_flag["registers"] == 42, f"{own_flag['registers']} registers, not 42"
-    if flat_registers is not None:      # the pass A.6's compile counted, with flags
-        assert own_flag["registers"] == flat_registers
-    if triton.__version__.startswith(("3.6", "3.9")):   # without the flags: section 5's profile
-        assert own["registers"] == planned_registers == 46, \
-            f"{own['registers']} registers without flags here, {planned_registers} profiled, not 46"
-    # ... and for kept rows known to have no differing pair (PAIRS_EQUAL): no flag, no loads of
-    # member b's cos and s'; planned where rows are read once, at batch 1 (s16k b1)
-    assert route_1g.rotate_pass_equal is None
-    own_equal = compiled(planned(1, rows_kept=True).rotate_pass_equal, None)
-    print(f"... for rows known equal: {own_equal['registers']} registers, "
-          f"{own_equal['early']} of {len(own_equal['loads'])} loads before the first multiply")
-    assert len(own_equal["loads"]) == 6 and all(".128" in ins for _, ins in own_equal["loads"])
-    assert own_equal["registers"] < own_flag["registers"]
-    if triton.__version__.startswith(("3.6", "3.9")):             # the counts the prose gives
-        assert own_equal["early"] == 5, f"{own_equal['early']} loads early, not five"
-        assert own_equal["registers"] == 32, f"{own_equal['registers']} registers, not 32"
-
-
-def a_loads_wait():
-    """A.7: member a's loads waiting for the row's flag too (the -a-loads-wait run of the
-    half-rows probe) against the pass as shipped (the run of the same afternoon): the probe's
-    `halves`, forward, printed and asserted."""
-    a_wait, shipped = (measured.two_pass(measured.GPU + run, kind="half_rows_probe")
-                       for run in ("-20261202-1511-a-loads-wait", "-20261202-1443"))
-    for case in ("sbhd 1 GiB s16k b8", "sbhd 128 MiB s16k b1"):
-        w, sh = (t[(case, "forward")]["halves"]["ratio_to_copy"] for t in (a_wait, shipped))
-        print(f"{case}: a's loads waiting too {w:.3f}, as shipped {sh:.3f}")
-    assert [said(t[(c, "forward")]["halves"]["ratio_to_copy"]) for c in
-            ("sbhd 1 GiB s16k b8", "sbhd 128 MiB s16k b1") for t in (a_wait, shipped)] == \
-        ["0.943", "1.001", "0.900", "0.941"]
-
-
 def tables_swapped(tp, tp_meta, route_of):
-    """A.8: torch.compile and ropelib each given the other's tables (the main two_pass run,
-    `tp`), the batch-8 cases printed, every number A.8's text states asserted; `route_of`:
+    """A.6: torch.compile and ropelib each given the other's tables (the main two_pass run,
+    `tp`), the batch-8 cases printed, every number A.6's text states asserted; `route_of`:
     section 6's route planner for a shape. Returns ropelib's lag behind torch.compile forward
     on the same bf16 tables, in %, by case."""
     s16k, b1 = "bf16 sbhd 1 GiB s16k b8", "bf16 sbhd 128 MiB s16k b1"
@@ -977,9 +770,9 @@ def tables_swapped(tp, tp_meta, route_of):
 
 
 def paired_rows_probe():
-    """A.9: `benchmarks/paired_rows_probe.py` (H200, forward): the element-wise flat pass
+    """A.7: `benchmarks/paired_rows_probe.py` (H200, forward): the element-wise flat pass
     reading all of its fp32 rows, half of them, and both members of a pair in one thread, beside
-    torch.compile and apply_rope; printed, with every number A.9's text states asserted."""
+    torch.compile and apply_rope; printed, with every number A.7's text states asserted."""
     pr = measured.probe("paired_rows_probe")
     pr_meta, _ = measured.load("paired_rows_probe")
     cols = ("torch.compile (16-bit table)", "ropelib.apply_rope (freqs)", "rows=fp32",
@@ -1003,10 +796,10 @@ def paired_rows_probe():
 
 
 def elementwise_pass_runs(tp, tp_meta, behind):
-    """A.9: the element-wise flat pass (the design of `rows=fp32`) in the whole route, an H200
+    """A.7: the element-wise flat pass (the design of `rows=fp32`) in the whole route, an H200
     run of the two passes with it, and the two probes that set it beside torch.compile
-    (`flat_pass_probe`, `flat_hints_probe`); printed, every number A.9's text states asserted.
-    `tp`, `tp_meta`: the main two_pass run (the pass of pairs); `behind`: A.8's lag of ropelib
+    (`flat_pass_probe`, `flat_hints_probe`); printed, every number A.7's text states asserted.
+    `tp`, `tp_meta`: the main two_pass run (the pass of pairs); `behind`: A.6's lag of ropelib
     behind torch.compile on the same bf16 tables, by case."""
     s16k = "bf16 sbhd 1 GiB s16k b8"
     tp_elementwise = measured.two_pass(measured.GPU + "-20261128-0853")

@@ -14,7 +14,7 @@ Every launch runs with ropelib's own answers barred (`own_code`): a kernel of ro
 teaching kernels, the finished ones, the worked solution below), or a kernel that calls one of
 ropelib's @triton.jit helpers, is refused before it runs, whatever it would write.
 
-The helpers here (blank-kernel detection, the launch, the cos/sin counter, the comparison) also
+The helpers here (blank-kernel detection, the launch, the comparison) also
 serve notebook 06's backward-kernel exercise (`backward_kernel`).
 
 Notebook 04's exercise 5 (`check_granularity`) turns the grid into a knob: the learner's kernel
@@ -24,7 +24,6 @@ elements loaded). The check runs the kernel through Triton's interpreter on any 
 (`ropelib.course.work_count`), compares its output with the reference, and compares the counts
 with the prediction.
 """
-import contextlib
 import inspect
 from typing import Callable, Optional
 
@@ -34,11 +33,11 @@ import triton.language as tl
 
 from ... import reference, runtime
 from . import _compare, check, exception_line, is_blank_kernel, is_kernel, solution
-from ..work_count import interpreted
+from ..work_count import count_work, interpreted
 from .own_code import fresh_seed, launch_barred, library_barred, notebook_kernels, run_own_code
 
 __all__ = ["KERNEL_SIGNATURE", "check_batch_reuse_kernel", "show_solution", "launch",
-           "is_blank_kernel", "count_trig", "GRANULAR_SIGNATURE", "check_granularity",
+           "is_blank_kernel", "GRANULAR_SIGNATURE", "check_granularity",
            "count_granular", "show_granular_solution"]
 
 KERNEL_SIGNATURE = '''\
@@ -98,28 +97,6 @@ def launch(kernel, x: torch.Tensor, freqs2d: torch.Tensor) -> torch.Tensor:
     return y
 
 
-@contextlib.contextmanager
-def count_trig():
-    """Count cos/sin tile evaluations of the kernels Triton's interpreter runs inside the block
-    (under TRITON_INTERPRET=1, or a kernel wrapped by work_count.interpreted on a GPU machine)."""
-    from triton.runtime.interpreter import InterpreterBuilder
-    counts = {"trig": 0}
-    saved = {n: getattr(InterpreterBuilder, n) for n in ("create_cos", "create_sin")}
-
-    def counting(original):
-        def wrapper(self, arg):
-            counts["trig"] += 1
-            return original(self, arg)
-        return wrapper
-    for n, original in saved.items():
-        setattr(InterpreterBuilder, n, counting(original))
-    try:
-        yield counts
-    finally:
-        for n, original in saved.items():
-            setattr(InterpreterBuilder, n, original)
-
-
 def _unwritten(y: torch.Tensor, R: int) -> Optional[str]:
     """None when every element was written; else what was left NaN, and the likely reason."""
     bad = torch.isnan(y)
@@ -168,17 +145,17 @@ def check_kernel_cases(name: str, kernel, cases, expected: Callable, *, hint: st
         evaluations = []
         for B in (1, 3):
             x, f2 = _inputs(torch.Generator().manual_seed(7), 2, B, 2, 16, 16, torch.float32)
-            with count_trig() as counts:
+            with count_work() as work:
                 try:
                     with library_barred(what, bar=(*bar, *notebook_kernels())):
                         launch(run, x.cpu(), f2.cpu())
                 except Exception as exc:  # noqa: BLE001
                     print(f"❌ {name} (B={B}): launching your kernel raised {exception_line(exc)}")
                     return False
-            evaluations.append(counts["trig"])
+            evaluations.append(work.sincos)
         if evaluations[1] > evaluations[0]:
-            print(f"❌ {name}: correct outputs, but cos/sin were evaluated {evaluations[0]} times "
-                  f"for a batch of 1 and {evaluations[1]} times for a batch of 3 (same S, H): "
+            print(f"❌ {name}: correct outputs, but {evaluations[0]} cos/sin values were evaluated "
+                  f"for a batch of 1 and {evaluations[1]} for a batch of 3 (same S, H): "
                   "compute them once per program, before the loop over the batch, and reuse them")
             return False
     print(f"✅ {name}: correct on {len(cases)} launches"
@@ -319,7 +296,6 @@ WORK_KEYS = ("programs", "sincos", "angle_loads", "x_loads")
 def launch_granular(kernel, x: torch.Tensor, freqs2d: torch.Tensor, rows: int) -> torch.Tensor:
     """Launch `kernel` (GRANULAR_SIGNATURE's argument order) on grid (S, H, B // rows) through
     Triton's interpreter, on CPU tensors; return its output (it starts as NaN)."""
-    from ..work_count import interpreted
     S, B, H, D = x.shape
     y = torch.full(x.shape, float("nan"), dtype=x.dtype)
     interpreted(kernel)[(S, H, B // rows)](x, y, freqs2d, B, H, rows, HALF=D // 2)
@@ -329,7 +305,6 @@ def launch_granular(kernel, x: torch.Tensor, freqs2d: torch.Tensor, rows: int) -
 def count_granular(kernel, x: torch.Tensor, freqs2d: torch.Tensor, rows: int):
     """(output, counts) of one interpreted launch: counts has WORK_KEYS (sin and cos evaluations
     together, every lane of every tile; elements loaded from the angle table and from x)."""
-    from ..work_count import count_work
     with count_work(freqs=freqs2d, x=x) as work:
         y = launch_granular(kernel, x, freqs2d, rows)
     return y, dict(programs=work.programs, sincos=work.sincos,

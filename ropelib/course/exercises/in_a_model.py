@@ -7,6 +7,10 @@
   percentage) give a wrong answer somewhere, on the notebook's model's own steps as a GPU
   profiled them (`STEP_KERNELS`, with ropelib's RoPE and with the PyTorch reference), and on a
   step drawn when the check runs (`own_code.fresh_generator`, its seed in the case's label).
+  Its second part, `rope_copies(events, rope_names, qk_shape, elt_bytes, copy_gbps)`: the bytes
+  RoPE's launches move in the step (each launch reads and writes one layer's q and k of
+  `qk_shape`), and RoPE's time in copies of those bytes at `copy_gbps`. The number of launches,
+  hence of layers and passes, is read off the events: a step of 4 launches is not one of 12.
 * Exercise 2, `cached_attention(attn, x, past_k, past_v)`: one attention layer of the notebook's
   GPT, decoding with a KV cache. S new tokens follow L cached ones, so their q and k are rotated
   at the absolute positions L .. L+S-1; the new keys and values are appended to the cache, and
@@ -39,6 +43,7 @@ helper it calls.
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -54,7 +59,8 @@ from ..work_count import interpreted
 from . import check, guard_band_writes, guarded_view, kernel_answer
 from .own_code import check_cases, fresh_generator, fresh_seed, launch_barred, run_own_code
 
-__all__ = ["check_rope_share", "solution_rope_share", "check_cached_attention",
+__all__ = ["check_rope_share", "solution_rope_share", "check_rope_copies",
+           "solution_rope_copies", "check_cached_attention",
            "solution_cached_attention", "decode_with", "KV_TOL", "check_model_rope_kernel",
            "solution_model_rope_kernel", "launch_model_rope", "kernel_rope", "plug_rope",
            "KernelRotary", "MODEL_ROPE_ROWS", "solution_model_rope_one_angle"]
@@ -195,6 +201,72 @@ def solution_rope_share(events: Sequence[Tuple[str, float]],
         if any(part in name for part in rope_names):   # counted once, however many match
             rope_us += us
     return rope_us, step_us, rope_us / step_us
+
+
+def _copies_cases() -> list:
+    shares = {label: events for label, (events, _), _ in _share_cases()}
+    raw = [("one RoPE kernel, launched 4 times (2 layers, forward and backward)",
+            shares["one RoPE kernel, launched 4 times"], {"_rope_kernel"}, (4, 512, 8, 64), 2,
+            3000.0),
+           ("another library's RoPE kernel, launched twice, in fp32",
+            shares["another library's RoPE kernel, named inside a longer name"],
+            {"rope", "rotary"}, (1, 1024, 4, 64), 4, 2000.0),
+           ("no kernel named after RoPE", shares["no kernel named after RoPE"],
+            {"rope", "rotary"}, (4, 64, 2, 16), 2, 3000.0)]
+    meta, measured = step_kernels()
+    share_csv = STEP_KERNELS.with_name("09-rope-share.csv")
+    if "ropelib" in measured and share_csv.is_file():
+        from ...bench import compare
+        cfg = dict(re.findall(r"(\w+)=(\d+)", meta["config"]))
+        n_head, width = int(cfg["n_head"]), int(cfg["n_embd"])
+        shape = (int(meta["batch"]), int(cfg["block_size"]), n_head, width // n_head)
+        lib = next(r for r in compare.read_csv(share_csv) if r["rope"] == "ropelib")
+        gbps = int(compare.read_meta(share_csv)["rope_bytes"]) / lib["copy_floor_ms"] / 1e6
+        raw.append((f"notebook 09's step with ropelib's RoPE, as the {meta.get('gpu', 'GPU')} "
+                    "profiled it", measured["ropelib"], {"rope"}, shape, 2, gbps))
+    seed, g = fresh_generator()
+    _, events, names = _drawn_step()
+    draw = lambda lo, hi: int(torch.randint(lo, hi, (), generator=g))      # noqa: E731
+    shape = (draw(1, 9), 64 * draw(1, 17), draw(1, 17), (32, 64, 128)[draw(0, 3)])   # B, S, H, D
+    elt = (2, 4)[draw(0, 2)]
+    gbps = float(draw(500, 5001))
+    raw.append((f"a step, shape, dtype and bandwidth drawn with seed {seed}", events, names,
+                shape, elt, gbps))
+    return [(label, (events, names, shape, elt, gbps),
+             solution_rope_copies(events, names, shape, elt, gbps))
+            for label, events, names, shape, elt, gbps in raw]
+
+
+def check_rope_copies(fn: Callable) -> bool:
+    """fn(events, rope_names, qk_shape, elt_bytes, copy_gbps) -> (rope_bytes, copies): RoPE's
+    kernels (as in `check_rope_share`) each read and write one layer's q and k of shape
+    `qk_shape` (B, S, H, D), `elt_bytes` an element; rope_bytes is what all of the step's RoPE
+    launches move, copies RoPE's µs over the µs a copy of rope_bytes takes at `copy_gbps` GB/s
+    (1 GB = 1e9 bytes; 0 bytes and 0 copies when no kernel is RoPE's).
+
+    Tried on made-up steps, on the committed step of STEP_KERNELS with its own copy's bandwidth,
+    and on a step drawn when the check runs, with ropelib and the worked solutions barred.
+    """
+    return check_cases(
+        "rope_copies", "your bytes and copies", fn, _Fresh(_copies_cases()),
+        hint="count RoPE's launches in the events: each reads and writes q and k once; a copy "
+             "of rope_bytes takes rope_bytes / (copy_gbps * 1e3) µs",
+        rtol=1e-6, atol=1e-9, bar=_WORKED)
+
+
+def solution_rope_copies(events: Sequence[Tuple[str, float]], rope_names: Iterable[str],
+                         qk_shape: Sequence[int], elt_bytes: int,
+                         copy_gbps: float) -> Tuple[int, float]:
+    rope_names = set(rope_names)
+    launches = [us for name, us in events if any(part in name for part in rope_names)]
+    n = 1
+    for d in qk_shape:
+        n *= d
+    rope_bytes = len(launches) * 2 * 2 * n * elt_bytes      # q and k, read and written
+    if rope_bytes == 0:
+        return 0, 0.0
+    copy_us = rope_bytes / (copy_gbps * 1e3)                  # GB/s = 1e3 bytes a µs
+    return rope_bytes, sum(launches) / copy_us
 
 
 # --- exercise 2: attention with a KV cache, each token rotated at its own position ------------
@@ -697,5 +769,5 @@ def solution_model_rope_one_angle(
     tl.store(y_row + HALF + offs, (x2 * cos + x1 * sin).to(y_ptr.dtype.element_ty), mask=mask)
 
 
-_WORKED = (solution_rope_share, solution_cached_attention, solution_model_rope_kernel,
-           solution_model_rope_one_angle)
+_WORKED = (solution_rope_share, solution_rope_copies, solution_cached_attention,
+           solution_model_rope_kernel, solution_model_rope_one_angle)
