@@ -29,14 +29,6 @@ def test_queue_model_bounds_the_launch_by_the_call():
     assert lq.queue_model({**loop, "iter_host": 85.0}, 60.0, 20.0)["edge"]
 
 
-def test_launched_at_the_return_leaves_a_gap_between_one_and_two_kernels():
-    assert lq.regime_needed(20.5, 20.0, 61.6)["at_return"] == "queued"
-    assert lq.regime_needed(30.0, 20.0, 61.6)["at_return"] == "neither"
-    assert lq.regime_needed(45.0, 20.0, 61.6)["at_return"] == "device waits"
-    got = lq.regime_needed(84.0, 36.4, 61.6)
-    assert got["host_us"] == pytest.approx(84.0 - 36.4 + 61.6) and got["lag_us"] == pytest.approx(47.6)
-
-
 def test_within_widens_by_a_fifth():
     assert lq.within(24.0, 20.0, 20.0) and not lq.within(25.0, 20.0, 20.0)
     assert lq.within(16.0, 20.0, 30.0) and not lq.within(15.9, 20.0, 30.0)

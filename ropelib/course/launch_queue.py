@@ -70,21 +70,6 @@ def events_span(memset_us, kernel_us, iter_host_us, launch_us):
     return kernel_us + max(0.0, launch_us - memset_us)
 
 
-def regime_needed(median_us, kernel_us, memset_us):
-    """What the queue model needs to produce a measured median, given the kernel's µs.
-
-    Returns {"ratio": median / kernel, "at_return": the regime the model allows when the kernel
-    is launched at the call's *return* ("queued", "device waits" or "neither"), "host_us": the
-    host's µs from the memset to the call's return that reading would need, "lag_us": how long
-    after the memset ends the kernel must be launched}. Launched at the return, the device waits
-    only when the host needs at least memset + kernel, so the events span at least about twice
-    the kernel: a median between about 1.1 and 1.8 times the kernel is neither regime."""
-    ratio = median_us / kernel_us
-    at_return = ("queued" if ratio <= 1.1 else "device waits" if ratio >= 0.9 * 2 else "neither")
-    return {"ratio": ratio, "at_return": at_return, "host_us": median_us - kernel_us + memset_us,
-            "lag_us": median_us - kernel_us}
-
-
 def queue_model(loop, memset_us, replayed_us):
     """The model's regime and range for one call's loop (`dobench_loop`'s medians: "iter_host",
     "to_start_host", "to_call_host"), with `replayed_us` as the kernels' time. Returns
