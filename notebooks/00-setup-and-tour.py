@@ -378,8 +378,9 @@ assert rope_flops / rope_bytes < 1 and gemm_intensity > 1000
 # floor suite (`benchmarks/results/floor-nvidia-h200.csv`) at two sizes: a forward pass over
 # 1 GiB of `x`, timed on the device, and one decoding step (1 token × 64 sequences × 32 heads ×
 # 128 features), timed on the host's clock as an eager call is, and again replayed from a CUDA
-# graph, which takes the host out. They are one H200's numbers, not your machine's (notebook 07
-# measures them live).
+# graph, which takes the host out. Each line gives the bytes the call moves (`x` read, `y`
+# written, the angle table), the copy's time, ropelib's, and their ratio. They are one H200's
+# numbers, not your machine's (notebook 07 measures them live).
 
 # %%
 HBM_TB_S = 4.8                    # NVIDIA's figure for the H200 SXM's memory
@@ -471,9 +472,10 @@ if FLOOR:
 # On 1 GiB, large enough for `apply_rope`'s two-pass route, ropelib runs within 5 % of a copy,
 # both at 4.3 TB/s, 89 % of the H200's 4.8 TB/s: the bytes set the time. A decoding step's
 # bytes need under a quarter of a microsecond, yet the copy takes 7.6 µs and ropelib 2.7 times
-# as long. Replayed from a CUDA graph, only 0.5 µs of ropelib's 13.1 µs extra is left: the
-# rest is work on the host, which a leaner call path or a CUDA graph removes and a faster
-# kernel does not. Notebook 07 (section 7) takes the host's part of a call apart.
+# as long. Replayed from a CUDA graph, only 0.5 µs of ropelib's 13.1 µs extra is left. The
+# rest is what the graph removes, the host's side of the call: a subtraction, as no cell here
+# times the host itself. A leaner call path or a graph removes it, a faster kernel does not.
+# Notebook 07 (section 7) takes the host's part of a call apart.
 
 # %% [markdown]
 # ## 4. What the course builds: three kernels, the same bytes
@@ -534,7 +536,8 @@ if GPU:                                         # do_bench: the median of many l
 # profiler, which reads the GPU's hardware counters (`mechanism-nvidia-h200.csv` in
 # `benchmarks/results/`). Its columns: the time, the bytes moved to and from the GPU's memory
 # (DRAM) over the bytes RoPE must move ("DRAM / model"), the programs and their warps, and the
-# thread instructions per element that notebooks 04 and 05 use. The fifth row is the flat pass
+# thread instructions per element (warp instructions executed × 32, over the elements of `x`)
+# that notebooks 04 and 05 use. The fifth row is the flat pass
 # of the two-pass route `apply_rope` takes at this size. `program_cost-nvidia-h200.csv` timed
 # with `do_bench` as many programs as the naive kernel's, doing nothing or each moving a row;
 # from it comes each kernel's *program floor*, the time its programs alone take to start
@@ -635,26 +638,22 @@ if MECHANISM:
     plt.show()
 
 # %% [markdown]
-# All five move the same bytes: Nsight Compute counted 0.95 to 0.98 of them. The writes come
-# out a little short, the copy's too, likely because the last lines of `y` still sit in the L2
-# cache when counting stops; the cell shows only that the shortfall fits in the L2 (notebook 04,
-# appendix A.5, looks closer).
+# All five move the same bytes ("DRAM / model" 0.95 to 0.98; the writes come out a little
+# short, likely lines of `y` still in the L2 when counting stops: notebook 04, appendix A.5).
+# The programs explain the naive row, and only it: its time is that of as many empty programs,
+# 79.8 ns of an SM's time each (notebook 03, section 4.3). Every other kernel stands well above
+# its floor.
 #
-# The programs explain the naive row, and only it. 1,048,576 one-warp programs take 633.7 µs
-# doing nothing and 634.6 µs each moving a row; the naive kernel, as many programs, took 634 µs,
-# 20 % of a copy: its time is the GPU starting programs, 79.8 ns of an SM's time each (notebook
-# 03, section 4.3, measures this). Every other kernel stands well above its floor: the grid's
-# 79 µs is under half its 179 µs.
-#
-# The same arithmetic reads the tour's size, at the H200's cost a program. The naive kernel
-# starts 131,072 programs, as many as the profile's grid: that row's floor of 79 µs, and as
-# notebook 03 (section 4.4) finds the naive time the same on an H100, it should be most of the
-# naive kernel's live time on either GPU. The grid starts 32,768, a quarter of that floor. If
-# its live time stands well above its floor plus the copy's, as on an H100, program starts do
-# not explain a share below the profile's 70 %, and nothing here measures what does. Notebook 04
-# (sections 2 and 5.3) sets the grid against three floors and names a suspect, one row in flight
-# per warp; notebook 05 climbs to the finished kernel one change at a time and says why
-# `apply_rope` takes the two-pass route from 64 MiB on.
+# At the tour's size the same cost a program gives the naive kernel's 131,072 programs a floor
+# of 79 µs (the profile's grid starts as many), and the grid's 32,768 a quarter of that. As
+# notebook 03 (section 4.4) finds the naive time the same on an H100 and an H200, that floor
+# should be most of the naive kernel's live time. Set the live table's times beside these
+# floors and the copy's: a kernel well above its floor plus a copy is held back by something
+# other than program starts, which this notebook does not measure. The live shares also need
+# not match the profile's, taken at 256 MiB against the tour's 32 MiB. Notebook 04 (sections 2
+# and 5.3) sets the grid against three floors and names a suspect, one row in flight per warp;
+# notebook 05 climbs to the finished kernel one change at a time and says why `apply_rope`
+# takes the two-pass route from 64 MiB on.
 
 # %% [markdown]
 # ## 5. Where to go next

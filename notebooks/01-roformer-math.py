@@ -232,6 +232,13 @@ assert forms_gap < 1e-12 and norm_gap < 1e-12          # float64 round-off, noth
 # and only the last is relative. The two cross terms, token against the *other* token's
 # position, depend on $m$ and $n$ separately: the cell measures how far they move the score
 # along a diagonal.
+#
+# This is a simplification. The Transformer adds $p_m$ to the token's embedding $x_m$ before
+# the projections, so its cross terms read $\langle W_q x_m, W_k p_n\rangle$ and
+# $\langle W_q p_m, W_k x_n\rangle$: they still depend on $m$ and $n$ separately, and even
+# $\langle W_q p_m, W_k p_n\rangle$ depends on $m - n$ alone only for special $W_q^\top W_k$.
+# Adding $p_m$ to $q$ and $k$ directly ($W_q = W_k = I$) is the kindest case for the absolute
+# code, and it already fails.
 
 # %%
 P = 48
@@ -311,14 +318,16 @@ plt.show()
 #
 # Pairs whose wavelength exceeds the training context $L_0$ never complete a turn during
 # training: with $L_0 = 8192$ that is 29 of Llama 3's 64 pairs, against 14 of 64 at
-# $b = 10000$ (the cell counts both). A longer context shows them angles they never saw. The
-# context-extension methods of `ropelib.frequencies` slow those pairs down. Linear scaling
-# slows every pair. Llama 3.1 and YaRN keep the fast pairs and change only the slower ones.
-# "NTK-aware" scaling (named after neural tangent kernel theory, by which a network hardly
-# recovers high frequencies its inputs have lost, hence: keep the fast pairs) only raises the
-# base: it keeps the fastest pair exactly and slows every other one, 7 of the 29 pairs
-# Llama 3.1 keeps by 2× or more, the last of them (a wavelength near 2000 tokens) 2.5×.
-# Llama 3.1's rule divides exactly those 29 slowest pairs by 8 (the cell checks all of this):
+# $b = 10000$ (the cell counts both). A longer context shows them angles they never saw, so the
+# context-extension methods of `ropelib.frequencies` slow pairs down ($s = 8$ in the cell).
+# Linear scaling slows every pair. Llama 3.1 keeps its 29 fastest pairs ($\lambda_j < L_0/4$)
+# as they are, divides the 29 slowest (exactly those that never turn within $L_0$) by 8, and
+# blends the 6 between; YaRN does the same with another ramp. "NTK-aware" scaling (named after
+# neural tangent kernel theory, by which a network hardly recovers high frequencies its inputs
+# have lost: hence, keep the fast pairs) only raises the base. That keeps the fastest pair
+# exactly but slows every other one: of the 29 pairs Llama 3.1 keeps, NTK slows 7 by 2× or
+# more, and the slowest of them (a wavelength near 2000 tokens) by 2.5×. The cell checks all
+# of this:
 #
 # | scaling | effect on $\theta_j$ |
 # |---|---|
@@ -489,10 +498,8 @@ assert round(factor, 2) == 0.81 and abs((1 - factor) - 1 / 5) < 0.02
 # that point the same way score less the further apart they are. It is not a rule that far
 # tokens interact less: a trained model chooses its $q$ and $k$ and can give a high score at any
 # distance, for instance by putting its weight on the slowest pair, which hardly turns over a
-# training context. The three cells below check these statements in turn: the bound and its
-# decay; random pairs $(q, k)$ at distances 0 to 256 (the summation-by-parts identity, the
-# bound, the mean and spread of the score); and where the weight sits: all pairs alike
-# ($q = k = \mathbf 1$), falling with $j$, or only the slowest pair.
+# training context. The three cells below check this: the bound, random pairs $(q, k)$ at
+# distances 0 to 256, and where the weight sits.
 
 # %%
 d = 128
@@ -617,11 +624,9 @@ fig.savefig(FIGURES / "01-long-term-decay.png", dpi=120)
 plt.show()
 
 # %% [markdown]
-# Left: the relative upper bound decays with distance, as in RoFormer's Figure 2. Right: the
-# mean score of independent random $q, k$ is zero within sampling error at every distance, with
-# a spread near $\sqrt d$ that does not shrink; the mean score of $k = q$ decays, more slowly
-# than the bound (the factors are printed above); a $q = k$ on the slowest pair alone (dotted)
-# stays level.
+# Left: the bound decays, as in RoFormer's Figure 2. Right: independent $q, k$ score zero on
+# average at every distance, with a spread that does not shrink; $k = q$ decays, more slowly
+# than the bound; $q = k$ on the slowest pair alone (dotted) stays level.
 
 # %% [markdown]
 # ## 7. Rotate-half vs interleaved: one rotation, two pairings
@@ -922,12 +927,16 @@ solution(nb01_angle_kernel.solution_angle_kernel.fn,
 #
 # **A start on question 6.** The cell below builds row $m = 500\,000$ of the float32 angle table
 # ($d = 128$, $b = 10000$) and compares it with $m\theta_j$ in float64. Near $m\theta_0$ the
-# float32 numbers are $2^{-5}$ rad apart, so a fast pair's angle can be off by hundredths of a
-# radian, and its output by about as much relative to its length: far beyond float32's own
-# relative precision, $2^{-24}$. The error shrinks with $m\theta_j$, so the slow pairs are safe. Reducing the
-# float32 angle modulo $2\pi$ afterwards cannot help (the error is already in it); forming
-# $m\theta_j$ in float64, or in exact fixed point as `ropelib.rope_angles` does (notebook 10,
-# section 7, measures all three on a GPU), and reducing before rounding to float32 does.
+# float32 numbers are $2^{-5}$ rad apart, and no angle of the row is larger, so rounding the
+# product alone costs at most half that spacing. Pair 0 comes out exact ($\theta_0 = 1$, and
+# $500\,000$ is a float32 number). The largest error, at pair 1, is more than half the spacing
+# (both printed): $\theta_j$ is itself rounded to float32 before the multiply, and $m$ scales
+# that error up. A fast pair's output is then off by about as much relative to its length, far
+# beyond float32's own relative precision, $2^{-24}$. The error shrinks with $m\theta_j$, so the
+# slow pairs are safe (the cell prints from which pair on). Reducing the float32 angle modulo
+# $2\pi$ afterwards cannot help (the error is already in it); forming $m\theta_j$ in float64, or
+# in exact fixed point as `ropelib.rope_angles` does (notebook 10, section 7, measures all three
+# on a GPU), and reducing before rounding to float32 does.
 
 # %%
 m_far, d_far = 500_000, 128

@@ -779,38 +779,23 @@ assert round(c_time_ratio / c_bytes_ratio, 1) == 1.9
 
 # %% [markdown]
 # If every kernel of the chain streamed its bytes as fast as the fused one, the time ratio
-# would equal the bytes ratio, counted with `CountTraffic` on the very tensors timed. That
-# ratio hardly depends on the shape: leaving out the small table, the chain moves 12 times the
-# bytes of $x$ and the fused kernel 2 (asserted with the count above), so it tends to 6 as
-# $BH$ grows, 6.1 for the smaller `x` above and 6.02 here. The time ratio is nearly twice
-# that: in the committed run the chain takes 11.3 times as long as ropelib's one kernel for
-# 6.02 times the bytes, 1.9 times the bytes ratio (all three asserted).
+# would equal the bytes ratio. That ratio hardly depends on the shape: leaving out the small
+# table, the chain moves 12 times the bytes of $x$ and the fused kernel 2, so it tends to 6 as
+# $BH$ grows (6.1 for the smaller `x` above, 6.02 in the committed run). The time ratio is
+# larger: in the committed H200 run the chain takes 11.3 times as long as ropelib's one kernel,
+# 1.9 times the bytes ratio. A GPU's `LIVE` block prints its own pair of ratios, and the cell
+# asserts that the time ratio is the larger.
 #
 # ### Each kernel against a copy
 #
 # Where does the rest go? The next cell profiles five forward passes of the chain, a copy of
 # `x` and `ropelib.apply_rope` under one clock (CUDA activity in `torch.profiler`) and gives
-# each kernel's mean device time, its op's bytes (matched to the ops `CountTraffic` counted;
-# the cell stops if the two lists differ), its GB/s and that as a fraction of the copy's.
-# `ropelib.course.kernel_bandwidth` does the matching and the arithmetic. Without a GPU it
-# prints the committed run's table and checks the same things against it.
-#
-# The factor lines at the end of the cell split the timed ratio into measured parts. Write
-# $t_u$ and $t_f$ for `do_bench`'s times of the chain and of the fused call, $t_k$ and $b_k$
-# for kernel $k$'s device time and bytes, $b_f$ for the fused kernel's bytes, $\tau_f$ for its
-# device time and $\beta$ for the copy's GB/s. Then
-#
-# $$
-# \frac{t_u}{t_f} =
-# \underbrace{\frac{t_u}{\sum_k t_k}}_{\text{launch gaps}} \cdot
-# \underbrace{\frac{\sum_k t_k}{\sum_k b_k / \beta}}_{\text{below the copy}} \cdot
-# \underbrace{\frac{\sum_k b_k}{b_f}}_{\text{bytes}} \cdot
-# \underbrace{\frac{b_f / \beta}{\tau_f}}_{\text{fused against a copy}} \cdot
-# \underbrace{\frac{\tau_f}{t_f}}_{\text{device over do\_bench}} .
-# $$
-#
-# Every quantity but $t_u$ and $t_f$ appears once above and once below a fraction line, so the
-# product is the timed ratio exactly. What the split tells is which factors are far from 1.
+# each kernel's mean device time, its op's counted bytes, its GB/s and that as a fraction of
+# the copy's (`ropelib.course.kernel_bandwidth` does the matching). Without a GPU it prints the
+# committed run's table. Its last lines split the timed ratio into a product of measured
+# factors (`ratio_split`): launch gaps, the kernels' shortfall against the copy's bandwidth, the
+# bytes, and two factors of the fused call's own clock. The product is the timed ratio exactly;
+# what to read is which factors are far from 1.
 
 
 # %%
@@ -979,23 +964,16 @@ assert [round(v, 1) for v in (committed["fused_us"], two_pass_us, fl_copy_us)] =
 assert (round(single, 2), round(two_pass, 2)) == (0.86, 0.95)
 
 # %% [markdown]
-# The table shows what the bytes alone do not. The text quotes the committed run, whose numbers
-# the last cell printed in one line (a live table on a GPU varies a little from run to run).
-# There, 4 of the 6 kernels on $x$ (the two multiplies, the `neg` and the first `cat`) stream
-# at 24% to 39% of the copy's bandwidth. The table's own `cos`, `sin` and casts,
-# 1.5 to 2.8 µs each on a small tensor, are left out of that count.
-#
-# The committed factors (the end of that line, in the formula's order) answer "where does the
-# rest go?": the chain moves 6.02 times the fused kernel's bytes, and its kernels take 2.29
-# times what those bytes would take at the copy's speed; the time between its kernels adds
-# nothing visible (1.00). The last two factors keep two clocks apart: the profiler's device
-# time counts a kernel alone, `triton.testing.do_bench` a whole call. By device time the fused
-# kernel, the single-kernel route this section forces, streams at 0.87 of the copy's speed; its
-# device time is 0.94 of its call's, a fixed cost of the call that vanishes in the chain's long
-# time but not in one short kernel. Against apply_rope's default route, compare on one clock,
-# do_bench's (the last printed line): for 128 MiB of $x$ the single kernel takes 78.6 µs, the
-# two-pass route 71.3 µs and a copy 67.5 µs in the committed floor run, 0.86 against 0.95 of
-# a copy (two runs on the same GPU and versions; notebook 05 takes that gap apart).
+# The table shows what the bytes alone do not. The text quotes the committed H200 run, which
+# the last cell printed in one line; a GPU's live table prints its own percentages, and the
+# cell asserts that at least two kernels on $x$ fall below half the copy's GB/s. In the
+# committed run 4 of the 6 kernels on $x$ (the two multiplies, the `neg` and the first `cat`)
+# stream at 24% to 39% of the copy's bandwidth (the table's own `cos`, `sin` and casts, 1.5 to
+# 2.8 µs each on a small tensor, are left out of that count). Its factors answer "where does
+# the rest go?": the chain moves 6.02 times the fused kernel's bytes, its kernels take 2.29
+# times what those bytes would take at the copy's speed, and the gaps between kernels add
+# nothing visible (1.00). The last two factors and the last printed line are about the fused
+# call's own clock and route, not the chain (notebook 05 takes those apart).
 #
 # Which kernels fall short, and why? The by-kind table sums the kernels by the PyTorch template
 # each was launched from, as its name shows in the profiler listing above. The slow ones are the
@@ -1006,12 +984,14 @@ assert (round(single, 2), round(two_pass, 2)) == (0.86, 0.95)
 # PyTorch picks its vectorized template, where each thread loads several neighbouring elements
 # at once, only when every operand is contiguous; otherwise each thread loads one element at a
 # time, at an offset computed from the strides. Of the 498 µs the chain's kernels take beyond
-# the copy's speed, 494 µs are the non-vectorized kernels'.
+# the copy's speed in the committed run, 494 µs are the non-vectorized kernels'.
 #
 # The `add` of two contiguous temporaries and the second `cat` run vectorized, at 103% and 97%
-# of the copy's GB/s. (`cos`, `sin` and their casts are vectorized too, on the small table.)
-# An `add` above 100 % is not a kernel outrunning the memory: a copy is a yardstick, not the
-# memory's peak, and the appendix at the end of the notebook times why the `add` can beat it.
+# of the copy's GB/s in the committed run. (`cos`, `sin` and their casts are vectorized too, on
+# the small table.) An `add` above 100 % is not a kernel outrunning the memory: the yardstick
+# is a `copy_`, which the GPU runs as a device-to-device memory copy, not an element-wise
+# kernel, and it is not the memory's peak. The appendix sets a few element-wise streams
+# beside it.
 #
 # So far this is an observation across kernels, not a controlled experiment: the kind is read
 # from a name, the GB/s from device time and counted bytes. The loads themselves take hardware
@@ -1098,17 +1078,17 @@ else:
 # %% [markdown]
 # On a GPU you will see the contiguous multiply launched from the vectorized template and
 # finishing sooner than the broadcast one, although it moves half as many bytes again (both
-# directions asserted; the sizes of the gaps vary by GPU). So the broadcast operand, not the
-# multiply itself, sends the kernel down the slow template. Which part of that template costs more,
-# the one-element loads or the stride arithmetic, this timing does not split either.
+# directions asserted; the sizes of the gaps vary by GPU). The broadcast operand sends the
+# multiply down the slow template; which part of that template costs the time, the
+# one-element loads or the stride arithmetic, this timing does not split.
 #
-# What to take from section 6: the unfused chain takes 11.3 times as long as one fused call
-# because it moves 6.02 times the bytes *and* streams them at 1/2.29 of a copy's speed, which
-# goes with operands that are not contiguous (a broadcast table, a strided half), loaded one
-# element a lane ($6.02 \times 2.29 = 13.8$; the fused call's own shortfall, $0.87 \times 0.94$,
-# brings it to 11.3). A fused kernel removes both: one read, one write, loads as wide as it
-# chooses. Notebook 07 measures the fixed cost of a call, and notebooks 03 to 05 what makes one
-# kernel stream at a copy's speed.
+# What to take from section 6: in the committed H200 run the unfused chain takes 11.3 times as
+# long as one fused call because it moves 6.02 times the bytes *and* its kernels stream them at
+# 1/2.29 of a copy's speed, the shortfall in the kernels PyTorch did not vectorize, each with
+# an operand that is not contiguous (a broadcast table, a strided half). A GPU's live lines
+# give its own factors. A fused kernel removes both costs: one read, one write, loads as wide
+# as it chooses. Notebook 07 measures the fixed cost of a call, and notebooks 03 to 05 what
+# makes one kernel stream at a copy's speed.
 
 # %% [markdown]
 # ## Exercises
@@ -1264,15 +1244,13 @@ solution(nb02_lean_chain.solution_lean_chain)
 # %% [markdown]
 # ## Appendix: two asides to section 6
 #
-# **Why the `add` streams above a copy.** Section 6's committed table has the vectorized `add`
-# at 103% of the copy's GB/s. Both figures are counted bytes over time, and the two kernels do
-# not move the same kind of bytes: for each element of $x$ the `add` reads two and writes one
-# (three $x$-sized tensors, asserted below), the copy reads one and writes one. Two thirds of
-# the `add`'s bytes are reads, half of the copy's. Whether the share of reads moves the GB/s
-# can be measured: on a GPU the next cell times four streams over contiguous tensors the size
-# of $x$ that read 0, 1, 2 and 3 tensors for each one they write (`fill_`, the copy, `add`,
-# `addcmul`: the copy as in section 6, the others PyTorch's element-wise kernels), each with
-# `do_bench`, and prints each one's GB/s by counted bytes.
+# **The `add` against the copy.** Section 6's committed table has the vectorized `add` at 103%
+# of the copy's GB/s. Both are counted bytes over time, but the two move different mixes: for
+# each element of $x$ the `add` reads two tensors and writes one (asserted below), the copy
+# reads one and writes one; and the copy is a `copy_`, run as a device-to-device memory copy,
+# not by an element-wise kernel. On a GPU the next cell times four streams over contiguous
+# tensors the size of $x$ that read 0, 1, 2 and 3 tensors for each one they write (`fill_`,
+# the copy, `add`, `addcmul`), each with `do_bench`, and prints each one's GB/s.
 
 # %%
 add_row = next(r for r in committed_rows if r.op == "add")
@@ -1308,13 +1286,12 @@ else:
     print("(no GPU here: the four streams are timed on a GPU only)")
 
 # %% [markdown]
-# Read the live lines on a GPU: they say, for the machine that ran them, whether the GB/s
-# rises with the share of reads. Where it does, the `add`'s few per cent over the copy come
-# with what it moves, two thirds reads, and not from a kernel that does better than a copy;
-# where it does not, the share of reads is not what sets the `add` apart there. Why a memory
-# would serve reads faster than writes (a DRAM bus loses time each time it turns from reading
-# to writing, and written data passes through the cache on its way) lies below what these
-# timings can show: they count bytes and time, not the memory's own cycles.
+# The live lines say, for the machine that ran them, whether the GB/s rises with the share of
+# reads. Where it does, the `add`'s lead over the copy goes with what it moves; where it does
+# not (say, `fill_`, which reads nothing, also beats the copy), the share of reads does not
+# explain it, and the copy is simply not the fastest stream on that GPU. Either way these
+# timings show how far each stream lies from the yardstick, not why: they count bytes and
+# time, not the memory's own cycles.
 #
 # **Nsight Compute's clock against the profiler's.** Nsight Compute replays each kernel under
 # its own measurement. The cell below divides its durations for the six kernels on $x$ by the

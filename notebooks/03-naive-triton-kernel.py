@@ -597,9 +597,12 @@ for dtype in (torch.float32, torch.bfloat16):
 # **In the interpreter `num_warps` does nothing**: each program runs as one NumPy computation
 # on whole tiles, with no threads, so on the CPU the four results below are bit-identical for
 # that reason alone. On a GPU they are four compiled kernels: the cell times each with
-# Triton's `do_bench` (the median of many launches), prints its time per program on each SM,
-# $\text{time} \times \text{SMs} / \text{programs}$, and checks that 8 warps take longer than
-# 2. It runs `my_rope_naive`, the launcher of section 3.4, so an edit there shows in its times.
+# Triton's `do_bench` (the median of many launches) and prints
+# $\text{time} \times \text{SMs} / \text{programs}$ as "ns per program per SM". That figure is
+# a program's cost only where the programs set the time, as 4.3 finds they do at 1 warp; where
+# more warps slow the kernel (4.5), it is the kernel's time rescaled, not what a program costs.
+# The cell runs `my_rope_naive`, the launcher of section 3.4, so an edit there shows in its
+# times.
 
 # %%
 results = {nw: my_rope_naive(x, freqs, num_warps=nw) for nw in (1, 2, 4, 8)}
@@ -759,7 +762,7 @@ assert round(life_us, 1) == 1.4
 # long as a million programs that each move their row, at any number of warps. So at 1 warp
 # the naive kernel's time is the time the GPU takes to start and retire its programs: 0.60 ns
 # a program for the whole GPU (4.2's cell), which spread over 132 SMs is about 80 ns per
-# program on each SM; its loads, stores and arithmetic fit under that (4.5 shows how tightly).
+# program on each SM (a reading 4.4 qualifies); its loads, stores and arithmetic fit under it.
 #
 # Occupancy follows from that start rate; it does not set it. Little's law holds for programs
 # too: resident programs = start rate × life of a program. One start per 80 ns on each SM (on
@@ -772,12 +775,9 @@ assert round(life_us, 1) == 1.4
 # and runs each once beside `my_rope_naive` at this page's shape, checking what each writes
 # (in the interpreter on the CPU: the empty kernel nothing, the one-row kernel `x` itself). On
 # a GPU it then times the three and a device copy at the profile's shape, a million programs.
-# Predict first: which of the four take about the same time? On any GPU the cell checks that
-# the empty kernel, the one-row kernel and the naive kernel agree within 10 %, and that the
-# copy takes less than half as long; on an H200 also that the empty kernel takes the
-# committed time within 10 %. Then change a kernel — give the empty kernel a loop of
-# arithmetic, or `_one_row_kernel` two rows a program on half the grid — and see which change
-# moves the time.
+# Predict first: which of the four take about the same time? Then change a kernel (give the
+# empty kernel a loop of arithmetic, or `_one_row_kernel` two rows a program on half the grid)
+# and see which change moves the time.
 
 # %%
 @triton.jit
@@ -933,20 +933,17 @@ draw_two_gpus(two, empty["us"], FIGURES / "03-naive-vs-copy-two-gpus.png")
 #
 # **What these GPUs cannot tell apart.** Both have 132 SMs, so "80 ns per program on each SM"
 # and "0.60 ns per program for the whole GPU" are one measurement written two ways. A cost each
-# SM pays for every program it starts would make the time fall with more SMs; a limit on how
-# fast the GPU as a whole hands out programs would not. Telling the two apart needs a GPU with
-# another SM count (an H100 PCIe card has 114) or a launch confined to fewer SMs, and no
-# committed file has either. The per-SM reading is an assumption, not a finding: exercise 5's
-# prediction, and the program floor the course uses elsewhere, divide by the SM count and so
-# rest on it. On a 132-SM GPU the two readings predict the same times.
+# SM pays per program would make the time fall with more SMs; a limit on how fast the GPU as a
+# whole hands out programs would not. No committed file has a GPU with another SM count or a
+# launch confined to fewer SMs, so the per-SM reading is an assumption, not a finding.
+# Exercise 5's prediction and the program floor the course uses elsewhere divide by the SM
+# count and rest on it; on a 132-SM GPU the two readings predict the same times.
 #
 # **A hint from the SM clock.** A cost paid in the SMs' own cycles would shrink as their clock
-# rises. `benchmarks/ladder_stalls_ncu.py` (notebook 05's profile of its kernels) ran one kernel
-# of a million one-warp, one-row programs (notebook 04's at $B = 1$) on the H200 twice: once
-# with the SM clock locked, as Nsight Compute does by default, and once with it free; each
-# profile's cycles over its time give the clock it ran at. 4.3's one-row kernel adds a second
-# pair: its locked-clock profile (section 4.5's) against its `do_bench` time, whose clock no
-# file records. The cell reads both.
+# rises. The cell reads two H200 profiles of a million one-warp, one-row programs (notebook
+# 04's kernel at $B = 1$, `benchmarks/ladder_stalls_ncu.py`), one at a locked and one at a free
+# SM clock, and 4.3's one-row kernel at the locked clock (4.5's profile) beside its `do_bench`
+# time.
 
 # %%
 import csv
@@ -985,36 +982,27 @@ assert round(100 * (1 - row_bench / row_us), 1) == 1.5
 assert (round(row_ghz, 2), round(row_us, 1), round(row_bench, 1)) == (1.50, 644.2, 634.6)
 
 # %% [markdown]
-# The SM clock rose by 32 % and the time fell by 2 %; a cost counted in SM cycles would have
-# cut it to 489 µs. The one-row kernel agrees: under `do_bench`, whose clock is free to rise,
-# it takes 1.5 % less than at the locked clock. So a program's cost is mostly not paid at the
-# SMs' clock, which fits a limit outside them, such as the unit that hands programs to the SMs,
-# better than a cost each SM pays. This is a hint, not a test of the SM-count question: a
-# per-SM cost paid at some other, fixed clock would fit it too. The course keeps writing the
-# cost per SM, which on these 132-SM GPUs predicts the same times.
+# The SM clock rose by 32 % and the time fell by 2 % (a cost counted in SM cycles would have
+# cut it to 489 µs); the one-row kernel under `do_bench` takes 1.5 % less than at the locked
+# clock. So a program's cost is mostly not paid at the SMs' clock. That fits a limit outside
+# the SMs better than a per-SM cost, but a per-SM cost paid at another, fixed clock fits it
+# too: it does not settle the SM-count question.
 #
 # ### 4.5 What the extra warps cost
 #
 # *A detour for a second reading: the rest of the notebook uses only its conclusion, that warps
 # whose threads outnumber a tile's elements repeat its work.*
 #
-# Starts do not get costlier with more warps (4.3), so something else slows the naive kernel at
-# 4 and 8 warps. A half of a head row is a tile of 64 pairs: one warp's 32 threads hold two
-# pairs each, two warps' 64 threads one each. Four and eight warps have more threads than
-# pairs, yet Triton's layout gives every thread an element anyway: threads hold copies of the
-# same pairs, and each copy is loaded and rotated again.
-#
-# `benchmarks/naive_warps_ncu.py` profiled the naive kernel under Nsight Compute at 1, 2, 4 and
-# 8 warps, beside the one-row kernel at 1 and 8 warps, on the same H200 and the same 256 MiB
-# `x` (`naive_warps_ncu-nvidia-h200.csv`). Unlike 4.2's profile, this one ran at Nsight
-# Compute's default, the SM clock locked: its cycles over its times give 1.50 GHz for every
-# kernel (the cell checks it). `do_bench` runs at whatever clock the GPU picks, which no
-# committed file records, so compare these times with each other, not with `do_bench`'s.
-# Per launch: the time, the warp instructions executed, the global load
-# instructions and the 32-byte sectors they asked for (section 5 explains sectors), the share
-# of cycles in which a *warp scheduler* (each SM has four; each cycle each picks a ready warp
-# and *issues* its next instruction) issued, and how many cycles a ready warp waited to be
-# picked (Nsight Compute's `not_selected`).
+# A half of a head row is a tile of 64 pairs: one warp's 32 threads hold two pairs each, two
+# warps' 64 threads one each. With four and eight warps Triton's layout still gives every
+# thread an element: threads hold copies of the same pairs, and each copy is loaded and rotated
+# again. `benchmarks/naive_warps_ncu.py` profiled the naive kernel at 1, 2, 4 and 8 warps and
+# the one-row kernel at 1 and 8, on the same H200 and `x`, with the SM clock locked at Nsight
+# Compute's default, 1.50 GHz: compare these times with each other, not with `do_bench`'s. Per
+# launch: the time, the warp instructions, the global load instructions and the 32-byte sectors
+# they asked for (section 5), the share of cycles in which a *warp scheduler* (four per SM,
+# each picking a ready warp a cycle) issued, and how many cycles a ready warp waited to be
+# picked (`not_selected`).
 
 # %%
 nw_csv = measured.RESULTS / "naive_warps_ncu-nvidia-h200.csv"
@@ -1064,20 +1052,12 @@ assert all(round(m["gpc__cycles_elapsed.max"] / m["gpu__time_duration.sum"], 2) 
 
 # %% [markdown]
 # At 1 warp the naive kernel takes the one-row kernel's time, but its schedulers already issue
-# in 72 % of their cycles, the one-row kernel's in 4 %: its loads, sin/cos and multiplies nearly
-# fill the time its programs take to start.
-#
-# More warps add instructions, and from 2 warps on the schedulers are nearly full, so the
-# time grows with the instructions. From 4 warps on the threads hold copies of the same pairs:
-# the load sectors double at 4 warps and again at 8. Even 2 warps execute 1.38 times the
-# instructions of 1: part of each warp's work does not shrink with its share of the tile (which
-# instructions, this profile does not say). The one-row kernel's schedulers, mostly idle, absorb
-# its extra instructions at 8 warps, and its time does not move.
-#
-# All of this is the profiler's, at its locked 1.50 GHz; no committed file times the warps
-# with `do_bench` or records its clock. At a higher clock the instructions finish sooner, so 2
-# warps may take 1 warp's time there: 4.1's live cell checks only that 8 warps take longer
-# than 2.
+# in 72 % of their cycles against 4 %: its work nearly fills the time its programs take to
+# start. From 2 warps on the schedulers are nearly full and the time grows with the
+# instructions; from 4 warps on the load sectors double with each doubling of the warps, copies
+# of the same pairs loaded again. Even 2 warps execute 1.38 times the instructions of 1 (which
+# instructions, this profile does not say). At a free clock 2 warps may take 1 warp's time:
+# 4.1's live cell checks only that 8 warps take longer than 2.
 #
 # Hence `default_num_warps` gives a tile at least as many elements as threads (one warp per
 # 128 elements of a half), and the cure for the program count is fewer programs, each doing
@@ -1272,13 +1252,11 @@ draw_sectors(recorded, FIGURES / "03-access-sectors.png")
 # `tl.arange(0, D)` is one run of the whole row.
 #
 # So whether (c) runs like (d) on a GPU is the compiler's choice. The next cell compiles both
-# for sm_90 on this machine (no GPU needed), works out from the compiled layout which sectors
-# one warp's load touches, and prints what to expect of (c); the cells after the counters
-# explain how. On a GPU the cell after it times all five kernels on a large tensor, 16 rows per
-# program, beside a device copy of the same bytes. Expect a stride-2 load to cost little (L1
-# catches it), a stride-2 store more, and (c) against (d) as the compiled layout says. The cell
-# checks the direction of each on any GPU, and the size (a stride-2 store more than 1.5 times
-# (c)'s time, (d) under half of it) only on an H200, the GPU of the counters below.
+# for sm_90 here (no GPU needed) and works out from the compiled layout which sectors one
+# warp's load touches. On a GPU the cell after it times all five kernels on a large tensor, 16
+# rows per program, beside a device copy of the same bytes. Expect a stride-2 load to cost
+# little (L1 catches it), a stride-2 store more, and (c) against (d) as the compiled layout
+# says.
 
 # %%
 # ropelib's pair swap, the cell above's code, compiled for sm_90 (here, or under the interpreter
@@ -1409,31 +1387,21 @@ assert all(abs(r["dram_read_bytes"] - c["model_bytes"] / 2) < 0.02 * c["model_by
 # %% [markdown]
 # The counters answer the section's questions, and one it did not ask.
 #
-# - **(c), as Triton 3.6 compiles it, is not what the interpreter drew.** Every load request
-#   uses 128 bytes, 4 per lane, spread over 16 sectors: 8 bytes of each, a quarter of the
-#   sector (128 / 16, both printed). L1 catches the other three touches of each sector (hit
-#   rate about 75 %, and L2 reads no more than x). But the stores are laid out the same way,
-#   a quarter of each sector written (the cell checks it), and L2 receives 3.8 times the
-#   sectors a copy writes. That, not the split and join ((d) splits and joins too), is what
-#   sets (c) apart: it takes 3.3 times the copy's time.
-# - **Why a quarter of each sector?** 32 lanes loading 4 bytes each *along* one row would cover
-#   4 whole sectors; sectors are wasted when a warp's lanes spread over many rows, a few bytes
-#   of each. The compiled code, read below, shows that layout.
-# - **(b), stride-2 loads,** double the requests, and each uses 64 bytes (half of (c)'s 128).
-#   L1's hit rate is 87.5 %, not the 50 % that "the second load finds the sector" would give.
-#   L2 sends each sector of x once (its reads equal (c)'s), so each sector is touched
-#   1 / (1 − 0.875) = 8 times, and L1 serves 7 of the 8: each request uses 4 bytes of each of
-#   the 16 sectors it touches (64 / 16). L2 and DRAM read what (c) reads, and the time does
-#   not move.
-# - **Stride-2 stores** send L2 2.1 times the sectors (c) sends, each with 4 of its 32 bytes
-#   written, and the time more than doubles. The bytes written to DRAM do not change (the cell
-#   checks it; the table does not print them): L2 keeps the pieces of a sector until it is
-#   written back to DRAM, so DRAM sees whole sectors; it is the traffic from L1 to L2 that
-#   doubles.
-# - **(d), whole rows,** gives the compiler `tl.arange(0, D)`: 128 contiguous elements. Each
-#   request is 512 bytes, 16 bytes a lane, 16 whole sectors; L2 sees exactly a copy's sectors,
-#   and the kernel runs as fast as the copy. The pairs are still split and joined — in
-#   registers, by `tl.reshape`. This is how ropelib's finished kernel reads interleaved pairs.
+# - **(c), as Triton 3.6 compiles it, is not what the interpreter drew.** Each load request
+#   uses 128 bytes over 16 sectors, a quarter of each; L1 serves the other touches, but the
+#   stores are laid out the same way, and L2 receives 3.8 times the sectors a copy writes.
+#   That, not the split and join ((d) does those too), makes (c) take 3.3 times the copy's
+#   time. Why a quarter: a warp's lanes spread over many rows, a few bytes of each (the
+#   compiled layout, read below).
+# - **(b), stride-2 loads,** double the requests, and L1 serves most of them (87.5 % hits): L2
+#   and DRAM read what (c) reads, and the time does not move.
+# - **Stride-2 stores** send L2 2.1 times the sectors (c) sends, 4 of each sector's 32 bytes
+#   written, and the time more than doubles. DRAM writes do not change: L2 keeps the pieces
+#   of a sector until it writes it back whole; the traffic from L1 to L2 is what grows.
+# - **(d), whole rows,** gives the compiler `tl.arange(0, D)`: each request is 512 bytes in 16
+#   whole sectors, L2 sees a copy's sectors, and the kernel runs as fast as the copy, its
+#   pairs split and joined in registers by `tl.reshape`. This is how ropelib's finished kernel
+#   reads interleaved pairs.
 #
 # Two lessons. The interpreter shows which bytes a program asks for, not how a warp's lanes
 # share them. And the compiler lays out as one run only what it can prove contiguous, as it
@@ -1442,13 +1410,11 @@ assert all(abs(r["dram_read_bytes"] - c["model_bytes"] / 2) < 0.02 * c["model_by
 
 # %% [markdown]
 # **Detour: the compiled code of (c) and (d)** (for a second reading). The cell before the
-# timings compiled the pair swap for sm_90 on this machine. From the TTGIR (Triton's
-# intermediate code once it has chosen how threads hold a tile) it read the `#ttg.blocked`
-# layout of the loaded tile: `sizePerThread`, the run of elements one lane holds;
-# `threadsPerWarp`, how a warp's 32 lanes spread over the tile's axes; `order`, which axis
-# counts fastest. From the PTX it read the load and store instructions and their width.
-# `ropelib.course.nb03_layouts.one_warp_load` places a warp's 32 lanes on the tile with them
-# and counts what one load instruction touches; the next cell prints that beside the counters.
+# timings read, from the TTGIR, the `#ttg.blocked` layout of the loaded tile (`sizePerThread`:
+# the run one lane holds; `threadsPerWarp`: how a warp's lanes spread over the tile's axes;
+# `order`: which axis counts fastest) and, from the PTX, the width of the loads and stores.
+# The next cell places a warp's 32 lanes with them (`ropelib.course.nb03_layouts`) and counts
+# what one load touches, beside the counters.
 
 # %%
 swap_programs = 262144 // 16   # the counters' launch: 16 rows a program
@@ -1781,9 +1747,9 @@ solution(ex.solution_rope_interleaved.fn, title="Solution: an interleaved, parti
 # What the timing below can test: a program's rows may belong to several positions (the check
 # includes such shapes), so the worked solution, like step 3, evaluates cos and sin for every
 # row. Fewer programs leave it as many sines and cosines as before, and past `ROWS` = 1 they
-# and the registers they hold, not the programs, set its time (the appendix shows how). The
-# model is therefore tested on notebook 04's kernel, which evaluates them once a position and
-# is timed beside it.
+# and the registers they hold, not the programs, set its time (the appendix shows how): expect
+# it to miss the model. The model is tested on notebook 04's kernel instead, which evaluates
+# them once a position and is timed beside it.
 #
 # The check launches your kernel with `ROWS` from 1 to 8 into a NaN-filled output inside guard
 # bands, then launches program 0 alone: it must rotate its own `ROWS` rows and no others.
@@ -1813,8 +1779,9 @@ solution(ex.solution_rope_rows.fn, title="Solution: ROWS rows a program")
 # %% [markdown]
 # Before you time it, predict. Write `my_predicted_us(n_rows, rows_per_program, sms,
 # ns_per_program_per_sm, copy_us)`: the time in µs of such a kernel if each program costs
-# `ns_per_program_per_sm` on each of `sms` SMs, the SMs working side by side. No kernel is
-# faster than a copy of its bytes, `copy_us`, so that is a floor.
+# `ns_per_program_per_sm` on each of `sms` SMs, the SMs working side by side. That is the
+# per-SM reading of 4.3's cost, which section 4.4 could not test against the other. No kernel
+# is faster than a copy of its bytes, `copy_us`, so that is a floor.
 
 # %%
 def my_predicted_us(n_rows, rows_per_program, sms, ns_per_program_per_sm, copy_us):
@@ -1929,10 +1896,12 @@ if GPU:
 # prediction stop holding, in the ablation and in the rows timed live, and why there?
 #
 # The rows timed live (on a GPU, the second table) are of the worked kernel until yours
-# passes, and past 1 row the model does not hold for it: in its profile (last column) 8 rows
-# are slower than 2, as the live cell checks on its own GPU; the appendix shows why. The
-# prediction has no term for warps, but threads that outnumber a tile's elements repeat its
-# work (section 4.5): time your kernel at 4 warps as well.
+# passes, which the model does not describe past 1 row: the cell's last line prints how far it
+# lands above its prediction at each `ROWS`, and in its H200 profile (last column) 8 rows are
+# slower than 2, as the live cell checks on its own GPU; the appendix shows why. Read those
+# ratios as the worked kernel's distance from the model, not as a test of it. The prediction
+# has no term for warps, but threads that outnumber a tile's elements repeat its work
+# (section 4.5): time your kernel at 4 warps as well.
 #
 # ## Questions for a study group
 #

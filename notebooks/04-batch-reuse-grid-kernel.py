@@ -26,9 +26,9 @@
 # (section 5.2) although it evaluates more sines and cosines; section 3 asks why, section 5.5
 # answers.
 #
-# **Time:** about two hours, 45 minutes of it for the six exercises. The core is sections 1 to
-# 4, 5.1 to 5.3 and 6; sections 5.4, 5.5 and the appendix read Nsight Compute profiles and can
-# wait for a second reading. The cells run in about a minute on a two-core CPU.
+# **Time:** about two hours for the core (sections 1 to 4, 5.1 to 5.3 and 6), and another hour
+# and a half for the six exercises; sections 5.4, 5.5 and the appendix read Nsight Compute
+# profiles and can wait for a second sitting. The cells run in about a minute on a two-core CPU.
 #
 # **Where the numbers come from.** Every number the text states is read from a committed result
 # (NVIDIA H200 runs; section 5.2 sets H100 runs beside them) and asserted beside it. Live
@@ -102,11 +102,12 @@ print(f"x: [S={S}, B={B}, H={H}, D={D}] on {device}")
 # - load the position's angles $B \cdot H$ times instead of once, and
 # - evaluate the same $D$ cosines and $D$ sines $B \cdot H$ times.
 #
-# The repeats are served by the caches, not by DRAM: the reference case's table is 8 MiB against
-# an H200's 60 MiB of L2 (appendix A.5: the naive kernel reads the table from DRAM once). The
-# other cost is the number of programs: each naive program moves one row (256 bytes in, 256 out
-# for $D = 128$ in bf16), and every program has to be started and retired. The bill for the
-# reference case:
+# The naive kernel's repeats are served by the caches: the reference case's table is 8 MiB
+# against an H200's 60 MiB of L2, and the naive kernel reads it from DRAM once (appendix A.5).
+# That depends on the order programs run in: at $s = 32768$, $b = 1$ the batch-reusing grid reads
+# its table from DRAM 8 times (A.5). The other cost is the number of programs: each naive program
+# moves one row (256 bytes in, 256 out for $D = 128$ in bf16), and every program has to be
+# started and retired. The bill for the reference case:
 
 # %%
 Sr, Br, Hr, Dr = 16384, 8, 32, 128            # the reference case: 1 GiB of bf16 activations
@@ -493,11 +494,10 @@ assert load_order["sh_loop_b"]["rows"] == load_order["sh_loop_b_unrolled"]["rows
 # stores of row $b$: a compiler may not move a load above an earlier store unless it can prove
 # they touch different memory, and `x` and `y` may be one tensor (an in-place call). So each
 # warp asks for one 256-byte row of `x`, waits, stores it, and only then asks for the next.
-# Whether this "one row in flight per warp" limits the grid's time is **not measured** in any
-# committed run: that needs a kernel that differs in the rows in flight and nothing else, which
-# exercise 6 writes and, on a GPU, times beside the one-row kernel and a copy. Read its printed
-# ratio of the two kernels' times: well below 1 means the rows in flight limit the grid; about 1
-# means they do not.
+# Whether this "one row in flight per warp" limits the grid's time is tested by exercise 6: it
+# writes a kernel that differs in the rows in flight alone and, on a GPU, times it beside the
+# one-row kernel and a copy. Read its printed `two rows / one row`: well below 1 means the rows
+# in flight limit the grid; about 1 means they do not. No committed run holds that ratio.
 #
 # ## 3. The batch-reusing grid against Transformer Engine
 #
@@ -720,12 +720,13 @@ else:
 # %% [markdown]
 # The dashed line (left) and the grey bar (right) are the copy. These curves say *how fast*, not
 # *why*: the batch-reuse kernel differs from the naive one in programs, work per program and
-# cos/sin reuse at once. The printed lines point at the number of programs. The grid's 131,072
-# programs take 84.6 µs at batch 1 and 84.7 at batch 2, with twice the bytes. The naive
-# kernel's programs grow with $B$, and each costs 1.00 to 1.06 times a program that does
-# nothing (79.8 ns of an SM's time, notebook 03, section 4): its time is its programs'. Where
-# both launch 131,072 programs ($b = 1$) they take the same time. Section 5.3 tests this one
-# factor at a time.
+# cos/sin reuse at once. The printed lines, from the committed H200 run, point at the number of
+# programs. There the grid's 131,072 programs take 84.6 µs at batch 1 and 84.7 at batch 2, with
+# twice the bytes; the naive kernel's programs grow with $B$, each costing 1.00 to 1.06 times a
+# program that does nothing (79.8 ns of an SM's time, notebook 03, section 4); and where both
+# launch 131,072 programs ($b = 1$) they take the same time. Section 5.1's live table may
+# differ at $b = 1$, the shortest case (clocks or warm-up could do it; no run measures why): read
+# its $b \ge 2$ rows for the trend. Section 5.3 tests the programs one factor at a time.
 #
 # **A second GPU.** The same shape ($s = 4096$, $b = 8$) was also timed on an H100, whose copy
 # is slower (less DRAM bandwidth), by `benchmarks/floor.py`: the copy, ropelib's generations and
@@ -786,7 +787,7 @@ else:
 # would, by Little's law (throughput = bytes in flight / latency: notebook 05, section 2),
 # follow the memory latency instead, which no committed run measures on the H100. The grid's
 # 1.24 lies between: it fits section 2.3's one row in flight per warp setting part of its time,
-# but does not test it (exercise 6 does).
+# but does not test it; exercise 6's `two rows / one row` line does, on the GPU that runs it.
 #
 # **TE's kernel is slower than the grid on both GPUs**, by less on the H100 (1.18 times the
 # grid's time, against 1.32 on the H200): its time changes less than the copy's or the grid's
@@ -1206,8 +1207,8 @@ assert (sm_n, schedulers, ghz_top, round(empty_ns_by_warps[1], 1)) == (132, 4, 1
 # - **The 3.46 is program granularity, not cos/sin reuse.** `sh_one_b`'s program floor alone is
 #   3.45 times `sh_loop_b`'s whole time; $B = 8$ rows a program put that floor (79 µs) under the
 #   copy's.
-# - **The grid's largest floor is the copy**; it takes 1.41 times a copy's time, waiting on
-#   memory (section 2.3).
+# - **The grid's largest floor is the copy**, and it takes 1.41 times a copy's time. Section
+#   2.3's one row in flight per warp is the suspect; exercise 6's printed ratio tests it.
 # - **TE's largest floor is issue**: 157.5 µs at the top clock, 2.5 times the grid's 62.6 µs,
 #   with a quarter of its programs and (cos, sin) pairs. That is under the grid's whole
 #   183.6 µs, yet TE takes 1.56 times it: section 5.5 says why.
@@ -1502,8 +1503,8 @@ except ImportError as exc:
 #   executes 2.5 times the grid's warp instructions (section 5.5). At $b = 1$ TE is more than
 #   twice as fast.
 # - **What is left for notebook 05:** one-warp programs that fill half an SM's warp slots, one
-#   256-byte row in flight per warp (section 2.3), and a grid whose work per program depends on
-#   $B$.
+#   256-byte row in flight per warp (section 2.3; exercise 6 times two rows against it), and a
+#   grid whose work per program depends on $B$.
 # - **The method:** count the bytes a kernel must move, compare its time with a copy's, and
 #   change one factor at a time before believing an explanation.
 #
@@ -1746,7 +1747,8 @@ nb04_two_rows.show_two_rows_solution()
 # worked kernel at `ROWS` $= B$) and a copy of the same tensors. It prints the two-row kernel's
 # time over the one-row kernel's: well below 1, and closer to the copy, means one row in flight
 # per warp was holding the grid back; about 1 means it was not, and the gap to the copy lies
-# elsewhere. No committed run has timed this variant.
+# elsewhere. No committed run has timed this variant, so the ratio speaks for the GPU that
+# printed it only.
 
 # %%
 two_rows = nb04_two_rows._rope_two_rows_solution_kernel
@@ -1812,12 +1814,9 @@ else:
 #
 # ### A.1 What TE's instructions are, and whether they set its time
 #
-# `benchmarks/te_ncu.py` (an H200 with TE installed) counts instructions by kind for TE's
-# kernel, the batch-reusing grid, TE's grid in Triton (with sin/cos and from tables) and the
-# copy, at $s = 4096, b = 8$, with Nsight Compute's clocks locked (1.44 to 1.50 GHz): a kernel
-# limited by DRAM keeps its time at a lower SM clock, one limited by its own instructions does
-# not. The **issue floor** is warp instructions / (4 schedulers × SMs) cycles; `not_selected`
-# counts ready warps that lost the issue slot.
+# `benchmarks/te_ncu.py` counted instructions by kind on an H200 at $s = 4096, b = 8$, clocks
+# locked (1.44 to 1.50 GHz): a DRAM-bound kernel keeps its time at a lower clock, an
+# issue-bound one does not. **Issue floor**: warp instructions / (4 schedulers × SMs) cycles.
 
 # %%
 print(f"Nsight Compute on {te_meta['gpu']} (torch {te_meta['torch']}, Triton {te_meta['triton']}, "
@@ -1917,23 +1916,17 @@ assert (round(per_pair), round(need["te_registers"], 1), round(need["te_shared"]
     == (17, 4.2, 0.53)                                      # the text's 17, 4.2 and 0.53
 
 # %% [markdown]
-# - **Small loads in both**: TE's average 78 bytes a warp load (one bf16 a thread, each element
-#   read twice), the grid's 142 (2 bf16 a thread, `sizePerThread = [1, 2]` below), a copy's 512.
-# - **The clock matters to TE**: locked, it takes 19 % longer (289.2 against 243.6 µs), the grid
-#   5 % and the copy under 3 %.
-# - **Its instructions crowd the issue slots**: 1.77 copies' time at the locked clock, and 3.4
-#   ready warps lose the slot per instruction issued (the grid: 0.5).
-# - **Sin and cos are a small part of them**: at most 0.91 of TE's 2.91 float instructions an
-#   element (the rotation is 2.00), against 17.7 integer ones; that fits section 3's
-#   shared-memory form (0.53 needed), not the register form (4.2).
+# - **Small loads**: 78 bytes a warp load for TE, 142 for the grid, 512 for a copy.
+# - **The clock matters to TE**: locked, it takes 19 % longer; the grid 5 %, the copy under 3 %.
+# - **Sin and cos are a small part of TE's instructions**: at most 0.91 of its 2.91 float
+#   instructions an element, against 17.7 integer ones.
 #
-# **TE's grid in Triton evaluates sin and cos 32 times as often as its source asks**: 8.06 times
-# the grid's float work for them, where its source asks for a quarter. Triton computes a value in
-# the layout of the tensor that uses it: `cos1[None, :]` is broadcast over a
-# `[heads, BLOCK_HALF]` tile, so every thread holding a column computes that column's cosine.
-# The next cell compiles the kernels for sm_90 with no GPU, reads the layouts from Triton's GPU
-# IR (TTGIR) and counts how many threads of a program hold each cos/sin value and each element of
-# an `x` tile (with this machine's Triton, which may lay out differently from the profiled one).
+# **TE's grid in Triton evaluates sin and cos 8.06 times the grid's float work**, where its source
+# asks for a quarter: Triton computes a value in the layout of the tensor that uses it, so every
+# thread holding a column of the `[heads, BLOCK_HALF]` tile computes that column's cosine. The
+# next cell compiles the kernels for sm_90 (no GPU) and counts, from Triton's GPU IR, the threads
+# holding each cos/sin value (this machine's Triton may lay out differently from the profiled
+# one).
 
 # %%
 # compiled for an H200 (sm_90) by this machine's Triton, in a child Python without
@@ -2051,30 +2044,16 @@ else:
     assert source["ropelib_finished"] == D_a and fin == source["sh_loop_b"] == 4096
 
 # %% [markdown]
-# In `heads_all_one_b` 32 threads hold each column of the tile, so each cos/sin value is
-# computed 32 times: $32 \times B/H = 8$ times the grid's work per element, the 8.06 measured.
-# With four heads on two warps (`heads4_loop_b`) cos/sin get a layout of their own, one copy
-# each. On 128 threads (`sh_loop_b_w4`) each element of a 64-element half-row, and its cos/sin,
-# is held and computed by 2 threads (`_w8`: 4), while `sh_loop_b_w2` keeps one copy. The
-# finished kernel's values are held by 32 threads too: with one program per position, 4,096 per
-# position, the grid's count.
+# In `heads_all_one_b` 32 threads hold each column, so each cos/sin value is computed 32 times:
+# $32 \times B/H = 8$ times the grid's work per element, the 8.06 measured. Four heads on two
+# warps (`heads4_loop_b`) keep one copy each.
 #
 # ### A.2 Where TE's time goes with the clock free
 #
-# A second run of the same script (`te_ncu-nvidia-h200-20261201-1431-clock-none.csv`) left the
-# clock free, as in section 5.4's times. A scheduler issues one warp instruction a cycle or none,
-# so with $f$ the measured clock and $4 \times 132$ schedulers a kernel's time splits into three
-# parts:
-#
-# $$t \;=\; \underbrace{\frac{\text{warp instructions}}{4 \times 132 \cdot f}}_{\text{issue}}
-# \;+\; \underbrace{\frac{\text{active cycles} - \text{issue cycles}}{f}}_{\text{no warp ready}}
-# \;+\; \underbrace{\frac{\text{elapsed cycles} - \text{active cycles}}{f}}_{\text{SM idle}} .$$
-#
-# The parts add up to $t$ by algebra: they name parts of a time, not causes (the first assumes
-# instructions spread evenly over the schedulers; the cell checks that against the profile's
-# issue share). The warp *states* (`long_scoreboard`: stalled on a load's data) give each
-# state's share of a warp's cycles. The test that separates causes is the clock: a wait counted
-# in cycles shortens when the clock rises, a wait on DRAM keeps its nanoseconds.
+# A second run (`te_ncu-nvidia-h200-20261201-1431-clock-none.csv`) left the clock free. With $f$
+# the measured clock, a kernel's time splits into issue (warp instructions / $(4 \times 132 f)$),
+# no warp ready, and SM idle. The split names parts, not causes; the clock separates causes: a
+# wait counted in cycles shortens when the clock rises, a wait on DRAM does not.
 
 # %%
 # the same probe with the clock free (--clock-control none), as in section 5.4's runs
@@ -2165,14 +2144,11 @@ assert round(predicted_locked["sh_loop_b"] / grid_p["us"] - 1, 2) == 0.04
 # %% [markdown]
 # What the profile with the clock free says:
 #
-# - **Issuing takes two-thirds of TE's time**: 159.6 µs, 66 % (the grid's 63.7 µs, 36 %).
-# - **In the rest, TE's warps wait on memory**: 78.0 µs with no warp ready; 70 % of its stalled
-#   cycles are `long_scoreboard`. From locked to free (31 % faster) its issuing falls from 209.8
-#   to 159.6 µs, but its time with no ready warp does not (75.7, then 78.0 µs): a wait on DRAM.
-# - **A model that predicts.** Issue time following the clock and the other 81.2 µs not gives
-#   $159.6 \times 1.95 / 1.49 + 81.2 \approx 291$ µs locked; it measured 289.2, within 1 %
-#   (all or none of it following the clock misses by more than 8 %). So TE's issuing adds to its
-#   waits. For the grid the model over-predicts by 4 %: its issuing and waits overlap.
+# - **Issuing takes two-thirds of TE's time** (66 %; the grid's 36 %).
+# - **The rest is a wait on DRAM**: from locked to free TE's issue time falls, its time with no
+#   ready warp does not.
+# - **Issue time following the clock, the rest not, predicts TE's locked time within 1 %**: its
+#   issuing adds to its waits. For the grid the model over-predicts by 4 %: they overlap.
 #
 # ### A.3 The ablation's other rows
 #

@@ -38,8 +38,10 @@
 # few cells also time kernels live on the GPU they run on, which may be another GPU with its own
 # tile (16 warps a program on an H100, 8 on the H200): read those lines as that GPU's. Without a
 # GPU every cell still runs: Triton's interpreter runs the kernels, and the layout and
-# load-schedule cells compile them for sm_90 (the H100's and H200's architecture). The appendices
-# and the questions are for afterwards.
+# load-schedule cells compile them for sm_90 (the H100's and H200's architecture).
+#
+# **Time:** about two hours for sections 1 to 6, and as long again for the four kernel exercises
+# (1, 1b, 2 and 3); the appendices and the questions are for a second sitting.
 #
 # **After this notebook you will be able to**
 #
@@ -1277,7 +1279,10 @@ else:
 
 # %% [markdown]
 # For the rungs at $s = 4096$, $b = 8$ the 20 % and 80 % quantiles lie at most 1.2 % of the median
-# apart: a step of three or five points is real, one of a point or two is not.
+# apart, so within this one run a step of three or five points stands out from its calls' spread.
+# Between runs one kernel moves more: torch.compile's ratio at 1 GiB spans about 4 points across
+# the committed H200 runs (A.5). Steps of that size (the chunks rung's −3.0, equal halves' +5.5)
+# rest on this one run and are not established; section 3's live table need not reproduce them.
 #
 # ![The ladder on an NVIDIA H200: % of a copy per rung](../figures/05-ladder-waterfall.png)
 #
@@ -1290,30 +1295,34 @@ else:
 # | tile of heads | the big step | a fifth of a copy → three quarters | programs, work per program, bytes asked for at once: notebook 04's variants change them one at a time (A.1) |
 # | tile (3-D form) | −0.1 points (hatched) | −5.9 points | the same launch ($\text{BLOCK\_S} = 1$ at $h = 32$); at $b = 1$ 3 % more instructions, issued at a lower rate |
 # | warps | +1.8 points (hatched) | −29.6 points | 4 → 8 warps; $b = 8$: the two profiles disagree on its sign; $b = 1$: each sin/cos evaluated 32 times, not 16 |
-# | chunks | −3.0 points | +48.1 points | $b = 8$: the same launch, only the loop bounds read from the grid; more DRAM writes counted, cause not found. $b = 1$: no batch to split; the planner's tile change, 1×32 heads on 8 warps → 2×32 on 4, evaluates each sin/cos once, 7.6 times fewer instructions |
+# | chunks | −3.0 points (no larger than the spread between runs) | +48.1 points | $b = 8$: the same launch, only the loop bounds read from the grid. $b = 1$: no batch to split; the planner's tile change, 1×32 heads on 8 warps → 2×32 on 4, evaluates each sin/cos once, 7.6 times fewer instructions |
 # | accurate sin/cos | noise (hatched) | noise (hatched) | nothing that runs: the chunks rung's launch and, with Triton 3.6, its machine code |
-# | equal halves | +5.5 points, +2.8 over the warps rung | +4.9 points | the same launch, the shortcut in the kernel; $b = 8$: the chunks rung's extra writes gone, fewer instructions between loads (warp states, below) |
+# | equal halves | +5.5 points, +2.8 over the warps rung (both about the spread between runs) | +4.9 points | the same launch, the shortcut in the kernel: fewer instructions |
 # | finished kernel | 1.5 points below rung 6 | 2.7 points above | 7 % more instructions; at $b = 1$ `x` loaded first |
 #
-# - **A tile of heads is the big step.** It changes three things at once: 32 times fewer
-#   programs, about half the warp instructions per element, over six times the x asked for per SM.
-#   Notebook 04's variants, profiled in the same run, change them one at a time (A.1): occupancy
-#   alone buys nothing, and past four heads a program nothing more is bought.
+# - **A tile of heads is the big step** (the largest at every size but 16 tokens). It changes
+#   three things at once: 32 times fewer programs, about half the warp instructions per element,
+#   over six times the x asked for per SM. Notebook 04's variants, profiled in the same run,
+#   change them one at a time (A.1): occupancy alone buys nothing, and past four heads a program
+#   nothing more is bought.
 # - **`finished kernel (forced)`** is rung 6 with every feature of section 3's list compiled in.
 #   At $b = 1$ its programs have no batch loop, and the planner has them load `x` before the table
 #   work. Timed as two variants (`benchmarks/results/finished_kernel_knobs-nvidia-h200.csv`), `x`
 #   first is the faster at $s = 4096$, $b = 1$ (0.931 of a copy against 0.892) and the slower at
 #   $s = 1024$, $b = 8$ (0.804 against 0.835).
 #
-# **The 16-token panel measures no rung from `chunks` on.** Their calls fall into a fast and a slow
-# population: the chunks rung's fastest fifth take at most 13.2 µs against 40.7 for the warps
-# rung's, but its median, 51.5 µs, is among the slow calls, and the accurate rung (the same launch
-# and code) "gains" 35.6 points by the median. The quantiles say the split can cut a call about
-# threefold; the bars say nothing about these rungs.
+# **The 16-token panel measures no rung from `chunks` on** (the waterfall cell asserts these
+# quantiles). Their calls fall into a fast and a slow population: the chunks rung's fastest fifth
+# take at most 13.2 µs against 40.7 for the warps rung's, but its median, 51.5 µs, is among the
+# slow calls, and the accurate rung (the same launch and code) "gains" 35.6 points by the median.
+# The bars say nothing about these rungs.
 #
-# **Not explained on this page:** the chunks rung's three points at $h = 32$, $b = 8$ (neither the
-# launch, the loop bounds nor the store form makes its extra writes: A.1); equal halves at $h = 8$,
-# −0.2 points (hatched) against +5.5 at $h = 32$, not profiled at $h = 8$.
+# Equal halves at $h = 8$, −0.2 points (hatched) against +5.5 at $h = 32$, is one more sign that
+# the +5.5 is not a settled gain.
+#
+# **Where each number is checked.** The steps, the hatching and the 16-token quantiles: the
+# waterfall cell above. The tile of heads' three changes, notebook 04's variants, the 1.2 %
+# spread and the `x`-first timings: `checks_nb05.ladder_claims`, called by the next cell.
 
 # %%
 # the tables this section reads, printed; every number the text above states is asserted in
@@ -1472,12 +1481,12 @@ assert [r1(b1[n]["waiting_on_memory"] * b1[n]["issuing"]) for n in ("equal_halve
 #   5.5 a scheduler from `warps` on against the copy's 10.6, resident 7.1 against 13.6 (the
 #   finished kernel: 64 registers a thread, 4 programs an SM). The missing half may be residency;
 #   the copy on the rung's tile (below) tests that only in part.
-# - **The chunks rung's extra time is writes**: the warps rung's DRAM rate, but 16.1 MB more of its
-#   writes reach DRAM while it runs, 4.6 µs of its 5.0 µs extra at its rate.
-# - **The equal-halves gain has two parts**: 16.4 MB fewer counted writes, 4.5 µs of the 11.1, and
-#   a DRAM rate up from 3.49 to 3.65 TB/s at the same occupancy: with 24 % fewer instructions each
-#   warp gets back to its next load sooner, and 0.78 of its resident warps wait on memory, the
-#   copy's share, against rung 5's 0.69.
+# - **The chunks and equal-halves steps, in this profile only.** Both steps are about the spread
+#   between runs (above), so what follows describes this run, not a settled cause. The chunks
+#   rung has the warps rung's DRAM rate but 16.1 MB more writes counted (4.6 µs of its 5.0 µs
+#   extra at its rate; no launch or code difference makes them: A.1). Equal halves counts 16.4 MB
+#   fewer writes and a DRAM rate of 3.65 TB/s against 3.49, with 24 % fewer instructions and 0.78
+#   of its resident warps waiting on memory (the copy's share) against rung 5's 0.69.
 # - **At $b = 1$ the heads, tile and warps rungs are paced by their instructions** (issuing in 74 %
 #   to 80 % of cycles, every sin and cos evaluated 16 or 32 times). From the chunks rung on each is
 #   evaluated once, and the DRAM rate climbs: 3.53 TB/s, 3.69 with equal halves, 3.99 for the
@@ -1672,10 +1681,11 @@ assert len(sweep_b8) == 104 and said(best_copy) == "0.945" and best_copy < 0.95
 # batch loop, grid) holds that GPU's gap; well under one, the rest of the gap is the rotation's.
 # In the committed H200 timing the copy on rung 6's launch runs at 0.913 of `y.copy_(x)` and rung
 # 6 at 0.915: on the H200 the launch holds the whole gap, and with the table probe, the finished
-# kernel does not stop short of a copy for its cos/sin. No other tile of this shape closes it on
-# the H200: over the 104 launches swept, the copy on the tile never passes 0.945. Only the flat
-# pass of section 6, with no loop and many small programs, does. Why the launch shape costs this
-# is open; appendix A.9 sets out what was measured.
+# kernel does not stop short of a copy on the H200 for its cos/sin. That is the H200's split,
+# not every GPU's: where the printed share above is well under one, that GPU's gap is partly the
+# rotation's. No other tile of this shape closes the H200's gap: over the 104 launches swept, the
+# copy on the tile never passes 0.945. Only the flat pass of section 6, with no loop and many
+# small programs, does. Why the launch shape costs this is open (appendix A.9).
 #
 # ## 6. Past the finished kernel: two passes for large tensors
 #
@@ -2120,18 +2130,16 @@ assert said(100 * lead_b1, 1) == "2.7" and lead_b1 < hi_c - lo_c      # "within 
 
 # %% [markdown]
 # On the H200 at batch 8 the flat pass beats the finished kernel, with angles or a table, forward
-# and forward+backward. At batch 1 (128 MiB) the pre-pass alone takes 17.2 % of the copy's time;
-# paid on every call it would hold the route to 0.854 of a copy at most, yet the route measured
-# 0.963, because the eager route keeps the pre-pass's rows (`TableRows` in `ropelib/eager.py`) and
-# later calls with the same table skip it, as a model's later layers do. Its lead over the finished
-# kernel there, 2.7 points, is within the spread between runs of one kernel (torch.compile's at
-# 1 GiB spans 0.955 to 0.997 across the committed H200 runs), so at batch 1 the two are about
-# level. torch.compile's kernel is level with the flat pass within that spread; it reads a bf16
-# table where ropelib reads fp32 (A.6 gives each the other's tables).
+# and forward+backward. At batch 1 (128 MiB) the pre-pass alone takes 17.2 % of the copy's time,
+# which paid on every call would cap the route at 0.854 of a copy; it measured 0.963 because the
+# eager route keeps the pre-pass's rows (`TableRows` in `ropelib/eager.py`) for later calls with
+# the same table. **The spread between runs:** torch.compile's ratio at 1 GiB spans 0.955 to 0.997
+# across the committed H200 runs, about 4 points. Within it, the route and the finished kernel are
+# level at batch 1 (2.7 points), and so are torch.compile's kernel and the flat pass.
 #
 # The cell below checks that torch.compile's kernel
 # (`benchmarks/results/inductor-rope-bf16-sbhd.txt`) has no loop and reads its table with
-# `evict_last`, as section 6 says.
+# `evict_last`.
 
 # %%
 # torch.compile's kernel, as its source reads: no loop, XBLOCK a constexpr the autotuner sets,
@@ -2144,12 +2152,10 @@ assert len(re.findall(r"tl\.load\(in_ptr[12] .*evict_last", body)) == 2   # cos 
 
 
 # %% [markdown]
-# Compiled for sm_90 as section 4 compiled the finished kernel, the flat pass holds fewer registers
-# a thread, so more warps can be resident to wait on memory. As the route runs it, it also loads
-# the pre-pass's one-byte flag per row (1 where the row's two halves differ; `ld.v1.b8`) besides
-# its ten 16-byte loads, in 42 registers with Triton 3.6, the GPU runs'; launched without flags,
-# as section 5 profiled it, in 46. Registers are one difference among several (no sin/cos, no
-# batch loop, many small programs), and this page does not separate them.
+# Compiled for sm_90, the flat pass holds fewer registers a thread than the finished kernel (42
+# with Triton 3.6 as the route runs it, with a one-byte flag per row; 46 without, as section 5
+# profiled it), so more warps can be resident. That is one difference among several (no sin/cos,
+# no batch loop, many small programs); this page does not separate them.
 
 # %%
 if compiled:
@@ -2198,23 +2204,16 @@ behind = checks_nb05.tables_swapped(tp, tp_meta, route_of)
 
 # %% [markdown]
 # Given fp32 tables, torch.compile's kernel loses about a tenth of a copy (0.994 → 0.898 at 1 GiB)
-# and falls behind ropelib on the same tables (0.974 as ropelib picks the route, 0.987 forced).
-# Given the same bf16 tables, ropelib is level with it forward within the spread between runs and
-# ahead forward+backward (0.992–1.001 of two copies against 0.487–0.941).
+# and falls behind ropelib on the same tables. Given the same bf16 tables, ropelib is level with
+# it forward (within the spread between runs) and ahead forward+backward.
 #
 # ### A.7 Both members of a pair in one thread
 #
-# A flat pass that gives each thread 8 consecutive bf16 features of one half (`rows=fp32` below)
-# loads its own 16 bytes of x, its partners' 16 bytes (which another thread of the program loads
-# as *its* x), and 32 bytes each of fp32 cos and $s'$. `benchmarks/paired_rows_probe.py` times it
-# and two ways to load less, on copies of the flat pass reading the pre-pass's fp32 rows:
-#
-# - **read half the table** (`rows=paired`): where both members of a pair share their angle
-#   (`cat(f, f)`, as TE's and Hugging Face's tables are), both halves of a head read the first
-#   half of the row: half the bytes, the same six loads;
-# - **hold both members in one thread** (`pairs per thread`, 8 head rows on 2 warps or 16 on 4):
-#   a thread loads $x_j$ and $x_{j+R/2}$ for 8 pairs and their cos and $s'$, no element loaded
-#   twice (the design of ropelib's pass, section 6).
+# An element-wise flat pass (`rows=fp32` below) loads each element of x twice: as its own and as
+# its partner's. `benchmarks/paired_rows_probe.py` times it against two ways to load less:
+# **read half the table** (`rows=paired`, where both members of a pair share their angle) and
+# **hold both members in one thread** (`pairs per thread`: no element loaded twice, ropelib's
+# design).
 
 # %%
 # benchmarks/results/paired_rows_probe-nvidia-h200.csv, printed; the text's numbers asserted in
@@ -2222,17 +2221,13 @@ behind = checks_nb05.tables_swapped(tp, tp_meta, route_of)
 checks_nb05.paired_rows_probe()
 
 # %% [markdown]
-# Reading half the table is slower in every case (0.896 of a copy at 1 GiB against 0.948); this
-# page does not say why. Holding both members in one thread reaches 0.993 at 1 GiB with the same
-# fp32 rows, level with torch.compile's 0.994 on its bf16 table. That is ropelib's rotate-half
-# flat pass (`_rotate_pairs`, on `tiles.TWO_PASS_PAIR_WARPS` = 2 warps), the pass section 6's
-# main table measured.
-#
-# The same holds for the whole route: in an H200 run with the element-wise pass (`rows=fp32`'s
-# design), the two passes at 1 GiB are only level with the finished kernel, 0.931 of a copy against
-# 0.924; with the pass of pairs, 1.002 against 0.932. Against torch.compile (two more probes, below)
-# neither pass is shown ahead or behind: every difference is smaller than the 4 points
-# torch.compile's own 1 GiB ratio spans between runs.
+# Reading half the table is slower in every case (0.896 of a copy at 1 GiB against 0.948; not
+# explained here). Holding both members in one thread reaches 0.993, level with torch.compile's
+# 0.994: that is ropelib's flat pass (`_rotate_pairs`, 2 warps), the one section 6 timed. In the
+# whole route at 1 GiB, the element-wise pass left the two passes level with the finished kernel
+# (0.931 against 0.924), the pass of pairs put them ahead (1.002 against 0.932). Against
+# torch.compile neither pass is shown ahead or behind: the differences are within the 4 points
+# between runs.
 
 # %%
 # the element-wise pass in the whole route (two_pass-nvidia-h200-20261128-0853.csv) and the two
@@ -2242,21 +2237,14 @@ checks_nb05.elementwise_pass_runs(tp, tp_meta, behind)
 # %% [markdown]
 # ### A.8 How an address is written decides when a load goes out
 #
-# Written with one offset per table entry, ropelib's pairs pass (`_rotate_pairs` in
-# `ropelib/kernels/flat.py`) ran at 0.915 of a copy at 1 GiB on the H200, while a probe kernel on
-# the same fp32 rows in the same process ran at 0.992, with the same 16-byte loads and stores in
-# the PTX (the timings end this subsection). The difference is how the address of a token's cos/sin
-# row is written: the probe computes `s * D`, `D` a compile-time constant; the offset form
-# `cos_ptr + (s * stride_tab + j)`, the stride a runtime argument. ropelib's pass now writes a
-# pointer per row (`ROW_POINTERS`), and here is why.
-#
-# A thread reads four 16-byte pieces of a cos row and four of an $s'$ row. Written as offsets,
-# the compiler cannot prove that adding 4 to a 32-bit offset does not carry before it is widened
-# to 64 bits, so the thread needs four base addresses where two would do; at 48 registers a thread
-# ptxas then gives a later load the destination registers of an earlier one, and that load waits
-# for the earlier one to land and be consumed. The PTX cannot show that (its registers are
-# virtual); the SASS can. Below, the pairs pass in a dozen lines with both address forms, checked,
-# then compiled for sm_90 with the loads issued before the first multiply counted.
+# Written with one offset per table entry (`cos_ptr + (s * stride_tab + j)`, a runtime stride),
+# ropelib's pairs pass ran at 0.915 of a copy at 1 GiB on the H200; a probe kernel computing the
+# row as `s * D` (`D` a constant) ran at 0.992 in the same process, with the same 16-byte loads in
+# the PTX (timings at the end). ropelib's pass now writes a pointer per row (`ROW_POINTERS`).
+# With offsets the compiler cannot prove a 32-bit offset plus 4 does not carry, so a thread needs
+# four base addresses where two would do, and ptxas reuses an earlier load's destination
+# registers, making a later load wait. Only the SASS shows this; the cells compile both forms for
+# sm_90 and count the loads issued before the first multiply.
 
 # %%
 @triton.jit
@@ -2360,18 +2348,13 @@ if sched:
 
 
 # %% [markdown]
-# With offsets, three of the eight table loads go out only after the rotation has started; with
-# row pointers two do, and the thread keeps its two x loads and six table loads in flight
-# together. The listing shows both causes: with offsets the table loads read four base registers
-# (the `Rn` of `[Rn.64+offset]`), with row pointers two; and each of the three late loads with
-# offsets writes a register an earlier load wrote, so it waits for that load (with row pointers one
-# of the two late loads does). The counts are asserted with Triton 3.6, the GPU runs', and 3.9;
-# with another version only that row pointers put more loads out early. ropelib's own flat pass,
-# compiled the same way, issues the same eight early, in 46 registers.
+# With offsets three of the eight table loads go out after the rotation has started (four base
+# registers, each late load reusing an earlier load's register); with row pointers two do (two
+# base registers). The counts are asserted with Triton 3.6 and 3.9; with another version only
+# that row pointers put more loads out early.
 #
 # What the two forms are worth, timed on the H200 by `benchmarks/one_gib_probe.py` (five
-# alternating rounds in one process, medians; one run with ropelib's pass written each way, each
-# beside the same probe kernel):
+# alternating rounds in one process, medians):
 
 # %%
 def one_gib_medians(gpu):
@@ -2398,13 +2381,10 @@ assert abs(after["probe copy"] - before["probe copy"]) < 0.005      # the probe 
 
 
 # %% [markdown]
-# With row pointers the flat pass alone runs at 0.990 of a copy against 0.915 with offsets, level
-# with the probe's kernel, and `apply_rope` at 0.986 against 0.913. That the one more early load
-# buys the difference is what the listing suggests; no stall profile of the two forms is
-# committed, so it is a hypothesis. Nor is it a rule: ropelib's packed-sequence route keeps
-# offsets, the form its own timings favoured. What carries over is the method: when a kernel runs
-# slower than a copy of itself with "the same code", compile both with the Triton the GPU runs and
-# count in the SASS which loads go out before the arithmetic that waits for them.
+# With row pointers the flat pass runs at 0.990 of a copy against 0.915 with offsets, and
+# `apply_rope` at 0.986 against 0.913. That the earlier load buys it is a hypothesis (no stall
+# profile of the two forms is committed), and not a rule: the packed-sequence route keeps offsets,
+# which its own timings favoured.
 
 # %% [markdown]
 # ## Appendix: the finished kernel's launch shape

@@ -611,9 +611,11 @@ assert (round(inst_x / time_x, 2), round(sm_x, 2)) == (1.76, 1.74), "the text's 
 # purely issue-bound kernel: it shows the time moving from the memory to the instructions, and
 # it records no stall reasons to say what the four-warp warps wait on for the rest.
 #
-# Nor does it say why one warp stays short of a copy where it does (the cell above prints its
-# fraction of a copy): at one warp DRAM's throughput is 61 % and the SMs' 36 %, and without
-# stall reasons and a profile of the copy beside the kernel the cause is not measured here.
+# All of this is the H200's profile. On another GPU the cell above prints its own one-warp to
+# four-warp ratio, but no profile of that GPU is committed, so the mechanism is not measured
+# there. Nor is the reason one warp stays short of a copy (the cell above prints its fraction
+# of a copy): the H200 profile has no stall reasons and no profile of the copy beside it, so
+# that cause is not measured on any GPU.
 
 # %% [markdown]
 # ## 3. A `torch.autograd.Function`
@@ -672,15 +674,13 @@ print("gradients match the reference's autograd in fp32, fp16 and bf16")
 # %% [markdown]
 # ### 3.1 What one training step costs
 #
-# A training step runs the forward and then, through an `autograd.Function` like `RopeFunction`,
-# the backward: two kernels that move the same bytes, so the step should take twice the forward.
-# A committed H200 run (`benchmarks/results/generations-nvidia-h200.csv`) timed that step,
-# `torch.autograd.grad` through such a Function, beside the forward alone, in bf16 and as whole
-# calls (`do_bench`), for each of ropelib's three generations of kernel: `ropelib_naive`
-# (notebook 03), `ropelib_batch_reuse` (notebook 04) and `ropelib`, the finished kernel
-# (notebook 05). `ropelib_batch_reuse` is section 2's kernel, launched at one warp a program as
-# `rope_cell` launches it. The cell prints the step's time over the forward's for every batch
-# size of the run ($s = 4096$, $h = 32$, $d = 128$); the next one draws both times.
+# A training step runs the forward and then the backward: two kernels that move the same bytes,
+# so the step should take twice the forward. A committed H200 run
+# (`benchmarks/results/generations-nvidia-h200.csv`) timed the step (`torch.autograd.grad`
+# through such a Function) and the forward alone as whole calls (`do_bench`), in bf16, for
+# `ropelib_naive` (notebook 03), `ropelib_batch_reuse` (notebook 04: section 2's kernel at one
+# warp a program) and `ropelib` (notebook 05). The cell prints step / forward for each batch
+# ($s = 4096$, $h = 32$, $d = 128$); the next one draws both times.
 
 # %%
 gen_meta, gen_rows = measured.load("generations")
@@ -739,9 +739,9 @@ assert round(start_us / (br1["fwd_ms"] * 1e3), 2) == 0.94
 # The rest of a small step is not on the device alone: `do_bench` times from a CUDA event
 # before a call to one after it, so when the host takes longer to issue a step (autograd's
 # Python, its device thread, the launches) than the GPU takes to run it, the wait is timed. For
-# scale only, the next cell draws a band of that host time: two runs of
-# `benchmarks/autograd_host_probe.py` on the H200, half again apart, at a decode step's shape
-# ($s = 1$, $b = 64$), not the sweep's. The cell after the figure measures the host's part live.
+# scale only, the next cell draws a band of that host time: two H200 runs of
+# `benchmarks/autograd_host_probe.py`, half again apart, at a decode step's shape ($s = 1$,
+# $b = 64$), not the sweep's.
 
 # %%
 def autograd_host_log(path):
@@ -820,15 +820,13 @@ plt.show()
 # band, so host time could account for it; the teaching kernels' steps at batches 1 and 2 (224
 # to 486 µs) lie above it, and the probe did not time their Functions.
 #
-# The next cell times the `ropelib_batch_reuse` step and forward at batch 1 three ways on a GPU:
-# as a whole call (`do_bench`); replayed from a CUDA graph (a recorded sequence of kernel
-# launches that the GPU replays without the host's Python and launch work), the device's time
-# alone; and on the host, with `time.perf_counter` around each phase of 50 steps issued back to
-# back (the forward call, then `torch.autograd.grad`) and no synchronisation inside the loop, so
-# the clock sees the host's issue and not the kernels. It times the backward's host phase again
-# with autograd's device thread off (`torch.autograd.set_multithreading_enabled(False)`: the
-# backward runs on the calling thread). On a CPU it runs the same calls at a small shape in the
-# interpreter and checks their results; the times need a GPU.
+# On a GPU the next cell times the `ropelib_batch_reuse` step and forward at batch 1 three ways:
+# as a whole call (`do_bench`); replayed from a CUDA graph (recorded launches that the GPU
+# replays without the host), the device's time alone; and on the host, with `time.perf_counter`
+# around the forward call and `torch.autograd.grad` of 50 steps issued back to back, with no
+# synchronisation inside the loop, so the clock sees the host's issue, not the kernels. It
+# times the backward's host phase again with autograd's device thread off. On a CPU it checks
+# the same calls' results in the interpreter.
 
 # %%
 import statistics, time
@@ -912,13 +910,14 @@ else:
 # %% [markdown]
 # How to read it. The replayed step stays at about two replayed forwards (asserted): the
 # device's work is what the bytes predict. The gap is what the whole call adds to the replayed
-# step; the host share is how far the host's issue time per step exceeds the device's, as a
-# fraction of that gap. Where it is above one half, the host issuing the step (the forward call
-# and autograd's backward) is what fills the gap, and the GPU waits for it; where it is near zero
-# or below, the host keeps up, and the gap comes from elsewhere (the forward's own gap bounds
-# what the cache flush that the replay skips can add). The two `autograd.grad` times say how much
-# of the backward's host time is the hand-off to autograd's device thread: the difference between
-# them. Notebook 07, section 7.3, takes `do_bench`'s loop itself apart the same way.
+# step. The host loop is not `do_bench`'s: it issues steps back to back with its own Python and
+# timers around each phase, on inputs that require grad, so its times can exceed the whole
+# call's (compare its forward call with the whole forward). Its issue time per step is an upper
+# bound on the host's part of a step, not a measure of it. The host share, (issue − replayed
+# step) / gap, is read the same way: at or above 1 it says the host alone could fill the gap, not
+# how much of it did; near zero or below, the host keeps up and the gap comes from elsewhere.
+# The two `autograd.grad` times differ by the hand-off to autograd's device thread. Notebook 07,
+# section 7.3, takes `do_bench`'s loop apart.
 
 # %% [markdown]
 # ## 4. `gradcheck` in float64
@@ -1365,13 +1364,14 @@ solution(ex.SolutionRopeFunction)
 # %% [markdown]
 # ## Appendix A. Why `g_sum.contiguous()` is slow
 #
-# `benchmarks/contiguous_ncu.py` profiled `g_sum.contiguous()` beside `buf.fill_(1.0)` (the
-# same $N$ fp32 written, nothing read) with Nsight Compute on the H200; the profiler fixes the
-# SM clock, so compare the two rows with each other only. Both put about 509 MB into DRAM, but a
+# `benchmarks/contiguous_ncu.py` profiled `g_sum.contiguous()` beside `buf.fill_(1.0)` (the same
+# $N$ fp32 written, nothing read) with Nsight Compute on the H200; the profiler fixes the SM
+# clock, so compare the two rows with each other only. Both put about 509 MB into DRAM, but a
 # stride-0 source sends the copy to PyTorch's general `elementwise_kernel`: 4 bytes a thread per
-# store against the fill's 16, 11.5 times the warp instructions, 24 % of the warp slots filled
-# against 88 %, and 2.75 times the time. The profile does not split the 2.75x between these
-# causes; for a RoPE backward the remedy is section 5's: read the stride-0 gradient as it is.
+# store against the fill's 16, about 11 times the warp instructions (138.4 M against 12.1 M),
+# 23.5 % of the warp slots filled against 87.6 %, and 2.75 times the time. The profile does not
+# split the 2.75x between these causes; for a RoPE backward the remedy is section 5's: read the
+# stride-0 gradient as it is.
 
 # %%
 ct_csv = measured.path("contiguous_ncu")

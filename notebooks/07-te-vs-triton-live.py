@@ -19,10 +19,12 @@
 # Notebooks 03–06 built ropelib's kernels. This one asks: **on the same inputs, how does ropelib
 # compare with everything else that computes RoPE** (Transformer Engine's fused CUDA kernel and
 # its plain-PyTorch path, eager PyTorch, `torch.compile`, Liger Kernel and flash-attn where
-# installed), **and where it loses, why?** In short: ropelib's forward runs near a copy of the
-# same bytes and ahead of TE's fused kernel; where its eager forward+backward loses to TE's, the
-# host issuing the call sets the time, not the kernels: replayed from a CUDA graph, ropelib's
-# forward+backward takes 0.55 to 0.57 of TE's time on an H200, 0.70 to 0.73 on an H100 (7.1).
+# installed), **and where it loses, why?** In short: ropelib's forward *kernel* runs near a copy
+# of the same bytes from 64 MiB on, ahead of TE's fused kernel (sections 4 and 5); issued eagerly
+# back to back, its host's cost per call can limit the forward instead (7.3 prints both). Where
+# its eager forward+backward loses to TE's, the host issuing the call sets the time, not the
+# kernels: replayed from a CUDA graph, ropelib's forward+backward takes 0.55 to 0.57 of TE's time
+# on an H200, 0.70 to 0.73 on an H100 (7.1).
 #
 # **After this notebook you will be able to**
 #
@@ -153,9 +155,9 @@ assert all(r["max_head_ulp_err"] <= 4 for r in rows32)
 # every intermediate to bf16; the fused kernels and eager PyTorch's formula compiled
 # (`torch.compile_te_unfused`) compute in fp32 and round once; `torch.compile` of Hugging Face's
 # formula, from bf16 cos/sin tables, lands between. In **fp32** the output format is the arithmetic
-# format: a few head-wise ulps, hundreds element-wise near zero. torch.compile's forward took 84 µs
-# in the committed H200 sweep, 0.43 of a copy; section 4 shows why another GPU's ratio for it can
-# lie far from that.
+# format: a few head-wise ulps, hundreds element-wise near zero. The times are your GPU's: the
+# committed H200 sweep ran this shape with torch.compile's forward at 84 µs, 0.43 of a copy, and
+# your table may show a very different ratio for it; section 4 shows why.
 
 # %% [markdown]
 # ## 3. The dashboard
@@ -414,9 +416,9 @@ for dtype in DTYPES:
 # 64 MiB or more, ropelib's forward runs at 0.95 of the copy or above, below that at 0.88 or less
 # (over all sweeps, its 90 points from 64 MiB on lie at 0.931 or above). TE's fused kernel stays at
 # or below 0.60, behind ropelib at every point; eager PyTorch at 0.10 at most. **torch.compile is
-# the odd line**: on the copy only on the largest tensors (0.99), and not monotone (0.67 at
-# $S = 2048$, 0.43 at 4096): below 128 MiB its time does not follow the bytes (nor the GPU's
-# memory: section 4). When in the call it launches its kernel is not measured here.
+# the odd line in this H200 run**: on the copy only on the largest tensors (0.99), and not
+# monotone (0.67 at $S = 2048$, 0.43 at 4096): below 128 MiB its time does not follow the bytes,
+# nor the GPU's memory (section 4), so another GPU prints its own ratios (section 2's table).
 
 # %%
 AXES = {"seq-bf16": "seq_len", "hidden-bf16": "head_dim", "heads-bf16": "heads",
@@ -714,12 +716,13 @@ if len(models) == 2:
 # synchronisation, best of 5 rounds) and, at 64 MiB of bf16, **`do_bench`**'s median and the call
 # **replayed** from a CUDA graph (its kernels alone). `do_bench`'s median less the replay is time
 # the kernels did not spend; the host's time beyond the kernels, over that gap, is the **share**
-# the cell prints. Where it is near 1 the host's time is what fills the gap. For ropelib and
-# torch.compile it lies between 0.7 and 1.4 in every layout on both GPUs, while replayed, ropelib's
-# kernels take 0.55 to 0.57 of TE's time on the H200 and 0.70 to 0.73 on the H100, torch.compile's
-# tie ropelib's, and TE's `do_bench` median lies within an eighth of its kernels. ropelib loses on
-# the host. (The host is timed at decode size, the gap at 64 MiB; A.2 times both at 64 MiB in one
-# run.) A host-bound call is cured by replaying the whole step from a CUDA graph (notebook 11,
+# the cell prints (the host timed at decode size, the gap at 64 MiB: A.2 times both at 64 MiB).
+# Near 1, the host's time is what fills the gap: for ropelib and torch.compile it lies between
+# 0.7 and 1.4 in every layout on both GPUs. Far above 1, the gap is small and the host alone
+# would more than fill it: TE's shares (1.9 to 2.9 on the H100) sit over a `do_bench` median
+# within an eighth of its kernels. Replayed, ropelib's kernels take 0.55 to 0.57 of TE's time on
+# the H200 and 0.70 to 0.73 on the H100, torch.compile's tie ropelib's: ropelib loses on the host.
+# A host-bound call is cured by replaying the whole step from a CUDA graph (notebook 11,
 # section 4), not by compiling the RoPE call alone: torch.compile's host takes the longest.
 
 # %%
@@ -808,26 +811,20 @@ time_three_ways = host_or_device if timed_by_learner else measuring.solution_hos
 # %% [markdown]
 # ### 7.3 One call three ways, live
 #
-# **What `do_bench` times: a picture.** Each iteration of its loop zeroes a 256 MiB buffer (the
-# *memset*), records a start event, calls, and records an end event; the sample is the time
-# between the events. Per iteration the device spends $t_\text{memset} + t_\text{replayed}$ (the
-# call's kernels alone, replayed from a CUDA graph) and the host $t_\text{iter}$. If the host is
-# the faster it gets ahead: every kernel is queued before its start event fires, and the sample is
-# the kernels' time. If it is the slower, the device waits: the start event fires when the memset
-# ends, the kernel starts only when the host launches it, and the sample takes in part of the
-# host's time. The picture says which side *can* set the median, not the median: where in the call
-# the host launches each kernel is not known (`ropelib.course.launch_queue` holds the model).
+# **What `do_bench` times.** Each iteration of its loop zeroes a 256 MiB buffer (the *memset*),
+# records a start event, calls, and records an end event; the sample is the time between the
+# events. If the host issues an iteration faster than the device runs the memset and the call's
+# kernels, it gets ahead and the sample is the kernels' time. If it is slower, the device waits
+# and the sample takes in part of the host's time. This says which side *can* set the median, not
+# the median itself (`ropelib.course.launch_queue` holds the model).
 #
 # On a GPU with TE the cell times ropelib's and TE's forward+backward at section 6's batch-1 bf16
-# point $S = 2048$, five shuffled rounds: `do_bench` (calls counted), the enqueue (7.2), a replay,
-# and **`do_bench`'s loop written out** (`dobench_loop` in `ropelib/course/nb07_dobench.py`, which
-# times the host's side too), that loop also with **autograd's device thread** off (the "thread"
-# column: the host's time inside the call with it on, less with it off). Each provider's last line
-# gives its case and whether the written-out loop reproduces `do_bench` (within a fifth). Then
-# 7.1's **share**, now with both sides timed at one size in one run: the enqueue's time beyond the
-# replay over `do_bench`'s median beyond it. The cell checks that for ropelib it is at least one
-# half: the host's time is what fills the gap between `do_bench` and its kernels. Without a GPU
-# the cell says what it would measure.
+# point $S = 2048$: `do_bench`, the enqueue (7.2), a replay, and `do_bench`'s loop written out
+# (`ropelib/course/nb07_dobench.py`), also with autograd's device thread off (the "thread"
+# column). Each provider's last line says which side waits and whether the written-out loop
+# agrees with `do_bench`. Then 7.1's **share**, both sides now at one size in one run; read it as
+# in 7.1. The cell asserts that at this size both calls are host-bound (each enqueue above its
+# replay), TE's as well as ropelib's, and that ropelib's host fills at least half its gap.
 
 # %%
 import random
@@ -904,12 +901,11 @@ else:
 
 # %% [markdown]
 # **Section 2's forwards** (64 MiB of bf16 on a GPU) are timed with exercise 2's function (yours if
-# it passed), with `do_bench` and with its loop written out, beside the copy of the same bytes
-# timed the same ways; each fraction of a copy uses one timer. Under `do_bench` the memset lets the
-# host get ahead, so a call host-bound back to back can be queued there; a training loop has no
-# memset to hide the host. A line ending in *differ* means the loop written out did not reproduce
-# `do_bench`'s median; its case then says nothing about `do_bench`, and why two loops that zero the
-# same buffer would time a call differently is not measured here.
+# it passed) and with `do_bench`, beside the copy of the same bytes timed the same ways; each
+# fraction of a copy uses one timer. *Back to back* is what an eager loop of forwards gets: where
+# the line says host-bound, the host's cost per call, not the kernel, limits it there. Under
+# `do_bench` the memset lets the host get ahead, so the same call can tie the copy; a training
+# loop has no memset to hide the host.
 
 # %%
 case2 = compare.make_case(one, device, seed=1)      # section 2's shape: 64 MiB of bf16 on a GPU
@@ -1181,19 +1177,19 @@ if not rows_ok:     # the worked kernel: rounded once; on a GPU below TE's fused
 # - **A time that does not follow the bytes is a cost per call; find out whose** by timing the
 #   host's issue, `do_bench` and a replay: ropelib's eager forward+backward loses to TE's because
 #   its host's time fills the gap between `do_bench` and its kernels (both GPUs' committed runs;
-#   7.3 live), at decode size its two launches (A.1). Replaying the step from a CUDA graph removes
-#   that cost; compiling the RoPE call does not.
+#   7.3 live), at decode size its two launches (A.1). Even ropelib's forward, whose kernel ties
+#   the copy, can be limited by its host when issued eagerly back to back (7.3 prints both
+#   fractions). Replaying the step from a CUDA graph removes that cost; compiling the RoPE call
+#   does not.
 # - **A RoPE kernel is a copy with arithmetic in between**: one kernel with a switch measures what
 #   the rotation adds; a variant with less per-row angle work (A.3) shows where it goes.
 
 # %% [markdown]
 # ## Not measured here
 #
-# Each of these would take a profiler on a GPU (a timeline, or a kernel's counters): why
-# ropelib's bf16 forward line at batch 1 streams at 0.89 of the copy's (6.1) and its ratio dips at
-# batch 8 (5); when inside the call torch.compile's forward launches its kernel (5, 7.3); and which
-# part of the rotation's per-row angle work, instruction issue or registers, slows it from four
-# rows a program on (8, A.3).
+# Each needs a profiler on a GPU: why ropelib's bf16 forward streams at 0.89 of the copy at
+# batch 1 (6.1) and dips at batch 8 (5); when in the call torch.compile launches its kernel (5,
+# 7.3); whether instruction issue or registers slow the rotation from four rows on (8, A.3).
 
 # %% [markdown]
 # Notebook 08 turns from speed to correctness: an `allclose` between two RoPE kernels that

@@ -16,20 +16,20 @@
 # %% [markdown]
 # # 08 — Debugging the `allclose` that failed
 #
-# A RoPE-in-Triton project wrote a Triton RoPE after Unsloth's kernel and checked it against
-# Transformer Engine's (TE's) fused RoPE with
+# A composite case, drawn from public reports of Triton RoPE work: a Triton RoPE written after
+# Unsloth's kernel is checked against Transformer Engine's (TE's) fused RoPE with
 #
 # ```python
 # assert torch.allclose(tokens_te, tokens_triton)
 # ```
 #
-# The assert failed, although the first ten printed values of both tensors were identical. That
-# project never found the cause, and its code and data are not here; our inputs are our own and
-# give the same symptom. So this notebook shows which causes produce exactly that symptom, not
-# which one struck there. We reproduce the failure, then take apart, one by one, everything that
-# can make such a check fail, with the tools that find it: an error map over position × feature,
-# the location of the largest difference, a print from inside the kernel at that element, errors
-# in ulps, a norm-wise error, and tolerances that fit the dtype.
+# The assert fails, although the first ten printed values of both tensors are identical. No
+# original code or data is here; our inputs are our own and give the same symptom. So this
+# notebook shows which causes produce exactly that symptom, not which one struck in any report. We
+# reproduce the failure, then take apart, one by one, everything that can make such a check fail,
+# with the tools that find it: an error map over position × feature, the location of the largest
+# difference, a print from inside the kernel at that element, errors in ulps, a norm-wise error,
+# and tolerances that fit the dtype.
 #
 # **Time:** about two hours of reading, with the exercises of sections 4b, 5 and 6; section 4b
 # is the longest. The cells run in a few minutes in the Triton interpreter.
@@ -132,7 +132,7 @@ print("measured against the real TE on:", ", ".join(r["meta"]["gpu"] for r in RU
 # ## 1. The failure, reproduced
 #
 # `tokens` is a bf16 tensor in TE's default `sbhd` layout, $[S, B, H, D]$ (sequence, batch,
-# heads, head dim). The wrapper `debug.apply_rotary_pos_emb_triton`, written after the project's,
+# heads, head dim). The wrapper `debug.apply_rotary_pos_emb_triton`, in the reports' style,
 # builds a cos/sin table from TE's angles and launches the Unsloth-style kernel; then TE rotates
 # the same tokens. The reproduction kernel carries what Unsloth's kernel inherits from Hugging
 # Face: a cos/sin table **precomputed in the model's dtype**, and the multiply-add done **in that
@@ -305,16 +305,18 @@ assert steps_at_max == 1                                  # the largest differen
 # kernel's reported line (bf16 table, bf16 products) cut down to the one pair that holds the
 # largest difference: it prints the angle, the fp32 cos and sin, the same two rounded to bf16
 # (the table the reported wrapper builds), and $y$ in fp32 before the store, once with the bf16
-# table and products and once with the fp32 table and fp32 products. In the interpreter each
-# print appears once under the cell. On a GPU `tl.device_print` is a `printf` in every thread of
-# the program, and a scalar lives in every thread, so it is printed once per thread: with
-# `num_warps=1` (one warp, 32 threads), each of the five lines 32 times
-# (`pid (0, 0, 0) idx ()`). Triton gives a kernel no thread index to guard a print with. To see
-# each value once, store it into a small output tensor and print that on the host, as this probe
-# also does (`probe` below); `tl.static_print` prints once, but at compile time, so only what is
-# known then (shapes, dtypes, constexprs). The lines go to the process's stdout; in Jupyter they
-# appear under the cell, before its own printed line; a script prints them in its terminal. The
-# cell checks the stored values against both outputs.
+# table and products and once with the fp32 table and fp32 products. A print of two values
+# writes one line per value (`(operand 0)`, `(operand 1)`), so the five prints write seven lines.
+# In the interpreter each line appears once, before the cell's own printed line. On a GPU
+# `tl.device_print` is a `printf` in every thread of the program, and a scalar lives in every
+# thread, so each line is printed once per thread: with `num_warps=1` (one warp, 32 threads),
+# 7 × 32 = 224 lines (`pid (0, 0, 0) idx ()`). They reach Jupyter by another route than
+# Python's prints, so their place under the cell is not fixed: they can come after the cell's
+# own line, the first glued to its end. Triton gives a kernel no thread index to guard a print
+# with. To see each value once, store it into a small output tensor and print that on the host,
+# as this probe also does (`probe` below); `tl.static_print` prints once, but at compile time,
+# so only what is known then (shapes, dtypes, constexprs). The cell checks the stored values
+# against both outputs.
 
 # %%
 @triton.jit
@@ -674,13 +676,13 @@ assert all(run_row(BITS, v)["numel"] == 1_048_576 for v in PRESET_ROWS.values())
 # dotted line is 0.5 ulp, one correct rounding), its norm-wise error as the label. Compare the
 # two top bars with the three at the line.*
 #
-# The ulps (bars) and the norm-wise error (labels) tell one story from two sides. Norm-wise, a bf16
-# table and bf16 products cost at most $3u$: the standard HF/Unsloth cache is not *wrong*, it is
-# bf16-accurate. In ulps of outputs near zero the same kernel is more than 16 ulps off, because it
-# rounds to bf16 before the cancellation $x_1 c - x_2 s$. "Is this formula right?" asks for the
-# norm-wise error; "is it as accurate as bf16 can be?" for ulps. The rule for precision: keep the
-# table in fp32 (or compute sin/cos from fp32 angles), do the math in fp32, round once on the store,
-# as TE's fused kernel and ropelib's kernel do.
+# The ulps (bars) and the norm-wise error (labels) tell one story from two sides. Norm-wise, a
+# bf16 table and bf16 products cost at most $3u$: the standard HF/Unsloth cache is not *wrong*, it
+# is bf16-accurate. In ulps of outputs near zero the same kernel is far more than 16 ulps off (the
+# cell prints how far), because it rounds to bf16 before the cancellation $x_1 c - x_2 s$. "Is
+# this formula right?" asks for the norm-wise error; "is it as accurate as bf16 can be?" for ulps.
+# The rule for precision: keep the table in fp32 (or compute sin/cos from fp32 angles), do the
+# math in fp32, round once on the store, as TE's fused kernel and ropelib's kernel do.
 #
 # The lines under the chart read the committed runs of the same presets against the real TE,
 # the H200's and the H100's, equal row for row: with the fused multiply-add every output has
@@ -1173,17 +1175,12 @@ assert torch.equal(ref_out[..., half:], BIG.output("fma_rs/tl")[..., half:])
 print(f"all {step_e['n']} differing elements lie in the second half (d >= {half})")
 
 # %% [markdown]
-# Each of $y_1$, $y_2$ is one fma of an exact product and a rounded one: `mul.f32` rounds a
-# product (negated for $y_1$), and `fma.rn.f32` adds it to the other product, unrounded. The
-# registers say which product is which. Two are written in the tail by chains of `fma.rn.ftz`,
-# the polynomials of a sine and a cosine; the two the tail never writes were loaded before it:
-# $x_1$ and $x_2$. $y_1$'s negated `mul.f32` is then $x_2 s$, so
-# $y_1 = \mathrm{fma}(x_1, c, -\mathrm{rn}(x_2 s))$, TE's order, and
-# $y_2 = \mathrm{fma}(x_1, s, \mathrm{rn}(x_2 c))$, the other one. The bits say the same: the
-# first half of that kernel's output is the reference run's step c output, the second half its
-# step d output. `gpu_choice` writes that choice down: on the CPU, and on a GPU like the
-# reference run's, it gives that kernel's output bit for bit, and every element it
-# gets wrong sits in $y_2$. Nothing in the source asks for either order.
+# Each of $y_1$, $y_2$ is one fma of an exact product and a rounded one (`mul.f32`). Reading
+# the registers (the cell's comments say how) gives $y_1 = \mathrm{fma}(x_1, c,
+# -\mathrm{rn}(x_2 s))$, TE's order, and $y_2 = \mathrm{fma}(x_1, s, \mathrm{rn}(x_2 c))$, the
+# other one. The bits agree: the first half of that kernel's output is step c's, the second
+# half step d's, and `gpu_choice`, which writes that choice down, reproduces it with every
+# difference from TE in $y_2$. Nothing in the source asks for either order.
 #
 # **The same line in the kernel above.** Both kernels can be compiled on any machine for sm_90
 # (compute capability 9.0, the H100's and the H200's): Triton's compiler and `ptxas` run on the
@@ -1233,11 +1230,9 @@ assert [k for k, r in zip("acde", (step_a, step_c, step_d, step_e)) if r["n"] ==
 # (TE's order in $y_1$ only), the kernel above $x_1 c$ and $x_2 c$ (TE's order in both halves:
 # step c's line).
 #
-# The PTX shows which choice the compiler made; the step before it shows where the choice was
-# taken. Triton hands LLVM IR (the compiled kernel's `asm["llir"]`) to LLVM's NVPTX back end,
-# which contracts an `fmul` into the `fadd` or `fsub` that uses it. The next cell compiles both
-# kernels for sm_90 again and reads, for each line, the two operands of its sum in the IR, each
-# named by the source text its debug location points to (`ropelib.course.nb08_llir`):
+# Where was the choice taken? Triton hands LLVM IR (`asm["llir"]`) to LLVM's NVPTX back end,
+# which contracts an `fmul` into the sum that uses it. The next cell reads, for each line, the
+# two operands of its sum in the IR (`ropelib.course.nb08_llir`):
 
 # %%
 from ropelib.course import nb08_llir
@@ -1259,17 +1254,13 @@ assert llir_sums["reproduction kernel (debug.FIXED)"]["y2"]["first"] == ["x1 * s
 assert llir_sums["_rope_combine_kernel (above)"]["y2"]["first"] == ["x2 * c"]
 
 # %% [markdown]
-# In all four sums the product the PTX fuses is the sum's first operand in the IR. The source
-# writes $y_2 = x_2 c + x_1 s$ in both kernels. In the kernel above the IR keeps that order, and
-# $x_2 c$ is fused; in the reproduction kernel the IR's `fadd` has its operands the other way
-# round ($x_1 s$ first), and $x_1 s$ is fused. The IR's order is not the source's. With LLVM's
-# print-after-all on, the reproduction kernel's `fadd` reaches LLVM as written, $x_2 c + x_1 s$,
-# and LLVM's `Reassociate` pass, which puts the operands of a commutative operation in an order
-# of its own, swaps them; written $x_1 s + x_2 c$ in the source, the line reaches the same IR
-# and the same fused product (`ropelib.course.nb08_passes`; `tests/test_nb08_passes.py` compiles
-# both for sm_90 and checks this). That the back end fuses the first operand is what these four
-# sums show, not a rule traced through LLVM's code. Of steps a to e only c gives 0, here and in
-# the reference run: pin the order with `tl.fma` rather than hope for it.
+# In all four sums the product the PTX fuses is the sum's first operand in the IR. Both kernels
+# write $y_2 = x_2 c + x_1 s$; the reproduction kernel's IR holds it the other way round, so
+# $x_1 s$ is fused. The IR's order is not the source's: LLVM's `Reassociate` pass reorders the
+# operands (`ropelib.course.nb08_passes`; `tests/test_nb08_passes.py` checks it). That the back
+# end fuses the first operand is what these four sums show, not a rule traced through LLVM's
+# code. Of steps a to e only c gives 0, here and in the reference run: pin the order with
+# `tl.fma` rather than hope for it.
 
 # %% [markdown]
 # To make a Triton kernel equal TE bit for bit: compute cos/sin in fp32 from the fp32 angles
@@ -1621,10 +1612,10 @@ solution(ex.solution_trap_name)
 # %% [markdown]
 # **Exercise — repair the sbhd indexing.** Naming a trap is half the work; now fix one.
 # `my_sbhd_kernel` below is section 1's kernel cut to its fixed path (sin/cos from the fp32
-# angles, fp32 math), with the trap's line: the wrapper hands it the rows of an sbhd tensor,
-# $r = sB + b$, and it takes the position as $r \bmod S$, bshd's formula. Change that one line
-# so that every row gets its own $s$. The kernel is given $S$ (`SEQ_LEN`) but not $B$; the grid's
-# first axis has one program per row, so `tl.num_programs(0)` is $S \cdot B$.
+# angles, fp32 math), with the trap's line: the wrapper hands it the rows of an sbhd tensor, in
+# memory order, and it takes the position as $r \bmod S$, bshd's formula. Change that one line
+# so that every row gets its own $s$: work out from the layout which rows share a position. The
+# kernel is given $S$ (`SEQ_LEN`) but not $B$; look at the grid for what it lacks.
 #
 # `nb08_repair.check_sbhd_repair(my_sbhd_kernel)` runs your kernel through the course's wrapper
 # with `sbhd_row_indexing` on, in fp32, reads the position every output token encodes with the

@@ -415,18 +415,15 @@ assert (at_c[-1], at_c[-1] - at_c[-2]) == (300, 25)
 assert round(tr_c[-1] - tr_c[-2], 3) == -0.028 and round(v_c[-1] - v_c[-2], 3) == -0.003
 
 # %% [markdown]
-# **Reading the committed H200 run.** The check allows 1.5 seed distances; ropelib's curve and
-# the control's lie well inside: swapping the kernel moves the curve less than a second seed does.
-#
-# Why does ropelib's run differ from the first step? An fma alone rounds about one bf16 entry in
-# $10^5$ differently, and one forward rounds 75 million query and key entries (appendix A.1), so
-# some differ at once; training then amplifies the kernel's rounding and the control's
-# nondeterminism to the same order (one sample each: too few to rank them).
+# **Reading the committed H200 run.** ropelib's curve and the control's lie well inside the
+# check's 1.5 seed distances: swapping the kernel moves the curve less than a second seed does.
+# ropelib's run differs from the first step because one forward rounds tens of millions of bf16
+# entries and an fma rounds some of them differently (appendix A.1); training then amplifies
+# that rounding and the control's nondeterminism alike (one sample each: too few to rank them).
 #
 # **The model has begun to overfit**: the validation-minus-training gap widens at every
-# evaluation, and at the end the training loss still falls while the validation loss barely
-# does. The two runs that turned up did so by a tenth of the seed distance, inside the check: the
-# comparison still measures RoPE, not memorising.
+# evaluation. The runs that turned up did so by far less than the seed distance: the comparison
+# still measures RoPE, not memorising.
 
 # %% [markdown]
 # ### The same model with RoPE inside the QKV projection
@@ -795,7 +792,8 @@ assert [round(r["rope_ms"] / timed_floor_ms, 2) for r in (lib, ref)] == [1.27, 2
 
 # %% [markdown]
 # **Reading it.** ropelib's RoPE runs near a copy's pace; the reference's chain moves more
-# bytes, and moves them slower (appendix A.3 counts both).
+# bytes, and moves them slower (appendix A.3 counts both). The multiple of a copy may differ by
+# GPU: the text quotes the committed H200 run's, the right-hand columns are your run's.
 #
 # **Two clocks.** The busy step counts only the time the GPU runs kernels; the wall-clock step
 # also counts the time the GPU waits for the host to launch the next one. The profiler also
@@ -1016,19 +1014,16 @@ else:
     torch.cuda.empty_cache()
 
 # %% [markdown]
-# **Where a layer's RoPE host time goes.** The step difference above gives ropelib's host time
-# a layer as one number. The next cell splits it without the profiler
-# (`ropelib/course/nb09_host_split.py`): it takes the first layer's $q$ and $k$ from one forward
-# of the trained model (its strided views, its autocast dtype) and issues `apply_rope_qk` on them
-# 50 times back to back, four ways: forward and backward; the same with ropelib's Triton launches
-# replaced by nothing (`eager.EagerLaunch.__call__`); the forward alone, launch-free, with $q$ and
-# $k$ requiring grad (autograd records a node); and the same under `torch.no_grad()` (no node).
-# The successive differences are the two launches, the backward's rest (autograd's engine and
-# ropelib's backward Python), autograd's forward node, and the forward's own Python; they add up
-# to the forward+backward. Where the launches' line is the smaller part, a cheaper launch path
-# would not close the gap to the kernels' device time; autograd's lines are what any RoPE called
-# from Python pays. On the CPU a launch runs the kernel in the interpreter and dwarfs the rest:
-# the cell tests the code only.
+# **Where a layer's RoPE host time goes.** The next cell splits ropelib's host time a layer
+# without the profiler (`ropelib/course/nb09_host_split.py`): on the first layer's $q$ and $k$
+# from one forward of the trained model, it issues `apply_rope_qk` 50 times back to back, four
+# ways: forward and backward; the same with the Triton launches replaced by nothing
+# (`eager.EagerLaunch.__call__`); the launch-free forward alone, with $q$ and $k$ requiring grad;
+# and the same under `torch.no_grad()`. The successive differences are the two launches, the
+# backward's rest (autograd's engine and ropelib's backward Python), autograd's forward node and
+# the forward's own Python. Where the launches are the smaller part, a cheaper launch path would
+# not close the gap to the kernels' device time. On the CPU a launch runs the interpreter and
+# dwarfs the rest: the cell tests the code only.
 
 # %%
 from ropelib.course import nb09_host_split
@@ -1057,16 +1052,12 @@ else:
     assert sp["fwd, no launch"] > 0.9 * sp["fwd, no_grad, no launch"]   # a node costs, not saves
 
 # %% [markdown]
-# **What the measurements show.** Host and device work overlap; they do not add. Run eagerly, the
-# step is host-bound wherever the issue time nears the wall time (section 4's cell prints which
-# case your run is), and the wall clock saves what the host saves: the reference's 34 ops a layer
-# (A.3), each dispatched, recorded for autograd and launched, against ropelib's one call with its
-# Python, an autograd node and 2 Triton launches a layer. In the committed H200 profile ropelib's
-# RoPE took 1.472 ms of host time a step (inflated by the profiler, A.2) against 31 µs of device
-# time a layer over 6 layers: several times its kernels' time; the split above says which of its
-# parts that is on your machine. Replayed from a CUDA graph, the host is out of the way and the
-# arms differ by RoPE's kernel time. The two savings have different causes, so neither need be the
-# larger; neither cell asserts an order.
+# **What the measurements show.** Host and device work overlap; they do not add. Where the eager
+# step is host-bound (section 4's cell prints whether), the wall clock saves what the host saves:
+# the reference's 34 ops a layer (A.3), each dispatched, recorded for autograd and launched,
+# against ropelib's one call, whose host time is several times its kernels' device time (the
+# cells above print both, and the split). Replayed from a CUDA graph, the arms differ by RoPE's
+# kernel time instead. The two savings have different causes; neither cell asserts an order.
 #
 # **Exercise 1 — RoPE in a profiled step, by name and in copies.** On a GPU the profiler lists
 # every kernel a step ran, with its device time: `events` is a list of `(kernel name, device µs)`
@@ -1831,13 +1822,14 @@ assert [host_rows[k] for k in ("ropelib q+k", "TE fused", "trivial Function")] =
 # %% [markdown]
 # ### A.3 Why 24 copies?
 #
-# Why does the reference's RoPE take 24.11 times a copy in the committed H200 run? Count the bytes
-# its kernels move, without a GPU: run one layer's PyTorch branch of `_Rotary.forward`, forward and
-# backward, on `meta` tensors (shapes and dtypes, no data) of the committed run's sizes, under a
-# `TorchDispatchMode`, a hook that sees every *aten* op (PyTorch's primitive operators). Each op
-# that is not a view launches one kernel on a GPU; add up the bytes its operands and results hold,
-# a broadcast operand (the $[S, 1, D]$ cosines) counted once, and check the count against the
-# committed step, kind for kind.
+# Why does the reference's RoPE take 24.11 times a copy in the committed H200 run? (The multiple
+# is that run's; section 5's table prints your run's beside it, and it may differ by GPU.) Count
+# the bytes its kernels move, without a GPU: run one layer's PyTorch branch of `_Rotary.forward`,
+# forward and backward, on `meta` tensors (shapes and dtypes, no data) of the committed run's
+# sizes, under a `TorchDispatchMode`, a hook that sees every *aten* op (PyTorch's primitive
+# operators). Each op that is not a view launches one kernel on a GPU; add up the bytes its
+# operands and results hold, a broadcast operand (the $[S, 1, D]$ cosines) counted once, and
+# check the count against the committed step, kind for kind.
 
 # %%
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -2018,16 +2010,15 @@ assert all(509 < m["dram__bytes_write.sum"] / 1e6 < 510 for m in (g, v))     # "
 # (`in_a_model.solution_model_rope_one_angle`: in TE's table $\theta_{j + D/2} = \theta_j$, so
 # one sine and one cosine serve a pair), and `apply_rope_qk` against two copies.
 #
-# **What these timings do not measure.** Each launch moves only $q$'s bytes, a job short enough
-# that the host's cost to launch a Triton kernel from Python may match it. `do_bench` times
-# launches back to back, so where the host issues them slower than the GPU runs them, a fraction
-# times the host, not the kernel, and this notebook does not measure which is the case. Nor does
-# it measure why one `ROWS` beats another: the cells after it derive from the compiled code what
-# could (instructions, registers, programs per SM, bytes in flight), not which does. A profile
-# would: the kernel's own duration from `torch.profiler` or Nsight Compute
-# (`gpu__time_duration`) to rule the host in or out, then Nsight Compute's DRAM throughput, warp
-# stall reasons and achieved occupancy at each `ROWS` (notebook 05 reads them for ropelib's
-# kernel).
+# **What these timings do not measure.** Each launch moves only $q$'s bytes, a job so short that
+# the host's cost to launch a Triton kernel from Python may be as long. `do_bench` times launches
+# back to back, so the fractions the cell prints, and the differences between them, may be the
+# host's pace, not the kernel's. Nor does the cell measure why one `ROWS` beats another: the
+# cells after it derive from the compiled code what could (instructions, registers, programs per
+# SM, bytes in flight), not which does. A profile would: the kernel's own duration
+# (`torch.profiler`, or Nsight Compute's `gpu__time_duration`) to rule the host in or out, then
+# DRAM throughput, warp stall reasons and achieved occupancy at each `ROWS` (notebook 05 reads
+# them for ropelib's kernel).
 
 # %%
 who = "your kernel" if model_rope_by_learner else "the worked kernel"
@@ -2172,15 +2163,18 @@ else:
 # element a thread holds (where the cell finds `cuobjdump`, which Triton's wheel ships, to
 # disassemble): code that does not grow with the elements a thread holds (the integer divisions
 # that turn a row into $(b, s, h)$, the address set-up) is shared by more of them. It also takes
-# more than three times the registers a thread, while the stack stays the same.
+# several times the registers a thread (the cell prints the ratio), while the stack stays the same.
 #
 # **Reading the programs per SM.** Registers bound how many programs an SM holds. At `ROWS` = 4
 # there is room for 16, every warp an SM holds (64), but each loads only 0.5 KiB of $q$; at 64
 # the registers allow 4 programs or fewer, a quarter of the warps or less, which together still
-# load more bytes at once than at 4; 16 lies between. The two ends trade warps against bytes in
-# flight: memory streams only with enough bytes requested and not yet returned (Little's law,
-# notebook 03, section 4.2), and with fewer warps less of one warp's sines, cosines and address
-# arithmetic hides behind another's loads. These are upper bounds derived from the compiled code
+# load more bytes at once than at 4. At 16 the two kernels part: the worked one lies between
+# (fewer programs than at 4, as many bytes in flight as at 64), while the one-angle variant, with
+# fewer registers, keeps 16 programs and 64 warps of 2 KiB each: as many warps as at 4 and as
+# many bytes in flight as at 64. Elsewhere warps trade against bytes in flight: memory streams only
+# with enough bytes requested and not yet returned (Little's law, notebook 03, section 4.2), and
+# with fewer warps less of one warp's sines, cosines and address arithmetic hides behind
+# another's loads. These are upper bounds derived from the compiled code
 # (another machine's compiler may give other register counts), not the occupancy a profiler
 # measures; which of them sets the fractions the timing cell printed is not measured here (a
 # profile would, as above).

@@ -453,13 +453,13 @@ plt.show()
 # forward: even without the rotary embedding, the eager arithmetic takes about 14 times a
 # copy's time.
 #
-# torch.compile's forward (0.084 of a copy's speed, the same to 0.001 in three runs) looks
-# slower than its own forward and backward (0.414 in this run, 0.405 and 0.318 in two runs with
-# the providers in shuffled order). That ordering crosses two timing methods: the file times the
-# forward with one `do_bench`, the forward+backward as the median of five rounds, and timed with
-# `do_bench` alone the step comes out about as slow as the forward (appendix B). What holds
-# whatever the timing: the forward-only graph evaluates six sines and cosines for every element
-# of q and k, 64 times the step's, and its kernels take longer than all of the step's.
+# **Read the chart's two torch.compile bars apart.** Its forward (0.084 of a copy's speed, the
+# same to 0.001 in three runs) looks slower than its forward and backward (0.318 to 0.414), but
+# the file times the forward with one `do_bench` and the forward+backward as the median of five
+# rounds. Timed with `do_bench` alone, the step is no faster than the forward (appendix B): the
+# order reverses with the method. What holds either way: the forward-only graph evaluates six
+# sines and cosines for every element of q and k, and its kernels take longer than all of the
+# step's.
 
 # %% [markdown]
 # Models written for transformers 4.x call `apply_multimodal_rotary_pos_emb(q, k, cos, sin,
@@ -1096,11 +1096,9 @@ else:
           "The counts above are what this machine can measure.")
 
 # %% [markdown]
-# The cell above prints the medians of the GPU that runs it. Two runs of it are committed, on
-# an H200 and on an H100, each from a full run of this notebook; the next cell reads both, on
-# any machine.
-# The gap between the two kernels is not the same on both GPUs, and the end of this section
-# brackets it from the copy's time.
+# The cell above prints the medians of the GPU that runs it. Two runs of it are committed, on an
+# H200 and on an H100; the next cell reads both, on any machine. The gap between the two kernels
+# differs between them (the end of this section returns to it).
 
 # %%
 bench_csv = measured.RESULTS / "mrope_angles_do_bench-nvidia-h200-20261204-from-page.csv"
@@ -1141,13 +1139,10 @@ assert all(max(tiles, key=tiles.get) == 1 for tiles in do_bench_tiles.values())
 # %% [markdown]
 # ### What Nsight Compute counted on an H200
 #
-# On the H200 the per-head kernel takes 1.40 times the time of the once-per-token one;
-# ropelib's kernel and the worked solution are level (within a tenth of each other), both
-# within a quarter of the copy of q and k's time. A time says which kernel is faster, not why.
-# Nsight Compute counted what the same three kernels execute on an H200
-# (`benchmarks/mrope_angles_ncu.py`, each launched once at the timing cell's size). The next
-# three cells read that profile: the work each kernel issues, the bytes it moves, and how many
-# of its programs an SM holds.
+# A time says which kernel is faster, not why. Nsight Compute counted what the same three
+# kernels execute on an H200 (`benchmarks/mrope_angles_ncu.py`, each launched once at the timing
+# cell's size); the next three cells read that profile: the work each kernel issues, the bytes
+# it moves, and how many of its programs an SM holds. No H100 profile is committed.
 
 # %%
 ncu_csv = measured.RESULTS / f"mrope_angles_ncu-{measured.GPU}.csv"
@@ -1201,16 +1196,11 @@ if bench_ratio is not None:
               f"({bench_ratio:.2f}x and {time_ratio:.2f}x) are not compared")
 
 # %% [markdown]
-# The per-head kernel executes 5.3 times the warp instructions in 1.9 times the time. The
-# loads, rotation and stores of q and k are the same in both kernels; what it repeats for
-# every head is the angle work. Spread over the angles it forms again (16,384 tokens × 64
-# pairs × 31 more heads, 32 lanes a warp instruction), each costs about 65 warp instructions:
-# three positions, a frequency and an axis loaded, three selects, a multiply, a sine and a
-# cosine. Appendix A counts, in the machine code, how those 65 divide among them.
-#
-# ropelib's kernel executes 28 % more instructions than the worked solution, yet under the
-# profiler it takes a little less time (68.2 against 71.6 µs). Instructions alone do not set
-# a kernel's time; the bytes, next, and the second profile further down say what does.
+# The per-head kernel executes 5.3 times the warp instructions in 1.9 times the time. The loads,
+# rotation and stores of q and k are the same in both kernels; what it repeats for every head is
+# the angle work, about 65 warp instructions per angle formed again (appendix A divides them).
+# ropelib's kernel executes 28 % more instructions than the worked solution, yet takes a little
+# less time: instructions alone do not set a kernel's time.
 
 # %%
 # DRAM bytes read and written, against what q and k take (bf16, read once and written once)
@@ -1261,18 +1251,11 @@ assert round(dram_tbps["angles per (token, head)"], 2) == 1.83, "per (token, hea
 assert round(dram_tbps["angles once per token"], 2) == 3.42, "once per token: 3.42 TB/s"
 
 # %% [markdown]
-# The three kernels move the same bytes (250, 245 and 243 MB; the first two 1.02 times apart):
-# the angle work the per-head kernel repeats costs no memory traffic. Each reads q and k in
-# full, but the profile counts 14 to 19 % fewer bytes written to DRAM than q and k take (19 to
-# 25 MB short of 268 MB). Where those writes went is not measured: the profile counts DRAM
-# traffic while the kernel runs, and no L2 counter was collected, so whether they were still in
-# the L2 cache when the kernel ended (one explanation that fits) is untested. So the bars
-# compare with each other, not with `do_bench`'s GB/s.
-#
-# Over time the same counted bytes give the TB/s printed above: 3.42 for the once-per-token
-# kernel, 1.83 for the per-head one, the same bytes over 1.9 times the time. With part of the
-# writes uncounted, these are the rates of the traffic the profiler saw, not of all the traffic
-# each kernel caused; the comparison between the two holds, since both lack a similar share.
+# The three kernels move about the same bytes (250, 245 and 243 MB): the angle work the
+# per-head kernel repeats costs no memory traffic. Each reads q and k in full, but fewer bytes
+# are counted written than q and k take; where the rest went (still in the L2 cache when the
+# kernel ended, say) is not measured. So the TB/s are the rates of the traffic the profiler
+# saw: they compare with each other, not with `do_bench`'s GB/s.
 
 # %%
 # programs an SM holds at the registers the profile reports (4-warp programs; registers only,
@@ -1308,19 +1291,14 @@ assert round(per_head_m[WARPS_ACTIVE]) == 56, "per (token, head): 56 % of the wa
 assert round(once_m[WARPS_ACTIVE]) == 89, "once per token: 89 % of the warp slots"
 
 # %% [markdown]
-# The per-head kernel also keeps fewer warps resident: on average 56 % of an SM's warp slots
-# (its room for warps at once) hold one of its warps, against 89 % for the once-per-token
-# kernel. Its registers say part of why: 36 a thread, allocated as 40, let an SM hold 12 of its
-# 4-warp programs instead of 16, so its 2,048 programs need two waves (rounds of programs that
-# run at the same time) of 1,584 on 132 SMs, where the other kernel's fit in one.
+# The per-head kernel also keeps fewer warps resident (56 % of an SM's warp slots against
+# 89 %). Its registers say part of why: they let an SM hold 12 of its 4-warp programs instead of
+# 16, so its 2,048 programs need two waves (rounds of programs that run at once), the other
+# kernel's one.
 #
-# The tiles differ too: the plan cell prints 1 token a program, 16,384 programs of 2 warps for
-# ropelib's kernel, where the worked solution runs 8 tokens a program, 2,048 programs of 4
-# warps. The timing cell also ran your kernel (or the worked solution) at 1 to 16 tokens a
-# program: in both committed runs the worked solution is slowest at 1 token a program.
-# Its tile is then one head of one token, 64 pairs for the 128 threads of 4 warps (the compiled
-# layout, read after the next compile cell, shows what that does to its loads); ropelib's
-# kernel, also at 1 token a program, rotates `HPS` heads a step on 2 warps.
+# The tiles differ too: ropelib's kernel runs 1 token a program on 2 warps, the worked solution
+# 8 tokens a program on 4. At 1 to 16 tokens a program, the worked solution is slowest at 1 in
+# both committed runs; its tile is then one head of one token, 64 pairs for 128 threads.
 
 # %% [markdown]
 # ### Why the compiler leaves the angle work in the loop
@@ -1438,8 +1416,8 @@ assert moved.get(("load", False), 0) >= 5 and moved.get(("sin/cos", False), 0) >
 # cannot prove.
 
 # %% [markdown]
-# The same compiler shows why the worked solution is slowest at 1 token a program. The next cell
-# compiles it at 1 token a program too and reads the layout of its first load of q
+# The same compiler shows what changes in the worked solution at 1 token a program. The next
+# cell compiles it at 1 token a program too and reads the layout of its first load of q
 # (`#ttg.blocked`, notebook 03's fields): the contiguous elements each thread holds
 # (`sizePerThread`), and how many threads hold each element of the `[BLOCK_T, 64]` tile.
 
@@ -1468,26 +1446,21 @@ assert (tile_copies[8], tile_bytes[8]) == (1, 8), "8 tokens: one thread an eleme
 # is held by two threads, so half the threads repeat the other half's work, and each holds one
 # bf16 (2 bytes) of a row. At 8 tokens a program each element has one thread, which holds 4
 # contiguous bf16 (8 bytes), room for one wider load. The layout shows the doubled threads and
-# the narrow rows; how much of the slowdown each costs is not measured.
+# the narrow rows; whether they cause the slowdown, and how much of it, is not measured.
 
 # %% [markdown]
 # **Is the per-head kernel bound by its instructions?** A second profile of the same three
-# launches (`mrope_angles_ncu-nvidia-h200-20261201-0657.csv`) answers with the **issue share**:
+# launches on the H200 (`mrope_angles_ncu-nvidia-h200-20261201-0657.csv`) answers with the
+# **issue share**:
 #
 # $$\text{issue share} = \frac{\text{warp instructions}}{4 \cdot 132 \cdot \text{active cycles per SM}}$$
 #
-# An H200 SM has four warp schedulers, each issuing at most one warp instruction a cycle, so
-# this is the share of the active cycles in which the schedulers were busy. Near 100 %, the
-# instruction count sets the time. The cell prints, per kernel:
-#
-# - **issue share**, from `smsp__inst_executed.sum` and `sm__cycles_active.avg`, and
-#   **Nsight**, Nsight Compute's own count of it (`smsp__issue_active`, over each scheduler's
-#   active cycles, so the two may differ by a point);
-# - **cycles/instr**: the cycles an average warp spends between two instructions it issues;
-# - **L1TEX wait**, **not selected**, **math pipe**: the part of those cycles spent waiting for
-#   one reason (the stall reasons `long_scoreboard`, `not_selected`, `math_pipe_throttle`).
-#
-# It first prints the SM clock the profiler ran at: elapsed cycles over time.
+# the share of active cycles in which an SM's four warp schedulers (one warp instruction a cycle
+# each) were busy; near 100 %, the instruction count sets the time. Per kernel the cell prints it
+# (and **Nsight**, Nsight Compute's own `smsp__issue_active`, which may differ by a point), the
+# **cycles/instr** between two instructions of a warp, and the part of those spent in three stall
+# reasons (**L1TEX wait** = `long_scoreboard`, **not selected**, **math pipe** =
+# `math_pipe_throttle`), after the SM clock the profiler ran at.
 
 # %%
 from ropelib.bench import compare
@@ -1592,33 +1565,23 @@ assert all(v > 0 for v in parts["other"])                   # the two waits are 
 
 # %% [markdown]
 # Left: the per-head kernel executes 5.3 times the warp instructions in 1.9 times the time.
-# Right: its warps wait few cycles between instructions, the largest wait *not selected*; the
-# other two kernels' warps wait mostly on global loads (*L1TEX*).
+# Right: its warps wait few cycles between instructions, the largest wait *not selected* (a warp
+# was ready, another was issued); the other two kernels' warps wait mostly on global loads
+# (*L1TEX*).
 #
-# The per-head kernel's schedulers issue on 81 % of its active cycles (Nsight Compute: 82 %),
-# close to the ceiling: its time is set by its instruction count, and the angle work it
-# repeats per head is what makes that count large. Its warps' largest wait, among every stall
-# reason the profile records, is *not selected* (3.9 cycles an instruction): a warp was ready
-# and another was issued instead, so the kernel has more ready work than the schedulers can
-# issue. It also says what more occupancy would buy: with the schedulers this busy, more
-# resident warps could win back at most the idle fifth (1 / 0.81, about 1.23 times). Fewer
-# instructions remove the cause.
+# The per-head kernel's schedulers issue on 81 % of its active cycles, close to the ceiling: its
+# time is set by its instruction count, which the angle work it repeats makes large. More
+# resident warps could win back at most the idle fifth; fewer instructions remove the cause. The
+# once-per-token kernel issues on 30 % of its cycles and spends most of the rest waiting on its
+# loads: forming the angles once per token moves the kernel from instruction-bound to
+# memory-bound. ropelib's kernel is memory-bound too (39 %, mostly L1TEX waits), so its extra
+# instructions fill idle issue cycles and do not set its time.
 #
-# The once-per-token kernel issues on 30 % of its cycles, and of the 47.8 cycles between two
-# instructions of a warp, 42.7 are spent waiting on its global loads (*L1TEX*, long
-# scoreboard): it waits on memory, which its 3.42 TB/s of counted traffic agrees with. Forming
-# the angles once per token moves the kernel from instruction-bound to memory-bound.
-#
-# This answers why ropelib's kernel is no slower for its 28 % more instructions. It issues on
-# 39 % of its cycles (Nsight: 40 %), and 20.3 of its 24.2 cycles between instructions are
-# L1TEX waits: it is memory-bound too, so its extra instructions fill cycles its schedulers
-# would otherwise leave idle, and do not set its time.
-#
-# Under the profiler the gap is wider than under `do_bench` (1.90 against 1.40 on the H200).
-# The profiler holds the SMs at 1.50 GHz; `do_bench` does not lock the clock. If the clock is
-# the reason, the instruction-bound kernel's time should scale with it and the memory-bound
-# kernel's should not. The next cell tests that with the one clock reading the timing run has:
-# NVML's 1980 MHz, sampled right after timing, not during it.
+# Under the profiler the gap is wider than under `do_bench` (1.90 against 1.40 on the H200). The
+# profiler holds the SMs at 1.50 GHz; `do_bench` does not lock the clock. If the clock is the
+# reason, the instruction-bound kernel's time should scale with it and the memory-bound kernel's
+# should not. The only clock reading the timing run has is one NVML sample, 1980 MHz, taken
+# right after timing, not during it: the next cell is a rough check, not a measurement.
 
 # %%
 # each kernel's profiled time moved from the profiler's clock to NVML's 1980 MHz, as it would
@@ -1651,29 +1614,27 @@ assert round(clock_ratio, 2) == 1.44 and round(h200_ratio, 2) == 1.40
 # not follow it: scaled, 54 µs, but `do_bench` measured 77.6 µs, slower than the profiler's
 # 71.6, as a memory-bound kernel whose time is set by memory, not SM cycles, can be. With only
 # the per-head kernel scaled, the ratio is 1.44, against 1.40 measured and 1.90 under the
-# profiler. The test is as good as its clock reading: one NVML sample after timing, so the
-# clock during the runs, and whether it held, is not measured.
+# profiler. That fits the clock explanation, but the clock during the runs, and whether it held,
+# is not measured: the check is as good as its one sample.
 
 # %% [markdown]
 # ### Why the gap is smaller on an H100
 #
 # The committed runs give the per-head kernel 1.40 times the once-per-token kernel's time on
-# the H200 and 1.17 times on the H100. A simple model, built from the H200's profiles, says why
-# the gap should shrink. The once-per-token kernel waits on memory, so its time should follow
-# the copy's, which takes 1.35 times as long on the H100. What the per-head kernel adds is
-# instructions to issue: the model takes that cost, 31.0 µs on the H200, to be the same on the
-# H100 (132 SMs each; NVML read 1980 MHz right after timing on both, one reading each, not a
-# locked clock). It does not know how much of that work overlaps the slower memory traffic, so
-# from the H200's run and a GPU's copy time alone the cell predicts:
+# the H200 and 1.17 times on the H100. Everything this notebook says about why rests on the
+# H200's profiles; no H100 profile is committed. A simple model carries them over. The
+# once-per-token kernel waits on memory, so its time should follow the copy's, which takes 1.35
+# times as long on the H100. The per-head kernel adds instructions to issue, taken to cost the
+# same 31.0 µs as on the H200 (132 SMs each; one NVML reading of 1980 MHz after timing on both,
+# not a locked clock). Not knowing how much of that work overlaps memory, the cell predicts, from
+# the H200's run and a GPU's copy time:
 #
 # - the once-per-token time: the copy's time times the H200's ratio of the two (1.08);
 # - the per-head time, between two bounds: at least its H200 time (the angle work all hidden
-#   behind the slower memory), at most the once-per-token time plus the 31.0 µs (nothing
-#   hidden).
+#   behind the slower memory), at most the once-per-token time plus the 31.0 µs (none hidden).
 #
-# On the H200 the band is the calibration itself; on the H100, and on a GPU for this run's
-# copy, it is a prediction. The once-per-token time is the sharp test; the band, as wide as the
-# model's ignorance of the overlap, is a loose one.
+# The once-per-token time is the sharp test. The band is a weak one: it is as wide as the
+# model's ignorance of the overlap.
 
 # %%
 # the model: the once-per-token kernel follows the copy (memory-bound); the angle work the
@@ -1718,19 +1679,14 @@ if bench_ratio is not None:                       # this run's copy, on the GPU 
         assert live_lo - 0.1 < bench_ratio < live_hi + 0.1, "outside the band, +- 0.1"
 
 # %% [markdown]
-# On the H100 the once-per-token kernel lands within 2 % of its prediction, and the per-head
-# kernel's ratio, 1.17, inside the predicted 1.03 to 1.30. The band's lower bound assumed the
-# per-head kernel no faster than on the H200; it takes 1.11 times as long, so it is not
-# indifferent to the memory either: the model's "same cost on both" is about the angle work it
-# adds, never the whole kernel, and that cost is not measured on its own on the H100. The gap
-# shrinks because the memory-bound kernel stretches more (1.33 times, with the copy at 1.35)
-# than the per-head one (1.11 times).
-#
-# What the band does not test: how much of the angle work overlaps memory on the H100 (any
-# share from none to all lands inside it), whether the per-head kernel is still bound by
-# issuing there (no H100 profile is committed), and the clock during timing. The lesson that
-# carries over: the cost of repeated arithmetic shows most on the GPU with the fastest memory,
-# where the memory-bound alternative is fastest.
+# On the H100 the once-per-token kernel lands within 2 % of its prediction: it follows the copy.
+# The per-head ratio, 1.17, lies inside the predicted 1.03 to 1.30, but that band spans most of
+# the way from no gap to the H200's 1.40, so landing in it confirms little. What the committed
+# times do show: the once-per-token kernel stretches with the copy (1.33 times, the copy 1.35),
+# the per-head one less (1.11 times), so the gap shrinks. Why the per-head kernel stretches as
+# it does, whether it is still bound by issuing on the H100, and the clock during timing are not
+# measured. The lesson that carries over: repeated arithmetic shows most beside the fastest
+# memory.
 
 # %% [markdown]
 # ## 7. The angles themselves at long context
@@ -1831,9 +1787,9 @@ assert by[("ropelib_exact", top)]["out_err"] < 1e-5
 # - Every head of a token turns by the same angles. Formed per (token, head) they cost 32 times
 #   the sines and cosines for the same bytes and, on an H200, 5.3 times the warp instructions
 #   and 1.40 times the time under `do_bench`: the per-head kernel is bound by issuing
-#   instructions, the once-per-token kernel by memory. So the gap follows the memory: 1.17 on
-#   an H100, whose slower copy stretches the memory-bound kernel (1.33 times) more than the
-#   per-head one (1.11 times). The compiler does not hoist the angle work for you, because
+#   instructions, the once-per-token kernel by memory. On an H100 the gap is 1.17: its slower
+#   copy stretches the memory-bound kernel (1.33 times) more than the per-head one (1.11 times;
+#   no H100 profile says why). The compiler does not hoist the angle work for you, because
 #   the stores in the loop might overwrite its inputs: write it before the loop.
 # - fp32 angles drift with the position: 0.089 rad at 1.5 M positions, 1.71 at 16 M. ropelib's
 #   table-free angles (`rope_angles`) stay within half an fp32 ulp.
@@ -1918,35 +1874,21 @@ else:
     print("no cuobjdump here: the machine code is not counted")
 
 # %% [markdown]
-# The machine code accounts for about 63 of the profile's 65 warp instructions an angle. 20
-# are float multiplies, fused multiply-adds (FMAs) and adds: the angle is one multiply, nearly
-# all the rest the range reduction and polynomials of the sine and cosine; 4 are the branches
-# around libdevice's slow path. The five loads of the angle inputs are vector loads that serve
-# 4 angles each, 1.25 instructions an angle. The other 36 to 38 (compares, selects,
-# conversions, integer work and moves) mix the axis selects with the sine and cosine's quadrant
-# handling; the machine code does not label which is which. So the loads the compiler could
-# not hoist cost little: what the per-head kernel repeats is arithmetic, the sine and cosine
-# the largest part of it that the count can name.
+# The machine code accounts for about 63 of the profile's 65 warp instructions an angle. About
+# 20 are float multiplies, FMAs and adds (the angle is one multiply, nearly all the rest the sine
+# and cosine), 4 the branches around libdevice's slow path, 1.25 the loads (vector loads serving
+# 4 angles each); the rest mix the axis selects with the sine and cosine's quadrant handling,
+# unlabelled in the machine code. So the loads the compiler could not hoist cost little: what the
+# per-head kernel repeats is arithmetic, mostly the sine and cosine.
 
 # %% [markdown]
 # ## Appendix B. What torch.compile's forward computes
 #
-# In section 3, torch.compile's forward (0.084 of a copy's speed) came out slower than its
-# forward and backward together (0.318 to 0.414 in three runs), but the file times the two
-# differently: the forward with one `do_bench`, the forward+backward as the median of five
-# rounds. In milliseconds, in section 3's run: the compiled forward takes 1.59 ms against its
-# forward+backward's 0.64 ms, and is only 1.24 times as fast as transformers' eager forward
-# (1.97 ms), while the compiled forward+backward is 6.3 times as fast as the eager one
-# (4.05 ms); 6.2 and 4.8 times in the two other runs. This appendix asks what the two graphs
-# compute, and times the step with `do_bench` too.
-#
-# The two timings run two separately compiled graphs, one traced without gradients and one
-# with them, so a forward+backward step does not simply contain the forward-only call.
-# Neither has a graph break (`fullgraph=True` would refuse one). The Triton code that Inductor
-# (torch.compile's code generator) wrote for each shows what they do differently:
-# `benchmarks/mrope_compile_probe.py` compiled both on an H200 as the benchmark does, kept the
-# code, and profiled one call of each. The next cell counts, in that committed code, the sines
-# and cosines each kernel evaluates: its elements times the `sin`/`cos` calls in its body.
+# *(Optional: a side topic.)* Section 3's compiled forward and compiled forward+backward are two
+# separately compiled graphs, one traced without gradients, one with them, timed by two methods.
+# `benchmarks/mrope_compile_probe.py` compiled both on an H200 as the benchmark does, kept
+# Inductor's Triton code and profiled one call of each; the cell counts the sines and cosines
+# each kernel evaluates in that code and prints the probe's `do_bench` of the step.
 
 # %%
 from ropelib.course.counts import inductor_sin_cos
@@ -2021,31 +1963,23 @@ print(f"the probe's do_bench of the step: {ind_do_bench['forward+backward']:.2f}
 assert round(ind_do_bench["forward+backward"], 2) == 1.62, "the probe's do_bench of the step"
 
 # %% [markdown]
-# So the forward-only graph fuses the rotary embedding into the rotation: every element of q
-# and k computes the angles of all three axes, six sines and cosines, then picks its axis. With
-# gradients wanted, the cos/sin tables are saved for the backward, so Inductor writes them once
-# ($B \cdot S \cdot D/2$ pairs, six evaluations each) and the rotation only reads them: 64 times
-# fewer evaluations, and q's kernel takes 167 µs instead of 1,413.
-#
-# Timed whole, the ordering of section 3 does not survive a change of method: the probe's
-# `do_bench` gives the step 1.62 ms, about the forward's 1.59 ms, though the step's GPU kernels
-# take only 0.47 ms of it. Where the rest of the step's time goes, and why section 3's rounds
-# measured 0.64 ms, the probe does not break down. What survives is a statement about kernels:
-# q's forward kernel alone (1,413 µs) takes longer than all the step's kernels together
-# (0.47 ms), because Inductor fused the rotary embedding into it, six libdevice sines and
-# cosines an element. The slow forward bar is that fusion choice on this graph, not a limit of
-# compiled code.
+# The forward-only graph fuses the rotary embedding into the rotation: every element of q and k
+# evaluates six sines and cosines (all three axes), then picks its axis. With gradients wanted,
+# Inductor writes the cos/sin tables once, for the backward, and the rotation reads them: 64
+# times fewer evaluations. Timed by `do_bench`, the step takes about as long as the forward,
+# though its kernels take a fraction of that; the probe does not say where the rest goes, nor
+# why section 3's rounds measured less. What holds is about kernels: q's forward kernel alone
+# takes longer than all of the step's, a fusion choice on this graph, not a limit of compiled
+# code.
 
 # %% [markdown]
 # ## Appendix C. Reading transformers' per-axis tables
 #
-# Models written for transformers 4.x hand the attention cos and sin tables of every axis,
-# `[3, B, S, D]`, which `ropelib.hf.apply_multimodal_rotary_pos_emb` must read (with the flat
-# pass of notebook 05, section 6). Then the question is bytes read, not angles formed, and the
-# order of the grid matters. The q and k programs of a chunk of tokens read the same table
-# rows; the cell reads two Nsight Compute runs of the pass on an H200 (Qwen2-VL, batch 4 ×
-# 8,192 tokens, bf16), one that runs all of q's programs before k's and one that runs each
-# chunk's k programs right after its q programs, and prints the DRAM bytes each read.
+# *(Optional: a side topic.)* Handed transformers 4.x's per-axis tables `[3, B, S, D]`,
+# `ropelib.hf.apply_multimodal_rotary_pos_emb` must read them (the flat pass of notebook 05,
+# section 6), and the grid's order matters: the q and k programs of a chunk of tokens read the
+# same table rows. The cell reads two Nsight Compute runs of the pass on an H200, all of q's
+# programs before k's, and each chunk's k programs right after its q programs.
 
 # %%
 # the pass over the tables (_rope_rows_kernel) in the two grid orders, one Nsight Compute run each
@@ -2061,10 +1995,7 @@ assert tables_read["by chunks of tokens"] < tables_read["q then k"], \
     "fewer bytes read with a chunk's k programs right after its q programs"
 
 # %% [markdown]
-# The same pass on the same tables reads fewer bytes from DRAM when a chunk's k programs follow
-# its q programs. That the rows k's programs need are still in the L2 cache right after q's,
-# and gone after all of q's, is the explanation that fits; the cell does not test it (the runs
-# also recorded an overall L2 hit rate, which the cell does not read and which cannot say which
-# rows were hit). One run each, on one GPU, and no time is read here; the times, and a
-# comparison with the kernel of Liger (Liger-Kernel, a library of Triton kernels), are in
-# `benchmarks/NOTES.md` ("Caller tables of every token").
+# The pass reads fewer bytes from DRAM when a chunk's k programs follow its q programs. That
+# k's rows are still in the L2 cache right after q's is the explanation that fits, untested
+# here; one run each, on one GPU. The times are in `benchmarks/NOTES.md` ("Caller tables of
+# every token").

@@ -40,22 +40,20 @@
 #   the scale before the keys it will store arrive;
 # - count the bytes one decoding step moves, fused and in two kernels, and the kernels it
 #   launches, and read both beside the step's time replayed from a CUDA graph: at decode,
-#   fusion's gain is small (up to a batch of 64, about what one more kernel adds to a
-#   replay), yet far more than its bytes take at peak bandwidth; on a GPU, split that gain
-#   into the launch and the pass it saves.
+#   fusion's gain is small (in the committed H200 run, up to a batch of 64, about what one
+#   more kernel adds to a replay), yet far more than its bytes take at peak bandwidth; on a
+#   GPU, split that gain into the launch and the pass it saves.
 #
 # **Time:** about 75 minutes to read, 50 for exercises 1–4 (the two kernels take most), 20 for
 # the optional fifth. Section 3 and the end of section 4 are dense with measurements: on a first
-# pass read each part's question and answer, and come back for the numbers; the appendix holds
-# the measurements behind several of the answers, for later. On a CPU, Run All takes under two
-# minutes under Triton's interpreter.
+# pass read each part's question and answer; the appendix holds the measurements behind
+# several answers. On a CPU, Run All takes under two minutes under Triton's interpreter.
 #
 # **Where the numbers come from.** The measured numbers in the text (times, memory, the GPU
 # runs' losses) are read from CSVs committed in `benchmarks/results/`, all measured on NVIDIA
 # H200s; the others (pair counts, byte counts, fp8 errors) the cells compute, the same on
-# every machine. A few cells also time or profile live on whatever GPU
-# runs the notebook, and each such line names that GPU. On the executed page that GPU is one
-# H100, so its live lines are an H100's, not the H200's of the text.
+# every machine. A few cells also time or profile live on the GPU that runs the notebook, and
+# each such line names that GPU: its numbers are that GPU's, not the H200's of the text.
 
 # %%
 import os, torch
@@ -126,10 +124,9 @@ print(ropelib.runtime.mode(), "| device:", device, "| figures go to", FIGURES)
 # the same for every rank: exactly $1/c$ of the $S(S+1)/2$ (query, key) pairs. With $S=8$ and
 # $c=2$: rank 0 holds positions 0 1 | 6 7, rank 1 holds 2 3 | 4 5.
 #
-# The split does not depend on how the ranks exchange k and v. Transformer Engine uses it both
-# when k and v are passed round a ring (its default) and when they are all-gathered
-# (`cp_comm_type="all_gather"`). The all-gather scheme is the one this notebook uses, as did
-# Llama 3's long-context training.
+# The split does not depend on how the ranks exchange k and v: Transformer Engine uses it with
+# a ring (its default) and with an all-gather (`cp_comm_type="all_gather"`), the scheme this
+# notebook uses, as did Llama 3's long-context training.
 #
 # The figure colours each (query, key) pair of a causal mask by the rank that computes it.
 
@@ -425,11 +422,9 @@ plt.show()
 
 # %% [markdown]
 # **Answer:** yes, to fp32 rounding: the two losses agree to at most 4 ulps of fp32 (an ulp,
-# "unit in the last place", is the gap between neighbouring fp32 numbers near the loss); the
-# distance comes from the header's `max_loss_diff`, since the per-step columns keep only 6
-# decimals. The losses need
-# not agree to the bit: attention over two chunks and the all-reduce add in another order than
-# one process does.
+# "unit in the last place", is the gap between neighbouring fp32 numbers near the loss), taken
+# from the header's `max_loss_diff` since the columns keep 6 decimals. They need not agree to
+# the bit: attention over two chunks and the all-reduce add in another order than one process.
 #
 # `tests/test_context_parallel.py` checks more: every parameter's gradient of 2 ranks against
 # 1 process, with ropelib's kernel and with the PyTorch reference.
@@ -450,9 +445,10 @@ plt.show()
 #         --out benchmarks/results/cp-1gpu-nvidia-h200.csv
 #
 # The runs' lengths differ (12 steps on two ranks, 6 on one GPU), which changes their
-# learning-rate schedules after step 2 but not their memory or time per step. The first cell
-# reads the newest committed run of each number of ranks and adds up a rank's peak memory from
-# the run's sizes.
+# learning-rate schedules after step 2 but not their memory or time per step. Each
+# configuration was run once, so this section and appendix A.2 rest on one run apiece: the
+# steps of a run agree closely, but run-to-run spread is not measured. The first cell reads the
+# newest committed run of each number of ranks and adds up a rank's peak memory from its sizes.
 
 # %%
 def newest_cp_runs(folder) -> dict:
@@ -778,7 +774,7 @@ print("fused = RoPE, then the write: q, k cache and v cache bit for bit")
 # than q heads), fills the caches with a history and NaN in every free slot, runs your kernel in
 # Triton's interpreter (on a GPU also compiled there) and compares `q_out` and both caches with
 # what `ropelib.rope_kv_cache` makes of the same step: a slot written that should not be, or
-# one left NaN, shows up. It runs your own code only: calling ropelib from the kernel fails it.
+# one left NaN, shows up.
 
 # %%
 @triton.jit
@@ -816,24 +812,20 @@ solution(ex.solution_rope_kv_cache_kernel.fn, title="Solution: RoPE + contiguous
 # a replay submits them all with one call from the host, so the host's per-kernel work drops
 # out, but the GPU still starts every kernel in the graph.
 #
-# Expect yours well under the unfused step and somewhat slower than ropelib's, although it
-# moves fewer bytes. The cell counts, in Triton's interpreter on any machine, the programs each
-# kernel runs and the bytes each program loads and stores, at the grid ropelib picks for 132
-# SMs (streaming multiprocessors, the units that run programs; an H100 SXM and an H200 both
-# have 132): `pick_tiles` in `ropelib/kernels/kv_cache.py` halves the heads a program takes
-# while the grid has fewer than two programs per SM. At batch 1 yours is one program moving
-# every byte of the step; ropelib's is 40 programs, each of which reads the position and a row
-# of angles again, so more bytes in all.
+# The cell also counts, in Triton's interpreter on any machine, the programs each kernel runs
+# and the bytes each program moves, at the grid ropelib picks for 132 SMs (streaming
+# multiprocessors; an H100 SXM and an H200 both have 132): `pick_tiles` in
+# `ropelib/kernels/kv_cache.py` halves the heads a program takes while the grid has fewer than
+# two programs per SM. At batch 1 yours is one program moving every byte of the step;
+# ropelib's is 40 programs, each reading the position and a row of angles again, so more
+# bytes in all.
 #
-# Hypothesis: at batch 1 one program is one SM's worth of loads in flight, and 40 programs
-# spread the same step over 40 SMs. On a GPU the cell tests it with ropelib's own kernel
-# launched at two grids, its 40 programs and 5 (8 heads a program): the same code, only the
-# grid differs. It prints which share of the gap between yours and ropelib's the smaller grid
-# reproduces; near one, the grid is what separates them; near zero, the cause is in the
-# kernels' code, not their grid.
+# Hypothesis: if yours is slower at batch 1, it is because one program keeps one SM's worth
+# of loads in flight where 40 spread over 40 SMs. The cell tests it by launching ropelib's own
+# kernel at two grids, its 40 programs and 5 (8 heads a program): same code, other grid.
 #
-# The cell's table sets the live times beside the committed H200 decode run, where ropelib's
-# fused step took 6.4 µs at batch 1 and 7.4 µs at batch 64, the unfused one 20.4 and 21.5 µs.
+# The table sets the live times beside the committed H200 decode run, where ropelib's fused
+# step took 6.4 µs at batch 1 and 7.4 µs at batch 64, the unfused one 20.4 and 21.5 µs.
 
 # %%
 from functools import partial
@@ -942,6 +934,12 @@ else:
           "would say nothing)")
 
 # %% [markdown]
+# On a GPU the last line gives the share of the gap (yours − ropelib's at 40 programs) that
+# ropelib's kernel at 5 programs reproduces. Near 1, the program count explains why yours is
+# slower. Near 0 or negative, cutting ropelib's grid to 5 programs costs it nothing, so the
+# hypothesis fails: the worked kernel's extra time comes from something else in its code or
+# launch, which this cell does not measure.
+#
 # ### What the fused write saves, in bytes
 #
 # The times say how much sooner the fused step ends; the bytes say what it no longer moves.
@@ -1030,12 +1028,8 @@ assert rounds_to(min(gain_us.values()), 1.2, 0.1) and rounds_to(max(gain_us.valu
 #   launch in the graph, next to no work;
 # - **two kernels**: the two whose bytes the last cell counted.
 #
-# *fused + empty − fused* is what one more kernel costs a replay; *two kernels − (fused +
-# empty)* is the second pass itself: its bytes and its chain of dependent reads (the position,
-# then the rotated k and v). The cell prints both beside the committed H200 gain of ropelib's
-# fused step over its two kernels. Where the launch's part is most of the gain, fusion saves a
-# launch more than a pass. On any machine it first runs the three steps once (in the
-# interpreter at small sizes) and checks that they write the same q and caches.
+# On any machine the cell first runs the three once (in the interpreter at small sizes) and
+# checks that they write the same q and caches.
 
 # %%
 split_shape = (dict(HQ=32, HK=8, D=128, L=4096) if ropelib.runtime.on_gpu()
@@ -1072,9 +1066,21 @@ else:
           f"say nothing")
 
 # %% [markdown]
-# Read *launch* and *pass* against *gain*: where *launch* is most of *gain*, the second kernel
-# costs chiefly its launch; the round trip's bytes (the table above gives their time at the
-# H200's peak bandwidth) cannot be most of it.
+# How to read the columns, row by row:
+#
+# - *gain* = two kernels − fused: what fusion saves this GPU, for the worked kernel;
+# - *launch* = fused + empty − fused: what one more kernel costs a replay, with no work;
+# - *pass* = two kernels − (fused + empty): the second kernel's own work, its bytes and its
+#   chain of dependent reads (the position, then the rotated k and v); *launch* + *pass* =
+#   *gain*;
+# - *round trip*: the bytes the pass adds, 64 times as many at B=64 as at B=1;
+# - *H200 gain*: the committed run's gain for ropelib's kernels, another kernel on another GPU.
+#
+# Then compare the two rows. *launch* is a fixed cost, so it should be about the same at both
+# batches; what grows with the batch belongs in *pass*. Where *launch* is most of *gain*,
+# fusion saves chiefly a launch; where *pass* matches or passes it, the second pass's work
+# counts as much. The round trip's bytes alone cannot explain a large *pass*: the table above
+# puts them under a tenth of a microsecond at the H200's peak bandwidth, even at B=64.
 
 # %% [markdown]
 # ### Exercise 3: the slot of a position in a paged cache
@@ -1270,11 +1276,10 @@ assert gap < 1e-4
 # of `kv_cache.quantize_fp8` applied to the unfused rotated key.
 #
 # The cell takes the scale from the amax (the largest absolute value) of this step's own
-# keys, $s = \mathrm{amax}/448$. A decoder cannot do that.
-# The scale must be fixed before the keys it will store arrive: bytes already in the cache are
-# not rescaled, and a later key above $448\,s$ saturates. Serving stacks therefore calibrate
-# `k_scale` and `v_scale` beforehand, per tensor or per head; vLLM, for example, reads them
-# from the checkpoint or from a calibration pass.
+# keys, $s = \mathrm{amax}/448$. A decoder cannot: bytes already in the cache are not
+# rescaled, and a later key above $448\,s$ saturates, so the scale must be fixed before the
+# keys arrive. Serving stacks calibrate `k_scale` and `v_scale` beforehand (vLLM reads them
+# from the checkpoint or from a calibration pass).
 
 # %%
 FP8 = torch.float8_e4m3fn
@@ -1480,8 +1485,8 @@ else:
 # The unfused store is 4 ATen operators: `quantize_fp8`'s divide by the scale, clamp and
 # round to fp8 (its conversion to fp32 has nothing to do on fp32 values), then the indexed
 # write, each its own pass over k. On a GPU the cell also lists the CUDA kernels the four run
-# (on the CPU there are none to count), and the fused store takes less than a third of their
-# time per call; what each of those kernels costs inside a 100-call replay, it does not measure.
+# and times both stores per call (its assert expects the fused one under a third of the
+# unfused one's time); what each kernel costs inside a 100-call replay, it does not measure.
 
 # %% [markdown]
 # ### Decode latency on a GPU
@@ -1499,9 +1504,9 @@ else:
 #
 # The benchmark checks that all three write the same bits, then replays each step alone from a
 # CUDA graph (`ropelib.bench.kv_cache_decode.time_step`): the host's launches are left out,
-# but every replay still pays for launching the graph and for being timed, for all three
-# alike. The CSV's eager rows (no graph) hold the host's work too and are not drawn; notebook
-# 07 (section 7.1) measures the host's time per call.
+# but every replay pays for launching the graph and for being timed, for all three alike. The
+# CSV's eager rows (no graph) are not drawn; notebook 07 (section 7.1) measures the host's
+# time per call.
 #
 # The cell below draws the committed H200 run, `decode_cache-nvidia-h200-20261201-2015.csv`
 # (the same on any machine), and prints each path's range over the caches and batches, and
@@ -1744,11 +1749,11 @@ assert per_empty < per_kernel
 # ### Against the fewest kernels: what fusion itself saves
 #
 # *Question: how much of the speedup is fusion, and how much is the PyTorch write's many
-# kernels?* The two-kernel step answers it. Its write kernel is your exercise 2 kernel with
-# the rotation taken out: each program (one per new token and group of heads) reads its
-# position, in a paged cache its block-table entry, and copies k and v into the slot, scaled
-# and rounded for fp8 as the fused kernel rounds. Here it is, folded; the table after it
-# reads the committed H200 run:
+# kernels?* The two-kernel step answers it. Its write kernel is your exercise 2 kernel without
+# the rotation: each program (one per new token and group of heads) reads its position (and,
+# paged, its block-table entry) and copies k and v into the slot, scaled and rounded for fp8
+# as the fused kernel rounds. Here it is, folded; the table after it reads the committed H200
+# run:
 
 # %%
 from ropelib.bench import cache_write
@@ -1800,18 +1805,18 @@ assert as_stated((max(two_vs_unfused),), (4.8,)), "... to 4.8"
 # followed by one write kernel. The two kernels in turn run 2.2 to 4.8 times faster than the
 # unfused step, so most of the 2.9–5.6× against the unfused step is the PyTorch operators.
 #
-# Up to 64 sequences fusion saves 0.8 to 1.6 µs a step, about what one more kernel adds to a
-# replay (1.1 µs); the split after exercise 2 measures, for the worked kernel on the GPU that
-# runs the notebook, how much of its gain one more launch accounts for. At 256 sequences it
-# saves 2.6 to 3.0 µs, more than one do-nothing kernel and more than the rotated k's round
-# trip takes at peak bandwidth (the 1.0 MiB counted after exercise 2, 0.22 µs); what the rest
-# is, these replays do not measure.
+# In this H200 run, up to 64 sequences fusion saves 0.8 to 1.6 µs a step, about what one
+# more kernel adds to a replay there (1.1 µs). That is one run on one GPU: the split after
+# exercise 2, for the worked kernel on the GPU running the notebook, can show a larger gain at
+# a batch of 64. At 256 sequences the H200 saved 2.6 to 3.0 µs, more than one do-nothing
+# kernel and more than the rotated k's round trip takes at peak bandwidth (1.0 MiB, 0.22 µs);
+# what the rest is, these replays do not measure.
 #
 # **Takeaway:** a decoding step stores rotated keys; fusing RoPE with the store is one kernel
 # with the bits of RoPE-then-write, in either cache layout and in fp8 (whose scale must be
-# fixed before the keys arrive). On a GPU, replayed, its gain over a well-written two-kernel
-# path is about the size of one more kernel in a replay up to a batch of 64: small, but paid
-# in every layer at every decoding step.
+# fixed before the keys arrive). In the committed H200 replays its gain over a well-written
+# two-kernel path is, up to a batch of 64, about the size of one more kernel in a replay:
+# small, but paid in every layer at every decoding step.
 
 # %% [markdown]
 # ## Summary
@@ -1840,9 +1845,10 @@ assert as_stated((max(two_vs_unfused),), (4.8,)), "... to 4.8"
 #   ($2^{7-3}$); a scale far off costs more (saturation, subnormals), and a decoder must fix it
 #   before the keys arrive.
 # - The fused step is one kernel, the unfused step 7 to 18; replayed on the H200, the unfused
-#   step's time follows the count at about 2.0 µs an operation on average at batch 1. Against
-#   RoPE plus one write kernel, the fused step is 1.09–1.34× faster (one step per replay),
-#   up to a batch of 64 by about what one more kernel adds to a replay (0.8–1.6 µs). The
+#   step's time follows the count at about 2.0 µs an operation on average at batch 1. There,
+#   against RoPE plus one write kernel, the fused step is 1.09–1.34× faster (one step per
+#   replay), up to a batch of 64 by about what one more kernel adds to a replay (0.8–1.6 µs
+#   against 1.1); the live split on another GPU can show more at a batch of 64. The
 #   bytes it saves, the rotated k's round trip (4,100 a sequence, counted in the
 #   interpreter), take under a tenth of that time at peak bandwidth even at a batch of 256.
 
@@ -1910,39 +1916,35 @@ assert pairs_cp[0] == 4_295_000_064, "the text's 4,295,000,064 pairs on each ran
 # %% [markdown]
 # Four chunks of 32768 tokens: rank 0 holds chunks 0 and 3, positions $[0, 32768)$ and
 # $[98304, 131072)$; rank 1 holds chunks 1 and 2, which adjoin, so its share is the one run
-# $[32768, 98304)$. Each rank attends with two calls, one per chunk, every call 32768 queries
-# against all the keys before the chunk's end: rank 0's first call is a plain square causal
-# mask ($32768 \times 32768$), its second reads all 131072 keys; rank 1's read 65536 and 98304.
-# The pairs come out equal, 4,295,000,064 per sequence and head on each rank, half of the
-# whole mask: the split is even in pairs. Whether it is even in time the committed runs do not
-# say (they time the step, not each rank): the two ranks' calls have other shapes and, as A.2
-# shows, reach other kernels.
+# $[32768, 98304)$. Each rank attends with two calls, one per chunk, 32768 queries against all
+# the keys before the chunk's end: rank 0's first call is a square causal mask, its second
+# reads all 131072 keys; rank 1's read 65536 and 98304. Each rank has 4,295,000,064 pairs per
+# sequence and head, half of the mask: the split is even in pairs. Whether it is even in time
+# the committed runs do not say (they time the step, not each rank), and the two ranks' calls
+# have other shapes and, as A.2 shows, reach other kernels.
 
 # %% [markdown]
 # ### A.2 Where the 2-rank step's time goes
 #
-# Section 3's last cell fits $t(S) = aS^2 + bS$ through the step times at 16384 and 131072
-# tokens, for one GPU and for two ranks. Only attention grows with $S^2$; what CP adds (per
-# layer an all-gather of k and v and a reduce-scatter of their gradients, per step an
-# all-reduce of the weight gradients) grows at most with $S$. Two points fit two terms
-# exactly, so the split is an attribution; the profiles below test it.
+# Section 3's last cell fits $t(S) = aS^2 + bS$ through two step times, at 16384 and 131072
+# tokens. Only attention grows with $S^2$; what CP adds (the all-gather of k and v, the
+# reduce-scatter of their gradients, the all-reduce of the weight gradients) grows at most
+# with $S$. Two points fit two terms exactly, and each is one run, so the split is an
+# attribution, which the profiles below test.
 #
-# At 131072 tokens the split costs 964 ms a step (two ranks 2772 ms, half of one GPU's step
-# 1808), and the fit puts 750 of them in the $S^2$ term: each rank computes exactly half of
-# the pairs (A.1), at 68 % of one GPU's rate (a step waits for its slower rank; the CSVs time
-# the step, not each rank). The linear 214 ms is **not measured**: the collectives' 6.56 GiB
-# per rank and step take about 16 ms at NVLink's 450 GB/s each way, and would have to run at
-# 33 GB/s to fill it.
+# At 131072 tokens the split costs 964 ms a step (two ranks 2772 ms against half of one GPU's
+# 1808). The fit puts 750 of them in the $S^2$ term: each rank computes half of the pairs
+# (A.1) at 68 % of one GPU's rate. The linear 214 ms is **not measured**: the collectives'
+# 6.56 GiB per rank and step would take about 16 ms at NVLink's 450 GB/s each way.
 #
-# Why does a rank's attention run its pairs more slowly? One GPU calls attention once per layer
-# with `is_causal=True`, which PyTorch may send to cuDNN's fused kernel (NVIDIA's library of
-# deep-learning kernels); a rank calls it twice (`cp.dual_chunk_attention`), and for a chunk
-# with fewer queries than keys (a bottom-right causal mask) PyTorch offers only its flash kernel
-# and its memory-efficient one. On a GPU the cell below profiles one layer's attention, forward
-# and backward, at the run's sizes: as one GPU runs it, as rank 0 runs it, and as one GPU runs
-# it forced onto the flash kernel. Each line gives attention's kernel time, cuDNN's part of it,
-# and the rate at $14D$ operations a (query, key) pair. Only on an H200 does it set them beside
-# the fit and the H200's dense bf16 peak (989 TFLOP/s); the H200's lines follow two cells down.
+# Why the slower rate? One GPU calls attention once per layer with `is_causal=True`, which
+# PyTorch may send to cuDNN's fused kernel; a rank calls it twice (`cp.dual_chunk_attention`),
+# and for a chunk with fewer queries than keys PyTorch offers only its flash kernel and its
+# memory-efficient one. On a GPU the cell below profiles one layer's attention, forward and
+# backward, at the run's sizes: as one GPU runs it, as rank 0 runs it, and as one GPU forced
+# onto the flash kernel. Each line gives attention's kernel time, cuDNN's part of it, and the
+# rate at $14D$ operations a (query, key) pair; only on an H200 does it add the fit and the
+# H200's dense bf16 peak (989 TFLOP/s). The H200's lines follow two cells down.
 
 # %%
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -2044,9 +2046,8 @@ else:
     print(f"The attention kernels are profiled on a GPU only; this run's device is {device}.")
 
 # %% [markdown]
-# The three lines an H200 printed for this cell are saved in
-# `benchmarks/results/cp_attention_profile-nvidia-h200-20261204-from-page.csv`, so the next
-# cell reads them on any machine and sets them beside the fit.
+# The next cell reads the three lines an H200 printed for this cell, committed in
+# `benchmarks/results/cp_attention_profile-nvidia-h200-20261204-from-page.csv`.
 
 # %%
 PROFILE = RESULTS / "cp_attention_profile-nvidia-h200-20261204-from-page.csv"
@@ -2108,12 +2109,11 @@ assert rank1_extra < lin_by_profile                          # it would fit insi
 # the rest, at 307; one GPU forced onto the flash kernel ran at 294, within 10 % of rank 0. So
 # rank 0's slower attention is mostly the kernel a masked call can reach.
 #
-# The profiles also test the fit: attention times the layers is 3354 ms a step on one GPU
-# against the fit's $S^2$ term of 3245, and 2408 on rank 0 against 2373, so the fit's split is
-# good to about 100 ms. Of the 964 ms the 2-rank step loses, the profiles put 731 in attention
-# and 233 outside it (the fit: 750 and 214); both take rank 0's attention for the step's. Both
-# find a rank longer outside attention on half the tokens (399 ms by the fit, 364 by the
-# profiles) than one GPU on all of them (370 and 262).
+# The profiles agree with the fit to about 100 ms: attention times the layers is 3354 ms a
+# step on one GPU (fit: 3245) and 2408 on rank 0 (fit: 2373). Of the 964 ms the 2-rank step
+# loses, they put 731 in attention and 233 outside it (the fit: 750 and 214), taking rank 0's
+# attention for the step's. Both find a rank longer outside attention on half the tokens (399
+# ms by the fit, 364 by the profiles) than one GPU on all of them (370 and 262).
 #
 # **Not measured:** what the time outside attention is made of (the collectives, the reorder
 # of the gathered k and v, the projections at half the size, or a slower rank 1), and rank 1's
@@ -2176,9 +2176,8 @@ if GPU:   # the same replays on this machine (not asserted: another GPU, another
 #
 # Section 3's 1-GPU run took 6 steps and the 2-rank run 12, from the same seed. The training
 # loop (`cpt.train`, with `cpt.lr_schedule`) warms the learning rate up over `steps // 10`
-# steps, then decays it along a cosine over the run's `steps`, so the two runs take the same
-# first update and from the second on the shorter run takes smaller ones. The cell prints the
-# two schedules and draws both runs' losses.
+# steps, then decays it along a cosine over the run's `steps`: the same first update, then
+# smaller ones in the shorter run. The cell prints the two schedules and draws both losses.
 
 # %%
 one_cp, two_cp = gpu_runs[1], gpu_runs[2]              # section 3's runs: 1 GPU, 2 ranks
@@ -2198,11 +2197,10 @@ fig.savefig(FIGURES / "11-cp-gpu-loss.png", dpi=120)
 plt.show()
 
 # %% [markdown]
-# That the schedule alone parts the curves at step 3 can be shown on any machine, without CP
-# and without the H200: the next cell trains the dry run's tiny model in one process on this
-# machine, twice from the same seed on the same batches, with the learning rate of the GPU
-# runs, once under a 6-step schedule and once under a 12-step one (`stop_after=4`: the first
-# 4 steps of each).
+# That the schedule alone parts the curves at step 3 shows on any machine: the next cell
+# trains the dry run's tiny model in one process, twice from the same seed on the same
+# batches at the GPU runs' learning rate, under a 6-step and a 12-step schedule
+# (`stop_after=4`: the first 4 steps of each).
 
 # %%
 chars = CharDataset.from_pydoc_topics()            # the characters cp_train.py trains on
@@ -2232,11 +2230,9 @@ assert gaps[2] > 1e-4 and gaps[3] > gaps[2], "parted at step 3, further at step 
 # ### A.5 200 steps in bf16: does the two-rank run train the same model?
 #
 # In bf16 the two runs cannot agree to the bit: the ranks add attention and gradients in
-# another order, each rounding difference changes the next step's weights a little, and
-# training compounds it. The question is how far the curves diverge. The committed
-# `benchmarks/results/cp200-*.csv` hold three 200-step bf16 runs of section 3's model on
-# sequences of 16384 tokens, on H200s (the cell checks the headers say so, and titles the
-# figure from them):
+# another order, and training compounds each rounding difference. The question is how far the
+# curves diverge. The committed `benchmarks/results/cp200-*.csv` hold three 200-step bf16 runs
+# of section 3's model on sequences of 16384 tokens, on H200s:
 #
 # - two ranks, seed 0;
 # - one process, seed 0: the same initial weights and the same batches, the 2-rank run's twin;

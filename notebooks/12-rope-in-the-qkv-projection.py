@@ -195,11 +195,12 @@ assert [round(v, 3) for v in alone_vs_copy] == [0.999, 1.001]
 # floor of 0.223, 14 % of the pipeline. Timed in rounds instead (7.1), on the H200 the pass adds
 # **7.4 %** to cuBLAS's forward, about one copy of q and k.
 #
-# **No pass can beat the copy floor here.** q and k (80 MiB at 8192 tokens, 320 MiB at 32768)
-# never fit the 50 MiB L2 cache of an H100 or H200, and ropelib's RoPE, timed alone on the copy's
-# bytes, already runs at the copy's speed on the H200 (0.999 of it forward, 1.001
-# forward+backward). So that pass is all a fusion can win, and it wins it only if the fused GEMM
-# is as fast as cuBLAS.
+# **The copy floor is about what a fusion can win.** q and k (80 MiB at 8192 tokens, 320 MiB at
+# 32768) exceed the 50 MiB L2 cache, so capacity suggests the pass goes to DRAM, though L2 may
+# still serve part of it: the H100's pass at 8192 tokens came in under its floor. ropelib's RoPE,
+# timed alone on the copy's bytes, runs at the copy's speed on the H200 (0.999 of it forward,
+# 1.001 forward+backward). So that pass is about all a fusion can win, and it wins it only if the
+# fused GEMM is as fast as cuBLAS.
 #
 # ## 2. What a GEMM epilogue is
 #
@@ -671,7 +672,12 @@ print(f"dL/dx {tuple(gx_t.shape)}: teaching dX kernel vs autograd of qkv_rope_li
 # save. The fused forward spends most of it in its epilogue (4.4 % over its bare GEMM from
 # angles, 4.6 % from a table) and nets out **level** with the unfused pipeline: 0.984 of its time
 # from a table (resolved), 1.004 from angles (not). The H100's run, with its own seed, puts it
-# slightly **ahead** (the printed pooled ratios below 1); why the two GPUs differ is open.
+# slightly **ahead** (the printed pooled ratios below 1). The printed parts account for it: the
+# epilogue costs 4.4 to 5.2 % over the bare GEMM on both GPUs, but the unfused pass costs more on
+# the H100 (1.085 of cuBLAS's time, against 1.074: its copy floor is 9.1 to 9.7 % of cuBLAS's
+# forward, against 6.5 to 6.7 % on the H200), and its bare GEMM sits at 0.990 of cuBLAS's time
+# against 1.013 (neither resolved). From a table, 0.990 × 1.047 / 1.085 = 0.955, what the H100
+# measured (medians of ratios multiply only roughly).
 # **Forward+backward**, the default a trainer runs, gets no verdict: its runs kept only each
 # variant's median and range, and every fused range reaches both sides of 1 (Appendix A.1).
 
@@ -918,8 +924,10 @@ shipped_prof, shipped_kernel = read_profile(SHIPPED)
 # epilogue on. The files keep each variant's median only, which moved by up to 5 % between runs,
 # so these runs price nothing finer than that. Still, TMA and two heads a tile each helped: with
 # pointer loads (run 2) the fused kernel falls behind the unfused pipeline, and with one head a
-# tile (run 1) behind two. These runs do not separate the persistent grid's share; the worked
-# kernel below does, in section 8's last cell, launched persistent and one program a tile.
+# tile (run 1) behind two. These runs do not separate the persistent grid's share. Section 8's
+# last cell times it for the worked kernel below only, launched persistent and one program a tile
+# (it prints the ratio); that kernel runs far behind cuBLAS, so its ratio says little of the
+# shipped loop.
 #
 # Under the profiler (Appendix A.2) the shipped loop has almost no dispatch stall left and trails
 # cuBLAS by 3.7 %. `qkv_rope_linear` runs its forward on this loop (`_qkv_rope_fwd_tma_kernel` in
@@ -1138,8 +1146,8 @@ assert all(c["b_wins"] == 7 for c in in_turn)               # lost all seven rou
 # registers a thread to 226, yet it holds one program either way: the bare kernel's four
 # pipeline stages (128 KiB of shared memory) already leave room for only one. At every shipped
 # tile the rotating kernel holds as many programs as the bare one. Only rotating kernels spill,
-# all at 255 registers; of the shipped tiles only dX, 56 bytes a thread (7.4's dX timings include
-# that cost, not apart).
+# all at 255 registers; of the shipped tiles in this file (no QK-norm) only dX, 56 bytes a thread
+# (7.4's dX timings include that cost, not apart). With QK-norm, dW spills too (256 bytes, 7.4).
 
 # %%
 SM90_CSV = ROOT / "figures" / "12-qkv-tiles-sm90.csv"
@@ -1784,16 +1792,23 @@ draw_paired(FIGURES / "12-qkv-projection-paired.png")
 # counter does not say. The LG throttle, a full queue of global-memory instructions, is the part
 # the loop's loads plausibly explain: 32 `cp.async` a thread at this tile (8 a stage, 4 stages;
 # the committed sm_90 listing) against the probe's 8 TMA loads (2 a stage, each issued once for a
-# whole tile). Neither link is measured: one
-# profile shows where the warps wait, not why.
+# whole tile). Neither link is measured: one profile shows where the warps wait, not why.
+#
+# **The probe is no clean baseline.** Without its epilogue (`probe_bare`) it took 1022 µs, 40 %
+# longer than with it (`probe_fused`, 728 µs), waiting at barriers 4.85 cycles an instruction
+# against 1.91; section 3's timings of it likewise range from the epilogue 17 % faster to 5 %
+# slower than the bare GEMM. The comparison above uses `probe_fused`; why the bare probe waits
+# longer is not measured.
 #
 # **The shipped forward** (the second profile, printed below: the persistent TMA GEMM with its
 # rotation off, the shipped fused forward, cuBLAS):
 #
 # - **The epilogue**: 7.5 % more warp instructions at 3.8 % fewer cycles each, 253 registers a
 #   thread against the bare loop's 178, and no spill.
-#   The profiler does not hold the clock fixed (1.29 to 1.31 GHz across these three kernels), so
-#   compare elapsed cycles: 2.6 % more, where the duration is 4.1 % longer. The clock run (A.3:
+#   Nsight Compute locks the clock to its base by default (the probe passes no
+#   `--clock-control`), yet the SM clock it reports differs slightly across these three kernels
+#   (1.29 to 1.31 GHz), so compare elapsed cycles: 2.6 % more, where the duration is 4.1 % longer.
+#   The clock run (A.3:
 #   4.2 to 6.6 % more cycles) and 7.1's rounds (4.4 % more time) agree that the epilogue costs a
 #   few per cent, not on how many.
 # - **The dispatch stall is gone**: 0.08 to 0.09 cycles an instruction, against 2.2 to 2.3 in the
@@ -1939,14 +1954,11 @@ assert all(abs(rows["bare GEMM"]["mhz"] / rows["fused, angles"]["mhz"] - 1) <= 0
 # %% [markdown]
 # ### A.4 The column stores against `torch.cat`, on an H100
 #
-# 7.4's column stores were timed against `cat` on an H100 only: each backward run twice on each
-# of two machines, alternating, four pairs a size. At 32768 tokens they saved the fused
-# forward+backward (about 7.6 ms) 0.093 ms on average, in three of the four pairs: less than the
-# bytes' 0.22 ms, and unevenly, 0.17 ms on the first machine against 0.02 on the second. With
-# them, three of the four runs' medians sit at or above the unfused pipeline's speed. At 8192
-# tokens the saving averaged 0.010 ms, +0.035 on the first machine and −0.016 on the second: the
-# machines do not agree on its sign, and every run's rounds fall on both sides of the unfused
-# pipeline.
+# 7.4's column stores against `cat`, on an H100 only, four pairs a size (two runs on each of two
+# machines): at 32768 tokens they saved 0.093 ms of the fused forward+backward's 7.6 on average,
+# less than the bytes' 0.22 ms and unevenly (0.17 ms on one machine, 0.02 on the other); at 8192
+# tokens the two machines disagree on the saving's sign, and every run's rounds fall on both
+# sides of the unfused pipeline.
 
 # %%
 H100 = "NVIDIA H100 80GB HBM3"
@@ -2005,12 +2017,11 @@ assert all(lo < 1 < hi for _, lo, hi in col_speed[t_small])
 # %% [markdown]
 # ## Appendix B. The rounds' order
 #
-# **A fixed order of rounds is a variable; vary it before believing a few per cent.** Two forward
-# runs back to back on one H200, one in a fixed order (every variant after the same neighbour,
-# cuBLAS first) and one shuffled, differ as the cell below prints: in the fixed order cuBLAS ran
-# faster and every other variant slower, and the table path lagged angles only there, while
-# shuffled rounds scatter wider but favour no neighbour; what a kernel's predecessor does to it
-# (its clock, the power drawn just before; not L2, which `do_bench` clears) is not measured here.
+# **A fixed order of rounds is a variable; vary it before believing a few per cent.** Of two
+# forward runs back to back on one H200, one in a fixed order (cuBLAS first, every variant after
+# the same neighbour) and one shuffled, the fixed one ran cuBLAS faster, every other variant slower
+# and the table path behind angles (the cell prints by how much); shuffled rounds scatter wider
+# but favour no neighbour. Why a kernel's predecessor matters is not measured here.
 
 # %%
 # two forward runs back to back, {(tokens, kind, variant): (speed, least, most, median ms)}
