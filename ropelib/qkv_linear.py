@@ -442,6 +442,8 @@ def _check_projection(x, weight, bias, n_heads, n_kv_heads, head_dim):
         raise TypeError(f"weight must have x's dtype ({x.dtype}), got {weight.dtype}")
     V.check_same_device(x, "x", weight=weight)
     K = x.shape[-1]
+    if K == 0:      # (QKVRoPE's hidden_size >= 1 too: the backward kernels' grids are over K)
+        raise ValueError(f"x's last dim (hidden) must be >= 1, got x of shape {tuple(x.shape)}")
     N = (n_heads + 2 * n_kv_heads) * head_dim
     if tuple(weight.shape) != (N, K):
         raise ValueError(f"weight must be [(n_heads + 2 n_kv_heads) * head_dim, hidden] = "
@@ -633,6 +635,9 @@ class QKVRoPE(nn.Module):
         found = getattr(q_norm, "variance_epsilon", getattr(q_norm, "eps", None))
         if eps is None:
             if found is None:
+                if hasattr(q_norm, "eps"):      # torch's nn.RMSNorm(eps=None)
+                    raise ValueError("q_norm.eps is None (torch's nn.RMSNorm then takes "
+                                     "torch.finfo(input dtype).eps when it runs): pass eps=")
                 raise ValueError("q_norm has neither variance_epsilon nor eps: pass eps=")
             eps = found
         return eps, q_norm.weight, k_norm.weight
@@ -698,6 +703,13 @@ class QKVRoPE(nn.Module):
         biases = [p.bias for _, p in projs]
         if any(b is None for b in biases) and any(b is not None for b in biases):
             raise ValueError("q_proj, k_proj and v_proj must all have a bias or none")
+        for name, p in projs[1:]:       # (torch.cat would promote dtypes, name no projection)
+            for what in ("weight", "bias"):
+                t, t0 = getattr(p, what), getattr(q_proj, what)
+                if t is not None and (t.dtype != t0.dtype or t.device != t0.device):
+                    raise ValueError(f"q_proj, k_proj and v_proj must share one dtype and "
+                                     f"device: q_proj.{what} is {t0.dtype} on {t0.device}, "
+                                     f"{name}.{what} {t.dtype} on {t.device}")
         eps, q_w, k_w = cls._norm_settings(q_norm, k_norm, eps)
         with torch.no_grad():
             weight = torch.cat([p.weight for _, p in projs]).detach()

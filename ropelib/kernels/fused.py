@@ -244,8 +244,18 @@ def packed_positions(t, cu_ptr, start_ptr, N_SEQ, cp_size, cp_rank, PIVOTS: tl.c
     if cp_size > 1:      # each packed sequence is split over the ranks on its own
         idx = dual_chunk_position(idx, length, cp_size, cp_rank)
     if start_ptr is not None:
-        idx = idx + tl.load(start_ptr + seq).to(tl.int32)
+        idx, fits = plus_start(idx, tl.load(start_ptr + seq))
+        valid = valid & fits
     return idx, valid
+
+
+@triton.jit
+def plus_start(p, start):
+    # int32 positions p + start offsets of any integer dtype -> (int32 positions, whether each
+    # lies in [0, 2^31 - 1)): added and compared before narrowing, so huge starts cannot wrap
+    # back into the table
+    q = p.to(tl.int64) + start.to(tl.int64)
+    return q.to(tl.int32), (q >= 0) & (q < 2147483647)
 
 
 @triton.jit
@@ -271,8 +281,10 @@ def table_rows(s_idx, b, S, P, position_ids_ptr, stride_ids_b, cu_seqlens_ptr, s
         if cp_size > 1:
             p = dual_chunk_position(s_idx, S, cp_size, cp_rank)
         if start_ptr is not None:
-            p = p + tl.load(start_ptr + b).to(tl.int32)
-        valid = (p >= 0) & (p < P)
+            p, valid = plus_start(p, tl.load(start_ptr + b))
+            valid = valid & (p < P)
+        else:
+            valid = (p >= 0) & (p < P)
     return tl.minimum(tl.maximum(p, 0), P - 1), valid
 
 

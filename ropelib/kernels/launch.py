@@ -468,13 +468,18 @@ def two_pass_min_bytes() -> int:
 def takes_two_passes(q: View, q_out: Optional[View], k: Optional[View],
                      k_out: Optional[View], table: Table, positions: Positions,
                      layout: str, rows_kept: bool = False) -> bool:
-    """Does this call take the two-pass route? Fresh outputs (not in place), q and k contiguous
-    in their layout, 16- or 32-bit, sizes known (not symbolic under torch.compile), at least
-    tiles.TWO_PASS_MIN_BYTES of q and k to read, and a cos/sin table small beside them (at most
-    1 / tiles.TWO_PASS_TABLE_SHARE of the bytes the flat pass moves; 1 / TWO_PASS_KEPT_TABLE_SHARE
-    of them where an eager call keeps the pre-pass's rows: `table_bytes`), unless the flat pass
-    reads the caller's rows of every token and batch entry as they are (both routes read those)."""
+    """Does this call take the two-pass route? Fresh outputs (not in place), an even head dim, q
+    and k contiguous in their layout, 16- or 32-bit, sizes known (not symbolic under
+    torch.compile), at least tiles.TWO_PASS_MIN_BYTES of q and k to read, and a cos/sin table
+    small beside them (at most 1 / tiles.TWO_PASS_TABLE_SHARE of the bytes the flat pass moves;
+    1 / TWO_PASS_KEPT_TABLE_SHARE of them where an eager call keeps the pre-pass's rows:
+    `table_bytes`), unless the flat pass reads the caller's rows of every token and batch entry
+    as they are (both routes read those)."""
     if q_out is None or (k is not None and k_out is None):
+        return False
+    if q.features() % 2:
+        # the flat pass finds a feature's interleaved partner by the parity of its flat index
+        # (flat.py, _swap_pairs), which is the feature's parity only for an even head dim
         return False
     views = [v for v in (q, q_out, k, k_out) if v is not None]
     if any(isinstance(n, torch.SymInt) for v in views for n in (*v.tensor.shape,
