@@ -1633,7 +1633,7 @@ def my_sbhd_kernel(x_ptr, cos_ptr, sin_ptr, stride_xr, stride_xh, stride_t, SEQ_
                    HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, FROM_ANGLES: tl.constexpr,
                    COMPUTE_FP32: tl.constexpr, USE_FMA: tl.constexpr, BF16_RTNE: tl.constexpr):
     # section 1's kernel on its fixed path: cos_ptr holds fp32 angles, the math is fp32
-    row = tl.program_id(0).to(tl.int64)     # the wrapper hands it sbhd rows: row = s * B + b
+    row = tl.program_id(0).to(tl.int64)     # the wrapper hands it sbhd rows, in memory order
     head = tl.program_id(1).to(tl.int64)
     pos = row % SEQ_LEN                     # bshd's position formula: the trap. Fix this line
     offs = tl.arange(0, BLOCK_HALF)
