@@ -187,12 +187,12 @@ def ropelib_launch(B, HQ=32, HK=8, D=128, L=4096, block_h=None, sm_count=132,
     k_cache, v_cache = (torch.zeros(B, L, HK, D, dtype=dtype, device=device) for _ in range(2))
     planned, pointers = kv_kernels.plan(q, k, v, q_out, k_cache, v_cache, seqlens, None, table,
                                         None, None, None, interleaved=False)
-    block_s, picked_h, chunk, _ = kv_kernels.pick_tiles(1, B, HQ, HK, D, D, sm_count)
+    block_s, picked_h, chunk, num_warps = kv_kernels.pick_tiles(1, B, HQ, HK, D, D, sm_count)
+    if block_h is not None:
+        num_warps = kv_kernels.tile_warps(block_s, block_h, D)
     block_h = picked_h if block_h is None else block_h
-    grid = (triton.cdiv(1, block_s), triton.cdiv(HQ, block_h) + triton.cdiv(HK, block_h),
-            triton.cdiv(B, chunk))
+    grid = kv_kernels.launch_grid(1, B, HQ, HK, block_s, block_h, chunk)
     args = dict(planned.args, BLOCK_S=block_s, BLOCK_H=block_h, ENTRIES=chunk)
-    num_warps = max(1, min(4, block_s * block_h * D // 512))      # as pick_tiles sets them
     return grid, pointers, args, num_warps, (q_out, k_cache, v_cache)
 
 

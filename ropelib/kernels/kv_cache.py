@@ -320,6 +320,18 @@ LAUNCHERS = (CONTIGUOUS, PAGED)
 ELEMENTS_PER_STEP = KV_CACHE_ELEMENTS_PER_STEP    # GPU tiles: kernels/tiles.py
 
 
+def tile_warps(block_s: int, block_h: int, block_d: int) -> int:
+    """Warps for a program of BLOCK_S tokens x BLOCK_H heads x block_d features (GPU tiles):
+    about 512 elements a warp, 1 to 4 warps."""
+    return max(1, min(4, block_s * block_h * block_d // 512))
+
+
+def launch_grid(S, B, HQ: int, HK: int, block_s, block_h: int, chunk) -> tuple:
+    """The launch grid (the kernel header's axes): token blocks, q's then k's head blocks,
+    chunks of batch entries."""
+    return (cdiv(S, block_s), cdiv(HQ, block_h) + cdiv(HK, block_h), cdiv(B, chunk))
+
+
 def pick_tiles(S, B, HQ: int, HK: int, D: int, DV: int, sm_count: Optional[int]):
     """(BLOCK_S, BLOCK_H, batch entries per program, num_warps). S and B may be symbolic: only
     compared.
@@ -348,8 +360,7 @@ def pick_tiles(S, B, HQ: int, HK: int, D: int, DV: int, sm_count: Optional[int])
     chunk = 1
     while not isinstance(B, torch.SymInt) and cdiv(B, chunk) > 65535:
         chunk *= 2
-    num_warps = max(1, min(4, block_s * block_h * block_d // 512))
-    return block_s, block_h, chunk, num_warps
+    return block_s, block_h, chunk, tile_warps(block_s, block_h, block_d)
 
 
 def token_stride(t: torch.Tensor) -> Optional[int]:
@@ -410,7 +421,6 @@ def plan(q, k, v, q_out, k_cache, v_cache, cache_seqlens, block_table, table, si
     on_gpu = q.device.type == "cuda" and not INTERPRET
     sm = multiprocessors(q.device) if on_gpu else None
     block_s, block_h, chunk, num_warps = pick_tiles(S, B, HQ, HK, D, DV, sm)
-    grid = (cdiv(S, block_s), cdiv(HQ, block_h) + cdiv(HK, block_h), cdiv(B, chunk))
     args = dict(S=S, B=B, HQ=HQ, HK=HK, P=table.shape[0])
     if block_table is None:
         launcher = CONTIGUOUS
@@ -433,7 +443,8 @@ def plan(q, k, v, q_out, k_cache, v_cache, cache_seqlens, block_table, table, si
                 ENTRIES=chunk if on_gpu and not isinstance(chunk, torch.SymInt) else 0)
     pointers = kernel_pointers(q, k, v, q_out, k_cache, v_cache, cache_seqlens, block_table,
                                table, sin, k_scale, v_scale)
-    return Launch(grid, num_warps, args, pointer_dtypes(pointers), q.device, launcher), pointers
+    return (Launch(launch_grid(S, B, HQ, HK, block_s, block_h, chunk), num_warps, args,
+                   pointer_dtypes(pointers), q.device, launcher), pointers)
 
 
 def kernel_pointers(q, k, v, q_out, k_cache, v_cache, cache_seqlens, block_table, table, sin,
