@@ -29,9 +29,9 @@ except Exception:  # noqa: BLE001
     te_rope = None
 
 import ropelib
-from ropelib import eager
 from ropelib.bench.compare import fwdbwd_step
 from ropelib.bench.suite import host_us_interleaved
+from ropelib.course.probe_timers import launches_removed
 from ropelib.kernels import launch as L
 
 
@@ -94,24 +94,18 @@ def variants(x, xg, freqs, g):
     return steps
 
 
-def launches_removed(xg, freqs, g):
-    """ropelib's forward+backward with its eager starts replaced by nothing."""
-    saved = eager.EagerLaunch.__call__
-    eager.EagerLaunch.__call__ = lambda self, pointers: None
-    eager.SIGNATURES.clear()
-    try:
+def removed_launches_row(xg, freqs, g):
+    """ropelib's forward+backward with its eager starts replaced by nothing (planned afresh)."""
+    with launches_removed(replan=True):
         step = fwdbwd_step(lambda: ropelib.apply_rope(xg, freqs), [xg], [g])
         return host_us_interleaved({"ropelib: forward+backward, launches removed": (step, CALLS)},
                                    ROUNDS, DEVICE)
-    finally:
-        eager.EagerLaunch.__call__ = saved
-        eager.SIGNATURES.clear()
 
 
 def measure(x, xg, freqs, g) -> dict:
     out = host_us_interleaved({n: (s, CALLS) for n, s in variants(x, xg, freqs, g).items()},
                               ROUNDS, DEVICE)
-    out.update(launches_removed(xg, freqs, g))
+    out.update(removed_launches_row(xg, freqs, g))
     return out
 
 

@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ropelib  # noqa: E402
 from autograd_host_probe import function_with  # noqa: E402  (the floor: a trivial Function)
 from ropelib import api, eager  # noqa: E402
+from ropelib.course.probe_timers import launches_removed  # noqa: E402
 
 
 def best_us(fn, calls: int, rounds: int) -> float:
@@ -38,7 +39,7 @@ def best_us(fn, calls: int, rounds: int) -> float:
 
 
 def pieces(device: str) -> dict:
-    """{piece: a call with no arguments} at decode size, launches removed (the caller patches)."""
+    """{piece: a call with no arguments} at decode size (the caller removes the launches)."""
     x = torch.randn(1, 64, 32, 128, device=device, dtype=torch.bfloat16)
     xg = x.clone().requires_grad_(True)
     freqs = ropelib.rope_freqs(4096, 128, device=device)
@@ -93,10 +94,7 @@ def main():
     ap.add_argument("--calls", type=int, default=20000)
     a = ap.parse_args()
     device = ropelib.runtime.default_device()
-    launch = eager.EagerLaunch.__call__
-    eager.EagerLaunch.__call__ = lambda self, pointers: None        # the launches removed
-    eager.SIGNATURES.clear()
-    try:
+    with launches_removed(replan=True):      # planned afresh, with the launches removed
         steps = pieces(device)
         where = (torch.cuda.get_device_name() if device == "cuda" else
                  f"CPU ({os.cpu_count()} cores), Triton interpreter")
@@ -104,9 +102,6 @@ def main():
               f"rounds of {a.calls} calls, host us per call")
         for name, fn in steps.items():
             print(f"{name:58s} {best_us(fn, a.calls, a.rounds):6.2f}")
-    finally:
-        eager.EagerLaunch.__call__ = launch
-        eager.SIGNATURES.clear()
 
 
 if __name__ == "__main__":

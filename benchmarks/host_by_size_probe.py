@@ -37,7 +37,7 @@ except Exception:  # noqa: BLE001
 
 from ropelib import eager
 from ropelib.bench import compare, suite
-from ropelib.course.probe_timers import HOST_BY_SIZE_CASES, fwdbwd_steps
+from ropelib.course.probe_timers import HOST_BY_SIZE_CASES, fwdbwd_steps, without_launches
 
 CALLS, ROUNDS = 50, 5
 
@@ -83,17 +83,10 @@ def main():
         steps["aten x*c"] = compare.fwdbwd_step(lambda: xa * 1.5, [xa], [ga])
         variants = dict(steps)
 
-        def removed(step=steps["ropelib"]):
-            eager.EagerLaunch.__call__ = lambda self, pointers: None
-            try:
-                return step()
-            finally:
-                eager.EagerLaunch.__call__ = _launch
-
         def one_thread(step=steps["ropelib"]):
             with torch.autograd.set_multithreading_enabled(False):
                 return step()
-        variants["ropelib, launches removed"] = removed
+        variants["ropelib, launches removed"] = without_launches(steps["ropelib"], replan=False)
         for name in list(steps):
             variants[f"{name}, one thread"] = lambda s=steps[name]: one_thread(s)
         for fn in variants.values():

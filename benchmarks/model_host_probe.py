@@ -56,6 +56,7 @@ sys.path.insert(0, str(ROOT))
 import ropelib  # noqa: E402
 from ropelib.bench import compare  # noqa: E402
 from ropelib.bench.suite import host_us_interleaved  # noqa: E402
+from ropelib.course.probe_timers import without_launches  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from autograd_host_probe import function_with  # noqa: E402  (the trivial Function)
@@ -132,17 +133,16 @@ def _patched(fn, patches):
 def parts(model, x, rotate_by, freqs) -> dict:
     """{variant: training step} of --parts (see the module docstring)."""
     from ropelib import eager
-    no_launch = (eager.EagerLaunch, "__call__", lambda self, pointers: None)
     trivial_bwd = (eager.Rotate, "backward", staticmethod(_trivial_backward))
     train = lambda rotate: steps(model, x, rotate)["training"]
     out = {name: train(rotate_by[name]) for name in ("no RoPE", "TE fused", "ropelib", "ropelib q+k")
            if name in rotate_by}
     out["trivial Function"] = train(lambda q, k: (trivial(q, freqs), trivial(k, freqs)))
     ropelib_step = train(rotate_by["ropelib"])
-    out["ropelib, launches removed"] = _patched(ropelib_step, [no_launch])
+    out["ropelib, launches removed"] = without_launches(ropelib_step, replan=False)
     out["ropelib, trivial backward"] = _patched(ropelib_step, [trivial_bwd])
-    out["ropelib, trivial backward, launches removed"] = _patched(ropelib_step,
-                                                                  [no_launch, trivial_bwd])
+    out["ropelib, trivial backward, launches removed"] = without_launches(
+        out["ropelib, trivial backward"], replan=False)
     return out
 
 

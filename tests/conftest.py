@@ -139,3 +139,44 @@ def chromium_executable() -> str:
     if path is None:
         pytest.skip(_browser_skip_reason() or "chromium not found")
     return path
+
+
+class DoBenchStandIn:
+    """triton.testing.do_bench stood in for: each call runs the function it is handed once,
+    keeps it in `calls`, and returns ms(k) for its k-th call (k from 0): as [median, 0.9 of it,
+    1.1 of it] when asked for quantiles, else the median alone."""
+
+    def __init__(self, ms):
+        self.ms, self.calls = ms, []
+
+    def __call__(self, fn, quantiles=None):
+        fn()
+        self.calls.append(fn)
+        ms = self.ms(len(self.calls) - 1)
+        return [ms, 0.9 * ms, 1.1 * ms] if quantiles else ms
+
+
+@pytest.fixture
+def do_bench_stand_in(monkeypatch):
+    """do_bench_stand_in(ms): triton.testing.do_bench replaced by a DoBenchStandIn(ms) for the
+    test, which it returns (its `calls`: the functions timed, in order)."""
+    import triton.testing
+
+    def install(ms) -> DoBenchStandIn:
+        stand_in = DoBenchStandIn(ms)
+        monkeypatch.setattr(triton.testing, "do_bench", stand_in)
+        return stand_in
+    return install
+
+
+@pytest.fixture
+def gpu_stand_in(monkeypatch, do_bench_stand_in):
+    """gpu_stand_in(ms): a GPU stood in for, so that a GPU-only timing path runs on the CPU
+    (the interpreter): ropelib.runtime.on_gpu() True, torch.cuda.synchronize a no-op, the device
+    named "a CPU standing in", and do_bench_stand_in(ms), which it returns."""
+    from ropelib import runtime
+
+    monkeypatch.setattr(runtime, "on_gpu", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "a CPU standing in")
+    return do_bench_stand_in

@@ -221,8 +221,6 @@ import inspect  # noqa: E402
 import textwrap  # noqa: E402
 
 import torch  # noqa: E402
-import triton  # noqa: E402
-import triton.testing  # noqa: E402
 
 from loading import puzzles_built_on_the_cpu, written_module  # noqa: E402
 from ropelib.course import puzzles as pz  # noqa: E402
@@ -231,20 +229,11 @@ KERNEL_US, COPY_US = 20.0, 10.0
 
 
 @pytest.fixture
-def fake_gpu(monkeypatch):
-    """runtime.on_gpu() True; every puzzle's cases (and its timed case) built on the CPU;
-    do_bench returns 20 us for the kernel and 10 us for the copy, after running each once."""
-    monkeypatch.setattr(pz.runtime, "on_gpu", lambda: True)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "a CPU standing in")
-    benched = []
-
-    def do_bench(fn, quantiles=None):
-        fn()
-        benched.append(fn)
-        return [(KERNEL_US if len(benched) % 2 else COPY_US) / 1e3, 0.0, 0.0]
-
-    monkeypatch.setattr(triton.testing, "do_bench", do_bench)
+def fake_gpu(gpu_stand_in, monkeypatch):
+    """A GPU stood in for (conftest's gpu_stand_in); every puzzle's cases (and its timed case)
+    built on the CPU; do_bench returns 20 us for the kernel and 10 us for the copy (20 us for
+    its even calls, 10 for its odd ones)."""
+    benched = gpu_stand_in(lambda k: (COPY_US if k % 2 else KERNEL_US) / 1e3).calls
     monkeypatch.setattr(pz, "_SOLUTION_TIMES", {})
     monkeypatch.setattr(pz, "_COPY_ROUNDS", {})
     puzzles_built_on_the_cpu(monkeypatch, pz)

@@ -499,7 +499,7 @@ def _timing_cells(same):
 
 
 @pytest.fixture()
-def timing(same, monkeypatch, capsys):
+def timing(same, do_bench_stand_in, capsys):
     """The three timing cells run as the notebook runs them here (GPU False), with what the
     notebook defines before them: the learner's kernels are copies of the worked solutions, each
     has passed its check; `do_bench` calls its function once and says 1 ms for the first call
@@ -521,15 +521,7 @@ def timing(same, monkeypatch, capsys):
     for cell in _timing_cells(same):
         exec(compile(cell, "<timing cell>", "exec"), ns)  # noqa: S102 -- the notebook's cells
     ns["printed_without_gpu"] = capsys.readouterr().out
-    ns["timed"] = []
-
-    def do_bench(fn, quantiles=None):
-        fn()
-        ns["timed"].append(fn)
-        ms = 1.0 if len(ns["timed"]) == 1 else 2.0
-        return [ms, 0.9 * ms, 1.1 * ms] if quantiles else ms
-
-    monkeypatch.setattr(triton.testing, "do_bench", do_bench)
+    ns["timed"] = do_bench_stand_in(lambda k: 1.0 if k == 0 else 2.0).calls
     return ns
 
 

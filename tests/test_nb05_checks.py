@@ -5,7 +5,6 @@ from pathlib import Path
 import pytest
 import torch
 import triton
-import triton.testing  # noqa: F401 -- do_bench, replaced in the timing test
 import triton.language as tl
 
 from ropelib.course import checks_nb05, ladder, load_schedule, measured
@@ -183,15 +182,9 @@ def test_compile_failed_says_what_and_why_in_one_line(capsys):
         "compiling it for sm_90 did not work here (OSError: no cuobjdump)\n"
 
 
-def test_time_rungs_times_every_launch_beside_a_copy(monkeypatch, capsys):
-    timed = []
-
-    def do_bench(fn, quantiles=None):        # 1 ms for the first call (the copy's), then 2 ms
-        fn()
-        timed.append(fn)
-        ms = 1.0 if len(timed) == 1 else 2.0
-        return [ms, 0.9 * ms, 1.1 * ms]
-    monkeypatch.setattr(triton.testing, "do_bench", do_bench)
+def test_time_rungs_times_every_launch_beside_a_copy(do_bench_stand_in, capsys):
+    # 1 ms for the first call (the copy's), then 2 ms
+    timed = do_bench_stand_in(lambda k: 1.0 if k == 0 else 2.0).calls
     x = torch.randn(4, 2, 3, 8)
     launched = []
     calls = {"batch_reuse": lambda: launched.append("batch_reuse"),

@@ -110,3 +110,36 @@ def test_fwdbwd_steps_builds_a_step_for_each_provider_that_runs_the_case():
     y = reference.te_unfused(x, case.freqs, tensor_format="sbhd")
     (want,) = torch.autograd.grad(y, [x], torch.full_like(y, 0.5))
     torch.testing.assert_close(grads[0], want)
+
+
+def test_launches_removed_launches_nothing_and_puts_them_back_after_an_error():
+    import ropelib
+    from ropelib import eager
+    from ropelib.course.work_count import count_work
+
+    x = torch.randn(3, 2, 2, 8)
+    freqs = ropelib.rope_freqs(8, 8)
+    launch = eager.EagerLaunch.__dict__["__call__"]
+    eager.SIGNATURES.clear()
+    with count_work(x=x) as work:
+        ropelib.apply_rope(x, freqs)                        # planned, launched
+    assert work.programs > 0 and work.loads["x"] == x.numel()
+    planned = dict(eager.SIGNATURES.entries)
+    for replan in (False, True):
+        with count_work(x=x) as work, pt.launches_removed(replan=replan):
+            y = ropelib.apply_rope(x, freqs)
+            assert eager.EagerLaunch.__call__ is not launch
+        assert work.programs == 0 and work.loads["x"] == 0 and y.shape == x.shape
+        # replan=False: the call took the plan made before; True: no plan outlives the block
+        assert eager.SIGNATURES.entries == ({} if replan else planned)
+        assert eager.EagerLaunch.__dict__["__call__"] is launch
+    with count_work(x=x) as work:
+        pt.without_launches(lambda: ropelib.apply_rope(x, freqs), replan=False)()
+    assert work.programs == 0
+    with pytest.raises(RuntimeError, match="inside"):
+        with pt.launches_removed(replan=True):
+            raise RuntimeError("inside")
+    assert eager.EagerLaunch.__dict__["__call__"] is launch  # put back after the error
+    with count_work(x=x) as work:
+        ropelib.apply_rope(x, freqs)
+    assert work.programs > 0                                 # and it launches again

@@ -4,8 +4,6 @@ runs the kernels on the puzzles' small cases, do_bench returns a number per call
 kernel compiled first, alternates the kernels and a copy of each byte size round by round, and
 keeps the median and every round of each."""
 import pytest
-import torch
-import triton
 
 from loading import puzzles_built_on_the_cpu
 from ropelib.course import puzzles as pz
@@ -16,20 +14,10 @@ KERNELS = {"given": ("shared_table", pz.given_shared_table_kernel),
 
 
 @pytest.fixture
-def stand_in(monkeypatch):
-    """runtime.on_gpu() True; every puzzle's cases (and its timed case) built on the CPU;
-    do_bench runs what it is handed once and returns 10 us plus the number of earlier calls."""
-    monkeypatch.setattr(pz.runtime, "on_gpu", lambda: True)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "a CPU standing in")
-    benched = []
-
-    def do_bench(fn, quantiles=None):
-        fn()
-        benched.append(fn)
-        return [(10.0 + len(benched) - 1) / 1e3, 0.0, 0.0]
-
-    monkeypatch.setattr(triton.testing, "do_bench", do_bench)
+def stand_in(gpu_stand_in, monkeypatch):
+    """A GPU stood in for (conftest's gpu_stand_in); every puzzle's cases (and its timed case)
+    built on the CPU; do_bench's call k returns 10 + k us."""
+    benched = gpu_stand_in(lambda k: (10.0 + k) / 1e3).calls
     puzzles_built_on_the_cpu(monkeypatch, pz)
     return benched
 

@@ -6,7 +6,6 @@ the same sm_90 code. On the CPU nothing is timed; with a stand-in for the GPU th
 copy of each byte size alternate round by round."""
 import pytest
 import torch
-import triton
 
 from ropelib.course import nb13_table_reuse as reuse
 from ropelib.course import puzzles as pz
@@ -94,21 +93,10 @@ def test_on_the_cpu_nothing_is_timed_and_it_says_why(capsys):
 
 
 @pytest.fixture
-def stand_in(monkeypatch):
-    """runtime.on_gpu() True; do_bench runs what it is handed once and returns 10 us plus the
-    number of earlier calls; the launches run in the interpreter on CPU tensors."""
-    monkeypatch.setattr(reuse.runtime, "on_gpu", lambda: True)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "a CPU standing in")
-    benched = []
-
-    def do_bench(fn, quantiles=None):
-        fn()
-        benched.append(fn)
-        return [(10.0 + len(benched) - 1) / 1e3, 0.0, 0.0]
-
-    monkeypatch.setattr(triton.testing, "do_bench", do_bench)
-    return benched
+def stand_in(gpu_stand_in):
+    """A GPU stood in for (conftest's gpu_stand_in): do_bench's call k returns 10 + k us; the
+    launches run in the interpreter on CPU tensors."""
+    return gpu_stand_in(lambda k: (10.0 + k) / 1e3).calls
 
 
 def test_rounds_alternate_launches_and_copies(stand_in, small, memories):

@@ -366,14 +366,10 @@ def test_the_copy_without_a_mask_fails_with_its_stray_lanes(capsys):
     assert pz.last_grade("copy").passed is False
 
 
-def test_the_worked_copy_on_a_gpu_gets_a_timing_line(monkeypatch, capsys):
+def test_the_worked_copy_on_a_gpu_gets_a_timing_line(gpu_stand_in, monkeypatch, capsys):
     """The copy's GPU path (compiled cases, then its timed case against a device copy) run here
-    with the cases on the CPU and do_bench stood in for; a compiled failure names its seed."""
-    import triton.testing
-    monkeypatch.setattr(pz.runtime, "on_gpu", lambda: True)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "a CPU standing in")
-    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, quantiles=None: (fn(), [0.01])[1])
+    with the cases on the CPU and a GPU stood in for; a compiled failure names its seed."""
+    gpu_stand_in(lambda k: 0.01)
     build = pz.COPY.build
     monkeypatch.setattr(pz.COPY, "build", lambda gen, device: build(gen, "cpu"))
     monkeypatch.setattr(pz.COPY, "big", lambda device: build(torch.Generator(), "cpu")[1])

@@ -3,7 +3,8 @@
 One layer's q and k, taken from the model's own forward (its strided bshd views, its autocast
 dtype), go through ``apply_rope_qk`` four ways (:data:`WAYS`), each issued ``calls`` times back
 to back with no synchronisation between them: the host's issue time, µs per call. "no launch":
-ropelib's Triton launches (``eager.EagerLaunch.__call__``) replaced by nothing. Their
+ropelib's Triton launches (``eager.EagerLaunch.__call__``) replaced by nothing, the planned
+signatures kept (``probe_timers.without_launches``, ``replan=False``). Their
 differences (:func:`parts`) split the host's time of a layer's forward+backward into the two
 launches, the forward's Python, autograd's forward node and the backward's rest.
 Off a GPU the same calls run in Triton's interpreter: the plumbing is tested, the times mean
@@ -17,6 +18,7 @@ import time
 import torch
 
 from ropelib import apply_rope_qk, eager
+from ropelib.course.probe_timers import without_launches
 
 WAYS = ("fwd+bwd", "fwd+bwd, no launch", "fwd, no launch", "fwd, no_grad, no launch")
 
@@ -38,10 +40,6 @@ def layer_inputs(model, x, amp_dtype=None):
     return q, k, rotary.freqs[:q.shape[1]]
 
 
-def _no_launch(self, pointers) -> None:
-    """eager.EagerLaunch.__call__ with the launch left out."""
-
-
 def host_split(q, k, freqs, *, calls: int, rounds: int, warmup: int) -> dict:
     """{way: median over ``rounds`` of the host's µs per call, ``calls`` calls issued back to
     back} for each of :data:`WAYS` (every way in each round, the order reversed every other
@@ -60,18 +58,8 @@ def host_split(q, k, freqs, *, calls: int, rounds: int, warmup: int) -> dict:
         with torch.no_grad():
             apply_rope_qk(q, k, freqs, layout="bshd")
 
-    def no_launch(fn):
-        def call():
-            launch = eager.EagerLaunch.__call__
-            eager.EagerLaunch.__call__ = _no_launch
-            try:
-                fn()
-            finally:
-                eager.EagerLaunch.__call__ = launch
-        return call
-
-    ways = dict(zip(WAYS, (fwd_bwd, no_launch(fwd_bwd), no_launch(fwd),
-                           no_launch(fwd_no_grad))))
+    ways = dict(zip(WAYS, (fwd_bwd, *(without_launches(fn, replan=False)
+                                      for fn in (fwd_bwd, fwd, fwd_no_grad)))))
     launch = eager.EagerLaunch.__call__
     for fn in ways.values():
         for _ in range(warmup):

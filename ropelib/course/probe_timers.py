@@ -17,6 +17,11 @@ followed by one synchronisation. This module repeats two probes' timers:
 
 Off a GPU the same calls run (the interpreter, or the CPU): the plumbing is checked, the numbers
 mean nothing.
+
+The probes that time ropelib with its kernel launches taken out (notebook 09's host split,
+``benchmarks/``: ``host_probe``, ``autograd_host_probe``, ``host_by_size_probe``,
+``model_host_probe``, ``eager_python_pieces``) take them out with
+:class:`launches_removed` (a block) or :func:`without_launches` (a call).
 """
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ from typing import Callable
 
 import torch
 
+from ropelib import eager
 from ropelib.bench import compare, suite
 from ropelib.course import launch_queue
 
@@ -44,6 +50,45 @@ _HOST_BY_SIZE_FIELDS = (("decode s1 b64 sbhd", dict(seq_len=1, batch=64, layout=
                         ("256 MiB bshd", dict(seq_len=4096, batch=8, layout="bshd")))
 HOST_BY_SIZE_CASES = {label: compare.Config(**dict(heads=32, head_dim=128, dtype="bf16", **f))
                       for label, f in _HOST_BY_SIZE_FIELDS}
+
+
+def _no_launch(self, pointers) -> None:
+    """eager.EagerLaunch.__call__ with the launch left out."""
+
+
+class launches_removed:
+    """A block in which ropelib's eager kernel launches (``eager.EagerLaunch.__call__``) do
+    nothing: what a call costs the host without them. Every other step of the eager route runs.
+    On exit, error or not, the launches are back.
+
+    replan: True clears the planned signatures (``eager.SIGNATURES``) on entry and again on exit:
+    each signature's first call in the block is planned afresh, with the launches off, and no
+    plan made in the block outlives it. False keeps them: calls take the plans made before the
+    block (a plan made in it stays after it)."""
+    __slots__ = ("replan", "_launch")
+
+    def __init__(self, *, replan: bool):
+        self.replan = replan
+
+    def __enter__(self) -> "launches_removed":
+        self._launch = eager.EagerLaunch.__dict__["__call__"]
+        eager.EagerLaunch.__call__ = _no_launch
+        if self.replan:
+            eager.SIGNATURES.clear()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        eager.EagerLaunch.__call__ = self._launch
+        if self.replan:
+            eager.SIGNATURES.clear()
+
+
+def without_launches(fn: Callable, *, replan: bool) -> Callable:
+    """fn (no arguments) run in a :class:`launches_removed` block of its own at every call."""
+    def call():
+        with launches_removed(replan=replan):
+            return fn()
+    return call
 
 
 def fwdbwd_steps(case: compare.Case, providers, names) -> dict:
