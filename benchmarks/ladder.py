@@ -1,6 +1,7 @@
 """The ladder from the batch-reusing grid to the finished kernel, timed one rung at a time.
 
     python benchmarks/ladder.py --out benchmarks/results/ladder-nvidia-h200.csv   # on a GPU (~1 min)
+    python benchmarks/ladder.py --processes 5 --out benchmarks/results/ladder_runs-nvidia-h100-80gb-hbm3.csv
     TRITON_INTERPRET=1 python benchmarks/ladder.py --dry-run          # CPU: tiny shapes, no timing
 
 Notebook 05 (the finished kernel) builds ropelib's finished kernel in rungs, each adding one
@@ -22,11 +23,20 @@ a preallocated output; GB/s uses ropelib.bench.compare's bytes model (x read + y
 angle table read once), `pct_of_copy` compares with the copy timed in the same run. The CSV
 starts with `# key: value` lines (GPU, driver, versions, date) that ropelib.bench.compare reads back;
 `plot_waterfall` draws the "% of copy" waterfall of notebook 05 from it.
+
+One process times every rung once, in a fixed order: a step of a few points can be that
+process's luck (where its tensors landed, the clocks while it ran). `--processes N` runs the
+whole ladder in N fresh processes one after another, process k timing each case's rungs in an
+order shuffled with seed k, and writes their rows into one CSV with a `run` column (1..N);
+`ropelib.course.ladder.steps_by_run` reads a step per process from it.
 """
 import argparse
 import contextlib
 import os
+import random
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -74,8 +84,10 @@ def _launch_columns(rung, x):
                 block_h=p.block_h, chunk=p.chunk)
 
 
-def run(dry_run: bool, progress: bool = True):
-    """Check every provider's output on every case; time it unless dry_run. Returns rows."""
+def run(dry_run: bool, progress: bool = True, order_seed=None):
+    """Check every provider's output on every case; time it unless dry_run. Returns rows, each
+    case's in the ladder's order. order_seed: time each case's providers after the copy in an
+    order shuffled with this seed (None: the ladder's order)."""
     if not dry_run and not runtime.on_gpu():
         raise SystemExit(f"{runtime.mode()}: timings need a GPU; use --dry-run here")
     device = runtime.default_device()
@@ -94,7 +106,13 @@ def run(dry_run: bool, progress: bool = True):
         if not dry_run:
             copy_ms = triton.testing.do_bench(lambda: y.copy_(x), quantiles=[0.5, 0.2, 0.8])
             copy_gbps = 2 * x.numel() * x.element_size() / copy_ms[0] / 1e6
-        for step, provider in enumerate(PROVIDERS):
+        order = list(enumerate(PROVIDERS))
+        if order_seed is not None:     # the copy first (the others' yardstick), the rest shuffled
+            rest = order[1:]
+            random.Random(f"{order_seed}-{case}").shuffle(rest)
+            order = order[:1] + rest
+        first = len(rows)
+        for step, provider in order:
             row = dict(case=case, seq_len=S, batch=B, heads=H, head_dim=D, dtype="bf16",
                        provider=provider, step=step, available=True, reason="")
             if provider == "copy":
@@ -143,6 +161,24 @@ def run(dry_run: bool, progress: bool = True):
             rows.append(row)
             if progress:
                 print("  " + line(row), flush=True)
+        rows[first:] = sorted(rows[first:], key=lambda r: r["step"])
+    return rows
+
+
+def run_processes(n: int, out: Path) -> list:
+    """The ladder in n fresh processes, one after another (process k: order seed k); their rows
+    with a `run` column, written to `out` under the first process's provenance lines."""
+    rows, meta = [], None
+    with tempfile.TemporaryDirectory() as tmp:
+        for k in range(1, n + 1):
+            path = Path(tmp) / f"run-{k}.csv"
+            subprocess.run([sys.executable, __file__, "--out", str(path), "--order-seed", str(k)],
+                           check=True)
+            meta = meta or compare.read_meta(path)
+            rows += [dict(r, run=k) for r in compare.read_csv(path)]
+    meta.update(processes=n, order="process k times each case's rungs in an order shuffled "
+                                    "with seed k, the copy first")
+    compare.write_csv(rows, out, meta=meta, fields=["run"] + FIELDS)
     return rows
 
 
@@ -208,13 +244,24 @@ def main(argv=None):
                          f"{FIGURE_PATH.relative_to(REPO_ROOT)})")
     ap.add_argument("--dry-run", action="store_true",
                     help="tiny shapes through the interpreter: check every output, time nothing")
+    ap.add_argument("--order-seed", type=int, default=None,
+                    help="time each case's rungs in an order shuffled with this seed")
+    ap.add_argument("--processes", type=int, default=None,
+                    help="run the whole ladder in this many fresh processes into one CSV "
+                         "(a `run` column; process k shuffles with seed k)")
     args = ap.parse_args(argv)
+    if args.processes is not None:
+        if args.processes < 1 or args.out is None or args.dry_run:
+            ap.error("--processes takes a count of at least 1 and --out, and times (no --dry-run)")
+        rows = run_processes(args.processes, args.out)
+        print(f"wrote {args.out}: {len(rows)} rows from {args.processes} processes")
+        return 0
     if args.out is None and not args.dry_run:
         ap.error("--out is required (where the CSV goes)")
     if args.dry_run and args.out is not None and args.out.resolve() == CSV_PATH.resolve():
         ap.error("a dry run must not replace the committed GPU results: pass --out elsewhere")
     print(runtime.mode())
-    rows = run(args.dry_run)
+    rows = run(args.dry_run, order_seed=args.order_seed)
     print(table(rows))
     failed = [f"{r['case']}/{r['provider']}" for r in rows if not r.get("available")]
     failed += [f"{r['case']}/{r['provider']} (not bit-equal to ropelib)" for r in rows

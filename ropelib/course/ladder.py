@@ -615,6 +615,68 @@ def plot_waterfall(rows, path=None, title=None, names=None, *, unclear_rule=None
     return fig
 
 
+# --- the ladder in several processes (benchmarks/ladder.py --processes) ----------------------------
+
+STEP_NAMES = NAMES[1:] + ("ropelib",)   # a step: from the rung before (ropelib: from rung 6)
+
+
+def copy_share(rows) -> dict:
+    """{(run, case, provider): % of copy}, as the course reads it: the copy's median time over
+    the provider's, the copy timed in the same process (rows without a `run` column: run 1)."""
+    copy_ms = {(r.get("run", 1), r["case"]): r["ms"] for r in rows if r["provider"] == "copy"}
+    return {(r.get("run", 1), r["case"], r["provider"]): 100 * copy_ms[r.get("run", 1),
+                                                                       r["case"]] / r["ms"]
+            for r in rows if r.get("ms") is not None}
+
+
+def steps_by_run(rows) -> dict:
+    """{(case, step name): [the step in points of a copy, one per process, in run order]}: the
+    rung's % of copy less the rung before's, each process against its own copy; the finished
+    kernel's step (`ropelib`) from rung 6 (equal_halves)."""
+    pct = copy_share(rows)
+    runs = sorted({k[0] for k in pct})
+    cases = list(dict.fromkeys(r["case"] for r in rows))
+    before = dict(zip(NAMES[1:], NAMES)) | {"ropelib": NAMES[-1]}
+    return {(c, n): [pct[k, c, n] - pct[k, c, before[n]] for k in runs]
+            for c in cases for n in STEP_NAMES}
+
+
+def settled(values) -> bool:
+    """Does every process measure the step with the same sign? (With five processes and no real
+    step, a coin per process, that happens by chance once in sixteen.)"""
+    return all(v > 0 for v in values) or all(v < 0 for v in values)
+
+
+def plot_steps_by_run(rows, title: str, names=None):
+    """One panel per case: each step in points of a copy, a dot per process and a bar at their
+    median; steps every process measures with the same sign in colour (green up, red down),
+    the others grey. Returns the figure."""
+    import matplotlib.pyplot as plt
+    import statistics
+    names = names or {}
+    steps = steps_by_run(rows)
+    cases = list(dict.fromkeys(c for c, _ in steps))
+    fig, axes = plt.subplots(1, len(cases), figsize=(4.4 * len(cases), 3.9), squeeze=False,
+                             sharey=False)
+    for ax, case in zip(axes[0], cases):
+        for i, n in enumerate(STEP_NAMES):
+            vals = steps[case, n]
+            med = statistics.median(vals)
+            colour = ("tab:green" if med > 0 else "tab:red") if settled(vals) else "0.6"
+            ax.bar(i, med, color=colour, alpha=0.45, width=0.7)
+            ax.plot([i] * len(vals), vals, "o", ms=3.2, color=colour, mec="k", mew=0.4)
+        ax.axhline(0, color="k", lw=0.8)
+        ax.set_xticks(range(len(STEP_NAMES)), [names.get(n, n) for n in STEP_NAMES],
+                      rotation=40, ha="right", fontsize=7.5)
+        r0 = next(r for r in rows if r["case"] == case)
+        ax.set_title(f"s={r0['seq_len']}, b={r0['batch']}, h={r0['heads']}", fontsize=9)
+    axes[0][0].set_ylabel("step, points of a copy\n(a dot per process)")
+    fig.suptitle(f"{title}\ncoloured: every process measures the step with the same sign",
+                 fontsize=9.5)
+    fig.tight_layout()
+    return fig
+
+
 def _place_numbers(ax, points, fontsize=7):
     """Write each point's number beside it where it overprints no other number or point: the
     first of a ring of offsets, tried nearest first, that is free on the axes as drawn."""
