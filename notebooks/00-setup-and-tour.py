@@ -530,18 +530,17 @@ if GPU:                                         # do_bench: the median of many l
         print(f"  {name:25s} {t * 1e3:8.1f} µs  {100 * ms['torch copy_'] / t:4.0f} % of a copy")
 
 # %% [markdown]
-# Those live shares are your GPU's at the tour's size, `x` of $[2048, 4, 16, 128]$ (32 MiB).
-# The committed profile below is an H200's at $[4096, 8, 32, 128]$ (256 MiB):
-# `benchmarks/mechanism.py` ran each kernel once under *Nsight Compute*, NVIDIA's kernel
-# profiler, which reads the GPU's hardware counters (`mechanism-nvidia-h200.csv` in
-# `benchmarks/results/`). Its columns: the time, the bytes moved to and from the GPU's memory
-# (DRAM) over the bytes RoPE must move ("DRAM / model"), the programs and their warps, and the
-# thread instructions per element (warp instructions executed × 32, over the elements of `x`)
-# that notebooks 04 and 05 use. The fifth row is the flat pass
-# of the two-pass route `apply_rope` takes at this size. `program_cost-nvidia-h200.csv` timed
-# with `do_bench` as many programs as the naive kernel's, doing nothing or each moving a row;
-# from it comes each kernel's *program floor*, the time its programs alone take to start
-# (exercise 2 works it out).
+# Those shares are your GPU's at the tour's 32 MiB. The committed profile below is an H200's at
+# $[4096, 8, 32, 128]$ (256 MiB): `benchmarks/mechanism.py` ran each kernel once under *Nsight
+# Compute*, NVIDIA's kernel profiler, which reads the GPU's hardware counters
+# (`benchmarks/results/mechanism-nvidia-h200.csv`). Its columns: the time, the bytes moved to
+# and from the GPU's memory (DRAM) over the bytes RoPE must move ("DRAM / model"), the programs
+# and their warps, each kernel's *program floor* (the time its programs alone take to start,
+# from `program_cost-nvidia-h200.csv`, which timed with `do_bench` as many programs as the
+# naive kernel's, doing nothing or each moving a row; exercise 2 works it out), and the thread
+# instructions per element (warp instructions executed × 32, over the elements of `x`) that
+# notebooks 04 and 05 use. The fifth row is the flat pass of the two-pass route `apply_rope`
+# takes at this size.
 
 # %%
 MECHANISM = measured.path("mechanism").is_file() and measured.path("program_cost").is_file()
@@ -644,16 +643,69 @@ if MECHANISM:
 # 79.8 ns of an SM's time each (notebook 03, section 4.3). Every other kernel stands well above
 # its floor.
 #
-# At the tour's size the same cost a program gives the naive kernel's 131,072 programs a floor
-# of 79 µs (the profile's grid starts as many), and the grid's 32,768 a quarter of that. As
-# notebook 03 (section 4.4) finds the naive time the same on an H100 and an H200, that floor
-# should be most of the naive kernel's live time. Set the live table's times beside these
-# floors and the copy's: a kernel well above its floor plus a copy is held back by something
-# other than program starts, which this notebook does not measure. The live shares also need
-# not match the profile's, taken at 256 MiB against the tour's 32 MiB. Notebook 04 (sections 2
-# and 5.3) sets the grid against three floors and names a suspect, one row in flight per warp;
-# notebook 05 climbs to the finished kernel one change at a time and says why `apply_rope`
-# takes the two-pass route from 64 MiB on.
+# **The floors, live.** The floor column is a model: the H200's cost of an empty program,
+# scaled to a kernel's programs. The next cell measures the floors on your GPU: a kernel with no
+# loads and no stores, launched with `do_bench` at each row's programs and warps and at the
+# tour's two kernels' grids, beside the model worked out with your GPU's SM count. Read "live /
+# model" near 1 as a fixed cost a program, whatever the count (the model leaves out the
+# launch's own fixed cost, so a small grid's ratio is only printed); for the tour's kernels,
+# the last column is the share of their live time (section 4's first cell) that their programs
+# alone take. The cell asserts that the empty kernel's time grows with its programs at one
+# warp, that each floor of 20 µs or more is within 3× of the model, and that no tour kernel
+# beats its own empty programs. On a CPU it launches the empty kernel at a few programs and
+# times nothing.
+
+# %%
+@triton.jit
+def empty_kernel(x_ptr):   # the kernel benchmarks/program_cost.py timed for the model; x_ptr
+    pass                   # unused: each program starts and retires, nothing else
+
+
+if MECHANISM:
+    from ropelib.course.kernels.naive import default_num_warps, half_tile
+
+    tour_warps = default_num_warps(half_tile(D)[1])      # the naive and grid kernels' warps
+    grids = {r["name"]: (r["programs"], r["num_warps"]) for r in table_rows}
+    grids |= {f"tour: {name}": (n, tour_warps) for name, n in programs.items()}
+    poisoned = torch.full((64,), float("nan"), device=device)
+    for n, warps in set(grids.values()):      # each grid once; on a CPU a few programs of it
+        empty_kernel[(n if GPU else min(n, 4),)](poisoned, num_warps=warps)
+    assert poisoned.isnan().all(), "the empty kernel wrote something"
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if GPU else 132
+    model = {g: g[0] / sms * empty_ns[g[1]] / 1e3 for g in grids.values()}   # µs
+    if GPU:
+        live = {g: triton.testing.do_bench(
+                    lambda: empty_kernel[(g[0],)](poisoned, num_warps=g[1])) * 1e3
+                for g in set(grids.values())}
+        print(f"empty programs on {info['GPU']} ({sms} SMs), do_bench medians; the model from "
+              f"{cost_meta['gpu']}'s {empty_ns[1]:.1f} ns a program")
+        print(f"  {'launch':27s} {'programs':>10s} warps  model µs  live µs  live / model"
+              "  share of the kernel's live time")
+        for name, g in grids.items():
+            tour = name.startswith("tour: ")              # a tour kernel, timed in ms above
+            share = f"{100 * live[g] / (ms[name[6:]] * 1e3):5.0f} %" if tour else ""
+            print(f"  {name:27s} {g[0]:>10,} {g[1]:5d} {model[g]:9.1f} {live[g]:8.1f} "
+                  f"{live[g] / model[g]:12.2f}  {share}")
+        one_warp = sorted((g for g in live if g[1] == 1), key=lambda g: g[0])
+        assert len(one_warp) >= 2 and live[one_warp[-1]] > live[one_warp[0]], live  # more, longer
+        if (1 << 20, 1) in live and (1 << 17, 1) in live:        # 8 times the programs
+            assert live[1 << 20, 1] > 4 * live[1 << 17, 1], live
+        for g in live:
+            if model[g] >= 20:
+                assert 1 / 3 < live[g] / model[g] < 3, (g, live[g], model[g])
+        for name in programs:                      # no kernel runs faster than its programs
+            assert ms[name] * 1e3 > 0.8 * live[grids[f"tour: {name}"]], name
+    else:
+        print(f"the empty kernel ran at {len(set(grids.values()))} grids, a few programs each, "
+              "and wrote nothing; timing its programs needs a GPU. The model it would be set "
+              f"beside ({sms} SMs, µs):")
+        for name, g in grids.items():
+            print(f"  {name:27s} {g[0]:>10,} programs x {g[1]} warps: {model[g]:7.1f}")
+
+# %% [markdown]
+# Notebook 04 (sections 2 and 5.3) sets the grid against three floors and names a suspect, one
+# row in flight per warp; notebook 05 climbs to the finished kernel one change at a time and
+# says why `apply_rope` takes the two-pass route from 64 MiB on.
 
 # %% [markdown]
 # ## 5. Where to go next

@@ -226,30 +226,22 @@ print(f"the two bf16-table lines miss {off[table]:.0%} and {off[unfused]:.0%} of
 assert share > (0.25 if GPU else 0.1)           # a GPU's x: a quarter or more; the small x here
 
 # %% [markdown]
-# Each line is measured three ways against the correctly rounded $y$: its largest absolute
-# error, its largest error in **ulps** (the gap between neighbouring bf16 numbers at each value),
-# and the share of its outputs that are not the correctly rounded value. The first alone says
-# little: it sits at the largest outputs, where one bf16 step is already 1/64 or 1/32 (values
-# from 2 to 8), and it does not say how many outputs are off.
+# Each line is measured against the correctly rounded $y$: its largest absolute error, its
+# largest error in **ulps** (the gap between neighbouring bf16 numbers at each value), and the
+# share of its outputs that are not the correctly rounded value. The first alone says little:
+# it sits at the largest outputs, where one bf16 step is already 1/64 or 1/32 (values from 2
+# to 8).
 #
-# ropelib's line is off by at most one ulp, in fewer than one output in a thousand: it rounds
-# its fp32 result once, and fp32's own tiny error can only tip that rounding to the
-# neighbouring bf16 value when the exact value lies almost halfway between two. (Near zero,
-# where $x_a\cos - x_b\sin$ cancels values of order one, fp32's error rather than the rounding
-# decides the last bits; so `ropelib.bench.compare.error_metrics` measures values below a
-# thousandth of the largest in the ulp at that floor.)
-#
-# The other two lines round $\cos$ and $\sin$ to bf16 first: an error of up to $2^{-9}$ in
-# each (half a bf16 step of a value between 0.5 and 1), which the multiply carries into every
-# output. On a GPU's $x$ (4096×4×32×128) a quarter or more of their outputs miss the correctly
-# rounded value, on the interpreter's small $x$ (16×2×3×32) more than a tenth: the share
-# depends on the shape (the last line prints it; the cell asserts the bound for the machine it
-# runs on). Their `max ulps`, tens to hundreds, is far above one even at the floor, because the
-# table's error is a share of $x$, not of the small output. TE's unfused path and HF's code also
-# round every product and sum to bf16, so in both `max ulps` and `outputs off` the order is
-# ropelib, then the bf16 cos/sin, then those two (all asserted); on the same bf16 cos and sin
-# they do the same ops, and HF's line equals TE's unfused one. Notebook 08 shows how this difference makes an innocent
-# `torch.allclose(te_out, triton_out)` fail.
+# ropelib rounds its fp32 result once, so it is off by at most one ulp, and only where the
+# exact value lies almost halfway between two bf16 numbers. (Near zero, where
+# $x_a\cos - x_b\sin$ cancels, fp32's own error decides the last bits, so
+# `ropelib.bench.compare.error_metrics` measures values below a thousandth of the largest in
+# the ulp at that floor.) The other lines round $\cos$ and $\sin$ to bf16 first, an error of up
+# to $2^{-9}$ that the multiply carries into every output as a share of $x$, not of the small
+# output: hence `max ulps` far above one, and a share of outputs off that depends on the shape
+# (the cell's last line). TE's unfused path and HF's code also round every product and sum to
+# bf16; doing the same ops on the same cos and sin, they agree bit for bit. Notebook 08 shows
+# how this difference makes an innocent `torch.allclose(te_out, triton_out)` fail.
 #
 # ## 3. Partial rotary
 #
@@ -421,9 +413,9 @@ print("each rank's local rotation == the global rotation at its positions")
 # once and writing $y$ once (plus a small table). The cell below puts numbers on that claim:
 # RoPE's arithmetic intensity (operations per byte moved) beside the GPU's, and the time of
 # `ropelib.apply_rope` beside a device copy of the same bytes, which does no arithmetic at all,
-# from the committed H200 run (`benchmarks/results/floor-nvidia-h200.csv`). At this size
-# `apply_rope` takes its default route, two passes (a small kernel for the angle rows, then a
-# flat rotation kernel; notebook 05).
+# from the committed runs on an H200 and an H100 (`benchmarks/results/floor-*.csv`). At this
+# size `apply_rope` takes its default route, two passes (a small kernel for the angle rows,
+# then a flat rotation kernel; notebook 05).
 
 # %%
 from ropelib.bench import compare, floor as floor_suite
@@ -433,36 +425,43 @@ from ropelib.course import measured
 # 3 floating-point operations (an fma counts 2), for 2 bytes read and 2 written
 flop_per_elem, bytes_per_elem = 3, 2 + 2
 intensity = flop_per_elem / bytes_per_elem
-h200_fp32_flops = 67e12      # NVIDIA's H200 SXM datasheet: FP32, not measured here
-fl = measured.floor()
-fl_meta, _ = measured.load("floor")
+fp32_flops = 67e12      # NVIDIA's H100 SXM and H200 SXM datasheets alike: FP32, not measured here
 case_1g = "forward 1 GiB bf16 sbhd"
-copy_ms, rope_ms = (float(fl[case_1g][p]["ms"]) for p in ("copy", "ropelib"))
 x_1g = 1 << 30                                   # the bytes of x in that case
 config_1g = {c.name: c.config for c in floor_suite.rope_cases()}["1 GiB bf16 sbhd"]
 moved_1g = compare.bytes_moved(config_1g)        # x read, y written, the fp32 table read
 assert moved_1g == 2 * x_1g + config_1g.seq_len * config_1g.head_dim * 4
-copy_bw = moved_1g / (copy_ms * 1e-3)            # bytes per second, as notebook 00 counts them
-ridge = h200_fp32_flops / copy_bw                # operations per byte where the two balance
-rope_flops = flop_per_elem * (x_1g // 2) / (rope_ms * 1e-3)
 print(f"RoPE: {intensity:.2f} FLOP per byte of x and y moved (the small table left out)")
-print(f"{fl_meta['gpu']}: a copy moves {copy_bw / 1e12:.2f} TB/s (measured); at the datasheet's "
-      f"{h200_fp32_flops / 1e12:.0f} TFLOP/s FP32 the balance point is {ridge:.1f} FLOP/byte, "
-      f"{ridge / intensity:.0f}x RoPE's")
-print(f"{case_1g}: ropelib {rope_ms:.4f} ms, the copy {copy_ms:.4f} ms "
-      f"({copy_ms / rope_ms:.3f} of a copy), doing {rope_flops / 1e12:.2f} TFLOP/s, "
-      f"{100 * rope_flops / h200_fp32_flops:.1f} % of the datasheet's rate")
-assert "H200" in fl_meta["gpu"] and intensity == 0.75
-assert round(ridge) == 16 and ridge / intensity > 15     # far on the memory side
-assert copy_ms / rope_ms > 0.95                  # the arithmetic adds (almost) no time
-assert rope_flops / h200_fp32_flops < 0.05
+print(f"{case_1g}, committed floor runs (do_bench); FP32 rate {fp32_flops / 1e12:.0f} TFLOP/s "
+      "from the datasheet")
+print(f"  {'GPU':22s} copy TB/s  balance FLOP/byte  ropelib ms  copy ms  of a copy  "
+      "ropelib TFLOP/s  of FP32 rate")
+ridge_of = {}
+for gpu in ("nvidia-h200", "nvidia-h100-80gb-hbm3"):
+    if not measured.path("floor", gpu).is_file():
+        continue
+    meta, runs = measured.load("floor", gpu)[0], measured.floor(gpu)
+    copy_ms, rope_ms = (float(runs[case_1g][p]["ms"]) for p in ("copy", "ropelib"))
+    copy_bw = moved_1g / (copy_ms * 1e-3)        # bytes per second, as notebook 00 counts them
+    ridge = fp32_flops / copy_bw                 # operations per byte where the two balance
+    rope_flops = flop_per_elem * (x_1g // 2) / (rope_ms * 1e-3)
+    print(f"  {meta['gpu']:22s} {copy_bw / 1e12:9.2f} {ridge:18.1f} {rope_ms:11.4f} "
+          f"{copy_ms:8.4f} {copy_ms / rope_ms:10.3f} {rope_flops / 1e12:16.2f} "
+          f"{100 * rope_flops / fp32_flops:11.1f} %")
+    assert ridge / intensity > 15                # far on the memory side
+    assert copy_ms / rope_ms > 0.95              # the arithmetic adds (almost) no time
+    assert rope_flops / fp32_flops < 0.05
+    ridge_of[meta["gpu"]] = ridge
+fl_meta, fl = measured.load("floor")[0], measured.floor()     # the H200's, used below
+assert "H200" in fl_meta["gpu"] and intensity == 0.75 and round(ridge_of["NVIDIA H200"]) == 16
+assert round(ridge_of.get("NVIDIA H100 80GB HBM3", 22)) == 22
 
 # %% [markdown]
 # RoPE does 0.75 operations per byte it moves; the H200 balances its arithmetic and its memory
-# near 16 (the printed ratio uses the copy's measured bandwidth and the datasheet's FP32 rate,
-# which this course does not measure). The measurement that settles it is the last line:
-# ropelib's two-pass route takes the time of a copy of the same bytes, which does no
-# arithmetic, while using a few percent of the arithmetic rate. So every byte counts, and the
+# near 16, the H100, whose memory is slower, near 22 (the copy's measured bandwidth against the
+# datasheet's FP32 rate, which this course does not measure). The measurement that settles it:
+# on both GPUs ropelib's two-pass route takes the time of a copy of the same bytes, which does
+# no arithmetic, while using a few percent of the arithmetic rate. So every byte counts, and the
 # arithmetic is free. (The single fused kernel that the rest of this section forces, to hold
 # one kernel against the chain, is a little slower: the end of "Each kernel against a copy"
 # measures both routes against a copy.)
@@ -734,19 +733,39 @@ else:           # one autograd node: ropelib's Rotate
 # On the CPU, `ropelib.apply_rope` shows up as one autograd function (`Rotate`): its Triton
 # kernel runs as Python inside the interpreter, invisible to the profiler.
 #
-# On a GPU the next cell times both against a plain copy of the same bytes, the yardstick for a
-# kernel that reads and writes each byte once. Every timing from here on is headed `LIVE`
-# (measured now, on your GPU; it varies a little from run to run) or `COMMITTED` (one H200 run
-# kept in `figures/02-unfused-kernels.csv`, named with its GPU and versions). The text quotes
-# the committed run only. In the interpreter kernel times mean nothing, so there is no live
-# block.
+# On a GPU the next cell times both against a copy of the same bytes, the yardstick for a
+# kernel that reads and writes each byte once. A contiguous `copy_` runs as a device-to-device
+# memory copy ("Memcpy DtoD" in a profile), not as a kernel, so beside it the cell times
+# `copy_kernel`, a Triton kernel that loads and stores one tile of 1,024 elements a program:
+# their ratio (printed, asserted only within 2×) says whether a kernel can reach the yardstick
+# on your GPU. Timings are headed `LIVE` (measured now, on your GPU) or `COMMITTED` (one H200
+# run kept in `figures/02-unfused-kernels.csv`, named with its GPU and versions); the text
+# quotes the committed run only. On a CPU the cell runs `copy_kernel` once in the interpreter
+# and times nothing.
 
 # %%
-if GPU:
-    import triton
+import triton
+import triton.language as tl
 
-    xd = xp.detach()   # forward only: no autograd graph recorded while timing
-    y_buf = torch.empty_like(xd)
+
+@triton.jit
+def copy_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):   # one tile of BLOCK elements a program
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n                                        # the last tile runs past n
+    tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=mask), mask=mask)
+
+
+xd = xp.detach()   # forward only: no autograd graph recorded while timing
+y_buf, y_tile = torch.empty_like(xd), torch.full_like(xd, float("nan"))
+
+
+def tile_copy():   # x as a flat contiguous run of elements, 1,024 a program
+    copy_kernel[(triton.cdiv(xd.numel(), 1024),)](xd, y_tile, xd.numel(), BLOCK=1024)
+
+
+tile_copy()                          # compiled on a GPU, interpreted on a CPU
+assert torch.equal(y_tile, xd)       # every element written, unchanged
+if GPU:
     with CountTraffic() as counted:              # each op's bytes, on the tensors timed here
         reference.te_unfused(xd, fp)
     timed_unfused_bytes = sum(r + w for _, r, w in counted.ops)
@@ -755,18 +774,22 @@ if GPU:
     with forced("finished"):                     # one kernel, as in the profile above
         t_fused = triton.testing.do_bench(lambda: ropelib.apply_rope(xd, fp))
     t_copy = triton.testing.do_bench(lambda: y_buf.copy_(xd))
+    t_tile = triton.testing.do_bench(tile_copy)
     print(f"{LIVE}:")
-    for name, t in [("copy (floor)", t_copy), ("ropelib.apply_rope", t_fused),
-                    ("TE unfused", t_unfused)]:
+    for name, t in [("copy_ (floor)", t_copy), ("copy_kernel (Triton)", t_tile),
+                    ("ropelib.apply_rope", t_fused), ("TE unfused", t_unfused)]:
         print(f"  {name:20s} {t * 1e3:8.1f} us   {moved / t / 1e6:7.0f} GB/s of useful traffic")
-    print(f"  unfused / fused: {t_unfused / t_fused:.1f}x")
+    print(f"  copy_kernel / copy_: {t_tile / t_copy:.2f}x; unfused / fused: "
+          f"{t_unfused / t_fused:.1f}x")
+    assert 0.5 < t_tile / t_copy < 2                   # a kernel's copy, near the runtime's
     print(f"  their bytes (counted on these tensors, x {tuple(xd.shape)}): "
           f"{timed_unfused_bytes / moved:.1f}x "
           f"(section 6's smaller x: {unfused_bytes / floor_bytes:.1f}x)")
     assert t_unfused / t_fused > timed_unfused_bytes / moved
     assert abs(timed_unfused_bytes / moved / (unfused_bytes / floor_bytes) - 1) < 0.05
 else:
-    print("LIVE: none here (the interpreter simulates the kernels: their times mean nothing)")
+    print("LIVE: none here (the interpreter simulates the kernels: their times mean nothing); "
+          f"copy_kernel copied x {tuple(xd.shape)} exactly, timing it needs a GPU")
 # the committed run (written by the next cell on a GPU; read before any cell ran)
 c_time_ratio = committed["unfused_us"] / committed["fused_us"]
 c_bytes_ratio = sum(r.nbytes for r in committed_rows) / committed["fused_bytes"]
@@ -964,12 +987,11 @@ assert [round(v, 1) for v in (committed["fused_us"], two_pass_us, fl_copy_us)] =
 assert (round(single, 2), round(two_pass, 2)) == (0.86, 0.95)
 
 # %% [markdown]
-# The table shows what the bytes alone do not. The text quotes the committed H200 run, which
-# the last cell printed in one line; a GPU's live table prints its own percentages, and the
-# cell asserts that at least two kernels on $x$ fall below half the copy's GB/s. In the
-# committed run 4 of the 6 kernels on $x$ (the two multiplies, the `neg` and the first `cat`)
-# stream at 24% to 39% of the copy's bandwidth (the table's own `cos`, `sin` and casts, 1.5 to
-# 2.8 µs each on a small tensor, are left out of that count). Its factors answer "where does
+# The table shows what the bytes alone do not. The text quotes the committed H200 run (the
+# last cell's line); a GPU's live table prints its own percentages. In the committed run 4 of
+# the 6 kernels on $x$ (the two multiplies, the `neg` and the first `cat`) stream at 24% to
+# 39% of the copy's bandwidth (the table's own `cos`, `sin` and casts, 1.5 to 2.8 µs each on a
+# small tensor, are left out of that count). Its factors answer "where does
 # the rest go?": the chain moves 6.02 times the fused kernel's bytes, its kernels take 2.29
 # times what those bytes would take at the copy's speed, and the gaps between kernels add
 # nothing visible (1.00). The last two factors and the last printed line are about the fused
@@ -990,8 +1012,8 @@ assert (round(single, 2), round(two_pass, 2)) == (0.86, 0.95)
 # of the copy's GB/s in the committed run. (`cos`, `sin` and their casts are vectorized too, on
 # the small table.) An `add` above 100 % is not a kernel outrunning the memory: the yardstick
 # is a `copy_`, which the GPU runs as a device-to-device memory copy, not an element-wise
-# kernel, and it is not the memory's peak. The appendix sets a few element-wise streams
-# beside it.
+# kernel (the `LIVE` block above sets a Triton copy kernel beside it), and it is not the
+# memory's peak. The appendix sets a few element-wise streams beside it.
 #
 # So far this is an observation across kernels, not a controlled experiment: the kind is read
 # from a name, the GB/s from device time and counted bytes. The loads themselves take hardware
@@ -1247,10 +1269,9 @@ solution(nb02_lean_chain.solution_lean_chain)
 # **The `add` against the copy.** Section 6's committed table has the vectorized `add` at 103%
 # of the copy's GB/s. Both are counted bytes over time, but the two move different mixes: for
 # each element of $x$ the `add` reads two tensors and writes one (asserted below), the copy
-# reads one and writes one; and the copy is a `copy_`, run as a device-to-device memory copy,
-# not by an element-wise kernel. On a GPU the next cell times four streams over contiguous
-# tensors the size of $x$ that read 0, 1, 2 and 3 tensors for each one they write (`fill_`,
-# the copy, `add`, `addcmul`), each with `do_bench`, and prints each one's GB/s.
+# reads one and writes one. On a GPU the next cell times four streams over contiguous tensors
+# the size of $x$ that read 0, 1, 2 and 3 tensors for each one they write (`fill_`, the copy,
+# `add`, `addcmul`), each with `do_bench`, and prints each one's GB/s.
 
 # %%
 add_row = next(r for r in committed_rows if r.op == "add")

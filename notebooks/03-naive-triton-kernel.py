@@ -30,7 +30,7 @@
 #   layout, dtypes, up to the kernel ropelib ships;
 # - tell `BLOCK_SIZE` (the tile of data a program works on) from `num_warps` (the threads that
 #   work on it); say why a million one-row programs take the time the GPU needs to start
-#   them, and why warps that outnumber a tile's elements only repeat its work;
+#   them, and read in the machine code what a second warp adds to a program;
 # - see which 32-byte sectors a load or store touches, recorded from a real launch in Triton's
 #   interpreter; say why stride-2 stores cost more than stride-2 loads (L1 absorbs one, not the
 #   other), and read from the compiled layout whether an interleaved kernel's loads use whole
@@ -572,8 +572,9 @@ for dtype in (torch.float32, torch.bfloat16):
 #   kernel of as many programs that do nothing takes the same time; its bytes, its bytes in
 #   flight and its arithmetic do not set it. This course writes that cost as about 80 ns per
 #   program on each SM; 4.4 says what that way of writing it assumes.
-# - **With 4 or 8 warps, the extra warps repeat the same work**: they add instructions, and a
-#   profile at a locked clock shows the time growing with them.
+# - **More warps add instructions.** At 2 warps every thread redoes the row's index
+#   arithmetic for half the elements; with 4 or 8, the extra warps repeat the same work. A
+#   profile at a locked clock shows the time growing with the instructions.
 #
 # 4.1 times the warps live; 4.2 profiles the naive kernel beside a copy; 4.3 times kernels
 # whose programs do nothing; 4.4 sets an H100 beside an H200 and asks what a program's cost
@@ -601,8 +602,6 @@ for dtype in (torch.float32, torch.bfloat16):
 # $\text{time} \times \text{SMs} / \text{programs}$ as "ns per program per SM". That figure is
 # a program's cost only where the programs set the time, as 4.3 finds they do at 1 warp; where
 # more warps slow the kernel (4.5), it is the kernel's time rescaled, not what a program costs.
-# The cell runs `my_rope_naive`, the launcher of section 3.4, so an edit there shows in its
-# times.
 
 # %%
 results = {nw: my_rope_naive(x, freqs, num_warps=nw) for nw in (1, 2, 4, 8)}
@@ -775,9 +774,12 @@ assert round(life_us, 1) == 1.4
 # and runs each once beside `my_rope_naive` at this page's shape, checking what each writes
 # (in the interpreter on the CPU: the empty kernel nothing, the one-row kernel `x` itself). On
 # a GPU it then times the three and a device copy at the profile's shape, a million programs.
-# Predict first: which of the four take about the same time? Then change a kernel (give the
-# empty kernel a loop of arithmetic, or `_one_row_kernel` two rows a program on half the grid)
-# and see which change moves the time.
+# It then times the empty kernel on $k$ programs per SM for four $k$: if each program costs a
+# fixed time, each step in $k$ adds that time per added program, and the cell checks those
+# slopes against the million programs' figure (within 20 %) and that figure against about
+# 80 ns. Predict first: which of the four take about the same time? Then change a kernel (give
+# the empty kernel a loop of arithmetic, or `_one_row_kernel` two rows a program on half the
+# grid) and see which change moves the time.
 
 # %%
 @triton.jit
@@ -818,6 +820,13 @@ runs["naive"]()
 assert torch.equal(y_runs, my_rope_naive(x, freqs))
 print(f"x [{S}, {B}, {H}, {D}], {S * B * H:,} programs a kernel: the empty kernel writes "
       "nothing, the one-row kernel copies x, the naive kernel rotates it")
+# the empty kernel on k programs per SM, for a few k (on the CPU: 2 stand-in SMs, each once)
+sms = torch.cuda.get_device_properties(device).multi_processor_count if GPU else 2
+per_sm_gpu = (1024, 2048, 4096, 8192)
+per_sm = per_sm_gpu if GPU else (1, 2)
+empty_on = {k: (lambda k=k: _empty_kernel[(k * sms,)](x, num_warps=1)) for k in per_sm}
+for launch in empty_on.values():
+    launch()
 
 if GPU:   # the profile's shape: a million programs, 256 MiB of x
     from triton.testing import do_bench
@@ -827,7 +836,6 @@ if GPU:   # the profile's shape: a million programs, 256 MiB of x
     f_prof = ex.te_angles(shape[0], shape[3], device=device)
     progs = shape[0] * shape[1] * shape[2]
     here = torch.cuda.get_device_name()
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
     live_us = {name: do_bench(fn, quantiles=[0.5, 0.2, 0.8])[0] * 1e3
                for name, fn in one_program_per_row(x_prof, f_prof, y_prof).items()}
     del x_prof, y_prof
@@ -846,8 +854,19 @@ if GPU:   # the profile's shape: a million programs, 256 MiB of x
     assert live_us["copy"] < 0.5 * live_us["empty"], live_us
     if here == cost_meta["gpu"]:     # the committed run's GPU: the same cost a program
         assert abs(live_us["empty"] / empty["us"] - 1) < 0.10
+    # a fixed cost a program: each step in k adds the same time a program on each SM
+    k_us = {k: do_bench(fn, quantiles=[0.5, 0.2, 0.8])[0] * 1e3 for k, fn in empty_on.items()}
+    slopes = [(k_us[b] - k_us[a]) * 1e3 / (b - a) for a, b in zip(per_sm, per_sm[1:])]
+    print("the empty kernel, k programs per SM: "
+          + ", ".join(f"k = {k}: {us:.1f} us" for k, us in k_us.items())
+          + "\n  ns each added program costs on each SM: "
+          + ", ".join(f"{v:.1f}" for v in slopes) + f" (a million programs: {ns_live:.1f})")
+    assert all(abs(v / ns_live - 1) < 0.2 for v in slopes), (slopes, ns_live)
+    assert 50 < ns_live < 110, ns_live        # about 80 ns, the H200's committed figure
 else:
-    print("(timings need a GPU: the interpreter runs the programs one after another in Python)")
+    print("(timings need a GPU: the interpreter runs the programs one after another in Python; "
+          "on one, the cell also times the empty kernel at "
+          f"{', '.join(map(str, per_sm_gpu))} programs per SM)")
 
 # %% [markdown]
 # ### 4.4 Two GPUs: the same naive time, a different copy
@@ -935,7 +954,8 @@ draw_two_gpus(two, empty["us"], FIGURES / "03-naive-vs-copy-two-gpus.png")
 # and "0.60 ns per program for the whole GPU" are one measurement written two ways. A cost each
 # SM pays per program would make the time fall with more SMs; a limit on how fast the GPU as a
 # whole hands out programs would not. No committed file has a GPU with another SM count or a
-# launch confined to fewer SMs, so the per-SM reading is an assumption, not a finding.
+# launch confined to fewer SMs, so the per-SM reading is an assumption, not a finding (4.3's
+# slopes show a fixed cost a program, not where it is paid).
 # Exercise 5's prediction and the program floor the course uses elsewhere divide by the SM
 # count and rest on it; on a 132-SM GPU the two readings predict the same times.
 #
@@ -990,8 +1010,8 @@ assert (round(row_ghz, 2), round(row_us, 1), round(row_bench, 1)) == (1.50, 644.
 #
 # ### 4.5 What the extra warps cost
 #
-# *A detour for a second reading: the rest of the notebook uses only its conclusion, that warps
-# whose threads outnumber a tile's elements repeat its work.*
+# *A detour for a second reading: the rest of the notebook uses only its conclusion, that more
+# warps than a tile needs add instructions.*
 #
 # A half of a head row is a tile of 64 pairs: one warp's 32 threads hold two pairs each, two
 # warps' 64 threads one each. With four and eight warps Triton's layout still gives every
@@ -1055,9 +1075,81 @@ assert all(round(m["gpc__cycles_elapsed.max"] / m["gpu__time_duration.sum"], 2) 
 # in 72 % of their cycles against 4 %: its work nearly fills the time its programs take to
 # start. From 2 warps on the schedulers are nearly full and the time grows with the
 # instructions; from 4 warps on the load sectors double with each doubling of the warps, copies
-# of the same pairs loaded again. Even 2 warps execute 1.38 times the instructions of 1 (which
-# instructions, this profile does not say). At a free clock 2 warps may take 1 warp's time:
-# 4.1's live cell checks only that 8 warps take longer than 2.
+# of the same pairs loaded again. At a free clock 2 warps may take 1 warp's time: 4.1's live
+# cell checks only that 8 warps take longer than 2.
+#
+# Yet 2 warps, one pair a thread and no copies, execute 1.38 times the instructions of 1.
+# Which ones? The next cell compiles the naive kernel for sm_90 here at 1 and 2 warps, as the
+# profile launched it, and counts in its machine code (SASS) what one thread runs when its
+# angles take the sine's and cosine's short path (every position of the profile does), by kind
+# (`ropelib.course.nb03_warps`); times the warps, that is what a program runs. Beside it, the
+# profile's own instruction classes.
+
+# %%
+from ropelib.course import nb03_layouts, nb03_warps   # a tile's layout; a thread's SASS, by kind
+from ropelib.course.counts import programs_per_sm
+from ropelib.course.kernels import naive as naive_lib  # ropelib's copy of the kernel above
+from ropelib.course.offline_compile import compiled_code
+
+# x [4096, 8, 32, 128] bf16 contiguous, freqs [4096, 128] fp32: pointers stand in by dtype
+xw_, fw_ = torch.empty(16, dtype=torch.bfloat16), torch.empty(16)
+naive_args = dict(x_ptr=xw_, y_ptr=xw_, freqs_ptr=fw_, B=8, H=32, stride_xs=32768,
+                  stride_xb=4096, stride_xh=128, stride_xd=1, stride_ys=32768, stride_yb=4096,
+                  stride_yh=128, stride_fs=128, stride_fd=1, HALF=64, BLOCK_HALF=64,
+                  BACKWARD=False, COMPUTE_DTYPE=tl.float32, BF16_RTNE=False)
+warps_code = {w: compiled_code(naive_lib._rope_naive_kernel, naive_args, num_warps=w,
+                               timeout=600) for w in (1, 2)}
+per_thread = {w: nb03_warps.by_kind(nb03_warps.fast_path(c["sass"]))
+              for w, c in warps_code.items()}
+per_prog = {w: {k: n * w for k, n in kinds.items()} for w, kinds in per_thread.items()}
+feats = {w: nb03_layouts.load_layout(c["ttgir"])[1]["sizePerThread"][0]
+         for w, c in warps_code.items()}                    # features of a half a thread holds
+regs = {w: c["resources"]["registers"] for w, c in warps_code.items()}
+print(f"naive kernel, sm_90, Triton {warps_code[1]['triton']}: instructions one thread runs, "
+      f"and a program (x warps)\n{'':14s}{'1 warp':>16s}{'2 warps':>18s}\n{'':14s}"
+      + "{:>8s}{:>8s}{:>10s}{:>8s}".format("thread", "program", "thread", "program"))
+print(f"{'features/half':14s}{feats[1]:8d}{'':8s}{feats[2]:10d}")
+for kind in per_thread[1]:
+    print(f"{kind:14s}{per_thread[1][kind]:8d}{per_prog[1][kind]:8d}"
+          f"{per_thread[2][kind]:10d}{per_prog[2][kind]:8d}")
+total = {w: sum(per_prog[w].values()) for w in (1, 2)}
+print(f"{'total':14s}{total[1]:16d}{total[2]:18d}\n{'registers':14s}{regs[1]:8d}{regs[2]:18d}")
+# the profile: warp instructions a program, and its classes (thread instructions / 32)
+p1, p2 = (naive_w[w]["smsp__inst_executed.sum"] / programs_m for w in (1, 2))
+cls = {w: {c: naive_w[w][f"smsp__sass_thread_inst_executed_op_{c}_pred_on.sum"] / 32 / programs_m
+           for c in ("ffma", "fmul", "fadd", "integer")} for w in (1, 2)}
+flops = {w: cls[w]["ffma"] + cls[w]["fmul"] + cls[w]["fadd"] for w in (1, 2)}
+print(f"the H200 profile (Triton {compare.read_meta(nw_csv)['triton']}): {p1:.0f} and {p2:.0f} "
+      f"warp instructions a program; "
+      f"ffma+fmul+fadd {flops[1]:.1f} and {flops[2]:.1f}, integer {cls[1]['integer']:.1f} and "
+      f"{cls[2]['integer']:.1f}")
+assert (round(p1), round(p2), round(p2 / p1, 2)) == (351, 484, 1.38)
+assert abs(flops[2] / flops[1] - 1) < 0.01 and cls[2]["integer"] / cls[1]["integer"] > 1.5
+# the compiled count: a program's instructions within 5 % of the profile's, at both warps
+assert abs(total[1] / p1 - 1) < 0.05 and abs(total[2] / p2 - 1) < 0.05, (total, p1, p2)
+# half the features a thread: its float work halves, a program's does not move
+assert (feats[1], feats[2]) == (2, 1)
+assert per_prog[2]["float"] == per_prog[1]["float"] == 2 * per_thread[2]["float"]
+# what grows: integer work every thread does whatever its features, and twice the loads and
+# stores (one element each, not a 2-element vector): at least three quarters of the extra
+extra = {k: per_prog[2][k] - per_prog[1][k] for k in per_prog[1]}
+assert per_prog[2]["integer"] > 1.4 * per_prog[1]["integer"]
+assert per_thread[2]["integer"] > 0.6 * per_thread[1]["integer"]   # most of it does not halve
+assert per_thread[2]["memory"] == per_thread[1]["memory"]           # as many loads a thread
+assert per_prog[2]["memory"] == 2 * per_prog[1]["memory"]
+assert extra["integer"] + extra["memory"] >= 0.75 * (total[2] - total[1]), extra
+# the 1-warp thread's extra registers cost nothing here: 32 programs an SM is the limit
+assert regs[1] >= regs[2] and programs_per_sm(regs[1], 1, 0).limited_by == ["programs"]
+
+# %% [markdown]
+# Halving a thread's features halves its float work (the angles' reduction and polynomials, the
+# rotation), so a program's does not move. Most of the integer work (the row's `s`, `b` and
+# `h` from the program id, then the addresses) every thread does whatever its features, so two
+# warps do it nearly twice. And a thread issues as many loads and stores at 2 warps as at 1,
+# each of one element instead of two: a program's double. The profile's classes agree: the same
+# floating-point instructions at both, more than half as many integer ones again. The 1-warp
+# thread holds more registers, but one-warp programs are limited to 32 on an SM (4.2), not by
+# registers.
 #
 # Hence `default_num_warps` gives a tile at least as many elements as threads (one warp per
 # 128 elements of a half), and the cure for the program count is fewer programs, each doing

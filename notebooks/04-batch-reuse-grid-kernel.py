@@ -16,23 +16,20 @@
 # %% [markdown]
 # # 04 — The batch-reusing grid kernel
 #
-# The naive kernel of notebook 03 is correct, but it does the same work over and over: every
-# row of the batch at position $s$ — and every head — loads the same angles and computes the
-# same cos/sin. This notebook changes one thing, the **grid**, so that each program does $B$
-# rows' work: $B$ times fewer programs, and with them $B$ times fewer cos/sin evaluations and
-# angle loads. Which of the three saves the time is section 5's question. This kernel is the
-# second of ropelib's three generations (naive, batch-reusing grid, finished kernel), and at
-# batch 8 it beats Transformer Engine's (TE's) fused CUDA kernel on an H200 and on an H100
-# (section 5.2) although it evaluates more sines and cosines; section 3 asks why, section 5.5
-# answers.
+# The naive kernel of notebook 03 makes every row of position $s$, every batch entry and every
+# head, load the same angles and compute the same cos/sin. This notebook changes one thing, the
+# **grid**, so that each program does $B$ rows' work: $B$ times fewer programs, cos/sin
+# evaluations and angle loads. Which of the three saves the time is section 5's question. This
+# second of ropelib's three generations beats Transformer Engine's (TE's) fused CUDA kernel at
+# batch 8 on an H200 and an H100 (section 5.2) although it evaluates more sines and cosines;
+# section 3 asks why, section 5.5 answers.
 #
 # **Time:** about two hours for the core (sections 1 to 4, 5.1 to 5.3 and 6), and another hour
 # and a half for the six exercises; sections 5.4, 5.5 and the appendix read Nsight Compute
 # profiles and can wait for a second sitting. The cells run in about a minute on a two-core CPU.
 #
-# **Where the numbers come from.** Every number the text states is read from a committed result
-# (NVIDIA H200 runs; section 5.2 sets H100 runs beside them) and asserted beside it. Live
-# timings, where a GPU runs the notebook, are printed, never quoted.
+# **Numbers.** The text's are read from committed H200 runs (section 5.2 adds H100 runs) and
+# asserted; live timings are printed, never quoted.
 #
 # **After this notebook you will be able to**
 #
@@ -54,6 +51,7 @@ device = ropelib.default_device()
 import csv
 import math
 import re
+import statistics
 import sys
 import tempfile
 import time
@@ -67,6 +65,7 @@ import triton.language as tl
 from ropelib import reference, runtime
 from ropelib.bench import compare
 from ropelib.course import ladder   # notebook 05's numbered bytes-in-flight plot
+from ropelib.course import nb04_figures   # the floors and the time split, drawn
 from ropelib.course import measured   # the committed H200 results, read back
 from ropelib.course import work_count   # counts what a launch issues, in Triton's interpreter
 from ropelib.course.exercises import grid_kernel
@@ -102,12 +101,10 @@ print(f"x: [S={S}, B={B}, H={H}, D={D}] on {device}")
 # - load the position's angles $B \cdot H$ times instead of once, and
 # - evaluate the same $D$ cosines and $D$ sines $B \cdot H$ times.
 #
-# The naive kernel's repeats are served by the caches: the reference case's table is 8 MiB
-# against an H200's 60 MiB of L2, and the naive kernel reads it from DRAM once (appendix A.5).
-# That depends on the order programs run in: at $s = 32768$, $b = 1$ the batch-reusing grid reads
-# its table from DRAM 8 times (A.5). The other cost is the number of programs: each naive program
-# moves one row (256 bytes in, 256 out for $D = 128$ in bf16), and every program has to be
-# started and retired. The bill for the reference case:
+# The caches serve the repeated angle loads: the reference case's 8 MiB table is read from DRAM
+# once (appendix A.5; at $s = 32768$, $b = 1$ the batch-reusing grid's program order reads it 8
+# times). The other cost is the programs: each naive one moves one row (256 bytes in, 256 out
+# for $D = 128$ in bf16) and must be started and retired. The bill for the reference case:
 
 # %%
 Sr, Br, Hr, Dr = 16384, 8, 32, 128            # the reference case: 1 GiB of bf16 activations
@@ -250,10 +247,9 @@ print("version 1 == reference (fp32)")
 # %% [markdown]
 # Change it and rerun the cell: swap a sign, drop the loop, or move `cos = ...`, `sin = ...`
 # into the loop. The first two break the check; the third only changes the work, which
-# `ropelib.course.work_count` counts: it runs a launch in Triton's interpreter (CPU tensors,
-# any machine) and counts programs, sines and cosines (every lane of every tile) and the
-# elements each load reads. The next cell counts version 1 beside a copy with `cos` and `sin`
-# moved into the loop, on a small tensor (the interpreter is slow).
+# `ropelib.course.work_count` counts in Triton's interpreter (any machine): programs, sines and
+# cosines (every lane of every tile) and the elements each load reads. The next cell counts
+# version 1 beside a copy with `cos` and `sin` moved into the loop.
 
 # %%
 @triton.jit
@@ -361,16 +357,16 @@ print("version 2 == reference (fp16, a non-contiguous view, D = 80, halves with 
 # %% [markdown]
 # ### 2.3 The version in ropelib
 #
-# `ropelib/course/kernels/batch_reuse.py` adds three compile-time switches to version 2, and reads
-# the table through its strides (a `[P, 1, 1, D]` table needs no copy):
+# `ropelib/course/kernels/batch_reuse.py` adds three compile-time switches to version 2 and
+# reads the table through its strides:
 #
 # - `BACKWARD` — the same kernel serves the backward pass (notebook 06);
 # - `COMPUTE_DTYPE` — fp64 math for fp64 inputs, so `gradcheck` can run (notebook 06);
 # - `BF16_RTNE` — Triton's interpreter truncates when it casts to bf16, a GPU rounds to
 #   nearest even; `round_to` rounds by hand in the interpreter so both give the same bits.
 #
-# The next cell is that kernel, character for character (`tests/test_notebook_kernels_same.py`
-# fails if they differ); the cell after it launches it and compares with ropelib's launcher.
+# The next cell is that kernel, character for character (a test fails if they differ); the
+# cell after it launches it and compares with ropelib's launcher.
 
 # %%
 # ropelib-source: ropelib.course.kernels.batch_reuse._rope_batch_reuse_kernel
@@ -494,23 +490,18 @@ assert load_order["sh_loop_b"]["rows"] == load_order["sh_loop_b_unrolled"]["rows
 # stores of row $b$: a compiler may not move a load above an earlier store unless it can prove
 # they touch different memory, and `x` and `y` may be one tensor (an in-place call). So each
 # warp asks for one 256-byte row of `x`, waits, stores it, and only then asks for the next.
-# Whether this "one row in flight per warp" limits the grid's time is tested by exercise 6: it
-# writes a kernel that differs in the rows in flight alone and, on a GPU, times it beside the
-# one-row kernel and a copy. Read its printed `two rows / one row`: well below 1 means the rows
-# in flight limit the grid; about 1 means they do not. No committed run holds that ratio.
+# Whether this "one row in flight per warp" limits the grid's time, exercise 6 measures.
 #
 # ## 3. The batch-reusing grid against Transformer Engine
 #
 # At bf16 sbhd $s = 4096$, $b = 8$, $h = 32$, $d = 128$ this kernel is faster than TE's fused
-# kernel on an H200 (section 5.3) and on an H100 (section 5.2).
-#
-# **Why would it be faster?** "It reuses cos/sin across the batch, and TE does not" does not
-# survive a look at TE's kernel. `fused_rope.cu` launches a grid `(s, b)`: one CUDA block (what
-# Triton calls a program) of 4 or 8 warps per (position, batch entry), which reuses the sines
-# and cosines of position $s$ across its $h$ heads, either computed by each warp in registers or
-# computed once into shared memory behind a barrier. TE 2.20.2, the release section 5 profiles,
-# behaves as the second (appendix A.1: its warps wait at a block-wide barrier, and its float
-# instructions fit one evaluation per block). Per position, one (cos, sin) pair per feature:
+# kernel on an H200 (section 5.3) and on an H100 (section 5.2). Why? "It reuses cos/sin across
+# the batch, and TE does not" does not survive a look at TE's kernel. `fused_rope.cu` launches
+# a grid `(s, b)`: one CUDA block (a program) of 4 or 8 warps per (position, batch entry),
+# which reuses the sines and cosines of position $s$ across its $h$ heads, computed either by
+# each warp in registers or once into shared memory behind a barrier. TE 2.20.2, the release
+# section 5 profiles, does the second (appendix A.1: its warps wait at a block-wide barrier, and
+# its float instructions fit one evaluation per block). Per position, one pair per feature:
 #
 # | kernel | grid | (cos, sin) pairs evaluated per position |
 # |---|---|---|
@@ -536,28 +527,23 @@ assert load_order["sh_loop_b"]["rows"] == load_order["sh_loop_b_unrolled"]["rows
 # ## 4. A bytes-moved model, GB/s and the copy floor
 #
 # RoPE does two multiplies and an add per element and moves every element twice: it is
-# **memory-bound**, measured in bytes per second against what the GPU can actually deliver.
-# The model counts the bytes any correct kernel *must* move:
+# **memory-bound**. The model counts the bytes any correct kernel *must* move:
 #
 # $$ \text{bytes} = \underbrace{N e}_{\text{read } x} + \underbrace{N e}_{\text{write } y}
 #    + \underbrace{4 S D}_{\text{fp32 angles, once}}, \qquad
 #    \text{GB/s} = \frac{\text{bytes}}{t} , $$
 #
-# with $N = SBHD$ elements of $e$ bytes; extra traffic (re-reading the table, say) is not
-# counted and shows up as a lower GB/s. The yardstick is a plain device copy `y.copy_(x)`,
-# timed in the same run on the same tensors: it moves the $2Ne$ bytes any RoPE kernel must move,
-# as a plain stream. The percentage of a copy compares times, as in the other notebooks:
+# with $N = SBHD$ elements of $e$ bytes; extra traffic (re-reading the table, say) shows up as
+# a lower GB/s. The yardstick is a device copy `y.copy_(x)` of the same tensors, timed in the
+# same run: it moves the $2Ne$ bytes as a plain stream. The percentage of a copy compares times:
 #
 # $$ \%\ \text{of copy} = 100 \cdot
 #    \frac{t_{\text{copy}}}{t_{\text{kernel}}} ,$$
 #
-# (a ratio of GB/s would count the angle table for the kernel and not for the copy). The copy
-# is not a hard ceiling, since it does not reach DRAM's peak itself: in section 5.2's run a
-# kernel comes 1 % faster than it at most, and notebook 02's `add` moved its bytes at 3.5 % more
-# GB/s than the copy. `ropelib.bench.compare.bytes_moved` is this model;
-# `benchmarks/generations.py` times the copy and the three generations with
-# `triton.testing.do_bench` (median of many runs, L2 flushed between them). Exercise 2 turns
-# bytes into time at the copy's speed.
+# (a ratio of GB/s would count the angle table for the kernel only). The copy is a yardstick,
+# not a hard ceiling: in section 5.2's run a kernel beats it by 1 % at most, and notebook 02's
+# `add` moved its bytes at 3.5 % more GB/s. `ropelib.bench.compare.bytes_moved` is this model;
+# `benchmarks/generations.py` times with `triton.testing.do_bench` (median, L2 flushed).
 
 # %%
 cfg = compare.Config(Sr, Br, Hr, Dr, dtype="bf16")
@@ -572,9 +558,8 @@ assert compare.bytes_moved(cfg) == 2 * x_bytes + Sr * Dr * 4
 # ### 5.1 Live, on this machine: naive vs batch-reuse vs ropelib vs copy
 #
 # The third generation is `ropelib.apply_rope` as it plans each call (from 64 MiB of `q` on, in
-# two passes: notebook 05, section 6). On a GPU the cell times the three and a copy and prints
-# each live time beside section 5.2's committed H200 one; only on an H200 does it add their
-# ratio (`<<`: more than 10 % apart), since on another GPU the columns are two GPUs' times.
+# two passes: notebook 05, section 6). On a GPU the cell times the three and a copy beside
+# section 5.2's committed H200 times, with their ratio only on an H200 (`<<`: over 10 % apart).
 
 # %%
 GEN_CSV = measured.path("generations")
@@ -632,11 +617,9 @@ assert not GEN_CSV.exists() or {(c, k) for c in LIVE for k in (
 # %% [markdown]
 # ### 5.2 Committed results from an H200
 #
-# `python benchmarks/generations.py` on a GPU times the three generations and the copy and
-# writes a CSV whose header names the GPU, driver, versions and date
-# (`benchmarks/results/generations-nvidia-h200.csv`). Every committed result this notebook reads
-# comes from NVIDIA H200s (torch 2.11, Triton 3.6), but for the H100 runs at the end of this
-# section. The cell redraws the figure from the CSV.
+# `python benchmarks/generations.py` wrote `benchmarks/results/generations-nvidia-h200.csv`,
+# whose header names the GPU, driver, versions and date. Every committed result this notebook
+# reads comes from NVIDIA H200s (torch 2.11, Triton 3.6) but the H100 runs of this section.
 
 # %%
 if GEN_CSV.exists():   # read by the cell of section 5.1
@@ -720,14 +703,100 @@ else:
 # %% [markdown]
 # The dashed line (left) and the grey bar (right) are the copy. These curves say *how fast*, not
 # *why*: the batch-reuse kernel differs from the naive one in programs, work per program and
-# cos/sin reuse at once. The printed lines, from the committed H200 run, point at the number of
-# programs. There the grid's 131,072 programs take 84.6 µs at batch 1 and 84.7 at batch 2, with
-# twice the bytes; the naive kernel's programs grow with $B$, each costing 1.00 to 1.06 times a
-# program that does nothing (79.8 ns of an SM's time, notebook 03, section 4); and where both
-# launch 131,072 programs ($b = 1$) they take the same time. Section 5.1's live table may
-# differ at $b = 1$, the shortest case (clocks or warm-up could do it; no run measures why): read
-# its $b \ge 2$ rows for the trend. Section 5.3 tests the programs one factor at a time.
+# cos/sin reuse at once. The H200's printed lines point at the programs: the grid's 131,072
+# take 84.6 µs at batch 1 and 84.7 at batch 2, with twice the bytes; each naive program costs
+# 1.00 to 1.06 times one that does nothing (79.8 ns of an SM's time, notebook 03, section 4);
+# and where both launch 131,072 programs ($b = 1$) they take the same time. Section 5.3 tests
+# the programs one factor at a time.
 #
+# **$b = 1$, timed again.** The committed H100 run (next cell) does not time the two kernels
+# alike at $b = 1$: its medians there sit above its $b = 2$ grid's, with p80 up to 1.67 times
+# p20, where the H200's spreads are tight. A live table can show the same. On a GPU the cell
+# times both kernels at $b = 1$ in five alternating rounds, each two ways: `do_bench`, as section
+# 5.1's table, and the same loop (zero a 256 MB buffer, event, call, event) queued behind a GPU
+# sleep, so that the GPU never waits for the host. It also prints the host's time an iteration
+# against the GPU's (zeroing + call). How to read it:
+#
+# - `do_bench` above `queued`, and the host's iteration longer than the GPU's: the $b = 1$ row
+#   timed the host (the GPU waited for each launch; notebook 07, section 7.3 takes that loop
+#   apart);
+# - the two ways level, the ratios drifting over the rounds: clocks or warm-up;
+# - the two ways level and steady, `naive/grid` far from 1: the kernels differ on this GPU;
+#   near 1, as on the H200: section 5.1's $b = 1$ row caught a passing disturbance.
+
+# %%
+# b = 1 in the committed runs: do_bench's median and p20-p80 spread, us
+H100 = "nvidia-h100-80gb-hbm3"
+b1_runs = {}
+for g, slug in (("H200", measured.GPU), ("H100", H100)):
+    for r in measured.load("generations", slug)[1]:
+        if r["case"] in ("batch-1", "batch-2") and r["provider"] in ("ropelib_naive",
+                                                                      "ropelib_batch_reuse"):
+            b1_runs[g, r["case"], r["provider"]] = [r[k] * 1e3 for k in ("fwd_ms", "fwd_ms_p20",
+                                                                        "fwd_ms_p80")]
+for (g, case, prov), (med, p20, p80) in b1_runs.items():
+    print(f"{g} {case} {prov:20} {med:6.1f} (p20-p80 {p20:.1f}-{p80:.1f}, p80/p20 {p80 / p20:.2f})")
+spread = {k: p80 / p20 for k, (_, p20, p80) in b1_runs.items()}
+assert max(v for k, v in spread.items() if k[0] == "H200") < 1.02
+assert round(max(v for k, v in spread.items() if k[:2] == ("H100", "batch-1")), 2) == 1.67
+assert min(b1_runs["H100", "batch-1", p][0] for p in ("ropelib_naive", "ropelib_batch_reuse")) \
+    > b1_runs["H100", "batch-2", "ropelib_batch_reuse"][0]
+
+# live: both kernels at b = 1 (the interpreter: a small shape, checked, not timed)
+S1, H1, D1 = (4096, 32, 128) if GPU else (4, 2, 64)
+x_b1 = torch.randn(S1, 1, H1, D1, device=device, dtype=torch.bfloat16)
+f_b1 = ex.te_angles(S1, D1, device=device)
+b1_calls = {"naive": lambda: naive.rope_naive(x_b1, f_b1),
+            "grid": lambda: batch_reuse.rope_batch_reuse(x_b1, f_b1)}
+torch.testing.assert_close(b1_calls["naive"](), b1_calls["grid"]())   # (and both compiled)
+
+
+def queued(call, flush, n=20):
+    """do_bench's loop n times, all queued behind a GPU sleep: medians of the zeroing's and the
+    call's us, the host's us an iteration, and whether the sleep outlasted the queuing."""
+    ev = [[torch.cuda.Event(enable_timing=True) for _ in range(3)] for _ in range(n + 1)]
+    torch.cuda.synchronize()
+    ev[n][0].record()
+    torch.cuda._sleep(50_000_000)   # 50 M cycles of spinning, about 25 ms: the head start
+    ev[n][1].record()
+    t0 = time.perf_counter()
+    for e0, e1, e2 in ev[:n]:
+        e0.record()
+        flush.zero_()   # do_bench's loop from here: zero, event, call, event
+        e1.record()
+        call()
+        e2.record()
+    host_us = (time.perf_counter() - t0) * 1e6 / n
+    torch.cuda.synchronize()
+    zero_us, call_us = (statistics.median(e[i].elapsed_time(e[i + 1]) * 1e3 for e in ev[:n])
+                        for i in (0, 1))
+    return zero_us, call_us, host_us, host_us * n < ev[n][0].elapsed_time(ev[n][1]) * 1e3
+
+
+if GPU:   # only the timers need a GPU
+    flush = torch.empty(int(256e6) // 4, dtype=torch.int32, device=device)   # as do_bench's
+    b1_live = {name: dict(bench=[], queued=[]) for name in b1_calls}
+    print(f"\nlive, b = 1, us: {'round':>5} {'naive: do_bench':>15} {'queued':>7} "
+          f"{'grid: do_bench':>14} {'queued':>7}   naive/grid: do_bench, queued")
+    for rnd in range(1, 6):
+        for name, call in b1_calls.items():   # naive, grid, naive, grid, ...
+            bench_ms = triton.testing.do_bench(call, return_mode="median")
+            b1_live[name]["bench"].append(bench_ms * 1e3)
+            b1_live[name]["queued"].append(queued(call, flush))
+        (nb, nq), (gb, gq) = ((v["bench"][-1], v["queued"][-1][1]) for v in b1_live.values())
+        print(f"{'':16} {rnd:5} {nb:15.1f} {nq:7.1f} {gb:14.1f} {gq:7.1f}   "
+              f"{nb / gb:.2f}, {nq / gq:.2f}")
+    for name, v in b1_live.items():
+        zero_us, call_us, host_us = (statistics.median(q[i] for q in v["queued"]) for i in range(3))
+        print(f"{name}: host {host_us:.0f} us an iteration; GPU {zero_us:.0f} (zeroing) + "
+              f"{call_us:.0f} (the call) = {zero_us + call_us:.0f} us; do_bench / queued, median "
+              f"of the rounds: {statistics.median(v['bench']) / call_us:.2f}"
+              + ("" if all(q[3] for q in v["queued"]) else
+                 " (in some round the host outran the sleep: those queued times may hold waits)"))
+else:
+    print("\nthe live rounds need a GPU; here both kernels ran once at b = 1 and agree")
+
+# %% [markdown]
 # **A second GPU.** The same shape ($s = 4096$, $b = 8$) was also timed on an H100, whose copy
 # is slower (less DRAM bandwidth), by `benchmarks/floor.py`: the copy, ropelib's generations and
 # TE's fused kernel, one process per GPU. The next cell reads that suite's H200 and H100 runs.
@@ -735,7 +804,6 @@ else:
 # %%
 # batch-8's shape on two GPUs: the floor suite's committed runs (do_bench medians, L2 flushed),
 # TE's fused kernel included; the generations runs of the same GPUs as a cross-check
-H100 = "nvidia-h100-80gb-hbm3"
 FLOOR_CASE = "forward 256 MiB bf16 sbhd"          # 4096 x 8 x 32 x 128 bf16: batch-8's tensor
 assert 4096 * 8 * 32 * 128 * 2 == 256 * 2**20
 two_gpus = {}
@@ -780,27 +848,23 @@ else:
     print("the floor suite's committed H200 and H100 runs are not both in this checkout")
 
 # %% [markdown]
-# On the H100 the copy takes 1.39 times its H200 time. The naive kernel takes the same time on
-# both (1.00): its programs set it, not DRAM. The grid takes 1.24 times, so its time over the
-# copy's falls from 1.42 to 1.26 (the generations runs agree). A kernel limited by DRAM
-# bandwidth would slow by the copy's 1.39. One limited by the bytes its warps keep in flight
-# would, by Little's law (throughput = bytes in flight / latency: notebook 05, section 2),
-# follow the memory latency instead, which no committed run measures on the H100. The grid's
-# 1.24 lies between: it fits section 2.3's one row in flight per warp setting part of its time,
-# but does not test it; exercise 6's `two rows / one row` line does, on the GPU that runs it.
+# On the H100 the copy takes 1.39 times its H200 time; the naive kernel the same time (1.00):
+# its programs set it, not DRAM. The grid takes 1.24 times, so its time over the copy's falls
+# from 1.42 to 1.26 (the generations runs agree). A DRAM-bound kernel would slow by the copy's
+# 1.39; one bound by the bytes its warps keep in flight would, by Little's law (notebook 05,
+# section 2), follow the memory latency, which no committed run measures on the H100. The
+# grid's 1.24 lies between; exercise 6's `two rows / one row` line tests the rows in flight.
 #
 # **TE's kernel is slower than the grid on both GPUs**, by less on the H100 (1.18 times the
-# grid's time, against 1.32 on the H200): its time changes less than the copy's or the grid's
-# (1.11 times), as that of a kernel mostly issuing instructions would (section 5.5). The
-# profiles below are all H200 runs.
+# grid's time, against 1.32): its own time changes least (1.11 times), as that of a kernel
+# mostly issuing instructions would (section 5.5). The profiles below are all H200 runs.
 #
 # ### 5.3 Why: one factor at a time
 #
-# `benchmarks/ablation.py` times, at bf16 sbhd $s = 4096, b = 8, h = 32, d = 128$ and at
-# $s = 32768, b = 1$ (the same bytes), a device copy, TE's fused kernel (where installed),
-# ropelib's three generations, and one ablation kernel whose switches change one thing at a
-# time. The plan: each variant's launch at the first size, and the cos/sin values it evaluates
-# per position (the table variants evaluate none and read two fp32 tables):
+# `benchmarks/ablation.py` times, at bf16 sbhd $s = 4096, b = 8$ and at $s = 32768, b = 1$
+# (the same bytes), a copy, TE's fused kernel, ropelib's three generations, and one kernel whose
+# switches change one thing at a time. Each variant's launch at the first size, and the cos/sin
+# values it evaluates per position (the `*_table` variants read two fp32 tables instead):
 
 # %%
 S_a, B_a, H_a, D_a = 4096, 8, 32, 128
@@ -821,20 +885,15 @@ assert [plan_cols[f"sh_loop_b_w{w}"]["elems_per_thread"] for w in (4, 8)] == [0.
 assert plan_cols["heads_all_one_b"]["cos_sin_per_position"] * 32 == B_a * H_a * D_a == 32768
 
 # %% [markdown]
-# The last column is what each source asks for. Compiled, a value several threads hold is
-# computed by each of them (appendix A.1): `heads_all_one_b`, whose source computes cos/sin once
-# for all 32 heads (1,024 per position), evaluates 32,768, the naive kernel's count; in
-# `sh_loop_b_w4` and `_w8` (elems/thread below one) 2 and 4 threads hold each element and cos/sin.
+# Compiled, a value several threads hold is computed by each of them (appendix A.1): in
+# `sh_loop_b_w4` and `_w8` (elems/thread below one) 2 and 4 threads hold each cos/sin.
 #
-# **The kernel behind every row** is one kernel, `_rope_ablation_kernel`
-# (`ropelib/course/kernels/ablation.py`), with switches: `BLOCK_H` heads and
-# `BATCH_PER_PROGRAM` batch rows per program, `UNROLL_B` (the batch loop unrolled), `TABLE`
-# (cos/sin read from tables) and the launch's `num_warps`. Its grid is
-# $(S, \lceil H / \text{BLOCK\_H} \rceil, B / \text{BATCH\_PER\_PROGRAM})$; one head and all
-# $B$ rows a program is section 2's $(S, H)$ grid. The next two cells are the kernel and its
-# helper as the benchmarks run them, yours to edit; the cell after launches your copy for every
-# variant and compares each output with the fp64 reference and, bit for bit, with
-# `ablation.rope_ablation` (on a GPU it also times your copy against the course's for three).
+# **Every row is one kernel**, `_rope_ablation_kernel`, with switches: `BLOCK_H` heads and
+# `BATCH_PER_PROGRAM` batch rows a program, `UNROLL_B`, `TABLE` and the launch's `num_warps`;
+# grid $(S, \lceil H / \text{BLOCK\_H} \rceil, B / \text{BATCH\_PER\_PROGRAM})$. The next
+# two cells are it and its helper, yours to edit; the cell after launches your copy for every
+# variant, checks it against the fp64 reference and, bit for bit, `ablation.rope_ablation`, and
+# on a GPU times it against the course's for three variants.
 #
 # Try it: stop the batch loop one row early (`range(0, BATCH_PER_PROGRAM - 1)`) and see which
 # variants fail (their error turns `inf`: the output starts as NaN). On a GPU, move cos/sin into
@@ -981,16 +1040,15 @@ assert not ab_differ, f"correct, but not the bits of the course's kernel: {ab_di
 # %% [markdown]
 # Which comparison answers which question:
 #
-# - `sh_loop_b` vs `sh_one_b`: a batch loop against one program per batch row, two changes at
-#   once ($B$ times the cos/sin *and* $B$ times the programs); the `*_table` rows tell them apart;
-# - `*_table` vs the same without: do sines and cosines cost time at all, when a memory-bound
-#   kernel could read them instead?
-# - `heads_all_one_b` (TE's grid $(s, b)$ in Triton; cos/sin once for all heads in the source,
-#   once per head compiled: appendix A.1) vs `sh_loop_b` and `te_fused`: the grid, or the code?
-# - `heads4_loop_b`: four heads per program (a $[4, D/2]$ tile): does a larger tile help?
+# - `sh_loop_b` vs `sh_one_b`: $B$ times the cos/sin *and* $B$ times the programs at once; the
+#   `*_table` rows tell the two apart;
+# - `*_table` vs the same without: do sines and cosines cost time at all?
+# - `heads_all_one_b` (TE's grid $(s, b)$ in Triton) vs `sh_loop_b` and `te_fused`: the grid,
+#   or the code?
+# - `heads4_loop_b`: does a $[4, D/2]$ tile of four heads help?
 #
-# The cell prints these rows from the committed H200 run
-# (`benchmarks/results/ablation-nvidia-h200.csv`); the other tiles and warp sweeps: appendix A.3.
+# The rows come from the committed H200 run (`benchmarks/results/ablation-nvidia-h200.csv`);
+# the other tiles and warp sweeps: appendix A.3.
 
 # %%
 ABLATION_CSV = measured.path("ablation")
@@ -1086,11 +1144,10 @@ if ABLATION_CSV.exists():
 
 
 # %% [markdown]
-# A ratio above 1 means the second kernel of the pair is faster. The ablation covers one GPU,
-# two sizes, bf16 only; an earlier committed run of the same script reproduces the 4 % cost of
-# sin/cos with $B$ rows a program but not the few tenths of a percent with one row, so
-# differences that small are noise. (`ropelib_finished` is the finished kernel forced onto this
-# 256 MiB tensor; section 5.2's `ropelib` is `apply_rope` as planned, in two passes.)
+# A ratio above 1 means the second kernel of the pair is faster. An earlier committed run
+# reproduces the 4 % cost of sin/cos with $B$ rows a program but not the few tenths of a percent
+# with one row: differences that small are noise. (`ropelib_finished` is the finished kernel
+# forced onto this 256 MiB tensor; section 5.2's `ropelib` is `apply_rope` as planned.)
 #
 # **Times say how much, not why.** Three floors lie under any kernel's time, each computed from
 # a count, not from a time of the kernel itself:
@@ -1109,8 +1166,8 @@ if ABLATION_CSV.exists():
 #   (`mechanism-nvidia-h200.csv`; TE's from `mechanism-te-nvidia-h200.csv`), issued by 4
 #   schedulers per SM at one a cycle at most, at the device's top clock $f_{\max}$.
 #
-# The floor closest under a kernel's time names what limits it. The next cell computes the
-# three for the ablation's four granularity and cos/sin variants and for TE's fused kernel.
+# The largest floor under a kernel's time names what limits it. The next cell computes the
+# three for four of the ablation's variants and for TE's fused kernel.
 
 # %%
 # three floors under each kernel's time: bf16 sbhd s=4096, b=8, h=32, d=128, NVIDIA H200
@@ -1148,25 +1205,12 @@ for name, f in floors.items():
           f"{f['bytes']:6.1f} {f['programs']:8.1f} {f['issue']:6.1f}   "
           f"{f['limit']:8} {f['us'] / f[f['limit']]:.2f}x")
 
-fig, ax = plt.subplots(figsize=(9.5, 4.4))
-for i, name in enumerate(FLOOR_KERNELS):
-    for j, (kind, label, colour) in enumerate((
-            ("bytes", "bytes: a copy of the same tensors", "tab:gray"),
-            ("programs", f"programs x {empty_ns_by_warps[1]:.1f} ns / {sm_n} SMs", "tab:orange"),
-            ("issue", f"issue: warp instructions / ({schedulers} x {sm_n} x {ghz_top} GHz)",
-             "tab:blue"))):
-        ax.barh(i + (j - 1) * 0.26, floors[name][kind], height=0.26, color=colour,
-                label=label if i == 0 else None)
-    ax.plot([floors[name]["us"]] * 2, [i - 0.45, i + 0.45], color="k", lw=3,
-            label="measured time (do_bench)" if i == 0 else None)
-ax.set_yticks(range(len(FLOOR_KERNELS)), FLOOR_KERNELS)
-ax.invert_yaxis()
-ax.set_xlabel("µs")
-ax.set_title(f"{GPU_NAME}, bf16 sbhd s=4096 b=8 h=32 d=128: the three floors under each "
-             "kernel's time", fontsize=9)
-ax.legend(fontsize=7.5, loc="upper center", bbox_to_anchor=(0.5, -0.17), ncol=2)
-fig.tight_layout()
-fig.savefig(FIGURES / "04-three-floors.png", dpi=110)
+nb04_figures.plot_floors(
+    floors, ("bytes: a copy of the same tensors",
+             f"programs x {empty_ns_by_warps[1]:.1f} ns / {sm_n} SMs",
+             f"issue: warp instructions / ({schedulers} x {sm_n} x {ghz_top} GHz)"),
+    f"{GPU_NAME}, bf16 sbhd s=4096 b=8 h=32 d=128: the three floors under each kernel's time",
+    FIGURES / "04-three-floors.png")
 plt.show()
 
 one, one_t, loop, loop_t, te_f3 = (floors[n] for n in (
@@ -1220,18 +1264,15 @@ assert (sm_n, schedulers, ghz_top, round(empty_ns_by_warps[1], 1)) == (132, 4, 1
 # occupancy** is the average share of an SM's 64 warp slots in use.
 #
 # - **DRAM bytes are the model's**, within a few percent for every variant (appendix A.5).
-# - **A million one-warp, one-row programs take the same time, whatever they do**: the naive
-#   kernel, `sh_one_b` and `sh_one_b_table` take as long as an empty kernel with that grid
-#   (notebook 03, section 4), about 80 ns per program on each SM.
+# - **A million one-row programs take an empty kernel's time** (notebook 03, section 4), about
+#   80 ns a program on each SM, whatever they execute.
 # - **The grid's one-warp programs fill half an SM**: an SM holds 32 programs at most, 32 of its
 #   64 warp slots. Variants that fill more also change programs or instructions (appendix A.4).
 # - **Instructions count where nothing amortises them.** TE's grid in Triton (`heads_all_one_b`)
 #   launches as many programs as `heads4_loop_b` (32,768) but executes several times the
-#   instructions per element, most of them sin/cos (A.1), and takes about twice as long; tables
-#   bring it back.
+#   instructions per element, most of them sin/cos (A.1), and takes about twice as long.
 # - **TE's CUDA kernel** (`mechanism-te-nvidia-h200.csv`) moves the model's bytes and fills
-#   nine-tenths of an SM's warp slots, yet takes 1.94 times the copy's time, executing more
-#   than twice the grid's warp instructions per element (section 5.5).
+#   nine-tenths of an SM's warp slots, yet takes 1.94 times the copy's time (section 5.5).
 #
 # **At $b = 1$ the order reverses.** With no batch to loop over, the (S, H) grid launches as
 # many one-row programs as the naive kernel and takes its time; TE's 32,768 blocks are more
@@ -1328,10 +1369,9 @@ assert te1_programs == 32_768 and t1["sh_loop_b"]["programs"] == 1_048_576
 # %% [markdown]
 # ### 5.5 The answer: why the batch-reusing grid beat TE's fused kernel
 #
-# Section 3 asked why a Triton kernel that reuses cos/sin *less* than TE's CUDA kernel is
-# faster. The cell sets the two side by side (bf16 sbhd $s = 4096$, $b = 8$, $h = 32$,
-# $d = 128$, H200), each row from the committed CSV it names; `benchmarks/te_ncu.py` profiled
-# TE's kernel beside the grid with the clock locked and free (appendices A.1 and A.2).
+# The cell sets TE's kernel and the grid side by side ($b = 8$, H200), each row from the
+# committed CSV it names; `benchmarks/te_ncu.py` profiled both with the clock locked and free
+# (appendices A.1 and A.2).
 
 # %%
 # the two profiles of TE's kernel beside the grid (benchmarks/te_ncu.py), per kernel: the locked
@@ -1414,42 +1454,26 @@ assert te_f["issue_us"] > free["copy"]["us"] \
 
 # %%
 # the time split of appendix A.2 (clock free), drawn: issuing against waiting
-fig, ax = plt.subplots(figsize=(9, 2.6))
-SPLIT = (("issue_us", "issuing warp instructions", "tab:blue"),
-         ("empty_us", "no warp ready (waiting)", "tab:gray"),
-         ("idle_us", "SM idle (start, tail)", "tab:olive"))
 split_rows = ("te_fused", "sh_loop_b", "copy")
-for i, name in enumerate(split_rows):
-    left = 0.0
-    for key, label, colour in SPLIT:
-        ax.barh(i, free[name][key], left=left, color=colour, label=label if i == 0 else None)
-        left += free[name][key]
-    ax.text(left + 2, i, f"{free[name]['us']:.1f} µs, issuing {free[name]['issue_share']:.0%}",
-            va="center", fontsize=8)
-    assert abs(left / free[name]["us"] - 1) < 0.01   # the three parts make the measured time
-ax.axvline(free["copy"]["us"], color="k", ls="--", lw=1)
-ax.set_yticks(range(len(split_rows)), split_rows)
-ax.invert_yaxis()
-ax.set_xlim(0, 1.3 * free["te_fused"]["us"])
-ax.set_xlabel("µs (the dashed line: the copy's whole time)")
-ax.set_title(f"{free_meta['gpu']}, Nsight Compute with the clock free ({free_meta['date'][:10]}): "
-             "where each kernel's time goes", fontsize=9)
-ax.legend(fontsize=7.5, loc="lower right")
-fig.tight_layout()
-fig.savefig(FIGURES / "04-time-split.png", dpi=110)
+for name in split_rows:   # the three parts make the measured time
+    assert abs(sum(free[name][k] for k in ("issue_us", "empty_us", "idle_us"))
+               / free[name]["us"] - 1) < 0.01
+nb04_figures.plot_time_split(
+    {name: free[name] for name in split_rows},
+    f"{free_meta['gpu']}, Nsight Compute with the clock free ({free_meta['date'][:10]}): "
+    "where each kernel's time goes", FIGURES / "04-time-split.png")
 plt.show()
 
 # %% [markdown]
-# **The answer.** At $b = 8$ on the H200, TE's fused kernel is slower than the batch-reusing
-# grid because it executes 2.5 times the grid's warp instructions per element, and issuing them
-# takes 66 % of its time (the grid's: 36 %) without overlapping its waits on memory. Its extra
-# issuing, 96 µs, alone exceeds the 62 µs by which it is slower. It is not cos/sin, bytes or
-# occupancy: TE evaluates a quarter of the grid's (cos, sin) pairs, moves the same DRAM bytes
-# and fills 90 % of an SM's warp slots against 48 %. Most of its extra instructions are integer
-# ones (indexing, by our reading of TE's source). The grid's warps, by contrast, spend 84 % of
-# their cycles waiting on loads. Section 3's hypotheses:
+# **The answer.** At $b = 8$ on the H200, TE's fused kernel is slower than the grid because it
+# executes 2.5 times the grid's warp instructions per element, and issuing them takes 66 % of
+# its time (the grid's: 36 %) without overlapping its waits on memory: its extra issuing, 96 µs,
+# exceeds the 62 µs by which it is slower. Not cos/sin, bytes or occupancy: TE evaluates a
+# quarter of the grid's (cos, sin) pairs, moves the same DRAM bytes and fills 90 % of an SM's
+# warp slots against 48 %. Most of its extra instructions are integer ones (indexing, by our
+# reading of TE's source); the grid's warps spend 84 % of their cycles waiting on loads.
 #
-# | hypothesis | verdict at $b = 8$ | where measured |
+# | section 3's hypothesis | verdict at $b = 8$ | where measured |
 # |---|---|---|
 # | how each thread touches memory | on TE's side: one-element loads, each element read twice (78 bytes a warp load, the grid's 142) | `te_ncu`, A.1 |
 # | number of programs | not TE's handicap: a quarter of the grid's programs | section 5.3's floors |
@@ -1465,11 +1489,10 @@ plt.show()
 #
 # The (S, H) grid still has limits:
 #
-# - **cos/sin are reused across the batch, not across heads**: all $H$ programs of a position
-#   compute the same values. A tile of heads removes that work only where the compiled layout
-#   keeps one copy of each: four heads on two warps do, all 32 heads in one program do not (A.1);
-# - **small loads, one row at a time**: each load is half a row ($D/2$ elements, 128 bytes in
-#   bf16 for $D = 128$), and a warp stores a row before it loads the next (section 2.3);
+# - **cos/sin are reused across the batch, not across heads**; a tile of heads removes that work
+#   only where the compiled layout keeps one copy of each value (A.1);
+# - **small loads, one row at a time**: half-row loads (128 bytes in bf16 for $D = 128$), and a
+#   warp stores a row before it loads the next (section 2.3);
 # - **the grid depends on the shape**: with $B = 1$ nothing is reused, and when $S \cdot H$ is
 #   small there are too few programs to fill the GPU;
 # - only sbhd, rotate-half, full rotary, and positions $0 \ldots S-1$.
@@ -1478,44 +1501,29 @@ plt.show()
 # program a **tile** of positions × heads whose source computes cos/sin once for its heads *and*
 # a chunk of the batch (compiled, as many evaluations per position as the grid's: A.1), loads
 # wider vectors (here 4 bf16 a thread: A.1's `sizePerThread = [1, 1, 4]`), and takes every
-# layout through strides. Its module docstring:
-
-# %%
-try:
-    from ropelib.kernels import fused
-    doc = fused.__doc__ or ""
-    print(doc.split("The pairing")[0].strip())
-except ImportError as exc:
-    print(f"ropelib.kernels.fused is not importable here ({exc})")
-
-# %% [markdown]
+# layout through strides.
+#
 # ## Summary
 #
-# - **The grid decides what is repeated.** The naive grid makes all $B \cdot H$ programs of a
-#   position load its angles and evaluate its cos/sin; the $(S, H)$ grid with a runtime batch
-#   loop does it once per (position, head) and launches $B$ times fewer programs: 131,072 at
-#   $s = 4096$, $h = 32$, whatever the batch.
+# - **The grid decides what is repeated.** The $(S, H)$ grid with a runtime batch loop loads
+#   angles and evaluates cos/sin once per (position, head) and launches $B$ times fewer programs
+#   than the naive grid: 131,072 at $s = 4096$, $h = 32$, whatever the batch.
 # - **The program count, not the cos/sin, sets the time.** At $b = 8$, one row a program instead
 #   of $B$ costs 3.46 times the time, 3.59 between two kernels that read tables; all of the
 #   grid's sin/cos, against reading two tables, costs 4 %.
 # - **Fewer sines and cosines do not make a kernel faster.** TE's fused kernel evaluates a
 #   quarter of the grid's (cos, sin) pairs and is slower at $b = 8$ on an H200 and an H100: it
-#   executes 2.5 times the grid's warp instructions (section 5.5). At $b = 1$ TE is more than
-#   twice as fast.
-# - **What is left for notebook 05:** one-warp programs that fill half an SM's warp slots, one
-#   256-byte row in flight per warp (section 2.3; exercise 6 times two rows against it), and a
-#   grid whose work per program depends on $B$.
-# - **The method:** count the bytes a kernel must move, compare its time with a copy's, and
-#   change one factor at a time before believing an explanation.
+#   executes 2.5 times the grid's warp instructions (section 5.5). At $b = 1$ it is over twice
+#   as fast.
+# - **Left for notebook 05:** one-warp programs filling half an SM's warp slots, one row in
+#   flight per warp (exercise 6 tests it), and work per program that depends on $B$.
 #
 # ## Exercises
 #
 # Each check prints ✅ or ❌ and never stops the notebook. Replace the `...` (or the `pass`) and
-# rerun; the solution is folded away in the cell after each exercise. The checks refuse
-# ropelib's own answers (its functions, bytes models, kernels and `@triton.jit` helpers,
-# `round_to` too: store with `.to(y_ptr.dtype.element_ty)`; 16-bit outputs are compared within a
-# rounding) and the kernels this notebook defines above. Name a `@triton.jit` helper of your own
-# `my_...`: the checks take those as yours.
+# rerun; the solution is folded away in the next cell. The checks refuse ropelib's own answers
+# (`round_to` too: store with `.to(y_ptr.dtype.element_ty)`) and this notebook's kernels; name
+# `@triton.jit` helpers of your own `my_...`.
 #
 # **1.** How many bytes of fp32 angles do all programs of a generation load together?
 # `my_angle_bytes(generation, S, B, H, D)` with `generation` `"naive"` or `"batch_reuse"`.
@@ -1597,11 +1605,9 @@ if GEN_CSV.exists():
 # The table holds $R \le D$ angles per position; features $0 \ldots R-1$ are rotated as
 # rotate-half pairs $(j, j + R/2)$, features $R \ldots D-1$ are copied unchanged.
 #
-# The check launches your kernel on grid $(S, H)$ with the signature below: fresh inputs of
-# several shapes, a non-contiguous `x`, partial rotary, fp16, tables whose two halves differ (so
-# read $\theta_2$ as well as $\theta_1$), into an output filled with NaN first. It also counts
-# your cos/sin evaluations in Triton's interpreter (CPU tensors, any machine): a batch of 3 must
-# cost no more of them than a batch of 1.
+# The check launches your kernel on grid $(S, H)$ on several shapes, a non-contiguous `x`,
+# fp16, tables whose two halves differ (read $\theta_2$ as well as $\theta_1$), into a NaN-filled
+# output, and counts your cos/sin in the interpreter: a batch of 3 must cost no more than 1.
 
 # %%
 @triton.jit
@@ -1639,11 +1645,9 @@ grid_kernel.show_solution()
 # issues, as a dict of `programs`; `sincos`, the sines and cosines together, one per lane of
 # every tile; `angle_loads`, the angle-table elements read; `x_loads`, the elements of `x` read.
 #
-# The check runs your kernel in Triton's interpreter (CPU tensors, any machine) at four
-# settings of `ROWS`, compares each output with the reference and the counts
-# (`ropelib.course.work_count`) with your prediction. It refuses a kernel that reads `x` or the
-# angles more often than this design needs, even if predicted, and a prediction that calls
-# ropelib.
+# The check runs your kernel in Triton's interpreter at four settings of `ROWS` and compares
+# its outputs with the reference and its counts (`ropelib.course.work_count`) with your
+# prediction; a kernel that reads `x` or the angles more often than needed fails.
 
 # %%
 @triton.jit
@@ -1671,9 +1675,8 @@ grid_kernel.show_granular_solution()
 
 # %% [markdown]
 # The knob changes programs, sines and cosines and angle loads by the same factor, `x` not at
-# all; which of them sets a GPU's time the interpreter cannot say. Section 5.3's `sh_one_b` and
-# `sh_loop_b` are `ROWS` = 1 and 8, `sh_one_b_table` is `ROWS` = 1 reading two tables instead of
-# evaluating sin/cos; their counts beside the committed H200 times: with no sin/cos at all,
+# all. Section 5.3's `sh_one_b` and `sh_loop_b` are `ROWS` = 1 and 8, `sh_one_b_table` is
+# `ROWS` = 1 reading two tables; their counts beside the committed H200 times: with no sin/cos,
 # `ROWS` = 1 keeps its time, so only the programs follow it.
 
 # %%
@@ -1710,11 +1713,10 @@ assert round(table["us"] / one["us"], 3) == 0.998
 # half-rows) before it stores either. Same grid $(S, H)$, same cos/sin once a program, same
 # bytes. $B$ may be odd: the last trip then has one row, so mask row $b + 1$ off.
 #
-# The check runs your kernel in Triton's interpreter (CPU tensors, any machine) at three
-# shapes, an odd batch and a batch of one included, compares each output with the reference,
-# and counts, program by program, the elements of `x` loaded before the program's first store:
-# with $B \ge 2$ that must be two whole rows, $2D$. It also counts the programs, the cos/sin
-# and the elements of `x` and of the table read, which must stay the grid's.
+# The check runs your kernel in the interpreter at three shapes (an odd batch and a batch of
+# one among them), compares each output with the reference, and counts, program by program, the
+# elements of `x` loaded before the first store: with $B \ge 2$, two whole rows ($2D$). The
+# programs, cos/sin and elements read must stay the grid's.
 
 # %%
 from ropelib.course.exercises import nb04_two_rows
@@ -1739,16 +1741,12 @@ two_rows_ok = nb04_two_rows.check_two_rows(my_two_rows_kernel)
 nb04_two_rows.show_two_rows_solution()
 
 # %% [markdown]
-# The next cell compiles the worked solution for an H200 (sm_90, no GPU needed) and lists its
-# global loads (L) and stores (S) as section 2.3 did: four half-rows are asked for before the
-# first store, twice section 2.3's 256 bytes a warp. On a GPU it then times, at
-# $s = 4096, b = 8, h = 32, d = 128$ in bf16 and one warp a program, your kernel (the worked
-# solution while yours does not pass the check), the same grid one row at a time (exercise 5's
-# worked kernel at `ROWS` $= B$) and a copy of the same tensors. It prints the two-row kernel's
-# time over the one-row kernel's: well below 1, and closer to the copy, means one row in flight
-# per warp was holding the grid back; about 1 means it was not, and the gap to the copy lies
-# elsewhere. No committed run has timed this variant, so the ratio speaks for the GPU that
-# printed it only.
+# The next cell compiles the worked solution for sm_90 (no GPU needed) and lists its global
+# loads (L) and stores (S) as section 2.3 did: four half-rows before the first store. On a GPU
+# it then times, at $b = 8$ in bf16 on one warp a program, your kernel (the worked solution until
+# yours passes), the same grid one row at a time (exercise 5's worked kernel, `ROWS` $= B$) and a
+# copy. Read `two rows / one row`: well below 1 means one row in flight per warp was holding the
+# grid back; about 1 means the gap to the copy lies elsewhere. No committed run holds it.
 
 # %%
 two_rows = nb04_two_rows._rope_two_rows_solution_kernel
@@ -1791,23 +1789,6 @@ if GPU:   # only the timer needs a GPU
 else:
     print("timing needs a GPU: there the cell prints the three medians (do_bench) and the "
           "two-row kernel's time over the one-row kernel's")
-
-# %% [markdown]
-# ## Questions for discussion
-#
-# 1. Section 3 counts cos/sin evaluations per position for TE's grid $(s, b)$ and the
-#    $(S, H)$ grid. For which shapes does each grid evaluate fewer? Does that count matter for a
-#    memory-bound kernel at all — what do the `*_table` rows of the ablation say on your GPU?
-# 2. Section 5.4 prints TE's time over the grid's at $b = 8$ and at $b = 1$ (the same bytes).
-#    Give two explanations of the change that do not involve cos/sin, and name the ablation
-#    rows (or a new variant) that would tell them apart.
-# 3. `tl.static_range(B)` compiles one kernel per batch size; `range(0, B)` one kernel for all.
-#    When would you accept the extra compilations? (Think of training, where shapes are fixed,
-#    and of serving, where the batch changes every step.)
-# 4. With $B = 1$ the $(S, H)$ grid reuses nothing. What would you change in the grid for
-#    decode-like shapes ($S = 1$, $B = 64$)? Which of the finished kernel's features answers this?
-# 5. The bytes model counts the angle table once. For which shapes is that term no longer
-#    negligible next to $2Ne$, and what does that mean for "% of copy"?
 
 # %% [markdown]
 # ## Appendix: the measurements behind section 5
@@ -1925,86 +1906,22 @@ assert (round(per_pair), round(need["te_registers"], 1), round(need["te_shared"]
 # asks for a quarter: Triton computes a value in the layout of the tensor that uses it, so every
 # thread holding a column of the `[heads, BLOCK_HALF]` tile computes that column's cosine. The
 # next cell compiles the kernels for sm_90 (no GPU) and counts, from Triton's GPU IR, the threads
-# holding each cos/sin value (this machine's Triton may lay out differently from the profiled
-# one).
+# holding each cos/sin value (`ropelib/course/nb04_layouts.py`: each axis of a blocked layout
+# spreads its elements over `sizePerThread` × `threadsPerWarp` × `warpsPerCTA` slots; an axis
+# shorter than that is held several times). This machine's Triton may lay out differently from
+# the profiled one.
 
 # %%
-# compiled for an H200 (sm_90) by this machine's Triton, in a child Python without
-# TRITON_INTERPRET (under the interpreter @triton.jit gives interpreted functions); no GPU needed
-CHILD = r'''
-import json, sys, torch, triton
-from ropelib.course.kernels import ablation
-from ropelib.course.offline_compile import compile_for_cuda
-from ropelib.kernels import launch
-S, B, H, D, N_SM = (int(a) for a in sys.argv[1:6])
-x = torch.empty(S, B, H, D, dtype=torch.bfloat16)   # only shapes, strides, dtypes matter
-y, f = torch.empty_like(x), torch.empty(S, D)
-out = {}
-for name, _, _, o in ablation.variants(H):
-    if name not in sys.argv[6:]:
-        continue
-    bpp, bh = o.get("batch_per_program") or B, triton.next_power_of_2(D // 2)
-    warps = o.get("num_warps") or ablation.default_warps(o.get("heads_per_program", 1) * bh)
-    args = dict(x_ptr=x, y_ptr=y, freqs_ptr=f, cos_ptr=f, sin_ptr=f, B=B, H=H,
-                BATCH_PER_PROGRAM=bpp, stride_xs=x.stride(0), stride_xb=x.stride(1),
-                stride_xh=x.stride(2), stride_ys=y.stride(0), stride_yb=y.stride(1),
-                stride_yh=y.stride(2), HALF=D // 2, BLOCK_HALF=bh,
-                BLOCK_H=o.get("heads_per_program", 1), UNROLL_B=bpp if o.get("unroll") else 0,
-                TABLE=bool(o.get("table")), BF16_RTNE=False)
-    k = compile_for_cuda(ablation._rope_ablation_kernel, args, num_warps=warps)
-    out[name] = dict(num_warps=warps, ttgir=k.asm["ttgir"])
-if "ropelib_finished" in sys.argv[6:]:   # the finished kernel, with the tile it picks on N_SM SMs
-    tiles = launch.pick_tiles(S, B, (H, 0), D, D, x.element_size(), N_SM)
-    lau, ptrs = launch.plan(launch.View.of(x), launch.View.of(y), launch.Table(f, None),
-                            launch.Positions(), R=D, interleaved=False, backward=False,
-                            layout="sbhd", tiles=tiles)
-    k = compile_for_cuda(lau.launcher.kernel, dict(zip(lau.launcher.pointer_names, ptrs),
-                                                   **lau.args), num_warps=lau.num_warps)
-    out["ropelib_finished"] = dict(num_warps=lau.num_warps, ttgir=k.asm["ttgir"],
-                                   grid=list(lau.grid))
-print(json.dumps(out))
-'''
+# compiled for an H200 (sm_90) by this machine's Triton, in a second Python (no GPU needed):
+# each kernel's Triton GPU IR (ropelib/course/nb04_layouts.py)
+from ropelib.course import nb04_layouts   # noqa: E402
 COMPILED = ["sh_loop_b", "sh_loop_b_w2", "sh_loop_b_w4", "sh_loop_b_w8", "heads4_loop_b",
             "heads_all_one_b", "ropelib_finished"]
-n_sm_profiled = device_attr("multiprocessor_count")   # the H200's SMs (section 1's record)
-from ropelib.course.offline_compile import in_compiling_python   # noqa: E402
-try:
-    ttgir = in_compiling_python(CHILD, *map(str, (S_a, B_a, H_a, D_a, n_sm_profiled)), *COMPILED,
-                                what="compiling for sm_90", timeout=600)
+try:   # the SMs: the H200's (section 1's record), for the finished kernel's choice of tile
+    ttgir = nb04_layouts.compiled_ttgir(S_a, B_a, H_a, D_a, device_attr("multiprocessor_count"),
+                                        COMPILED)
 except RuntimeError as err:   # it says why, with the child's stderr
     ttgir, compile_failure = None, str(err)
-TYPE = r"tensor<([\dx]+)x(f32|!tt\.ptr<bf16>), (#ttg\.slice<\{[^}]*\}>|#\w+)>"
-
-
-def copies(shape, layout, defs):
-    """How many threads of a program hold (and compute) each value of a tensor in `layout`."""
-    sliced = re.match(r"#ttg\.slice<\{dim = (\d+), parent = (#\w+)\}>", layout)
-    if sliced:   # a slice of a parent layout: the parent's, with the sliced axis of size 1
-        shape, layout = shape[:int(sliced[1])] + [1] + shape[int(sliced[1]):], sliced[2]
-    L = {k: [int(v) for v in vals.split(",")]
-         for k, vals in re.findall(r"(\w+) = \[([\d, ]*)\]", defs[layout])}
-    held = math.prod(spt * max(1, n // (spt * tpw * wpc)) for n, spt, tpw, wpc in zip(
-        shape, L["sizePerThread"], L["threadsPerWarp"], L["warpsPerCTA"]))
-    return 32 * math.prod(L["warpsPerCTA"]) * held // math.prod(shape)
-
-
-def replication(ir):
-    """(copies of each cos/sin value, copies of each element of a loaded x tile, x layout)."""
-    defs = dict(re.findall(r"^(#\w+) = (#ttg\.blocked<\{[^}]*\}>)", ir, re.M))
-    trig, xs = set(), set()
-    for line in ir.splitlines():
-        if "math.sin" in line or "math.cos" in line or "__nv_sinf" in line \
-                or "__nv_cosf" in line:
-            shape, _, layout = re.findall(TYPE, line)[-1]
-            trig.add(copies([int(n) for n in shape.split("x")], layout, defs))
-        elif "tt.load" in line and "!tt.ptr<bf16>" in line:
-            shape, _, layout = re.findall(TYPE, line)[-1]
-            xs.add((copies([int(n) for n in shape.split("x")], layout, defs), defs[layout]))
-    assert len(trig) == 1 and len(xs) == 1, (trig, xs)
-    (x_copies, x_layout), = xs
-    return trig.pop(), x_copies, x_layout
-
-
 if ttgir is None:
     print(compile_failure)
 else:
@@ -2012,7 +1929,7 @@ else:
               for name, _, _, opts in ablation.variants(H_a)}
     # the finished kernel's source computes cos/sin once per program: its programs per position
     source["ropelib_finished"] = math.prod(ttgir["ropelib_finished"]["grid"]) // S_a * D_a
-    rep = {name: replication(v["ttgir"]) for name, v in ttgir.items()}
+    rep = {name: nb04_layouts.replication(v["ttgir"]) for name, v in ttgir.items()}
     print(f"compiled for sm_90 with Triton {triton.__version__}: bf16 sbhd s={S_a}, b={B_a}, "
           f"h={H_a}, d={D_a}")
     print(f"{'kernel':18} {'warps':>5} {'copies of cos,sin':>17} {'copies of x':>11} "
@@ -2052,8 +1969,8 @@ else:
 #
 # A second run (`te_ncu-nvidia-h200-20261201-1431-clock-none.csv`) left the clock free. With $f$
 # the measured clock, a kernel's time splits into issue (warp instructions / $(4 \times 132 f)$),
-# no warp ready, and SM idle. The split names parts, not causes; the clock separates causes: a
-# wait counted in cycles shortens when the clock rises, a wait on DRAM does not.
+# no warp ready, and SM idle. The clock separates causes: a wait counted in cycles shortens when
+# the clock rises, a wait on DRAM does not.
 
 # %%
 # the same probe with the clock free (--clock-control none), as in section 5.4's runs
@@ -2172,9 +2089,8 @@ if ABLATION_CSV.exists():
 # ### A.4 KiB of `x` requested per SM
 #
 # The **KiB of `x` per SM** is derived, not counted (`ropelib.course.measured`): resident warps
-# × bytes of `x` a warp loads per batch step. It bounds the bytes of `x` in flight from above;
-# for the batch-reusing grid a step is one row, and section 2.3 showed a warp asks for no more
-# before it stores. The cell draws each variant's time against it (numbered in the key; the
+# × bytes of `x` a warp loads per batch step, an upper bound on the bytes in flight (for the
+# grid a step is one row: section 2.3). The cell draws each variant's time against it (the
 # middle panel enlarges those under 190 µs), with notebook 05's finished kernel (`ropelib`) and,
 # from the run with TE installed, TE's kernel and its copy (red points 23 and 24).
 #
