@@ -947,8 +947,7 @@ plt.show()
 # %% [markdown]
 # Grey is the time each kernel's bytes would take at the copy's bandwidth (for the `add`, which
 # beats the copy, its whole time); colour is the rest. The red bars, the kernels PyTorch did not
-# vectorize, hold nearly all of it (the `not vectorized` line above: more than nine tenths,
-# asserted).
+# vectorize, hold nearly all of it (the `not vectorized` line above).
 
 # %%
 # the committed H200 run (read before any cell ran): the numbers the text below quotes
@@ -987,15 +986,21 @@ assert [round(v, 1) for v in (committed["fused_us"], two_pass_us, fl_copy_us)] =
 assert (round(single, 2), round(two_pass, 2)) == (0.86, 0.95)
 
 # %% [markdown]
-# The table shows what the bytes alone do not. The text quotes the committed H200 run (the
-# last cell's line); a GPU's live table prints its own percentages. In the committed run 4 of
-# the 6 kernels on $x$ (the two multiplies, the `neg` and the first `cat`) stream at 24% to
-# 39% of the copy's bandwidth (the table's own `cos`, `sin` and casts, 1.5 to 2.8 µs each on a
-# small tensor, are left out of that count). Its factors answer "where does
-# the rest go?": the chain moves 6.02 times the fused kernel's bytes, its kernels take 2.29
-# times what those bytes would take at the copy's speed, and the gaps between kernels add
-# nothing visible (1.00). The last two factors and the last printed line are about the fused
-# call's own clock and route, not the chain (notebook 05 takes those apart).
+# The table shows what the bytes alone do not. The numbers below are the committed H200 run's
+# (the last cell's line). In it 4 of the 6 kernels on $x$ (the two multiplies, the `neg` and
+# the first `cat`) stream at 24% to 39% of the copy's bandwidth (the table's own `cos`, `sin`
+# and casts, 1.5 to 2.8 µs each on a small tensor, are left out of that count). Its factors
+# answer "where does the rest go?": the chain moves 6.02 times the fused kernel's bytes, its
+# kernels take 2.29 times what those bytes would take at the copy's speed, and the gaps between
+# kernels add nothing visible (1.00). The last two factors and the last printed line are about
+# the fused call's own clock and route, not the chain (notebook 05 takes those apart).
+#
+# A live table is its own GPU's run: the bytes factor is the same 6.02 (it counts, it does not
+# time), but the percentages and the shortfall factor are that GPU's.
+# Half a copy is only a line drawn for the count: a non-vectorized kernel may land just above
+# it, so the live `below half` line can name fewer than four. What to compare across GPUs is
+# the `by kind` table and the `not vectorized` line: which kinds run near a copy, which well
+# below, and what share of the time beyond the copy's speed the non-vectorized ones hold.
 #
 # Which kernels fall short, and why? The by-kind table sums the kernels by the PyTorch template
 # each was launched from, as its name shows in the profiler listing above. The slow ones are the
@@ -1098,19 +1103,20 @@ else:
     print("LIVE: none here (a GPU times the two multiplies; the interpreter's times mean nothing)")
 
 # %% [markdown]
-# On a GPU you will see the contiguous multiply launched from the vectorized template and
-# finishing sooner than the broadcast one, although it moves half as many bytes again (both
-# directions asserted; the sizes of the gaps vary by GPU). The broadcast operand sends the
-# multiply down the slow template; which part of that template costs the time, the
-# one-element loads or the stride arithmetic, this timing does not split.
+# On a GPU the contiguous multiply runs from the vectorized template and finishes sooner than
+# the broadcast one, although it moves half as many bytes again. So the broadcast operand is
+# what sends the multiply down the slow template. What stays open: which part of that template
+# costs the time, the one-element loads or the stride arithmetic. Neither the counters nor this
+# timing splits the two; no committed run does either.
 #
 # What to take from section 6: in the committed H200 run the unfused chain takes 11.3 times as
 # long as one fused call because it moves 6.02 times the bytes *and* its kernels stream them at
 # 1/2.29 of a copy's speed, the shortfall in the kernels PyTorch did not vectorize, each with
-# an operand that is not contiguous (a broadcast table, a strided half). A GPU's live lines
-# give its own factors. A fused kernel removes both costs: one read, one write, loads as wide
-# as it chooses. Notebook 07 measures the fixed cost of a call, and notebooks 03 to 05 what
-# makes one kernel stream at a copy's speed.
+# an operand that is not contiguous (a broadcast table, a strided half). A live run prints its
+# own GPU's factors: the bytes factor is fixed, the shortfall factor is the GPU's. A fused
+# kernel removes both costs: one read, one write, loads as wide as it chooses. Notebook 07
+# measures the fixed cost of a call, and notebooks 03 to 05 what makes one kernel stream at a
+# copy's speed.
 
 # %% [markdown]
 # ## Exercises
@@ -1312,12 +1318,14 @@ else:
 # not (say, `fill_`, which reads nothing, also beats the copy), the share of reads does not
 # explain it, and the copy is simply not the fastest stream on that GPU. Either way these
 # timings show how far each stream lies from the yardstick, not why: they count bytes and
-# time, not the memory's own cycles.
+# time, not the memory's own cycles. The reading for section 6 is the same in both cases: an
+# `add` a few percent over the copy streams as fast as a contiguous kernel can, no faster than
+# the memory allows; it is "near a copy", which is all the cell holds it to.
 #
 # **Nsight Compute's clock against the profiler's.** Nsight Compute replays each kernel under
 # its own measurement. The cell below divides its durations for the six kernels on $x$ by the
 # committed profiler run's: the non-vectorized kernels take longer under it, the two vectorized
-# ones about as long (both asserted). Its counts, not its times, are what section 6 uses.
+# ones about as long. Its counts, not its times, are what section 6 uses.
 
 # %%
 # Nsight Compute's durations against the committed profiler run's, kernel for kernel

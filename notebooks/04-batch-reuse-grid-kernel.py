@@ -101,10 +101,11 @@ print(f"x: [S={S}, B={B}, H={H}, D={D}] on {device}")
 # - load the position's angles $B \cdot H$ times instead of once, and
 # - evaluate the same $D$ cosines and $D$ sines $B \cdot H$ times.
 #
-# The caches serve the repeated angle loads: the reference case's 8 MiB table is read from DRAM
-# once (appendix A.5; at $s = 32768$, $b = 1$ the batch-reusing grid's program order reads it 8
-# times). The other cost is the programs: each naive one moves one row (256 bytes in, 256 out
-# for $D = 128$ in bf16) and must be started and retired. The bill for the reference case:
+# The caches serve most of the repeated angle loads: in appendix A.5's profiles the naive
+# kernel reads its table from DRAM once (2 MiB at $s = 4096$, $b = 8$; 16 MiB at $s = 32768$,
+# $b = 1$), and at the second shape the batch-reusing grid reads it 8 times. The other cost is
+# the programs: each naive one moves one row (256 bytes in, 256 out for $D = 128$ in bf16) and
+# must be started and retired. The bill for the reference case:
 
 # %%
 Sr, Br, Hr, Dr = 16384, 8, 32, 128            # the reference case: 1 GiB of bf16 activations
@@ -147,7 +148,8 @@ assert GPU_NAME == "NVIDIA H200" and l2_bytes == 62_914_560 and l2_bytes / 2**20
 # %% [markdown]
 # Sharing the angles across the batch divides the angle requests, the sin/cos work and the
 # programs by $B$. (The last column counts cosines and sines separately; from section 3 on the
-# counts are of (cos, sin) *pairs*.)
+# counts are of (cos, sin) *pairs*. The L2 line is the H200's, read from a committed profile on
+# any machine.)
 #
 # ## 2. The (seq, head) grid
 #
@@ -495,7 +497,7 @@ assert load_order["sh_loop_b"]["rows"] == load_order["sh_loop_b_unrolled"]["rows
 # ## 3. The batch-reusing grid against Transformer Engine
 #
 # At bf16 sbhd $s = 4096$, $b = 8$, $h = 32$, $d = 128$ this kernel is faster than TE's fused
-# kernel on an H200 (section 5.3) and on an H100 (section 5.2). Why? "It reuses cos/sin across
+# kernel on an H200 and on an H100 (section 5.2). Why? "It reuses cos/sin across
 # the batch, and TE does not" does not survive a look at TE's kernel. `fused_rope.cu` launches
 # a grid `(s, b)`: one CUDA block (a program) of 4 or 8 warps per (position, batch entry),
 # which reuses the sines and cosines of position $s$ across its $h$ heads, computed either by
@@ -1251,8 +1253,9 @@ assert (sm_n, schedulers, ghz_top, round(empty_ns_by_warps[1], 1)) == (132, 4, 1
 # - **The 3.46 is program granularity, not cos/sin reuse.** `sh_one_b`'s program floor alone is
 #   3.45 times `sh_loop_b`'s whole time; $B = 8$ rows a program put that floor (79 µs) under the
 #   copy's.
-# - **The grid's largest floor is the copy**, and it takes 1.41 times a copy's time. Section
-#   2.3's one row in flight per warp is the suspect; exercise 6's printed ratio tests it.
+# - **The grid's largest floor is the copy**, and it takes 1.41 times a copy's time. One
+#   suspect, which no committed run tests, is section 2.3's one row in flight per warp;
+#   exercise 6 tests it on your GPU.
 # - **TE's largest floor is issue**: 157.5 µs at the top clock, 2.5 times the grid's 62.6 µs,
 #   with a quarter of its programs and (cos, sin) pairs. That is under the grid's whole
 #   183.6 µs, yet TE takes 1.56 times it: section 5.5 says why.
@@ -1466,12 +1469,11 @@ plt.show()
 
 # %% [markdown]
 # **The answer.** At $b = 8$ on the H200, TE's fused kernel is slower than the grid because it
-# executes 2.5 times the grid's warp instructions per element, and issuing them takes 66 % of
-# its time (the grid's: 36 %) without overlapping its waits on memory: its extra issuing, 96 µs,
-# exceeds the 62 µs by which it is slower. Not cos/sin, bytes or occupancy: TE evaluates a
-# quarter of the grid's (cos, sin) pairs, moves the same DRAM bytes and fills 90 % of an SM's
-# warp slots against 48 %. Most of its extra instructions are integer ones (indexing, by our
-# reading of TE's source); the grid's warps spend 84 % of their cycles waiting on loads.
+# executes 2.5 times the grid's warp instructions per element, and issuing them does not overlap
+# its waits on memory: its extra issuing, 96 µs, exceeds the 62 µs by which it is slower. Not
+# cos/sin, bytes or occupancy: in the table above TE evaluates a quarter of the grid's pairs,
+# moves the same DRAM bytes and fills more warp slots. Most of its extra instructions are
+# integer ones (indexing, by our reading of TE's source).
 #
 # | section 3's hypothesis | verdict at $b = 8$ | where measured |
 # |---|---|---|
@@ -1516,7 +1518,10 @@ plt.show()
 #   executes 2.5 times the grid's warp instructions (section 5.5). At $b = 1$ it is over twice
 #   as fast.
 # - **Left for notebook 05:** one-warp programs filling half an SM's warp slots, one row in
-#   flight per warp (exercise 6 tests it), and work per program that depends on $B$.
+#   flight per warp, and work per program that depends on $B$. The rows in flight are a suspect
+#   for the grid's 1.41 times a copy's time, not a measured cause: exercise 6 times the same
+#   grid loading two rows before a store. Its `two rows / one row` below 1 says the second row
+#   closes part of the one-row kernel's gap over the copy; the `/ copy` ratios say how much.
 #
 # ## Exercises
 #
@@ -1745,8 +1750,10 @@ nb04_two_rows.show_two_rows_solution()
 # loads (L) and stores (S) as section 2.3 did: four half-rows before the first store. On a GPU
 # it then times, at $b = 8$ in bf16 on one warp a program, your kernel (the worked solution until
 # yours passes), the same grid one row at a time (exercise 5's worked kernel, `ROWS` $= B$) and a
-# copy. Read `two rows / one row`: well below 1 means one row in flight per warp was holding the
-# grid back; about 1 means the gap to the copy lies elsewhere. No committed run holds it.
+# copy. No committed run holds these times. Read the last line as the share of the one-row
+# kernel's gap over the copy that the second row closes: (one row / copy − two rows / copy) /
+# (one row / copy − 1). Near 0, the gap lies elsewhere; near 1, one row in flight per warp was
+# the whole gap; in between, it is part of the gap, and the rest lies elsewhere.
 
 # %%
 two_rows = nb04_two_rows._rope_two_rows_solution_kernel
@@ -1897,11 +1904,6 @@ assert (round(per_pair), round(need["te_registers"], 1), round(need["te_shared"]
     == (17, 4.2, 0.53)                                      # the text's 17, 4.2 and 0.53
 
 # %% [markdown]
-# - **Small loads**: 78 bytes a warp load for TE, 142 for the grid, 512 for a copy.
-# - **The clock matters to TE**: locked, it takes 19 % longer; the grid 5 %, the copy under 3 %.
-# - **Sin and cos are a small part of TE's instructions**: at most 0.91 of its 2.91 float
-#   instructions an element, against 17.7 integer ones.
-#
 # **TE's grid in Triton evaluates sin and cos 8.06 times the grid's float work**, where its source
 # asks for a quarter: Triton computes a value in the layout of the tensor that uses it, so every
 # thread holding a column of the `[heads, BLOCK_HALF]` tile computes that column's cosine. The
@@ -2059,13 +2061,10 @@ assert round(te_f["empty_us"] + te_f["idle_us"], 1) == 81.2
 assert round(predicted_locked["sh_loop_b"] / grid_p["us"] - 1, 2) == 0.04
 
 # %% [markdown]
-# What the profile with the clock free says:
-#
-# - **Issuing takes two-thirds of TE's time** (66 %; the grid's 36 %).
-# - **The rest is a wait on DRAM**: from locked to free TE's issue time falls, its time with no
-#   ready warp does not.
-# - **Issue time following the clock, the rest not, predicts TE's locked time within 1 %**: its
-#   issuing adds to its waits. For the grid the model over-predicts by 4 %: they overlap.
+# With the clock free, issuing takes 66 % of TE's time (the grid's 36 %); the rest is a wait on
+# DRAM, which does not shorten as the clock rises. Issue time scaled by the clock, the rest
+# kept, predicts TE's locked time within 1 % (its issuing adds to its waits) and over-predicts
+# the grid's by 4 % (they overlap).
 #
 # ### A.3 The ablation's other rows
 #
@@ -2166,7 +2165,7 @@ assert te["x_kib_per_sm"] >= 0.95 * te_copy["x_kib_per_sm"]
 #
 # At $s = 4096$, $b = 8$ a ratio below 1 (the copy's 0.954) is not a kernel moving fewer bytes
 # than it must: the reads are complete (the naive kernel reads `x` and 2.03 MiB more, the 2 MiB
-# table once) and the writes fall short, 23.6 MiB for the copy, less than the 60 MiB L2 holds:
+# table once) and the writes fall short, 23.6 MiB for the copy, less than the H200's 60 MiB L2:
 # lines of `y` presumably written back after the profiler stops counting.
 #
 # **At $s = 32768$, $b = 1$ the grid re-reads its table**: 1.19 times the model's bytes, 128 MiB

@@ -33,12 +33,10 @@
 # copy.
 #
 # **Where the numbers come from.** Every number the text states is read from a committed CSV
-# under `benchmarks/results/` (measured on an NVIDIA H200; each table prints its GPU, Triton
-# version and date) and asserted by the cell beside it or in `ropelib/course/checks_nb05.py`. A
-# few cells also time kernels live on the GPU they run on, which may be another GPU with its own
-# tile (16 warps a program on an H100, 8 on the H200): read those lines as that GPU's. Without a
-# GPU every cell still runs: Triton's interpreter runs the kernels, and the layout and
-# load-schedule cells compile them for sm_90 (the H100's and H200's architecture).
+# under `benchmarks/results/` (each table prints its GPU, Triton version and date) and asserted
+# beside it or in `ropelib/course/checks_nb05.py`. Cells that time live print the GPU they run
+# on, whose tile may differ (16 warps a program on an H100, 8 on the H200). Without a GPU the
+# interpreter runs the kernels, and the layout cells compile them for sm_90.
 #
 # **Time:** about two hours for sections 1 to 6, and as long again for the four kernel exercises
 # (1, 1b, 2 and 3); the appendices and the questions are for a second sitting.
@@ -303,17 +301,19 @@ assert [round(r["us"]) for r in (heads_m, rung6_m)] == [142, 137]
 # its **planner** (`launch.plan`) turns those knobs into a launch for each call. What the floor
 # asks of a tile:
 #
-# - **per thread**: a wide vector per load (8 bf16 = 16 bytes is the widest);
-# - **per program**: $T$ threads moving $e$ elements each stream $e \cdot T$ elements a step; the
-#   planner aims at 4096 for bf16 with a batch loop, 8 elements × (32 × 16) threads on the H100
-#   (`TILE_LOOP`) and 16 × (32 × 8) on the H200 (`TILES_BY_GPU`);
+# - **per thread**: a wide vector per load (8 bf16 = 16 bytes is the widest); the kernel loads
+#   the two halves of a head apart, so a thread holding $e$ elements over both halves loads
+#   $e/2$ of each at a time;
+# - **per program**: $T$ threads holding $e$ elements each stream $e \cdot T$ elements a step;
+#   the planner aims at 4096 for bf16 with a batch loop: $e = 8$ (4 a half, 8-byte loads) on
+#   32 × 16 threads on the H100 (`TILE_LOOP`), $e = 16$ (8 a half, 16-byte loads) on 32 × 8 on
+#   the H200 (`TILES_BY_GPU`);
 # - **programs**: at least 4 per SM (`PROGRAMS_PER_SM`), else the batch is split into chunks
 #   (rung 4).
 #
 # The batch-reusing kernel's one-warp programs ask for one 256-byte row a warp per step, at most
 # 32 per SM (half the warp slots); the finished kernel's 8-warp programs ask for 1 KiB a warp per
-# step, at a lower achieved occupancy. The cell checks that the H200 run launched what the
-# planner computes for the H200.
+# step, at a lower achieved occupancy. The H200 run launched what the planner computes for it:
 
 # %%
 from ropelib.kernels import tiles
@@ -330,7 +330,7 @@ print(f"the H200 run launched the finished kernel with grid {fin_m['grid']}, "
       f"{fin_m['occ_blocks_per_sm']} programs per SM fit ({fin_m['occ_limiter']}-limited)")
 assert fin_m["num_warps"] == plan_h200.num_warps == 8
 assert fin_m["programs"] == math.prod(plan_h200.grid)
-per_thread, warps_h200 = H200_KNOBS["tile_loop"]                 # (elements per thread, warps)
+per_thread, warps_h200 = H200_KNOBS["tile_loop"]   # (elements a thread over both halves, warps)
 assert fin_m["x_bytes_per_step"] / 2 == per_thread * 32 * warps_h200 == 4096 and warps_h200 == 8
 # the paragraph above: one-warp programs, at most 32 per SM (half of its 64 warp slots), against
 # 8-warp programs asking for 1 KiB per warp and step, more x per SM at a lower achieved occupancy
@@ -344,11 +344,10 @@ assert fin_m["ncu_achieved_occupancy_pct"] < br_m["ncu_achieved_occupancy_pct"]
 # Each rung is a kernel in a code cell, and the cell after it launches it: grid, tile constants
 # (`BLOCK_S`, `BLOCK_H`, `B_CHUNK`), warps and call. Change either and rerun: the check says whether
 # it still computes RoPE, and the section's last cell times your launches against a copy. The rungs
-# cover sbhd, rotate-half, full rotary, fp32 angles $[S, D]$, the forward pass; they are the
-# kernels `benchmarks/ladder.py` times. Each launch cell takes the measured tile (`ladder.plan`:
-# ropelib's planner with this GPU's knobs), launches again with small blocks that leave partial
-# tiles, and checks the measured rung's bits (`ladder.rope_ladder`). On a GPU the input is bf16
-# sbhd $[4096, 8, 32, 128]$ (256 MiB); in the interpreter $[6, 3, 5, 48]$, which no block divides.
+# (sbhd, rotate-half, fp32 angles $[S, D]$, forward) are the kernels `benchmarks/ladder.py` times;
+# each launch cell takes this GPU's planned tile (`ladder.plan`), then small blocks that leave
+# partial tiles. On a GPU the input is bf16 sbhd $[4096, 8, 32, 128]$; in the interpreter
+# $[6, 3, 5, 48]$, which no block divides.
 
 # %%
 S, B, H, D = (4096, 8, 32, 128) if GPU else (6, 3, 5, 48)   # D = 48: a half of 24 in a 32-lane tile
@@ -830,9 +829,7 @@ assert max(steps, key=steps.get) == "heads" and round(steps["heads"], 1) == 16.5
 #
 # No GPU is needed to see it: `ladder.compile_for_gpu` compiles a kernel for an H200 (sm_90, 132
 # SMs, `H200_KNOBS`) with the arguments of the bf16 sbhd launch at $s = 4096$, $b = 8$, and reads
-# the TTGIR, the PTX and the register count. ropelib's kernel is compiled once more with the H100's
-# tile, as a second column for comparison. What the cell prints depends on the Triton version, not
-# on the GPU.
+# the TTGIR, the PTX and the register count; ropelib's kernel once more with the H100's tile.
 
 # %%
 import subprocess
@@ -882,6 +879,9 @@ if compiled:
     assert all(x_tile(c)["sizePerThread"][-1] == 8
                and x_tile(c)["order"][0] == len(x_tile(c)["order"]) - 1 for c in compiled)
     assert x_tile(fin)["sizePerThread"] == [1, 1, 8] and fin["accesses"].get("ld.v4.b32", 0) >= 2
+    # section 2's e, over both halves, is twice the layout's run per half, on both GPUs' tiles
+    assert [x_tile(c)["sizePerThread"][-1] * 2 for c in (fin, fin_h100)] == \
+        [H200_KNOBS["tile_loop"][0], e_h100]
     # ... the same loads and stores as the PTX of the H200 run (the mechanism CSV)
     ptx_h200_run = {k: int(n) for k, n in
                     (kv.split("=") for kv in fin_m["ptx_access_detail"].split())}
@@ -900,9 +900,10 @@ if compiled:
               f"libdevice -> {trig['accurate']}")
 
 # %% [markdown]
-# The H200's x tile per half is $[1, 32, 64]$ = 2048 bf16 on 256 threads: **8 per thread**, one
-# **16-byte** vector per thread per half, the same loads and stores as the H200 run's PTX. The
-# H100's tile gives `sizePerThread = [1, 1, 4]` on 16 warps: 8-byte vectors on twice the threads.
+# The H200's x tile per half is $[1, 32, 64]$ = 2048 bf16 on 256 threads: **8 per thread per
+# half** (section 2's $e = 16$), one **16-byte** vector per thread per half, the same loads and
+# stores as the H200 run's PTX. The H100's tile gives `sizePerThread = [1, 1, 4]` on 16 warps:
+# 4 per half ($e = 8$), 8-byte vectors on twice the threads.
 # The 4-warp tile (rungs 1–2) holds 16 per thread per half in more registers: in the H200 run 72
 # per thread against 64, so 28 warps fit on an SM against 32 (checked below).
 
@@ -1043,9 +1044,8 @@ ex1b_passed = load_schedule.check_wide_loads(
 # %% [markdown]
 # The worked solution below answers both exercises, as `ropelib/kernels/fused.py` does: whole rows
 # in, each partner found with `tl.reshape` and `tl.split`, put back with `tl.join`, whole rows out.
-# The cell after it counts its loads and stores. Its 4-byte loads and any local memory (`STL`,
-# `LDL`) belong to libdevice's sin/cos slow path for large angles; the cell sets them against one
-# angle's share: none of it is a spilled register.
+# The cell after it counts its loads and stores; its 4-byte loads and local memory (`STL`, `LDL`)
+# are libdevice's sin/cos slow path for large angles, not spilled registers (checked).
 
 # %%
 fk.show_solution()
@@ -1141,10 +1141,26 @@ else:
 
 # %% [markdown]
 # The cell ends with ropelib's finished kernel and `apply_rope` beside section 6's committed H200
-# ratios at the same shape, each asserted within 15 % of them. If your Exercise 1 kernel loads and
-# stores at stride 2, how much of its gap would the loads explain (L1 serves them a second time),
-# and how much the stores that write half of every 32-byte sector (notebook 03's pair swap measures
-# the two apart)?
+# ratios at the same shape, each asserted within 15 % of them. The worked solution and the
+# finished kernel run the same grid, tile and warps on the same pairs: what separates their
+# ratios is their code. The cell below compiles both for sm_90 with the H100's tile and splits
+# each machine code at its batch loop (from the load of x to the store): where the two loops are
+# the same length, look for the difference before the loop, in the angles each program reads and
+# evaluates once.
+
+# %%
+from ropelib.course import nb05_interleaved
+
+try:
+    both = nb05_interleaved.side_by_side(fk._rope_interleaved_tile_solution_kernel, TIMED_SHAPE)
+except Exception as exc:  # noqa: BLE001 -- no compiler for this target here: say so
+    both = checks_nb05.compile_failed(exc)
+assert both is None or list(both) == ["worked solution", "ropelib's finished kernel"]
+
+# %% [markdown]
+# If your Exercise 1 kernel loads and stores at stride 2, how much of its gap would the loads
+# explain (L1 serves them a second time), and how much the stores that write half of every
+# 32-byte sector (notebook 03's pair swap measures the two apart)?
 
 # %% [markdown]
 # ## 5. Measured: the ladder as a "% of copy" waterfall
@@ -1280,9 +1296,8 @@ else:
 # %% [markdown]
 # For the rungs at $s = 4096$, $b = 8$ the 20 % and 80 % quantiles lie at most 1.2 % of the median
 # apart, so within this one run a step of three or five points stands out from its calls' spread.
-# Between runs one kernel moves more: torch.compile's ratio at 1 GiB spans about 4 points across
-# the committed H200 runs (A.5). One process's step of that size can be that process's luck:
-# where its tensors landed, the clocks while it ran, the order it timed the rungs in.
+# Between runs one kernel moves more (torch.compile's ratio at 1 GiB spans about 4 points across
+# the committed H200 runs, A.5), so one process's step of that size can be its luck.
 #
 # ![The ladder on an NVIDIA H200: % of a copy per rung](../figures/05-ladder-waterfall.png)
 #
@@ -1340,13 +1355,10 @@ assert (warps_h100["tile"], warps_h100["warps"], warps_h100["chunks"]) == (4, 16
 
 # %% [markdown]
 # **What the runs show.** On the H100 no step moves by more than 0.6 points between processes at
-# $s = 4096$, $b = 8$, and two readings of the single H200 run do not come back: there the chunks
-# rung lost 3.0 points and equal halves gained 5.5; in ten H100 processes neither moves (−0.0
-# and +0.3, and not with one sign). At $b = 1$ every step that changes the launch or the code
-# comes back in every process, with the H200 run's sign; the sizes differ. A step is one idea only
-# where it is the only change; the table says which rungs change the launch, and what the two
-# profiles (the mechanism CSV, checked below, and the cycles profile after it; details in
-# appendix A.1) say of each.
+# $s = 4096$, $b = 8$, and two steps of the single H200 run do not come back: the chunks rung's
+# −3.0 and equal halves' +5.5 are −0.0 and +0.3 in ten H100 processes, not with one sign. At
+# $b = 1$ every step that changes the launch or the code comes back in every process, with the
+# H200 run's sign. The table says which rungs change the launch, and what the profiles say.
 #
 # | rung | $s = 4096$, $b = 8$: H200, one run / H100, median of ten | $s = 32768$, $b = 1$: the same | what changed; what the profiles say |
 # |---|---|---|---|
@@ -1358,35 +1370,28 @@ assert (warps_h100["tile"], warps_h100["warps"], warps_h100["chunks"]) == (4, 16
 # | equal halves | +5.5 / +0.3 | +4.9 / +1.5, every process | the same launch, the shortcut in the kernel: fewer instructions |
 # | finished kernel | 1.5 below rung 6 / −0.2 | 2.7 above / +0.9, every process | 7 % more instructions; at $b = 1$ `x` loaded first |
 #
-# - **A tile of heads is the big step** (the largest at every size but 16 tokens, on both GPUs).
-#   It changes three things at once: 32 times fewer programs, about half the warp instructions
-#   per element, over six times the x asked for per SM. Notebook 04's variants, profiled in the
-#   same run, change them one at a time (A.1): occupancy alone buys nothing, and past four heads
-#   a program nothing more is bought.
+# - **A tile of heads is the big step** (the largest at every size but 16 tokens, on both GPUs):
+#   32 times fewer programs, about half the warp instructions per element, over six times the x
+#   asked for per SM. Notebook 04's variants change them one at a time (A.1): occupancy alone buys
+#   nothing, and past four heads a program nothing more is bought.
 # - **What the batch of 8 hides.** On the H100, with a batch loop, every rung after the warps rung
 #   moves less than the processes disagree. At $b = 1$ the same rungs move the kernel by up to 29
-#   points: with no batch to spread it over, how many times a program evaluates each sin/cos is
-#   the time (the warps and chunks rows).
+#   points: with no batch loop, how many times each sin/cos is evaluated is the time.
 # - **`finished kernel (forced)`** is rung 6 with every feature of section 3's list compiled in.
 #   At $b = 1$ its programs have no batch loop, and the planner has them load `x` before the table
 #   work. Timed as two variants (`benchmarks/results/finished_kernel_knobs-nvidia-h200.csv`), `x`
 #   first is the faster at $s = 4096$, $b = 1$ (0.931 of a copy against 0.892) and the slower at
 #   $s = 1024$, $b = 8$ (0.804 against 0.835).
 #
-# **The 16-token panel.** In the single H200 run its rungs from `chunks` on measure nothing (the
-# waterfall cell asserts these quantiles): their calls fall into a fast and a slow population,
-# the chunks rung's fastest fifth take at most 13.2 µs against 40.7 for the warps rung's, but its
-# median, 51.5 µs, is among the slow calls, and the accurate rung (the same launch and code)
-# "gains" 35.6 points by the median. In the ten H100 processes the chunks rung's step holds in
-# every one (+45.4 points), and so does equal halves' (+9.9): no two populations there.
+# **The 16-token panel.** In the single H200 run its rungs from `chunks` on measure nothing: their
+# calls fall into a fast and a slow population (the chunks rung's fastest fifth take at most
+# 13.2 µs against 40.7 for the warps rung's, its median 51.5 µs is among the slow calls), and the
+# accurate rung, the same launch and code, "gains" 35.6 points by the median. In the ten H100
+# processes the chunks step holds in every one (+45.4 points), and so does equal halves' (+9.9).
 #
-# **Where each number is checked.** The steps, the hatching and the 16-token quantiles: the
-# waterfall cell above. The tile of heads' three changes, notebook 04's variants, the 1.2 %
-# spread and the `x`-first timings: `checks_nb05.ladder_claims`, called by the next cell.
-
 # %%
-# the tables this section reads, printed; every number the text above states is asserted in
-# checks_nb05.ladder_claims (read it for what each check guards)
+# the mechanism tables, printed; checks_nb05.ladder_claims asserts the numbers the text above
+# states that the waterfall cell does not
 if LADDER_CSV.exists():
     claims = checks_nb05.ladder_claims(rows, meta, mech, mech_meta, hatched, named,
                                        sms=SMS_H200, knobs=H200_KNOBS,
@@ -1460,30 +1465,6 @@ assert all(r1(p["copy"]["tb_s"], 2) == 4.11 == r1(max(v["tb_s"] for v in p.value
 assert [round(b8[n]["us"]) for n in ("heads", "tile", "warps")] == [145, 146, 147]
 assert r1(b8["warps"]["inst_m"] / b8["heads"]["inst_m"], 2) == 1.45
 assert [round(100 * b8[n]["issuing"]) for n in ("heads", "warps")] == [32, 46]
-# chunks against warps: the same DRAM rate, 3 % more instructions, 16.1 MB more written, which
-# at its rate take 4.6 of its 5.0 us more (MB / (TB/s) = us)
-ch, wa = b8["chunks"], b8["warps"]
-extra_mb, extra_us = ch["written_mb"] - wa["written_mb"], ch["us"] - wa["us"]
-print(f"\nb = 8, chunks against warps: {extra_us:+.1f} us, {extra_mb:+.1f} MB written, which at "
-      f"{ch['tb_s']:.2f} TB/s take {extra_mb / ch['tb_s']:.1f} us")
-assert [r1(v["tb_s"], 2) for v in (wa, ch)] == [3.51, 3.50]
-assert r1(ch["inst_m"] / wa["inst_m"] - 1, 2) == 0.03
-assert (r1(extra_mb), r1(extra_us), r1(extra_mb / ch["tb_s"])) == (16.1, 5.0, 4.6)
-# equal halves against accurate: 11.1 us faster; 16.4 MB fewer written (back to 246.9), which is
-# 4.5 us of it; the other 6.6 us are the DRAM rate, 3.49 -> 3.65 TB/s, at the same occupancy
-acc, eh = b8["accurate"], b8["equal_halves"]
-at_new_rate = acc["tb_s"] * acc["us"] / eh["tb_s"]       # the accurate rung's bytes, new rate
-print(f"b = 8, equal halves against accurate: {eh['us'] - acc['us']:+.1f} us; DRAM "
-      f"{acc['tb_s']:.2f} -> {eh['tb_s']:.2f} TB/s, written {acc['written_mb']:.1f} -> "
-      f"{eh['written_mb']:.1f} MB; the accurate rung's bytes at the new rate: {at_new_rate:.1f} us")
-assert r1(acc["us"] - eh["us"]) == 11.1
-assert (r1(acc["written_mb"] - eh["written_mb"]), r1(eh["written_mb"])) == (16.4, 246.9)
-assert (r1(acc["us"] - at_new_rate), r1(at_new_rate - eh["us"])) == (6.6, 4.5)
-assert [r1(v["tb_s"], 2) for v in (acc, eh)] == [3.49, 3.65]
-assert [r1(v["occupancy"]) for v in (acc, eh)] == [44.4, 44.3]
-assert r1(1 - eh["inst_m"] / acc["inst_m"], 2) == 0.24                   # 24 % fewer
-assert [round(100 * v["issuing"]) for v in (acc, eh)] == [46, 38]
-assert [r1(v["waiting_on_memory"]) for v in (acc, eh)] == [10.7, 14.5]
 # b = 1: heads, tile, warps issuing in 74 % to 80 % of the cycles, each sin/cos evaluated 16 or
 # 32 times; from chunks on once, 7.6 times fewer instructions, issuing in 29 % to 36 %, DRAM
 # rates 3.53, 3.69 and 3.99 TB/s against the copy's 4.11
@@ -1541,12 +1522,8 @@ assert [r1(b1[n]["waiting_on_memory"] * b1[n]["issuing"]) for n in ("equal_halve
 #   5.5 a scheduler from `warps` on against the copy's 10.6, resident 7.1 against 13.6 (the
 #   finished kernel: 64 registers a thread, 4 programs an SM). The missing half may be residency;
 #   the copy on the rung's tile (below) tests that only in part.
-# - **The chunks and equal-halves steps, in this profile only.** Neither step comes back in ten
-#   H100 processes (above): what follows describes this H200 run, not a settled cause. The chunks
-#   rung has the warps rung's DRAM rate but 16.1 MB more writes counted (4.6 µs of its 5.0 µs
-#   extra at its rate; no launch or code difference makes them: A.1). Equal halves counts 16.4 MB
-#   fewer writes and a DRAM rate of 3.65 TB/s against 3.49, with 24 % fewer instructions and 0.78
-#   of its resident warps waiting on memory (the copy's share) against rung 5's 0.69.
+# - **The chunks and equal-halves steps at $b = 8$** do not come back in ten H100 processes (the
+#   table above), so this profile's readings of them (written bytes, DRAM rate) are left to A.1.
 # - **At $b = 1$ the heads, tile and warps rungs are paced by their instructions** (issuing in 74 %
 #   to 80 % of cycles, every sin and cos evaluated 16 or 32 times). From the chunks rung on each is
 #   evaluated once, and the DRAM rate climbs: 3.53 TB/s, 3.69 with equal halves, 3.99 for the
@@ -1608,12 +1585,10 @@ if order_sass:
     assert need_loaded < bound_kib < m1["x_kib_per_sm"], (need_loaded, bound_kib)
 
 # %% [markdown]
-# With `x` first, all eight loads of `x` go out before the first multiply, beside the two angle
-# loads; with the table first, none do until the sin/cos are done (the cell asserts 8 and 0 with
-# Triton 3.6, the GPU runs', and 3.9). The bound the last line prints is tighter than section 2's
-# and still above the loaded floor: it cannot show the finished kernel short of bytes in flight,
-# and the bytes actually in flight remain unmeasured. What the order is worth in time is the pair
-# of timed variants under the waterfall.
+# With `x` first, all eight loads of `x` go out before the first multiply; with the table first,
+# none do until the sin/cos are done. The bound is tighter than section 2's and still above the
+# loaded floor, so it cannot show the finished kernel short of bytes in flight; what the order is
+# worth in time is the pair of timed variants under the waterfall.
 
 # %% [markdown]
 # ### Is the gap to a copy the sin/cos?
@@ -1738,14 +1713,11 @@ assert len(sweep_b8) == 104 and said(best_copy) == "0.945" and best_copy < 0.95
 
 # %% [markdown]
 # **How to read it.** The share is the GPU's own, on its own tile: near one, the launch (tile,
-# batch loop, grid) holds that GPU's gap; well under one, the rest of the gap is the rotation's.
-# In the committed H200 timing the copy on rung 6's launch runs at 0.913 of `y.copy_(x)` and rung
-# 6 at 0.915: on the H200 the launch holds the whole gap, and with the table probe, the finished
-# kernel does not stop short of a copy on the H200 for its cos/sin. That is the H200's split,
-# not every GPU's: where the printed share above is well under one, that GPU's gap is partly the
-# rotation's. No other tile of this shape closes the H200's gap: over the 104 launches swept, the
-# copy on the tile never passes 0.945. Only the flat pass of section 6, with no loop and many
-# small programs, does. Why the launch shape costs this is open (appendix A.9).
+# batch loop, grid) holds that GPU's gap; well under one, the rest is the rotation's. In the
+# committed H200 timing the copy on rung 6's launch runs at 0.913 of `y.copy_(x)` and rung 6 at
+# 0.915: there the launch holds the whole gap, not the cos/sin. Over the 104 launches swept, the
+# copy on the tile never passes 0.945; only the flat pass of section 6, with no loop and many
+# small programs, closes the gap. Why the launch shape costs this is open (appendix A.9).
 #
 # ## 6. Past the finished kernel: two passes for large tensors
 #
@@ -2038,7 +2010,7 @@ else:
 # %% [markdown]
 # ## Appendix: the ladder's profiles in detail
 #
-# ### A.1 Notebook 04's variants, the warps step and the chunks rung's writes
+# ### A.1 Notebook 04's variants, the warps step and two one-run steps
 #
 # - **A tile of heads, one change at a time.** The batch-reusing grid on 2 warps (`sh_loop_b_w2`:
 #   the same programs, 128 bytes of x a warp per step, achieved occupancy 48 → 94 %) takes
@@ -2050,10 +2022,9 @@ else:
 #   136.3, 139.6 and 146.8 µs at 29, 51, 68 and 87 % occupancy: the most occupied is the slowest.
 # - **The warps step (rung 3)** at $b = 8$ is within the runs' spread, and the two profiles
 #   disagree on its sign (141.5 against 142.2 µs in one, 147.4 against 145.4 in the other).
-# - **The chunks rung's writes.** Rung 6 has the same runtime loop bounds, and its counted writes
-#   are the warps rung's (246.3 and 246.7 MB against the chunks rung's 262.8). Compiled for sm_90,
-#   the two rungs issue the same stores in the same order. So neither the launch, the loop bounds
-#   nor the store form makes the writes.
+# - **The chunks and equal-halves steps in this profile** (one H200 run; neither holds on the
+#   H100): the chunks rung counts 16.1 MB more writes than the warps rung with the same stores
+#   in its sm_90 code, equal halves 16.4 MB fewer than rung 5, read at 3.65 TB/s against 3.49.
 #
 # ### A.2 The warp states
 #
@@ -2065,14 +2036,12 @@ states = checks_nb05.stall_details(prof, kernels, profile, resident,
                                    claims["MECHANISM"] if LADDER_CSV.exists() else None)
 
 # %% [markdown]
-# At the same 7.1 resident warps a scheduler, equal halves move warps into `long_scoreboard`
-# (waiting on a load, 4.90 → 5.50) from every other state. The warps step had paid the same price
-# unseen: its extra instructions dropped the share of resident warps waiting on memory from 0.77 to
-# 0.69, and its extra residency (6.4 → 7.1 warps) kept `long_scoreboard` level. At $b = 1$ the
-# tile rung's 3 % more instructions at a lower occupancy predict 1.043 times the heads rung's time
-# under the profiler, which measures 1.041, and 1.09 at the GPU's own clock, the timed step.
-
-# %% [markdown]
+# At the same 7.1 resident warps a scheduler, rung 6 has more of them in `long_scoreboard` than
+# rung 5 (4.90 → 5.50) and fewer in every other state; heads → warps adds resident warps
+# (6.4 → 7.1) with `long_scoreboard` level. At $b = 1$ the tile rung's 3 % more instructions at
+# a lower occupancy predict 1.043 times the heads rung's time under the profiler, which measures
+# 1.041, and 1.09 at the GPU's own clock, the timed step.
+#
 # ## Appendix: the finished kernel's machine code
 #
 # ### A.3 Where the finished kernel's extra instructions go
@@ -2214,8 +2183,8 @@ assert len(re.findall(r"tl\.load\(in_ptr[12] .*evict_last", body)) == 2   # cos 
 # %% [markdown]
 # Compiled for sm_90, the flat pass holds fewer registers a thread than the finished kernel (42
 # with Triton 3.6 as the route runs it, with a one-byte flag per row; 46 without, as section 5
-# profiled it), so more warps can be resident. That is one difference among several (no sin/cos,
-# no batch loop, many small programs); this page does not separate them.
+# profiled it): one difference among several (no sin/cos, no batch loop, many small programs)
+# that this page does not separate.
 
 # %%
 if compiled:

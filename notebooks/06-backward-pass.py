@@ -24,25 +24,17 @@
 #
 # **After this notebook you will be able to**
 #
-# - derive RoPE's backward: the transpose of a rotation is the rotation by $-\theta$;
-# - write a `torch.autograd.Function` around a Triton kernel, and decide what to save in `ctx`;
-# - verify a backward with the autograd of a reference and with `torch.autograd.gradcheck` in
-#   float64;
-# - handle stride-0 ("overlapping") tensors: the $\partial L/\partial y$ that `y.sum()` hands the
-#   backward, and the input that `expand` hands the forward;
-# - serve both directions with one kernel and one compile-time flag — in a cell you can edit,
-#   launch and break, beside a table that says which bug your edit made — and write the
-#   backward kernel, its launcher and its `autograd.Function` yourself;
-# - count the bytes a kernel loads and stores by recording it in Triton's interpreter, and show
-#   that the backward moves the forward's bytes and reads a stride-0 gradient from one cell;
-# - time a backward kernel on a GPU beside the forward and a copy of the same bytes, read its
-#   speed as a fraction of the copy's, and read from a profile and the compiled code what four
-#   warps a program change against one (and what that profile cannot say);
-# - split a training step's time into the device's work and the host's enqueue time (the time
-#   the host takes to put the step's work in the GPU's queue).
+# - derive RoPE's backward (the transpose of the Jacobian: swap and negate the sines) and serve
+#   both directions with one kernel and one compile-time flag;
+# - write the backward kernel, its launcher and its `torch.autograd.Function` yourself, saving
+#   only the angles in `ctx`, and derive a backward the notebook does not give (interleaved
+#   pairs);
+# - verify a backward against a reference's autograd, with `gradcheck` in float64, and on
+#   stride-0 gradients;
+# - show that the backward moves the forward's bytes, and time it beside a copy of those bytes.
 #
 # **Time:** about 90–120 minutes. The cells also run on a CPU, through Triton's interpreter; the
-# time goes to reading, changing the kernel of section 2, the four exercises (the
+# time goes to reading, changing the kernel of section 2, the five exercises (the
 # backward kernel is the long one, ~20 minutes) and the discussion questions.
 #
 # **Where the numbers come from.** The numbers in the text come from committed runs on an NVIDIA
@@ -137,8 +129,9 @@ print(f"x: [S={S}, B={B}, H={H}, D={D}] on {device}")
 #
 # So **the backward of RoPE is RoPE with the angles negated**: the same kernel, rotating
 # $\partial L/\partial y$ by $-\theta$. The forward turns each pair by $\theta$; the backward
-# turns the gradient back by $\theta$. As a bonus $R^{\top}R = I$: rotations are orthogonal, so
-# the backward undoes the forward, and gradient norms are preserved.
+# turns the gradient back by $\theta$. When both features of every pair share their angle, as
+# here, $R^{\top}R = I$: rotations are orthogonal, so the backward undoes the forward and
+# gradient norms are preserved.
 #
 # One detail. TE's table holds an angle per *feature*: it is built as `cat(f, f)`, the $D/2$
 # pair angles $f$ written once for each half. A rotate-half pair reads $\theta_a$ (feature $j$)
@@ -148,10 +141,10 @@ print(f"x: [S={S}, B={B}, H={H}, D={D}] on {device}")
 # them**. With `cat(f, f)`, $\theta_a = \theta_b$ and that is exactly $R(-\theta)$;
 # ropelib's kernels implement the swap, so they are the exact transpose for any table.
 #
-# The bonus needs $\theta_a = \theta_b$. When the halves differ, the forward block has the
-# determinant $c_a c_b + s_a s_b = \cos(\theta_a - \theta_b)$, which is not 1 in general. The
-# block is then not a rotation. Its transpose is still the backward, but it is not its inverse:
-# the backward does not undo the forward, and gradient norms can change.
+# When the halves differ, the forward block has the determinant
+# $c_a c_b + s_a s_b = \cos(\theta_a - \theta_b)$, which is not 1 in general: the block is not a
+# rotation, and its transpose, still the backward, is not its inverse. The backward does not
+# undo the forward, and gradient norms can change.
 #
 # The next cell checks this numerically with the full $D \times D$ Jacobian of the reference at
 # one position, computed by autograd, for TE's table and for a table whose halves differ. For the
@@ -642,10 +635,12 @@ assert [round(r[k]) for r in (copy_row, w1_row) for k in
 # its load and store instructions moves 16 bytes a thread (`ld.v4.b32`) where the one-warp
 # kernel's move 4 (`ld.v1.b32`), and it executes 0.065 warp instructions an element against
 # 0.487; its programs fill 85 % of the warp slots against 48 %; and it keeps DRAM at 85 % of its
-# peak against 61 %. With no stall reasons, the profile does not say which difference costs the
-# time. It is also the H200's: on the H100 the committed run puts one warp at 0.80 of a copy, and
-# with no profile of that GPU committed, neither that gap nor the cost of four warps is measured
-# there.
+# peak against 61 %. Which of these costs the time, the profile cannot say. Notebook 04's
+# exercise 6 tests one suspect, one row in flight per warp: its `two rows / one row` line times
+# the same grid loading two rows before a store. Well below 1 means the rows a warp keeps in
+# flight were holding the kernel short of the copy; about 1 means the gap lies elsewhere. The
+# profile is the H200's: on the H100 the committed run puts one warp at 0.80 of a copy, and no
+# profile of that GPU is committed.
 
 # %% [markdown]
 # ## 3. A `torch.autograd.Function`
@@ -766,12 +761,13 @@ assert round(start_us / (br1["fwd_ms"] * 1e3), 2) == 0.94
 # batch 1 and 84.7 µs at batch 2, of which starting batch 1's 131,072 programs takes 79.2 µs
 # (the cost per program that notebook 03, section 4, measured).
 #
-# The rest of a small step is not on the device alone: `do_bench` times from a CUDA event
-# before a call to one after it, so when the host takes longer to enqueue a step (autograd's
-# Python, its device thread, the launches) than the GPU takes to run it, the wait is timed. For
-# scale only, the next cell draws a band of that host time: two H200 runs of
-# `benchmarks/autograd_host_probe.py`, half again apart, at a decode step's shape ($s = 1$,
-# $b = 64$), not the sweep's.
+# Below batch 4 the step also takes more than two forwards, and the sweep does not say why.
+# `do_bench` times from a CUDA event before a call to one after it, so when the host takes
+# longer to enqueue a step (autograd's Python, its device thread, the launches) than the GPU
+# takes to run it, the wait is timed; but the sweep did not time the host. The only committed
+# host times are at another shape: two H200 runs of `benchmarks/autograd_host_probe.py`, half
+# again apart, at a decode step's shape ($s = 1$, $b = 64$). The next cell prints them and draws
+# them as a band: the scale of autograd's host cost, not a measurement of these steps.
 
 # %%
 def autograd_host_log(path):
@@ -847,11 +843,11 @@ plt.show()
 
 # %% [markdown]
 # The finished kernel's batch-1 step (147.6 µs, against 44.6 µs of device work) lies inside the
-# band, so host time could account for it; the teaching kernels' steps at batches 1 and 2 (224
-# to 486 µs) lie above it, and the probe did not time their Functions.
+# band; the teaching kernels' steps at batches 1 and 2 (224 to 486 µs) lie above it. Neither
+# placement says what fills a step: the probe timed another shape and other Functions.
 #
-# On a GPU the next cell times the `ropelib_batch_reuse` step and forward at batch 1 three ways:
-# as a whole call (`do_bench`); replayed from a CUDA graph (recorded launches that the GPU
+# On a GPU the next cell splits one of them, the `ropelib_batch_reuse` step at batch 1, three
+# ways: as a whole call (`do_bench`); replayed from a CUDA graph (recorded launches that the GPU
 # replays without the host), the device's time alone; and on the host, with `time.perf_counter`
 # around the forward call and `torch.autograd.grad` of 50 steps enqueued back to back, with no
 # synchronisation inside the loop, so the clock sees the host enqueue the work, not the kernels
@@ -930,24 +926,27 @@ if GPU:
         assert gap > 0, "the whole call takes longer than the replayed kernels"
         print(f"  the whole call adds {gap:.1f} to the replayed step, "
               f"{whole['forward'] - replayed['forward']:.1f} to the replayed forward")
+        share = (host_us["enqueue"] - replayed["step"]) / gap
         print(f"  host share of the step's gap: (enqueue {host_us['enqueue']:.1f} - replayed "
-              f"{replayed['step']:.1f}) / {gap:.1f} = "
-              f"{(host_us['enqueue'] - replayed['step']) / gap:.2f}")
+              f"{replayed['step']:.1f}) / {gap:.1f} = {share:.2f}: "
+              + ("the host's enqueue time alone could fill at least half the gap" if share >= 0.5
+                 else "the host keeps up with the device: most of the gap comes from elsewhere"))
 else:
     print(f"interpreter, bf16 [{cfg.seq_len}, {cfg.batch}, {cfg.heads}, {cfg.head_dim}]: the "
           "forward and the step match ropelib's launcher; the whole call, the replay and the "
           "host's phases are timed on a GPU only")
 
 # %% [markdown]
-# How to read it. The replayed step should take two replayed forwards, as the bytes predict; the
-# gap is what the whole call adds to it. The host loop is not `do_bench`'s: it enqueues steps
-# back to back with its own Python and timers around each phase, on inputs that require grad, so
-# its times can exceed the whole call's (compare its forward call with the whole forward). Its
-# enqueue time per step bounds the host's part of a step from above; it does not measure it.
-# The host share, (enqueue − replayed step) / gap, reads the same way: at or above 1 the host
-# alone could fill the gap, not how much of it did; near zero or below, the host keeps up and
-# the gap comes from elsewhere. The two `autograd.grad` times differ by the hand-off to
-# autograd's device thread. Notebook 07, section 7.3, takes `do_bench`'s loop apart.
+# How to read it. The replayed step is the device's work alone; the cell asserts that it takes
+# two replayed forwards (within 5 %), as the bytes predict. The gap is what the whole call adds
+# to it. The host loop enqueues steps back to back with its own timers around each phase, so its
+# enqueue time per step is an upper bound on the host's part of a step, not a measurement of it.
+# The host share, (enqueue − replayed step) / gap, is the part of the gap that the host's excess
+# over the device could fill. From one half up, the host alone is slow enough to fill at least
+# half the gap, and a share above 1 says no more than one near 1 (the loop's own timers add host
+# time); near zero or below, the host keeps up and the gap comes from elsewhere. The two
+# `autograd.grad` times differ by the hand-off to autograd's device thread. Notebook 07,
+# section 7.3, takes `do_bench`'s loop apart.
 
 # %% [markdown]
 # ## 4. `gradcheck` in float64
@@ -1199,9 +1198,11 @@ else:
 #   `gradcheck` in float64, and with stride-0 tensors: the gradient of `y.sum()` and an input
 #   built with `expand`.
 # - The backward moves the forward's bytes and takes the forward's time, so a training step is
-#   two forwards of device work; at small sizes the whole call takes far longer than that work,
-#   a CUDA-graph replay removes the excess, and section 3.1's live cell prints the host's share
-#   of it.
+#   two forwards of device work: from batch 4 up the committed H200 steps take 1.97 to 2.01
+#   forwards. Below, a step through autograd takes longer (the batch-reusing kernel's batch-1
+#   step: 427 µs against an 84.6 µs forward). Section 3.1's live cell replays that step from a
+#   CUDA graph to time the device's work alone, and prints how much of the rest the host's
+#   enqueue time could fill.
 # - One warp a program beats four in the H200's profile (section 2.1), so `rope_cell` launches
 #   one at $D = 128$: with four, each element sits on two threads and costs load and store
 #   instructions of its own, 2.85 times the instructions for the same DRAM bytes, in 1.62 times
@@ -1374,6 +1375,40 @@ ex.check_rope_function(MyRope, kernel=my_backward_kernel);
 
 # %%
 solution(ex.SolutionRopeFunction)
+
+# %% [markdown]
+# **5. The backward for interleaved pairs.** GPT-J and RoFormer pair features $2j$ and $2j+1$
+# (notebook 01), and a per-feature table gives each its own angle, $\theta_a$ for $2j$ and
+# $\theta_b$ for $2j+1$:
+# $y_{2j} = x_{2j}\cos\theta_a - x_{2j+1}\sin\theta_a$,
+# $y_{2j+1} = x_{2j+1}\cos\theta_b + x_{2j}\sin\theta_b$. Derive its backward as section 1 did,
+# and write it as a kernel on the grid $(S, H)$ that evaluates cos/sin once a program.
+#
+# The check launches your kernel in the interpreter on fresh gradients, into an output filled
+# with NaN: on a table whose two angles of a pair are equal and on one where they differ, in
+# fp32 and fp16. It compares with the autograd of `ropelib.reference` (`interleaved=True`) and
+# counts the sines and cosines your kernel evaluates.
+
+# %%
+from ropelib.course.exercises import nb06_interleaved
+
+
+@triton.jit
+def my_interleaved_backward_kernel(
+    gy_ptr,  # *dL/dy: input [S, B, H, D], contiguous
+    gx_ptr,  # *dL/dx: output [S, B, H, D], contiguous, same dtype as dL/dy
+    freqs_ptr,  # *fp32: angles [S, D], contiguous, one per feature (pair j: features 2j, 2j+1)
+    B, H,  # batch size, heads
+    HALF: tl.constexpr,  # D // 2: pairs in a head, a power of two
+):
+    # launched on grid (S, H): program (s, h) writes dL/dx[s, b, h, :] for every b
+    pass  # your code
+
+
+nb06_interleaved.check_interleaved_backward(my_interleaved_backward_kernel);
+
+# %%
+nb06_interleaved.show_interleaved_solution()
 
 # %% [markdown]
 # ## Questions for discussion

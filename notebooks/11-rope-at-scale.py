@@ -29,31 +29,17 @@
 #   Transformer Engine's dual-chunk split (rank $r$ holds chunks $r$ and $2c-1-r$ of $2c$)
 #   balances it exactly;
 # - rotate a rank's shard at its global positions with `apply_rope(..., cp_size, cp_rank)`;
-# - run context-parallel training with two processes (here over gloo: on the CPU, or both
-#   ranks on one GPU) and check that it computes the loss one process computes, then read
-#   committed runs of two ranks on two H200s over NCCL;
-# - read a contiguous and a paged (block-table) KV cache, follow one decoding step of
-#   `ropelib.rope_kv_cache` slot by slot, and check it against RoPE-then-write bit for bit;
-# - write the fused RoPE + KV-cache write kernel yourself, for a contiguous cache and then for
-#   a paged one (block table → physical block);
-# - choose the scale of an fp8 cache, say what error it costs, and why a decoder must fix
-#   the scale before the keys it will store arrive;
-# - count the bytes one decoding step moves, fused and in two kernels, and the kernels it
-#   launches, and read both beside the step's time replayed from a CUDA graph: at decode,
-#   fusion's gain is small (in the committed H200 run, up to a batch of 64, about what one
-#   more kernel adds to a replay), yet far more than its bytes take at peak bandwidth; on a
-#   GPU, split that gain into the launch and the pass it saves.
+# - run context-parallel training with two processes and check that it computes the loss one
+#   process computes, then read committed runs of two ranks on two H200s over NCCL;
+# - follow one decoding step of `ropelib.rope_kv_cache` into a contiguous and a paged
+#   (block-table) KV cache, and write that fused RoPE + cache-write kernel yourself, for both;
+# - choose the scale of an fp8 cache and say what error it costs;
+# - read what fusion saves at decode (bytes, kernels, replayed time), and read in sm_90 machine
+#   code what the worked kernel's one program does that ropelib's 40 do not.
 #
-# **Time:** about 75 minutes to read, 50 for exercises 1–4 (the two kernels take most), 20 for
-# the optional fifth. Section 3 and the end of section 4 are dense with measurements: on a first
-# pass read each part's question and answer; the appendix holds the measurements behind
-# several answers. On a CPU, Run All takes under two minutes under Triton's interpreter.
-#
-# **Where the numbers come from.** The measured numbers in the text (times, memory, the GPU
-# runs' losses) are read from CSVs committed in `benchmarks/results/`, all measured on NVIDIA
-# H200s; the others (pair counts, byte counts, fp8 errors) the cells compute, the same on
-# every machine. A few cells also time or profile live on the GPU that runs the notebook, and
-# each such line names that GPU: its numbers are that GPU's, not the H200's of the text.
+# **Time:** about 75 minutes to read, 50 for exercises 1–4, 20 for the optional fifth. On a
+# first pass read each part's question and answer. Measured numbers in the text are read from
+# CSVs in `benchmarks/results/` (NVIDIA H200s); cells that time live on a GPU name that GPU.
 
 # %%
 import os, torch
@@ -124,11 +110,8 @@ print(ropelib.runtime.mode(), "| device:", device, "| figures go to", FIGURES)
 # the same for every rank: exactly $1/c$ of the $S(S+1)/2$ (query, key) pairs. With $S=8$ and
 # $c=2$: rank 0 holds positions 0 1 | 6 7, rank 1 holds 2 3 | 4 5.
 #
-# The split does not depend on how the ranks exchange k and v: Transformer Engine uses it with
-# a ring (its default) and with an all-gather (`cp_comm_type="all_gather"`), the scheme this
-# notebook uses, as did Llama 3's long-context training.
-#
-# The figure colours each (query, key) pair of a causal mask by the rank that computes it.
+# Transformer Engine uses the split with a ring and with an all-gather (this notebook's
+# scheme). The figure colours each (query, key) pair by the rank that computes it.
 
 # %%
 def mask_by_rank(S, cp_size, split):
@@ -198,9 +181,8 @@ assert shares["dual-chunk"] == [68] * CP, "the text's 68 pairs on each rank"
 
 # %% [markdown]
 # The contiguous split gives rank 1 almost three times rank 0's pairs; the dual-chunk split
-# gives both ranks 68. On the right, the busiest rank's work over the mean tends to 2 under the
-# contiguous split (every rank waits for one with twice the mean attention work) and stays at
-# exactly 1 under the dual-chunk one.
+# gives both ranks 68. On the right, the busiest rank's share tends to twice the mean under the
+# contiguous split and stays at exactly 1 under the dual-chunk one.
 #
 # ### RoPE at global positions
 #
@@ -208,9 +190,7 @@ assert shares["dual-chunk"] == [68] * CP, "the text's 68 pairs on each rank"
 # example holds 0 1 6 7. Rotating the shard as if it were a short sequence would give tokens 6
 # and 7 the angles of positions 2 and 3, and every score between the two chunks would see the
 # wrong distance. `apply_rope(..., cp_size=c, cp_rank=r)` makes the kernel map each local index
-# to its global position (the same map as `cp.dual_chunk_positions`), so the shard is rotated
-# exactly as the full sequence would be; nothing is gathered for RoPE. The cell uses $S = 16$
-# and prints each rank's positions.
+# to its global position (`cp.dual_chunk_positions`); nothing is gathered for RoPE.
 
 # %%
 B, H, D = 2, 2, 8
@@ -248,20 +228,18 @@ print("dual-chunk attention of each rank = its share of causal attention over th
 # %% [markdown]
 # ### Exercise 1: the positions a rank holds
 #
-# Each check in this notebook prints ✅ or ❌ and never stops the notebook: replace the `...`
-# (in the kernels, the `pass`), rerun the cell, and find the worked solution folded away in the
-# cell after. While a check runs, ropelib is blocked: an answer that calls
-# `ropelib.context_parallel`, `ropelib.kv_cache`, this notebook's `mask_by_rank` (which calls
-# them) or any other part of the library fails, so only your own code passes.
+# Each check prints ✅ or ❌ and never stops the notebook: replace the `...` (in the kernels,
+# the `pass`) and rerun; the worked solution is folded away in the cell after. While a check
+# runs, ropelib (and `mask_by_rank`, which calls it) is blocked: only your own code passes.
 #
 # Write `my_dual_chunk_positions(seq_len, cp_size, cp_rank)`: the `seq_len / cp_size` global
 # positions rank `cp_rank` holds under the dual-chunk split, its first chunk then its second.
 # It takes the length of the *whole* sequence, where `cp.dual_chunk_positions` above takes the
 # rank's local length (`S // CP`). The check also tries one rank, where the two chunks adjoin.
 #
-# Then the inverse, on paper, which a rank needs to pick its labels and a debugger needs to find
-# a token: on 4 ranks with a 128-token sequence, which rank holds global position 100, and at
-# which local index? Which ranks hold their two chunks as one run of positions, for any $c$?
+# Then the inverse, on paper: on 4 ranks with a 128-token sequence, which rank holds global
+# position 100, and at which local index? Which ranks hold their two chunks as one run of
+# positions, for any $c$?
 #
 # <details><summary>Answers</summary>
 #
@@ -291,9 +269,8 @@ solution(ex.solution_dual_chunk_positions)
 # process computes?*
 #
 # `benchmarks/cp_train.py` trains ropelib's small GPT (notebook 09) with the sequence split
-# over the processes that `torchrun` starts. The processes talk through a `torch.distributed`
-# backend: NCCL (NVIDIA's library, one GPU per process) on GPUs, gloo (PyTorch's own, which
-# also runs on CPUs) otherwise. Per step, each rank
+# over the processes `torchrun` starts, talking through NCCL (one GPU per process) or gloo
+# (also on CPUs). Per step, each rank
 #
 # 1. takes the same batch (the same seed on every rank) and keeps its dual-chunk `shard`;
 # 2. in every layer rotates its q and k at their global positions, all-gathers k and v, and
@@ -302,25 +279,15 @@ solution(ex.solution_dual_chunk_positions)
 # 3. averages the gradients over the ranks (one all-reduce: every rank receives the sum) and
 #    steps AdamW.
 #
-# Each rank's loss is the mean over its tokens, all ranks hold the same number of tokens, so
-# the mean over ranks is the whole batch's loss.
+# Every rank holds as many tokens, so the mean of the ranks' losses is the batch's loss.
+# Averaging the gradients is right although this is not data parallelism: a rank's k and v
+# served every rank's queries, and the reduce-scatter brings those gradients back; summed over
+# the ranks they are the gradients of the sum of the losses.
 #
-# Averaging is right, though this is not data parallelism: a rank's keys and values served
-# every rank's queries, so the reduce-scatter brings the other ranks' loss gradients back into
-# its gradient. Summed over the ranks, the gradients are those of the sum of the losses;
-# divided by $c$, those of the batch's loss.
-#
-# With `--dry-run` the script trains a tiny model for 3 steps; rank 0 then trains the same
-# model from the same seed on the same batches in one process (`--compare-single`), and the
-# CSV holds both losses. Both ranks rotate with ropelib's kernel, in one of three setups:
-#
-# - on a CPU: gloo, and the kernel in Triton's interpreter;
-# - on two or more GPUs: NCCL, one GPU per rank, the kernel compiled;
-# - on one GPU: gloo, both ranks on that GPU (NCCL refuses to share one), the kernel compiled.
-#
-# Every setup trains in fp32 (on a GPU the cell asks for it with `--dtype fp32`), so that the
-# losses compare to fp32 rounding. The CSV's header records which case ran: on the executed
-# page, one H100, the third.
+# With `--dry-run` the script trains a tiny model for 3 steps in fp32; rank 0 then trains the
+# same model on the same batches in one process (`--compare-single`), and the CSV holds both
+# losses. On a CPU the ranks use gloo and the interpreter; on one GPU, gloo with both ranks on
+# it (NCCL refuses to share a GPU); on two, NCCL. The CSV's header records which ran.
 
 # %%
 def free_port() -> int:
@@ -348,9 +315,8 @@ print(proc.stdout[-2500:])
 assert proc.returncode == 0, proc.stderr[-3000:]
 
 # %% [markdown]
-# The CSV starts with `# key: value` lines (versions, sizes, the summary: tokens/s and ms a step
-# leave out the first step, which compiles) and has one row per step. The same two functions
-# read and draw the committed GPU runs in section 3.
+# The CSV starts with `# key: value` lines (versions, sizes, a summary) and has one row per
+# step. The same two functions read the committed GPU runs in section 3.
 
 # %%
 def read_cp_run(path) -> dict:
@@ -401,15 +367,7 @@ print(f"max |difference| of the 6-decimal columns = {max(diffs):.2e}; before rou
 assert dry["cp_size"] == 2 and len(dry["loss"]) == 3 and None not in dry["single_loss"]
 assert dry["meta"]["rope"] == "ropelib" and dry["meta"]["dtype"] == "fp32"
 assert dry["meta"]["device"].startswith("cuda" if ropelib.runtime.on_gpu() else "cpu")
-# how it ran, from the CSV's header: compiled kernels on a GPU or the interpreter on the CPU, and
-# the backend: NCCL with a GPU per rank, gloo with two ranks on one GPU or on the CPU
-if ropelib.runtime.on_gpu():
-    assert dry["meta"]["mode"].startswith("GPU") and dry["meta"]["gpu"] != "none"
-    want_backend = "nccl" if torch.cuda.device_count() >= 2 else "gloo"
-else:
-    assert dry["meta"]["mode"].startswith("CPU, Triton interpreter")
-    assert dry["meta"]["gpu"] == "none"
-    want_backend = "gloo"
+want_backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= 2 else "gloo"
 assert dry["meta"]["backend"] == want_backend, (dry["meta"]["backend"], want_backend)
 assert fp32_ulp < 1e-6                            # 6 decimals are coarser than the loss's ulp
 assert max(diffs) <= exact_diff + 1e-6 + 1e-9     # each column rounds by half a unit at most
@@ -421,34 +379,27 @@ fig.tight_layout()
 plt.show()
 
 # %% [markdown]
-# **Answer:** yes, to fp32 rounding: the two losses agree to at most 4 ulps of fp32 (an ulp,
-# "unit in the last place", is the gap between neighbouring fp32 numbers near the loss), taken
-# from the header's `max_loss_diff` since the columns keep 6 decimals. They need not agree to
-# the bit: attention over two chunks and the all-reduce add in another order than one process.
-#
-# `tests/test_context_parallel.py` checks more: every parameter's gradient of 2 ranks against
-# 1 process, with ropelib's kernel and with the PyTorch reference.
+# **Answer:** yes, to fp32 rounding: the losses agree to at most 4 ulps (the gap between
+# neighbouring fp32 numbers near the loss). Not to the bit: two attention chunks and the
+# all-reduce add in another order. `tests/test_context_parallel.py` also compares every
+# parameter's gradient.
 #
 # ## 3. The GPU run
 #
 # *Question: what does splitting a long sequence over two H200s buy in memory and in speed?*
 #
-# On GPUs context parallelism is meant for sequences too long for one. The default case of
-# `cp_train.py` is a 12-layer, 1024-wide model on sequences of 131072 characters in bf16;
-# split over the ranks, each keeps $1/c$ of the activations plus every layer's gathered k and
-# v. That sequence still fits on one H200, so the committed runs measure both: two ranks with
-# their 1-process baseline over the first 2 steps, and one GPU on its own,
+# The default case of `cp_train.py` is a 12-layer, 1024-wide model on sequences of 131072
+# characters in bf16. That still fits on one H200, so the committed runs measure both: two
+# ranks with their 1-process baseline over the first 2 steps, and one GPU on its own,
 #
 #     torchrun --nproc_per_node 2 benchmarks/cp_train.py --steps 12 --compare-single \
 #         --compare-steps 2 --out benchmarks/results/cp-2gpu-nvidia-h200.csv
 #     torchrun --nproc_per_node 1 benchmarks/cp_train.py --steps 6 \
 #         --out benchmarks/results/cp-1gpu-nvidia-h200.csv
 #
-# The runs' lengths differ (12 steps on two ranks, 6 on one GPU), which changes their
-# learning-rate schedules after step 2 but not their memory or time per step. Each
-# configuration was run once, so this section and appendix A.2 rest on one run apiece: the
-# steps of a run agree closely, but run-to-run spread is not measured. The first cell reads the
-# newest committed run of each number of ranks and adds up a rank's peak memory from its sizes.
+# The runs' lengths differ, which changes their learning-rate schedules after step 2 but not
+# their memory or time per step. Each configuration ran once: run-to-run spread is not
+# measured. The cell reads the newest run of each size and adds up a rank's peak memory.
 
 # %%
 def newest_cp_runs(folder) -> dict:
@@ -485,10 +436,8 @@ assert m["gpu"] == one["meta"]["gpu"] == "NVIDIA H200", "both runs on H200s"
 for key, want in (("n_layer", "12"), ("n_embd", "1024"), ("seq_len", "131072"),
                   ("dtype", "bf16"), ("batch_size", "1")):
     assert m[key] == one["meta"][key] == want, (key, m[key], one["meta"][key])
-# what the split buys: each rank's peak memory against one GPU's, and the same added up from
-# the run's sizes: AdamW's fp32 weights, gradients and two moments (16 bytes a parameter) on
-# every rank; half of one GPU's activations (its peak less that state); the other rank's k and
-# v, bf16, kept for the backward in every layer
+# a rank's peak, added up: AdamW's state (16 bytes a parameter), half of one GPU's
+# activations (its peak less that state), the other rank's bf16 k and v in every layer
 peak_one = float(one["meta"]["peak_mem_gib_per_rank"])
 peak_rank = max(float(v) for v in m["peak_mem_gib_per_rank"].split())
 gib = 2 ** 30
@@ -508,40 +457,24 @@ assert round(peak_rank, 2) == 35.94, "measured: 35.94 GiB"
 assert abs(estimate - peak_rank) < 1, "the parts add up to within 1 GiB"
 
 # %% [markdown]
-# The 131072-token sequence fits on one H200, at a peak of 65.12 GiB; split over two ranks,
-# each peaks at 55 % of that, and the sum of its parts comes to within 1 GiB of it: half of
-# one GPU's activations, the other rank's k and v for every layer (kept for the backward), and
-# the full weights, gradients and optimizer state, which CP does not split. So CP buys memory
-# first: a sequence somewhat too long for one GPU should fit on two (not measured: no such run
-# is committed).
+# One GPU peaks at 65.12 GiB; each of two ranks at 55 % of that, within 1 GiB of the sum of
+# its parts: half of one GPU's activations, the other rank's k and v for every layer (kept for
+# the backward), and the full weights, gradients and optimizer state, which CP does not split.
 #
-# **Speed, over the same steps.** A header's tokens/s leaves out the run's first `steps // 5`
-# steps (at least one: step 1 compiles), so the two headers average steps 2–6 of the 1-GPU run
-# and 3–12 of the 2-rank run. The next cell takes, from the per-step columns, the steps both
-# runs have, 2 to 6, and draws every step's time.
+# **Speed, over the same steps.** The next cell averages the steps both runs have, 2 to 6.
 
 # %%
 STEPS_BOTH = range(2, min(len(one["ms"]), len(run["ms"])) + 1)      # steps 2 .. 6
 tokens = int(m["seq_len"]) * int(m["batch_size"])                   # whole-batch tokens a step
 mean_ms = {n: statistics.mean(r["ms"][s - 1] for s in STEPS_BOTH) for n, r in ((1, one), (2, run))}
 speedup = mean_ms[1] / mean_ms[2]                                   # tokens/s, 2 ranks / 1 GPU
-# the headers' windows: the steps after the first steps // 5 (at least 1, at most 5)
-window = {n: range(min(5, max(1, int(r["meta"]["steps"]) // 5)) + 1, len(r["ms"]) + 1)
-          for n, r in ((1, one), (2, run))}
-for n, r in ((1, one), (2, run)):     # the header's ms per step is the mean over its window
-    in_window = statistics.mean(r["ms"][s - 1] for s in window[n])
-    assert abs(in_window / float(r["meta"]["ms_per_step"]) - 1) < 1e-4, (n, in_window)
-header_speedup = float(m["tokens_per_s"]) / float(one["meta"]["tokens_per_s"])
 spread = {n: max(r["ms"][1:]) / min(r["ms"][1:]) - 1 for n, r in ((1, one), (2, run))}
 print(f"steps {STEPS_BOTH[0]}-{STEPS_BOTH[-1]} of both runs: 1 GPU {mean_ms[1]:.1f} ms a step, "
       f"2 ranks {mean_ms[2]:.1f}: {speedup:.3f}x the tokens/s of one GPU")
-print(f"the headers' windows (1 GPU steps {window[1][0]}-{window[1][-1]}, 2 ranks steps "
-      f"{window[2][0]}-{window[2][-1]}): {header_speedup:.3f}x")
 print(f"every step after the first, slowest / fastest: 1 GPU +{spread[1]:.2%}, "
       f"2 ranks +{spread[2]:.2%}")
 assert list(STEPS_BOTH) == [2, 3, 4, 5, 6]
-assert (list(window[1]), list(window[2])) == ([2, 3, 4, 5, 6], list(range(3, 13)))
-assert round(speedup, 2) == round(header_speedup, 2) == 1.30, "1.30 x one GPU's tokens/s"
+assert round(speedup, 2) == 1.30, "1.30 x one GPU's tokens/s"
 assert max(spread.values()) < 0.01, "every step within 1 % of the others"
 fig, ax = plt.subplots(figsize=(7, 3.6))
 for n, r, style in ((1, one, "o--"), (2, run, "s-")):
@@ -558,14 +491,12 @@ fig.tight_layout()
 plt.show()
 
 # %% [markdown]
-# After the first step every step takes the same time, within 1 % in either run, so the
-# length of a run does not change its speed: over the same five steps two ranks are 1.30
-# times as fast as one GPU, as the headers say, and not twice (appendix A.2 asks why).
+# After step 1 every step is within 1 % of the others: two ranks are 1.30 times as fast as
+# one GPU, not twice (appendix A.2 asks why).
 #
-# **Loss.** Both runs start from seed 0 with the same weights and batches, but they compare at
-# steps 1 and 2 only: from the second update on, the 6-step run's cosine schedule takes
-# smaller steps than the 12-step run's (appendix A.4 shows the schedules, and retrains a tiny
-# model both ways on this machine).
+# **Loss.** Both runs start from the same weights and batches but compare at steps 1 and 2
+# only: from the second update on, the 6-step run's cosine schedule takes smaller steps
+# (appendix A.4).
 
 # %%
 one_loss, two_loss = one["loss"], run["loss"]
@@ -581,12 +512,11 @@ for name, curve in (("1 GPU", one_loss), ("2 ranks", two_loss)):
     assert curve[1] > curve[0] and curve[-1] < max(curve), f"{name}: climbs, then falls"
 
 # %% [markdown]
-# **Answer:** per rank, 55 % of one GPU's peak memory; 1.30 times one GPU's speed over the same
-# steps, not twice; the same losses at steps 1 and 2 (over 200 bf16 steps: appendix A.5).
+# **Answer:** per rank, 55 % of one GPU's peak memory; 1.30 times its speed, not twice; the
+# same losses at steps 1 and 2 (over 200 bf16 steps: appendix A.5).
 #
-# Why not twice is appendix A.2's question. The next cell prepares its first tool: the step
-# times at two lengths, 16384 tokens (the 200-step runs of A.5, the same model) and 131072,
-# fitted by $t(S) = aS^2 + bS$ for one GPU and for two ranks, and what the collectives move.
+# For appendix A.2, the next cell fits $t(S) = aS^2 + bS$ through the step times at 16384
+# tokens (A.5's runs, the same model) and 131072, and counts what the collectives move.
 
 # %%
 SPEED_RUNS = {(1, "short"): "cp200-1gpu-seed0", (2, "short"): "cp200-2gpu-seed0",
@@ -686,18 +616,13 @@ assert round(at_link_ms) == 16, "about 16 ms over NVLink"
 # ### What a KV cache holds
 #
 # A language model generates one token at a time, and the new token attends to the keys and
-# values of every earlier one. Recomputing them at every step would cost the whole prefix
-# again, so each layer keeps them in a **KV cache** and appends the new token's k and v. With
-# RoPE the cached key is the *rotated* key $R_p k_p$: it is rotated once, at its own position
-# $p$, when it is written, and never again. The new query is rotated at its position, and the
-# score $\langle R_m q, R_p k\rangle$ depends on $m - p$ as in training.
+# values of every earlier one, which each layer keeps in a **KV cache**. With RoPE the cached
+# key is the *rotated* key $R_p k_p$: rotated once, at its position $p$, when it is written.
 #
 # So a decoding step of one layer does, for each sequence $b$ of the batch at its own length
 # $\ell_b$ (`cache_seqlens`): rotate $q$ and $k$ at position $p = \ell_b$, store the rotated
-# $k$ and the $v$ at slot $p$, then attend over slots $0 \ldots p$. Unfused, that is a RoPE
-# kernel that writes rotated $k$ to memory, then a copy of it (and $v$) into the cache.
-# `ropelib.rope_kv_cache` does both in one launch: it returns the rotated $q$ and writes the
-# rotated $k$ straight into its slot.
+# $k$ and the $v$ at slot $p$, then attend over slots $0 \ldots p$. `ropelib.rope_kv_cache`
+# does the rotation and the store in one launch.
 #
 # Two layouts hold the cache:
 #
@@ -706,14 +631,12 @@ assert round(at_link_ms) == 16, "about 16 ms over NVLink"
 # | contiguous | `[B, L, HK, D]` | `cache[b, p]` |
 # | paged | pool `[NB, BS, HK, D]` + `block_table` | `cache[block_table[b, p // BS], p % BS]` |
 #
-# A contiguous cache reserves $L$ positions for every sequence up front. A paged cache (vLLM's
-# PagedAttention) is a pool of $NB$ blocks of $BS$ positions; the block table `[B, MAX_BLOCKS]`
-# maps a sequence's positions to blocks anywhere in the pool, handed out as sequences grow, so
-# memory follows the actual lengths and sequences can share blocks (a common prompt).
+# A paged cache (vLLM's PagedAttention) is a pool of $NB$ blocks of $BS$ positions, handed
+# out as sequences grow; the block table `[B, MAX_BLOCKS]` maps a sequence's positions to them.
 #
 # ### One decoding step, slot by slot
 #
-# Two sequences, with 3 and 5 tokens already cached; each gets one new token.
+# Two sequences, with 3 and 5 tokens cached, each get one new token.
 
 # %%
 B, L, HQ, HK, D = 2, 8, 2, 1, 8
@@ -740,10 +663,9 @@ assert changed.nonzero().tolist() == [[b, int(seqlens[b])] for b in range(B)]
 assert torch.equal(v_cache[changed], v_new[:, 0])                    # v is stored as it is
 
 # %% [markdown]
-# The unfused path, as a model without the fused kernel would run it: `apply_rope_qk` with
-# the start positions, then `kv_cache.write_kv_cache` (the index arithmetic and two
-# `index_put_` in PyTorch). The same angle table and the same fp32 operations in the same
-# order give the same bits.
+# The unfused path: `apply_rope_qk` at the start positions, then `kv_cache.write_kv_cache`
+# (index arithmetic and two `index_put_` in PyTorch). Same table, same fp32 operations, same
+# bits.
 
 # %%
 q_ref, k_ref = ropelib.apply_rope_qk(q_new, k_new, freqs, layout="bshd", start_positions=seqlens)
@@ -769,12 +691,9 @@ print("fused = RoPE, then the write: q, k cache and v cache bit for bit")
 #    $b$: in a contiguous cache `[B, L, HK, D]`, feature $d$ of head $h$ sits at element
 #    $((b L + p)\,H_K + h)\,D + d$.
 #
-# Nothing else of the cache is touched, and the rotated k never exists outside the cache. The
-# check draws decoding steps (each sequence at its own position, fp32 and bf16, fewer k heads
-# than q heads), fills the caches with a history and NaN in every free slot, runs your kernel in
-# Triton's interpreter (on a GPU also compiled there) and compares `q_out` and both caches with
-# what `ropelib.rope_kv_cache` makes of the same step: a slot written that should not be, or
-# one left NaN, shows up.
+# The check draws steps (fp32 and bf16, fewer k heads than q heads), fills every free slot
+# with NaN, and compares `q_out` and both caches with `ropelib.rope_kv_cache`'s: a slot
+# written that should not be, or one left NaN, shows up.
 
 # %%
 @triton.jit
@@ -802,37 +721,26 @@ kv_ok = ex.check_rope_kv_cache_kernel(my_rope_kv_cache_kernel)
 solution(ex.solution_rope_kv_cache_kernel.fn, title="Solution: RoPE + contiguous cache write")
 
 # %% [markdown]
-# ### Your kernel against the unfused step, on a GPU
+# ### Your kernel against ropelib's: timed on a GPU, read in its machine code
 #
 # On a GPU the next cell times your kernel (the worked one until yours passes) against
-# `ropelib.rope_kv_cache` and the unfused step above, at the decode benchmark's sizes: q 32
-# heads, k and v 8 heads of 128, bf16, a contiguous cache of 4096 positions, batch 1 and 64.
-# It first checks your q and cache against ropelib's, then replays each step alone from a CUDA
-# graph (`kv_cache_decode.time_step`). A CUDA graph records a sequence of kernel launches once;
-# a replay submits them all with one call from the host, so the host's per-kernel work drops
-# out, but the GPU still starts every kernel in the graph.
+# `ropelib.rope_kv_cache` and the unfused step at the decode benchmark's sizes (q 32 heads, k
+# and v 8 of 128, bf16, a cache of 4096), batch 1 and 64, each step replayed alone from a CUDA
+# graph (`kv_cache_decode.time_step`). In the committed H200 run ropelib's fused step took
+# 6.4 µs at batch 1 and 7.4 at 64, the unfused one 20.4 and 21.5.
 #
-# The cell also counts, in Triton's interpreter on any machine, the programs each kernel runs
-# and the bytes each program moves, at the grid ropelib picks for 132 SMs (streaming
-# multiprocessors; an H100 SXM and an H200 both have 132): `pick_tiles` in
-# `ropelib/kernels/kv_cache.py` halves the heads a program takes while the grid has fewer than
-# two programs per SM. At batch 1 yours is one program moving every byte of the step;
-# ropelib's is 40 programs, each reading the position and a row of angles again, so more
-# bytes in all.
-#
-# Hypothesis: if yours is slower at batch 1, it is because one program keeps one SM's worth
-# of loads in flight where 40 spread over 40 SMs. The cell tests it by launching ropelib's own
-# kernel at two grids, its 40 programs and 5 (8 heads a program): same code, other grid.
-#
-# The table sets the live times beside the committed H200 decode run, where ropelib's fused
-# step took 6.4 µs at batch 1 and 7.4 µs at batch 64, the unfused one 20.4 and 21.5 µs.
+# Why might the worked kernel trail ropelib's? Not its bytes (counted below: each once). On any
+# machine the cell compiles both for sm_90 (`ropelib.course.nb11_program_code`) and walks a
+# thread's SASS from its first instruction to its first store (libdevice's slow path for huge
+# angles left out), counting instructions, the angles whose sin and cos it evaluates (one
+# multiply by $2/\pi$ each) and the loads, and how many of those wait behind the last angle.
+# `cs_table_kernel` is the worked kernel with one change, cos and sin read from tables; a GPU
+# times it too.
 
 # %%
-from functools import partial
-
 from ropelib.bench import kv_cache_decode
 from ropelib.course import nb11_decode_traffic as traffic
-from ropelib.kernels import kv_cache as kv_kernels
+from ropelib.course import nb11_program_code as program_code
 
 DECODE = RESULTS / "decode_cache-nvidia-h200-20261201-2015.csv"   # read again further down
 if not DECODE.exists():
@@ -842,38 +750,28 @@ assert compare.read_meta(DECODE)["gpu"] == "NVIDIA H200", DECODE.name
 csv_us = {(r["provider"], r["batch"]): r["ms"] * 1e3 for r in compare.read_csv(DECODE)
           if r.get("ms") and (r["cache"], r["cache_dtype"], r["mode"])
           == ("contiguous", "bfloat16", "graph")}
-# the numbers the text states, µs to 0.1: contiguous bf16 cache, one step per replay
 stated_csv = {("fused", 1): 6.4, ("fused", 64): 7.4, ("unfused", 1): 20.4, ("unfused", 64): 21.5}
 for key, us in stated_csv.items():
     assert abs(csv_us[key] - us) <= 0.05 + 1e-9, f"{key[0]} at batch {key[1]}: {us} us"
 
-# programs and bytes per program, recorded in the interpreter: the worked kernel at its grid
-# (B,), ropelib's kernel at the grid pick_tiles gives it on 132 SMs (q 32, k and v 8 heads of
-# 128, bf16)
-per_program = {Bt: traffic.program_bytes(ex.solution_rope_kv_cache_kernel, B=Bt)
-               for Bt in (1, 64)}
-print(f"{'B':>4}{'kernel':>9}{'programs':>10}{'bytes a program':>17}{'bytes in all':>14}")
-for Bt, counts in per_program.items():
-    for name in ("yours", "ropelib"):
-        n = counts[name]
-        span = f"{min(n)}" if min(n) == max(n) else f"{min(n)}-{max(n)}"
-        print(f"{Bt:>4}{name:>9}{len(n):>10}{span:>17}{sum(n):>14}")
-assert [len(per_program[Bt]["ropelib"]) for Bt in (1, 64)] == [40, 320]
-assert per_program[1]["yours"] == [24836] and max(per_program[1]["ropelib"]) == 1540
-assert sum(per_program[1]["ropelib"]) > sum(per_program[1]["yours"])   # more bytes in all
-
-# ropelib's kernel for one sequence at its own grid (40 programs) and at 8 heads a program (5):
-# launched as they are, checked against each other (the GPU's sizes; a cache of 8 on the CPU)
-grids = {}
-for n_programs, block_h in ((40, None), (5, 8)):
-    grid, pointers, args, warps, outs = traffic.ropelib_launch(
-        1, L=4096 if ropelib.runtime.on_gpu() else 8, block_h=block_h, device=device)
-    assert grid[1] == n_programs, grid
-    grids[n_programs] = (partial(kv_kernels._rope_kv_cache_kernel[grid], *pointers,
-                                 num_warps=warps, **args), outs)
-    grids[n_programs][0]()
-assert all(torch.allclose(a.float(), b.float(), atol=1e-2, rtol=1.6e-2)
-           for a, b in zip(grids[40][1], grids[5][1])), "the two grids write the same"
+# one program of each kernel, compiled for sm_90 at batch 1 (q 32 heads, k and v 8 of 128)
+code = program_code.compiled_programs(ex.solution_rope_kv_cache_kernel)
+print(f"compiled for sm_90 here (Triton {code['worked']['triton']}), batch 1; a thread's path "
+      f"to its first store:")
+print(f"{'kernel':<16}{'programs':>9}{'warps':>6}{'regs':>5}{'instructions':>13}{'angles':>7}"
+      f"   loads (of them, after the last angle)")
+for name, c in code.items():
+    loads = ", ".join(f"{n} {w}" for w, n in sorted(c["loads"].items()))
+    print(f"{name:<16}{c['programs']:>9}{c['warps']:>6}{c['registers']:>5}{c['instructions']:>13}"
+          f"{c['angles']:>7}   {loads} ({c['loads_after_angles']})")
+worked_code, table_code, lib_code = code["worked"], code["cos/sin tables"], code["ropelib"]
+assert (worked_code["programs"], lib_code["programs"]) == (1, 40)
+assert worked_code["angles"] >= 2 * lib_code["angles"] > 0 and table_code["angles"] == 0
+assert worked_code["loads_after_angles"] >= 1           # q's loads wait for the sin and cos
+assert worked_code["instructions"] > 1.5 * lib_code["instructions"]
+assert table_code["instructions"] < lib_code["instructions"]
+assert program_code.cs_table_matches(ex.solution_rope_kv_cache_kernel, ex.launch_kv_cache,
+                                     device=device), "the tables' kernel writes the same"
 
 kv_kernel = my_rope_kv_cache_kernel if kv_ok else ex.solution_rope_kv_cache_kernel
 if ropelib.runtime.on_gpu():
@@ -885,78 +783,71 @@ if ropelib.runtime.on_gpu():
                            c["freqs"].flatten(1))                      # [L, 1, 1, D] -> [L, D]
         return c["q_out"][:, None]                                     # [B, 1, HQ, D]
 
-    steps = {"yours": kernel_step, "ropelib fused": kv_cache_decode.fused_step,
-             "unfused": kv_cache_decode.unfused_step}
+    def table_step(c):
+        """The worked kernel with cos and sin read from tables (`cs_table_kernel`)."""
+        program_code.launch_cs_table(c["q"][:, 0], c["k"][:, 0], c["v"][:, 0], c["q_out"],
+                                     c["k_cache"], c["v_cache"], c["cache_seqlens"],
+                                     c["cos"], c["sin"])
+        return c["q_out"][:, None]
+
+    steps = {"yours": kernel_step, "cos/sin tables": table_step,
+             "ropelib fused": kv_cache_decode.fused_step, "unfused": kv_cache_decode.unfused_step}
     live = {}
     for Bt in (1, 64):
         case = kv_cache_decode.decode_case(Bt, False, torch.bfloat16, tiny=False, device=device)
         case["q_out"] = torch.empty_like(case["q"][:, 0])
+        case["cos"], case["sin"] = program_code.cs_tables(case["freqs"].flatten(1))
         kv_cache_decode.check(case)              # ropelib's fused step = the unfused one
-        # yours against ropelib's, each on zeroed caches: the bf16 tolerances of the check
-        mine, ref = (dict(case, k_cache=torch.zeros_like(case["k_cache"]),
-                          v_cache=torch.zeros_like(case["v_cache"])) for _ in range(2))
-        q_mine, q_lib = kernel_step(mine), kv_cache_decode.fused_step(ref)
-        assert torch.allclose(q_mine.float(), q_lib.float(), atol=1e-2, rtol=1.6e-2)
-        assert torch.allclose(mine["k_cache"].float(), ref["k_cache"].float(),
-                              atol=1e-2, rtol=1.6e-2)
-        assert torch.equal(mine["v_cache"], ref["v_cache"])
-        del mine, ref
+        for step in (kernel_step, table_step):   # against ropelib's, each on zeroed caches
+            mine, ref = (dict(case, k_cache=torch.zeros_like(case["k_cache"]),
+                              v_cache=torch.zeros_like(case["v_cache"])) for _ in range(2))
+            q_mine, q_lib = step(mine), kv_cache_decode.fused_step(ref)
+            assert torch.allclose(q_mine.float(), q_lib.float(), atol=1e-2, rtol=1.6e-2)
+            assert torch.allclose(mine["k_cache"].float(), ref["k_cache"].float(),
+                                  atol=1e-2, rtol=1.6e-2)
+            assert torch.equal(mine["v_cache"], ref["v_cache"])
+            del mine, ref
         for name, step in steps.items():
             live[name, Bt] = kv_cache_decode.time_step(step, case, "graph")[0] * 1e3
         del case
-    for n_programs, (launch, _) in grids.items():     # batch 1: the same kernel, two grids
-        live[f"ropelib, {n_programs} programs"] = kv_cache_decode.time_step(
-            lambda _c, launch=launch: launch(), None, "graph")[0] * 1e3
-    print(f"{torch.cuda.get_device_name()}, live: one decoding step per CUDA-graph replay, "
-          f"q [B, 1, 32, 128], k and v [B, 1, 8, 128], bf16, contiguous cache of 4096 positions "
-          f"({'your kernel' if kv_ok else 'the worked kernel'})")
-    print(f"{'B':>4}{'yours':>9}{'ropelib fused':>15}{'unfused':>9}   (us; the committed "
-          f"H200 run: fused, unfused)")
+    print(f"\n{torch.cuda.get_device_name()}, live: one decoding step per CUDA-graph replay, "
+          f"us ('yours': {'your kernel' if kv_ok else 'the worked kernel'}; the committed H200 "
+          f"run in brackets)")
+    print(f"{'B':>4}" + "".join(f"{name:>16}" for name in steps))
     for Bt in (1, 64):
-        print(f"{Bt:>4}{live['yours', Bt]:9.1f}{live['ropelib fused', Bt]:15.1f}"
-              f"{live['unfused', Bt]:9.1f}   ({csv_us['fused', Bt]:.1f}, "
-              f"{csv_us['unfused', Bt]:.1f})")
+        print(f"{Bt:>4}" + "".join(f"{live[name, Bt]:16.1f}" for name in steps)
+              + f"   ({csv_us['fused', Bt]:.1f}, {csv_us['unfused', Bt]:.1f})")
     # one kernel against RoPE and the write's operators: not slower, with a margin for noise
     assert all(live["yours", Bt] <= 1.15 * live["unfused", Bt] for Bt in (1, 64)), live
     if not kv_ok:   # the worked kernel: one program per sequence, a little behind ropelib's
         assert all(live["yours", Bt] <= 1.5 * live["ropelib fused", Bt] for Bt in (1, 64)), live
-    t40, t5 = live["ropelib, 40 programs"], live["ropelib, 5 programs"]
-    print(f"B=1, ropelib's kernel launched as it is: 40 programs {t40:.1f} us, 5 programs "
-          f"{t5:.1f} us; yours (1 program) {live['yours', 1]:.1f} us")
-    if live["yours", 1] - t40 > 0.2:               # a gap to explain, beyond the timer's noise
-        print(f"share of the gap yours - ropelib's that the smaller grid reproduces: "
-              f"{(t5 - t40) / (live['yours', 1] - t40):.2f}")
-    else:
-        print("no gap between yours and ropelib's at batch 1 on this GPU: nothing to explain")
 else:
-    print("timing skipped: your kernel, ropelib's and the unfused step, and ropelib's kernel "
-          "at 40 and at 5 programs, are timed on a GPU only (in the interpreter the numbers "
-          "would say nothing)")
+    print("\ntiming skipped: your kernel, the cos/sin-table kernel, ropelib's and the unfused "
+          "step are timed on a GPU only (checked here: the table kernel writes what the worked "
+          "one writes)")
 
 # %% [markdown]
-# On a GPU the last line gives the share of the gap (yours − ropelib's at 40 programs) that
-# ropelib's kernel at 5 programs reproduces. Near 1, the program count explains why yours is
-# slower. Near 0 or negative, cutting ropelib's grid to 5 programs costs it nothing, so the
-# hypothesis fails: the worked kernel's extra time comes from something else in its code or
-# launch, which this cell does not measure.
+# **What the compile shows.** At batch 1 ropelib runs 40 one-warp programs, one head each. The
+# worked kernel is one program of 4 warps for all 40 heads: a thread evaluates sin and cos for
+# every column it holds of q's `[32, 64]` tile and again, in a second layout, of k's `[8, 64]`,
+# at least twice a ropelib thread's angles (the cell prints both), and its q loads wait behind
+# the last of them, on one SM with one warp per scheduler to hide the chain. With tables the
+# angles vanish and the path is shorter than ropelib's. On a GPU: if *cos/sin tables* comes out
+# near *ropelib fused* at batch 1 while *yours* trails, that chain is the gap.
 #
 # ### What the fused write saves, in bytes
 #
-# The times say how much sooner the fused step ends; the bytes say what it no longer moves.
 # The next cell runs one decoding step twice in Triton's interpreter under `access.record`
-# (notebook 03's tracer: the byte address of every lane each `tl.load` and `tl.store`
-# touches) and sums the bytes per tensor, at the decode benchmark's head sizes (q 32 heads, k
-# and v 8 heads of 128, bf16):
+# (notebook 03's tracer: the address of every lane each load and store touches) and sums the
+# bytes per tensor, at the decode benchmark's head sizes:
 #
 # - **fused**: exercise 2's worked kernel (and yours, once it passes, on a line of its own);
 # - **two kernels**: the same rotation with the rotated k written to memory
 #   (`ropelib.course.nb11_decode_traffic`), then the decode benchmark's write kernel
 #   (`ropelib.bench.cache_write`), which reads the rotated k back and stores it with v.
 #
-# The interpreter counts the bytes the kernels ask for, the same on every machine. The cell
-# then converts the difference to time at the H200's memory bandwidth and sets it beside what
-# fusion saved on the H200 (the committed decode run, contiguous bf16 cache, one step per
-# graph replay).
+# It then converts the difference to time at the H200's peak bandwidth, beside what fusion
+# saved on the H200 (the committed decode run, contiguous bf16 cache).
 
 # %%
 from collections import Counter
@@ -1007,29 +898,21 @@ assert round(saved * 256 / 2 ** 20, 1) == 1.0 and round(byte_us[256], 2) == 0.22
 assert rounds_to(min(gain_us.values()), 1.2, 0.1) and rounds_to(max(gain_us.values()), 2.9, 0.1)
 
 # %% [markdown]
-# The worked kernel moves each byte once: 24,836 bytes a sequence, two thirds of them q read
-# and q_out written. The two kernels move exactly two things more: the rotated k, written by
-# the first kernel and read back by the second (2 × 2,048 bytes), and the position, read
-# again (4 bytes). That is 4,100 bytes a sequence, 17 % more traffic.
+# The worked kernel moves each byte once: 24,836 bytes a sequence, two thirds of them q and
+# q_out. The two kernels move the rotated k out and back (2 × 2,048 bytes) and read the
+# position again (4): 4,100 bytes a sequence, 17 % more.
 #
-# Even at a batch of 256 the round trip is 1.0 MiB: 0.22 µs at the H200's peak 4.8 TB/s.
-# That is the least those bytes take if they go to memory, not the most: a kernel this small
-# runs well below peak, while the rotated k may instead never leave the L2 cache. Fusion saved
-# 1.2 to 2.9 µs a step on the H200, over ten times the peak-bandwidth time. So what else does
-# the second kernel cost?
+# Even at a batch of 256 the round trip is 1.0 MiB: 0.22 µs at the H200's peak 4.8 TB/s (a
+# floor: small kernels run below peak; the rotated k may also stay in L2). Fusion saved 1.2 to
+# 2.9 µs a step on the H200, over ten times that. What else does the second kernel cost?
 #
 # ### What the fused write saves, in time
 #
-# On a GPU the next cell replays three versions of one decoding step from a CUDA graph, at the
-# decode benchmark's sizes, batch 1 and 64:
+# On a GPU the next cell replays three versions of one decoding step, batch 1 and 64:
 #
-# - **fused**: the worked kernel alone;
-# - **fused + empty**: the worked kernel, then a kernel that writes one element: one more
-#   launch in the graph, next to no work;
-# - **two kernels**: the two whose bytes the last cell counted.
-#
-# On any machine the cell first runs the three once (in the interpreter at small sizes) and
-# checks that they write the same q and caches.
+# **fused** (the worked kernel), **fused + empty** (then a kernel that writes one element: one
+# more launch, no work) and **two kernels** (the last cell's). On any machine it first checks
+# that the three write the same q and caches.
 
 # %%
 split_shape = (dict(HQ=32, HK=8, D=128, L=4096) if ropelib.runtime.on_gpu()
@@ -1066,21 +949,11 @@ else:
           f"say nothing")
 
 # %% [markdown]
-# How to read the columns, row by row:
-#
-# - *gain* = two kernels − fused: what fusion saves this GPU, for the worked kernel;
-# - *launch* = fused + empty − fused: what one more kernel costs a replay, with no work;
-# - *pass* = two kernels − (fused + empty): the second kernel's own work, its bytes and its
-#   chain of dependent reads (the position, then the rotated k and v); *launch* + *pass* =
-#   *gain*;
-# - *round trip*: the bytes the pass adds, 64 times as many at B=64 as at B=1;
-# - *H200 gain*: the committed run's gain for ropelib's kernels, another kernel on another GPU.
-#
-# Then compare the two rows. *launch* is a fixed cost, so it should be about the same at both
-# batches; what grows with the batch belongs in *pass*. Where *launch* is most of *gain*,
-# fusion saves chiefly a launch; where *pass* matches or passes it, the second pass's work
-# counts as much. The round trip's bytes alone cannot explain a large *pass*: the table above
-# puts them under a tenth of a microsecond at the H200's peak bandwidth, even at B=64.
+# How to read it: *gain* = two kernels − fused; *launch* = fused + empty − fused, one more
+# kernel with no work; *pass* = two kernels − (fused + empty), the second kernel's own work
+# (its bytes and its dependent reads: the position, then the rotated k and v). *launch* is a
+# fixed cost and should match at both batches; what grows with the batch is in *pass*. The
+# round trip's bytes alone take under a tenth of a microsecond at peak, even at B=64.
 
 # %% [markdown]
 # ### Exercise 3: the slot of a position in a paged cache
@@ -1213,13 +1086,10 @@ assert torch.allclose(q_mine, q_paged[:, 0], atol=3e-5)
 # %% [markdown]
 # ### Generating with the fused and the unfused path
 #
-# `ropelib.course.model.generate` decodes greedily with a KV cache of either layout, RoPE
-# fused with the write (`fused=True`) or not. Without a cache (`cache=None`) it reruns the
-# whole sequence through the model at every step: the baseline all of them must reproduce. The
-# model is tiny and untrained; its weights are drawn with a larger spread than GPT-2's
-# initialisation (std 0.3, not 0.02), because at 0.02 greedy decoding only repeats the last
-# character of the prompt (the cell shows it first), and a check that every path repeats it
-# would prove little.
+# `ropelib.course.model.generate` decodes greedily with a KV cache of either layout, fused or
+# not; without a cache (`cache=None`) it reruns the whole sequence each step, the baseline.
+# The tiny untrained model's weights are drawn at std 0.3, not GPT-2's 0.02, at which greedy
+# decoding only repeats the prompt's last character (the cell shows it first).
 
 # %%
 data = CharDataset.from_pydoc_topics()
@@ -1265,21 +1135,17 @@ assert gap < 1e-4
 # %% [markdown]
 # ### An fp8 cache, and its scale
 #
-# At long contexts the cache dominates decoding memory and bandwidth: every step reads all of
-# it. A `float8_e4m3fn` cache halves it against bf16. e4m3 (4 exponent bits, 3 mantissa bits)
-# has a largest value of 448, so the cache stores $\mathrm{fp8}(x / s)$ with a per-tensor fp32
-# scale $s$ and reads back $s \cdot \mathrm{fp8}(x/s)$. Rounding to nearest costs at most half a
-# step, a relative error of $2^{-4}$ for values in the normal range ($|x/s| \ge 2^{-6}$);
-# smaller values fall into the subnormals (numbers below the normal range, evenly spaced),
-# whose fixed absolute step $2^{-9} s$ is a growing relative error; values above $448\,s$
-# saturate. The fused kernel divides, rounds and stores in the same launch; its bits are those
-# of `kv_cache.quantize_fp8` applied to the unfused rotated key.
+# Every decoding step reads the whole cache; a `float8_e4m3fn` cache halves it against bf16.
+# e4m3 (4 exponent bits, 3 mantissa bits) has a largest value of 448, so the cache stores
+# $\mathrm{fp8}(x / s)$ with a per-tensor fp32 scale $s$ and reads back
+# $s \cdot \mathrm{fp8}(x/s)$. Rounding costs a relative error of at most $2^{-4}$ in the
+# normal range ($|x/s| \ge 2^{-6}$); smaller values fall into the subnormals, whose fixed step
+# $2^{-9} s$ is a growing relative error; values above $448\,s$ saturate. The fused kernel's
+# bits are those of `kv_cache.quantize_fp8` of the rotated key.
 #
-# The cell takes the scale from the amax (the largest absolute value) of this step's own
-# keys, $s = \mathrm{amax}/448$. A decoder cannot: bytes already in the cache are not
-# rescaled, and a later key above $448\,s$ saturates, so the scale must be fixed before the
-# keys arrive. Serving stacks calibrate `k_scale` and `v_scale` beforehand (vLLM reads them
-# from the checkpoint or from a calibration pass).
+# The cell takes $s = \mathrm{amax}/448$ from this step's own keys. A decoder cannot: bytes
+# already cached are not rescaled, and a later key above $448\,s$ saturates, so serving stacks
+# calibrate `k_scale` and `v_scale` beforehand.
 
 # %%
 FP8 = torch.float8_e4m3fn
@@ -1303,11 +1169,9 @@ assert bool((err[normal] <= 2 ** -4 * k_ref.abs()[normal]).all())
 assert bool((err[~normal] <= 2 ** -10 * scale).all())             # half a subnormal step
 
 # %% [markdown]
-# The scale is a choice. Too small and the large values saturate at $448\,s$; too large and
-# the small values sink into the subnormals and lose their relative precision. The sweep rounds
-# keys with `quantize_fp8`, keys whose 64 features have scales spread from 0.1 to 10 (keys of
-# trained models have a few large features too), and measures the error of all of them and of
-# the smallest ones:
+# Too small a scale saturates the large values; too large sinks the small ones into the
+# subnormals. The sweep rounds keys whose 64 features have scales from 0.1 to 10 and measures
+# the error of all of them and of the smallest:
 
 # %%
 g = torch.Generator().manual_seed(1)
@@ -1360,32 +1224,25 @@ assert overall < 1.1 * min(curves["all features"]), "still near the floor"
 assert 10 < smallest / overall < 11                  # "more than ten times"
 
 # %% [markdown]
-# Around `amax / 448` the error sits on a floor of a few percent, the price of 3 mantissa
-# bits: 16 times the same keys' error in bf16, as the mantissas predict ($2^{7-3}$, each bit
-# halving the relative rounding step). Left of the floor the large values saturate, as a later
-# key larger than the calibrated amax does. Right of it the small values sink into the
-# subnormals, and the whole tensor's error hides them: a scale a thousand times too large
-# still looks fine overall (about 3 %), while the smallest features' error is more than ten
-# times that. Whether a model notices is measured on its tasks; the kernel's part is to round
-# exactly as `quantize_fp8` says.
+# Around `amax / 448` the error sits on a floor of a few percent: 16 times bf16's, as the
+# mantissas predict ($2^{7-3}$). Right of the floor the whole tensor's error hides the small
+# values: a scale a thousand times too large still looks fine overall (about 3 %), while the
+# smallest features' error is more than ten times that.
 #
 # ### Exercise 5 (optional): the fp8 store
 #
-# Unfused, an fp8 cache costs four more operators per cache (to fp32, divide by the scale,
-# clamp, round to fp8), each a pass over k or v; in the fused kernel they are three lines
-# before the store. Write them as a kernel of their own: one program per sequence $b$ takes
+# Unfused, an fp8 cache costs four more operators per cache, each a pass over k or v; fused,
+# three lines before the store. Write them as a kernel: one program per sequence $b$ takes
 # the new token's values `[HK, D]` (fp32; for k, already rotated), divides them by the cache's
 # scale, clamps them to $\pm 448$, rounds them to `tl.float8e4nv` (Triton's name for e4m3) and
 # stores them into slot `seqlens[b]` of sequence $b$ of a contiguous fp8 cache
-# `[B, L, HK, D]`. In your exercise 2 kernel they would replace the k and v stores.
+# `[B, L, HK, D]`.
 #
-# The check compares the cache byte for byte with `kv_cache.quantize_fp8`: the new slots, and
-# the history and free slots untouched. Its steps include values that saturate and values in
-# the subnormals. Two things about where it runs. Triton's interpreter converts fp32 to fp8
-# wrongly where the rounding carries into the next power of two (127.1 becomes 64, not 128),
-# so on the CPU a byte may also be the interpreter's conversion of the right quotient: the
-# division, the clamp and the slot are still checked bit for bit. On a GPU `/` compiles to an
-# approximate division; `tl.div_rn` divides as torch does.
+# The check compares the cache byte for byte with `kv_cache.quantize_fp8`, with values that
+# saturate and values in the subnormals. Triton's interpreter converts some fp32 values to fp8
+# wrongly (127.1 becomes 64, not 128), so on the CPU a byte may also be the interpreter's
+# conversion of the right quotient. On a GPU `/` is approximate; `tl.div_rn` divides as torch
+# does.
 
 # %%
 @triton.jit
@@ -1407,19 +1264,11 @@ fp8_ok = ex.check_fp8_store_kernel(my_fp8_store_kernel)
 solution(ex.solution_fp8_store_kernel.fn, title="Solution: the fp8 store")
 
 # %% [markdown]
-# On a GPU the next cell times the fp8 store kernel (yours once it passes, the worked one until
-# then) against the unfused store, `quantize_fp8` and an indexed write, at the decode
-# benchmark's sizes: a batch of 64, 8 heads of 128, 4096 positions. Both run under CUDA-graph
-# replay as `ropelib.bench.suite.graph_replay_ms` does it: 100 calls captured in one graph, a
-# replay timed and divided by 100. That leaves out the host's launches and spreads the
-# replay's own cost over the calls (the decode benchmark below replays one step at a time
-# instead).
-#
-# On any machine the cell first counts the ATen operators the unfused store dispatches, with
-# `ropelib.course.counts.count_kernels` (on a GPU it also lists the CUDA kernels they launch).
-# ATen is PyTorch's operator library: every PyTorch call on a tensor dispatches one or more ATen
-# operators (`aten::div`, `aten::index_put_`, ...), and on a GPU each of them launches its own
-# kernels.
+# The next cell counts the ATen operators (PyTorch's operator library; on a GPU each launches
+# its own kernels) the unfused store dispatches, with `ropelib.course.counts.count_kernels`.
+# On a GPU it times the fp8 store kernel (yours once it passes) against the unfused store at a
+# batch of 64, 8 heads of 128, 4096 positions: 100 calls captured in one CUDA graph
+# (`ropelib.bench.suite.graph_replay_ms`), a replay divided by 100.
 
 # %%
 from ropelib.course.counts import count_kernels
@@ -1482,11 +1331,8 @@ else:
     assert y127.float().item() == 64, "the interpreter's 64"
 
 # %% [markdown]
-# The unfused store is 4 ATen operators: `quantize_fp8`'s divide by the scale, clamp and
-# round to fp8 (its conversion to fp32 has nothing to do on fp32 values), then the indexed
-# write, each its own pass over k. On a GPU the cell also lists the CUDA kernels the four run
-# and times both stores per call (its assert expects the fused one under a third of the
-# unfused one's time); what each kernel costs inside a 100-call replay, it does not measure.
+# The unfused store is 4 ATen operators, each its own pass over k: divide, clamp, round to
+# fp8, indexed write. On a GPU the cell asserts the fused store under a third of its time.
 
 # %% [markdown]
 # ### Decode latency on a GPU
@@ -1495,23 +1341,14 @@ else:
 # k and v `[B, 1, 8, 128]`, bf16, a cache of 4096 positions) in contiguous and paged caches of
 # bf16 and fp8, batch 1 to 256, three ways:
 #
-# - **fused**: `ropelib.rope_kv_cache`, one kernel;
-# - **two kernels**: ropelib's RoPE launch on q and k, then one Triton kernel that writes k and
-#   v into their slots (`ropelib.bench.cache_write`, built the way vLLM's `reshape_and_cache`
-#   works: the fewest kernels an unfused step can run);
-# - **unfused**: this notebook's unfused step, the same RoPE launch, then the write as 6 to 17
-#   PyTorch operators.
+# **fused** (`ropelib.rope_kv_cache`, one kernel), **two kernels** (ropelib's RoPE launch,
+# then one write kernel built like vLLM's `reshape_and_cache`: `ropelib.bench.cache_write`)
+# and **unfused** (the same RoPE launch, then the write as 6 to 17 PyTorch operators).
 #
-# The benchmark checks that all three write the same bits, then replays each step alone from a
-# CUDA graph (`ropelib.bench.kv_cache_decode.time_step`): the host's launches are left out,
-# but every replay pays for launching the graph and for being timed, for all three alike. The
-# CSV's eager rows (no graph) are not drawn; notebook 07 (section 7.1) measures the host's
-# time per call.
-#
-# The cell below draws the committed H200 run, `decode_cache-nvidia-h200-20261201-2015.csv`
-# (the same on any machine), and prints each path's range over the caches and batches, and
-# the fused step's speedup over the unfused one (2.9–5.6×); the figure shows how little of
-# that is left against the two kernels.
+# It checks that all three write the same bits, then replays each step alone from a CUDA graph
+# (the eager rows are not drawn; notebook 07, section 7.1, measures the host). The cell draws
+# the committed H200 run and prints each path's range over the caches and batches, and the
+# fused step's speedup over the unfused one (2.9–5.6×).
 
 # %%
 PROVIDER_STYLE = {"fused": ("tab:blue", "s-"), "two_kernels": ("tab:green", "^-"),
@@ -1591,22 +1428,11 @@ for (cache_dtype, provider, key), stated in stated_ranges.items():
 # %% [markdown]
 # ### How many kernels one decoding step launches
 #
-# Both paths do the same work, cut into a different number of pieces. The next cell runs the
-# benchmark's fused and unfused steps (`ropelib.bench.kv_cache_decode`: the shapes above,
-# batch 8, each cache layout and dtype) once to compile them, then under `torch.profiler`, and
-# counts with `ropelib.course.counts.count_kernels`:
-#
-# - on a GPU, the **CUDA kernels** the GPU ran, by name (memory copies and sets left out);
-# - on any machine, the **ATen operators** the host dispatched at the top level that do work:
-#   views, allocations and conversions that copy nothing are left out; on a GPU each one is
-#   one CUDA kernel or more;
-# - in Triton's interpreter (the CPU), the **Triton launches**, which the counter records
-#   itself since the profiler does not list an interpreted kernel; on a GPU they are among the
-#   CUDA kernels.
-#
-# The host's checks of index values are switched off for the count
-# (`ropelib.set_index_checks("off")`): on the CPU they would read `cache_seqlens` and add
-# operators that a GPU step, whose index tensors sit in GPU memory, does not run.
+# The next cell runs the benchmark's fused and unfused steps (batch 8, each cache layout and
+# dtype) under `torch.profiler` and counts, with `count_kernels`, the **ATen operators** that
+# do work (views and no-op conversions left out), the **Triton launches** in the interpreter,
+# and on a GPU the **CUDA kernels**. The host's index checks are off for the count (on the CPU
+# they would add operators a GPU step does not run).
 
 # %%
 GPU = torch.cuda.is_available()
@@ -1664,10 +1490,8 @@ for cache in ("contiguous", "paged"):      # per cache: to fp32, divide, clamp, 
         {"aten::to": 4, "aten::div": 2, "aten::clamp": 2})
 
 # %% [markdown]
-# The fused step is one Triton kernel for every cache: `_rope_kv_cache_kernel`, or
-# `_rope_kv_paged_kernel` for a paged cache, with no PyTorch operator around it. The unfused
-# step is one Triton launch (`apply_rope_qk` rotates q and k together) and then the cache
-# write in PyTorch:
+# The fused step is one Triton kernel for every cache. The unfused step is one Triton launch
+# (`apply_rope_qk`) and then the cache write in PyTorch:
 #
 # - 6 ATen operators with a contiguous bf16 cache: the positions to int64, two `arange` and an
 #   `add` for the slots, one `index_put_` per cache;
@@ -1676,22 +1500,17 @@ for cache in ("contiguous", "paged"):      # per cache: to fp32, divide, clamp, 
 # - 8 more with an fp8 cache, 4 per cache (to fp32, divide by the scale, clamp, round to
 #   fp8): 14 contiguous and 17 paged.
 #
-# On a GPU each operator runs exactly one CUDA kernel, so the unfused step runs 7, 10, 15 and
-# 18 kernels (`_rope_kernel` first) where the fused one runs 1. The cell below sets these
-# counts beside the replayed times of the committed H200 run:
+# On a GPU each operator runs one CUDA kernel: the unfused step runs 7, 10, 15 and 18 kernels,
+# the fused one 1. Beside the committed H200 replays (next cell):
 #
-# - **Replayed, the time follows the count.** The unfused step's time rises with its
-#   operations, 7 to 18 (the cell prints each cache's range over the batches); the fused
-#   kernel takes 6.4–10.0 µs with any cache.
-# - **About 2.0 µs an operation, on average.** At batch 1 a least-squares line through the
-#   four times against the count has a slope of 2.0 µs per operation (an average over four
-#   different mixes of operators, not any one kernel's cost) and an intercept of 7.1 µs, every
-#   time within 0.9 µs of it. The intercept is about the whole fused step (6.4 to 7.6 µs).
-# - **Most of an operation is starting a kernel.** On an H200, graphs of kernels that do
-#   nothing (`benchmarks/graph_floor.py`, appendix A.3) replay in 4.5 µs with one kernel and
-#   1.1 µs more for each further one. Graph replay takes the host out of the step, not the
-#   GPU's cost of starting each kernel: at batch 1 the fused step's gain is mostly the kernels
-#   it does not run.
+# - **The time follows the count.** The unfused step's time rises with its operations; the
+#   fused kernel takes 6.4–10.0 µs with any cache.
+# - **About 2.0 µs an operation.** At batch 1 a least-squares line through the four times has a
+#   slope of 2.0 µs per operation (an average over four mixes of operators) and an intercept of
+#   7.1 µs, every time within 0.9 µs of it; the intercept is about the fused step (6.4–7.6 µs).
+# - **Most of an operation is starting a kernel.** Graphs of kernels that do nothing
+#   (appendix A.3) replay in 4.5 µs with one kernel and 1.1 µs more for each further one:
+#   replay removes the host, not the GPU's cost of starting each kernel.
 
 # %%
 def unfused_us(cache, dtype):
@@ -1749,11 +1568,8 @@ assert per_empty < per_kernel
 # ### Against the fewest kernels: what fusion itself saves
 #
 # *Question: how much of the speedup is fusion, and how much is the PyTorch write's many
-# kernels?* The two-kernel step answers it. Its write kernel is your exercise 2 kernel without
-# the rotation: each program (one per new token and group of heads) reads its position (and,
-# paged, its block-table entry) and copies k and v into the slot, scaled and rounded for fp8
-# as the fused kernel rounds. Here it is, folded; the table after it reads the committed H200
-# run:
+# kernels?* The two-kernel step answers it. Its write kernel (folded below) is your exercise 2
+# kernel without the rotation; the table after it reads the committed H200 run.
 
 # %%
 from ropelib.bench import cache_write
@@ -1805,18 +1621,14 @@ assert as_stated((max(two_vs_unfused),), (4.8,)), "... to 4.8"
 # followed by one write kernel. The two kernels in turn run 2.2 to 4.8 times faster than the
 # unfused step, so most of the 2.9–5.6× against the unfused step is the PyTorch operators.
 #
-# In this H200 run, up to 64 sequences fusion saves 0.8 to 1.6 µs a step, about what one
-# more kernel adds to a replay there (1.1 µs). That is one run on one GPU: the split after
-# exercise 2, for the worked kernel on the GPU running the notebook, can show a larger gain at
-# a batch of 64. At 256 sequences the H200 saved 2.6 to 3.0 µs, more than one do-nothing
-# kernel and more than the rotated k's round trip takes at peak bandwidth (1.0 MiB, 0.22 µs);
-# what the rest is, these replays do not measure.
+# Up to 64 sequences fusion saved 0.8 to 1.6 µs a step on the H200, about one more kernel in
+# a replay (1.1 µs); the live split in this section, on another GPU and for the worked kernel,
+# can show more at 64. At 256 sequences it saved 2.6 to 3.0 µs, more than one do-nothing kernel
+# and than the round trip at peak (0.22 µs); what the rest is, these replays do not measure.
 #
-# **Takeaway:** a decoding step stores rotated keys; fusing RoPE with the store is one kernel
-# with the bits of RoPE-then-write, in either cache layout and in fp8 (whose scale must be
-# fixed before the keys arrive). In the committed H200 replays its gain over a well-written
-# two-kernel path is, up to a batch of 64, about the size of one more kernel in a replay:
-# small, but paid in every layer at every decoding step.
+# **Takeaway:** fusing RoPE with the cache store is one kernel with the bits of
+# RoPE-then-write, in either layout and in fp8. Its gain over a good two-kernel path is small,
+# but paid in every layer at every decoding step.
 
 # %% [markdown]
 # ## Summary
@@ -1826,31 +1638,22 @@ assert as_stated((max(two_vs_unfused),), (4.8,)), "... to 4.8"
 #   gives every rank exactly $S(S+1)/2c$ pairs.
 # - A rank's tokens keep their global positions: `apply_rope(..., cp_size, cp_rank)` rotates a
 #   shard bit for bit as the full sequence; attention all-gathers k and v and runs two
-#   bottom-right causal blocks (`cp.dual_chunk_attention`). Over 3 fp32 steps, two processes
-#   reach the 1-process loss within a few ulps. Over 200 bf16 steps the 2-rank run's mean
-#   gap to its 1-process twin is well under the gap between two seeds, but over the last 50
-#   steps it sits below its twin at every step, an offset that one pair of runs cannot tell
-#   from where two bf16 trajectories happened to drift (appendix A.5).
-# - On H200s, two ranks ran a 131072-token step 1.30 times as fast as one GPU, each peaking at
-#   55 % of its memory. Most of the shortfall is attention (appendix A.2 splits it, by a fit
-#   and by profiles): a rank's masked calls reach PyTorch's flash kernel (one GPU's call forced
-#   onto it runs within 10 % of rank 0's rate), where one GPU's call reaches cuDNN's, 1.5
-#   times faster. Only rank 0 was profiled; rank 1's attention and the other
-#   214 ms of the shortfall are not measured.
-# - A KV cache stores rotated keys. Your fused kernel (exercises 2 and 4) runs one program per
-#   sequence: its position, one row of angles, every head rotated, k and v stored at slot
-#   `[b, p]` or, paged, `[block_table[b, p // BS], p % BS]`. `ropelib.rope_kv_cache` writes
-#   the bits of RoPE-then-write.
-# - An fp8 cache at scale `amax / 448` costs a few percent relative error, 16 times bf16's
-#   ($2^{7-3}$); a scale far off costs more (saturation, subnormals), and a decoder must fix it
-#   before the keys arrive.
-# - The fused step is one kernel, the unfused step 7 to 18; replayed on the H200, the unfused
-#   step's time follows the count at about 2.0 µs an operation on average at batch 1. There,
-#   against RoPE plus one write kernel, the fused step is 1.09–1.34× faster (one step per
-#   replay), up to a batch of 64 by about what one more kernel adds to a replay (0.8–1.6 µs
-#   against 1.1); the live split on another GPU can show more at a batch of 64. The
-#   bytes it saves, the rotated k's round trip (4,100 a sequence, counted in the
-#   interpreter), take under a tenth of that time at peak bandwidth even at a batch of 256.
+#   bottom-right causal blocks (`cp.dual_chunk_attention`). Over 3 fp32 steps two processes
+#   reach the 1-process loss within a few ulps; over 200 bf16 steps the gap to the 1-process
+#   twin is well under the gap between two seeds, though one-sided at the end (A.5).
+# - On H200s, two ranks ran a 131072-token step 1.30 times as fast as one GPU, each at 55 % of
+#   its memory. Most of the shortfall is attention: a rank's masked calls reach PyTorch's flash
+#   kernel, one GPU's call cuDNN's, 1.5 times faster (A.2).
+# - A KV cache stores rotated keys: slot `[b, p]` or, paged, `[block_table[b, p // BS], p % BS]`.
+#   Compiled for sm_90, a thread of the worked kernel (one program for the step at batch 1)
+#   evaluates sin and cos of several times the angles of a thread of ropelib's 40 programs
+#   before its loads; a GPU times the worked kernel with cos and sin read from tables.
+# - An fp8 cache at scale `amax / 448` costs a few percent relative error, 16 times bf16's; the
+#   scale must be fixed before the keys arrive.
+# - Replayed on the H200 the unfused step (7 to 18 kernels) costs about 2.0 µs an operation at
+#   batch 1; against RoPE plus one write kernel the fused step is 1.09–1.34× faster, by about
+#   one more kernel in a replay. The rotated k's round trip (4,100 bytes a sequence) takes
+#   under a tenth of that at peak bandwidth.
 
 # %% [markdown]
 # ## Questions for a study group
@@ -1864,10 +1667,7 @@ assert as_stated((max(two_vs_unfused),), (4.8,)), "... to 4.8"
 # 3. In the CP run every rank rotates only its own tokens, at their global positions. What
 #    would break, and how would you notice, if the keys were rotated *after* the all-gather
 #    with the local positions of each rank?
-# 4. The fused cache write saves one round trip of the rotated k through memory. At decode
-#    (one token per sequence) that is a few KB per sequence; why can it still matter for the
-#    step time, and why do CUDA graphs change the comparison?
-# 5. A paged cache lets two sequences share the blocks of a common prompt. What must happen
+# 4. A paged cache lets two sequences share the blocks of a common prompt. What must happen
 #    when one of them writes its next token into a shared, half-full block?
 
 # %% [markdown]
@@ -1875,12 +1675,9 @@ assert as_stated((max(two_vs_unfused),), (4.8,)), "... to 4.8"
 #
 # ### A.1 The 131072 tokens of the GPU run, rank by rank
 #
-# How the code parts the 131072 tokens between the two ranks: the next cell reads the
-# sequence length and each rank's share from the 2-rank run's header, asks
-# `cp.dual_chunk_positions` (the function `cp_train.py` shards with) for the global positions
-# each rank holds, and prints them as runs of consecutive positions. For each rank it also
-# prints the keys each of `cp.dual_chunk_attention`'s two calls reads, and counts the rank's
-# (query, key) pairs.
+# The cell asks `cp.dual_chunk_positions` (what `cp_train.py` shards with) for each rank's
+# positions in the 2-rank run, prints them as runs, the keys each of the rank's two attention
+# calls reads, and counts its (query, key) pairs.
 
 # %%
 cp_long = speed_meta[2, "long"]                            # the 2-rank, 131072-token run
@@ -1916,21 +1713,16 @@ assert pairs_cp[0] == 4_295_000_064, "the text's 4,295,000,064 pairs on each ran
 # %% [markdown]
 # Four chunks of 32768 tokens: rank 0 holds chunks 0 and 3, positions $[0, 32768)$ and
 # $[98304, 131072)$; rank 1 holds chunks 1 and 2, which adjoin, so its share is the one run
-# $[32768, 98304)$. Each rank attends with two calls, one per chunk, 32768 queries against all
-# the keys before the chunk's end: rank 0's first call is a square causal mask, its second
-# reads all 131072 keys; rank 1's read 65536 and 98304. Each rank has 4,295,000,064 pairs per
-# sequence and head, half of the mask: the split is even in pairs. Whether it is even in time
-# the committed runs do not say (they time the step, not each rank), and the two ranks' calls
-# have other shapes and, as A.2 shows, reach other kernels.
+# $[32768, 98304)$. Rank 0's first call is a square causal mask, its second reads all 131072
+# keys; rank 1's read 65536 and 98304. Each rank has 4,295,000,064 pairs per sequence and head:
+# even in pairs. Whether even in time the committed runs do not say (they time the step).
 
 # %% [markdown]
 # ### A.2 Where the 2-rank step's time goes
 #
-# Section 3's last cell fits $t(S) = aS^2 + bS$ through two step times, at 16384 and 131072
-# tokens. Only attention grows with $S^2$; what CP adds (the all-gather of k and v, the
-# reduce-scatter of their gradients, the all-reduce of the weight gradients) grows at most
-# with $S$. Two points fit two terms exactly, and each is one run, so the split is an
-# attribution, which the profiles below test.
+# Section 3's last cell fits $t(S) = aS^2 + bS$ through two step times. Only attention grows
+# with $S^2$; what CP adds (the collectives) grows at most with $S$. Two points fit two terms
+# exactly, so the split is an attribution, which the profiles below test.
 #
 # At 131072 tokens the split costs 964 ms a step (two ranks 2772 ms against half of one GPU's
 # 1808). The fit puts 750 of them in the $S^2$ term: each rank computes half of the pairs
@@ -1938,13 +1730,11 @@ assert pairs_cp[0] == 4_295_000_064, "the text's 4,295,000,064 pairs on each ran
 # 6.56 GiB per rank and step would take about 16 ms at NVLink's 450 GB/s each way.
 #
 # Why the slower rate? One GPU calls attention once per layer with `is_causal=True`, which
-# PyTorch may send to cuDNN's fused kernel; a rank calls it twice (`cp.dual_chunk_attention`),
-# and for a chunk with fewer queries than keys PyTorch offers only its flash kernel and its
-# memory-efficient one. On a GPU the cell below profiles one layer's attention, forward and
-# backward, at the run's sizes: as one GPU runs it, as rank 0 runs it, and as one GPU forced
-# onto the flash kernel. Each line gives attention's kernel time, cuDNN's part of it, and the
-# rate at $14D$ operations a (query, key) pair; only on an H200 does it add the fit and the
-# H200's dense bf16 peak (989 TFLOP/s). The H200's lines follow two cells down.
+# PyTorch may send to cuDNN's kernel; for a chunk with fewer queries than keys PyTorch offers
+# only its flash and memory-efficient kernels. On a GPU the cell profiles one layer's
+# attention, forward and backward, as one GPU, as rank 0, and as one GPU forced onto the flash
+# kernel: kernel time, cuDNN's part, and the rate at $14D$ operations a pair (on an H200 also
+# against the fit and the 989 TFLOP/s peak). The H200's lines follow two cells down.
 
 # %%
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -2111,28 +1901,21 @@ assert rank1_extra < lin_by_profile                          # it would fit insi
 #
 # The profiles agree with the fit to about 100 ms: attention times the layers is 3354 ms a
 # step on one GPU (fit: 3245) and 2408 on rank 0 (fit: 2373). Of the 964 ms the 2-rank step
-# loses, they put 731 in attention and 233 outside it (the fit: 750 and 214), taking rank 0's
-# attention for the step's. Both find a rank longer outside attention on half the tokens (399
-# ms by the fit, 364 by the profiles) than one GPU on all of them (370 and 262).
+# loses, they put 731 in attention and 233 outside it (the fit: 750 and 214). Both find a rank
+# longer outside attention on half the tokens (399 ms by the fit, 364 by the profiles) than one
+# GPU on all of them (370 and 262).
 #
-# **Not measured:** what the time outside attention is made of (the collectives, the reorder
-# of the gathered k and v, the projections at half the size, or a slower rank 1), and rank 1's
-# attention: at the forced flash call's time per pair it would take 107 ms a step (4.5 %) more
-# than rank 0, a guess that borrows another call's rate. A trace of both ranks of one 2-GPU
-# step (Nsight Systems) would measure both.
+# **Not measured:** what the time outside attention is made of, and rank 1's attention (at the
+# forced flash call's rate per pair, 107 ms a step, 4.5 %, more than rank 0's: a guess). A trace
+# of both ranks (Nsight Systems) would measure both.
 
 # %% [markdown]
 # ### A.3 What a replay costs before any kernel works
 #
-# Section 4's line through the unfused steps costs 7.1 µs with no operation at all and 2.0 µs
-# for every operation. `benchmarks/graph_floor.py` measures how much of that is the replay
-# itself, with kernels that do nothing worth timing: it replays graphs of $n$ kernels that
-# each fill one 4-byte element (`kv_cache_decode.fill_step`: `zero_` on a one-element tensor),
-# timed exactly as the decode benchmark times a step (`kv_cache_decode.time_step`, one step per
-# replay), for $n$ from 1 to 18, in five rounds that alternately go up and down in $n$, on an
-# H200 (another day than the decode run: the cell prints both dates). The cell fits the same
-# kind of line; on a GPU it also replays graphs of 1 and 7 such kernels on that GPU (on the
-# executed page, an H100), for comparison only: another GPU, another day.
+# Section 4's line through the unfused steps costs 7.1 µs with no operation and 2.0 µs an
+# operation. `benchmarks/graph_floor.py` replays, timed as a decode step, graphs of $n$ kernels
+# that each fill one 4-byte element (`kv_cache_decode.fill_step`), $n$ from 1 to 18, on an
+# H200 (another day than the decode run). On a GPU the cell also replays 1 and 7 there.
 
 # %%
 floor_meta = compare.read_meta(FLOOR)
@@ -2143,11 +1926,6 @@ for n in kernel_counts:
 print(f"line: {replay_fixed:.2f} us + {per_empty:.2f} us a kernel;  the unfused decode steps "
       f"(batch 1): {fixed:.2f} us + {per_kernel:.2f} us an operation")
 assert kernel_counts == [1, 2, 4, 7, 10, 15, 18]
-floor_orders = [[r["kernels"] for r in floor_rows if r["round"] == rnd]
-                for rnd in sorted({r["round"] for r in floor_rows})]
-assert len(floor_orders) == 5, "five rounds"
-assert all(order == (kernel_counts if i % 2 == 0 else kernel_counts[::-1])
-           for i, order in enumerate(floor_orders)), "rounds alternating up and down"
 assert floor_meta["date"][:10] != meta["date"][:10], "another day than the decode run"
 assert as_stated((replay_us[1],), (4.5,)), "one do-nothing kernel: 4.5 us"
 assert as_stated((replay_fixed,), (3.7,)), "the line's 3.7 us"
@@ -2166,18 +1944,16 @@ if GPU:   # the same replays on this machine (not asserted: another GPU, another
 # %% [markdown]
 # On the H200, one kernel that does nothing costs 4.5 µs replayed, so of the fused step's
 # 6.4 µs at batch 1 most is the replay and its one launch. Each further kernel costs 1.1 µs
-# (the line through $n$ = 1 to 18 is 3.7 µs + 1.1 µs a kernel): of the unfused step's 2.0 µs
-# an operation, about 1.1 µs is starting one more kernel inside the graph and about 0.9 µs the
-# work of the average operation. The two runs were taken on different days, so these compare
-# sizes, not the last 0.1 µs.
+# (the line is 3.7 µs + 1.1 µs a kernel): of the unfused step's 2.0 µs an operation, about 1.1
+# is starting a kernel and about 0.9 the average operation's work (runs of different days:
+# sizes, not the last 0.1 µs).
 
 # %% [markdown]
 # ### A.4 Why the 131072-token loss curves part after step 2
 #
-# Section 3's 1-GPU run took 6 steps and the 2-rank run 12, from the same seed. The training
-# loop (`cpt.train`, with `cpt.lr_schedule`) warms the learning rate up over `steps // 10`
-# steps, then decays it along a cosine over the run's `steps`: the same first update, then
-# smaller ones in the shorter run. The cell prints the two schedules and draws both losses.
+# The training loop (`cpt.lr_schedule`) warms the learning rate up over `steps // 10` steps,
+# then decays it along a cosine over the run's `steps`: the 6-step and the 12-step run share
+# their first update, then the shorter run's are smaller.
 
 # %%
 one_cp, two_cp = gpu_runs[1], gpu_runs[2]              # section 3's runs: 1 GPU, 2 ranks
@@ -2197,10 +1973,8 @@ fig.savefig(FIGURES / "11-cp-gpu-loss.png", dpi=120)
 plt.show()
 
 # %% [markdown]
-# That the schedule alone parts the curves at step 3 shows on any machine: the next cell
-# trains the dry run's tiny model in one process, twice from the same seed on the same
-# batches at the GPU runs' learning rate, under a 6-step and a 12-step schedule
-# (`stop_after=4`: the first 4 steps of each).
+# On any machine: the dry run's tiny model trained twice from the same seed and batches, under
+# a 6-step and a 12-step schedule (the first 4 steps of each).
 
 # %%
 chars = CharDataset.from_pydoc_topics()            # the characters cp_train.py trains on
@@ -2221,27 +1995,21 @@ assert max(gaps[:2]) < 1e-5, "the same first two losses"
 assert gaps[2] > 1e-4 and gaps[3] > gaps[2], "parted at step 3, further at step 4"
 
 # %% [markdown]
-# The first two losses are the same, and the 6-step schedule's smaller second update parts
-# them at step 3, as on the H200s: a loss comparison past step 2 would take a 1-GPU run of 12
-# steps. (Both GPU curves climb before they fall, as a run does that starts at the full
-# learning rate with at most one warmup step.)
+# The first two losses are the same and part at step 3, as on the H200s: a comparison past
+# step 2 would take a 1-GPU run of 12 steps.
 
 # %% [markdown]
 # ### A.5 200 steps in bf16: does the two-rank run train the same model?
 #
-# In bf16 the two runs cannot agree to the bit: the ranks add attention and gradients in
-# another order, and training compounds each rounding difference. The question is how far the
-# curves diverge. The committed `benchmarks/results/cp200-*.csv` hold three 200-step bf16 runs
-# of section 3's model on sequences of 16384 tokens, on H200s:
+# In bf16 the runs cannot agree to the bit; how far do they diverge? `cp200-*.csv` hold three
+# 200-step bf16 runs of section 3's model on 16384-token sequences, on H200s:
 #
 # - two ranks, seed 0;
 # - one process, seed 0: the same initial weights and the same batches, the 2-rank run's twin;
 # - one process, seed 1: other initial weights *and other batches*.
 #
-# The seed-1 run is a loose yardstick: its gap to seed 0 holds other batches as well as other
-# weights, so "well inside the seed gap" can still let a real offset through. The cell
-# measures both gaps over the 200 steps and over the last 50, and counts the steps where the
-# 2-rank run is the closer.
+# The seed gap is a loose yardstick (other batches too), so "well inside it" can still let a
+# real offset through.
 
 # %%
 def loss_curve(path) -> list:
@@ -2300,9 +2068,7 @@ else:
 
 # %% [markdown]
 # **Answer:** on average the 2-rank curve stays well inside the seed gap: 0.030 from its twin
-# against 0.258 between the seeds, closer than the seeds in 178 of the 200 steps. Its gap
-# grows, though: 0.052 over the last 50 steps, against 0.305 between the seeds. And it is
-# one-sided: the signed mean over the last 50 steps is −0.052, the 2-rank loss below its
-# twin's at every step after step 105. One pair of runs cannot say whether that offset comes
-# from the split or is where these two bf16 trajectories happened to diverge (successive losses
-# are not independent draws); other seeds, each run both ways, would.
+# against 0.258 between the seeds, closer in 178 of the 200 steps. Over the last 50 steps the
+# gap grows to 0.052 (seeds: 0.305) and is one-sided: signed mean −0.052, below its twin at
+# every step after step 105. Whether the split causes that offset, one pair of runs cannot
+# say; other seeds, each run both ways, would.

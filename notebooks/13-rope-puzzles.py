@@ -22,7 +22,8 @@
 # power of two, angles that lose their precision at long context, position ids with strides,
 # offsets that wrap past $2^{31}$, a backward that turns the wrong way, positions that do not
 # restart where packed sequences do, and bf16 arithmetic on a bf16 cos/sin table. One (puzzle 9)
-# gives the right output and is about the loads it spends. As in Triton-Puzzles, every puzzle
+# gives the right output and is about the loads it spends. A capstone, puzzle 12, then asks for
+# one training kernel that needs four of them at once. As in Triton-Puzzles, every puzzle
 # runs on a CPU in Triton's interpreter, every kernel sits beside a plain-PyTorch spec, and a
 # check tells you at once whether you are right, and if not, what differs.
 #
@@ -36,7 +37,9 @@
 #   each sector's bytes it used;
 # - keep angles in fp32 and offsets in int64 where they need it, and honour any strides a
 #   caller hands you;
-# - tell a 16-bit table's own precision from a kernel's rounding, and round once.
+# - tell a 16-bit table's own precision from a kernel's rounding, and round once;
+# - put those pieces together in the backward of a partial, interleaved RoPE on packed
+#   sequences.
 #
 # **How a check works.** The check launches your kernel itself, in the interpreter, into an
 # output filled with NaN, so an element you never write cannot pass. The interpreter's memory
@@ -64,7 +67,7 @@
 # never stored, black stored by two or more programs (a race on a GPU, where programs run in no
 # fixed order).
 #
-# **How the puzzles are posed.** Puzzles 1, 2, 4 and 8 you write from an empty body (the
+# **How the puzzles are posed.** Puzzles 1, 2, 4, 8 and 12 you write from an empty body (the
 # signature and its argument comments are given). The others hand you a kernel that is nearly
 # right, and state the spec and the symptom, not the bug: let the ❌ line (what differs, and
 # where) and the picture lead you to it. When you want more, `pz.hint(n)` prints a hint for
@@ -94,7 +97,7 @@ from ropelib.course import puzzles as pz
 from ropelib.course.exercises import solution
 
 print(runtime.mode())
-assert len(pz.PUZZLES) == 11
+assert len(pz.PUZZLES) == 12                        # twelve, the last a capstone
 
 # %% [markdown]
 # ## 0. How the checks see memory
@@ -131,9 +134,8 @@ assert (memory.counts("x", "load") == 1).all()         # per element of x: how o
 pz.draw_accesses(memory, "copy without a mask: 3 programs of 4 lanes for 10 elements")
 
 # %% [markdown]
-# The picture shows 3 programs storing 4, 4 and 2 elements of `y`, and every element of `x`
-# loaded once. On a GPU the same kernel would read 8 bytes past `x` and write 8 bytes past `y`
-# — into whatever tensor lies there — and no error would say so.
+# On a GPU the same kernel would read 8 bytes past `x` and write 8 bytes past `y` — into
+# whatever tensor lies there — and no error would say so.
 #
 # The repair is a mask, `offs < N`, on the load and on the store. Below, the repaired copy goes
 # through the same check as every puzzle (`pz.check_copy`), so you see what a pass looks like:
@@ -821,16 +823,13 @@ assert given_c["x"] == solved_c["x"]                               # x: the same
 assert given_c["cos"][0] == B9 * solved_c["cos"][0] == B9 * programs9   # B loads a table row
 assert (gi // programs9, si // programs9) == (4 * B9, 2 + 2 * B9)  # 32 against 18
 assert gd == sd                                                   # the same distinct bytes
-pz.stated([("load instructions per program, given; solution", "32; 18",
-            f"{gi // programs9}; {si // programs9}"),
-           ("sectors requested, given over solution", "1.78", f"{gr / sr:.2f}")])
 
 # %% [markdown]
-# The given kernel runs 32 load instructions per program where the worked solution runs 18 and
-# requests 1.78 times the sectors, yet both touch the same distinct sectors: each repeat asks
-# again for table bytes its own program loaded an iteration before. What that costs depends on
-# where the repeats are served from: from a cache, they add instructions and cache requests,
-# which a kernel that waits on DRAM can hide; from DRAM, about what copying their bytes costs.
+# The given kernel's extra load instructions and sector requests touch no sector the worked
+# solution does not: each repeat asks again for table bytes its own program loaded an iteration
+# before. What that costs depends on where the repeats are served from: from a cache, they add
+# instructions and cache requests, which a kernel that waits on DRAM can hide; from DRAM, about
+# what copying their bytes costs.
 #
 # **Where the repeats are served from, measured.** `nb13_table_reuse` gives the given kernel
 # the table's strides as arguments and runs the same sm_90 code (the cell asserts it) on two
@@ -842,10 +841,9 @@ pz.stated([("load instructions per program, given; solution", "32; 18",
 # launch's yardstick. On a GPU the cell times the four at the timed shape in five alternating
 # rounds (each a `do_bench` median of every launch and copy, so a drift of the clocks reaches
 # all alike) and prints what the repeats cost on one table (its time less the solution's), what
-# the per-entry tables add to that, and what a copy of the 59 MB they add takes. It asserts that
-# they add more than a third of that copy's time, and that the repeats on one table cost less.
-# Where the first cost is near zero and the second near the copy, a cache serves the repeats:
-# the time follows the distinct bytes a kernel touches, not the loads it issues.
+# the per-entry tables add to that, and what a copy of the 59 MB they add takes. Where the first
+# cost is near zero and the second near the copy, a cache serves the repeats: the time follows
+# the distinct bytes a kernel touches, not the loads it issues.
 
 # %%
 from ropelib.course import nb13_table_reuse as reuse
@@ -1097,21 +1095,82 @@ assert by_angle16[2] > 100 * by_table16[2]        # at position 100,000 the angl
 assert by_angle16[0] < by_table16[0]              # at position 1 the bf16 angle is off by less,
 assert by_angle16[1] > 1                          # by position 1,000 more than the pair's length
 
-
-def span(t, fmt):
-    """The smallest and the largest value of t, as the text below writes them."""
-    return format(float(t.min()), fmt), format(float(t.max()), fmt)
-
-
-assert span(by_table16, ".4f") == ("0.0024", "0.0026") and f"{math.sqrt(2) * 2**-9:.4f}" == "0.0028"
-assert span(stored16, ".4f") == ("0.0030", "0.0036")
-assert f"{float(by_angle16[0]):.4f}" == "0.0012" and f"{float(by_angle16[1]):.2f}" == "1.66"
+assert f"{math.sqrt(2) * 2**-9:.4f}" == "0.0028"  # the bound the text states
 
 # %% [markdown]
-# The bf16 table (0.0024 to 0.0026 of a pair's length) stays within the bound of 0.0028 at
-# every position and costs no more than storing $y$ in bf16 (0.0030 to 0.0036). The bf16 angle
-# is off by less at position 1 (0.0012), but by position 1,000 it moves a pair by more than its
-# own length (1.66). What is left to a kernel that reads a bf16 cos/sin table is to round once.
+# So the bf16 table stays within its bound at every position and costs no more than storing $y$
+# in bf16, while a bf16 angle, better at position 1, turns a pair by more than its own length
+# from position 1,000 on. What is left to a kernel that reads a bf16 cos/sin table is to round
+# once.
+
+# %% [markdown]
+# ## Puzzle 12 — capstone: the backward of packed, partial, interleaved RoPE (write)
+#
+# The last puzzle is one training kernel that needs four of the earlier ones at once. ChatGLM2
+# and ChatGLM3 turn only the first half of each head (64 of 128 features) and pair *adjacent*
+# features (puzzles 2 and 3). Trained on documents packed without padding, each document's
+# positions restart at its `cu_seqlens` entry (puzzle 10). And training runs RoPE's backward
+# (puzzle 8). Write the backward: from $g = \partial L / \partial y$ of a row, its
+# $\partial L / \partial x$, for the forward
+#
+# $$
+# y_{2j} = x_{2j} \cos\theta_{p,j} - x_{2j+1} \sin\theta_{p,j}, \qquad
+# y_{2j+1} = x_{2j+1} \cos\theta_{p,j} + x_{2j} \sin\theta_{p,j} \quad (j < R/2), \qquad
+# y_d = x_d \quad (R \le d < D),
+# $$
+#
+# where $p = r - c_i$ is the position of row $r$ of sequence $i$ and row $p$ of the cos and sin
+# tables holds its $R/2$ values. The grid is puzzle 10's, `(N_SEQS, cdiv(longest sequence,
+# BLOCK_T))`. $R/2$ is a power of two; $D$ need not be one (`BLOCK_D` is the power of two at or
+# above it). Nothing of the kernel is given but its signature.
+#
+# **The check** compares $\partial L / \partial x$ with the autograd of the forward (the spec,
+# in fp64), on puzzle 10's three sets of sequence lengths, each with another head: $D = 24$ with
+# $R = 16$, $D = 80$ with $R = 32$ (Phi-2's share of each head, here with adjacent pairs) and
+# $D = 40$ with $R = 8$. As in puzzle 10, a row stored by two programs fails. There is no ⏱
+# line: the capstone is graded on being right, and puzzle 10 already times a packed kernel.
+
+# %%
+pz.show_spec("packed_partial_backward")
+capstone_cases = pz.PUZZLES["packed_partial_backward"].build(torch.Generator().manual_seed(0),
+                                                             "cpu")
+print("the check's cases: " + "; ".join(case.label for case in capstone_cases))
+assert [(c.constexprs["D"], c.constexprs["R"]) for c in capstone_cases] == [(24, 16), (80, 32),
+                                                                             (40, 8)]
+assert [c.label.split("lengths ")[1] for c in capstone_cases] == [
+    c.label.split("lengths ")[1] for c in packed_cases]               # puzzle 10's lengths
+assert pz.PUZZLES["packed_partial_backward"].big is None              # no timed case
+
+# %%
+@triton.jit
+def my_packed_partial_backward_kernel(
+    dy_ptr,  # *fp32: dL/dy [TOTAL, D], the sequences packed one after another, contiguous
+    cu_seqlens_ptr,  # *int32: cu_seqlens [N_SEQS + 1]: 0, then where each sequence ends
+    cos_ptr,  # *fp32: cos table [P, R // 2], contiguous (P >= the longest sequence)
+    sin_ptr,  # *fp32: sin table [P, R // 2], contiguous
+    dx_ptr,  # *fp32: dL/dx [TOTAL, D], contiguous
+    D: tl.constexpr,  # features per row (any even size)
+    R: tl.constexpr,  # rotary features: the first R of each row (R // 2 a power of two)
+    BLOCK_D: tl.constexpr,  # the power of two at or above D
+    BLOCK_T: tl.constexpr,  # tokens per program
+):
+    ...  # your code: grid (N_SEQS, cdiv(longest sequence, BLOCK_T)), as in puzzle 10
+
+
+pz.check_packed_partial_backward(my_packed_partial_backward_kernel);
+
+# %%
+solution(pz.solution_packed_partial_backward_kernel.fn, title="Solution: puzzle 12")
+
+# %% [markdown]
+# **What to notice.** Each part of the worked solution is an earlier puzzle's: the tokens and
+# their mask are puzzle 10's, the whole-row loads of the rotary part split into pairs in
+# registers are puzzle 2's, the signs are puzzle 8's, and the features past $R$, masked to
+# $D$ as in puzzle 4, are copied by a load and a store of their own. Another right answer
+# loads each feature's partner, `d ^ 1`, in a second load, and reads table column `d // 2`
+# with `other=1.0` for cos and `0.0` for sin past $R$: there the formula turns by 0 and copies.
+# The mistakes `pz.hint(12)` recognises are one from each earlier puzzle: the forward's sign,
+# rotate-half pairs, the packed index as the position, and a tail left at 0.
 
 # %% [markdown]
 # ## Where you stand
@@ -1123,8 +1182,8 @@ pz.scoreboard();
 
 # %% [markdown]
 # And the worked solutions against a copy of the bytes a right answer reads and writes (puzzle
-# 1 has no timed size: on one row a timer sees only the launch; puzzle 5's unread angle table is
-# not counted, and the cell prints both counts). The ⏱ lines above are one `do_bench` each, so
+# 1 has no timed size: on one row a timer sees only the launch; nor has the capstone; puzzle 5's
+# unread angle table is not counted, and the cell prints both counts). The ⏱ lines above are one `do_bench` each, so
 # the cell times the ten solutions in alternating rounds, as under puzzle 9, and prints each
 # fraction at the median of its rounds with its lowest and highest round: two solutions whose
 # ranges overlap are not told apart. Section 0's masked copy is the reference for a Triton
@@ -1147,7 +1206,7 @@ if rounds_all is not None:
     assert all(t.of_copy < 1.15 for t in rounds_all.values())   # none far beyond a copy
 if runtime.on_gpu():
     assert rounds_all is not None                  # every solution ran right and was timed
-assert len(timed) == 10 and pz.PUZZLES["rotate_row"].big is None
+assert len(timed) == 10 and pz.PUZZLES["rotate_row"].big is None   # nor the capstone's, above
 body = inspect.getsource(pz.solution_long_context_kernel.fn).split("):", 1)[1]
 assert "freqs_ptr" not in body                    # puzzle 5's solution never reads the table
 big5 = pz.PUZZLES["long_context"].big("meta")     # shapes only: the bytes each fraction counts
@@ -1185,6 +1244,10 @@ assert [f"{b / 1e6:.1f}" for b in (handed5, moved5_bytes, handed5 - moved5_bytes
 #    How large an error in an attention score $q \cdot k$ can that make for head dim 128, with
 #    both q and k rotated by bf16 tables, and how does it compare with rounding $q$ and $k$ to
 #    bf16 at all?
+# 7. The capstone's kernel takes $\partial L / \partial y$ of the keys of a model with
+#    grouped-query attention (GQA), where each key head serves several query heads. Does the
+#    RoPE backward of $k$ need to sum anything over the group? And what changes in the kernel
+#    to make it the forward?
 #
 # Short answers are in the last appendix, after the one on puzzles 5 and 9.
 
@@ -1424,6 +1487,12 @@ pz.stated([
 # prints both bounds and measures both errors on random vectors of head dim 128, where each is
 # far below its bound and the table costs no more than the rounding, as puzzle 11's cell found
 # for $y$.
+#
+# **7.** No. RoPE turns each key head once, before attention repeats it for its group of query
+# heads; the backward of that repeat (in the attention kernel, or autograd's) sums the group's
+# gradients into one $\partial L / \partial y$ per key head, and the RoPE backward turns it
+# back as it is, head by head. The forward is the same kernel with the sine terms' signs
+# flipped: a rotation by $+\theta$ instead of $-\theta$.
 
 # %% [markdown]
 # The numbers in those answers, computed (`gap` is from the cell after puzzle 5):

@@ -357,32 +357,11 @@ def _rows_every_program_all(x_ptr, y_ptr, freqs_ptr, n_rows, B, H, stride_xs, st
                  (x2 * tl.cos(t2) + x1 * tl.sin(t2)).to(y_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
-def _rows_no_row_mask(x_ptr, y_ptr, freqs_ptr, n_rows, B, H, stride_xs, stride_xb, stride_xh,
-                      stride_xd, stride_fs, stride_fd, HALF: tl.constexpr,
-                      BLOCK_HALF: tl.constexpr, ROWS: tl.constexpr):
-    # the solution without `rows < n_rows`: the last program writes past the end of y
-    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    s, b, h = (rows // (B * H))[:, None], ((rows // H) % B)[:, None], (rows % H)[:, None]
-    offs = tl.arange(0, BLOCK_HALF)[None, :]
-    mask = offs < HALF
-    t1 = tl.load(freqs_ptr + s * stride_fs + offs * stride_fd, mask=mask, other=0.0)
-    t2 = tl.load(freqs_ptr + s * stride_fs + (offs + HALF) * stride_fd, mask=mask, other=0.0)
-    x_row = x_ptr + s * stride_xs + b * stride_xb + h * stride_xh
-    x1 = tl.load(x_row + offs * stride_xd, mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(x_row + (offs + HALF) * stride_xd, mask=mask, other=0.0).to(tl.float32)
-    y_row = y_ptr + rows[:, None] * 2 * HALF
-    tl.store(y_row + offs, (x1 * tl.cos(t1) - x2 * tl.sin(t1)).to(y_ptr.dtype.element_ty),
-             mask=mask)
-    tl.store(y_row + HALF + offs,
-             (x2 * tl.cos(t2) + x1 * tl.sin(t2)).to(y_ptr.dtype.element_ty), mask=mask)
-
-
 ROWS_CHEATS = {
     "a blank kernel": _rows_blank,
     "step 3 as it was, one row a program": _rows_one_row,
     "a kernel whose every program rotates every row": _rows_every_program_all,
-    "a kernel without the mask on the rows": _rows_no_row_mask,
+    "a kernel that evaluates cos and sin for every row": learner_copy(nk.rows_sincos_every_row),
     "the worked solution itself": nk.solution_rope_rows,
     "ropelib's naive teaching kernel": naive._rope_naive_kernel,
     "the plain PyTorch reference": reference.rope_reference,
@@ -399,8 +378,8 @@ def test_rows_check_rejects(what, capsys):
 def test_rows_check_says_why(capsys):
     nk.check_rope_rows(_rows_every_program_all, seed=0)
     assert "program 0 wrote rows" in capsys.readouterr().out
-    nk.check_rope_rows(_rows_no_row_mask, seed=0)
-    assert "outside y" in capsys.readouterr().out
+    nk.check_rope_rows(learner_copy(nk.rows_sincos_every_row), seed=0)
+    assert "4 rows' worth" in capsys.readouterr().out
     nk.check_rope_rows(nk.solution_rope_rows, seed=0)
     assert "launched ropelib's solution_rope_rows" in capsys.readouterr().out
 
@@ -414,7 +393,7 @@ def test_rows_check_accepts_an_own_copy_of_the_solution(seed, capsys):
 def test_rows_solution_matches_step_three_rows():
     # independent of the check: every ROWS gives the reference's rotation, tail included
     torch.manual_seed(0)
-    x = torch.randn(3, 2, 3, 24, device=DEVICE)
+    x = torch.randn(3, 2, 8, 24, device=DEVICE)
     f = torch.rand(4, 24, device=DEVICE) * 6
     for rows in (1, 2, 4, 8):
         y = torch.full_like(x, float("nan"))
@@ -445,7 +424,7 @@ def test_launch_rows_num_warps():
     assert k.kw["num_warps"] == 8 and k.grid == (3,)
     # a real launch at other warps gives the reference's rotation
     torch.manual_seed(0)
-    x = torch.randn(3, 2, 3, 24, device=DEVICE)
+    x = torch.randn(3, 2, 4, 24, device=DEVICE)
     f = torch.rand(4, 24, device=DEVICE) * 6
     for warps in (1, 2, 4):
         y = torch.full_like(x, float("nan"))
@@ -462,6 +441,18 @@ def test_prediction_check(capsys):
         assert ex.check_predicted_us(wrong) is False
     out = capsys.readouterr().out
     assert out.count("❌") == 5
+
+
+def test_rows_sin_cos_once_a_program():
+    # the worked kernel evaluates one row's sines and cosines a program; the per-row one ROWS
+    from ropelib.course import work_count
+    x, f = torch.randn(2, 1, 8, 16), torch.rand(2, 16)
+    for kernel, per_program in ((nk.solution_rope_rows, 32), (nk.rows_sincos_every_row, 128)):
+        with work_count.count_work() as work:
+            nk.launch_rows(work_count.interpreted(kernel), x, f, torch.empty_like(x), 4)
+        assert (work.programs, work.sincos) == (4, 4 * per_program)
+    with pytest.raises(ValueError, match="must divide H"):
+        nk.launch_rows(nk.solution_rope_rows, x, f, torch.empty_like(x), 16)
 
 
 def test_rows_reexported():

@@ -68,7 +68,8 @@ __all__ = ["PUZZLES", "BoundsCheckedMemory", "Region", "run_in_checked_memory", 
            "given_shared_table_kernel", "copy_of", "COPY", "check_copy",
            "check_rotate_row", "check_interleaved", "check_partial", "check_odd_head_dim",
            "check_long_context", "check_position_ids", "check_int64_offsets", "check_backward",
-           "check_shared_table", "check_packed_sequences", "check_bf16_table"]
+           "check_shared_table", "check_packed_sequences", "check_bf16_table",
+           "check_packed_partial_backward"]
 
 _WHY, _END = "\x1e", "\x1f"   # around a diagnosis inside a problem: pz.hint(n) shows it
 
@@ -162,6 +163,22 @@ def spec_packed_sequences(x, cu_seqlens, cos, sin):
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+
+
+def spec_packed_partial_backward(dy, cu_seqlens, cos, sin, R):
+    """dL/dy [T, D], sequences packed one after another (thd) as in spec_packed_sequences,
+    cos/sin [P, R/2] -> dL/dx: the autograd of the forward in which row r of sequence i, at
+    position r - cu_seqlens[i], turns its first R features as interleaved pairs (2j, 2j + 1) and
+    passes features R..D-1 through unchanged."""
+    lengths = cu_seqlens.diff().long()
+    positions = torch.arange(dy.shape[0]) - cu_seqlens[:-1].long().repeat_interleave(lengths)
+    c, s = cos.double()[positions], sin.double()[positions]       # [T, R/2]
+    x = torch.zeros(dy.shape, dtype=torch.float64, requires_grad=True)
+    x_even, x_odd = x[:, 0:R:2], x[:, 1:R:2]
+    turned = torch.stack((x_even * c - x_odd * s, x_odd * c + x_even * s), dim=-1).flatten(-2)
+    y = torch.cat((turned, x[:, R:]), dim=-1)
+    (dx,) = torch.autograd.grad(y, x, dy.double())
+    return dx
 
 
 def spec_bf16_table(x, cos, sin):
@@ -1296,7 +1313,8 @@ def _each_row_stored_by_one_program(case, memory) -> Optional[str]:
     if not twice:
         return None
     firsts = set(case.extra["cu_seqlens"].tolist())
-    return (f"right values in the interpreter, but rows {_ranges(twice)} of y were stored by two "
+    return (f"right values in the interpreter, but rows {_ranges(twice)} of {case.out_name} were "
+            "stored by two "
             f"programs{' (each the first row of a sequence)' if firsts.issuperset(twice) else ''}"
             ": the interpreter runs programs in order, so the last store wins here; on a GPU "
             "they run in no fixed order"
@@ -1520,6 +1538,111 @@ BF16_TABLE = _register(Puzzle(
          "x2 c + x1 s in fp32, and round to bf16 only in the store",
     big=_big_bf16_table, picture=1, compare=_compare_bf16_table, plot=_plot_bf16_table,
     report=_report_bf16_table))
+
+
+# 12. the capstone: the backward of packed, partial, interleaved RoPE -----------------------------
+
+@triton.jit
+def solution_packed_partial_backward_kernel(
+    dy_ptr,  # *fp32: dL/dy [TOTAL, D], the sequences packed one after another, contiguous
+    cu_seqlens_ptr,  # *int32: cu_seqlens [N_SEQS + 1]: 0, then where each sequence ends
+    cos_ptr,  # *fp32: cos table [P, R // 2], contiguous (P >= the longest sequence)
+    sin_ptr,  # *fp32: sin table [P, R // 2], contiguous
+    dx_ptr,  # *fp32: dL/dx [TOTAL, D], contiguous
+    D: tl.constexpr,  # features per row (any even size)
+    R: tl.constexpr,  # rotary features: the first R of each row (R // 2 a power of two)
+    BLOCK_D: tl.constexpr,  # the power of two at or above D
+    BLOCK_T: tl.constexpr,  # tokens per program
+):
+    seq = tl.program_id(0)  # grid (N_SEQS, cdiv(longest sequence, BLOCK_T)), as in puzzle 10
+    start = tl.load(cu_seqlens_ptr + seq)
+    end = tl.load(cu_seqlens_ptr + seq + 1)  # one past the sequence's last row
+    t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)  # positions: 0 at the first row
+    tok = (t < end - start)[:, None]  # a shorter sequence's last tiles are partly or all masked
+    row = (start + t)[:, None] * D
+    # the rotary part, whole rows as in puzzle 2: pair j is features (2j, 2j + 1)
+    f = tl.arange(0, R)
+    g = tl.load(dy_ptr + row + f[None, :], mask=tok, other=0.0)
+    g_even, g_odd = tl.split(tl.reshape(g, (BLOCK_T, R // 2, 2)))
+    j = tl.arange(0, R // 2)
+    c = tl.load(cos_ptr + t[:, None] * (R // 2) + j[None, :], mask=tok, other=1.0)
+    s = tl.load(sin_ptr + t[:, None] * (R // 2) + j[None, :], mask=tok, other=0.0)
+    # the transpose of the rotation, as in puzzle 8: each pair turned by -theta
+    dx = tl.join(g_even * c + g_odd * s, g_odd * c - g_even * s)  # [BLOCK_T, R // 2, 2]
+    tl.store(dx_ptr + row + f[None, :], tl.reshape(dx, (BLOCK_T, R)), mask=tok)
+    # the features past R: y = x there, so dL/dx = dL/dy (masked to D, as in puzzle 4)
+    rest = R + tl.arange(0, BLOCK_D)
+    tail = tok & (rest < D)[None, :]
+    tl.store(dx_ptr + row + rest[None, :], tl.load(dy_ptr + row + rest[None, :], mask=tail),
+             mask=tail)
+
+
+def _turned(dy, positions, cos, sin, R, *, adjacent: bool, backward: bool):
+    """dy's first R features turned at `positions` by the table (its transpose when
+    `backward`), in adjacent or rotate-half pairs; the rest copied: the known wrong answers."""
+    c, s = cos[positions], sin[positions]
+    s = -s if backward else s
+    out = dy.clone()
+    if adjacent:
+        a, b = dy[:, 0:R:2], dy[:, 1:R:2]
+        out[:, :R] = torch.stack((a * c - b * s, b * c + a * s), dim=-1).flatten(-2)
+    else:
+        a, b = dy[:, :R // 2], dy[:, R // 2:R]
+        out[:, :R] = torch.cat((a * c - b * s, b * c + a * s), dim=-1)
+    return out
+
+
+def _build_packed_partial_backward(gen, device, block_t=4):
+    cases = []
+    for lengths, D, R in (([5, 1, 12, 0], 24, 16), ([4, 4, 4], 80, 32),
+                          ([7, 0, 2, 9, 3], 40, 8)):
+        cu = _cu_seqlens(lengths)
+        total, longest = int(cu[-1]), max(lengths)
+        dy = _randn(gen, total, D)
+        cos, sin = _table(total + 1, R // 2)    # rows past every packed index, as in puzzle 10
+        dy64, c64, s64 = dy.double(), cos.double(), sin.double()
+        pos = torch.arange(total) - cu[:-1].long().repeat_interleave(cu.diff().long())
+        tail_zero = _turned(dy64, pos, c64, s64, R, adjacent=True, backward=True)
+        tail_zero[:, R:] = 0.0
+        wrong = [
+            ("this is the forward: each pair turned by +theta. The backward of a rotation is "
+             "its transpose, the turn by -theta: flip the sign of the sine terms",
+             _turned(dy64, pos, c64, s64, R, adjacent=True, backward=False)),
+            ("this pairs feature j with j + R/2 (rotate-half); this model's forward turns "
+             "adjacent features (2j, 2j + 1), and its backward turns the same pairs back",
+             _turned(dy64, pos, c64, s64, R, adjacent=False, backward=True)),
+            ("this turns each row at its index in the packed dL/dy: positions restart at 0 in "
+             "every sequence, row r of sequence i is at position r - cu_seqlens[i]",
+             _turned(dy64, torch.arange(total), c64, s64, R, adjacent=True, backward=True)),
+            ("the features past R pass through the forward unchanged (y = x there), so their "
+             "gradient is dL/dy itself, not 0", tail_zero)]
+        inputs = {"dy": _placed(dy, device), "cu_seqlens": _placed(cu, device),
+                  "cos": _placed(cos, device), "sin": _placed(sin, device)}
+        buf, out = _poisoned((total, D), torch.float32, device)
+        case = Case(f"dL/dy [{total}, {D}], R={R}, lengths {lengths}, BLOCK_T={block_t}",
+                    (len(lengths), triton.cdiv(longest, block_t)),
+                    (inputs["dy"], inputs["cu_seqlens"], inputs["cos"], inputs["sin"], out),
+                    {"D": D, "R": R, "BLOCK_D": triton.next_power_of_2(D), "BLOCK_T": block_t},
+                    inputs, "dx", out, buf,
+                    spec_packed_partial_backward(dy64, cu, c64, s64, R), wrong=wrong)
+        case.extra["cu_seqlens"] = cu
+        cases.append(case)
+    return cases
+
+
+PACKED_PARTIAL_BACKWARD = _register(Puzzle(
+    12, "packed_partial_backward", "capstone: the backward of packed, partial, interleaved RoPE",
+    spec_packed_partial_backward, _build_packed_partial_backward,
+    solution_packed_partial_backward_kernel,
+    hint="four earlier puzzles at once. Puzzle 10: program (i, b) has the tokens t = b * BLOCK_T "
+         "+ arange(BLOCK_T) of sequence i, live where t < cu_seqlens[i + 1] - cu_seqlens[i], "
+         "at row cu_seqlens[i] + t and position t. Puzzles 2 and 3: of the first R features, 2j "
+         "pairs with 2j + 1 and reads table column j; features R..D-1 (masked to D, as in "
+         "puzzle 4) are dL/dy copied. Puzzle 8: the backward turns each pair by -theta: "
+         "dx_2j = g_2j c + g_2j+1 s, dx_2j+1 = g_2j+1 c - g_2j s",
+    no_timing="the capstone is graded on being right, and puzzle 10 already times a packed "
+              "kernel",
+    require=_each_row_stored_by_one_program))
 
 
 # --- grading ----------------------------------------------------------------------------------
@@ -2210,6 +2333,12 @@ def check_packed_sequences(kernel, **kw) -> bool:
 def check_bf16_table(kernel, **kw) -> bool:
     """Puzzle 11: cos/sin cached in bf16, graded in bf16 ulps against the same table's rotation."""
     return grade(BF16_TABLE, kernel, **kw)
+
+
+def check_packed_partial_backward(kernel, **kw) -> bool:
+    """Puzzle 12, the capstone: dL/dx of interleaved RoPE on the first R of D features, for
+    sequences packed in one tensor (thd, cu_seqlens)."""
+    return grade(PACKED_PARTIAL_BACKWARD, kernel, **kw)
 
 
 def show_spec(key: str) -> None:

@@ -35,10 +35,12 @@ rotation is elementwise (common.rotate_pair, the same fma order as every ropelib
 The split may move the accumulator between register layouts; measured on an H200
 (benchmarks/qkv_mainloop_probe.py, results/qkv_mainloop-nvidia-h200.csv, 8192 and 32768 tokens,
 Llama-3-8B's projection, four tiles), a whole-head accumulator rotated this way from a cos/sin
-table runs from 17 % faster to 5 % slower than the same GEMM with no epilogue (within 0.2 % at
-128/64, 8 warps, 3 stages, 8192 tokens), where two accumulators [BLOCK_M, D/2] (the pairs' weight
-rows gathered, one MMA each, the x tile read twice) take 4-30 % longer in seven of the eight
-cases (8 and 10 % at GPU_TILES["fwd"]) and 5 % less in one (64/64, 4 warps, 32768 tokens).
+table costs 0.1-5.5 % over the same GEMM with no epilogue at the 3-stage tiles (128/64 and
+128/128, 8 warps; 0.1 % at 128/64, 8192 tokens); at 4 stages the bare GEMM itself ran 19-23 %
+slower than at 3, which made the epilogue look up to 17 % faster there. Two accumulators
+[BLOCK_M, D/2] (the pairs' weight rows gathered, one MMA each, the x tile read twice) take
+4-30 % longer in seven of the eight cases (8 and 10 % at GPU_TILES["fwd"]) and 5 % less in one
+(64/64, 4 warps, 32768 tokens).
 
 With partial rotary or a half that is not a power of two the pairs' weight rows are gathered
 into two accumulators (three with partial rotary):

@@ -23,8 +23,10 @@ unchanged. Its arguments, in order (the grid is one program per row, (S * B * H,
     BLOCK_PAIRS: tl.constexpr,                     # next power of two >= D // 2
 
 Exercise 5 (`check_rope_rows`, signature at its section below) asks for step 3's kernel with
-`ROWS` consecutive rows a program, and is checked the same way, plus a launch of program 0
-alone that must write its own ROWS rows and no others. `check_predicted_us` checks the
+`ROWS` consecutive rows a program, ROWS heads of one token that evaluate its sines and cosines
+once. It is checked the same way, plus a launch of program 0 alone that must write its own ROWS
+rows and no others, and a count in the interpreter (`work_count`) of the sines and cosines a
+program evaluates: one row's worth, not ROWS rows'. `check_predicted_us` checks the
 learner's prediction of such a kernel's time from the cost of a program, on notebook 03's numbers
 and on a kernel drawn when the check runs.
 """
@@ -40,7 +42,7 @@ from .own_code import fresh_seed, launch_barred
 
 __all__ = ["check_rope_interleaved", "solution_rope_interleaved", "launch_interleaved",
            "CASES", "check_rope_rows", "solution_rope_rows", "launch_rows", "ROWS_CASES",
-           "check_predicted_us", "solution_predicted_us"]
+           "check_predicted_us", "solution_predicted_us", "rows_sincos_every_row", "COUNT_CASE"]
 
 # (S, B, H, D, R, dtype, layout): the tail D - R > 0 in most; bshd is a transposed view.
 CASES = (
@@ -158,13 +160,15 @@ def solution_rope_interleaved(
 # --- exercise 5: fewer programs, each doing more ---------------------------------------------
 #
 # Step 3's kernel of notebook 03 with one more constexpr, ROWS: program p rotates the ROWS
-# consecutive rows p * ROWS ... p * ROWS + ROWS - 1 of x (rotate-half, any strides; the last
-# program may hold fewer). Its arguments, in order (the grid is (cdiv(n_rows, ROWS),)):
+# consecutive rows p * ROWS ... p * ROWS + ROWS - 1 of x (rotate-half, any strides). H is a
+# multiple of ROWS, so they are ROWS heads of one token (s, b): one position, one row of angles,
+# whose sines and cosines the program evaluates once. Its arguments, in order (the grid is
+# (n_rows // ROWS,)):
 #
 #     x_ptr,                                         # *x: [S, B, H, D], any strides
 #     y_ptr,                                         # *y: [S, B, H, D], contiguous, x's dtype
 #     freqs_ptr,                                     # *fp32: angles [P, D], P >= S
-#     n_rows,                                        # S * B * H
+#     n_rows,                                        # S * B * H, a multiple of ROWS
 #     B, H,                                          # program id -> rows -> (s, b, h)
 #     stride_xs, stride_xb, stride_xh, stride_xd,    # x strides, in elements
 #     stride_fs, stride_fd,                          # freqs strides, in elements
@@ -172,25 +176,30 @@ def solution_rope_interleaved(
 #     BLOCK_HALF: tl.constexpr,                      # next power of two >= HALF
 #     ROWS: tl.constexpr,                            # rows per program, a power of two
 
-# (S, B, H, D, ROWS, dtype, layout): rows not a multiple of ROWS in most, so the last program
-# holds fewer; a masked half (D = 24); a transposed bshd view; fp32 and bf16; ROWS = 1 too
+# (S, B, H, D, ROWS, dtype, layout): H a multiple of ROWS; two programs a token (H = 2 ROWS),
+# a masked half (D = 24), a transposed bshd view, fp32 and bf16, ROWS = 1 too
 ROWS_CASES = (
-    (3, 2, 3, 16, 4, torch.float32, "sbhd"),    # 18 rows: 5 programs, the last with 2
-    (2, 3, 2, 24, 8, torch.float32, "bshd"),    # 12 rows: 2 programs, the last with 4
-    (5, 1, 2, 16, 2, torch.bfloat16, "sbhd"),   # 10 rows: 5 programs
+    (3, 2, 8, 16, 4, torch.float32, "sbhd"),    # 48 rows: 12 programs, 2 a token
+    (2, 3, 8, 24, 8, torch.float32, "bshd"),    # 48 rows: 6 programs, 1 a token
+    (5, 1, 4, 16, 2, torch.bfloat16, "sbhd"),   # 20 rows: 10 programs
     (2, 2, 1, 16, 1, torch.float32, "sbhd"),    # one row a program: step 3
 )
+# the sin/cos count: x [2, 1, 8, 16] in ROWS = 4 rows a program (4 programs); the tl.sin and
+# tl.cos lanes of one row's 16 angles are 2 * 16, or 4 * BLOCK_HALF as step 3 evaluates them
+COUNT_CASE = (2, 1, 8, 16, 4, torch.float32, "sbhd")
 
 
 def launch_rows(kernel, x: torch.Tensor, freqs: torch.Tensor, out: torch.Tensor, rows: int,
                 programs: Optional[int] = None, num_warps: Optional[int] = None) -> None:
-    """Launch a kernel of exercise 5's signature: x [S, B, H, D], freqs [P, D], out contiguous;
-    `programs` (default all, cdiv(S * B * H, rows)) limits the grid. `num_warps` defaults to
+    """Launch a kernel of exercise 5's signature: x [S, B, H, D] (H a multiple of rows), freqs
+    [P, D], out contiguous; `programs` (default all, S * B * H // rows) limits the grid. `num_warps` defaults to
     `rows_warps(rows, D)`, the ablation's warps for its tile of `rows` heads."""
     S, B, H, D = x.shape
     n_rows = S * B * H
+    if H % rows:
+        raise ValueError(f"ROWS={rows} must divide H={H}: a program's rows are heads of one token")
     warps = rows_warps(rows, D) if num_warps is None else num_warps
-    grid = (triton.cdiv(n_rows, rows) if programs is None else programs,)
+    grid = (n_rows // rows if programs is None else programs,)
     kernel[grid](x, out, freqs, n_rows, B, H, *x.stride(), *freqs.stride(),
                  HALF=D // 2, BLOCK_HALF=triton.next_power_of_2(D // 2), ROWS=rows,
                  num_warps=warps)
@@ -240,7 +249,7 @@ def check_rope_rows(kernel, *, seed: Optional[int] = None) -> bool:
         S, B, H, D, rows, dtype, layout = case
         n_rows = S * B * H
         label = (f"x [{S}, {B}, {H}, {D}] {str(dtype).replace('torch.', '')} {layout}, "
-                 f"ROWS={rows}: {triton.cdiv(n_rows, rows)} programs for {n_rows} rows")
+                 f"ROWS={rows}: {n_rows // rows} programs for {n_rows} rows")
         x, freqs = _rows_inputs(case, gen, device)
         x_before = x.clone()
         pad = _pad(D)
@@ -280,9 +289,28 @@ def check_rope_rows(kernel, *, seed: Optional[int] = None) -> bool:
         print(f"❌ {name}: launched alone, program 0 wrote rows {written}, not rows 0 to "
               f"{rows - 1}: each program rotates its own ROWS consecutive rows, and only those")
         return False
-    print(f"✅ {name}: correct on {len(ROWS_CASES)} launches (ROWS = 1 to 8, a last program "
-          "with fewer rows, a masked half, a bshd view, fp32 and bf16), and program 0 rotates "
-          "its ROWS rows only")
+    # the sines and cosines a program evaluates, counted in the interpreter on CPU tensors (the
+    # launches above were barred already: this one runs as it is, on a GPU machine too)
+    from .. import work_count
+    S, B, H, D, rows, dtype, layout = COUNT_CASE
+    x, freqs = _rows_inputs(COUNT_CASE, gen, "cpu")
+    y = torch.full((S, B, H, D), float("nan"), dtype=dtype)
+    with work_count.count_work() as work:
+        ok, _ = launch_barred(name, "the sin/cos count", "your kernel of ROWS rows a program",
+                              lambda: launch_rows(work_count.interpreted(kernel), x, freqs, y,
+                                                  rows, num_warps=1), barred=False)
+    if not ok:
+        return False
+    per_program = work.sincos / max(work.programs, 1)
+    if per_program > 2 * D:
+        print(f"❌ {name} (x [{S}, {B}, {H}, {D}], ROWS={rows}): a program evaluated "
+              f"{per_program:.0f} sines and cosines, {per_program / (2 * D):.0f} rows' worth. Its "
+              f"{rows} rows are heads of one token: load the position's angles once, as a "
+              "[1, BLOCK_HALF] row, evaluate tl.cos and tl.sin of it once, and let them broadcast")
+        return False
+    print(f"✅ {name}: correct on {len(ROWS_CASES)} launches (ROWS = 1 to 8, a masked half, a "
+          "bshd view, fp32 and bf16), program 0 rotates its ROWS rows only, and a program "
+          f"evaluates one row's sines and cosines ({per_program:.0f} for D = {D}), not ROWS rows'")
     return True
 
 
@@ -324,20 +352,46 @@ def solution_rope_rows(
     x_ptr,  # *x: [S, B, H, D], any strides
     y_ptr,  # *y: [S, B, H, D], contiguous, x's dtype
     freqs_ptr,  # *fp32: angles [P, D], P >= S
-    n_rows,  # S * B * H
+    n_rows,  # S * B * H, a multiple of ROWS
     B, H,  # program id -> rows -> (s, b, h)
     stride_xs, stride_xb, stride_xh, stride_xd,  # x strides, in elements
     stride_fs, stride_fd,  # freqs strides, in elements
     HALF: tl.constexpr,  # D // 2
     BLOCK_HALF: tl.constexpr,  # next power of two >= HALF
-    ROWS: tl.constexpr,  # rows per program, a power of two
+    ROWS: tl.constexpr,  # rows per program, a power of two dividing H
 ):
+    row0 = tl.program_id(0).to(tl.int64) * ROWS  # this program's first row
+    s, b = row0 // (B * H), (row0 // H) % B  # H % ROWS == 0: all ROWS rows are token (s, b)'s
+    h = (row0 % H + tl.arange(0, ROWS))[:, None]  # [ROWS, 1]: its heads
+    offs = tl.arange(0, BLOCK_HALF)[None, :]  # [1, BLOCK_HALF]
+    mask = offs < HALF
+    # the position's angles, and their cos and sin, once a program: [1, BLOCK_HALF]
+    f_row = freqs_ptr + s * stride_fs
+    theta1 = tl.load(f_row + offs * stride_fd, mask=mask, other=0.0)
+    theta2 = tl.load(f_row + (offs + HALF) * stride_fd, mask=mask, other=0.0)
+    c1, s1, c2, s2 = tl.cos(theta1), tl.sin(theta1), tl.cos(theta2), tl.sin(theta2)
+    x_row = x_ptr + s * stride_xs + b * stride_xb + h * stride_xh  # [ROWS, 1]
+    x1 = tl.load(x_row + offs * stride_xd, mask=mask, other=0.0).to(tl.float32)  # [ROWS, BLOCK_HALF]
+    x2 = tl.load(x_row + (offs + HALF) * stride_xd, mask=mask, other=0.0).to(tl.float32)
+    y_row = y_ptr + (row0 + tl.arange(0, ROWS))[:, None] * 2 * HALF  # y contiguous: row r at r * D
+    tl.store(y_row + offs, (x1 * c1 - x2 * s1).to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(y_row + HALF + offs, (x2 * c2 + x1 * s2).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def rows_sincos_every_row(
+    x_ptr, y_ptr, freqs_ptr, n_rows, B, H, stride_xs, stride_xb, stride_xh, stride_xd,
+    stride_fs, stride_fd, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, ROWS: tl.constexpr,
+):
+    """Exercise 5's signature, rows of any positions: cos and sin evaluated for every row (the
+    check refuses it). Profiled as `solution_rope_rows` in rows_ncu-nvidia-h200.csv; notebook
+    03's appendix reads why 8 rows a program are slower than 2."""
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)  # [ROWS] this program's rows
     s = (rows // (B * H))[:, None]  # [ROWS, 1]: each row its own position, batch, head
     b = ((rows // H) % B)[:, None]
     h = (rows % H)[:, None]
     offs = tl.arange(0, BLOCK_HALF)[None, :]  # [1, BLOCK_HALF]
-    mask = (rows[:, None] < n_rows) & (offs < HALF)  # [ROWS, BLOCK_HALF]: the last program's tail
+    mask = (rows[:, None] < n_rows) & (offs < HALF)  # [ROWS, BLOCK_HALF]
     f_row = freqs_ptr + s * stride_fs
     theta1 = tl.load(f_row + offs * stride_fd, mask=mask, other=0.0)
     theta2 = tl.load(f_row + (offs + HALF) * stride_fd, mask=mask, other=0.0)
@@ -346,7 +400,7 @@ def solution_rope_rows(
     x2 = tl.load(x_row + (offs + HALF) * stride_xd, mask=mask, other=0.0).to(tl.float32)
     y1 = x1 * tl.cos(theta1) - x2 * tl.sin(theta1)
     y2 = x2 * tl.cos(theta2) + x1 * tl.sin(theta2)
-    y_row = y_ptr + rows[:, None] * 2 * HALF  # y is contiguous: row r starts at element r * D
+    y_row = y_ptr + rows[:, None] * 2 * HALF
     tl.store(y_row + offs, y1.to(y_ptr.dtype.element_ty), mask=mask)
     tl.store(y_row + HALF + offs, y2.to(y_ptr.dtype.element_ty), mask=mask)
 
