@@ -45,7 +45,7 @@
 #   *program floor* that the number of programs puts under a kernel's time;
 # - find your way through the other notebooks.
 #
-# **Time:** about 30 minutes to read and do the three exercises; the cells take seconds on a
+# **Time:** about 30 minutes to read and do the four exercises; the cells take seconds on a
 # GPU and under a minute in Triton's interpreter on a CPU.
 
 # %% [markdown]
@@ -104,7 +104,8 @@ assert GPU == ropelib.on_gpu()
 # %% [markdown]
 # Transformer Engine and transformers are optional: notebooks that compare against them use the
 # real package when it is there and say so when it is not (`ropelib.reference` carries faithful
-# copies of the code paths we compare with, so nothing breaks).
+# copies of the code paths we compare with, so nothing breaks). The TE drop-in check in section
+# 1 always uses those copies.
 
 # %% [markdown]
 # ## 2. Interpreter mode: how to switch it on and off
@@ -270,7 +271,10 @@ assert len(kernels) == 1 and kernels[0].startswith("_rope"), kernels
 # ### Drop-ins: swap one import
 #
 # `ropelib.te.apply_rotary_pos_emb` has Transformer Engine 2.x's signature and defaults;
-# `fused=True` runs ropelib's kernel, `fused=False` the plain PyTorch path.
+# `fused=True` runs ropelib's kernel, `fused=False` the plain PyTorch path. Both are ropelib's
+# own: the cell checks them against `ropelib.reference`'s copies of TE's paths
+# (`te_fused_emulation`, `te_unfused`), never against an installed TE, so its "TE drop-in" line
+# compares the drop-in's two paths with each other, not with TE itself.
 # `ropelib.hf.apply_rotary_pos_emb` has Hugging Face's signature (queries and keys
 # `[B, H, S, D]`, a cos/sin cache `[B, S, D]`) and formula, $x\cos + \mathrm{rotate\_half}(x)\sin$,
 # computed in fp32 and rounded once. The cell checks each against what it stands in for, and,
@@ -924,7 +928,10 @@ solution(basics.solution_interleaved_rope)
 # On a GPU the cell after it times yours on one program per SM against `copy_kernel` on the
 # tour's `x`. Predict first, with exercise 2's function and the committed empty run of 4 warps
 # (Triton's default; section 4's `cost_rows`), how much of `copy_kernel`'s time its programs'
-# floor can account for: that is the most the fixed grid can save.
+# floor can account for: that is the most the fixed grid can save. The timing cell asserts
+# nothing; read its two times as a comparison, not a race to win. One program per SM keeps few
+# bytes in flight per SM, so expect yours to be slower than `copy_kernel` unless `BLOCK` is
+# large.
 
 # %%
 from ropelib.course.exercises import nb00_strided_copy

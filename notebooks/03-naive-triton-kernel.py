@@ -1920,7 +1920,8 @@ else:
 # measures the second limit: how many bytes each SM must have in flight for a kernel to stream
 # at a copy's speed. Where does your prediction stop holding, in the ablation and in your
 # kernel's live rows, and why there? The prediction has no term for warps, but threads that
-# outnumber a tile's elements repeat its work (section 4.5): time your kernel at 4 warps too.
+# outnumber a tile's elements repeat its work (section 4.5), and both tables launch 4 rows on 2
+# warps (their warps column): time your kernel at 1 and at 4 warps too.
 # The appendix shows what the check's sin/cos count guards against: the same kernel evaluating
 # cos and sin for every row is slower at 8 rows than at 2.
 #

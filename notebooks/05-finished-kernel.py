@@ -1332,7 +1332,7 @@ c8, c1, c16 = "s4096-b8", "s32768-b1", "s16-b64"
 widest_b8 = max(max(v) - min(v) for (c, _), v in by_run.items() if c == c8)
 print(f"\nwidest range of a step between processes at s = 4096, b = 8: {widest_b8:.1f} points")
 assert n_runs == 10 and said(widest_b8, 1) == "0.6"
-# b = 8: the tile of heads and the warps hold; nothing after the warps rung is a step
+# b = 8 on the H100: the tile of heads and the warps hold; nothing after the warps rung is a step
 assert {n for (c, n) in held if c == c8} == {"heads", "warps"}
 assert [said(med[c8, n], 1) for n in ("heads", "warps", "chunks", "equal_halves")] == \
     ["12.2", "2.8", "-0.0", "0.3"]
@@ -1355,10 +1355,15 @@ assert (warps_h100["tile"], warps_h100["warps"], warps_h100["chunks"]) == (4, 16
 
 # %% [markdown]
 # **What the runs show.** On the H100 no step moves by more than 0.6 points between processes at
-# $s = 4096$, $b = 8$, and two steps of the single H200 run do not come back: the chunks rung's
-# −3.0 and equal halves' +5.5 are −0.0 and +0.3 in ten H100 processes, not with one sign. At
-# $b = 1$ every step that changes the launch or the code comes back in every process, with the
-# H200 run's sign. The table says which rungs change the launch, and what the profiles say.
+# $s = 4096$, $b = 8$, and two steps the H200 measured are not there: the chunks rung's −3.0 and
+# equal halves' +5.5 are −0.0 and +0.3 in ten H100 processes, not with one sign. On the H200 they
+# are not one process's luck: its two profiles (A.1), separate runs, order the warps, chunks and
+# equal-halves rungs as the ladder run does. The two GPUs run different tiles here (8 warps
+# and 16-byte vectors on the H200, 16 warps and 8-byte vectors on the H100), and whether the loop
+# bounds or the shortcut move a batch-looping kernel depends on that tile: a step measured on one
+# GPU is that GPU's. At $b = 1$ every step that changes the launch or the code comes back in every
+# H100 process, with the H200 run's sign. The table says which rungs change the launch, and what
+# the profiles say.
 #
 # | rung | $s = 4096$, $b = 8$: H200, one run / H100, median of ten | $s = 32768$, $b = 1$: the same | what changed; what the profiles say |
 # |---|---|---|---|
@@ -1522,8 +1527,9 @@ assert [r1(b1[n]["waiting_on_memory"] * b1[n]["issuing"]) for n in ("equal_halve
 #   5.5 a scheduler from `warps` on against the copy's 10.6, resident 7.1 against 13.6 (the
 #   finished kernel: 64 registers a thread, 4 programs an SM). The missing half may be residency;
 #   the copy on the rung's tile (below) tests that only in part.
-# - **The chunks and equal-halves steps at $b = 8$** do not come back in ten H100 processes (the
-#   table above), so this profile's readings of them (written bytes, DRAM rate) are left to A.1.
+# - **The chunks and equal-halves steps at $b = 8$** hold in the H200's runs but not on the H100,
+#   whose tile differs (the table above); this profile's readings of them (written bytes, DRAM
+#   rate) are in A.1.
 # - **At $b = 1$ the heads, tile and warps rungs are paced by their instructions** (issuing in 74 %
 #   to 80 % of cycles, every sin and cos evaluated 16 or 32 times). From the chunks rung on each is
 #   evaluated once, and the DRAM rate climbs: 3.53 TB/s, 3.69 with equal halves, 3.99 for the
@@ -1713,7 +1719,9 @@ assert len(sweep_b8) == 104 and said(best_copy) == "0.945" and best_copy < 0.95
 
 # %% [markdown]
 # **How to read it.** The share is the GPU's own, on its own tile: near one, the launch (tile,
-# batch loop, grid) holds that GPU's gap; well under one, the rest is the rotation's. In the
+# batch loop, grid) holds that GPU's gap; well under one, the rest is the rotation's; in between,
+# both hold a part, in that proportion (Question 5 asks which of the rotation's instructions to
+# look at first). In the
 # committed H200 timing the copy on rung 6's launch runs at 0.913 of `y.copy_(x)` and rung 6 at
 # 0.915: there the launch holds the whole gap, not the cos/sin. Over the 104 launches swept, the
 # copy on the tile never passes 0.945; only the flat pass of section 6, with no loop and many
@@ -1804,8 +1812,10 @@ assert [said(ratio(tp, c, p)) for c in (s4k, s16k) for p in ("finished", "two-pa
     ["0.903", "0.996", "0.932", "1.002"]
 
 # %% [markdown]
-# At batch 8 the two passes reach the copy, where the finished kernel stops at about nine tenths:
-# the launch shape that section 5's copy on the tile pointed at on the H200 is what changed.
+# At batch 8 the two passes reach the copy, where the finished kernel stops at about nine tenths.
+# The flat pass changes the launch shape that section 5's copy on the tile pointed at on the
+# H200, but not only that: it has no sin/cos, fewer registers and no batch loop, and this page
+# does not separate them (A.5); how its addresses are written mattered on its own (A.8).
 # Appendix A.5 has the rest of that run, and A.6–A.8 what the flat pass needed to get there.
 
 
@@ -2022,8 +2032,8 @@ else:
 #   136.3, 139.6 and 146.8 µs at 29, 51, 68 and 87 % occupancy: the most occupied is the slowest.
 # - **The warps step (rung 3)** at $b = 8$ is within the runs' spread, and the two profiles
 #   disagree on its sign (141.5 against 142.2 µs in one, 147.4 against 145.4 in the other).
-# - **The chunks and equal-halves steps in this profile** (one H200 run; neither holds on the
-#   H100): the chunks rung counts 16.1 MB more writes than the warps rung with the same stores
+# - **The chunks and equal-halves steps in this profile** (H200; the other profile and the ladder
+#   run order the rungs the same way; neither step appears on the H100's tile): the chunks rung counts 16.1 MB more writes than the warps rung with the same stores
 #   in its sm_90 code, equal halves 16.4 MB fewer than rung 5, read at 3.65 TB/s against 3.49.
 #
 # ### A.2 The warp states

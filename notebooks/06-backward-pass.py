@@ -635,7 +635,10 @@ assert [round(r[k]) for r in (copy_row, w1_row) for k in
 # its load and store instructions moves 16 bytes a thread (`ld.v4.b32`) where the one-warp
 # kernel's move 4 (`ld.v1.b32`), and it executes 0.065 warp instructions an element against
 # 0.487; its programs fill 85 % of the warp slots against 48 %; and it keeps DRAM at 85 % of its
-# peak against 61 %. Which of these costs the time, the profile cannot say. Notebook 04's
+# peak against 61 %. Which of these costs the time, the profile cannot say. Notebook 05,
+# section 2, gives a likely reason: its upper bound on the bytes this kernel (`batch_reuse`, one
+# warp a program) keeps in flight per SM lies below what DRAM beside a copy needs, even with
+# every load out. Notebook 04's
 # exercise 6 tests one suspect, one row in flight per warp: its `two rows / one row` line times
 # the same grid loading two rows before a store. Well below 1 means the rows a warp keeps in
 # flight were holding the kernel short of the copy; about 1 means the gap lies elsewhere. The
@@ -939,14 +942,10 @@ else:
 # %% [markdown]
 # How to read it. The replayed step is the device's work alone; the cell asserts that it takes
 # two replayed forwards (within 5 %), as the bytes predict. The gap is what the whole call adds
-# to it. The host loop enqueues steps back to back with its own timers around each phase, so its
-# enqueue time per step is an upper bound on the host's part of a step, not a measurement of it.
-# The host share, (enqueue − replayed step) / gap, is the part of the gap that the host's excess
-# over the device could fill. From one half up, the host alone is slow enough to fill at least
-# half the gap, and a share above 1 says no more than one near 1 (the loop's own timers add host
-# time); near zero or below, the host keeps up and the gap comes from elsewhere. The two
-# `autograd.grad` times differ by the hand-off to autograd's device thread. Notebook 07,
-# section 7.3, takes `do_bench`'s loop apart.
+# to it. The host loop's enqueue time per step carries the loop's own timers, and it can exceed
+# the whole call as `do_bench` times it, so the printed host share varies widely between runs on
+# the same GPU and bounds nothing. This section does not split a step's time between host and
+# device; notebook 07, section 7.3, takes `do_bench`'s loop apart.
 
 # %% [markdown]
 # ## 4. `gradcheck` in float64
@@ -1208,7 +1207,8 @@ else:
 #   instructions of its own, 2.85 times the instructions for the same DRAM bytes, in 1.62 times
 #   the time. One warp still reaches only 0.71 of a copy on the H200 (0.80 on the H100); the
 #   profile shows how it differs from the copy (4-byte accesses, 48 % of the warp slots filled),
-#   not which difference costs the time.
+#   not which difference costs the time; notebook 05's bound on its bytes in flight per SM, below
+#   what DRAM beside a copy needs, is the likely reason.
 #
 # ropelib's finished kernel (notebook 05) serves both directions the same way. Its module header
 # is long (it also documents the grid, the layouts and the angle tables); the cell below prints
@@ -1431,14 +1431,8 @@ nb06_interleaved.show_interleaved_solution()
 # %% [markdown]
 # ## Appendix A. Why `g_sum.contiguous()` is slow
 #
-# `benchmarks/contiguous_ncu.py` profiled `g_sum.contiguous()` beside `buf.fill_(1.0)` (the same
-# $N$ fp32 written, nothing read) with Nsight Compute on the H200; the profiler fixes the SM
-# clock, so compare the two rows with each other only. Both put about 509 MB into DRAM, but a
-# stride-0 source sends the copy to PyTorch's general `elementwise_kernel`: 4 bytes a thread per
-# store against the fill's 16, about 11 times the warp instructions (138.4 M against 12.1 M),
-# 23.5 % of the warp slots filled against 87.6 %, and 2.75 times the time. The profile does not
-# split the 2.75x between these causes; for a RoPE backward the remedy is section 5's: read the
-# stride-0 gradient as it is.
+# Aside: the cell reads a committed H200 Nsight Compute profile of `g_sum.contiguous()` beside
+# `buf.fill_(1.0)`, the same bytes written; for a RoPE backward the remedy is section 5's.
 
 # %%
 ct_csv = measured.path("contiguous_ncu")
