@@ -250,23 +250,29 @@ _SASS_BRA = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]\s+)?BRA\s+(?:`?\
 _SASS_BSSY = re.compile(r"/\*([0-9a-f]{4,})\*/\s+BSSY\s+B\d+,\s*0x([0-9a-f]+)")
 
 
+def slow_path(sass: str) -> set:
+    """The addresses of a kernel's SASS (`cuobjdump -sass`) that a thread skips when every angle
+    takes libdevice's usual sin/cos path: in each BSSY...BSYNC region, the instructions after
+    the region's first branch (in sinf/cosf that branch skips the slow range reduction,
+    Payne-Hanek, for |x| >= 105615 rad)."""
+    ins = [(int(m[1], 16), m[2]) for m in map(_SASS_LINE.search, sass.splitlines()) if m]
+    skipped = set()
+    for m in map(_SASS_BSSY.search, sass.splitlines()):
+        if m:
+            start, end = int(m[1], 16), int(m[2], 16)
+            first_branch = next((a for a, op in ins if start < a < end and op == "BRA"), end)
+            skipped.update(a for a, _ in ins if first_branch < a < end)
+    return skipped
+
+
 def loop_fast_paths(sass: str) -> List[Dict[str, int]]:
     """{opcode: how many} a thread issues in one iteration of each outermost loop of a kernel's
     SASS (`cuobjdump -sass`), in address order: the instructions between a backward branch's
     target and the branch, less every BSSY...BSYNC region's instructions after the region's
-    first branch. In libdevice's sinf/cosf that branch skips the slow range reduction
-    (Payne-Hanek, for |x| >= 105615 rad), so the count is the path of angles below it.
+    first branch (`slow_path`), so the count is the path of angles below 105615 rad.
     Opcodes without their modifiers (FFMA.FTZ -> FFMA)."""
     ins = [(int(m[1], 16), m[2]) for m in map(_SASS_LINE.search, sass.splitlines()) if m]
-    addrs = [a for a, _ in ins]
-    skipped = set()
-    for line in sass.splitlines():
-        m = _SASS_BSSY.search(line)
-        if not m:
-            continue
-        start, end = int(m[1], 16), int(m[2], 16)
-        first_branch = next((a for a, op in ins if start < a < end and op == "BRA"), end)
-        skipped.update(a for a in addrs if first_branch < a < end)
+    skipped = slow_path(sass)
     loops = []
     for line in sass.splitlines():
         m = _SASS_BRA.search(line)

@@ -5,9 +5,10 @@ Both kernels are compiled here for an H100/H200 (sm_90) at the decode benchmark'
 heads, k and v 8 heads of 128, bf16, batch 1), with no GPU (`offline_compile.compiled_code`).
 `program_path` walks a kernel's SASS from its first instruction to its first store the way a
 thread runs it on the usual path: it leaves out the instructions of libdevice's sin/cos slow
-path (Payne-Hanek, taken only for angles of 105,615 rad and more; `counts.loop_fast_paths`
-skips the same regions), and counts what stands before the first store: instructions, the
-angles whose sin and cos are reduced (one multiply by 2/pi each), and the loads.
+path (Payne-Hanek, taken only for angles of 105,615 rad and more: `counts.slow_path`, which
+`counts.loop_fast_paths` skips too), and counts what stands before the first store:
+instructions, the angles whose sin and cos are reduced (one multiply by 2/pi each), and the
+loads.
 
 `cs_table_kernel` is the worked kernel with one change, for a timing on a GPU: it reads cos and
 sin from two tables [P, D/2] in place of evaluating them from an angle table.
@@ -21,6 +22,7 @@ import triton
 import triton.language as tl
 
 from ..kernels import kv_cache as kv_kernels
+from . import counts
 from .offline_compile import compiled_code
 
 __all__ = ["program_path", "compiled_programs", "cs_table_kernel", "cs_tables", "launch_cs_table",
@@ -28,7 +30,6 @@ __all__ = ["program_path", "compiled_programs", "cs_table_kernel", "cs_tables", 
 
 _LINE = re.compile(
     r"/\*([0-9a-f]{4,})\*/\s+((?:@!?U?P[T0-9]\s+)?([A-Z][A-Z0-9_]*)([.A-Z0-9_]*)[^;]*);")
-_BSSY = re.compile(r"/\*([0-9a-f]{4,})\*/\s+BSSY\s+B\d+,\s*0x([0-9a-f]+)")
 TWO_OVER_PI = "0.63661974"          # libdevice's sinf/cosf: x * 2/pi, once an angle
 
 
@@ -38,13 +39,7 @@ def program_path(sass: str) -> Dict:
     (libdevice's constant-table loads of the slow path excluded), "loads_after_angles": how many
     of them wait behind the last reduction}."""
     ins = [(int(m[1], 16), m[3], m[4], m[2]) for m in map(_LINE.search, sass.splitlines()) if m]
-    skipped = set()
-    for line in sass.splitlines():
-        m = _BSSY.search(line)
-        if m:
-            start, end = int(m[1], 16), int(m[2], 16)
-            first_branch = next((a for a, op, _, _ in ins if start < a < end and op == "BRA"), end)
-            skipped.update(a for a, _, _, _ in ins if first_branch < a < end)
+    skipped = counts.slow_path(sass)
     path = []
     for a, op, mods, text in ins:
         if a in skipped:
