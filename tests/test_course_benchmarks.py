@@ -105,6 +105,15 @@ def test_qkv_backward_with_dy_written_agrees_with_the_unfused_pipeline(benchmark
         assert name in out
 
 
+def test_qkv_backward_profile_checks_both_providers(benchmark, capsys):
+    probe = benchmark("qkv_backward_profile")
+    for norm, names in ((False, ("fused, dY written, cuBLAS", "unfused")),
+                        (True, ("fused, dY written, QK-norm", "unfused, QK-norm"))):
+        assert probe.main(["--dry-run"] + ["--qk-norm"] * norm) == 0
+        out = capsys.readouterr().out
+        assert all(f"{n}: checked" in out for n in names), out
+
+
 def test_te_profile_launches_agree_and_list_their_metrics(benchmark, capsys):
     probe = benchmark("te_ncu")
     assert probe.main(["--check"]) == 0          # TE's kernel too where it is installed
