@@ -114,6 +114,16 @@ def test_qkv_backward_profile_checks_both_providers(benchmark, capsys):
         assert all(f"{n}: checked" in out for n in names), out
 
 
+def test_qkv_host_probe_runs_every_case(benchmark, capsys):
+    probe = benchmark("qkv_host_probe")
+    assert probe.main(["--dry-run"]) == 0
+    out = capsys.readouterr().out
+    for who in ("fused", "unfused"):
+        for what in ("forward, no_grad", "forward, with gradients", "forward+backward"):
+            assert f"{who} {what}" in out
+    assert "cProfile of 2 fused forwards" in out
+
+
 def test_te_profile_launches_agree_and_list_their_metrics(benchmark, capsys):
     probe = benchmark("te_ncu")
     assert probe.main(["--check"]) == 0          # TE's kernel too where it is installed
