@@ -10,7 +10,13 @@ sum (the device's busy time); and the wall-clock time a step takes without the p
 (`triton.testing.do_bench`), so busy time over wall time says whether the device or the host
 sets the step's time. Outputs and gradients are compared with the unfused pipeline's first.
 
-    python benchmarks/qkv_backward_profile.py [--tokens 8192 32768] [--qk-norm] [--out CSV]  # GPU
+`--forward`: forwards only (under no_grad), each provider's kernels: cuBLAS alone, ropelib's
+Triton GEMM without its epilogue (the TMA main loop as the fused forward runs it, ROTATE off),
+the fused forward and the unfused pipeline; what the epilogue costs the device, apart from the
+host's time before the GEMM starts.
+
+    python benchmarks/qkv_backward_profile.py [--tokens 8192 32768] [--qk-norm] [--forward]
+                                              [--out CSV]                               # GPU
     TRITON_INTERPRET=1 python benchmarks/qkv_backward_profile.py --dry-run   # CPU: checks only
 """
 import argparse
@@ -32,6 +38,8 @@ from ropelib.bench import compare  # noqa: E402
 # the providers compared (qkv_dy_probe.providers' names), the baseline last
 WANTED = {False: ("fused, dY written, cuBLAS", "unfused"),
           True: ("fused, dY written, QK-norm", "unfused, QK-norm")}
+# --forward: qkv_rope_bench.providers' names; the GEMMs alone have no norm (their rows serve both)
+FORWARD = ("cublas", "triton_gemm", "fused", "unfused")
 
 
 def kernel_times(step, steps: int) -> dict:
@@ -58,6 +66,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dry-run", action="store_true", help="tiny shapes, checks only (CPU)")
     ap.add_argument("--qk-norm", action="store_true", help="the QK-norm case instead")
+    ap.add_argument("--forward", action="store_true", help="forwards only (no_grad)")
     ap.add_argument("--tokens", type=int, nargs="+", default=[8192, 32768])
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--steps", type=int, default=20)
@@ -73,16 +82,28 @@ def main(argv=None) -> int:
         angles = ropelib.rope_angles(D, base=500000.0, device=device)
         freqs = ropelib.rope_freqs(tokens, D, base=500000.0, device=device)
         args, grads = bench.inputs(tokens, hidden, HQ, HK, D, device)
-        provs = dict(probe.providers(HQ, HK, D, angles, freqs, a.qk_norm))
-        names = WANTED[a.qk_norm]
-        ref = bench._run_once(provs[names[-1]], args, grads, True, a.qk_norm)
+        if a.forward:
+            provs = dict(bench.providers(HQ, HK, D, angles, norm=False))
+            if a.qk_norm:
+                provs.update(bench.providers(HQ, HK, D, angles, norm=True))
+            names = FORWARD
+        else:
+            provs = dict(probe.providers(HQ, HK, D, angles, freqs, a.qk_norm))
+            names = WANTED[a.qk_norm]
+        ref = bench._run_once(provs[names[-1]], args, grads, not a.forward, a.qk_norm)
         for name in names:
-            got = bench._run_once(provs[name], args, grads, True, a.qk_norm)
+            got = bench._run_once(provs[name], args, grads, not a.forward, a.qk_norm)
             rel = bench._max_rel_diff(got, ref)
-            assert rel <= 2.0**-5, f"{name} differs from the unfused pipeline ({rel:.3g})"
-            leaves = bench._leaves(args, True, a.qk_norm)
+            rotates = name not in ("cublas", "triton_gemm")
+            assert rel <= 2.0**-5 or not rotates, \
+                f"{name} differs from the unfused pipeline ({rel:.3g})"
+            leaves = bench._leaves(args, not a.forward, a.qk_norm)
 
             def step(fn=provs[name], leaves=leaves):
+                if a.forward:
+                    with torch.no_grad():
+                        fn(*leaves)
+                    return
                 for t in leaves:
                     t.grad = None
                 torch.autograd.backward(fn(*leaves), grads)

@@ -7,14 +7,17 @@ than the unfused pipeline's: the device waits for the host. This times each call
 launch queue never fills, so no call waits for the device) and the host's wall-clock time over
 them is divided by the calls; best of `--rounds` rounds. Cases: the fused forward under
 `no_grad` and with gradients, the fused forward+backward (`torch.autograd.backward` with
-given output gradients), and the same three of the unfused pipeline (F.linear, then
-`apply_rope_qk` on q and k). Then `cProfile` of the fused forward's host side: the functions
-with the most time of their own.
+given output gradients), each through the eager route (what a plain call takes) and through
+the operator (`torch.ops.ropelib.qkv_rope_linear` and its registered autograd formula, what
+torch.compile sees; forced here by telling qkv_linear that a tracer is at work), and the same
+three of the unfused pipeline (F.linear, then `apply_rope_qk` on q and k). Then `cProfile` of
+the fused forward's host side: the functions with the most time of their own.
 
     python benchmarks/qkv_host_probe.py [--tokens 8192] [--calls 20] [--rounds 7]   # GPU
     TRITON_INTERPRET=1 python benchmarks/qkv_host_probe.py --dry-run                # CPU
 """
 import argparse
+import contextlib
 import cProfile
 import io
 import pstats
@@ -29,7 +32,30 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import qkv_rope_bench as bench  # noqa: E402  (it puts the checkout on sys.path)
 
 import ropelib  # noqa: E402
-from ropelib import runtime  # noqa: E402
+from ropelib import qkv_linear, runtime  # noqa: E402
+
+
+@contextlib.contextmanager
+def operator_route():
+    """qkv_rope_linear through its operator, as under a tracer: qkv_linear sees no plain eager
+    call (its forward and backward both ask `eager.active()`)."""
+    real = qkv_linear.eager
+
+    class NotEager:
+        active = staticmethod(lambda: False)
+        direct_apply = staticmethod(real.direct_apply)
+    qkv_linear.eager = NotEager
+    try:
+        yield
+    finally:
+        qkv_linear.eager = real
+
+
+def through_operator(fn):
+    def call():
+        with operator_route():
+            fn()
+    return call
 
 
 def sync(device) -> None:
@@ -84,6 +110,8 @@ def main(argv=None) -> int:
         cases[f"{name} forward, with gradients"] = lambda fn=fn: fn(xg, wg)
         cases[f"{name} forward+backward"] = lambda fn=fn: torch.autograd.backward(
             fn(xg, wg), grads)
+    for name in [n for n in cases if n.startswith("fused")]:
+        cases[name.replace("fused", "fused (operator)")] = through_operator(cases[name])
     for fn in cases.values():       # compile, plan, warm up
         fn()
         fn()
@@ -91,7 +119,7 @@ def main(argv=None) -> int:
     where = "CPU, Triton interpreter" if a.dry_run else torch.cuda.get_device_name()
     print(f"{where}, {tokens} tokens: host µs a call, best of {rounds} rounds of {calls} calls")
     for name, fn in cases.items():
-        print(f"  {name:34s} {host_us(fn, device, calls, rounds):9.1f}")
+        print(f"  {name:45s} {host_us(fn, device, calls, rounds):9.1f}")
     prof = cProfile.Profile()
     sync(device)
     with torch.no_grad():

@@ -17,7 +17,9 @@ benchmarks/qkv_dy_probe.py).
 
 One path: the public function checks its arguments and calls an operator, registered like
 ropelib's others (ropelib.ops: a triton_op on GPUs, a custom_op in the interpreter, each with a
-fake implementation), which launches the kernel:
+fake implementation), which launches the kernel. A plain eager call (ropelib.eager.active: no
+compiler, tracer, transform or dispatch mode at work) runs the same implementation and autograd
+formula without the dispatcher (_EagerQKVRoPE), as ropelib's other eager calls do:
 
     torch.ops.ropelib.qkv_rope_linear(x, weight, bias, table, sin, position_ids, cu_seqlens,
         q_norm_weight, k_norm_weight, n_heads, n_kv_heads, head_dim, eps, interleaved,
@@ -44,8 +46,9 @@ from typing import Optional, Tuple
 
 import torch
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 
-from . import ops, qk_norm as ops_qk_norm, validation as V
+from . import eager, ops, qk_norm as ops_qk_norm, validation as V
 from .conventions import QKV_LINEAR_DTYPES, QKV_LINEAR_LAYOUTS
 from .api import check_no_table_grad, needs_grad, saveable
 from .frequencies import EXACT_POSITIONS, Angles
@@ -139,14 +142,15 @@ def _aligned(t: Tensor) -> Tensor:
 
 # --- the operators --------------------------------------------------------------------------
 
-@define_op("ropelib::qkv_rope_linear")
-def qkv_rope_linear_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], table: Tensor,
-                       sin: Optional[Tensor], position_ids: Optional[Tensor],
-                       cu_seqlens: Optional[Tensor], q_norm_weight: Optional[Tensor],
-                       k_norm_weight: Optional[Tensor], n_heads: int, n_kv_heads: int,
-                       head_dim: int, eps: float, interleaved: bool, out_layout: str,
-                       save_for_norm: bool, backward: str
-                       ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+def _forward(x: Tensor, weight: Tensor, bias: Optional[Tensor], table: Tensor,
+             sin: Optional[Tensor], position_ids: Optional[Tensor],
+             cu_seqlens: Optional[Tensor], q_norm_weight: Optional[Tensor],
+             k_norm_weight: Optional[Tensor], n_heads: int, n_kv_heads: int,
+             head_dim: int, eps: float, interleaved: bool, out_layout: str,
+             save_for_norm: bool, backward: str
+             ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The forward operator's implementation (qkv_rope_linear_op), which the eager route calls
+    without the dispatcher."""
     B, S, K = _sizes(x)
     M, NQK = B * S, n_heads + n_kv_heads
 
@@ -176,8 +180,10 @@ def qkv_rope_linear_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], table:
     return q, k, v, rstd, norm_input
 
 
-@define_op("ropelib::qkv_rope_linear_backward")
-def qkv_rope_linear_backward_op(grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, x: Tensor,
+qkv_rope_linear_op = define_op("ropelib::qkv_rope_linear")(_forward)
+
+
+def _backward_impl(grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, x: Tensor,
                                 weight: Tensor, table: Tensor, sin: Optional[Tensor],
                                 position_ids: Optional[Tensor], cu_seqlens: Optional[Tensor],
                                 q_norm_weight: Optional[Tensor], k_norm_weight: Optional[Tensor],
@@ -225,6 +231,9 @@ def qkv_rope_linear_backward_op(grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, 
     return dx, dw, db, dwq, dwk
 
 
+qkv_rope_linear_backward_op = define_op("ropelib::qkv_rope_linear_backward")(_backward_impl)
+
+
 def _setup(ctx, inputs, output):
     (x, weight, bias, table, sin, position_ids, cu_seqlens, q_norm_weight, k_norm_weight,
      n_heads, n_kv_heads, head_dim, _eps, interleaved, out_layout, _save, backward) = inputs
@@ -244,8 +253,7 @@ def _token_major(grads: tuple, out_layout: str) -> tuple:
     return tuple(g.transpose(1, 2) for g in grads) if out_layout == "bhsd" else tuple(grads)
 
 
-@define_op("ropelib::qkv_rotated_dy")
-def written_dy(grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, x: Tensor, table: Tensor,
+def _written_dy(grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, x: Tensor, table: Tensor,
                sin: Optional[Tensor], position_ids: Optional[Tensor],
                cu_seqlens: Optional[Tensor], interleaved: bool) -> Tensor:
     """The projection's gradient dY [M, N] (the gradients' dtype) from the gradients of q, k and
@@ -263,6 +271,9 @@ def written_dy(grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, x: Tensor, table:
     return dy
 
 
+written_dy = define_op("ropelib::qkv_rotated_dy")(_written_dy)
+
+
 def _dy_with_v(grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, x: Tensor) -> tuple:
     """(dY [M, N] fresh in the gradients' dtype with v's gradient copied into its columns, and
     dY's q and k column slices shaped as their gradients, [B, S, H, D] or [T, H, D]), for the
@@ -276,8 +287,7 @@ def _dy_with_v(grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, x: Tensor) -> tup
             dy[:, nq:nq + nk].view(*lead, *grad_k.shape[-2:]))
 
 
-@define_op("ropelib::qkv_rotated_dy_normed")
-def written_dy_normed(grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, x: Tensor,
+def _written_dy_normed(grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, x: Tensor,
                       norm_input: Tensor, q_norm_weight: Tensor, k_norm_weight: Tensor,
                       table: Tensor, sin: Optional[Tensor], position_ids: Optional[Tensor],
                       cu_seqlens: Optional[Tensor], n_heads: int, n_kv_heads: int,
@@ -302,6 +312,9 @@ def written_dy_normed(grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, x: Tensor,
     return dy, dwq, dwk
 
 
+written_dy_normed = define_op("ropelib::qkv_rotated_dy_normed")(_written_dy_normed)
+
+
 def _backward(ctx, grad_q, grad_k, grad_v, _grad_rstd, _grad_norm_input):
     (x, weight, table, sin, position_ids, cu_seqlens, q_norm_weight, k_norm_weight, rstd,
      norm_input) = ctx.saved_tensors
@@ -309,14 +322,17 @@ def _backward(ctx, grad_q, grad_k, grad_v, _grad_rstd, _grad_norm_input):
     grads = [g if g is not None else torch.zeros(shape, dtype=dtype, device=device)
              for g, (shape, dtype, device) in zip((grad_q, grad_k, grad_v), ctx.outputs)]
     need = ctx.needs_input_grad
+    # a plain eager backward calls the operators' implementations without the dispatcher
+    plain = eager.active()
     if ctx.backward == "dy":
         n_heads, n_kv_heads, head_dim, interleaved, out_layout = ctx.options
         dwq = dwk = None
         grads = _token_major(grads, out_layout)
         if q_norm_weight is None:
-            dy = written_dy(*grads, x, table, sin, position_ids, cu_seqlens, interleaved)
+            dy = (_written_dy if plain else written_dy)(*grads, x, table, sin, position_ids,
+                                                        cu_seqlens, interleaved)
         else:
-            dy, dwq, dwk = written_dy_normed(*grads, x, norm_input, q_norm_weight,
+            dy, dwq, dwk = (_written_dy_normed if plain else written_dy_normed)(*grads, x, norm_input, q_norm_weight,
                                              k_norm_weight, table, sin, position_ids,
                                              cu_seqlens, n_heads, n_kv_heads, head_dim,
                                              ctx.eps, interleaved)
@@ -327,7 +343,7 @@ def _backward(ctx, grad_q, grad_k, grad_v, _grad_rstd, _grad_norm_input):
                 dwk if need[8] else None) + (None,) * 8
     grad_x = need[0]
     grad_params = need[1] or need[2] or need[7] or need[8]
-    dx, dw, db, dwq, dwk = qkv_rope_linear_backward_op(
+    dx, dw, db, dwq, dwk = (_backward_impl if plain else qkv_rope_linear_backward_op)(
         *grads, x, weight, table, sin, position_ids, cu_seqlens, q_norm_weight, k_norm_weight,
         rstd, norm_input, *ctx.options, grad_x, grad_params, ctx.has_bias)
     return (dx if need[0] else None, dw if need[1] else None, db if need[2] else None,
@@ -336,6 +352,26 @@ def _backward(ctx, grad_q, grad_k, grad_v, _grad_rstd, _grad_norm_input):
 
 
 qkv_rope_linear_op.register_autograd(_backward, setup_context=_setup)
+
+
+class _EagerQKVRoPE(torch.autograd.Function):
+    """The forward operator and its autograd formula without the dispatcher: what a plain eager
+    call runs (eager.active); under torch.compile, a tracer, a transform or a dispatch mode the
+    operator runs. The same functions either way (_forward, _setup, _backward)."""
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        output = _forward(*inputs)
+        _setup(ctx, inputs, output)
+        return output
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, *grads):
+        return _backward(ctx, *grads)
+
+
+_eager_qkv_rope = eager.direct_apply(_EagerQKVRoPE)
 
 
 # --- argument checks ------------------------------------------------------------------------
@@ -561,10 +597,15 @@ def qkv_rope_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, *,
     if grad:
         table, sin, position_ids, cu_seqlens = (saveable(t) for t in (table, sin, position_ids,
                                                                       cu_seqlens))
-    q, k, v, _, _ = qkv_rope_linear_op(
-        x.contiguous(), weight.contiguous(), _contiguous(bias), table, sin, position_ids,
-        cu_seqlens, q_norm_weight, k_norm_weight, n_heads, n_kv_heads, head_dim, eps,
-        interleaved, out_layout, norm and grad, backward)
+    args = (x.contiguous(), weight.contiguous(), _contiguous(bias), table, sin, position_ids,
+            cu_seqlens, q_norm_weight, k_norm_weight, n_heads, n_kv_heads, head_dim, eps,
+            interleaved, out_layout, norm and grad, backward)
+    if not eager.active():
+        q, k, v, _, _ = qkv_rope_linear_op(*args)
+    elif grad:
+        q, k, v, _, _ = _eager_qkv_rope(*args)
+    else:
+        q, k, v, _, _ = _forward(*args)
     return q, k, v
 
 

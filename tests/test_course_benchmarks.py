@@ -112,6 +112,9 @@ def test_qkv_backward_profile_checks_both_providers(benchmark, capsys):
         assert probe.main(["--dry-run"] + ["--qk-norm"] * norm) == 0
         out = capsys.readouterr().out
         assert all(f"{n}: checked" in out for n in names), out
+        assert probe.main(["--dry-run", "--forward"] + ["--qk-norm"] * norm) == 0
+        out = capsys.readouterr().out
+        assert all(f"{n}: checked" in out for n in probe.FORWARD), out
 
 
 def test_qkv_host_probe_runs_every_case(benchmark, capsys):

@@ -443,8 +443,8 @@ def test_default_backward_writes_dy(norm, table, seeded):
     def spy(*args):
         ran.append(args[-1])
         return op(*args)
-    op = qkv_linear.qkv_rope_linear_op
-    with mock.patch.object(qkv_linear, "qkv_rope_linear_op", spy):
+    op = qkv_linear._forward        # what the operator and the eager route both run
+    with mock.patch.object(qkv_linear, "_forward", spy):
         got = ropelib.qkv_rope_linear(x, w, b, n_heads=2, n_kv_heads=1, head_dim=D,
                                       q_norm_weight=wq, k_norm_weight=wk, **tables)
         module = ropelib.QKVRoPE(32, 2, 1, D, bias=True, qk_norm=norm)
