@@ -46,7 +46,6 @@ from typing import Optional, Tuple
 
 import torch
 from torch import Tensor, nn
-from torch.autograd.function import once_differentiable
 
 from . import eager, ops, qk_norm as ops_qk_norm, validation as V
 from .conventions import QKV_LINEAR_DTYPES, QKV_LINEAR_LAYOUTS
@@ -322,8 +321,10 @@ def _backward(ctx, grad_q, grad_k, grad_v, _grad_rstd, _grad_norm_input):
     grads = [g if g is not None else torch.zeros(shape, dtype=dtype, device=device)
              for g, (shape, dtype, device) in zip((grad_q, grad_k, grad_v), ctx.outputs)]
     need = ctx.needs_input_grad
-    # a plain eager backward calls the operators' implementations without the dispatcher
-    plain = eager.active()
+    # a plain eager backward calls the operators' implementations without the dispatcher; one
+    # that builds a graph (create_graph) calls the operators, which have no autograd formula:
+    # a second backward through them raises, on either route
+    plain = eager.active() and not torch.is_grad_enabled()
     if ctx.backward == "dy":
         n_heads, n_kv_heads, head_dim, interleaved, out_layout = ctx.options
         dwq = dwk = None
@@ -366,7 +367,6 @@ class _EagerQKVRoPE(torch.autograd.Function):
         return output
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, *grads):
         return _backward(ctx, *grads)
 

@@ -1144,3 +1144,21 @@ def test_tile_sweep_takes_chosen_tiles():
     for bad in ("dz=16,16,8,4,1", "dw=16,16,8", "dw=a,b,c,d,e"):
         with pytest.raises(SystemExit, match="KIND=BLOCK_M,BLOCK_K"):
             sweep.parse_tiles([bad])
+
+
+@pytest.mark.parametrize("route", ["eager", "operator"])
+def test_a_second_backward_raises_on_either_route(route, monkeypatch, seeded):
+    """A plain eager call runs the operator's implementation without the dispatcher; with
+    create_graph its backward calls the operators, so a second backward raises as through the
+    operator (no autograd formula), never a silent zero."""
+    if route == "operator":
+        monkeypatch.setattr(qkv_linear, "eager", type("NotEager", (), {
+            "active": staticmethod(lambda: False)}))
+    x = torch.randn(1, 4, 32, requires_grad=True)
+    w = torch.randn(64, 32, requires_grad=True)
+    q, _, _ = ropelib.qkv_rope_linear(x, w, n_heads=2, n_kv_heads=1, head_dim=16,
+                                      angles=ropelib.rope_angles(16))
+    g = torch.autograd.grad(q.sum(), x, create_graph=True)[0]
+    assert g.requires_grad
+    with pytest.raises(RuntimeError, match="no autograd formula"):
+        g.sum().backward()
