@@ -38,7 +38,7 @@ from .kernel_bandwidth import is_device_kernel
 from .offline_compile import compile_for_cuda, resource_usage
 
 __all__ = ["StepKernels", "count_kernels", "work_ops", "gpu_kernels", "interpreted_launches",
-           "loop_fast_paths",
+           "loop_fast_paths", "slow_path_branches",
            "quietly_running", "stderr_silenced",
            "SM", "SM90", "Occupancy", "programs_per_sm", "compile_for_sm90", "cubin_resources",
            "qkv_tile_resources", "sweep_tiles", "shipped_tiles", "tiles_to_compile"]
@@ -250,19 +250,30 @@ _SASS_BRA = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]\s+)?BRA\s+(?:`?\
 _SASS_BSSY = re.compile(r"/\*([0-9a-f]{4,})\*/\s+BSSY\s+B\d+,\s*0x([0-9a-f]+)")
 
 
-def slow_path(sass: str) -> set:
-    """The addresses of a kernel's SASS (`cuobjdump -sass`) that a thread skips when every angle
-    takes libdevice's usual sin/cos path: in each BSSY...BSYNC region, the instructions after
-    the region's first branch (in sinf/cosf that branch skips the slow range reduction,
-    Payne-Hanek, for |x| >= 105615 rad)."""
-    ins = [(int(m[1], 16), m[2]) for m in map(_SASS_LINE.search, sass.splitlines()) if m]
-    skipped = set()
-    for m in map(_SASS_BSSY.search, sass.splitlines()):
+def slow_path_branches(sass: str) -> Dict[int, int]:
+    """{address: target} of each BSSY...BSYNC region's first branch in a kernel's SASS
+    (`cuobjdump -sass`): in sinf/cosf the branch a thread takes past the slow range reduction
+    (Payne-Hanek, for |x| >= 105615 rad) to the region's BSYNC. A region without a branch
+    has none."""
+    lines = sass.splitlines()
+    branches = [(int(m[1], 16), int(m[2], 16)) for m in map(_SASS_BRA.search, lines) if m]
+    out = {}
+    for m in map(_SASS_BSSY.search, lines):
         if m:
             start, end = int(m[1], 16), int(m[2], 16)
-            first_branch = next((a for a, op in ins if start < a < end and op == "BRA"), end)
-            skipped.update(a for a, _ in ins if first_branch < a < end)
-    return skipped
+            first = next(((a, t) for a, t in branches if start < a < end), None)
+            if first is not None:
+                out[first[0]] = first[1]
+    return out
+
+
+def slow_path(sass: str) -> set:
+    """The addresses of a kernel's SASS (`cuobjdump -sass`) that a thread skips when every angle
+    takes libdevice's usual sin/cos path: in each BSSY...BSYNC region, the instructions between
+    the region's first branch and its target (`slow_path_branches`; the BSYNC the branch lands
+    on is run, so it is not skipped)."""
+    addresses = [int(m[1], 16) for m in map(_SASS_LINE.search, sass.splitlines()) if m]
+    return {a for b, t in slow_path_branches(sass).items() for a in addresses if b < a < t}
 
 
 def loop_fast_paths(sass: str) -> List[Dict[str, int]]:

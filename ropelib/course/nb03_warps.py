@@ -3,14 +3,16 @@
 Notebook 03 compiles `_rope_naive_kernel` for sm_90 at 1 and 2 warps (`offline_compile`, no GPU
 needed) and counts, in the SASS cuobjdump prints, the instructions one thread runs when every
 angle is below libdevice's long-reduction threshold (105,615 rad, the case of every position the
-course times): `fast_path` walks the code from its first instruction and, in each region the
-compiler opens with `BSSY` around a sine's or cosine's slow path, takes the region's first
-conditional branch, the one that skips the slow path. `by_kind` sorts the instructions into a
-few kinds; times the warps, they are what a program executes, set beside the profile's count.
+course times): `fast_path` reads the code from its first instruction to EXIT, less what a
+thread skips in each region the compiler opens with `BSSY` around a sine's or cosine's slow path
+(`counts.slow_path`: from the region's first conditional branch to its target). `by_kind` sorts
+the instructions into a few kinds; times the warps, they are what a program executes, set beside the profile's count.
 """
 import collections
 import re
 from typing import Dict, List, Tuple
+
+from . import counts
 
 __all__ = ["KINDS", "instructions", "fast_path", "kind_of", "by_kind"]
 
@@ -38,30 +40,21 @@ def instructions(sass: str) -> List[Tuple[int, bool, str]]:
 
 def fast_path(sass: str) -> List[str]:
     """The instructions one thread runs, in order, up to EXIT, when every branch that skips a
-    BSSY region's rest (the sine's and cosine's long argument reduction) is taken. Raises
-    ValueError where the code has a branch outside such a region or a region without one."""
-    code = instructions(sass)
-    at = {addr: i for i, (addr, _, _) in enumerate(code)}
-    run, i = [], 0
-    while i < len(code):
-        _, guarded, body = code[i]
+    BSSY region's rest (the sine's and cosine's long argument reduction) is taken: the code in
+    address order less `counts.slow_path`. Raises ValueError where the path meets another branch
+    (a loop, or a branch outside such a region) or no EXIT."""
+    skipped = counts.slow_path(sass)
+    taken = counts.slow_path_branches(sass)
+    run = []
+    for addr, _, body in instructions(sass):
+        if addr in skipped:
+            continue
         op = body.split()[0].split(".")[0]
         run.append(body)
         if op == "EXIT":
             return run
-        if op == "BRA":
+        if op == "BRA" and addr not in taken:
             raise ValueError(f"a branch outside a BSSY region: {body}")
-        if op == "BSSY":
-            j = i + 1
-            while j < len(code) and not (code[j][1] and code[j][2].startswith("BRA")):
-                run.append(code[j][2])
-                j += 1
-            if j == len(code):
-                raise ValueError("a BSSY region without a conditional branch")
-            run.append(code[j][2])
-            i = at[int(code[j][2].split()[1], 16)]       # the branch taken: to the region's end
-            continue
-        i += 1
     raise ValueError("no EXIT on the path")
 
 
