@@ -25,12 +25,8 @@
 # video (10), to context parallelism and the KV cache (11) and into the QKV projection's matrix
 # multiply (12); 13 is a set of puzzles.
 #
-# This notebook checks your setup (sections 1 and 2), runs the finished kernel and its library
-# around it (section 3), says what a RoPE call costs and why a plain copy of the same bytes is
-# the yardstick (end of section 3), then runs the course's three kernels on one tensor and reads
-# what separates them on an H200 (section 4). Every notebook runs on a CUDA GPU (full sizes) and
-# on a plain CPU, where Triton's *interpreter* executes the same kernels in Python (small sizes,
-# chosen automatically).
+# Every notebook runs on a CUDA GPU (full sizes) and on a plain CPU, where Triton's
+# *interpreter* executes the same kernels in Python (small sizes, chosen automatically).
 #
 # **After this notebook you will be able to**
 #
@@ -105,7 +101,7 @@ assert GPU == ropelib.on_gpu()
 # Transformer Engine and transformers are optional: notebooks that compare against them use the
 # real package when it is there and say so when it is not (`ropelib.reference` carries faithful
 # copies of the code paths we compare with, so nothing breaks). The TE drop-in check in section
-# 1 always uses those copies.
+# 3 always uses those copies.
 
 # %% [markdown]
 # ## 2. Interpreter mode: how to switch it on and off
@@ -122,10 +118,9 @@ assert GPU == ropelib.on_gpu()
 # CPU tensor without the interpreter, with a `ValueError` that names the tensor and says what
 # to do.
 #
-# The mode is decided per process, so the next cell starts a fresh Python process with the
-# opposite setting, prints its mode and hands it a tensor on the device that mode refuses: a
-# CUDA tensor on a GPU machine (the other process interprets), a CPU tensor on a machine
-# without one (the other process does not). Each machine shows one of the two refusals:
+# The mode is decided per process, so the next cell starts a Python process with the opposite
+# setting and hands it a tensor on the device that mode refuses (a CUDA tensor where that
+# process interprets, a CPU tensor where it does not):
 
 # %%
 env = dict(os.environ)
@@ -237,14 +232,13 @@ print(f"x.grad vs dy rotated by -theta: largest difference "
 # %% [markdown]
 # ### `RotaryEmbedding`: the module for a model
 #
-# It owns the angle table and rotates queries and keys in one launch (the cell counts it: the
-# CUDA kernels a call runs on a GPU, the Triton launches in the interpreter); with grouped-query
-# attention the key may have fewer heads than the query. Its default layout is `bshd`. The
-# table covers `max_seq_len` positions and doubles when a longer sequence arrives: the cell
-# starts it at half the tour's length and prints its length before and after the call. Only
-# the shape grows it, not the positions passed as `start_positions` or `position_ids`, so a
-# decoder sets `max_seq_len` to its KV cache's length: a position past the table can give a row
-# of NaN rather than an error (notebook 02 shows when, under position offsets).
+# It owns the angle table and rotates queries and keys in one launch (the cell counts it); the
+# key may have fewer heads than the query (grouped-query attention), and the default layout is
+# `bshd`. The table covers `max_seq_len` positions and doubles when a longer sequence arrives
+# (the cell starts it at half the tour's length). Only the shape grows it, not
+# `start_positions` or `position_ids`, so a decoder sets `max_seq_len` to its KV cache's
+# length: a position past the table can give a row of NaN rather than an error (notebook 02,
+# section 4).
 
 # %%
 kv_heads = H // 2
@@ -272,9 +266,8 @@ assert len(kernels) == 1 and kernels[0].startswith("_rope"), kernels
 #
 # `ropelib.te.apply_rotary_pos_emb` has Transformer Engine 2.x's signature and defaults;
 # `fused=True` runs ropelib's kernel, `fused=False` the plain PyTorch path. Both are ropelib's
-# own: the cell checks them against `ropelib.reference`'s copies of TE's paths
-# (`te_fused_emulation`, `te_unfused`), never against an installed TE, so its "TE drop-in" line
-# compares the drop-in's two paths with each other, not with TE itself.
+# own, checked against `ropelib.reference`'s copies of TE's paths (`te_fused_emulation`,
+# `te_unfused`), so the cell's "TE drop-in" line compares the drop-in's two paths, not TE.
 # `ropelib.hf.apply_rotary_pos_emb` has Hugging Face's signature (queries and keys
 # `[B, H, S, D]`, a cos/sin cache `[B, S, D]`) and formula, $x\cos + \mathrm{rotate\_half}(x)\sin$,
 # computed in fp32 and rounded once. The cell checks each against what it stands in for, and,
@@ -477,12 +470,11 @@ if FLOOR:
 # both at 4.3 TB/s, 89 % of the H200's 4.8 TB/s: the bytes set the time. A decoding step's
 # bytes need under a quarter of a microsecond, yet the copy takes 7.6 µs and ropelib 2.7 times
 # as long. Replayed from a CUDA graph, only 0.5 µs of ropelib's 13.1 µs extra is left: the
-# rest is what the graph removes, the host's side of the call. That is a subtraction; the next
-# cell times the host itself on a GPU: on the host's clock, the time to launch 300 of each call
-# with no synchronisation in between (the GPU runs them behind the host), beside the same calls
-# replayed from a CUDA graph. Where the host's gap is many times the replay's, the host is what
-# separates the two calls; the cell asserts only that the host needs more than twice as long to
-# launch ropelib's call as the GPU needs to run it. On a CPU it checks the calls. Notebook 07
+# rest is what the graph removes, the host's side of the call. That is a subtraction; on a GPU
+# the next cell times the host itself: the host-clock time to launch 300 of each call without
+# synchronising (the GPU runs them behind the host), beside the same calls replayed from a CUDA
+# graph. Where the host's gap is many times the replay's, the host is what separates the two
+# calls (the cell asserts more than twice). On a CPU it checks the calls. Notebook 07
 # (section 7) takes the host's part of a call apart.
 
 # %%
@@ -516,9 +508,10 @@ if GPU:
     for name in step_calls:
         print(f"  {name:8s} host, no sync {issue_us[name]:6.1f}   "
               f"graph replay {replay_us[name]:5.1f}")
-    print(f"  ropelib - copy: host {issue_gap:.1f}, replay "
-          f"{replay_us['ropelib'] - replay_us['copy']:.1f}")
+    replay_gap = replay_us["ropelib"] - replay_us["copy"]
+    print(f"  ropelib - copy: host {issue_gap:.1f}, replay {replay_gap:.1f}")
     assert issue_us["ropelib"] > 2 * replay_us["ropelib"], (issue_us, replay_us)  # host-bound
+    assert issue_gap > 2 * max(replay_gap, 0.1), (issue_gap, replay_gap)   # the host separates
 else:
     print(f"the decoding step's two calls ran on {tuple(step_x.shape)} and are right; timing "
           "the host's issuing against a CUDA graph's replay needs a GPU")
@@ -541,7 +534,7 @@ else:
 # The cell runs the three and both copies on the tour's `x` and checks each (change `S, B, H`
 # in section 3's first cell and the program counts follow; in the interpreter keep them small).
 # On a GPU it also times all five with `triton.testing.do_bench` (the median of many launches)
-# as % of torch's copy; the interpreter's times would say nothing about a GPU.
+# as % of torch's copy.
 
 # %%
 from ropelib.course.kernels.batch_reuse import batch_reuse_grid, rope_batch_reuse
@@ -892,6 +885,57 @@ basics.check_interleaved_rope(my_rope);
 solution(basics.solution_interleaved_rope)
 
 # %% [markdown]
+# **Exercise 4.** `copy_kernel` starts one program per `BLOCK` elements, so its program floor
+# grows with `n`. Write `my_strided_copy_kernel`, a copy on a fixed grid: launched on `P`
+# programs, program `p` copies blocks `p, p + P, p + 2P, ...` of `BLOCK` elements until the `n`
+# are done (`tl.num_programs(0)` is `P`). The check runs yours in the interpreter on grids far
+# smaller than the blocks, one with `n` drawn as it runs, into a `y` that starts as NaN, and
+# counts the elements of `x` it reads, with the notebook's own kernels and ropelib's barred.
+# Predict first, with exercise 2's function and the committed empty run of 4 warps (Triton's
+# default; section 4's `cost_rows`), how much of `copy_kernel`'s time on the tour's `x` its
+# programs' floor can account for: that is the most a fixed grid can save. On a GPU the cell
+# after the solution times yours at 1, 4 and 16 programs an SM against `copy_kernel`. One
+# program an SM keeps only one block of loads in flight on each SM; where your time falls as
+# the programs an SM grow, too few bytes in flight, not the programs, was what held it back
+# (notebook 05's section 2 works out how many bytes a GPU needs in flight).
+
+# %%
+from ropelib.course.exercises import nb00_strided_copy
+
+
+@triton.jit
+def my_strided_copy_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    # launched on grid (P,): program p copies blocks p, p + P, p + 2P, ... of BLOCK elements
+    pass  # your code
+
+
+strided_ok = nb00_strided_copy.check_strided_copy(my_strided_copy_kernel)
+
+# %%
+nb00_strided_copy.show_strided_copy_solution()
+
+# %%
+sms = torch.cuda.get_device_properties(device).multi_processor_count if GPU else 132
+if GPU and strided_ok:
+    y_fixed = torch.empty_like(x)
+    print(f"x {tuple(x.shape)} on {info['GPU']}, do_bench: copy_kernel, "
+          f"{triton.cdiv(x.numel(), 1024):,} programs, "
+          f"{triton.testing.do_bench(copy_with_kernel) * 1e3:.1f} µs")
+    for per_sm in (1, 4, 16):
+        def launch_fixed(grid=per_sm * sms):
+            my_strided_copy_kernel[(grid,)](x, y_fixed, x.numel(), BLOCK=1024)
+
+        y_fixed.fill_(float("nan"))
+        launch_fixed()
+        assert torch.equal(y_fixed, x), per_sm
+        print(f"  yours, {per_sm * sms:5,} programs ({per_sm:2d} an SM): "
+              f"{triton.testing.do_bench(launch_fixed) * 1e3:.1f} µs")
+else:
+    print(f"once your kernel passes, on a GPU this cell times it on {sms}, {4 * sms} and "
+          f"{16 * sms} programs against copy_kernel's {triton.cdiv(x.numel(), 1024):,} on x "
+          f"{tuple(x.shape)}")
+
+# %% [markdown]
 # ## Questions for a study group
 #
 # 1. The interpreter/compiled choice is made once per process, when `ropelib` is imported. What
@@ -910,58 +954,10 @@ solution(basics.solution_interleaved_rope)
 # 5. `ropelib` offers a function, a module and two drop-ins for one operation. Which would you
 #    pick for a model you write yourself, for a Hugging Face checkpoint you fine-tune, and for a
 #    Transformer Engine stack, and what does each choice tie you to?
-# 6. Section 3 found one decoding step's RoPE taking 2.7 times as long as a copy of its
+# 6. In the committed H200 run one decoding step's RoPE took 2.7 times as long as a copy of its
 #    bytes, and its CUDA-graph line showed that most of both calls is work a graph removes,
 #    which a faster kernel does not. A graph takes the host out; what does it cost a serving
 #    stack to capture one, and what else could? Think of what else reads or writes the same
 #    query and key bytes in the same step, so that RoPE could ride along with it (one launch
 #    instead of two). Notebooks 07, 11 and 12 each try one answer; guess which before you open
 #    them.
-
-# %% [markdown]
-# **Exercise 4.** `copy_kernel` starts one program per `BLOCK` elements, so its program floor
-# grows with `n`. Write `my_strided_copy_kernel`, a copy on a fixed grid: launched on `P`
-# programs, program `p` copies blocks `p, p + P, p + 2P, ...` of `BLOCK` elements until the `n`
-# are done (`tl.num_programs(0)` is `P`). The check runs yours in the interpreter on grids far
-# smaller than the blocks, one with `n` drawn as it runs, into a `y` that starts as NaN, and
-# counts the elements of `x` it reads, with the notebook's own kernels and ropelib's barred.
-# On a GPU the cell after it times yours on one program per SM against `copy_kernel` on the
-# tour's `x`. Predict first, with exercise 2's function and the committed empty run of 4 warps
-# (Triton's default; section 4's `cost_rows`), how much of `copy_kernel`'s time its programs'
-# floor can account for: that is the most the fixed grid can save. The timing cell asserts
-# nothing; read its two times as a comparison, not a race to win. One program per SM keeps few
-# bytes in flight per SM, so expect yours to be slower than `copy_kernel` unless `BLOCK` is
-# large.
-
-# %%
-from ropelib.course.exercises import nb00_strided_copy
-
-
-@triton.jit
-def my_strided_copy_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
-    # launched on grid (P,): program p copies blocks p, p + P, p + 2P, ... of BLOCK elements
-    pass  # your code
-
-
-strided_ok = nb00_strided_copy.check_strided_copy(my_strided_copy_kernel)
-
-# %%
-nb00_strided_copy.show_strided_copy_solution()
-
-# %%
-fixed_programs = torch.cuda.get_device_properties(device).multi_processor_count if GPU else 132
-if GPU and strided_ok:
-    y_fixed = torch.empty_like(x)
-
-    def launch_fixed():
-        my_strided_copy_kernel[(fixed_programs,)](x, y_fixed, x.numel(), BLOCK=1024)
-
-    launch_fixed()
-    assert torch.equal(y_fixed, x)
-    t_fixed, t_copy = (triton.testing.do_bench(f) * 1e3 for f in (launch_fixed, copy_with_kernel))
-    print(f"x {tuple(x.shape)} on {info['GPU']}: copy_kernel, "
-          f"{triton.cdiv(x.numel(), 1024):,} programs, {t_copy:.1f} µs; yours, "
-          f"{fixed_programs} programs, {t_fixed:.1f} µs")
-else:
-    print(f"once your kernel passes, on a GPU this cell times it on {fixed_programs} programs "
-          f"against copy_kernel's {triton.cdiv(x.numel(), 1024):,} on x {tuple(x.shape)}")
