@@ -24,12 +24,9 @@
 # batch 8 on an H200 and an H100 (section 5.2) although it evaluates more sines and cosines;
 # section 3 asks why, section 5.5 answers.
 #
-# **Time:** about two hours for the core (sections 1 to 4, 5.1 to 5.3 and 6), and another hour
-# and a half for the six exercises; sections 5.4, 5.5 and the appendix read Nsight Compute
-# profiles and can wait for a second sitting. The cells run in about a minute on a two-core CPU.
-#
-# **Numbers.** The text's are read from committed H200 runs (section 5.2 adds H100 runs) and
-# asserted; live timings are printed, never quoted.
+# **Time:** two hours for sections 1 to 4, 5.1 to 5.3 and 6, and an hour and a half for the six
+# exercises; 5.4, 5.5 and the appendix read Nsight Compute profiles. The text's numbers come
+# from committed H200 runs (section 5.2 adds H100 runs) and are asserted.
 #
 # **After this notebook you will be able to**
 #
@@ -147,9 +144,7 @@ assert GPU_NAME == "NVIDIA H200" and l2_bytes == 62_914_560 and l2_bytes / 2**20
 
 # %% [markdown]
 # Sharing the angles across the batch divides the angle requests, the sin/cos work and the
-# programs by $B$. (The last column counts cosines and sines separately; from section 3 on the
-# counts are of (cos, sin) *pairs*. The L2 line is the H200's, read from a committed profile on
-# any machine.)
+# programs by $B$. (The last column counts cosines and sines apart; from section 3 on, pairs.)
 #
 # ## 2. The (seq, head) grid
 #
@@ -165,48 +160,18 @@ assert GPU_NAME == "NVIDIA H200" and l2_bytes == 62_914_560 and l2_bytes / 2**20
 # ```
 
 # %%
-def draw_grids(path):
-    S_, B_, H_ = 3, 2, 3
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.2))
-    cmap = plt.get_cmap("tab20")
-    # (colour: the program's number in launch order, label): a 1-D grid numbers its programs
-    # 0, 1, 2, ...; a 2-D grid's program (s, h) is number s + S*h (axis 0 varies fastest)
-    for ax, title, prog in (
-            (axes[0], f"naive: grid (S·B·H,) = ({S_ * B_ * H_},)",
-             lambda s, b, h: ((s * B_ + b) * H_ + h, str((s * B_ + b) * H_ + h))),
-            (axes[1], f"batch-reuse: grid (S, H) = ({S_}, {H_}), program (s, h) loops over b",
-             lambda s, b, h: (s + S_ * h, f"{s},{h}"))):
-        for s in range(S_):
-            for b in range(B_):
-                for h in range(H_):
-                    col = b * H_ + h
-                    p, label = prog(s, b, h)
-                    ax.add_patch(plt.Rectangle((col, S_ - 1 - s), 1, 1, fc=cmap(p % 20), ec="k"))
-                    ax.text(col + 0.5, S_ - 0.5 - s, label, ha="center", va="center")
-        ax.set_xlim(0, B_ * H_), ax.set_ylim(0, S_)
-        ax.set_xticks([i + 0.5 for i in range(B_ * H_)],
-                      [f"b{i // H_}h{i % H_}" for i in range(B_ * H_)])
-        ax.set_yticks([S_ - 0.5 - s for s in range(S_)], [f"s={s}" for s in range(S_)])
-        ax.set_title(title, fontsize=10)
-    fig.suptitle("which program rotates each row x[s, b, h, :] "
-                 "(label = program id; same colour = same program)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.show()
-
-
-draw_grids(FIGURES / "04-grids.png")
+# which program rotates each row in each grid (ropelib/course/nb04_figures.py)
+nb04_figures.plot_grids(FIGURES / "04-grids.png")
+plt.show()
 
 # %% [markdown]
-# Triton, like CUDA, numbers a grid's programs with axis 0 varying fastest: program $(s, h)$ is
-# number $s + S \cdot h$ (the colours), so all positions of head 0 come first, then head 1.
+# Program $(s, h)$ is number $s + S \cdot h$ (axis 0 varies fastest, as in CUDA): all positions
+# of head 0 come first, then head 1.
 #
 # ### 2.1 A first kernel you can edit
 #
-# The smallest version that works: contiguous tensors, a power-of-two half, TE's `cat(f, f)`
-# table (so both halves of a pair read the same angle), fp32. `tl.program_id(0)` and
-# `tl.program_id(1)` are $s$ and $h$; cos/sin are computed before the loop; the body is the
-# naive kernel's row, at batch entry `b`.
+# Contiguous tensors, a power-of-two half, TE's `cat(f, f)` table (both halves of a pair read
+# the same angle), fp32; the loop body is the naive kernel's row, at batch entry `b`.
 
 # %%
 @triton.jit
@@ -247,11 +212,10 @@ torch.testing.assert_close(rope_v1(x32, freqs), reference.rope_reference(x32, fr
 print("version 1 == reference (fp32)")
 
 # %% [markdown]
-# Change it and rerun the cell: swap a sign, drop the loop, or move `cos = ...`, `sin = ...`
-# into the loop. The first two break the check; the third only changes the work, which
-# `ropelib.course.work_count` counts in Triton's interpreter (any machine): programs, sines and
-# cosines (every lane of every tile) and the elements each load reads. The next cell counts
-# version 1 beside a copy with `cos` and `sin` moved into the loop.
+# Change it and rerun: swap a sign, drop the loop, or move `cos = ...`, `sin = ...` into the
+# loop. The first two break the check; the third only changes the work, which
+# `ropelib.course.work_count` counts in Triton's interpreter: the next cell counts version 1
+# beside a copy with `cos` and `sin` moved into the loop.
 
 # %%
 @triton.jit
@@ -292,21 +256,18 @@ assert given.sin + given.cos in (Sc * Hc * Dc, Sc * Bc * Hc * Dc), "edited? see 
 assert in_loop.loads["x"] == given.loads["x"] == x_c.numel()   # the same data either way
 
 # %% [markdown]
-# Moved into the loop, cos and sin run once per row: $B = 4$ times the work, for the same
-# output and the same reads of `x`. Section 5.3's editable kernel can time that on a GPU.
+# Moved into the loop, cos and sin run $B = 4$ times as often, for the same output and the same
+# reads of `x`; section 5.3's editable kernel can time that on a GPU.
 #
 # ### 2.2 Any strides, any head size, any table
 #
-# Three things make version 1 too narrow for real tensors, each a line or two:
-#
-# - **strides**: `q` often arrives as a view (a `[B, S, H, D]` tensor transposed to
-#   `[S, B, H, D]`, a slice of a fused QKV projection): row address
-#   `s*stride_xs + b*stride_xb + h*stride_xh`, feature `j` at `j*stride_xd`;
-# - **head sizes whose half is not a power of two** (80 → 40): `tl.arange` needs a power of two,
-#   so the tile has `BLOCK_HALF = next_power_of_2(HALF)` lanes and a mask switches the rest off;
-# - **both halves' angles**: a pair reads $\theta_1$ (feature $j$) and $\theta_2$ (feature
-#   $j + D/2$), equal in TE's table, but the kernel should not depend on it. The arithmetic runs
-#   in fp32 whatever the input dtype, rounded once on the store.
+# - **strides**: `q` often arrives as a view (`[B, S, H, D]` transposed, a slice of a fused QKV
+#   projection): row at `s*stride_xs + b*stride_xb + h*stride_xh`, feature `j` at `j*stride_xd`;
+# - **a half that is not a power of two** (80 → 40): the tile has
+#   `BLOCK_HALF = next_power_of_2(HALF)` lanes and a mask switches the rest off;
+# - **both halves' angles**: read $\theta_2$ (feature $j + D/2$) as well as $\theta_1$; TE's
+#   table has them equal, the kernel should not rely on it. The math runs in fp32, rounded once
+#   on the store.
 
 # %%
 @triton.jit
@@ -367,8 +328,7 @@ print("version 2 == reference (fp16, a non-contiguous view, D = 80, halves with 
 # - `BF16_RTNE` — Triton's interpreter truncates when it casts to bf16, a GPU rounds to
 #   nearest even; `round_to` rounds by hand in the interpreter so both give the same bits.
 #
-# The next cell is that kernel, character for character (a test fails if they differ); the
-# cell after it launches it and compares with ropelib's launcher.
+# The next cell is that kernel, character for character (a test fails if they differ).
 
 # %%
 # ropelib-source: ropelib.course.kernels.batch_reuse._rope_batch_reuse_kernel
@@ -497,13 +457,12 @@ assert load_order["sh_loop_b"]["rows"] == load_order["sh_loop_b_unrolled"]["rows
 # ## 3. The batch-reusing grid against Transformer Engine
 #
 # At bf16 sbhd $s = 4096$, $b = 8$, $h = 32$, $d = 128$ this kernel is faster than TE's fused
-# kernel on an H200 and on an H100 (section 5.2). Why? "It reuses cos/sin across
-# the batch, and TE does not" does not survive a look at TE's kernel. `fused_rope.cu` launches
-# a grid `(s, b)`: one CUDA block (a program) of 4 or 8 warps per (position, batch entry),
-# which reuses the sines and cosines of position $s$ across its $h$ heads, computed either by
-# each warp in registers or once into shared memory behind a barrier. TE 2.20.2, the release
-# section 5 profiles, does the second (appendix A.1: its warps wait at a block-wide barrier, and
-# its float instructions fit one evaluation per block). Per position, one pair per feature:
+# kernel on an H200 and on an H100 (section 5.2). "It reuses cos/sin across the batch, and TE
+# does not" does not survive a look at TE's `fused_rope.cu`: a grid `(s, b)`, one CUDA block of
+# 4 or 8 warps per (position, batch entry), reusing the sines and cosines of position $s$
+# across its $h$ heads, computed by each warp in registers or once into shared memory behind a
+# barrier. TE 2.20.2, the release section 5 profiles, does the second (A.1: its warps wait at a
+# block-wide barrier, and its float instructions fit one evaluation per block):
 #
 # | kernel | grid | (cos, sin) pairs evaluated per position |
 # |---|---|---|
@@ -511,11 +470,9 @@ assert load_order["sh_loop_b"]["rows"] == load_order["sh_loop_b_unrolled"]["rows
 # | (S, H) grid | $(S, H)$ | $H \cdot D$ |
 # | naive | $(S B H,)$ | $B H \cdot D$ |
 #
-# Against TE's shared-memory version the (S, H) grid evaluates $H / B$ times as many: at
-# $h = 32$, 4 times at $b = 8$ and 32 times at $b = 1$ (A.1 prints the counts at $b = 8$), and
-# never fewer for any batch up to the number of heads. So reusing cos/sin cannot be what makes
-# it faster at $b = 8$. Other differences, each a hypothesis until measured (section 5.5 gives
-# the verdicts):
+# The (S, H) grid evaluates $H / B$ times as many as TE's shared-memory version, 4 times at
+# $h = 32$, $b = 8$ (A.1 prints the counts): reusing cos/sin cannot be what makes it faster.
+# Other differences, each a hypothesis until section 5.5 gives its verdict:
 #
 # - **how each thread touches memory**: a TE thread reads one bf16 element at a time, every
 #   element twice (as itself and as its rotate-half partner); a Triton program loads half-row
@@ -543,9 +500,9 @@ assert load_order["sh_loop_b"]["rows"] == load_order["sh_loop_b_unrolled"]["rows
 #    \frac{t_{\text{copy}}}{t_{\text{kernel}}} ,$$
 #
 # (a ratio of GB/s would count the angle table for the kernel only). The copy is a yardstick,
-# not a hard ceiling: in section 5.2's run a kernel beats it by 1 % at most, and notebook 02's
-# `add` moved its bytes at 3.5 % more GB/s. `ropelib.bench.compare.bytes_moved` is this model;
-# `benchmarks/generations.py` times with `triton.testing.do_bench` (median, L2 flushed).
+# not a hard ceiling: in section 5.2's run a kernel beats it by 1 % at most.
+# `ropelib.bench.compare.bytes_moved` is this model; `benchmarks/generations.py` times with
+# `triton.testing.do_bench` (median, L2 flushed).
 
 # %%
 cfg = compare.Config(Sr, Br, Hr, Dr, dtype="bf16")
@@ -564,6 +521,7 @@ assert compare.bytes_moved(cfg) == 2 * x_bytes + Sr * Dr * 4
 # section 5.2's committed H200 times, with their ratio only on an H200 (`<<`: over 10 % apart).
 
 # %%
+assert two_pass_min_bytes() == 64 * 2**20 < 4096 * 8 * 32 * 128 * 2   # two passes at batch-8
 GEN_CSV = measured.path("generations")
 gen_meta, gen_rows = measured.load("generations") if GEN_CSV.exists() else ({}, [])
 LIVE = ("reference", "batch-1", "batch-2", "batch-4", "batch-8", "batch-16")
@@ -643,20 +601,10 @@ if GEN_CSV.exists():   # read by the cell of section 5.1
             print(f"{r['case']:10} {r['provider']:20} {r['fwd_ms']:8.4f} {r['fwd_gbps']:7.0f} "
                   f"{generations.pct_of_copy(r):9.1f} {r['copy_fwd_ms']:8.4f}")
         assert generations.pct_of_copy(r) < 110, f"{r['case']}/{r['provider']}: above a copy?"
-    # section 4's "1 % faster than it at most": the fastest row here; notebook 02's add (GB/s)
-    above = max(timed, key=generations.pct_of_copy)
-    nb02 = compare.read_csv(ROOT / "figures" / "02-unfused-kernels.csv")   # notebook 02's run
-    add_pct = 100 * next(r["of_copy"] for r in nb02 if r["op"] == "add")
+    above = max(timed, key=generations.pct_of_copy)   # section 4's "by 1 % at most"
     print(f"fastest against the copy: {above['provider']} at {above['case']}, "
-          f"{generations.pct_of_copy(above):.1f} % of a copy; notebook 02's add: "
-          f"{add_pct:.1f} % of the copy's GB/s")
-    above_pct = generations.pct_of_copy(above)   # section 4's 1 % and "3.5 % more"
-    assert 100 < above_pct and round(above_pct - 100) == 1 and f"{add_pct:.1f}" == "103.5"
-    ref = {r["provider"]: r for r in gen_rows
-           if r["case"] == generations.REFERENCE and r.get("available")}
-    if "ropelib_naive" in ref and "ropelib_batch_reuse" in ref:
-        gain = ref["ropelib_batch_reuse"]["fwd_gbps"] / ref["ropelib_naive"]["fwd_gbps"]
-        print(f"reference case: batch-reuse moves data {gain:.2f}x as fast as naive")
+          f"{generations.pct_of_copy(above):.1f} % of a copy")
+    assert 100 < generations.pct_of_copy(above) and round(generations.pct_of_copy(above)) == 101
     # the batch sweep (s=4096, h=32): the naive kernel launches S*B*H programs, the grid S*H
     sweep = {(r["case"], r["provider"]): r for r in gen_rows if r["group"] == "batch"}
     # the SMs: the committed profile's device record (section 1), the same GPU model as this CSV's
@@ -679,52 +627,34 @@ if GEN_CSV.exists():   # read by the cell of section 5.1
     print(f"an empty program (notebook 03): {empty_ns:.1f} ns; the naive kernel's "
           f"{lo_x:.2f} to {hi_x:.2f} times that")
     assert f"{empty_ns:.1f}" == "79.8" and (round(lo_x, 2), round(hi_x, 2)) == (1.00, 1.06)
-    naive_programs = {r["batch"]: r["seq_len"] * r["batch"] * r["heads"]
-                      for (case, prov), r in sweep.items() if prov == "ropelib_naive"}
-    grid_programs = {r["seq_len"] * r["heads"]
-                     for (case, prov), r in sweep.items() if prov == "ropelib_batch_reuse"}
-    print(f"naive programs: b=1 {naive_programs[1]:,} to b=16 {naive_programs[16]:,}; "
-          f"the batch-reusing grid's at every b: {', '.join(f'{n:,}' for n in grid_programs)}")
-    assert (naive_programs[1], naive_programs[16]) == (131_072, 2_097_152) \
-        and grid_programs == {131_072}
-    br1, br2 = (sweep[(c, "ropelib_batch_reuse")]["fwd_ms"] for c in ("batch-1", "batch-2"))
-    print(f"batch-reusing grid: batch-1 {br1 * 1e3:.1f} us, "
-          f"batch-2 {br2 * 1e3:.1f} us (twice the bytes): ratio {br2 / br1:.3f}")
-    assert abs(br2 / br1 - 1) < 0.02 and round(br2 / br1, 3) == 1.002
-    assert (round(ns_naive[1]), round(ns_naive[16])) == (84, 80)
-    assert (round(br1 * 1e3, 1), round(br2 * 1e3, 1)) == (84.6, 84.7)
-    # the naive kernel's time follows its programs; the grid is well ahead at batch 2, not at 1
-    nv1, nv2 = (sweep[(c, "ropelib_naive")]["fwd_ms"] for c in ("batch-1", "batch-2"))
-    print(f"naive kernel, batch-2 / batch-1: {nv2 / nv1:.2f}; the grid over the naive kernel: "
-          f"batch-2 {br2 / nv2:.2f}, batch-1 {br1 / nv1:.2f}")
-    assert (round(nv2 / nv1, 2), round(br2 / nv2, 2), round(br1 / nv1, 2)) == (1.95, 0.52, 1.01)
+    # the grid: S*H = 131,072 programs at every batch, as many as the naive kernel's at b = 1
+    assert {r["seq_len"] * r["heads"] for (c, p), r in sweep.items()
+            if p == "ropelib_batch_reuse"} == {131_072} == {4096 * 32}
+    br1, br2, nv1 = (sweep[k]["fwd_ms"] for k in (("batch-1", "ropelib_batch_reuse"),
+                                                  ("batch-2", "ropelib_batch_reuse"),
+                                                  ("batch-1", "ropelib_naive")))
+    print(f"batch-reusing grid: batch-1 {br1 * 1e3:.1f} us, batch-2 {br2 * 1e3:.1f} us (twice "
+          f"the bytes); at batch-1 the grid over the naive kernel {br1 / nv1:.2f}")
+    assert (round(br1 * 1e3, 1), round(br2 * 1e3, 1), round(br1 / nv1, 2)) == (84.6, 84.7, 1.01)
 else:
     print(f"{GEN_CSV.relative_to(ROOT)} is not there yet: run "
           "`python benchmarks/generations.py` on a GPU to measure and draw it.")
 
 # %% [markdown]
-# The dashed line (left) and the grey bar (right) are the copy. These curves say *how fast*, not
-# *why*: the batch-reuse kernel differs from the naive one in programs, work per program and
-# cos/sin reuse at once. The H200's printed lines point at the programs: the grid's 131,072
-# take 84.6 µs at batch 1 and 84.7 at batch 2, with twice the bytes; each naive program costs
-# 1.00 to 1.06 times one that does nothing (79.8 ns of an SM's time, notebook 03, section 4);
-# and where both launch 131,072 programs ($b = 1$) they take the same time. Section 5.3 tests
-# the programs one factor at a time.
+# The dashed line (left) and the grey bar (right) are the copy. The curves say *how fast*, not
+# *why*: the two kernels differ in programs, work per program and cos/sin reuse at once. The
+# H200's lines point at the programs: the grid's 131,072 take 84.6 µs at batch 1 and 84.7 at
+# batch 2, with twice the bytes; a naive program costs 1.00 to 1.06 times one that does nothing
+# (79.8 ns of an SM's time, notebook 03, section 4); at $b = 1$, with as many programs, the two
+# kernels take the same time. Section 5.3 tests the programs one factor at a time.
 #
-# **$b = 1$, timed again.** The committed H100 run (next cell) does not time the two kernels
-# alike at $b = 1$: its medians there sit above its $b = 2$ grid's, with p80 up to 1.67 times
-# p20, where the H200's spreads are tight. A live table can show the same. On a GPU the cell
-# times both kernels at $b = 1$ in five alternating rounds, each two ways: `do_bench`, as section
-# 5.1's table, and the same loop (zero a 256 MB buffer, event, call, event) queued behind a GPU
-# sleep, so that the GPU never waits for the host. It also prints the host's time an iteration
-# against the GPU's (zeroing + call). How to read it:
-#
-# - `do_bench` above `queued`, and the host's iteration longer than the GPU's: the $b = 1$ row
-#   timed the host (the GPU waited for each launch; notebook 07, section 7.3 takes that loop
-#   apart);
-# - the two ways level, the ratios drifting over the rounds: clocks or warm-up;
-# - the two ways level and steady, `naive/grid` far from 1: the kernels differ on this GPU;
-#   near 1, as on the H200: section 5.1's $b = 1$ row caught a passing disturbance.
+# **$b = 1$, timed again.** The committed H100 run (next cell) is noisy at $b = 1$: its medians
+# sit above its $b = 2$ grid's, with p80 up to 1.67 times p20. On a GPU the cell times both
+# kernels at $b = 1$ in five alternating rounds, by `do_bench` and by the same loop queued
+# behind a GPU sleep (so the GPU never waits for the host), and prints the host's time an
+# iteration against the GPU's. `do_bench` above `queued`, with the host slower than the GPU:
+# the row timed the host (notebook 07, section 7.3). Both level, `naive/grid` far from 1: the
+# kernels differ on this GPU; near 1, as on the H200: the committed row caught a disturbance.
 
 # %%
 # b = 1 in the committed runs: do_bench's median and p20-p80 spread, us
@@ -799,9 +729,8 @@ else:
     print("\nthe live rounds need a GPU; here both kernels ran once at b = 1 and agree")
 
 # %% [markdown]
-# **A second GPU.** The same shape ($s = 4096$, $b = 8$) was also timed on an H100, whose copy
-# is slower (less DRAM bandwidth), by `benchmarks/floor.py`: the copy, ropelib's generations and
-# TE's fused kernel, one process per GPU. The next cell reads that suite's H200 and H100 runs.
+# **A second GPU.** `benchmarks/floor.py` timed batch-8's shape on an H200 and an H100 (slower
+# DRAM): the copy, ropelib's generations and TE's fused kernel, one process per GPU.
 
 # %%
 # batch-8's shape on two GPUs: the floor suite's committed runs (do_bench medians, L2 flushed),
@@ -829,18 +758,10 @@ if len(two_gpus) == 2:
     slower = {k: on_h100[k] / on_h200[k]
               for k in ("copy", "ropelib_naive", "ropelib_batch_reuse", "te_fused")}
     print("H100 time / H200 time: " + ", ".join(f"{k} {v:.2f}" for k, v in slower.items()))
-    # the generations runs (section 5.2's CSV and its H100 twin) give the same grid/copy
-    gen_b8 = {g: fwd_times(measured.load("generations", slug)[1])
-              for g, slug in (("H200", measured.GPU), ("H100", H100))}
-    gen_gap = {g: t_["batch-8", "ropelib_batch_reuse"] / t_["batch-8", "copy"]
-               for g, t_ in gen_b8.items()}
-    print("generations runs, batch-8, grid/copy: "
-          + ", ".join(f"{g} {v:.2f}" for g, v in gen_gap.items()))
     assert on_h200["te"] == on_h100["te"] == "2.20.2"           # one TE release on both
     gap = {g: r["ropelib_batch_reuse"] / r["copy"] for g, r in (("H200", on_h200),
                                                                ("H100", on_h100))}
     assert (round(gap["H200"], 2), round(gap["H100"], 2)) == (1.42, 1.26)
-    assert {g: round(v, 2) for g, v in gen_gap.items()} == dict(H200=1.42, H100=1.26)
     assert {k: round(v, 2) for k, v in slower.items()} == dict(
         copy=1.39, ropelib_naive=1.00, ropelib_batch_reuse=1.24, te_fused=1.11)
     te_over_grid = {g: r["te_fused"] / r["ropelib_batch_reuse"] for g, r in (("H200", on_h200),
@@ -852,14 +773,10 @@ else:
 # %% [markdown]
 # On the H100 the copy takes 1.39 times its H200 time; the naive kernel the same time (1.00):
 # its programs set it, not DRAM. The grid takes 1.24 times, so its time over the copy's falls
-# from 1.42 to 1.26 (the generations runs agree). A DRAM-bound kernel would slow by the copy's
-# 1.39; one bound by the bytes its warps keep in flight would, by Little's law (notebook 05,
-# section 2), follow the memory latency, which no committed run measures on the H100. The
-# grid's 1.24 lies between; exercise 6's `two rows / one row` line tests the rows in flight.
-#
-# **TE's kernel is slower than the grid on both GPUs**, by less on the H100 (1.18 times the
-# grid's time, against 1.32): its own time changes least (1.11 times), as that of a kernel
-# mostly issuing instructions would (section 5.5). The profiles below are all H200 runs.
+# from 1.42 to 1.26. **TE's kernel is slower than the grid on both GPUs**, by less on the H100
+# (1.18 times the grid's time, against 1.32): its own time changes least (1.11 times). Section
+# 5.5 predicts the grid's and TE's ratios from where their time goes on the H200; all profiles
+# below are H200 runs.
 #
 # ### 5.3 Why: one factor at a time
 #
@@ -893,9 +810,11 @@ assert plan_cols["heads_all_one_b"]["cos_sin_per_position"] * 32 == B_a * H_a * 
 # **Every row is one kernel**, `_rope_ablation_kernel`, with switches: `BLOCK_H` heads and
 # `BATCH_PER_PROGRAM` batch rows a program, `UNROLL_B`, `TABLE` and the launch's `num_warps`;
 # grid $(S, \lceil H / \text{BLOCK\_H} \rceil, B / \text{BATCH\_PER\_PROGRAM})$. The next
-# two cells are it and its helper, yours to edit; the cell after launches your copy for every
-# variant, checks it against the fp64 reference and, bit for bit, `ablation.rope_ablation`, and
-# on a GPU times it against the course's for three variants.
+# two cells are it and its helper, yours to edit; the cell after checks your copy of every
+# variant against the fp64 reference and, bit for bit, `ablation.rope_ablation`. On a GPU it
+# then times `sh_one_b` against `sh_loop_b`, and the same pair reading tables (no sine
+# evaluated), and asserts that the tables keep at least four fifths of the ratio: on that GPU
+# too, the programs, not the sin/cos, make it.
 #
 # Try it: stop the batch loop one row early (`range(0, BATCH_PER_PROGRAM - 1)`) and see which
 # variants fail (their error turns `inf`: the output starts as NaN). On a GPU, move cos/sin into
@@ -1014,22 +933,34 @@ for name, opts in ab_variants.items():
     print(f"{name:22} {ablation.shape_columns(S, B, H, D, opts)['grid']:>10} "
           f"{ab_err[name]:9.2f}  {ab_same[name]}"
           + ("" if same_as == name else f"  (here the same launch as {same_as})"))
-if GPU:   # your copy against the course's: the same launch into the same output buffer
-    y_buf = torch.empty_like(x_ab)
-    for name in ("sh_loop_b", "sh_one_b", "heads_all_one_b"):
-        opts = ab_variants[name]
-        mine_ms = triton.testing.do_bench(
-            lambda o=opts: launch_ablation(x_ab, freqs_ab, cos_ab, sin_ab, out=y_buf, **o),
-            quantiles=[0.5, 0.2, 0.8])
-        course_ms = triton.testing.do_bench(
-            lambda o=opts: ablation.rope_ablation(x_ab, freqs_ab, cos_ab, sin_ab, out=y_buf, **o),
-            quantiles=[0.5, 0.2, 0.8])
-        print(f"{name:16} yours {mine_ms[0] * 1e3:7.1f} us (p20-p80 {mine_ms[1] * 1e3:.1f}-"
-              f"{mine_ms[2] * 1e3:.1f}), the course's {course_ms[0] * 1e3:7.1f} us "
-              f"(p20-p80 {course_ms[1] * 1e3:.1f}-{course_ms[2] * 1e3:.1f})")
+# section 5.3's question on this machine: one row a program against B, with sin/cos and with
+# tables; and your sh_loop_b beside the course's. Each launch once here, timed on a GPU only
+y_buf = torch.empty_like(x_ab)
+GRANULARITY = ("sh_loop_b", "sh_one_b", "sh_loop_b_table", "sh_one_b_table")
+ab_calls = {n: lambda o=ab_variants[n]: ablation.rope_ablation(x_ab, freqs_ab, cos_ab, sin_ab,
+                                                               out=y_buf, **o)
+            for n in GRANULARITY}
+ab_calls["sh_loop_b, yours"] = lambda: launch_ablation(x_ab, freqs_ab, cos_ab, sin_ab, out=y_buf,
+                                                       **ab_variants["sh_loop_b"])
+for call in ab_calls.values():
+    call()
+if GPU:
+    ab_us = {n: triton.testing.do_bench(call, return_mode="median") * 1e3
+             for n, call in ab_calls.items()}
+    print(f"sh_loop_b: yours {ab_us['sh_loop_b, yours']:.1f} us, the course's "
+          f"{ab_us['sh_loop_b']:.1f} us")
+    live_one_row = ab_us["sh_one_b"] / ab_us["sh_loop_b"]
+    live_one_row_table = ab_us["sh_one_b_table"] / ab_us["sh_loop_b_table"]
+    live_trig = {k: ab_us[k] / ab_us[k + "_table"] for k in ("sh_loop_b", "sh_one_b")}
+    print(f"live: one row a program instead of B: {live_one_row:.2f}x the time with sin/cos, "
+          f"{live_one_row_table:.2f}x with tables; sin/cos instead of tables: "
+          f"{live_trig['sh_loop_b']:.3f}x at B rows a program, {live_trig['sh_one_b']:.3f}x at one")
+    # the programs, not the sin/cos: the ratio stays when no kernel evaluates a sine
+    assert live_one_row_table > 0.8 * live_one_row and abs(live_trig["sh_one_b"] - 1) < 0.1
 else:
-    print("Timings need a GPU: the interpreter runs one program after another in Python, so "
-          "here only the outputs are checked.")
+    print("The timings need a GPU (the interpreter runs one program after another in Python): "
+          "there the cell prints sh_one_b / sh_loop_b with sin/cos and with tables, and what "
+          "sin/cos cost at B rows and at one row a program.")
 
 # Last, the checks, after the timings, so that an edit you make on purpose is still timed: they
 # hold for the kernel as given and stop here once an edit changes the result (then read the
@@ -1065,10 +996,6 @@ if ABLATION_CSV.exists():
     print(ablation_bench.table([r for r in arows if r["variant"] in MAIN_ROWS]))
     print(f"\n({len({r['variant'] for r in arows} - set(MAIN_ROWS))} more variants in each case: "
           "appendix A.3)")
-    # the table's "% copy" is section 4's definition: the copy's time over the kernel's
-    a_copy = {r["case"]: r["ms"] for r in arows if r["variant"] == "copy"}
-    assert all(abs(r["pct_of_copy"] - generations.pct_of_copy(
-        dict(copy_fwd_ms=a_copy[r["case"]], fwd_ms=r["ms"]))) < 1e-9 for r in arows if r.get("ms"))
     for case in dict.fromkeys(r["case"] for r in arows):
         t = {r["variant"]: r["ms"] for r in arows if r["case"] == case and r.get("ms")}
         print(f"\n{case}: what each factor does (time of the first / time of the second)")
@@ -1117,10 +1044,6 @@ if ABLATION_CSV.exists():
     rows_alone = t["sh_one_b_table"] / t["sh_loop_b_table"]      # granularity, nothing else
     trig_cost = {"B rows": t["sh_loop_b"] / t["sh_loop_b_table"],
                  "one row": t["sh_one_b"] / t["sh_one_b_table"]}
-    print(f"s4096-b8: one row a program instead of B: {rows_worth:.2f}x the time, "
-          f"{rows_alone:.2f}x between the two kernels that read tables; computing "
-          f"cos/sin instead of reading tables: {trig_cost['B rows']:.3f}x with B rows a program, "
-          f"{trig_cost['one row']:.3f}x with one")
     assert (round(rows_worth, 2), round(rows_alone, 2)) == (3.46, 3.59)
     assert (round(trig_cost["B rows"], 2), round(trig_cost["one row"], 2)) == (1.04, 1.00)
     # the same two ratios in the earlier run: the 4 % is reproduced, the one-row 0.2 % is not
@@ -1131,25 +1054,13 @@ if ABLATION_CSV.exists():
     assert [round(v, 3) for v in trig_runs["B rows"]] == [1.040, 1.039]
     assert [round(v, 3) for v in trig_runs["one row"]] == [0.999, 1.002]
     assert trig_runs["B rows"][1] == trig_cost["B rows"]
-    # at s4096-b8 the finished kernel alone reaches a lower % of a copy than apply_rope as
-    # planned (generations), which takes two passes from 64 MiB of q (section 5.1)
-    b8 = next(r for r in arows if r["case"] == "s4096-b8" and r["variant"] == "ropelib_finished")
-    planned = next(r for r in gen_rows if r["case"] == "batch-8" and r["provider"] == "ropelib")
-    q_bytes = b8["seq_len"] * b8["batch"] * b8["heads"] * b8["head_dim"] * 2   # bf16
-    b8_copy = next(r for r in arows if r["case"] == "s4096-b8" and r["variant"] == "copy")
-    b8_pct = generations.pct_of_copy(dict(copy_fwd_ms=b8_copy["ms"], fwd_ms=b8["ms"]))
-    print(f"s4096-b8: the finished kernel alone {b8_pct:.1f} % of a copy, apply_rope "
-          f"as planned {generations.pct_of_copy(planned):.1f} % (generations); two passes from "
-          f"{two_pass_min_bytes() / 2**20:.0f} MiB of q, here {q_bytes / 2**20:.0f} MiB")
-    assert b8_pct < generations.pct_of_copy(planned) and b8["dtype"] == "bf16"
-    assert two_pass_min_bytes() == 64 * 2**20 <= q_bytes
 
 
 # %% [markdown]
-# A ratio above 1 means the second kernel of the pair is faster. An earlier committed run
-# reproduces the 4 % cost of sin/cos with $B$ rows a program but not the few tenths of a percent
-# with one row: differences that small are noise. (`ropelib_finished` is the finished kernel
-# forced onto this 256 MiB tensor; section 5.2's `ropelib` is `apply_rope` as planned.)
+# A ratio above 1: the second kernel of the pair is faster. An earlier committed run reproduces
+# the 4 % cost of sin/cos with $B$ rows a program, not the few tenths of a percent with one row:
+# noise. (`ropelib_finished` is the finished kernel forced onto this tensor; section 5.2's
+# `ropelib` is `apply_rope` as planned: two passes here, section 5.1.)
 #
 # **Times say how much, not why.** Three floors lie under any kernel's time, each computed from
 # a count, not from a time of the kernel itself:
@@ -1254,8 +1165,7 @@ assert (sm_n, schedulers, ghz_top, round(empty_ns_by_warps[1], 1)) == (132, 4, 1
 #   3.45 times `sh_loop_b`'s whole time; $B = 8$ rows a program put that floor (79 µs) under the
 #   copy's.
 # - **The grid's largest floor is the copy**, and it takes 1.41 times a copy's time. One
-#   suspect, which no committed run tests, is section 2.3's one row in flight per warp;
-#   exercise 6 tests it on your GPU.
+#   suspect is section 2.3's one row in flight per warp; exercise 6 measures its share.
 # - **TE's largest floor is issue**: 157.5 µs at the top clock, 2.5 times the grid's 62.6 µs,
 #   with a quarter of its programs and (cos, sin) pairs. That is under the grid's whole
 #   183.6 µs, yet TE takes 1.56 times it: section 5.5 says why.
@@ -1267,8 +1177,6 @@ assert (sm_n, schedulers, ghz_top, round(empty_ns_by_warps[1], 1)) == (132, 4, 1
 # occupancy** is the average share of an SM's 64 warp slots in use.
 #
 # - **DRAM bytes are the model's**, within a few percent for every variant (appendix A.5).
-# - **A million one-row programs take an empty kernel's time** (notebook 03, section 4), about
-#   80 ns a program on each SM, whatever they execute.
 # - **The grid's one-warp programs fill half an SM**: an SM holds 32 programs at most, 32 of its
 #   64 warp slots. Variants that fill more also change programs or instructions (appendix A.4).
 # - **Instructions count where nothing amortises them.** TE's grid in Triton (`heads_all_one_b`)
@@ -1276,10 +1184,8 @@ assert (sm_n, schedulers, ghz_top, round(empty_ns_by_warps[1], 1)) == (132, 4, 1
 #   instructions per element, most of them sin/cos (A.1), and takes about twice as long.
 # - **TE's CUDA kernel** (`mechanism-te-nvidia-h200.csv`) moves the model's bytes and fills
 #   nine-tenths of an SM's warp slots, yet takes 1.94 times the copy's time (section 5.5).
-#
-# **At $b = 1$ the order reverses.** With no batch to loop over, the (S, H) grid launches as
-# many one-row programs as the naive kernel and takes its time; TE's 32,768 blocks are more
-# than twice as fast. Notebook 05's tile of heads removes that dependence on $B$.
+# - **At $b = 1$ the order reverses**: the (S, H) grid launches as many one-row programs as the
+#   naive kernel and takes its time; TE's 32,768 blocks are more than twice as fast.
 
 # %%
 mech = measured.mechanism("s4096-b8")
@@ -1309,22 +1215,7 @@ def same_time(a, b, tol=0.05):
 # DRAM bytes: within a few percent of the model at this size (appendix A.5 reads them)
 assert all(0.9 <= r["ncu_dram_bytes_over_model"] <= 1.05 for r in mech.values())
 b1 = measured.mechanism("s32768-b1")
-# a million one-warp programs: the same time whatever their instructions (notebook 03, section 4)
-million = [mech[v] for v in ("naive", "sh_one_b", "sh_one_b_table")]
-inst = [r["ncu_warp_inst_per_element"] for r in million]
-us = [r["us"] for r in million]
-ns_per_program = 1000 * sum(us) / len(us) / (million[0]["programs"] / million[0]["sm_count"])
-cost_csv = measured.RESULTS / "program_cost-nvidia-h200.csv"
-empty_kernel = next(r for r in compare.read_csv(cost_csv)
-                    if r["kernel"] == "empty" and r["num_warps"] == 1)
-print(f"a million programs (naive, sh_one_b, sh_one_b_table): {min(inst):.2f}-{max(inst):.2f} "
-      f"warp instructions per element, {min(us):.0f}-{max(us):.0f} us: {ns_per_program:.0f} ns "
-      f"per program on each SM; an empty kernel of {empty_kernel['programs']:,} one-warp "
-      f"programs ({cost_csv.name}): {empty_kernel['us']:.0f} us")
-assert max(inst) > 4 * min(inst) and max(us) < 1.005 * min(us) and round(ns_per_program) == 80
-assert empty_kernel["programs"] == million[0]["programs"] == 1_048_576
-assert all(abs(u / empty_kernel["us"] - 1) < 0.01 for u in us)
-# not cos/sin reuse: one row per program is equally slow with and without sin/cos
+# one row a program: equally slow with and without sin/cos (section 5.3's floors say why)
 assert same_time(mech["sh_one_b"], mech["naive"])
 assert same_time(mech["sh_one_b_table"], mech["sh_one_b"])
 assert mech["sh_one_b"]["programs"] == mech["naive"]["programs"] \
@@ -1342,23 +1233,16 @@ assert (device_attr("max_warps_per_multiprocessor"), device_attr("max_blocks_per
 te_grid, te_table = mech["heads_all_one_b"], mech["heads_all_one_b_table"]
 assert te_grid["programs"] == h4["programs"] == 32_768
 assert te_grid["ncu_warp_inst_per_element"] > 3 * mech["sh_loop_b"]["ncu_warp_inst_per_element"]
-assert min(inst) < te_grid["ncu_warp_inst_per_element"] < max(inst)
 assert te_grid["us"] > 1.8 * h4["us"] and te_table["us"] < 1.2 * h4["us"]
 # TE's CUDA kernel (the run with TE installed): the model's bytes, a full SM, twice the copy's
 # time, slower than the batch-reusing grid of the same run
 te, te_copy, te_br = te_run["te_fused"], te_run["copy"], te_run["batch_reuse"]
 print(f"{measured.where(te_run_meta)}: TE fused (CUDA) {te['us']:.0f} us = "
-      f"{te['us'] / te_copy['us']:.2f}x the copy; "
-      f"occupancy {te['ncu_achieved_occupancy_pct']:.0f} %; DRAM/model "
-      f"{te['ncu_dram_bytes_over_model']:.3f}; {te['ncu_warp_inst_per_element']:.2f} warp "
-      f"instructions per element against the batch-reusing grid's "
-      f"{te_br['ncu_warp_inst_per_element']:.2f}; the grid (sh_loop_b) in that run: "
-      f"{te_run['sh_loop_b']['us']:.0f} us")
+      f"{te['us'] / te_copy['us']:.2f}x the copy; occupancy "
+      f"{te['ncu_achieved_occupancy_pct']:.0f} %; DRAM/model {te['ncu_dram_bytes_over_model']:.3f}")
 assert 0.9 <= te["ncu_dram_bytes_over_model"] <= 1.05 and te["ncu_achieved_occupancy_pct"] > 85
 assert te["us"] > 1.2 * te_run["sh_loop_b"]["us"] and round(te["us"] / te_copy["us"], 2) == 1.94
 assert te["ncu_warp_inst_per_element"] > 2 * te_br["ncu_warp_inst_per_element"]
-print(f"TE fused / batch-reusing grid (sh_loop_b), b = 8 (ablation): "
-      f"{t_ab8['te_fused']['ms'] / t_ab8['sh_loop_b']['ms']:.2f}")
 # b = 1: the (S, H) grid has the naive kernel's program count, and TE is faster
 t1 = measured.timings("ablation", "s32768-b1")
 te1_programs = t1["te_fused"]["seq_len"] * t1["te_fused"]["batch"]   # TE's grid (s, b)
@@ -1444,16 +1328,7 @@ more["other"] = (te_p["threads"] - grid_p["threads"]) - sum(more.values())
 print(f"thread instructions per element: TE fused {te_p['threads']:.1f}, grid "
       f"{grid_p['threads']:.1f}; TE minus grid by kind: "
       + ", ".join(f"{k} {v:+.1f}" for k, v in more.items()))
-assert (round(te_p["threads"], 1), round(grid_p["threads"], 1)) == (33.2, 14.4)
-assert {k: round(v, 1) for k, v in more.items()} == dict(integer=12.1, float=-1.2, loads=1.5,
-                                                         stores=0.5, other=5.9)
-assert round(te_p["threads"] - grid_p["threads"], 1) == 18.7
-assert max(more, key=more.get) == "integer"                 # the largest part of the 18.7
-# a bound: TE's issuing alone, at its own clock, takes longer than the whole copy
-print(f"TE's issuing alone, clock free: {te_f['issue_us']:.1f} us; the copy, all of it: "
-      f"{free['copy']['us']:.1f} us")
-assert te_f["issue_us"] > free["copy"]["us"] \
-    and (round(te_f["issue_us"], 1), round(free["copy"]["us"], 1)) == (159.6, 125.7)
+assert max(more, key=more.get) == "integer" and more["integer"] > sum(more.values()) / 2
 
 # %%
 # the time split of appendix A.2 (clock free), drawn: issuing against waiting
@@ -1485,6 +1360,34 @@ plt.show()
 #
 # Which of TE's differences (one-element loads, double reads, indexing, its barrier) costs what,
 # these counters cannot separate.
+#
+# **The same answer on the H100?** No profile was taken there. If an H100 issues the same
+# instructions in the same time and only the rest of each kernel's time stretches, as the
+# copy's does on its slower DRAM, the split above predicts each kernel's H100 time over its
+# H200 time. The cell sets that beside section 5.2's measured ratios.
+
+# %%
+# H100 time / H200 time: issuing kept, the rest stretched by the copy's ratio (section 5.2's
+# floor suite; there the grid is ropelib_batch_reuse, the kernel sh_loop_b's profile stands for)
+if len(two_gpus) == 2:
+    stretch = slower["copy"]
+    h100_pred = {n: (free[n]["issue_us"] + (free[n]["empty_us"] + free[n]["idle_us"]) * stretch)
+                 / free[n]["us"] for n in ("te_fused", "sh_loop_b")}
+    h100_meas = dict(te_fused=slower["te_fused"], sh_loop_b=slower["ropelib_batch_reuse"])
+    for n, pred in h100_pred.items():
+        print(f"{n:10} H100 / H200: predicted {pred:.2f}, measured {h100_meas[n]:.2f} "
+              f"(all of the time stretched: {stretch:.2f}; none of it: 1.00)")
+    te_grid_h100 = te_over_grid["H200"] * h100_pred["te_fused"] / h100_pred["sh_loop_b"]
+    print(f"TE fused / grid on the H100: predicted {te_grid_h100:.2f}, measured "
+          f"{te_over_grid['H100']:.2f} (H200: {te_over_grid['H200']:.2f})")
+    assert all(abs(h100_pred[n] / h100_meas[n] - 1) < 0.03 for n in h100_pred)
+    assert all(abs(stretch / h100_meas[n] - 1) > 0.1 and h100_meas[n] > 1.1 for n in h100_pred)
+    assert (round(h100_pred["te_fused"], 2), round(h100_pred["sh_loop_b"], 2)) == (1.13, 1.25)
+
+# %% [markdown]
+# Both predictions fall within 3 % of the measured ratios; stretching all of the time or none
+# of it misses both by more than 10 %. The H200's answer carries over: TE's lead shrinks on the
+# H100 because two thirds of its time is issuing, which slower DRAM does not lengthen.
 
 # %% [markdown]
 # ## 6. What the finished kernel does beyond the batch-reusing grid
@@ -1510,18 +1413,19 @@ plt.show()
 # - **The grid decides what is repeated.** The $(S, H)$ grid with a runtime batch loop loads
 #   angles and evaluates cos/sin once per (position, head) and launches $B$ times fewer programs
 #   than the naive grid: 131,072 at $s = 4096$, $h = 32$, whatever the batch.
-# - **The program count, not the cos/sin, sets the time.** At $b = 8$, one row a program instead
-#   of $B$ costs 3.46 times the time, 3.59 between two kernels that read tables; all of the
-#   grid's sin/cos, against reading two tables, costs 4 %.
+# - **The program count, not the cos/sin, sets the time.** At $b = 8$ on the H200, one row a
+#   program instead of $B$ costs 3.46 times the time, 3.59 between two kernels that read
+#   tables; all of the grid's sin/cos, against reading two tables, costs 4 % (section 5.3's
+#   editable cell times the same pairs on your GPU).
 # - **Fewer sines and cosines do not make a kernel faster.** TE's fused kernel evaluates a
 #   quarter of the grid's (cos, sin) pairs and is slower at $b = 8$ on an H200 and an H100: it
-#   executes 2.5 times the grid's warp instructions (section 5.5). At $b = 1$ it is over twice
-#   as fast.
+#   executes 2.5 times the grid's warp instructions and issuing them does not overlap its waits
+#   (H200 profiles; the same split predicts the H100's times, section 5.5). At $b = 1$ it is
+#   over twice as fast on the H200.
 # - **Left for notebook 05:** one-warp programs filling half an SM's warp slots, one row in
-#   flight per warp, and work per program that depends on $B$. The rows in flight are a suspect
-#   for the grid's 1.41 times a copy's time, not a measured cause: exercise 6 times the same
-#   grid loading two rows before a store. Its `two rows / one row` below 1 says the second row
-#   closes part of the one-row kernel's gap over the copy; the `/ copy` ratios say how much.
+#   flight per warp, and work per program that depends on $B$. How much of the grid's gap over
+#   a copy (1.41 times its time on the H200) the one row in flight makes, exercise 6's last
+#   cell measures on your GPU: it prints the share a second row closes.
 #
 # ## Exercises
 #
@@ -1750,10 +1654,10 @@ nb04_two_rows.show_two_rows_solution()
 # loads (L) and stores (S) as section 2.3 did: four half-rows before the first store. On a GPU
 # it then times, at $b = 8$ in bf16 on one warp a program, your kernel (the worked solution until
 # yours passes), the same grid one row at a time (exercise 5's worked kernel, `ROWS` $= B$) and a
-# copy. No committed run holds these times. Read the last line as the share of the one-row
-# kernel's gap over the copy that the second row closes: (one row / copy − two rows / copy) /
-# (one row / copy − 1). Near 0, the gap lies elsewhere; near 1, one row in flight per warp was
-# the whole gap; in between, it is part of the gap, and the rest lies elsewhere.
+# copy. No committed run holds these times. The last line is the share of the one-row kernel's
+# gap over the copy that the second row closes, (one row − two rows) / (one row − copy): near 0,
+# the gap lies elsewhere; near 1, one row in flight per warp was the whole gap; above one half,
+# it is most of the gap.
 
 # %%
 two_rows = nb04_two_rows._rope_two_rows_solution_kernel
@@ -1793,9 +1697,12 @@ if GPU:   # only the timer needs a GPU
     print(f"two rows / one row: {two_us / one_us:.2f}; one row / copy: {one_us / copy_us6:.2f}, "
           f"two rows / copy: {two_us / copy_us6:.2f}")
     assert min(one_us, two_us) > 0.8 * copy_us6, "faster than a copy of the same tensors?"
+    if one_us > copy_us6:
+        print(f"share of the one-row kernel's gap over the copy that the second row closes: "
+              f"{(one_us - two_us) / (one_us - copy_us6):.2f}")
 else:
-    print("timing needs a GPU: there the cell prints the three medians (do_bench) and the "
-          "two-row kernel's time over the one-row kernel's")
+    print("timing needs a GPU: there the cell prints the three medians (do_bench), the ratios "
+          "and the share of the one-row kernel's gap over the copy that the second row closes")
 
 # %% [markdown]
 # ## Appendix: the measurements behind section 5
@@ -1822,8 +1729,6 @@ print(measured.table([dict(name=n, **r) for n, r in prof.items()], [
     ("mem wait", "memory_wait", ".1f"), ("barrier", "barrier", ".2f"),
     ("not selected", "not_selected", ".2f")]))
 # the clock: this run's command line has no --clock-control none, section 5.4's runs had it
-print(f"this run: {te_meta['what'][:50]}...; section 5.4's: ncu_duration_ns = "
-      f"{te_run_meta['column ncu_duration_ns']}")
 assert "clock-control" not in te_meta["what"]
 assert "clocks not locked" in te_run_meta["column ncu_duration_ns"]
 # locked at 1.44-1.50 GHz: the copy and the table version keep their times, TE's kernel and TE's
@@ -1842,31 +1747,18 @@ assert 0.2 < (grid_p["slowed"] - 1) / (te_p["slowed"] - 1) < 0.3
 assert round(te_p["loads"], 1) == 2.1 and round(te_p["stores"], 2) == 1.00
 assert [round(p_["load_bytes"]) for p_ in (te_p, copy_p, grid_p)] == [78, 512, 142]
 assert (round(te_p["integer"], 1), round(grid_p["integer"], 1)) == (17.7, 5.7)   # (indexing?)
-print(f"integer instructions per element: TE fused {te_p['integer']:.1f}, the grid "
-      f"{grid_p['integer']:.1f} ({te_p['integer'] / grid_p['integer']:.1f}x)")
-assert round(te_p["integer"] / grid_p["integer"]) == 3
-# issue-heavy: at the locked clock TE's instructions alone need 1.77 copies' time, the grid's
-# fit in one; ready warps wait for the issue slot in TE, not in the memory-bound grid
-assert round(te_p["floor_over_copy"], 2) == 1.77 and grid_p["floor_over_copy"] < 0.75
-assert round(te_p["issue_used"], 2) == 0.73 and round(grid_p["issue_used"], 2) == 0.45
-assert round(te_p["not_selected"], 1) == 3.4 and round(grid_p["not_selected"], 1) == 0.5
-assert grid_p["memory_wait"] > te_p["memory_wait"]
-assert round(te_run["te_fused"]["us"] / te_run["copy"]["us"], 2) == 1.94   # clock free
+# issue-heavy: at the locked clock TE's instructions alone need more than a copy's time, the
+# grid's fit in one; ready warps wait for the issue slot in TE (not selected), not in the grid
+assert te_p["floor_over_copy"] > 1.5 and grid_p["floor_over_copy"] < 0.75
+assert te_p["not_selected"] > 5 * grid_p["not_selected"]
 
 # sin and cos, bounded by float instructions: the rotation is 2.00 (TE's grid from tables)
 rotation = te_table_p["float"]
 sincos = {n: r["float"] - rotation for n, r in prof.items() if n != "copy"}
-# what sin/cos bring besides float instructions, in TE's grid in Triton: all kinds per float one
-along = (te_grid_p["threads"] - te_table_p["threads"]) / sincos["heads_all_one_b"]
 print(f"float instructions per element beyond the rotation's {rotation:.2f}: TE fused "
       f"{sincos['te_fused']:.2f} of its {te_p['float']:.2f}; TE's grid in Triton "
       f"{sincos['heads_all_one_b']:.2f}, the batch-reusing grid {sincos['sh_loop_b']:.2f}")
-print(f"sin/cos in TE's grid in Triton: {along:.1f} thread instructions of all kinds per float "
-      f"one; at that rate about {sincos['te_fused'] * along:.1f} of TE's "
-      f"{te_p['threads']:.1f} thread instructions per element")
-assert round(rotation, 2) == 2.00 and round(te_p["float"], 2) == 2.91
-assert round(sincos["te_fused"], 2) == 0.91 and round(te_p["threads"]) == 33
-assert round(along, 1) == 2.4 and 1.9 < sincos["te_fused"] * along < 2.4
+assert round(rotation, 2) == 2.00 and round(sincos["te_fused"], 2) == 0.91
 # tl.sin/tl.cos compiled to libdevice's accurate sine and cosine (float arithmetic)
 assert mech["heads_all_one_b"]["trig"] == mech["sh_loop_b"]["trig"] == "libdevice"
 table_cut = 1 - te_table_p["warp_inst"] / te_grid_p["warp_inst"]
@@ -1990,38 +1882,17 @@ for r in free.values():
     assert abs(r["issued_counted"] - r["issued"]) < 0.01
 same_inst = {n: (free[n]["warp_inst"], prof[n]["issue_floor"] * SM_PARTITIONS) for n in free}
 assert all(a == b for a, b in same_inst.values()), same_inst
-# the clock: 1.92-1.96 GHz, under the device's top clock; times within 2 % of section 5.4's
-ghz_free = [r["ghz"] for r in free.values()]
-assert (round(min(ghz_free), 2), round(max(ghz_free), 2)) == (1.92, 1.96)
-top_ghz = device_attr("clock_rate") / 1e6              # the device's top SM clock, kHz to GHz
-assert top_ghz == 1.98 and max(ghz_free) < top_ghz and round(te_f["ghz"], 2) == 1.95
+# the clock free, under the device's top one; times within 2 % of section 5.4's
+assert max(r["ghz"] for r in free.values()) < device_attr("clock_rate") / 1e6
 assert all(abs(r["of_54"] - 1) < 0.02 for r in free.values())
-assert (round(te_f["us"], 1), round(te_f["us_54"], 1)) == (240.8, 243.6)
-assert (round(grid_f["us"], 1), round(grid_f["us_54"], 1)) == (178.9, 181.9)
-# TE: issuing takes 66 % of its time (schedulers issuing on 67 % of their active cycles)
-assert round(te_f["warp_inst"] / 1e6, 1) == 164.6   # warp instructions, M, in the free run
-assert (round(te_f["issue_us"], 1), round(te_f["issue_share"], 2), round(te_f["issued"], 2),
-        round(te_p["issue_used"], 2)) == (159.6, 0.66, 0.67, 0.73)
-assert (round(te_f["empty_us"], 1), round(te_f["idle_us"], 1)) == (78.0, 3.2)
-# the grid: issuing takes 36 % of its time, schedulers issuing on 37 % of their cycles
-assert (round(grid_f["issue_us"], 1), round(grid_f["issue_share"], 2), round(grid_f["issued"], 2),
-        round(grid_f["empty_us"], 1), round(grid_f["idle_us"], 1)) == (63.7, 0.36, 0.37, 112.4, 2.7)
+# TE: issuing takes 66 % of its time; the grid: 36 % (section 5.5's table)
+assert (round(te_f["issue_share"], 2), round(grid_f["issue_share"], 2)) == (0.66, 0.36)
 
 # the warp states per instruction issued add up to the profile's own latency (cycles between
 # two instructions of a warp): a state's share of the sum is its share of a warp's cycles
 for r in free.values():
     assert abs(sum(r["states"].values()) / r["latency"] - 1) < 0.01
     assert abs(r["latency"] * r["issued_counted"] / r["resident"] - 1) < 0.01
-# TE's warps: of their stalled cycles, most wait for a global load's data (long_scoreboard)
-st = te_f["states"]
-share = {s: v / te_f["stalled"] for s, v in st.items() if s not in measured.NOT_STALLS}
-waiting_on_memory = st["long_scoreboard"] * te_f["issued_counted"]   # warps, at a mean cycle
-print(f"\nTE fused, of its warps' stalled cycles: long_scoreboard {share['long_scoreboard']:.0%} "
-      f"(the largest); at a mean cycle {waiting_on_memory:.1f} of a scheduler's "
-      f"{te_f['resident']:.1f} warps wait on global memory")
-assert round(share["long_scoreboard"], 2) == 0.70 and max(share, key=share.get) == "long_scoreboard"
-assert round(waiting_on_memory, 1) == 8.5 and round(te_f["resident"], 1) == 14.4
-
 # the clock test: the same split at the locked clock (the cells above) against the free one
 for n in ("te_fused", "sh_loop_b"):
     lk, fr = prof[n], free[n]
@@ -2031,16 +1902,9 @@ for n in ("te_fused", "sh_loop_b"):
           f"{lk['empty_us']:6.1f} us | free {fr['ghz']:.2f} GHz: issue {fr['issue_us']:6.1f} us, "
           f"no warp ready {fr['empty_us']:6.1f} us")
 # TE's issue time falls with the clock by construction (the same instructions); the finding:
-# its time with no ready warp does not fall
-assert (round(te_p["ghz"], 2), round(te_f["ghz"], 2)) == (1.49, 1.95)
-clock_rise = te_f["ghz"] / te_p["ghz"]
-print(f"TE's clock, locked to free: {te_p['ghz']:.2f} to {te_f['ghz']:.2f} GHz, "
-      f"{clock_rise - 1:.0%} faster")
-assert round(clock_rise - 1, 2) == 0.31 and abs(te_f["empty_us"] / te_p["empty_us"] - 1) < 0.05
-assert (round(te_p["issue_us"], 1), round(te_p["empty_us"], 1)) == (209.8, 75.7)
-# the grid's counterpoint: its empty time grows as its issue time shrinks
-assert (round(grid_p["issue_us"], 1), round(grid_f["issue_us"], 1)) == (83.7, 63.7)
-assert (round(grid_p["empty_us"], 1), round(grid_f["empty_us"], 1)) == (103.9, 112.4)
+# its time with no ready warp does not fall, while the grid's grows as its issue time shrinks
+assert abs(te_f["empty_us"] / te_p["empty_us"] - 1) < 0.05
+assert grid_f["empty_us"] > grid_p["empty_us"] and grid_f["issue_us"] < grid_p["issue_us"]
 # a model to test: issue time scales with the clock, the rest (no warp ready, SM idle) keeps its
 # microseconds. From the free run's split, predict the locked run's measured time
 print("the locked run's time predicted from the free run's split:")
@@ -2054,10 +1918,9 @@ for n in ("te_fused", "sh_loop_b"):
           f"{fr['us'] * fr['ghz'] / lk['ghz']:.1f}, none of it {fr['us']:.1f}")
 # TE: within 1 %, where the two other guesses miss by more than 8 %; the grid: 4 % over
 te_pred = predicted_locked["te_fused"]
-assert abs(te_pred / te_p["us"] - 1) < 0.01 and round(te_pred) == 291
+assert abs(te_pred / te_p["us"] - 1) < 0.01
 guesses = {"all": te_f["us"] * te_f["ghz"] / te_p["ghz"], "none": te_f["us"]}
 assert all(abs(g / te_p["us"] - 1) > 0.08 for g in guesses.values())
-assert round(te_f["empty_us"] + te_f["idle_us"], 1) == 81.2
 assert round(predicted_locked["sh_loop_b"] / grid_p["us"] - 1, 2) == 0.04
 
 # %% [markdown]
@@ -2069,37 +1932,24 @@ assert round(predicted_locked["sh_loop_b"] / grid_p["us"] - 1, 2) == 0.04
 # ### A.3 The ablation's other rows
 #
 # The rest of the committed ablation run (`sh_loop_b` kept as the last column's baseline): the
-# other tiles, and each tile at 1, 2, 4 and 8 warps, with each tile's fastest and slowest.
+# other tiles, and each tile at 1, 2, 4 and 8 warps.
 
 # %%
 if ABLATION_CSV.exists():
     print(ablation_bench.table([r for r in arows
                                 if r["variant"] not in MAIN_ROWS or r["variant"] == "sh_loop_b"]))
-    for case in dict.fromkeys(r["case"] for r in arows):
-        t = {r["variant"]: r["ms"] for r in arows if r["case"] == case and r.get("ms")}
-        tiles = (k.rsplit("_w", 1)[0] for k in t if k.rsplit("_w", 1)[-1].isdigit())
-        for tile in dict.fromkeys(tiles):
-            ws = {k: v for k, v in t.items() if k.startswith(tile + "_w")}
-            fast, slow = min(ws, key=ws.get), max(ws, key=ws.get)
-            print(f"{case}: warps for {tile}: fastest {fast} ({ws[fast]:.4f} ms), "
-                  f"slowest {slow} ({ws[slow]:.4f} ms)")
 
 # %% [markdown]
 # ### A.4 KiB of `x` requested per SM
 #
-# The **KiB of `x` per SM** is derived, not counted (`ropelib.course.measured`): resident warps
-# × bytes of `x` a warp loads per batch step, an upper bound on the bytes in flight (for the
-# grid a step is one row: section 2.3). The cell draws each variant's time against it (the
-# middle panel enlarges those under 190 µs), with notebook 05's finished kernel (`ropelib`) and,
-# from the run with TE installed, TE's kernel and its copy (red points 23 and 24).
-#
-# More KiB per SM goes with less time, but is not shown to be the cause: more heads a program ask
-# for more and take less time (`heads4_loop_b` comes level with the finished kernel at $b = 8$),
-# more warps on one tile ask for less and take longer, and each also changes the programs or the
-# instructions (`sh_loop_b_w4`: 1.39 warp instructions an element, more than TE's 1.23; two
-# warps, `sh_loop_b_w2`, keep the grid's time). TE, counted the same way, asks for about the
-# copy's KiB per SM (57.6 against 54.5) yet takes 1.94 times the copy's time: with 78-byte warp
-# loads (A.1) the bound is loose. Exercise 6 is the test that changes the rows in flight alone.
+# Resident warps × bytes of `x` a warp loads per batch step (for the grid one row: section 2.3),
+# derived, not counted (`ropelib.course.measured`): an upper bound on the bytes in flight. The
+# cell draws each variant's time against it (the middle panel enlarges those under 190 µs),
+# with notebook 05's finished kernel and, from the run with TE installed, TE's kernel and its
+# copy (red points 23 and 24). More KiB per SM goes with less time, but each variant that asks
+# for more also changes its programs or instructions, and TE asks for about the copy's KiB per
+# SM (57.6 against 54.5) yet takes 1.94 times its time: with 78-byte warp loads (A.1) the bound
+# is loose. Exercise 6 changes the rows in flight alone.
 
 # %%
 print(measured.table([mech[v] for v in order if v in mech], [
@@ -2123,8 +1973,6 @@ assert sorted(drawn + list(NOTEBOOK_05)) == sorted(in_flight), "every other vari
 fig = ladder.plot_in_flight(in_flight, IN_FLIGHT_GROUPS, zoom_us=190,
                             title=f"{mech_meta['gpu']}, {mech_meta.get('date', '?')[:10]} "
                                   f"(TE's run: {te_date})\nbf16 sbhd s=4096, b=8, h=32, d=128")
-print("numbered in the figure: " + ", ".join(f"{n} {v}" for n, v in enumerate(drawn, 1)
-                                             if v in ("copy", "heads4_loop_b", "ropelib", *TE_RUN)))
 assert [drawn.index(k) + 1 for k in TE_RUN] == [23, 24]   # the prose above names them
 fig.savefig(FIGURES / "04-bytes-in-flight.png", dpi=120)
 plt.show()
@@ -2133,32 +1981,7 @@ print(f"TE fused (run of {te_date}): {te_run['te_fused']['x_kib_per_sm']:.1f} Ki
       f"{te_run['copy']['x_kib_per_sm']:.1f} KiB/SM, {te_run['copy']['us']:.0f} us")
 assert (round(te_run["te_fused"]["x_kib_per_sm"], 1), round(te_run["te_fused"]["us"]),
         round(te_run["copy"]["x_kib_per_sm"], 1)) == (57.6, 244, 54.5)
-# one 256-byte row a warp a step for the one-warp grid; more heads a program: more KiB and less
-# time; more warps on one tile: less KiB, more time
-br, w4, h4 = mech["batch_reuse"], mech["sh_loop_b_w4"], mech["heads4_loop_b"]
-assert br["num_warps"] == 1 and br["x_bytes_per_warp_step"] == 256
-assert h4["x_kib_per_sm"] > 3 * br["x_kib_per_sm"] and h4["us"] < 0.8 * br["us"]
-assert mech["heads2_loop_b"]["x_kib_per_sm"] > 1.9 * br["x_kib_per_sm"] \
-    and mech["heads2_loop_b"]["us"] < 0.9 * br["us"]
-assert same_time(h4, mech["ropelib"], tol=0.03)          # level with the finished kernel, b = 8
-assert same_time(mech["sh_loop_b_w2"], br)                # two warps on one tile: the same time
-for w in (4, 8):
-    wide = mech[f"sh_loop_b_w{w}"]
-    assert wide["x_kib_per_sm"] < 0.6 * br["x_kib_per_sm"] and wide["us"] > 1.5 * br["us"]
-print(f"warp instructions per element: sh_loop_b_w4 {w4['ncu_warp_inst_per_element']:.2f}, "
-      f"TE fused {te['ncu_warp_inst_per_element']:.2f}")
-assert (round(w4["ncu_warp_inst_per_element"], 2), round(te["ncu_warp_inst_per_element"], 2)) \
-    == (1.39, 1.23)
-# TE's grid in Triton asks for about as many KiB per SM as heads4_loop_b (and is slower)
-assert mech["heads_all_one_b"]["x_kib_per_sm"] >= 0.8 * h4["x_kib_per_sm"]
-# TE's CUDA kernel: a copy's KiB per SM as counted (an upper bound: a block's whole x as one
-# step), yet slower than the grid of the same run with under a seventh of that
-assert te["steps"] == 1 and te["x_bytes_per_step"] == 8192 and te["x_bytes_per_warp_step"] == 1024
-print(f"  the batch-reusing grid (sh_loop_b) in that run: {te_run['sh_loop_b']['us']:.0f} us, "
-      f"{te_run['sh_loop_b']['x_kib_per_sm']:.1f} KiB/SM")
-assert te["x_kib_per_sm"] > 7 * te_run["sh_loop_b"]["x_kib_per_sm"]
-assert round(te_run["sh_loop_b"]["x_kib_per_sm"], 1) == 7.7
-assert te["x_kib_per_sm"] >= 0.95 * te_copy["x_kib_per_sm"]
+assert mech["batch_reuse"]["x_bytes_per_warp_step"] == 256   # one row a warp a step
 
 # %% [markdown]
 # ### A.5 DRAM bytes against the model
@@ -2169,9 +1992,9 @@ assert te["x_kib_per_sm"] >= 0.95 * te_copy["x_kib_per_sm"]
 # lines of `y` presumably written back after the profiler stops counting.
 #
 # **At $s = 32768$, $b = 1$ the grid re-reads its table**: 1.19 times the model's bytes, 128 MiB
-# beyond `x`, 8.0 times the 16 MiB table (the naive kernel: once). A plausible cause, not shown
-# by any counter here: the $(S, H)$ grid runs all positions of head 0 before head 1, sweeping
-# the table 32 times beside 16 MiB of `x` and `y` each. It still takes the naive kernel's time.
+# beyond `x`, 8.0 times the 16 MiB table (the naive kernel: once), and still takes the naive
+# kernel's time. (The $(S, H)$ grid runs all positions of head 0 before head 1; which of its 32
+# sweeps of the table miss the L2, no counter here says.)
 
 # %%
 # the reads complete, the writes short by less than the L2 holds (y's last lines, not yet
@@ -2203,6 +2026,4 @@ print(f"s32768-b1: DRAM bytes / model: batch_reuse (grid {b1['batch_reuse']['gri
 assert round(b1["batch_reuse"]["ncu_dram_bytes_over_model"], 2) == 1.19
 assert round(beyond_x["s32768-b1", "batch_reuse"]) == 128 and round(rereads, 1) == 8.0
 assert round(beyond_x["s32768-b1", "naive"]) == 16 == table_of["s32768-b1"] / 2**20
-assert b1["batch_reuse"]["heads"] == 32 and b1["batch_reuse"]["seq_len"] == 32768
-per_sweep = b1["batch_reuse"]["seq_len"] * b1["batch_reuse"]["batch"] * 128 * 2 * 2  # x and y
-assert per_sweep == 16 * 2**20 and b1["batch_reuse"]["head_dim"] == 128
+assert b1["batch_reuse"]["heads"] == 32 and same_time(b1["batch_reuse"], b1["naive"])

@@ -15,3 +15,11 @@ def test_floors_and_time_split_draw_one_row_per_kernel(tmp_path):
              for k in ("te_fused", "copy")}
     fig = nb04_figures.plot_time_split(split, "t", tmp_path / "s.png")
     assert (tmp_path / "s.png").exists() and len(fig.axes[0].patches) == 6
+
+
+def test_grids_label_each_row_with_its_program():
+    fig = nb04_figures.plot_grids(S=3, B=2, H=3)
+    naive, grid = ([t.get_text() for t in ax.texts] for ax in fig.axes)
+    assert len(naive) == len(grid) == 3 * 2 * 3
+    assert sorted(naive, key=int) == [str(i) for i in range(18)]    # one program a row
+    assert set(grid) == {f"{s},{h}" for s in range(3) for h in range(3)}   # (s, h) for every b

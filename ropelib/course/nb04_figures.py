@@ -1,4 +1,5 @@
-"""Notebook 04's two bar charts, drawn from the committed numbers its cells compute: the three
+"""Notebook 04's figures: which program rotates each row in the naive and the (S, H) grid
+(section 2), and two bar charts drawn from the committed numbers its cells compute: the three
 floors under each kernel's time (section 5.3) and where each kernel's time goes (section 5.5)."""
 import matplotlib.pyplot as plt
 
@@ -47,6 +48,37 @@ def plot_time_split(split: dict, title: str, path=None):
     ax.set_xlabel("µs (the dashed line: the copy's whole time)")
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7.5, loc="lower right")
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=110)
+    return fig
+
+
+def plot_grids(path=None, S: int = 3, B: int = 2, H: int = 3):
+    """Two panels of an [S, B, H] tensor's rows: the program that rotates each row in the naive
+    grid (S*B*H,) and in the (S, H) grid whose program (s, h) loops over b. The colour is the
+    program's number in launch order: a 2-D grid's program (s, h) is number s + S*h (axis 0
+    varies fastest)."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.2))
+    cmap = plt.get_cmap("tab20")
+    for ax, title, prog in (
+            (axes[0], f"naive: grid (S·B·H,) = ({S * B * H},)",
+             lambda s, b, h: ((s * B + b) * H + h, str((s * B + b) * H + h))),
+            (axes[1], f"batch-reuse: grid (S, H) = ({S}, {H}), program (s, h) loops over b",
+             lambda s, b, h: (s + S * h, f"{s},{h}"))):
+        for s in range(S):
+            for b in range(B):
+                for h in range(H):
+                    number, label = prog(s, b, h)
+                    ax.add_patch(plt.Rectangle((b * H + h, S - 1 - s), 1, 1,
+                                               fc=cmap(number % 20), ec="k"))
+                    ax.text(b * H + h + 0.5, S - 0.5 - s, label, ha="center", va="center")
+        ax.set_xlim(0, B * H), ax.set_ylim(0, S)
+        ax.set_xticks([i + 0.5 for i in range(B * H)], [f"b{i // H}h{i % H}" for i in range(B * H)])
+        ax.set_yticks([S - 0.5 - s for s in range(S)], [f"s={s}" for s in range(S)])
+        ax.set_title(title, fontsize=10)
+    fig.suptitle("which program rotates each row x[s, b, h, :] "
+                 "(label = program id; same colour = same program)", fontsize=9)
     fig.tight_layout()
     if path is not None:
         fig.savefig(path, dpi=110)
