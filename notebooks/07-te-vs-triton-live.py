@@ -19,12 +19,10 @@
 # Notebooks 03–06 built ropelib's kernels. This one asks: **on the same inputs, how does ropelib
 # compare with everything else that computes RoPE** (Transformer Engine's fused CUDA kernel and
 # its plain-PyTorch path, eager PyTorch, `torch.compile`, Liger Kernel and flash-attn where
-# installed), **and where it loses, why?** In short: ropelib's forward *kernel* runs near a copy
-# of the same bytes from 64 MiB on, ahead of TE's fused kernel (sections 4 and 5); issued eagerly
-# back to back, its host's cost per call can limit the forward instead (7.3 prints both). Where
-# its eager forward+backward loses to TE's, the host issuing the call sets the time, not the
-# kernels: replayed from a CUDA graph, ropelib's forward+backward takes 0.55 to 0.57 of TE's time
-# on an H200, 0.70 to 0.73 on an H100 (7.1).
+# installed), **and where it loses, why?** In short: from 64 MiB on ropelib's forward kernel runs
+# near a copy of the same bytes, ahead of TE's fused kernel (sections 4 and 5). Its eager
+# forward+backward loses to TE's on the host that issues it, not on its kernels: replayed from a
+# CUDA graph, ropelib's takes 0.55 to 0.57 of TE's time on an H200, 0.70 to 0.73 on an H100 (7.1).
 #
 # **After this notebook you will be able to**
 #
@@ -37,12 +35,10 @@
 # - write the yardstick yourself, one kernel that copies or rotates a tile of rows, and race it.
 #
 # **Where the numbers come from.** The text's numbers are read from runs committed in
-# `benchmarks/results/` (section 5 lists each file, its GPU and date) and asserted by the code
-# beside them; most are an H200's, and sections 4 and 7.1 set one suite's H200 and H100 runs side
-# by side.
-# A live GPU run prints its own timings, each line naming its GPU. Without a GPU everything runs
-# in Triton's interpreter at tiny sizes: the *errors* are real, the **timings meaningless**. About
-# two hours with the three exercises; the appendix can wait.
+# `benchmarks/results/` (section 5 lists each file with its GPU and date) and asserted beside
+# them; most are an H200's. A live GPU run prints its own timings, naming its GPU. Without a GPU
+# everything runs in Triton's interpreter at tiny sizes: the *errors* are real, the **timings
+# meaningless**. About two hours with the three exercises; the appendix can wait.
 
 # %%
 import os, torch
@@ -157,7 +153,8 @@ assert all(r["max_head_ulp_err"] <= 4 for r in rows32)
 # formula, from bf16 cos/sin tables, lands between. In **fp32** the output format is the arithmetic
 # format: a few head-wise ulps, hundreds element-wise near zero. The times are your GPU's: the
 # committed H200 sweep ran this shape with torch.compile's forward at 84 µs, 0.43 of a copy, and
-# your table may show a very different ratio for it; section 4 shows why.
+# your table may show a very different ratio for it: there its time is not its kernel's
+# (section 4), and 7.3 measures whose it is.
 
 # %% [markdown]
 # ## 3. The dashboard
@@ -234,14 +231,12 @@ if GPU and SEED_CSV.exists():
 # %% [markdown]
 # **Which ratios travel between GPUs.** A copy timed in the same run cancels the memory's speed, so
 # a ratio carries to another GPU only for a kernel whose time follows the memory's. The floor suite
-# (`ropelib.bench.floor`) ran the same forward cases, 64 MiB to 2 GiB, on an H200 and on an H100,
-# whose copy takes 1.35 to 1.41 times as long. The cell reads both runs. ropelib's time grows with
-# the copy's and its ratio carries, within 3 %. TE's fused kernel and eager PyTorch slow down by
-# less than the copy (TE's by 1.08 to 1.24 times), so their ratios come out higher on the H100
-# (TE's 1.14 to 1.30 times): part of their time is not the memory's, and their ratio belongs to the
-# GPU it was measured on, like a µs. torch.compile's ratio carries where it ties the copy on the
-# H200; at 64 MiB its forward took *less* time on the H100 than on the H200 although the copy took
-# more: there its time is not its kernel's (sections 5 and 7).
+# ran the same forward cases, 64 MiB to 2 GiB, on an H200 and an H100, whose copy takes 1.35 to
+# 1.41 times as long. ropelib's time grows with the copy's and its ratio carries, within 3 %. TE's
+# fused kernel and eager PyTorch slow down by less than the copy, so their ratios come out higher
+# on the H100 (TE's 1.14 to 1.30 times): part of their time is not the memory's. torch.compile's
+# ratio carries where it ties the copy on the H200; at 64 MiB its forward took *less* time on the
+# H100 than on the H200 although the copy took more: there its time is not its kernel's.
 
 # %%
 H100 = "nvidia-h100-80gb-hbm3"
@@ -292,8 +287,7 @@ measured_when = measured.committed_when          # (GPU, date) of a committed re
 PROVENANCE = {SEED_CSV: "2, 4-7", FIGURES / "02-unfused-kernels.csv": "5",
               RESULTS / "floor-nvidia-h200.csv": "4, 6.2, 7",
               RESULTS / f"floor-{H100}.csv": "4, 7",
-              RESULTS / "host_by_size-nvidia-h200-20261204-1600.log": "A.1",
-              RESULTS / "mid_fwdbwd-nvidia-h200-20261201-2307.log": "A.2"}
+              RESULTS / "host_by_size-nvidia-h200-20261204-1600.log": "A.1"}
 when = {p.name: measured_when(p) for p in PROVENANCE if p.exists()}
 for p, read_in in PROVENANCE.items():
     gpu, date = when.get(p.name, ("(missing)", None))
@@ -327,14 +321,14 @@ for dtype in DTYPES:
 
 # %% [markdown]
 # **Reading the panels** (dashed grey: the copy timed beside each point). The lines rise with the
-# tensor: a fixed cost per call, amortised (section 6). Eager
-# PyTorch stays at or below 0.15 of a copy in fp32, 0.10 in bf16, as notebook 02's profile predicts
-# (ten kernels moving 6.0 times the fused kernel's bytes at 0.44 of the copy's speed: 0.073, what
-# the largest tensor measures). **From 64 MiB of $x$ on ropelib ties the copy** (fp32, batch 2 on:
-# 0.98 to 1.017, within its percentiles), ahead of TE's kernel and the batch-reuse generation
-# (64 MiB is also where ropelib switches to its two-pass route: notebook 05, section 6). The one
-# point well above 1 (fp32, batch 8, the longest
-# sequence: 1.11) is a slow copy: the copy's GB/s drops there and TE's ratio jumps with it.
+# tensor: a fixed cost per call, amortised (section 6). Eager PyTorch stays at or below 0.15 of a
+# copy in fp32, 0.10 in bf16, as notebook 02's profile predicts (ten kernels moving 6.0 times the
+# fused kernel's bytes at 0.44 of the copy's speed: 0.073, what the largest tensor measures).
+# **From 64 MiB of $x$ on ropelib ties the copy** (fp32, batch 2 on: 0.98 to 1.017, within its
+# percentiles), ahead of TE's kernel and the batch-reuse generation; 64 MiB is where ropelib
+# switches to its two-pass route (notebook 05, section 6). The one point well above 1 (fp32,
+# batch 8, the longest sequence: 1.11) is a slow copy: the copy's GB/s drops there and TE's ratio
+# jumps with it.
 
 # %%
 from ropelib.course import kernel_bandwidth
@@ -413,12 +407,10 @@ for dtype in DTYPES:
 # %% [markdown]
 # **The other axes.** The last four sweeps grow one axis at a time from a 32 MiB bf16 tensor
 # ($S = 2048$, $B = 2$, $H = 32$, $D = 128$). No axis matters on its own: whichever makes $x$
-# 64 MiB or more, ropelib's forward runs at 0.95 of the copy or above, below that at 0.88 or less
-# (over all sweeps, its 90 points from 64 MiB on lie at 0.931 or above). TE's fused kernel stays at
-# or below 0.60, behind ropelib at every point; eager PyTorch at 0.10 at most. **torch.compile is
-# the odd line in this H200 run**: on the copy only on the largest tensors (0.99), and not
-# monotone (0.67 at $S = 2048$, 0.43 at 4096): below 128 MiB its time does not follow the bytes,
-# nor the GPU's memory (section 4), so another GPU prints its own ratios (section 2's table).
+# 64 MiB or more, ropelib's forward runs at 0.95 of the copy or above, below that at 0.88 or less.
+# TE's fused kernel stays at or below 0.60, behind ropelib at every point. **torch.compile is the
+# odd line in this H200 run**: on the copy only on the largest tensors (0.99), and not monotone
+# (0.67 at $S = 2048$, 0.43 at 4096).
 
 # %%
 AXES = {"seq-bf16": "seq_len", "hidden-bf16": "head_dim", "heads-bf16": "heads",
@@ -630,11 +622,9 @@ if "bf16" in models:     # ropelib's bf16 sweep at batch 1, S = 2048 held out
     plt.show()
 
 # %% [markdown]
-# **What the forward lines say.** Every forward fit passes. ropelib pays less per call than TE's
-# kernel and streams faster; its fp32 line ties the copy's (the bands overlap), its bf16 line
-# streams at 0.89 of the copy's, the band wholly below, for a cause not measured here. Eager
-# PyTorch's line, scaled by the 6.0 times the bytes its ten kernels move, lands near notebook 02's
-# share of the copy's speed.
+# **What the forward lines say.** ropelib pays less per call than TE's kernel and streams faster;
+# its fp32 line ties the copy's (the bands overlap), its bf16 line streams at 0.89 of it (the band
+# wholly below), for a cause not measured here.
 
 # %% [markdown]
 # ### 6.2 Forward+backward: no line through the points
@@ -674,7 +664,6 @@ if len(models) == 2:
     assert [round(f(v[1] for v in fused.values()), 2) for f in (min, max)] == [-0.04, 0.27]
     assert [round(f(v[2] for v in fused.values()), 2) for f in (min, max)] == [0.08, 0.28]
     assert [round(f(v[0] for v in fused.values())) for f in (min, max)] == [132, 185]
-    assert round(2**20 / (slopes["bf16", "ropelib"][1] * 1e3) / 1e3) == -31     # 1/b, TB/s
     # why: at every point two copies of the bytes take less than ropelib's host needs to issue
     # one eager forward+backward (the floor run, decode size): its times are the host's
     copies_us = max(r["copy_fwdbwd_ms"] for d in DTYPES
@@ -716,14 +705,14 @@ if len(models) == 2:
 # synchronisation, best of 5 rounds) and, at 64 MiB of bf16, **`do_bench`**'s median and the call
 # **replayed** from a CUDA graph (its kernels alone). `do_bench`'s median less the replay is time
 # the kernels did not spend; the host's time beyond the kernels, over that gap, is the **share**
-# the cell prints (the host timed at decode size, the gap at 64 MiB: A.2 times both at 64 MiB).
-# Near 1, the host's time is what fills the gap: for ropelib and torch.compile it lies between
-# 0.7 and 1.4 in every layout on both GPUs. Far above 1, the gap is small and the host alone
-# would more than fill it: TE's shares (1.9 to 2.9 on the H100) sit over a `do_bench` median
-# within an eighth of its kernels. Replayed, ropelib's kernels take 0.55 to 0.57 of TE's time on
-# the H200 and 0.70 to 0.73 on the H100, torch.compile's tie ropelib's: ropelib loses on the host.
-# A host-bound call is cured by replaying the whole step from a CUDA graph (notebook 11,
-# section 4), not by compiling the RoPE call alone: torch.compile's host takes the longest.
+# the cell prints (here the host and the gap come from two sizes; 7.3 times both at one). Near 1,
+# the host's time is what fills the gap: for ropelib and torch.compile it lies between 0.7 and 1.4
+# in every layout on both GPUs. TE's `do_bench` median lies within an eighth of its kernels: its
+# gap is too small for the share to mean much. Replayed, ropelib's kernels take 0.55 to 0.57 of
+# TE's time on the H200 and 0.70 to 0.73 on the H100, torch.compile's tie ropelib's: ropelib loses
+# on the host (appendix A.1 splits its host's time). Replaying the whole step from a CUDA graph
+# removes that cost (notebook 11, section 4); compiling the RoPE call alone does not:
+# torch.compile's host takes the longest.
 
 # %%
 FLOOR_64 = [f"64 MiB bf16 {layout}" for layout in ("sbhd", "bshd", "thd")]
@@ -900,12 +889,18 @@ else:
           "do_bench's loop written out, and print the host's share of do_bench's gap")
 
 # %% [markdown]
-# **Section 2's forwards** (64 MiB of bf16 on a GPU) are timed with exercise 2's function (yours if
-# it passed) and with `do_bench`, beside the copy of the same bytes timed the same ways; each
-# fraction of a copy uses one timer. *Back to back* is what an eager loop of forwards gets: where
-# the line says host-bound, the host's cost per call, not the kernel, limits it there. Under
-# `do_bench` the memset lets the host get ahead, so the same call can tie the copy; a training
-# loop has no memset to hide the host.
+# **Section 2's forwards** (64 MiB of bf16 on a GPU), timed with exercise 2's function (yours if it
+# passed) and with `do_bench`, beside the copy of the same bytes timed the same ways; each fraction
+# of a copy uses one timer. *Back to back* is what an eager loop of forwards gets: where the line
+# says host-bound, the host's cost per call limits it, not the kernel. Under `do_bench` the memset
+# can let the host get ahead, and the same call ties the copy. A fraction above 1 there does not
+# mean a kernel beat the copy: the cell prints the *replayed* fraction beside it, kernels against
+# kernels, and checks ropelib's below 1.05.
+#
+# Section 2's table times these forwards under `torch.no_grad()`; here autograd is on, as in
+# training. Each call's last line repeats its enqueue and `do_bench` with autograd off. Where
+# `do_bench`'s fraction of a copy moves with the mode, the host's time per call sets it: that is
+# how section 2's table and this cell can disagree on one call.
 
 # %%
 case2 = compare.make_case(one, device, seed=1)      # section 2's shape: 64 MiB of bf16 on a GPU
@@ -919,6 +914,22 @@ for k in range(5 if GPU else 1):                # rounds, the calls alternating
         fwd_runs.setdefault(n, []).append((launch_queue.dobench_counted(timed2[n], device),
                                            dobench_loop(timed2[n], flush) if GPU else None))
 dobench2 = {n: statistics.median(d for (d, _), _ in runs_) for n, runs_ in fwd_runs.items()}
+
+
+def without_grad(call):
+    """call() under torch.no_grad(), as section 2's table times a forward."""
+    def run():
+        with torch.no_grad():
+            call()
+    return run
+
+
+no_grad = {}                                    # name: (enqueue µs, do_bench µs), autograd off
+for name, call in fwd_calls.items():
+    quiet = without_grad(call)
+    quiet()                                     # a first call in this mode may compile
+    no_grad[name] = (launch_queue.dobench_counted(quiet, device)[0],
+                     launch_queue.enqueue_us(quiet, 20 if GPU else 2))
 where2 = torch.cuda.get_device_name() if GPU else "CPU, Triton's interpreter: times mean nothing"
 print(f"forward at section 2's shape ({where2})"
       + (f"; do_bench's memset of 256 MiB: {flush_us:.1f} us" if GPU else ""))
@@ -929,9 +940,12 @@ for name, t in fwd_three.items():
     if name == "copy":
         continue
     of_copy[name] = (copy_b2b / back_to_back_us(t), dobench2["copy"] / dobench2[name])
+    replayed = (f", replayed {fwd_three['copy']['replay_us'] / t['replay_us']:.2f}" if GPU
+                else "")
     print(issue_line(name, t, dobench2[name])
           + f"\n  {'':13s} of a copy: back to back {of_copy[name][0]:.2f}, "
-          f"under do_bench {of_copy[name][1]:.2f} (each against the copy on the same timer)")
+          f"under do_bench {of_copy[name][1]:.2f}{replayed} (each against the copy on the "
+          "same timer)")
     if GPU:
         calls = statistics.median(c for (_, c), _ in fwd_runs[name])
         loop = {k: statistics.median(l[k] for _, l in fwd_runs[name]) for k in fwd_runs[name][0][1]}
@@ -940,12 +954,16 @@ for name, t in fwd_three.items():
         print(regime_line(name, loop, flush_us, t["replay_us"], dobench2[name]))
         assert loop["events"] > 0.7 * t["replay_us"], (name, loop, t)
         assert 0.5 < loop["calls"] / calls < 2, (name, loop["calls"], calls)
+    print(f"  {'':13s} autograd off (section 2's table): enqueue {no_grad[name][1]:6.1f} us, "
+          f"do_bench {no_grad[name][0]:6.1f} us, {dobench2['copy'] / no_grad[name][0]:.2f} of a "
+          "copy")
 assert "ropelib" in of_copy and all(v > 0 for pair in of_copy.values() for v in pair)
+assert all(v > 0 for pair in no_grad.values() for v in pair)
 if GPU:
-    # ropelib's forward at 64 MiB runs near the copy: its kernels replayed against the copy's,
-    # and under do_bench (where the memset lets the host get ahead)
+    # ropelib's forward at 64 MiB: its kernels no faster than the copy's, beyond the noise, and
+    # near it under do_bench (where the memset can let the host get ahead)
     kernels_of_copy = fwd_three["copy"]["replay_us"] / fwd_three["ropelib"]["replay_us"]
-    assert 0.8 < kernels_of_copy < 1.15 and 0.8 < of_copy["ropelib"][1] < 1.15, of_copy
+    assert 0.8 < kernels_of_copy < 1.05 and 0.8 < of_copy["ropelib"][1] < 1.15, of_copy
     if "torch.compile" in fwd_three:
         tc_three = fwd_three["torch.compile"]
         assert tc_three["enqueue_us"] > tc_three["replay_us"], tc_three    # the host's is larger
@@ -1136,9 +1154,9 @@ if not rows_ok:     # the worked kernel: from 4 rows to 64 the count per element
 # %% [markdown]
 # **Why the rotation falls behind the copy from four rows on.** With the tile the compiler raises
 # the registers, lowers the warps an SM can hold and spills at 64 rows, while the instructions per
-# element do not rise. Appendix A.3 races a variant with the per-row angle work cut, moving the
-# same bytes: where it runs near the copy and the racing kernel does not, that work, not memory
-# traffic, slows the rotation.
+# element do not rise. Appendix A.2 races a variant with the per-row angle work cut, moving the
+# same bytes, at 64 rows against the racing kernel at 16, with no more warps an SM: where it runs
+# nearer its copy, the per-row work, not memory traffic or occupancy, slows the rotation.
 
 # %% [markdown]
 # Now your kernel as a provider at its fastest tile, beside the others (forward only). Rounded
@@ -1167,29 +1185,23 @@ if not rows_ok:     # the worked kernel: rounded once; on a GPU below TE's fused
 # %% [markdown]
 # ## What we saw
 #
-# - **Judge a memory-bound kernel against a copy of the same bytes, timed in the same run with the
-#   same timer**, and its error in head-wise ulps against fp64: the fused kernels round once
-#   (≤ 0.5). The ratio carries to another GPU only for a kernel whose time follows the memory's:
-#   ropelib's forward did between the committed H200 and H100 runs; TE's and eager PyTorch's not.
-# - **A forward sweep is a fixed cost per call plus bytes over bandwidth**, $1/b$ a bandwidth only
-#   where the slope's standard error pins it. ropelib's line ties the copy's in fp32 and reaches
-#   0.89 of it in bf16 at batch 1 (committed H200 sweeps); TE's fused kernel stays well below.
-# - **A time that does not follow the bytes is a cost per call; find out whose** by timing the
-#   host's issue, `do_bench` and a replay: ropelib's eager forward+backward loses to TE's because
-#   its host's time fills the gap between `do_bench` and its kernels (both GPUs' committed runs;
-#   7.3 live), at decode size its two launches (A.1). Even ropelib's forward, whose kernel ties
-#   the copy, can be limited by its host when issued eagerly back to back (7.3 prints both
-#   fractions). Replaying the step from a CUDA graph removes that cost; compiling the RoPE call
-#   does not.
+# - **Judge a memory-bound kernel against a copy of the same bytes, timed in the same run by the
+#   same timer**, and its error in head-wise ulps against fp64. The ratio carries to another GPU
+#   only where the kernel's time follows the memory's (ropelib's forward did; TE's did not).
+# - **A forward sweep is a fixed cost per call plus bytes over bandwidth**; $1/b$ is a bandwidth
+#   only where the slope's standard error pins it.
+# - **A time that does not follow the bytes is a cost per call: find out whose** by timing the
+#   host's issue, `do_bench` and a replay. ropelib's eager forward+backward loses to TE's on its
+#   host; replaying the step from a CUDA graph removes that cost, compiling the RoPE call does not.
 # - **A RoPE kernel is a copy with arithmetic in between**: one kernel with a switch measures what
-#   the rotation adds; a variant with less per-row angle work (A.3) shows where it goes.
+#   the rotation adds.
 
 # %% [markdown]
 # ## Not measured here
 #
 # Each needs a profiler on a GPU: why ropelib's bf16 forward streams at 0.89 of the copy at
 # batch 1 (6.1) and dips at batch 8 (5); when in the call torch.compile launches its kernel (5,
-# 7.3); whether instruction issue or registers slow the rotation from four rows on (8, A.3).
+# 7.3); which of the rotation's per-row instructions stall it from four rows on (8, A.2).
 
 # %% [markdown]
 # Notebook 08 turns from speed to correctness: an `allclose` between two RoPE kernels that
@@ -1259,77 +1271,15 @@ assert not any(f in sections[decode] for f in two_pass_python)
 assert all(f in sections["64 MiB sbhd"] for f in two_pass_python)
 
 # %% [markdown]
-# ### A.2 The eager call at 64 and 256 MiB
-#
-# `benchmarks/mid_fwdbwd_probe.py` timed one forward+backward of ropelib, torch.compile and TE's
-# fused kernel on an H200 as **host** (7.2's enqueue), **device** (a CUDA-graph replay) and
-# **eager** (50 calls, then one synchronisation: what a training step waits for) at 64 MiB of
-# bf16 in each layout and 256 MiB in bshd, in one run: 7.1's comparison with the host timed at the
-# same size. At 64 MiB ropelib's and
-# torch.compile's host takes three to eight times their kernels' time and TE's eager call is the
-# fastest; at 256 MiB the kernels catch up. The eager call takes about the larger of the two sides
-# (0.68 to 1.02 of it). Host times come from separate rounds: read them to a few tens of per cent.
-
-# %%
-MID_LOG = RESULTS / "mid_fwdbwd-nvidia-h200-20261201-2307.log"
-mid_gpu, mid_day = re.fullmatch(r"mid_fwdbwd-(.+)-(\d{8})-\d{4}\.log", MID_LOG.name).groups()
-mid = measured.fwdbwd_log(MID_LOG)
-assert "h200" in mid_gpu and mid_day == "20261201"
-MID = [f"64 MiB bf16 {layout}" for layout in ("sbhd", "bshd", "thd")]
-BIG = "256 MiB bf16 bshd"
-PROVS = ("ropelib", "torch.compile", "te_fused")
-print(f"{MID_LOG.name}: measured on {mid_gpu}, {mid_day}; µs per forward+backward, medians of "
-      "three rounds; 'of copies': the replayed time against two replayed copies (forward: one)")
-print(f"{'case':17s} {'provider':13s} {'host':>7s} {'device':>7s} {'host/device':>12s} "
-      f"{'eager':>7s} {'of copies':>10s} {'forward':>8s}")
-for case in MID + [BIG]:
-    for p in PROVS:
-        r = mid[case, p]
-        print(f"{case:17s} {p:13s} {r['enqueue_us']:7.1f} {r['fwdbwd_graph_us']:7.1f} "
-              f"{r['enqueue_us'] / r['fwdbwd_graph_us']:12.2f} {r['eager_us']:7.1f} "
-              f"{r['fwdbwd_ratio']:10.3f} {r['fwd_ratio']:8.3f}")
-
-
-def at_64(key, providers, per=None):
-    """(min, max) over the 64 MiB cases of a column, or of column / the device's time."""
-    vals = [mid[c, p][key] / (mid[c, p][per] if per else 1) for c in MID for p in providers]
-    return min(vals), max(vals)
-
-
-rounded = lambda span, digits=0: tuple(round(v, digits) for v in span)
-# replayed (the floor suite's figures of 7.1, measured again): ropelib's kernels near two
-# copies, TE's near half of them
-assert at_64("fwdbwd_ratio", ["ropelib"])[0] > 0.93 > 0.55 > at_64("fwdbwd_ratio", ["te_fused"])[1]
-# the host against the kernels: ropelib's and torch.compile's host several times their kernels,
-# TE's near them; so TE's eager call is the fastest at 64 MiB
-host_over = {p: at_64("enqueue_us", [p], per="fwdbwd_graph_us") for p in PROVS}
-assert host_over["ropelib"][0] > 3 and host_over["torch.compile"][0] > 6 \
-    and max(host_over["ropelib"][1], host_over["torch.compile"][1]) < 8 \
-    and host_over["te_fused"][1] < 1.7, host_over
-assert all(mid[c, "te_fused"]["eager_us"] < min(mid[c, p]["eager_us"] for p in PROVS[:2])
-           for c in MID)
-# 256 MiB: ropelib's eager call at 0.96 of two copies; TE's kernels set its pace
-big = {p: mid[BIG, p] for p in PROVS}
-print(f"{BIG}, ropelib's eager call {big['ropelib']['eager_us']:.0f} us: "
-      f"{big['ropelib']['copy_pair_us'] / big['ropelib']['eager_us']:.2f} of two replayed copies")
-assert round(big["ropelib"]["eager_us"]) == 264
-assert round(big["ropelib"]["copy_pair_us"] / big["ropelib"]["eager_us"], 2) == 0.96
-assert round(big["te_fused"]["fwdbwd_graph_us"]) == 482
-assert round(big["te_fused"]["enqueue_us"] / big["te_fused"]["fwdbwd_graph_us"], 2) == 0.33
-# the eager call waits for the slower side: at most about the larger of host and device
-eager_over = {(c, p): mid[c, p]["eager_us"] / max(mid[c, p]["enqueue_us"],
-                                                  mid[c, p]["fwdbwd_graph_us"])
-              for c in MID + [BIG] for p in PROVS}
-assert rounded((min(eager_over.values()), max(eager_over.values())), 2) == (0.68, 1.02)
-
-# %% [markdown]
-# ### A.3 One angle load per tile
+# ### A.2 One angle load per tile
 #
 # This variant loads the angles of the tile's one token once, `[1, D]`, and broadcasts them (right
 # when a tile lies within one token's $BH$ rows): the same bytes of $x$ as the racing kernel, far
-# less per-row angle work (the compiled table). On a GPU the cell races the two: at a tile where the
-# variant runs near the copy and the racing kernel does not, the per-row work, not memory traffic,
-# slows the racing kernel. Whether through instruction issue or registers, the race cannot say.
+# less per-row angle work (the compiled table). The pair to compare is the racing kernel at 16
+# rows and the variant at 64: the compiler leaves the variant no more warps an SM, neither spills,
+# and the variant compiles to under a fifth of the instructions per element. On a GPU the cell
+# races them: if the variant runs nearer its copy, occupancy is not what holds the racing kernel
+# back at 16 rows; its per-row work is (the cell asserts that order).
 
 # %%
 @triton.jit
@@ -1365,17 +1315,25 @@ tok_compiled = {b: load_schedule.schedule(
                                   ROWS_PER_TOKEN=B7 * H7, D=128, BLOCK_ROWS=b, ROTATE=True),
     num_warps=4) for b in per_thread}
 tok_inst = {b: tok_compiled[b]["instructions"] / n for b, n in per_thread.items()}
+tok_warps = {b: min(measured.WARPS_PER_SM, 4 * (65536 // (128 * 8 * -(-c["registers"] // 8))))
+             for b, c in tok_compiled.items()}             # section 8's formula
 print(f"sm_90, Triton {triton.__version__}, D = 128, 4 warps, rotating")
-print(f"{'BLOCK_ROWS':>10} {'racing: regs':>12} {'inst/elem':>9} {'STL':>5} "
-      f"{'token angles: regs':>18} {'inst/elem':>9} {'STL':>5}")
+print(f"{'BLOCK_ROWS':>10} {'racing: regs':>12} {'inst/elem':>9} {'warps/SM':>8} {'STL':>5} "
+      f"{'token angles: regs':>18} {'inst/elem':>9} {'warps/SM':>8} {'STL':>5}")
 for b in per_thread:
     r, t = compiled[b, True], tok_compiled[b]
-    print(f"{b:>10} {r['registers']:>12} {inst_per_elem[b, True]:>9.0f} {r['local_stores']:>5} "
-          f"{t['registers']:>18} {tok_inst[b]:>9.0f} {t['local_stores']:>5}")
+    print(f"{b:>10} {r['registers']:>12} {inst_per_elem[b, True]:>9.0f} {warps[b, True]:>8} "
+          f"{r['local_stores']:>5} {t['registers']:>18} {tok_inst[b]:>9.0f} {tok_warps[b]:>8} "
+          f"{t['local_stores']:>5}")
 assert all(tok_inst[a] > tok_inst[b] for a, b in ((1, 4), (4, 16), (16, 64)))   # falls
 if not rows_ok:     # against the worked kernel: fewer instructions and registers from 4 rows on
     assert all(tok_inst[b] < inst_per_elem[b, True] for b in (4, 16, 64))
     assert tok_compiled[64]["registers"] < compiled[64, True]["registers"]
+    # the pair the race compares: the variant at 64 rows holds no more warps an SM than the
+    # racing kernel at 16 (neither spills), with under a fifth of its instructions per element
+    assert tok_warps[64] <= warps[16, True] and spills[16]["local_stores"] == 0 \
+        and tok_compiled[64]["local_stores"] <= slow["local_stores"]
+    assert tok_inst[64] < 0.2 * inst_per_elem[16, True]
 
 if GPU:     # the race again, the token-angle rotation beside the racing kernel's
     tok_ms = {b: time_ms(lambda b=b: launch_rows(token_angle_rows_kernel, x7, y7, f7,
@@ -1383,13 +1341,18 @@ if GPU:     # the race again, the token-angle rotation beside the racing kernel'
               for b in token_tiles}
     print(f"{'BLOCK_ROWS':>10} {'your copy':>10} {'rot./copy':>9} {'token angles':>13} "
           f"{'rot./copy':>9}")
+    rot_of = {}                 # BLOCK_ROWS: (racing rotation / copy, token angles / copy)
     for r in race:
         b = r["BLOCK_ROWS"]
         if b in tok_ms:
-            print(f"{b:>10} {r['your copy'] * 1e3:8.1f}us "
-                  f"{r['your rotation'] / r['your copy']:9.2f}"
-                  f" {tok_ms[b] * 1e3:11.1f}us {tok_ms[b] / r['your copy']:9.2f}")
+            rot_of[b] = (r["your rotation"] / r["your copy"], tok_ms[b] / r["your copy"])
+            print(f"{b:>10} {r['your copy'] * 1e3:8.1f}us {rot_of[b][0]:9.2f}"
+                  f" {tok_ms[b] * 1e3:11.1f}us {rot_of[b][1]:9.2f}")
     assert all(0 < v < 20 * copy_ms for v in tok_ms.values()), tok_ms      # a sanity band
+    print(f"no more warps an SM, a fifth of the instructions or less: the variant at 64 rows "
+          f"{rot_of[64][1]:.2f} of its copy's time, the racing kernel at 16 {rot_of[16][0]:.2f}")
+    if not rows_ok:     # occupancy is not what holds the racing kernel back at 16 rows
+        assert rot_of[64][1] < rot_of[16][0], rot_of
 else:
     print("the token-angle race: skipped (no GPU; the interpreter's times mean nothing)")
 
