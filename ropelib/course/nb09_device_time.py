@@ -1,0 +1,57 @@
+"""A call's device time from ``torch.profiler``, beside ``do_bench`` (notebook 09, appendix A.4).
+
+``triton.testing.do_bench`` zeroes a 256 MiB buffer (flushing the L2 cache), records a CUDA event,
+makes the call and records another. The events span the call's kernels alone only where the host
+has launched them before the device finishes the flush; where launching takes the host longer,
+they also span the device's wait for the launch. :func:`device_ms` runs the same loop (the same
+flush, then the call inside a ``record_function`` range) under the profiler and returns the device
+time of the kernels and copies each call launched: their own duration, whatever the host's pace.
+
+Off a GPU the same loop runs under the CPU profiler and returns each call's host time: the
+plumbing is tested, the number means nothing.
+"""
+from __future__ import annotations
+
+import statistics
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+RANGE = "nb09_timed_call"
+FLUSH_BYTES = 256 * 2 ** 20          # do_bench's cache-flush buffer
+
+
+def device_ms(fn, device, calls: int = 20) -> float:
+    """Median over ``calls`` calls of ``fn()`` of the device time (ms) of what the call launched,
+    each call after an L2 flush as in ``do_bench``; off a GPU, the median host time of a call."""
+    on_cuda = torch.device(device).type == "cuda"
+    flush = torch.empty(FLUSH_BYTES if on_cuda else 1, dtype=torch.int8, device=device)
+    fn()                                                      # compiled and warm
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
+    if on_cuda:
+        torch.cuda.synchronize(device)
+    with profile(activities=activities) as prof:
+        for _ in range(calls):
+            flush.zero_()
+            with record_function(RANGE):
+                fn()
+        if on_cuda:
+            torch.cuda.synchronize(device)
+    ranges = [e for e in prof.events()
+              if e.name == RANGE and e.device_type == torch.autograd.DeviceType.CPU]
+    if len(ranges) != calls:
+        raise RuntimeError(f"the profiler recorded {len(ranges)} calls of {calls}")
+    per_call = [(e.device_time_total if on_cuda else e.cpu_time_total) / 1e3 for e in ranges]
+    if on_cuda and min(per_call) <= 0:
+        raise RuntimeError("a call launched nothing the profiler saw on the device")
+    return statistics.median(per_call)
+
+
+def device_ms_or_none(fn, device, calls: int = 20):
+    """:func:`device_ms`, or None where the profiler attributes no time to the calls (it prints
+    why, and the caller goes on with ``do_bench``'s time alone)."""
+    try:
+        return device_ms(fn, device, calls)
+    except RuntimeError as e:
+        print(f"no device time from the profiler here ({e})")
+        return None
