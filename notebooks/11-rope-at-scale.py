@@ -246,7 +246,7 @@ print("dual-chunk attention of each rank = its share of causal attention over th
 # 8 chunks of 16: position 100 is in chunk 6 $= 2c-1-r$, so rank 1, which holds chunk 1
 # (positions 16–31, local indices 0–15) and then chunk 6: local index $16 + (100 - 96) = 20$.
 # Chunks $r$ and $2c-1-r$ adjoin only when $2c-1-r = r+1$, that is $r = c-1$: the last rank
-# (appendix A.1 shows it for rank 1 of 2).
+# (section 1's $S=8$ example: rank 1 holds 2 3 | 4 5).
 # </details>
 
 # %%
@@ -316,7 +316,7 @@ assert proc.returncode == 0, proc.stderr[-3000:]
 
 # %% [markdown]
 # The CSV starts with `# key: value` lines (versions, sizes, a summary) and has one row per
-# step. The same two functions read the committed GPU runs in section 3.
+# step. The same functions read (and, in appendix A.2, draw) the committed GPU runs.
 
 # %%
 def read_cp_run(path) -> dict:
@@ -373,10 +373,6 @@ assert fp32_ulp < 1e-6                            # 6 decimals are coarser than 
 assert max(diffs) <= exact_diff + 1e-6 + 1e-9     # each column rounds by half a unit at most
 assert ulps <= 4 * (1 + 1e-2)                     # a few fp32 ulps (max_loss_diff has 3 digits)
 assert len(set(dry["loss"])) == 3                 # it trained: the loss moved every step
-fig, ax = plt.subplots(figsize=(6, 3.5))
-plot_cp_run(dry, ax)
-fig.tight_layout()
-plt.show()
 
 # %% [markdown]
 # **Answer:** yes, to fp32 rounding: the losses agree to at most 4 ulps (the gap between
@@ -452,8 +448,6 @@ print(f"added up: optimizer state {state:.2f} GiB + half of one GPU's activation
       f"{estimate:.2f} GiB, against {peak_rank:.2f} measured")
 assert round(peak_one, 2) == 65.12, "one GPU's peak: 65.12 GiB"
 assert round(peak_rank / peak_one, 2) == 0.55, "each rank: 55 % of it"
-assert round(estimate, 2) == 36.69, "added up: 36.69 GiB"
-assert round(peak_rank, 2) == 35.94, "measured: 35.94 GiB"
 assert abs(estimate - peak_rank) < 1, "the parts add up to within 1 GiB"
 
 # %% [markdown]
@@ -492,11 +486,11 @@ plt.show()
 
 # %% [markdown]
 # After step 1 every step is within 1 % of the others: two ranks are 1.30 times as fast as
-# one GPU, not twice (appendix A.2 asks why).
+# one GPU, not twice (appendix A.1 asks why).
 #
 # **Loss.** Both runs start from the same weights and batches but compare at steps 1 and 2
 # only: from the second update on, the 6-step run's cosine schedule takes smaller steps
-# (appendix A.4).
+# (appendix A.2).
 
 # %%
 one_loss, two_loss = one["loss"], run["loss"]
@@ -513,10 +507,10 @@ for name, curve in (("1 GPU", one_loss), ("2 ranks", two_loss)):
 
 # %% [markdown]
 # **Answer:** per rank, 55 % of one GPU's peak memory; 1.30 times its speed, not twice; the
-# same losses at steps 1 and 2 (over 200 bf16 steps: appendix A.5).
+# same losses at steps 1 and 2 (over 200 bf16 steps: appendix A.3).
 #
-# For appendix A.2, the next cell fits $t(S) = aS^2 + bS$ through the step times at 16384
-# tokens (A.5's runs, the same model) and 131072, and counts what the collectives move.
+# For appendix A.1, the next cell fits $t(S) = aS^2 + bS$ through the step times at 16384
+# tokens (A.3's runs, the same model) and 131072, and counts what the collectives move.
 
 # %%
 SPEED_RUNS = {(1, "short"): "cp200-1gpu-seed0", (2, "short"): "cp200-2gpu-seed0",
@@ -564,15 +558,10 @@ print(f"the S^2 term per rank: {terms[2][0]:.0f} ms against {half[0]:.0f} "
       f"({half[0] / terms[2][0]:.0%} of one GPU's rate)")
 assert S1 == 16384, "the short runs: 16384 tokens"
 assert S2 == 131072, "the long runs: 131072 tokens"
-assert rounds_to(excess["long"] / excess["short"], 25), "the excess grows 25 times"
-assert round(ms_step[1, "long"]) == 3616, "one GPU: 3616 ms a step"
 assert round(ms_step[2, "long"]) == 2772, "two ranks: 2772 ms a step"
 assert round(ms_step[1, "long"] / 2) == 1808, "half of one GPU's step: 1808 ms"
 assert round(excess["long"]) == 964, "the split costs 964 ms"
-assert rounds_to(excess["short"], 38.5, 0.1), "38.5 ms at 16384 tokens"
-stated = {"2 ranks": (terms[2][0], 2373), "half": (half[0], 1623), "excess": (sq_excess, 750)}
-for label, (got, want) in stated.items():
-    assert rounds_to(got, want), (label, got)
+assert rounds_to(sq_excess, 750), "750 ms of it in the S^2 term"
 assert sq_excess > 3 * lin_excess          # most of the shortfall grows with S^2
 assert round(half[0] / terms[2][0], 2) == 0.68, "68 % of one GPU's rate"
 assert round(lin_excess) == 214, "the linear term's 214 ms"
@@ -595,8 +584,6 @@ print("\nthe collectives, per rank and step at S=131072: "
       + f"; {total_moved / GiB:.2f} GiB in all")
 print(f"to fill the linear excess ({lin_excess:.0f} ms) they would run at {need_gbs:.0f} GB/s; "
       f"at NVLink's {NVLINK_H200_GBS} GB/s each way, {at_link_ms:.0f} ms")
-for what, v, want in zip(moved, moved.values(), (3.0, 3.0, 0.56), strict=True):
-    assert round(v / GiB, 2) == want, f"{what}: {want} GiB"
 assert round(total_moved / GiB, 2) == 6.56, "6.56 GiB in all"
 assert round(need_gbs) == 33, "33 GB/s to fill 214 ms"
 assert round(at_link_ms) == 16, "about 16 ms over NVLink"
@@ -604,7 +591,7 @@ assert round(at_link_ms) == 16, "about 16 ms over NVLink"
 # %% [markdown]
 # **Takeaway:** with RoPE at global positions, the dual-chunk split computes one process's loss
 # to fp32 rounding (section 2); on two H200s each rank needs 55 % of one GPU's memory and the
-# step runs 1.30 times as fast. Appendix A.2 splits the shortfall: mostly attention, where a
+# step runs 1.30 times as fast. Appendix A.1 splits the shortfall: mostly attention, where a
 # rank's masked calls reach PyTorch's flash kernel rather than cuDNN's.
 #
 # ## 4. Decoding with the fused cache write
@@ -731,11 +718,9 @@ solution(ex.solution_rope_kv_cache_kernel.fn, title="Solution: RoPE + contiguous
 #
 # Why might the worked kernel trail ropelib's? Not its bytes (counted below: each once). On any
 # machine the cell compiles both for sm_90 (`ropelib.course.nb11_program_code`) and walks a
-# thread's SASS from its first instruction to its first store (libdevice's slow path for huge
-# angles left out), counting instructions, the angles whose sin and cos it evaluates (one
-# multiply by $2/\pi$ each) and the loads, and how many of those wait behind the last angle.
-# `cs_table_kernel` is the worked kernel with one change, cos and sin read from tables; a GPU
-# times it too.
+# thread's SASS to its first store (libdevice's slow path for huge angles left out), counting
+# instructions, angles reduced (one multiply by $2/\pi$ each), loads, and the loads after the
+# last angle. `cs_table_kernel` is the worked kernel with cos and sin read from tables.
 
 # %%
 from ropelib.bench import kv_cache_decode
@@ -767,7 +752,7 @@ for name, c in code.items():
 worked_code, table_code, lib_code = code["worked"], code["cos/sin tables"], code["ropelib"]
 assert (worked_code["programs"], lib_code["programs"]) == (1, 40)
 assert worked_code["angles"] >= 2 * lib_code["angles"] > 0 and table_code["angles"] == 0
-assert worked_code["loads_after_angles"] >= 1           # q's loads wait for the sin and cos
+assert worked_code["loads_after_angles"] >= 1           # loads wait for the sin and cos
 assert worked_code["instructions"] > 1.5 * lib_code["instructions"]
 assert table_code["instructions"] < lib_code["instructions"]
 assert program_code.cs_table_matches(ex.solution_rope_kv_cache_kernel, ex.launch_kv_cache,
@@ -817,10 +802,16 @@ if ropelib.runtime.on_gpu():
     for Bt in (1, 64):
         print(f"{Bt:>4}" + "".join(f"{live[name, Bt]:16.1f}" for name in steps)
               + f"   ({csv_us['fused', Bt]:.1f}, {csv_us['unfused', Bt]:.1f})")
+    # the mechanism: how much of the gap to ropelib's the tables (no sin and cos) close
+    for Bt in (1, 64):
+        print(f"B={Bt}: yours - ropelib fused {live['yours', Bt] - live['ropelib fused', Bt]:.1f}"
+              f" us; yours - cos/sin tables {live['yours', Bt] - live['cos/sin tables', Bt]:.1f}")
     # one kernel against RoPE and the write's operators: not slower, with a margin for noise
     assert all(live["yours", Bt] <= 1.15 * live["unfused", Bt] for Bt in (1, 64)), live
-    if not kv_ok:   # the worked kernel: one program per sequence, a little behind ropelib's
-        assert all(live["yours", Bt] <= 1.5 * live["ropelib fused", Bt] for Bt in (1, 64)), live
+    if not kv_ok:   # the worked kernel: the tables are faster, and close at least half the gap
+        assert all(live["cos/sin tables", Bt] < live["yours", Bt] for Bt in (1, 64)), live
+        gap1 = live["yours", 1] - live["ropelib fused", 1]
+        assert live["yours", 1] - live["cos/sin tables", 1] >= 0.5 * gap1, live
 else:
     print("\ntiming skipped: your kernel, the cos/sin-table kernel, ropelib's and the unfused "
           "step are timed on a GPU only (checked here: the table kernel writes what the worked "
@@ -828,12 +819,12 @@ else:
 
 # %% [markdown]
 # **What the compile shows.** At batch 1 ropelib runs 40 one-warp programs, one head each. The
-# worked kernel is one program of 4 warps for all 40 heads: a thread evaluates sin and cos for
-# every column it holds of q's `[32, 64]` tile and again, in a second layout, of k's `[8, 64]`,
-# at least twice a ropelib thread's angles (the cell prints both), and its q loads wait behind
-# the last of them, on one SM with one warp per scheduler to hide the chain. With tables the
-# angles vanish and the path is shorter than ropelib's. On a GPU: if *cos/sin tables* comes out
-# near *ropelib fused* at batch 1 while *yours* trails, that chain is the gap.
+# worked kernel is one program of 4 warps for all 40 heads, so on one SM: a thread reduces at
+# least twice a ropelib thread's angles before its first store (the cell prints both counts)
+# and some of its loads wait behind the last of them. With tables the angles vanish and the
+# path is shorter than ropelib's. On a GPU the last lines print the worked kernel's gap to
+# ropelib's and the part of it the tables close: where the two are about equal, evaluating sin
+# and cos is the gap (asserted: the tables close at least half of it at batch 1).
 #
 # ### What the fused write saves, in bytes
 #
@@ -898,18 +889,15 @@ assert round(saved * 256 / 2 ** 20, 1) == 1.0 and round(byte_us[256], 2) == 0.22
 assert rounds_to(min(gain_us.values()), 1.2, 0.1) and rounds_to(max(gain_us.values()), 2.9, 0.1)
 
 # %% [markdown]
-# The worked kernel moves each byte once: 24,836 bytes a sequence, two thirds of them q and
-# q_out. The two kernels move the rotated k out and back (2 × 2,048 bytes) and read the
-# position again (4): 4,100 bytes a sequence, 17 % more.
-#
-# Even at a batch of 256 the round trip is 1.0 MiB: 0.22 µs at the H200's peak 4.8 TB/s (a
+# The two kernels move the rotated k out and back and read the position again: 4,100 bytes a
+# sequence, 17 % more than the worked kernel's 24,836 (two thirds of them q and q_out). Even
+# at a batch of 256 the round trip is 1.0 MiB: 0.22 µs at the H200's peak 4.8 TB/s (a
 # floor: small kernels run below peak; the rotated k may also stay in L2). Fusion saved 1.2 to
 # 2.9 µs a step on the H200, over ten times that. What else does the second kernel cost?
 #
 # ### What the fused write saves, in time
 #
 # On a GPU the next cell replays three versions of one decoding step, batch 1 and 64:
-#
 # **fused** (the worked kernel), **fused + empty** (then a kernel that writes one element: one
 # more launch, no work) and **two kernels** (the last cell's). On any machine it first checks
 # that the three write the same q and caches.
@@ -942,6 +930,10 @@ if live_split:
     # one kernel fewer, and a pass fewer: the fused step is ahead at both batches
     assert all(live_split["two kernels", Bt] > live_split["fused", Bt] for Bt in (1, 64)), \
         live_split
+    launch_share = {Bt: (live_split["fused + empty", Bt] - live_split["fused", Bt])
+                    / (live_split["two kernels", Bt] - live_split["fused", Bt]) for Bt in (1, 64)}
+    print("launch / gain: " + ", ".join(f"B={Bt} {v:.0%}" for Bt, v in launch_share.items()))
+    assert launch_share[1] >= 0.5, live_split     # at batch 1 the launch is most of the gain
 else:
     print(f"checked: fused, fused + empty and two kernels write the same (B=2, q "
           f"{split_shape['HQ']} heads, k and v {split_shape['HK']} of {split_shape['D']}, a cache "
@@ -952,8 +944,10 @@ else:
 # How to read it: *gain* = two kernels − fused; *launch* = fused + empty − fused, one more
 # kernel with no work; *pass* = two kernels − (fused + empty), the second kernel's own work
 # (its bytes and its dependent reads: the position, then the rotated k and v). *launch* is a
-# fixed cost and should match at both batches; what grows with the batch is in *pass*. The
-# round trip's bytes alone take under a tenth of a microsecond at peak, even at B=64.
+# fixed cost and should match at both batches; what grows with the batch is in *pass*. The last
+# line prints launch / gain: above one half, starting one more kernel is most of what fusion
+# saves (asserted at batch 1). The round trip's bytes alone take under a tenth of a
+# microsecond at peak, even at B=64.
 
 # %% [markdown]
 # ### Exercise 3: the slot of a position in a paged cache
@@ -1089,7 +1083,7 @@ assert torch.allclose(q_mine, q_paged[:, 0], atol=3e-5)
 # `ropelib.course.model.generate` decodes greedily with a KV cache of either layout, fused or
 # not; without a cache (`cache=None`) it reruns the whole sequence each step, the baseline.
 # The tiny untrained model's weights are drawn at std 0.3, not GPT-2's 0.02, at which greedy
-# decoding only repeats the prompt's last character (the cell shows it first).
+# decoding only repeats the prompt's last character.
 
 # %%
 data = CharDataset.from_pydoc_topics()
@@ -1110,7 +1104,6 @@ def drawn_model(std) -> GPT:
 
 
 narrow = generate(drawn_model(0.02), prompts, NEW, cache=None)
-print(f"{'std 0.02, no cache':>20}: {[data.decode(o[-NEW:]) for o in narrow]}")
 assert torch.equal(narrow[:, -NEW:], prompts[:, -1:].expand(-1, NEW))   # the last character
 model = drawn_model(0.3)
 outs = {"no cache": generate(model, prompts, NEW, cache=None)}
@@ -1239,10 +1232,10 @@ assert 10 < smallest / overall < 11                  # "more than ten times"
 # `[B, L, HK, D]`.
 #
 # The check compares the cache byte for byte with `kv_cache.quantize_fp8`, with values that
-# saturate and values in the subnormals. Triton's interpreter converts some fp32 values to fp8
-# wrongly (127.1 becomes 64, not 128), so on the CPU a byte may also be the interpreter's
-# conversion of the right quotient. On a GPU `/` is approximate; `tl.div_rn` divides as torch
-# does.
+# saturate and values in the subnormals. Triton's interpreter rounds some fp32 values to fp8
+# wrongly (where rounding carries into the next power of two), so on the CPU a byte may also be
+# the interpreter's conversion of the right quotient. On a GPU `/` is approximate; `tl.div_rn`
+# divides as torch does.
 
 # %%
 @triton.jit
@@ -1317,24 +1310,10 @@ if ropelib.runtime.on_gpu():
 else:
     print("(timed on a GPU only: in the interpreter the numbers would say nothing)")
 
-    @triton.jit
-    def _fp32_to_fp8_kernel(x_ptr, y_ptr):       # one value, by Triton's own conversion
-        tl.store(y_ptr, tl.load(x_ptr).to(tl.float8e4nv))
-
-    # the exercise's note: where rounding carries into the next power of two, the interpreter's
-    # conversion is wrong (127.1 rounds up to 128 in e4m3)
-    x127, y127 = torch.tensor([127.1]), torch.empty(1, dtype=FP8)
-    _fp32_to_fp8_kernel[(1,)](x127, y127)
-    print(f"127.1 to fp8: torch {x127.to(FP8).float().item():g}, Triton's interpreter "
-          f"{y127.float().item():g}")
-    assert x127.to(FP8).float().item() == 128, "127.1 rounds to 128"
-    assert y127.float().item() == 64, "the interpreter's 64"
-
 # %% [markdown]
 # The unfused store is 4 ATen operators, each its own pass over k: divide, clamp, round to
 # fp8, indexed write. On a GPU the cell asserts the fused store under a third of its time.
-
-# %% [markdown]
+#
 # ### Decode latency on a GPU
 #
 # `benchmarks/decode_cache_bench.py` times one decoding step of one layer (q `[B, 1, 32, 128]`,
@@ -1409,21 +1388,15 @@ def as_stated(measured, stated, step=0.1):
 
 assert sorted({r["batch"] for r in timed}) == [1, 8, 64, 256]
 assert {r["provider"] for r in timed} == set(PROVIDER_STYLE)
-# the ranges the cell prints: µs per step (and the speedups, x), to 0.1
-stated_ranges = {("bfloat16", "fused", "ms"): (6.4, 9.2),
-                 ("bfloat16", "two_kernels", "ms"): (8.0, 12.2),
-                 ("bfloat16", "unfused", "ms"): (20.4, 35.5),
-                 ("bfloat16", "fused", "speedup_vs_unfused"): (2.9, 3.9),
-                 ("float8_e4m3fn", "fused", "ms"): (7.0, 10.0),
-                 ("float8_e4m3fn", "two_kernels", "ms"): (8.5, 12.5),
-                 ("float8_e4m3fn", "unfused", "ms"): (35.8, 53.5),
-                 ("float8_e4m3fn", "fused", "speedup_vs_unfused"): (4.6, 5.6)}
-for (cache_dtype, provider, key), stated in stated_ranges.items():
-    measured = span(cache_dtype, provider, key, 1e3 if key == "ms" else 1)
-    unit = " us" if key == "ms" else "x faster than the unfused step"
-    print(f"over the caches and batches: {cache_dtype:<14} {provider:<12} "
-          f"{measured[0]:.1f}-{measured[1]:.1f}{unit}")
-    assert as_stated(measured, stated), (cache_dtype, provider, key, measured, stated)
+for cache_dtype in ("bfloat16", "float8_e4m3fn"):     # the ranges: µs per step, and speedups
+    for provider, key in (*((p, "ms") for p in PROVIDER_STYLE), ("fused", "speedup_vs_unfused")):
+        lo, hi = span(cache_dtype, provider, key, 1e3 if key == "ms" else 1)
+        unit = " us" if key == "ms" else "x faster than the unfused step"
+        print(f"over the caches and batches: {cache_dtype:<14} {provider:<12} "
+              f"{lo:.1f}-{hi:.1f}{unit}")
+speedups = span("bfloat16", "fused", "speedup_vs_unfused", 1) + span(
+    "float8_e4m3fn", "fused", "speedup_vs_unfused", 1)
+assert as_stated((min(speedups), max(speedups)), (2.9, 5.6)), speedups   # the text's 2.9-5.6x
 
 # %% [markdown]
 # ### How many kernels one decoding step launches
@@ -1453,9 +1426,7 @@ for (cache, dtype, provider), c in counted.items():
     launches = "" if GPU else f"{len(c.triton)} Triton launch ({', '.join(c.triton)}) + "
     print(f"{cache:>10} {dtype:<13} {provider:<7}: {launches}{len(c.aten)} ATen operators ({ops})")
     if GPU:
-        print(f"{'':>33}-> {len(c.cuda)} CUDA kernels")
-        for name in c.cuda:
-            print(f"{'':>36}{name[:90]}")
+        print(f"{'':>33}-> {len(c.cuda)} CUDA kernels ({', '.join(n[:24] for n in c.cuda)})")
 
 OPS = {("contiguous", "bfloat16"): 6, ("paged", "bfloat16"): 9,        # the unfused step's
        ("contiguous", "float8_e4m3fn"): 14, ("paged", "float8_e4m3fn"): 17}   # ATen operators
@@ -1490,27 +1461,27 @@ for cache in ("contiguous", "paged"):      # per cache: to fp32, divide, clamp, 
         {"aten::to": 4, "aten::div": 2, "aten::clamp": 2})
 
 # %% [markdown]
-# The fused step is one Triton kernel for every cache. The unfused step is one Triton launch
-# (`apply_rope_qk`) and then the cache write in PyTorch:
-#
-# - 6 ATen operators with a contiguous bf16 cache: the positions to int64, two `arange` and an
-#   `add` for the slots, one `index_put_` per cache;
-# - 9 with a paged one: the block table's lookup (a conversion, `floor_divide`, `gather` and
-#   `remainder`) takes the place of the second `arange`;
-# - 8 more with an fp8 cache, 4 per cache (to fp32, divide by the scale, clamp, round to
-#   fp8): 14 contiguous and 17 paged.
-#
-# On a GPU each operator runs one CUDA kernel: the unfused step runs 7, 10, 15 and 18 kernels,
-# the fused one 1. Beside the committed H200 replays (next cell):
+# The fused step is one Triton kernel for every cache. The unfused step is `apply_rope_qk`'s
+# launch, then the write in PyTorch: 6 ATen operators for a contiguous bf16 cache (the slots'
+# index arithmetic, one `index_put_` per cache), 9 for a paged one (the block-table lookup),
+# and 4 more per cache in fp8 (to fp32, divide, clamp, round). On a GPU each is one CUDA
+# kernel: 7, 10, 15 and 18 kernels against 1. Beside the committed H200 replays (next cell):
 #
 # - **The time follows the count.** The unfused step's time rises with its operations; the
 #   fused kernel takes 6.4–10.0 µs with any cache.
 # - **About 2.0 µs an operation.** At batch 1 a least-squares line through the four times has a
 #   slope of 2.0 µs per operation (an average over four mixes of operators) and an intercept of
 #   7.1 µs, every time within 0.9 µs of it; the intercept is about the fused step (6.4–7.6 µs).
-# - **Most of an operation is starting a kernel.** Graphs of kernels that do nothing
-#   (appendix A.3) replay in 4.5 µs with one kernel and 1.1 µs more for each further one:
-#   replay removes the host, not the GPU's cost of starting each kernel.
+# - **Most of an operation is starting a kernel.** `benchmarks/graph_floor.py` replays, timed
+#   as a decode step, graphs of $n$ kernels that each fill one 4-byte element
+#   (`kv_cache_decode.fill_step`), on an H200 (another day): 4.5 µs with one kernel, 3.7 µs +
+#   1.1 µs a kernel along the line. So of the fused step's 6.4 µs at batch 1 most is the replay
+#   and its one launch, and of the unfused step's 2.0 µs an operation about 1.1 is starting a
+#   kernel, 0.9 its work: replay removes the host, not the GPU's cost of starting each kernel.
+#
+# On a GPU the cell also replays 1 and 7 do-nothing kernels and prints what the 6 extra ones
+# take as a share of the unfused step's lead over the fused one (7 kernels against 1, both
+# timed after exercise 2): above one half, starting kernels is most of the gap on that GPU.
 
 # %%
 def unfused_us(cache, dtype):
@@ -1549,20 +1520,39 @@ assert all(as_stated(g, s) for g, s in zip(graph, stated_graph, strict=True)), g
 fused_graph = [r["ms"] * 1e3 for r in timed if r["provider"] == "fused"]
 assert as_stated((min(fused_graph),), (6.4,)), "the fused kernel: from 6.4 us"
 assert as_stated((max(fused_graph),), (10.0,)), "... to 10.0 us"
-# graphs of n do-nothing kernels, replayed as a decode step is (appendix A.3): the medians
+# graphs of n do-nothing kernels, replayed as a decode step is: the medians of the rounds
 FLOOR = RESULTS / "graph_floor-nvidia-h200.csv"
-floor_rows = compare.read_csv(FLOOR)
-assert compare.read_meta(FLOOR)["gpu"] == "NVIDIA H200", FLOOR.name
+floor_rows, floor_meta = compare.read_csv(FLOOR), compare.read_meta(FLOOR)
+assert floor_meta["gpu"] == "NVIDIA H200", FLOOR.name
 kernel_counts = sorted({r["kernels"] for r in floor_rows})
 replay_us = {n: statistics.median(r["us"] for r in floor_rows if r["kernels"] == n)
              for n in kernel_counts}
 per_empty, replay_fixed = statistics.linear_regression(kernel_counts,
                                                        [replay_us[n] for n in kernel_counts])
-print(f"graphs of do-nothing kernels ({FLOOR.name}): {replay_us[1]:.1f} us with one, "
-      f"{per_empty:.1f} us more a kernel")
+print(f"graphs of n do-nothing kernels ({FLOOR.name}, {floor_meta['date'][:10]}), us a replay: "
+      + ", ".join(f"{n}: {replay_us[n]:.2f}" for n in kernel_counts)
+      + f"; line {replay_fixed:.2f} + {per_empty:.2f} a kernel")
+assert kernel_counts == [1, 2, 4, 7, 10, 15, 18]
+assert floor_meta["date"][:10] != meta["date"][:10], "another day than the decode run"
+assert all(replay_us[a] < replay_us[b] for a, b in zip(kernel_counts, kernel_counts[1:]))
 assert as_stated((replay_us[1],), (4.5,)), "one do-nothing kernel: 4.5 us"
+assert as_stated((replay_fixed,), (3.7,)), "the line's 3.7 us"
 assert as_stated((per_empty,), (1.1,)), "1.1 us more for each further one"
-assert per_empty < per_kernel
+assert replay_us[1] < min(fused_b1) and as_stated((csv_us["fused", 1],), (6.4,))
+assert as_stated((per_kernel - per_empty,), (0.9,)), "about 0.9 us the work of an operation"
+floor_steps = {n: kv_cache_decode.fill_step(n, device=device) for n in (1, 7)}
+for floor_step in floor_steps.values():
+    floor_step(None)                    # runs anywhere; replayed and timed on a GPU only
+if ropelib.runtime.on_gpu():   # the 6 extra kernels' start against the unfused step's lead
+    floor_live = {n: kv_cache_decode.time_step(floor_step, None, "graph")[0] * 1e3
+                  for n, floor_step in floor_steps.items()}
+    lead = live["unfused", 1] - live["ropelib fused", 1]    # 7 kernels against 1, batch 1
+    print(f"{torch.cuda.get_device_name()}, live: 1 and 7 do-nothing kernels {floor_live[1]:.2f} "
+          f"and {floor_live[7]:.2f} us a replay; the unfused step's lead over the fused one "
+          f"{lead:.1f} us, of which 6 empty kernels {(floor_live[7] - floor_live[1]) / lead:.0%}")
+else:
+    print("on a GPU: 1 and 7 do-nothing kernels replayed, and the 6 extra ones' share of the "
+          "unfused step's lead over the fused one at batch 1")
 
 # %% [markdown]
 # ### Against the fewest kernels: what fusion itself saves
@@ -1622,9 +1612,9 @@ assert as_stated((max(two_vs_unfused),), (4.8,)), "... to 4.8"
 # unfused step, so most of the 2.9–5.6× against the unfused step is the PyTorch operators.
 #
 # Up to 64 sequences fusion saved 0.8 to 1.6 µs a step on the H200, about one more kernel in
-# a replay (1.1 µs); the live split in this section, on another GPU and for the worked kernel,
-# can show more at 64. At 256 sequences it saved 2.6 to 3.0 µs, more than one do-nothing kernel
-# and than the round trip at peak (0.22 µs); what the rest is, these replays do not measure.
+# a replay (1.1 µs), which the live split above measures on its GPU. At 256 sequences it saved
+# 2.6 to 3.0 µs, more than one do-nothing kernel and than the round trip at peak (0.22 µs);
+# what the rest is, these replays do not measure.
 #
 # **Takeaway:** fusing RoPE with the cache store is one kernel with the bits of
 # RoPE-then-write, in either layout and in fp8. Its gain over a good two-kernel path is small,
@@ -1633,27 +1623,21 @@ assert as_stated((max(two_vs_unfused),), (4.8,)), "... to 4.8"
 # %% [markdown]
 # ## Summary
 #
-# - A causal row at position $p$ costs $p+1$ pairs, so a contiguous split leaves the last rank
-#   about $2c-1$ times the first rank's work; rank $r$ holding chunks $r$ and $2c-1-r$ of $2c$
-#   gives every rank exactly $S(S+1)/2c$ pairs.
-# - A rank's tokens keep their global positions: `apply_rope(..., cp_size, cp_rank)` rotates a
-#   shard bit for bit as the full sequence; attention all-gathers k and v and runs two
-#   bottom-right causal blocks (`cp.dual_chunk_attention`). Over 3 fp32 steps two processes
-#   reach the 1-process loss within a few ulps; over 200 bf16 steps the gap to the 1-process
-#   twin is well under the gap between two seeds, though one-sided at the end (A.5).
-# - On H200s, two ranks ran a 131072-token step 1.30 times as fast as one GPU, each at 55 % of
-#   its memory. Most of the shortfall is attention: a rank's masked calls reach PyTorch's flash
-#   kernel, one GPU's call cuDNN's, 1.5 times faster (A.2).
-# - A KV cache stores rotated keys: slot `[b, p]` or, paged, `[block_table[b, p // BS], p % BS]`.
-#   Compiled for sm_90, a thread of the worked kernel (one program for the step at batch 1)
-#   evaluates sin and cos of several times the angles of a thread of ropelib's 40 programs
-#   before its loads; a GPU times the worked kernel with cos and sin read from tables.
-# - An fp8 cache at scale `amax / 448` costs a few percent relative error, 16 times bf16's; the
-#   scale must be fixed before the keys arrive.
-# - Replayed on the H200 the unfused step (7 to 18 kernels) costs about 2.0 µs an operation at
-#   batch 1; against RoPE plus one write kernel the fused step is 1.09–1.34× faster, by about
-#   one more kernel in a replay. The rotated k's round trip (4,100 bytes a sequence) takes
-#   under a tenth of that at peak bandwidth.
+# - Under a causal mask a contiguous split leaves the last rank about $2c-1$ times the first
+#   rank's work; chunks $r$ and $2c-1-r$ of $2c$ give every rank exactly $S(S+1)/2c$ pairs.
+# - A rank's tokens keep their global positions (`apply_rope(..., cp_size, cp_rank)`); two
+#   processes reach the 1-process loss within a few fp32 ulps, and over 200 bf16 steps stay
+#   well inside the gap between two seeds (A.3).
+# - On H200s two ranks ran a 131072-token step 1.30 times as fast as one GPU, each at 55 % of
+#   its memory; most of the shortfall is attention reaching the flash kernel, not cuDNN's (A.1).
+# - The fused kernel rotates k and stores it into slot `[b, p]` or
+#   `[block_table[b, p // BS], p % BS]`. A thread of the worked one-program kernel reduces at
+#   least twice the angles of a ropelib thread before its first store; on a GPU, reading cos
+#   and sin from tables closes at least half its gap at batch 1.
+# - An fp8 cache at scale `amax / 448` costs a few percent relative error, 16 times bf16's.
+# - Replayed, fusion's gain over RoPE plus one write kernel is about one kernel start, not the
+#   rotated k's round trip; the unfused step costs about 2.0 µs an operation, 1.1 of it
+#   starting a kernel (H200).
 
 # %% [markdown]
 # ## Questions for a study group
@@ -1661,64 +1645,15 @@ assert as_stated((max(two_vs_unfused),), (4.8,)), "... to 4.8"
 # 1. The dual-chunk split balances the (query, key) pairs. Flash attention skips fully masked
 #    tiles; does the balance still hold when the work is counted in tiles of 128 × 128 and the
 #    chunks are not a multiple of 128? What would you do about it?
-# 2. All-gather CP keeps every layer's full k and v on every rank during the forward pass.
-#    How much memory is that for the default `cp_train.py` case (131072 tokens, 12 layers,
-#    1024 wide, bf16), and how does ring attention avoid it? What does it pay instead?
-# 3. In the CP run every rank rotates only its own tokens, at their global positions. What
-#    would break, and how would you notice, if the keys were rotated *after* the all-gather
-#    with the local positions of each rank?
-# 4. A paged cache lets two sequences share the blocks of a common prompt. What must happen
+# 2. All-gather CP keeps every layer's full k and v on every rank (section 3 counts them). How
+#    does ring attention avoid that, and what does it pay instead?
+# 3. A paged cache lets two sequences share the blocks of a common prompt. What must happen
 #    when one of them writes its next token into a shared, half-full block?
 
 # %% [markdown]
 # ## Appendix
 #
-# ### A.1 The 131072 tokens of the GPU run, rank by rank
-#
-# The cell asks `cp.dual_chunk_positions` (what `cp_train.py` shards with) for each rank's
-# positions in the 2-rank run, prints them as runs, the keys each of the rank's two attention
-# calls reads, and counts its (query, key) pairs.
-
-# %%
-cp_long = speed_meta[2, "long"]                            # the 2-rank, 131072-token run
-S_cp, S_local = int(cp_long["seq_len"]), int(cp_long["local_seq_len"])
-chunk = S_local // 2                                       # s = S / 2c, c = 2
-
-
-def position_runs(pos) -> list:
-    """[(first, last + 1)] of the runs of consecutive positions in pos."""
-    cut = (torch.nonzero(pos[1:] != pos[:-1] + 1).flatten() + 1).tolist()
-    return [(int(pos[a]), int(pos[b - 1]) + 1) for a, b in zip([0] + cut, cut + [len(pos)])]
-
-
-chunks_held, key_ends, pairs_cp = {}, {}, {}
-for r in range(2):
-    pos = cp.dual_chunk_positions(S_local, 2, r)
-    chunks_held[r] = position_runs(pos)
-    key_ends[r] = ((r + 1) * chunk, S_cp - r * chunk)     # as dual_chunk_attention cuts its keys
-    pairs_cp[r] = int((pos + 1).sum())                    # query p sees keys 0..p
-    print(f"rank {r}: positions " + " and ".join(f"[{a}, {b})" for a, b in chunks_held[r])
-          + f"; its two attention calls: {chunk} queries against keys "
-          + " and ".join(f"[0, {e})" for e in key_ends[r])
-          + f"; {pairs_cp[r]:,} (query, key) pairs per sequence and head")
-print(f"all of the causal mask: {S_cp * (S_cp + 1) // 2:,} pairs")
-assert S_cp == 131072, "131072 tokens"
-assert S_local == 65536, "65536 a rank"
-assert chunk == 32768, "chunks of 32768"
-assert chunks_held == {0: [(0, 32768), (98304, 131072)], 1: [(32768, 98304)]}   # chunks 0+3, 1+2
-assert key_ends == {0: (32768, 131072), 1: (65536, 98304)}
-assert pairs_cp[0] == pairs_cp[1] == S_cp * (S_cp + 1) // 4                # exactly half each
-assert pairs_cp[0] == 4_295_000_064, "the text's 4,295,000,064 pairs on each rank"
-
-# %% [markdown]
-# Four chunks of 32768 tokens: rank 0 holds chunks 0 and 3, positions $[0, 32768)$ and
-# $[98304, 131072)$; rank 1 holds chunks 1 and 2, which adjoin, so its share is the one run
-# $[32768, 98304)$. Rank 0's first call is a square causal mask, its second reads all 131072
-# keys; rank 1's read 65536 and 98304. Each rank has 4,295,000,064 pairs per sequence and head:
-# even in pairs. Whether even in time the committed runs do not say (they time the step).
-
-# %% [markdown]
-# ### A.2 Where the 2-rank step's time goes
+# ### A.1 Where the 2-rank step's time goes
 #
 # Section 3's last cell fits $t(S) = aS^2 + bS$ through two step times. Only attention grows
 # with $S^2$; what CP adds (the collectives) grows at most with $S$. Two points fit two terms
@@ -1726,15 +1661,15 @@ assert pairs_cp[0] == 4_295_000_064, "the text's 4,295,000,064 pairs on each ran
 #
 # At 131072 tokens the split costs 964 ms a step (two ranks 2772 ms against half of one GPU's
 # 1808). The fit puts 750 of them in the $S^2$ term: each rank computes half of the pairs
-# (A.1) at 68 % of one GPU's rate. The linear 214 ms is **not measured**: the collectives'
+# (section 1) at 68 % of one GPU's rate. The linear 214 ms is **not measured**: the collectives'
 # 6.56 GiB per rank and step would take about 16 ms at NVLink's 450 GB/s each way.
 #
 # Why the slower rate? One GPU calls attention once per layer with `is_causal=True`, which
 # PyTorch may send to cuDNN's kernel; for a chunk with fewer queries than keys PyTorch offers
 # only its flash and memory-efficient kernels. On a GPU the cell profiles one layer's
 # attention, forward and backward, as one GPU, as rank 0, and as one GPU forced onto the flash
-# kernel: kernel time, cuDNN's part, and the rate at $14D$ operations a pair (on an H200 also
-# against the fit and the 989 TFLOP/s peak). The H200's lines follow two cells down.
+# kernel: kernel time, cuDNN's part, and the rate at $14D$ operations a pair. The H200's lines
+# follow two cells down.
 
 # %%
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -1747,7 +1682,6 @@ ATTENTION_WORDS = ("attention", "flash", "fmha", "sdpa", "softmax")   # in a ker
 # dV, dP, dQ and dK; 2 each (a multiply and an add per feature)
 FLOPS_PER_PAIR_D = 2 * 2 + 5 * 2
 assert FLOPS_PER_PAIR_D == 14 == 4 + 10
-H200_BF16_DENSE_TFLOPS = 989          # NVIDIA's H200 SXM datasheet, dense (no sparsity)
 
 
 def attention_us(step) -> tuple:
@@ -1771,42 +1705,45 @@ if ropelib.runtime.on_gpu():
     Bp, Sp, Hp, L_layers = (int(one_run[key])
                             for key in ("batch_size", "seq_len", "n_head", "n_layer"))
     Dp = int(one_run["n_embd"]) // Hp
-    bf = dict(device=device, dtype=torch.bfloat16)
-    # q, k, v as the model makes them: strided views of one [B, S, 3, H, D] projection
-    qkv_1 = torch.randn(Bp, Sp, 3, Hp, Dp, **bf, requires_grad=True)        # one GPU: all of S
-    qkv_r = torch.randn(Bp, Sp // 2, 3, Hp, Dp, **bf, requires_grad=True)   # rank 0: its S / 2
-    kv_gathered = torch.randn(Sp, 2, Bp, Hp, Dp, **bf, requires_grad=True)  # rank-major, as
-    kv_order = cp.global_order(Sp // 2, 2, device)                             # all-gathered
-    dy_1, dy_r = torch.randn(Bp, Hp, Sp, Dp, **bf), torch.randn(Bp, Hp, Sp // 2, Dp, **bf)
+else:                                   # the interpreter's stand-ins: the same calls, unprofiled
+    Bp, Sp, Hp, L_layers, Dp = 1, 64, 2, 12, 16
+bf = dict(device=device, dtype=torch.bfloat16)
+# q, k, v as the model makes them: strided views of one [B, S, 3, H, D] projection
+qkv_1 = torch.randn(Bp, Sp, 3, Hp, Dp, **bf, requires_grad=True)        # one GPU: all of S
+qkv_r = torch.randn(Bp, Sp // 2, 3, Hp, Dp, **bf, requires_grad=True)   # rank 0: its S / 2
+kv_gathered = torch.randn(Sp, 2, Bp, Hp, Dp, **bf, requires_grad=True)  # rank-major, as
+kv_order = cp.global_order(Sp // 2, 2, device)                          # all-gathered
+dy_1, dy_r = torch.randn(Bp, Hp, Sp, Dp, **bf), torch.randn(Bp, Hp, Sp // 2, Dp, **bf)
 
-    def one_gpu():
-        q, k, v = (t.transpose(1, 2) for t in qkv_1.unbind(2))             # [B, H, S, D]
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        torch.autograd.grad(y, qkv_1, dy_1)
 
-    def rank_0():
-        q = qkv_r[:, :, 0].transpose(1, 2)                                  # [B, H, S / 2, D]
-        k_all, v_all = kv_gathered.index_select(0, kv_order).permute(1, 2, 3, 0, 4).unbind(0)
-        y = cp.dual_chunk_attention(q, k_all, v_all, 2, 0)
-        torch.autograd.grad(y, (qkv_r, kv_gathered), dy_r)
+def one_gpu():
+    q, k, v = (t.transpose(1, 2) for t in qkv_1.unbind(2))             # [B, H, S, D]
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch.autograd.grad(y, qkv_1, dy_1)
 
-    def one_gpu_flash():     # the same call, PyTorch's flash kernel only (rank 0's main one)
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            one_gpu()
 
-    # the fit and the peak are an H200's: set beside this GPU's times on an H200 only
-    ON_H200 = torch.cuda.get_device_name() == speed_meta[1, "long"]["gpu"] == "NVIDIA H200"
-    # (query, key) pairs of one call: all of the causal mask, or rank 0's half of it
-    pairs_1 = Bp * Hp * Sp * (Sp + 1) // 2
-    pairs_r = Bp * Hp * int((cp.dual_chunk_positions(Sp // 2, 2, 0) + 1).sum())
-    assert 2 * pairs_r == pairs_1                                  # exactly half (section 1)
+def rank_0():
+    q = qkv_r[:, :, 0].transpose(1, 2)                                  # [B, H, S / 2, D]
+    k_all, v_all = kv_gathered.index_select(0, kv_order).permute(1, 2, 3, 0, 4).unbind(0)
+    y = cp.dual_chunk_attention(q, k_all, v_all, 2, 0)
+    torch.autograd.grad(y, (qkv_r, kv_gathered), dy_r)
+
+
+def one_gpu_flash():     # the same call, PyTorch's flash kernel only (rank 0's main one)
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        one_gpu()
+
+
+# (query, key) pairs of one call: all of the causal mask, or rank 0's half of it
+pairs_1 = Bp * Hp * Sp * (Sp + 1) // 2
+pairs_r = Bp * Hp * int((cp.dual_chunk_positions(Sp // 2, 2, 0) + 1).sum())
+assert 2 * pairs_r == pairs_1                                  # exactly half (section 1)
+if ropelib.runtime.on_gpu():
     print(f"{torch.cuda.get_device_name()}, live: one layer's attention, forward and backward, "
-          f"B={Bp}, H={Hp}, S={Sp}, D={Dp}, bf16; times {L_layers} layers"
-          + (" against the fit" if ON_H200 else ""))
+          f"B={Bp}, H={Hp}, S={Sp}, D={Dp}, bf16; times {L_layers} layers")
     tflops, cudnn_part, per_step = {}, {}, {}
-    for key, step, fit, pairs in (("cudnn", one_gpu, terms[1][0], pairs_1),
-                                  ("rank0", rank_0, terms[2][0], pairs_r),
-                                  ("flash", one_gpu_flash, None, pairs_1)):
+    for key, step, pairs in (("cudnn", one_gpu, pairs_1), ("rank0", rank_0, pairs_r),
+                             ("flash", one_gpu_flash, pairs_1)):
         try:
             attention, cudnn, total = attention_us(step)
         except RuntimeError as err:      # a GPU or build where the flash kernel cannot run
@@ -1818,22 +1755,19 @@ if ropelib.runtime.on_gpu():
         tflops[key] = FLOPS_PER_PAIR_D * Dp * pairs / (attention / 1e6) / 1e12
         cudnn_part[key] = cudnn / attention
         per_step[key] = L_layers * attention / 1e3
-        against = "" if fit is None or not ON_H200 else f" (fit's S^2 term {fit:.0f} ms)"
-        of_peak = (f" ({tflops[key] / H200_BF16_DENSE_TFLOPS:.0%} of the H200's peak)"
-                   if ON_H200 else "")
         print(f"{key:>6}: attention {attention / 1e3:6.1f} ms, cuDNN's part "
-              f"{cudnn_part[key]:4.0%}, {tflops[key]:3.0f} TFLOP/s{of_peak}; "
-              f"x{L_layers} layers {per_step[key]:5.0f} ms{against}")
+              f"{cudnn_part[key]:4.0%}, {tflops[key]:3.0f} TFLOP/s; "
+              f"x{L_layers} layers {per_step[key]:5.0f} ms")
     # what the text below states, with margins for a live measurement
     assert cudnn_part["cudnn"] > 0.9 and cudnn_part["rank0"] < 0.2, cudnn_part
-    if ON_H200:                                     # the profile agrees with the H200's fit
-        for key, n in (("cudnn", 1), ("rank0", 2)):
-            assert abs(per_step[key] / terms[n][0] - 1) < 0.05, (key, per_step[key], terms[n][0])
     if "flash" in tflops:                           # the kernel, not the split, sets the rate
         assert abs(tflops["flash"] / tflops["rank0"] - 1) < 0.10, tflops
         assert tflops["cudnn"] / tflops["flash"] > 1.3, tflops
 else:
-    print(f"The attention kernels are profiled on a GPU only; this run's device is {device}.")
+    one_gpu()
+    rank_0()
+    print(f"one GPU's and rank 0's attention ran forward and backward at S={Sp} on {device}; "
+          "their kernels are profiled on a GPU only")
 
 # %% [markdown]
 # The next cell reads the three lines an H200 printed for this cell, committed in
@@ -1866,32 +1800,9 @@ assert prof["rank0"]["tflops"] == 307, "rank 0: 307"
 assert prof["flash"]["tflops"] == 294, "one GPU on the flash kernel: 294"
 assert round(prof["cudnn"]["tflops"] / prof["flash"]["tflops"], 1) == 1.5
 assert abs(prof["flash"]["tflops"] / prof["rank0"]["tflops"] - 1) < 0.10
-# the numbers the text below states, ms to 1
-assert round(att[1]) == 3354, "one GPU's attention x the layers: 3354 ms"
-assert round(terms[1][0]) == 3245, "one GPU's S^2 term: 3245 ms"
-assert round(att[2]) == 2408, "a rank's attention x the layers: 2408 ms"
-assert round(terms[2][0]) == 2373, "a rank's S^2 term: 2373 ms"
-assert round(sq_by_profile) == 731, "the profiles: 731 ms in attention"
-assert round(lin_by_profile) == 233, "the profiles: 233 ms in the rest"
-assert round(terms[2][1]) == 399, "a rank outside attention, by the fit: 399 ms"
-assert round(terms[1][1]) == 370, "one GPU outside attention, by the fit: 370 ms"
-assert round(rest[2]) == 364, "a rank outside attention, by the profiles: 364 ms"
-assert round(rest[1]) == 262, "one GPU outside attention, by the profiles: 262 ms"
-assert terms[2][1] > terms[1][1] and rest[2] > rest[1]     # half the tokens, longer outside
 fit_vs_profile = max(abs(att[n] - terms[n][0]) for n in (1, 2))
 assert round(fit_vs_profile, -2) == 100, "the fit's split good to about 100 ms"
-# rank 1 was not profiled. Both its calls (32768 queries against 65536 and 98304 keys) have
-# fewer queries than keys, so both reach the flash kernel; at the per-pair time of one GPU's
-# call forced onto it (the same number of pairs as two ranks: A.1), its attention would take
-rank1_est = prof["flash"]["attention_ms"] / 2 * layers
-rank1_extra = rank1_est - att[2]                             # beyond rank 0's, ms a step
-print(f"\nrank 1, not profiled: at the forced flash call's time per pair, {rank1_est:.0f} ms a "
-      f"step, {rank1_extra:.0f} ms ({rank1_extra / att[2]:.1%}) more than rank 0's "
-      f"{att[2]:.0f}; the profiles' rest: {lin_by_profile:.0f} ms")
-assert 2 * pairs_cp[1] == S_cp * (S_cp + 1) // 2            # rank 1: half the pairs (A.1)
-assert round(rank1_extra) == 107, "rank 1 perhaps 107 ms slower"
-assert round(100 * rank1_extra / att[2], 1) == 4.5, "4.5 % slower"
-assert rank1_extra < lin_by_profile                          # it would fit inside the 233 ms
+assert sq_by_profile > 2 * lin_by_profile and sq_excess > 2 * lin_excess   # mostly attention
 
 # %% [markdown]
 # On the H200, one GPU's attention ran cuDNN's kernels only, at 441 TFLOP/s; rank 0's ran
@@ -1899,57 +1810,15 @@ assert rank1_extra < lin_by_profile                          # it would fit insi
 # the rest, at 307; one GPU forced onto the flash kernel ran at 294, within 10 % of rank 0. So
 # rank 0's slower attention is mostly the kernel a masked call can reach.
 #
-# The profiles agree with the fit to about 100 ms: attention times the layers is 3354 ms a
-# step on one GPU (fit: 3245) and 2408 on rank 0 (fit: 2373). Of the 964 ms the 2-rank step
-# loses, they put 731 in attention and 233 outside it (the fit: 750 and 214). Both find a rank
-# longer outside attention on half the tokens (399 ms by the fit, 364 by the profiles) than one
-# GPU on all of them (370 and 262).
+# The table sets the profiles (attention times the layers) beside the fit: they agree to about
+# 100 ms, and both put over two thirds of the time the 2-rank step loses in attention.
 #
-# **Not measured:** what the time outside attention is made of, and rank 1's attention (at the
-# forced flash call's rate per pair, 107 ms a step, 4.5 %, more than rank 0's: a guess). A trace
-# of both ranks (Nsight Systems) would measure both.
+# **Not measured:** what the time outside attention is made of, and rank 1's attention (both
+# its calls have fewer queries than keys, so both reach the flash kernel). A trace of both
+# ranks (Nsight Systems) would measure them.
 
 # %% [markdown]
-# ### A.3 What a replay costs before any kernel works
-#
-# Section 4's line through the unfused steps costs 7.1 µs with no operation and 2.0 µs an
-# operation. `benchmarks/graph_floor.py` replays, timed as a decode step, graphs of $n$ kernels
-# that each fill one 4-byte element (`kv_cache_decode.fill_step`), $n$ from 1 to 18, on an
-# H200 (another day than the decode run). On a GPU the cell also replays 1 and 7 there.
-
-# %%
-floor_meta = compare.read_meta(FLOOR)
-print(f"{FLOOR.name}: {floor_meta['gpu']}, {floor_meta.get('date')}, medians of "
-      f"{len({r['round'] for r in floor_rows})} rounds (the decode run: {meta['date']})")
-for n in kernel_counts:
-    print(f"  {n:>2} do-nothing kernels: {replay_us[n]:5.2f} us a replay")
-print(f"line: {replay_fixed:.2f} us + {per_empty:.2f} us a kernel;  the unfused decode steps "
-      f"(batch 1): {fixed:.2f} us + {per_kernel:.2f} us an operation")
-assert kernel_counts == [1, 2, 4, 7, 10, 15, 18]
-assert floor_meta["date"][:10] != meta["date"][:10], "another day than the decode run"
-assert as_stated((replay_us[1],), (4.5,)), "one do-nothing kernel: 4.5 us"
-assert as_stated((replay_fixed,), (3.7,)), "the line's 3.7 us"
-assert as_stated((per_empty,), (1.1,)), "+ 1.1 us a kernel"
-assert replay_us[1] < min(fused_b1), "below the fused step at batch 1"
-assert as_stated((csv_us["fused", 1],), (6.4,)), "the fused step's 6.4 us at batch 1"
-assert as_stated((per_kernel - per_empty,), (0.9,)), "about 0.9 us the work of an operation"
-assert all(a < b for a, b in zip([replay_us[n] for n in kernel_counts],
-                                 [replay_us[n] for n in kernel_counts][1:]))   # rises with n
-if GPU:   # the same replays on this machine (not asserted: another GPU, another day)
-    for n in (1, 7):
-        floor_live = kv_cache_decode.time_step(kv_cache_decode.fill_step(n), None, "graph")
-        print(f"this GPU ({torch.cuda.get_device_name()}): {n} do-nothing kernels, "
-              f"{floor_live[0] * 1e3:.2f} us a replay")
-
-# %% [markdown]
-# On the H200, one kernel that does nothing costs 4.5 µs replayed, so of the fused step's
-# 6.4 µs at batch 1 most is the replay and its one launch. Each further kernel costs 1.1 µs
-# (the line is 3.7 µs + 1.1 µs a kernel): of the unfused step's 2.0 µs an operation, about 1.1
-# is starting a kernel and about 0.9 the average operation's work (runs of different days:
-# sizes, not the last 0.1 µs).
-
-# %% [markdown]
-# ### A.4 Why the 131072-token loss curves part after step 2
+# ### A.2 Why the 131072-token loss curves part after step 2
 #
 # The training loop (`cpt.lr_schedule`) warms the learning rate up over `steps // 10` steps,
 # then decays it along a cosine over the run's `steps`: the 6-step and the 12-step run share
@@ -1973,33 +1842,7 @@ fig.savefig(FIGURES / "11-cp-gpu-loss.png", dpi=120)
 plt.show()
 
 # %% [markdown]
-# On any machine: the dry run's tiny model trained twice from the same seed and batches, under
-# a 6-step and a 12-step schedule (the first 4 steps of each).
-
-# %%
-chars = CharDataset.from_pydoc_topics()            # the characters cp_train.py trains on
-tiny_cfg = GPTConfig(vocab_size=chars.vocab_size, block_size=16, n_layer=2, n_head=2, n_embd=16)
-lr_gpu = float(two_cp["meta"]["lr"])
-schedule_loss = {}
-for n_steps in (6, 12):
-    torch.manual_seed(0)                               # the same initial weights
-    tiny = GPT(tiny_cfg).to(device)
-    schedule_loss[n_steps] = cpt.train(tiny, chars, steps=n_steps, stop_after=4, batch_size=2,
-                                       lr=lr_gpu, seed=0)["train_loss"]
-gaps = [abs(a - b) for a, b in zip(schedule_loss[6], schedule_loss[12])]
-print(f"{device}, live: one process, the same weights and batches, lr {lr_gpu:g}")
-print(f"{'step':>4}{'6-step schedule':>17}{'12-step schedule':>18}{'|difference|':>14}")
-for step_i, (a, b, gap) in enumerate(zip(schedule_loss[6], schedule_loss[12], gaps), 1):
-    print(f"{step_i:>4}{a:17.6f}{b:18.6f}{gap:14.1e}")
-assert max(gaps[:2]) < 1e-5, "the same first two losses"
-assert gaps[2] > 1e-4 and gaps[3] > gaps[2], "parted at step 3, further at step 4"
-
-# %% [markdown]
-# The first two losses are the same and part at step 3, as on the H200s: a comparison past
-# step 2 would take a 1-GPU run of 12 steps.
-
-# %% [markdown]
-# ### A.5 200 steps in bf16: does the two-rank run train the same model?
+# ### A.3 200 steps in bf16: does the two-rank run train the same model?
 #
 # In bf16 the runs cannot agree to the bit; how far do they diverge? `cp200-*.csv` hold three
 # 200-step bf16 runs of section 3's model on 16384-token sequences, on H200s:
@@ -2018,53 +1861,43 @@ def loss_curve(path) -> list:
 
 cp200_paths = {name: RESULTS / f"cp200-{name}-nvidia-h200.csv"
                for name in ("1gpu-seed0", "1gpu-seed1", "2gpu-seed0")}
-if all(p.exists() for p in cp200_paths.values()):
-    metas = {name: read_cp_run(p)["meta"] for name, p in cp200_paths.items()}
-    sizes200 = {(m["seq_len"], m["steps"], m["gpu"], m["dtype"]) for m in metas.values()}
-    assert len(sizes200) == 1, sizes200                   # the three runs: the same sizes
-    seq200, steps200, gpu200, dtype200 = sizes200.pop()
-    assert (seq200, steps200, gpu200, dtype200) == ("16384", "200", "NVIDIA H200", "bf16")
-    assert [metas[n]["cp_size"] for n in cp200_paths] == ["1", "1", "2"]
-    print(f"{steps200} steps, {dtype200}, {seq200} tokens per sequence, {gpu200}")
-    loss = {name: loss_curve(p) for name, p in cp200_paths.items()}
-    cp_gap = [abs(a - b) for a, b in zip(loss["2gpu-seed0"], loss["1gpu-seed0"])]
-    seed_gap = [abs(a - b) for a, b in zip(loss["1gpu-seed1"], loss["1gpu-seed0"])]
-    mean = lambda v: sum(v) / len(v)  # noqa: E731
-    closer = sum(c < s for c, s in zip(cp_gap, seed_gap))
-    print(f"mean |2 ranks - 1 process| over {len(cp_gap)} steps: {mean(cp_gap):.3f} "
-          f"(last 50: {mean(cp_gap[-50:]):.3f}); mean |seed 1 - seed 0|: {mean(seed_gap):.3f} "
-          f"(last 50: {mean(seed_gap[-50:]):.3f})")
-    print(f"steps where the 2 ranks are closer to their twin than the seeds to each other: "
-          f"{closer} of {len(cp_gap)}")
-    assert mean(cp_gap) < 0.5 * mean(seed_gap) and mean(cp_gap[-50:]) < 0.5 * mean(seed_gap[-50:])
-    assert len(cp_gap) == 200, "200 steps"
-    assert closer == 178, "closer than the seeds in 178 steps"
-    # the four means, as printed (committed data: the same on every machine)
-    assert f"{mean(cp_gap):.3f}" == "0.030", "2 ranks from their twin: 0.030"
-    assert f"{mean(cp_gap[-50:]):.3f}" == "0.052", "... over the last 50 steps: 0.052"
-    assert f"{mean(seed_gap):.3f}" == "0.258", "between the seeds: 0.258"
-    assert f"{mean(seed_gap[-50:]):.3f}" == "0.305", "... over the last 50 steps: 0.305"
-    # the signs: over the last 50 steps, is the 2-rank run above or below its twin?
-    signed = [a - b for a, b in zip(loss["2gpu-seed0"], loss["1gpu-seed0"])]
-    last_above = max(i + 1 for i, d in enumerate(signed) if d >= 0)      # the step, from 1
-    print(f"last 50 steps, signed mean (2 ranks - 1 process): {mean(signed[-50:]):+.3f}, "
-          f"below its twin in {sum(d < 0 for d in signed[-50:])} of 50 (and at every step "
-          f"after step {last_above})")
-    assert f"{mean(signed[-50:]):+.3f}" == "-0.052", "signed mean of the last 50: -0.052"
-    assert all(d < 0 for d in signed[-50:]), "below its twin at each of the last 50 steps"
-    assert last_above == 105
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for name, style in (("1gpu-seed0", "-"), ("2gpu-seed0", "--"), ("1gpu-seed1", ":")):
-        ax.plot(range(1, len(loss[name]) + 1), loss[name], style, label=name)
-    ax.set(xlabel="step", ylabel="loss", ylim=(1.5, 5),
-           title=f"2 ranks vs 1 process vs another seed\n({dtype200}, {seq200} tokens per "
-                 f"sequence, {gpu200})")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(FIGURES / "11-cp-bf16-200-steps.png", dpi=120)
-    plt.show()
-else:
-    print("the 200-step bf16 runs (benchmarks/results/cp200-*.csv) are not in this checkout")
+metas = {name: read_cp_run(p)["meta"] for name, p in cp200_paths.items()}
+sizes200 = {(m["seq_len"], m["steps"], m["gpu"], m["dtype"]) for m in metas.values()}
+assert len(sizes200) == 1, sizes200                   # the three runs: the same sizes
+seq200, steps200, gpu200, dtype200 = sizes200.pop()
+assert (seq200, steps200, gpu200, dtype200) == ("16384", "200", "NVIDIA H200", "bf16")
+assert [metas[n]["cp_size"] for n in cp200_paths] == ["1", "1", "2"]
+print(f"{steps200} steps, {dtype200}, {seq200} tokens per sequence, {gpu200}")
+loss = {name: loss_curve(p) for name, p in cp200_paths.items()}
+cp_gap = [abs(a - b) for a, b in zip(loss["2gpu-seed0"], loss["1gpu-seed0"])]
+seed_gap = [abs(a - b) for a, b in zip(loss["1gpu-seed1"], loss["1gpu-seed0"])]
+mean = lambda v: sum(v) / len(v)  # noqa: E731
+closer = sum(c < s for c, s in zip(cp_gap, seed_gap))
+print(f"mean |2 ranks - 1 process| over {len(cp_gap)} steps: {mean(cp_gap):.3f} "
+      f"(last 50: {mean(cp_gap[-50:]):.3f}); mean |seed 1 - seed 0|: {mean(seed_gap):.3f} "
+      f"(last 50: {mean(seed_gap[-50:]):.3f})")
+print(f"steps where the 2 ranks are closer to their twin than the seeds to each other: "
+      f"{closer} of {len(cp_gap)}")
+assert mean(cp_gap) < 0.5 * mean(seed_gap) and mean(cp_gap[-50:]) < 0.5 * mean(seed_gap[-50:])
+assert len(cp_gap) == 200, "200 steps"
+assert closer == 178, "closer than the seeds in 178 steps"
+signed = [a - b for a, b in zip(loss["2gpu-seed0"], loss["1gpu-seed0"])]
+last_above = max(i + 1 for i, d in enumerate(signed) if d >= 0)      # the step, from 1
+print(f"last 50 steps, signed mean (2 ranks - 1 process): {mean(signed[-50:]):+.3f}, "
+      f"below its twin in {sum(d < 0 for d in signed[-50:])} of 50 (and at every step "
+      f"after step {last_above})")
+assert all(d < 0 for d in signed[-50:]), "below its twin at each of the last 50 steps"
+assert last_above == 105
+fig, ax = plt.subplots(figsize=(7, 4))
+for name, style in (("1gpu-seed0", "-"), ("2gpu-seed0", "--"), ("1gpu-seed1", ":")):
+    ax.plot(range(1, len(loss[name]) + 1), loss[name], style, label=name)
+ax.set(xlabel="step", ylabel="loss", ylim=(1.5, 5),
+       title=f"2 ranks vs 1 process vs another seed\n({dtype200}, {seq200} tokens per "
+             f"sequence, {gpu200})")
+ax.legend()
+fig.tight_layout()
+fig.savefig(FIGURES / "11-cp-bf16-200-steps.png", dpi=120)
+plt.show()
 
 # %% [markdown]
 # **Answer:** on average the 2-rank curve stays well inside the seed gap: 0.030 from its twin
