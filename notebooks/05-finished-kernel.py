@@ -18,19 +18,15 @@
 #
 # RoPE reads each element of q and k once and writes it once, so a device copy of the same tensor
 # (`y.copy_(x)`) is the bar: every speed here is a fraction of the copy's. On an H200, notebook
-# 04's batch-reusing grid reaches about 70 % of it at batch 8. This notebook climbs from there to
-# ropelib's finished kernel (`ropelib/kernels/fused.py`), at about nine tenths on the H200.
+# 04's batch-reusing grid reaches about 70 % of it at batch 8; ropelib's finished kernel
+# (`ropelib/kernels/fused.py`) about nine tenths.
 #
-# Section 2 works out how many bytes of loads a GPU must keep in flight to stream at full speed:
-# the floor under the tile, the idea the rest is organised around. Section 3 climbs a ladder of
-# kernels, one idea each, every rung checked against the reference and timed against a copy as
-# you edit it; the last computes what ropelib's kernel computes, bit for bit. Sections 4 and 5
-# read what the compiler made of each rung, what each step bought, and an upper bound on the bytes
-# the finished kernel keeps in flight. A plain copy launched on the finished kernel's tile, batch
-# loop and grid then asks how much of the last gap is the launch's and how much the rotation's, on
-# the GPU it runs on. Section 6 leaves the ladder: for large tensors `apply_rope` runs two passes,
-# the second a flat pass of over a hundred thousand small programs with no loop, which reaches the
-# copy.
+# Section 2 works out, with Little's law, how many bytes of loads a GPU must keep in flight: the
+# floor under the tile. Section 3 climbs from notebook 04's kernel to the finished one, one idea a
+# rung, each checked against the reference and timed against a copy as you edit it. Sections 4
+# and 5 read what the compiler made of each rung, what each step bought, and what of the last gap
+# is the launch's rather than the rotation's. Section 6 leaves the ladder: for large tensors
+# `apply_rope` runs two passes, the second a flat pass with no loop, which reaches the copy.
 #
 # **Where the numbers come from.** Every number the text states is read from a committed CSV
 # under `benchmarks/results/` (each table prints its GPU, Triton version and date) and asserted
@@ -38,20 +34,15 @@
 # on, whose tile may differ (16 warps a program on an H100, 8 on the H200). Without a GPU the
 # interpreter runs the kernels, and the layout cells compile them for sm_90.
 #
-# **Time:** about two hours for sections 1 to 6, and as long again for the four kernel exercises
-# (1, 1b, 2 and 3); the appendices and the questions are for a second sitting.
+# **Time:** about two hours for sections 1 to 6, as long again for the exercises (1, 1b, 2, 3);
+# the appendices and the questions are for a second sitting.
 #
-# **After this notebook you will be able to**
-#
-# - bound a memory-bound kernel's tile from below with Little's law (bytes in flight =
-#   bandwidth × latency), and a kernel's bytes in flight from above with a stall profile;
-# - grow a Triton kernel from one (token, head) row per program to a 3-D tile with a grid axis
-#   over batch chunks, and say what each step buys;
-# - read the layout Triton gives a tile and the vector width of its loads — without a GPU;
-# - count in a compiled kernel's SASS which loads go out before the arithmetic that waits for them;
-# - write three kernels yourself — the interleaved 3-D tile (then with 16-byte loads), the flat
-#   pass, and the pass that holds both members of a pair in one thread — and time each against a
-#   copy on a GPU.
+# **After this notebook you will be able to** bound a memory-bound kernel's tile from below with
+# Little's law and its bytes in flight from above with a stall profile; grow a Triton kernel from
+# one row per program to a 3-D tile with a grid axis over batch chunks; read the layout Triton
+# gives a tile and count, in its SASS, which loads go out before the arithmetic waits for them,
+# without a GPU; and write three kernels (the interleaved 3-D tile with 16-byte loads, the flat
+# pass, the pass that holds both members of a pair in one thread) and time each against a copy.
 
 # %%
 import os, torch
@@ -125,8 +116,7 @@ if start:
             print(f"  {shown:24s} {r['fwd_ms'] * 1e3:6.0f} µs  "
                   f"{100 * r['copy_fwd_ms'] / r['fwd_ms']:5.1f} % of copy "
                   f"(copy {r['copy_fwd_ms'] * 1e3:.0f} µs)")
-    # the intro's claims on this CSV: about 70 % of a copy for the batch-reusing grid;
-    # apply_rope as called (the two-pass route here) at the copy's speed within the spread
+    # about 70 % of a copy; apply_rope (two passes here) at the copy's speed within the spread
     r = start["ropelib"]
     print(f"  copy {r['copy_fwd_ms'] * 1e3:.1f} µs; apply_rope's 20-80 % quantiles "
           f"{r['fwd_ms_p20'] * 1e3:.1f}-{r['fwd_ms_p80'] * 1e3:.1f} µs")
@@ -209,8 +199,8 @@ print(f"  copy kernel: {copy_w['idle'] / 1e9:.0f} GB/s alone, {copy_w['loaded'] 
       f"with the chase beside it")
 DRAM_NS, LOADED_NS = lat["idle", 2**30], lat["loaded", 2**30]
 in_flight = {}                                   # which latency: (KiB per SM, bytes per thread)
-# W_read: section 1's profiled copy, DRAM bytes read over its time (the source of every read
-# rate below); the latency run's streaming copy, half of whose bytes are reads, is within 6 %
+# W_read: section 1's profiled copy, DRAM bytes read over its time; the latency run's copy,
+# half of whose bytes are reads, agrees within 6 %
 copy_m = mech["copy"]
 W_READ = copy_m["ncu_dram_read_bytes"] / (copy_m["us"] * 1e-6)
 assert abs(W_READ / (copy_w["idle"] / 2) - 1) < 0.06
@@ -237,8 +227,7 @@ assert round(W_READ / 1e12, 2) == 2.15                                    # "2.1
 #
 # So the two rows bracket the tile. With $W_\text{read}$ = 2.15 TB/s, below about 5.6 KiB of loads
 # in flight per SM idle DRAM latency alone caps the read bandwidth; a kernel streaming near full
-# bandwidth meets the loaded latency, and keeps the queues as full as a copy does only with about
-# 20 KiB per SM in flight. Section 1's `x KiB/SM` is an **upper bound** on what a kernel keeps in
+# bandwidth meets the loaded latency, and needs about 20 KiB per SM in flight. Section 1's `x KiB/SM` is an **upper bound** on what a kernel keeps in
 # flight, from the code and the occupancy: every resident warp with its whole batch step's loads
 # out at once. A bound below the idle floor proves a kernel latency-bound; above it, it proves
 # nothing (section 5 bounds the finished kernel's bytes in flight more tightly, from a profile).
@@ -252,8 +241,7 @@ def where_it_sits(kib):
             "between the floors" if kib < need_loaded else "above both floors")
 
 
-# the three kernels of section 1, then every rung of section 3 (profiled at the same size),
-# and apply_rope as planned (section 6's two-pass route)
+# section 1's kernels, then every rung and apply_rope as planned, profiled at the same size
 RUNGS_PROFILED = ("heads", "tile", "warps", "chunks", "accurate", "equal_halves", "ropelib",
                   "ropelib_planned")
 
@@ -284,8 +272,7 @@ speed = {v: mech["copy"]["us"] / mech[v]["us"] for v in ("naive", "batch_reuse",
 assert speed["naive"] < speed["batch_reuse"] < speed["ropelib"] < 1
 # "about 1.4 times the loaded floor", "about 2.7 times it"
 assert [round(mech[v]["x_kib_per_sm"] / need_loaded, 1) for v in ("ropelib", "copy")] == [1.4, 2.7]
-# ... but not across the rungs, all above the loaded floor: heads has a bound 1.8 times rung 6's
-# and is slower
+# ... but not across the rungs above the loaded floor: heads' bound 1.8 times rung 6's, slower
 heads_m, rung6_m, planned_m = mech["heads"], mech["equal_halves"], mech["ropelib_planned"]
 assert all(mech[v]["x_kib_per_sm"] > need_loaded for v in RUNGS_PROFILED)
 assert round(heads_m["x_kib_per_sm"] / rung6_m["x_kib_per_sm"], 1) == 1.8
@@ -311,9 +298,7 @@ assert [round(r["us"]) for r in (heads_m, rung6_m)] == [142, 137]
 # - **programs**: at least 4 per SM (`PROGRAMS_PER_SM`), else the batch is split into chunks
 #   (rung 4).
 #
-# The batch-reusing kernel's one-warp programs ask for one 256-byte row a warp per step, at most
-# 32 per SM (half the warp slots); the finished kernel's 8-warp programs ask for 1 KiB a warp per
-# step, at a lower achieved occupancy. The H200 run launched what the planner computes for it:
+# The H200 run launched what the planner computes for it:
 
 # %%
 from ropelib.kernels import tiles
@@ -332,8 +317,8 @@ assert fin_m["num_warps"] == plan_h200.num_warps == 8
 assert fin_m["programs"] == math.prod(plan_h200.grid)
 per_thread, warps_h200 = H200_KNOBS["tile_loop"]   # (elements a thread over both halves, warps)
 assert fin_m["x_bytes_per_step"] / 2 == per_thread * 32 * warps_h200 == 4096 and warps_h200 == 8
-# the paragraph above: one-warp programs, at most 32 per SM (half of its 64 warp slots), against
-# 8-warp programs asking for 1 KiB per warp and step, more x per SM at a lower achieved occupancy
+# one-warp programs, at most 32 per SM (half of its 64 warp slots), against 8-warp programs
+# asking for 1 KiB per warp and step, at a lower achieved occupancy
 assert br_m["num_warps"] == 1 and br_m["occ_blocks_per_sm"] == br_m["occ_warps_per_sm"] == 32
 assert fin_m["x_bytes_per_warp_step"] == 1024
 assert fin_m["ncu_achieved_occupancy_pct"] < br_m["ncu_achieved_occupancy_pct"]
@@ -552,14 +537,12 @@ assert ladder.plan("warps", 4096, 8, 32, 128, 2, SMS_H200, H200_KNOBS).num_warps
 # entries restores the count: the planner (`launch.pick_tiles`) takes the smallest split that
 # gives 4 programs per SM, and for programs that loop over fewer than 4 entries a tile of fewer
 # threads with more elements each. So one idea in the source is not always one change in the
-# launch (the cell prints the H200's plans): at $s = 16$, $b = 64$ it splits the batch (16
-# programs → 1,024, 8 warps → 4); at $s = 32768$, $b = 1$ it changes the tile instead (one token on
-# 8 warps → two on 4); at $s = 4096$, $b = 8$ only the kernel's loop bounds differ.
+# launch (the cell prints the H200's plans): at $s = 16$, $b = 64$ a split, at $s = 32768$,
+# $b = 1$ a new tile, at $s = 4096$, $b = 8$ only the kernel's loop bounds.
 #
 # **Accurate sin/cos** (rung 5, `ACCURATE`) calls libdevice's `cosf`/`sinf`, within 2 ulp over the
-# whole fp32 range, as Transformer Engine's (TE's) `sincosf` is (positions reach $10^5$; notebook
-# 08 measures what an ulp costs). With Triton 3.6, the H200 run's, `tl.cos` is libdevice's too, so
-# rungs 4 and 5 compile to the same machine code (section 4 prints the call).
+# whole fp32 range, as Transformer Engine's (TE's) `sincosf` is (notebook 08 measures what an ulp
+# costs). With Triton 3.6 `tl.cos` is libdevice's too: rungs 4 and 5 are the same machine code.
 
 # %%
 # ropelib-source: ropelib.course.ladder._ladder_chunk_kernel
@@ -632,8 +615,7 @@ for rung in ("chunks", "accurate"):
 # the tails: chunks of 2 of a batch of 3, blocks of 4 tokens and 2 heads (S=6, H=5 do not divide)
 check_rung(launch_chunks(x, freqs, block_s=4, block_h=2, chunk=2, num_warps=4, accurate=False),
            x, freqs, "  tails")
-# the H200's plans for the warps and chunks rungs at three of section 5's sizes: (grid,
-# BLOCK_S x BLOCK_H, B_CHUNK, warps)
+# the H200's plans for the warps and chunks rungs: (grid, tile, B_CHUNK, warps)
 def launch_of(rung, s_, b_):
     p_ = ladder.plan(rung, s_, b_, 32, 128, 2, SMS_H200, H200_KNOBS)
     return p_.grid, f"{p_.block_s}x{p_.block_h}", p_.chunk, p_.num_warps
@@ -802,7 +784,7 @@ for name, call in RUNG_CALLS.items():                 # each launch as it stands
                                msg=lambda m, name=name: f"{name}: {m}")
 del want
 lad_meta, _ = measured.load("ladder")
-committed = {r: 100 * lad["copy"]["ms"] / lad[r]["ms"] for r in RUNG_CALLS}  # s4096-b8, H200
+committed = {r: ladder.copy_share(lad_rows)[1, "s4096-b8", r] for r in RUNG_CALLS}  # H200
 live = checks_nb05.time_rungs(x, RUNG_CALLS, committed, f"{measured.where(lad_meta)}, "
                               "s=4096 b=8 h=32 d=128", timed=GPU)
 # the committed run's biggest step is the tile of heads, 16.5 points (section 5's "big step")
@@ -822,14 +804,12 @@ assert max(steps, key=steps.get) == "heads" and round(steps["heads"], 1) == 16.5
 # - `order` — the axes from fastest to slowest varying (starting with 2: the feature axis first).
 #
 # Along the contiguous feature axis, `sizePerThread` of 8 bf16 is 16 bytes: one
-# `ld.global.v4.b32` per thread in the PTX (NVIDIA's virtual assembly), the widest load there is;
-# 4 bf16 become `ld.global.v2.b32` (8 bytes). Triton picks the width from what it can prove: a
-# feature stride of 1, pointers and other strides that are multiples of 16 bytes, and enough
-# elements per thread.
-#
-# No GPU is needed to see it: `ladder.compile_for_gpu` compiles a kernel for an H200 (sm_90, 132
-# SMs, `H200_KNOBS`) with the arguments of the bf16 sbhd launch at $s = 4096$, $b = 8$, and reads
-# the TTGIR, the PTX and the register count; ropelib's kernel once more with the H100's tile.
+# `ld.global.v4.b32` per thread in the PTX, the widest load there is; 4 bf16 become
+# `ld.global.v2.b32` (8 bytes). Triton picks the width from what it can prove: a feature stride
+# of 1, other strides and pointers multiples of 16 bytes, enough elements per thread.
+# `ladder.compile_for_gpu` compiles each rung for an H200 (sm_90, 132 SMs, `H200_KNOBS`) at
+# $s = 4096$, $b = 8$ with no GPU, and reads the TTGIR, the PTX and the registers; ropelib's
+# kernel once more with the H100's tile.
 
 # %%
 import subprocess
@@ -892,12 +872,8 @@ if compiled:
         {"sizePerThread": [1, 1, 4], "threadsPerWarp": [1, 2, 16], "warpsPerCTA": [1, 16, 1]}
     assert fin_h100["accesses"].get("ld.v2.b32", 0) >= 2
     trig = {c["what"]: c["trig"] for c in compiled}
-    if trig["warps"] == trig["accurate"]:
-        print(f"\nwith Triton {triton.__version__}, tl.cos/tl.sin compile to the same sin/cos as "
-              f"libdevice's ({trig['warps']}): rungs 4 and 5 are the same machine code here")
-    else:
-        print(f"\nwith Triton {triton.__version__}: tl.cos/tl.sin -> {trig['warps']}, "
-              f"libdevice -> {trig['accurate']}")
+    print(f"\nTriton {triton.__version__}: tl.cos/tl.sin -> {trig['warps']}, libdevice's by "
+          f"name -> {trig['accurate']}")
 
 # %% [markdown]
 # The H200's x tile per half is $[1, 32, 64]$ = 2048 bf16 on 256 threads: **8 per thread per
@@ -1065,12 +1041,11 @@ checks_nb05.slow_path_share(sol_ex1, X_VECTORS)
 # %% [markdown]
 # ### Your kernels against a copy, on a GPU
 #
-# On a GPU the cell below launches your kernels of Exercises 1 and 1b on bf16 sbhd
-# $[4096, 8, 32, 128]$ (256 MiB), asserts each output, and times it with `do_bench` beside the
-# worked solution, ropelib's finished kernel on the same interleaved pairs (route forced),
-# `apply_rope` as it plans this size and `y.copy_(x)`, each as a fraction of the copy's speed. A
-# kernel is timed once it has passed its check; its launch (`launch_interleaved`) uses this GPU's
-# planned tile and warps — change it and rerun.
+# On a GPU the cell below times your kernels of Exercises 1 and 1b (once each passes its check)
+# on bf16 sbhd $[4096, 8, 32, 128]$ beside the worked solution, ropelib's finished kernel on the
+# same interleaved pairs (route forced), `apply_rope` and `y.copy_(x)`, each as a fraction of the
+# copy's speed; the last two are asserted within 15 % of section 6's committed H200 ratios. The
+# launch (`launch_interleaved`) takes this GPU's planned tile and warps: change it and rerun.
 
 # %%
 TIMED_SHAPE = (4096, 8, 32, 128)    # [S, B, H, D] bf16 sbhd: 256 MiB
@@ -1115,17 +1090,14 @@ def time_exercise_1(shape):
                       solution=run(fk._rope_interleaved_tile_solution_kernel),
                       others=[("apply_rope (two passes)", lambda: ropelib.apply_rope(
                           x, freqs_sbhd, interleaved=True))])
-    # ropelib's finished kernel on the same pairs: apply_rope with its route forced to the
-    # one-pass kernel for the whole timing (entering the block forgets the plans; calls inside
-    # it plan once, as calls outside do)
+    # ropelib's finished kernel on the same pairs: apply_rope's route forced to it
     with forced("finished"):
         live.update(time_against_copy(x, y, None, yours={}, solution=None,
                                       others=[("ropelib's finished kernel",
                                                lambda: ropelib.apply_rope(
                                                    x, freqs_sbhd, interleaved=True))]))
     if GPU and tuple(shape) == (4096, 8, 32, 128):
-        # section 6's committed run at this shape (rotate-half pairs, forward): the finished
-        # kernel forced, and apply_rope as it plans the call
+        # section 6's committed run at this shape (rotate-half pairs, forward)
         runs = measured.two_pass()[("bf16 sbhd 256 MiB s4k b8", "forward")]
         where = measured.where(measured.load("two_pass")[0])
         against_committed(live, {
@@ -1140,13 +1112,10 @@ else:
           "here the checks above are all there is.")
 
 # %% [markdown]
-# The cell ends with ropelib's finished kernel and `apply_rope` beside section 6's committed H200
-# ratios at the same shape, each asserted within 15 % of them. The worked solution and the
-# finished kernel run the same grid, tile and warps on the same pairs: what separates their
-# ratios is their code. The cell below compiles both for sm_90 with the H100's tile and splits
-# each machine code at its batch loop (from the load of x to the store): where the two loops are
-# the same length, look for the difference before the loop, in the angles each program reads and
-# evaluates once.
+# The worked solution and the finished kernel run the same grid, tile and warps on the same
+# pairs: what separates their ratios is their code. The cell below compiles both for sm_90 with
+# the H100's tile and splits each machine code at its batch loop (from the load of x to the
+# store): where the loops are the same length, look before the loop, at the angles.
 
 # %%
 from ropelib.course import nb05_interleaved
@@ -1177,10 +1146,10 @@ if LADDER_CSV.exists():
     meta, rows = measured.load("ladder")
     # % of copy as the rest of the course reads it: the copy's median time over the kernel's
     # (the CSV's pct_of_copy divides GB/s whose bytes count the angle table too)
-    copy_ms = {r["case"]: r["ms"] for r in rows if r["provider"] == "copy"}
+    share = ladder.copy_share(rows)
     for r in rows:
         if r.get("pct_of_copy") is not None:
-            r["pct_of_copy"] = 100 * copy_ms[r["case"]] / r["ms"]
+            r["pct_of_copy"] = share[r.get("run", 1), r["case"], r["provider"]]
     print(f"measured on {measured.where(meta)} (driver {meta.get('driver')})")
     for case in dict.fromkeys(r["case"] for r in rows):
         rs = [r for r in rows if r["case"] == case]
@@ -1220,7 +1189,7 @@ if LADDER_CSV.exists():
         if moved:
             return ", ".join(moved)
         # the same launch: what differs is the kernel (with Triton 3.6, rung 5 compiles to
-        # rung 4's machine code: appendix A.3)
+        # rung 4's machine code: section 4)
         return {"tile": "same launch, 3-D kernel", "chunks": "same launch, loop bounds",
                 "accurate": "same launch, same code", "equal_halves": "same launch, shortcut"
                 }[rung]
@@ -1244,13 +1213,11 @@ if LADDER_CSV.exists():
     hatched = {case: ladder.within_both_spreads(rows, case)
                for case in dict.fromkeys(r["case"] for r in rows)}
     print("steps smaller than the 20-80 % ranges at their two ends (hatched):", hatched)
-    # the text below: the tile rung, the warps and the accurate sin/cos within the noise at
-    # s = 4096, b = 8; from chunks on, the 16-token panel's steps too
+    # within the noise: at s = 4096, b = 8 and in the 16-token panel
     assert hatched["s4096-b8"] == ["tile", "warps", "accurate"]
     assert hatched["s16-b64"][-3:] == ["chunks", "accurate", "equal_halves"]
 
-    # each step in points of a copy (the rung's median % of copy less the rung before's), with
-    # what it changed in the launch: the table below the figure reads this
+    # each step in points of a copy, with what it changed in the launch
     pct = {key: r["pct_of_copy"] for key, r in by.items()}
     step = {(c, n): pct[c, n] - pct[c, ladder.NAMES[ladder.NAMES.index(n) - 1]]
             for c in CASES for n in ladder.NAMES[1:]}
@@ -1267,16 +1234,14 @@ if LADDER_CSV.exists():
     assert [said(pct[c, "equal_halves"] - pct[c, "ropelib"], 1) for c in (c8, c1)] == \
         ["1.5", "-2.7"]                                         # the finished kernel's bar
     assert pct[c1, "batch_reuse"] < 25 and 70 < pct[c1, "heads"] < 80  # a fifth -> 3 quarters
-    # the steps that change nothing in the launch: the chunks rung with a batch loop (one chunk
-    # of 8), the accurate rung everywhere; at b = 1 the chunks rung changes the tile instead
+    # the steps that change nothing in the launch; at b = 1 the chunks rung changes the tile
     assert changed[c8]["chunks"] == changed["s16384-b8-h8"]["chunks"] == "same launch, loop bounds"
     assert {changed[c]["accurate"] for c in CASES} == {"same launch, same code"}
     assert changed[c1]["chunks"] == "tile 2x32, 4 warps"       # from 1x32 on 8 warps
     assert changed["s16-b64"]["chunks"] == "4 warps, B_CHUNK 1"  # from one chunk of 64 on 8
     assert meta["triton"].startswith("3.6")                   # "the same code" holds for 3.6
 
-    # 16 tokens, a batch of 64: the rungs from chunks on have fast and slow calls, so the
-    # median says little; the 20 % quantiles, the fastest fifth of the calls
+    # 16 tokens: fast and slow calls from chunks on; the 20 % quantiles, the fastest fifth
     q16 = {n: {k: 1e3 * by["s16-b64", n][k] for k in ("ms_p20", "ms", "ms_p80")}
            for n in ("warps", "chunks", "accurate", "equal_halves")}
     print("\ns16-b64, µs (20 % quantile, median, 80 % quantile): "
@@ -1294,18 +1259,16 @@ else:
           "(about a minute). Nothing is drawn until then.")
 
 # %% [markdown]
-# For the rungs at $s = 4096$, $b = 8$ the 20 % and 80 % quantiles lie at most 1.2 % of the median
-# apart, so within this one run a step of three or five points stands out from its calls' spread.
-# Between runs one kernel moves more (torch.compile's ratio at 1 GiB spans about 4 points across
-# the committed H200 runs, A.5), so one process's step of that size can be its luck.
+# At $s = 4096$, $b = 8$ the 20 % and 80 % quantiles lie at most 1.2 % of the median apart, so a
+# step of three or five points stands out from one run's spread; between runs one kernel moves
+# more (torch.compile's ratio at 1 GiB spans about 4 points across the committed H200 runs, A.5).
 #
 # ![The ladder on an NVIDIA H200: % of a copy per rung](../figures/05-ladder-waterfall.png)
 #
 # ### Which steps hold from one process to the next
 #
-# `benchmarks/ladder.py --processes 5` runs the whole ladder in fresh processes, one after
-# another, each timing every size's rungs in its own shuffled order (the copy first). Ten such
-# processes on an H100 are committed. The next cell reads every step once per process, each
+# Ten fresh H100 processes (`benchmarks/ladder.py --processes 5`, twice) each timed every size's
+# rungs in a shuffled order, the copy first. The next cell reads every step once per process,
 # against that process's own copy, and calls a step *measured* where all ten agree on its sign:
 # with no real step behind it, ten coin flips agree once in 512.
 
@@ -1354,16 +1317,14 @@ warps_h100 = {r["provider"]: r["num_warps"] for r in RUNS if r["case"] == c1 and
 assert (warps_h100["tile"], warps_h100["warps"], warps_h100["chunks"]) == (4, 16, 4)
 
 # %% [markdown]
-# **What the runs show.** On the H100 no step moves by more than 0.6 points between processes at
-# $s = 4096$, $b = 8$, and two steps the H200 measured are not there: the chunks rung's −3.0 and
-# equal halves' +5.5 are −0.0 and +0.3 in ten H100 processes, not with one sign. On the H200 they
-# are not one process's luck: its two profiles (A.1), separate runs, order the warps, chunks and
-# equal-halves rungs as the ladder run does. The two GPUs run different tiles here (8 warps
-# and 16-byte vectors on the H200, 16 warps and 8-byte vectors on the H100), and whether the loop
-# bounds or the shortcut move a batch-looping kernel depends on that tile: a step measured on one
-# GPU is that GPU's. At $b = 1$ every step that changes the launch or the code comes back in every
-# H100 process, with the H200 run's sign. The table says which rungs change the launch, and what
-# the profiles say.
+# **What the runs show.** At $s = 4096$, $b = 8$ no H100 step moves by more than 0.6 points
+# between processes, and two H200 steps are not there: the chunks rung's −3.0 and equal halves'
+# +5.5 are −0.0 and +0.3 on the H100, not with one sign. On the H200 its two separate profiles
+# (A.1) order those rungs as the ladder run does. The GPUs run different tiles (8 warps and
+# 16-byte vectors on the H200, 16 warps and 8-byte vectors on the H100), and whether the loop
+# bounds or the shortcut move a batch-looping kernel depends on the tile: a step measured on one
+# GPU is that GPU's. At $b = 1$ every step that changes the launch or the code holds in every H100
+# process, with the H200 run's sign.
 #
 # | rung | $s = 4096$, $b = 8$: H200, one run / H100, median of ten | $s = 32768$, $b = 1$: the same | what changed; what the profiles say |
 # |---|---|---|---|
@@ -1375,25 +1336,20 @@ assert (warps_h100["tile"], warps_h100["warps"], warps_h100["chunks"]) == (4, 16
 # | equal halves | +5.5 / +0.3 | +4.9 / +1.5, every process | the same launch, the shortcut in the kernel: fewer instructions |
 # | finished kernel | 1.5 below rung 6 / −0.2 | 2.7 above / +0.9, every process | 7 % more instructions; at $b = 1$ `x` loaded first |
 #
-# - **A tile of heads is the big step** (the largest at every size but 16 tokens, on both GPUs):
-#   32 times fewer programs, about half the warp instructions per element, over six times the x
-#   asked for per SM. Notebook 04's variants change them one at a time (A.1): occupancy alone buys
-#   nothing, and past four heads a program nothing more is bought.
-# - **What the batch of 8 hides.** On the H100, with a batch loop, every rung after the warps rung
-#   moves less than the processes disagree. At $b = 1$ the same rungs move the kernel by up to 29
-#   points: with no batch loop, how many times each sin/cos is evaluated is the time.
-# - **`finished kernel (forced)`** is rung 6 with every feature of section 3's list compiled in.
-#   At $b = 1$ its programs have no batch loop, and the planner has them load `x` before the table
-#   work. Timed as two variants (`benchmarks/results/finished_kernel_knobs-nvidia-h200.csv`), `x`
-#   first is the faster at $s = 4096$, $b = 1$ (0.931 of a copy against 0.892) and the slower at
-#   $s = 1024$, $b = 8$ (0.804 against 0.835).
+# A tile of heads is the big step at every size but 16 tokens, on both GPUs; notebook 04's
+# variants change its programs, work and bytes one at a time (A.1). With no batch loop ($b = 1$),
+# how many times each sin/cos is evaluated is the time. The finished kernel has its programs
+# load `x` before the table work at $b = 1$; timed as two variants
+# (`benchmarks/results/finished_kernel_knobs-nvidia-h200.csv`), `x` first is the faster at
+# $s = 4096$, $b = 1$ (0.931 of a copy against 0.892) and the slower at $s = 1024$, $b = 8$ (0.804
+# against 0.835).
 #
-# **The 16-token panel.** In the single H200 run its rungs from `chunks` on measure nothing: their
-# calls fall into a fast and a slow population (the chunks rung's fastest fifth take at most
-# 13.2 µs against 40.7 for the warps rung's, its median 51.5 µs is among the slow calls), and the
-# accurate rung, the same launch and code, "gains" 35.6 points by the median. In the ten H100
-# processes the chunks step holds in every one (+45.4 points), and so does equal halves' (+9.9).
-#
+# **The 16-token panel.** In the H200 run its rungs from `chunks` on measure nothing: their calls
+# fall into a fast and a slow population (the chunks rung's fastest fifth at most 13.2 µs against
+# 40.7 for the warps rung's, its median 51.5 µs among the slow calls), and the accurate rung, the
+# same launch and code, "gains" 35.6 points. In the ten H100 processes the chunks step holds in
+# every one (+45.4 points), and so does equal halves' (+9.9).
+
 # %%
 # the mechanism tables, printed; checks_nb05.ladder_claims asserts the numbers the text above
 # states that the waterfall cell does not
@@ -1421,9 +1377,7 @@ if LADDER_CSV.exists():
 # memory about the same (the chunks rung 151.1 against 150.1).
 
 # %%
-# benchmarks/results/ladder_stalls_ncu-nvidia-h200-20261201-2309.csv: Nsight Compute's metrics
-# per launch, the copy, every rung and the finished kernel at each size (checks_nb05.stall_kernels
-# reads them and checks the launch order)
+# Nsight Compute's metrics per launch (checks_nb05.stall_kernels reads them, checks the order)
 kernels = checks_nb05.stall_kernels()
 STALL_CASES = {"s4096-b8": 4096, "s32768-b1": 32768}          # the profile's sizes: S (b = 8, 1)
 STALL_NAMES, LONG_SB = checks_nb05.STALL_NAMES, checks_nb05.LONG_SB   # LONG_SB: waiting on a load
@@ -1470,9 +1424,7 @@ assert all(r1(p["copy"]["tb_s"], 2) == 4.11 == r1(max(v["tb_s"] for v in p.value
 assert [round(b8[n]["us"]) for n in ("heads", "tile", "warps")] == [145, 146, 147]
 assert r1(b8["warps"]["inst_m"] / b8["heads"]["inst_m"], 2) == 1.45
 assert [round(100 * b8[n]["issuing"]) for n in ("heads", "warps")] == [32, 46]
-# b = 1: heads, tile, warps issuing in 74 % to 80 % of the cycles, each sin/cos evaluated 16 or
-# 32 times; from chunks on once, 7.6 times fewer instructions, issuing in 29 % to 36 %, DRAM
-# rates 3.53, 3.69 and 3.99 TB/s against the copy's 4.11
+# b = 1: the text's issue rates, sin/cos copies, instruction ratio and DRAM rates
 assert [round(100 * b1[n]["issuing"]) for n in ("heads", "tile", "warps")] == [80, 79, 74]
 assert [r1(b1[n]["sin_cos_copies"]) for n in ("heads", "tile", "warps", "chunks")] == \
     [16, 16, 32, 1]
@@ -1503,9 +1455,7 @@ for name in ("copy", "heads", "tile", "warps", "chunks", "accurate", "equal_halv
     print(f"  {name:14s}{waiting[name]:12.1f}{resident[name]:16.1f}"
           f"{waiting[name] / resident[name]:14.2f}{b8[name]['tb_s']:13.2f}")
 LATER = ("warps", "chunks", "accurate", "equal_halves", "finished")
-# about half the copy's warps waiting (10.6 against 4.9 to 5.5), and half its warps resident
-# (13.6 against 7.1); 0.77 to 0.78 of the resident warps waiting for the copy, heads, rung 6 and
-# the finished kernel, 0.69 for the three rungs between
+# about half the copy's warps waiting, and half its warps resident
 assert r1(waiting["copy"]) == 10.6
 assert (r1(min(waiting[n] for n in LATER)), r1(max(waiting[n] for n in LATER))) == (4.9, 5.5)
 assert all(1.8 < waiting["copy"] / waiting[n] < 2.3 for n in LATER)
@@ -1525,11 +1475,8 @@ assert [r1(b1[n]["waiting_on_memory"] * b1[n]["issuing"]) for n in ("equal_halve
 #   32 % to 46 % of their cycles, so the extra instructions fill idle issue slots.
 # - **They have about half a copy's warps waiting on memory, and half its warps resident**: 4.9 to
 #   5.5 a scheduler from `warps` on against the copy's 10.6, resident 7.1 against 13.6 (the
-#   finished kernel: 64 registers a thread, 4 programs an SM). The missing half may be residency;
-#   the copy on the rung's tile (below) tests that only in part.
-# - **The chunks and equal-halves steps at $b = 8$** hold in the H200's runs but not on the H100,
-#   whose tile differs (the table above); this profile's readings of them (written bytes, DRAM
-#   rate) are in A.1.
+#   finished kernel: 64 registers a thread, 4 programs an SM). Whether the missing residency is
+#   the missing speed, a copy on the rung's tile at a set residency measures (end of section).
 # - **At $b = 1$ the heads, tile and warps rungs are paced by their instructions** (issuing in 74 %
 #   to 80 % of cycles, every sin and cos evaluated 16 or 32 times). From the chunks rung on each is
 #   evaluated once, and the DRAM rate climbs: 3.53 TB/s, 3.69 with equal halves, 3.99 for the
@@ -1539,13 +1486,12 @@ assert [r1(b1[n]["waiting_on_memory"] * b1[n]["issuing"]) for n in ("equal_halve
 # %% [markdown]
 # ### How many bytes the finished kernel keeps in flight, at most
 #
-# Section 2's bound assumed every resident warp had its whole batch step's loads out. At $b = 1$,
-# where each program takes one batch entry, two committed measurements tighten it: the stall
-# profile's warps waiting on memory per SM, and the bytes a thread loads before its first multiply,
-# read from the finished kernel compiled for sm_90 here (`load_schedule` lists its global loads,
-# `LDG`, in machine-code order; `LDG.E.128` is 8 bf16 of `x`, `LDG.E` one fp32 angle). A waiting
-# warp can have no more than those loads out, so the product bounds the bytes in flight from
-# above. The planner launches this size with `X_FIRST` (load `x` before the table work); the cell
+# Section 2's bound assumed every resident warp had its whole batch step's loads out. At $b = 1$
+# (one batch entry a program) two measurements tighten it: the stall profile's warps waiting on
+# memory per SM, and the bytes a thread loads before its first multiply in the finished kernel
+# compiled for sm_90 here (`load_schedule` lists its global loads in machine-code order;
+# `LDG.E.128` is 8 bf16 of `x`, `LDG.E` one fp32 angle). Their product bounds the bytes in flight
+# from above. The planner launches this size with `X_FIRST` (`x` before the table work); the cell
 # compiles the table-first order beside it.
 
 # %%
@@ -1719,13 +1665,147 @@ assert len(sweep_b8) == 104 and said(best_copy) == "0.945" and best_copy < 0.95
 
 # %% [markdown]
 # **How to read it.** The share is the GPU's own, on its own tile: near one, the launch (tile,
-# batch loop, grid) holds that GPU's gap; well under one, the rest is the rotation's; in between,
-# both hold a part, in that proportion (Question 5 asks which of the rotation's instructions to
-# look at first). In the
-# committed H200 timing the copy on rung 6's launch runs at 0.913 of `y.copy_(x)` and rung 6 at
-# 0.915: there the launch holds the whole gap, not the cos/sin. Over the 104 launches swept, the
-# copy on the tile never passes 0.945; only the flat pass of section 6, with no loop and many
-# small programs, closes the gap. Why the launch shape costs this is open (appendix A.9).
+# batch loop, grid) holds that GPU's gap; well under one, the rest is the rotation's (Question 5).
+# In the committed H200 timing the copy on rung 6's launch runs at 0.913 of `y.copy_(x)` and
+# rung 6 at 0.915: there the launch holds the whole gap, not the cos/sin. Over the 104 launches
+# swept, the copy on the tile never passes 0.945.
+#
+# ### Is the launch's share residency?
+#
+# The stall profile found rung 6 with half a copy's warps resident: 4 programs of 8 warps an SM
+# on the H200, capped by 64 registers a thread. `_copy_resident_kernel` is the copy on rung 6's
+# tile with a **persistent grid** of $k$ programs per SM, program $p$ of $P$ walking the rung's
+# tiles $p, p + P, \ldots$ in the order its grid runs them: a grid that fits at once is spread
+# over the SMs, about $k$ programs each.
+# The cell counts the programs an SM holds by registers and threads (sm_90), and on a GPU times
+# the copy at every $k$ up to as many as fit, against `y.copy_(x)`. Where it runs at about the
+# rung's speed at rung 6's $k$ and climbs towards one as $k$ grows, residency holds the launch's
+# share; where it stays level from rung 6's $k$ up, residency does not.
+
+# %%
+@triton.jit
+def _copy_resident_kernel(
+    x_ptr, y_ptr,  # x, y [S, B, H, D] (any strides)
+    S, B, H,  # tokens, batch, heads
+    B_CHUNK,  # batch entries per tile (the last chunk may be shorter)
+    stride_xs, stride_xb, stride_xh, stride_xd,  # x strides, in elements
+    stride_ys, stride_yb, stride_yh, stride_yd,  # y strides, in elements
+    HALF: tl.constexpr,  # D // 2
+    BLOCK_HALF: tl.constexpr,  # next power of two >= HALF
+    BLOCK_S: tl.constexpr,  # tokens per tile
+    BLOCK_H: tl.constexpr,  # heads per tile
+):
+    # grid (P,): program p copies tiles p, p + P, p + 2P, ... of rung 6's grid (axis 0 fastest),
+    # each tile as _copy_on_tile_kernel copies it
+    n_s = tl.cdiv(S, BLOCK_S)
+    n_h = tl.cdiv(H, BLOCK_H)
+    j = tl.arange(0, BLOCK_HALF)  # [BLOCK_HALF]
+    for t in range(tl.program_id(0), n_s * n_h * tl.cdiv(B, B_CHUNK), tl.num_programs(0)):
+        s = (t % n_s) * BLOCK_S + tl.arange(0, BLOCK_S)  # [BLOCK_S]
+        h = (t // n_s % n_h) * BLOCK_H + tl.arange(0, BLOCK_H)  # [BLOCK_H]
+        b_lo = t // (n_s * n_h) * B_CHUNK
+        b_hi = tl.minimum(b_lo + B_CHUNK, B)
+        m = ((s < S)[:, None] & (h < H)[None, :])[:, :, None] & (j < HALF)[None, None, :]
+        x_off = s[:, None, None] * stride_xs + h[None, :, None] * stride_xh + j[None, None, :] * stride_xd
+        y_off = s[:, None, None] * stride_ys + h[None, :, None] * stride_yh + j[None, None, :] * stride_yd
+        for b in range(b_lo, b_hi):
+            xr = x_ptr + x_off + b * stride_xb
+            yr = y_ptr + y_off + b * stride_yb
+            x_a = tl.load(xr, mask=m, other=0.0)
+            x_b = tl.load(xr + HALF * stride_xd, mask=m, other=0.0)
+            tl.store(yr, x_a, mask=m)
+            tl.store(yr + HALF * stride_yd, x_b, mask=m)
+
+
+def copy_resident(x, y, programs):
+    """y = x by `programs` programs walking rung 6's tiles (its plan for x [S, B, H, D])."""
+    S, B, H, D = x.shape
+    p = ladder.plan("equal_halves", S, B, H, D, x.element_size(), *ladder.device_knobs(x))
+    _copy_resident_kernel[(programs,)](x, y, S, B, H, p.chunk, *x.stride(), *y.stride(),
+                                       HALF=D // 2, BLOCK_HALF=triton.next_power_of_2(D // 2),
+                                       BLOCK_S=p.block_s, BLOCK_H=p.block_h,
+                                       num_warps=p.num_warps)
+
+
+def resident_programs(registers, threads):
+    """Programs an SM holds by registers and threads alone (65,536 registers, allocated 8 a
+    thread at a time; 2,048 threads; 32 programs)."""
+    return min(65536 // (-(-registers // 8) * 8 * threads), 2048 // threads, 32)
+
+
+# the stall profile's residency: rung 6 on 8 warps, 64 registers, 4 programs an SM (H200 run)
+assert (rung6_m["num_warps"], rung6_m["registers"], rung6_m["occ_blocks_per_sm"],
+        rung6_m["occ_limiter"]) == (8, 64, 4, "registers")
+for programs in (1, 2, 3):                    # any number of programs copies every tile once
+    y_c.fill_(float("nan"))
+    copy_resident(x_c, y_c, programs)
+    assert torch.equal(y_c, x_c), programs
+# registers a thread, compiled for sm_90 with this GPU's plan (here: the H200's) at s=4096 b=8
+sms_r, knobs_r = (SM_HERE, KNOBS_HERE) if GPU else (SMS_H200, H200_KNOBS)
+p_r = ladder.plan("equal_halves", 4096, 8, 32, 128, 2, sms_r, knobs_r)
+res_args = {**{k: v for k, v in EX1_ARGS.items() if k != "freqs_ptr"},
+            "B_CHUNK": p_r.chunk, "BLOCK_S": p_r.block_s, "BLOCK_H": p_r.block_h}
+threads_r = 32 * p_r.num_warps
+try:
+    res_regs = load_schedule.schedule(_copy_resident_kernel, res_args,
+                                      num_warps=p_r.num_warps)["registers"]
+    (rung6_sm90,) = ladder.compile_for_gpu(["equal_halves"], sm_count=sms_r, knobs=knobs_r)
+    k6, k_max = (resident_programs(r, threads_r) for r in (rung6_sm90["registers"], res_regs))
+except COMPILE_ERRORS as exc:  # no compiler for this target here: say so
+    k6 = k_max = checks_nb05.compile_failed(exc)
+if k6:
+    print(f"sm_90, Triton {triton.__version__}, {p_r.num_warps} warps a program: rung 6 "
+          f"{rung6_sm90['registers']} registers a thread, {k6} programs an SM; the copy "
+          f"{res_regs}, {k_max}")
+    if not GPU:   # the H200's plan: the H200 run's rung 6 had as many registers and programs
+        assert resident_programs(rung6_m["registers"], threads_r) == rung6_m["occ_blocks_per_sm"]
+        assert k_max > k6
+        if triton.__version__.startswith("3.6"):
+            assert k6 == 4
+if GPU and k6:
+    from triton.testing import do_bench
+    t_copy = do_bench(lambda: y_c.copy_(x_c), quantiles=[0.5, 0.2, 0.8])[0]
+    print(f"y.copy_(x) {t_copy * 1e3:.1f} us; the copy on rung 6's tile, k programs an SM "
+          f"(grid k x {SM_HERE}), as a fraction of it; rung 6 {live_rung:.3f}")
+    by_k = {}
+    for k in range(1, max(k_max, k6) + 1):
+        t_k = do_bench(lambda: copy_resident(x_c, y_c, k * SM_HERE), quantiles=[0.5, 0.2, 0.8])
+        by_k[k] = t_copy / t_k[0]
+        print(f"  k = {k}: {by_k[k]:.3f}" + ("   <- rung 6's k" if k == k6 else ""))
+    assert torch.equal(y_c, x_c)
+    print(f"from rung 6's {k6} programs an SM to {k_max}: {by_k[k_max] - by_k[k6]:+.3f} of a "
+          f"copy, against rung 6's gap of {1 - live_rung:.3f}")
+else:
+    print("Timing needs a GPU: here the cell checks that the persistent copy copies with 1, 2 "
+          "and 3 programs, and counts the programs an SM holds.")
+
+# %% [markdown]
+# The tiles of heads profiled on the H200 (notebook 04's variants and the rungs) give the same
+# limit from the other side: the best of each batch loop and warp count, whatever its occupancy.
+
+# %%
+# by batch loop and warps a program: the copy's profiled time over the best one's
+LOOP_GROUPS = {"batch loop": [v for v in mech if v.startswith("heads") and "loop_b" in v
+                              or v in RUNGS_PROFILED[:-1]],
+               "no batch loop": [v for v in mech if v.startswith("heads_all_one_b")]}
+print("Under Nsight Compute (s=4096 b=8), tiles of heads: the best of each group, as a share "
+      "of the copy's speed")
+best = {}
+for loop, names in LOOP_GROUPS.items():
+    for w in sorted({mech[v]["num_warps"] for v in names}):
+        v = min((v for v in names if mech[v]["num_warps"] == w), key=lambda v: mech[v]["us"])
+        best[loop, w] = mech["copy"]["us"] / mech[v]["us"]
+        print(f"  {loop:14s} {w} warp{'s' if w > 1 else ' '}: {shown(v):26s} "
+              f"{best[loop, w]:.3f}")
+flat_speed = mech["copy"]["us"] / planned_m["us"]
+print(f"  the flat pass (no loop, 2 warps, {planned_m['programs']:,} programs): {flat_speed:.3f}")
+assert (said(min(best.values()), 2), said(max(best.values()), 2)) == ("0.87", "0.91")
+assert max(best.values()) < 0.95 < flat_speed
+assert {w for _, w in best} == {1, 2, 4, 8}
+
+# %% [markdown]
+# The best profiled tiles of heads stop at 0.87 to 0.91 of a copy, on 1 to 8 warps a program;
+# only the flat pass of section 6, with no loop and many small programs, passes them.
 #
 # ## 6. Past the finished kernel: two passes for large tensors
 #
@@ -1766,7 +1846,6 @@ def route_of(shape, layout="sbhd", table="freqs", P=32768, n_seq=4):
 
 
 calls = {"decode: s=1, b=64 (512 KiB)": ((1, 64, 32, 128),),
-         "s=1024, b=8 (64 MiB)": ((1024, 8, 32, 128),),
          "s=4096, b=8 (256 MiB), angles": ((4096, 8, 32, 128),),
          "s=4096, b=8 (256 MiB), a cos/sin table": ((4096, 8, 32, 128), "sbhd", "cos/sin"),
          "s=16384, b=8 (1 GiB), angles": ((16384, 8, 32, 128),),
@@ -1815,8 +1894,8 @@ assert [said(ratio(tp, c, p)) for c in (s4k, s16k) for p in ("finished", "two-pa
 # At batch 8 the two passes reach the copy, where the finished kernel stops at about nine tenths.
 # The flat pass changes the launch shape that section 5's copy on the tile pointed at on the
 # H200, but not only that: it has no sin/cos, fewer registers and no batch loop, and this page
-# does not separate them (A.5); how its addresses are written mattered on its own (A.8).
-# Appendix A.5 has the rest of that run, and A.6–A.8 what the flat pass needed to get there.
+# does not separate them (A.5). Appendix A.5 has the rest of that run, A.6 and A.7 what the flat
+# pass needed to get there.
 
 
 # %% [markdown]
@@ -1861,12 +1940,10 @@ flat_pass.show_solution()
 # %% [markdown]
 # The solution picks the partner with a `tl.where`. A thread's 8 elements are 8 consecutive
 # features, all in one half when $D/2$ is a multiple of 8, so its partners are 8 consecutive
-# elements too, and Triton 3.6 and 3.9 prove it unaided: the cell below compiles the worked
-# solution and your kernel at the 1 GiB launch (1,024 elements a program on 4 warps) and counts
-# their loads by width (the solution's: six, all of 16 bytes, asserted). A contiguity hint
-# (`tl.multiple_of`, `tl.max_contiguous`) is a promise the compiler trusts and the interpreter
-# ignores: a false one ($d = 24$ is among the check's cases) passes here and reads the wrong
-# partners on a GPU.
+# elements too, and Triton 3.6 and 3.9 prove it unaided: the cell below counts the loads, by
+# width, of the solution and your kernel at the 1 GiB launch (1,024 elements on 4 warps). A
+# contiguity hint (`tl.multiple_of`) is a promise the compiler trusts and the interpreter
+# ignores: a false one ($d = 24$ is among the check's cases) passes here, reads wrong on a GPU.
 
 # %%
 EX2_ARGS = dict(x_ptr=bf16_any, y_ptr=bf16_any, cos_ptr=fp32_any, sin_ptr=fp32_any,
@@ -1960,8 +2037,8 @@ pairs_pass.show_solution()
 
 # %% [markdown]
 # How many of your kernel's loads go out before its first multiply? The cell below compiles it at
-# section 6's 1 GiB launch (8 head rows a program on 2 warps) beside ropelib's pass. If yours has
-# fewer early, appendix A.8 says where to look.
+# section 6's 1 GiB launch (8 head rows a program on 2 warps) beside ropelib's pass: a load that
+# goes out after the arithmetic has started is a second trip to memory the thread waits for.
 
 # %%
 EX3_ARGS = dict(x_ptr=bf16_any, y_ptr=bf16_any, cos_ptr=fp32_any, sin_ptr=fp32_any,
@@ -2013,12 +2090,12 @@ else:
 
 # %% [markdown]
 # `_rotate_pairs` in `ropelib/kernels/flat.py` does this for ropelib, with two more things: the
-# table's rows may come from a row index (packed sequences, position ids), and it writes its table
-# addresses in the form that timed faster for each route (A.8).
+# table's rows may come from a row index (packed sequences, position ids), and it computes one
+# table pointer per row (`ROW_POINTERS`) rather than one offset per table entry.
 
 
 # %% [markdown]
-# ## Appendix: the ladder's profiles in detail
+# ## Appendix: the ladder and the finished kernel in detail
 #
 # ### A.1 Notebook 04's variants, the warps step and two one-run steps
 #
@@ -2032,14 +2109,14 @@ else:
 #   136.3, 139.6 and 146.8 µs at 29, 51, 68 and 87 % occupancy: the most occupied is the slowest.
 # - **The warps step (rung 3)** at $b = 8$ is within the runs' spread, and the two profiles
 #   disagree on its sign (141.5 against 142.2 µs in one, 147.4 against 145.4 in the other).
-# - **The chunks and equal-halves steps in this profile** (H200; the other profile and the ladder
-#   run order the rungs the same way; neither step appears on the H100's tile): the chunks rung counts 16.1 MB more writes than the warps rung with the same stores
-#   in its sm_90 code, equal halves 16.4 MB fewer than rung 5, read at 3.65 TB/s against 3.49.
+# - **The H200's chunks and equal-halves steps in this profile**: the chunks rung counts 16.1 MB
+#   more writes than the warps rung with the same stores in its sm_90 code, equal halves 16.4 MB
+#   fewer than rung 5, read at 3.65 TB/s against 3.49.
 #
 # ### A.2 The warp states
 #
-# The rest of section 5's cycles profile: every warp state of five kernels at $b = 8$, and at
-# $b = 1$ the tile rung's time predicted from its instructions.
+# Every warp state of five kernels at $b = 8$; at $b = 1$ the tile rung's time predicted from its
+# instructions.
 
 # %%
 states = checks_nb05.stall_details(prof, kernels, profile, resident,
@@ -2051,8 +2128,6 @@ states = checks_nb05.stall_details(prof, kernels, profile, resident,
 # (6.4 → 7.1) with `long_scoreboard` level. At $b = 1$ the tile rung's 3 % more instructions at
 # a lower occupancy predict 1.043 times the heads rung's time under the profiler, which measures
 # 1.041, and 1.09 at the GPU's own clock, the timed step.
-#
-# ## Appendix: the finished kernel's machine code
 #
 # ### A.3 Where the finished kernel's extra instructions go
 #
@@ -2073,17 +2148,15 @@ checks_nb05.opcode_profile(mech)
 #
 # ### A.4 Where the sin/cos are evaluated
 #
-# The source of rungs 1 to 6 computes cos/sin once per program, a $[\text{BLOCK\_S}, 1, D/2]$
-# tile broadcast over the heads. The cycles profile counts what the GPU does: at $b = 8$ every sin
-# and cos is evaluated 16 times by the 4-warp rungs and 32 times by the 8-warp ones. In section 4's
-# layouts 8 threads span a half's 64 features and the program's other threads lie along the heads,
-# 16 on 4 warps, 32 on 8, as the cell checks: so even with a batch loop the sin/cos are not
-# amortised to nothing, which is why the equal-halves shortcut saves instructions at $b = 8$.
+# The source computes cos/sin once per program; the cycles profile counts every sin and cos
+# evaluated 16 times by the 4-warp rungs at $b = 8$ and 32 times by the 8-warp ones. In section
+# 4's layouts 8 threads span a half's 64 features and the rest lie along the heads, 16 on 4 warps,
+# 32 on 8 (checked): even with a batch loop the sin/cos are not amortised to nothing, which is why
+# the equal-halves shortcut saves instructions at $b = 8$.
 
 # %%
-# sin/cos copies at b = 8 (the profile of the cycles) against the threads each rung's layout
-# puts along the head axis: HALF / 8 threads span a half (8 bf16 a thread), the rest lie on
-# the heads
+# sin/cos copies at b = 8 (the cycles profile) against the threads each layout puts along the
+# heads: HALF / 8 threads span a half (8 bf16 a thread), the rest lie on the heads
 HALF_PROF, VEC = 64, 8
 copies_b8 = {n: round(b8[n]["sin_cos_copies"]) for n in ("heads", "tile", "warps", "chunks",
                                                           "accurate")}
@@ -2121,24 +2194,18 @@ def pre_pass(runs, case):
     return 1e3 * r["pre-pass alone"]["ms"], 100 * r["pre-pass alone"]["ms"] / r["copy"]["ms"]
 
 
-def route_table(meta, runs):
-    print(f"{measured.where(meta)}: forward, ratio to a copy of the same bytes")
-    print(f"{'case':27s}" + "".join(f"{c:>17s}" for c in cols) + f"{'pre-pass alone':>26s}")
-    for case in show:
-        us, pct = pre_pass(runs, case)
-        print(f"{case:27s}" + "".join(
-            f"{ratio(runs, case, c):17.3f}" if c in runs[(case, "forward")] else f"{'':17s}"
-            for c in cols) + f"{us:10.1f} µs, {pct:4.1f} % of copy")
-
-
-route_table(tp_meta, tp)
+print(f"{measured.where(tp_meta)}: forward, ratio to a copy of the same bytes")
+print(f"{'case':27s}" + "".join(f"{c:>17s}" for c in cols) + f"{'pre-pass alone':>26s}")
+for case in show:
+    us, pct = pre_pass(tp, case)
+    print(f"{case:27s}" + "".join(f"{ratio(tp, case, c):17.3f}" for c in cols)
+          + f"{us:10.1f} µs, {pct:4.1f} % of copy")
 print(f"\n{s16k}, forward+backward, ratio to two copies: finished "
       f"{ratio(tp, s16k, 'finished', 'fwd+bwd'):.3f}, two-pass "
       f"{ratio(tp, s16k, 'two-pass', 'fwd+bwd'):.3f}")
 assert tp_meta["gpu"] == "NVIDIA H200"
-# the H200, forward: at 256 MiB the route is well ahead, with angles or with a table
+# forward: the route ahead at 256 MiB and 1 GiB, with angles or a table; forward+backward too
 assert [said(ratio(tp, s4k, c)) for c in cols[:3]] == ["0.903", "0.996", "0.998"]
-# at 1 GiB too; forward+backward likewise (with angles)
 assert [said(ratio(tp, s16k, c)) for c in cols[:3]] == ["0.932", "1.002", "0.987"]
 assert [said(ratio(tp, s16k, c, "fwd+bwd")) for c in ("finished", "two-pass")] == \
     ["0.935", "0.998"]
@@ -2149,18 +2216,14 @@ assert [said(v, 1) for v in (*pre_pass(tp, b1), pre_pass(tp, s16k)[1])] == ["11.
 cap = 1 / (1 + pre_pass(tp, b1)[1] / 100)
 assert said(cap) == "0.854" and ratio(tp, b1, "two-pass") > cap
 assert tp_meta["date"].startswith("2026-12-02T08:22")             # "this run"
-# torch.compile against the flat pass with angles: ahead at 256 MiB, behind at 1 GiB, ahead at
-# batch 1 (in %, its ratio over the flat pass's)
+# torch.compile's lead over the flat pass with angles, in %, each within 3
 compile_lead = {c: 100 * (ratio(tp, c, "torch.compile") / ratio(tp, c, "two-pass") - 1)
                 for c in show}
 print("torch.compile against the flat pass with angles, forward: "
       + ", ".join(f"{c.split(' ', 2)[2]} {v:+.1f} %" for c, v in compile_lead.items()))
 assert [said(ratio(tp, c, "torch.compile")) for c in show] == ["1.000", "0.994", "0.989"]
-# ... each lead smaller than the spread of torch.compile's own ratio between runs (below)
 assert all(abs(v) < 3 for v in compile_lead.values())
-
-# how far apart two runs of one kernel land: torch.compile at 1 GiB in every committed H200 run
-# that times it (checks_nb05.torch_compile_runs lists them)
+# the spread between runs: torch.compile at 1 GiB in every committed H200 run that times it
 lo_c, hi_c = checks_nb05.torch_compile_runs(ratio(tp, s16k, "torch.compile"))
 assert (said(lo_c), said(hi_c)) == ("0.955", "0.997")              # "up to about four points"
 assert all(abs(v) < 100 * (hi_c - lo_c) for v in compile_lead.values())   # leads: within it
@@ -2176,51 +2239,32 @@ assert said(100 * lead_b1, 1) == "2.7" and lead_b1 < hi_c - lo_c      # "within 
 # across the committed H200 runs, about 4 points. Within it, the route and the finished kernel are
 # level at batch 1 (2.7 points), and so are torch.compile's kernel and the flat pass.
 #
-# The cell below checks that torch.compile's kernel
-# (`benchmarks/results/inductor-rope-bf16-sbhd.txt`) has no loop and reads its table with
-# `evict_last`.
-
-# %%
-# torch.compile's kernel, as its source reads: no loop, XBLOCK a constexpr the autotuner sets,
-# the cos/sin loads with evict_last
-inductor = (ROOT / "benchmarks" / "results" / "inductor-rope-bf16-sbhd.txt").read_text()
-body = inductor[inductor.index("@triton.jit"):]
-assert not re.search(r"^\s+for |tl\.range|static_range", body, re.M)
-assert "XBLOCK : tl.constexpr" in body and not re.search(r"XBLOCK\s*=\s*\d", body)
-assert len(re.findall(r"tl\.load\(in_ptr[12] .*evict_last", body)) == 2   # cos and sin
-
-
-# %% [markdown]
 # Compiled for sm_90, the flat pass holds fewer registers a thread than the finished kernel (42
 # with Triton 3.6 as the route runs it, with a one-byte flag per row; 46 without, as section 5
 # profiled it): one difference among several (no sin/cos, no batch loop, many small programs)
-# that this page does not separate.
+# that this page does not separate. torch.compile's kernel
+# (`benchmarks/results/inductor-rope-bf16-sbhd.txt`) is of the same kind: no loop, its cos/sin
+# read with `evict_last` (checked).
 
 # %%
+inductor = (ROOT / "benchmarks" / "results" / "inductor-rope-bf16-sbhd.txt").read_text()
+body = inductor[inductor.index("@triton.jit"):]
+assert not re.search(r"^\s+for |tl\.range|static_range", body, re.M)          # no loop
+assert "XBLOCK : tl.constexpr" in body and not re.search(r"XBLOCK\s*=\s*\d", body)
+assert len(re.findall(r"tl\.load\(in_ptr[12] .*evict_last", body)) == 2   # cos and sin
 if compiled:
-    flat = ladder.compile_for_gpu(["two-pass"])[0]
-    finished = compiled[-1]                          # section 4: the H200's tile
-
-    def resident_warps(c):
-        warps = c["num_warps"]
-        programs = min(32, 65536 // (c["registers"] * 32 * warps))   # at most 32 programs/SM
-        return min(64, programs * warps)
-    print(f"compiled here for sm_90 with Triton {triton.__version__}; the H200 run's Triton "
-          f"{mech_meta['triton']} gave the finished kernel {fin_m['registers']} registers/thread, "
-          f"{fin_m['occ_warps_per_sm']} resident warps (section 4): register counts are the "
-          "compiler's, and move between Triton versions")
+    flat, finished = ladder.compile_for_gpu(["two-pass"])[0], compiled[-1]   # section 4's
+    print(f"sm_90, Triton {triton.__version__} (register counts move between versions):")
     for c, label in ((finished, "finished kernel (H200 tile)"), (flat, "flat pass, with flags")):
-        print(f"{label:28s} {c['num_warps']:2d} warps, {c['registers']:3d} registers/thread -> "
-              f"{resident_warps(c):2d} of 64 warps resident; loads/stores: {c['accesses']}")
+        warps = c["num_warps"] * resident_programs(c["registers"], 32 * c["num_warps"])
+        print(f"  {label:28s} {c['num_warps']:2d} warps, {c['registers']:3d} registers/thread -> "
+              f"{warps:2d} of 64 warps resident; loads/stores: {c['accesses']}")
     assert flat["registers"] < finished["registers"]
-    assert resident_warps(flat) > resident_warps(finished)
-    # 16-byte loads: x_j and x_{j+R/2}, and the fp32 cos and s' of both members (8 pairs each);
-    # one byte: the row's flag
+    # 16-byte loads: x_j, x_{j+R/2}, the fp32 cos and s' of both members; one byte: the flag
     assert flat["accesses"] == {"ld.v1.b8": 1, "ld.v4.b32": 10, "st.v4.b32": 2}
     if triton.__version__.startswith("3.6"):                 # "42 registers with Triton 3.6"
         assert flat["registers"] == 42
-# the H200 profile's differences named above (section 5's mechanism CSV): the pass launched
-# without flags, its ten 16-byte loads and no byte load, in 46 registers
+# section 5's H200 profile: the pass launched without flags, 46 registers
 print(f"section 5's profile of the flat pass (H200): {planned_m['registers']} registers, PTX "
       f"{planned_m['ptx_access_detail']}")
 assert planned_m["ptx_access_detail"] == "ld.v4.b32=10 st.v4.b32=2"
@@ -2260,232 +2304,17 @@ behind = checks_nb05.tables_swapped(tp, tp_meta, route_of)
 checks_nb05.paired_rows_probe()
 
 # %% [markdown]
-# Reading half the table is slower in every case (0.896 of a copy at 1 GiB against 0.948; not
-# explained here). Holding both members in one thread reaches 0.993, level with torch.compile's
-# 0.994: that is ropelib's flat pass (`_rotate_pairs`, 2 warps), the one section 6 timed. In the
-# whole route at 1 GiB, the element-wise pass left the two passes level with the finished kernel
-# (0.931 against 0.924), the pass of pairs put them ahead (1.002 against 0.932). Against
-# torch.compile neither pass is shown ahead or behind: the differences are within the 4 points
-# between runs.
+# Reading half the table is slower in every case (0.896 of a copy at 1 GiB against 0.948).
+# Holding both members in one thread reaches 0.993, level with torch.compile's 0.994: ropelib's
+# flat pass (`_rotate_pairs`, 2 warps), the one section 6 timed. In the whole route at 1 GiB the
+# element-wise pass left the two passes level with the finished kernel (0.931 against 0.924), the
+# pass of pairs put them ahead (1.002 against 0.932); against torch.compile neither pass is ahead
+# or behind beyond the 4 points between runs.
 
 # %%
 # the element-wise pass in the whole route (two_pass-nvidia-h200-20261128-0853.csv) and the two
 # probes that set it beside torch.compile; checks_nb05.elementwise_pass_runs asserts the text
 checks_nb05.elementwise_pass_runs(tp, tp_meta, behind)
-
-# %% [markdown]
-# ### A.8 How an address is written decides when a load goes out
-#
-# Written with one offset per table entry (`cos_ptr + (s * stride_tab + j)`, a runtime stride),
-# ropelib's pairs pass ran at 0.915 of a copy at 1 GiB on the H200; a probe kernel computing the
-# row as `s * D` (`D` a constant) ran at 0.992 in the same process, with the same 16-byte loads in
-# the PTX (timings at the end). ropelib's pass now writes a pointer per row (`ROW_POINTERS`).
-# With offsets the compiler cannot prove a 32-bit offset plus 4 does not carry, so a thread needs
-# four base addresses where two would do, and ptxas reuses an earlier load's destination
-# registers, making a later load wait. Only the SASS shows this; the cells compile both forms for
-# sm_90 and count the loads issued before the first multiply.
-
-# %%
-@triton.jit
-def rotate_rows(x_ptr, y_ptr, cos_ptr, sin_ptr, n_rows, B, H, stride_tab,
-                D: tl.constexpr, ROWS: tl.constexpr, ROW_POINTERS: tl.constexpr):
-    # ROWS head rows of x [S * B * H rows of D] (sbhd, contiguous) per program; a thread holds
-    # both members x_j, x_{j+D/2} of its pairs. cos_ptr, sin_ptr: fp32 rows [S, stride_tab] of
-    # cos and s' (s'_a = -sin, s'_b = +sin: y_a = x_a c_a + x_b s'_a, y_b = x_b c_b + x_a s'_b)
-    HALF: tl.constexpr = D // 2
-    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)          # head rows [ROWS]
-    j = tl.arange(0, HALF)                                     # pairs [HALF]
-    live = (r < n_rows)[:, None]
-    s = r // (B * H)                                           # each row's token
-    at = r[:, None] * D + j[None, :]                           # [ROWS, HALF]
-    xa = tl.load(x_ptr + at, mask=live, other=0.0).to(tl.float32)
-    xb = tl.load(x_ptr + at + HALF, mask=live, other=0.0).to(tl.float32)
-    if ROW_POINTERS:    # each row's pointer first, then the features: one address a row
-        cos_a = (cos_ptr + s * stride_tab)[:, None] + j[None, :]
-        sin_a = (sin_ptr + s * stride_tab)[:, None] + j[None, :]
-    else:               # one offset per entry [row, feature], then the pointer
-        cos_a = cos_ptr + (s[:, None] * stride_tab + j[None, :])
-        sin_a = sin_ptr + (s[:, None] * stride_tab + j[None, :])
-    ca = tl.load(cos_a, mask=live, other=0.0, eviction_policy="evict_last")
-    sa = tl.load(sin_a, mask=live, other=0.0, eviction_policy="evict_last")
-    cb = tl.load(cos_a + HALF, mask=live, other=0.0, eviction_policy="evict_last")
-    sb = tl.load(sin_a + HALF, mask=live, other=0.0, eviction_policy="evict_last")
-    ya = tl.fma(xa, ca, xb * sa)
-    yb = tl.fma(xb, cb, xa * sb)
-    tl.store(y_ptr + at, ya.to(y_ptr.dtype.element_ty), mask=live)
-    tl.store(y_ptr + at + HALF, yb.to(y_ptr.dtype.element_ty), mask=live)
-
-
-# both ways give the same result: checked against the reference on a small input, with the
-# pre-pass's rows of cos and s' [S, D] computed in PyTorch
-S_, B_, H_, D_ = 16, 2, 4, 64
-x_small = torch.randn(S_, B_, H_, D_, device=device, dtype=torch.bfloat16)
-f_small = ropelib.rope_freqs(S_, D_, device=device)                # [S, 1, 1, D] angles
-ang = f_small[:, 0, 0].float()
-cos_rows = torch.cos(ang).contiguous()
-s_rows = torch.cat([-torch.sin(ang[:, : D_ // 2]), torch.sin(ang[:, D_ // 2:])], 1).contiguous()
-want = reference.rope_reference(x_small, f_small)
-for row_pointers in (False, True):
-    y_small = torch.empty_like(x_small)
-    n_rows = S_ * B_ * H_
-    rotate_rows[(triton.cdiv(n_rows, 8),)](x_small, y_small, cos_rows, s_rows, n_rows, B_, H_,
-                                           cos_rows.stride(0), D=D_, ROWS=8,
-                                           ROW_POINTERS=row_pointers, num_warps=2)
-    torch.testing.assert_close(y_small, want, atol=1e-5, rtol=1e-2)
-print("rotate_rows, offsets and row pointers: both == the reference")
-
-# %%
-one_gib = dict(n_rows=16384 * 8 * 32, B=8, H=32, stride_tab=128, D=128, ROWS=8)  # 1 GiB bf16 sbhd
-bf16, fp32 = torch.empty(16, dtype=torch.bfloat16), torch.empty(16)
-try:
-    sched = {rp: load_schedule.schedule(rotate_rows, dict(x_ptr=bf16, y_ptr=bf16, cos_ptr=fp32,
-                                                          sin_ptr=fp32, ROW_POINTERS=rp, **one_gib),
-                                        num_warps=2)
-             for rp in (False, True)}
-except COMPILE_ERRORS as exc:  # no compiler for this target here: say so
-    sched = checks_nb05.compile_failed(exc)
-if sched:
-    print(f"sm_90, Triton {triton.__version__}: 10 global loads a thread (2 of x, 8 of the table)")
-    for rp, label in ((False, "offsets [row, feature]"), (True, "row pointers")):
-        sc = sched[rp]
-        print(f"  {label:24s} {sc['registers']} registers, {sc['early']} loads before the first "
-              f"multiply (instruction {sc['first_math']}), the rest at "
-              f"{[i for i, _ in sc['loads'] if i > sc['first_math']]}")
-    assert all(len(sc["loads"]) == 10 for sc in sched.values())
-    assert sched[True]["early"] > sched[False]["early"]          # row pointers: more in flight
-
-    # the SASS of the loads: a table load (evict_last: LDG.E.EL) reads [Rbase.64 + offset]
-    def table_bases(sc):
-        return {re.search(r"\[(R\d+)\.64", ins)[1] for _, ins in sc["loads"] if ".EL." in ins}
-
-    def late_reusing(sc):
-        """Loads after the first multiply that write a register an earlier load wrote."""
-        dest = [(i, re.search(r"LDG\S*\s+(R\d+)", ins)[1]) for i, ins in sc["loads"]]
-        return [i for i, r in dest if i > sc["first_math"]
-                and any(r == r0 for i0, r0 in dest if i0 < i)]
-
-    for rp, label in ((False, "offsets [row, feature]"), (True, "row pointers")):
-        sc = sched[rp]
-        print(f"  {label}: {len(table_bases(sc))} base registers for the table loads "
-              f"{sorted(table_bases(sc))}; late loads writing an earlier load's register: "
-              f"{late_reusing(sc)}")
-        for i, ins in sc["loads"]:
-            print(f"    {i:4d}  {ins}")
-    if triton.__version__.startswith(("3.6", "3.9")):             # the counts the prose gives
-        assert [len(table_bases(sched[rp])) for rp in (False, True)] == [4, 2]
-        late_offsets = [i for i, _ in sched[False]["loads"] if i > sched[False]["first_math"]]
-        assert late_reusing(sched[False]) == late_offsets and len(late_offsets) == 3
-        assert len(late_reusing(sched[True])) == 1         # row pointers: one of their two
-    if triton.__version__.startswith(("3.6", "3.9")):             # the counts the prose gives
-        assert (sched[False]["early"], sched[True]["early"]) == (7, 8)
-        assert sched[False]["registers"] == 48                   # "at 48 a thread"
-    # ropelib's own flat pass (kernels/flat.py) at 1 GiB, compiled in Exercise 3's cell
-    if own:
-        print(f"  ropelib's flat pass        {own['registers']} registers, {own['early']} of "
-              f"{len(own['loads'])} loads before the first multiply")
-        assert own["early"] == sched[True]["early"] and len(own["loads"]) == 10
-
-
-# %% [markdown]
-# With offsets three of the eight table loads go out after the rotation has started (four base
-# registers, each late load reusing an earlier load's register); with row pointers two do (two
-# base registers). The counts are asserted with Triton 3.6 and 3.9; with another version only
-# that row pointers put more loads out early.
-#
-# What the two forms are worth, timed on the H200 by `benchmarks/one_gib_probe.py` (five
-# alternating rounds in one process, medians):
-
-# %%
-def one_gib_medians(gpu):
-    meta, rows = measured.load("one_gib_probe", gpu)
-    by = {}
-    for r in rows:
-        by.setdefault(r["provider"], []).append(float(r["ratio_to_copy"]))
-    return meta, {k: sorted(v)[len(v) // 2] for k, v in by.items()}
-
-
-before_meta, before = one_gib_medians(measured.GPU + "-20261129-0909")
-after_meta, after = one_gib_medians(measured.GPU)
-print(f"{measured.where(after_meta)}: 1 GiB bf16 sbhd forward, ratio to a copy (median of rounds)")
-print(f"{'':34s}{'offsets':>10s}{'row pointers':>14s}")
-for prov, label in (("flat pass", "ropelib's flat pass alone"),
-                    ("planned", "apply_rope as planned"),
-                    ("probe copy", "the probe's kernel (s * D)"),
-                    ("torch.compile", "torch.compile")):
-    print(f"{label:34s}{before[prov]:10.3f}{after[prov]:14.3f}")
-assert [said(before[p]) for p in ("flat pass", "planned", "probe copy")] == \
-    ["0.915", "0.913", "0.992"]
-assert [said(after[p]) for p in ("flat pass", "planned")] == ["0.990", "0.986"]
-assert abs(after["probe copy"] - before["probe copy"]) < 0.005      # the probe did not move
-
-
-# %% [markdown]
-# With row pointers the flat pass runs at 0.990 of a copy against 0.915 with offsets, and
-# `apply_rope` at 0.986 against 0.913. That the earlier load buys it is a hypothesis (no stall
-# profile of the two forms is committed), and not a rule: the packed-sequence route keeps offsets,
-# which its own timings favoured.
-
-# %% [markdown]
-# ## Appendix: the finished kernel's launch shape
-#
-# ### A.9 What the copy on the tile leaves open
-#
-# On the H200 the copy on rung 6's tile lands where the rung does: the launch shape holds the gap.
-# The cell below sets the copy's registers against rung 6's (sm_90, the H200's plan), the best
-# profiled tiles of heads at $s = 4096$, $b = 8$ for each batch loop and warp count.
-
-# %%
-def resident_programs(registers, threads):
-    """Programs an SM holds by registers and threads alone (65,536 registers, allocated 8 a
-    thread at a time; 2,048 threads; 32 programs)."""
-    return min(65536 // (-(-registers // 8) * 8 * threads), 2048 // threads, 32)
-
-
-# its registers against rung 6's, both compiled for sm_90 here with the H200's plan: Exercise
-# 1's arguments (the same launch), less the angles
-cot_args = {k: v for k, v in EX1_ARGS.items() if k != "freqs_ptr"}
-try:
-    cot_regs = load_schedule.schedule(_copy_on_tile_kernel, cot_args,
-                                      num_warps=plan_h200.num_warps)["registers"]
-    (rung6_sm90,) = ladder.compile_for_gpu(["equal_halves"], sm_count=SMS_H200, knobs=H200_KNOBS)
-    rung6_regs = rung6_sm90["registers"]
-except COMPILE_ERRORS as exc:  # no compiler for this target here: say so
-    cot_regs = checks_nb05.compile_failed(exc)
-if cot_regs:
-    threads = 32 * plan_h200.num_warps
-    print(f"sm_90, Triton {triton.__version__}, {plan_h200.num_warps} warps a program: the copy "
-          f"on the tile {cot_regs} registers a thread, {resident_programs(cot_regs, threads)} "
-          f"programs per SM; rung 6 {rung6_regs}, {resident_programs(rung6_regs, threads)} "
-          f"(the H200 run's rung 6, Triton {mech_meta.get('triton')}: {rung6_m['registers']}, "
-          f"{rung6_m['occ_blocks_per_sm']})")
-    # fewer registers than the rung: more programs could be resident (achieved: not profiled)
-    assert resident_programs(cot_regs, threads) > resident_programs(rung6_regs, threads)
-    assert resident_programs(rung6_m["registers"], threads) == rung6_m["occ_blocks_per_sm"]
-
-# the tiles of heads profiled at this size (notebook 04's variants and the rungs), by batch
-# loop and warps a program: the copy's profiled time over each one's
-LOOP_GROUPS = {"batch loop": [v for v in mech if v.startswith("heads") and "loop_b" in v
-                              or v in RUNGS_PROFILED[:-1]],
-               "no batch loop": [v for v in mech if v.startswith("heads_all_one_b")]}
-print("\nUnder Nsight Compute (s=4096 b=8), tiles of heads: the best of each group, as a share "
-      "of the copy's speed")
-best = {}
-for loop, names in LOOP_GROUPS.items():
-    for w in sorted({mech[v]["num_warps"] for v in names}):
-        v = min((v for v in names if mech[v]["num_warps"] == w), key=lambda v: mech[v]["us"])
-        best[loop, w] = mech["copy"]["us"] / mech[v]["us"]
-        print(f"  {loop:14s} {w} warp{'s' if w > 1 else ' '}: {shown(v):26s} "
-              f"{best[loop, w]:.3f}")
-flat_speed = mech["copy"]["us"] / planned_m["us"]
-print(f"  the flat pass (no loop, 2 warps, {planned_m['programs']:,} programs): {flat_speed:.3f}")
-assert (said(min(best.values()), 2), said(max(best.values()), 2)) == ("0.87", "0.91")
-assert max(best.values()) < 0.95 < flat_speed
-assert {w for _, w in best} == {1, 2, 4, 8}
-
-# %% [markdown]
-# The copy holds fewer registers than the rung, so more of its programs fit on an SM (its
-# occupancy was not profiled). The best profiled tiles of heads stop at 0.87 to 0.91 of a copy;
-# only the flat pass passes them.
 
 # %% [markdown]
 # ## Questions for discussion
@@ -2500,13 +2329,13 @@ assert {w for _, w in best} == {1, 2, 4, 8}
 #    Check your answer against the waterfall.
 # 4. The finished kernel decides the equal-halves shortcut per tile, on the values it loaded,
 #    rather than once per table on the host. What does each choice cost?
-# 5. On the GPU you ran this notebook on, what share of rung 6's gap did the copy on its tile
-#    print? If it is well under one, which of the rotation's instructions would you profile
+# 5. What share of rung 6's gap did the copy on its tile print on your GPU? If it is well under
+#    one, which of the rotation's instructions would you profile
 #    first, and with which of section 5's metrics?
 # 6. The element-wise flat pass (Exercise 2's design) loads each element's partner from memory,
 #    though another thread of the same program holds it in registers. Which thread, for
 #    $d = 128$ and 8 elements per thread? Why does the second load cost a few percent of a copy,
 #    though it comes from L1?
-# 7. `rotate_rows` with offsets issued three of its table loads after the rotation had started.
-#    Give ptxas more registers (`maxnreg=64`) or fewer loads a thread: which changes the count,
-#    and what does each cost in programs per SM?
+# 7. On the GPU you ran this notebook on, did the copy on rung 6's tile gain from more resident
+#    programs (section 5's last cell)? If not, what else in the launch (the batch loop, the
+#    programs' count, the tail of the grid) would you vary next, and how would you measure it?

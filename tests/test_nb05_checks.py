@@ -19,10 +19,10 @@ H200_KNOBS = dict(tile_loop=tiles.TILES_BY_GPU["NVIDIA H200"]["loop"],
 
 def _ladder_rows():
     meta, rows = measured.load("ladder")
-    copy_ms = {r["case"]: r["ms"] for r in rows if r["provider"] == "copy"}
+    share = ladder.copy_share(rows)
     for r in rows:
         if r.get("pct_of_copy") is not None:
-            r["pct_of_copy"] = 100 * copy_ms[r["case"]] / r["ms"]
+            r["pct_of_copy"] = share[r.get("run", 1), r["case"], r["provider"]]
     return meta, rows
 
 

@@ -704,7 +704,7 @@ def _compiled_rotate(rot_pass, flags):
 
 
 def flat_pass_schedule():
-    """Exercise 3 and A.8: ropelib's flat pass as the route plans it for 1 GiB bf16 sbhd
+    """Exercise 3: ropelib's flat pass as the route plans it for 1 GiB bf16 sbhd
     (s16k b8), launched without flags as section 5 profiled it, compiled for sm_90: its
     load_schedule (registers, loads in machine-code order, how many before the first
     multiply). Raises what a missing compiler raises."""

@@ -39,8 +39,8 @@ from typing import Optional
 
 from .offline_compile import compiled_code, cuobjdump
 
-__all__ = ["schedule", "sass_instructions", "access_bytes", "load_widths", "store_widths",
-           "check_wide_loads"]
+__all__ = ["schedule", "sass_instructions", "is_load", "is_store", "access_bytes",
+           "load_widths", "store_widths", "check_wide_loads"]
 
 _GUARD = r"^(?:@!?U?P\w+\s+)?"                   # an instruction's guard predicate, if any
 _MATH = re.compile(_GUARD + r"(FFMA|FMUL)\b")
@@ -48,6 +48,16 @@ _LOAD = re.compile(_GUARD + r"LDG\b")
 _STORE = re.compile(_GUARD + r"STG\b")
 _SPILL_STORE = re.compile(_GUARD + r"STL\b")   # registers spilled to local memory
 _SPILL_LOAD = re.compile(_GUARD + r"LDL\b")    # ... and read back
+
+
+def is_load(instruction: str) -> bool:
+    """Whether one SASS instruction (predicate kept) is a global load (LDG)."""
+    return bool(_LOAD.match(instruction))
+
+
+def is_store(instruction: str) -> bool:
+    """Whether one SASS instruction (predicate kept) is a global store (STG)."""
+    return bool(_STORE.match(instruction))
 
 
 def sass_instructions(cubin: bytes) -> list:

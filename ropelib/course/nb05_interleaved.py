@@ -5,7 +5,7 @@ import torch
 import triton
 
 from ropelib.course import ladder, load_schedule
-from ropelib.course.load_schedule import _LOAD, _STORE, access_bytes
+from ropelib.course.load_schedule import access_bytes, is_load, is_store
 from ropelib.kernels import launch as _launch
 
 
@@ -14,10 +14,10 @@ def batch_loop(sass: list) -> dict:
     before the first global store: {"before": instructions before it, "loop": from it to that
     store, both included, "after": the rest}. A kernel with no store, or no 16-byte load before
     it, has no such loop: ValueError."""
-    store = next((i for i, s in enumerate(sass) if _STORE.match(s)), None)
+    store = next((i for i, s in enumerate(sass) if is_store(s)), None)
     if store is None:
         raise ValueError("no global store in this machine code")
-    wide = [i for i, s in enumerate(sass[:store]) if _LOAD.match(s) and access_bytes(s) == 16]
+    wide = [i for i, s in enumerate(sass[:store]) if is_load(s) and access_bytes(s) == 16]
     if not wide:
         raise ValueError("no 16-byte load before the first store")
     return dict(before=wide[-1], loop=store - wide[-1] + 1, after=len(sass) - store - 1)
