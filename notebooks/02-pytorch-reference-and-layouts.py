@@ -268,11 +268,15 @@ print(f"rotary_percent=0.5: features 0..{R - 1} rotated, {R}..{D - 1} untouched"
 # a full forward pass.
 #
 # The cell checks that against a full pass, first with every sequence at the same length, then
-# at different lengths (a longer prompt holds each sequence's new token at the position that
-# sequence has reached), and prints the positions used. HF's `position_ids` give the same bits
-# as `start_positions`: the kernel differs only in how it finds a token's table row, and from
-# that row on the same fp32 angles go through the same operations (each output one `tl.fma`,
-# so the compiler cannot contract the two variants differently).
+# at different lengths. For the second, a longer prompt holds each sequence's new token at the
+# position that sequence has reached, and is rotated in one pass; HF's `position_ids` agree
+# with `start_positions`. The cell prints the positions used.
+#
+# The last two agree bit for bit (`torch.equal`) by construction: the kernel differs only in
+# how it finds a token's table row (`start_positions[b]` plus the token's index, or the id
+# itself). From that row on, the same fp32 angles go through the same operations in the same
+# order, each output one fused multiply-add written out in the kernel (`tl.fma`) so that the
+# compiler cannot contract the two variants differently; the same holds on a GPU.
 
 # %%
 L = S                                                       # prompt length
@@ -604,11 +608,13 @@ fig.savefig(FIGURES / "02-unfused-traffic.png", dpi=120)
 plt.show()
 
 # %% [markdown]
-# The unfused forward moves 6.1 times a fused kernel's bytes, and the backward through autograd
-# 14.1 times the bytes of $x$ against a fused backward's 2.06: each op writes a temporary that
-# the next one reads back, where a fused kernel keeps it in registers. These are ATen ops
-# counted at dispatch, not a profile: on a GPU one op can launch more than one kernel (the
-# profiler below counts those).
+# The forward runs 10 ATen ops that move 12.5 times the bytes of $x$; a fused kernel reads $x$
+# once, writes $y$ once and reads the fp32 table: 2.06 times, so the unfused forward moves 6.1
+# times as much. Six of its ops stream a tensor the size of $x$ or half of it (`neg`), and the
+# `add` reads two. The backward through autograd runs 7 ATen ops and moves 14.1 times the bytes
+# of $x$, against 2.06 for a fused backward. These are ATen ops counted at dispatch, not a
+# profile: on a GPU one op can launch more than one kernel (the profiler below counts those).
+# Fusing keeps the intermediates in registers, so the whole thing costs one read and one write.
 #
 # Part of this traffic comes from TE's partial-rotary code, which runs even when every feature
 # turns. It splits $x$ into the rotated part `t` and the passed-through part `t_pass`, here
@@ -656,9 +662,11 @@ assert [round(v / x_bytes, 2) for v in (unfused_bytes, lean_fwd_bytes, bwd_bytes
 assert (round(share_fwd, 2), round(share_bwd, 2)) == (0.19, 0.33)
 
 # %% [markdown]
-# The last `cat` costs a fifth of the forward's bytes beyond the fused floor; the backward's
-# tensor of zeros and the `add` that sums it cost a third of the backward's. The rest is the
-# chain itself: one temporary written and read back per operation.
+# Without the split the forward moves 10.50 times the bytes of $x$ instead of 12.50, and the
+# backward 10.06 instead of 14.06. The last `cat` costs a fifth (19%) of the forward's bytes
+# beyond the fused floor; the backward's tensor of zeros and the `add` that sums it cost a third
+# (33%) of the backward's. The rest is the chain itself: one temporary written and read back per
+# operation.
 #
 # ### The profiler's view
 #
@@ -868,10 +876,16 @@ else:
 print(f"{where}:\n{first}\n\nthe unfused forward, device time per kernel "
       f"(mean of {repeats} passes)\n")
 print(kb.format_table(rows, copy_gbps))
+# the kernels that stream x (the small table's cos, sin and casts take a few microseconds each,
+# fixed cost more than bandwidth: the line below leaves them out)
+on_x = [r.nbytes >= max(r.nbytes for r in rows) / 4 for r in rows]
+slow = [(i, r) for i, r in kb.below(rows, 0.5) if on_x[i]]
 kernel_us, at_copy_us = sum(r.us for r in rows), kb.us_at_copy_speed(rows, copy_gbps)
-print(f"\nthe {len(rows)} kernels take {kernel_us:.0f} us; their bytes at the copy's GB/s "
+print(f"\n{len(slow)} of the {sum(on_x)} kernels on x below half the copy's GB/s: "
+      + ", ".join(f"{i} ({r.op}, {r.of_copy:.0%})" for i, r in slow))
+print(f"the {len(rows)} kernels take {kernel_us:.0f} us; their bytes at the copy's GB/s "
       f"would take {at_copy_us:.0f} us")
-assert kernel_us > at_copy_us
+assert len(slow) >= 2 and kernel_us > at_copy_us
 # the same rows summed by kernel kind: the template each kernel's name shows
 kinds = kb.by_kind(rows, copy_gbps)
 print("\nby kind of kernel (kernels: their numbers in the table above)\n")
@@ -886,10 +900,8 @@ print(f"\nnot vectorized: {sum(len(kinds[k].rows) for k in plain)} kernels, "
 assert kinds[kb.NOT_VECTORIZED].ops == ["mul", "neg", "mul"]
 assert kinds[kb.CAT_NOT_VECTORIZED].ops == ["cat"] and kinds[kb.CAT_VECTORIZED].ops == ["cat"]
 assert "add" in kinds[kb.VECTORIZED].ops
-# the template, not the op, sets the speed: every vectorized kind near a copy, every other one
-# under three quarters of the slowest vectorized kind, and the time beyond the copy's speed theirs
-assert all(kinds[k].of_copy > 0.8 for k in vectorized)
-assert max(kinds[k].of_copy for k in plain) < 0.75 * min(kinds[k].of_copy for k in vectorized)
+assert all(kinds[k].of_copy < 0.5 for k in plain)        # each plain kind: under half a copy
+assert all(kinds[k].of_copy > 0.8 for k in vectorized)   # each vectorized kind: near a copy
 assert plain_over_us > 0.9 * (kernel_us - at_copy_us)
 # the unfused/fused ratio as a product of measured factors (exact by construction)
 factors = ratio_split(t_unfused * 1e3, t_fused * 1e3, rows, moved, copy_gbps, fused_device_us)
@@ -902,7 +914,7 @@ for f in factors.values():
 print(f"  {product:6.2f}x  = unfused / fused, timed: {t_unfused / t_fused:.2f}x")
 # the bytes and the kernels' own bandwidth make the gap; launches between them do not
 assert factors["bytes, unfused over fused"] > 3
-assert factors["kernels below the copy's bandwidth"] > 1.3
+assert factors["kernels below the copy's bandwidth"] > 1.5
 assert factors["time outside the kernels (launch gaps)"] < 1.1
 # the fused kernel near a copy, both in device time
 assert factors["the fused kernel against a copy"] > 0.8
@@ -983,10 +995,12 @@ assert (round(single, 2), round(two_pass, 2)) == (0.86, 0.95)
 # kernels add nothing visible (1.00). The last two factors and the last printed line are about
 # the fused call's own clock and route, not the chain (notebook 05 takes those apart).
 #
-# A live table is its GPU's own: the bytes factor stays 6.02 (it counts, it does not time), the
-# percentages and the shortfall factor change. Compare GPUs by the `by kind` table and the
-# `not vectorized` line: which kinds run near a copy, which well below, and what share of the
-# time beyond the copy's speed the non-vectorized ones hold.
+# A live table is its own GPU's run: the bytes factor is the same 6.02 (it counts, it does not
+# time), but the percentages and the shortfall factor are that GPU's.
+# Half a copy is only a line drawn for the count: a non-vectorized kernel may land just above
+# it, so the live `below half` line can name fewer than four. What to compare across GPUs is
+# the `by kind` table and the `not vectorized` line: which kinds run near a copy, which well
+# below, and what share of the time beyond the copy's speed the non-vectorized ones hold.
 #
 # Which kernels fall short, and why? The by-kind table sums the kernels by the PyTorch template
 # each was launched from, as its name shows in the profiler listing above. The slow ones are the
@@ -1052,16 +1066,16 @@ assert mul["l1_load_requests"] == 8 * add["l1_load_requests"]
 # streams at 35% of the copy's GB/s in the committed run, the add at 103%.
 #
 # Two cautions. The non-vectorized path also computes each element's offset from the strides,
-# and these counters cannot separate that cost from the narrower loads (the last cell of this
-# section does). And Nsight Compute replays each kernel under its own measurement, so its
-# durations are not the profiler's (the appendix sets the two side by side): compare its
-# counts, not its times.
+# and these counters cannot separate that cost from the narrower loads. And Nsight Compute
+# replays each kernel under its own measurement, so its durations are not the profiler's
+# (the appendix sets the two side by side): compare its counts, not its times.
 #
 # One more timing answers a question the counters leave aside: is it the broadcast operand
-# that costs the time? On a GPU the next cell times the chain's first multiply, `x * cos`, with
-# the table broadcast over batch and heads, as in the chain, and with the same table expanded
-# to the shape of $x$ and made contiguous: the same operation on the same values, the second
-# moving more bytes (its table is as large as $x$).
+# that costs the time? On a GPU the next cell times the
+# chain's first multiply, `x * cos`, twice: with the table broadcast over batch and heads, as in
+# the chain, and with the same table expanded to the shape of $x$ and made contiguous. It is the
+# same operation on the same values; the second moves more bytes, since its table is as large
+# as $x$.
 
 # %%
 # x * cos two ways: the table [S, 1, 1, D] broadcast (stride 0 over B and H), and the same
@@ -1091,56 +1105,10 @@ else:
 # %% [markdown]
 # On a GPU the contiguous multiply runs from the vectorized template and finishes sooner than
 # the broadcast one, although it moves half as many bytes again. So the broadcast operand is
-# what sends the multiply down the slow template. Which part of that template costs the time:
-# the one-element accesses, or the offsets it forms from sizes and strides?
+# what sends the multiply down the slow template. What stays open: which part of that template
+# costs the time, the one-element loads or the stride arithmetic. Neither the counters nor this
+# timing splits the two; no committed run does either.
 #
-# The next cell splits the two with three Triton kernels for the contiguous `x * cos`, each at
-# the launch shape of PyTorch's non-vectorized template (128 threads, 4 elements each;
-# `ropelib.course.nb02_narrow_loads`). They move the same bytes and differ only in how they form
-# their addresses: provably contiguous (wide: 4 elements in one 8-byte access), through a
-# run-time `one == 1` the compiler cannot see through (one 2-byte access an element, a warp on
-# 32 neighbouring elements: the 2 sectors a request counted above), and through a division and
-# a remainder by the row length (a hardware division, dearer than the multiply PyTorch divides
-# by). The cell compiles each for sm_90 here and asserts those accesses in its PTX, checks all
-# three in the interpreter, and on a GPU prints their share of the copy's GB/s beside PyTorch's
-# two multiplies. Where the one-element line falls to PyTorch's broadcast multiply, the narrow
-# accesses are the cost; where it stays near the wide line and only the line with the division
-# falls, the address arithmetic is; where neither falls, neither explains the template alone.
-
-# %%
-from ropelib.course import nb02_narrow_loads as narrow
-
-code = narrow.access_code(xd.dtype)            # compiled for sm_90 here: no GPU needed
-for name, c in code.items():
-    print(f"{name:31s} PTX: {c['per_thread']} element(s) a thread in a run; loads "
-          f"{dict(c['loads'])}, stores {dict(c['stores'])}, div/rem {c['divisions']}")
-wide, one_lane, by_div = code.values()
-assert narrow.NUM_WARPS * 32 == 128 and narrow.BLOCK // 128 == 4    # PyTorch's template's shape
-assert wide["per_thread"] == 4 and set(wide["loads"]) == {"ld.global.v2.b32"}     # 8 bytes
-assert one_lane["per_thread"] == by_div["per_thread"] == 1                         # 2 bytes
-assert set(one_lane["loads"]) == set(by_div["loads"]) == {"ld.global.b16"}
-assert wide["divisions"] == one_lane["divisions"] == 0 < by_div["divisions"]
-cos_c = torch.cos(fp).to(xd.dtype).expand_as(xd).contiguous()    # the table at x's shape
-y_mul = torch.empty_like(xd)
-for name in narrow.MODES:                       # compiled on a GPU, interpreted on a CPU
-    y_mul.fill_(float("nan"))
-    torch.testing.assert_close(narrow.multiply(xd, cos_c, y_mul, name), xd * cos_c)
-if GPU:
-    mul_bytes = 3 * xd.numel() * xd.element_size()           # x and the table read, y written
-    print(f"{LIVE}: x * cos, device time (mean of {repeats} calls)")
-    for label, (kind, us, of_copy) in same_mul.items():       # the last cell's two
-        print(f"  PyTorch, {label:39s} {us:7.1f} us   {of_copy:5.0%} of the copy's GB/s")
-    for name in narrow.MODES:
-        us = kb.mean_us(kernels_of(lambda m=name: narrow.multiply(xd, cos_c, y_mul, m)),
-                        repeats, name)
-        print(f"  Triton, {name:40s} {us:7.1f} us   "
-              f"{kb.gbps(mul_bytes, us) / copy_gbps:5.0%} of the copy's GB/s")
-else:
-    print("LIVE: none here (the three kernels ran in the interpreter and are right; timing "
-          "them needs a GPU)")
-del cos_c, y_mul
-
-# %% [markdown]
 # What to take from section 6: in the committed H200 run the unfused chain takes 11.3 times as
 # long as one fused call because it moves 6.02 times the bytes *and* its kernels stream them at
 # 1/2.29 of a copy's speed, the shortfall in the kernels PyTorch did not vectorize, each with
@@ -1345,10 +1313,14 @@ else:
     print("(no GPU here: the four streams are timed on a GPU only)")
 
 # %% [markdown]
-# Where the GB/s rises with the share of reads, the `add`'s lead over the copy goes with what it
-# moves; where it does not (`fill_`, which reads nothing, beating the copy too), the copy is
-# simply not the fastest stream on that GPU. Either way an `add` a few percent over the copy
-# streams as fast as a contiguous kernel can: "near a copy", all that section 6 needs.
+# The live lines say, for the machine that ran them, whether the GB/s rises with the share of
+# reads. Where it does, the `add`'s lead over the copy goes with what it moves; where it does
+# not (say, `fill_`, which reads nothing, also beats the copy), the share of reads does not
+# explain it, and the copy is simply not the fastest stream on that GPU. Either way these
+# timings show how far each stream lies from the yardstick, not why: they count bytes and
+# time, not the memory's own cycles. The reading for section 6 is the same in both cases: an
+# `add` a few percent over the copy streams as fast as a contiguous kernel can, no faster than
+# the memory allows; it is "near a copy", which is all the cell holds it to.
 #
 # **Nsight Compute's clock against the profiler's.** Nsight Compute replays each kernel under
 # its own measurement. The cell below divides its durations for the six kernels on $x$ by the
