@@ -5,7 +5,7 @@ makes the call and records another. The events span the call's kernels alone onl
 has launched them before the device finishes the flush; where launching takes the host longer,
 they also span the device's wait for the launch. :func:`device_ms` runs the same loop (the same
 flush, then the call inside a ``record_function`` range) under the profiler and returns the device
-time of the kernels and copies each call launched: their own duration, whatever the host's pace.
+time of the kernels and copies the calls launched: their own duration, whatever the host's pace.
 
 Off a GPU the same loop runs under the CPU profiler and returns each call's host time: the
 plumbing is tested, the number means nothing.
@@ -21,30 +21,49 @@ RANGE = "nb09_timed_call"
 FLUSH_BYTES = 256 * 2 ** 20          # do_bench's cache-flush buffer
 
 
+def _kernels_us(prof) -> float:
+    """The summed duration (µs) of every device kernel and copy a profile saw."""
+    total = 0.0
+    for e in prof.key_averages():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            us = getattr(e, "self_device_time_total", None)
+            total += us if us is not None else getattr(e, "self_cuda_time_total", 0)
+    return total
+
+
 def device_ms(fn, device, calls: int = 20) -> float:
-    """Median over ``calls`` calls of ``fn()`` of the device time (ms) of what the call launched,
-    each call after an L2 flush as in ``do_bench``; off a GPU, the median host time of a call."""
+    """The device time (ms) of what one call of ``fn()`` launches, each call after an L2 flush as
+    in ``do_bench``: on a GPU the mean over ``calls`` calls, the profile's kernels less those of
+    a profile of the flushes alone (kernels are counted by the device's own record of them, not
+    through the ``record_function`` range, to which Triton's launches are not credited); off a
+    GPU, the median host time of a call."""
     on_cuda = torch.device(device).type == "cuda"
     flush = torch.empty(FLUSH_BYTES if on_cuda else 1, dtype=torch.int8, device=device)
     fn()                                                      # compiled and warm
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
-    if on_cuda:
-        torch.cuda.synchronize(device)
-    with profile(activities=activities) as prof:
-        for _ in range(calls):
-            flush.zero_()
-            with record_function(RANGE):
-                fn()
+
+    def profiled(call):
         if on_cuda:
             torch.cuda.synchronize(device)
+        with profile(activities=activities) as prof:
+            for _ in range(calls):
+                flush.zero_()
+                with record_function(RANGE):
+                    call()
+            if on_cuda:
+                torch.cuda.synchronize(device)
+        return prof
+    prof = profiled(fn)
     ranges = [e for e in prof.events()
               if e.name == RANGE and e.device_type == torch.autograd.DeviceType.CPU]
     if len(ranges) != calls:
         raise RuntimeError(f"the profiler recorded {len(ranges)} calls of {calls}")
-    per_call = [(e.device_time_total if on_cuda else e.cpu_time_total) / 1e3 for e in ranges]
-    if on_cuda and min(per_call) <= 0:
+    if not on_cuda:
+        return statistics.median(e.cpu_time_total / 1e3 for e in ranges)
+    per_call = (_kernels_us(prof) - _kernels_us(profiled(lambda: None))) / calls / 1e3
+    if per_call <= 0:
         raise RuntimeError("a call launched nothing the profiler saw on the device")
-    return statistics.median(per_call)
+    return per_call
 
 
 def device_ms_or_none(fn, device, calls: int = 20):
