@@ -447,8 +447,12 @@ for name, o in load_order.items():
 assert load_order["sh_loop_b"]["rows"] == load_order["sh_loop_b_unrolled"]["rows"] == 8
 
 # %% [markdown]
-# Both forms compile to the same order (`ptxas` unrolls the runtime loop too): the angle loads,
-# then, row by row, two loads and two stores. The loads of row $b + 1$ come only after the
+# Both forms compile to the same order: the angle loads, then, row by row, two loads and two
+# stores. The runtime loop stays a loop ($B$ is not known when it compiles): `ptxas` peels one
+# row, runs a body of four rows with a branch back, then a block of two and a one-row loop for
+# the rest, which at $B = 8$ lists eight rows, as the unrolled form does (the cell counts rows
+# in the listing, not iterations; the loop's branches back are beside the sine's and cosine's
+# own in the SASS). The loads of row $b + 1$ come only after the
 # stores of row $b$: a compiler may not move a load above an earlier store unless it can prove
 # they touch different memory, and `x` and `y` may be one tensor (an in-place call). So each
 # warp asks for one 256-byte row of `x`, waits, stores it, and only then asks for the next.
