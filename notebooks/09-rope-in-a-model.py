@@ -2086,7 +2086,8 @@ else:
 # one-angle variant one. More rows a program more than halves the compiled instructions per
 # element a thread holds: the code that does not grow with a thread's elements (the integer
 # divisions that turn a row into $(b, s, h)$, the address set-up) is shared by more of them. It
-# also takes several times the registers a thread, while the stack stays the same.
+# also takes several times the registers a thread, while the stack ends where it started
+# (the same bytes at the smallest and the largest `ROWS`).
 #
 # **Reading the programs per SM.** Registers bound how many programs an SM holds. At `ROWS` = 4
 # there is room for 16, every warp an SM holds (64), but each loads only 0.5 KiB of $q$; at 64

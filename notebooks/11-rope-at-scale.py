@@ -1635,8 +1635,9 @@ assert as_stated((max(two_vs_unfused),), (4.8,)), "... to 4.8"
 #   least twice the angles of a ropelib thread before its first store; on a GPU, reading cos
 #   and sin from tables closes at least half its gap at batch 1.
 # - An fp8 cache at scale `amax / 448` costs a few percent relative error, 16 times bf16's.
-# - Replayed, fusion's gain over RoPE plus one write kernel is about one kernel start, not the
-#   rotated k's round trip; the unfused step costs about 2.0 µs an operation, 1.1 of it
+# - Replayed, fusion's gain over RoPE plus one write kernel is about one kernel start up to 64
+#   sequences, not the rotated k's round trip; at 256 it is more than that, by a part these
+#   replays do not measure. The unfused step costs about 2.0 µs an operation, 1.1 of it
 #   starting a kernel (H200).
 
 # %% [markdown]
