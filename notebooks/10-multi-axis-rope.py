@@ -1628,6 +1628,12 @@ else:
           f"at T={TG} with do_bench and prints the gap in each (here each ran once at T={T_DT} "
           "in the interpreter and matched ropelib)")
 
+# %% [markdown]
+# Where the share it prints is near one, the angle work did not hide behind the doubled memory
+# time on that GPU: it adds to it, and overlap cannot be what makes the two GPUs' ratios
+# differ (what does, this notebook does not measure). Only a share well under one would say
+# the slower memory hides the work.
+
 
 # %% [markdown]
 # ## 7. The angles themselves at long context
