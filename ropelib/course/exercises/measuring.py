@@ -192,13 +192,21 @@ def check_host_or_device(fn: Callable) -> bool:
     for label, call, n, bound in _cases(gpu):
         for _ in range(ATTEMPTS):        # another process may take the CPU in the middle
             call.calls, call.spans = 0, []
-            start = time.perf_counter()
-            ok, answer = run_own_code(f"{name} ({label})", "your own timing of the call", fn,
-                                      call, n, bar=LIBRARY_TIMERS)
-            stop = time.perf_counter()
+            ran = []     # when the function was entered and left: the guard's own set-up and
+            #              teardown (slow on a loaded machine) must not widen the bounds
+
+            def entered_and_left(*args, fn=fn, ran=ran):
+                ran.append(time.perf_counter())
+                try:
+                    return fn(*args)
+                finally:
+                    ran.append(time.perf_counter())
+            ok, answer = run_own_code(f"{name} ({label})", "your own timing of the call",
+                                      entered_and_left if callable(fn) else fn, call, n,
+                                      bar=LIBRARY_TIMERS)
             if not ok:
                 return False
-            why = _host_or_device_wrong(answer, call, n, bound, (start, stop), gpu)
+            why = _host_or_device_wrong(answer, call, n, bound, tuple(ran), gpu)
             if not why:
                 break
         if why:
