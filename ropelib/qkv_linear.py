@@ -183,13 +183,13 @@ qkv_rope_linear_op = define_op("ropelib::qkv_rope_linear")(_forward)
 
 
 def _backward_impl(grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, x: Tensor,
-                                weight: Tensor, table: Tensor, sin: Optional[Tensor],
-                                position_ids: Optional[Tensor], cu_seqlens: Optional[Tensor],
-                                q_norm_weight: Optional[Tensor], k_norm_weight: Optional[Tensor],
-                                rstd: Tensor, norm_input: Tensor, n_heads: int, n_kv_heads: int,
-                                head_dim: int, interleaved: bool, out_layout: str, grad_x: bool,
-                                grad_params: bool, has_bias: bool
-                                ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+                   weight: Tensor, table: Tensor, sin: Optional[Tensor],
+                   position_ids: Optional[Tensor], cu_seqlens: Optional[Tensor],
+                   q_norm_weight: Optional[Tensor], k_norm_weight: Optional[Tensor],
+                   rstd: Tensor, norm_input: Tensor, n_heads: int, n_kv_heads: int,
+                   head_dim: int, interleaved: bool, out_layout: str, grad_x: bool,
+                   grad_params: bool, has_bias: bool
+                   ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     B, S, K = _sizes(x)
     M, NQK = B * S, n_heads + n_kv_heads
     norm = q_norm_weight is not None
@@ -253,8 +253,8 @@ def _token_major(grads: tuple, out_layout: str) -> tuple:
 
 
 def _written_dy(grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, x: Tensor, table: Tensor,
-               sin: Optional[Tensor], position_ids: Optional[Tensor],
-               cu_seqlens: Optional[Tensor], interleaved: bool) -> Tensor:
+                sin: Optional[Tensor], position_ids: Optional[Tensor],
+                cu_seqlens: Optional[Tensor], interleaved: bool) -> Tensor:
     """The projection's gradient dY [M, N] (the gradients' dtype) from the gradients of q, k and
     v as [B, S, H, D] (packed x: [T, H, D]; _token_major), q's columns, then k's, then v's, in
     the weight's row order: ropelib's RoPE rotates q's and k's back in one launch and stores
@@ -287,11 +287,11 @@ def _dy_with_v(grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, x: Tensor) -> tup
 
 
 def _written_dy_normed(grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, x: Tensor,
-                      norm_input: Tensor, q_norm_weight: Tensor, k_norm_weight: Tensor,
-                      table: Tensor, sin: Optional[Tensor], position_ids: Optional[Tensor],
-                      cu_seqlens: Optional[Tensor], n_heads: int, n_kv_heads: int,
-                      head_dim: int, eps: float, interleaved: bool
-                      ) -> Tuple[Tensor, Tensor, Tensor]:
+                       norm_input: Tensor, q_norm_weight: Tensor, k_norm_weight: Tensor,
+                       table: Tensor, sin: Optional[Tensor], position_ids: Optional[Tensor],
+                       cu_seqlens: Optional[Tensor], n_heads: int, n_kv_heads: int,
+                       head_dim: int, eps: float, interleaved: bool
+                       ) -> Tuple[Tensor, Tensor, Tensor]:
     """With QK-norm: (dY [M, N], the norm weights' gradients). qk_norm_rope's backward undoes
     the rotation and the norm of q's and k's gradients (laid out as for written_dy) in one
     launch, from the norm's input the forward kept (the projection's q and k columns), and
@@ -330,10 +330,11 @@ def _backward(ctx, grad_q, grad_k, grad_v, _grad_rstd, _grad_norm_input):
         dwq = dwk = None
         grads = _token_major(grads, out_layout)
         if q_norm_weight is None:
-            dy = (_written_dy if plain else written_dy)(*grads, x, table, sin, position_ids,
-                                                        cu_seqlens, interleaved)
+            rotated_dy = _written_dy if plain else written_dy
+            dy = rotated_dy(*grads, x, table, sin, position_ids, cu_seqlens, interleaved)
         else:
-            dy, dwq, dwk = (_written_dy_normed if plain else written_dy_normed)(*grads, x, norm_input, q_norm_weight,
+            rotated_dy_normed = _written_dy_normed if plain else written_dy_normed
+            dy, dwq, dwk = rotated_dy_normed(*grads, x, norm_input, q_norm_weight,
                                              k_norm_weight, table, sin, position_ids,
                                              cu_seqlens, n_heads, n_kv_heads, head_dim,
                                              ctx.eps, interleaved)
