@@ -20,7 +20,6 @@ host's time before the GEMM starts.
     TRITON_INTERPRET=1 python benchmarks/qkv_backward_profile.py --dry-run   # CPU: checks only
 """
 import argparse
-import collections
 import sys
 from pathlib import Path
 
@@ -34,6 +33,7 @@ import qkv_rope_bench as bench  # noqa: E402
 import ropelib  # noqa: E402
 from ropelib import runtime  # noqa: E402
 from ropelib.bench import compare  # noqa: E402
+from ropelib.course.nb09_device_time import kernel_us  # noqa: E402
 
 # the providers compared (qkv_dy_probe.providers' names), the baseline last
 WANTED = {False: ("fused, dY written, cuBLAS", "unfused"),
@@ -48,14 +48,7 @@ def kernel_times(step, steps: int) -> dict:
         for _ in range(steps):
             step()
         torch.cuda.synchronize()
-    out = collections.Counter()
-    for e in prof.key_averages():
-        us = getattr(e, "self_device_time_total", None)
-        if us is None:
-            us = getattr(e, "self_cuda_time_total", 0)
-        if us and e.device_type == torch.autograd.DeviceType.CUDA:
-            out[e.key] += us / steps
-    return dict(out)
+    return {name: us / steps for name, us in kernel_us(prof).items()}
 
 
 def short(name: str, width: int = 60) -> str:

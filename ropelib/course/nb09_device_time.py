@@ -21,14 +21,13 @@ RANGE = "nb09_timed_call"
 FLUSH_BYTES = 256 * 2 ** 20          # do_bench's cache-flush buffer
 
 
-def _kernels_us(prof) -> float:
-    """The summed duration (µs) of every device kernel and copy a profile saw."""
-    total = 0.0
+def kernel_us(prof) -> dict:
+    """{name: summed duration (µs)} of every device kernel and copy a profile saw."""
+    out = {}
     for e in prof.key_averages():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            us = getattr(e, "self_device_time_total", None)
-            total += us if us is not None else getattr(e, "self_cuda_time_total", 0)
-    return total
+        if e.device_type == torch.autograd.DeviceType.CUDA and e.self_device_time_total:
+            out[e.key] = out.get(e.key, 0.0) + e.self_device_time_total
+    return out
 
 
 def device_ms(fn, device, calls: int = 20) -> float:
@@ -60,7 +59,8 @@ def device_ms(fn, device, calls: int = 20) -> float:
         raise RuntimeError(f"the profiler recorded {len(ranges)} calls of {calls}")
     if not on_cuda:
         return statistics.median(e.cpu_time_total / 1e3 for e in ranges)
-    per_call = (_kernels_us(prof) - _kernels_us(profiled(lambda: None))) / calls / 1e3
+    per_call = (sum(kernel_us(prof).values())
+                - sum(kernel_us(profiled(lambda: None)).values())) / calls / 1e3
     if per_call <= 0:
         raise RuntimeError("a call launched nothing the profiler saw on the device")
     return per_call
