@@ -279,8 +279,9 @@ def slow_path(sass: str) -> set:
 def loop_fast_paths(sass: str) -> List[Dict[str, int]]:
     """{opcode: how many} a thread issues in one iteration of each outermost loop of a kernel's
     SASS (`cuobjdump -sass`), in address order: the instructions between a backward branch's
-    target and the branch, less every BSSY...BSYNC region's instructions after the region's
-    first branch (`slow_path`), so the count is the path of angles below 105615 rad.
+    target and the branch, less every BSSY...BSYNC region's instructions between the region's
+    first branch and its target (`slow_path`), so the count is the path of angles below
+    105615 rad.
     Opcodes without their modifiers (FFMA.FTZ -> FFMA)."""
     ins = [(int(m[1], 16), m[2]) for m in map(_SASS_LINE.search, sass.splitlines()) if m]
     skipped = slow_path(sass)

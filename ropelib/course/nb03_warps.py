@@ -6,7 +6,8 @@ angle is below libdevice's long-reduction threshold (105,615 rad, the case of ev
 course times): `fast_path` reads the code from its first instruction to EXIT, less what a
 thread skips in each region the compiler opens with `BSSY` around a sine's or cosine's slow path
 (`counts.slow_path`: from the region's first conditional branch to its target). `by_kind` sorts
-the instructions into a few kinds; times the warps, they are what a program executes, set beside the profile's count.
+the instructions into a few kinds; times the warps, they are what a program executes, set
+beside the profile's count.
 """
 import collections
 import re
