@@ -849,9 +849,10 @@ plt.show()
 # band; the teaching kernels' steps at batches 1 and 2 (224 to 486 µs) lie above it. Neither
 # placement says what fills a step: the probe timed another shape and other Functions.
 #
-# On a GPU the next cell splits one of them, the `ropelib_batch_reuse` step at batch 1, three
-# ways: as a whole call (`do_bench`); replayed from a CUDA graph (recorded launches that the GPU
-# replays without the host), the device's time alone; and on the host, with `time.perf_counter`
+# On a GPU the next cell splits one of them, the `ropelib_batch_reuse` step at batch 1, four
+# ways: as a whole call (`do_bench`); its kernels' own durations, recorded by the profiler
+# (`torch.profiler`) after the same cache flush; replayed from a CUDA graph (recorded launches
+# that the GPU replays without the host); and on the host, with `time.perf_counter`
 # around the forward call and `torch.autograd.grad` of 50 steps enqueued back to back, with no
 # synchronisation inside the loop, so the clock sees the host enqueue the work, not the kernels
 # run it. It times the backward's host phase again with autograd's device thread off. On a CPU
@@ -860,7 +861,7 @@ plt.show()
 # %%
 import statistics, time
 from ropelib.bench import suite
-from ropelib.course import launch_queue
+from ropelib.course import launch_queue, nb09_device_time
 
 
 def host_phases(forward, leaves, grads, calls):
@@ -902,6 +903,9 @@ def measure_host():
 
 if GPU:
     whole = {k: compare.time_ms(f, device)[0] * 1e3 for k, f in calls.items()}
+    # the kernels' own device time, each call after the same L2 flush as do_bench's
+    busy = {k: nb09_device_time.device_ms_or_none(f, device) for k, f in calls.items()}
+    busy = None if None in busy.values() else {k: ms * 1e3 for k, ms in busy.items()}
     # 20 calls replayed from one CUDA graph, back to back, without do_bench's cache flush, so
     # some bytes may come from L2 (a lower bound)
     try:
@@ -917,35 +921,42 @@ if GPU:
           f"[{cfg.seq_len}, {cfg.batch}, {cfg.heads}, {cfg.head_dim}], us:")
     for k in calls:
         print(f"  {k:8s} whole call (do_bench) {whole[k]:7.1f}"
-              + (f" | replayed (device) {replayed[k]:7.1f}" if replayed else ""))
+              + (f" | its kernels (profiler) {busy[k]:7.1f}" if busy else "")
+              + (f" | replayed (graph) {replayed[k]:7.1f}" if replayed else ""))
     print(f"  host, per step back to back: forward call {host_us['forward']:.1f}, autograd.grad "
           f"{host_us['backward']:.1f} ({host_1t['backward']:.1f} with the device thread off); "
           f"enqueued in {host_us['enqueue']:.1f}, done in {host_us['wall']:.1f} (wall)")
+    for k in (calls if busy else ()):   # kernels fit inside the events around them (5 %: timers)
+        assert busy[k] <= 1.05 * whole[k], f"{k}: kernels {busy[k]:.1f} > whole {whole[k]:.1f}"
+    if busy:
+        idle = {k: whole[k] - busy[k] for k in calls}   # the device waiting inside the events
+        print(f"  step kernels = {busy['step'] / busy['forward']:.2f}x the forward's (the bytes "
+              f"predict 2); device idle inside do_bench's events: step {idle['step']:.1f} "
+              f"({idle['step'] / whole['step']:.0%}), forward {idle['forward']:.1f} "
+              f"({idle['forward'] / whole['forward']:.0%})")
     if replayed:
         device_x = replayed["step"] / replayed["forward"]
-        gap = whole["step"] - replayed["step"]
-        print(f"  replayed step = {device_x:.2f}x the replayed forward (the bytes predict 2)")
+        print(f"  replayed step = {device_x:.2f}x the replayed forward"
+              + (f"; the flushed kernels take {busy['step'] - replayed['step']:+.1f} over it"
+                 if busy else ""))
         assert 1.9 < device_x < 2.1, "on the device, a step should be two forwards' work"
-        assert gap > 0, "the whole call takes longer than the replayed kernels"
-        print(f"  the whole call adds {gap:.1f} to the replayed step, "
-              f"{whole['forward'] - replayed['forward']:.1f} to the replayed forward")
-        share = (host_us["enqueue"] - replayed["step"]) / gap
-        print(f"  host share of the step's gap: (enqueue {host_us['enqueue']:.1f} - replayed "
-              f"{replayed['step']:.1f}) / {gap:.1f} = {share:.2f}: "
-              + ("the host's enqueue time alone could fill at least half the gap" if share >= 0.5
-                 else "the host keeps up with the device: most of the gap comes from elsewhere"))
 else:
     print(f"interpreter, bf16 [{cfg.seq_len}, {cfg.batch}, {cfg.heads}, {cfg.head_dim}]: the "
           "forward and the step match ropelib's launcher; the whole call, the replay and the "
           "host's phases are timed on a GPU only")
 
 # %% [markdown]
-# How to read it. The replayed step is the device's work alone; the cell asserts that it takes
-# two replayed forwards (within 5 %), as the bytes predict. The gap is what the whole call adds
-# to it. The host loop's enqueue time per step carries the loop's own timers, and it can exceed
-# the whole call as `do_bench` times it, so the printed host share varies widely between runs on
-# the same GPU and bounds nothing. This section does not split a step's time between host and
-# device; notebook 07, section 7.3, takes `do_bench`'s loop apart.
+# How to read it. Three times of one step: the whole call as `do_bench` times it (CUDA events
+# around the call, after an L2 flush), the same call's kernels as the profiler records them
+# (`nb09_device_time.device_ms`: the same flush, the kernels' own durations summed), and the
+# step replayed from a CUDA graph (no host at all, no flush). The whole call minus its kernels is
+# the time the device sat idle between the events, waiting for the host to launch the next
+# kernel: where that idle time is a large share of the step and small in the forward, autograd's
+# host work (its device thread, the backward's Python and launch) is what lengthens the step. The
+# flushed kernels minus the replayed ones is what a cold L2 cache and per-launch costs add on the
+# device. The host loop's own times (per step, no flush in front of each call) say how long the
+# host takes to enqueue a step; where it is longer than the replayed step, the device has to
+# wait for the host, and `do_bench`'s flush hides part of that wait (notebook 07, section 7.3).
 
 # %% [markdown]
 # ## 4. `gradcheck` in float64
@@ -1199,9 +1210,9 @@ else:
 # - The backward moves the forward's bytes and takes the forward's time, so a training step is
 #   two forwards of device work: from batch 4 up the committed H200 steps take 1.97 to 2.01
 #   forwards. Below, a step through autograd takes longer (the batch-reusing kernel's batch-1
-#   step: 427 µs against an 84.6 µs forward). Section 3.1's live cell replays that step from a
-#   CUDA graph to time the device's work alone, and prints how much of the rest the host's
-#   enqueue time could fill.
+#   step: 427 µs against an 84.6 µs forward). Section 3.1's live cell sums that step's kernels
+#   from the profiler and replays it from a CUDA graph: the whole call minus its kernels is the
+#   time the device waits for the host.
 # - One warp a program beats four in the H200's profile (section 2.1), so `rope_cell` launches
 #   one at $D = 128$: with four, each element sits on two threads and costs load and store
 #   instructions of its own, 2.85 times the instructions for the same DRAM bytes, in 1.62 times
