@@ -98,10 +98,11 @@ assert ropelib.INTERPRET == (os.environ.get("TRITON_INTERPRET") == "1")
 assert GPU == ropelib.on_gpu()
 
 # %% [markdown]
-# Transformer Engine and transformers are optional: notebooks that compare against them use the
-# real package when it is there and say so when it is not (`ropelib.reference` carries faithful
-# copies of the code paths we compare with, so nothing breaks). The TE drop-in check in section
-# 3 always uses those copies.
+# Transformer Engine and transformers are optional. Where a notebook compares with one, it runs
+# the real package when it is installed (TE also needs a GPU) and says so when it is not;
+# `ropelib.reference` keeps faithful copies of the code paths compared with, so nothing breaks.
+# This notebook times nothing of TE's: notebook 07 does, and lists TE as unavailable where it
+# cannot run.
 
 # %% [markdown]
 # ## 2. Interpreter mode: how to switch it on and off
@@ -113,14 +114,10 @@ assert GPU == ropelib.on_gpu()
 #   of the first cell, then **restart the kernel**.
 # - **Compiled kernels again:** remove the variable and **restart the kernel**.
 #
-# Setting the variable after `import ropelib` changes nothing — the kernels were already set up.
-# In interpreter mode the tensors live on the CPU; ropelib refuses a CUDA tensor there, and a
-# CPU tensor without the interpreter, with a `ValueError` that names the tensor and says what
-# to do.
-#
-# The mode is decided per process, so the next cell starts a Python process with the opposite
-# setting and hands it a tensor on the device that mode refuses (a CUDA tensor where that
-# process interprets, a CPU tensor where it does not):
+# Setting the variable after `import ropelib` changes nothing. In interpreter mode tensors live
+# on the CPU, and ropelib refuses a tensor on the device the mode cannot use with a `ValueError`
+# that says what to do. The next cell starts a Python process with the opposite setting and
+# hands it such a tensor:
 
 # %%
 env = dict(os.environ)
@@ -201,18 +198,11 @@ print(f"x is {x_bytes / 2**20:.2f} MiB, below the two-pass route's "
 assert x_bytes < tiles.TWO_PASS_MIN_BYTES and ran == ["_rope_kernel"], ran
 
 # %% [markdown]
-# The same call covers the other layouts and features, by keyword: `layout="bshd"` or `"thd"`
-# (with `cu_seqlens`), `interleaved=True`, a partial table (`rotary_percent < 1`),
-# `start_positions` / `position_ids`, `cp_size` / `cp_rank`, a `cos=`/`sin=` cache instead of
-# angles, and `inplace=True`. Notebook 02 goes through the layouts, the two kinds of table,
-# partial rotary, position offsets and context parallelism, notebook 01 through the two
-# pairings; `docs/API.md` describes every keyword.
-#
-# `apply_rope` chooses how to run each call. Most calls run the finished kernel of notebook 05.
-# Large contiguous tensors, from 64 MiB of `x` on, take a two-pass route: a pre-pass writes a
-# table of each token's cos and sine, then a flat pass rotates the whole tensor (notebook 05,
-# section 6). The tour's tensors stay below that size (the cell above checks it, and names the
-# kernel that ran).
+# Keywords cover the rest: `layout="bshd"` or `"thd"` (with `cu_seqlens`), `interleaved=True`,
+# `rotary_percent < 1`, `start_positions` / `position_ids`, `cp_size` / `cp_rank`, a
+# `cos=`/`sin=` cache, `inplace=True` (notebooks 01 and 02; `docs/API.md`). Most calls run
+# notebook 05's finished kernel; contiguous tensors from 64 MiB on take a two-pass route, a
+# pre-pass writing each token's cos and sine, then a flat pass (notebook 05, section 6).
 #
 # It is differentiable. A rotation is orthogonal, $R(\theta)^{\top} = R(-\theta)$, so the
 # backward of a rotation by $\theta$ is the rotation by $-\theta$ (notebook 06 derives it), and
@@ -232,13 +222,11 @@ print(f"x.grad vs dy rotated by -theta: largest difference "
 # %% [markdown]
 # ### `RotaryEmbedding`: the module for a model
 #
-# It owns the angle table and rotates queries and keys in one launch (the cell counts it); the
-# key may have fewer heads than the query (grouped-query attention), and the default layout is
-# `bshd`. The table covers `max_seq_len` positions and doubles when a longer sequence arrives
-# (the cell starts it at half the tour's length). Only the shape grows it, not
-# `start_positions` or `position_ids`, so a decoder sets `max_seq_len` to its KV cache's
-# length: a position past the table can give a row of NaN rather than an error (notebook 02,
-# section 4).
+# It owns the angle table and rotates queries and keys in one launch; the key may have fewer
+# heads (grouped-query attention); the default layout is `bshd`. The table doubles when a longer
+# sequence arrives, but only the shape grows it, not `start_positions` or `position_ids`: a
+# decoder sets `max_seq_len` to its KV cache's length, or a position past the table can give a
+# row of NaN (notebook 02, section 4).
 
 # %%
 kv_heads = H // 2
@@ -266,18 +254,18 @@ assert len(kernels) == 1 and kernels[0].startswith("_rope"), kernels
 #
 # `ropelib.te.apply_rotary_pos_emb` has Transformer Engine 2.x's signature and defaults;
 # `fused=True` runs ropelib's kernel, `fused=False` the plain PyTorch path. Both are ropelib's
-# own, checked against `ropelib.reference`'s copies of TE's paths (`te_fused_emulation`,
-# `te_unfused`), so the cell's "TE drop-in" line compares the drop-in's two paths, not TE.
-# `ropelib.hf.apply_rotary_pos_emb` has Hugging Face's signature (queries and keys
-# `[B, H, S, D]`, a cos/sin cache `[B, S, D]`) and formula, $x\cos + \mathrm{rotate\_half}(x)\sin$,
-# computed in fp32 and rounded once. The cell checks each against what it stands in for, and,
-# where transformers is installed, checks the formula it compares with against transformers' own
-# Llama function.
+# code: the cell checks them against `ropelib.reference`'s copies of TE's two paths, and its
+# "ropelib.te" line compares the drop-in's two paths with each other. Only the line "TE itself"
+# runs Transformer Engine, where it is installed and a GPU runs, and compares each path with
+# TE's own; elsewhere that line says TE did not run. `ropelib.hf.apply_rotary_pos_emb` has
+# Hugging Face's signature (queries and keys `[B, H, S, D]`, a cos/sin cache `[B, S, D]`) and
+# formula, $x\cos + \mathrm{rotate\_half}(x)\sin$, in fp32 and rounded once; where transformers
+# is installed the cell checks the formula against its Llama function.
 
 # %%
 from ropelib import hf as rope_hf
 from ropelib import te as rope_te
-from ropelib.bench.compare import error_metrics
+from ropelib.bench.compare import error_metrics, try_import
 
 t = torch.randn(S, B, H, D, device=device, dtype=dtype)
 fused = rope_te.apply_rotary_pos_emb(t, freqs, tensor_format="sbhd", fused=True)
@@ -305,19 +293,31 @@ else:
 # an ulp here: the gap between neighbouring bf16 numbers at the head vector's largest |value|
 gap, hf_gap = error_metrics(unfused, fused.double()), error_metrics(hf_q, q_hf.double())
 hf_share = (hf_q != q_hf).float().mean().item()
-print(f"TE drop-in: fused=True and fused=False differ by up to {gap['max_head_ulp_err']:g} "
-      f"bf16 ulp(s)")
+print(f"ropelib.te drop-in: fused=True and fused=False differ by up to "
+      f"{gap['max_head_ulp_err']:g} bf16 ulp(s)")
 print(f"HF drop-in: {tuple(q_hf.shape)} {tuple(k_hf.shape)} | against {hf_source}: "
       f"{hf_share:.0%} of q's outputs differ, by up to {hf_gap['max_head_ulp_err']:g} ulp(s)")
 assert 0 < gap["max_head_ulp_err"] <= 2
 assert 0 < hf_share < 1 and hf_gap["max_head_ulp_err"] <= 2
 
+te_rope, _ = try_import("transformer_engine.pytorch.attention.rope")   # TE itself
+if te_rope is not None and GPU:
+    te_ulps = {}
+    for f in (True, False):                           # the drop-in's path against TE's own
+        mine = rope_te.apply_rotary_pos_emb(t, freqs, tensor_format="sbhd", fused=f)
+        theirs = te_rope.apply_rotary_pos_emb(t, freqs, tensor_format="sbhd", fused=f)
+        te_ulps[f] = error_metrics(mine, theirs.double())["max_head_ulp_err"]
+    print(f"TE itself ({info['transformer_engine']}): the drop-in against "
+          f"TE's own paths, up to {te_ulps[True]:g} ulp(s) fused, {te_ulps[False]:g} unfused")
+    assert max(te_ulps.values()) <= 2, te_ulps
+else:
+    print("TE itself: did not run here (" + ("not installed" if te_rope is None else "no GPU")
+          + "): the lines above compare ropelib's code only")
+
 # %% [markdown]
-# Both drop-ins are right and still differ from the code they replace in the last bits: one
-# path rounds cos, sin and each product to bf16, the other rounds once at the end, and the
-# cell bounds the difference at two bf16 ulps of the head's largest value. Notebook 08 shows
-# why such a difference fails `torch.allclose` between two correct implementations, and which
-# unit to measure it in.
+# The two paths differ in the last bits: one rounds cos, sin and each product to bf16, the
+# other rounds once at the end. Notebook 08 shows why such a difference fails `torch.allclose`
+# between two correct implementations, and which unit to measure it in.
 
 # %% [markdown]
 # ### What a call costs: bytes set the time of a large call, a fixed cost that of a small one
@@ -326,10 +326,9 @@ assert 0 < hf_share < 1 and hf_gap["max_head_ulp_err"] <= 2
 # and moves 4 bytes in bf16 (`x` read, `y` written), plus the fp32 angle table that every batch
 # entry and head share: under one FLOP per byte. A bf16 matrix multiply of two $n \times n$
 # matrices does $2n^3$ FLOPs on $3 \cdot 2n^2$ bytes, $n/3$ per byte. A GPU fast enough for
-# the matrix multiply waits on memory for RoPE, so the yardstick for a RoPE kernel is a copy of
-# the same bytes, and "% of a copy" is the copy's time over the kernel's (0.99 of a copy is
-# 99 %). Here is the copy as a Triton kernel (notebook 03 explains programs, offsets and
-# masks); section 4 times it on a GPU:
+# the matrix multiply waits on memory for RoPE, so a RoPE kernel's yardstick is a copy of the
+# same bytes, and "% of a copy" is the copy's time over the kernel's. Here is the copy as a
+# Triton kernel (notebook 03 explains programs, offsets and masks):
 
 # %%
 import triton
@@ -348,10 +347,6 @@ copy_kernel[(triton.cdiv(x.numel(), 1024),)](x, x_copy, x.numel(), BLOCK=1024)
 assert torch.equal(x_copy, torch.empty_like(x).copy_(x))
 print(f"copy_kernel: {x.numel():,} elements, {triton.cdiv(x.numel(), 1024)} programs, "
       "equal to torch's copy_")
-
-# %% [markdown]
-# The next cell computes RoPE's intensity for the tour's `x` and sets it beside the matrix
-# multiply's:
 
 # %%
 import math
@@ -374,10 +369,8 @@ assert rope_flops / rope_bytes < 1 and gemm_intensity > 1000
 # How close does a RoPE call come to the copy? The next cell reads the committed H200 run of the
 # floor suite (`benchmarks/results/floor-nvidia-h200.csv`) at two sizes: a forward pass over
 # 1 GiB of `x`, timed on the device, and one decoding step (1 token × 64 sequences × 32 heads ×
-# 128 features), timed on the host's clock as an eager call is, and again replayed from a CUDA
-# graph, which takes the host out. Each line gives the bytes the call moves (`x` read, `y`
-# written, the angle table), the copy's time, ropelib's, and their ratio. They are one H200's
-# numbers, not your machine's (notebook 07 measures them live).
+# 128 features), timed on the host's clock as an eager call is, and replayed from a CUDA graph,
+# which takes the host out. They are one H200's numbers (notebook 07 measures them live).
 
 # %%
 HBM_TB_S = 4.8                    # NVIDIA's figure for the H200 SXM's memory
@@ -471,11 +464,9 @@ if FLOOR:
 # bytes need under a quarter of a microsecond, yet the copy takes 7.6 µs and ropelib 2.7 times
 # as long. Replayed from a CUDA graph, only 0.5 µs of ropelib's 13.1 µs extra is left: the
 # rest is what the graph removes, the host's side of the call. That is a subtraction; on a GPU
-# the next cell times the host itself: the host-clock time to launch 300 of each call without
-# synchronising (the GPU runs them behind the host), beside the same calls replayed from a CUDA
-# graph. Where the host's gap is many times the replay's, the host is what separates the two
-# calls (the cell asserts more than twice). On a CPU it checks the calls. Notebook 07
-# (section 7) takes the host's part of a call apart.
+# the next cell times the host itself, launching 300 of each call without synchronising, beside
+# the same calls replayed from a graph. Where the host's gap is many times the replay's, the
+# host separates the two calls. Notebook 07 (section 7) takes the host's part apart.
 
 # %%
 import time
@@ -531,10 +522,8 @@ else:
 # | 04 | batch-reusing grid | a token and a head, looping over the batch | $S \cdot H$ |
 # | 05 | finished | a tile of tokens × heads, looping over the batch | a few thousand, below |
 #
-# The cell runs the three and both copies on the tour's `x` and checks each (change `S, B, H`
-# in section 3's first cell and the program counts follow; in the interpreter keep them small).
-# On a GPU it also times all five with `triton.testing.do_bench` (the median of many launches)
-# as % of torch's copy.
+# The cell runs the three and both copies on the tour's `x` and checks each; on a GPU it times
+# all five with `triton.testing.do_bench` (the median of many launches) as % of torch's copy.
 
 # %%
 from ropelib.course.kernels.batch_reuse import batch_reuse_grid, rope_batch_reuse
@@ -574,10 +563,8 @@ if GPU:                                         # do_bench: the median of many l
 # (`benchmarks/results/mechanism-nvidia-h200.csv`). "DRAM / model" is the bytes moved to and
 # from the GPU's memory over the bytes RoPE must move; the *program floor* is the time a
 # kernel's programs alone take to start, from the cost of an empty program that
-# `program_cost-nvidia-h200.csv` timed (notebook 03, section 4.3; exercise 2 works it out);
-# the instructions per element are warp instructions × 32 over `x`'s elements (notebooks 04
-# and 05 use them). The fifth row is the flat pass of the two-pass route `apply_rope` takes at
-# this size.
+# `program_cost-nvidia-h200.csv` timed (notebook 03, section 4.3; exercise 2 works it out).
+# The fifth row is the flat pass of the two-pass route `apply_rope` takes at this size.
 
 # %%
 MECHANISM = measured.path("mechanism").is_file() and measured.path("program_cost").is_file()
@@ -663,22 +650,18 @@ if MECHANISM:
     plt.show()
 
 # %% [markdown]
-# All five move the same bytes ("DRAM / model" 0.95 to 0.98; the writes come out a little
-# short, likely lines of `y` still in the L2 when counting stops: notebook 04, appendix A.5).
-# The programs explain the naive row, and on this H200 at 256 MiB only it: its time is that of
-# as many empty programs, 79.8 ns of an SM's time each (notebook 03, section 4.3), while every
-# other kernel's floor is under two thirds of its time, the 04 grid's under half.
+# All five move the same bytes (the writes come out a little short, likely lines of `y` still
+# in the L2 when counting stops: notebook 04, appendix A.5). The programs explain the naive row,
+# and at 256 MiB on this H200 only it: its time is that of as many empty programs, 79.8 ns of
+# an SM's time each.
 #
-# **The floors, live.** The next cell launches a kernel with no loads and no stores with
-# `do_bench` at each row's programs and warps and at the tour's two kernels' grids, beside the
-# model worked out with your GPU's SM count. "live / model" near 1 means a fixed cost a
-# program, whatever the count. Two things to read on your table. A floor's share of a kernel's
-# time grows as each program's work shrinks: the 04 grid's programs each loop over the batch,
-# smaller in the tour's `x` than the profile's 8, so where the last column passes one half,
-# starting programs fills most of the grid's time at the tour's size. And the model leaves out
-# the launch's own fixed cost, which dominates at a few thousand programs: there "live / model"
-# stands well above 1 and is only printed. On a CPU the cell
-# launches the empty kernel at a few programs and times nothing.
+# **The floors, live.** The next cell times a kernel with no loads and no stores at each row's
+# programs and warps and at the tour's two kernels' grids, beside the model worked out with
+# your GPU's SM count. "live / model" near 1 means a fixed cost a program. A floor's share of a
+# kernel's time grows as each program's work shrinks: the tour's batch is smaller than the
+# profile's 8, so where the last column passes one half, starting programs fills most of the
+# grid's time at the tour's size. The model leaves out the launch's own fixed cost, which
+# dominates at a few thousand programs ("live / model" well above 1, only printed).
 
 # %%
 @triton.jit
@@ -799,18 +782,16 @@ else:
 # %% [markdown]
 # ## Exercises
 #
-# Each check prints ✅ or ❌ at once and never stops the notebook. Replace the `...` and rerun.
-# Solutions are folded below each exercise. (The `;` after a check only stops Jupyter from
-# echoing its `True`/`False`.)
+# Each check prints ✅ or ❌ and never stops the notebook. Replace the `...` and rerun; solutions
+# are folded below each exercise. Each check bars ropelib's own answers.
 #
 # **Exercise 1.** Section 3 judged the 1 GiB call by its bytes per second. Write
 # `my_rates(seq_len, batch, heads, head_dim, bytes_per_element, ms)` that returns
 # `(tb_s, tflop_s)` for a RoPE forward of one `sbhd` tensor that took `ms` milliseconds: its
 # bytes are `x` read and `y` written plus the fp32 angle table `[seq_len, head_dim]` read once,
 # its FLOPs 3 an element. The check tries the committed H200 run's 1 GiB line and decoding
-# step, and two calls drawn as it runs, with `ropelib.bench` (its bytes model is the answer)
-# and the reader of the committed results barred. Then the share of the H200's 4.8 TB/s is one
-# division: is the decoding step memory-bound? (Once your rates pass, the check prints it.)
+# step, and two calls drawn as it runs. Once your rates pass it prints the share of the H200's
+# 4.8 TB/s: is the decoding step memory-bound?
 
 # %%
 from ropelib.course.exercises import basics, solution
@@ -829,10 +810,8 @@ solution(basics.solution_call_rates)
 # **Exercise 2.** Section 4's table gives each kernel a program floor. Write
 # `my_program_floor_us(programs, sms, empty_programs, empty_us)`: the program floor in µs of a
 # kernel of `programs` programs on a GPU of `sms` SMs, where a kernel of `empty_programs`
-# programs that do nothing took `empty_us` µs. The check tries section 4's five rows
-# (with the committed empty run of as many warps) and two GPUs drawn as it runs, with the
-# reader of the committed results and notebooks 03 and 04's worked predictions barred. Once
-# yours passes it prints each row's floor against its time.
+# programs that do nothing took `empty_us` µs. The check tries section 4's five rows and two
+# GPUs drawn as it runs; once yours passes it prints each row's floor against its time.
 
 # %%
 from ropelib.course.exercises import nb00_program_floor
@@ -859,8 +838,7 @@ solution(nb00_program_floor.solution_program_floor_us)
 #
 # `my_rope(x, freqs)` takes `x` in `bshd` = `[B, S, H, D]` and the table `[S, 1, 1, D]` (fp32
 # angles, in `sbhd` order like every table) and returns the rotated `x` in `x`'s dtype, computed
-# in fp32 and rounded once, as the kernel does (the TE drop-in's cell showed that rounding cos,
-# sin and the products to bf16 gives other numbers). With the **interleaved** pairing (GPT-J
+# in fp32 and rounded once, as the kernel does. With the **interleaved** pairing (GPT-J
 # style) the features that turn together are neighbours, $(x_0, x_1), (x_2, x_3), \dots$, so
 # the table holds each angle twice ($\theta_0\, \theta_0\, \theta_1\, \theta_1 \dots$) and
 # $\mathrm{rotate\_half}(x) = (-x_1, x_0, -x_3, x_2, \dots)$.
@@ -875,12 +853,6 @@ def my_rope(x, freqs):
 
 basics.check_interleaved_rope(my_rope);
 
-# to see one case side by side with the kernel:
-# x_ex = torch.randn(2, 6, 4, 16, device=device)                            # [B, S, H, D]
-# freqs_ex = frequencies.rope_freqs(6, 16, interleaved=True, device=device)  # [S, 1, 1, D]
-# torch.testing.assert_close(my_rope(x_ex, freqs_ex),
-#                            ropelib.apply_rope(x_ex, freqs_ex, layout="bshd", interleaved=True))
-
 # %%
 solution(basics.solution_interleaved_rope)
 
@@ -891,13 +863,16 @@ solution(basics.solution_interleaved_rope)
 # are done (`tl.num_programs(0)` is `P`). The check runs yours in the interpreter on grids far
 # smaller than the blocks, one with `n` drawn as it runs, into a `y` that starts as NaN, and
 # counts the elements of `x` it reads, with the notebook's own kernels and ropelib's barred.
-# Predict first, with exercise 2's function and the committed empty run of 4 warps (Triton's
-# default; section 4's `cost_rows`), how much of `copy_kernel`'s time on the tour's `x` its
-# programs' floor can account for: that is the most a fixed grid can save. On a GPU the cell
-# after the solution times yours at 1, 4 and 16 programs an SM against `copy_kernel`. One
-# program an SM keeps only one block of loads in flight on each SM; where your time falls as
-# the programs an SM grow, too few bytes in flight, not the programs, was what held it back
-# (notebook 05's section 2 works out how many bytes a GPU needs in flight).
+#
+# Then predict, before anything is timed: `my_max_saving_us(n, BLOCK, programs, sms,
+# empty_programs, empty_us)`, the most µs a fixed grid of `programs` programs can save against
+# `copy_kernel`, the difference of their program floors (exercise 2's function does the work).
+# The check draws cases as it runs. The cell after the solutions feeds yours the committed
+# empty run of 4 warps (Triton's default) and, on a GPU, times your kernel (the worked one until
+# yours passes) at 1, 4 and 16 programs an SM against `copy_kernel`, each saving beside your
+# prediction. A saving far below it says the programs' start overlapped the bytes' time: the
+# floor bounds what a fixed grid saves, not what the programs cost. A time that falls as the
+# programs an SM grow says one program an SM had too few bytes in flight (notebook 05, section 2).
 
 # %%
 from ropelib.course.exercises import nb00_strided_copy
@@ -909,31 +884,55 @@ def my_strided_copy_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
     pass  # your code
 
 
+def my_max_saving_us(n, BLOCK, programs, sms, empty_programs, empty_us):
+    ...   # your code: µs
+
+
 strided_ok = nb00_strided_copy.check_strided_copy(my_strided_copy_kernel)
+saving_ok = nb00_strided_copy.check_max_saving(my_max_saving_us)
 
 # %%
 nb00_strided_copy.show_strided_copy_solution()
+solution(nb00_strided_copy.solution_max_saving_us)
 
 # %%
 sms = torch.cuda.get_device_properties(device).multi_processor_count if GPU else 132
-if GPU and strided_ok:
-    y_fixed = torch.empty_like(x)
-    print(f"x {tuple(x.shape)} on {info['GPU']}, do_bench: copy_kernel, "
-          f"{triton.cdiv(x.numel(), 1024):,} programs, "
-          f"{triton.testing.do_bench(copy_with_kernel) * 1e3:.1f} µs")
-    for per_sm in (1, 4, 16):
-        def launch_fixed(grid=per_sm * sms):
-            my_strided_copy_kernel[(grid,)](x, y_fixed, x.numel(), BLOCK=1024)
+fixed = my_strided_copy_kernel if strided_ok else nb00_strided_copy._strided_copy_solution_kernel
+whose = "yours" if strided_ok else "the worked kernel"
+predict = my_max_saving_us if saving_ok else nb00_strided_copy.solution_max_saving_us
+empty4 = next((r for r in cost_rows if r["kernel"] == "empty" and r["num_warps"] == 4),
+              None) if MECHANISM else None
+y_fixed, fixed_us = torch.empty_like(x), {}
+for per_sm in (1, 4, 16):                      # the interpreter: 1, 4 and 16 programs
+    def launch_fixed(grid=per_sm * sms if GPU else per_sm):
+        fixed[(grid,)](x, y_fixed, x.numel(), BLOCK=1024)
 
-        y_fixed.fill_(float("nan"))
-        launch_fixed()
-        assert torch.equal(y_fixed, x), per_sm
-        print(f"  yours, {per_sm * sms:5,} programs ({per_sm:2d} an SM): "
-              f"{triton.testing.do_bench(launch_fixed) * 1e3:.1f} µs")
+    y_fixed.fill_(float("nan"))
+    launch_fixed()
+    assert torch.equal(y_fixed, x), per_sm
+    if GPU:
+        fixed_us[per_sm] = triton.testing.do_bench(launch_fixed) * 1e3
+n_gpu = x.numel() if GPU else 2048 * 4 * 16 * 128      # the tour's x on a GPU
+predicted = {per_sm: predict(n_gpu, 1024, per_sm * sms, sms, empty4["programs"], empty4["us"])
+             for per_sm in (1, 4, 16)} if empty4 else {}
+label = "your prediction" if saving_ok else "the worked prediction, until yours passes"
+if GPU:
+    copy_us = triton.testing.do_bench(copy_with_kernel) * 1e3
+    print(f"x {tuple(x.shape)} on {info['GPU']}, do_bench: copy_kernel, "
+          f"{triton.cdiv(x.numel(), 1024):,} programs, {copy_us:.1f} µs")
+    for per_sm, us in fixed_us.items():
+        print(f"  {whose}, {per_sm * sms:5,} programs ({per_sm:2d} an SM): {us:6.1f} µs, saving "
+              f"{copy_us - us:5.1f} µs" + (f"; at most {predicted[per_sm]:.1f} µs ({label})"
+                                           if predicted else ""))
+        if predicted:                  # the floors bound the saving (H200's cost a program)
+            assert copy_us - us < 1.5 * predicted[per_sm] + 1.0, (per_sm, us, copy_us)
 else:
-    print(f"once your kernel passes, on a GPU this cell times it on {sms}, {4 * sms} and "
-          f"{16 * sms} programs against copy_kernel's {triton.cdiv(x.numel(), 1024):,} on x "
-          f"{tuple(x.shape)}")
+    print(f"the fixed-grid copy ({whose}) ran on 1, 4 and 16 programs and is right; on a GPU "
+          f"this cell times it on {sms}, {4 * sms} and {16 * sms} programs against copy_kernel "
+          "and sets each saving beside the most it can be"
+          + (f" ({label}, for the tour's GPU x: " + ", ".join(
+              f"{v:.1f} µs at {k * sms:,} programs" for k, v in predicted.items()) + ")"
+             if predicted else ""))
 
 # %% [markdown]
 # ## Questions for a study group
@@ -947,17 +946,11 @@ else:
 # 3. The backward pass is the same kernel with $-\theta$. What does that let a training stack
 #    skip that a general elementwise op would need (think of what autograd saves for the
 #    backward), and is there a catch with `inplace=True`?
-# 4. The TE drop-in's fused and unfused paths differ by bf16 rounding on the same input. If you
-#    were moving a production model from one to the other, what evidence would convince you the
-#    switch is safe: bitwise equality, `allclose`, matching loss curves? (Notebooks 08 and 09
-#    come back to this.)
-# 5. `ropelib` offers a function, a module and two drop-ins for one operation. Which would you
-#    pick for a model you write yourself, for a Hugging Face checkpoint you fine-tune, and for a
-#    Transformer Engine stack, and what does each choice tie you to?
-# 6. In the committed H200 run one decoding step's RoPE took 2.7 times as long as a copy of its
-#    bytes, and its CUDA-graph line showed that most of both calls is work a graph removes,
-#    which a faster kernel does not. A graph takes the host out; what does it cost a serving
-#    stack to capture one, and what else could? Think of what else reads or writes the same
-#    query and key bytes in the same step, so that RoPE could ride along with it (one launch
-#    instead of two). Notebooks 07, 11 and 12 each try one answer; guess which before you open
-#    them.
+# 4. The TE drop-in's fused and unfused paths differ by bf16 rounding. Moving a production
+#    model from one to the other, what evidence would convince you the switch is safe: bitwise
+#    equality, `allclose`, matching loss curves? (Notebooks 08 and 09 come back to this.)
+# 5. Most of a decoding step's RoPE call is work a CUDA graph removes and a faster kernel does
+#    not (section 3). What does capturing a graph cost a serving stack, and what else could
+#    take the host out? Think of what else reads or writes the same query and key bytes in the
+#    same step, so that RoPE could ride along (one launch instead of two). Notebooks 07, 11 and
+#    12 each try one answer; guess which before you open them.

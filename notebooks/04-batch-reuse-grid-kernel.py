@@ -409,9 +409,8 @@ print(f"programs launched: naive {naive.naive_grid(S, B, H)[0]:,}, batch-reuse "
 # **`range` vs `tl.static_range`.** `tl.static_range(B)` unrolls the loop at compile time, so
 # every batch size compiles its own kernel, and in exchange the compiler could issue all rows'
 # loads together; the runtime `range(0, B)` compiles once. On the H200 the two run level
-# (section 5.3: `sh_loop_b` and `sh_loop_b_unrolled`, under 1 % apart in each of two runs). The
-# next cell compiles both for sm_90, with no GPU, and lists the global loads (L) and stores (S)
-# of their SASS (machine code) in program order, at $B = 8$, $s = 4096, h = 32, d = 128$.
+# (section 5.3). The next cell compiles both for sm_90, with no GPU, and lists the global loads
+# (L) and stores (S) of their SASS (machine code) in program order, at $B = 8$.
 
 # %%
 # section 5.3's kernel as sh_loop_b (runtime loop) and sh_loop_b_unrolled launch it, compiled for
@@ -448,21 +447,19 @@ assert load_order["sh_loop_b"]["rows"] == load_order["sh_loop_b_unrolled"]["rows
 
 # %% [markdown]
 # Both forms compile to the same order: the angle loads, then, row by row, two loads and two
-# stores. The runtime loop stays a loop ($B$ is not known when it compiles): `ptxas` peels one
-# row, runs a body of four rows with a branch back, then a block of two and a one-row loop for
-# the rest, which at $B = 8$ lists eight rows, as the unrolled form does (the cell counts rows
-# in the listing, not iterations; the loop's branches back are beside the sine's and cosine's
-# own in the SASS). The loads of row $b + 1$ come only after the
-# stores of row $b$: a compiler may not move a load above an earlier store unless it can prove
-# they touch different memory, and `x` and `y` may be one tensor (an in-place call). So each
-# warp asks for one 256-byte row of `x`, waits, stores it, and only then asks for the next.
-# Whether this "one row in flight per warp" limits the grid's time, exercise 6 measures.
+# stores. (The runtime loop stays a loop, which `ptxas` splits into pieces that list eight rows
+# at $B = 8$, as the unrolled form does; the cell counts rows in the listing.) The loads of row
+# $b + 1$ come only after the stores of row $b$: a compiler may not move a load above an earlier
+# store unless it can prove they touch different memory, and `x` and `y` may be one tensor (an
+# in-place call). So each warp asks for one 256-byte row of `x`, waits, stores it, and only then
+# asks for the next. Whether this "one row in flight per warp" limits the grid's time, exercise
+# 6 measures.
 #
 # ## 3. The batch-reusing grid against Transformer Engine
 #
 # At bf16 sbhd $s = 4096$, $b = 8$, $h = 32$, $d = 128$ this kernel is faster than TE's fused
-# kernel on an H200 and on an H100 (section 5.2). "It reuses cos/sin across the batch, and TE
-# does not" does not survive a look at TE's `fused_rope.cu`: a grid `(s, b)`, one CUDA block of
+# kernel on an H200 and on an H100 (section 5.2). "It reuses cos/sin, TE does not" does not
+# survive a look at TE's `fused_rope.cu`: a grid `(s, b)`, one CUDA block of
 # 4 or 8 warps per (position, batch entry), reusing the sines and cosines of position $s$
 # across its $h$ heads, computed by each warp in registers or once into shared memory behind a
 # barrier. TE 2.20.2, the release section 5 profiles, does the second (A.1: its warps wait at a
@@ -498,13 +495,9 @@ assert load_order["sh_loop_b"]["rows"] == load_order["sh_loop_b_unrolled"]["rows
 #
 # with $N = SBHD$ elements of $e$ bytes; extra traffic (re-reading the table, say) shows up as
 # a lower GB/s. The yardstick is a device copy `y.copy_(x)` of the same tensors, timed in the
-# same run: it moves the $2Ne$ bytes as a plain stream. The percentage of a copy compares times:
-#
-# $$ \%\ \text{of copy} = 100 \cdot
-#    \frac{t_{\text{copy}}}{t_{\text{kernel}}} ,$$
-#
-# (a ratio of GB/s would count the angle table for the kernel only). The copy is a yardstick,
-# not a hard ceiling: in section 5.2's run a kernel beats it by 1 % at most.
+# same run, and "% of copy" $= 100\, t_{\text{copy}} / t_{\text{kernel}}$ compares times (a
+# ratio of GB/s would count the angle table for the kernel only). The copy is a yardstick, not a
+# hard ceiling: in section 5.2's run a kernel beats it by 1 % at most.
 # `ropelib.bench.compare.bytes_moved` is this model; `benchmarks/generations.py` times with
 # `triton.testing.do_bench` (median, L2 flushed).
 
@@ -616,123 +609,15 @@ if GEN_CSV.exists():   # read by the cell of section 5.1
     assert GPU_NAME == gen_meta["gpu"], (GPU_NAME, gen_meta["gpu"])
     if GPU and torch.cuda.get_device_name() == GPU_NAME:
         assert torch.cuda.get_device_properties(0).multi_processor_count == n_sm
-    ns_naive = {}
-    for (case, prov), r in sweep.items():
-        if prov == "ropelib_naive":
-            programs_per_sm = r["seq_len"] * r["batch"] * r["heads"] / n_sm
-            ns_naive[r["batch"]] = r["fwd_ms"] * 1e6 / programs_per_sm
-    print("naive kernel, ns per program on each SM: " + ", ".join(
-        f"b={b_} {ns:.0f}" for b_, ns in sorted(ns_naive.items())))
-    assert len(ns_naive) >= 4 and all(70 < ns < 90 for ns in ns_naive.values())
-    # against notebook 03's empty kernel (section 4): a program that does nothing, same GPU
-    empty_ns = next(r for r in measured.load("program_cost")[1]
-                    if r["kernel"] == "empty" and r["num_warps"] == 1)["ns_per_program_per_sm"]
-    lo_x, hi_x = (f(ns_naive.values()) / empty_ns for f in (min, max))
-    print(f"an empty program (notebook 03): {empty_ns:.1f} ns; the naive kernel's "
-          f"{lo_x:.2f} to {hi_x:.2f} times that")
-    assert f"{empty_ns:.1f}" == "79.8" and (round(lo_x, 2), round(hi_x, 2)) == (1.00, 1.06)
-    # the grid: S*H = 131,072 programs at every batch, as many as the naive kernel's at b = 1
-    assert {r["seq_len"] * r["heads"] for (c, p), r in sweep.items()
-            if p == "ropelib_batch_reuse"} == {131_072} == {4096 * 32}
-    br1, br2, nv1 = (sweep[k]["fwd_ms"] for k in (("batch-1", "ropelib_batch_reuse"),
-                                                  ("batch-2", "ropelib_batch_reuse"),
-                                                  ("batch-1", "ropelib_naive")))
-    print(f"batch-reusing grid: batch-1 {br1 * 1e3:.1f} us, batch-2 {br2 * 1e3:.1f} us (twice "
-          f"the bytes); at batch-1 the grid over the naive kernel {br1 / nv1:.2f}")
-    assert (round(br1 * 1e3, 1), round(br2 * 1e3, 1), round(br1 / nv1, 2)) == (84.6, 84.7, 1.01)
 else:
     print(f"{GEN_CSV.relative_to(ROOT)} is not there yet: run "
           "`python benchmarks/generations.py` on a GPU to measure and draw it.")
 
 # %% [markdown]
 # The dashed line (left) and the grey bar (right) are the copy. The curves say *how fast*, not
-# *why*: the two kernels differ in programs, work per program and cos/sin reuse at once. The
-# H200's lines point at the programs: the grid's 131,072 take 84.6 µs at batch 1 and 84.7 at
-# batch 2, with twice the bytes; a naive program costs 1.00 to 1.06 times one that does nothing
-# (79.8 ns of an SM's time, notebook 03, section 4); at $b = 1$, with as many programs, the two
-# kernels take the same time. Section 5.3 tests the programs one factor at a time.
+# *why*: the two kernels differ in programs, work per program and cos/sin reuse at once.
+# Section 5.3 separates them; batch 1, at the end of this section, shows the programs alone.
 #
-# **$b = 1$, timed again.** The committed H100 run (next cell) is noisy at $b = 1$: its medians
-# sit above its $b = 2$ grid's, with p80 up to 1.67 times p20. On a GPU the cell times both
-# kernels at $b = 1$ in five alternating rounds, by `do_bench` and by the same loop queued
-# behind a GPU sleep (so the GPU never waits for the host), and prints the host's time an
-# iteration against the GPU's. `do_bench` above `queued`, with the host slower than the GPU:
-# the row timed the host (notebook 07, section 7.3). Both level, `naive/grid` far from 1: the
-# kernels differ on this GPU; near 1, as on the H200: the committed row caught a disturbance.
-
-# %%
-# b = 1 in the committed runs: do_bench's median and p20-p80 spread, us
-H100 = "nvidia-h100-80gb-hbm3"
-b1_runs = {}
-for g, slug in (("H200", measured.GPU), ("H100", H100)):
-    for r in measured.load("generations", slug)[1]:
-        if r["case"] in ("batch-1", "batch-2") and r["provider"] in ("ropelib_naive",
-                                                                      "ropelib_batch_reuse"):
-            b1_runs[g, r["case"], r["provider"]] = [r[k] * 1e3 for k in ("fwd_ms", "fwd_ms_p20",
-                                                                        "fwd_ms_p80")]
-for (g, case, prov), (med, p20, p80) in b1_runs.items():
-    print(f"{g} {case} {prov:20} {med:6.1f} (p20-p80 {p20:.1f}-{p80:.1f}, p80/p20 {p80 / p20:.2f})")
-spread = {k: p80 / p20 for k, (_, p20, p80) in b1_runs.items()}
-assert max(v for k, v in spread.items() if k[0] == "H200") < 1.02
-assert round(max(v for k, v in spread.items() if k[:2] == ("H100", "batch-1")), 2) == 1.67
-assert min(b1_runs["H100", "batch-1", p][0] for p in ("ropelib_naive", "ropelib_batch_reuse")) \
-    > b1_runs["H100", "batch-2", "ropelib_batch_reuse"][0]
-
-# live: both kernels at b = 1 (the interpreter: a small shape, checked, not timed)
-S1, H1, D1 = (4096, 32, 128) if GPU else (4, 2, 64)
-x_b1 = torch.randn(S1, 1, H1, D1, device=device, dtype=torch.bfloat16)
-f_b1 = ex.te_angles(S1, D1, device=device)
-b1_calls = {"naive": lambda: naive.rope_naive(x_b1, f_b1),
-            "grid": lambda: batch_reuse.rope_batch_reuse(x_b1, f_b1)}
-torch.testing.assert_close(b1_calls["naive"](), b1_calls["grid"]())   # (and both compiled)
-
-
-def queued(call, flush, n=20):
-    """do_bench's loop n times, all queued behind a GPU sleep: medians of the zeroing's and the
-    call's us, the host's us an iteration, and whether the sleep outlasted the queuing."""
-    ev = [[torch.cuda.Event(enable_timing=True) for _ in range(3)] for _ in range(n + 1)]
-    torch.cuda.synchronize()
-    ev[n][0].record()
-    torch.cuda._sleep(50_000_000)   # 50 M cycles of spinning, about 25 ms: the head start
-    ev[n][1].record()
-    t0 = time.perf_counter()
-    for e0, e1, e2 in ev[:n]:
-        e0.record()
-        flush.zero_()   # do_bench's loop from here: zero, event, call, event
-        e1.record()
-        call()
-        e2.record()
-    host_us = (time.perf_counter() - t0) * 1e6 / n
-    torch.cuda.synchronize()
-    zero_us, call_us = (statistics.median(e[i].elapsed_time(e[i + 1]) * 1e3 for e in ev[:n])
-                        for i in (0, 1))
-    return zero_us, call_us, host_us, host_us * n < ev[n][0].elapsed_time(ev[n][1]) * 1e3
-
-
-if GPU:   # only the timers need a GPU
-    flush = torch.empty(int(256e6) // 4, dtype=torch.int32, device=device)   # as do_bench's
-    b1_live = {name: dict(bench=[], queued=[]) for name in b1_calls}
-    print(f"\nlive, b = 1, us: {'round':>5} {'naive: do_bench':>15} {'queued':>7} "
-          f"{'grid: do_bench':>14} {'queued':>7}   naive/grid: do_bench, queued")
-    for rnd in range(1, 6):
-        for name, call in b1_calls.items():   # naive, grid, naive, grid, ...
-            bench_ms = triton.testing.do_bench(call, return_mode="median")
-            b1_live[name]["bench"].append(bench_ms * 1e3)
-            b1_live[name]["queued"].append(queued(call, flush))
-        (nb, nq), (gb, gq) = ((v["bench"][-1], v["queued"][-1][1]) for v in b1_live.values())
-        print(f"{'':16} {rnd:5} {nb:15.1f} {nq:7.1f} {gb:14.1f} {gq:7.1f}   "
-              f"{nb / gb:.2f}, {nq / gq:.2f}")
-    for name, v in b1_live.items():
-        zero_us, call_us, host_us = (statistics.median(q[i] for q in v["queued"]) for i in range(3))
-        print(f"{name}: host {host_us:.0f} us an iteration; GPU {zero_us:.0f} (zeroing) + "
-              f"{call_us:.0f} (the call) = {zero_us + call_us:.0f} us; do_bench / queued, median "
-              f"of the rounds: {statistics.median(v['bench']) / call_us:.2f}"
-              + ("" if all(q[3] for q in v["queued"]) else
-                 " (in some round the host outran the sleep: those queued times may hold waits)"))
-else:
-    print("\nthe live rounds need a GPU; here both kernels ran once at b = 1 and agree")
-
-# %% [markdown]
 # **A second GPU.** `benchmarks/floor.py` timed batch-8's shape on an H200 and an H100 (slower
 # DRAM): the copy, ropelib's generations and TE's fused kernel, one process per GPU.
 
@@ -740,6 +625,7 @@ else:
 # batch-8's shape on two GPUs: the floor suite's committed runs (do_bench medians, L2 flushed),
 # TE's fused kernel included; the generations runs of the same GPUs as a cross-check
 FLOOR_CASE = "forward 256 MiB bf16 sbhd"          # 4096 x 8 x 32 x 128 bf16: batch-8's tensor
+H100 = "nvidia-h100-80gb-hbm3"
 assert 4096 * 8 * 32 * 128 * 2 == 256 * 2**20
 two_gpus = {}
 for slug in (measured.GPU, H100):
@@ -781,7 +667,84 @@ else:
 # (1.18 times the grid's time, against 1.32): its own time changes least (1.11 times). Section
 # 5.5 predicts the grid's and TE's ratios from where their time goes on the H200; all profiles
 # below are H200 runs.
+
+# %% [markdown]
+# #### Batch 1: the programs alone
 #
+# At $b = 1$ the grid launches as many one-row programs as the naive kernel, $S \cdot H$ =
+# 131,072 at $s = 4096$, $h = 32$, and its batch loop has nothing to spread them over. The
+# cell reads the committed H200 sweep: each kernel's ns per program on an SM against an empty
+# program's (notebook 03, section 4), and the grid at batch 1 and 2. On a GPU it then times, in
+# three alternating rounds, both kernels at $b = 1$, the grid at $b = 2$, and
+# `benchmarks/program_cost.py`'s empty kernel (the one behind the committed 79.8 ns) at the
+# grid's 131,072 one-warp programs. Where the empty programs take most of the grid's $b = 1$
+# time and a second batch row adds little, starting programs is what that time is.
+
+# %%
+# batch 1 in the committed H200 sweep (s=4096, h=32): the naive kernel launches S*B*H programs
+if GEN_CSV.exists():
+    ns_naive = {}
+    for (case, prov), r in sweep.items():
+        if prov == "ropelib_naive":
+            programs_per_sm = r["seq_len"] * r["batch"] * r["heads"] / n_sm
+            ns_naive[r["batch"]] = r["fwd_ms"] * 1e6 / programs_per_sm
+    print("naive kernel, ns per program on each SM: " + ", ".join(
+        f"b={b_} {ns:.0f}" for b_, ns in sorted(ns_naive.items())))
+    assert len(ns_naive) >= 4 and all(70 < ns < 90 for ns in ns_naive.values())
+    # against notebook 03's empty kernel (section 4): a program that does nothing, same GPU
+    empty_ns = next(r for r in measured.load("program_cost")[1]
+                    if r["kernel"] == "empty" and r["num_warps"] == 1)["ns_per_program_per_sm"]
+    lo_x, hi_x = (f(ns_naive.values()) / empty_ns for f in (min, max))
+    print(f"an empty program (notebook 03): {empty_ns:.1f} ns; the naive kernel's "
+          f"{lo_x:.2f} to {hi_x:.2f} times that")
+    assert f"{empty_ns:.1f}" == "79.8" and (round(lo_x, 2), round(hi_x, 2)) == (1.00, 1.06)
+    # the grid: S*H = 131,072 programs at every batch, as many as the naive kernel's at b = 1
+    assert {r["seq_len"] * r["heads"] for (c, p), r in sweep.items()
+            if p == "ropelib_batch_reuse"} == {131_072} == {4096 * 32}
+    br1, br2, nv1 = (sweep[k]["fwd_ms"] for k in (("batch-1", "ropelib_batch_reuse"),
+                                                  ("batch-2", "ropelib_batch_reuse"),
+                                                  ("batch-1", "ropelib_naive")))
+    print(f"batch-reusing grid: batch-1 {br1 * 1e3:.1f} us, batch-2 {br2 * 1e3:.1f} us (twice "
+          f"the bytes); at batch-1 the grid over the naive kernel {br1 / nv1:.2f}")
+    assert (round(br1 * 1e3, 1), round(br2 * 1e3, 1), round(br1 / nv1, 2)) == (84.6, 84.7, 1.01)
+
+# live: the grid at b = 1 and 2, the naive kernel at b = 1, and as many empty programs
+import program_cost   # benchmarks/program_cost.py  # noqa: E402
+S1, H1, D1 = (4096, 32, 128) if GPU else (4, 2, 64)
+f_b1 = ex.te_angles(S1, D1, device=device)
+x_b = {b_: torch.randn(S1, b_, H1, D1, device=device, dtype=torch.bfloat16) for b_ in (1, 2)}
+b1_calls = {
+    "grid, b = 1": lambda: batch_reuse.rope_batch_reuse(x_b[1], f_b1),
+    "grid, b = 2": lambda: batch_reuse.rope_batch_reuse(x_b[2], f_b1),
+    "naive, b = 1": lambda: naive.rope_naive(x_b[1], f_b1),
+    f"{S1 * H1:,} empty programs": lambda: program_cost._empty_kernel[(S1 * H1,)](
+        x_b[1], num_warps=1)}
+for b_, call in ((1, b1_calls["grid, b = 1"]), (2, b1_calls["grid, b = 2"])):
+    torch.testing.assert_close(call(), reference.rope_reference(x_b[b_], f_b1))
+torch.testing.assert_close(b1_calls["naive, b = 1"](), b1_calls["grid, b = 1"]())
+x_before = x_b[1].clone()
+b1_calls[f"{S1 * H1:,} empty programs"]()
+assert torch.equal(x_b[1], x_before)                        # the empty kernel writes nothing
+if GPU:   # only the timer needs a GPU
+    us1 = {name: [] for name in b1_calls}
+    for _ in range(3):                                      # alternating rounds
+        for name, call in b1_calls.items():
+            us1[name].append(triton.testing.do_bench(call, return_mode="median") * 1e3)
+    us1 = {name: statistics.median(v) for name, v in us1.items()}
+    print(f"live on {torch.cuda.get_device_name()}, do_bench medians (median of 3 rounds):")
+    for name, us in us1.items():
+        print(f"  {name:22} {us:6.1f} us")
+    g1, g2, n1, e1 = us1.values()
+    print(f"grid b = 2 / b = 1: {g2 / g1:.2f} (twice the bytes); naive / grid at b = 1: "
+          f"{n1 / g1:.2f}; empty programs / grid at b = 1: {e1 / g1:.2f}")
+    # the programs set the time at b = 1: a second row adds little, the naive kernel's as many
+    # programs take about as long, and programs doing nothing take most of it
+    assert g2 < 1.3 * g1 and 0.8 < n1 / g1 < 1.25 and e1 > 0.6 * g1, us1
+else:
+    print(f"\nthe four launches ran at s={S1}, h={H1} and are right; timing them needs a GPU: "
+          "there the cell prints each time and the three ratios")
+
+# %% [markdown]
 # ### 5.3 Why: one factor at a time
 #
 # `benchmarks/ablation.py` times, at bf16 sbhd $s = 4096, b = 8$ and at $s = 32768, b = 1$
@@ -817,12 +780,9 @@ assert plan_cols["heads_all_one_b"]["cos_sin_per_position"] * 32 == B_a * H_a * 
 # two cells are it and its helper, yours to edit; the cell after checks your copy of every
 # variant against the fp64 reference and, bit for bit, `ablation.rope_ablation`. On a GPU it
 # then times `sh_one_b` against `sh_loop_b`, and the same pair reading tables (no sine
-# evaluated), and asserts that the tables keep at least four fifths of the ratio: on that GPU
-# too, the programs, not the sin/cos, make it.
-#
-# Try it: stop the batch loop one row early (`range(0, BATCH_PER_PROGRAM - 1)`) and see which
-# variants fail (their error turns `inf`: the output starts as NaN). On a GPU, move cos/sin into
-# the batch loop, as in section 2.1, and compare your `sh_loop_b`'s time with the course's.
+# evaluated): where the tables keep the ratio (the cell asserts four fifths of it), the
+# programs, not the sin/cos, make it on that GPU too. Try it: stop the batch loop one row early,
+# or, on a GPU, move cos/sin into the loop and compare your `sh_loop_b`'s time with the course's.
 
 # %%
 # ropelib-source: ropelib.course.kernels.ablation._rotate_tile
@@ -1062,9 +1022,8 @@ if ABLATION_CSV.exists():
 
 # %% [markdown]
 # A ratio above 1: the second kernel of the pair is faster. An earlier committed run reproduces
-# the 4 % cost of sin/cos with $B$ rows a program, not the few tenths of a percent with one row:
-# noise. (`ropelib_finished` is the finished kernel forced onto this tensor; section 5.2's
-# `ropelib` is `apply_rope` as planned: two passes here, section 5.1.)
+# the 4 % cost of sin/cos with $B$ rows a program, not the few tenths of a percent with one row.
+# (`ropelib_finished` is the finished kernel forced onto this tensor.)
 #
 # **Times say how much, not why.** Three floors lie under any kernel's time, each computed from
 # a count, not from a time of the kernel itself:
@@ -1411,26 +1370,8 @@ if len(two_gpus) == 2:
 # a chunk of the batch (compiled, as many evaluations per position as the grid's: A.1), loads
 # wider vectors (here 4 bf16 a thread: A.1's `sizePerThread = [1, 1, 4]`), and takes every
 # layout through strides.
-#
-# ## Summary
-#
-# - **The grid decides what is repeated.** The $(S, H)$ grid with a runtime batch loop loads
-#   angles and evaluates cos/sin once per (position, head) and launches $B$ times fewer programs
-#   than the naive grid: 131,072 at $s = 4096$, $h = 32$, whatever the batch.
-# - **The program count, not the cos/sin, sets the time.** At $b = 8$ on the H200, one row a
-#   program instead of $B$ costs 3.46 times the time, 3.59 between two kernels that read
-#   tables; all of the grid's sin/cos, against reading two tables, costs 4 % (section 5.3's
-#   editable cell times the same pairs on your GPU).
-# - **Fewer sines and cosines do not make a kernel faster.** TE's fused kernel evaluates a
-#   quarter of the grid's (cos, sin) pairs and is slower at $b = 8$ on an H200 and an H100: it
-#   executes 2.5 times the grid's warp instructions and issuing them does not overlap its waits
-#   (H200 profiles; the same split predicts the H100's times, section 5.5). At $b = 1$ it is
-#   over twice as fast on the H200.
-# - **Left for notebook 05:** one-warp programs filling half an SM's warp slots, one row in
-#   flight per warp, and work per program that depends on $B$. How much of the grid's gap over
-#   a copy (1.41 times its time on the H200) the one row in flight makes, exercise 6's last
-#   cell measures on your GPU: it prints the share a second row closes.
-#
+
+# %% [markdown]
 # ## Exercises
 #
 # Each check prints ✅ or ❌ and never stops the notebook. Replace the `...` (or the `pass`) and
@@ -1707,6 +1648,39 @@ if GPU:   # only the timer needs a GPU
 else:
     print("timing needs a GPU: there the cell prints the three medians (do_bench), the ratios "
           "and the share of the one-row kernel's gap over the copy that the second row closes")
+
+# %% [markdown]
+# ## Summary
+#
+# - **The grid decides what is repeated.** The $(S, H)$ grid with a runtime batch loop loads
+#   angles and evaluates cos/sin once per (position, head) and launches $B$ times fewer programs
+#   than the naive grid: 131,072 at $s = 4096$, $h = 32$, whatever the batch.
+# - **The program count, not the cos/sin, sets the time.** At $b = 8$ on the H200, one row a
+#   program instead of $B$ costs 3.46 times the time, 3.59 between two kernels that read
+#   tables; all of the grid's sin/cos, against reading two tables, costs 4 % (section 5.3 times
+#   the same pairs on your GPU, and section 5.2's batch 1 the programs alone).
+# - **Fewer sines and cosines do not make a kernel faster.** TE's fused kernel evaluates a
+#   quarter of the grid's (cos, sin) pairs and is slower at $b = 8$ on an H200 and an H100: it
+#   executes 2.5 times the grid's warp instructions and issuing them does not overlap its waits
+#   (H200 profiles; the same split predicts the H100's times, section 5.5). At $b = 1$ it is
+#   over twice as fast on the H200.
+# - **One row in flight per warp: measured, not assumed.** The grid takes 1.42 times a copy's
+#   time on the H200 and 1.26 on the H100 (section 5.2). Exercise 6 changes one thing, a second
+#   row loaded before a store; the next cell carries over the share of the gap it closed on
+#   this run's GPU. Above one half, one row in flight per warp is most of the gap there; what
+#   it leaves, with half an SM's warp slots and work per program that depends on $B$, is
+#   notebook 05's.
+
+# %%
+# exercise 6's measurement, carried into the answer (timed there, on a GPU only)
+if GPU:
+    closed = (one_us - two_us) / (one_us - copy_us6) if one_us > copy_us6 else float("nan")
+    print(f"{torch.cuda.get_device_name()}: one row at a time {one_us / copy_us6:.2f} times a "
+          f"copy's time, two rows {two_us / copy_us6:.2f}; the second row closes {closed:.2f} "
+          "of the one-row kernel's gap")
+else:
+    print("exercise 6's share needs a GPU: there this cell repeats the share of the one-row "
+          "kernel's gap over a copy that a second row in flight closes")
 
 # %% [markdown]
 # ## Appendix: the measurements behind section 5

@@ -77,3 +77,54 @@ def test_the_signature_shown_is_the_solutions():
     src = inspect.getsource(ex._strided_copy_solution_kernel.fn).split("):")[0]
     assert shown.replace("@triton.jit\ndef (", "") == \
         src.replace("@triton.jit\ndef _strided_copy_solution_kernel(", "")
+
+
+# --- the prediction: the most a fixed grid saves ----------------------------------------------
+
+def my_max_saving_us(n, BLOCK, programs, sms, empty_programs, empty_us):
+    # a learner's own: exercise 2's floor of each grid, one less the other
+    def floor_us(p):
+        return p / sms * (empty_us * 1e3 * sms / empty_programs) / 1e3
+    return floor_us(-(-n // BLOCK)) - floor_us(programs)
+
+
+def test_the_learners_own_prediction_passes(capsys):
+    assert ex.check_max_saving(my_max_saving_us) is True
+    assert "✅ the most a fixed grid saves" in capsys.readouterr().out
+
+
+def test_the_worked_prediction_and_exercise_2s_solution_fail(capsys):
+    from ropelib.course.exercises import nb00_program_floor as floor_ex
+    assert ex.check_max_saving(ex.solution_max_saving_us) is False
+    assert "write it yourself" in capsys.readouterr().out
+
+    def via_the_worked_floor(n, BLOCK, programs, sms, empty_programs, empty_us):
+        return (floor_ex.solution_program_floor_us(-(-n // BLOCK), sms, empty_programs, empty_us)
+                - floor_ex.solution_program_floor_us(programs, sms, empty_programs, empty_us))
+    assert ex.check_max_saving(via_the_worked_floor) is False
+    assert "write it yourself" in capsys.readouterr().out
+
+
+def test_a_hard_coded_prediction_and_a_floor_without_the_fixed_grid_fail(capsys):
+    tour = my_max_saving_us(2048 * 4 * 16 * 128, 1024, 132, 132, 1_048_576, 633.0)
+    assert ex.check_max_saving(lambda *args: tour) is False
+    assert "❌ the most a fixed grid saves" in capsys.readouterr().out
+    # right on the tour's two grids, a table made beforehand: the drawn cases refuse it
+    table = {(2048 * 4 * 16 * 128, 1024, p, 132, 1_048_576, 633.0):
+             my_max_saving_us(2048 * 4 * 16 * 128, 1024, p, 132, 1_048_576, 633.0)
+             for p in (132, 16 * 132)}
+    assert ex.check_max_saving(lambda *args: table.get(args, 0.0)) is False
+    assert "drawn with seed" in capsys.readouterr().out
+
+    def copy_kernels_floor_only(n, BLOCK, programs, sms, empty_programs, empty_us):
+        return -(-n // BLOCK) * empty_us / empty_programs
+    assert ex.check_max_saving(copy_kernels_floor_only) is False
+    assert "❌" in capsys.readouterr().out
+
+
+def test_the_notebook_hands_the_checks_its_functions():
+    from loading import ROOT
+    text = (ROOT / "notebooks" / "00-setup-and-tour.py").read_text(encoding="utf-8")
+    assert "nb00_strided_copy.check_max_saving(my_max_saving_us)" in text
+    assert "def my_max_saving_us(n, BLOCK, programs, sms, empty_programs, empty_us):\n    ...   #" \
+        in text

@@ -12,8 +12,15 @@ that starts as NaN: grids smaller than the blocks (so a kernel that copies one b
 leaves most of `y` unwritten), a grid larger than the blocks, an n that is not a multiple of
 BLOCK, and an n drawn as it runs. It also counts the programs and the elements of `x` read (each
 once). Timing needs a GPU: the notebook times it only there.
+
+Before timing, the learner predicts the most a fixed grid can save: `my_max_saving_us(n, BLOCK,
+programs, sms, empty_programs, empty_us)`, copy_kernel's program floor (one program a block)
+less the fixed grid's (`programs` programs), each from exercise 2's model. `check_max_saving`
+tries it on the tour's two copies and on cases drawn as it runs, with the worked answers barred;
+the notebook then sets the prediction beside the measured saving.
 """
 import inspect
+import math
 
 import torch
 import triton
@@ -21,9 +28,10 @@ import triton.language as tl
 
 from . import solution
 from .grid_kernel import kernel_ready
-from .own_code import fresh_seed, launch_barred
+from .own_code import check_cases, fresh_generator, fresh_seed, launch_barred
 
-__all__ = ["STRIDED_COPY_SIGNATURE", "check_strided_copy", "show_strided_copy_solution"]
+__all__ = ["STRIDED_COPY_SIGNATURE", "check_strided_copy", "show_strided_copy_solution",
+           "check_max_saving", "solution_max_saving_us"]
 
 STRIDED_COPY_SIGNATURE = '''\
 @triton.jit
@@ -108,3 +116,47 @@ def show_strided_copy_solution() -> None:
     """Show exercise 4's worked kernel folded away."""
     solution(inspect.getsource(_strided_copy_solution_kernel.fn),
              title="Solution: a copy on a fixed grid")
+
+
+# --- the prediction: the most a fixed grid can save ---------------------------------------------
+
+def _max_saving_us(n, block, programs, sms, empty_programs, empty_us):
+    """copy_kernel's program floor (ceil(n / block) programs) less the fixed grid's."""
+    per_program_us = empty_us / empty_programs       # an empty program's share of its SM's time
+    return (math.ceil(n / block) - programs) * per_program_us
+
+
+def solution_max_saving_us(n, BLOCK, programs, sms, empty_programs, empty_us):
+    def floor_us(p):                  # exercise 2: p / sms programs in turn on each SM
+        return p / sms * (empty_us * sms / empty_programs)
+    return floor_us(-(-n // BLOCK)) - floor_us(programs)    # copy_kernel's grid, less the fixed
+
+
+def check_max_saving(fn) -> bool:
+    """fn(n, BLOCK, programs, sms, empty_programs, empty_us) -> the µs a copy on a fixed grid
+    of `programs` programs can save at most against copy_kernel (one program per BLOCK
+    elements): the difference of their program floors. Prints ✅ or ❌; never raises."""
+    from . import nb00_program_floor
+    cases = []
+    for n, programs in ((2048 * 4 * 16 * 128, 132), (2048 * 4 * 16 * 128, 16 * 132)):
+        args = (n, 1024, programs, 132, 1_048_576, 633.0)
+        cases.append((f"the tour's x on a GPU ({n:,} elements), {programs:,} programs, an "
+                      "H200-like empty run", args, _max_saving_us(*args)))
+    seed, g = fresh_generator()
+
+    def drawn(low: int, high: int) -> int:
+        return int(torch.randint(low, high + 1, (), generator=g))
+
+    for _ in range(2):
+        sms, block = drawn(8, 200), 2 ** drawn(6, 12)
+        empty_programs = drawn(10_000, 4_000_000)
+        args = (drawn(block + 1, 50_000_000), block, sms * drawn(1, 8), sms, empty_programs,
+                round(empty_programs / sms * drawn(200, 2_000) / 10 / 1e3, 2))
+        cases.append((f"n={args[0]:,}, BLOCK={block}, {args[2]:,} programs, {sms} SMs (drawn "
+                      f"with seed {seed})", args, _max_saving_us(*args)))
+    return check_cases("the most a fixed grid saves", "your own prediction", fn, cases,
+                       rtol=1e-6, atol=1e-9,
+                       hint="copy_kernel starts ceil(n / BLOCK) programs, the fixed grid "
+                            "`programs`; each costs what exercise 2's floor gives a program",
+                       bar=(solution_max_saving_us, nb00_program_floor.solution_program_floor_us,
+                            nb00_program_floor.committed_rows))
