@@ -28,11 +28,11 @@
 # is the launch's rather than the rotation's. Section 6 leaves the ladder: for large tensors
 # `apply_rope` runs two passes, the second a flat pass with no loop, which reaches the copy.
 #
-# **Where the numbers come from.** Every number the text states is read from a committed CSV
-# under `benchmarks/results/` (each table prints its GPU, Triton version and date) and asserted
-# beside it or in `ropelib/course/checks_nb05.py`. Cells that time live print the GPU they run
-# on, whose tile may differ (16 warps a program on an H100, 8 on the H200). Without a GPU the
-# interpreter runs the kernels, and the layout cells compile them for sm_90.
+# **Where the numbers come from.** The text's numbers come from committed CSVs under
+# `benchmarks/results/` (each table prints its GPU, Triton version and date). Cells that time
+# live print their own GPU, whose tile may differ (16 warps a program on an H100, 8 on the
+# H200). Without a GPU the interpreter runs the kernels and the layout cells compile them for
+# sm_90.
 #
 # **Time:** about two hours for sections 1 to 6, as long again for the exercises (1, 1b, 2, 3);
 # the appendices and the questions are for a second sitting.
@@ -450,9 +450,7 @@ assert torch.equal(y, ladder.rope_ladder("heads", x, freqs))              # the 
 # 4096-element target, with cos/sin a $[\text{BLOCK\_S}, 1, D/2]$ tile broadcast over the heads.
 # At $h = 32$ the heads alone fill the target ($\text{BLOCK\_S} = 1$, rung 1's tile in 3-D form);
 # with 8 heads the tile spans 4 tokens (the launch cell checks both). Rung 2 launches it on
-# Triton's default 4 warps, rung 3 on the GPU's tile knob: 8 on the H200, 16 on the H100. More
-# threads hide latency by numbers; fewer threads with more elements each issue more independent
-# loads.
+# Triton's default 4 warps, rung 3 on the GPU's tile knob: 8 on the H200, 16 on the H100.
 
 # %%
 # ropelib-source: ropelib.course.ladder._ladder_tile_kernel
@@ -1114,8 +1112,8 @@ else:
 # %% [markdown]
 # The worked solution and the finished kernel run the same grid, tile and warps on the same
 # pairs: what separates their ratios is their code. The cell below compiles both for sm_90 with
-# the H100's tile and splits each machine code at its batch loop (from the load of x to the
-# store): where the loops are the same length, look before the loop, at the angles.
+# the H100's tile and prints each one's registers, loads by width and machine code before its
+# batch loop and in it (from the load of x to the store): the candidates, not yet the answer.
 
 # %%
 from ropelib.course import nb05_interleaved
@@ -1321,10 +1319,10 @@ assert (warps_h100["tile"], warps_h100["warps"], warps_h100["chunks"]) == (4, 16
 # between processes, and two H200 steps are not there: the chunks rung's −3.0 and equal halves'
 # +5.5 are −0.0 and +0.3 on the H100, not with one sign. On the H200 its two separate profiles
 # (A.1) order those rungs as the ladder run does. The GPUs run different tiles (8 warps and
-# 16-byte vectors on the H200, 16 warps and 8-byte vectors on the H100), and whether the loop
-# bounds or the shortcut move a batch-looping kernel depends on the tile: a step measured on one
-# GPU is that GPU's. At $b = 1$ every step that changes the launch or the code holds in every H100
-# process, with the H200 run's sign.
+# 16-byte vectors on the H200, 16 warps and 8-byte vectors on the H100): a step measured on one
+# GPU is that GPU's, and these runs do not say which difference removes the two steps on the
+# H100. At $b = 1$ every step that changes the launch or the code holds in every H100 process,
+# with the H200 run's sign.
 #
 # | rung | $s = 4096$, $b = 8$: H200, one run / H100, median of ten | $s = 32768$, $b = 1$: the same | what changed; what the profiles say |
 # |---|---|---|---|
@@ -1336,10 +1334,9 @@ assert (warps_h100["tile"], warps_h100["warps"], warps_h100["chunks"]) == (4, 16
 # | equal halves | +5.5 / +0.3 | +4.9 / +1.5, every process | the same launch, the shortcut in the kernel: fewer instructions |
 # | finished kernel | 1.5 below rung 6 / −0.2 | 2.7 above / +0.9, every process | 7 % more instructions; at $b = 1$ `x` loaded first |
 #
-# A tile of heads is the big step at every size but 16 tokens, on both GPUs; notebook 04's
-# variants change its programs, work and bytes one at a time (A.1). With no batch loop ($b = 1$),
-# how many times each sin/cos is evaluated is the time. The finished kernel has its programs
-# load `x` before the table work at $b = 1$; timed as two variants
+# With no batch loop ($b = 1$), how many times each sin/cos is evaluated is the time (the profile
+# below counts them). The finished kernel has its programs load `x` before the table work at
+# $b = 1$; timed as two variants
 # (`benchmarks/results/finished_kernel_knobs-nvidia-h200.csv`), `x` first is the faster at
 # $s = 4096$, $b = 1$ (0.931 of a copy against 0.892) and the slower at $s = 1024$, $b = 8$ (0.804
 # against 0.835).
@@ -1664,23 +1661,24 @@ assert [said(shipped_b8[k]) for k in ("tile_copy_ratio", "rope_ratio")] == ["0.9
 assert len(sweep_b8) == 104 and said(best_copy) == "0.945" and best_copy < 0.95
 
 # %% [markdown]
-# **How to read it.** The share is the GPU's own, on its own tile: near one, the launch (tile,
-# batch loop, grid) holds that GPU's gap; well under one, the rest is the rotation's (Question 5).
-# In the committed H200 timing the copy on rung 6's launch runs at 0.913 of `y.copy_(x)` and
-# rung 6 at 0.915: there the launch holds the whole gap, not the cos/sin. Over the 104 launches
-# swept, the copy on the tile never passes 0.945.
+# **How to read it.** The share belongs to the GPU, tile and size the cell ran: near one, the
+# launch (tile, batch loop, grid) holds that gap; well under one, the rotation holds the rest
+# (Question 5). The committed timing is the H200's at $s = 4096$, $b = 8$: the copy on rung 6's
+# launch runs at 0.913 of `y.copy_(x)` and rung 6 at 0.915, so there the launch holds the whole
+# gap, and none of the 104 launches swept lifts the copy past 0.945. At 16 tokens, where the
+# angles' path holds most of the H200's gap (the table probe above), the launch's share is under
+# one half.
 #
 # ### Is the launch's share residency?
 #
-# The stall profile found rung 6 with half a copy's warps resident: 4 programs of 8 warps an SM
-# on the H200, capped by 64 registers a thread. `_copy_resident_kernel` is the copy on rung 6's
-# tile with a **persistent grid** of $k$ programs per SM, program $p$ of $P$ walking the rung's
-# tiles $p, p + P, \ldots$ in the order its grid runs them: a grid that fits at once is spread
-# over the SMs, about $k$ programs each.
-# The cell counts the programs an SM holds by registers and threads (sm_90), and on a GPU times
-# the copy at every $k$ up to as many as fit, against `y.copy_(x)`. Where it runs at about the
-# rung's speed at rung 6's $k$ and climbs towards one as $k$ grows, residency holds the launch's
-# share; where it stays level from rung 6's $k$ up, residency does not.
+# The stall profile found rung 6 with half a copy's warps resident (on the H200 4 programs of 8
+# warps an SM, capped by 64 registers a thread). `_copy_resident_kernel` is the copy on rung 6's
+# tile with a **persistent grid** of $k$ programs an SM, program $p$ of $P$ walking the rung's
+# tiles $p, p + P, \ldots$. For each $k$ that fits, the cell prints section 2's bound on the bytes
+# of loads in flight an SM beside the floors, and on a GPU the copy's speed as a fraction of
+# `y.copy_(x)`. It asserts that one program an SM is slower than rung 6's $k$, and prints the
+# share of the gap left at rung 6's $k$ that more programs close: under one half, residency is
+# not what holds the launch's share on that GPU.
 
 # %%
 @triton.jit
@@ -1751,6 +1749,7 @@ try:
                                       num_warps=p_r.num_warps)["registers"]
     (rung6_sm90,) = ladder.compile_for_gpu(["equal_halves"], sm_count=sms_r, knobs=knobs_r)
     k6, k_max = (resident_programs(r, threads_r) for r in (rung6_sm90["registers"], res_regs))
+    k_max = max(k_max, k6)
 except COMPILE_ERRORS as exc:  # no compiler for this target here: say so
     k6 = k_max = checks_nb05.compile_failed(exc)
 if k6:
@@ -1762,26 +1761,42 @@ if k6:
         assert k_max > k6
         if triton.__version__.startswith("3.6"):
             assert k6 == 4
+    # section 2's bound for k programs an SM: each thread with its batch step's x loads out
+    # (both halves of its part of the [BLOCK_S, BLOCK_H, D/2] tile, 2 bytes an element)
+    step_bytes = 2 * 2 * p_r.block_s * p_r.block_h * 64 // threads_r    # 64: D/2 at d = 128
+    bound_k = {k: k * threads_r * step_bytes / 1024 for k in range(1, k_max + 1)}
+    print(f"bytes of loads in flight an SM, at most ({step_bytes} B a thread a step): "
+          + ", ".join(f"k = {k}: {v:.0f} KiB" for k, v in bound_k.items())
+          + f"; section 2's floors (H200): {need_idle:.1f} KiB idle, {need_loaded:.1f} loaded")
+    if not GPU:   # the H200's plan against the H200's floors: one program an SM below the
+        assert bound_k[1] < need_loaded < bound_k[k6]    # loaded floor, rung 6's k above it
 if GPU and k6:
     from triton.testing import do_bench
     t_copy = do_bench(lambda: y_c.copy_(x_c), quantiles=[0.5, 0.2, 0.8])[0]
-    print(f"y.copy_(x) {t_copy * 1e3:.1f} us; the copy on rung 6's tile, k programs an SM "
-          f"(grid k x {SM_HERE}), as a fraction of it; rung 6 {live_rung:.3f}")
+    print(f"y.copy_(x) {t_copy * 1e3:.1f} us; the copy on rung 6's tile with k programs an SM "
+          f"(grid k x {SM_HERE}), as a fraction of it (on rung 6's own grid: {tile_ratio:.3f})")
     by_k = {}
-    for k in range(1, max(k_max, k6) + 1):
+    for k in range(1, k_max + 1):
         t_k = do_bench(lambda: copy_resident(x_c, y_c, k * SM_HERE), quantiles=[0.5, 0.2, 0.8])
         by_k[k] = t_copy / t_k[0]
         print(f"  k = {k}: {by_k[k]:.3f}" + ("   <- rung 6's k" if k == k6 else ""))
     assert torch.equal(y_c, x_c)
-    print(f"from rung 6's {k6} programs an SM to {k_max}: {by_k[k_max] - by_k[k6]:+.3f} of a "
-          f"copy, against rung 6's gap of {1 - live_rung:.3f}")
+    if k6 > 1:    # one program an SM, its bytes in flight under the loaded floor, is slower
+        assert by_k[1] < by_k[k6], by_k
+    if k_max > k6 and by_k[k6] < 1:
+        closed = (max(by_k[k] for k in range(k6, k_max + 1)) - by_k[k6]) / (1 - by_k[k6])
+        print(f"more programs than rung 6's {k6} close {closed:.0%} of the gap left at {k6}: "
+              + ("residency holds most of it" if closed > 0.5 else
+                 "residency is not what holds it"))
+    else:
+        print(f"no more programs fit than rung 6's {k6}, or no gap is left: nothing to close")
 else:
     print("Timing needs a GPU: here the cell checks that the persistent copy copies with 1, 2 "
-          "and 3 programs, and counts the programs an SM holds.")
+          "and 3 programs, and counts the programs an SM holds and their bytes in flight.")
 
 # %% [markdown]
-# The tiles of heads profiled on the H200 (notebook 04's variants and the rungs) give the same
-# limit from the other side: the best of each batch loop and warp count, whatever its occupancy.
+# The tiles of heads profiled on the H200 (notebook 04's variants and the rungs) ask the same
+# question across occupancies: the best of each batch loop and warp count.
 
 # %%
 # by batch loop and warps a program: the copy's profiled time over the best one's
@@ -1892,10 +1907,10 @@ assert [said(ratio(tp, c, p)) for c in (s4k, s16k) for p in ("finished", "two-pa
 
 # %% [markdown]
 # At batch 8 the two passes reach the copy, where the finished kernel stops at about nine tenths.
-# The flat pass changes the launch shape that section 5's copy on the tile pointed at on the
-# H200, but not only that: it has no sin/cos, fewer registers and no batch loop, and this page
-# does not separate them (A.5). Appendix A.5 has the rest of that run, A.6 and A.7 what the flat
-# pass needed to get there.
+# The flat pass changes the launch shape that section 5's copy on the tile pointed at (the H200,
+# $s = 4096$, $b = 8$), but not only that: it has no sin/cos, fewer registers and no batch loop,
+# and this page does not separate them (A.6). Appendix A.5 has the rest of that run, A.7 what
+# the flat pass needed to reach the copy.
 
 
 # %% [markdown]
@@ -2216,33 +2231,25 @@ assert [said(v, 1) for v in (*pre_pass(tp, b1), pre_pass(tp, s16k)[1])] == ["11.
 cap = 1 / (1 + pre_pass(tp, b1)[1] / 100)
 assert said(cap) == "0.854" and ratio(tp, b1, "two-pass") > cap
 assert tp_meta["date"].startswith("2026-12-02T08:22")             # "this run"
-# torch.compile's lead over the flat pass with angles, in %, each within 3
-compile_lead = {c: 100 * (ratio(tp, c, "torch.compile") / ratio(tp, c, "two-pass") - 1)
-                for c in show}
-print("torch.compile against the flat pass with angles, forward: "
-      + ", ".join(f"{c.split(' ', 2)[2]} {v:+.1f} %" for c, v in compile_lead.items()))
-assert [said(ratio(tp, c, "torch.compile")) for c in show] == ["1.000", "0.994", "0.989"]
-assert all(abs(v) < 3 for v in compile_lead.values())
 # the spread between runs: torch.compile at 1 GiB in every committed H200 run that times it
 lo_c, hi_c = checks_nb05.torch_compile_runs(ratio(tp, s16k, "torch.compile"))
-assert (said(lo_c), said(hi_c)) == ("0.955", "0.997")              # "up to about four points"
-assert all(abs(v) < 100 * (hi_c - lo_c) for v in compile_lead.values())   # leads: within it
+assert (said(lo_c), said(hi_c)) == ("0.955", "0.997")              # "about four points"
 lead_b1 = ratio(tp, b1, "two-pass") - ratio(tp, b1, "finished")
 assert said(100 * lead_b1, 1) == "2.7" and lead_b1 < hi_c - lo_c      # "within the spread"
 
 # %% [markdown]
-# On the H200 at batch 8 the flat pass beats the finished kernel, with angles or a table, forward
-# and forward+backward. At batch 1 (128 MiB) the pre-pass alone takes 17.2 % of the copy's time,
-# which paid on every call would cap the route at 0.854 of a copy; it measured 0.963 because the
-# eager route keeps the pre-pass's rows (`TableRows` in `ropelib/eager.py`) for later calls with
-# the same table. **The spread between runs:** torch.compile's ratio at 1 GiB spans 0.955 to 0.997
-# across the committed H200 runs, about 4 points. Within it, the route and the finished kernel are
-# level at batch 1 (2.7 points), and so are torch.compile's kernel and the flat pass.
+# On the H200 the route is ahead of the finished kernel at batch 8, with angles or a table,
+# forward and forward+backward. At batch 1 the two are level within the spread between runs
+# (2.7 points; torch.compile's ratio at 1 GiB spans 0.955 to 0.997 across the committed H200
+# runs). There the route reaches 0.963, though its pre-pass, paid on every call, would cap it at
+# 0.854: the eager route keeps the pre-pass's rows (`TableRows` in `ropelib/eager.py`) for later
+# calls with the same table.
 #
-# Compiled for sm_90, the flat pass holds fewer registers a thread than the finished kernel (42
-# with Triton 3.6 as the route runs it, with a one-byte flag per row; 46 without, as section 5
-# profiled it): one difference among several (no sin/cos, no batch loop, many small programs)
-# that this page does not separate. torch.compile's kernel
+# ### A.6 What else the flat pass changes
+#
+# The flat pass differs from the finished kernel in more than its launch: no sin/cos, no batch
+# loop and, compiled for sm_90, fewer registers a thread (42 with Triton 3.6 as the route runs
+# it, with a one-byte flag per row; 46 without, as section 5 profiled it). torch.compile's kernel
 # (`benchmarks/results/inductor-rope-bf16-sbhd.txt`) is of the same kind: no loop, its cos/sin
 # read with `evict_last` (checked).
 
@@ -2273,30 +2280,12 @@ assert [round(r["ncu_achieved_occupancy_pct"]) for r in (planned_m, fin_m)] == [
 assert [said(r["ncu_warp_inst_per_element"], 2) for r in (planned_m, fin_m)] == ["0.35", "0.31"]
 
 # %% [markdown]
-# ### A.6 torch.compile reads a 16-bit table
-#
-# torch.compile is given cos/sin in bf16, as Hugging Face models cache them; ropelib reads fp32
-# tables unless given others, because a bf16 cos or sin is off by up to $2^{-9}$ (notebook 08).
-# The same run timed each with the other's tables (`auto`: `apply_rope` choosing its route; `flat
-# fp32`: the flat pass forced). The batch-8 cases:
-
-# %%
-# the main two_pass run's columns for these cases, printed; checks_nb05.tables_swapped asserts
-# every number the text below states, and returns ropelib's lag behind torch.compile by case
-behind = checks_nb05.tables_swapped(tp, tp_meta, route_of)
-
-# %% [markdown]
-# Given fp32 tables, torch.compile's kernel loses about a tenth of a copy (0.994 → 0.898 at 1 GiB)
-# and falls behind ropelib on the same tables. Given the same bf16 tables, ropelib is level with
-# it forward (within the spread between runs) and ahead forward+backward.
-#
 # ### A.7 Both members of a pair in one thread
 #
-# An element-wise flat pass (`rows=fp32` below) loads each element of x twice: as its own and as
-# its partner's. `benchmarks/paired_rows_probe.py` times it against two ways to load less:
-# **read half the table** (`rows=paired`, where both members of a pair share their angle) and
-# **hold both members in one thread** (`pairs per thread`: no element loaded twice, ropelib's
-# design).
+# An element-wise flat pass (`rows=fp32` below, Exercise 2's design) loads each element of x
+# twice: as its own and as its partner's. `benchmarks/paired_rows_probe.py` times it against two
+# ways to load less: **read half the table** (`rows=paired`, both members of a pair sharing their
+# angle) and **hold both members in one thread** (`pairs per thread`, Exercise 3's design).
 
 # %%
 # benchmarks/results/paired_rows_probe-nvidia-h200.csv, printed; the text's numbers asserted in
@@ -2304,17 +2293,15 @@ behind = checks_nb05.tables_swapped(tp, tp_meta, route_of)
 checks_nb05.paired_rows_probe()
 
 # %% [markdown]
-# Reading half the table is slower in every case (0.896 of a copy at 1 GiB against 0.948).
-# Holding both members in one thread reaches 0.993, level with torch.compile's 0.994: ropelib's
-# flat pass (`_rotate_pairs`, 2 warps), the one section 6 timed. In the whole route at 1 GiB the
-# element-wise pass left the two passes level with the finished kernel (0.931 against 0.924), the
-# pass of pairs put them ahead (1.002 against 0.932); against torch.compile neither pass is ahead
-# or behind beyond the 4 points between runs.
+# Reading half the table is slower in every case (0.896 of a copy at 1 GiB against 0.948);
+# holding both members in one thread reaches 0.993. In the whole route at 1 GiB the element-wise
+# pass left the two passes level with the finished kernel (0.931 against 0.924); the pass of
+# pairs put them ahead (1.002 against 0.932).
 
 # %%
-# the element-wise pass in the whole route (two_pass-nvidia-h200-20261128-0853.csv) and the two
-# probes that set it beside torch.compile; checks_nb05.elementwise_pass_runs asserts the text
-checks_nb05.elementwise_pass_runs(tp, tp_meta, behind)
+# the element-wise pass in the whole route (two_pass-nvidia-h200-20261128-0853.csv) against the
+# pass of pairs (section 6's run)
+checks_nb05.elementwise_route(tp, tp_meta)
 
 # %% [markdown]
 # ## Questions for discussion
@@ -2336,6 +2323,7 @@ checks_nb05.elementwise_pass_runs(tp, tp_meta, behind)
 #    though another thread of the same program holds it in registers. Which thread, for
 #    $d = 128$ and 8 elements per thread? Why does the second load cost a few percent of a copy,
 #    though it comes from L1?
-# 7. On the GPU you ran this notebook on, did the copy on rung 6's tile gain from more resident
-#    programs (section 5's last cell)? If not, what else in the launch (the batch loop, the
-#    programs' count, the tail of the grid) would you vary next, and how would you measure it?
+# 7. On the GPU you ran this notebook on, did more resident programs close the gap of the copy
+#    on rung 6's tile (section 5's persistent copy)? If not, what else in the launch (the batch
+#    loop, the programs' count, the tail of the grid) would you vary next, and how would you
+#    measure it?

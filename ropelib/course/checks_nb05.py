@@ -711,64 +711,6 @@ def flat_pass_schedule():
     return _compiled_rotate(_planned_two_pass(8).rotate_pass, None)
 
 
-def tables_swapped(tp, tp_meta, route_of):
-    """A.6: torch.compile and ropelib each given the other's tables (the main two_pass run,
-    `tp`), the batch-8 cases printed, every number A.6's text states asserted; `route_of`:
-    section 6's route planner for a shape. Returns ropelib's lag behind torch.compile forward
-    on the same bf16 tables, in %, by case."""
-    s16k, b1 = "bf16 sbhd 1 GiB s16k b8", "bf16 sbhd 128 MiB s16k b1"
-    like = ("bf16 sbhd 256 MiB s4k b8", "bf16 bshd 256 MiB s4k b8", s16k)
-    tables = [("forward", "torch.compile", "compile bf16"),
-              ("forward", "torch.compile fp32 table", "compile fp32"),
-              ("forward", "two-pass cos/sin", "flat fp32"),
-              ("forward", "auto cos/sin", "auto fp32"),
-              ("forward", "auto cos/sin x-dtype", "auto bf16"),
-              ("fwd+bwd", "torch.compile", "compile bf16"),
-              ("fwd+bwd", "auto cos/sin x-dtype", "auto bf16")]
-    print(f"{measured.where(tp_meta)}: ratio to a copy (forward+backward: to two copies)")
-    print(f"{'':27s}{'forward':^65s}{'forward+backward':^26s}")
-    print(f"{'case':27s}" + "".join(f"{label:>13s}" for _, _, label in tables))
-    behind = {}
-    for case in like:
-        print(f"{case:27s}" + "".join(f"{ratio(tp, case, p, ps):13.3f}" for ps, p, _ in tables))
-        behind[case] = 100 * (1 - ratio(tp, case, "auto cos/sin x-dtype")
-                              / ratio(tp, case, "torch.compile"))
-    behind_b1 = 100 * (1 - ratio(tp, b1, "auto cos/sin x-dtype") / ratio(tp, b1, "torch.compile"))
-    print("forward, the same bf16 tables: ropelib behind torch.compile by (below 0: ahead)",
-          ", ".join(f"{v:.1f} %" for v in behind.values()),
-          f"(batch 1, 128 MiB: {behind_b1:.1f} %)")
-    for case in like:
-        compile16 = ratio(tp, case, "torch.compile")
-        compile32 = ratio(tp, case, "torch.compile fp32 table")
-        # given fp32 tables, torch.compile's kernel loses about a tenth of a copy, and is slower
-        # than ropelib reading fp32 tables, forced or as ropelib picks it
-        assert 0.09 < compile16 - compile32 < 0.14, case
-        assert compile32 < min(ratio(tp, case, "two-pass cos/sin"),
-                               ratio(tp, case, "auto cos/sin")), case
-        # given the same bf16 tables, ropelib is within 1.5 % forward and ahead forward+backward
-        assert abs(behind[case]) < 1.5, case
-        assert ratio(tp, case, "auto cos/sin x-dtype", "fwd+bwd") > \
-            ratio(tp, case, "torch.compile", "fwd+bwd")
-    # at batch 1 (128 MiB) as well, given fp32 tables torch.compile's kernel is the slower
-    assert ratio(tp, b1, "torch.compile fp32 table") < min(ratio(tp, b1, "two-pass cos/sin"),
-                                                           ratio(tp, b1, "auto cos/sin"))
-    assert [said(ratio(tp, s16k, p)) for p in
-            ("torch.compile", "torch.compile fp32 table", "auto cos/sin", "two-pass cos/sin",
-             "auto cos/sin x-dtype")] == ["0.994", "0.898", "0.974", "0.987", "0.989"]
-    mine_fb = [ratio(tp, c, "auto cos/sin x-dtype", "fwd+bwd") for c in like]
-    theirs_fb = [ratio(tp, c, "torch.compile", "fwd+bwd") for c in like]
-    assert [said(min(mine_fb)), said(max(mine_fb))] == ["0.992", "1.001"], mine_fb
-    assert [said(min(theirs_fb)), said(max(theirs_fb))] == ["0.487", "0.941"], theirs_fb
-    assert said(behind_b1, 1) == "2.1", f"batch 1: {behind_b1:.1f} % behind, not 2.1"
-    assert [said(behind[c], 1) for c in like] == ["1.0", "-1.4", "0.5"]     # bshd: ropelib ahead
-    assert route_of((16384, 8, 32, 128), "sbhd", "cos/sin") == "two passes, your table"
-    print(f"{s16k}, this run: auto cos/sin {ratio(tp, s16k, 'auto cos/sin'):.3f}, two-pass "
-          f"cos/sin {ratio(tp, s16k, 'two-pass cos/sin'):.3f} (the same route)")
-    apart = 100 * (ratio(tp, s16k, "two-pass cos/sin") - ratio(tp, s16k, "auto cos/sin"))
-    assert said(apart, 1) == "1.3", f"the same route {apart:.1f} points apart, not 1.3"
-    return behind
-
-
 def paired_rows_probe():
     """A.7: `benchmarks/paired_rows_probe.py` (H200, forward): the element-wise flat pass
     reading all of its fp32 rows, half of them, and both members of a pair in one thread, beside
@@ -795,12 +737,10 @@ def paired_rows_probe():
     assert [one_gib[c] for c in cols[:5]] == ["0.994", "0.938", "0.948", "0.896", "0.993"]
 
 
-def elementwise_pass_runs(tp, tp_meta, behind):
+def elementwise_route(tp, tp_meta):
     """A.7: the element-wise flat pass (the design of `rows=fp32`) in the whole route, an H200
-    run of the two passes with it, and the two probes that set it beside torch.compile
-    (`flat_pass_probe`, `flat_hints_probe`); printed, every number A.7's text states asserted.
-    `tp`, `tp_meta`: the main two_pass run (the pass of pairs); `behind`: A.6's lag of ropelib
-    behind torch.compile on the same bf16 tables, by case."""
+    run of the two passes with it, against the pass of pairs in the main two_pass run (`tp`,
+    `tp_meta`); printed, every number A.7's text states asserted."""
     s16k = "bf16 sbhd 1 GiB s16k b8"
     tp_elementwise = measured.two_pass(measured.GPU + "-20261128-0853")
     ew_meta, _ = measured.load("two_pass", measured.GPU + "-20261128-0853")
@@ -811,26 +751,7 @@ def elementwise_pass_runs(tp, tp_meta, behind):
           f"{ratio(tp, s16k, 'two-pass'):.3f}, finished {ratio(tp, s16k, 'finished'):.3f}")
     assert [said(ratio(tp_elementwise, s16k, c)) for c in ("two-pass", "finished")] == \
         ["0.931", "0.924"]
-    # the two probes of the element-wise pass against torch.compile
-    fp, hints = measured.probe("flat_pass_probe"), measured.probe("flat_hints_probe")
-    fp_meta, _ = measured.load("flat_pass_probe")
-    hints_meta, _ = measured.load("flat_hints_probe")
-    assert hints_meta["gpu"] == fp_meta["gpu"] == tp_meta["gpu"]
-    print(f"both probes: {measured.where(fp_meta)}; forward, ratio to a copy")
-    for case in (s16k, "bf16 bshd 256 MiB s4k b8"):
-        c16, c32, mine32 = (fp[case][p]["ratio_to_copy"] for p in (
-            "torch.compile, bfloat16 table", "torch.compile, float32 table",
-            "ropelib.apply_rope cos/sin"))
-        c16_h, mine16 = (hints[case][p]["ratio_to_copy"]
-                         for p in ("torch.compile", "ropelib.apply_rope"))
-        gap = 100 * (1 - mine16 / c16_h)
-        print(f"{case:26s} flat_pass_probe: compile bf16 {c16:.3f}, compile fp32 {c32:.3f}, "
-              f"ropelib fp32 {mine32:.3f} | flat_hints_probe: compile bf16 {c16_h:.3f}, "
-              f"ropelib bf16 {mine16:.3f} ({gap:.1f} % behind)")
-        assert c32 < mine32 < c16, case          # the same order as two_pass's run
-        want = {s16k: "2.2", "bf16 bshd 256 MiB s4k b8": "1.6"}[case]
-        assert said(gap, 1) == want, f"{case}: {gap:.1f} % behind, not {want}"
-    assert all(abs(v) < 1.5 for v in behind.values())      # the pass of pairs: within 1.5 %
+    assert [said(ratio(tp, s16k, c)) for c in ("two-pass", "finished")] == ["1.002", "0.932"]
 
 
 @triton.jit
