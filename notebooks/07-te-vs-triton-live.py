@@ -191,9 +191,8 @@ assert dash.figure.get_suptitle() == f"measured on {widgets.measured_on(dash_row
 # length 256 … 3840 at batch 1, 2, 4, 8 (64 heads of 128, fp32 and bf16) for ropelib, its
 # batch-reuse generation (notebook 04), TE's fused kernel and eager PyTorch; and bf16 sweeps of
 # sequence, head dim, heads and batch around a 32 MiB base, adding TE's unfused path and
-# torch.compile. The cell runs the first live (shrunk in the interpreter) and, on a GPU, prints each
-# provider's median **ratio to a copy** beside the committed run's, naming both GPUs; ropelib's is
-# checked to within 0.8 to 1.25 times.
+# torch.compile. The cell runs the first live (shrunk in the interpreter); on a GPU it prints each
+# provider's median **ratio to a copy** beside the committed run's.
 
 # %%
 first = compare.SEED_SWEEPS[0] if GPU else compare.shrink(compare.SEED_SWEEPS[0])
@@ -234,9 +233,10 @@ if GPU and SEED_CSV.exists():
 # ran the same forward cases, 64 MiB to 2 GiB, on an H200 and an H100, whose copy takes 1.35 to
 # 1.41 times as long. ropelib's time grows with the copy's and its ratio carries, within 3 %. TE's
 # fused kernel and eager PyTorch slow down by less than the copy, so their ratios come out higher
-# on the H100 (TE's 1.14 to 1.30 times): part of their time is not the memory's. torch.compile's
-# ratio carries where it ties the copy on the H200; at 64 MiB its forward took *less* time on the
-# H100 than on the H200 although the copy took more: there its time is not its kernel's.
+# on the H100 (TE's 1.14 to 1.30 times): part of their time is not the memory's (6.1 fits TE's
+# slope on both GPUs). torch.compile's ratio carries where it ties the copy on the H200; at
+# 64 MiB its forward took *less* time on the H100 than on the H200 although the copy took more:
+# there its time is not its kernel's.
 
 # %%
 H100 = "nvidia-h100-80gb-hbm3"
@@ -284,10 +284,11 @@ assert len(at_64mib) == 3 and all(slower[c, "torch.compile"] < 1 < slower[c, "co
 import re
 
 measured_when = measured.committed_when          # (GPU, date) of a committed result
+HOST_LOG = RESULTS / "host_by_size-nvidia-h200-20261204-1600.log"    # A.1's host probe
 PROVENANCE = {SEED_CSV: "2, 4-7", FIGURES / "02-unfused-kernels.csv": "5",
               RESULTS / "floor-nvidia-h200.csv": "4, 6.2, 7",
               RESULTS / f"floor-{H100}.csv": "4, 7",
-              RESULTS / "host_by_size-nvidia-h200-20261204-1600.log": "A.1"}
+              HOST_LOG: "7.1, A.1"}
 when = {p.name: measured_when(p) for p in PROVENANCE if p.exists()}
 for p, read_in in PROVENANCE.items():
     gpu, date = when.get(p.name, ("(missing)", None))
@@ -467,15 +468,29 @@ if DTYPES:
 # $$ \begin{pmatrix} n & \sum N_i \\ \sum N_i & \sum N_i^2 \end{pmatrix}
 #    \begin{pmatrix} a \\ b \end{pmatrix} =
 #    \begin{pmatrix} \sum t_i \\ \sum N_i t_i \end{pmatrix}; $$
-# solve them yourself. The check tries your function on made-up sweeps whose answer is known; a
-# library's least-squares fit (`np.polyfit`, `lstsq`, `pinv`, `linregress` and the like), ropelib
-# and the worked fit are refused. The fit (yours if it passed) then runs on the committed batch-1
-# H200 sweeps. Fitted to ropelib's bf16 sweep without $S = 2048$, it predicts that point: write
-# down the number you expect first.
+# solve them yourself. The check tries your function on made-up sweeps whose answer is known,
+# then on `fit_data`, the floor suite's forwards (64 MiB to 1 GiB of bf16) of `FIT_GPU`: your
+# GPU where its run is committed (an H100's or an H200's), else the H200's. A library's
+# least-squares fit (`np.polyfit`, `lstsq`, `pinv`, `linregress` and the like), ropelib and the
+# worked fit are refused. Your fit (if it passed) then runs on both GPUs and on the H200's sweeps.
 
 # %%
 import numpy as np
 from ropelib.course.exercises import measuring
+
+FLOOR_FWD = {"64 MiB": 64, "128 MiB": 128, "256 MiB": 256, "1 GiB": 1024}   # x, bf16 sbhd, MiB
+here = torch.cuda.get_device_name().lower().replace(" ", "-") if GPU else None
+FIT_GPU = here if here in floor_by_gpu else measured.GPU     # set it to H100 to fit the other
+
+
+def floor_points(gpu, provider):
+    """(bytes, ms) of the floor suite's bf16 sbhd forwards on `gpu`: x read and y written."""
+    return ([2 * mib * 2**20 for mib in FLOOR_FWD.values()],
+            [floor_by_gpu[gpu][f"forward {size} bf16 sbhd"][provider]["ms"] for size in FLOOR_FWD])
+
+
+fit_data = {f"{floor_gpu_names[FIT_GPU]}, {p}'s forward": floor_points(FIT_GPU, p)
+            for p in ("copy", "ropelib", "te_fused")}
 
 
 def fit_time_model(nbytes, ms):
@@ -483,13 +498,33 @@ def fit_time_model(nbytes, ms):
     return None
 
 
-fitted_by_learner = measuring.check_fit_time_model(fit_time_model)
+fitted_by_learner = measuring.check_fit_time_model(fit_time_model, data=fit_data)
 
 # %%
 from ropelib.course.exercises import solution
 solution(measuring.solution_fit_time_model)
 # the rest of the notebook uses your fit if it passed, else the worked one
 fit = fit_time_model if fitted_by_learner else measuring.solution_fit_time_model
+floor_fit = {(gpu, p): fit(*floor_points(gpu, p)) for gpu in floor_by_gpu
+             for p in ("copy", "ropelib", "te_fused")}
+print(f"{'floor suite, forward, bf16 sbhd, 64 MiB to 1 GiB':50s} t0 us   GB/s  of the copy's GB/s")
+for (gpu, p), (t0_us, gbps) in floor_fit.items():
+    print(f"  {floor_gpu_names[gpu] + ', ' + p:48s} {t0_us:5.1f} {gbps:6.0f} "
+          f"{gbps / floor_fit[gpu, 'copy'][1]:6.2f}")
+bw = lambda gpu, p: floor_fit[gpu, p][1]
+h200_over_h100 = {p: bw(measured.GPU, p) / bw(H100, p) for p in ("copy", "ropelib", "te_fused")}
+print("bandwidth, H200 / H100:", {p: round(float(v), 2) for p, v in h200_over_h100.items()})
+# ropelib's line streams with the copy's on both GPUs; TE's well below it, and barely faster on
+# the H200's faster memory: section 4's TE ratios, explained by the slope
+assert all(abs(bw(g, "ropelib") / bw(g, "copy") - 1) < 0.01 for g in floor_by_gpu)
+assert [round(bw(g, "te_fused") / bw(g, "copy"), 2) for g in (measured.GPU, H100)] == [0.53, 0.68]
+assert [round(h200_over_h100[p], 2) for p in ("copy", "ropelib", "te_fused")] == [1.42, 1.42, 1.10]
+
+# %% [markdown]
+# **The slope behind section 4's ratios.** On each GPU ropelib's line streams with the copy's.
+# TE's streams at about half the copy's bandwidth on the H200 and two thirds on the H100, and
+# gains 1.10 times from the H200's memory where the copy gains 1.42: what sets its slope is not
+# the memory, so its ratio to a copy rises on the slower-memory GPU.
 
 # %% [markdown]
 # **When is $1/b$ a bandwidth?** Only when the line fits: a slope the points do not pin down
@@ -694,72 +729,73 @@ if len(models) == 2:
 #
 # **Question: is ropelib's forward+backward slow because of its kernels or its host?** A call is
 # *host-bound* when the host takes longer to issue it (Python, autograd, allocations, launches)
-# than the GPU takes to run its kernels, *device-bound* otherwise. 6.2 left a hint from two runs
-# on different days: two copies of any of its points' bytes take less than ropelib's host needs to
-# issue one call. 7.1 tests it on both GPUs' committed floor runs; 7.3 times both sides live.
+# than the GPU takes to run its kernels, *device-bound* otherwise. 7.1 reads both GPUs' committed
+# floor runs; 7.3 times both sides live.
 #
 # ### 7.1 The host's time per call, and the device's
 #
-# The floor suite times one eager forward+backward three ways: the **host** alone issuing calls
-# (at decode size: one token, batch 64, 32 heads of 128; calls back to back, then one
-# synchronisation, best of 5 rounds) and, at 64 MiB of bf16, **`do_bench`**'s median and the call
-# **replayed** from a CUDA graph (its kernels alone). `do_bench`'s median less the replay is time
-# the kernels did not spend; the host's time beyond the kernels, over that gap, is the **share**
-# the cell prints (here the host and the gap come from two sizes; 7.3 times both at one). Near 1,
-# the host's time is what fills the gap: for ropelib and torch.compile it lies between 0.7 and 1.4
-# in every layout on both GPUs. TE's `do_bench` median lies within an eighth of its kernels: its
-# gap is too small for the share to mean much. Replayed, ropelib's kernels take 0.55 to 0.57 of
-# TE's time on the H200 and 0.70 to 0.73 on the H100, torch.compile's tie ropelib's: ropelib loses
-# on the host (appendix A.1 splits its host's time). Replaying the whole step from a CUDA graph
-# removes that cost (notebook 11, section 4); compiling the RoPE call alone does not:
-# torch.compile's host takes the longest.
+# The floor suite times one eager forward+backward at 64 MiB of bf16 by **`do_bench`**'s median
+# and **replayed** from a CUDA graph (its kernels alone); `do_bench` less the replay, the **gap**,
+# is time the kernels did not spend. The **host** alone issuing calls (back to back, then one
+# synchronisation, best of 5 rounds) was timed at 64 MiB only in A.1's H200 run; there the cell
+# prints the **share** = (host − replayed) / gap, both at one size: at 1 or above, the host's time
+# beyond its kernels fills the gap. For ropelib it does in every layout (1.05 to 1.41); TE's gap
+# is under an eighth of its kernels, too small for a share to mean anything. For the H100 and
+# torch.compile only the decode-size host is committed: printed for its own size, not set against
+# the gap (7.3 times ropelib's at 64 MiB live). Replayed, ropelib's kernels take 0.55 to 0.57 of
+# TE's time on the H200 and 0.70 to 0.73 on the H100, torch.compile's tie ropelib's: ropelib
+# loses on the host. Replaying the whole step from a CUDA graph removes that cost (notebook 11,
+# section 4); compiling the RoPE call alone does not: torch.compile's gap is the widest.
 
 # %%
 FLOOR_64 = [f"64 MiB bf16 {layout}" for layout in ("sbhd", "bshd", "thd")]
 PROVS3 = ("ropelib", "te_fused", "torch.compile")
-three_ways = {}                    # (gpu, case, provider): (host, do_bench, replayed) µs
+by_size = measured.host_by_size_log(HOST_LOG)   # {(case, variant): host µs}
+assert HOST_LOG.read_text().startswith("# NVIDIA H200,")
+two_ways, decode_host = {}, {}     # (gpu, case, provider): (do_bench, replayed) µs at 64 MiB
 for gpu, fl in floor_by_gpu.items():
     meta = measured.load("floor", gpu)[0]
     assert re.search(r"calls back to back: 300, a third of that for forward\+backward; "
                      r"best of 5 rounds", meta["host_rows"])
-    for c in FLOOR_64:
-        for p in PROVS3:
-            three_ways[gpu, c, p] = (fl["decode host forward+backward sbhd"][p]["ms"] * 1e3,
-                                     fl[f"forward+backward {c}"][p]["ms"] * 1e3,
-                                     fl[f"forward+backward {c} under CUDA graphs"][p]["ms"] * 1e3)
-share = {k: (host_ - rep) / (dob - rep) for k, (host_, dob, rep) in three_ways.items()}
-for gpu in floor_by_gpu:
-    print(f"floor suite, {floor_gpu_names[gpu]}: µs per eager forward+backward; host at decode "
-          "size, do_bench and replayed at 64 MiB bf16; share = (host - replayed) / (do_bench - "
-          "replayed)")
     for p in PROVS3:
-        print(f"  {p:13s} host {three_ways[gpu, FLOOR_64[0], p][0]:5.0f} | " + " | ".join(
-            f"{c[12:]}: do_bench {three_ways[gpu, c, p][1]:5.1f} replayed "
-            f"{three_ways[gpu, c, p][2]:5.1f} share {share[gpu, c, p]:5.2f}" for c in FLOOR_64))
+        decode_host[gpu, p] = fl["decode host forward+backward sbhd"][p]["ms"] * 1e3
+        for c in FLOOR_64:
+            two_ways[gpu, c, p] = (fl[f"forward+backward {c}"][p]["ms"] * 1e3,
+                                   fl[f"forward+backward {c} under CUDA graphs"][p]["ms"] * 1e3)
+# the share where the host was timed at the same size: the H200 (A.1's run); ropelib's only, TE's
+# gap being too small
+host64 = {(c, p): by_size[f"64 MiB {c[12:]}", p] for c in FLOOR_64 for p in PROVS3[:2]}
+share = {c: (host64[c, "ropelib"] - two_ways[measured.GPU, c, "ropelib"][1])
+         / (two_ways[measured.GPU, c, "ropelib"][0] - two_ways[measured.GPU, c, "ropelib"][1])
+         for c in FLOOR_64}
 for gpu in floor_by_gpu:
-    t = lambda c, p, k: three_ways[gpu, c, p][k]
-    # the host's time beyond the kernels fills do_bench's gap: ropelib and torch.compile
-    assert all(0.7 <= share[gpu, c, p] <= 1.4 for c in FLOOR_64 for p in ("ropelib",
-                                                                           "torch.compile"))
-    assert all(t(c, p, 0) > 2 * t(c, p, 2) for c in FLOOR_64 for p in ("ropelib",
-                                                                      "torch.compile"))
-    # TE: do_bench within an eighth of its kernels; its host the nearest its kernels
-    assert all(t(c, "te_fused", 1) < 1.125 * t(c, "te_fused", 2) for c in FLOOR_64)
+    print(f"floor suite, {floor_gpu_names[gpu]}: µs per eager forward+backward at 64 MiB bf16, "
+          "do_bench / replayed" + (" / host (A.1's run)" if gpu == measured.GPU else "")
+          + "; the host at decode size")
+    for p in PROVS3:
+        print(f"  {p:13s} " + " | ".join(
+            f"{c[12:]} {two_ways[gpu, c, p][0]:5.1f} / {two_ways[gpu, c, p][1]:5.1f}"
+            + (f" / {host64[c, p]:5.1f}" if gpu == measured.GPU and (c, p) in host64 else "")
+            for c in FLOOR_64) + f" | decode {decode_host[gpu, p]:4.0f}")
+print("ropelib on the H200, share = (host - replayed) / (do_bench - replayed):",
+      {c[12:]: round(v, 2) for c, v in share.items()})
+assert [round(f(share.values()), 2) for f in (min, max)] == [1.05, 1.41]   # the host fills the gap
+for gpu in floor_by_gpu:
+    t = lambda c, p, k: two_ways[gpu, c, p][k]
+    # ropelib and torch.compile: do_bench more than twice their kernels' time; TE within an eighth
+    assert all(t(c, p, 0) > 2 * t(c, p, 1) for c in FLOOR_64 for p in ("ropelib", "torch.compile"))
+    assert all(t(c, "te_fused", 0) < 1.125 * t(c, "te_fused", 1) for c in FLOOR_64)
     # replayed, ropelib's kernels the faster and torch.compile's level with them; under
-    # do_bench ropelib the slower; torch.compile's host the longest of the three
-    assert all(t(c, "ropelib", 2) < t(c, "te_fused", 2) and t(c, "ropelib", 1) > t(c, "te_fused", 1)
-               and abs(t(c, "torch.compile", 2) / t(c, "ropelib", 2) - 1) < 0.05 for c in FLOOR_64)
-    assert t(FLOOR_64[0], "torch.compile", 0) > max(t(FLOOR_64[0], p, 0) for p in PROVS3[:2])
-replayed_te_over = {gpu: [three_ways[gpu, c, "ropelib"][2] / three_ways[gpu, c, "te_fused"][2]
+    # do_bench ropelib the slower; torch.compile's host (decode size) the longest of the three
+    assert all(t(c, "ropelib", 1) < t(c, "te_fused", 1) and t(c, "ropelib", 0) > t(c, "te_fused", 0)
+               and abs(t(c, "torch.compile", 1) / t(c, "ropelib", 1) - 1) < 0.05 for c in FLOOR_64)
+    assert decode_host[gpu, "torch.compile"] > max(decode_host[gpu, p] for p in PROVS3[:2])
+    gap = lambda c, p: t(c, p, 0) - t(c, p, 1)
+    assert all(gap(c, "torch.compile") > max(gap(c, p) for p in PROVS3[:2]) for c in FLOOR_64)
+replayed_te_over = {gpu: [two_ways[gpu, c, "ropelib"][1] / two_ways[gpu, c, "te_fused"][1]
                           for c in FLOOR_64] for gpu in floor_by_gpu}
 assert {g: [round(f(v), 2) for f in (min, max)] for g, v in replayed_te_over.items()} == {
     measured.GPU: [0.55, 0.57], H100: [0.70, 0.73]}                  # the intro's
-if len(models) == 2:     # section 6's batch-1 medians (H200) against the H200's host time
-    over_host = {(d, p): models[d][p]["fwd+bwd_us"] / host[p]
-                 for d in models for p in ("ropelib", "te_fused")}
-    print(f"batch-1 median (do_bench, {seed_meta.get('gpu')}) / host time per call:",
-          {f"{d} {p}": round(v, 2) for (d, p), v in over_host.items()})
-    assert (round(min(over_host.values()), 2), round(max(over_host.values()), 2)) == (0.77, 1.06)
 
 # %% [markdown]
 # ### 7.2 Host or device? Time a call three ways
@@ -811,9 +847,8 @@ time_three_ways = host_or_device if timed_by_learner else measuring.solution_hos
 # point $S = 2048$: `do_bench`, the enqueue (7.2), a replay, and `do_bench`'s loop written out
 # (`ropelib/course/nb07_dobench.py`), also with autograd's device thread off (the "thread"
 # column). Each provider's last line says which side waits and whether the written-out loop
-# agrees with `do_bench`. Then 7.1's **share**, both sides now at one size in one run; read it as
-# in 7.1. The cell asserts that at this size both calls are host-bound (each enqueue above its
-# replay), TE's as well as ropelib's, and that ropelib's host fills at least half its gap.
+# agrees with `do_bench`. Then 7.1's **share**, both sides at one size in one run; read it as in
+# 7.1. At this size both calls are host-bound (each enqueue above its replay), TE's too.
 
 # %%
 import random
@@ -889,6 +924,32 @@ else:
           "do_bench's loop written out, and print the host's share of do_bench's gap")
 
 # %% [markdown]
+# **7.1's size, live.** The next cell times ropelib's eager forward+backward at 64 MiB of bf16
+# (section 2's shape, the two-pass route) by the enqueue, `do_bench` and a replay in one run, and
+# prints the share (read it as in 7.1) on whichever GPU runs it, the H100 included. Without a GPU
+# it runs the same calls at section 2's tiny shape.
+
+# %%
+rope_p = next(p for p in provs if p.name == "ropelib")
+gcase64, leaves64, grads64 = compare.fwdbwd_inputs(compare.make_case(one, device, seed=2), fill=0.5)
+step64 = compare.fwdbwd_step(lambda: rope_p.fn(gcase64), leaves64, grads64)
+step64()                                        # a first call: compiles, plans the route
+n64 = 50 if GPU else 2
+at64 = {"enqueue": statistics.median(launch_queue.enqueue_us(step64, n64) for _ in range(5)),
+        "do_bench": launch_queue.dobench_counted(step64, device)[0],
+        "replayed": suite.graph_replay_ms(step64, 20 if GPU else 2, device)[0] * 1e3}
+gap64 = at64["do_bench"] - at64["replayed"]
+share64 = (at64["enqueue"] - at64["replayed"]) / gap64 if gap64 else float("nan")
+print(f"ropelib, eager forward+backward, x [{one.seq_len}, {one.batch}, {one.heads}, "
+      f"{one.head_dim}] bf16 ({where_live}), us:", {k: round(v, 1) for k, v in at64.items()},
+      f"share {share64:.2f}" + ("" if GPU else " (times and share mean nothing here)"))
+assert all(v > 0 for v in at64.values())
+if GPU:
+    assert at64["enqueue"] > at64["replayed"] and at64["do_bench"] > 1.5 * at64["replayed"], at64
+    assert share64 >= 0.5, at64             # the host's time fills at least half the gap
+del gcase64, leaves64, grads64, step64
+
+# %% [markdown]
 # **Section 2's forwards** (64 MiB of bf16 on a GPU), timed with exercise 2's function (yours if it
 # passed) and with `do_bench`, beside the copy of the same bytes timed the same ways; each fraction
 # of a copy uses one timer. *Back to back* is what an eager loop of forwards gets: where the line
@@ -898,9 +959,8 @@ else:
 # kernels, and checks ropelib's below 1.05.
 #
 # Section 2's table times these forwards under `torch.no_grad()`; here autograd is on, as in
-# training. Each call's last line repeats its enqueue and `do_bench` with autograd off. Where
-# `do_bench`'s fraction of a copy moves with the mode, the host's time per call sets it: that is
-# how section 2's table and this cell can disagree on one call.
+# training, and each call's last line repeats the enqueue and `do_bench` with it off. Where
+# `do_bench`'s fraction of a copy moves with the mode, the host's time per call sets it.
 
 # %%
 case2 = compare.make_case(one, device, seed=1)      # section 2's shape: 64 MiB of bf16 on a GPU
@@ -1095,8 +1155,10 @@ if GPU and not rows_ok:     # the worked kernel: a program's cost, and what the 
 
 # %% [markdown]
 # **What the compiler made of each tile.** `ropelib.course.load_schedule.schedule` (notebook 05)
-# compiles the racing kernel for sm_90 on any machine: registers per thread and instructions
-# *compiled* per element (every branch counts, run or not). With 65,536 registers an SM and $r$ a
+# compiles the racing kernel for sm_90 on any machine: registers per thread, instructions
+# *compiled* per element (every branch counts, run or not) and **spills**: local-memory stores
+# (STL) and loads (LDL) beyond the array the sine's and cosine's slow path keeps for each angle a
+# thread evaluates (the one-row tile's count). With 65,536 registers an SM and $r$ a
 # thread (rounded up to 8), programs of 4 warps (128 threads) are capped at
 # $$ \text{warps/SM} = \min\left(64,\; 4 \left\lfloor \frac{65536}{128 \cdot
 #    8\lceil r/8 \rceil} \right\rfloor\right), $$
@@ -1113,12 +1175,14 @@ compiled = {(b, rotate): load_schedule.schedule(
 per_thread = {b: b * 128 // (4 * 32) for b in (1, 4, 16, 64)}     # elements a thread handles
 inst_per_elem = {(b, rotate): compiled[b, rotate]["instructions"] / per_thread[b]
                  for b, rotate in compiled}
-# the sine's and cosine's slow-path array: the local stores and loads per element at one row
+# the sine's and cosine's slow path keeps an array in local memory: its stores and loads per
+# angle a thread evaluates, read at one row (one angle a thread). A spill is a local store or load
+# beyond those; the racing kernel evaluates one angle per element
 slow = {kind: compiled[1, True][kind] for kind in ("local_stores", "local_loads")}
-spills = {b: {kind: compiled[b, True][kind] - slow[kind] * n for kind in slow}
-          for b, n in per_thread.items()}
+spill = lambda c, angles: {kind: c[kind] - slow[kind] * angles for kind in slow}
+spills = {b: spill(compiled[b, True], n) for b, n in per_thread.items()}
 print(f"sm_90, Triton {triton.__version__}, D = 128, 4 warps; the slow path's local memory: "
-      f"{slow['local_stores']} STL, {slow['local_loads']} LDL per element")
+      f"{slow['local_stores']} STL, {slow['local_loads']} LDL per angle")
 # the warps an SM's 65,536 registers hold for programs of 4 warps: the formula above
 warps = {k: min(measured.WARPS_PER_SM, 4 * (65536 // (128 * 8 * -(-c["registers"] // 8))))
          for k, c in compiled.items()}
@@ -1231,9 +1295,6 @@ if not rows_ok:     # the worked kernel: rounded once; on a GPU below TE's fused
 # thread costs ropelib more than TE. These overlap rather than add.
 
 # %%
-HOST_LOG = RESULTS / "host_by_size-nvidia-h200-20261204-1600.log"
-by_size = measured.host_by_size_log(HOST_LOG)   # {(case, variant): host µs}
-assert HOST_LOG.read_text().startswith("# NVIDIA H200,")
 SIZES = list(dict.fromkeys(c for c, _ in by_size))
 assert SIZES == ["decode s1 b64 sbhd", "64 MiB sbhd", "64 MiB bshd", "64 MiB thd", "256 MiB bshd"]
 h = lambda c, v: by_size[c, v]
@@ -1315,24 +1376,27 @@ tok_compiled = {b: load_schedule.schedule(
                                   ROWS_PER_TOKEN=B7 * H7, D=128, BLOCK_ROWS=b, ROTATE=True),
     num_warps=4) for b in per_thread}
 tok_inst = {b: tok_compiled[b]["instructions"] / n for b, n in per_thread.items()}
+# section 8's spill: the variant evaluates D = 128 angles a tile over 128 threads, one a thread
+tok_spills = {b: spill(c, 128 // (4 * 32)) for b, c in tok_compiled.items()}
 tok_warps = {b: min(measured.WARPS_PER_SM, 4 * (65536 // (128 * 8 * -(-c["registers"] // 8))))
              for b, c in tok_compiled.items()}             # section 8's formula
 print(f"sm_90, Triton {triton.__version__}, D = 128, 4 warps, rotating")
-print(f"{'BLOCK_ROWS':>10} {'racing: regs':>12} {'inst/elem':>9} {'warps/SM':>8} {'STL':>5} "
-      f"{'token angles: regs':>18} {'inst/elem':>9} {'warps/SM':>8} {'STL':>5}")
+print(f"{'BLOCK_ROWS':>10} {'racing: regs':>12} {'inst/elem':>9} {'warps/SM':>8} "
+      f"{'spill STL':>9} {'token angles: regs':>18} {'inst/elem':>9} {'warps/SM':>8} "
+      f"{'spill STL':>9}")
 for b in per_thread:
     r, t = compiled[b, True], tok_compiled[b]
     print(f"{b:>10} {r['registers']:>12} {inst_per_elem[b, True]:>9.0f} {warps[b, True]:>8} "
-          f"{r['local_stores']:>5} {t['registers']:>18} {tok_inst[b]:>9.0f} {tok_warps[b]:>8} "
-          f"{t['local_stores']:>5}")
+          f"{spills[b]['local_stores']:>9} {t['registers']:>18} {tok_inst[b]:>9.0f} "
+          f"{tok_warps[b]:>8} {tok_spills[b]['local_stores']:>9}")
 assert all(tok_inst[a] > tok_inst[b] for a, b in ((1, 4), (4, 16), (16, 64)))   # falls
 if not rows_ok:     # against the worked kernel: fewer instructions and registers from 4 rows on
     assert all(tok_inst[b] < inst_per_elem[b, True] for b in (4, 16, 64))
     assert tok_compiled[64]["registers"] < compiled[64, True]["registers"]
     # the pair the race compares: the variant at 64 rows holds no more warps an SM than the
     # racing kernel at 16 (neither spills), with under a fifth of its instructions per element
-    assert tok_warps[64] <= warps[16, True] and spills[16]["local_stores"] == 0 \
-        and tok_compiled[64]["local_stores"] <= slow["local_stores"]
+    assert tok_warps[64] <= warps[16, True] and spills[16] == tok_spills[64] == {
+        "local_stores": 0, "local_loads": 0}
     assert tok_inst[64] < 0.2 * inst_per_elem[16, True]
 
 if GPU:     # the race again, the token-angle rotation beside the racing kernel's

@@ -154,6 +154,37 @@ def test_wrong_fits_fail(capsys):
     assert "❌" in capsys.readouterr().out
 
 
+def _fit_twelve_points(nbytes, ms):
+    """Right for the made-up sweeps' twelve points only: n taken as 12, not len(nbytes)."""
+    n, t = np.asarray(nbytes, float), np.asarray(ms, float)
+    det = 12 * (n * n).sum() - n.sum() ** 2
+    a = ((n * n).sum() * t.sum() - n.sum() * (n * t).sum()) / det
+    b = (12 * (n * t).sum() - n.sum() * t.sum()) / det
+    return a * 1e3, 1 / b * 1e3 / 1e9
+
+
+def test_the_fit_is_held_to_the_points_it_is_given(capsys):
+    # four points, as the notebook hands over (the floor suite's forward sizes, made up here)
+    nbytes = [2 * mib * 2**20 for mib in (64, 128, 256, 1024)]
+    data = {"four points": (nbytes, [0.006 + b / 3e12 * 1e3 + e
+                                     for b, e in zip(nbytes, (1e-4, -2e-4, 1e-4, 0.0))])}
+    own = _own_code_tests.learner_copy(measuring.solution_fit_time_model)
+    assert measuring.check_fit_time_model(own, data=data)
+    assert measuring.check_fit_time_model(_fit_centred, data=data)
+    assert measuring.check_fit_time_model(_fit_twelve_points)          # the made-up sweeps alone
+    capsys.readouterr()
+    assert not measuring.check_fit_time_model(_fit_twelve_points, data=data)
+    assert "fit_time_model (four points)" in capsys.readouterr().out
+    # the learner's function is handed the points themselves
+    seen = []
+    def recording(nbytes_, ms_):
+        seen.append(list(nbytes_))
+        return _fit_centred(nbytes_, ms_)
+    assert measuring.check_fit_time_model(recording, data=data) and seen[-1] == nbytes
+    # a library's fit stays refused on the given points too
+    assert not measuring.check_fit_time_model(_polyfit, data=data)
+
+
 # --- exercise 2: host or device? ---------------------------------------------------------------
 
 import ast  # noqa: E402

@@ -10,8 +10,9 @@ check tries the learner's fit on made-up sweeps whose answer is known, with rope
 answers, the worked solution below and the libraries' least-squares fits barred
 (`LIBRARY_FITS`: `np.polyfit`, `np.linalg.lstsq` and what calls it, such as `np.polynomial`'s
 fits, `np.linalg.pinv`, `statistics.linear_regression`, `scipy.stats.linregress` where SciPy is
-installed; `LIBRARY_FIT_OPS`: `torch.linalg.lstsq` and `torch.linalg.pinv`). The notebook then
-applies the learner's function to the committed GPU results.
+installed; `LIBRARY_FIT_OPS`: `torch.linalg.lstsq` and `torch.linalg.pinv`), then on the
+committed points the notebook will fit (`data`), against the worked fit of the same points. The
+notebook then applies the learner's function to the committed GPU results.
 
 The second check hands the learner's timing function calls whose cost it knows (`CountedCall`):
 calls that keep the host busy a known time, and on a GPU a large copy. The calls count
@@ -66,21 +67,31 @@ def _sweep(t0_us: float, gbps: float, noise: float, seed: int):
     return nbytes.tolist(), ms.tolist()
 
 
-def check_fit_time_model(fn: Callable) -> bool:
+def check_fit_time_model(fn: Callable, data: Optional[dict] = None) -> bool:
     """fn(nbytes, ms) -> (t0_us, gbps): the least-squares line ms = t0 + bytes / bandwidth, with t0
     in microseconds and the bandwidth in GB/s (1e9 bytes per second), solved by the learner's own
-    normal equations (a library's least-squares fit is refused)."""
+    normal equations (a library's least-squares fit is refused). `data`, {label: (nbytes, ms)}:
+    the measured points the notebook will fit; after the made-up sweeps, the learner's fit of each
+    must match the worked fit of the same points."""
     name = "fit_time_model"
     hint = ("the normal equations: [[n, sum N], [sum N, sum N^2]] [a, b] = [sum t, sum N t] give "
             "the intercept a (ms) and the slope b (ms per byte): t0 = a in us, 1 / b bytes per ms")
     fresh, g = fresh_generator()    # and a sweep drawn now: a table made beforehand fails
     drawn = (float(torch.randint(5, 200, (), generator=g)),
              float(torch.randint(300, 5000, (), generator=g)), 0.03, fresh)
-    for t0_us, gbps, noise, seed in ((8.0, 3000.0, 0.0, 0), (60.0, 500.0, 0.0, 1),
-                                     (150.0, 2500.0, 0.02, 2), (20.0, 4000.0, 0.05, 3), drawn):
-        nbytes, ms = _sweep(t0_us, gbps, noise, seed)
-        label = f"{name} (t0 {t0_us:g} us, {gbps:g} GB/s{', noisy' if noise else ''}" + (
-            f", drawn with seed {fresh})" if seed is fresh else ")")
+    cases = [((t0_us, gbps, noise, seed), _sweep(t0_us, gbps, noise, seed))
+             for t0_us, gbps, noise, seed in ((8.0, 3000.0, 0.0, 0), (60.0, 500.0, 0.0, 1),
+                                              (150.0, 2500.0, 0.02, 2), (20.0, 4000.0, 0.05, 3),
+                                              drawn)]
+    cases += [(label, ([float(v) for v in nbytes], [float(v) for v in ms]))
+              for label, (nbytes, ms) in (data or {}).items()]
+    for made_up, (nbytes, ms) in cases:
+        if isinstance(made_up, str):              # the notebook's own points
+            label = f"{name} ({made_up})"
+        else:
+            t0_us, gbps, noise, seed = made_up
+            label = f"{name} (t0 {t0_us:g} us, {gbps:g} GB/s{', noisy' if noise else ''}" + (
+                f", drawn with seed {fresh})" if seed is fresh else ")")
         ok, answer = run_own_code(label, "your fit by the normal equations", fn, list(nbytes),
                                   list(ms), bar=LIBRARY_FITS, bar_ops=LIBRARY_FIT_OPS)
         if not ok:
