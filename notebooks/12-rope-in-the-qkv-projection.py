@@ -26,9 +26,9 @@
 # `qk_norm_rope`), and traces where the fused kernel's time goes.
 #
 # **Where the numbers come from.** Every number in the text is read from a file committed under
-# `benchmarks/results/` (mostly measured on an H200; sections 1 and 7.1 also have an H100's)
-# and asserted by a code cell, beside it or in the appendix it cites. Only section 1's L2 cell
-# and section 8's two cells time live, on a GPU; they print its name.
+# `benchmarks/results/` (mostly measured on an H200; sections 1, 7.1 and 7.5 also have an
+# H100's) and asserted by a code cell, beside it or in the appendix it cites. Only section 1's
+# L2 cell, 7.5's cell and section 8's two cells time live, on a GPU; they print its name.
 #
 # **After this notebook you will be able to**
 #
@@ -37,7 +37,8 @@
 # - explain what a GEMM epilogue is, and why rotate-half makes the output tile cover a head;
 # - write the epilogue of a small Triton QKV GEMM, split one accumulator into a head's two
 #   halves, and write the prologue of its dX GEMM ($R(-\theta)$ on load);
-# - read a measurement taken in rounds and tell a difference from the spread;
+# - read a measurement taken in rounds and tell a difference from the spread, and a kernel's
+#   time from the host's share of a wall time;
 # - trace a slow fused kernel to its cause: its main loop, its registers (read off a compile,
 #   on a CPU), and a backward prologue repeated by every column block.
 #
@@ -55,6 +56,7 @@ device = ropelib.default_device()
 # %%
 import re
 import statistics
+import time
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -355,9 +357,8 @@ for M_l2, K_l2, HQ_l2, HK_l2, D_l2 in shapes:
 # The probe's compile for sm_90 (the architecture of the H100 and H200) shows what each pays at
 # the 128/64/8/8/4 tile: one accumulator runs 4 `wgmma` instructions (Hopper's warp-group MMA) of
 # $64 \times 128$ a K step and takes 120 registers a thread; two run 8 of $64 \times 64$ and take
-# 151. The TMA loads the cell prints are counted over the whole compiled kernel, which holds one
-# set per pipeline stage: 8 for one accumulator (an $X$ and a $W$ tile for each of the 4 stages),
-# 12 for two (an $X$ tile and two half-head $W$ tiles a stage). So ropelib holds a head as one
+# 151 (the TMA loads the cell prints are one set a pipeline stage: an $X$ and a $W$ tile, or an
+# $X$ and two half-head $W$ tiles, for each of the 4 stages). So ropelib holds a head as one
 # accumulator whenever every feature is rotated and $D/2$ is a power of two (the header of
 # `ropelib/kernels/qkv_gemm.py` draws the layouts, including partial rotary's, where only the
 # first $R < D$ features of a head are rotated). A whole head in one program also gives
@@ -751,9 +752,9 @@ print(f"dL/dx {tuple(gx_t.shape)}: teaching dX kernel vs autograd of qkv_rope_li
 # ## 7. The measured result
 #
 # This section reads committed H200 timings of `qkv_rope_linear` at section 1's shape
-# (Llama-3-8B's projection, bf16, 8192 and 32768 tokens), and in 7.1 an H100's run of the same
-# forward: 7.1 against the unfused pipeline, then where its time goes: **the main loop** (7.2),
-# **the epilogue's registers** (7.3), **the backward** (7.4).
+# (Llama-3-8B's projection, bf16, 8192 and 32768 tokens), and in 7.1 and 7.5 an H100's: 7.1
+# against the unfused pipeline, then where its time goes: **the main loop** (7.2), **the
+# epilogue's registers** (7.3), **the backward** (7.4), **the host** (7.5).
 #
 # ### 7.1 Where the shipped projection stands
 #
@@ -780,10 +781,13 @@ print(f"dL/dx {tuple(gx_t.shape)}: teaching dX kernel vs autograd of qkv_rope_li
 # table, resolved; 0.964 from angles, not): its epilogue costs about as much (5.2 and 4.7 %), its
 # pass costs more (8.5 %; the H100's copy floor is 9.1 to 9.7 % of cuBLAS's forward, the H200's
 # 6.5 to 6.7 %) and its bare GEMM sits at 0.990 of cuBLAS's time (1.013 on the H200; neither
-# resolved): 0.990 × 1.047 / 1.085 ≈ 0.955.
+# resolved): 0.990 × 1.047 / 1.085 ≈ 0.955. All are wall times, the host's share in them (7.5).
 #
-# **Forward+backward**, the default a trainer runs, gets no verdict: its runs kept only each
-# variant's median and range, and every fused range reaches both sides of 1 (Appendix A.1).
+# **Forward+backward**, the default a trainer runs, gets no verdict on either GPU: its runs kept
+# only each variant's median and range of the rounds, and in the H200's run and in all four H100
+# runs (two more with QK-norm) every fused range reaches both sides of 1; the H100's medians are
+# 0.99 to 1.07 of the unfused pipeline's speed (Appendix A.1). What the wall clock charged the
+# fused step in these runs: 7.5.
 
 # %%
 def read_rounds(path, name):
@@ -950,10 +954,9 @@ draw_budget(FIGURES / "12-qkv-forward-budget.png")
 # spreads): 2.1 and 3.7 copy floors, more than the whole RoPE pass a fusion can save (about 0.04
 # and 0.18 ms). No epilogue on that loop can win.
 #
-# Under Nsight Compute, NVIDIA's kernel profiler (Appendix A.2), each of its instructions waits
-# 1.8 cycles longer than in section 3's TMA probe of the same tile, most of it a **dispatch
-# stall** (the warp's next instruction was ready, but the SM's dispatch unit held it back),
-# which its bare GEMM shows too and the shipped TMA loop almost not.
+# Under Nsight Compute (Appendix A.2) its instructions wait 1.8 cycles longer each than the TMA
+# probe's of the same tile, mostly in a **dispatch stall** that the shipped TMA loop almost
+# lacks; what holds the dispatch, the profile does not say.
 
 # %%
 first = {}
@@ -1325,10 +1328,8 @@ assert all(g > d for g, d in zip(gemms, design))                      # the larg
 assert {round(v, 1) for v in design} == {1.3} and {round(v, 1) for v in gemms} == {2.0}  # Summary
 
 # %% [markdown]
-# In these rounds ropelib's RoPE wrote q's and k's gradients into tensors of their own and
-# `torch.cat` copied them with v's into $dY$, as autograd's backward of the unfused pipeline's
-# `split` does; `qkv_rope_linear` itself stores them straight into their columns of $dY$, so
-# they are read and written once instead of twice.
+# (In these rounds `torch.cat` still copied q's and k's gradients into $dY$, as the unfused
+# pipeline's backward does; `qkv_rope_linear` now stores them straight into $dY$'s columns.)
 #
 # **With QK-norm** the prologue must undo the norm too. Timed alone at 8192 tokens on the H200,
 # dX with the norm spills 240 bytes a thread at the plain dX tile and takes 8.01 ms; at a tile of
@@ -1361,7 +1362,218 @@ assert shipped["dx_norm"] == (32, 128, 8, 4, 3)            # its own tile: 32 x 
 # **In short:** re-forming $dY$ in every column block costs more than the one pass that writes
 # it, and more again with QK-norm. So the shipped backward writes $dY$ once and hands both
 # GEMMs to cuBLAS.
+
+# %% [markdown]
+# ### 7.5 What the wall clock adds: the host's share
 #
+# The timings of 7.1 to 7.4 are wall times between two CUDA events around a call (`do_bench`,
+# each call after a 256 MiB write that flushes L2). The device starts a kernel only once the
+# host has launched it, and the flush gives the host a head start of one such write: host work
+# before the first long kernel that outlasts it is timed as if the device had worked.
+# `qkv_rope_linear` does more on the host than `F.linear` and `apply_rope_qk`: its checks, the
+# planning of its cos/sin pre-pass and of its GEMM, its allocations.
+#
+# `benchmarks/qkv_backward_profile.py` took the step apart on an H100 at 8192 tokens: the
+# device's **busy** time (its kernels' durations summed under `torch.profiler`) beside
+# `do_bench`'s **wall** time. Called through the registered operator, as in every round of 7.1
+# and 7.4, the fused forward+backward did 12 % less device work than the unfused one, yet took
+# 1 % longer: the device was busy 0.87 of its wall time (the unfused step's: 1.01). Of that
+# device work, 103 µs less was in the RoPE kernels and dY's assembly and 122 µs in the GEMMs,
+# 97 of them cuBLAS's dX and dW running faster on the same shapes, for a reason not looked
+# into. Through the eager route `qkv_rope_linear` now takes on a plain call (a later run, on
+# another H100) the fused step kept the device busy 0.97 and was 6 % faster by the wall clock;
+# the host times of that run (`qkv_host_probe.py`, printed below) put most of the difference in
+# the operator's autograd wrapper. The same run's forward alone, kernels only: the epilogue
+# costs 3.2 % over the bare GEMM, and the fused forward's kernels take 0.95 of the unfused
+# pipeline's. So the fused variants' ratios in 7.1 and 7.4 (against the unfused pipeline, and
+# against the bare GEMM, which runs the same kernel without `qkv_rope_linear`'s checks and
+# planning) price the host and the device together.
+#
+# On a GPU the cell below splits them live, without the profiler. Each step (fused and unfused,
+# forward under `no_grad` and forward+backward) runs after the same flush twice a round, 11
+# rounds: from an **idle start**, as `do_bench` times it, and **queued** behind a device-side
+# wait (`torch.cuda._sleep`, about 10 ms) long enough for the host to launch the whole step
+# before the device reaches it. Queued is the device's own time; idle start − queued is what the
+# device waited for the host. The cell prints both beside the host's time to issue the step
+# (`time.perf_counter` around the call) and asserts only what must hold: the device waits no
+# longer than the host took (idle start − queued ≤ the host's time + 10 % of queued), and
+# queueing does not slow a step (idle start − queued ≥ −10 % of queued). Where the fused
+# step's wait exceeds the unfused one's, the wall clock charges the fused projection for host
+# time; the queued ratio compares the kernels alone.
+
+# %%
+from ropelib.course.nb09_device_time import FLUSH_BYTES
+
+
+def profiled_steps(path):
+    """{(tokens, provider): (device-busy µs a step, do_bench's wall µs a step, the GEMMs' µs)}
+    of a qkv_backward_profile CSV: the kernels' times summed, beside the wall time."""
+    out = {}
+    for r in compare.read_csv(path):
+        busy, wall, gemms = out.get((r["tokens"], r["provider"]), (0.0, r["wall_us"], 0.0))
+        gemm = r["kernel"].startswith("nvjet") or r["kernel"] == "_qkv_rope_fwd_tma_kernel"
+        out[r["tokens"], r["provider"]] = (busy + r["us_per_step"], wall,
+                                           gemms + gemm * r["us_per_step"])
+    return out
+
+
+FUSED_FB = "fused, dY written, cuBLAS"
+routes = {}
+for route, stamp in (("operator", "1416"), ("eager", "1505")):
+    path = RESULTS / f"qkv_backward_profile-nvidia-h100-80gb-hbm3-20261206-{stamp}.csv"
+    assert compare.read_meta(path)["gpu"] == "NVIDIA H100 80GB HBM3"
+    routes[route] = profiled_steps(path)
+    for (t, prov), (busy, wall, gemms) in sorted(routes[route].items()):
+        print(f"H100, {route:8} route, {t:>6} tokens, {prov:26}: busy {busy:7.1f} µs (GEMMs "
+              f"{gemms:7.1f}), wall {wall:7.1f} µs, busy / wall {busy / wall:.2f}")
+HOST_LOG = RESULTS / "qkv_host-nvidia-h100-80gb-hbm3-20261206-1505.log"
+compare.note_read(HOST_LOG)
+host_us = {m[1].strip(): float(m[2]) for m in re.finditer(r"^  (\S.*?)\s{2,}([\d.]+)$",
+                                                          HOST_LOG.read_text(), re.M)}
+print("host µs a forward+backward (the eager profile's run): " + ", ".join(
+    f"{k} {host_us[f'{k} forward+backward']:.1f}"
+    for k in ("fused (operator)", "fused", "unfused")))
+op, eg = (routes[r] for r in ("operator", "eager"))
+assert round(1 - op[8192, FUSED_FB][0] / op[8192, "unfused"][0], 2) == 0.12       # "12 % less"
+less = {part: op[8192, "unfused"][i] - op[8192, FUSED_FB][i] for part, i in (("all", 0),
+                                                                          ("GEMMs", 2))}
+assert [round(v) for v in (less["all"] - less["GEMMs"], less["GEMMs"])] == [103, 122]
+dxdw = {p: sum(r["us_per_step"] for r in compare.read_csv(
+    RESULTS / "qkv_backward_profile-nvidia-h100-80gb-hbm3-20261206-1416.csv")
+    if r["tokens"] == 8192 and r["provider"] == p and r["kernel"].endswith(("_NNT", "_NTT")))
+    for p in (FUSED_FB, "unfused")}                  # cuBLAS's dX and dW kernels, by name
+assert round(dxdw["unfused"] - dxdw[FUSED_FB]) == 97
+assert round(op[8192, FUSED_FB][1] / op[8192, "unfused"][1] - 1, 2) == 0.01        # "1 % longer"
+assert [round(s[8192, p][0] / s[8192, p][1], 2) for s in (op, eg) for p in (FUSED_FB, "unfused")] \
+    == [0.87, 1.01, 0.97, 1.01]
+assert round(1 - eg[8192, FUSED_FB][1] / eg[8192, "unfused"][1], 2) == 0.06       # "6 % faster"
+assert host_us["fused (operator) forward+backward"] > host_us["fused forward+backward"] \
+    > host_us["unfused forward+backward"]
+assert (host_us["fused (operator) forward+backward"] - host_us["fused forward+backward"]
+        > host_us["fused forward+backward"] - host_us["unfused forward+backward"])  # "most of"
+# the same run's forward alone (no_grad), kernels only: cuBLAS, the bare GEMM, fused, unfused
+fwd_prof = {}
+FWD_PROFILE = RESULTS / "qkv_forward_profile-nvidia-h100-80gb-hbm3-20261206-1505.csv"
+for r in compare.read_csv(FWD_PROFILE):
+    fwd_prof.setdefault(r["provider"], {})[r["kernel"]] = r["us_per_step"]
+epilogue_dev = fwd_prof["fused"]["_qkv_rope_fwd_tma_kernel"] \
+    / fwd_prof["triton_gemm"]["_qkv_rope_fwd_tma_kernel"] - 1
+fused_dev = sum(fwd_prof["fused"].values()) / sum(fwd_prof["unfused"].values())
+print(f"the forward, kernels only: the epilogue {epilogue_dev:+.1%} over the bare GEMM; "
+      f"fused / unfused {fused_dev:.3f}")
+assert round(100 * epilogue_dev, 1) == 3.2 and round(fused_dev, 2) == 0.95
+
+
+def one_step(step, queued, flush, on_gpu):
+    """One call of step() after an L2 flush: (its event time in ms, nan off a GPU; the host's
+    ms to issue it). queued: a device-side wait is enqueued first, so the device reaches the
+    step only after the host has launched all of it."""
+    if on_gpu:
+        torch.cuda.synchronize()
+    flush.zero_()
+    if on_gpu:
+        if queued:
+            torch.cuda._sleep(20_000_000)           # cycles: about 10 ms at an H100's clock
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+    t0 = time.perf_counter()
+    step()
+    host = (time.perf_counter() - t0) * 1e3
+    if not on_gpu:
+        return float("nan"), host
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end), host
+
+
+def host_split_steps(M, K, HQ, HK, D, dtype):
+    """{name: step()} for the fused and the unfused projection, forward (no_grad) and
+    forward+backward, after checking they agree (outputs, and x's gradient)."""
+    H = HQ + 2 * HK
+    x = torch.randn(M, K, device=device, dtype=dtype, requires_grad=True)
+    w = (torch.randn(H * D, K, device=device) / K ** 0.5).to(dtype).requires_grad_()
+    angles = ropelib.rope_angles(D, base=500000.0, device=device)
+    grads = [torch.randn(1, M, h, D, device=device, dtype=dtype) for h in (HQ, HK, HK)]
+
+    def fused():
+        return ropelib.qkv_rope_linear(x[None], w, n_heads=HQ, n_kv_heads=HK, head_dim=D,
+                                       angles=angles)
+
+    def unfused():
+        q, k, v = F.linear(x, w).view(1, M, H, D).split((HQ, HK, HK), dim=2)
+        return (*ropelib.apply_rope_qk(q, k, layout="bshd", angles=angles), v)
+
+    def forward(fn):
+        def step():
+            with torch.no_grad():
+                fn()
+        return step
+
+    def forward_backward(fn):
+        def step():
+            x.grad = w.grad = None
+            torch.autograd.backward(fn(), grads)
+        return step
+
+    got = {}
+    for name, fn in (("fused", fused), ("unfused", unfused)):
+        forward_backward(fn)()
+        got[name] = [t.detach().float() for t in fn()] + [x.grad.float()]
+    for a, b in zip(got["fused"], got["unfused"]):          # q, k, v, dL/dx
+        assert (a - b).abs().max() <= 2.0**-5 * b.abs().max(), (a - b).abs().max()
+    return {f"{name} {kind}": wrap(fn) for kind, wrap in (("forward", forward),
+                                                          ("forward+backward", forward_backward))
+            for name, fn in (("fused", fused), ("unfused", unfused))}
+
+
+on_gpu = torch.cuda.is_available()
+if on_gpu:
+    r = measured("nvidia-h200", "cublas", "fwd", min(TOKENS))         # the benchmark's shape
+    shape_h = (r["tokens"], r["hidden"], r["HQ"], r["HK"], r["D"])
+    rounds_h, dtype_h = 11, torch.bfloat16
+else:            # the same code on a tiny shape, in the interpreter; nothing is timed
+    shape_h, rounds_h, dtype_h = (16, 32, 2, 1, 16), 2, torch.float32
+steps_h = host_split_steps(*shape_h, dtype_h)
+flush_h = torch.empty(FLUSH_BYTES if on_gpu else 1, dtype=torch.int8, device=device)
+for step in steps_h.values():
+    step()                                                      # compiled and warm
+split = {name: {"idle": [], "queued": [], "host": []} for name in steps_h}
+for i in range(rounds_h):
+    for name, step in steps_h.items():
+        for queued in ((False, True) if i % 2 else (True, False)):
+            ms, host = one_step(step, queued, flush_h, on_gpu)
+            split[name]["queued" if queued else "idle"].append(ms)
+            if not queued:
+                split[name]["host"].append(host)
+assert all(len(v) == rounds_h for s in split.values() for v in s.values())
+if not on_gpu:
+    print(f"No GPU here: ran the four steps on {shape_h[0]} tokens, {rounds_h} rounds, untimed. "
+          "On a GPU this cell prints, for each, the idle-start and the queued time, the "
+          "device's wait (their difference) and the host's time to issue the step, medians of "
+          "11 rounds, with the sign test of idle start against queued.")
+else:
+    gpu = torch.cuda.get_device_name()
+    print(f"{gpu}, {shape_h[0]} tokens, medians of {rounds_h} rounds, ms: idle start (as "
+          "do_bench), queued (the device's own), the device's wait, the host's time to issue")
+    waits = {}
+    for name, s in split.items():
+        c = round_stats.paired_rounds(s["queued"], s["idle"])
+        med = {k: statistics.median(v) for k, v in s.items()}
+        waits[name] = statistics.median(a - b for a, b in zip(s["idle"], s["queued"]))
+        print(f"  {name:26} idle start {med['idle']:.3f}, queued {med['queued']:.3f}, wait "
+              f"{waits[name]:+.3f} ({waits[name] / med['idle']:.1%} of the wall time; queued "
+              f"faster in {c['a_wins']} of {c['rounds']} rounds, p {c['p']:.4f}), host "
+              f"{med['host']:.3f}")
+        assert waits[name] <= med["host"] + 0.1 * med["queued"], name  # waits only for the host
+        assert waits[name] >= -0.1 * med["queued"], name               # queued is not slower
+    for kind in ("forward", "forward+backward"):
+        f, u = ({k: statistics.median(v) for k, v in split[f"{p} {kind}"].items()}
+                for p in ("fused", "unfused"))
+        print(f"  {kind}: fused / unfused, idle start {f['idle'] / u['idle']:.3f}, queued "
+              f"{f['queued'] / u['queued']:.3f}; the fused step's wait minus the unfused one's "
+              f"{waits['fused ' + kind] - waits['unfused ' + kind]:+.3f} ms")
+
+# %% [markdown]
 # ## 8. On a GPU: your kernel, live
 #
 # On a GPU the next cell checks your epilogue kernel (the worked one if yours did not pass) at
@@ -1371,9 +1583,9 @@ assert shipped["dx_norm"] == (32, 128, 8, 4, 3)            # its own tile: 32 x 
 # difference is your rotation's cost, resolved only if it exceeds the two timings' p20–p80
 # spreads. If your launch trails cuBLAS as far with its rotation off as on, the gap is in the
 # main loop (fixed 64 × 64 tiles, pointer loads): change the tiles in `teaching()` and rerun.
-# It also times fused and unfused in five rounds; on an H200 it asserts fused over
-# unfused time below 1.15 (7.1's runs: 0.98 to 1.00; the pointer-loaded forward, at 1.26 to
-# 1.30, would fail it); elsewhere it only prints.
+# It also times fused and unfused in five rounds (wall times, the host's share in them: 7.5);
+# on an H200 it asserts fused over unfused time below 1.15 (7.1's runs: 0.98 to 1.00; the
+# pointer-loaded forward, at 1.26 to 1.30, would fail it); elsewhere it only prints.
 
 # %%
 # 7.1's shuffled forward runs at this shape: fused over unfused time, from the medians of their
@@ -1620,16 +1832,21 @@ else:
 # - An epilogue works on the finished output tile in registers, before its one store;
 #   rotate-half needs whole heads in a tile, cheapest as one accumulator split in the epilogue
 #   (sections 2 to 4).
-# - On the H200 the epilogue costs 4.4 to 4.6 % over the bare GEMM, and the fused forward runs
-#   close to the unfused pipeline: 0.984 of its time from a table (resolved), 1.004 from angles
-#   (not resolved). In one run on an H100 it runs ahead: 0.955 from a table (resolved), 0.964
-#   from angles (not resolved) (7.1). It gets there only with a main loop close to cuBLAS's
-#   (7.2) and an epilogue that fits in registers (7.3).
+# - On the H200 the epilogue costs 4.4 to 4.6 % over the bare GEMM by the wall clock (an H100's
+#   kernels alone: 3.2 %, 7.5), and the fused forward runs close to the unfused pipeline: 0.984
+#   of its time from a table (resolved), 1.004 from angles (not resolved). In one run on an
+#   H100 it runs ahead: 0.955 from a table (resolved), 0.964 from angles (not resolved) (7.1).
+#   It gets there only with a main loop close to cuBLAS's (7.2) and an epilogue that fits in
+#   registers (7.3).
 # - A backward prologue re-forms $dY$ in every column block. The shipped backward, $dY$ written
 #   once and dX and dW handed to cuBLAS, is 2.6 times as fast as ropelib's prologue GEMMs; of
 #   that, writing $dY$ once is 1.3 times (the same Triton GEMMs either way) and cuBLAS's GEMMs
 #   over Triton's the other 2.0 (7.4). Forward+backward against the unfused pipeline is not
-#   told apart.
+#   told apart on either GPU.
+# - A wall time holds the host's time too. Through the operator route the fused
+#   forward+backward did 12 % less device work than the unfused one on an H100 yet took longer,
+#   the device idle while the host dispatched, checked and planned; 7.5's cell measures that
+#   wait live.
 # - Time in shuffled rounds before believing a few per cent: a fixed order lowered the
 #   variants' speeds by up to 13 % (Appendix B).
 # - GPUs without TMA, odd head counts and partial rotary get the slower pointer-loaded forward.
@@ -1723,9 +1940,10 @@ programs an SM at {q5_two} registers a thread (the accumulator, one cos and one 
 #
 # **Cell by cell**, the next cell prints every pair's median ratio, range, wins and $p$.
 #
-# **Forward+backward**: seven shuffled rounds (seed 0) on the H200, every fused output checked
-# against the unfused one; the CSVs keep only each variant's median and range of
-# $t_{\text{unfused}} / t$ (above 1: faster), which the cell prints, and no rounds to pair.
+# **Forward+backward**: seven shuffled rounds (seed 0) a run, one run on the H200 and six on
+# H100s, every fused output checked against the unfused one; the CSVs keep only each variant's
+# median and range of $t_{\text{unfused}} / t$ (above 1: faster), which the cell prints, and no
+# rounds to pair.
 
 # %%
 print(f"{H200}, forward, seed 1: t_a / t_b round by round, median (range) a's wins-b's wins p")
@@ -1754,6 +1972,27 @@ for label, name in ROWS_FB.items():
                                     for t in TOKENS))
 assert all(r["low"] < 1 < r["high"] for r in fb.values())         # "not resolved"
 assert "round_ms" not in fb[DY_ONCE, 8192]                          # no rounds kept to pair
+# the same probe's shuffled runs on H100s (seed 0), the fused projection and QK-norm from angles
+fb_h100 = {}
+for stem, stamps, name in (("qkv_dy_rounds", ("20261205-1731", "20261205-2129", "20261205-2137",
+                                              "20261206-1416"), DY_ONCE),
+                           ("qkv_dy_rounds_qk_norm", ("20261205-1821", "20261205-2131"),
+                            "fused, dY written, QK-norm")):
+    for stamp in stamps:
+        path = RESULTS / f"{stem}-nvidia-h100-80gb-hbm3-{stamp}.csv"
+        meta = compare.read_meta(path)
+        assert meta["gpu"] == "NVIDIA H100 80GB HBM3" and meta["rounds_order"] == "shuffled"
+        for r in compare.read_csv(path):
+            if r["provider"] == name:
+                assert r["rounds"] == 7 and r["max_rel_diff"] <= 2.0**-5
+                fb_h100[name, stamp, r["tokens"]] = r
+print("the same on H100s, one run a line: median (least-most of the rounds) at", TOKENS, "tokens")
+for name, stamp in dict.fromkeys(key[:2] for key in fb_h100):
+    cells_ = [fb_h100[name, stamp, t] for t in TOKENS]
+    print(f"  {name:28} {stamp}" + "".join(
+        f"{r['unfused_ms_over_ms']:8.3f} ({r['low']:.3f}-{r['high']:.3f})" for r in cells_))
+assert len(fb_h100) == 12 and all(r["low"] < 1 < r["high"] for r in fb_h100.values())
+assert rounded_range(r["unfused_ms_over_ms"] for r in fb_h100.values()) == (0.99, 1.07)
 
 
 # %% [markdown]
@@ -1769,13 +2008,13 @@ assert "round_ms" not in fb[DY_ONCE, 8192]                          # no rounds 
 #
 # **The first design.** The pointer-loaded forward executes 0.95 times the probe's instructions
 # at 1.29 times the cycles each, 1.23 in all, against 1.22 in time. The stall reasons account
-# for 1.6 of its 1.8 extra cycles an instruction: a **dispatch stall** +2.0, less waiting at
-# barriers ($-1.5$), and **LG throttle** +0.4. The dispatch stall, the largest, belongs to the
-# pointer-loaded loop (its bare GEMM shows 2.3 too); which conflict held the dispatch, the
-# counter does not say. The LG throttle, a full queue of global-memory instructions, is the part
-# the loop's loads plausibly explain: 32 `cp.async` a thread at this tile (8 a stage, 4 stages;
-# the committed sm_90 listing) against the probe's 8 TMA loads (2 a stage, each issued once for a
-# whole tile). Neither link is measured: one profile shows where the warps wait, not why.
+# for 1.6 of its 1.8 extra cycles an instruction: a **dispatch stall** (the next instruction was
+# ready, the SM's dispatch unit held it back) +2.0, less waiting at barriers ($-1.5$), and **LG
+# throttle** (a full queue of global-memory instructions) +0.4. The dispatch stall belongs to
+# the pointer-loaded loop (its bare GEMM shows 2.3 too). The loads
+# differ in the committed sm_90 listing: 32 `cp.async` a thread at this tile (8 a stage, 4
+# stages) against the probe's 8 TMA loads, each issued once for a whole tile. Which stall they
+# cause, one profile does not say.
 #
 # **The probe's bare GEMM is no baseline at this tile** (section 3): without its epilogue the
 # probe took 1022 µs against 728 µs with it, waiting at barriers 4.85 cycles an instruction
