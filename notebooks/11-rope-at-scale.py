@@ -17,29 +17,26 @@
 # # 11 — RoPE at scale: context parallelism, and decoding with the fused cache write
 #
 # Two places where RoPE meets a large system. In **training on long sequences**, one sequence
-# no longer fits on one GPU and is split across several: each GPU must rotate its tokens by
-# where they sit in the *whole* sequence, and the split must give every GPU the same amount of
-# causal attention to do. In **generation**, every new token's key is rotated once and stored
-# in a KV cache, contiguous or paged, possibly in fp8; ropelib does the rotation and the store
-# in one kernel.
+# is split across GPUs: each must rotate its tokens by where they sit in the *whole* sequence,
+# and the split must give every GPU the same causal attention work. In **generation**, every
+# new token's key is rotated once and stored in a KV cache, contiguous or paged, possibly in
+# fp8; ropelib does the rotation and the store in one kernel.
 #
 # **After this notebook you will be able to**
 #
-# - explain why a causal mask makes a contiguous split of the sequence unbalanced, and why
-#   Transformer Engine's dual-chunk split (rank $r$ holds chunks $r$ and $2c-1-r$ of $2c$)
-#   balances it exactly;
+# - explain why a causal mask unbalances a contiguous split, and why Transformer Engine's
+#   dual-chunk split (rank $r$ holds chunks $r$ and $2c-1-r$ of $2c$) balances it exactly;
 # - rotate a rank's shard at its global positions with `apply_rope(..., cp_size, cp_rank)`;
-# - run context-parallel training with two processes and check that it computes the loss one
-#   process computes, then read committed runs of two ranks on two H200s over NCCL;
-# - follow one decoding step of `ropelib.rope_kv_cache` into a contiguous and a paged
-#   (block-table) KV cache, and write that fused RoPE + cache-write kernel yourself, for both;
+# - check that two processes compute one process's loss, and read committed runs of two ranks
+#   on two H200s;
+# - write the fused RoPE + KV-cache write kernel for a contiguous and a paged cache;
 # - choose the scale of an fp8 cache and say what error it costs;
 # - read what fusion saves at decode (bytes, kernels, replayed time), and read in sm_90 machine
 #   code what the worked kernel's one program does that ropelib's 40 do not.
 #
-# **Time:** about 75 minutes to read, 50 for exercises 1–4, 20 for the optional fifth. On a
-# first pass read each part's question and answer. Measured numbers in the text are read from
-# CSVs in `benchmarks/results/` (NVIDIA H200s); cells that time live on a GPU name that GPU.
+# **Time:** about 75 minutes to read, 50 for exercises 1–4, 20 for the optional fifth.
+# Measured numbers in the text are read from CSVs in `benchmarks/results/` (NVIDIA H200s);
+# cells that time live on a GPU name that GPU.
 
 # %%
 import os, torch
@@ -71,7 +68,7 @@ from ropelib import context_parallel as cp
 from ropelib.course import context_parallel_training as cpt
 from ropelib.course.exercises import at_scale as ex
 from ropelib.course.exercises import solution
-from ropelib.course.model import GPT, CharDataset, GPTConfig, KVCache, forward_cached, generate
+from ropelib.course.model import GPT, CharDataset, GPTConfig
 
 ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "ropelib").is_dir())
 RESULTS = ROOT / "benchmarks" / "results"
@@ -85,11 +82,10 @@ print(ropelib.runtime.mode(), "| device:", device, "| figures go to", FIGURES)
 # *Question: how do you split one sequence over $c$ GPUs so that every GPU has the same
 # attention work, and what must RoPE do on each?*
 #
-# Activations grow with the sequence length $S$. Context parallelism (CP) splits every sequence
-# over $c$ ranks, so each rank keeps $S/c$ tokens of every layer. Everything in a transformer
-# layer is per token except attention: a query needs the keys and values of every earlier
-# token. So each rank all-gathers k and v (every rank receives every rank's k and v:
-# `ropelib.context_parallel`; ring attention passes them round instead), and computes
+# Context parallelism (CP) splits every sequence over $c$ ranks, so each rank keeps $S/c$
+# tokens of every layer's activations. Everything in a layer is per token except attention: a
+# query needs the keys and values of every earlier token. So each rank all-gathers k and v
+# (`ropelib.context_parallel`; ring attention passes them round instead) and computes
 # attention for its own queries only.
 #
 # Under a causal mask the query at position $p$ attends $p+1$ keys: the work of a row grows
@@ -110,8 +106,7 @@ print(ropelib.runtime.mode(), "| device:", device, "| figures go to", FIGURES)
 # the same for every rank: exactly $1/c$ of the $S(S+1)/2$ (query, key) pairs. With $S=8$ and
 # $c=2$: rank 0 holds positions 0 1 | 6 7, rank 1 holds 2 3 | 4 5.
 #
-# Transformer Engine uses the split with a ring and with an all-gather (this notebook's
-# scheme). The figure colours each (query, key) pair by the rank that computes it.
+# The figure colours each (query, key) pair by the rank that computes it.
 
 # %%
 def mask_by_rank(S, cp_size, split):
@@ -173,17 +168,11 @@ cont = shares["contiguous"]
 print(f"contiguous, S={S}: rank 1 has {cont[1] / cont[0]:.2f} times rank 0's pairs; "
       f"busiest / mean at c={sizes[-1]}: contiguous {imbalance['contiguous'][-1]:.3f}, "
       f"dual-chunk {imbalance['dual-chunk'][-1]:.3f}")
-assert 2.5 < cont[1] / cont[0] < 3                          # "almost three times"
 assert all(a < b for a, b in zip(imbalance["contiguous"], imbalance["contiguous"][1:]))
 assert 1.9 < imbalance["contiguous"][-1] < 2                # growing towards 2
 assert all(v == 1 for v in imbalance["dual-chunk"])         # exactly 1
-assert shares["dual-chunk"] == [68] * CP, "the text's 68 pairs on each rank"
 
 # %% [markdown]
-# The contiguous split gives rank 1 almost three times rank 0's pairs; the dual-chunk split
-# gives both ranks 68. On the right, the busiest rank's share tends to twice the mean under the
-# contiguous split and stays at exactly 1 under the dual-chunk one.
-#
 # ### RoPE at global positions
 #
 # A rank holds $S/c$ tokens, but they are not positions $0 \ldots S/c-1$: rank 0 of the $S=8$
@@ -269,25 +258,23 @@ solution(ex.solution_dual_chunk_positions)
 # process computes?*
 #
 # `benchmarks/cp_train.py` trains ropelib's small GPT (notebook 09) with the sequence split
-# over the processes `torchrun` starts, talking through NCCL (one GPU per process) or gloo
-# (also on CPUs). Per step, each rank
+# over the processes `torchrun` starts. Per step, each rank
 #
 # 1. takes the same batch (the same seed on every rank) and keeps its dual-chunk `shard`;
 # 2. in every layer rotates its q and k at their global positions, all-gathers k and v, and
-#    runs `dual_chunk_attention` (the backward of the all-gather is a reduce-scatter: each
-#    rank receives, summed over the ranks, the gradients of its own k and v);
-# 3. averages the gradients over the ranks (one all-reduce: every rank receives the sum) and
-#    steps AdamW.
+#    runs `dual_chunk_attention` (the all-gather's backward is a reduce-scatter: each rank
+#    receives, summed over the ranks, the gradients of its own k and v);
+# 3. averages the gradients over the ranks (one all-reduce) and steps AdamW.
 #
-# Every rank holds as many tokens, so the mean of the ranks' losses is the batch's loss.
-# Averaging the gradients is right although this is not data parallelism: a rank's k and v
-# served every rank's queries, and the reduce-scatter brings those gradients back; summed over
-# the ranks they are the gradients of the sum of the losses.
+# Every rank holds as many tokens, so the mean of the ranks' losses is the batch's loss; and
+# since the reduce-scatter brings each rank the gradients its k and v earned from every rank's
+# queries, the summed gradients are those of the sum of the losses.
 #
-# With `--dry-run` the script trains a tiny model for 3 steps in fp32; rank 0 then trains the
-# same model on the same batches in one process (`--compare-single`), and the CSV holds both
-# losses. On a CPU the ranks use gloo and the interpreter; on one GPU, gloo with both ranks on
-# it (NCCL refuses to share a GPU); on two, NCCL. The CSV's header records which ran.
+# With `--dry-run` the script trains a tiny model for 3 steps in fp32, then rank 0 trains the
+# same model on the same batches in one process; the CSV holds both losses. Each rank rotates
+# with `apply_rope_qk`, ropelib's kernel (the model has no PyTorch fallback): on a CPU in the
+# interpreter, over gloo; on one GPU compiled, both ranks on it, over gloo (NCCL refuses to
+# share a GPU); on two, NCCL. The CSV's header records which ran.
 
 # %%
 def free_port() -> int:
@@ -315,8 +302,8 @@ print(proc.stdout[-2500:])
 assert proc.returncode == 0, proc.stderr[-3000:]
 
 # %% [markdown]
-# The CSV starts with `# key: value` lines (versions, sizes, a summary) and has one row per
-# step. The same functions read (and, in appendix A.2, draw) the committed GPU runs.
+# The CSV has a `# key: value` header (versions, sizes, a summary) and a row per step; the
+# same functions read and draw the committed GPU runs.
 
 # %%
 def read_cp_run(path) -> dict:
@@ -353,32 +340,30 @@ def plot_cp_run(run, ax, one_gpu=None):
 
 dry = read_cp_run(dry_csv)
 shutil.rmtree(scratch, ignore_errors=True)       # the run's scratch folder: read, not kept
-diffs = [abs(a - b) for a, b in zip(dry["loss"], dry["single_loss"])]
-ran_on = f"{dry['meta']['device']}, {dry['meta']['backend']}, rope {dry['meta']['rope']}"
-# the columns keep 6 decimals; the header's max_loss_diff is taken before that rounding
+ran_on = (f"{dry['meta']['mode']}: {dry['meta']['device']}, {dry['meta']['backend']}, "
+          f"rope {dry['meta']['rope']}")
+# the header's max_loss_diff is taken before the columns' rounding to 6 decimals
 exact_diff = float(dry["meta"]["max_loss_diff"])
 fp32_ulp = 2.0 ** (math.frexp(max(dry["loss"]))[1] - 24)      # spacing of fp32 at the loss
 print(f"loss, 2 ranks:  {dry['loss']}")
 print(f"loss, 1 process: {dry['single_loss']}")
 ulps = exact_diff / fp32_ulp                    # the distance, in fp32 ulps of the loss
-print(f"max |difference| of the 6-decimal columns = {max(diffs):.2e}; before rounding "
-      f"(max_loss_diff) {exact_diff:.3g} = {ulps:.2f} fp32 ulps of the loss "
+print(f"max |difference| {exact_diff:.3g} = {ulps:.2f} fp32 ulps of the loss "
       f"({dry['meta']['dtype']}; {ran_on}; asserted: at most 4 ulps)")
 assert dry["cp_size"] == 2 and len(dry["loss"]) == 3 and None not in dry["single_loss"]
 assert dry["meta"]["rope"] == "ropelib" and dry["meta"]["dtype"] == "fp32"
 assert dry["meta"]["device"].startswith("cuda" if ropelib.runtime.on_gpu() else "cpu")
+assert dry["meta"]["mode"] == ropelib.runtime.mode()   # on a GPU: compiled, not interpreted
 want_backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= 2 else "gloo"
 assert dry["meta"]["backend"] == want_backend, (dry["meta"]["backend"], want_backend)
-assert fp32_ulp < 1e-6                            # 6 decimals are coarser than the loss's ulp
-assert max(diffs) <= exact_diff + 1e-6 + 1e-9     # each column rounds by half a unit at most
 assert ulps <= 4 * (1 + 1e-2)                     # a few fp32 ulps (max_loss_diff has 3 digits)
-assert len(set(dry["loss"])) == 3                 # it trained: the loss moved every step
+assert len(set(dry["loss"])) == 3                 # a new batch, and new weights, each step
 
 # %% [markdown]
 # **Answer:** yes, to fp32 rounding: the losses agree to at most 4 ulps (the gap between
 # neighbouring fp32 numbers near the loss). Not to the bit: two attention chunks and the
-# all-reduce add in another order. `tests/test_context_parallel.py` also compares every
-# parameter's gradient.
+# all-reduce add in another order. Each step's loss is of a new batch of 32 characters, so the
+# three need not fall: this is a check of agreement, not a training curve.
 #
 # ## 3. The GPU run
 #
@@ -394,36 +379,18 @@ assert len(set(dry["loss"])) == 3                 # it trained: the loss moved e
 #         --out benchmarks/results/cp-1gpu-nvidia-h200.csv
 #
 # The runs' lengths differ, which changes their learning-rate schedules after step 2 but not
-# their memory or time per step. Each configuration ran once: run-to-run spread is not
-# measured. The cell reads the newest run of each size and adds up a rank's peak memory.
+# their memory or time per step. Each ran once: run-to-run spread is not measured.
 
 # %%
-def newest_cp_runs(folder) -> dict:
-    """{cp_size: the newest run (by its `# date:`)} of the cp-*.csv files in folder."""
-    runs = {}
-    for path in sorted(Path(folder).glob("cp-*.csv")):
-        run = read_cp_run(path)
-        old = runs.get(run["cp_size"])
-        if old is None or run["meta"].get("date", "") > old["meta"].get("date", ""):
-            runs[run["cp_size"]] = run
-    return runs
-
-
-def report_cp_runs(runs) -> None:
-    print(f"{'ranks':>5} {'device':<24} {'seq_len':>8} {'steps':>5} {'tokens/s':>10} "
-          f"{'ms/step':>9}  peak GiB per rank   file")
-    for n, r in sorted(runs.items()):
-        m = r["meta"]
-        where = m["gpu"] if m.get("gpu", "none") != "none" else m.get("device", "?")
-        print(f"{n:>5} {where[:24]:<24} {m['seq_len']:>8} {m['steps']:>5} "
-              f"{float(m['tokens_per_s']):>10.0f} {float(m['ms_per_step']):>9.1f}  "
-              f"{m.get('peak_mem_gib_per_rank', ''):<18} {r['path'].name}")
-
-
-gpu_runs = newest_cp_runs(RESULTS)
+gpu_runs = {n: read_cp_run(RESULTS / f"cp-{n}gpu-nvidia-h200.csv") for n in (1, 2)}
 one, run = gpu_runs[1], gpu_runs[2]                 # one GPU; two ranks
 m = run["meta"]
-report_cp_runs(gpu_runs)
+print(f"{'ranks':>5} {'seq_len':>8} {'steps':>5} {'tokens/s':>10} {'ms/step':>9}  "
+      "peak GiB per rank")
+for n, r in gpu_runs.items():
+    print(f"{n:>5} {r['meta']['seq_len']:>8} {r['meta']['steps']:>5} "
+          f"{float(r['meta']['tokens_per_s']):>10.0f} {float(r['meta']['ms_per_step']):>9.1f}  "
+          f"{r['meta']['peak_mem_gib_per_rank']}")
 # the commands above: 12 steps on 2 ranks with a 2-step 1-process baseline; 6 steps on 1 GPU
 assert (m["steps"], m["single_process"].split(",")[0]) == ("12", "2 steps"), m
 assert one["meta"]["steps"] == "6", "the 1-GPU run: 6 steps"
@@ -451,15 +418,12 @@ assert round(peak_rank / peak_one, 2) == 0.55, "each rank: 55 % of it"
 assert abs(estimate - peak_rank) < 1, "the parts add up to within 1 GiB"
 
 # %% [markdown]
-# One GPU peaks at 65.12 GiB; each of two ranks at 55 % of that, within 1 GiB of the sum of
-# its parts: half of one GPU's activations, the other rank's k and v for every layer (kept for
-# the backward), and the full weights, gradients and optimizer state, which CP does not split.
-#
-# **Speed, over the same steps.** The next cell averages the steps both runs have, 2 to 6.
+# A rank keeps half of one GPU's activations, the other rank's k and v for every layer (kept
+# for the backward), and the full weights, gradients and optimizer state, which CP does not
+# split. **Speed:** the next cell averages the steps both runs have, 2 to 6.
 
 # %%
 STEPS_BOTH = range(2, min(len(one["ms"]), len(run["ms"])) + 1)      # steps 2 .. 6
-tokens = int(m["seq_len"]) * int(m["batch_size"])                   # whole-batch tokens a step
 mean_ms = {n: statistics.mean(r["ms"][s - 1] for s in STEPS_BOTH) for n, r in ((1, one), (2, run))}
 speedup = mean_ms[1] / mean_ms[2]                                   # tokens/s, 2 ranks / 1 GPU
 spread = {n: max(r["ms"][1:]) / min(r["ms"][1:]) - 1 for n, r in ((1, one), (2, run))}
@@ -470,27 +434,13 @@ print(f"every step after the first, slowest / fastest: 1 GPU +{spread[1]:.2%}, "
 assert list(STEPS_BOTH) == [2, 3, 4, 5, 6]
 assert round(speedup, 2) == 1.30, "1.30 x one GPU's tokens/s"
 assert max(spread.values()) < 0.01, "every step within 1 % of the others"
-fig, ax = plt.subplots(figsize=(7, 3.6))
-for n, r, style in ((1, one, "o--"), (2, run, "s-")):
-    ax.plot(r["step"], r["ms"], style, ms=4,
-            label=f"{'1 GPU' if n == 1 else f'{n} ranks'}, a {r['meta']['steps']}-step run")
-ax.axvspan(STEPS_BOTH[0] - 0.3, STEPS_BOTH[-1] + 0.3, color="tab:gray", alpha=0.15,
-           label=f"steps compared: {STEPS_BOTH[0]}-{STEPS_BOTH[-1]}")
-ax.set(xlabel="step", ylabel="ms per step (wall clock)", yscale="log",
-       title=f"measured on {m['gpu']}s: S={m['seq_len']}, {m['dtype']}; step 1 compiles")
-ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-ax.legend(fontsize=8)
-ax.grid(alpha=0.3, which="both")
-fig.tight_layout()
-plt.show()
 
 # %% [markdown]
-# After step 1 every step is within 1 % of the others: two ranks are 1.30 times as fast as
-# one GPU, not twice (appendix A.1 asks why).
+# Two ranks are 1.30 times as fast as one GPU, not twice (appendix A.1 asks why).
 #
-# **Loss.** Both runs start from the same weights and batches but compare at steps 1 and 2
-# only: from the second update on, the 6-step run's cosine schedule takes smaller steps
-# (appendix A.2).
+# **Loss.** Both runs start from the same weights and batches and climb for three steps
+# before they fall (appendix A.2: no warm-up); they compare at steps 1 and 2 only, since from
+# the second update on the 6-step run's cosine schedule takes smaller steps.
 
 # %%
 one_loss, two_loss = one["loss"], run["loss"]
@@ -503,7 +453,7 @@ assert len(base) == 2 and all(abs(a - b) < 1e-4 for a, b in zip(base, one_loss))
 assert max(abs(a - b) for a, b in zip(two_loss[:2], one_loss[:2])) < 1e-3
 assert abs(two_loss[2] - one_loss[2]) > 0.1, "the losses part at step 3"
 for name, curve in (("1 GPU", one_loss), ("2 ranks", two_loss)):
-    assert curve[1] > curve[0] and curve[-1] < max(curve), f"{name}: climbs, then falls"
+    assert curve[0] < curve[1] < curve[2] < curve[3] > curve[4], f"{name}: climbs 3 steps"
 
 # %% [markdown]
 # **Answer:** per rank, 55 % of one GPU's peak memory; 1.30 times its speed, not twice; the
@@ -532,9 +482,10 @@ def fit_s2_s(t1, t2):
     return a, t1 / S1 - a * S1
 
 
-def rounds_to(x, stated, step=1.0):
-    """True when x, rounded to `step` as the text rounds it, is the number the text states."""
-    return abs(x - stated) <= step / 2 + 1e-9
+def as_stated(measured, stated, step=0.1):
+    """True when every measured number, rounded to `step` as the text rounds it, is the number
+    the text states: each lies within half a step of it."""
+    return all(abs(m - s) <= step / 2 + 1e-9 for m, s in zip(measured, stated, strict=True))
 
 
 terms = {}                                # ms per step at S2: (S^2 term, linear term)
@@ -561,7 +512,7 @@ assert S2 == 131072, "the long runs: 131072 tokens"
 assert round(ms_step[2, "long"]) == 2772, "two ranks: 2772 ms a step"
 assert round(ms_step[1, "long"] / 2) == 1808, "half of one GPU's step: 1808 ms"
 assert round(excess["long"]) == 964, "the split costs 964 ms"
-assert rounds_to(sq_excess, 750), "750 ms of it in the S^2 term"
+assert as_stated((sq_excess,), (750,), step=1), "750 ms of it in the S^2 term"
 assert sq_excess > 3 * lin_excess          # most of the shortfall grows with S^2
 assert round(half[0] / terms[2][0], 2) == 0.68, "68 % of one GPU's rate"
 assert round(lin_excess) == 214, "the linear term's 214 ms"
@@ -589,11 +540,6 @@ assert round(need_gbs) == 33, "33 GB/s to fill 214 ms"
 assert round(at_link_ms) == 16, "about 16 ms over NVLink"
 
 # %% [markdown]
-# **Takeaway:** with RoPE at global positions, the dual-chunk split computes one process's loss
-# to fp32 rounding (section 2); on two H200s each rank needs 55 % of one GPU's memory and the
-# step runs 1.30 times as fast. Appendix A.1 splits the shortfall: mostly attention, where a
-# rank's masked calls reach PyTorch's flash kernel rather than cuDNN's.
-#
 # ## 4. Decoding with the fused cache write
 #
 # *Questions: what does a decoding step write into a contiguous or a paged KV cache, how is
@@ -602,16 +548,13 @@ assert round(at_link_ms) == 16, "about 16 ms over NVLink"
 #
 # ### What a KV cache holds
 #
-# A language model generates one token at a time, and the new token attends to the keys and
-# values of every earlier one, which each layer keeps in a **KV cache**. With RoPE the cached
-# key is the *rotated* key $R_p k_p$: rotated once, at its position $p$, when it is written.
-#
-# So a decoding step of one layer does, for each sequence $b$ of the batch at its own length
-# $\ell_b$ (`cache_seqlens`): rotate $q$ and $k$ at position $p = \ell_b$, store the rotated
-# $k$ and the $v$ at slot $p$, then attend over slots $0 \ldots p$. `ropelib.rope_kv_cache`
-# does the rotation and the store in one launch.
-#
-# Two layouts hold the cache:
+# A model generates one token at a time, and the new token attends to the keys and values of
+# every earlier one, which each layer keeps in a **KV cache**. With RoPE the cached key is the
+# *rotated* key $R_p k_p$, rotated once, when it is written. So a decoding step of one layer
+# does, for each sequence $b$ at its own length $\ell_b$ (`cache_seqlens`): rotate $q$ and $k$
+# at position $p = \ell_b$, store the rotated $k$ and the $v$ at slot $p$, then attend over
+# slots $0 \ldots p$. `ropelib.rope_kv_cache` does the rotation and the store in one launch,
+# into either layout:
 #
 # | layout | tensor | position $p$ of sequence $b$ |
 # |---|---|---|
@@ -713,14 +656,13 @@ solution(ex.solution_rope_kv_cache_kernel.fn, title="Solution: RoPE + contiguous
 # On a GPU the next cell times your kernel (the worked one until yours passes) against
 # `ropelib.rope_kv_cache` and the unfused step at the decode benchmark's sizes (q 32 heads, k
 # and v 8 of 128, bf16, a cache of 4096), batch 1 and 64, each step replayed alone from a CUDA
-# graph (`kv_cache_decode.time_step`). In the committed H200 run ropelib's fused step took
-# 6.4 µs at batch 1 and 7.4 at 64, the unfused one 20.4 and 21.5.
+# graph (`kv_cache_decode.time_step`), beside the committed H200 run.
 #
 # Why might the worked kernel trail ropelib's? Not its bytes (counted below: each once). On any
-# machine the cell compiles both for sm_90 (`ropelib.course.nb11_program_code`) and walks a
-# thread's SASS to its first store (libdevice's slow path for huge angles left out), counting
-# instructions, angles reduced (one multiply by $2/\pi$ each), loads, and the loads after the
-# last angle. `cs_table_kernel` is the worked kernel with cos and sin read from tables.
+# machine the cell compiles both, and `cs_table_kernel` (the worked kernel with cos and sin
+# read from tables), for sm_90 (`ropelib.course.nb11_program_code`) and walks a thread's SASS
+# to its first store (libdevice's slow path for huge angles left out), counting instructions,
+# angles reduced (one multiply by $2/\pi$ each), loads, and the loads after the last angle.
 
 # %%
 from ropelib.bench import kv_cache_decode
@@ -735,9 +677,6 @@ assert compare.read_meta(DECODE)["gpu"] == "NVIDIA H200", DECODE.name
 csv_us = {(r["provider"], r["batch"]): r["ms"] * 1e3 for r in compare.read_csv(DECODE)
           if r.get("ms") and (r["cache"], r["cache_dtype"], r["mode"])
           == ("contiguous", "bfloat16", "graph")}
-stated_csv = {("fused", 1): 6.4, ("fused", 64): 7.4, ("unfused", 1): 20.4, ("unfused", 64): 21.5}
-for key, us in stated_csv.items():
-    assert abs(csv_us[key] - us) <= 0.05 + 1e-9, f"{key[0]} at batch {key[1]}: {us} us"
 
 # one program of each kernel, compiled for sm_90 at batch 1 (q 32 heads, k and v 8 of 128)
 code = program_code.compiled_programs(ex.solution_rope_kv_cache_kernel)
@@ -818,27 +757,25 @@ else:
           "one writes)")
 
 # %% [markdown]
-# **What the compile shows.** At batch 1 ropelib runs 40 one-warp programs, one head each. The
-# worked kernel is one program of 4 warps for all 40 heads, so on one SM: a thread reduces at
-# least twice a ropelib thread's angles before its first store (the cell prints both counts)
-# and some of its loads wait behind the last of them. With tables the angles vanish and the
-# path is shorter than ropelib's. On a GPU the last lines print the worked kernel's gap to
-# ropelib's and the part of it the tables close: where the two are about equal, evaluating sin
-# and cos is the gap (asserted: the tables close at least half of it at batch 1).
+# **What the compile shows.** At batch 1 ropelib runs 40 one-warp programs, one head each; the
+# worked kernel runs one program of 4 warps for all 40 heads, on one SM. A thread of it reduces
+# at least twice a ropelib thread's angles before its first store, and some of its loads wait
+# behind the last of them; with tables the angles vanish. On a GPU the last lines print the
+# worked kernel's gap to ropelib's and the part the tables close: where the two are about
+# equal, evaluating sin and cos is the gap (asserted: at least half of it at batch 1).
 #
 # ### What the fused write saves, in bytes
 #
 # The next cell runs one decoding step twice in Triton's interpreter under `access.record`
-# (notebook 03's tracer: the address of every lane each load and store touches) and sums the
-# bytes per tensor, at the decode benchmark's head sizes:
+# (notebook 03's tracer) and sums the bytes per tensor, at the decode benchmark's head sizes:
 #
-# - **fused**: exercise 2's worked kernel (and yours, once it passes, on a line of its own);
-# - **two kernels**: the same rotation with the rotated k written to memory
+# - **fused**: exercise 2's worked kernel (and yours, once it passes);
+# - **two kernels**: the same rotation writing the rotated k to memory
 #   (`ropelib.course.nb11_decode_traffic`), then the decode benchmark's write kernel
-#   (`ropelib.bench.cache_write`), which reads the rotated k back and stores it with v.
+#   (`ropelib.bench.cache_write`), which reads it back and stores it with v.
 #
-# It then converts the difference to time at the H200's peak bandwidth, beside what fusion
-# saved on the H200 (the committed decode run, contiguous bf16 cache).
+# It converts the difference to time at the H200's peak bandwidth, beside what fusion saved on
+# the H200 (the committed decode run, contiguous bf16 cache).
 
 # %%
 from collections import Counter
@@ -873,8 +810,6 @@ assert per_seq["two kernels"] - per_seq["fused"] == Counter(
     {("k_rot", "store"): 2 * HKd * Dd, ("k_rot", "load"): 2 * HKd * Dd, ("seqlens", "load"): 4})
 assert not per_seq["fused"] - per_seq["two kernels"]
 assert saved == 4100 and round(saved / total["fused"], 2) == 0.17, "4,100 bytes, 17 % more"
-q_share = (per_seq["fused"]["q", "load"] + per_seq["fused"]["q_out", "store"]) / total["fused"]
-assert round(3 * q_share) == 2, "two thirds of them q and q_out"
 
 H200_HBM_TBS = 4.8   # H200 SXM memory bandwidth, TB/s (NVIDIA's figure)
 print(f"\n{'B':>4}{'round trip':>12}{'at 4.8 TB/s':>13}   NVIDIA H200, measured: two kernels "
@@ -886,21 +821,20 @@ for b in (1, 8, 64, 256):
     print(f"{b:>4}{saved * b / 2 ** 10:>9.0f} KiB{byte_us[b]:>10.3f} us{gain_us[b]:>10.1f} us")
 assert all(byte_us[b] < 0.1 * gain_us[b] for b in byte_us), "bytes: under a tenth of the gain"
 assert round(saved * 256 / 2 ** 20, 1) == 1.0 and round(byte_us[256], 2) == 0.22
-assert rounds_to(min(gain_us.values()), 1.2, 0.1) and rounds_to(max(gain_us.values()), 2.9, 0.1)
+assert as_stated((min(gain_us.values()), max(gain_us.values())), (1.2, 2.9))
 
 # %% [markdown]
 # The two kernels move the rotated k out and back and read the position again: 4,100 bytes a
-# sequence, 17 % more than the worked kernel's 24,836 (two thirds of them q and q_out). Even
-# at a batch of 256 the round trip is 1.0 MiB: 0.22 µs at the H200's peak 4.8 TB/s (a
-# floor: small kernels run below peak; the rotated k may also stay in L2). Fusion saved 1.2 to
-# 2.9 µs a step on the H200, over ten times that. What else does the second kernel cost?
+# sequence, 17 % more than the worked kernel's 24,836. At a batch of 256 that round trip is
+# 1.0 MiB, 0.22 µs at the H200's peak 4.8 TB/s; fusion saved 1.2 to 2.9 µs a step there, over
+# ten times that. What else does the second kernel cost?
 #
 # ### What the fused write saves, in time
 #
 # On a GPU the next cell replays three versions of one decoding step, batch 1 and 64:
 # **fused** (the worked kernel), **fused + empty** (then a kernel that writes one element: one
-# more launch, no work) and **two kernels** (the last cell's). On any machine it first checks
-# that the three write the same q and caches.
+# more launch, no work) and **two kernels**. On any machine it first checks that the three
+# write the same q and caches.
 
 # %%
 split_shape = (dict(HQ=32, HK=8, D=128, L=4096) if ropelib.runtime.on_gpu()
@@ -941,13 +875,10 @@ else:
           f"say nothing")
 
 # %% [markdown]
-# How to read it: *gain* = two kernels − fused; *launch* = fused + empty − fused, one more
-# kernel with no work; *pass* = two kernels − (fused + empty), the second kernel's own work
-# (its bytes and its dependent reads: the position, then the rotated k and v). *launch* is a
-# fixed cost and should match at both batches; what grows with the batch is in *pass*. The last
-# line prints launch / gain: above one half, starting one more kernel is most of what fusion
-# saves (asserted at batch 1). The round trip's bytes alone take under a tenth of a
-# microsecond at peak, even at B=64.
+# How to read it: *gain* = two kernels − fused; *launch* = fused + empty − fused; *pass* = two
+# kernels − (fused + empty), the second kernel's own work. *launch* is a fixed cost; what grows
+# with the batch is in *pass*. Where launch / gain is above one half, starting one more kernel
+# is most of what fusion saves (asserted at batch 1).
 
 # %% [markdown]
 # ### Exercise 3: the slot of a position in a paged cache
@@ -1060,8 +991,8 @@ solution(ex.solution_rope_kv_paged_kernel.fn, title="Solution: RoPE + paged cach
 # %% [markdown]
 # The step of this section through the paged kernel (yours once it passes, the worked one until
 # then): the same slots as `ropelib.rope_kv_cache` wrote, the same values to fp32 rounding
-# (the two kernels round their products in another order: ropelib's computes each output with
-# one fused multiply-add, as Transformer Engine does).
+# (ropelib's kernel computes each output with one fused multiply-add, as Transformer Engine
+# does).
 
 # %%
 paged_kernel = my_rope_kv_paged_kernel if paged_ok else ex.solution_rope_kv_paged_kernel
@@ -1076,54 +1007,6 @@ print(f"{'your' if paged_ok else 'the worked'} paged kernel wrote pool slots",
 assert sorted((mine_k != before).any(-1).any(-1).nonzero().tolist()) == sorted(want)
 assert torch.allclose(mine_k, pool_k, atol=3e-5) and torch.equal(mine_v, pool_v)
 assert torch.allclose(q_mine, q_paged[:, 0], atol=3e-5)
-
-# %% [markdown]
-# ### Generating with the fused and the unfused path
-#
-# `ropelib.course.model.generate` decodes greedily with a KV cache of either layout, fused or
-# not; without a cache (`cache=None`) it reruns the whole sequence each step, the baseline.
-# The tiny untrained model's weights are drawn at std 0.3, not GPT-2's 0.02, at which greedy
-# decoding only repeats the prompt's last character.
-
-# %%
-data = CharDataset.from_pydoc_topics()
-cfg = GPTConfig(vocab_size=data.vocab_size, block_size=32, n_layer=2, n_head=2, n_embd=32)
-prompts = torch.tensor([data.encode("def f"), data.encode("class")], device=device)
-NEW = 6
-
-
-def drawn_model(std) -> GPT:
-    """The tiny GPT with matrices ~ N(0, std^2), gains ~ 1 and biases ~ 0 (spread 0.1)."""
-    model = GPT(cfg).to(device)
-    g = torch.Generator().manual_seed(3)  # drawn on the CPU: the same weights on any device
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * (std if p.dim() > 1 else 0.1)
-                    + (p.dim() == 1))
-    return model
-
-
-narrow = generate(drawn_model(0.02), prompts, NEW, cache=None)
-assert torch.equal(narrow[:, -NEW:], prompts[:, -1:].expand(-1, NEW))   # the last character
-model = drawn_model(0.3)
-outs = {"no cache": generate(model, prompts, NEW, cache=None)}
-for layout in ("contiguous", "paged"):
-    for fused in (True, False):
-        outs[f"{layout}, {'fused' if fused else 'unfused'}"] = generate(
-            model, prompts, NEW, cache=layout, fused=fused, page_size=4)
-for name, out in outs.items():
-    print(f"{name:>20}: {[data.decode(o[-NEW:]) for o in out]}")
-    assert torch.equal(out, outs["no cache"]), name
-assert len(set(outs["no cache"][:, -NEW:].flatten().tolist())) > 2   # not one repeated token
-# the logits too: prefill the prompt, decode token by token, against one full forward pass
-tokens = outs["no cache"]
-kv = KVCache(cfg, tokens.shape[0], tokens.shape[1], kind="paged", page_size=4, device=device)
-steps = [forward_cached(model, tokens[:, :5], kv)]                  # prefill: 5 tokens at once
-steps += [forward_cached(model, tokens[:, t:t + 1], kv) for t in range(5, tokens.shape[1])]
-full_logits, _ = model(tokens)
-gap = (torch.cat(steps, 1) - full_logits).abs().max().item()
-print(f"cached decoding vs the full forward pass: max |logit difference| {gap:.1e} (fp32)")
-assert gap < 1e-4
 
 # %% [markdown]
 # ### An fp8 cache, and its scale
@@ -1225,11 +1108,10 @@ assert 10 < smallest / overall < 11                  # "more than ten times"
 # ### Exercise 5 (optional): the fp8 store
 #
 # Unfused, an fp8 cache costs four more operators per cache, each a pass over k or v; fused,
-# three lines before the store. Write them as a kernel: one program per sequence $b$ takes
-# the new token's values `[HK, D]` (fp32; for k, already rotated), divides them by the cache's
-# scale, clamps them to $\pm 448$, rounds them to `tl.float8e4nv` (Triton's name for e4m3) and
-# stores them into slot `seqlens[b]` of sequence $b$ of a contiguous fp8 cache
-# `[B, L, HK, D]`.
+# three lines before the store. Write them as a kernel: one program per sequence $b$ takes the
+# new token's values `[HK, D]` (fp32; for k, already rotated), divides them by the cache's
+# scale, clamps them to $\pm 448$, rounds them to `tl.float8e4nv` (e4m3) and stores them into
+# slot `seqlens[b]` of sequence $b$ of a contiguous fp8 cache `[B, L, HK, D]`.
 #
 # The check compares the cache byte for byte with `kv_cache.quantize_fp8`, with values that
 # saturate and values in the subnormals. Triton's interpreter rounds some fp32 values to fp8
@@ -1257,8 +1139,7 @@ fp8_ok = ex.check_fp8_store_kernel(my_fp8_store_kernel)
 solution(ex.solution_fp8_store_kernel.fn, title="Solution: the fp8 store")
 
 # %% [markdown]
-# The next cell counts the ATen operators (PyTorch's operator library; on a GPU each launches
-# its own kernels) the unfused store dispatches, with `ropelib.course.counts.count_kernels`.
+# The next cell counts the ATen operators the unfused store dispatches (`count_kernels`).
 # On a GPU it times the fp8 store kernel (yours once it passes) against the unfused store at a
 # batch of 64, 8 heads of 128, 4096 positions: 100 calls captured in one CUDA graph
 # (`ropelib.bench.suite.graph_replay_ms`), a replay divided by 100.
@@ -1318,16 +1199,12 @@ else:
 #
 # `benchmarks/decode_cache_bench.py` times one decoding step of one layer (q `[B, 1, 32, 128]`,
 # k and v `[B, 1, 8, 128]`, bf16, a cache of 4096 positions) in contiguous and paged caches of
-# bf16 and fp8, batch 1 to 256, three ways:
-#
-# **fused** (`ropelib.rope_kv_cache`, one kernel), **two kernels** (ropelib's RoPE launch,
-# then one write kernel built like vLLM's `reshape_and_cache`: `ropelib.bench.cache_write`)
-# and **unfused** (the same RoPE launch, then the write as 6 to 17 PyTorch operators).
-#
-# It checks that all three write the same bits, then replays each step alone from a CUDA graph
-# (the eager rows are not drawn; notebook 07, section 7.1, measures the host). The cell draws
-# the committed H200 run and prints each path's range over the caches and batches, and the
-# fused step's speedup over the unfused one (2.9–5.6×).
+# bf16 and fp8, batch 1 to 256, three ways: **fused** (`ropelib.rope_kv_cache`), **two
+# kernels** (ropelib's RoPE launch, then one write kernel built like vLLM's
+# `reshape_and_cache`: `ropelib.bench.cache_write`) and **unfused** (the same RoPE launch, then
+# the write as 6 to 17 PyTorch operators). It checks that all three write the same bits, then
+# replays each step alone from a CUDA graph. The cell draws the committed H200 run and prints
+# the fused step's speedup over the unfused one (2.9–5.6×).
 
 # %%
 PROVIDER_STYLE = {"fused": ("tab:blue", "s-"), "two_kernels": ("tab:green", "^-"),
@@ -1373,29 +1250,11 @@ fig.savefig(FIGURES / "11-decode-cache-latency.png", dpi=120)
 plt.show()
 
 
-def span(cache_dtype, provider, key="ms", scale=1e3):
-    """(lowest, highest) of one column over the contiguous and paged caches and every batch."""
-    vals = [r[key] * scale for r in timed if (r["cache_dtype"], r["provider"])
-            == (cache_dtype, provider)]
-    return min(vals), max(vals)
-
-
-def as_stated(measured, stated, step=0.1):
-    """True when every measured number, rounded to `step` as the text rounds it, is the number
-    the text states: each lies within half a step of it."""
-    return all(abs(m - s) <= step / 2 + 1e-9 for m, s in zip(measured, stated, strict=True))
-
-
 assert sorted({r["batch"] for r in timed}) == [1, 8, 64, 256]
 assert {r["provider"] for r in timed} == set(PROVIDER_STYLE)
-for cache_dtype in ("bfloat16", "float8_e4m3fn"):     # the ranges: µs per step, and speedups
-    for provider, key in (*((p, "ms") for p in PROVIDER_STYLE), ("fused", "speedup_vs_unfused")):
-        lo, hi = span(cache_dtype, provider, key, 1e3 if key == "ms" else 1)
-        unit = " us" if key == "ms" else "x faster than the unfused step"
-        print(f"over the caches and batches: {cache_dtype:<14} {provider:<12} "
-              f"{lo:.1f}-{hi:.1f}{unit}")
-speedups = span("bfloat16", "fused", "speedup_vs_unfused", 1) + span(
-    "float8_e4m3fn", "fused", "speedup_vs_unfused", 1)
+speedups = [r["speedup_vs_unfused"] for r in timed if r["provider"] == "fused"]
+print(f"the fused step is {min(speedups):.1f}-{max(speedups):.1f}x faster than the unfused one "
+      "over the caches and batches")
 assert as_stated((min(speedups), max(speedups)), (2.9, 5.6)), speedups   # the text's 2.9-5.6x
 
 # %% [markdown]
@@ -1465,65 +1324,33 @@ for cache in ("contiguous", "paged"):      # per cache: to fp32, divide, clamp, 
 # launch, then the write in PyTorch: 6 ATen operators for a contiguous bf16 cache (the slots'
 # index arithmetic, one `index_put_` per cache), 9 for a paged one (the block-table lookup),
 # and 4 more per cache in fp8 (to fp32, divide, clamp, round). On a GPU each is one CUDA
-# kernel: 7, 10, 15 and 18 kernels against 1. Beside the committed H200 replays (next cell):
+# kernel: 7, 10, 15 and 18 kernels against 1.
 #
-# - **The time follows the count.** The unfused step's time rises with its operations; the
-#   fused kernel takes 6.4–10.0 µs with any cache.
-# - **About 2.0 µs an operation.** At batch 1 a least-squares line through the four times has a
-#   slope of 2.0 µs per operation (an average over four mixes of operators) and an intercept of
-#   7.1 µs, every time within 0.9 µs of it; the intercept is about the fused step (6.4–7.6 µs).
-# - **Most of an operation is starting a kernel.** `benchmarks/graph_floor.py` replays, timed
-#   as a decode step, graphs of $n$ kernels that each fill one 4-byte element
-#   (`kv_cache_decode.fill_step`), on an H200 (another day): 4.5 µs with one kernel, 3.7 µs +
-#   1.1 µs a kernel along the line. So of the fused step's 6.4 µs at batch 1 most is the replay
-#   and its one launch, and of the unfused step's 2.0 µs an operation about 1.1 is starting a
-#   kernel, 0.9 its work: replay removes the host, not the GPU's cost of starting each kernel.
-#
-# On a GPU the cell also replays 1 and 7 do-nothing kernels and prints what the 6 extra ones
-# take as a share of the unfused step's lead over the fused one (7 kernels against 1, both
-# timed after exercise 2): above one half, starting kernels is most of the gap on that GPU.
+# What does one more kernel cost in a replayed step? The next cell fits a line through the
+# H200's unfused steps at batch 1 against their operations, and one through replays of $n$
+# kernels that each fill one 4-byte element (`benchmarks/graph_floor.py`; an H200, another
+# day). On a GPU it also replays 1 and 7 such kernels and prints the 6 extra ones' share of
+# the unfused step's lead over the fused one (timed after exercise 2): above one half,
+# starting kernels is most of the gap on that GPU.
 
 # %%
-def unfused_us(cache, dtype):
-    """(fastest, slowest) µs of the replayed unfused step over the batches."""
-    v = [r["ms"] * 1e3 for r in timed if (r["cache"], r["cache_dtype"], r["provider"])
-         == (cache, dtype, "unfused")]
-    return min(v), max(v)
-
-
 order = sorted(OPS, key=OPS.get)              # by the operations the unfused step issues
-graph = [unfused_us(cache, dtype) for cache, dtype in order]
-for (cache, dtype), g in zip(order, graph):
-    print(f"{cache:>10} {dtype:<13} unfused: {1 + OPS[cache, dtype]:>2} operations, "
-          f"{g[0]:.1f}–{g[1]:.1f} us a step replayed (fused: 1 kernel)")
-assert [1 + OPS[c] for c in order] == [7, 10, 15, 18]
-# a line through the batch-1 replays: fixed µs + µs per operation (least squares)
 n_ops = [1 + OPS[c] for c in order]
 t_b1 = [next(r["ms"] * 1e3 for r in timed if (r["cache"], r["cache_dtype"], r["provider"],
              r["batch"]) == (cache, dtype, "unfused", 1)) for cache, dtype in order]
-per_kernel, fixed = statistics.linear_regression(n_ops, t_b1)
-off_line = [t - (fixed + per_kernel * n) for n, t in zip(n_ops, t_b1)]
+per_kernel, fixed = statistics.linear_regression(n_ops, t_b1)    # least squares
 fused_b1 = [r["ms"] * 1e3 for r in timed if (r["provider"], r["batch"]) == ("fused", 1)]
-print(f"batch 1, replayed, unfused: {fixed:.2f} us + {per_kernel:.2f} us per operation on "
-      f"average (off the line by at most {max(map(abs, off_line)):.2f} us); the fused step: "
-      f"{min(fused_b1):.1f}-{max(fused_b1):.1f} us")
-assert round(fixed, 1) == 7.1, "an intercept of 7.1 us"
-assert round(per_kernel, 1) == 2.0, "a slope of 2.0 us per operation"
-assert max(map(abs, off_line)) < 0.9, "every time within 0.9 us of the line"
-assert as_stated((min(fused_b1),), (6.4,)), "the fused step at batch 1: from 6.4 us"
-assert as_stated((max(fused_b1),), (7.6,)), "... to 7.6 us"
+print(f"H200, batch 1, replayed: unfused steps of {n_ops} operations "
+      + ", ".join(f"{t:.1f}" for t in t_b1) + f" us: {fixed:.2f} us + {per_kernel:.2f} us an "
+      f"operation; the fused step {min(fused_b1):.1f}-{max(fused_b1):.1f} us")
+assert n_ops == [7, 10, 15, 18] and all(a < b for a, b in zip(t_b1, t_b1[1:]))
+assert round(per_kernel, 1) == 2.0, "2.0 us an operation"
 assert min(fused_b1) < fixed < max(fused_b1)            # the fixed part: about the fused step
-assert all(a[0] < b[0] and a[1] < b[1] for a, b in zip(graph, graph[1:]))   # rises with the count
-# the ranges the cell prints, in µs to 0.1, in the order of the operation counts
-stated_graph = [(20.4, 25.2), (27.6, 35.5), (35.8, 43.6), (42.8, 53.5)]
-assert all(as_stated(g, s) for g, s in zip(graph, stated_graph, strict=True)), graph
-fused_graph = [r["ms"] * 1e3 for r in timed if r["provider"] == "fused"]
-assert as_stated((min(fused_graph),), (6.4,)), "the fused kernel: from 6.4 us"
-assert as_stated((max(fused_graph),), (10.0,)), "... to 10.0 us"
 # graphs of n do-nothing kernels, replayed as a decode step is: the medians of the rounds
 FLOOR = RESULTS / "graph_floor-nvidia-h200.csv"
 floor_rows, floor_meta = compare.read_csv(FLOOR), compare.read_meta(FLOOR)
 assert floor_meta["gpu"] == "NVIDIA H200", FLOOR.name
+assert floor_meta["date"][:10] != meta["date"][:10], "another day than the decode run"
 kernel_counts = sorted({r["kernels"] for r in floor_rows})
 replay_us = {n: statistics.median(r["us"] for r in floor_rows if r["kernels"] == n)
              for n in kernel_counts}
@@ -1532,14 +1359,9 @@ per_empty, replay_fixed = statistics.linear_regression(kernel_counts,
 print(f"graphs of n do-nothing kernels ({FLOOR.name}, {floor_meta['date'][:10]}), us a replay: "
       + ", ".join(f"{n}: {replay_us[n]:.2f}" for n in kernel_counts)
       + f"; line {replay_fixed:.2f} + {per_empty:.2f} a kernel")
-assert kernel_counts == [1, 2, 4, 7, 10, 15, 18]
-assert floor_meta["date"][:10] != meta["date"][:10], "another day than the decode run"
 assert all(replay_us[a] < replay_us[b] for a, b in zip(kernel_counts, kernel_counts[1:]))
-assert as_stated((replay_us[1],), (4.5,)), "one do-nothing kernel: 4.5 us"
-assert as_stated((replay_fixed,), (3.7,)), "the line's 3.7 us"
-assert as_stated((per_empty,), (1.1,)), "1.1 us more for each further one"
-assert replay_us[1] < min(fused_b1) and as_stated((csv_us["fused", 1],), (6.4,))
-assert as_stated((per_kernel - per_empty,), (0.9,)), "about 0.9 us the work of an operation"
+assert as_stated((per_empty,), (1.1,)), "1.1 us a kernel"
+assert 0.5 < per_empty / per_kernel < 0.6, "more than half of an operation"
 floor_steps = {n: kv_cache_decode.fill_step(n, device=device) for n in (1, 7)}
 for floor_step in floor_steps.values():
     floor_step(None)                    # runs anywhere; replayed and timed on a GPU only
@@ -1555,16 +1377,15 @@ else:
           "unfused step's lead over the fused one at batch 1")
 
 # %% [markdown]
+# On the H200 an operation of the unfused step costs 2.0 µs, and starting a kernel that does
+# nothing 1.1 of them: a replay removes the host, not the GPU's cost of starting each kernel.
+#
 # ### Against the fewest kernels: what fusion itself saves
 #
 # *Question: how much of the speedup is fusion, and how much is the PyTorch write's many
-# kernels?* The two-kernel step answers it. Its write kernel (folded below) is your exercise 2
-# kernel without the rotation; the table after it reads the committed H200 run.
-
-# %%
-from ropelib.bench import cache_write
-
-solution(cache_write._write_kv_cache_kernel.fn, title="The write kernel of the two-kernel step")
+# kernels?* The two-kernel step answers it: its write kernel
+# (`ropelib.bench.cache_write`) is your exercise 2 kernel without the rotation. The table
+# reads the committed H200 run.
 
 # %%
 step_us = {(r["cache"], r["cache_dtype"], r["batch"], r["provider"]): r["ms"] * 1e3
@@ -1581,8 +1402,7 @@ for (cache, dtype, b, provider), us in sorted(step_us.items()):
 ratios = [g[0] for g in gain.values()]
 assert len(gain) == 16                      # 2 layouts x 2 cache dtypes x 4 batches
 assert all(r > 1 for r in ratios)           # the fused step is ahead everywhere
-assert as_stated((min(ratios),), (1.09,), step=0.01), "fused over two kernels: from 1.09"
-assert as_stated((max(ratios),), (1.34,), step=0.01), "... to 1.34"
+assert as_stated((min(ratios), max(ratios)), (1.09, 1.34), step=0.01), ratios
 # the gap by batch: up to 64 sequences, against one more kernel in a replay; and at 256
 gap_small = [us for (_, _, b), (_, us) in gain.items() if b <= 64]
 gap_large = [us for (_, _, b), (_, us) in gain.items() if b == 256]
@@ -1591,10 +1411,8 @@ print(f"the fused step is {min(ratios):.2f}-{max(ratios):.2f}x faster than the t
       f"{min(gap_large):.1f}-{max(gap_large):.1f} us at B = 256; one more do-nothing kernel "
       f"in a replay: {per_empty:.1f} us")
 assert len(gap_small) == 12 and len(gap_large) == 4
-assert as_stated((min(gap_small),), (0.8,)), "up to 64 sequences: from 0.8 us"
-assert as_stated((max(gap_small),), (1.6,)), "... to 1.6 us"
-assert as_stated((min(gap_large),), (2.6,)), "at 256 sequences: from 2.6 us"
-assert as_stated((max(gap_large),), (3.0,)), "... to 3.0 us"
+assert as_stated((min(gap_small), max(gap_small), min(gap_large), max(gap_large)),
+                 (0.8, 1.6, 2.6, 3.0)), (gap_small, gap_large)
 assert per_empty / 2 < min(gap_small) and max(gap_small) < 2 * per_empty   # about one launch
 assert min(gap_large) > 2 * per_empty                                      # more than one
 assert byte_us[256] < 0.1 * min(gap_large)           # the round trip at peak: under a tenth
@@ -1603,42 +1421,37 @@ two_vs_unfused = [step_us[k[:3] + ("unfused",)] / step_us[k[:3] + ("two_kernels"
                   for k in step_us if k[3] == "two_kernels"]
 print(f"the two kernels are {min(two_vs_unfused):.1f}-{max(two_vs_unfused):.1f}x faster than "
       f"the unfused step")
-assert as_stated((min(two_vs_unfused),), (2.2,)), "two kernels over unfused: from 2.2"
-assert as_stated((max(two_vs_unfused),), (4.8,)), "... to 4.8"
+assert as_stated((min(two_vs_unfused), max(two_vs_unfused)), (2.2, 4.8)), two_vs_unfused
 
 # %% [markdown]
 # **Answer:** replayed on the H200, the fused step is 1.09 to 1.34 times faster than RoPE
-# followed by one write kernel. The two kernels in turn run 2.2 to 4.8 times faster than the
-# unfused step, so most of the 2.9–5.6× against the unfused step is the PyTorch operators.
+# followed by one write kernel, and the two kernels 2.2 to 4.8 times faster than the unfused
+# step: most of the 2.9–5.6× against the unfused step is the PyTorch operators.
 #
 # Up to 64 sequences fusion saved 0.8 to 1.6 µs a step on the H200, about one more kernel in
-# a replay (1.1 µs), which the live split above measures on its GPU. At 256 sequences it saved
-# 2.6 to 3.0 µs, more than one do-nothing kernel and than the round trip at peak (0.22 µs);
-# what the rest is, these replays do not measure.
-#
-# **Takeaway:** fusing RoPE with the cache store is one kernel with the bits of
-# RoPE-then-write, in either layout and in fp8. Its gain over a good two-kernel path is small,
-# but paid in every layer at every decoding step.
+# a replay (1.1 µs). At 256 sequences it saved 2.6 to 3.0 µs, more than one do-nothing kernel
+# and than the round trip at peak (0.22 µs); what the rest is, these replays do not measure.
 
 # %% [markdown]
 # ## Summary
 #
 # - Under a causal mask a contiguous split leaves the last rank about $2c-1$ times the first
 #   rank's work; chunks $r$ and $2c-1-r$ of $2c$ give every rank exactly $S(S+1)/2c$ pairs.
-# - A rank's tokens keep their global positions (`apply_rope(..., cp_size, cp_rank)`); two
-#   processes reach the 1-process loss within a few fp32 ulps, and over 200 bf16 steps stay
-#   well inside the gap between two seeds (A.3).
+# - Rotated at their global positions (`apply_rope(..., cp_size, cp_rank)`), two processes
+#   reach the 1-process loss within a few fp32 ulps, and over 200 bf16 steps stay well inside
+#   the gap between two seeds (A.3).
 # - On H200s two ranks ran a 131072-token step 1.30 times as fast as one GPU, each at 55 % of
 #   its memory; most of the shortfall is attention reaching the flash kernel, not cuDNN's (A.1).
-# - The fused kernel rotates k and stores it into slot `[b, p]` or
-#   `[block_table[b, p // BS], p % BS]`. A thread of the worked one-program kernel reduces at
-#   least twice the angles of a ropelib thread before its first store; on a GPU, reading cos
-#   and sin from tables closes at least half its gap at batch 1.
+#   Without a warm-up AdamW's first update moves every weight by the full learning rate, and
+#   the loss of a 1024-wide model climbs (A.2).
+# - The fused kernel stores the rotated k into slot `[b, p]` or
+#   `[block_table[b, p // BS], p % BS]`. The worked one-program kernel reduces at least twice
+#   a ropelib thread's angles before its first store; on a GPU, cos and sin read from tables
+#   close at least half its gap at batch 1.
 # - An fp8 cache at scale `amax / 448` costs a few percent relative error, 16 times bf16's.
 # - Replayed, fusion's gain over RoPE plus one write kernel is about one kernel start up to 64
-#   sequences, not the rotated k's round trip; at 256 it is more than that, by a part these
-#   replays do not measure. The unfused step costs about 2.0 µs an operation, 1.1 of it
-#   starting a kernel (H200).
+#   sequences, not the rotated k's round trip. An operation of the unfused step costs 2.0 µs,
+#   1.1 of it starting a kernel (H200).
 
 # %% [markdown]
 # ## Questions for a study group
@@ -1657,20 +1470,19 @@ assert as_stated((max(two_vs_unfused),), (4.8,)), "... to 4.8"
 # ### A.1 Where the 2-rank step's time goes
 #
 # Section 3's last cell fits $t(S) = aS^2 + bS$ through two step times. Only attention grows
-# with $S^2$; what CP adds (the collectives) grows at most with $S$. Two points fit two terms
-# exactly, so the split is an attribution, which the profiles below test.
+# with $S^2$; the collectives grow at most with $S$. Two points fit two terms exactly, so the
+# split is an attribution, which the profiles below test.
 #
 # At 131072 tokens the split costs 964 ms a step (two ranks 2772 ms against half of one GPU's
-# 1808). The fit puts 750 of them in the $S^2$ term: each rank computes half of the pairs
-# (section 1) at 68 % of one GPU's rate. The linear 214 ms is **not measured**: the collectives'
-# 6.56 GiB per rank and step would take about 16 ms at NVLink's 450 GB/s each way.
+# 1808). The fit puts 750 of them in the $S^2$ term: each rank computes half of the pairs at
+# 68 % of one GPU's rate. The linear 214 ms is **not measured**: the collectives' 6.56 GiB per
+# rank and step would take about 16 ms at NVLink's 450 GB/s each way.
 #
 # Why the slower rate? One GPU calls attention once per layer with `is_causal=True`, which
 # PyTorch may send to cuDNN's kernel; for a chunk with fewer queries than keys PyTorch offers
 # only its flash and memory-efficient kernels. On a GPU the cell profiles one layer's
 # attention, forward and backward, as one GPU, as rank 0, and as one GPU forced onto the flash
-# kernel: kernel time, cuDNN's part, and the rate at $14D$ operations a pair. The H200's lines
-# follow two cells down.
+# kernel: kernel time, cuDNN's part, and the rate at $14D$ operations a pair.
 
 # %%
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -1808,22 +1620,23 @@ assert sq_by_profile > 2 * lin_by_profile and sq_excess > 2 * lin_excess   # mos
 # %% [markdown]
 # On the H200, one GPU's attention ran cuDNN's kernels only, at 441 TFLOP/s; rank 0's ran
 # cuDNN's for 9 % of its time (its first chunk, a square causal mask) and the flash kernel for
-# the rest, at 307; one GPU forced onto the flash kernel ran at 294, within 10 % of rank 0. So
-# rank 0's slower attention is mostly the kernel a masked call can reach.
-#
-# The table sets the profiles (attention times the layers) beside the fit: they agree to about
-# 100 ms, and both put over two thirds of the time the 2-rank step loses in attention.
+# the rest, at 307; one GPU forced onto the flash kernel ran at 294, within 10 % of rank 0: rank
+# 0's slower attention is mostly the kernel a masked call can reach. The profiles (attention
+# times the layers) agree with the fit to about 100 ms, and both put over two thirds of the
+# time the 2-rank step loses in attention.
 #
 # **Not measured:** what the time outside attention is made of, and rank 1's attention (both
-# its calls have fewer queries than keys, so both reach the flash kernel). A trace of both
-# ranks (Nsight Systems) would measure them.
+# its calls reach the flash kernel).
 
 # %% [markdown]
-# ### A.2 Why the 131072-token loss curves part after step 2
+# ### A.2 Why the 131072-token loss curves climb, then part
 #
-# The training loop (`cpt.lr_schedule`) warms the learning rate up over `steps // 10` steps,
-# then decays it along a cosine over the run's `steps`: the 6-step and the 12-step run share
-# their first update, then the shorter run's are smaller.
+# Both runs climb for three steps (to 8.32 on one GPU) before they fall. Their schedules
+# (`cpt.lr_schedule`) warm up over `steps // 10` steps, 0 and 1 here, so the first update
+# already runs at the full learning rate. AdamW's first update is $\mathrm{lr}\cdot
+# \mathrm{sign}(g)$ for every weight (its moment estimates are $g$ and $g^2$), whatever the
+# gradient's size; an output summing 1024 inputs moves by up to 1024 such steps at once.
+# From the second update on, the 6-step run's cosine takes smaller steps: the curves part.
 
 # %%
 one_cp, two_cp = gpu_runs[1], gpu_runs[2]              # section 3's runs: 1 GPU, 2 ranks
@@ -1836,6 +1649,7 @@ for n, r in ((1, one_cp), (2, two_cp)):
 assert all(math.isclose(lrs[0], float(two_cp["meta"]["lr"])) for lrs in lr_of.values())
 assert all(a < b for a, b in zip(lr_of[1][1:], lr_of[2][1:]))             # then smaller
 assert [int(r["meta"]["steps"]) // 10 for r in (one_cp, two_cp)] == [0, 1]  # warmup steps
+assert max(one_cp["loss"][:4]) == one_cp["loss"][3] and round(one_cp["loss"][3], 2) == 8.32
 fig, ax = plt.subplots(figsize=(7, 4))
 plot_cp_run(two_cp, ax, one_gpu=one_cp)
 fig.tight_layout()
@@ -1843,17 +1657,86 @@ fig.savefig(FIGURES / "11-cp-gpu-loss.png", dpi=120)
 plt.show()
 
 # %% [markdown]
+# The cell below tests that reading on a model small enough for a CPU: one layer, 128 tokens,
+# 4 steps at section 3's learning rate and seed (the PyTorch rotation: the optimizer is under
+# test, not RoPE). It measures the first update ($|\Delta w| / \mathrm{lr}$ over the weight
+# matrices), how far it moves the logits of a held-out sequence, and the losses: 1024 wide
+# without warm-up, 1024 wide with a 20-step warm-up (first update at $\mathrm{lr}/20$), and
+# 256 wide without.
+
+# %%
+cp_data = CharDataset.from_pydoc_topics()
+probe = cp_data.get_batch("val", 1, 128, torch.Generator().manual_seed(1), device)[0]
+LR = float(two_cp["meta"]["lr"])
+
+
+def first_steps(width, warmup, steps=4) -> dict:
+    """Train a 1-layer GPT `width` wide for `steps` steps; the first update's size and its
+    shift of the probe's logits (RMS), and the losses."""
+    torch.manual_seed(0)
+    cfg_w = GPTConfig(vocab_size=cp_data.vocab_size, block_size=128, n_layer=1,
+                      n_head=width // 64, n_embd=width)
+    net = GPT(cfg_w, "reference").to(device)
+    mats = {n: p for n, p in net.named_parameters() if p.dim() == 2}
+    w0 = {n: p.detach().clone() for n, p in mats.items()}
+    with torch.no_grad():
+        logits0 = net(probe)[0]
+    out = {}
+
+    def after(it, _loss):
+        if it == 0:              # right after the first update
+            out["dw"] = torch.cat([((p.detach() - w0[n]).abs() / LR).flatten()
+                                   for n, p in mats.items()])
+            with torch.no_grad():
+                out["shift"] = (net(probe)[0] - logits0).pow(2).mean().sqrt().item()
+
+    out["loss"] = cpt.train(net, cp_data, steps=steps, batch_size=1, lr=LR, warmup=warmup,
+                            seed=0, on_step=after)["train_loss"]
+    out["at_lr"] = ((out["dw"] - 1).abs() < 0.1).float().mean().item()   # moved by lr (±10 %)
+    out["logit_rms"] = logits0.pow(2).mean().sqrt().item()
+    return out
+
+
+trials = {(1024, 0): first_steps(1024, 0), (1024, 20): first_steps(1024, 20),
+          (256, 0): first_steps(256, 0)}
+print(f"{'width':>5}{'warm-up':>8}{'moved by lr':>12}{'logit shift':>12}{'(logits at init)':>17}"
+      "   loss, steps 1-4")
+for (width, warm), t in trials.items():
+    print(f"{width:>5}{warm:>8}{t['at_lr']:>12.1%}{t['shift']:>12.2f}{t['logit_rms']:>17.2f}   "
+          + " ".join(f"{v:.2f}" for v in t["loss"]))
+wide, warmed, narrow_w = trials[1024, 0], trials[1024, 20], trials[256, 0]
+assert wide["at_lr"] > 0.9 and narrow_w["at_lr"] > 0.9 and warmed["at_lr"] < 0.1   # lr·sign(g)
+print(f"logit shift, 1024 wide / 256 wide: {wide['shift'] / narrow_w['shift']:.1f}")
+assert 3 < wide["shift"] / narrow_w["shift"] < 5                     # "about four times"
+assert wide["shift"] > 1 > 0.5 > max(narrow_w["shift"], warmed["shift"])
+assert wide["shift"] > 2 * wide["logit_rms"]
+assert max(wide["loss"][1:3]) > wide["loss"][0] + 0.5                 # climbs
+assert max(warmed["loss"][1:]) < warmed["loss"][0]                    # falls from step 2 on
+assert max(narrow_w["loss"][1:]) < narrow_w["loss"][0]
+for name in ("1gpu-seed0", "1gpu-seed1"):     # A.3's runs: a 20-step warm-up, still a rise
+    r200 = read_cp_run(RESULTS / f"cp200-{name}-nvidia-h200.csv")
+    assert int(r200["meta"]["steps"]) // 10 == 20
+    print(f"cp200-{name} (20-step warm-up), steps 1-4: "
+          + " ".join(f"{v:.2f}" for v in r200["loss"][:4]))
+    assert max(r200["loss"][1:4]) > r200["loss"][0] + 0.5
+
+# %% [markdown]
+# Without warm-up nearly every weight of both widths moved by the learning rate, but the
+# 1024-wide model's logits moved about four times as far as the 256-wide model's (the cell
+# prints the ratio): each of its outputs sums four times the inputs. Its logits moved by more
+# than 1 (RMS), over twice their spread at init, and its loss climbs; the 256-wide model's and
+# the warm-up's (each weight moved by lr / 20) moved by under a half, and those losses fall.
+# A.3's 200-step runs warm up over 20 steps and still rise in their first four steps (the
+# cell's last lines); why the 12-layer model does, this test does not measure.
+
+# %% [markdown]
 # ### A.3 200 steps in bf16: does the two-rank run train the same model?
 #
 # In bf16 the runs cannot agree to the bit; how far do they diverge? `cp200-*.csv` hold three
-# 200-step bf16 runs of section 3's model on 16384-token sequences, on H200s:
-#
-# - two ranks, seed 0;
-# - one process, seed 0: the same initial weights and the same batches, the 2-rank run's twin;
-# - one process, seed 1: other initial weights *and other batches*.
-#
-# The seed gap is a loose yardstick (other batches too), so "well inside it" can still let a
-# real offset through.
+# 200-step bf16 runs of section 3's model on 16384-token sequences, on H200s: two ranks with
+# seed 0; its twin, one process with seed 0 (the same weights and batches); and one process
+# with seed 1 (other weights *and other batches*: a loose yardstick, so "well inside it" can
+# still let a real offset through).
 
 # %%
 def loss_curve(path) -> list:
@@ -1883,12 +1766,8 @@ assert mean(cp_gap) < 0.5 * mean(seed_gap) and mean(cp_gap[-50:]) < 0.5 * mean(s
 assert len(cp_gap) == 200, "200 steps"
 assert closer == 178, "closer than the seeds in 178 steps"
 signed = [a - b for a, b in zip(loss["2gpu-seed0"], loss["1gpu-seed0"])]
-last_above = max(i + 1 for i, d in enumerate(signed) if d >= 0)      # the step, from 1
-print(f"last 50 steps, signed mean (2 ranks - 1 process): {mean(signed[-50:]):+.3f}, "
-      f"below its twin in {sum(d < 0 for d in signed[-50:])} of 50 (and at every step "
-      f"after step {last_above})")
+print(f"last 50 steps, signed mean (2 ranks - 1 process): {mean(signed[-50:]):+.3f}")
 assert all(d < 0 for d in signed[-50:]), "below its twin at each of the last 50 steps"
-assert last_above == 105
 fig, ax = plt.subplots(figsize=(7, 4))
 for name, style in (("1gpu-seed0", "-"), ("2gpu-seed0", "--"), ("1gpu-seed1", ":")):
     ax.plot(range(1, len(loss[name]) + 1), loss[name], style, label=name)
@@ -1901,8 +1780,7 @@ fig.savefig(FIGURES / "11-cp-bf16-200-steps.png", dpi=120)
 plt.show()
 
 # %% [markdown]
-# **Answer:** on average the 2-rank curve stays well inside the seed gap: 0.030 from its twin
-# against 0.258 between the seeds, closer in 178 of the 200 steps. Over the last 50 steps the
-# gap grows to 0.052 (seeds: 0.305) and is one-sided: signed mean −0.052, below its twin at
-# every step after step 105. Whether the split causes that offset, one pair of runs cannot
-# say; other seeds, each run both ways, would.
+# **Answer:** on average the 2-rank curve stays well inside the seed gap, closer to its twin
+# than the seeds to each other in 178 of the 200 steps. Over the last 50 steps it sits below
+# its twin at every step: whether the split causes that offset, one pair of runs cannot say;
+# other seeds, each run both ways, would.
