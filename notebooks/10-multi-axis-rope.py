@@ -1540,8 +1540,9 @@ assert round(clock_ratio, 2) == 1.44 and round(h200_ratio, 2) == 1.40
 # Scaled to 1980 MHz, the per-head kernel's 136.2 µs becomes 103 µs, 5 % under `do_bench`'s
 # 108.6: it follows the clock. The once-per-token kernel does not: scaled, 54 µs, but `do_bench`
 # measured 77.6, more than the profiler's 71.6, as a kernel whose time memory sets can. Scaling
-# only the per-head kernel gives 1.44, against 1.40 measured: the clock accounts for the
-# profiler's wider gap, as far as one clock sample can say.
+# only the per-head kernel gives 1.44, against 1.40 measured. A clock near 1980 MHz during
+# timing would account for the profiler's wider gap; one sample, read after timing, cannot show
+# the clock held there.
 
 # %% [markdown]
 # ### Does the angle work hide behind memory? One GPU, twice the bytes
@@ -1558,9 +1559,9 @@ assert round(clock_ratio, 2) == 1.44 and round(h200_ratio, 2) == 1.40
 # How to read what it prints on a GPU: the once-per-token kernel, memory-bound, should take about
 # twice as long in fp32, as the copy does (the cell asserts more than 1.5 times). The **gap**,
 # per-head time minus once-per-token time, is the angle work that did not hide. If it stays
-# about the same in fp32, the angle work adds to the memory time; the smaller the share of the
-# bf16 gap left in fp32, the more of it the slower memory hides, which is what the H100's slower
-# copy does to the ratio.
+# about the same in fp32 (a share near one), the angle work adds to the memory time; only a
+# share well under one would say the slower memory hides it, as overlap would have the H100's
+# slower copy do to the ratio.
 
 # %%
 # the H200 against the H100, from the committed runs read above
@@ -1629,10 +1630,30 @@ else:
           "in the interpreter and matched ropelib)")
 
 # %% [markdown]
-# Where the share it prints is near one, the angle work did not hide behind the doubled memory
-# time on that GPU: it adds to it, and overlap cannot be what makes the two GPUs' ratios
-# differ (what does, this notebook does not measure). Only a share well under one would say
-# the slower memory hides the work.
+# The H100 that rendered this notebook's page printed the numbers the next cell reads back from
+# `benchmarks/results/`:
+
+# %%
+fp32_csv = (ROOT / "benchmarks" / "results"
+            / "mrope_fp32_do_bench-nvidia-h100-80gb-hbm3-20261206-from-page-10.csv")
+fp32_meta = compare.read_meta(fp32_csv)
+fp32_us = {r["provider"]: (r["us_bf16"], r["us_fp32"]) for r in compare.read_csv(fp32_csv)}
+share_fp32 = float(fp32_meta["gap_share"].split()[0])      # printed from unrounded medians
+print(f"{fp32_meta['gpu']} (committed): fp32 / bf16 time "
+      + ", ".join(f"{who} {b32 / b16:.2f}x" for who, (b16, b32) in fp32_us.items())
+      + f"; share of the bf16 gap left in fp32: {share_fp32:.2f}")
+assert fp32_meta["gpu"] == H100_NAME
+gap_rows = [fp32_us["angles per (token head)"][i] - fp32_us["angles once per token"][i]
+            for i in (0, 1)]                                 # from the rounded rows
+assert abs(gap_rows[1] / gap_rows[0] - share_fp32) < 0.02   # the rows agree with the share
+assert share_fp32 == 0.88, "0.88 of the gap left"
+assert [round(b32 / b16, 2) for b16, b32 in fp32_us.values()] == [1.76, 1.91, 1.90]
+
+# %% [markdown]
+# On that H100 the copy and the once-per-token kernel take 1.90 and 1.91 times as long in fp32,
+# and 0.88 of the bf16 gap is still there: the repeated angle work mostly adds to the memory time
+# rather than hiding behind it. Overlap therefore explains little of why the per-head kernel's
+# ratio is 1.17 on the H100 and 1.40 on the H200; what does, this notebook does not measure.
 
 
 # %% [markdown]
@@ -1736,8 +1757,8 @@ assert by[("ropelib_exact", top)]["out_err"] < 1e-5
 #   and 1.40 times the time under `do_bench`: the per-head kernel is bound by issuing
 #   instructions, the once-per-token kernel by memory. On an H100 the gap is 1.17: its slower
 #   copy stretches the memory-bound kernel (1.33 times) more than the per-head one (1.11
-#   times). The fp32 run on one GPU tests why: twice the bytes for the same angle work, and the
-#   gap left shows how much of that work hides behind memory. The compiler does not hoist the
+#   times). Overlap with memory explains little of that: in fp32, twice the bytes for the same
+#   angle work, the H100 keeps 0.88 of the bf16 gap. The compiler does not hoist the
 #   angle work for you, because the stores in the loop might overwrite its inputs: write it
 #   before the loop.
 # - fp32 angles drift with the position: 0.089 rad at 1.5 M positions, 1.71 at 16 M. ropelib's
