@@ -16,12 +16,11 @@
 # %% [markdown]
 # # 03 — A naive Triton kernel for RoPE
 #
-# Notebook 02 wrote RoPE in plain PyTorch and counted what it costs: several kernels, each
-# reading and writing the whole tensor. Here we write the first *Triton* kernel that does it in
-# one pass, in the simplest way that works: one program per row. It is the slow baseline that
-# notebook 04's batch-reusing grid and ropelib's finished kernel are measured against, and
-# section 4 measures what makes it slow: not its bytes, but its number of programs. Most ideas
-# of the faster kernels are already here; reuse over the batch and whole-row loads are not.
+# Notebook 02 wrote RoPE in plain PyTorch: several kernels, each reading and writing the whole
+# tensor. Here we write the first *Triton* kernel that does it in one pass, in the simplest way
+# that works: one program per row. It is the slow baseline that notebook 04's batch-reusing
+# grid and ropelib's finished kernel are measured against, and section 4 measures what makes
+# it slow: not its bytes, but its number of programs.
 #
 # **After this notebook you will be able to**
 #
@@ -29,12 +28,11 @@
 # - write a RoPE kernel in a few lines, then grow it: masks for any head dim, strides for any
 #   layout, dtypes, up to the kernel ropelib ships;
 # - tell `BLOCK_SIZE` (the tile of data a program works on) from `num_warps` (the threads that
-#   work on it); say why a million one-row programs take the time the GPU needs to start
-#   them, and read in the machine code what a second warp adds to a program;
-# - see which 32-byte sectors a load or store touches, recorded from a real launch in Triton's
-#   interpreter; say why stride-2 stores cost more than stride-2 loads (L1 absorbs one, not the
-#   other), and read from the compiled layout whether an interleaved kernel's loads use whole
-#   sectors (with Triton 3.6 only the whole-row version does, and only it runs at copy speed);
+#   work on it); show from measurements that a million one-row programs take the time the GPU
+#   needs to start them, and read in the machine code what a second warp adds to a program;
+# - see which 32-byte sectors a load or store touches, recorded from a launch in Triton's
+#   interpreter; compare stride-2 loads with stride-2 stores in a GPU's counters, and read from
+#   the compiled layout whether an interleaved kernel's loads use whole sectors;
 # - debug a kernel on the CPU in Triton's interpreter: print inside it, catch out-of-bounds
 #   accesses, and know where the interpreter differs from a GPU;
 # - check a kernel against the reference the way ropelib's tests do.
@@ -43,17 +41,14 @@
 # where sizes are chosen small automatically.
 #
 # **Where the numbers come from.** The GPU times and counters the text quotes were measured on
-# an NVIDIA H200 and committed under `benchmarks/results/` (files ending in
-# `-nvidia-h200.csv`); section 4.4 also reads an H100's run of the same timings
-# (`generations-nvidia-h100-80gb-hbm3.csv`). The cells read them and check each number the
-# text quotes, so they are the same on every machine. Cells that time live on a GPU print their
-# own numbers, for the GPU the setup cell below prints; each says whether it compares them with
-# the H200's.
+# an NVIDIA H200 and committed under `benchmarks/results/` (`*-nvidia-h200.csv`); section 4.4
+# also reads an H100's run (`generations-nvidia-h100-80gb-hbm3.csv`). The cells read them and
+# check each number the text quotes, so they are the same on every machine. Cells that time
+# live print their own numbers, for the GPU the setup cell prints.
 #
 # **Time budget.** Running every cell takes a minute or two on the CPU in the interpreter.
 # Reading it, working through its tables and trying the suggested edits takes about 2 to 2.5
-# hours for a study group. The two kernel exercises at the end and exercise 4's (c)/(d)
-# follow-up take 30 to 60 minutes more.
+# hours for a study group; the two kernel exercises at the end, 30 to 60 minutes more.
 
 # %%
 import os, torch
@@ -119,8 +114,8 @@ print(freqs.shape, freqs.dtype, "->", y_ref.shape, y_ref.dtype)
 # (vectors of a compile-time size), not on one element like a CUDA thread. Launching it as
 # `kernel[grid](...)` starts one program per point of the grid, and `tl.program_id(axis)` tells
 # a program where it is. On a GPU a program runs as one thread block on one streaming
-# multiprocessor (SM; an H200 has 132, an H100 132 as an SXM module and 114 as a PCIe card),
-# and the compiler spreads its tiles over the block's threads, in groups of 32 called *warps*.
+# multiprocessor (SM; the H200 and H100 of this notebook's measurements have 132 each), and
+# the compiler spreads its tiles over the block's threads, in groups of 32 called *warps*.
 # In the interpreter the programs run one after another as Python.
 #
 # The naive choice: **one program per row** `x[s, b, h, :]`, all on one grid axis, with $h$
@@ -128,8 +123,7 @@ print(freqs.shape, freqs.dtype, "->", y_ref.shape, y_ref.dtype)
 # memory.
 #
 # **Before reading on**, answer two questions in code. Replace the `...` and run the cell: the
-# check prints ✅ or ❌ and never stops the notebook. The solutions are folded away below, and
-# the rest of this section gives the answers.
+# check prints ✅ or ❌ and never stops the notebook; the solutions are folded away below.
 #
 # **Exercise 1.** Return the naive kernel's launch grid for `x [S, B, H, D]` (a tuple).
 
@@ -174,7 +168,7 @@ xc = x.contiguous()
 assert torch.equal(s_idx * xc.stride(0) + b_idx * xc.stride(1) + h_idx * xc.stride(2), rows * D)
 
 # %% [markdown]
-# The figure shows it for a toy tensor: each cell is one program, labelled with its id. On the
+# The figure shows it for a toy tensor, each cell one program labelled with its id; on the
 # right, the tile one program loads for a head of $D = 72$ (section 3.2).
 
 # %%
@@ -225,7 +219,7 @@ draw_grid_and_masks(FIGURES / "03-grid-and-masks.png")
 # tile cannot be sliced, so the two halves are loaded as two tiles, from `offs` and `HALF + offs`.
 #
 # This cell is meant to be changed: swap a sign, load the wrong half, use `row` instead of `s`
-# for the angles — and rerun it and the check below to see what breaks.
+# for the angles, and rerun it to see what breaks.
 
 # %%
 @triton.jit
@@ -297,9 +291,9 @@ solution(ex.solution_half_tile)
 # So a half of $D/2$ features is loaded as a tile of the next power of two, `BLOCK_HALF`, and a
 # **mask** switches off the lanes past the end: `tl.load(ptr + offs, mask=offs < HALF,
 # other=0.0)` neither reads the masked lanes (they get `other`) nor does the masked `tl.store`
-# write them. Head dims used in practice — 72, 80, 96 — all need it; 64 and 128 do not. Step 2
-# also loads the angles of the second half on their own ($\theta_{j+D/2}$), so it follows the
-# per-feature formula of section 1 for any table, not only `cat(f, f)`.
+# write them. Head dims of 72, 80 and 96 need it; 64 and 128 do not. Step 2 also loads the
+# second half's angles ($\theta_{j+D/2}$), so it follows section 1's per-feature formula for
+# any table, not only `cat(f, f)`.
 
 # %%
 @triton.jit
@@ -342,11 +336,10 @@ for d in (64, 72, 80, 96):
 # Real inputs are views: a `[B, S, H, D]` tensor transposed to sbhd, an angle table longer than
 # the sequence. Pointers are plain addresses plus offsets in *elements*, so the kernel takes
 # every stride and reads any view without a copy. With strides the rows are no longer at
-# `row * D`, so the program splits its id into $(s, b, h)$ — $h$ fastest, the order of the rows
-# of a contiguous sbhd tensor — as int64 so that offsets of tensors beyond $2^{31}$ elements
-# cannot overflow. The data is loaded in its own dtype and converted to fp32 for the math; the
-# result is rounded once, at the store. The output is allocated contiguous, so it needs no
-# strides.
+# `row * D`, so the program splits its id into $(s, b, h)$ as in section 2, in int64 so that
+# offsets of tensors beyond $2^{31}$ elements cannot overflow. The data is loaded in its own
+# dtype and converted to fp32 for the math; the result is rounded once, at the store. The
+# output is allocated contiguous, so it needs no strides.
 
 # %%
 @triton.jit
@@ -411,27 +404,26 @@ for dtype in (torch.float32, torch.bfloat16):
 
 # %% [markdown]
 # Step 3 is a complete naive RoPE kernel. Its bf16 outputs can be one unit in the last place
-# (ulp) from the reference, as the cell's max ulp error shows: the kernel computes in fp32, the
-# reference in fp64, and now and then the two round to different neighbours. Section 7's
-# checks allow at most one ulp. The cell also prints the share of bf16 outputs that differ
-# from the reference. On the CPU it is large (the cell checks more than 30 %), because the
+# (ulp) from the reference: the kernel computes in fp32, the reference in fp64, and now and
+# then the two round to different neighbours (section 7's checks allow one ulp). On the CPU
+# the share of bf16 outputs that differ is large (the cell checks more than 30 %), because the
 # interpreter's `.to(tl.bfloat16)` truncates where a GPU rounds to nearest (section 6.3); on a
-# GPU only the outputs whose fp32 value lands near a rounding boundary differ.
+# GPU only outputs whose fp32 value lands near a rounding boundary differ.
 #
 # ### 3.4 The kernel ropelib ships
 #
-# `ropelib.course.kernels.naive` adds three compile-time switches to step 3 — a test checks
-# that this cell is the code in ropelib, line for line:
+# `ropelib.course.kernels.naive` adds three compile-time switches to step 3 (a test checks
+# that this cell is ropelib's code, line for line):
 #
 # - **`BACKWARD`** rotates by $-\theta$, which turns `grad_y` into `grad_x` (notebook 06);
 # - **`COMPUTE_DTYPE`** is fp32, or fp64 for fp64 inputs, so that `gradcheck` (PyTorch's
-#   comparison of gradients against finite differences, which needs fp64) works;
+#   finite-difference check of gradients, which needs fp64) works;
 # - **`BF16_RTNE`** makes the store round bf16 to nearest even by hand (`round_to`) when the
 #   interpreter would truncate; on a GPU it is False and `round_to` is a plain cast.
 #
-# Constexpr arguments are baked into the compiled code: each value gets its own specialised
-# kernel, so a switch that is off costs nothing. The output may also be a given tensor
-# (`out=`), hence `y`'s strides.
+# Each value of a constexpr gets its own compiled kernel, so the branch of a switch that is
+# off is not in the code that runs. The output may be a given tensor (`out=`), hence `y`'s
+# strides.
 
 # %%
 from ropelib.kernels.common import BF16_RTNE, round_to   # the rounding helper the kernel calls
@@ -494,11 +486,8 @@ def _rope_naive_kernel(
 # %% [markdown]
 # The next cell is the launcher of `ropelib.course.kernels.naive.rope_naive` under a name of
 # its own, `my_rope_naive`. It validates the inputs, allocates a contiguous output (unless
-# given `out=`), picks the constexprs and launches `_rope_naive_kernel`, which here is the
-# kernel of the cell above. The helpers it calls (input checks, tile size, grid, warps) are
-# imported from ropelib's module. Section 4 times this launcher and section 7 checks it, so an
-# edit to either cell shows up there: after an edit, run both cells again, then the cells that
-# use them.
+# given `out=`), picks the constexprs and launches the kernel of the cell above. Sections 4
+# and 7 time and check this launcher, so an edit to either cell shows up there.
 
 # %%
 from typing import Optional
@@ -530,16 +519,14 @@ def my_rope_naive(x: torch.Tensor, freqs: torch.Tensor, *, backward: bool = Fals
     return y
 
 # %% [markdown]
-# The two cells give the same bits as ropelib's `rope_naive`, and the next cell checks it, in
-# fp32 and bf16 (into an output poisoned with NaN, so a row the launch misses shows). In the
-# interpreter they also give step 3's bits in fp32: the same operations in the same order. In
-# bf16 the interpreter sets them apart: step 3's `.to()` truncates, this kernel's `round_to`
-# rounds to nearest, and the cell checks that where they differ step 3's value is the one
-# nearer zero. Compiled for a GPU, step 3 and this kernel can also differ in the last bit of
-# fp32 outputs (the cell prints how often they agree): a GPU compiler *contracts*
-# $a\cdot b \pm c\cdot d$ into a fused multiply-add, rounding one product and not the other,
-# and the two kernels, written differently, need not fuse the same product. Notebook 08 reads
-# which product a compiled kernel fuses and turns contraction off to settle such questions.
+# The next cell checks that the two cells give ropelib's `rope_naive`'s bits, in fp32 and bf16,
+# into an output poisoned with NaN, and compares them with step 3. In the interpreter they agree in fp32 (the same operations in the
+# same order); in bf16 step 3's `.to()` truncates where `round_to` rounds to nearest, and the
+# cell checks that where they differ step 3's value is the one nearer zero. Compiled for a GPU,
+# the two can differ in the last bit of fp32 outputs too (the cell prints how often they
+# agree). A likely cause: a GPU compiler may *contract* $a\cdot b \pm c\cdot d$ into a fused
+# multiply-add, rounding one product and not the other, and two kernels written differently
+# need not fuse the same product. Notebook 08 reads which product a compiled kernel fuses.
 
 # %%
 from ropelib.course.kernels.naive import rope_naive   # ropelib's, the reference here
@@ -564,8 +551,8 @@ for dtype in (torch.float32, torch.bfloat16):
 # ## 4. `BLOCK_SIZE` vs `num_warps`, and what a program costs
 #
 # The naive kernel moves no more bytes than a copy, yet takes 5.1 times as long in the H200
-# profile below, and under the profiler 4 or 8 warps make it slower still. This section
-# measures why, and the answer has two parts:
+# profile below, and more warps make it slower still. This section measures why, and the
+# answer has two parts:
 #
 # - **At 1 warp its time is the time the GPU takes to start and retire its programs.** A
 #   kernel of as many programs that do nothing takes the same time; its bytes, its bytes in
@@ -576,8 +563,8 @@ for dtype in (torch.float32, torch.bfloat16):
 #   profile at a locked clock shows the time growing with the instructions.
 #
 # 4.1 times the warps live; 4.2 profiles the naive kernel beside a copy; 4.3 times kernels
-# whose programs do nothing; 4.4 sets an H100 beside an H200 and asks what a program's cost
-# depends on; 4.5, a detour for a second reading, profiles the extra warps.
+# whose programs do nothing; 4.4 compares an H100 with an H200; 4.5, a detour for a second
+# reading, profiles the extra warps.
 #
 # ### 4.1 Tile and warps
 #
@@ -598,9 +585,9 @@ for dtype in (torch.float32, torch.bfloat16):
 # on whole tiles, with no threads, so on the CPU the four results below are bit-identical for
 # that reason alone. On a GPU they are four compiled kernels: the cell times each with
 # Triton's `do_bench` (the median of many launches) and prints
-# $\text{time} \times \text{SMs} / \text{programs}$ as "ns per program per SM". That figure is
-# a program's cost only where the programs set the time, as 4.3 finds they do at 1 warp; where
-# more warps slow the kernel (4.5), it is the kernel's time rescaled, not what a program costs.
+# $\text{time} \times \text{SMs} / \text{programs}$ as "ns per program per SM". That is a
+# program's cost only where the programs set the time, as 4.3 finds they do at 1 warp; at more
+# warps it is just the kernel's time rescaled.
 
 # %%
 results = {nw: my_rope_naive(x, freqs, num_warps=nw) for nw in (1, 2, 4, 8)}
@@ -633,8 +620,8 @@ else:
 # `benchmarks/mechanism.py` ran the naive kernel, a plain copy and the later kernels of the
 # course on an NVIDIA H200 under Nsight Compute (NVIDIA's kernel profiler), one launch each, at
 # bf16 sbhd $S = 4096, B = 8, H = 32, D = 128$ (256 MiB of `x`), and committed what the
-# profiler and the compiler reported (`benchmarks/results/mechanism-nvidia-h200.csv`). The cell
-# below reads it (`ropelib.course.measured`) and checks each point:
+# profiler and the compiler reported (`mechanism-nvidia-h200.csv`). The cell below reads it
+# (`ropelib.course.measured`) and checks each point:
 #
 # - **Not bytes.** The naive kernel and the copy both move what the bytes model says (read
 #   $x$, write $y$, read the angle table once) within a few percent, yet the naive kernel takes
@@ -650,13 +637,12 @@ else:
 #   requested and not yet returned (Little's law: bytes in flight = bandwidth × latency).
 #   `measured` bounds them per SM by resident warps × the `x` bytes a warp asks for in one step
 #   (`x KiB/SM`): the naive kernel's is a twelfth of the copy's. Yet notebook 04's kernel (the
-#   table's third row: $B$ times fewer programs, each looping over $B$ rows) asks for only 1.7
-#   times as much and runs 3.5 times faster.
-# - **The number of programs.** The second table adds two more kernels of 1,048,576 one-row
-#   programs, variants that notebook 04 builds (only their counts matter here). The three
-#   execute warp instructions 4.7 times apart and their bound on bytes in flight falls nearly
-#   threefold, yet they take the same time within 0.3 %. What they share is their number of
-#   programs.
+#   third row: $B$ times fewer programs of $B$ rows) asks for only 1.7 times as much and runs
+#   3.5 times faster.
+# - **The number of programs.** The second table adds two variants that notebook 04 builds,
+#   also of 1,048,576 one-row programs. The three execute warp instructions 4.7 times apart and
+#   their bound on bytes in flight falls nearly threefold, yet they take the same time within
+#   0.3 %. What they share is their number of programs.
 
 # %%
 from ropelib.bench import compare
@@ -725,9 +711,9 @@ assert max(times) / min(times) < 1.003 and max(kib) / min(kib) > 2.5   # bytes i
 #
 # If the programs set the time, a kernel on the naive kernel's grid whose programs do nothing
 # should take as long. `benchmarks/program_cost.py` timed two such kernels on the same H200
-# with `do_bench`, each at 1, 2, 4 and 8 warps: `empty`, whose body is empty (no loads, no
-# stores), and `one row`, whose program loads its 256-byte row of `x` and stores it to `y`
-# (the naive kernel's traffic without its angles and arithmetic). The cell below reads them.
+# with `do_bench`, each at 1, 2, 4 and 8 warps: `empty`, whose body is empty, and `one row`,
+# whose program copies its 256-byte row of `x` to `y` (the naive kernel's traffic without its
+# angles and arithmetic).
 
 # %%
 cost_meta, cost_rows = measured.load("program_cost")
@@ -759,26 +745,23 @@ assert round(life_us, 1) == 1.4
 # A million programs that do nothing take as long as the naive kernel (within 1 %), and as
 # long as a million programs that each move their row, at any number of warps. So at 1 warp
 # the naive kernel's time is the time the GPU takes to start and retire its programs: 0.60 ns
-# a program for the whole GPU (4.2's cell), which spread over 132 SMs is about 80 ns per
-# program on each SM (a reading 4.4 qualifies); its loads, stores and arithmetic fit under it.
+# a program for the whole GPU, about 80 ns per program on each of 132 SMs (a reading 4.4
+# qualifies); its loads, stores and arithmetic fit under it.
 #
 # Occupancy follows from that start rate; it does not set it. Little's law holds for programs
-# too: resident programs = start rate × life of a program. One start per 80 ns on each SM (on
-# average, wherever the limit on starts sits) and
+# too: resident programs = start rate × life of a program. One start per 80 ns on each SM and
 # about 18 programs resident means each lives about 18 × 80 ns ≈ 1.4 µs. A program that lived
 # longer would raise the occupancy, not the start rate: that is how the three kernels of a
 # million programs in 4.2 reach occupancies 2.9 times apart in the same time.
 #
-# **Now on this GPU.** The next cell writes the two kernels, so you can read and change them,
-# and runs each once beside `my_rope_naive` at this page's shape, checking what each writes
-# (in the interpreter on the CPU: the empty kernel nothing, the one-row kernel `x` itself). On
-# a GPU it then times the three and a device copy at the profile's shape, a million programs.
-# It then times the empty kernel on $k$ programs per SM for four $k$: if each program costs a
-# fixed time, each step in $k$ adds that time per added program, and the cell checks those
-# slopes against the million programs' figure (within 20 %) and that figure against about
-# 80 ns. Predict first: which of the four take about the same time? Then change a kernel (give
-# the empty kernel a loop of arithmetic, or `_one_row_kernel` two rows a program on half the
-# grid) and see which change moves the time.
+# **Now on this GPU.** The next cell writes the two kernels so you can read and change them,
+# and checks what each writes (the empty kernel nothing, the one-row kernel `x` itself). On a
+# GPU it then times both, `my_rope_naive` and a copy at the profile's shape, and the empty
+# kernel on $k$ programs per SM for four $k$: if each program costs a fixed time, each step in
+# $k$ adds that time per added program (the cell checks the slopes against the million
+# programs' figure, within 20 %). Predict first: which of the four take about the same time?
+# Then give the empty kernel a loop of arithmetic, or `_one_row_kernel` two rows a program on
+# half the grid, and see which change moves the time.
 
 # %%
 @triton.jit
@@ -871,15 +854,12 @@ else:
 # ### 4.4 Two GPUs: the same naive time, a different copy
 #
 # The H100 of the committed run (the SXM module, "H100 80GB HBM3") and the H200 are both
-# Hopper GPUs with 132 SMs; the H200's memory delivers more bandwidth. If the naive kernel's
-# time is its programs' starts, it should take the same time on both, while the copy, which is
-# set by bandwidth, runs faster on the H200. So the ratio
-# naive / copy is not a property of the kernel alone: it grows with the GPU's bandwidth.
-# `benchmarks/generations.py` timed the naive kernel and a copy with `do_bench` on both GPUs
-# at the profile's shape, and committed `generations-nvidia-h200.csv` and
-# `generations-nvidia-h100-80gb-hbm3.csv`. The cell reads both, sets the H200 profile's of 4.2
-# (Nsight Compute, one launch, clocks not locked) beside them, and on a GPU adds this page's live
-# times from 4.3; the figure draws the committed ones.
+# Hopper GPUs with 132 SMs; the H200's memory is faster. If the naive kernel's time is its
+# programs' starts, it should take the same time on both, while a copy should run faster on
+# the H200. `benchmarks/generations.py` timed the naive kernel and a copy with `do_bench` on
+# both GPUs at the profile's shape (`generations-*.csv`). The cell reads both, sets 4.2's
+# profile (Nsight Compute, one launch, clocks not locked) beside them, and on a GPU adds this
+# page's live times from 4.3; the figure draws the committed ones.
 
 # %%
 two = {}
@@ -943,40 +923,33 @@ def draw_two_gpus(two, empty_us, path):
 draw_two_gpus(two, empty["us"], FIGURES / "03-naive-vs-copy-two-gpus.png")
 
 # %% [markdown]
-# A faster memory speeds up the copy and leaves the naive kernel where its programs put it, so
-# naive / copy is a property of the GPU as much as of the kernel (and of the timer: the
-# profile's one launch had a faster copy than `do_bench`'s median). A live ratio is read
-# against its own GPU's committed run, where there is one.
+# The copy takes 1.40 times as long on the H100; the naive kernel takes the same time on both
+# (1.000×). So naive / copy, 4.9 on the H200 and 3.5 on the H100, is a property of the GPU as
+# much as of the kernel (and of the timer: the profile's one launch had a faster copy than
+# `do_bench`'s median, hence its 5.1). A live ratio is read against its own GPU's committed
+# run, where there is one.
 #
 # **What these GPUs cannot tell apart.** Both have 132 SMs, so "80 ns per program on each SM"
 # and "0.60 ns per program for the whole GPU" are one measurement written two ways. A cost each
-# SM pays per program would make the time fall with more SMs; a limit on how fast the GPU as a
-# whole hands out programs would not. No committed file has a GPU with another SM count or a
-# launch confined to fewer SMs, so the per-SM reading is an assumption, not a finding (4.3's
-# slopes show a fixed cost a program, not where it is paid).
-# Exercise 5's prediction and the program floor the course uses elsewhere divide by the SM
-# count and rest on it; on a 132-SM GPU the two readings predict the same times.
-#
-# (Two committed H200 profiles of notebook 04's kernel at $B = 1$, one at a locked and one at
-# a free SM clock, `ladder_stalls_ncu-nvidia-h200-*.csv`, show a program's cost barely moving
-# with the SM clock; a limit outside the SMs fits that, and so does a per-SM cost paid at
-# another clock: they do not settle it either.)
+# SM pays would make the time fall with more SMs; a limit on how fast the GPU as a whole hands
+# out programs would not. No committed file has a GPU with another SM count, so the per-SM
+# reading, on which exercise 5's prediction rests, is an assumption, not a finding; on a 132-SM
+# GPU the two readings predict the same times.
 #
 # ### 4.5 What the extra warps cost
 #
 # *A detour for a second reading: the rest of the notebook uses only its conclusion, that more
-# warps than a tile needs add instructions.*
+# warps add instructions, even where no thread holds a copy.*
 #
-# A half of a head row is a tile of 64 pairs: one warp's 32 threads hold two pairs each, two
+# A half of a $D = 128$ row is a tile of 64 features: one warp's 32 threads hold two each, two
 # warps' 64 threads one each. With four and eight warps Triton's layout still gives every
-# thread an element: threads hold copies of the same pairs, and each copy is loaded and rotated
-# again. `benchmarks/naive_warps_ncu.py` profiled the naive kernel at 1, 2, 4 and 8 warps and
-# the one-row kernel at 1 and 8, on the same H200 and `x`, with the SM clock locked at Nsight
-# Compute's default, 1.50 GHz: compare these times with each other, not with `do_bench`'s. Per
-# launch: the time, the warp instructions, the global load instructions and the 32-byte sectors
-# they asked for (section 5), the share of cycles in which a *warp scheduler* (four per SM,
-# each picking a ready warp a cycle) issued, and how many cycles a ready warp waited to be
-# picked (`not_selected`).
+# thread an element: threads hold copies of the same features, and each copy is loaded and
+# rotated again. `benchmarks/naive_warps_ncu.py` profiled the naive kernel at 1, 2, 4 and 8
+# warps and the one-row kernel at 1 and 8, on the same H200 and `x`, with the SM clock locked
+# at 1.50 GHz: compare these times with each other, not with `do_bench`'s. Besides time,
+# instructions, loads and the 32-byte sectors they asked for (section 5), the table gives the
+# share of cycles in which a *warp scheduler* issued an instruction, and how many cycles a
+# ready warp waited to be picked (`not selected`).
 
 # %%
 nw_csv = measured.RESULTS / "naive_warps_ncu-nvidia-h200.csv"
@@ -1027,17 +1000,16 @@ assert all(round(m["gpc__cycles_elapsed.max"] / m["gpu__time_duration.sum"], 2) 
 # %% [markdown]
 # At 1 warp the naive kernel takes the one-row kernel's time, but its schedulers already issue
 # in 72 % of their cycles against 4 %: its work nearly fills the time its programs take to
-# start. From 2 warps on the schedulers are nearly full and the time grows with the
-# instructions; from 4 warps on the load sectors double with each doubling of the warps, copies
-# of the same pairs loaded again. At a free clock 2 warps may take 1 warp's time: 4.1's live
-# cell checks only that 8 warps take longer than 2.
+# start. From 2 warps on the schedulers issue in 83 to 84 % of cycles and the time grows with
+# the instructions; from 4 warps on the load sectors double with each doubling of the warps,
+# copies of the same features loaded again. At a free clock 2 warps may take 1 warp's time:
+# 4.1's live cell checks only that 8 warps take longer than 2.
 #
-# Yet 2 warps, one pair a thread and no copies, execute 1.38 times the instructions of 1.
-# Which ones? The next cell compiles the naive kernel for sm_90 here at 1 and 2 warps, as the
-# profile launched it, and counts in its machine code (SASS) what one thread runs when its
-# angles take the sine's and cosine's short path (every position of the profile does), by kind
-# (`ropelib.course.nb03_warps`); times the warps, that is what a program runs. Beside it, the
-# profile's own instruction classes.
+# Yet 2 warps, one feature a thread and no copies, execute 1.38 times the instructions of 1.
+# Which ones? The next cell compiles the naive kernel for sm_90 at 1 and 2 warps, as the
+# profile launched it, and counts by kind what one thread runs in its machine code (SASS) when
+# its angles take the sine's and cosine's short path (every position of the profile does);
+# times the warps, that is what a program runs. Beside it, the profile's instruction classes.
 
 # %%
 from ropelib.course import nb03_layouts, nb03_warps   # a tile's layout; a thread's SASS, by kind
@@ -1096,14 +1068,14 @@ assert extra["integer"] + extra["memory"] >= 0.75 * (total[2] - total[1]), extra
 assert regs[1] >= regs[2] and programs_per_sm(regs[1], 1, 0).limited_by == ["programs"]
 
 # %% [markdown]
-# Halving a thread's features halves its float work (the angles' reduction and polynomials, the
-# rotation), so a program's does not move. Most of the integer work (the row's `s`, `b` and
-# `h` from the program id, then the addresses) every thread does whatever its features, so two
-# warps do it nearly twice. And a thread issues as many loads and stores at 2 warps as at 1,
-# each of one element instead of two: a program's double. The profile's classes agree: the same
-# floating-point instructions at both, more than half as many integer ones again. The 1-warp
-# thread holds more registers, but one-warp programs are limited to 32 on an SM (4.2), not by
-# registers.
+# Halving a thread's features halves its float work, so a program's does not move. Most of the
+# integer work (the row's `s`, `b` and `h` from the program id, then the addresses) every
+# thread does whatever its features, so a program of two warps runs more than 1.4 times the
+# integer instructions of one (the table's program columns). And a thread issues as many
+# loads and stores at 2 warps as at 1, each of one element instead of two: a program's double.
+# The profile's classes agree: the same floating-point instructions at both, more than half as
+# many integer ones again. The 1-warp thread holds more registers, but one-warp programs are
+# limited to 32 on an SM (4.2), not by registers.
 #
 # Hence `default_num_warps` gives a tile at least as many elements as threads (one warp per
 # 128 elements of a half), and the cure for the program count is fewer programs, each doing
@@ -1114,24 +1086,23 @@ assert regs[1] >= regs[2] and programs_per_sm(regs[1], 1, 0).limited_by == ["pro
 #
 # Rotate-half pairs feature $j$ with $j + D/2$; the interleaved form (GPT-J, exercise 4) pairs
 # neighbours, $2j$ with $2j+1$. This section asks what each way of loading the pairs costs in
-# the memory a GPU actually fetches, and which way of writing the interleaved loads runs at a
-# copy's speed.
+# the memory a GPU fetches, and which way of writing the interleaved loads runs at a copy's
+# speed.
 #
 # A GPU does not move single elements between memory and its SMs. The unit is a **sector** of
-# 32 aligned bytes (a 128-byte cache line is four of them). When the 32 threads of a warp run a
-# load, the hardware gathers the addresses of all of them and fetches every sector they touch,
-# once; a load is *coalesced* when its lanes cover whole sectors, so every byte fetched is
-# used. The L1 cache of each SM keeps recently loaded sectors, so a second load of the same
-# sectors soon after is served from L1 without going back to L2 (the cache all SMs share) or
-# DRAM. Stores are different:
-# L1 does not collect them — each store instruction sends its sectors on to L2 at once, with a
-# mask of the bytes it writes. L1 softens a wasteful pattern of loads, but not of stores.
+# 32 aligned bytes. When the 32 threads of a warp run a load, the hardware gathers their
+# addresses and fetches every sector they touch, once; a load is *coalesced* when its lanes
+# cover whole sectors, so every byte fetched is used. The L1 cache of each SM keeps recently
+# loaded sectors, so a second load of the same sectors soon after can be served from L1
+# without going back to L2 (the cache all SMs share) or DRAM. Stores are different: L1 does
+# not collect them; each store instruction sends its sectors on to L2, with a mask of the
+# bytes it writes. So L1 can soften a wasteful pattern of loads, but not of stores; the
+# counters at the end of the section check both.
 #
 # Four ways to load and store the pairs of a row, as RoPE kernels do:
 #
 # - **(a) rotate-half**: the two halves are two contiguous runs (`offs`, `HALF + offs`);
-# - **(b) interleaved, stride 2**: the even features `2*j` and the odd `2*j + 1` as two loads,
-#   the way the exercise at the end can be solved;
+# - **(b) interleaved, stride 2**: the even features `2*j` and the odd `2*j + 1` as two loads;
 # - **(c) interleaved, one contiguous load split in registers**: a `[pairs, 2]` tile at offsets
 #   `2*j[:, None] + [0, 1]` is one contiguous run; `tl.split` separates even and odd in
 #   registers, `tl.join` puts them back for one contiguous store;
@@ -1140,9 +1111,9 @@ assert regs[1] >= regs[2] and programs_per_sm(regs[1], 1, 0).limited_by == ["pro
 #   (`WHOLE_ROWS=True` below). It touches exactly the bytes (c) touches.
 #
 # (b) to (d) below are a pair swap, `y[2j] = x[2j+1]`, `y[2j+1] = x[2j]`: RoPE's data
-# movement without its arithmetic. Nothing here is computed from the source:
-# `ropelib.course.access.record` runs a launch in the interpreter with `tl.load`/`tl.store` wrapped
-# and returns the byte address of every lane each instruction touched.
+# movement without its arithmetic. `ropelib.course.access.record` runs a launch in the
+# interpreter with `tl.load`/`tl.store` wrapped and returns the byte address of every lane
+# each instruction touched.
 
 # %%
 # ropelib-source: ropelib.course.kernels.pair_swap._pair_swap_kernel
@@ -1282,27 +1253,24 @@ draw_sectors(recorded, FIGURES / "03-access-sectors.png")
 # out from its addresses by `access.record`, not measured on a GPU (the counters further down
 # are).* Read the picture row by row. In (a) each instruction covers 4 whole sectors: every
 # byte moved is used. In (b) each instruction touches all 8 sectors of the row and uses 16 of
-# the 32 bytes of each: the loads *request* twice the sectors they need. On a GPU the second
-# stride-2 load can find those sectors still in L1, and then DRAM traffic does not grow; what
-# doubles in any case is the load instructions and L1 requests. The two stride-2 stores cannot
-# be saved that way: each sends 8 half-written sectors to L2, in this model twice the store
-# traffic of (c). In the interpreter's model, (c) and (d) cover the row with one instruction
-# in whole sectors, and the swap happens in registers. The GPU's counters below (of the code
-# Triton 3.6 compiled) show that on a GPU this holds for (d) only.
+# the 32 bytes of each: loads and stores alike *request* twice the sectors they need. On a GPU
+# the second stride-2 load may find its sectors still in L1; the stores have no such help. In
+# this model (c) and (d) cover the row with one instruction in whole sectors, and the swap
+# happens in registers. The GPU's counters below (of the code Triton 3.6 compiled) show that on
+# a GPU this holds for (d) only.
 #
-# One thing the interpreter cannot show: an "instruction" here is one `tl.load` of the whole
-# tile. On a GPU the compiler splits it into warp instructions, and the **layout** it picks
-# decides which lanes of a warp go together. For that it needs to know which offsets are
-# contiguous, and it knows only what it can prove from the index arithmetic. In (c) the
-# offsets `2*j + [0, 1]` are contiguous along the last axis only, two elements long; in (d)
+# What the interpreter cannot show: an "instruction" here is one `tl.load` of the whole tile.
+# On a GPU the compiler splits it into warp instructions, and the **layout** it picks decides
+# which lanes of a warp go together. For that it must know which offsets are contiguous, and
+# it knows only what it can prove from the index arithmetic. In (c) the offsets
+# `2*j + [0, 1]` are contiguous along the last axis only, two elements long; in (d)
 # `tl.arange(0, D)` is one run of the whole row.
 #
 # So whether (c) runs like (d) on a GPU is the compiler's choice. The next cell compiles both
 # for sm_90 here (no GPU needed) and works out from the compiled layout which sectors one
 # warp's load touches. On a GPU the cell after it times all five kernels on a large tensor, 16
-# rows per program, beside a device copy of the same bytes. Expect a stride-2 load to cost
-# little (L1 catches it), a stride-2 store more, and (c) against (d) as the compiled layout
-# says.
+# rows per program, beside a device copy of the same bytes. Predict before it runs: what does
+# a stride-2 load cost, a stride-2 store, and (c) against (d)?
 
 # %%
 # ropelib's pair swap, the cell above's code, compiled for sm_90 (here, or under the interpreter
@@ -1373,7 +1341,7 @@ else:
 
 # %% [markdown]
 # What happened inside: the same five kernels under Nsight Compute on the H200
-# (`benchmarks/access_counters.py`, committed in `benchmarks/results/access_counters-*.csv`).
+# (`benchmarks/access_counters.py`, `benchmarks/results/access_counters-*.csv`).
 # For each kernel: the global load and store **requests** (one per warp instruction), the
 # sectors they asked L1 for, the share of load sectors L1 already held, the sectors L1 had to
 # read from L2 and sent on to L2 as writes, and the bytes read from DRAM. A copy moves
@@ -1439,14 +1407,14 @@ assert all(abs(r["dram_read_bytes"] - c["model_bytes"] / 2) < 0.02 * c["model_by
 # - **(c), as Triton 3.6 compiles it, is not what the interpreter drew.** Each load request
 #   uses 128 bytes over 16 sectors, a quarter of each; L1 serves the other touches, but the
 #   stores are laid out the same way, and L2 receives 3.8 times the sectors a copy writes.
-#   That, not the split and join ((d) does those too), makes (c) take 3.3 times the copy's
-#   time. Why a quarter: a warp's lanes spread over many rows, a few bytes of each (the
-#   compiled layout, read below).
+#   (c) takes 3.3 times the copy's time. The split and join are not what sets it apart: (d)
+#   does them too and runs at a copy's speed. Why a quarter: a warp's lanes spread over many
+#   rows, a few bytes of each (the compiled layout, read below).
 # - **(b), stride-2 loads,** double the requests, and L1 serves most of them (87.5 % hits): L2
 #   and DRAM read what (c) reads, and the time does not move.
 # - **Stride-2 stores** send L2 2.1 times the sectors (c) sends, 4 of each sector's 32 bytes
-#   written, and the time more than doubles. DRAM writes do not change: L2 keeps the pieces
-#   of a sector until it writes it back whole; the traffic from L1 to L2 is what grows.
+#   written, and the time more than doubles. DRAM writes do not change, so the pieces meet in
+#   L2 before they reach DRAM; the traffic from L1 to L2 is what grows.
 # - **(d), whole rows,** gives the compiler `tl.arange(0, D)`: each request is 512 bytes in 16
 #   whole sectors, L2 sees a copy's sectors, and the kernel runs as fast as the copy, its
 #   pairs split and joined in registers by `tl.reshape`. This is how ropelib's finished kernel
@@ -1459,11 +1427,10 @@ assert all(abs(r["dram_read_bytes"] - c["model_bytes"] / 2) < 0.02 * c["model_by
 
 # %% [markdown]
 # **Detour: the compiled code of (c) and (d)** (for a second reading). The cell before the
-# timings read, from the TTGIR, the `#ttg.blocked` layout of the loaded tile (`sizePerThread`:
+# timings read the `#ttg.blocked` layout of the loaded tile from the TTGIR (`sizePerThread`:
 # the run one lane holds; `threadsPerWarp`: how a warp's lanes spread over the tile's axes;
-# `order`: which axis counts fastest) and, from the PTX, the width of the loads and stores.
-# The next cell places a warp's 32 lanes with them (`ropelib.course.nb03_layouts`) and counts
-# what one load touches, beside the counters.
+# `order`: which axis counts fastest) and the width of the loads and stores from the PTX. The
+# next cell places a warp's 32 lanes with them and counts what one load touches.
 
 # %%
 swap_programs = 262144 // 16   # the counters' launch: 16 rows a program
@@ -1501,8 +1468,8 @@ else:
 
 # %% [markdown]
 # With Triton 3.6 the compiler proves only the last axis of (c)'s tile contiguous, two
-# elements long: each lane loads one pair, and the warp's lanes run down 16 rows, a few bytes
-# of each, which is the quarter-used sectors the counters saw. (d)'s lanes load 16 bytes each
+# elements long: each lane loads one pair, and the warp's lanes run down 16 rows, 8 bytes of
+# each: the quarter-used sectors the counters saw. (d)'s lanes load 16 bytes each
 # along whole rows. Another Triton may lay (c) out otherwise (the cell says so when it does).
 
 # %% [markdown]
@@ -1515,10 +1482,9 @@ else:
 #
 # `tl.device_print` works everywhere (on a GPU its output goes to the terminal that started
 # Jupyter, not to the notebook); in the interpreter plain `print` works too and shows whole
-# tiles. Here is the naive kernel's index math for two programs of a $D = 72$ row. On a GPU
-# machine the cell runs the kernel through the interpreter all the same, on the CPU:
-# `access.interpreted(kernel)` is the interpreted kernel, the tool section 5 recorded
-# addresses with. So the tiles print on every page.
+# tiles. Here is the naive kernel's index math for two programs of a $D = 72$ row. The cell
+# runs the kernel through the interpreter on every machine (`access.interpreted`, the tool
+# section 5 recorded addresses with), so the tiles print on every page.
 
 # %%
 @triton.jit
@@ -1543,24 +1509,22 @@ access.interpreted(_peek_kernel)[(2,)](2, 3, HALF=half, BLOCK_HALF=block)
 # ### 6.2 Catch out-of-bounds accesses
 #
 # A GPU does not complain when a kernel writes past the end of a row: it overwrites the next
-# row, or memory that is not yours. The interpreter does not check either — an unmasked access
-# past the end of a tensor reads or corrupts the Python process's memory. On a GPU the standard
-# checker is NVIDIA's `compute-sanitizer python script.py`: its default tool, memcheck, reports
-# accesses outside any allocation, though not a write into the next row of the same tensor (nor
-# into a neighbour that PyTorch's caching allocator placed in the same block). Two tools catch
-# this bug, the first in the interpreter, the second on any device.
+# row, or memory that is not yours. NVIDIA's `compute-sanitizer python script.py` (its default
+# tool, memcheck) reports accesses outside any allocation, but not a write into the next row
+# of the same tensor. Two tools catch that bug, the first in the interpreter, the second on
+# any device.
 #
 # Below is a toy kernel that rotates rows of a contiguous `[ROWS, D]` tensor (position = row)
-# with one bug switch: `MASK_STORES=False` forgets the masks on the stores, the most common
-# mistake with non-power-of-two rows. For $D = 72$ the second half's store then writes lanes
-# 36…63 of `offs + HALF`, i.e. elements 72…99: the first 28 elements of the *next* row.
+# with one bug switch: `MASK_STORES=False` forgets the masks on the stores, a common mistake
+# with non-power-of-two rows. For $D = 72$ the second half's store then writes lanes 36…63 of
+# `offs + HALF`, i.e. elements 72…99: the first 28 elements of the *next* row.
 #
 # **Tool 1: `assert` in the kernel.** The interpreter runs a Python `assert` in a `@triton.jit`
 # function as the plain Python statement it is, so it is always checked. On a GPU, Triton
 # compiles the same line to `tl.device_assert`, which is only active when the kernel is compiled
 # with `TRITON_DEBUG=1`. The assert must come *before* the access it guards. The cell below
-# runs the buggy kernel in the interpreter, on CPU copies of the inputs on a GPU machine too,
-# and shows the assert fire.
+# runs the buggy kernel in the interpreter (on CPU copies of the inputs, on every machine) and
+# shows the assert fire.
 
 # %%
 @triton.jit
@@ -1642,13 +1606,12 @@ for mask_stores in (True, False):
         assert report["written after"] == block - half   # the last row spills 28 elements
 
 # %% [markdown]
-# On a GPU the programs run in parallel in no fixed order, and the buggy run's output may or
-# may not match the reference: a row's spill can land after the next row's own store. On the
-# CPU it can even *match*, because the interpreter runs the programs in order and each row's
-# own store overwrites the garbage its neighbour spilled into it; only the last row's spill,
-# into the guard band, gives it away. A check that only compares outputs can pass it; the guard
-# band catches it on every run, whatever the order of the programs, as the last row's spill
-# lands there. The kernel checks of this notebook's exercises use guard bands for that reason.
+# On a GPU the programs run in no fixed order, so the buggy run's output may or may not match
+# the reference: a row's spill can land after the next row's own store. On the CPU it can even
+# *match*, because the interpreter runs the programs in order and each row's own store
+# overwrites what its neighbour spilled into it. A check that only compares outputs can pass
+# the bug; the guard band catches it on every run, because the last row's spill always lands
+# there. The kernel checks of this notebook's exercises use guard bands for that reason.
 #
 # ### 6.3 Where the interpreter differs from a GPU
 #
@@ -1656,8 +1619,7 @@ for mask_stores in (True, False):
 # fp32 to bf16 by **truncation**, while a GPU (and `torch`) rounds to nearest even. A kernel
 # that ends in `.to(tl.bfloat16)` is then off by one unit in the last place in many of its
 # outputs in the interpreter (the cell checks more than 30 %), and right on a GPU (it checks
-# 0 %). The cell runs the same kernel on the same values in the interpreter on every machine,
-# and on a GPU as well where there is one, so a GPU page shows the two side by side.
+# 0 %). The cell runs the same kernel in the interpreter and, where there is one, on the GPU.
 
 # %%
 @triton.jit
@@ -1683,16 +1645,14 @@ if GPU:
     assert differ_gpu == 0.0
 
 # %% [markdown]
-# ropelib's kernels store through `round_to` (in `ropelib/kernels/common.py`), which rounds
-# to nearest even by hand in the interpreter and is a plain cast on a GPU, so both give the same
-# bits. The lesson generalises: when the interpreter and the GPU disagree in the last bit, check
-# the casts first.
+# ropelib's kernels store through `round_to` (section 3.4), which rounds to nearest even by
+# hand in the interpreter and is a plain cast on a GPU, so both give the same bits. When the
+# interpreter and the GPU disagree in the last bit, check the casts first.
 
 # %% [markdown]
 # ## 7. Correctness, the way ropelib's tests check it
 #
-# `tests/test_kernels_teaching.py` checks the kernel like this, and so should every kernel you
-# write:
+# `tests/test_kernels_teaching.py` checks the kernel like this, and so should you:
 #
 # 1. fresh random inputs, against an fp64 reference rounded **once** to the output dtype;
 # 2. dtype-aware tolerances: at most one unit in the last place for bf16/fp16;
@@ -1701,7 +1661,7 @@ if GPU:
 # 5. awkward shapes: non-power-of-two halves, non-contiguous views, a table longer than the
 #    sequence.
 #
-# The cell checks `my_rope_naive`, so it checks an edit of section 3.4's cells too.
+# The cell checks `my_rope_naive`, so it checks your edits of section 3.4 too.
 
 # %%
 def check_kernel(kernel, x, freqs):
@@ -1732,31 +1692,27 @@ for dtype in (torch.float32, torch.float16, torch.bfloat16):
 
 # %% [markdown]
 # The kernel is correct, and section 4 measured why it is not fast: its time is the time the
-# GPU takes to start and retire its one-row programs, a million of them at the profile's
-# shape. Notebook 04 gives each program the $B$ rows of one position and head: $B$ times fewer
-# programs, each reusing its cos/sin $B$ times.
+# GPU takes to start and retire its one-row programs. Notebook 04 gives each program the $B$
+# rows of one position and head: $B$ times fewer programs, each reusing its cos/sin $B$ times.
 #
 # ## Exercises
 #
-# Exercises 1–3 came with the sections they belong to. The last two ask for kernels.
+# Exercises 1–3 came with their sections. The last two ask for kernels.
 #
 # **Exercise 4: write a kernel.** Rotate the **interleaved** form (GPT-J, RoFormer), where pair
 # $j$ is features $(2j, 2j+1)$, with **partial rotary**: only the first `R` features are rotated,
-# the last `D - R` pass through unchanged (as in models that rotate part of each head). The angle
-# table is TE's interleaved one, `[P, R]` with each angle twice: `f0 f0 f1 f1 …`, so pair $j$
-# turns by `freqs[s, 2j]`:
+# the last `D - R` pass through unchanged. The angle table is TE's interleaved one, `[P, R]`
+# with each angle twice: `f0 f0 f1 f1 …`, so pair $j$ turns by `freqs[s, 2j]`:
 #
 # $$ y_{2j} = x_{2j}\cos\theta_j - x_{2j+1}\sin\theta_j, \qquad
 #    y_{2j+1} = x_{2j+1}\cos\theta_j + x_{2j}\sin\theta_j, \qquad 0 \le j < R/2 , $$
 #
-# and $y_k = x_k$ for $k \ge R$. The check launches *your kernel* itself, one program per row,
-# on fresh random inputs (sbhd and a transposed bshd view, fp32 and bf16, a head dim whose pairs
-# do not fill a power-of-two tile, `R < D`), into an output buffer it allocates and fills with
-# NaN; only what your kernel stores counts. Write the body; keep the signature. Sections 3.2,
-# 3.3 and 5 have all the pieces. Store with `.to(y_ptr.dtype.element_ty)`: the check compares
-# 16-bit outputs within a rounding, and, like every kernel check of the course, it refuses a
-# kernel that calls ropelib's own `@triton.jit` helpers — `round_to`, which the kernels above
-# store through, among them.
+# and $y_k = x_k$ for $k \ge R$. The check launches *your kernel*, one program per row, on
+# fresh random inputs (sbhd and a transposed bshd view, fp32 and bf16, a head dim whose pairs
+# do not fill a power-of-two tile, `R < D`), into a NaN-filled output inside guard bands.
+# Write the body; keep the signature. Sections 3.2, 3.3 and 5 have all the pieces. Store with
+# `.to(y_ptr.dtype.element_ty)`: the check compares 16-bit outputs within a rounding, and it
+# refuses a kernel that calls ropelib's own `@triton.jit` helpers, `round_to` among them.
 
 # %%
 @triton.jit
@@ -1781,10 +1737,9 @@ solution(ex.solution_rope_interleaved.fn, title="Solution: an interleaved, parti
 # %% [markdown]
 # The solution uses two stride-2 loads and stores, pattern (b) of section 5. Rewrite it with one
 # contiguous `[BLOCK_PAIRS, 2]` load, `tl.split` and `tl.join` (pattern (c)), then with the
-# row's offsets `tl.arange` of the whole row and `tl.reshape` (pattern (d)), and run the check
-# after each; record all three with `access.record` and compare their sectors. The interpreter
-# draws (c) and (d) alike: section 5's counters say which of them ran at a copy's speed with
-# Triton 3.6, and its compiled layout what your Triton makes of each.
+# whole row's `tl.arange` and `tl.reshape` (pattern (d)), and run the check after each. The
+# interpreter draws (c) and (d) alike; section 5's compiled layout says what your Triton makes
+# of each.
 #
 # **Exercise 5: fewer programs, each doing more.** Section 4 found the naive kernel's time set
 # by its number of programs. Test that with your own kernel. Give step 3's kernel (section 3.3)
@@ -1796,8 +1751,7 @@ solution(ex.solution_rope_interleaved.fn, title="Solution: an interleaved, parti
 #
 # The check launches your kernel with `ROWS` from 1 to 8 into a NaN-filled output inside guard
 # bands, launches program 0 alone (it must rotate its own `ROWS` rows and no others), and counts
-# in the interpreter the sines and cosines a program evaluates: one row's worth, not `ROWS`
-# rows'.
+# the sines and cosines a program evaluates: one row's worth, not `ROWS` rows'.
 
 # %%
 @triton.jit
@@ -1824,9 +1778,8 @@ solution(ex.solution_rope_rows.fn, title="Solution: ROWS heads of one token a pr
 # %% [markdown]
 # Before you time it, predict. Write `my_predicted_us(n_rows, rows_per_program, sms,
 # ns_per_program_per_sm, copy_us)`: the time in µs of such a kernel if each program costs
-# `ns_per_program_per_sm` on each of `sms` SMs, the SMs working side by side. That is the
-# per-SM reading of 4.3's cost, which section 4.4 could not test against the other. No kernel
-# is faster than a copy of its bytes, `copy_us`, so that is a floor.
+# `ns_per_program_per_sm` on each of `sms` SMs working side by side (the per-SM reading of
+# 4.3's cost, section 4.4). No kernel is faster than a copy of its bytes, `copy_us`: a floor.
 
 # %%
 def my_predicted_us(n_rows, rows_per_program, sms, ns_per_program_per_sm, copy_us):
@@ -1839,15 +1792,13 @@ pred_ok = ex.check_predicted_us(my_predicted_us)
 solution(ex.solution_predicted_us)
 
 # %% [markdown]
-# Now the experiment. An H200 has run it with notebook 04's kernel, which is built as yours is
-# (`ROWS` heads of one position a program, cos and sin once a program): `benchmarks/ablation.py`
-# timed it at bf16 $S = 32768$, $B = 1$, $H = 32$, $D = 128$ with 1, 2, 4 and 8 heads a program
-# (`benchmarks/results/ablation-nvidia-h200.csv`). The cell prints, for each `ROWS`, your
-# prediction (the worked one until yours passes) beside that time. On a GPU it then times
-# **your kernel** (the worked one until yours passes) at this page's shape and the same warps,
-# beside a prediction for this GPU: its SMs, its copy's time and 4.3's cost of a program
-# measured on it. Its last line prints measured / predicted for each `ROWS`: near 1 where the
-# model holds, above it where something the model leaves out sets the time.
+# Now the experiment. An H200 has run it with notebook 04's kernel, built as yours is (`ROWS`
+# heads of one position a program, cos and sin once a program): `benchmarks/ablation.py` timed
+# it at bf16 $S = 32768$, $B = 1$, $H = 32$, $D = 128$ with 1, 2, 4 and 8 heads a program
+# (`ablation-nvidia-h200.csv`). The cell prints your prediction (the worked one until yours
+# passes) beside each time. On a GPU it then times **your kernel** (likewise) at this page's
+# shape and the same warps, beside a prediction from this GPU's SMs, copy time and 4.3's
+# cost of a program. Its last line prints measured / predicted: near 1 where the model holds.
 
 # %%
 predict = my_predicted_us if pred_ok else ex.solution_predicted_us
@@ -1915,15 +1866,14 @@ else:
 # In the H200's ablation, at 1 and 2 rows a program the measurement lands within 2 % of the
 # worked prediction: the kernel takes the time its programs take to start. At 4 rows the
 # programs alone would take 158 µs and the kernel takes 175; at 8 they would take half of 158,
-# under the copy's 130 µs, and it takes 154. There the kernel takes more than either limit:
-# starting programs and moving bytes do not hide each other perfectly. Notebook 05 (section 2)
-# measures the second limit: how many bytes each SM must have in flight for a kernel to stream
-# at a copy's speed. Where does your prediction stop holding, in the ablation and in your
-# kernel's live rows, and why there? The prediction has no term for warps, but threads that
-# outnumber a tile's elements repeat its work (section 4.5), and both tables launch 4 rows on 2
-# warps (their warps column): time your kernel at 1 and at 4 warps too.
-# The appendix shows what the check's sin/cos count guards against: the same kernel evaluating
-# cos and sin for every row is slower at 8 rows than at 2.
+# under the copy's 130 µs, and it takes 154. There the kernel takes longer than either limit,
+# and the model, which keeps only the larger, says nothing about why; notebook 05 (section 2)
+# measures what a kernel needs to stream at a copy's speed. Where does your prediction stop
+# holding, in the ablation and in your kernel's live rows? The prediction has no term for
+# warps, and both tables launch 4 rows on 2 warps (their warps column); section 4.5 found that
+# a second warp adds instructions even where no thread holds a copy. Time your kernel at 4
+# rows on 1 and on 2 warps. The appendix shows what the check's sin/cos count guards against:
+# the same kernel evaluating cos and sin for every row is slower at 8 rows than at 2.
 #
 # ## Questions for a study group
 #
@@ -1933,25 +1883,23 @@ else:
 #    flight. Which changes to it would lower the time — more warps, more rows per program, a
 #    larger `BLOCK_HALF`, a table of cos/sin — and which of them would change only the bytes
 #    in flight or the instructions? Check your answers against section 4's tables.
-# 3. A stride-2 load wastes half of every sector it fetches, yet L1 makes the second load
-#    nearly free. When would it not: think of a tile larger than L1 can hold between the two
-#    loads, or of loads that other programs evict first.
+# 3. Stride-2 loads use only part of each sector they request, yet in section 5's counters
+#    L1 served 87.5 % of their sectors and the time did not move. When would it not: think of
+#    a tile larger than L1 can hold between the two loads, or of sectors other programs evict.
 # 4. The interpreter ignores `num_warps`, truncates bf16 and runs programs in order. For each,
 #    name a bug that passes on the CPU and fails on a GPU, and a check that would catch it.
-# 5. The angle table is read by every one of the $B \cdot H$ programs of a position. How much
-#    DRAM traffic does that cost on a GPU? Section 4's DRAM/model column counts the table
-#    once: what does its value for the naive kernel tell you, and which cache must serve the
-#    other reads? (The sector picture of section 5 is the interpreter's and shows no DRAM.)
+# 5. The angle table is read by every one of the $B \cdot H$ programs of a position. Section
+#    4.2's DRAM/model column counts the table once: what does its value for the naive kernel
+#    tell you, and which cache must serve the other reads?
 
 # %% [markdown]
 # ## Appendix: cos and sin for every row, and why 8 rows are then slower than 2
 #
 # `rows_sincos_every_row` (in `ropelib.course.exercises.naive_kernel`) has exercise 5's
-# signature but treats each row as its own position: it evaluates cos and sin for every row,
-# which the check refuses. An H200 profile (`rows_ncu-nvidia-h200.csv`, below) found it slower
-# at 8 rows a program than at 2. First, what can be counted on the CPU: the sines and cosines a
-# row of it, of the worked kernel and of notebook 04's (`work_count`, on an `x` of one position
-# and 8 heads).
+# signature but evaluates cos and sin for every row, which the check refuses. An H200 profile
+# (below) found it slower at 8 rows a program than at 2. First, what can be counted on the
+# CPU: the sines and cosines a row of it, of the worked kernel and of notebook 04's
+# (`work_count`, on an `x` of one position and 8 heads).
 
 # %%
 from ropelib.course import work_count
@@ -1982,8 +1930,7 @@ assert all(per_row[r] == (256, 256 / r, 256 / r) for r in per_row)
 # The rest comes from the H200 profile (`rows_ncu-nvidia-h200.csv`, fixed clock): the registers
 # a thread held, the share of an SM's 64 warp slots they leave room for ("warps fit") and the
 # share that held a warp ("warps active"). The cell then compiles the every-row kernel and the
-# worked one for sm_90 here and works out how many warps their registers let fit
-# (`ropelib.course.counts`).
+# worked one for sm_90 and works out how many warps their registers let fit.
 
 # %%
 rows_csv = measured.RESULTS / "rows_ncu-nvidia-h200.csv"
@@ -2084,9 +2031,12 @@ assert profiled("every row", "active")[1] <= 100 * occ2.fraction
 # %% [markdown]
 # - **At 2 and 4 rows, the instructions.** Notebook 04's kernel executes fewer with each
 #   doubling of its heads a program; the every-row kernel about as many at every `ROWS`, its
-#   schedulers nearly full. The model counts programs only, so it holds for it at 1 row only.
-# - **At 8 rows, the registers.** So many registers a thread leave room for few one-warp
-#   programs on an SM; while a warp waits, nothing else is ready.
+#   schedulers issuing in 86 and 91 % of cycles. The model counts programs only, so for this
+#   kernel it holds at 1 row only.
+# - **At 8 rows, the registers.** 151 registers a thread leave room for 12 one-warp programs
+#   on an SM, 19 % of its warp slots; 18 % held a warp, and the schedulers issued in only
+#   48 % of cycles.
 #
-# Evaluating cos and sin once a program, as exercise 5 asks and notebook 04 does, removes both:
-# fewer instructions with every doubling, and fewer registers (the worked kernel's line above).
+# Evaluating cos and sin once a program, as exercise 5 asks and notebook 04 does, avoids both:
+# its instructions fall with every doubling, and the worked kernel at 8 rows holds fewer
+# registers (the line above).

@@ -17,63 +17,56 @@
 # # 13 — RoPE puzzles
 #
 # Eleven short puzzles, each a Triton kernel to write or to repair. After a warm-up, nine are
-# built on a mistake that RoPE code makes (where it has been reported in public code, the puzzle
-# names a report): the wrong pairing of features, a partial rotary dim, a head dim that is not a
-# power of two, angles that lose their precision at long context, position ids with strides,
-# offsets that wrap past $2^{31}$, a backward that turns the wrong way, positions that do not
-# restart where packed sequences do, and bf16 arithmetic on a bf16 cos/sin table. One (puzzle 9)
-# gives the right output and is about the loads it spends. A capstone, puzzle 12, then asks for
-# one training kernel that needs four of them at once. As in Triton-Puzzles, every puzzle
-# runs on a CPU in Triton's interpreter, every kernel sits beside a plain-PyTorch spec, and a
-# check tells you at once whether you are right, and if not, what differs.
+# built on a mistake that RoPE code makes (where public code was reported with it, the puzzle
+# names the report): the wrong pairing of features, a partial rotary dim, a head dim that is
+# not a power of two, angles that lose their precision at long context, position ids with
+# strides, offsets that wrap past $2^{31}$, a backward that turns the wrong way, positions that
+# do not restart where packed sequences do, and bf16 arithmetic on a bf16 cos/sin table. One
+# (puzzle 9) gives the right output and is about the loads it spends. A capstone, puzzle 12,
+# needs four of them at once in one training kernel. As in Triton-Puzzles, every puzzle runs on
+# a CPU in Triton's interpreter beside a plain-PyTorch spec, and a check tells you at once
+# whether you are right, and if not, what differs.
 #
 # **After this notebook you will be able to**
 #
-# - write RoPE kernels that work on a tile of rows per program, with masks for short tiles and
-#   for head dims that are not powers of two;
+# - write RoPE kernels on a tile of rows per program, masked for short tiles and for head dims
+#   that are not powers of two;
 # - recognise nine RoPE bugs, and one pattern of wasted loads, by their symptoms: which
 #   elements come out wrong, which are never written, which loads leave the tensor;
-# - read a picture of the elements a kernel loaded and stored, and a line with the share of
-#   each sector's bytes it used;
-# - keep angles in fp32 and offsets in int64 where they need it, and honour any strides a
-#   caller hands you;
+# - read a picture of the elements a kernel loaded and stored, and the share of each sector's
+#   bytes it used;
+# - keep angles in fp32 and offsets in int64 where they need it, and honour a caller's strides;
 # - tell a 16-bit table's own precision from a kernel's rounding, and round once;
-# - put those pieces together in the backward of a partial, interleaved RoPE on packed
-#   sequences.
+# - combine those in the backward of a partial, interleaved RoPE on packed sequences.
 #
 # **How a check works.** The check launches your kernel itself, in the interpreter, into an
-# output filled with NaN, so an element you never write cannot pass. The interpreter's memory
-# knows the tensors: a **lane** (one element of a program's tile of offsets) that touches no
-# element of any tensor is reported and masked off, so a wrong kernel cannot crash the
-# notebook. The output is compared with an fp64 spec, and the check draws which elements your
-# kernel touched. An answer that calls ropelib's own kernels or helpers fails. A ❌ line prints
-# the call that draws its inputs again, such as `pz.check_partial(my_partial_kernel, seed=N)`.
-# On a GPU a kernel that passes is also run compiled on the same cases and timed on a larger
-# one against a device copy of the bytes a right answer moves (the ⏱ line, the median of
-# Triton's `do_bench`); each worked solution's ⏱ line is the time to aim for.
+# output filled with NaN, so an element you never write cannot pass. A **lane** (one element
+# of a program's tile of offsets) that touches no element of any tensor is reported and masked
+# off, so a wrong kernel cannot crash the notebook. The output is compared with an fp64 spec,
+# and the check draws which elements your kernel touched. An answer that calls ropelib's own
+# kernels or helpers fails. A ❌ line prints the call that draws its inputs again, such as
+# `pz.check_partial(my_partial_kernel, seed=N)`. On a GPU a kernel that passes is also timed,
+# compiled, on a larger case against a device copy of the bytes a right answer moves (the ⏱
+# line, a median of Triton's `do_bench`); each worked solution's ⏱ line is the time to aim for.
 #
-# **Where the numbers come from.** The ⏱ lines, and the tables printed from live timings, are
-# measured by whatever GPU runs the notebook, and each names it; on a CPU there are none, and
-# the text states no live timing as a fact. The measurements committed under
-# `benchmarks/results/` (notebook 03's timings and memory counters, the first appendix's sweep
-# and profiles) were taken on an NVIDIA H200: the cells read each number the text quotes from
-# them, and assert it.
+# **Where the numbers come from.** ⏱ lines and live tables name the GPU that ran them (none on
+# a CPU); the text states no live timing as a fact. The measurements committed under
+# `benchmarks/results/` were taken on an NVIDIA H200, and the cells read and assert each number
+# the text quotes from them.
 #
-# **Reading the pictures.** One panel per tensor, rows down and the last dim across (a tensor
-# of three or more dims is drawn with its leading dims folded into the rows: `x [5, 4, 16]` is
-# 20 rows of 16). Inputs: grey means never loaded; light to dark blue, loaded once, twice, three
-# times, four or more; the panel's title gives the most loads of any one element. Outputs: the
-# colour of the program that stored the element (ten colours, reused past ten programs), grey
-# never stored, black stored by two or more programs (a race on a GPU, where programs run in no
-# fixed order).
+# **Reading the pictures.** One panel per tensor, rows down and the last dim across (leading
+# dims folded into the rows: `x [5, 4, 16]` is 20 rows of 16). Inputs: grey, never loaded;
+# light to dark blue, loaded once to four or more times (the title gives the most loads of any
+# element). Outputs: the colour of the program that stored the element (ten colours, reused),
+# grey never stored, black stored by two or more programs (a race on a GPU, where programs run
+# in no fixed order).
 #
 # **How the puzzles are posed.** Puzzles 1, 2, 4, 8 and 12 you write from an empty body (the
-# signature and its argument comments are given). The others hand you a kernel that is nearly
-# right, and state the spec and the symptom, not the bug: let the ❌ line (what differs, and
-# where) and the picture lead you to it. When you want more, `pz.hint(n)` prints a hint for
-# puzzle $n$, with the mistake the last check recognised, if it recognised one. A "What was
-# wrong" note under the worked solution explains the bug; read it after your ✅. Most repairs
-# are a line or two once found; 5, 7 and 11 need the most thought about why.
+# signature is given). The others hand you a kernel that is nearly right, with the spec and the
+# symptom, not the bug: let the ❌ line (what differs, and where) and the picture lead you to
+# it. `pz.hint(n)` prints a hint for puzzle $n$, naming the mistake the last check recognised,
+# if any. A "What was wrong" note under the worked solution explains the bug; read it after
+# your ✅. Most repairs are a line or two once found; 5, 7 and 11 need the most thought.
 #
 # **Time:** the cells run in under a minute on a CPU, puzzles answered or not. Reading the
 # prose, the specs and the worked solutions takes about 40 minutes; solving the puzzles, 2–4
@@ -105,8 +98,8 @@ assert len(pz.PUZZLES) == 12                        # twelve, the last a capston
 # Here is the tool every check uses, on a kernel that is not RoPE: a copy of 10 elements in
 # tiles of 4, with the classic bug — no mask, so the last program's tile runs 2 elements past
 # the end. `pz.run_in_checked_memory` launches it in the interpreter with `x` as the only input
-# and `y` as the only output. The two stray lanes of the load and the two of the store are
-# reported and masked off; every element of `y` is still written.
+# and `y` as the only output, and reports and masks off the stray lanes of the load and of the
+# store.
 
 # %%
 @triton.jit
@@ -137,13 +130,13 @@ pz.draw_accesses(memory, "copy without a mask: 3 programs of 4 lanes for 10 elem
 # On a GPU the same kernel would read 8 bytes past `x` and write 8 bytes past `y` — into
 # whatever tensor lies there — and no error would say so.
 #
-# The repair is a mask, `offs < N`, on the load and on the store. Below, the repaired copy goes
-# through the same check as every puzzle (`pz.check_copy`), so you see what a pass looks like:
-# the ✅ line lists the check's cases; the next line gives each tensor's load or store
-# instructions and the share of the bytes in the sectors they moved that the kernel used (a
-# sector is the 32 bytes a GPU moves as one; a copy uses 100 %); then the picture, and on a GPU
-# the ⏱ line, whose fraction is a device copy's time over the kernel's. This masked copy is what
-# copy speed means for a Triton kernel: "Where you stand" prints it beside the worked solutions.
+# The repair is a mask, `offs < N`, on the load and the store. Below, the repaired copy goes
+# through the same check as every puzzle (`pz.check_copy`), to show what a pass looks like: the
+# ✅ line lists the check's cases; the next gives, per tensor, its load or store instructions
+# and the share of the bytes they moved that the kernel used (a GPU moves memory in 32-byte
+# **sectors**; a copy uses 100 %); then the picture, and on a GPU the ⏱ line, whose fraction is
+# a device copy's time over the kernel's. This masked copy is the reference for a Triton kernel
+# at copy speed.
 
 # %%
 @triton.jit
@@ -188,9 +181,9 @@ if runtime.on_gpu():
 # The grid is `(1,)`: one program, one row. $H$ is a power of two here, so `tl.arange(0, HALF)`
 # covers a half. A loaded tile cannot be sliced: load the two halves as two tiles.
 #
-# **The check** runs three head dims and compares `y` with `spec_rotate_row`. Right, the
-# picture shows every element of `x` and `theta` loaded once and every element of `y` stored by
-# the one program.
+# **The check** runs three head dims and compares `y` with `spec_rotate_row`. When you are
+# right, the picture shows every element of `x` and `theta` loaded once and all of `y` stored
+# by the one program.
 
 # %%
 pz.show_spec("rotate_row")
@@ -216,25 +209,25 @@ solution(pz.solution_rotate_row_kernel.fn, title="Solution: puzzle 1")
 #
 # RoPE has two pairings. GPT-J and RoFormer turn *adjacent* features, pair $j = (2j, 2j+1)$
 # (interleaved); GPT-NeoX and Hugging Face's Llama turn feature $j$ with $j + H$ (rotate-half;
-# Meta's own Llama code pairs adjacent features, as complex numbers). Both are RoPE, and a
-# model run with the pairing it was not trained with gets wrong attention scores and no
-# error. Checkpoint conversions move a model from one pairing to the other by permuting the
-# rows of its q and k projections (Hugging Face's `convert_llama_weights_to_hf.py` does), so
-# the right pairing depends on where the weights came from; and fused kernels with a pairing
-# switch have had a code path that ignores it (vLLM's Triton kernel for multimodal RoPE was
-# reported to turn rotate-half pairs whatever the model's pairing: vllm-project/vllm#49290).
+# Meta's own Llama code pairs adjacent features, as complex numbers). A model run with the
+# pairing it was not trained with gets wrong attention scores and no error. Checkpoint
+# conversions switch pairing by permuting the rows of the q and k projections (Hugging Face's
+# `convert_llama_weights_to_hf.py` does), so the right pairing depends on where the weights
+# came from; and a fused kernel's pairing switch can be ignored on one code path (vLLM's Triton
+# kernel for multimodal RoPE was reported to turn rotate-half pairs whatever the model's
+# pairing: vllm-project/vllm#49290).
 #
 # $$
 # y_{2j} = x_{2j} \cos\theta_j - x_{2j+1} \sin\theta_j, \qquad
 # y_{2j+1} = x_{2j+1} \cos\theta_j + x_{2j} \sin\theta_j .
 # $$
 #
-# Write the kernel for GPT-J's pairing. It works on a tile of `BLOCK_ROWS` rows per program
-# (grid `(cdiv(N_ROWS, BLOCK_ROWS),)`): mask off the rows of a short last tile. The bug this
-# puzzle is built on is a rotate-half kernel called for a GPT-J model; if yours pairs $j$ with
-# $j + H$, the check says so. A loaded tile cannot be indexed by feature, so either load the
-# even and the odd features as two tiles, or load whole rows and split the pairs in registers
-# (`tl.reshape`, `tl.split`, `tl.join`).
+# Write the kernel for GPT-J's pairing, on a tile of `BLOCK_ROWS` rows per program (grid
+# `(cdiv(N_ROWS, BLOCK_ROWS),)`): mask off the rows of a short last tile. If yours pairs $j$
+# with $j + H$ (the bug: a rotate-half kernel called for a GPT-J model), the check says so. A
+# loaded tile cannot be indexed by feature, so either load the even and the odd features as
+# two tiles, or load whole rows and split the pairs in registers (`tl.reshape`, `tl.split`,
+# `tl.join`).
 #
 # **The check** runs three sizes, most with a short last tile, and compares `y` with
 # `spec_interleaved`. In the picture, `y` takes one colour per program's tile of rows; a grey
@@ -264,20 +257,19 @@ pz.time_solution("interleaved");
 
 # %% [markdown]
 # The kernel most of us write first loads the even and the odd features with stride 2
-# (`2 * j`, `2 * j + 1`): each load and store then uses half of every sector it moves. The
-# cell below counts this in section 0's checked memory, on a copy of one 128-feature row done
-# that way. The worked solution instead loads whole rows, at offsets `tl.arange(0, 2 * HALF)`
-# that the compiler can prove contiguous, and splits and joins the pairs in registers.
+# (`2 * j`, `2 * j + 1`): each load and store then uses half of every sector it moves, as the
+# cell below counts in section 0's checked memory on one 128-feature row. The worked solution
+# instead loads whole rows, at offsets `tl.arange(0, 2 * HALF)` that the compiler can prove
+# contiguous, and splits and joins the pairs in registers.
 #
-# Half of each sector is not half the speed for loads. Notebook 03, section 5, timed these
-# patterns on an H200 and read its memory counters; the cell's last line reads them. There,
-# stride 2 is pattern (b), and "contiguous" is pattern (c), which loads and stores each pair as
-# one contiguous `[pairs, 2]` tile. Against (c), stride-2 loads cost about the same, because the
-# second load finds its sectors in the L1 cache (the small cache nearest the cores), while
-# stride-2 stores send twice the sectors to L2 (the cache the whole GPU shares) and take more
-# than twice the time. Pattern (c) is itself far from a copy's speed on that GPU (notebook 03
-# says why): whole rows, its pattern (d) and this worked solution's, took less than a third of
-# (c)'s time there. The ⏱ line above sets the worked solution against a copy on your GPU.
+# Half of each sector is not half the speed. Notebook 03, section 5, timed these patterns on an
+# H200 with its memory counters, and the cell's last lines read them: stride 2 is its pattern
+# (b), "contiguous" its pattern (c) (each pair one contiguous `[pairs, 2]` tile), whole rows
+# its pattern (d). Against (c), stride-2 loads took about the same time, with most of them hits
+# in the L1 cache (the small cache nearest the cores); stride-2 stores sent twice the sectors to
+# L2 (the cache the whole GPU shares) and took more than twice the time. Whole rows took less
+# than a third of (c)'s time (notebook 03 says why). The ⏱ line above sets the worked solution
+# against a copy on your GPU.
 
 # %%
 @triton.jit
@@ -335,9 +327,9 @@ assert 3 * whole["us"] < base["us"] and acc_meta["gpu"] == "NVIDIA H200"   # und
 #
 # The kernel below is right for full rotary ($R = D$), the case its tests covered, and was then
 # called for a partial-rotary model. Repair it so that every feature of `y` matches the spec.
-# It has more than one mistake, and one of them stays hidden as long as the output buffer
-# starts as a copy of `x` (the check's starts as NaN). `BLOCK_PASS` is a power-of-two tile for
-# the $D - R$ pass-through features.
+# It has more than one mistake; one stays hidden while the output buffer starts as a copy of
+# `x` (the check's starts as NaN). `BLOCK_PASS` is a power-of-two tile for the $D - R$
+# pass-through features.
 
 # %%
 pz.show_spec("partial")
@@ -393,17 +385,15 @@ pz.time_solution("partial");
 #
 # The bug this puzzle is built on: a kernel that rounds the tile up but masks only the rows.
 # Each row's second half then reads and writes 24 features past its end: into the first
-# features of the next row, or past the tensor after the last row. Within a program's tile the
-# spill lands after the next row's first half was stored and stays; across programs it depends
-# on which program stores last, which on a GPU, where programs run in no fixed order, changes
-# from run to run. The check reports both: the stray lanes past the tensor, and the rows that
-# came out wrong. (One of SGLang's DeepSeek-V4 RoPE kernels was reported with this bug, for a
-# rotary dim that is not a power of two: sgl-project/sglang#35096.)
+# features of the next row, or past the tensor after the last row. Where the next row belongs
+# to another program, which store lands last changes from run to run on a GPU, where programs
+# run in no fixed order. (One of SGLang's DeepSeek-V4 RoPE kernels was reported with this bug,
+# for a rotary dim that is not a power of two: sgl-project/sglang#35096.)
 #
 # **The check** runs head dims 80, 96 and 72, and a power of two as a control, most with a
-# short last tile of rows. In the picture, an element of `y` stored by two programs is black,
-# and the stray lanes past the tensor are not drawn: the ❌ line and the picture's title count
-# them.
+# short last tile of rows. It reports the rows that came out wrong and the stray lanes past the
+# tensor; the picture draws an element of `y` stored by two programs in black, and counts the
+# stray lanes in its title.
 
 # %%
 pz.show_spec("odd_head_dim")
@@ -436,22 +426,20 @@ pz.time_solution("odd_head_dim");
 # $\omega_j = 10000^{-j/H}$, so $\omega_0 = 1$: at position 100,000 it is 100,000 radians, and
 # cos and sin need it to a few hundredths of a radian.
 #
-# A bf16 model ran with the kernel below. Attention worked at short context and degraded, with
+# A bf16 model ran with the kernel below: attention worked at short context and degraded, with
 # no error, as the context grew. The caller hands the kernel an angle table it cached, the
 # integer position of each row and the fp32 inverse frequencies. Repair the kernel so that it
 # is right at every position up to 131,071.
 #
 # The check grades the **angle error** of each pair, $|y - y_\text{spec}| / |x|$ against the
-# fp64 spec, at positions up to 131,071, and allows 0.03 rad (`pz.ANGLE_TOL`). Beside the
-# access picture, a panel plots the worst angle error at each checked position, on log axes,
-# against the allowed 0.03 rad.
+# fp64 spec, at positions up to 131,071, and allows 0.03 rad (`pz.ANGLE_TOL`). A panel beside
+# the access picture plots the worst angle error at each checked position against that limit.
 #
 # One trap of the interpreter, where the checks run your kernel: it does arithmetic on bf16
-# tiles on their raw bits, not their values (Triton's debugging guide says the interpreter does
-# not support bfloat16 operations, and to convert to float32). The cell below squares four bf16
-# values in the interpreter (on any machine), once as bf16 tiles and once converted to fp32
-# first: on bf16 tiles not one square comes out right. Convert each bf16 tile to fp32 before you
-# compute with it, as the given kernel does.
+# tiles on their raw bits, not their values (Triton's debugging guide says to convert to
+# float32). The cell below squares four bf16 values in the interpreter, on bf16 tiles and on
+# tiles converted to fp32 first: on bf16 tiles not one square comes out right. Convert each
+# bf16 tile to fp32 before you compute with it, as the given kernel does.
 
 # %%
 from ropelib.course.work_count import interpreted
@@ -516,15 +504,15 @@ pz.time_solution("long_context");
 # **What was wrong.** The angle table was cached in bf16, which keeps 8 significant bits: near
 # 100,000 its values are 512 apart (the cell below), so a stored angle can be off by 256 rad,
 # any angle at all, and no kernel can get that back. The repair computes $\theta$ in fp32 from
-# the positions and the inverse frequencies. (`model.to(torch.bfloat16)` casts the
-# inverse-frequency buffer with the weights, and models built their angles from it: reported
-# as huggingface/transformers#25681 for Llama and EleutherAI/gpt-neox#1003. A bf16 *cos/sin*
+# the positions and the inverse frequencies. (`model.to(torch.bfloat16)` also casts the
+# inverse-frequency buffer, and models built their angles from it: reported as
+# huggingface/transformers#25681 for Llama and EleutherAI/gpt-neox#1003. A bf16 *cos/sin*
 # table is far less harmful: puzzle 11.)
 #
-# fp32 has a limit too. The cell below measures how far an fp32 angle is from the exact one:
-# up to 0.0039 rad ($2^{-8}$) below $2^{17}$, the positions the check uses, well inside its
-# 0.03; up to 0.0312 rad below $2^{20}$, just past it; and 0.5 rad below $2^{24}$. Notebook 10
-# (section 7) covers angles at long context and ropelib's exact alternative.
+# fp32 has a limit too. The cell below measures how far an fp32 angle can be from the exact
+# one: 0.0039 rad ($2^{-8}$) below $2^{17}$, the positions the check uses, well inside its
+# 0.03; 0.0312 rad below $2^{20}$, just past it; 0.5 rad below $2^{24}$. Notebook 10 (section 7)
+# covers angles at long context and ropelib's exact alternative.
 
 # %%
 def gap(lo, hi, dtype):
@@ -549,21 +537,19 @@ for top in (2**17, 2**20, 2**24):
 # %% [markdown]
 # ## Puzzle 6 — position ids with strides (repair)
 #
-# Hugging Face models hand RoPE `position_ids [B, S]`, and these are often not a contiguous
-# tensor: one row of positions expanded over the batch (`arange(S)[None].expand(B, -1)`, stride
-# 0 over the batch), or a slice of a larger tensor. In generation with a left-padded batch they
-# are the last $S$ of the positions counted from the attention mask, a slice in which each
-# sequence starts at its own position.
-#
-# **The check's cases:** contiguous ids, one row expanded over the batch, every other row of a
-# transposed tensor, and the last $S$ positions of a left-padded batch in generation. The
-# `position_ids` panel of the picture shows which of its elements your kernel loaded, and how
-# often.
+# Hugging Face models hand RoPE `position_ids [B, S]`, often not contiguous: one row of
+# positions expanded over the batch (`arange(S)[None].expand(B, -1)`, stride 0 over the batch),
+# or a slice of a larger tensor, as in generation with a left-padded batch, where they are the
+# last $S$ of the positions counted from the attention mask.
 #
 # The kernel below passed its tests with contiguous position ids, and went wrong in a model
 # that passed them expanded. Repair it so that it is right for any `position_ids` the caller
 # hands it, without a copy. The grid is `(B, cdiv(S, BLOCK_S))`: program $(b, t)$ rotates
 # `BLOCK_S` tokens of sequence $b$, gathering their rows of the cos/sin tables by position.
+#
+# **The check's cases:** contiguous ids, one row expanded over the batch, every other row of a
+# transposed tensor, and the last $S$ positions of a left-padded batch in generation. The
+# `position_ids` panel shows which of its elements your kernel loaded, and how often.
 
 # %%
 pz.show_spec("position_ids")
@@ -605,10 +591,9 @@ pz.time_solution("position_ids");
 # %% [markdown]
 # **What was wrong.** The kernel found position $(b, s)$ at `b * S + s`, as if `position_ids`
 # were contiguous. On an expanded tensor, whose storage holds only $S$ elements, every batch
-# entry after the first is read past its end. On a sliced one, the wrong elements are read. A
-# test with contiguous ids cannot tell. A wrapper can guard against it with `.contiguous()`, at
-# the price of a copy on every call. The worked solution reads
-# `pos_ptr + b * stride_pb + s * stride_ps`: two integer multiplies per token, and no copy.
+# entry after the first is read past its end; on a sliced one, the wrong elements are read. A
+# wrapper could call `.contiguous()`, at the price of a copy on every call. The worked solution
+# reads `pos_ptr + b * stride_pb + s * stride_ps`: no copy.
 
 # %% [markdown]
 # ## Puzzle 7 — offsets past $2^{31}$ (repair)
@@ -617,17 +602,15 @@ pz.time_solution("position_ids");
 # element $2^{31}$. Long-context prefill and large KV caches pass that size, and Triton kernels
 # with int32 offsets go wrong there, silently or with an illegal memory access (reported,
 # outside RoPE, as fla-org/flash-linear-attention#1080 and databricks/megablocks#185). The
-# kernel below is right on every tensor of the earlier puzzles. Repair it so that it is right
-# for rows that start past $2^{31}$ too.
+# kernel below is right on every tensor of the earlier puzzles; repair it for rows that start
+# past $2^{31}$ too.
 #
 # The check cannot allocate gigabytes in the interpreter, so it hands your kernel an `x` whose
 # rows are $2^{30} + 64$ elements apart and a `y` whose rows are 1,200,000,000 apart (row 2 of
-# each starts past $2^{31}$), and its memory holds only the three rows of each: each address
-# your kernel computes is checked and mapped to the row it lands in.
-# **What is checked:** the offsets your kernel computes, in the interpreter's int32 and int64
-# arithmetic, which are the types the compiled kernel uses. **What is not:** a real tensor of
-# $2^{31}$ elements on a GPU; there the check runs the compiled kernel on the ordinary strided
-# case only.
+# each starts past $2^{31}$); its memory holds only the three rows of each, and maps each
+# address your kernel computes to the row it lands in. So it checks the offsets in the
+# interpreter's int32 and int64 arithmetic, the types the compiled kernel uses, but not a real
+# tensor of $2^{31}$ elements: on a GPU the compiled kernel runs the ordinary strided case only.
 
 # %%
 pz.show_spec("int64_offsets")
@@ -669,11 +652,10 @@ pz.time_solution("int64_offsets");
 
 # %% [markdown]
 # **What was wrong.** `tl.program_id`, `tl.arange` and every integer argument below $2^{31}$
-# are int32 in Triton. (Arguments are specialised on their value: a stride of $2^{31}$ or more
-# arrives as int64.) int32 arithmetic wraps silently. The given kernel multiplied two int32
-# factors, `rows` and a stride, whose product is not an int32: past $2^{31}$ it wraps to a
-# negative offset, as the ❌ line shows. The worked solution makes `rows` int64 before any
-# multiplication: the fix proposed in both reports named above.
+# are int32 in Triton (a stride of $2^{31}$ or more arrives as int64), and int32 arithmetic
+# wraps silently. The given kernel multiplied two int32 factors, `rows` and a stride: past
+# $2^{31}$ the product wraps to a negative offset, as the ❌ line shows. The worked solution
+# makes `rows` int64 before any multiplication, the fix proposed in both reports named above.
 
 # %% [markdown]
 # ## Puzzle 8 — the backward's sign (write)
@@ -688,12 +670,12 @@ pz.time_solution("int64_offsets");
 # = R(-\theta).
 # $$
 #
-# A backward that reuses the forward kernel as it is turns the gradient the wrong way. It
-# raises nothing: training goes on, with wrong gradients for everything before RoPE (the q and
-# k projections), and a gradient check is what catches it. Write the backward kernel: from
-# $\partial L/\partial y$ and the angles, $\partial L/\partial x$, a tile of `BLOCK_ROWS` rows per
-# program. The check compares it with `torch.autograd` run through the spec, and says so if
-# your kernel turns by $+\theta$.
+# A backward that reuses the forward kernel as it is turns the gradient the wrong way and
+# raises nothing: training goes on with wrong gradients for everything before RoPE, and a
+# gradient check is what catches it. Write the backward kernel: from $\partial L/\partial y$
+# and the angles, $\partial L/\partial x$, a tile of `BLOCK_ROWS` rows per program. The check
+# compares it with `torch.autograd` run through the spec, and says so if your kernel turns by
+# $+\theta$.
 
 # %%
 pz.show_spec("backward")
@@ -721,11 +703,11 @@ pz.time_solution("backward");
 # ## Puzzle 9 — one table for the whole batch (repair)
 #
 # Every batch entry (and every head) at position $s$ uses the same cos/sin row. This kernel
-# has one program per tile of positions and loops over the batch. Its output is right. The
-# check counts the table loads from the recorded accesses and wants each table element loaded
-# at most once. Repair the kernel so that it passes. The access picture shows how often each
-# element was loaded. What the check grades is repeated load requests, not time: on a GPU the L2
-# cache can serve the repeats, and the cells after the solution measure how little they cost.
+# has one program per tile of positions and loops over the batch. Its output is right; the
+# check counts the table loads and wants each table element loaded at most once (the access
+# picture shows how often each was). Repair the kernel so that it passes. The check grades
+# repeated load requests, not time: on a GPU a cache can serve the repeats, and the cells after
+# the solution measure what they cost.
 
 # %%
 pz.show_spec("shared_table")
@@ -769,8 +751,7 @@ pz.time_solution("shared_table");
 # **What the repair saves.** The cell below runs both kernels in checked memory on the timed
 # shape cut to 32 positions (`B = 8`, `HALF = 64`, `BLOCK_S = 4`: 8 programs) and counts, per
 # input, the load instructions, the 32-byte sectors they request and the distinct sectors among
-# those. Every program does the same work, so the counts per program hold for the timed case's
-# 4,096 programs too.
+# those. Every program does the same work, so the per-program counts hold at the timed shape.
 
 # %%
 import math
@@ -825,25 +806,22 @@ assert (gi // programs9, si // programs9) == (4 * B9, 2 + 2 * B9)  # 32 against 
 assert gd == sd                                                   # the same distinct bytes
 
 # %% [markdown]
-# The given kernel's extra load instructions and sector requests touch no sector the worked
-# solution does not: each repeat asks again for table bytes its own program loaded an iteration
-# before. What that costs depends on where the repeats are served from: from a cache, they add
-# instructions and cache requests, which a kernel that waits on DRAM can hide; from DRAM, about
-# what copying their bytes costs.
+# The given kernel's extra loads touch no sector the worked solution does not: each repeat asks
+# again for table bytes its own program loaded an iteration before. What that costs depends on
+# where the repeats are served from: from a cache, extra instructions and cache requests; from
+# DRAM, about what copying their bytes costs.
 #
-# **Where the repeats are served from, measured.** `nb13_table_reuse` gives the given kernel
-# the table's strides as arguments and runs the same sm_90 code (the cell asserts it) on two
-# layouts of the same values: one table for the batch, and a table per batch entry (each row
-# copied $B$ times), where no two loads read the same bytes, so DRAM serves every one. Beside
-# them runs the worked solution at BLOCK_S=4, its timed tile, and at 16. Checked memory, at the
-# shape above, checks each output and finds the tensors each launch touches (all of each): 143
-# MB at the timed shape, 201 MB with a table per entry. A copy of exactly those bytes is each
-# launch's yardstick. On a GPU the cell times the four at the timed shape in five alternating
-# rounds (each a `do_bench` median of every launch and copy, so a drift of the clocks reaches
-# all alike) and prints what the repeats cost on one table (its time less the solution's), what
-# the per-entry tables add to that, and what a copy of the 59 MB they add takes. Where the first
-# cost is near zero and the second near the copy, a cache serves the repeats: the time follows
-# the distinct bytes a kernel touches, not the loads it issues.
+# **Where the repeats are served from, measured.** `nb13_table_reuse` runs the given kernel
+# (the same sm_90 code, the cell asserts) on two layouts of the same values: one table for the
+# batch, and a table per batch entry (each row copied $B$ times), where no two loads read the
+# same bytes, so DRAM must serve every one. Beside them runs the worked solution at BLOCK_S=4,
+# its timed tile, and at 16. Each launch touches all of each tensor: 143 MB at the timed shape,
+# 201 MB with a table per entry, and a copy of exactly those bytes is its yardstick. On a GPU
+# the cell times the four in five alternating rounds (so a drift of the clocks reaches all
+# alike) and prints what the repeats cost on one table (its time less the solution's), what the
+# per-entry tables add to that, and what a copy of the 59 MB they add takes. If the first is
+# near zero and the second near the copy, a cache serves the repeats: the time follows the
+# distinct bytes a kernel touches, not the loads it issues.
 
 # %%
 from ropelib.course import nb13_table_reuse as reuse
@@ -890,13 +868,12 @@ if runtime.on_gpu():
 # ## Puzzle 10 — packed sequences (repair)
 #
 # Training on documents of different lengths, and serving many prompts at once, packs the
-# sequences one after another into one tensor with no padding: the `thd` layout (tokens of all
-# sequences, heads, head dim) that flash-attention's variable-length ("varlen") functions and
-# Transformer Engine take. Here $x$ is `[TOTAL, 2 * HALF]`, and `cu_seqlens` (int32, one entry
-# more than there are sequences) says where each sequence begins: sequence $i$ is rows
-# $c_i \ldots c_{i+1} - 1$, with $c_0 = 0$ and $c_N = $ `TOTAL`. A sequence may be empty
-# ($c_{i+1} = c_i$), as the padding sequences of a batch filled to a fixed size are. Each
-# sequence is its own text, so its positions start at 0:
+# sequences one after another into one tensor with no padding: the `thd` layout (tokens, heads,
+# head dim) that flash-attention's variable-length ("varlen") functions and Transformer Engine
+# take. Here $x$ is `[TOTAL, 2 * HALF]`, and `cu_seqlens` (int32, one entry more than there are
+# sequences) says where each sequence begins: sequence $i$ is rows $c_i \ldots c_{i+1} - 1$,
+# with $c_0 = 0$ and $c_N = $ `TOTAL`. A sequence may be empty ($c_{i+1} = c_i$), as a batch's
+# padding sequences are. Each sequence is its own text, so its positions start at 0:
 #
 # $$
 # \text{pos}(r) = r - c_i \qquad \text{for } c_i \le r < c_{i+1} .
@@ -906,7 +883,7 @@ if runtime.on_gpu():
 # kernel: program $(i, b)$ rotates tokens $b \cdot$ `BLOCK_T` onwards of sequence $i$. Every
 # sequence gets as many programs as the longest, so a shorter sequence's last programs have
 # some or all of their tokens past its end. The kernel below was written for this grid and
-# has more than one mistake. Repair it. The check's cases, in tiles of `BLOCK_T` = 4 tokens,
+# has more than one mistake: repair it. The check's cases, in tiles of `BLOCK_T` = 4 tokens,
 # have sequences of lengths 5, 1, 12 and 0 (a boundary in the middle of a tile, a sequence of
 # one token, an empty one last), 4, 4 and 4 (every boundary on a tile's edge), and 7, 0, 2, 9
 # and 3.
@@ -968,10 +945,10 @@ pz.time_solution("packed_sequences");
 # ## Puzzle 11 — cos/sin cached in bf16 (repair)
 #
 # Hugging Face's rotary embeddings compute cos and sin in fp32 and hand them to attention in
-# the model's dtype (`cos.to(dtype=x.dtype)`): in a bf16 model, RoPE reads a bf16 table, half
-# the bytes of an fp32 one. Unlike puzzle 5's bf16 *angle*, a bf16 cos or sin costs little, and
-# the same at every position: both lie in $[-1, 1]$, where neighbouring bf16 values are at most
-# $2^{-8}$ apart, so each is off by at most $2^{-9}$, at position 100,000 as at position 1.
+# the model's dtype (`cos.to(dtype=x.dtype)`): a bf16 model's RoPE reads a bf16 table. Unlike
+# puzzle 5's bf16 *angle*, a bf16 cos or sin costs little, and the same at every position: both
+# lie in $[-1, 1]$, where neighbouring bf16 values are at most $2^{-8}$ apart, so each is off by
+# at most $2^{-9}$, at position 100,000 as at position 1.
 # The pair $(x_j, x_{j+H})$ is then turned by a matrix off by
 # $\begin{pmatrix} \delta_c & -\delta_s \\ \delta_s & \delta_c \end{pmatrix}$, so it lands
 # at most $\sqrt{\delta_c^2 + \delta_s^2} \le \sqrt 2 \cdot 2^{-9} \approx 0.0028$ of its length
@@ -982,11 +959,11 @@ pz.time_solution("packed_sequences");
 # value to the next one the format can hold). Repair it.
 #
 # The check compares $y$ with an fp64 rotation by the *same* bf16 cos/sin values (the spec) and
-# allows one bf16 ulp per element: enough for one rounding, to nearest or by truncation, which
-# is how Triton's interpreter converts fp32 to bf16 (notebook 03, section 6.3). Under the ✅ it
-# prints your kernel's largest error in ulps, and a panel beside the picture draws, against
-# position, how far $y$ is from the rotation with an fp32 table. As in puzzle 5, convert each
-# bf16 tile to fp32 before you compute with it.
+# allows one bf16 ulp per element: enough for one rounding, whether to nearest, as on a GPU, or
+# by truncation, as in Triton's interpreter (notebook 03, section 6.3). Under the ✅ it prints
+# your kernel's largest error in ulps, and a panel beside the picture draws, against position,
+# how far $y$ is from the rotation with an fp32 table. As in puzzle 5, convert each bf16 tile to
+# fp32 before you compute with it.
 
 # %%
 pz.show_spec("bf16_table")
@@ -1029,12 +1006,11 @@ pz.time_solution("bf16_table");
 # **What was wrong.** The kernel computed, bit for bit, eager PyTorch's bf16
 # `q * cos + rotate_half(q) * sin`: each product rounded to bf16, then the sum again. Where the
 # two products nearly cancel, their rounding errors are many ulps of the small result: the
-# kernel's rounding, not the table, was the problem. The repair keeps the products and the sum in
-# fp32 (a product of two bf16 values is exact there) and rounds once, in the store, as
-# torch.compile's kernel of the same line does. The cell below reads that kernel
-# (`benchmarks/results/inductor-rope-bf16-sbhd.txt`), as Inductor, torch.compile's code
-# generator, wrote it for bf16 `q`, `cos` and `sin` on an sm_90 GPU (compute capability 9.0,
-# as the H100 and H200): each load goes to fp32, and the one store takes the fp32 sum.
+# kernel's rounding, not the table, was the problem. The repair keeps the products and the sum
+# in fp32 (a product of two bf16 values is exact there) and rounds once, in the store, as
+# torch.compile's kernel of the same line does. The cell below reads that kernel, as Inductor
+# (torch.compile's code generator) wrote it for bf16 `q`, `cos` and `sin` on an sm_90 GPU (the
+# H100 and H200): each load goes to fp32, and the one store takes the fp32 sum.
 
 # %%
 import re
@@ -1100,17 +1076,15 @@ assert f"{math.sqrt(2) * 2**-9:.4f}" == "0.0028"  # the bound the text states
 # %% [markdown]
 # So the bf16 table stays within its bound at every position and costs no more than storing $y$
 # in bf16, while a bf16 angle, better at position 1, turns a pair by more than its own length
-# from position 1,000 on. What is left to a kernel that reads a bf16 cos/sin table is to round
-# once.
+# from position 1,000 on. A kernel that reads a bf16 cos/sin table has only to round once.
 
 # %% [markdown]
 # ## Puzzle 12 — capstone: the backward of packed, partial, interleaved RoPE (write)
 #
-# The last puzzle is one training kernel that needs four of the earlier ones at once. ChatGLM2
-# and ChatGLM3 turn only the first half of each head (64 of 128 features) and pair *adjacent*
-# features (puzzles 2 and 3). Trained on documents packed without padding, each document's
-# positions restart at its `cu_seqlens` entry (puzzle 10). And training runs RoPE's backward
-# (puzzle 8). Write the backward: from $g = \partial L / \partial y$ of a row, its
+# ChatGLM2 and ChatGLM3 turn only the first half of each head (64 of 128 features) and pair
+# *adjacent* features (puzzles 2 and 3). Trained on documents packed without padding, each
+# document's positions restart at its `cu_seqlens` entry (puzzle 10). And training runs RoPE's
+# backward (puzzle 8). Write the backward: from $g = \partial L / \partial y$ of a row, its
 # $\partial L / \partial x$, for the forward
 #
 # $$
@@ -1122,13 +1096,13 @@ assert f"{math.sqrt(2) * 2**-9:.4f}" == "0.0028"  # the bound the text states
 # where $p = r - c_i$ is the position of row $r$ of sequence $i$ and row $p$ of the cos and sin
 # tables holds its $R/2$ values. The grid is puzzle 10's, `(N_SEQS, cdiv(longest sequence,
 # BLOCK_T))`. $R/2$ is a power of two; $D$ need not be one (`BLOCK_D` is the power of two at or
-# above it). Nothing of the kernel is given but its signature.
+# above it).
 #
 # **The check** compares $\partial L / \partial x$ with the autograd of the forward (the spec,
 # in fp64), on puzzle 10's three sets of sequence lengths, each with another head: $D = 24$ with
 # $R = 16$, $D = 80$ with $R = 32$ (Phi-2's share of each head, here with adjacent pairs) and
 # $D = 40$ with $R = 8$. As in puzzle 10, a row stored by two programs fails. There is no ⏱
-# line: the capstone is graded on being right, and puzzle 10 already times a packed kernel.
+# line: the capstone is graded on being right.
 
 # %%
 pz.show_spec("packed_partial_backward")
@@ -1181,13 +1155,13 @@ solution(pz.solution_packed_partial_backward_kernel.fn, title="Solution: puzzle 
 pz.scoreboard();
 
 # %% [markdown]
-# And the worked solutions against a copy of the bytes a right answer reads and writes (puzzle
-# 1 has no timed size: on one row a timer sees only the launch; nor has the capstone; puzzle 5's
-# unread angle table is not counted, and the cell prints both counts). The ⏱ lines above are one `do_bench` each, so
-# the cell times the ten solutions in alternating rounds, as under puzzle 9, and prints each
-# fraction at the median of its rounds with its lowest and highest round: two solutions whose
-# ranges overlap are not told apart. Section 0's masked copy is the reference for a Triton
-# kernel at copy speed. On a CPU the cell times nothing.
+# And the ten timed worked solutions against a copy of the bytes a right answer reads and
+# writes. Puzzle 1 has no timed size (on one row a timer sees only the launch), nor has the
+# capstone; puzzle 5's unread angle table is not counted (the cell prints both counts). The ⏱
+# lines above are one `do_bench` each; this cell times the solutions in alternating rounds, as
+# under puzzle 9, and prints each fraction at the median of its rounds, with its lowest and
+# highest round: two solutions whose ranges overlap are not told apart. Section 0's masked copy
+# is the reference for a Triton kernel at copy speed. On a CPU the cell times nothing.
 
 # %%
 import inspect
@@ -1221,9 +1195,8 @@ assert [f"{b / 1e6:.1f}" for b in (handed5, moved5_bytes, handed5 - moved5_bytes
 # %% [markdown]
 # ## Questions for a study group
 #
-# 1. Puzzle 4's bug spills each row's second half into the next row's first features, and a
-#    head dim that is a power of two would not have shown it at all. Which of the nine bugs
-#    would a test with one small, contiguous, power-of-two, short-context input catch, and
+# 1. A power-of-two head dim would not have shown puzzle 4's bug at all. Which of the nine
+#    bugs would a test with one small, contiguous, power-of-two, short-context input catch, and
 #    which need the input that shows them? Write down the inputs a RoPE test suite needs.
 # 2. In puzzle 5, the fix computes $\theta = p\,\omega_j$ in fp32. At which position does an
 #    fp32 angle become as wrong as the bf16 angle was at position 1,000? What would you do for
@@ -1257,10 +1230,8 @@ assert [f"{b / 1e6:.1f}" for b in (handed5, moved5_bytes, handed5 - moved5_bytes
 # Optional. `benchmarks/puzzle_fractions.py` timed the worked solutions of puzzles 5 and 9 on
 # an H200 beside variants that change one thing, each against a copy of the same bytes, four
 # times for puzzle 9's six tiles (a tile: BLOCK_S, and the number of **warps**, groups of 32
-# threads, each program runs as). The cell prints that committed CSV, with this page's ⏱ lines
-# beside it (each names its GPU; on an H200 it asserts they lie within the CSV's range widened
-# by three run-to-run spreads). The CSV marks BLOCK_S=16 as puzzle 9's timed case, the tile it
-# timed when written; the table moves the mark to the tile the puzzle times now.
+# threads, each program runs as). The cell prints that committed CSV, marks the tile puzzle 9
+# times now, and sets this page's ⏱ lines beside it, each naming its GPU.
 
 # %%
 import statistics
@@ -1336,11 +1307,11 @@ pz.stated([
 # **Puzzle 5.** Same kernel, same bytes, only the positions changed: on the H200 it takes
 # 27.4 µs with no angle at 105,615 radians or more and 32.4 µs with the timed case's positions
 # (101 % and 85 % of a copy of every tensor it is handed, the unread 16.8 MB angle table
-# included). Even the first falls short of a copy of the bytes it moves (24.1 µs).
-# `tl.sin` and `tl.cos` compile to libdevice's `sinf` and `cosf`, which reduce an
-# angle below 105,615 with a few multiply-adds and take a long path with a loop at or above it;
-# 19 % of the timed rows have a pair on it, and a warp waits for its slowest thread. The sm_90
-# machine code has one compare with 105,615 per angle a thread holds:
+# included). Against a copy of the bytes it moves (24.1 µs), as the ⏱ lines count, the timed
+# positions reach 74 %. `tl.sin` and `tl.cos` compile to libdevice's `sinf` and `cosf`, which
+# reduce an angle below 105,615 with a few multiply-adds and branch to a longer path at or above
+# it; 19 % of the timed rows have a pair on it, and a warp waits for its slowest thread. The
+# sm_90 machine code has that branch's compare with 105,615 once per angle a thread holds:
 
 # %%
 from ropelib.course import load_schedule
@@ -1357,21 +1328,20 @@ angles_per_thread = 16 * 64 // (4 * 32)               # BLOCK_ROWS x HALF over 1
 assert len(tests) == angles_per_thread                # one per angle a thread holds
 
 # %% [markdown]
-# Against a copy of the bytes it moves, as the ⏱ lines count, the timed positions reach 74 % on
-# the H200. The positions account for the step from 27.4 to 32.4 µs; the rest of the gap to a
-# copy is not taken apart. `ropelib.frequencies.Angles` reduces the angle exactly before the
-# sine, so no angle it hands `sin` is large.
+# The positions account for the step from 27.4 to 32.4 µs; the gap from 24.1 to 27.4 µs is not
+# taken apart here. `ropelib.frequencies.Angles` reduces the angle exactly before the sine, so
+# no angle it hands `sin` is large.
 #
 # **Puzzle 9.** On the H200 the tile moves the time by a few percent: BLOCK_S=4 on 4 warps was
 # the fastest of six tiles in every run, each tile's time moving by at most 1.7 % from run to
 # run (the table's 87 % to 94 % of a copy ride on a copy whose time moved by 6 %). Profiled once
 # each under Nsight Compute (`benchmarks/puzzle9_ncu.py`), every tile read $x$ and the tables
-# from DRAM once (75.5 MB) and executed fewer instructions than PyTorch's `buf * 1` over the same
-# bytes, the copy's stand-in: neither extra bytes nor extra instructions hold a tile below a
-# copy. One profile per tile is too noisy to order them: BLOCK_S=16, profiled twice, took 35.3
-# and 36.5 µs, against the six tiles' 35.0 to 36.7 µs. Those profiled durations sit below the
-# same tiles' `do_bench` medians (41.5 to 43.3 µs): the tools time differently, so read the
-# fractions against `do_bench`'s copy only.
+# from DRAM once (75.5 MB) and executed fewer instructions than PyTorch's `buf * 1` over the
+# same bytes, the copy's stand-in: so neither extra DRAM bytes nor extra instructions explain
+# the gap to a copy. One profile per tile is too noisy to order the tiles: BLOCK_S=16, profiled
+# twice, took 35.3 and 36.5 µs, against the six tiles' 35.0 to 36.7 µs. Profiled durations sit
+# below the `do_bench` medians (41.5 to 43.3 µs), so read fractions against `do_bench`'s copy
+# only.
 
 # %%
 def profile(path):
@@ -1452,41 +1422,36 @@ pz.stated([
 #
 # **5.** *The prediction.* A kernel that moves each byte once, and uses every byte of each
 # sector it moves, should run at a copy's speed, and by that count every timed solution should.
-# Two have a reason to fall short whatever their tile: puzzle 5's, whose sine takes a long path
-# at large angles (measured on an H200 in the first appendix), and puzzle 6's, which loads each
-# table row once per batch entry, $B = 8$ times, where puzzle 9's loads it once.
+# Two have a reason to fall short whatever their tile: puzzle 5's, whose sine takes a longer
+# path at large angles (measured on an H200 in the first appendix), and puzzle 6's, which loads
+# each table row once per batch entry, $B = 8$ times, where puzzle 9's loads it once.
 #
-# *What this page measures of it.* "Where you stand" prints the fractions, each with its
-# rounds' range: judge the prediction by them. The cell below runs every timed solution but 5
-# and 9 (the first appendix covers those) in checked memory at its timed shape cut to 32 rows:
-# each uses every byte of its rows' and tables' sectors, so sector use does not explain a
-# shortfall. It compiles puzzles 2's and 4's solutions for sm_90: puzzle 4's masked lanes leave
-# its load and store widths those of puzzle 2's, and its registers within 4 of them.
+# *What this page measures.* "Where you stand" prints the fractions, each with its rounds'
+# range: judge the prediction by them. The cell below runs every timed solution but 5 and 9
+# (the first appendix covers those) in checked memory at its timed shape cut to 32 rows: each
+# uses every byte of its rows' and tables' sectors, so sector use does not explain a
+# shortfall. Compiled for sm_90, puzzle 4's solution has the load and store widths of puzzle
+# 2's, and its registers within 4: masking the lanes past $H$ did not narrow its accesses.
 #
 # *Puzzle 5* fell short on the H200: 74 % of a copy of the 67.6 MB it moves (first appendix).
-#
-# *Puzzle 6.* Its $B$ loads of a table row come from $B$ programs, so only L2 can serve the
-# repeats. Where its fraction is near a copy, that is the likely reason, by analogy with puzzle
-# 9's cell (repeats within one program); for puzzle 6 itself it is not measured.
-#
-# *Puzzle 10* can come out a little above a copy. Its solution moves every byte its fraction
-# counts, once (the cell checks it at 4 sequences), and reads about what it writes (66.2 MB
-# against 64.1 MB), as a copy does. A fraction above 100 % then says that the device copy falls
-# a little short of the fastest way to move those bytes on that GPU, or, where the rounds'
-# ranges overlap 100 %, nothing: read the range.
+# *Puzzle 6*'s $B$ loads of a table row come from $B$ programs, so only L2 can serve the
+# repeats; if its fraction is near a copy, that is the likely reason, by analogy with puzzle
+# 9's cell, but for puzzle 6 it is not measured. *Puzzle 10* can come out a little above a
+# copy: its solution moves every byte its fraction counts once (the cell checks it at 4
+# sequences) and reads about what it writes (66.2 MB against 64.1 MB), as a copy does, so a
+# fraction above 100 % says only that the device copy falls a little short of the fastest way
+# to move those bytes; where the rounds' range includes 100 %, it says nothing.
 #
 # **6.** Each pair of $q$ and of $k$ is moved by at most $\varepsilon = \sqrt 2 \cdot 2^{-9}$
 # of its length, so each pair's product moves by at most about $2\varepsilon$ of
 # $|q_{\text{pair}}|\,|k_{\text{pair}}|$, and by Cauchy–Schwarz the score by at most
-# $2\varepsilon\,|q|\,|k| = \sqrt 2 \cdot 2^{-8}\,|q|\,|k|$. bf16 keeps 8 significant bits,
-# so rounding an element to nearest moves it by up to $2^{-8}$ of itself (puzzle 11's $2^{-9}$
-# is the absolute error of a cos or sin value, which is at most 1 in size), and the same
-# argument bounds the score's error from rounding $q$ and $k$ by about
-# $2 \cdot 2^{-8}\,|q|\,|k|$. So the table's bound is $1/\sqrt 2$ of the rounding's: in the
-# worst case a bf16 table costs less than holding $q$ and $k$ in bf16 at all. The cell below
-# prints both bounds and measures both errors on random vectors of head dim 128, where each is
-# far below its bound and the table costs no more than the rounding, as puzzle 11's cell found
-# for $y$.
+# $2\varepsilon\,|q|\,|k| = \sqrt 2 \cdot 2^{-8}\,|q|\,|k|$. Rounding an element to bf16 (8
+# significant bits) moves it by up to $2^{-8}$ of itself (puzzle 11's $2^{-9}$ is an absolute
+# error, on values at most 1), and the same argument bounds the score's error from rounding
+# $q$ and $k$ by about $2 \cdot 2^{-8}\,|q|\,|k|$. So the table's bound is $1/\sqrt 2$ of the
+# rounding's: a bf16 table costs less, in the worst case, than holding $q$ and $k$ in bf16 at
+# all. The cell below measures both on random vectors of head dim 128: each error is far below
+# its bound, and the table's is no larger than the rounding's.
 #
 # **7.** No. RoPE turns each key head once, before attention repeats it for its group of query
 # heads; the backward of that repeat (in the attention kernel, or autograd's) sums the group's
