@@ -24,15 +24,15 @@
 # ```
 #
 # The assert fails, although the first ten printed values of both tensors are identical. No
-# original code or data is here; our inputs are our own and give the same symptom. So this
-# notebook shows which causes produce exactly that symptom, not which one struck in any report. We
-# reproduce the failure, then take apart, one by one, everything that can make such a check fail,
-# with the tools that find it: an error map over position × feature, the location of the largest
-# difference, a print from inside the kernel at that element, errors in ulps, a norm-wise error,
-# and tolerances that fit the dtype.
+# original code or data is here; our own inputs give the same symptom, so this notebook shows
+# which causes produce it, not which one struck in any report. We reproduce the failure, then
+# take apart, one by one, everything that can make such a check fail, with the tools that find
+# it: an error map over position × feature, the location of the largest difference, a print from
+# inside the kernel at that element, errors in ulps, a norm-wise error, and tolerances that fit
+# the dtype.
 #
 # **Time:** about two hours of reading, with the exercises of sections 4b, 5 and 6; section 4b
-# is the longest. The cells run in a few minutes in the Triton interpreter.
+# is the longest.
 #
 # **After this notebook you will be able to**
 #
@@ -41,35 +41,32 @@
 #   `allclose` and pass a dtype-aware one;
 # - choose `allclose` tolerances from the dtype, and measure errors in ulps and norm-wise
 #   against fp64;
-# - tell which precision choices cost accuracy (a cos/sin table in the input dtype, the dtype
-#   of the math) and which only move last bits (an fp32 table or sin/cos in the kernel, a
-#   fused multiply-add);
+# - tell which precision choices cost accuracy (a cos/sin table or the math in the input
+#   dtype) and which only move last bits (an fp32 table or sin/cos in the kernel, a fused
+#   multiply-add);
 # - make a Triton kernel equal Transformer Engine's output **bit for bit**, and prove which
 #   change did it;
-# - tell six layout traps (sbhd vs bshd indexing, TE's duplicated angles, interleaved vs
-#   rotate-half pairs, partial rotary, table margins, an in-place double rotation) from
-#   rounding differences, and name four of them from the positions the output encodes (the
-#   other two leave no position to read), and repair the sbhd indexing in a kernel;
-# - go from the shape of a difference to its family of causes with a decision table;
-# - write the comparison that passes for the right reasons.
+# - tell six layout traps from rounding differences, name four of them from the positions the
+#   output encodes, and repair one (sbhd indexing) in a kernel;
+# - go from the shape of a difference to its family of causes with a decision table, and write
+#   the comparison that passes for the right reasons.
 #
-# **What runs here.** The Triton side is a small teaching kernel in `ropelib.course.debug`, *the
-# reproduction kernel* — not ropelib's kernel — with one switch per cause; section 1 gives you a
-# copy of it as a code cell, to read, edit and run. The TE side is the real TE fused kernel when
+# **What runs here.** The Triton side is *the reproduction kernel*, a small teaching kernel in
+# `ropelib.course.debug` (not ropelib's kernel) with one switch per cause; section 1 gives you a
+# copy to read, edit and run. The TE side is the real TE fused kernel when
 # Transformer Engine is installed on a GPU; otherwise `ropelib.reference.te_fused_emulation`,
 # labelled **TE emulation**: TE's formula in fp32 (fp32 sin/cos of fp32 angles, every product
-# rounded to fp32, one rounding to the output dtype). The emulation is not TE bit for bit: TE's
-# compiled kernel fuses one product into a multiply-add, and section 4b counts the elements where
-# the two differ.
+# rounded to fp32, one rounding to the output dtype). The emulation is not TE bit for bit; section
+# 4b counts where the two differ, and why.
 #
 # **Where the numbers come from.** Every number the text states is asserted in the code beside
-# it and is the same on every machine. Most are read from `benchmarks/te_bits.py`'s measurements
-# against the real TE, committed under `benchmarks/results/`: `te-bits-nvidia-h200.pt`, *the H200
-# reference run*, and `te-bits-nvidia-h100-80gb-hbm3.pt`, the same script on an NVIDIA H100, which
-# agrees with the H200's in every row (Appendix A). The rest are computed on the CPU from fixed
-# inputs. The outputs under the cells come from the machine that ran them, named in the first
-# cell's output: on a CPU, the interpreter against the TE emulation at small sizes; on a GPU, the
-# compiled kernels at the reference run's sizes, against the real TE where it is installed.
+# it. Most are read from `benchmarks/te_bits.py`'s measurements against the real TE, committed
+# under `benchmarks/results/`: `te-bits-nvidia-h200.pt`, *the H200 reference run*, and
+# `te-bits-nvidia-h100-80gb-hbm3.pt`, the same script on an NVIDIA H100, equal to it in every row
+# (Appendix A); the rest are computed on the CPU from fixed inputs. The outputs under the cells
+# come from the machine named in the first cell's output: on a CPU, the interpreter against the
+# TE emulation at small sizes; on a GPU, the compiled kernels at the reference run's sizes,
+# against the real TE where it is installed.
 
 # %%
 import os, torch
@@ -134,9 +131,9 @@ print("measured against the real TE on:", ", ".join(r["meta"]["gpu"] for r in RU
 # `tokens` is a bf16 tensor in TE's default `sbhd` layout, $[S, B, H, D]$ (sequence, batch,
 # heads, head dim). The wrapper `debug.apply_rotary_pos_emb_triton`, in the reports' style,
 # builds a cos/sin table from TE's angles and launches the Unsloth-style kernel; then TE rotates
-# the same tokens. The reproduction kernel carries what Unsloth's kernel inherits from Hugging
-# Face: a cos/sin table **precomputed in the model's dtype**, and the multiply-add done **in that
-# dtype** (`Q1 = tl.load(...).to(sin1.dtype)`).
+# the same tokens. The kernel carries what Unsloth's inherits from Hugging Face: a cos/sin table
+# **precomputed in the model's dtype**, and the multiply-add **in that dtype**
+# (`Q1 = tl.load(...).to(sin1.dtype)`).
 #
 # Here is that kernel, your own copy of `ropelib.course.debug._rope_unsloth_repro_kernel`. Its
 # switches `FROM_ANGLES`, `COMPUTE_FP32` and `USE_FMA` are the precision causes this notebook
@@ -147,10 +144,9 @@ print("measured against the real TE on:", ", ".join(r["meta"]["gpu"] for r in RU
 # `debug.reproduce(..., kernel=_rope_repro_kernel)` launches this copy: edit it, rerun this cell
 # and the two code cells after it, and see what the edit does.
 #
-# The `USE_FMA` branch calls `te_combine`, the combine line you write in section 4b's exercise.
-# Triton looks a global name up when it compiles the kernel (the interpreter, when it runs it),
-# and no cell takes this branch before section 4b. A compiled kernel keeps the `te_combine` it
-# was compiled with: after you change your combine there, rerun this cell.
+# The `USE_FMA` branch calls `te_combine`, the line you write in section 4b's exercise; no cell
+# takes it before then. Triton resolves that global name when it compiles the kernel, so after
+# you change your combine there, rerun this cell.
 
 # %%
 @triton.jit
@@ -230,11 +226,10 @@ d = debug.diagnose(res)
 print(f"your kernel: first ten values equal {d['first_ten_equal']}, allclose {d['allclose']}")
 
 # %% [markdown]
-# From here on the notebook runs the course's kernel (`debug.reproduce` without `kernel=`), and
-# section 4b also reads what that kernel and TE gave in the H200 reference run. What it finds
-# holds for your copy as long as your copy gives the same bits; the next cell counts the elements
-# where it does not (0 and 0 for an unedited copy). An edit of your copy does not stop the cells
-# below: they go on with the course kernel's output.
+# From here on the notebook runs the course's kernel (`debug.reproduce` without `kernel=`).
+# What it finds holds for your copy as long as your copy gives the same bits; the next cell
+# counts the elements where it does not (0 and 0 for an unedited copy). An edited copy does not
+# stop the cells below: they go on with the course kernel's output.
 
 # %%
 course_fixed = debug.reproduce(SC, FIXED, device=device)
@@ -260,11 +255,10 @@ assert d["first_ten_equal"] and not d["allclose"]   # the reported failure, repr
 #
 # $$ y_j = x_j \cdot 1 - x_{j+D/2} \cdot 0 = x_j \quad\text{exactly, in any precision.} $$
 #
-# Every RoPE in this notebook, right or wrong, gives flattened row 0 the angle 0. So
-# `flatten()[:10]` is its input, in bf16 or fp64. A wrong indexing can still rotate the
-# position-0 tokens of other batches: section 5 shows two traps that do. The values to print
-# are the ones where the two tensors differ most: an **error map** (max over batch and heads of
-# $|a - b|$, per position and feature) and its **argmax**.
+# Every RoPE here, right or wrong, gives flattened row 0 the angle 0, so `flatten()[:10]` is
+# its input (a wrong indexing can still rotate the position-0 tokens of other batches: section 5
+# shows two traps that do). Print instead where the two tensors differ most: an **error map**
+# (max over batch and heads of $|a - b|$, per position and feature) and its **argmax**.
 
 # %%
 pos0 = slice(0, 1)
@@ -293,30 +287,26 @@ assert steps_at_max == 1                                  # the largest differen
 # ![The error map of the reported failure stored in figures/: |TE fused - Triton| on an NVIDIA H200, zero at position 0, differences elsewhere](../figures/08-heatmap-repro.png)
 #
 # *Above: the map stored in `figures/`, drawn on an NVIDIA H200 against the real TE (512
-# positions, 128 features). The map the cell drew just before it comes from the machine that ran
-# the cell; its title says which (on a CPU: 32 positions, against the TE emulation).*
+# positions, 128 features). The cell's own map, just before it, names in its title the machine
+# that drew it (on a CPU: 32 positions, against the TE emulation).*
 #
-# Row 0 is black: no difference at position 0. Every other position differs somewhere. The
-# largest difference lies elsewhere; the cell prints where, and the two values there: one bf16
-# step apart. It is small — but how small is small?
+# Row 0 is black: no difference at position 0; every other position differs somewhere. The
+# cell prints where the largest difference lies and the two values there: one bf16 step apart.
+# Small — but how small is small?
 #
-# **Look inside the kernel.** Triton's own print is `tl.device_print(prefix, value)`: it prints
-# a value from inside a running kernel, with the program id. The probe below is the reproduction
-# kernel's reported line (bf16 table, bf16 products) cut down to the one pair that holds the
-# largest difference: it prints the angle, the fp32 cos and sin, the same two rounded to bf16
-# (the table the reported wrapper builds), and $y$ in fp32 before the store, once with the bf16
-# table and products and once with the fp32 table and fp32 products. A print of two values
-# writes one line per value (`(operand 0)`, `(operand 1)`), so the five prints write seven lines.
-# In the interpreter each line appears once, before the cell's own printed line. On a GPU
-# `tl.device_print` is a `printf` in every thread of the program, and a scalar lives in every
-# thread, so each line is printed once per thread: with `num_warps=1` (one warp, 32 threads),
-# 7 × 32 = 224 lines (`pid (0, 0, 0) idx ()`). They reach Jupyter by another route than
-# Python's prints, so their place under the cell is not fixed: they can come after the cell's
-# own line, the first glued to its end. Triton gives a kernel no thread index to guard a print
-# with. To see each value once, store it into a small output tensor and print that on the host,
-# as this probe also does (`probe` below); `tl.static_print` prints once, but at compile time,
-# so only what is known then (shapes, dtypes, constexprs). The cell checks the stored values
-# against both outputs.
+# **Look inside the kernel.** Triton's print is `tl.device_print(prefix, value)`, from inside a
+# running kernel, with the program id. The probe below is the reported line (bf16 table, bf16
+# products) cut down to the pair that holds the largest difference. It prints the angle, the fp32
+# cos and sin, the same two rounded to bf16 (the reported wrapper's table), and $y$ in fp32
+# before the store, with the bf16 table and products and with fp32 ones: seven lines, as a print
+# of two values writes one line per value. In the interpreter each line appears once, before the
+# cell's own line. On a GPU the print is a `printf` in every thread, and a scalar lives in every
+# thread, so with `num_warps=1` (32 threads) it writes 7 × 32 = 224 lines
+# (`pid (0, 0, 0) idx ()`); they reach Jupyter by another route than Python's prints and may come
+# after the cell's own line, the first glued to its end. Triton gives no thread index to guard a
+# print with: to see each value once, store it into a small tensor and print that on the host,
+# as the probe also does (`probe`). `tl.static_print` prints once, but at compile time, so only
+# shapes, dtypes and constexprs. The cell checks the stored values against both outputs.
 
 # %%
 @triton.jit
@@ -405,11 +395,10 @@ for name, (rtol, atol) in ASSERT_CLOSE_DEFAULTS.items():
 # each other.
 #
 # In the table below, the default `allclose` of the "all causes fixed" row depends on the
-# machine: True on the CPU, False on a GPU against the real TE. The line under the table gives
-# the count: 12 elements, in the H200 reference run and in the H100 run alike. A GPU compiler
-# fuses a product and a sum into one *fused multiply-add* (FMA: $ab + d$ with a single rounding,
-# section 4), choosing on its own which product; the interpreter fuses none. Neither run is
-# broken; section 4b finds the order.
+# machine: True on the CPU, False on a GPU against the real TE, where 12 elements differ (the
+# line under the table; the same 12 in both committed runs). Neither is broken: section 4b traces
+# the 12 to the order of a *fused multiply-add* (FMA: $ab + d$ with a single rounding), which a
+# GPU compiler picks when it contracts the line; the interpreter never contracts.
 
 # %%
 fixed = debug.reproduce(SC, FIXED, device=device)
@@ -450,16 +439,16 @@ if not GPU:
 
 # %% [markdown]
 # Two lessons. First, the reported kernel is many ulps from the exact result where outputs are
-# close to zero and its rounded products cancel; section 4 finds why. Second, the fixed kernel
-# passes with dtype-aware tolerances but is not TE bit for bit: in the H200 reference run, 12 of
+# close to zero and its rounded products cancel (section 4 takes this apart). Second, the fixed
+# kernel passes with dtype-aware tolerances but is not TE bit for bit: in the reference run 12 of
 # 1,048,576 elements differ from the real TE, enough to fail the default `allclose`, while the
-# CPU's 4,096 elements show none. Two suspects for such last-bit differences:
-# where sin/cos come from, and the order of the multiply-add. Section 3b shows that the first
-# *can* produce the reported symptom; section 4b finds that on the GPU it is the second.
+# CPU's 4,096 elements show none. Two suspects for such last-bit differences: where sin/cos come
+# from, and the order of the multiply-add. Section 3b shows that the first *can* produce the
+# reported symptom; section 4b finds that on the GPU it is the second.
 #
-# On the CPU the fixed kernel's `tl.cos`/`tl.sin` are NumPy's fp32 functions (the interpreter's),
-# and the TE emulation's are `torch.cos`/`torch.sin`: two correct implementations that differ in
-# the last bit for some entries. This cell counts them over this machine's table:
+# In the interpreter the fixed kernel's `tl.cos`/`tl.sin` are NumPy's fp32 functions, and the TE
+# emulation's are `torch.cos`/`torch.sin`: two correct implementations. The cell counts, on the
+# CPU whatever the machine, the entries of this run's angle table where they differ:
 
 # %%
 f_half = compare.angles(SC.seq_len, SC.head_dim)[:, 0, 0, :SC.head_dim // 2].cpu()
@@ -472,17 +461,17 @@ assert int(apart.max()) <= 1
 # %% [markdown]
 # ## 3b. One ulp of sin/cos is enough
 #
-# On the CPU some table entries differ by one ulp, yet the fixed kernel's 4,096 outputs all
-# equal the emulation's. Can sin/cos that differ by one fp32 ulp — as two
-# correct implementations can — produce the reported failure on their own?
+# Some entries differ by one ulp, yet on the CPU the fixed kernel's 4,096 outputs all equal the
+# emulation's. Can sin/cos that differ by one fp32 ulp produce the reported failure on their
+# own?
 #
 # Take the fixed kernel, give it the fp32 table TE's emulation uses, and move every entry from
 # position 1 on one ulp up (`torch.nextafter`, the cause `sincos_one_ulp`; position 0 keeps
-# $\cos 0 = 1$, $\sin 0 = 0$, exact in every implementation). The output of one pair changes by
-# about $2^{-24}(|x_1| + |x_2|)$ in fp32. That flips the bf16 rounding only where the fp32 value
-# lies that close to a midpoint between two bf16 numbers: about one element in $2^{15}$ (bf16
-# keeps 16 fewer bits than fp32; the PyTorch run below measures it). So the test needs a tensor
-# of a realistic size; on the CPU we take $131\,072$ elements instead of section 1's $4\,096$:
+# $\cos 0 = 1$, $\sin 0 = 0$, exact everywhere). The output of one pair changes by about
+# $2^{-24}(|x_1| + |x_2|)$ in fp32. That flips the bf16 rounding only where the fp32 value lies
+# that close to a midpoint between two bf16 numbers: roughly one element in $2^{15}$, as bf16
+# keeps 16 fewer bits than fp32 (the PyTorch run below measures it). So the test needs a
+# realistic size; on the CPU we take $131\,072$ elements instead of section 1's $4\,096$:
 
 # %%
 ULP_SC = SC if GPU else debug.Scenario(seq_len=256, batch=2, heads=2, head_dim=128)
@@ -522,23 +511,21 @@ far_u = mism & (debug.steps_apart(unmoved, moved) > 1)
 assert bool((moved[far_u].float().abs() < 2 ** -6).all())   # the rest, however far: near zero
 
 # %% [markdown]
-# That is the reported failure, from two correct kernels: the first ten values equal,
-# `torch.allclose` false for a handful of elements (at most one in a thousand), and true with
-# bf16 tolerances. The first line compares the kernel with itself, unmoved table
-# against moved, so the nudge is the only difference on every machine. Most of the elements it
-# moves are one bf16 step apart; any further apart are outputs near zero (below $2^{-6}$),
-# where $x_1 c$ and $x_2 s$ nearly cancel and bf16's steps are tiny. How many steps
-# the farthest one moves depends on the inputs and the machine.
+# That is the reported failure, from two correct kernels: the first ten values equal, the
+# default `allclose` false for a handful of elements (at most one in a thousand), the bf16 one
+# true. The line "the nudge alone" compares the kernel with itself, unmoved table against moved,
+# so the nudge is the only difference on every machine. Most moved elements are one bf16 step
+# apart; any further apart are outputs near zero (below $2^{-6}$), where $x_1 c$ and $x_2 s$
+# nearly cancel and bf16's steps are tiny.
 #
-# The second line compares with the TE side, as the report did. On the CPU that is the
-# emulation, whose table the kernel was given, so the two counts are the same. On a
-# GPU the compiled kernel's multiply-add order already differs from TE with the unmoved table
-# (the count under section 3's table); section 4b finds why.
-# The two counts need not add up: an element can be off for both reasons, and a nudge can put
-# an element back on TE's value.
+# The line "against" compares with the TE side, as the report did. On the CPU that is the
+# emulation, whose table the kernel was given, so the two counts are equal. On a GPU the compiled
+# kernel already differs from TE with the unmoved table (12 elements in the committed runs;
+# section 4b finds why), and the counts need not add up: an element can be off for both reasons,
+# and a nudge can put one back on TE's value.
 #
-# The next cell runs the same experiment at the GPU size in plain PyTorch, on every machine:
-# the TE emulation against itself with the moved table.
+# The next cell repeats the experiment at the GPU size in plain PyTorch, on every machine: the
+# TE emulation against itself with the moved table.
 
 # %%
 big = debug.Scenario(seq_len=512, batch=2, heads=8, head_dim=128)
@@ -679,29 +666,27 @@ assert all(run_row(BITS, v)["numel"] == 1_048_576 for v in PRESET_ROWS.values())
 # The ulps (bars) and the norm-wise error (labels) tell one story from two sides. Norm-wise, a
 # bf16 table and bf16 products cost at most $3u$: the standard HF/Unsloth cache is not *wrong*, it
 # is bf16-accurate. In ulps of outputs near zero the same kernel is far more than 16 ulps off (the
-# cell prints how far), because it rounds to bf16 before the cancellation $x_1 c - x_2 s$. "Is
-# this formula right?" asks for the norm-wise error; "is it as accurate as bf16 can be?" for ulps.
-# The rule for precision: keep the table in fp32 (or compute sin/cos from fp32 angles), do the
-# math in fp32, round once on the store, as TE's fused kernel and ropelib's kernel do.
+# cell prints how far): it rounds to bf16 before the cancellation $x_1 c - x_2 s$, and the rows
+# with an fp32 table fall to one rounding. "Is this formula right?" asks for the norm-wise error;
+# "is it as accurate as bf16 can be?" for ulps. The rule for precision: keep the table in fp32
+# (or compute sin/cos from fp32 angles), do the math in fp32, round once on the store.
 #
-# The lines under the chart read the committed runs of the same presets against the real TE,
-# the H200's and the H100's, equal row for row: with the fused multiply-add every output has
-# TE's bits (`max |TE - Triton|` is 0); the fixed kernel, with the fma left to the compiler,
-# does not ($2^{-6} \approx 0.0156$). Section 4b finds which order makes the difference.
-#
-# The rows above the chart are this machine's. On the CPU the TE emulation rounds both products
-# as the interpreter does, so the fixed row is 0 too. On a GPU of compute capability 9.0 against
-# the real TE the two rows show the committed runs' 0 and $2^{-6}$; against the emulation, a GPU
-# can show a few differing outputs in the fma row.
+# The lines under the chart read the same presets from the committed runs against the real TE,
+# H200 and H100 equal row for row: with the fused multiply-add every output has TE's bits
+# (`max |TE - Triton|` is 0); the fixed kernel, the fma left to the compiler, does not
+# ($2^{-6} \approx 0.0156$). The rows above the chart are this machine's: on the CPU the TE
+# emulation rounds both products as the interpreter does, so the fixed row is 0 too; on a GPU of
+# compute capability 9.0 against the real TE the fixed and FMA rows show the committed runs'
+# $2^{-6}$ and 0.
 
 # %% [markdown]
 # ## 4b. Bit for bit: which change makes the kernel equal TE?
 #
 # Dtype-aware tolerances let the fixed kernel pass. But a kernel that computes TE's formula in
-# fp32 and rounds once *can* agree with TE exactly, and when it does not, the elements that
-# differ are a clue. This section is an investigation: a kernel whose combine line you write
-# (the exercise), a check that counts the elements whose **bits** differ from TE's output, and
-# one change at a time (steps a to e).
+# fp32 and rounds once *can* agree with TE exactly, and where it does not, the elements that
+# differ are a clue. This section is an investigation: a kernel whose combine line you write, a
+# check that counts the elements whose **bits** differ from TE's output, and one change at a time
+# (steps a to e).
 #
 # **What TE computes.** TE's fused kernel (`transformer_engine/common/fused_rope/fused_rope.cu`)
 # does, per element and in fp32,
@@ -727,28 +712,26 @@ assert all(run_row(BITS, v)["numel"] == 1_048_576 for v in PRESET_ROWS.values())
 # the source's. The three differ in the last fp32 bit for many elements; rounding to bf16 hides
 # most of that, but not where an fp32 value lies close to a midpoint between two bf16 numbers.
 #
-# **The measurements.** `benchmarks/te_bits.py` ran the variants of this section against the
-# real TE, on the H200 (the reference run) and on an H100, and saved TE's outputs, TE's own fp32
-# cos/sin (an input of ones in the first half and zeros in the second makes TE's output exactly
-# its cos and sin) and one row per variant (the count, the PTX and SASS instructions of the
-# compiled line), for two cases:
+# **The measurements.** `benchmarks/te_bits.py` ran this section's variants against the real TE
+# on the H200 (the reference run) and on an H100, and saved TE's outputs, TE's own fp32 cos/sin
+# (an input of ones in the first half and zeros in the second makes TE's output exactly its cos
+# and sin) and one row per variant (the count, the PTX and SASS of the compiled line), for two
+# cases:
 #
 # - `BIG` (key `nb_gpu`, the name the counts below print): bf16, $S = 512$, $B = 2$, $H = 8$,
 #   $D = 128$;
 # - `SMALL32` (key `nb_cpu_fp32`): fp32, $S = 32$, $B = 2$, $H = 2$, $D = 32$.
 #
 # A row is named `line/source`. The line: `free_sub` is the line as written, contraction on,
-# and `free_sub-nofuse` the same with contraction off; `none_rn` rounds every product
+# `free_sub-nofuse` the same with contraction off; `none_rn` rounds every product
 # ($y_{\text{none}}$); `fma_xc` and `fma_rs` are the two fma orders ($y_{xc}$, $y_{rs}$). The
-# source is where sin/cos come from (`tl`, `libdevice`, ...: step b). A row named `debug:` and a
-# preset (`debug:REPRO`, `debug:FIXED`, ...) is the course's reproduction kernel of section 1
-# with that `debug.Causes`. The inputs are drawn again here, their hashes checked against the
-# GPU's. A count labelled **reference run** is read from the H200's file, the same on every
-# machine; one labelled **here** is this machine's (on the CPU: the interpreter against TE's
-# stored output; it rounds every product, fuses none, has no libdevice — NVIDIA's CUDA math
-# library — and its `tl.cos` is NumPy's). The H100 run equals the H200's in every row: the bits
-# follow the compiled code, sm_90 with Triton 3.6 (Appendix A compares the two runs, and says
-# when a GPU's own counts are checked against them).
+# source is where sin/cos come from (`tl`, `libdevice`, ...: step b). `debug:` and a preset
+# (`debug:REPRO`, `debug:FIXED`, ...) is section 1's reproduction kernel with that
+# `debug.Causes`. A count labelled **reference run** is read from the H200's file, the same on
+# every machine; one labelled **here** is this machine's (on the CPU: the interpreter against
+# TE's stored output; it rounds every product, fuses none, has no libdevice — NVIDIA's CUDA math
+# library — and its `tl.cos` is NumPy's). The H100 run equals the H200's in every row
+# (Appendix A).
 
 # %%
 BIG = debug.te_bits_case(BITS, "nb_gpu")            # bf16, S=512 B=2 H=8 D=128
@@ -798,7 +781,7 @@ print(f"compared with: {where}; x and angles hash as on the GPU")
 # in the exercise below. The kernel stores fp32; the one rounding to bf16 is torch's
 # `.to(torch.bfloat16)`, round-to-nearest-even like TE's store. The cell is a runnable copy of
 # `ropelib.course.exercises.debugging._rope_combine_kernel`, the kernel the exercise's check
-# launches (`tests/test_notebook_kernels_same.py` keeps the two the same).
+# launches.
 #
 # `check_bits`'s `sincos` argument says where cos and sin come from: `"tl"` computes them in the
 # kernel from the fp32 angles, `"table"` reads a table (by default TE's own). The default,
@@ -883,14 +866,13 @@ def check_bits(case, combine_fn, sincos=SINCOS, table=None, quiet=False, fusion=
 # rounding; the three ways of evaluating the line are written out above. Which of them is TE's,
 # the text has not said: let the count tell you.
 #
-# `ex.check_te_combine(my_combine)` grades it with TE's own cos and sin on both cases of this
-# section, `BIG` and `SMALL32` (fp32, where every rounding shows). It passes when no element
-# differs from TE's stored output in either, and when every element of a third case, fp32 inputs
-# drawn as the check runs, has the rounding of TE's line (so a combine that looked TE's stored
-# outputs up fails there). It refuses ropelib's own `@triton.jit` helpers and the worked
-# solution. `check_bits` and the grader both compile with contraction off on a GPU
-# (`enable_fp_fusion=False`), and the interpreter never contracts: nothing is fused that your
-# line does not fuse, and `check_bits` counts on every machine what the grader counts.
+# `ex.check_te_combine(my_combine)` grades it with TE's own cos and sin on `BIG` and `SMALL32`
+# (fp32, where every rounding shows). It passes when no element differs from TE's stored output
+# in either, and when every element of a third case, fp32 inputs drawn as the check runs, has the
+# rounding of TE's line (so looking TE's stored outputs up fails). It refuses ropelib's own
+# `@triton.jit` helpers and the worked solution. `check_bits` and the grader both compile with
+# contraction off (`enable_fp_fusion=False`; the interpreter never contracts): nothing is fused
+# that your line does not fuse.
 
 # %%
 @triton.jit
@@ -960,10 +942,10 @@ assert emu["emulation:cpu"] == 27, "the text's 27: the emulation, torch on the C
 
 # %% [markdown]
 # **Step b — swap where sin/cos come from.** The suspect everyone names first. The sources: the
-# kernel's `tl.cos`/`tl.sin`, libdevice's precise `cos`/`sin` and its fast ones (the
-# `cos.approx`/`sin.approx` units that fast math uses), a torch table of the angles computed on
-# the GPU or on the CPU, NumPy's `cos`/`sin` (the interpreter's `tl.cos`), and TE's own cos and
-# sin as a table. Two tables answer two questions:
+# kernel's `tl.cos`/`tl.sin`, libdevice's precise `cos`/`sin` and its fast ones
+# (`cos.approx`/`sin.approx`), a torch table computed on the GPU or on the CPU, NumPy's
+# `cos`/`sin` (the interpreter's `tl.cos`), and TE's own cos and sin as a table. Two tables
+# answer two questions:
 #
 # 1. **Are the values TE's?** Entries of the $S \times D/2$ cos and sin tables whose bits
 #    differ from TE's. A kernel's own cos and sin are read back from the kernel: with
@@ -1070,18 +1052,17 @@ if GPU and SAME_ARCH:   # compiled as the committed run was: its cos and sin ent
 
 # %% [markdown]
 # On the GPU, `tl.cos`/`tl.sin`, libdevice's `cos`/`sin` and a torch table computed on the GPU
-# are TE's `sincosf` bit for bit: 0 entries differ (in the reference run, and in the H100 run,
-# which agrees with it in every row). So swapping among them cannot move the count, and it does
-# not: each gives what TE's own table gives, 17 elements as written and 0 with the fma line (on
-# the CPU the `table_te_fp32` row runs in the interpreter and gives the same 17 and 0). Sources
-# whose values *do* differ move the count even under the fma line: the fast approximations
-# (2,287 elements in the reference run), a torch table computed on the CPU (16), NumPy's
-# functions (thousands of entries differ). That is why, on the CPU, the kernel
-# reads TE's own table rather than the interpreter's `tl.cos`. Sin/cos are not what separates
-# the kernel from TE. The combine line is.
+# are TE's `sincosf` bit for bit: 0 entries differ. So swapping among them cannot move the count,
+# and it does not: each gives what TE's own table gives, 17 elements as written and 0 with the
+# fma line (on the CPU the `table_te_fp32` row runs in the interpreter and gives the same 17 and
+# 0). Sources whose values *do* differ move the count even under the fma line: the fast
+# approximations (2,287 elements in the reference run), a torch table computed on the CPU (16),
+# NumPy's functions (thousands of entries differ) — which is why, on the CPU, the kernel reads
+# TE's own table rather than the interpreter's `tl.cos`. Sin/cos are not what separates the
+# kernel from TE. The combine line is.
 #
-# **Step c — fuse TE's product: $\mathrm{fma}(x, c, r s)$**, the contraction nvcc applies to
-# TE's line. This is `te_combine`: your combine if it passed the check, else the worked solution.
+# **Step c — fuse $xc$: $\mathrm{fma}(x, c, r s)$.** This is `te_combine`: your combine if it
+# passed the check, else the worked solution.
 
 # %%
 print("step c runs", "your my_combine" if combined_by_learner else "the worked solution")
@@ -1092,9 +1073,9 @@ assert gpu_row(BIG, "fma_xc/tl") == gpu_row(BIG, "fma_xc/libdevice") == 0   # an
 assert gpu_row(BIG, "debug:FIXED+fma") == 0      # the reproduction kernel with Causes(fma=True)
 
 # %% [markdown]
-# Zero: every one of the $2^{20}$ bf16 outputs has TE's bits. `tl.fma` is one rounding on both
-# machines — the interpreter computes it exactly too — so this row is the same computation here
-# and on the GPU.
+# Zero: every one of the $2^{20}$ bf16 outputs has TE's bits — what nvcc's contraction of $xc$
+# in TE's line would give (we read TE's bits here, not its compiled code). `tl.fma` is one
+# rounding in the interpreter too, so this row is the same computation on every machine.
 #
 # **Step d — fuse the other product: $\mathrm{fma}(r, s, x c)$.** If the order did not matter,
 # this would be zero as well:
@@ -1116,9 +1097,9 @@ if SAME_ARCH:
 # %% [markdown]
 # **Step e — what the GPU compiler did with the line as written.** PTX is the assembly that
 # Triton emits and NVIDIA's `ptxas` compiles for the GPU. The reference run kept the last 16
-# fp32 instructions of the PTX of its kernel's line as written, contraction on (all it kept of
-# the PTX); the last five compute $y_1$ and $y_2$. `fma.rn.f32 d, a, b, c` is
-# $\mathrm{rn}(ab + c)$, `mul.f32` a rounded product:
+# fp32 instructions of the PTX of its kernel's line as written, contraction on; the last five
+# compute $y_1$ and $y_2$. `fma.rn.f32 d, a, b, c` is $\mathrm{rn}(ab + c)$, `mul.f32` a
+# rounded product:
 
 # %%
 tail = BIG.rows["free_sub/tl"]["ptx_tail"]
@@ -1182,11 +1163,11 @@ print(f"all {step_e['n']} differing elements lie in the second half (d >= {half}
 # half step d's, and `gpu_choice`, which writes that choice down, reproduces it with every
 # difference from TE in $y_2$. Nothing in the source asks for either order.
 #
-# **The same line in the kernel above.** Both kernels can be compiled on any machine for sm_90
-# (compute capability 9.0, the H100's and the H200's): Triton's compiler and `ptxas` run on the
-# CPU. The PTX's line info (`.loc file line column`, printed after each instruction as
-# `// column N: the expression there`) says which product of the combine line each `mul.f32`
-# rounds; the other one enters an `fma.rn.f32` exact. One of each, per line:
+# **The same line in the kernel above.** Triton's compiler and `ptxas` run on the CPU, so both
+# kernels compile for sm_90 (the H100's and the H200's compute capability) on any machine. The
+# PTX's line info (`.loc`, printed after each instruction as `// column N: the expression
+# there`) says which product each `mul.f32` rounds; the other enters an `fma.rn.f32` exact. One
+# of each, per line:
 
 # %%
 import inspect
@@ -1256,11 +1237,11 @@ assert llir_sums["_rope_combine_kernel (above)"]["y2"]["first"] == ["x2 * c"]
 # %% [markdown]
 # In all four sums the product the PTX fuses is the sum's first operand in the IR. Both kernels
 # write $y_2 = x_2 c + x_1 s$; the reproduction kernel's IR holds it the other way round, so
-# $x_1 s$ is fused. The IR's order is not the source's: LLVM's `Reassociate` pass reorders the
-# operands (`ropelib.course.nb08_passes`; `tests/test_nb08_passes.py` checks it). That the back
-# end fuses the first operand is what these four sums show, not a rule traced through LLVM's
-# code. Of steps a to e only c gives 0, here and in the reference run: pin the order with
-# `tl.fma` rather than hope for it.
+# $x_1 s$ is fused. The IR's order is not the source's (`ropelib.course.nb08_passes` finds
+# LLVM's `Reassociate` pass swapping it; no cell here runs that). That the back end fuses the
+# first operand is what these four sums show, not a rule traced through LLVM's code. Of steps a
+# to e only c gives 0, here and in the reference run: pin the order with `tl.fma` rather than
+# hope for it.
 
 # %% [markdown]
 # To make a Triton kernel equal TE bit for bit: compute cos/sin in fp32 from the fp32 angles
@@ -1271,13 +1252,12 @@ assert llir_sums["_rope_combine_kernel (above)"]["y2"]["first"] == ["x2 * c"]
 # **The same changes in your copy of section 1, one per row.** `_rope_repro_kernel` calls that
 # line, `te_combine`, under `if USE_FMA:`, and takes sin/cos from the angles under
 # `if FROM_ANGLES:`. The table goes from section 1's reported failure to TE's bits, one change
-# per row, counting elements whose bits differ from TE's output. The reference run's columns
-# are the course's kernel (the `debug:` rows of `benchmarks/te_bits.py`), in bf16 at the GPU
-# size and in fp32 at the small size, where every rounding shows. The column "here" runs your
-# copy on the small fp32 case (on a GPU with contraction on), with TE's own cos/sin wherever a
-# row reads a table; a GPU with TE adds a live bf16 column. To try another order, edit the
-# `USE_FMA` branch or `my_combine`, then rerun section 1's cell and this one. The asserts check
-# the course's kernel, run beside yours.
+# per row, counting elements whose bits differ from TE's output. The reference run's columns are
+# the course's kernel, in bf16 at the GPU size and in fp32 at the small size, where every
+# rounding shows. The column "here" runs your copy on the small fp32 case (on a GPU with
+# contraction on), with TE's own cos/sin wherever a row reads a table; a GPU with TE adds a live
+# bf16 column. To try another order, edit the `USE_FMA` branch or `my_combine`, then rerun
+# section 1's cell and this one.
 
 # %%
 def repro_bits(case, use_fma, from_angles=False, input_dtype_math=False,
@@ -1356,11 +1336,12 @@ elif SAME_ARCH:  # tl.cos is CUDA's sincosf, TE's own, and the compiled code the
         assert live == [gpu_row(OWN_BIG, v) for *_, v in LEDGER[:4]] + [0]
 
 # %% [markdown]
-# **Which change did it.** In the reference run's columns only the fma line reaches 0: TE's
-# output is, in every bit, `fma(v_src, v_cos, v_src_rotate * v_sin)`. In the column "here" on
-# the CPU the interpreter rounds every product (990 in the first two rows, where the GPU's
-# contracted line gives 573) and its sin/cos are NumPy's, so rows 3 and 4 stay above 0: only
-# TE's order *with* TE's cos/sin, the last row, is 0 on every machine.
+# **Which change did it.** In the reference run's columns only the fma line reaches 0: on these
+# inputs TE's output is, in every bit, `fma(v_src, v_cos, v_src_rotate * v_sin)`. The column
+# "here" repeats the reference run's fp32 counts on a GPU like its own (sm_90, Triton 3.6), as
+# on the executed page. On the CPU the interpreter rounds every product (990 in the first two
+# rows, where the GPU's contracted line gives 573) and its sin/cos are NumPy's, so rows 3 and 4
+# stay above 0: only TE's order *with* TE's cos/sin, the last row, is 0 on every machine.
 #
 # Further reading: `benchmarks/repro_contraction.py` (a GPU script) takes the first row apart:
 # which of the sixteen ways of rounding or fusing its four bf16 products the GPU's output
@@ -1370,9 +1351,8 @@ elif SAME_ARCH:  # tl.cos is CUDA's sincosf, TE's own, and the compiled code the
 # %% [markdown]
 # ## 5. Six layout traps — all invisible in the first ten values
 #
-# Each trap below is switched on, alone, on top of the fixed kernel. None of them changes the
-# first ten printed values; each fails the dtype-aware `allclose` at once (the table's first two
-# columns).
+# Each trap below is switched on, alone, on top of the fixed kernel. None changes the first ten
+# printed values; each fails the dtype-aware `allclose` (the table's first two columns).
 #
 # - **sbhd vs bshd indexing.** Unsloth's kernel flattens a *bshd* tensor into rows
 #   $r = bS + s$ and takes the position as $r \bmod S = s$. Fed an sbhd tensor, rows are
@@ -1391,13 +1371,10 @@ elif SAME_ARCH:  # tl.cos is CUDA's sincosf, TE's own, and the compiled code the
 # - **in-place double rotation.** Unsloth's kernel rotates $Q$ in place. Run it first and TE
 #   then rotates the already rotated tokens: TE's output is the wrong one, turned by $2\theta$.
 #
-# Beside the largest difference, the table gives each side's error in units of $u$: the
-# norm-wise error of section 4 against fp64, its maximum over all elements,
-#
-# $$ \max_a \frac{|y_a - y_a^\star|}{u\,(|x_a| + |x_b|)}, \qquad u = 2^{-8} \text{ (bf16)}, $$
-#
-# with $(a, b)$ the model's pair (`debug.diagnose` reports it for TE and for Triton). One
-# rounding costs at most $1$ on this scale; section 4's precision variants stay within 3.
+# Beside the largest difference, the table gives each side's norm-wise error against fp64
+# (section 4), its maximum over all elements in units of $u = 2^{-8}$, with $(a, b)$ the model's
+# pair. One rounding costs at most 1 on this scale; section 4's precision variants stay
+# within 3.
 
 # %%
 traps = ["sbhd_row_indexing", "te_freqs_reshaped", "interleaved_mismatch",
@@ -1456,26 +1433,23 @@ print("share of the map that differs:", {t: f"{v:.2f}" for t, v in lit.items()},
 # from TE's. Look at how much of each map is lit, and at row 0.*
 #
 # The column in units of $u$ splits each row into its two sides. The side the trap leaves alone
-# is within one $u$ of fp64: one rounding, as for the fixed kernel. The side with the trap is
-# more than $1/u$ off: the error is as large as the values themselves (both bounds hold for
-# every trap). No trap is a rounding difference; each is a wrong value. Four traps rotate the
-# right pair by a wrong angle, and two rotations of one pair are at most
+# is within one $u$ of fp64: one rounding. The side with the trap is more than $1/u$ off, an
+# error as large as the values: no trap is a rounding difference. Four traps rotate the right
+# pair by a wrong angle, and two rotations of one pair are at most
 # $2\sqrt{x_a^2 + x_b^2} \le 2(|x_a| + |x_b|)$ apart: at most $2/u$, plus the roundings.
-# Interleaved vs rotate-half and partial rotary mix features of different pairs, or
-# rotate features the model passes through, so nothing bounds their error by the size of the
-# model's pair: they go beyond $2/u$.
+# Interleaved vs rotate-half and partial rotary mix features of different pairs, or rotate
+# features the model passes through, so nothing bounds their error: they go beyond $2/u$.
 #
 # The table says *that* the layout is wrong (every trap gets the verdict `layout`), not *how*. The
-# error maps say little more: every trap lights nearly all of its map (a share above 0.9), and row 0
-# is lit in two of them, sbhd indexing and the table margin, which rotate the position-0 tokens of
-# batch 1. A sharper question: **which position does each output encode?** A right RoPE turns the
+# error maps say little more: every trap lights nearly all of its map, and row 0 is lit in two of
+# them, sbhd indexing and the table margin, which rotate the position-0 tokens of batch 1. A
+# sharper question: **which position does each output encode?** A right RoPE turns the
 # pair of lowest frequency $\omega_{\min} = 10000^{-(R-2)/R}$ by $s\,\omega_{\min}$; the angle from
 # input pair to output pair, $\operatorname{atan2}(x_a y_b - x_b y_a,\ x_a y_a + x_b y_b)$, divided
 # by $\omega_{\min}$ gives the position back (`debug.recovered_positions`). That angle grows by only
 # $\omega_{\min} \approx 10^{-4}$ rad per position, finer than bf16 resolves, so we run the traps
-# once more in fp32 (the traps do not depend on the dtype) and plot, for the wrong side, the
-# recovered position of every token (one dot per token and head, colour = batch) against its true
-# position:
+# again in fp32 and plot, for the wrong side, the recovered position of every token (one dot per
+# token and head, colour = batch) against its true position:
 
 # %%
 TRAP_SC = debug.Scenario(seq_len=32, batch=2, heads=2, head_dim=32, dtype="fp32")
@@ -1556,11 +1530,9 @@ print({t: f"{v:.0f}" for t, v in spread.items()}, "= largest |recovered position
 # - **interleaved vs rotate-half** and **partial rotary**: no curve at all; the output is no
 #   rotation of the model's pairs, so the angle is noise. Partial rotary's cloud is far wider
 #   (the line under the figure prints each cloud's largest $|$recovered position$|$; the axis
-#   goes logarithmic beyond $\pm 2S$): the kernel
-#   turns the model's lowest-frequency features with the higher frequencies of a $D$-wide head,
-#   and changes the features the model passes through. With the kernel's pairing instead
-#   (rotate-half over all of $D$) both give the diagonal back: the positions are right, the
-#   pairs are not.
+#   goes logarithmic beyond $\pm 2S$).
+#   Read with the kernel's own pairing (rotate-half over all of $D$), both give the diagonal
+#   back: the positions are right, the pairs are not.
 #
 # Comparing each side with fp64 (the table above) says which side to blame: for the double
 # rotation it is TE's output, not the kernel's.
@@ -1573,10 +1545,8 @@ print({t: f"{v:.0f}" for t, v in spread.items()}, "= largest |recovered position
 # float64 and as $[S, B, H]$ whatever the layout, the position each token's output encodes: the
 # angle above with $(a, b) = (D/2 - 1, D - 1)$, divided by $\omega_{\min} = 10000^{-(D-2)/D}$,
 # the formula the figure's `debug.recovered_positions` computes. The check compares yours with
-# it on outputs of the reproduction kernel with no trap or one of the four traps that leave a
-# curve, at two fixed sizes and one drawn as it runs, two of them again in bshd. It bars
-# `debug.recovered_positions` and the worked solution inside your answer: this part is that
-# function.
+# it on outputs with no trap or one of the four traps that leave a curve, at fixed and drawn
+# sizes, in both layouts; it bars `debug.recovered_positions` and the worked solution.
 
 # %%
 def my_recovered_positions(x, y, layout):
@@ -1594,8 +1564,8 @@ solution(ex.solution_recovered_positions)
 # `"sbhd_row_indexing"`, `"te_freqs_reshaped"`, `"table_margin"` or
 # `"inplace_double_rotation"`, or `"none"` for a right RoPE. Read the curve against the true
 # positions $s$, as the figure does, for every batch and head. The check wants every name
-# right, on the same kind of outputs, fixed and drawn. It bars `debug.reproduce`: run every
-# trap and compare, and you have not read the positions. To try yours on a run of the figure,
+# right, on the same kind of outputs, fixed and drawn. It bars `debug.reproduce` (running every
+# trap to compare is not reading the positions). To try yours on a run of the figure,
 # `r = runs[trap]`: `my_trap_name(my_recovered_positions(r.x, r.tokens_triton, r.layout))`
 # (`r.tokens_te` for the double rotation, whose wrong side is TE's).
 
@@ -1618,11 +1588,10 @@ solution(ex.solution_trap_name)
 # kernel is given $S$ (`SEQ_LEN`) but not $B$; look at the grid for what it lacks.
 #
 # `nb08_repair.check_sbhd_repair(my_sbhd_kernel)` runs your kernel through the course's wrapper
-# with `sbhd_row_indexing` on, in fp32, reads the position every output token encodes with the
-# recovered-position method above, and passes when each token gives its true $s$ back and the
-# output is the fp64 RoPE's within fp32 tolerances. Its cases have two and three batches and one
-# size drawn as it runs, so a line that assumes $B = 2$ fails; the unchanged kernel fails with
-# the sawtooth of the figure. It refuses the course's kernel and the worked solution.
+# with `sbhd_row_indexing` on, in fp32, and passes when every output token encodes its true $s$
+# (the recovered-position method above) and the output is the fp64 RoPE's within fp32
+# tolerances. Its cases have two and three batches and one drawn size, so a line that assumes
+# $B = 2$ fails. It refuses the course's kernel and the worked solution.
 
 # %%
 from ropelib.course import nb08_repair
@@ -1690,25 +1659,24 @@ assert BIG.rows["fma_rs/tl"]["hist"][5] == BIG.rows["free_sub/tl"]["hist"][5] ==
 # %% [markdown]
 # In one unit, the norm-wise error against fp64 in $u = 2^{-8}$: section 4's precision variants
 # stay within $3u$, the side with a layout trap goes beyond $1/u = 256\,u$, and `debug.classify`'s
-# threshold, $8u$ (`debug.LAYOUT_NORMWISE_U`), lies between them. Beyond $8u$ is a
-# layout trap; below it, two sides each within one ulp of fp64 are both right (a tolerance
-# question), and a side many ulps off is a precision cause. The rules are meant for bf16/fp16
-# outputs of fp32 math; in fp32 outputs fp32's own rounding is no longer hidden.
+# threshold, $8u$ (`debug.LAYOUT_NORMWISE_U`), lies between them. Beyond $8u$ is a layout trap;
+# below it, two sides each within one ulp of fp64 are both right (a tolerance question), and a
+# side many ulps off is a precision cause. The rules are meant for bf16/fp16 outputs of fp32
+# math; in fp32 outputs fp32's own rounding is no longer hidden.
 #
-# The `tolerance` row says *most* such elements are one rounding step apart: near zero bf16's
-# steps are tiny, and a last-bit difference in fp32 can move an output by several of them
-# (section 3b's nudge in PyTorch: 38 of 43 elements one step apart, the rest more; steps d and
-# e: one element 5 steps apart each). What marks the row is that both sides are
-# within one ulp of fp64.
+# The `tolerance` row says *most* elements are one step apart: near zero a last-bit difference
+# in fp32 can move a bf16 output by several of bf16's tiny steps (section 3b's nudge: 38 of 43
+# one step, the rest more; steps d and e: one element 5 steps apart each). What marks the row is
+# that both sides are within one ulp of fp64.
 #
 # **Exercise — the decision table as code.** Write `my_classify(diag)`. `diag` is a diagnosis
 # as `debug.diagnose` reports it, without its `verdict`: among its keys `n_differ` (elements
 # not bit-equal), `te_max_normwise_u` and `triton_max_normwise_u` (each side's norm-wise error
 # against fp64, in $u$), `te_max_ulp` and `triton_max_ulp` (each side's error in ulps). Return
 # the row of the table, `"equal"`, `"tolerance"`, `"precision"` or `"layout"`, by the rules of
-# the paragraph above; the order in which you test them matters, and so does which side each
-# rule looks at. The check tries diagnoses like this notebook's, the boundary of each rule, and
-# twenty drawn as it runs; it bars `debug.classify` and `debug.diagnose` inside your answer.
+# the paragraph above; the order of the tests matters, and so does which side each rule looks at.
+# The check tries this notebook's diagnoses, each rule's boundary and twenty drawn ones; it bars
+# `debug.classify` and `debug.diagnose`.
 
 # %%
 def my_classify(diag):
@@ -1727,11 +1695,11 @@ solution(ex.solution_classify)
 # the error map, and the verdict under the panel. "the reported failure" and "all causes fixed"
 # reset the boxes; the tolerance buttons switch between `allclose`'s defaults and dtype-aware
 # tolerances. The one-ulp cause flips a rounding in tens of elements per million (section 3b:
-# 43 of 1,048,576 in PyTorch), so the CPU's panel of 4,096 elements expects about 0.2 of them
-# and mostly shows none; a GPU's panel of 1,048,576 elements expects about 43.
-# Widgets need a running Jupyter kernel: in a notebook reopened from disk, run its cells first
-# (until then the saved widget reads "Error displaying widget: model not found"). On the executed
-# page they compute nothing; the cell after the panel drives it from code and prints its verdicts.
+# 43 of 1,048,576), so the CPU's panel of 4,096 elements expects about 0.2 of them and mostly
+# shows none; a GPU's panel of 1,048,576 expects about 43. Widgets need a running Jupyter
+# kernel: in a notebook reopened from disk, run its cells first (until then the widget reads
+# "Error displaying widget: model not found"). On the executed page they compute nothing; the
+# cell after the panel drives the panel from code and prints its verdicts.
 
 # %%
 import ipywidgets as W
@@ -1809,26 +1777,26 @@ print(f"fixed: allclose with {tol} passes; max error {float(ulps.max()):.3g} ulp
 # %% [markdown]
 # ## What we found
 #
-# The reported check compared two bf16 kernels at `allclose`'s default tolerances, which are
-# sized for fp32, and printed the first ten values, where every RoPE here agrees. The original
-# project's code, inputs and sizes are not here, so which cause struck it is an inference.
-# Every cause in this notebook gives the symptom. The layout traps make differences of the
-# order of the values (hundreds of $u$ norm-wise and more), which a look at the argmax shows at
-# once; differences of a bf16 step or so point to precision or tolerance:
+# The reported check compared two bf16 kernels at `allclose`'s default tolerances, sized for
+# fp32, and printed the first ten values, where every RoPE here agrees. The original code,
+# inputs and sizes are not here, so which cause struck is an inference: every cause in this
+# notebook gives the symptom. Layout traps make differences of the order of the values (hundreds
+# of $u$ norm-wise and more), which a look at the argmax shows at once; differences of a bf16
+# step or so point to precision or tolerance:
 #
 # - a kernel written after Unsloth's carries a bf16 cos/sin table and bf16 products: tens of
-#   ulps off fp64 or more near zero, yet within $3u$ norm-wise (section 4, on every machine);
+#   ulps off fp64 or more near zero, yet within $3u$ norm-wise (section 4);
 # - a correct kernel whose sin/cos differ from TE's in the last fp32 bit fails the default
-#   tolerances, most elements by one bf16 step and a few near-zero ones by more (section 3b);
+#   tolerances, most elements by one bf16 step, a few near zero by more (section 3b);
 # - against the real TE (the table at the end of section 4b), only the fma line took the
-#   reproduction kernel to TE's bits; with the order left to the compiler, the elements left
-#   lie in the half where it fused the other product (step e), a choice it makes kernel by
-#   kernel. Only `tl.fma` makes TE's order a property of the source; on the CPU the kernel also
-#   needs TE's own cos/sin.
+#   reproduction kernel to TE's bits; left to the compiler, the elements that differ lie in the
+#   half where it fused the other product (step e), a choice that differed between the two
+#   kernels compiled here. Only `tl.fma` makes TE's order a property of the source; on the CPU
+#   the kernel also needs TE's own cos/sin.
 #
 # The fix is the comparison itself: an fp64 reference, dtype-aware tolerances, errors in ulps
-# *and* norm-wise, a look at the argmax and at the positions the output encodes instead of the
-# first ten values, and, where bit-for-bit equality is the goal, the other side's contraction.
+# *and* norm-wise, a look at the argmax and at the positions the output encodes, and, where
+# bit-for-bit equality is the goal, the other side's contraction.
 #
 # ## Questions for a study group
 #
@@ -1842,11 +1810,10 @@ print(f"fixed: allclose with {tol} passes; max error {float(ulps.max()):.3g} ulp
 #    harness prevent a kernel from changing the inputs another check reads?
 # 4. The recovered-position plot needs fp32 outputs. How would you find a layout trap in a
 #    bf16-only pipeline — which pair, which frequency, which statistic over heads?
-# 5. Section 4b found `tl.cos` equal to TE's `sincosf` in every entry, yet the line as written
-#    differed from TE by the compiler's choice of the product to fuse. In the next comparison
-#    that fails by one rounding step, what would you look at first — the sin/cos tables, the
-#    PTX's `fma` lines, or an fp32 run of both sides — and why is an fp32 output the sharper
-#    witness?
+# 5. Section 4b found `tl.cos` equal to TE's `sincosf`, yet the line as written differed from
+#    TE by the compiler's choice of product to fuse. When a comparison next fails by one
+#    rounding step, what do you look at first — the sin/cos tables, the PTX's `fma` lines, or an
+#    fp32 run of both sides — and why is fp32 the sharper witness?
 # 6. `tl.fma` pins the order in Triton. What would pin it in a CUDA kernel, in a PyTorch
 #    expression, in a `torch.compile`d one — and which of them would you trust to stay put
 #    after a compiler upgrade?
@@ -1897,12 +1864,12 @@ assert (META["capability"], META["triton"]) == ("9.0", "3.6.0"), "the text's sm_
 # %% [markdown]
 # The H100 run equals the reference run in all 156 rows and in every field of each (132 rows
 # kept a PTX tail); TE's outputs and its cos/sin have the same bits too. Both GPUs have compute
-# capability 9.0, and Triton 3.6.0 compiled the same instructions for both: the bits follow the
-# compiled code, not the card.
+# capability 9.0, and Triton 3.6.0 compiled the same instructions for both: as far as two cards
+# of one architecture show, the bits follow the compiled code, not the card.
 #
-# So on a GPU the cells check this machine's counts against a committed run only where the
-# source leaves a rounding to the compiler *and* this GPU has the run's compute capability and
-# Triton version (`SAME_ARCH`): against this GPU's own file where there is one (`OWN_RUN`), else
-# the reference run's. Where the source leaves nothing to the compiler (each product rounded, or
-# inside a `tl.fma`), *here* equals the reference run on every machine. On a GPU with TE
-# installed, the kernels are compared with TE computed now (*live*).
+# So a GPU's own counts are checked against a committed run only where the source leaves a
+# rounding to the compiler *and* the GPU has the run's compute capability and Triton version
+# (`SAME_ARCH`; against its own file where there is one, `OWN_RUN`). Where the source leaves
+# nothing to the compiler (each product rounded, or inside a `tl.fma`), *here* equals the
+# reference run on every machine. A GPU with TE installed compares with TE computed now
+# (*live*).
