@@ -13,13 +13,25 @@ torch.compile sees; forced here by telling qkv_linear that a tracer is at work),
 three of the unfused pipeline (F.linear, then `apply_rope_qk` on q and k). Then `cProfile` of
 the fused forward's host side: the functions with the most time of their own.
 
+`--pieces` (a CPU is enough; on a GPU it runs there) times the eager route's Python piece by
+piece instead, with the launches removed (planning.start as qkv_linear and qkv_gemm call it,
+and ropelib.eager's launches, replaced by nothing), at a small shape like the tests' (fp32,
+B=2, S=13, hidden 64, 4/2 heads of 32, angles): the whole call (forward under no_grad, with
+gradients, and the backward through autograd), then each step of the forward and of the
+backward, best of --rounds rounds of --calls calls back to back (benchmarks/
+eager_python_pieces.py's way). What is left is ropelib's own Python and PyTorch's calls
+(allocations, views, and on the backward's "dy" route dX and dW's matrix products, here on
+the CPU, denormals flushed: with the launches removed dY is whatever torch.empty held).
+
     python benchmarks/qkv_host_probe.py [--tokens 8192] [--calls 20] [--rounds 7]   # GPU
     TRITON_INTERPRET=1 python benchmarks/qkv_host_probe.py --dry-run                # CPU
+    TRITON_INTERPRET=1 python benchmarks/qkv_host_probe.py --pieces [--calls 2000]  # CPU
 """
 import argparse
 import contextlib
 import cProfile
 import io
+import os
 import pstats
 import sys
 import time
@@ -33,6 +45,9 @@ import qkv_rope_bench as bench  # noqa: E402  (it puts the checkout on sys.path)
 
 import ropelib  # noqa: E402
 from ropelib import qkv_linear, runtime  # noqa: E402
+from ropelib.course.probe_timers import launches_removed  # noqa: E402
+from ropelib.kernels import launch as kernel_launch, planning, qkv_gemm  # noqa: E402
+from ropelib.kernels import qk_norm_rope as kernel_qk_norm  # noqa: E402
 
 
 @contextlib.contextmanager
@@ -75,14 +90,154 @@ def host_us(fn, device, calls: int, rounds: int) -> float:
     return best
 
 
+@contextlib.contextmanager
+def qkv_launches_removed():
+    """A block in which ropelib's launches do nothing (planning.start, wherever the QKV
+    projection's forward and backward call it: qkv_linear, qkv_gemm, the RoPE and QK-norm
+    launchers; and ropelib.eager's launches); every other step of the eager route runs. On exit
+    the launches are back."""
+    def no_start(direct, launch, pointers):
+        pass
+    modules = [m for m in (qkv_linear, qkv_gemm, kernel_launch, kernel_qk_norm)
+               if getattr(m, "start", None) is planning.start]
+    real = [m.start for m in modules]
+    for m in modules:
+        m.start = no_start
+    try:
+        with launches_removed(replan=False):
+            yield
+    finally:
+        for m, fn in zip(modules, real):
+            m.start = fn
+
+
+def best_us(fn, calls: int, rounds: int) -> float:
+    """Best over rounds of the µs a call, `calls` calls back to back (no synchronisation: the
+    launches are removed)."""
+    fn()
+    best = float("inf")
+    for _ in range(rounds):
+        t = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - t) / calls * 1e6)
+    return best
+
+
+def pieces(device) -> dict:
+    """{piece: a call with no arguments} of one eager qkv_rope_linear at a small shape (the
+    caller removes the launches). Pieces indented under a whole are parts of it."""
+    B, S, K, HQ, HK, D = 2, 13, 64, 4, 2, 32
+    dev = torch.device(device)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(B, S, K, generator=g).to(dev)
+    w = (torch.randn((HQ + 2 * HK) * D, K, generator=g) / K ** 0.5).to(dev)
+    xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+    angles = ropelib.rope_angles(D, device=dev)
+    opts = dict(n_heads=HQ, n_kv_heads=HK, head_dim=D, angles=angles)
+    table, sin = angles.turns, angles.amplitude
+    args = (x, w, None, table, sin, None, None, None, None, HQ, HK, D, 1e-6, False, "bshd",
+            False, "dy")
+    gargs = (xg, wg) + args[2:]
+    grads = [torch.randn(B, S, h, D, generator=g).to(dev) for h in (HQ, HK, HK)]
+    out = ropelib.qkv_rope_linear(xg, wg, **opts)
+    ctx = out[0].grad_fn
+    made = qkv_linear._forward(*args)
+    tok = qkv_linear._token_major(grads, "bshd")
+    dtypes = planning.pointer_dtypes(
+        (x, w, None, x, x, x, sin, sin, None, None, None, None, torch.zeros(1)))
+    dtypes = dtypes[:-1] + (None,)      # (angles: no pairs_differ flag)
+    plan_opts = dict(S=S, B=B, K=K, HQ=HQ, HK=HK, D=D, R=D, P=qkv_linear._rows(table),
+                     ids=None, cu_seqlens=None, layout="bshd", interleaved=False, eps=1e-6,
+                     device=dev, dtypes=dtypes, shared_angle=True)
+    plan = getattr(qkv_gemm, "planned", qkv_gemm.plan)     # (the cached planner, where one is)
+
+    def no_grad(fn):
+        def run():
+            with torch.no_grad():
+                fn()
+        return run
+
+    return {
+        "forward, no_grad (whole)": no_grad(lambda: ropelib.qkv_rope_linear(x, w, **opts)),
+        # (timed with qkv_linear's forward answering at once with outputs made beforehand:
+        # _forward, and _project where the no_grad call runs it)
+        "  checks and arguments (the whole less the forward)": (
+            no_grad(lambda: ropelib.qkv_rope_linear(x, w, **opts)),
+            {"_forward": lambda *a: made, "_project": lambda *a: made[:3]}),
+        "  _forward (the operator's implementation)": no_grad(lambda: qkv_linear._forward(*args)),
+        "    torch.empty, one output [B, S, HQ, D]": lambda: torch.empty(
+            (B, S, HQ, D), dtype=x.dtype, device=dev),
+        "    cos_sin_rows (rows + pre-pass plan)": lambda: qkv_linear.cos_sin_rows(
+            x, table, sin, None, None, False),
+        "    the GEMM's plan (qkv_gemm.plan / planned)": lambda: plan("fwd", **plan_opts),
+        "    pointer_dtypes (13 pointers)": lambda: planning.pointer_dtypes(
+            (x, w, None, x, x, x, sin, sin, None, None, None, None, None)),
+        "forward, with gradients (whole)": lambda: ropelib.qkv_rope_linear(xg, wg, **opts),
+        "  _eager_qkv_rope (Function: _forward + _setup)": lambda: qkv_linear._eager_qkv_rope(
+            *gargs),
+        "forward+backward (autograd.backward, whole)": lambda: torch.autograd.backward(
+            ropelib.qkv_rope_linear(xg, wg, **opts), grads),
+        "  backward under no_grad (_backward with a saved ctx)": no_grad(
+            lambda: qkv_linear._backward(ctx, *grads, None, None)),
+        "    dY written (_written_dy)": no_grad(lambda: qkv_linear._written_dy(
+            *tok, x, table, sin, None, None, False)),
+        "    dX = dY W and dW = dY^T x (torch)": no_grad(lambda: (
+            torch.empty(B * S, w.shape[0], dtype=x.dtype, device=dev) @ w,
+            torch.empty(B * S, w.shape[0], dtype=x.dtype, device=dev).t()
+            @ x.reshape(-1, K))),
+    }
+
+
+def run_pieces(device, calls: int, rounds: int) -> None:
+    """Print every piece's µs a call; denormals flushed and one thread while it runs (the CPU's
+    matrix products, which read whatever torch.empty held: no slow denormals, no thread pool's
+    wake-up), torch's defaults after (no flushing)."""
+    threads = torch.get_num_threads()
+    torch.set_flush_denormal(True)
+    torch.set_num_threads(1)
+    try:
+        _print_pieces(device, calls, rounds)
+    finally:
+        torch.set_flush_denormal(False)
+        torch.set_num_threads(threads)
+
+
+def _print_pieces(device, calls: int, rounds: int) -> None:
+    with qkv_launches_removed():
+        steps = pieces(device)
+        where = (torch.cuda.get_device_name() if device == "cuda" else
+                 f"CPU ({os.cpu_count()} cores), Triton interpreter")
+        print(f"# {where}, torch {torch.__version__}; launches removed; best of {rounds} rounds "
+              f"of {calls} calls, host µs a call")
+        for name, fn in steps.items():
+            fn, stand_ins = fn if isinstance(fn, tuple) else (fn, {})
+            stand_ins = {n: f for n, f in stand_ins.items() if hasattr(qkv_linear, n)}
+            real = {n: getattr(qkv_linear, n) for n in stand_ins}
+            for n, f in stand_ins.items():
+                setattr(qkv_linear, n, f)
+            try:
+                us = best_us(fn, calls, rounds)
+            finally:
+                for n, f in real.items():
+                    setattr(qkv_linear, n, f)
+            print(f"{name:68s} {us:7.2f}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU")
+    ap.add_argument("--pieces", action="store_true",
+                    help="the eager route's Python piece by piece, launches removed")
     ap.add_argument("--tokens", type=int, default=8192)
-    ap.add_argument("--calls", type=int, default=20)
+    ap.add_argument("--calls", type=int, default=None)
     ap.add_argument("--rounds", type=int, default=7)
     a = ap.parse_args(argv)
     device = runtime.default_device()
+    if a.pieces:
+        run_pieces(device, a.calls or 2000, a.rounds)
+        return 0
+    a.calls = a.calls or 20
     if not a.dry_run and device != "cuda":
         raise SystemExit("timing the host beside a GPU needs one; use --dry-run on the CPU")
     tokens, hidden, HQ, HK, D = (16, 32, 2, 1, 16) if a.dry_run else (a.tokens, 4096, 32, 8, 128)

@@ -51,7 +51,7 @@ from . import eager, ops, qk_norm as ops_qk_norm, validation as V
 from .conventions import QKV_LINEAR_DTYPES, QKV_LINEAR_LAYOUTS
 from .api import check_no_table_grad, needs_grad, saveable
 from .frequencies import EXACT_POSITIONS, Angles
-from .kernels import qkv_gemm as kernel
+from .kernels import launch as kernel_launch, qkv_gemm as kernel, tiles as kernel_tiles
 from .kernels.launch import COS_SIN_ROWS, Positions, Table, plan_cos_sin_rows
 from .kernels.planning import pointer_dtypes, start
 from .ops import define_op
@@ -75,16 +75,10 @@ def resolved_backward(backward: Optional[str]) -> str:
 
 def _sizes(x: Tensor) -> Tuple[int, int, int]:
     """(B, S, K) of x [B, S, K], or (1, T, K) of packed x [T, K]."""
-    if x.dim() == 3:
-        return x.shape[0], x.shape[1], x.shape[2]
-    return 1, x.shape[0], x.shape[1]
-
-
-def _out_shape(x: Tensor, heads: int, head_dim: int, out_layout: str) -> tuple:
-    B, S, _ = _sizes(x)
-    if x.dim() == 2:
-        return (S, heads, head_dim)                   # packed: [T, H, D]
-    return (B, S, heads, head_dim) if out_layout == "bshd" else (B, heads, S, head_dim)
+    shape = x.shape
+    if len(shape) == 3:
+        return shape[0], shape[1], shape[2]
+    return 1, shape[0], shape[1]
 
 
 def _rows(table: Tensor) -> int:
@@ -94,15 +88,51 @@ def _rows(table: Tensor) -> int:
 
 def _run(kind: str, pointers: tuple, x: Tensor, table: Tensor, position_ids, cu_seqlens,
          n_heads, n_kv_heads, head_dim, interleaved, out_layout, eps=1e-6) -> None:
-    """Plan one of the three kernels for these pointers (in its *_POINTERS order) and start it."""
+    """Plan one of the three kernels for these pointers (in its *_POINTERS order) and start it
+    (the plan kept for the next call with the same sizes, dtypes and options:
+    qkv_gemm.planned)."""
     B, S, K = _sizes(x)
-    R = table.shape[0] if table.dtype == torch.int64 else table.shape[1]
-    kernel.run(kernel.plan(kind, S=S, B=B, K=K, HQ=n_heads, HK=n_kv_heads, D=head_dim, R=R,
-                           P=_rows(table), ids=position_ids, cu_seqlens=cu_seqlens,
-                           layout=out_layout, interleaved=interleaved, eps=eps, device=x.device,
-                           dtypes=pointer_dtypes(pointers),
-                           shared_angle=table.dtype == torch.int64),   # Angles' turns
+    turns = table.dtype == torch.int64          # Angles' turns
+    R = table.shape[0] if turns else table.shape[1]
+    kernel.run(kernel.planned(kind, S=S, B=B, K=K, HQ=n_heads, HK=n_kv_heads, D=head_dim, R=R,
+                              P=EXACT_POSITIONS if turns else table.shape[0], ids=position_ids,
+                              cu_seqlens=cu_seqlens, layout=out_layout, interleaved=interleaved,
+                              eps=eps, device=x.device, dtypes=pointer_dtypes(pointers),
+                              shared_angle=turns),
                pointers)
+
+
+# The pre-pass's launches, kept by what launch.plan_cos_sin_rows reads of its arguments (dtypes,
+# shapes and strides of the table, of the position ids and of cu_seqlens, never their values)
+# and of the modules it reads (a test's or a probe's patch of them plans afresh).
+MAX_PREPASS_PLANS = 256
+_PREPASS_PLANS = {}
+
+
+def _prepass(table: Tensor, sin: Optional[Tensor], position_ids, cu_seqlens, S, nb: int, R,
+             interleaved: bool, device, pairs_differ: bool):
+    """launch.plan_cos_sin_rows for cos_sin_rows (forward pass, any_length), kept."""
+    def planned():
+        return plan_cos_sin_rows(Table(table, sin), Positions(position_ids, cu_seqlens), S, nb,
+                                 R=R, interleaved=interleaved, backward=False, device=device,
+                                 any_length=True, pairs_differ=pairs_differ)
+    sizes = (S, nb, R, *table.shape, *table.stride(),
+             0 if position_ids is None else position_ids.shape[0],
+             0 if cu_seqlens is None else cu_seqlens.shape[0])
+    if any(type(n) is not int for n in sizes):
+        return planned()        # (symbolic sizes: torch.compile's tracing plans every time)
+    key = (sizes, table.dtype, sin is None or sin.dtype,
+           position_ids is None or position_ids.dtype, cu_seqlens is None or cu_seqlens.dtype,
+           interleaved, device, pairs_differ, plan_cos_sin_rows, kernel_launch.launches_early,
+           kernel_launch.TWO_PASS_TABLE_ELEMENTS, kernel_launch.TWO_PASS_WARPS,
+           kernel_launch.INTERPRET, kernel_tiles.EARLY_LAUNCH, kernel_tiles.INTERPRET,
+           kernel_tiles.hopper_or_newer)
+    pre = _PREPASS_PLANS.get(key)
+    if pre is None:
+        if len(_PREPASS_PLANS) >= MAX_PREPASS_PLANS:
+            _PREPASS_PLANS.clear()
+        pre = _PREPASS_PLANS[key] = planned()
+    return pre
 
 
 def cos_sin_rows(x: Tensor, table: Tensor, sin: Optional[Tensor], position_ids, cu_seqlens,
@@ -117,11 +147,12 @@ def cos_sin_rows(x: Tensor, table: Tensor, sin: Optional[Tensor], position_ids, 
     B, S, _ = _sizes(x)
     R = table.shape[0] if table.dtype == torch.int64 else table.shape[1]
     nb = B if kernel.per_entry(position_ids) else 1
-    rows = tuple(torch.empty((nb * S, R), dtype=torch.float32, device=x.device) for _ in "cs")
+    device = x.device
+    rows = (torch.empty((nb * S, R), dtype=torch.float32, device=device),
+            torch.empty((nb * S, R), dtype=torch.float32, device=device))
     if nb * S:
-        pre = plan_cos_sin_rows(Table(table, sin), Positions(position_ids, cu_seqlens), S, nb,
-                                R=R, interleaved=interleaved, backward=False, device=x.device,
-                                any_length=True, pairs_differ=pairs_differ is not None)
+        pre = _prepass(table, sin, position_ids, cu_seqlens, S, nb, R, interleaved, device,
+                       pairs_differ is not None)
         start(COS_SIN_ROWS, pre, (table, sin, position_ids, cu_seqlens, None) + rows
               + (pairs_differ, None))
     return rows
@@ -149,20 +180,41 @@ def _forward(x: Tensor, weight: Tensor, bias: Optional[Tensor], table: Tensor,
              save_for_norm: bool, backward: str
              ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The forward operator's implementation (qkv_rope_linear_op), which the eager route calls
-    without the dispatcher."""
-    B, S, K = _sizes(x)
+    without the dispatcher (under no_grad it calls _project, with no rstd and norm_input)."""
+    B, S, _ = _sizes(x)
     M, NQK = B * S, n_heads + n_kv_heads
-
-    def fresh(heads):
-        return torch.empty(_out_shape(x, heads, head_dim, out_layout), dtype=x.dtype,
-                           device=x.device)
-    q, k, v = fresh(n_heads), fresh(n_kv_heads), fresh(n_kv_heads)
     if save_for_norm and q_norm_weight is not None:
         rstd = torch.empty((M, NQK), dtype=torch.float32, device=x.device)
         norm_input = torch.empty((M, NQK * head_dim), dtype=x.dtype, device=x.device)
     else:
         rstd = torch.empty((0,), dtype=torch.float32, device=x.device)
         norm_input = torch.empty((0,), dtype=x.dtype, device=x.device)
+    q, k, v = _project(x, weight, bias, table, sin, position_ids, cu_seqlens, q_norm_weight,
+                       k_norm_weight, n_heads, n_kv_heads, head_dim, eps, interleaved,
+                       out_layout, rstd if rstd.numel() else None,
+                       norm_input if norm_input.numel() else None)
+    return q, k, v, rstd, norm_input
+
+
+def _project(x: Tensor, weight: Tensor, bias: Optional[Tensor], table: Tensor,
+             sin: Optional[Tensor], position_ids: Optional[Tensor],
+             cu_seqlens: Optional[Tensor], q_norm_weight: Optional[Tensor],
+             k_norm_weight: Optional[Tensor], n_heads: int, n_kv_heads: int, head_dim: int,
+             eps: float, interleaved: bool, out_layout: str, rstd: Optional[Tensor],
+             norm_input: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
+    """q, k and v fresh, written by the pre-pass and the forward kernel (rstd and norm_input:
+    where the norm's statistics and input go, or None)."""
+    B, S, _ = _sizes(x)
+    M = B * S
+    if x.dim() == 2:
+        shapes = [(S, h, head_dim) for h in (n_heads, n_kv_heads)]     # packed: [T, H, D]
+    elif out_layout == "bshd":
+        shapes = [(B, S, h, head_dim) for h in (n_heads, n_kv_heads)]
+    else:
+        shapes = [(B, h, S, head_dim) for h in (n_heads, n_kv_heads)]
+    q = torch.empty(shapes[0], dtype=x.dtype, device=x.device)
+    k = torch.empty(shapes[1], dtype=x.dtype, device=x.device)
+    v = torch.empty(shapes[1], dtype=x.dtype, device=x.device)
     if M:
         # a table's pairs may or may not repeat one angle (Angles' always do): the pre-pass
         # says, and the forward reads one cos and one sin tile where they do, else each
@@ -172,11 +224,10 @@ def _forward(x: Tensor, weight: Tensor, bias: Optional[Tensor], table: Tensor,
         cos, sin_rows = cos_sin_rows(x, table, sin, position_ids, cu_seqlens, interleaved,
                                      differ)
         _run("fwd", (_aligned(x), _aligned(weight), _contiguous(bias), q, k, v, cos,
-                     sin_rows, q_norm_weight, k_norm_weight, rstd if rstd.numel() else None,
-                     norm_input if norm_input.numel() else None, differ),
+                     sin_rows, q_norm_weight, k_norm_weight, rstd, norm_input, differ),
              x, table, position_ids, cu_seqlens, n_heads, n_kv_heads, head_dim, interleaved,
              out_layout, eps)
-    return q, k, v, rstd, norm_input
+    return q, k, v
 
 
 qkv_rope_linear_op = define_op("ropelib::qkv_rope_linear")(_forward)
@@ -378,6 +429,8 @@ _eager_qkv_rope = eager.direct_apply(_EagerQKVRoPE)
 # --- argument checks ------------------------------------------------------------------------
 
 def _check_count(v, name: str, minimum: int) -> int:
+    if type(v) is int and v >= minimum:       # (the common case, without the ABC's check)
+        return v
     if isinstance(v, bool) or not isinstance(v, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(v).__name__} ({v!r})")
     if v < minimum:
@@ -578,13 +631,18 @@ def qkv_rope_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, *,
     if head_dim > kernel.MAX_HEAD_DIM:
         raise ValueError(f"head_dim must be <= {kernel.MAX_HEAD_DIM} (a head's columns live in "
                          f"one program's registers), got {head_dim}")
-    V.check_no_grad_transform("qkv_rope_linear")
+    plain = eager.active()
+    if not plain:       # (a plain eager call runs under no torch.func transform)
+        V.check_no_grad_transform("qkv_rope_linear")
     _check_projection(x, weight, bias, n_heads, n_kv_heads, head_dim)
     V.check_bool(interleaved, "interleaved")
     if out_layout not in OUT_LAYOUTS:
         raise ValueError(f"out_layout must be one of {OUT_LAYOUTS}, got {out_layout!r}")
-    eps = V.check_real(eps, "eps", positive=True)
-    weight_offset = V.check_real(weight_offset, "weight_offset")
+    # (a finite float needs no more of V.check_real, which returns it as it is)
+    if not (type(eps) is float and 0.0 < eps < math.inf):
+        eps = V.check_real(eps, "eps", positive=True)
+    if not (type(weight_offset) is float and -math.inf < weight_offset < math.inf):
+        weight_offset = V.check_real(weight_offset, "weight_offset")
     table, sin, _ = _check_table(freqs, angles, rotary_dim, head_dim, x)
     position_ids, cu_seqlens = _check_positions(x, position_ids, cu_seqlens, _rows(table),
                                                 out_layout)
@@ -598,15 +656,22 @@ def qkv_rope_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, *,
     if grad:
         table, sin, position_ids, cu_seqlens = (saveable(t) for t in (table, sin, position_ids,
                                                                       cu_seqlens))
-    args = (x.contiguous(), weight.contiguous(), _contiguous(bias), table, sin, position_ids,
-            cu_seqlens, q_norm_weight, k_norm_weight, n_heads, n_kv_heads, head_dim, eps,
-            interleaved, out_layout, norm and grad, backward)
-    if not eager.active():
-        q, k, v, _, _ = qkv_rope_linear_op(*args)
+    x, weight = x.contiguous(), weight.contiguous()
+    if bias is not None:
+        bias = bias.contiguous()
+    if not plain:
+        q, k, v, _, _ = qkv_rope_linear_op(x, weight, bias, table, sin, position_ids, cu_seqlens,
+                                           q_norm_weight, k_norm_weight, n_heads, n_kv_heads,
+                                           head_dim, eps, interleaved, out_layout, norm and grad,
+                                           backward)
     elif grad:
-        q, k, v, _, _ = _eager_qkv_rope(*args)
-    else:
-        q, k, v, _, _ = _forward(*args)
+        q, k, v, _, _ = _eager_qkv_rope(x, weight, bias, table, sin, position_ids, cu_seqlens,
+                                        q_norm_weight, k_norm_weight, n_heads, n_kv_heads,
+                                        head_dim, eps, interleaved, out_layout, norm, backward)
+    else:               # (no gradient: the norm's statistics are not kept)
+        q, k, v = _project(x, weight, bias, table, sin, position_ids, cu_seqlens,
+                           q_norm_weight, k_norm_weight, n_heads, n_kv_heads, head_dim, eps,
+                           interleaved, out_layout, None, None)
     return q, k, v
 
 

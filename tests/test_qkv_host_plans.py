@@ -1,0 +1,187 @@
+"""The QKV projection's kept plans (qkv_gemm.planned, qkv_linear's pre-pass plans): an eager call
+plans its kernels once per sizes, dtypes and options, and what it keeps changes nothing else.
+
+* a repeated call takes the kept Launch (the same object), equal to a fresh plan's; the outputs
+  and gradients are the same bits with the plans kept or dropped;
+* setting any attribute of qkv_gemm (a test's monkeypatch of a tile function, and its undo) or
+  replacing an entry of a tile table drops the kept launches, so a patched planner is seen;
+* another dtype, layout, per-entry position ids or cu_seqlens' length plans anew;
+* what is checked per call still is: position ids outside the table, a wrong dtype or device,
+  after a call of the same shape was planned.
+"""
+import pytest
+import torch
+
+import ropelib
+from ropelib import qkv_linear
+from ropelib.kernels import launch as kernel_launch, planning, qkv_gemm, tiles
+
+B, S, K, HQ, HK, D = 2, 5, 32, 2, 2, 16
+
+
+def inputs(dtype=torch.float32, grad=False):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(B, S, K, generator=g).to(dtype).requires_grad_(grad)
+    w = (torch.randn((HQ + 2 * HK) * D, K, generator=g) / K ** 0.5).to(dtype).requires_grad_(grad)
+    return x, w
+
+
+def call(x, w, **over):
+    opts = dict(n_heads=HQ, n_kv_heads=HK, head_dim=D, angles=ropelib.rope_angles(D))
+    return ropelib.qkv_rope_linear(x, w, **dict(opts, **over))
+
+
+def plan_opts(**over):
+    dtypes = tuple(None if n in qkv_gemm._NORM else torch.float32 for n in qkv_gemm.FWD_POINTERS)
+    return dict(dict(S=S, B=B, K=K, HQ=HQ, HK=HK, D=D, R=D, P=64, ids=None, cu_seqlens=None,
+                     layout="bshd", interleaved=False, eps=1e-6, device=torch.device("cpu"),
+                     dtypes=dtypes), **over)
+
+
+def test_a_kept_launch_is_the_plan_of_those_arguments():
+    qkv_gemm.clear_plans()
+    first = qkv_gemm.planned("fwd", **plan_opts())
+    assert qkv_gemm.planned("fwd", **plan_opts()) is first
+    assert first == qkv_gemm.plan("fwd", **plan_opts())
+    ids = torch.zeros(B, S, dtype=torch.int64)
+    for other in (dict(layout="bhsd"), dict(interleaved=True), dict(S=S + 1), dict(eps=1e-5),
+                  dict(ids=ids), dict(cu_seqlens=torch.tensor([0, 2, S])),
+                  dict(dtypes=tuple(torch.bfloat16 if d is not None else None
+                                    for d in plan_opts()["dtypes"]))):
+        got = qkv_gemm.planned("fwd", **plan_opts(**other))
+        assert got is not first and got == qkv_gemm.plan("fwd", **plan_opts(**other)), other
+    # one row of ids for every entry plans as no ids (plan reads only whether there is a row
+    # per entry); a row per entry does not
+    assert qkv_gemm.planned("fwd", **plan_opts(ids=ids[:1])) is first
+
+
+def test_a_patched_planner_or_tile_table_is_seen(monkeypatch):
+    qkv_gemm.clear_plans()
+    kept = qkv_gemm.planned("fwd", **plan_opts())
+    tile = dict(BLOCK_M=16, BLOCK_K=16, GROUP_M=8, num_warps=2, num_stages=1)
+    monkeypatch.setattr(qkv_gemm, "pick_tiles", lambda *a, **k: dict(tile))
+    monkeypatch.setattr(qkv_gemm, "TENSOR_DESCRIPTORS", False)     # the pointer-loaded kernel
+    patched = qkv_gemm.planned("fwd", **plan_opts())
+    assert patched.num_warps == 2 and patched.launcher is qkv_gemm.FWD
+    monkeypatch.undo()
+    again = qkv_gemm.planned("fwd", **plan_opts())
+    assert again == kept and again.num_warps != 2
+    # a tile table's entry replaced (as benchmarks/qkv_stages_ab.py does) drops them too
+    monkeypatch.setattr(qkv_gemm, "INTERPRET", False)
+    monkeypatch.setattr(qkv_gemm, "has_tma", lambda device: False)
+    gpu = dict(plan_opts(), K=4096, HQ=32, HK=8, D=128, R=128, device=torch.device("cuda"))
+    base = qkv_gemm.GPU_TILES["fwd"]
+    assert qkv_gemm.planned("fwd", **gpu).num_stages == base["num_stages"]
+    try:
+        qkv_gemm.GPU_TILES["fwd"] = dict(base, num_stages=base["num_stages"] + 1)
+        assert qkv_gemm.planned("fwd", **gpu).num_stages == base["num_stages"] + 1
+    finally:
+        qkv_gemm.GPU_TILES["fwd"] = base
+    assert qkv_gemm.planned("fwd", **gpu).num_stages == base["num_stages"]
+
+
+def test_the_calls_plan_through_the_kept_launches(monkeypatch):
+    x, w = inputs()
+    call(x, w)
+    planned = []
+    real = qkv_gemm.plan
+
+    def plan(kind, **kw):
+        planned.append(kind)
+        return real(kind, **kw)
+    monkeypatch.setattr(qkv_gemm, "plan", plan)     # (drops the kept launches)
+    call(x, w)
+    call(x, w)
+    assert planned == ["fwd"]           # the second call took the first's plan
+    prepass = dict(qkv_linear._PREPASS_PLANS)
+    call(x, w)
+    assert qkv_linear._PREPASS_PLANS == prepass     # and its pre-pass's
+
+
+def test_the_pre_pass_plans_again_where_early_launch_changes(monkeypatch):
+    x, w = inputs()
+    rows = (torch.zeros(1, dtype=torch.int64), torch.ones(1), None, None, S, 1, D, False,
+            torch.device("cpu"), False)
+    kept = qkv_linear._prepass(*rows)
+    assert qkv_linear._prepass(*rows) is kept
+    monkeypatch.setattr(tiles, "EARLY_LAUNCH", not tiles.EARLY_LAUNCH)
+    assert qkv_linear._prepass(*rows) is not kept
+    monkeypatch.setattr(kernel_launch, "launches_early", lambda device: False)
+    assert qkv_linear._prepass(*rows) is not kept
+
+
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+def test_kept_plans_give_the_same_bits(layout):
+    """Forward and gradients, with the plans dropped before every call and kept."""
+    x, w = inputs(grad=True)
+    grads = None
+    results = []
+    for keep in (False, True, True):
+        if not keep:
+            qkv_gemm.clear_plans()
+            qkv_linear._PREPASS_PLANS.clear()
+        out = call(x, w, out_layout=layout)
+        grads = grads or [torch.randn_like(t) for t in out]
+        results.append(list(out) + list(torch.autograd.grad(out, (x, w), grads)))
+        with torch.no_grad():
+            results[-1] += list(call(x, w, out_layout=layout))
+    for got in results[1:]:
+        for a, b in zip(results[0], got):
+            assert torch.equal(a, b)
+
+
+def test_checks_still_run_once_planned():
+    x, w = inputs()
+    freqs = ropelib.rope_freqs(S + 2, D)
+    opts = dict(freqs=freqs, angles=None)
+    ok = torch.arange(S).expand(B, S).contiguous()
+    call(x, w, position_ids=ok, **opts)             # planned for this shape
+    bad = ok.clone()
+    bad[1, 3] = S + 2                               # outside the table (values checked on CPU)
+    with pytest.raises(ValueError):
+        call(x, w, position_ids=bad, **opts)
+    with pytest.raises(TypeError, match="weight must have x's dtype"):
+        call(x, w.to(torch.bfloat16))
+    with pytest.raises(ValueError, match="eps must be a finite number > 0"):
+        call(x, w, eps=float("nan"))
+    with pytest.raises(ValueError, match="eps must be a finite number > 0"):
+        call(x, w, eps=0.0)
+    with pytest.raises(ValueError, match="weight_offset must be a finite number"):
+        call(x, w, weight_offset=float("inf"))
+    with pytest.raises(TypeError, match="n_heads must be an int"):
+        call(x, w, n_heads=2.0)
+    with pytest.raises(TypeError, match="n_heads must be an int"):
+        call(x, w, n_heads=True)
+    # a strided x of the same shape: the same bits as its contiguous copy
+    wide = torch.randn(B, S, 2 * K)
+    strided = wide[..., ::2]
+    for a, b in zip(call(strided, w), call(strided.contiguous(), w)):
+        assert torch.equal(a, b)
+
+
+def test_a_size_not_a_plain_int_is_planned_every_time(monkeypatch):
+    """Under torch.compile's tracing sizes may be SymInts: planned() keeps only plans of plain
+    ints (here an int subclass stands for one)."""
+    class Size(int):
+        pass
+    qkv_gemm.clear_plans()
+    got = qkv_gemm.planned("fwd", **plan_opts(S=Size(S)))
+    assert got == qkv_gemm.plan("fwd", **plan_opts()) and not qkv_gemm._PLANS
+
+
+def test_host_probe_times_every_piece_with_the_launches_removed():
+    """benchmarks/qkv_host_probe.py --pieces: each piece runs with the launches removed (each
+    called once here), and the launches are back after the block."""
+    from pathlib import Path
+
+    from loading import load_file
+    probe = load_file("qkv_host_probe",
+                      Path(__file__).resolve().parents[1] / "benchmarks" / "qkv_host_probe.py")
+    with probe.qkv_launches_removed():
+        assert qkv_linear.start is not planning.start and qkv_gemm.start is not planning.start
+        steps = probe.pieces("cpu")
+        for name, fn in steps.items():
+            (fn[0] if isinstance(fn, tuple) else fn)()
+    assert qkv_linear.start is planning.start and qkv_gemm.start is planning.start
+    assert {"forward, no_grad (whole)", "forward, with gradients (whole)",
+            "forward+backward (autograd.backward, whole)"} <= set(steps)
