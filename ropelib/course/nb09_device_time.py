@@ -25,6 +25,10 @@ def kernel_us(prof) -> dict:
     """{name: summed duration (µs)} of every device kernel and copy a profile saw."""
     out = {}
     for e in prof.key_averages():
+        # (the profiler also lists each record_function range on the device, spanning the
+        # kernels inside it: counted, it would count them twice)
+        if e.key == RANGE:
+            continue
         if e.device_type == torch.autograd.DeviceType.CUDA and e.self_device_time_total:
             out[e.key] = out.get(e.key, 0.0) + e.self_device_time_total
     return out
