@@ -80,6 +80,23 @@ def _copy_ops():
     return copy3, copy24
 
 
+def write_code(graphs: dict, folder: str) -> int:
+    """Each graph's generated code (Inductor's output code, the wrapper that launches its kernels
+    and the kernels' sources) as <folder>/<graph>.py."""
+    from torch._inductor.utils import run_and_get_code
+    os.makedirs(folder, exist_ok=True)
+    for name, (fn, inputs) in graphs.items():
+        torch._dynamo.reset()
+        static = name.endswith(", static")
+        with torch._inductor.config.patch(static_launch_user_defined_triton_kernels=static):
+            _, codes = run_and_get_code(torch.compile(fn, fullgraph=True), *inputs)
+        path = os.path.join(folder, name.replace(" ", "_").replace(",", "") + ".py")
+        with open(path, "w") as f:
+            f.write("\n\n# ----- next code -----\n\n".join(codes))
+        print(f"{name}: {len(codes)} code file(s), {sum(len(c) for c in codes)} characters -> {path}")
+    return 0
+
+
 def rotate_half(x):
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)
@@ -90,6 +107,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, help="CSV path (default: compiled-launch-cost-<gpu>.csv)")
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--code", default=None, metavar="DIR",
+                    help="write the code Inductor generates for each graph here, and time nothing")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU")
@@ -115,6 +134,8 @@ def main(argv=None) -> int:
     graphs["ropelib, static"] = (lambda x, f: ropelib.apply_rope(x, f), (q, freqs))
     fns = {}
     with torch.no_grad():
+        if args.code:
+            return write_code(graphs, args.code)
         for name, (fn, inputs) in graphs.items():
             static = name.endswith(", static")
             try:
