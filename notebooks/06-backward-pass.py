@@ -758,11 +758,11 @@ assert round(start_us, 1) == 79.2, "the text's 79.2 us to start them"
 assert round(start_us / (br1["fwd_ms"] * 1e3), 2) == 0.94
 
 # %% [markdown]
-# From batch 4 up the step takes 1.97 to 2.01 forwards, as the bytes predict. Below it does not:
-# the batch-reusing kernel's step takes 427 µs at batch 1 against 207 µs at batch 4, with a
-# quarter of the bytes. The forward there is set by its programs, not its bytes: 84.6 µs at
-# batch 1 and 84.7 µs at batch 2, of which starting batch 1's 131,072 programs takes 79.2 µs
-# (the cost per program that notebook 03, section 4, measured).
+# From batch 4 up the step takes 1.97 to 2.01 forwards, as the bytes predict. Below, in that
+# H200 run, it does not: the batch-reusing kernel's step takes 427 µs at batch 1 against 207 µs
+# at batch 4, with a quarter of the bytes. The forward there is set by its programs, not its
+# bytes: 84.6 µs at batch 1 and 84.7 µs at batch 2, of which starting batch 1's 131,072 programs
+# takes 79.2 µs (the cost per program that notebook 03, section 4, measured).
 #
 # Below batch 4 the step also takes more than two forwards, and the sweep does not say why.
 # `do_bench` times from a CUDA event before a call to one after it, so when the host takes
@@ -1209,10 +1209,11 @@ else:
 #   built with `expand`.
 # - The backward moves the forward's bytes and takes the forward's time, so a training step is
 #   two forwards of device work: from batch 4 up the committed H200 steps take 1.97 to 2.01
-#   forwards. Below, a step through autograd takes longer (the batch-reusing kernel's batch-1
-#   step: 427 µs against an 84.6 µs forward). Section 3.1's live cell sums that step's kernels
-#   from the profiler and replays it from a CUDA graph: the whole call minus its kernels is the
-#   time the device waits for the host.
+#   forwards. Below, in that run, a step through autograd took longer (the batch-reusing
+#   kernel's batch-1 step: 427 µs against an 84.6 µs forward). Section 3.1's live cell sums the
+#   same step's kernels from the profiler and replays it from a CUDA graph: the whole call minus
+#   its kernels is the time the device waited for the host. Where that is a few percent, the
+#   step is two forwards on that GPU too, and the committed run's extra time was its host's.
 # - One warp a program beats four in the H200's profile (section 2.1), so `rope_cell` launches
 #   one at $D = 128$: with four, each element sits on two threads and costs load and store
 #   instructions of its own, 2.85 times the instructions for the same DRAM bytes, in 1.62 times

@@ -1630,8 +1630,9 @@ else:
           "in the interpreter and matched ropelib)")
 
 # %% [markdown]
-# The H100 that rendered this notebook's page printed the numbers the next cell reads back from
-# `benchmarks/results/`:
+# An earlier H100 render of this notebook printed the numbers the next cell reads back from
+# `benchmarks/results/` (one pair of medians each; the live cell above, on whichever GPU runs it,
+# prints its own, which move by a few hundredths between runs):
 
 # %%
 fp32_csv = (ROOT / "benchmarks" / "results"
@@ -1652,7 +1653,8 @@ assert [round(b32 / b16, 2) for b16, b32 in fp32_us.values()] == [1.76, 1.91, 1.
 # %% [markdown]
 # On that H100 the copy and the once-per-token kernel take 1.90 and 1.91 times as long in fp32,
 # and 0.88 of the bf16 gap is still there: the repeated angle work mostly adds to the memory time
-# rather than hiding behind it. Overlap therefore explains little of why the per-head kernel's
+# rather than hiding behind it (one run; the live cell's share, read the same way, says whether
+# your GPU agrees). Overlap therefore explains little of why the per-head kernel's
 # ratio is 1.17 on the H100 and 1.40 on the H200; what does, this notebook does not measure.
 
 
