@@ -1165,8 +1165,12 @@ del cos_c, y_mul
 # 1/2.29 of a copy's speed, the shortfall in the kernels PyTorch did not vectorize, each with
 # an operand that is not contiguous (a broadcast table, a strided half). A live run prints its
 # own GPU's factors: the bytes factor is fixed, the shortfall factor is the GPU's, and the four
-# Triton lines say which of the slow template's three traits costs it there. A fused kernel
-# removes both costs: one read, one write, loads as wide as it chooses. Notebook 07
+# Triton lines say which of the slow template's three traits costs it there. Where the
+# one-element and the division kernels stay near the wide kernel and only the one-in-flight
+# kernel falls, the narrow loads and the index arithmetic are not the cost, one element in
+# flight at a time is part of it, and whatever takes PyTorch's broadcast multiply further down
+# is not taken apart here. A fused kernel removes the extra bytes and keeps many loads in
+# flight: one read, one write. Notebook 07
 # measures the fixed cost of a call, and notebooks 03 to 05 what makes one kernel stream at a
 # copy's speed.
 

@@ -1331,7 +1331,7 @@ assert (warps_h100["tile"], warps_h100["warps"], warps_h100["chunks"]) == (4, 16
 # | warps | +1.8 (hatched) / +2.8, every process | −29.6 / −16.1, every process | 4 → 8 warps on the H200, 4 → 16 on the H100; $b = 8$: the H200's two profiles disagree on its sign; $b = 1$: each sin/cos evaluated by more threads (32 times, not 16, on the H200) |
 # | chunks | −3.0 / −0.0 | +48.1 / +29.0, every process | $b = 8$: the same launch, only the loop bounds read from the grid. $b = 1$: no batch to split; the planner's tile change evaluates each sin/cos once, 7.6 times fewer instructions (H200) |
 # | accurate sin/cos | noise (hatched) / +0.0 | noise / +0.1 | nothing that runs: the chunks rung's launch and, with Triton 3.6, its machine code |
-# | equal halves | +5.5 / +0.3 | +4.9 / +1.5, every process | the same launch, the shortcut in the kernel: fewer instructions |
+# | equal halves | +5.5 / +0.3 | +4.9 / +1.5, every process | the same launch, the shortcut in the kernel: fewer instructions, which pay at $b = 1$; at $b = 8$, where memory sets the pace, the H200's one run (+5.5, beside chunks' −3.0) is not explained, and ten H100 processes give +0.3 |
 # | finished kernel | 1.5 below rung 6 / −0.2 | 2.7 above / +0.9, every process | 7 % more instructions; at $b = 1$ `x` loaded first |
 #
 # With no batch loop ($b = 1$), how many times each sin/cos is evaluated is the time (the profile
