@@ -42,6 +42,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import qkv_rope_bench as bench  # noqa: E402  (it puts the checkout on sys.path)
+from eager_python_pieces import best_us  # noqa: E402  (best of rounds, µs a call)
 
 import ropelib  # noqa: E402
 from ropelib import qkv_linear, runtime  # noqa: E402
@@ -109,19 +110,6 @@ def qkv_launches_removed():
     finally:
         for m, fn in zip(modules, real):
             m.start = fn
-
-
-def best_us(fn, calls: int, rounds: int) -> float:
-    """Best over rounds of the µs a call, `calls` calls back to back (no synchronisation: the
-    launches are removed)."""
-    fn()
-    best = float("inf")
-    for _ in range(rounds):
-        t = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        best = min(best, (time.perf_counter() - t) / calls * 1e6)
-    return best
 
 
 def pieces(device) -> dict:
