@@ -121,9 +121,11 @@ def show_strided_copy_solution() -> None:
 # --- the prediction: the most a fixed grid can save ---------------------------------------------
 
 def _max_saving_us(n, block, programs, sms, empty_programs, empty_us):
-    """copy_kernel's program floor (ceil(n / block) programs) less the fixed grid's."""
-    per_program_us = empty_us / empty_programs       # an empty program's share of its SM's time
-    return (math.ceil(n / block) - programs) * per_program_us
+    """copy_kernel's program floor (ceil(n / block) programs) less the fixed grid's, each
+    exercise 2's expected answer."""
+    from .nb00_program_floor import _floor_us
+    return (_floor_us(math.ceil(n / block), sms, empty_programs, empty_us)
+            - _floor_us(programs, sms, empty_programs, empty_us))
 
 
 def solution_max_saving_us(n, BLOCK, programs, sms, empty_programs, empty_us):
