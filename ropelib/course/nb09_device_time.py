@@ -26,8 +26,9 @@ def kernel_us(prof) -> dict:
     out = {}
     for e in prof.key_averages():
         # (the profiler also lists each record_function range on the device, spanning the
-        # kernels inside it: counted, it would count them twice)
-        if e.key == RANGE:
+        # kernels inside it: counted, it would count them twice; torch before the
+        # is_user_annotation flag: this module's own range, by name)
+        if getattr(e, "is_user_annotation", False) or e.key == RANGE:
             continue
         if e.device_type == torch.autograd.DeviceType.CUDA and e.self_device_time_total:
             out[e.key] = out.get(e.key, 0.0) + e.self_device_time_total
