@@ -638,11 +638,8 @@ def qkv_rope_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, *,
     V.check_bool(interleaved, "interleaved")
     if out_layout not in OUT_LAYOUTS:
         raise ValueError(f"out_layout must be one of {OUT_LAYOUTS}, got {out_layout!r}")
-    # (a finite float needs no more of V.check_real, which returns it as it is)
-    if not (type(eps) is float and 0.0 < eps < math.inf):
-        eps = V.check_real(eps, "eps", positive=True)
-    if not (type(weight_offset) is float and -math.inf < weight_offset < math.inf):
-        weight_offset = V.check_real(weight_offset, "weight_offset")
+    eps = V.check_real(eps, "eps", positive=True)
+    weight_offset = V.check_real(weight_offset, "weight_offset")
     table, sin, _ = _check_table(freqs, angles, rotary_dim, head_dim, x)
     position_ids, cu_seqlens = _check_positions(x, position_ids, cu_seqlens, _rows(table),
                                                 out_layout)

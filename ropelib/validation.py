@@ -13,6 +13,7 @@ Two kinds of check:
   kernel never reads outside the table: a token whose position lies outside it comes out NaN.
 """
 import contextlib
+import math
 import numbers
 import os
 
@@ -133,6 +134,8 @@ def hf_cos_sin(cos: torch.Tensor, sin: torch.Tensor, S, B, D, *, partial: str, h
 
 def check_real(v, name: str, *, positive: bool = False) -> float:
     """A finite real number (> 0 when `positive`), as a Python float; `name` in the error."""
+    if type(v) is float and (0.0 if positive else -math.inf) < v < math.inf:
+        return v                            # (the common case, checked in one comparison)
     if isinstance(v, bool) or not isinstance(v, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {type(v).__name__} ({v!r})")
     if type(v) is not float:    # (float() of a float constant would make it symbolic in Dynamo)
