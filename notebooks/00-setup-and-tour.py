@@ -253,14 +253,12 @@ assert len(kernels) == 1 and kernels[0].startswith("_rope"), kernels
 # ### Drop-ins: swap one import
 #
 # `ropelib.te.apply_rotary_pos_emb` has Transformer Engine 2.x's signature and defaults;
-# `fused=True` runs ropelib's kernel, `fused=False` the plain PyTorch path. Both are ropelib's
-# code: the cell checks them against `ropelib.reference`'s copies of TE's two paths, and its
-# "ropelib.te" line compares the drop-in's two paths with each other. Only the line "TE itself"
-# runs Transformer Engine, where it is installed and a GPU runs, and compares each path with
-# TE's own; elsewhere that line says TE did not run. `ropelib.hf.apply_rotary_pos_emb` has
-# Hugging Face's signature (queries and keys `[B, H, S, D]`, a cos/sin cache `[B, S, D]`) and
-# formula, $x\cos + \mathrm{rotate\_half}(x)\sin$, in fp32 and rounded once; where transformers
-# is installed the cell checks the formula against its Llama function.
+# `fused=True` runs ropelib's kernel, `fused=False` the plain PyTorch path, both checked against
+# `ropelib.reference`'s copies of TE's two paths. The line "TE itself" runs Transformer Engine
+# (installed, on a GPU) against each path. `ropelib.hf.apply_rotary_pos_emb` has Hugging Face's
+# signature (queries and keys `[B, H, S, D]`, a cos/sin cache `[B, S, D]`) and formula,
+# $x\cos + \mathrm{rotate\_half}(x)\sin$, in fp32 and rounded once; where transformers is
+# installed the cell checks it against its Llama function.
 
 # %%
 from ropelib import hf as rope_hf
@@ -373,12 +371,21 @@ assert rope_flops / rope_bytes < 1 and gemm_intensity > 1000
 # which takes the host out. They are one H200's numbers (notebook 07 measures them live).
 
 # %%
-HBM_TB_S = 4.8                    # NVIDIA's figure for the H200 SXM's memory
+def peak_tb_s(gpu):
+    """NVIDIA's figure for a GPU's memory bandwidth (TB/s), looked up by name; None if unknown."""
+    for name, tb_s in (("H200", 4.8), ("H100 80GB HBM3", 3.35), ("H100 SXM", 3.35)):
+        if name in gpu:
+            return tb_s
+    return None
+
+
+assert peak_tb_s("NVIDIA H100 80GB HBM3") == 3.35 and peak_tb_s("NVIDIA L4") is None
 FLOOR = measured.path("floor").is_file()
 if FLOOR:
     floor_meta, _ = measured.load("floor")
     floor = measured.floor()
     assert floor_meta["gpu"] == "NVIDIA H200"
+    HBM_TB_S = peak_tb_s(floor_meta["gpu"])      # the measured GPU's: the H200 SXM's 4.8 TB/s
     configs = {case.name: case.config for case in floor_suite.rope_cases()}
     step_shape = configs["sbhd"]                   # the decoding step the text describes
     assert (step_shape.seq_len, step_shape.batch, step_shape.heads, step_shape.head_dim,
@@ -430,7 +437,7 @@ else:
     print("ropelib is installed without its benchmarks/results/ folder: nothing to read")
 
 # %% [markdown]
-# The figure sets each line's two times beside the time its bytes alone need at the memory's
+# The figure sets each line's two times beside the time its bytes alone need at the H200's
 # 4.8 TB/s (the red marks):
 
 # %%
@@ -459,14 +466,14 @@ if FLOOR:
     plt.show()
 
 # %% [markdown]
-# On 1 GiB, large enough for `apply_rope`'s two-pass route, ropelib runs within 5 % of a copy,
-# both at 4.3 TB/s, 89 % of the H200's 4.8 TB/s: the bytes set the time. A decoding step's
-# bytes need under a quarter of a microsecond, yet the copy takes 7.6 µs and ropelib 2.7 times
-# as long. Replayed from a CUDA graph, only 0.5 µs of ropelib's 13.1 µs extra is left: the
-# rest is what the graph removes, the host's side of the call. That is a subtraction; on a GPU
-# the next cell times the host itself, launching 300 of each call without synchronising, beside
-# the same calls replayed from a graph. Where the host's gap is many times the replay's, the
-# host separates the two calls. Notebook 07 (section 7) takes the host's part apart.
+# On 1 GiB (`apply_rope`'s two-pass route) the bytes set the time: ropelib runs at the copy's
+# 4.3 TB/s, 89 % of the H200's 4.8 TB/s. A decoding step's bytes need under a quarter of a
+# microsecond, yet the copy takes 7.6 µs and ropelib 2.7 times as long; replayed from a CUDA
+# graph, 0.5 µs of ropelib's 13.1 µs extra is left, so the rest is the host's side of the call.
+# That is a subtraction. On a GPU the next cell times the host itself, issuing 300 of each call
+# without synchronising, beside the same calls replayed from a graph: where the host's gap is
+# many times the replay's, the host is what separates the two calls. Notebook 07 (section 7)
+# takes the host's part apart.
 
 # %%
 import time
@@ -523,7 +530,8 @@ else:
 # | 05 | finished | a tile of tokens × heads, looping over the batch | a few thousand, below |
 #
 # The cell runs the three and both copies on the tour's `x` and checks each; on a GPU it times
-# all five with `triton.testing.do_bench` (the median of many launches) as % of torch's copy.
+# all five with `triton.testing.do_bench` (the median of many launches), as % of torch's copy
+# and in TB/s, and sets the copy's TB/s against NVIDIA's figure for the GPU it runs on.
 
 # %%
 from ropelib.course.kernels.batch_reuse import batch_reuse_grid, rope_batch_reuse
@@ -550,11 +558,21 @@ for name, launch in launches.items():           # each runs once here, compiled 
         torch.testing.assert_close(out, expected)
     print(f"{name:25s} " + ("equals x" if "copy" in name else "matches the reference")
           + (f"; {programs[name]:,} programs" if name in programs else ""))
+moves = {name: 2 * x_bytes if "copy" in name else rope_bytes for name in launches}  # bytes
+peak = peak_tb_s(info["GPU"]) if GPU else None
 if GPU:                                         # do_bench: the median of many launches, in ms
     ms = {name: triton.testing.do_bench(launch) for name, launch in launches.items()}
     print(f"do_bench on {info['GPU']}, x {tuple(x.shape)} {x.dtype}:")
     for name, t in ms.items():
-        print(f"  {name:25s} {t * 1e3:8.1f} µs  {100 * ms['torch copy_'] / t:4.0f} % of a copy")
+        print(f"  {name:25s} {t * 1e3:8.1f} µs  {100 * ms['torch copy_'] / t:4.0f} % of a copy  "
+              f"{moves[name] / (t * 1e-3) / 1e12:5.2f} TB/s")
+    copy_tb_s = moves["torch copy_"] / (ms["torch copy_"] * 1e-3) / 1e12
+    print(f"the copy reaches {copy_tb_s / peak:.0%} of this GPU's {peak} TB/s (NVIDIA's figure)"
+          if peak else f"{info['GPU']} is not in peak_tb_s's list: the copy's {copy_tb_s:.2f} "
+          "TB/s is the ceiling here")
+else:
+    print("timing needs a GPU: each launch's µs, % of a copy and TB/s, then the copy's share "
+          "of the GPU's memory bandwidth (peak_tb_s)")
 
 # %% [markdown]
 # Those shares are your GPU's at the tour's 32 MiB. The committed profile below is an H200's at
@@ -657,11 +675,11 @@ if MECHANISM:
 #
 # **The floors, live.** The next cell times a kernel with no loads and no stores at each row's
 # programs and warps and at the tour's two kernels' grids, beside the model worked out with
-# your GPU's SM count. "live / model" near 1 means a fixed cost a program. A floor's share of a
-# kernel's time grows as each program's work shrinks: the tour's batch is smaller than the
-# profile's 8, so where the last column passes one half, starting programs fills most of the
-# grid's time at the tour's size. The model leaves out the launch's own fixed cost, which
-# dominates at a few thousand programs ("live / model" well above 1, only printed).
+# your GPU's SM count; "live / model" near 1 means a fixed cost a program. The last column is
+# the floor's share of the tour kernel's own time: the tour's batch is smaller than the
+# profile's 8, so each grid program has less work, and where the share passes one half,
+# starting programs fills most of that kernel's time. The model leaves out the launch's own
+# fixed cost, which dominates at a few thousand programs (only printed).
 
 # %%
 @triton.jit
@@ -870,9 +888,12 @@ solution(basics.solution_interleaved_rope)
 # The check draws cases as it runs. The cell after the solutions feeds yours the committed
 # empty run of 4 warps (Triton's default) and, on a GPU, times your kernel (the worked one until
 # yours passes) at 1, 4 and 16 programs an SM against `copy_kernel`, each saving beside your
-# prediction. A saving far below it says the programs' start overlapped the bytes' time: the
-# floor bounds what a fixed grid saves, not what the programs cost. A time that falls as the
-# programs an SM grow says one program an SM had too few bytes in flight (notebook 05, section 2).
+# prediction. The floors bound what a fixed grid can save, but a small grid can lose more than
+# that: a program waits for each block's load before storing it, so it keeps one block, 2 KiB
+# of bf16, of loads in flight, and Little's law (notebook 05, section 2) asks each SM for
+# `copy_kernel`'s read rate per SM times DRAM's latency. The cell prints both; a grid whose
+# bytes in flight fall below the need at idle latency is slower than `copy_kernel` (the cell
+# asserts it), its saving negative whatever the floors allow.
 
 # %%
 from ropelib.course.exercises import nb00_strided_copy
@@ -916,23 +937,42 @@ n_gpu = x.numel() if GPU else 2048 * 4 * 16 * 128      # the tour's x on a GPU
 predicted = {per_sm: predict(n_gpu, 1024, per_sm * sms, sms, empty4["programs"], empty4["us"])
              for per_sm in (1, 4, 16)} if empty4 else {}
 label = "your prediction" if saving_ok else "the worked prediction, until yours passes"
+# a program waits for each block's load before its store, so it has one block of loads in flight
+in_flight_kib = {per_sm: per_sm * 1024 * x.element_size() / 1024 for per_sm in (1, 4, 16)}
+lat_meta, lat_rows = (measured.load("memory_latency")    # notebook 05, section 2
+                      if measured.path("memory_latency").is_file() else ({}, []))
+dram_ns = {r["condition"]: r["ns_per_load"] for r in lat_rows
+           if r["measure"] == "latency" and r["footprint_bytes"] == 2**30}
+lat_text = (f"{lat_meta['gpu']}'s DRAM latency, {dram_ns['idle']:.0f} ns idle and "
+            f"{dram_ns['loaded']:.0f} ns busy" if dram_ns else "no committed latency")
 if GPU:
     copy_us = triton.testing.do_bench(copy_with_kernel) * 1e3
+    w_read = x_bytes / (copy_us * 1e-6)                   # copy_kernel's reads, bytes a second
+    need_kib = {c: w_read / sms * ns * 1e-9 / 1024 for c, ns in dram_ns.items()}  # Little's law
     print(f"x {tuple(x.shape)} on {info['GPU']}, do_bench: copy_kernel, "
-          f"{triton.cdiv(x.numel(), 1024):,} programs, {copy_us:.1f} µs")
+          f"{triton.cdiv(x.numel(), 1024):,} programs, {copy_us:.1f} µs, reading "
+          f"{w_read / 1e12:.2f} TB/s" + (f"; Little's law with {lat_text}: an SM needs "
+          f"{need_kib['idle']:.1f} KiB of loads in flight idle, {need_kib['loaded']:.1f} busy"
+                                        if need_kib else ""))
     for per_sm, us in fixed_us.items():
-        print(f"  {whose}, {per_sm * sms:5,} programs ({per_sm:2d} an SM): {us:6.1f} µs, saving "
+        print(f"  {whose}, {per_sm * sms:5,} programs ({per_sm:2d} an SM, "
+              f"{in_flight_kib[per_sm]:4.0f} KiB in flight): {us:6.1f} µs, saving "
               f"{copy_us - us:5.1f} µs" + (f"; at most {predicted[per_sm]:.1f} µs ({label})"
                                            if predicted else ""))
         if predicted:                  # the floors bound the saving (H200's cost a program)
             assert copy_us - us < 1.5 * predicted[per_sm] + 1.0, (per_sm, us, copy_us)
+    if need_kib and in_flight_kib[1] < need_kib["idle"]:   # too few to read at the copy's rate
+        assert fixed_us[1] > copy_us, (fixed_us, copy_us)
 else:
-    print(f"the fixed-grid copy ({whose}) ran on 1, 4 and 16 programs and is right; on a GPU "
-          f"this cell times it on {sms}, {4 * sms} and {16 * sms} programs against copy_kernel "
-          "and sets each saving beside the most it can be"
-          + (f" ({label}, for the tour's GPU x: " + ", ".join(
-              f"{v:.1f} µs at {k * sms:,} programs" for k, v in predicted.items()) + ")"
-             if predicted else ""))
+    print(f"the fixed-grid copy ({whose}) ran on 1, 4 and 16 programs and is right. On a GPU "
+          f"this cell times it on {sms}, {4 * sms} and {16 * sms} programs against copy_kernel, "
+          "sets each saving beside the most it can be"
+          + (f" ({label}: " + ", ".join(f"{v:.1f} µs at {k * sms:,} programs"
+                                          for k, v in predicted.items()) + ")"
+             if predicted else "")
+          + " and each grid's KiB of loads in flight an SM ("
+          + ", ".join(f"{v:.0f}" for v in in_flight_kib.values())
+          + f") beside what Little's law asks at copy_kernel's read rate ({lat_text})")
 
 # %% [markdown]
 # ## Questions for a study group

@@ -41,9 +41,9 @@
 # H200 (`benchmarks/results/*-nvidia-h200.csv`; section 2.1 also reads an H100 run); the cells
 # that read them print the GPU and date and assert them. Live timings print the GPU they ran on,
 # and the text quotes none of them. On any GPU they assert only what the bytes predict (the
-# backward takes the forward's time, nothing beats a copy); what holds on the H200 alone, only
-# there. The bytes themselves are counted on any machine, in Triton's interpreter (sections 2.1
-# and 5).
+# backward takes the forward's time, nothing beats a copy), and one warp beating four only on
+# the H100 and H200, whose code section 2.1 compiles here. The bytes themselves are counted on
+# any machine, in Triton's interpreter (sections 2.1 and 5).
 #
 # **How to read it.** The core is sections 1 to 5 and the exercises: the derivation, the kernel,
 # the `autograd.Function` and the checks of a backward. Three parts measure why the times are
@@ -473,8 +473,8 @@ assert fwd_c["angles"][1] == H_r * fwd_c["angles"][2], "each of the H programs o
 # copy of $\partial L/\partial y$ and section 2's kernel forward and backward at `num_warps=4`
 # (Triton's default) and `num_warps=1` (`rope_cell`'s default), and prints the same fractions.
 # It asserts what the bytes predict on any GPU: at either warp count the backward takes the
-# forward's time, and nothing beats the copy. It prints how one warp compares with four; the
-# profile after it measured why on the H200, where the cell also asserts that one warp is faster.
+# forward's time, and nothing beats the copy. It prints four warps' time over one warp's, and on
+# an H100 or H200 (compute capability 9.0, the code profiled below) asserts one warp is faster.
 
 # %%
 frac_committed = {}      # GPU: (forward, forward+backward) of ropelib_batch_reuse, of a copy
@@ -516,25 +516,22 @@ if GPU:
         assert 0.9 < bwd_x < 1.1, "the same bytes should take the forward's time"
     assert all(copy_ms < 1.02 * med for med, _, _ in ms.values()), "a copy is the floor"
     w4_ms, w1_ms = ms["forward, num_warps=4"][0], ms["forward, num_warps=1"][0]
-    print(f"one warp a program: the forward in {w1_ms / w4_ms:.2f} of the four-warp time")
-    if compare.gpu_slug() == measured.GPU:    # the committed runs' GPU: the profile below
-        assert w1_ms < w4_ms, "one warp per program: the faster launch on the committed GPU"
+    print(f"four warps a program: the forward in {w4_ms / w1_ms:.2f}x the one-warp time")
+    if torch.cuda.get_device_capability() == (9, 0):   # H100, H200: the code profiled below
+        assert w1_ms < w4_ms, "one warp per program: the faster launch on sm_90"
 else:
     print("timed on a GPU only (the interpreter runs one program after another in Python)")
 
 # %% [markdown]
 # **What four warps change.** On the H200, `benchmarks/mechanism.py` profiled this kernel's
-# forward with Nsight Compute (NVIDIA's kernel profiler) at one and at four warps a program
-# (variants `sh_loop_b_w1` and `sh_loop_b_w4`; bf16, $S = 4096$, $B = 8$, $H = 32$,
-# $D = 128$). It also compiled both and counted the global loads and stores in their PTX (the
-# assembly-like code Triton emits before the GPU's machine code), by width. These count
-# instructions in the code, not executions, and leave out the reads of the table that libdevice,
-# NVIDIA's math library, uses for sin/cos. The same run profiled a copy of the same bytes, a
-# Triton load/store kernel (`y.copy_(x)` is a cudaMemcpy, which Nsight Compute does not profile).
-# The next cell prints the three rows from `mechanism-nvidia-h200.csv`. Notebook 04 (appendix
-# A.1) reads this tile's layout: a program rotates one head's $D/2 = 64$ pairs at a time, so on
-# the 128 threads of four warps each element and each cos/sin value is held, loaded and computed
-# by 2 threads.
+# forward with Nsight Compute (NVIDIA's kernel profiler) at one and four warps a program
+# (variants `sh_loop_b_w1` and `sh_loop_b_w4`; bf16, $S = 4096$, $B = 8$, $H = 32$, $D = 128$),
+# beside a copy of the same bytes by a Triton load/store kernel (`y.copy_(x)` is a cudaMemcpy,
+# which Nsight Compute does not profile). It also counted the global loads and stores in their
+# PTX (the assembly-like code Triton emits before the GPU's machine code) by width: instructions
+# in the code, not executions, without libdevice's reads of its sin/cos table. Notebook 04
+# (appendix A.1) reads this tile's layout: on the 128 threads of four warps each element and
+# each cos/sin value of a 64-pair half is held, loaded and computed by 2 threads.
 
 # %%
 prof = measured.mechanism("s4096-b8")
@@ -602,48 +599,51 @@ assert [round(r[k]) for r in (copy_row, w1_row) for k in
         ("ncu_achieved_occupancy_pct", "ncu_dram_throughput_pct")] == [85, 85, 48, 61]
 
 # %% [markdown]
-# The two RoPE launches move the same DRAM bytes (within 1 %); what differs is the work a byte.
-# The PTX rows show how a thread's share changes. A bf16 is 16 bits and an angle 32. At one
-# warp, each thread holds two elements of each half: it reads $x$ and writes $y$ as 32-bit
-# words, two bf16 each (`ld.v1.b32`, `st.v1.b32`), and its two angles of each half as one
-# 2-word vector (`ld.v2.b32`). At four warps each thread holds one bf16 of each half
-# (`ld.v1.b16`, `st.v1.b16`) and one angle of each half (`ld.v1.b32`).
-#
-# Both codes load $x$ twice and store $y$ twice for each batch row; at four warps each of those
-# instructions moves one bf16 a thread instead of two, so every element costs a load and a store
-# instruction of its own, on each of the two threads that hold it. The profile counts the whole
-# program: a thread at four warps holds half the elements but executes 0.71 of the instructions
-# (356 against 499 a program), and there are four times as many threads. Together that is 2.85
-# times the instructions, 1.39 warp instructions an element against 0.49.
+# The profile is the H200's, and of the forward; the code belongs to neither GPU. An H100 and an
+# H200 both have compute capability 9.0 and run what Triton compiles for sm_90. The next cell
+# compiles section 2's kernel *backward* for sm_90 on this machine (no GPU needed) and asserts
+# that its loads and stores at one and four warps are the profile's.
+
+# %%
+# section 2's kernel, backward, compiled for sm_90 here (ropelib/course/nb06_compiled.py)
+from ropelib.course import nb06_compiled   # noqa: E402
+for w, row in ((1, w1_row), (4, w4_row)):
+    here = nb06_compiled.global_accesses(w, backward=True)
+    print(f"backward, num_warps={w}, sm_90: {here:38} the profiled forward: "
+          f"{row['ptx_access_detail']}")
+    assert here == row["ptx_access_detail"], (w, here)
+
+# %% [markdown]
+# So the loads and stores below are the same in both directions and on both GPUs; the executed
+# counts, times and throughputs are the H200 forward's. A bf16 is 16 bits and an angle 32. At
+# one warp each thread holds two elements of each half: it reads $x$ and writes $y$ as 32-bit
+# words, two bf16 each (`ld.v1.b32`, `st.v1.b32`), and its two angles of each half as one 2-word
+# vector (`ld.v2.b32`). At four warps it holds one bf16 of each half (`ld.v1.b16`, `st.v1.b16`)
+# and one angle (`ld.v1.b32`): every element costs a load and a store instruction of its own, on
+# each of the two threads that hold it. A thread at four warps holds half the elements but
+# executes 0.71 of the instructions (356 against 499 a program), and there are four times as
+# many threads: 2.85 times the instructions, 1.39 warp instructions an element against 0.49.
 #
 # Four warps also fill the SMs (streaming multiprocessors, the GPU's cores) better. Achieved
 # occupancy is the share of an SM's warp slots filled, on average. One-warp programs are capped
 # by the limit of 32 programs on an SM (`blocks`: 32 of its 64 warp slots, 48 % filled);
 # four-warp programs by registers and warps (96 %). The extra occupancy does not pay for the
-# extra instructions: four warps take 1.62 times the time.
-#
-# Where does the time go, then? The last two columns are Nsight Compute's throughputs, each the
-# busiest unit's share of its peak over the run. From one warp to four DRAM's falls from 61 % to
-# 38 % and the SMs' rises from 36 % to 63 %, 1.74 times, as the instructions a microsecond do
-# (1.76 times: 2.85x the instructions in 1.62x the time). Neither is saturated, so the profile
-# does not show a kernel limited by its instructions alone: it shows the time moving from the
-# memory to the instructions, and it records no stall reasons to say what the four-warp warps
-# wait on.
+# extra instructions: on the H200 four warps take 1.62 times the time, and the live cell above
+# prints the same ratio on its GPU. In the H200 profile DRAM's throughput falls from 61 % to
+# 38 % of its peak and the SMs' rises from 36 % to 63 %, 1.74 times, as the instructions a
+# microsecond do (1.76 times: 2.85x the instructions in 1.62x the time). Neither is saturated:
+# the time moves from the memory to the instructions, and the profile records no stall reasons
+# to say what the four-warp warps wait on.
 #
 # **Why one warp stays short of a copy.** Under the profiler it runs at 0.70 of the copy's speed
-# (`do_bench` in the committed run: 0.71). The copy row differs in three measured ways: each of
-# its load and store instructions moves 16 bytes a thread (`ld.v4.b32`) where the one-warp
-# kernel's move 4 (`ld.v1.b32`), and it executes 0.065 warp instructions an element against
-# 0.487; its programs fill 85 % of the warp slots against 48 %; and it keeps DRAM at 85 % of its
-# peak against 61 %. Which of these costs the time, the profile cannot say. Notebook 05,
-# section 2, gives a likely reason: its upper bound on the bytes this kernel (`batch_reuse`, one
-# warp a program) keeps in flight per SM lies below what DRAM beside a copy needs, even with
-# every load out. Notebook 04's
-# exercise 6 tests one suspect, one row in flight per warp: its `two rows / one row` line times
-# the same grid loading two rows before a store. Well below 1 means the rows a warp keeps in
-# flight were holding the kernel short of the copy; about 1 means the gap lies elsewhere. The
-# profile is the H200's: on the H100 the committed run puts one warp at 0.80 of a copy, and no
-# profile of that GPU is committed.
+# (`do_bench` in the committed run: 0.71). The copy's load and store instructions move 16 bytes
+# a thread (`ld.v4.b32`) where the one-warp kernel's move 4, so it executes 0.065 warp
+# instructions an element against 0.487; its programs fill 85 % of the warp slots against 48 %;
+# and it keeps DRAM at 85 % of its peak against 61 %. Which of these costs the time, the
+# profile cannot say. Notebook 05, section 2, bounds the bytes this kernel keeps in flight per
+# SM below what DRAM needs, and notebook 04's exercise 6 times one suspect, one row in flight
+# per warp, against a kernel loading two rows before a store. On the H100 the committed run
+# puts one warp at 0.80 of a copy, and no profile of that GPU is committed.
 
 # %% [markdown]
 # ## 3. A `torch.autograd.Function`
@@ -934,6 +934,16 @@ if GPU:
               f"predict 2); device idle inside do_bench's events: step {idle['step']:.1f} "
               f"({idle['step'] / whole['step']:.0%}), forward {idle['forward']:.1f} "
               f"({idle['forward'] / whole['forward']:.0%})")
+    excess = whole["step"] - 2 * whole["forward"]      # the step beyond two forwards' time
+    if excess <= 0.1 * 2 * whole["forward"]:
+        print(f"  step = {whole['step'] / whole['forward']:.2f} forwards (do_bench): within 10 % "
+              "of two, nothing for the host to explain here")
+    elif busy:
+        host_share = (idle["step"] - 2 * idle["forward"]) / excess
+        print(f"  step = {whole['step'] / whole['forward']:.2f} forwards; the device idle inside "
+              f"the events accounts for {host_share:.2f} of the {excess:.1f} us beyond two: "
+              + ("above one half, the host fills it" if host_share > 0.5 else
+                 "under one half, the device's own work does"))
     if replayed:
         device_x = replayed["step"] / replayed["forward"]
         print(f"  replayed step = {device_x:.2f}x the replayed forward"
@@ -957,6 +967,9 @@ else:
 # device. The host loop's own times (per step, no flush in front of each call) say how long the
 # host takes to enqueue a step; where it is longer than the replayed step, the device has to
 # wait for the host, and `do_bench`'s flush hides part of that wait (notebook 07, section 7.3).
+# The cell's last `step =` line applies this to the committed sweep's question: where the step
+# takes over 10 % more than two forwards, it prints the share of that excess the device sat idle
+# inside the events; above one half, the host is what fills it.
 
 # %% [markdown]
 # ## 4. `gradcheck` in float64
@@ -1211,13 +1224,13 @@ else:
 #   two forwards of device work: from batch 4 up the committed H200 steps take 1.97 to 2.01
 #   forwards. Below, in that run, a step through autograd took longer (the batch-reusing
 #   kernel's batch-1 step: 427 µs against an 84.6 µs forward). Section 3.1's live cell sums the
-#   same step's kernels from the profiler and replays it from a CUDA graph: the whole call minus
-#   its kernels is the time the device waited for the host. Where that is a few percent, the
-#   step is two forwards on that GPU too, and the committed run's extra time was its host's.
-# - One warp a program beats four in the H200's profile (section 2.1), so `rope_cell` launches
-#   one at $D = 128$: with four, each element sits on two threads and costs load and store
-#   instructions of its own, 2.85 times the instructions for the same DRAM bytes, in 1.62 times
-#   the time. One warp still reaches only 0.71 of a copy on the H200 (0.80 on the H100); the
+#   same step's kernels from the profiler: the whole call minus its kernels is the time the
+#   device waited for the host, and its last line says which of the two fills a step's excess
+#   over two forwards on that GPU, if there is one.
+# - One warp a program beats four (section 2.1: asserted live on an H100 or H200, profiled on
+#   the H200), so `rope_cell` launches one at $D = 128$: with four, each element sits on two
+#   threads and costs load and store instructions of its own (the same sm_90 code on both GPUs),
+#   2.85 times the instructions for the same DRAM bytes, in 1.62 times the H200's time. One warp still reaches only 0.71 of a copy on the H200 (0.80 on the H100); the
 #   profile shows how it differs from the copy (4-byte accesses, 48 % of the warp slots filled),
 #   not which difference costs the time; notebook 05's bound on its bytes in flight per SM, below
 #   what DRAM beside a copy needs, is the likely reason.

@@ -738,14 +738,15 @@ if len(models) == 2:
 # and **replayed** from a CUDA graph (its kernels alone); `do_bench` less the replay, the **gap**,
 # is time the kernels did not spend. The **host** alone issuing calls (back to back, then one
 # synchronisation, best of 5 rounds) was timed at 64 MiB only in A.1's H200 run; there the cell
-# prints the **share** = (host − replayed) / gap, both at one size: at 1 or above, the host's time
-# beyond its kernels fills the gap. For ropelib it does in every layout (1.05 to 1.41); TE's gap
-# is under an eighth of its kernels, too small for a share to mean anything. For the H100 and
-# torch.compile only the decode-size host is committed: printed for its own size, not set against
-# the gap (7.3 times ropelib's at 64 MiB live). Replayed, ropelib's kernels take 0.55 to 0.57 of
-# TE's time on the H200 and 0.70 to 0.73 on the H100, torch.compile's tie ropelib's: ropelib
-# loses on the host. Replaying the whole step from a CUDA graph removes that cost (notebook 11,
-# section 4); compiling the RoPE call alone does not: torch.compile's gap is the widest.
+# prints the **share** = (host − replayed) / gap: at 1 or above, the host's time beyond its
+# kernels covers the gap. For ropelib it does in every layout (1.05 to 1.41); TE's gap is under
+# an eighth of its kernels, too small for a share to mean anything (the H100's host and
+# torch.compile's are committed at decode size only). Replayed, ropelib's kernels take 0.55 to
+# 0.57 of TE's time on the H200 and 0.70 to 0.73 on the H100, torch.compile's tie ropelib's:
+# ropelib loses on the host. Replaying the whole step from a CUDA graph removes that cost
+# (notebook 11, section 4); compiling the RoPE call alone does not: torch.compile's gap is the
+# widest. A committed `do_bench` of a host-bound call is its run's host as much as its GPU; 7.3
+# times this call live beside it.
 
 # %%
 FLOOR_64 = [f"64 MiB bf16 {layout}" for layout in ("sbhd", "bshd", "thd")]
@@ -841,7 +842,8 @@ time_three_ways = host_or_device if timed_by_learner else measuring.solution_hos
 # events. If the host issues an iteration faster than the device runs the memset and the call's
 # kernels, it gets ahead and the sample is the kernels' time. If it is slower, the device waits
 # and the sample takes in part of the host's time. This says which side *can* set the median, not
-# the median itself (`ropelib.course.launch_queue` holds the model).
+# the median itself: its multiple of the replay moves with the host, the GPU and the run
+# (`ropelib.course.launch_queue` holds the model).
 #
 # On a GPU with TE the cell times ropelib's and TE's forward+backward at section 6's batch-1 bf16
 # point $S = 2048$: `do_bench`, the enqueue (7.2), a replay, and `do_bench`'s loop written out
@@ -924,9 +926,15 @@ else:
 
 # %% [markdown]
 # **7.1's size, live.** The next cell times ropelib's eager forward+backward at 64 MiB of bf16
-# (section 2's shape, the two-pass route) by the enqueue, `do_bench` and a replay in one run, and
-# prints the share (read it as in 7.1) on whichever GPU runs it, the H100 included. Without a GPU
-# it runs the same calls at section 2's tiny shape.
+# (section 2's shape, the two-pass route) by the enqueue, `do_bench` and a replay, then the
+# first two again with autograd's device thread off, which shortens the host's time per call
+# (A.1's run, at this size too) and leaves the kernels alone. Where this GPU's floor run is
+# committed (the same bytes as $[1024, 8, 32, 128]$), it prints that run's `do_bench` and
+# replay beside the live ones. How to read it: the replay is the kernels' time and carries from
+# run to run (asserted within a quarter); `do_bench` of a host-bound call holds the host's time
+# beyond the memset, so where it falls with the enqueue, thread on against off, the host sets
+# it, and a committed `do_bench` is that run's host as much as its GPU. Without a GPU it runs
+# the same calls at section 2's tiny shape.
 
 # %%
 rope_p = next(p for p in provs if p.name == "ropelib")
@@ -934,31 +942,45 @@ gcase64, leaves64, grads64 = compare.fwdbwd_inputs(compare.make_case(one, device
 step64 = compare.fwdbwd_step(lambda: rope_p.fn(gcase64), leaves64, grads64)
 step64()                                        # a first call: compiles, plans the route
 n64 = 50 if GPU else 2
-at64 = {"enqueue": statistics.median(launch_queue.enqueue_us(step64, n64) for _ in range(5)),
-        "do_bench": launch_queue.dobench_counted(step64, device)[0],
-        "replayed": suite.graph_replay_ms(step64, 20 if GPU else 2, device)[0] * 1e3}
+
+
+def host_side(step):
+    """The enqueue (median of 5) and do_bench's median, µs: the two timings the host enters."""
+    return {"enqueue": statistics.median(launch_queue.enqueue_us(step, n64) for _ in range(5)),
+            "do_bench": launch_queue.dobench_counted(step, device)[0]}
+
+
+at64 = host_side(step64)
+off64 = launch_queue.one_thread(host_side)(step64)       # autograd's device thread off
+at64["replayed"] = suite.graph_replay_ms(step64, 20 if GPU else 2, device)[0] * 1e3
 gap64 = at64["do_bench"] - at64["replayed"]
 share64 = (at64["enqueue"] - at64["replayed"]) / gap64 if gap64 else float("nan")
 print(f"ropelib, eager forward+backward, x [{one.seq_len}, {one.batch}, {one.heads}, "
       f"{one.head_dim}] bf16 ({where_live}), us:", {k: round(v, 1) for k, v in at64.items()},
       f"share {share64:.2f}" + ("" if GPU else " (times and share mean nothing here)"))
-assert all(v > 0 for v in at64.values())
+print("  autograd's device thread off:", {k: round(v, 1) for k, v in off64.items()})
+assert all(v > 0 for v in (*at64.values(), *off64.values()))
 if GPU:
     assert at64["enqueue"] > at64["replayed"], at64     # the host is slower than the kernels
+if GPU and here in floor_by_gpu:      # this GPU's committed floor run: the same bytes, s1024 b8
+    bench_then, replay_then = two_ways[here, FLOOR_64[0], "ropelib"]
+    print(f"  committed floor run ({floor_gpu_names[here]}, x [1024, 8, 32, 128]): do_bench "
+          f"{bench_then:.1f}, replayed {replay_then:.1f}; live / committed: replayed "
+          f"{at64['replayed'] / replay_then:.2f}, do_bench {at64['do_bench'] / bench_then:.2f}")
+    assert 0.75 < at64["replayed"] / replay_then < 1.33, (at64, replay_then)   # kernels carry
+print(f"  thread off / on: enqueue {off64['enqueue'] / at64['enqueue']:.2f}, do_bench "
+      f"{off64['do_bench'] / at64['do_bench']:.2f}")
 del gcase64, leaves64, grads64, step64
 
 # %% [markdown]
 # **Section 2's forwards** (64 MiB of bf16 on a GPU), timed with exercise 2's function (yours if it
 # passed) and with `do_bench`, beside the copy of the same bytes timed the same ways; each fraction
-# of a copy uses one timer. *Back to back* is what an eager loop of forwards gets: where the line
-# says host-bound, the host's cost per call limits it, not the kernel. Under `do_bench` the memset
-# can let the host get ahead, and the same call ties the copy. A fraction above 1 there does not
-# mean a kernel beat the copy: the cell prints the *replayed* fraction beside it, kernels against
-# kernels, and checks ropelib's below 1.05.
-#
-# Section 2's table times these forwards under `torch.no_grad()`; here autograd is on, as in
-# training, and each call's last line repeats the enqueue and `do_bench` with it off. Where
-# `do_bench`'s fraction of a copy moves with the mode, the host's time per call sets it.
+# of a copy uses one timer. *Back to back* is what an eager loop of forwards gets: where a line
+# says host-bound, the host's cost per call limits it. Under `do_bench` the memset can let the
+# host get ahead, so a host-bound call can still tie the copy; the *replayed* fraction, kernels
+# against kernels, is printed beside it (ropelib's checked below 1.05). Autograd is on here, as in
+# training; each call's last line repeats the timings with it off, as section 2's table times
+# them: where `do_bench`'s fraction moves with the mode, the host's time per call sets it.
 
 # %%
 case2 = compare.make_case(one, device, seed=1)      # section 2's shape: 64 MiB of bf16 on a GPU

@@ -296,17 +296,16 @@ assert steps_at_max == 1                                  # the largest differen
 #
 # **Look inside the kernel.** Triton's print is `tl.device_print(prefix, value)`, from inside a
 # running kernel, with the program id. The probe below is the reported line (bf16 table, bf16
-# products) cut down to the pair that holds the largest difference. It prints the angle, the fp32
-# cos and sin, the same two rounded to bf16 (the reported wrapper's table), and $y$ in fp32
-# before the store, with the bf16 table and products and with fp32 ones: seven lines, as a print
-# of two values writes one line per value. In the interpreter each line appears once, before the
-# cell's own line. On a GPU the print is a `printf` in every thread, and a scalar lives in every
-# thread, so with `num_warps=1` (32 threads) it writes 7 × 32 = 224 lines
-# (`pid (0, 0, 0) idx ()`); they reach Jupyter by another route than Python's prints and may come
-# after the cell's own line, the first glued to its end. Triton gives no thread index to guard a
-# print with: to see each value once, store it into a small tensor and print that on the host,
-# as the probe also does (`probe`). `tl.static_print` prints once, but at compile time, so only
-# shapes, dtypes and constexprs. The cell checks the stored values against both outputs.
+# products) cut down to the pair that holds the largest difference, and prints one value from
+# inside: $y$ in fp32 before the store. In the interpreter that is one line, before the cell's
+# own. On a GPU the print is a `printf` in every thread, and a scalar lives in every thread, so
+# even with `num_warps=1` it writes 32 identical lines (`pid (0, 0, 0) idx ()`), by another
+# route than Python's prints: they may come after the cell's own line, the first glued to its
+# end. Triton gives no thread index to guard a print with, so the probe prints one value and
+# stores the rest (the angle, the fp32 cos and sin, the same rounded to bf16, $y$ with fp32
+# ones) into a small tensor that the host prints once. `tl.static_print` prints once, but at
+# compile time, so only shapes, dtypes and constexprs. The cell checks the stored values
+# against both outputs.
 
 # %%
 @triton.jit
@@ -329,11 +328,7 @@ def _probe_pair(x_ptr, ang_ptr, cos_ptr, sin_ptr, out_ptr, J: tl.constexpr, HALF
     y_bf16 = (round_to(a * cb, tl.bfloat16, BF16_RTNE).to(tl.float32)
               + round_to(b * sb, tl.bfloat16, BF16_RTNE).to(tl.float32))   # the reported line
     y_fp32 = a * c + b * s                                     # fp32 table and products
-    tl.device_print("theta", theta)
-    tl.device_print("cos, sin in fp32", c, s)
-    tl.device_print("cos, sin in bf16", cb, sb)
     tl.device_print("y (fp32, before the store): bf16 table and products", y_bf16)
-    tl.device_print("y (fp32, before the store): fp32 table and products", y_fp32)
     tl.store(out_ptr + 0, theta)
     tl.store(out_ptr + 1, c)
     tl.store(out_ptr + 2, s)
@@ -353,6 +348,9 @@ _probe_pair[(1,)](x_row, ang_row, torch.cos(ang_row), torch.sin(ang_row), probe,
                   HALF=half_d, SECOND=second, BF16_RTNE=debug.BF16_RTNE, num_warps=1,
                   enable_fp_fusion=False)
 theta_p, c_p, s_p, cb_p, sb_p, y_bf16_p, y_fp32_p = probe.cpu().tolist()
+print(f"stored by the probe: theta {theta_p:.6g}; cos, sin in fp32 {c_p:.8g}, {s_p:.8g}; in bf16 "
+      f"{cb_p:.5g}, {sb_p:.5g}; y before the store: bf16 table and products {y_bf16_p:.6g}, "
+      f"fp32 ones {y_fp32_p:.6g}")
 print(f"the probe at position {loc['position']}, dim {loc['dim']}: stored y rounded to bf16: "
       f"bf16 table {torch.tensor(y_bf16_p).bfloat16().item():.5g} (Triton's output there "
       f"{loc['b']:.5g}), fp32 table {torch.tensor(y_fp32_p).bfloat16().item():.5g} "
@@ -440,9 +438,8 @@ if not GPU:
 # %% [markdown]
 # Two lessons. First, the reported kernel is many ulps from the exact result where outputs are
 # close to zero and its rounded products cancel (section 4 takes this apart). Second, the fixed
-# kernel passes with dtype-aware tolerances but is not TE bit for bit: in the reference run 12 of
-# 1,048,576 elements differ from the real TE, enough to fail the default `allclose`, while the
-# CPU's 4,096 elements show none. Two suspects for such last-bit differences: where sin/cos come
+# kernel passes with dtype-aware tolerances but is not TE bit for bit on a GPU (the 12 elements
+# of 1,048,576 above). Two suspects for such last-bit differences: where sin/cos come
 # from, and the order of the multiply-add. Section 3b shows that the first *can* produce the
 # reported symptom; section 4b finds that on the GPU it is the second.
 #
@@ -1777,10 +1774,14 @@ print(f"fixed: allclose with {tol} passes; max error {float(ulps.max()):.3g} ulp
 # %% [markdown]
 # ## What we found
 #
-# The reported check compared two bf16 kernels at `allclose`'s default tolerances, sized for
-# fp32, and printed the first ten values, where every RoPE here agrees. The original code,
-# inputs and sizes are not here, so which cause struck is an inference: every cause in this
-# notebook gives the symptom. Layout traps make differences of the order of the values (hundreds
+# **Section 1's case, closed.** Its first ten values matched because they lie at position 0,
+# where every angle is zero and every RoPE returns its input (section 2). Its `allclose` failed
+# on precision, not layout: the largest difference is one bf16 step, which the probe traced to
+# the bf16 table's rounding (section 2); the panel classifies those causes as precision
+# (section 7); and with the table and math in fp32 the comparison passes at dtype-aware
+# tolerances (section 8's cell), which the default ones, sized for fp32, are not. For the
+# reports themselves the code, inputs and sizes are not here, so which cause struck is an
+# inference: every cause in this notebook gives the symptom. Layout traps make differences of the order of the values (hundreds
 # of $u$ norm-wise and more), which a look at the argmax shows at once; differences of a bf16
 # step or so point to precision or tolerance:
 #

@@ -1434,9 +1434,9 @@ pz.stated([
 # 2's, and its registers within 4: masking the lanes past $H$ did not narrow its accesses.
 #
 # *Puzzle 5* fell short on the H200: 74 % of a copy of the 67.6 MB it moves (first appendix).
-# *Puzzle 6*'s $B$ loads of a table row come from $B$ programs, so only L2 can serve the
-# repeats; if its fraction is near a copy, that is the likely reason, by analogy with puzzle
-# 9's cell, but for puzzle 6 it is not measured. *Puzzle 10* can come out a little above a
+# *Puzzle 6*'s $B$ loads of a table row come from $B$ programs; whether a cache serves those
+# repeats, this page does not measure for puzzle 6 (puzzle 9's cell measures it for puzzle 9's
+# kernel), so read its fraction as printed. *Puzzle 10* can come out a little above a
 # copy: its solution moves every byte its fraction counts once (the cell checks it at 4
 # sequences) and reads about what it writes (66.2 MB against 64.1 MB), as a copy does, so a
 # fraction above 100 % says only that the device copy falls a little short of the fastest way

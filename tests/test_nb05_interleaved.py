@@ -2,7 +2,7 @@
 of a machine code at its batch loop."""
 import pytest
 
-from ropelib.course.nb05_interleaved import batch_loop
+from ropelib.course.nb05_interleaved import batch_loop, programs_per_sm
 
 SASS = [
     "MOV R1, c[0x0][0x28] ;",
@@ -29,3 +29,14 @@ def test_a_narrow_load_is_not_the_loop_start():
 def test_no_loop_is_an_error(sass):
     with pytest.raises(ValueError):
         batch_loop(sass)
+
+
+@pytest.mark.parametrize("registers, threads, programs", [
+    (64, 256, 4),      # the H200 run's finished kernel: 4 programs of 8 warps, registers-limited
+    (72, 128, 7),      # its 4-warp tile rung: 28 warps an SM
+    (37, 512, 3),      # 37 registers are allocated as 40
+    (16, 1024, 2),     # threads-limited
+    (16, 32, 32),      # programs-limited
+])
+def test_programs_an_sm_by_registers_threads_and_programs(registers, threads, programs):
+    assert programs_per_sm(registers, threads) == programs

@@ -51,20 +51,30 @@ def solution_launch(kernel, shape, knobs=None, sm_count: int = 132):
     return kernel, args, p.num_warps
 
 
-def side_by_side(solution_kernel, shape=(4096, 8, 32, 128), knobs=None) -> dict:
-    """Compile the worked solution and the finished kernel (interleaved) for sm_90 and print,
-    for each, its warps, registers, loads and stores by width and its machine code split at the
-    batch loop (`batch_loop`). Returns {name: (schedule, split)}."""
+def programs_per_sm(registers: int, threads: int) -> int:
+    """Programs of `threads` threads an sm_90 SM holds by registers and threads alone (65,536
+    registers, allocated 8 a thread at a time; 2,048 threads; 32 programs)."""
+    return min(65536 // (-(-registers // 8) * 8 * threads), 2048 // threads, 32)
+
+
+def side_by_side(solution_kernel, shape=(4096, 8, 32, 128), knobs=None,
+                 sm_count: int = 132) -> dict:
+    """Compile the worked solution and the finished kernel (interleaved) for sm_90 with the tile
+    `knobs` of a GPU of `sm_count` SMs and print, for each, its warps, registers, the programs an
+    SM holds, loads and stores by width and its machine code split at the batch loop
+    (`batch_loop`). Returns {name: (schedule, split, warps, programs an SM)}."""
     out = {}
     print(f"sm_90, Triton {triton.__version__}, bf16 sbhd {list(shape)}, interleaved pairs: "
           "machine code (instructions) before the batch loop / in it (x load to store)")
     for name, (kernel, args, warps) in (
-            ("worked solution", solution_launch(solution_kernel, shape, knobs)),
-            ("ropelib's finished kernel", finished_launch(shape, knobs))):
+            ("worked solution", solution_launch(solution_kernel, shape, knobs, sm_count)),
+            ("ropelib's finished kernel", finished_launch(shape, knobs, sm_count))):
         sc = load_schedule.schedule(kernel, args, num_warps=warps)
         split = batch_loop(sc["sass"])
-        out[name] = (sc, split)
-        print(f"  {name:26s} {warps} warps, {sc['registers']} registers; loads "
+        k = programs_per_sm(sc["registers"], 32 * warps)
+        out[name] = (sc, split, warps, k)
+        print(f"  {name:26s} {warps} warps, {sc['registers']} registers ({k} programs an SM); "
+              "loads "
               + ", ".join(f"{n} of {b} B" for b, n in load_schedule.load_widths(sc).items())
               + "; stores "
               + ", ".join(f"{n} of {b} B" for b, n in load_schedule.store_widths(sc).items())
