@@ -47,7 +47,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from . import eager, ops, qk_norm as ops_qk_norm, validation as V
+from . import eager, qk_norm as ops_qk_norm, validation as V
 from .conventions import QKV_LINEAR_DTYPES, QKV_LINEAR_LAYOUTS
 from .api import check_no_table_grad, needs_grad, saveable
 from .frequencies import EXACT_POSITIONS, Angles
@@ -316,8 +316,8 @@ def _written_dy(grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, x: Tensor, table
     them: [B or 1, S] (packed: [1, T]), what ropelib's RoPE operator reads. x gives the token
     count only."""
     dy, dq, dk = _dy_with_v(grad_q, grad_k, grad_v, x)
-    ops.rotate_into(grad_q, dq, grad_k, dk, table, sin, position_ids, cu_seqlens,
-                    "thd" if x.dim() == 2 else "bshd", interleaved, backward=True)
+    eager.rotate_into(grad_q, dq, grad_k, dk, table, sin, position_ids, cu_seqlens,
+                      "thd" if x.dim() == 2 else "bshd", interleaved, backward=True)
     return dy
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import ropelib
-from ropelib import qkv_linear
+from ropelib import eager, qkv_linear
 from ropelib.kernels import launch as kernel_launch, planning, qkv_gemm, tiles
 
 B, S, K, HQ, HK, D = 2, 5, 32, 2, 2, 16
@@ -185,3 +185,42 @@ def test_host_probe_times_every_piece_with_the_launches_removed():
     assert qkv_linear.start is planning.start and qkv_gemm.start is planning.start
     assert {"forward, no_grad (whole)", "forward, with gradients (whole)",
             "forward+backward (autograd.backward, whole)"} <= set(steps)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["bshd", "packed"])
+def test_the_backward_plans_its_dy_rotation_once(packed, monkeypatch):
+    """The backward's dY rotation (eager.rotate_into) is planned at the first backward of a
+    signature and taken from eager.SIGNATURES at the next, with the bits of ops.rotate_into,
+    which plans every call."""
+    x, w = inputs(grad=True)
+    over = {}
+    if packed:
+        x = x.detach().reshape(B * S, K).requires_grad_(True)
+        over = dict(cu_seqlens=torch.tensor([0, 3, B * S], dtype=torch.int32))
+    eager.SIGNATURES.clear()
+    rotations = []
+    real = eager.PlannedRotation.__init__
+
+    def planning_rotation(self, **kw):
+        rotations.append(kw["backward"])
+        real(self, **kw)
+    monkeypatch.setattr(eager.PlannedRotation, "__init__", planning_rotation)
+    g = torch.Generator().manual_seed(1)
+    grads = None
+    results = []
+    for _ in range(2):
+        out = call(x, w, **over)
+        grads = grads or [torch.randn(t.shape, generator=g) for t in out]
+        results.append(torch.autograd.grad(out, (x, w), grads))
+    assert rotations == [True]          # the first backward planned it, the second did not
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+    # the same bits as ops.rotate_into's own plan
+    tok = qkv_linear._token_major(grads, "bshd")
+    angles = ropelib.rope_angles(D)
+    args = (x.detach(), angles.turns, angles.amplitude, None, over.get("cu_seqlens"), False)
+    with torch.no_grad():
+        kept = qkv_linear._written_dy(*tok, *args)
+        monkeypatch.setattr(eager, "active", lambda: False)    # (as under a tracer)
+        fresh = qkv_linear._written_dy(*tok, *args)
+    assert torch.equal(kept, fresh)
