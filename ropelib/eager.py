@@ -76,8 +76,11 @@ def signature(head: tuple, tensors: tuple) -> Optional[tuple]:
 
 
 class Signatures:
-    """Planned calls by signature, of every public function that takes the eager route (each
-    signature starts with its function's name); bounded: cleared when full."""
+    """Every plan ropelib keeps between calls: planned calls by signature, of every public
+    function that takes the eager route (each signature starts with its function's name), and
+    the QKV projection's launches (keys starting "qkv_gemm", "qkv_cos_sin_rows", "rotate_into":
+    ropelib/qkv_linear.py says what each is keyed on). clear() drops them all: the one thing
+    to call after changing a tile table or a planner. Bounded: cleared when full."""
 
     def __init__(self):
         self.entries = {}
