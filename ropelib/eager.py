@@ -78,8 +78,8 @@ def signature(head: tuple, tensors: tuple) -> Optional[tuple]:
 class Signatures:
     """Every plan ropelib keeps between calls: planned calls by signature, of every public
     function that takes the eager route (each signature starts with its function's name), and
-    the QKV projection's launches (keys starting "qkv_gemm", "qkv_cos_sin_rows", "rotate_into":
-    ropelib/qkv_linear.py says what each is keyed on). clear() drops them all: the one thing
+    the QKV projection's launches (keys starting "qkv_gemm", "qkv_cos_sin_rows", "rotate_into",
+    "undo_norm_rope": ropelib/qkv_linear.py says what each is keyed on). clear() drops them all: the one thing
     to call after changing a tile table or a planner. Bounded: cleared when full."""
 
     def __init__(self):
@@ -402,7 +402,7 @@ class PlannedRotation:
 _READ_POINTERS = ("cos_ptr", "sin_ptr", "position_ids_ptr", "cu_seqlens_ptr")
 
 
-class _Unplanned:
+class _RotationThroughCopies:
     """A signature whose outputs the kernels cannot store into (ops._launch then rotates into
     fresh tensors and copies): ops.rotate_into at every call."""
     __slots__ = ("layout", "interleaved", "backward")
@@ -415,15 +415,15 @@ class _Unplanned:
                         self.interleaved, self.backward)
 
 
-class _PlannedInto:
+class _RotationInto:
     """ops.rotate_into planned for one signature: the PlannedRotation (planned as ops._launch
     plans, rows_kept=False) and which of (table, sin, position_ids, cu_seqlens) it reads."""
     __slots__ = ("rotation", "_reads")
 
     def __init__(self, q, q_out, k, k_out, table, sin, position_ids, cu_seqlens, layout,
                  interleaved, backward):
-        given = (table, sin, position_ids, cu_seqlens)
-        slots = [j for j, t in enumerate(given) if t is not None]
+        slots = [j for j, t in enumerate((table, sin, position_ids, cu_seqlens))
+                 if t is not None]
         self.rotation = PlannedRotation(
             xs=(q, k), outs=(q_out, k_out), table=Table(table, sin),
             positions=Positions(position_ids, cu_seqlens),
@@ -431,7 +431,7 @@ class _PlannedInto:
             out_dtype=q_out.dtype, in_place=False, backward=backward, interleaved=interleaved,
             layout=layout, rows_kept=False)
         self._reads = operator.itemgetter(*slots) if len(slots) > 1 else \
-            (lambda given, j=slots[0]: (given[j],))
+            (lambda reads, j=slots[0]: (reads[j],))
 
     def __call__(self, q, q_out, k, k_out, table, sin, position_ids, cu_seqlens) -> None:
         self.rotation.run_into((q, k), (q_out, k_out),
@@ -468,8 +468,8 @@ def _plan_into(q, q_out, k, k_out, table, sin, position_ids, cu_seqlens, layout,
     stores = x4.shape[0] and x4.shape[1] and launch_output_row(
         ops.kernel_view(q_out, layout), ops.kernel_view(k_out, layout), layout) is not None
     if not stores:
-        return _Unplanned(layout, interleaved, backward)
-    return _PlannedInto(q, q_out, k, k_out, table, sin, position_ids, cu_seqlens, layout,
+        return _RotationThroughCopies(layout, interleaved, backward)
+    return _RotationInto(q, q_out, k, k_out, table, sin, position_ids, cu_seqlens, layout,
                         interleaved, backward)
 
 

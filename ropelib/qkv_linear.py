@@ -48,7 +48,10 @@ under a key of its own kind:
                              interleaved, the device, whether pairs_differ is asked;
   ("rotate_into", ...)       the backward's dY rotation (eager.rotate_into): an eager
                              signature, every tensor's shape, strides, dtype, device and
-                             requires_grad, the layout, interleaved, the direction.
+                             requires_grad, the layout, interleaved, the direction;
+  ("undo_norm_rope", ...)    with QK-norm, the backward's dY norm and rotation
+                             (qk_norm.undo_norm_rope into dY's columns): an eager signature
+                             likewise, with eps and weight_offset.
 Never a tensor's values, and never the planners' own settings: code that changes a tile table
 (kernels/qkv_gemm.GPU_TILES, ...) or patches a planner, as a probe or a test does, calls
 eager.SIGNATURES.clear() for the next call to plan again.
@@ -366,14 +369,18 @@ written_dy = define_op("ropelib::qkv_rotated_dy")(_written_dy)
 def _dy_with_v(grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, x: Tensor) -> tuple:
     """(dY [M, N] fresh in the gradients' dtype with v's gradient copied into its columns, and
     dY's q and k column slices shaped as their gradients, [B, S, H, D] or [T, H, D]), for the
-    backward kernels to store into."""
+    backward kernels to store into. Each slice is one as_strided view of dY (token rows N
+    apart, heads D apart): v's gradient is copied in as it comes (bhsd's transposed view too:
+    one copy), with no indexing."""
     lead = grad_q.shape[:-2]                     # [B, S] or [T]
+    HQ, HK, D = grad_q.shape[-2], grad_k.shape[-2], grad_q.shape[-1]
     M = x.numel() // x.shape[-1]
-    nq, nk, nv = (g.shape[-2] * g.shape[-1] for g in (grad_q, grad_k, grad_v))
-    dy = torch.empty(M, nq + nk + nv, dtype=grad_q.dtype, device=grad_q.device)
-    dy[:, nq + nk:].copy_(grad_v.reshape(M, nv))
-    return (dy, dy[:, :nq].view(*lead, *grad_q.shape[-2:]),
-            dy[:, nq:nq + nk].view(*lead, *grad_k.shape[-2:]))
+    nq, nk = HQ * D, HK * D
+    N = nq + nk + grad_v.shape[-2] * grad_v.shape[-1]
+    dy = torch.empty((M, N), dtype=grad_q.dtype, device=grad_q.device)
+    rows = (lead[1] * N, N, D, 1) if len(lead) == 2 else (N, D, 1)
+    dy.as_strided(grad_v.shape, rows, nq + nk).copy_(grad_v)
+    return (dy, dy.as_strided(grad_q.shape, rows, 0), dy.as_strided(grad_k.shape, rows, nq))
 
 
 def _written_dy_normed(grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, x: Tensor,

@@ -261,3 +261,33 @@ def test_the_backward_plans_its_dy_rotation_once(packed, monkeypatch):
         fresh = qkv_linear._written_dy(*tok, *args)
     assert torch.equal(kept, fresh)
 
+
+def test_the_normed_backward_plans_its_dy_route_once(monkeypatch):
+    """With QK-norm the backward's dY (qk_norm.undo_norm_rope into dY's columns) keeps its
+    kernel.Route in eager.SIGNATURES: planned at the first backward of a signature, not at the
+    next, with the bits of a Route made for the call (as under a tracer)."""
+    from ropelib import qk_norm
+    from ropelib.kernels import qk_norm_rope as kernel_qk_norm
+    x, w = inputs(grad=True)
+    g = torch.Generator().manual_seed(2)
+    wq, wk = (torch.rand(D, generator=g).add(0.5).requires_grad_(True) for _ in range(2))
+    eager.SIGNATURES.clear()
+    routes = []
+    real = kernel_qk_norm.Route.__init__
+
+    def planning_route(self, *a, **kw):
+        routes.append(kw.get("starter"))
+        real(self, *a, **kw)
+    monkeypatch.setattr(kernel_qk_norm.Route, "__init__", planning_route)
+    grads, results = None, []
+    for _ in range(2):
+        out = call(x, w, q_norm_weight=wq, k_norm_weight=wk)
+        grads = grads or [torch.randn(t.shape, generator=g) for t in out]
+        results.append(torch.autograd.grad(out, (x, w, wq, wk), grads))
+    assert len(routes) == 1             # the first backward planned it, the second did not
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+    monkeypatch.setattr(qk_norm.eager, "active", lambda: False)     # a Route made per call
+    out = call(x, w, q_norm_weight=wq, k_norm_weight=wk)
+    for a, b in zip(results[0], torch.autograd.grad(out, (x, w, wq, wk), grads)):
+        assert torch.equal(a, b)
