@@ -75,10 +75,16 @@ DRY_SHAPE = dict(hidden=64, HQ=4, HK=2, D=32)        # a few programs in the int
 
 
 def patched(call, module, **attrs):
-    """call() with module's attributes swapped for attrs (restored after)."""
+    """call() with module's attributes swapped for attrs (restored after), the kept plans
+    (ropelib.eager.SIGNATURES) dropped on the way in and out: planned with the swapped ones,
+    and none of those plans left for the other variants."""
     def run():
         with mock.patch.multiple(module, **attrs):
-            return call()
+            ropelib.eager.SIGNATURES.clear()
+            try:
+                return call()
+            finally:
+                ropelib.eager.SIGNATURES.clear()
     return run
 
 

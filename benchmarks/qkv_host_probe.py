@@ -138,7 +138,7 @@ def pieces(device) -> dict:
     plan_opts = dict(S=S, B=B, K=K, HQ=HQ, HK=HK, D=D, R=D, P=qkv_linear._rows(table),
                      ids=None, cu_seqlens=None, layout="bshd", interleaved=False, eps=1e-6,
                      device=dev, dtypes=dtypes, shared_angle=True)
-    plan = getattr(qkv_gemm, "planned", qkv_gemm.plan)     # (the cached planner, where one is)
+    plan = getattr(qkv_linear, "planned", qkv_gemm.plan)   # (the cached planner, where one is)
 
     def no_grad(fn):
         def run():
@@ -158,7 +158,7 @@ def pieces(device) -> dict:
             (B, S, HQ, D), dtype=x.dtype, device=dev),
         "    cos_sin_rows (rows + pre-pass plan)": lambda: qkv_linear.cos_sin_rows(
             x, table, sin, None, None, False),
-        "    the GEMM's plan (qkv_gemm.plan / planned)": lambda: plan("fwd", **plan_opts),
+        "    the GEMM's plan (qkv_linear.planned)": lambda: plan("fwd", **plan_opts),
         "    pointer_dtypes (13 pointers)": lambda: planning.pointer_dtypes(
             (x, w, None, x, x, x, sin, sin, None, None, None, None, None)),
         "forward, with gradients (whole)": lambda: ropelib.qkv_rope_linear(xg, wg, **opts),

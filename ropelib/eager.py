@@ -39,6 +39,7 @@ import torch
 from . import ops
 from .kernels import direct, planning
 from .kernels.launch import TWO_PASS_POINTERS, Launch, Positions, Table, plan, pointer_names
+from .kernels.launch import output_row as launch_output_row
 
 MAX_SIGNATURES = 1024
 TABLE_ROWS_KEPT = 4       # the two-pass route's cos/sin rows kept between eager calls,
@@ -75,8 +76,11 @@ def signature(head: tuple, tensors: tuple) -> Optional[tuple]:
 
 
 class Signatures:
-    """Planned calls by signature, of every public function that takes the eager route (each
-    signature starts with its function's name); bounded: cleared when full."""
+    """Every plan ropelib keeps between calls: planned calls by signature, of every public
+    function that takes the eager route (each signature starts with its function's name), and
+    the QKV projection's launches (keys starting "qkv_gemm", "qkv_cos_sin_rows", "rotate_into",
+    "undo_norm_rope": ropelib/qkv_linear.py says what each is keyed on). clear() drops them all: the one thing
+    to call after changing a tile table or a planner. Bounded: cleared when full."""
 
     def __init__(self):
         self.entries = {}
@@ -308,7 +312,7 @@ class PlannedRotation:
                  "empty")
 
     def __init__(self, *, xs, outs, table, positions, pointer_sources, out_dtype, in_place,
-                 backward, interleaved, layout: str):
+                 backward, interleaved, layout: str, rows_kept: bool = True):
         self.n = len(xs)
         view = ops.kernel_view
         outs = [None] * self.n if in_place else outs      # in place: no outputs of their own
@@ -316,7 +320,7 @@ class PlannedRotation:
         self.launch, _ = plan(view(xs[0], layout), view(outs[0], layout), table, positions,
                               R=table.cos.shape[-1], interleaved=interleaved, backward=backward,
                               layout=layout, k=view(k, layout), k_out=view(k_out, layout),
-                              rows_kept=True)
+                              rows_kept=rows_kept)
         self.pointer_sources = tuple(pointer_sources)
         self.out_dtype, self.in_place = out_dtype, in_place
         self.backward, self.layout = backward, layout
@@ -365,6 +369,12 @@ class PlannedRotation:
                 torch.autograd.graph.increment_version(x)
         return tuple(outs)
 
+    def run_into(self, xs: tuple, outs: tuple, reads: tuple) -> None:
+        """Rotate xs into outs of the caller's, with the strides planned for (fresh, or column
+        slices of one token-major buffer: `rotate_into`)."""
+        if not self.empty:
+            self._launch(xs, outs, reads)
+
     def _launch(self, xs, outs, reads) -> None:
         # (*xs, outs unless in place, *reads, None): the tuple the kernel's pointers are picked from
         args = (*xs, *reads, None) if self.in_place else (*xs, *outs, *reads, None)
@@ -387,6 +397,80 @@ class PlannedRotation:
         return PlannedRotation(xs=present, outs=outs, table=table, positions=positions,
                         pointer_sources=self.pointer_sources, out_dtype=x_dtype, in_place=False,
                         backward=not self.backward, interleaved=interleaved, layout=self.layout)
+
+
+_READ_POINTERS = ("cos_ptr", "sin_ptr", "position_ids_ptr", "cu_seqlens_ptr")
+
+
+class _RotationThroughCopies:
+    """A signature whose outputs the kernels cannot store into (ops._launch then rotates into
+    fresh tensors and copies): ops.rotate_into at every call."""
+    __slots__ = ("layout", "interleaved", "backward")
+
+    def __init__(self, layout, interleaved, backward):
+        self.layout, self.interleaved, self.backward = layout, interleaved, backward
+
+    def __call__(self, q, q_out, k, k_out, table, sin, position_ids, cu_seqlens) -> None:
+        ops.rotate_into(q, q_out, k, k_out, table, sin, position_ids, cu_seqlens, self.layout,
+                        self.interleaved, self.backward)
+
+
+class _RotationInto:
+    """ops.rotate_into planned for one signature: the PlannedRotation (planned as ops._launch
+    plans, rows_kept=False) and which of (table, sin, position_ids, cu_seqlens) it reads."""
+    __slots__ = ("rotation", "_reads")
+
+    def __init__(self, q, q_out, k, k_out, table, sin, position_ids, cu_seqlens, layout,
+                 interleaved, backward):
+        slots = [j for j, t in enumerate((table, sin, position_ids, cu_seqlens))
+                 if t is not None]
+        self.rotation = PlannedRotation(
+            xs=(q, k), outs=(q_out, k_out), table=Table(table, sin),
+            positions=Positions(position_ids, cu_seqlens),
+            pointer_sources=[(_READ_POINTERS[j], i, False) for i, j in enumerate(slots)],
+            out_dtype=q_out.dtype, in_place=False, backward=backward, interleaved=interleaved,
+            layout=layout, rows_kept=False)
+        self._reads = operator.itemgetter(*slots) if len(slots) > 1 else \
+            (lambda reads, j=slots[0]: (reads[j],))
+
+    def __call__(self, q, q_out, k, k_out, table, sin, position_ids, cu_seqlens) -> None:
+        self.rotation.run_into((q, k), (q_out, k_out),
+                               self._reads((table, sin, position_ids, cu_seqlens)))
+
+
+def rotate_into(q: torch.Tensor, q_out: torch.Tensor, k: torch.Tensor, k_out: torch.Tensor,
+                table: torch.Tensor, sin: Optional[torch.Tensor],
+                position_ids: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
+                layout: str, interleaved: bool, backward: bool) -> None:
+    """ops.rotate_into (q and k into outputs of the caller's: the QKV projection's dY columns),
+    planned once per signature (SIGNATURES, under "rotate_into") where the call is plain eager
+    (`active`), and started through EagerLaunch: the plan ops._launch makes, so the same bits.
+    Otherwise (a tracer, a tensor subclass) ops.rotate_into itself, which plans every call."""
+    sig = signature(("rotate_into", layout, interleaved, backward),
+                    (q, q_out, k, k_out, table, sin, position_ids, cu_seqlens)) \
+        if active() else None
+    if sig is None:
+        ops.rotate_into(q, q_out, k, k_out, table, sin, position_ids, cu_seqlens, layout,
+                        interleaved, backward)
+        return
+    planned = SIGNATURES.get(sig)
+    if planned is None:
+        planned = SIGNATURES.put(sig, _plan_into(q, q_out, k, k_out, table, sin, position_ids,
+                                                 cu_seqlens, layout, interleaved, backward))
+    planned(q, q_out, k, k_out, table, sin, position_ids, cu_seqlens)
+
+
+def _plan_into(q, q_out, k, k_out, table, sin, position_ids, cu_seqlens, layout, interleaved,
+               backward):
+    """rotate_into's entry for a signature: planned where ops._launch would launch at once (q
+    not empty, outputs the kernels store into), else ops.rotate_into at every call."""
+    x4 = ops.view4(q, layout)
+    stores = x4.shape[0] and x4.shape[1] and launch_output_row(
+        ops.kernel_view(q_out, layout), ops.kernel_view(k_out, layout), layout) is not None
+    if not stores:
+        return _RotationThroughCopies(layout, interleaved, backward)
+    return _RotationInto(q, q_out, k, k_out, table, sin, position_ids, cu_seqlens, layout,
+                        interleaved, backward)
 
 
 class Rotate(torch.autograd.Function):

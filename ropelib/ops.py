@@ -83,7 +83,8 @@ def rotate_into(q: Tensor, q_out: Tensor, k: Tensor, k_out: Tensor, table: Tenso
                 backward: bool) -> None:
     """Rotate q and k into q_out and k_out, tensors of the caller's (column slices of one
     token-major buffer are stored into directly: `_launch`). For code inside ropelib's own
-    operators, which own the outputs (qkv_linear.written_dy); not an operator itself."""
+    operators, which own the outputs (qkv_linear.written_dy, through eager.rotate_into: planned
+    once per signature where the call is plain eager); not an operator itself."""
     _launch(q, q_out, Table(table, sin), Positions(position_ids, cu_seqlens), layout,
             interleaved=interleaved, backward=backward, k=k, k_out=k_out)
 

@@ -93,12 +93,31 @@ def undo_norm_rope(grad_q_out: Tensor, grad_k_out: Tensor, q: Tensor, k: Tensor,
     """The backward operator's work: (grad_q, grad_k, grad_w_q, grad_w_k). `into`: tensors of
     the caller's to hold grad_q and grad_k (column slices of one token-major buffer are stored
     into directly: kernel.Route.backward), for code inside ropelib's operators that owns them
-    (the QKV projection's dY backward)."""
+    (the QKV projection's dY backward). That one, called plain eager (eager.active), keeps its
+    kernel.Route in eager.SIGNATURES by signature (every tensor's shape, strides, dtype, device
+    and requires_grad, `into`'s too, and the options): planned once, started through the direct
+    launcher, as qk_norm_rope's eager route; the same plans, so the same bits. (The operator's
+    own backward, which qk_norm_rope's eager route never calls, makes a Route every call.)"""
     pos, packed = _index(position_ids, cu_seqlens)
-    args = kernel.readable(q, k, w_q, w_k, table, sin, pos, layout)
-    grad_q, grad_k, gw_q, gw_k = kernel.Route(
-        *args, layout=layout, interleaved=interleaved, eps=eps, weight_offset=weight_offset,
-        packed=packed).backward(grad_q_out, grad_k_out, *args, into=into)
+    sig = eager.signature(
+        ("undo_norm_rope", layout, interleaved, eps, type(eps), weight_offset,
+         type(weight_offset)),
+        (grad_q_out, grad_k_out, q, k, w_q, w_k, table, sin, position_ids, cu_seqlens, *into)) \
+        if into is not None and eager.active() else None
+    route = eager.SIGNATURES.get(sig) if sig is not None else None
+    if route is None:
+        if sig is None:
+            q, k, w_q, w_k, table, sin, pos = kernel.readable(q, k, w_q, w_k, table, sin, pos,
+                                                              layout)
+            route = kernel.Route(q, k, w_q, w_k, table, sin, pos, layout=layout,
+                                 interleaved=interleaved, eps=eps,
+                                 weight_offset=weight_offset, packed=packed)
+        else:
+            route = eager.SIGNATURES.put(sig, _route(q, k, w_q, w_k, table, sin, position_ids,
+                                                     cu_seqlens, layout, interleaved, eps,
+                                                     weight_offset))
+    grad_q, grad_k, gw_q, gw_k = route.backward(grad_q_out, grad_k_out, q, k, w_q, w_k, table,
+                                                sin, pos, into=into)
     return grad_q, grad_k, gw_q.to(w_q.dtype), gw_k.to(w_k.dtype)
 
 

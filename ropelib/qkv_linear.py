@@ -34,6 +34,28 @@ formula without the dispatcher (_EagerQKVRoPE), as ropelib's other eager calls d
         q_norm_weight, k_norm_weight, table, sin, position_ids, cu_seqlens, n_heads,
         n_kv_heads, head_dim, eps, interleaved) -> (dY, grad_q_norm_weight, grad_k_norm_weight)
 
+Plans kept. A plain eager call plans each launch once and keeps it in ropelib.eager.SIGNATURES,
+the one cache of every plan ropelib keeps (eager.SIGNATURES.clear() drops them all), each entry
+under a key of its own kind:
+  ("qkv_gemm", ...)          the forward's, dX's and dW's GEMM (`planned`): the kind, B, S, K,
+                             the heads, D, R, the table's positions P, whether position ids
+                             have a row per batch entry, cu_seqlens' length, out_layout,
+                             interleaved, eps, the device, every pointer's dtype, rotate,
+                             shared_angle;
+  ("qkv_cos_sin_rows", ...)  the pre-pass of the cos/sin rows (`_prepass`): S, the row sets,
+                             R, the table's shape and strides, the position ids' and cu_seqlens'
+                             lengths, the dtypes of the table, sin, ids and cu_seqlens,
+                             interleaved, the device, whether pairs_differ is asked;
+  ("rotate_into", ...)       the backward's dY rotation (eager.rotate_into): an eager
+                             signature, every tensor's shape, strides, dtype, device and
+                             requires_grad, the layout, interleaved, the direction;
+  ("undo_norm_rope", ...)    with QK-norm, the backward's dY norm and rotation
+                             (qk_norm.undo_norm_rope into dY's columns): an eager signature
+                             likewise, with eps and weight_offset.
+Never a tensor's values, and never the planners' own settings: code that changes a tile table
+(kernels/qkv_gemm.GPU_TILES, ...) or patches a planner, as a probe or a test does, calls
+eager.SIGNATURES.clear() for the next call to plan again.
+
 The forward's autograd formula is qkv_rotated_dy (with QK-norm qkv_rotated_dy_normed) and two
 matrix products (backward="dy"), or the backward operator (backward="prologue"); double
 backward is not supported.
@@ -47,13 +69,14 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from . import eager, ops, qk_norm as ops_qk_norm, validation as V
+from . import eager, qk_norm as ops_qk_norm, validation as V
 from .conventions import QKV_LINEAR_DTYPES, QKV_LINEAR_LAYOUTS
+from .eager import SIGNATURES, rotate_into
 from .api import check_no_table_grad, needs_grad, saveable
 from .frequencies import EXACT_POSITIONS, Angles
-from .kernels import launch as kernel_launch, qkv_gemm as kernel, tiles as kernel_tiles
+from .kernels import qkv_gemm as kernel
 from .kernels.launch import COS_SIN_ROWS, Positions, Table, plan_cos_sin_rows
-from .kernels.planning import pointer_dtypes, start
+from .kernels.planning import Launch, pointer_dtypes, start
 from .ops import define_op
 
 __all__ = ["qkv_rope_linear", "QKVRoPE"]
@@ -89,30 +112,54 @@ def _rows(table: Tensor) -> int:
 def _run(kind: str, pointers: tuple, x: Tensor, table: Tensor, position_ids, cu_seqlens,
          n_heads, n_kv_heads, head_dim, interleaved, out_layout, eps=1e-6) -> None:
     """Plan one of the three kernels for these pointers (in its *_POINTERS order) and start it
-    (the plan kept for the next call with the same sizes, dtypes and options:
-    qkv_gemm.planned)."""
+    (the plan kept for the next call with the same sizes, dtypes and options: `planned`)."""
     B, S, K = _sizes(x)
     turns = table.dtype == torch.int64          # Angles' turns
     R = table.shape[0] if turns else table.shape[1]
-    kernel.run(kernel.planned(kind, S=S, B=B, K=K, HQ=n_heads, HK=n_kv_heads, D=head_dim, R=R,
-                              P=EXACT_POSITIONS if turns else table.shape[0], ids=position_ids,
-                              cu_seqlens=cu_seqlens, layout=out_layout, interleaved=interleaved,
-                              eps=eps, device=x.device, dtypes=pointer_dtypes(pointers),
-                              shared_angle=turns),
+    kernel.run(planned(kind, S=S, B=B, K=K, HQ=n_heads, HK=n_kv_heads, D=head_dim, R=R,
+                       P=EXACT_POSITIONS if turns else table.shape[0], ids=position_ids,
+                       cu_seqlens=cu_seqlens, layout=out_layout, interleaved=interleaved,
+                       eps=eps, device=x.device, dtypes=pointer_dtypes(pointers),
+                       shared_angle=turns),
                pointers)
 
 
-# The pre-pass's launches, kept by what launch.plan_cos_sin_rows reads of its arguments (dtypes,
-# shapes and strides of the table, of the position ids and of cu_seqlens, never their values)
-# and of the modules it reads (a test's or a probe's patch of them plans afresh).
-MAX_PREPASS_PLANS = 256
-_PREPASS_PLANS = {}
+def planned(kind: str, *, S, B, K, HQ, HK, D, R, P, ids, cu_seqlens, layout: str,
+            interleaved: bool, eps: float, device: torch.device, dtypes: tuple,
+            rotate: bool = True, shared_angle: bool = False) -> Launch:
+    """qkv_gemm.plan(...) with the same arguments, kept in eager.SIGNATURES for the next call
+    with the same sizes, dtypes and options (concrete sizes only: a symbolic one, under
+    torch.compile, is planned anew). ids and cu_seqlens count by what plan reads of them:
+    whether ids has a row per entry, and cu_seqlens' length. A TMA forward on a GPU sets
+    Triton's allocator at every call, as plan does (ensure_allocator: a thread without one).
+    The Launch is shared: leave it unchanged."""
+    rows_per_entry = 0 if ids is None else ids.shape[0]
+    n_seq = -1 if cu_seqlens is None else cu_seqlens.shape[0]
+    if any(type(n) is not int for n in (S, B, K, P, R, rows_per_entry, n_seq)) \
+            or type(eps) is not float:
+        return kernel.plan(kind, S=S, B=B, K=K, HQ=HQ, HK=HK, D=D, R=R, P=P, ids=ids,
+                           cu_seqlens=cu_seqlens, layout=layout, interleaved=interleaved,
+                           eps=eps, device=device, dtypes=dtypes, rotate=rotate,
+                           shared_angle=shared_angle)
+    key = ("qkv_gemm", kind, S, B, K, HQ, HK, D, R, P, rows_per_entry > 1, n_seq, layout,
+           interleaved, eps, device, dtypes, rotate, shared_angle)
+    launch = SIGNATURES.get(key)
+    if launch is None:
+        launch = SIGNATURES.put(key, kernel.plan(
+            kind, S=S, B=B, K=K, HQ=HQ, HK=HK, D=D, R=R, P=P, ids=ids, cu_seqlens=cu_seqlens,
+            layout=layout, interleaved=interleaved, eps=eps, device=device, dtypes=dtypes,
+            rotate=rotate, shared_angle=shared_angle))
+    elif launch.launcher is kernel.FWD_TMA and not kernel.INTERPRET:
+        kernel.ensure_allocator()
+    return launch
 
 
 def _prepass(table: Tensor, sin: Optional[Tensor], position_ids, cu_seqlens, S, nb: int, R,
              interleaved: bool, device, pairs_differ: bool):
-    """launch.plan_cos_sin_rows for cos_sin_rows (forward pass, any_length), kept."""
-    def planned():
+    """launch.plan_cos_sin_rows for cos_sin_rows (forward pass, any_length), kept in
+    eager.SIGNATURES by what it reads of its arguments: dtypes, shapes and strides of the table,
+    of the position ids and of cu_seqlens, never their values."""
+    def plan():
         return plan_cos_sin_rows(Table(table, sin), Positions(position_ids, cu_seqlens), S, nb,
                                  R=R, interleaved=interleaved, backward=False, device=device,
                                  any_length=True, pairs_differ=pairs_differ)
@@ -120,18 +167,13 @@ def _prepass(table: Tensor, sin: Optional[Tensor], position_ids, cu_seqlens, S, 
              0 if position_ids is None else position_ids.shape[0],
              0 if cu_seqlens is None else cu_seqlens.shape[0])
     if any(type(n) is not int for n in sizes):
-        return planned()        # (symbolic sizes: torch.compile's tracing plans every time)
-    key = (sizes, table.dtype, sin is None or sin.dtype,
+        return plan()        # (symbolic sizes: torch.compile's tracing plans every time)
+    key = ("qkv_cos_sin_rows", sizes, table.dtype, sin is None or sin.dtype,
            position_ids is None or position_ids.dtype, cu_seqlens is None or cu_seqlens.dtype,
-           interleaved, device, pairs_differ, plan_cos_sin_rows, kernel_launch.launches_early,
-           kernel_launch.TWO_PASS_TABLE_ELEMENTS, kernel_launch.TWO_PASS_WARPS,
-           kernel_launch.INTERPRET, kernel_tiles.EARLY_LAUNCH, kernel_tiles.INTERPRET,
-           kernel_tiles.hopper_or_newer)
-    pre = _PREPASS_PLANS.get(key)
+           interleaved, device, pairs_differ)
+    pre = SIGNATURES.get(key)
     if pre is None:
-        if len(_PREPASS_PLANS) >= MAX_PREPASS_PLANS:
-            _PREPASS_PLANS.clear()
-        pre = _PREPASS_PLANS[key] = planned()
+        pre = SIGNATURES.put(key, plan())
     return pre
 
 
@@ -316,8 +358,8 @@ def _written_dy(grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, x: Tensor, table
     them: [B or 1, S] (packed: [1, T]), what ropelib's RoPE operator reads. x gives the token
     count only."""
     dy, dq, dk = _dy_with_v(grad_q, grad_k, grad_v, x)
-    ops.rotate_into(grad_q, dq, grad_k, dk, table, sin, position_ids, cu_seqlens,
-                    "thd" if x.dim() == 2 else "bshd", interleaved, backward=True)
+    rotate_into(grad_q, dq, grad_k, dk, table, sin, position_ids, cu_seqlens,
+                "thd" if x.dim() == 2 else "bshd", interleaved, backward=True)
     return dy
 
 
@@ -327,14 +369,18 @@ written_dy = define_op("ropelib::qkv_rotated_dy")(_written_dy)
 def _dy_with_v(grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, x: Tensor) -> tuple:
     """(dY [M, N] fresh in the gradients' dtype with v's gradient copied into its columns, and
     dY's q and k column slices shaped as their gradients, [B, S, H, D] or [T, H, D]), for the
-    backward kernels to store into."""
+    backward kernels to store into. Each slice is one as_strided view of dY (token rows N
+    apart, heads D apart): v's gradient is copied in as it comes (bhsd's transposed view too:
+    one copy), with no indexing."""
     lead = grad_q.shape[:-2]                     # [B, S] or [T]
+    HQ, HK, D = grad_q.shape[-2], grad_k.shape[-2], grad_q.shape[-1]
     M = x.numel() // x.shape[-1]
-    nq, nk, nv = (g.shape[-2] * g.shape[-1] for g in (grad_q, grad_k, grad_v))
-    dy = torch.empty(M, nq + nk + nv, dtype=grad_q.dtype, device=grad_q.device)
-    dy[:, nq + nk:].copy_(grad_v.reshape(M, nv))
-    return (dy, dy[:, :nq].view(*lead, *grad_q.shape[-2:]),
-            dy[:, nq:nq + nk].view(*lead, *grad_k.shape[-2:]))
+    nq, nk = HQ * D, HK * D
+    N = nq + nk + grad_v.shape[-2] * grad_v.shape[-1]
+    dy = torch.empty((M, N), dtype=grad_q.dtype, device=grad_q.device)
+    rows = (lead[1] * N, N, D, 1) if len(lead) == 2 else (N, D, 1)
+    dy.as_strided(grad_v.shape, rows, nq + nk).copy_(grad_v)
+    return (dy, dy.as_strided(grad_q.shape, rows, 0), dy.as_strided(grad_k.shape, rows, nq))
 
 
 def _written_dy_normed(grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, x: Tensor,

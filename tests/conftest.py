@@ -108,6 +108,21 @@ def pytest_runtest_setup(item):
             pytest.fail(f"ROPELIB_REQUIRE_BROWSER=1 but the browser test {reason}", pytrace=False)
 
 
+@pytest.fixture(autouse=True)
+def _plans_dropped_after_a_patch(request):
+    """After a test that patched anything (monkeypatch), drop every plan ropelib keeps
+    (ropelib.eager.SIGNATURES: the eager route's, the QKV projection's GEMMs, pre-pass and dY
+    rotation), after its patches are undone (an autouse fixture is torn down after the
+    monkeypatch it was set up before): a plan made from a patched tile table or planner
+    must not serve a later test. (A test that patches and then calls clears them itself, as
+    code that changes a tile table does: eager.SIGNATURES.clear().)"""
+    yield
+    if "monkeypatch" in request.fixturenames:
+        from ropelib import eager
+
+        eager.SIGNATURES.clear()
+
+
 @pytest.fixture(scope="session")
 def device() -> str:
     """"cuda" when the kernels run compiled on a GPU, else "cpu" (Triton interpreter)."""

@@ -163,6 +163,7 @@ def test_qkv_rope_linear_launches_no_kernel_early(monkeypatch):
         planned.append((kind, real(kind, **kw)))
         return planned[-1][1]
     monkeypatch.setattr(QG, "plan", plan)
+    eager.SIGNATURES.clear()                # (the kept plans: planned again, patched)
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(1, 4, 32, generator=gen).to(device).requires_grad_(True)
     w = torch.randn((4 + 2 * 2) * 16, 32, generator=gen).to(device).requires_grad_(True)

@@ -1,10 +1,11 @@
-"""The QKV projection's kept plans (qkv_gemm.planned, qkv_linear's pre-pass plans): an eager call
-plans its kernels once per sizes, dtypes and options, and what it keeps changes nothing else.
+"""The QKV projection's kept plans (qkv_linear.planned, its pre-pass plans and the backward's dY
+rotation, all in eager.SIGNATURES): an eager call plans its kernels once per sizes, dtypes and
+options, and what it keeps changes nothing else.
 
 * a repeated call takes the kept Launch (the same object), equal to a fresh plan's; the outputs
   and gradients are the same bits with the plans kept or dropped;
-* setting any attribute of qkv_gemm (a test's monkeypatch of a tile function, and its undo) or
-  replacing an entry of a tile table drops the kept launches, so a patched planner is seen;
+* a patched planner or tile table is seen once the plans are dropped (eager.SIGNATURES.clear(),
+  the one clear path), and not before;
 * another dtype, layout, per-entry position ids or cu_seqlens' length plans anew;
 * what is checked per call still is: position ids outside the table, a wrong dtype or device,
   after a call of the same shape was planned.
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 import ropelib
-from ropelib import qkv_linear
+from ropelib import eager, qkv_linear
 from ropelib.kernels import launch as kernel_launch, planning, qkv_gemm, tiles
 
 B, S, K, HQ, HK, D = 2, 5, 32, 2, 2, 16
@@ -39,45 +40,77 @@ def plan_opts(**over):
 
 
 def test_a_kept_launch_is_the_plan_of_those_arguments():
-    qkv_gemm.clear_plans()
-    first = qkv_gemm.planned("fwd", **plan_opts())
-    assert qkv_gemm.planned("fwd", **plan_opts()) is first
+    eager.SIGNATURES.clear()
+    first = qkv_linear.planned("fwd", **plan_opts())
+    assert qkv_linear.planned("fwd", **plan_opts()) is first
     assert first == qkv_gemm.plan("fwd", **plan_opts())
     ids = torch.zeros(B, S, dtype=torch.int64)
     for other in (dict(layout="bhsd"), dict(interleaved=True), dict(S=S + 1), dict(eps=1e-5),
                   dict(ids=ids), dict(cu_seqlens=torch.tensor([0, 2, S])),
                   dict(dtypes=tuple(torch.bfloat16 if d is not None else None
                                     for d in plan_opts()["dtypes"]))):
-        got = qkv_gemm.planned("fwd", **plan_opts(**other))
+        got = qkv_linear.planned("fwd", **plan_opts(**other))
         assert got is not first and got == qkv_gemm.plan("fwd", **plan_opts(**other)), other
     # one row of ids for every entry plans as no ids (plan reads only whether there is a row
     # per entry); a row per entry does not
-    assert qkv_gemm.planned("fwd", **plan_opts(ids=ids[:1])) is first
+    assert qkv_linear.planned("fwd", **plan_opts(ids=ids[:1])) is first
 
 
-def test_a_patched_planner_or_tile_table_is_seen(monkeypatch):
-    qkv_gemm.clear_plans()
-    kept = qkv_gemm.planned("fwd", **plan_opts())
+def test_a_patched_planner_or_tile_table_is_seen_once_the_plans_are_cleared(monkeypatch):
+    eager.SIGNATURES.clear()
+    kept = qkv_linear.planned("fwd", **plan_opts())
     tile = dict(BLOCK_M=16, BLOCK_K=16, GROUP_M=8, num_warps=2, num_stages=1)
     monkeypatch.setattr(qkv_gemm, "pick_tiles", lambda *a, **k: dict(tile))
     monkeypatch.setattr(qkv_gemm, "TENSOR_DESCRIPTORS", False)     # the pointer-loaded kernel
-    patched = qkv_gemm.planned("fwd", **plan_opts())
+    assert qkv_linear.planned("fwd", **plan_opts()) is kept        # kept until cleared
+    eager.SIGNATURES.clear()
+    patched = qkv_linear.planned("fwd", **plan_opts())
     assert patched.num_warps == 2 and patched.launcher is qkv_gemm.FWD
     monkeypatch.undo()
-    again = qkv_gemm.planned("fwd", **plan_opts())
+    eager.SIGNATURES.clear()
+    again = qkv_linear.planned("fwd", **plan_opts())
     assert again == kept and again.num_warps != 2
-    # a tile table's entry replaced (as benchmarks/qkv_stages_ab.py does) drops them too
+    # a tile table's entry replaced (as benchmarks/qkv_stages_ab.py does), then the plans
+    # cleared: the next call plans from the new entry
     monkeypatch.setattr(qkv_gemm, "INTERPRET", False)
     monkeypatch.setattr(qkv_gemm, "has_tma", lambda device: False)
     gpu = dict(plan_opts(), K=4096, HQ=32, HK=8, D=128, R=128, device=torch.device("cuda"))
     base = qkv_gemm.GPU_TILES["fwd"]
-    assert qkv_gemm.planned("fwd", **gpu).num_stages == base["num_stages"]
-    try:
-        qkv_gemm.GPU_TILES["fwd"] = dict(base, num_stages=base["num_stages"] + 1)
-        assert qkv_gemm.planned("fwd", **gpu).num_stages == base["num_stages"] + 1
-    finally:
-        qkv_gemm.GPU_TILES["fwd"] = base
-    assert qkv_gemm.planned("fwd", **gpu).num_stages == base["num_stages"]
+    assert qkv_linear.planned("fwd", **gpu).num_stages == base["num_stages"]
+    monkeypatch.setitem(qkv_gemm.GPU_TILES, "fwd", dict(base, num_stages=base["num_stages"] + 1))
+    assert qkv_linear.planned("fwd", **gpu).num_stages == base["num_stages"]     # kept
+    eager.SIGNATURES.clear()
+    assert qkv_linear.planned("fwd", **gpu).num_stages == base["num_stages"] + 1
+    monkeypatch.undo()
+    eager.SIGNATURES.clear()
+    assert qkv_gemm.GPU_TILES["fwd"] is base
+
+
+def test_a_patched_tile_table_reaches_the_call_once_the_plans_are_cleared(monkeypatch):
+    """Through the public call, forward and backward: a patched tile of the interpreter's
+    (pick_tiles) is planned after eager.SIGNATURES.clear(), and the result is the same bits."""
+    x, w = inputs(grad=True)
+    out = call(x, w, backward="prologue")       # (ropelib's dX and dW kernels)
+    g = [torch.ones_like(t) for t in out]
+    want = list(out) + list(torch.autograd.grad(out, (x, w), g))
+    real = qkv_gemm.pick_tiles
+    tiles_asked = []
+
+    def pick_tiles(kind, M, K, device, norm=False, row_bytes=0):
+        tiles_asked.append(kind)
+        return dict(real(kind, M, K, device, norm, row_bytes), BLOCK_K=16)
+    monkeypatch.setattr(qkv_gemm, "pick_tiles", pick_tiles)
+    call(x, w)
+    assert tiles_asked == []                    # the kept plans, until cleared
+    eager.SIGNATURES.clear()
+    out = call(x, w, backward="prologue")
+    got = list(out) + list(torch.autograd.grad(out, (x, w), g))
+    assert tiles_asked == ["fwd", "dx", "dw"]
+    for kind in ("fwd", "dx", "dw"):
+        launch = [v for k, v in eager.SIGNATURES.entries.items() if k[:2] == ("qkv_gemm", kind)]
+        assert launch and launch[0].args["BLOCK_K"] == 16, kind
+    for a, b in zip(want, got):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
 def test_the_calls_plan_through_the_kept_launches(monkeypatch):
@@ -89,24 +122,28 @@ def test_the_calls_plan_through_the_kept_launches(monkeypatch):
     def plan(kind, **kw):
         planned.append(kind)
         return real(kind, **kw)
-    monkeypatch.setattr(qkv_gemm, "plan", plan)     # (drops the kept launches)
+    monkeypatch.setattr(qkv_gemm, "plan", plan)
+    eager.SIGNATURES.clear()
     call(x, w)
     call(x, w)
     assert planned == ["fwd"]           # the second call took the first's plan
-    prepass = dict(qkv_linear._PREPASS_PLANS)
+    kept = dict(eager.SIGNATURES.entries)
+    assert any(k[0] == "qkv_cos_sin_rows" for k in kept)
     call(x, w)
-    assert qkv_linear._PREPASS_PLANS == prepass     # and its pre-pass's
+    assert eager.SIGNATURES.entries == kept     # and its pre-pass's
 
 
-def test_the_pre_pass_plans_again_where_early_launch_changes(monkeypatch):
-    x, w = inputs()
+def test_the_pre_pass_plans_again_where_early_launch_changes_and_plans_are_cleared(
+        monkeypatch):
     rows = (torch.zeros(1, dtype=torch.int64), torch.ones(1), None, None, S, 1, D, False,
             torch.device("cpu"), False)
     kept = qkv_linear._prepass(*rows)
     assert qkv_linear._prepass(*rows) is kept
     monkeypatch.setattr(tiles, "EARLY_LAUNCH", not tiles.EARLY_LAUNCH)
+    eager.SIGNATURES.clear()
     assert qkv_linear._prepass(*rows) is not kept
     monkeypatch.setattr(kernel_launch, "launches_early", lambda device: False)
+    eager.SIGNATURES.clear()
     assert qkv_linear._prepass(*rows) is not kept
 
 
@@ -118,8 +155,7 @@ def test_kept_plans_give_the_same_bits(layout):
     results = []
     for keep in (False, True, True):
         if not keep:
-            qkv_gemm.clear_plans()
-            qkv_linear._PREPASS_PLANS.clear()
+            eager.SIGNATURES.clear()
         out = call(x, w, out_layout=layout)
         grads = grads or [torch.randn_like(t) for t in out]
         results.append(list(out) + list(torch.autograd.grad(out, (x, w), grads)))
@@ -160,13 +196,13 @@ def test_checks_still_run_once_planned():
 
 
 def test_a_size_not_a_plain_int_is_planned_every_time(monkeypatch):
-    """Under torch.compile's tracing sizes may be SymInts: planned() keeps only plans of plain
+    """Under torch.compile's tracing sizes may be SymInts: planned keeps only plans of plain
     ints (here an int subclass stands for one)."""
     class Size(int):
         pass
-    qkv_gemm.clear_plans()
-    got = qkv_gemm.planned("fwd", **plan_opts(S=Size(S)))
-    assert got == qkv_gemm.plan("fwd", **plan_opts()) and not qkv_gemm._PLANS
+    eager.SIGNATURES.clear()
+    got = qkv_linear.planned("fwd", **plan_opts(S=Size(S)))
+    assert got == qkv_gemm.plan("fwd", **plan_opts()) and not eager.SIGNATURES.entries
 
 
 def test_host_probe_times_every_piece_with_the_launches_removed():
@@ -185,3 +221,73 @@ def test_host_probe_times_every_piece_with_the_launches_removed():
     assert qkv_linear.start is planning.start and qkv_gemm.start is planning.start
     assert {"forward, no_grad (whole)", "forward, with gradients (whole)",
             "forward+backward (autograd.backward, whole)"} <= set(steps)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["bshd", "packed"])
+def test_the_backward_plans_its_dy_rotation_once(packed, monkeypatch):
+    """The backward's dY rotation (eager.rotate_into) is planned at the first backward of a
+    signature and taken from eager.SIGNATURES at the next, with the bits of ops.rotate_into,
+    which plans every call."""
+    x, w = inputs(grad=True)
+    over = {}
+    if packed:
+        x = x.detach().reshape(B * S, K).requires_grad_(True)
+        over = dict(cu_seqlens=torch.tensor([0, 3, B * S], dtype=torch.int32))
+    eager.SIGNATURES.clear()
+    rotations = []
+    real = eager.PlannedRotation.__init__
+
+    def planning_rotation(self, **kw):
+        rotations.append(kw["backward"])
+        real(self, **kw)
+    monkeypatch.setattr(eager.PlannedRotation, "__init__", planning_rotation)
+    g = torch.Generator().manual_seed(1)
+    grads = None
+    results = []
+    for _ in range(2):
+        out = call(x, w, **over)
+        grads = grads or [torch.randn(t.shape, generator=g) for t in out]
+        results.append(torch.autograd.grad(out, (x, w), grads))
+    assert rotations == [True]          # the first backward planned it, the second did not
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+    # the same bits as ops.rotate_into's own plan
+    tok = qkv_linear._token_major(grads, "bshd")
+    angles = ropelib.rope_angles(D)
+    args = (x.detach(), angles.turns, angles.amplitude, None, over.get("cu_seqlens"), False)
+    with torch.no_grad():
+        kept = qkv_linear._written_dy(*tok, *args)
+        monkeypatch.setattr(eager, "active", lambda: False)    # (as under a tracer)
+        fresh = qkv_linear._written_dy(*tok, *args)
+    assert torch.equal(kept, fresh)
+
+
+def test_the_normed_backward_plans_its_dy_route_once(monkeypatch):
+    """With QK-norm the backward's dY (qk_norm.undo_norm_rope into dY's columns) keeps its
+    kernel.Route in eager.SIGNATURES: planned at the first backward of a signature, not at the
+    next, with the bits of a Route made for the call (as under a tracer)."""
+    from ropelib import qk_norm
+    from ropelib.kernels import qk_norm_rope as kernel_qk_norm
+    x, w = inputs(grad=True)
+    g = torch.Generator().manual_seed(2)
+    wq, wk = (torch.rand(D, generator=g).add(0.5).requires_grad_(True) for _ in range(2))
+    eager.SIGNATURES.clear()
+    routes = []
+    real = kernel_qk_norm.Route.__init__
+
+    def planning_route(self, *a, **kw):
+        routes.append(kw.get("starter"))
+        real(self, *a, **kw)
+    monkeypatch.setattr(kernel_qk_norm.Route, "__init__", planning_route)
+    grads, results = None, []
+    for _ in range(2):
+        out = call(x, w, q_norm_weight=wq, k_norm_weight=wk)
+        grads = grads or [torch.randn(t.shape, generator=g) for t in out]
+        results.append(torch.autograd.grad(out, (x, w, wq, wk), grads))
+    assert len(routes) == 1             # the first backward planned it, the second did not
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+    monkeypatch.setattr(qk_norm.eager, "active", lambda: False)     # a Route made per call
+    out = call(x, w, q_norm_weight=wq, k_norm_weight=wk)
+    for a, b in zip(results[0], torch.autograd.grad(out, (x, w, wq, wk), grads)):
+        assert torch.equal(a, b)

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import ropelib
-from ropelib import qkv_linear
+from ropelib import eager, qkv_linear
 from ropelib.kernels import planning, qkv_gemm
 from loading import load_file  # noqa: E402
 from registration import assert_registered  # noqa: E402
@@ -232,6 +232,7 @@ def test_forward_reads_one_cos_and_sin_a_pair_from_angles(interleaved, monkeypat
         seen.append(kwargs.get("shared_angle"))
         return plan(*args, **dict(kwargs, shared_angle=False))
     monkeypatch.setattr(qkv_gemm, "plan", four_tiles)
+    eager.SIGNATURES.clear()                # (the kept plans: planned again, patched)
     four = ropelib.qkv_rope_linear(x, w, b, **opts)
     assert seen == [True]
     for a, t in zip(shared, four):
@@ -957,6 +958,7 @@ def test_a_triton_without_tensor_descriptors_keeps_the_pointer_forward(seeded, m
     assert qkv_gemm.uses_tma(K, HQ, HK, D, D, 4, torch.device("cpu")) == qkv_gemm.INTERPRET
     with_descriptors = ropelib.qkv_rope_linear(x, w, **opts)
     monkeypatch.setattr(qkv_gemm, "TENSOR_DESCRIPTORS", False)
+    eager.SIGNATURES.clear()                # (the kept plans: planned again, patched)
     assert not qkv_gemm.uses_tma(K, HQ, HK, D, D, 4, torch.device("cpu"))
     rows = torch.empty(S, D)
     pointers = qkv_gemm.pointers("fwd", x_ptr=x, w_ptr=w, q_ptr=x, k_ptr=x, v_ptr=x,
@@ -1100,6 +1102,7 @@ def test_long_row_tiles_compute_the_projection(monkeypatch, seeded):
     gradients, with and without QK-norm: run here, in the interpreter, at those very tiles."""
     monkeypatch.setattr(qkv_gemm, "pick_tiles", lambda kind, M, K, device, norm=False,
                         row_bytes=0: dict(qkv_gemm.GPU_TILES_LONG_ROWS[kind]))
+    eager.SIGNATURES.clear()                # (the kept plans: planned again, patched)
     for norm in (False, True):
         check_backward(torch.float32, norm=norm, D=32, R=32, S=20)
 

@@ -154,9 +154,6 @@ at each store; the backward rounds dY to the weight's dtype once, as the MMA ope
 unfused pipeline rounds it once when it writes it.
 """
 
-import sys
-import types
-
 import torch
 import triton
 import triton.language as tl
@@ -171,25 +168,9 @@ from .planning import Launch, cdiv, start
 from .tiles import hopper_or_newer, multiprocessors
 
 # --- tiles ---------------------------------------------------------------------------------
-
-class _TileTable(dict):
-    """A tile table (GPU_TILES, GPU_TILES_LONG_ROWS, TMA_TILES): a dict whose entries, when
-    replaced (`GPU_TILES["fwd"] = dict(...)`, as benchmarks/qkv_stages_ab.py does between
-    variants), drop the planned launches (`planned`), which were planned from the old ones. An
-    entry's own items changed in place are not seen: replace the entry, or call clear_plans()."""
-
-    def __setitem__(self, key, value):
-        super().__setitem__(key, value)
-        clear_plans()
-
-    def __delitem__(self, key):
-        super().__delitem__(key)
-        clear_plans()
-
-    def update(self, *args, **kwargs):
-        super().update(*args, **kwargs)
-        clear_plans()
-
+# Launches planned from these tables (and from every other setting here) are kept between eager
+# calls in ropelib.eager.SIGNATURES (qkv_linear.planned): code that changes one, a probe's
+# variant or a test's patch, calls eager.SIGNATURES.clear() for the next call to plan again.
 
 # The fastest rotating tile of each kernel in benchmarks/qkv_tiles.py's sweep (8192 tokens,
 # hidden 4096, 32/8 heads of 128, bf16), the same on an H100 and an H200
@@ -214,12 +195,12 @@ class _TileTable(dict):
 # its own select again (_grad_tile's valid) it is back to 2.74 ms alone, no spill, and 5.19 ms
 # end to end (8.22 with the norm; qkv-backward-nvidia-h200-20261130-1414.log,
 # results/qkv_rope-nvidia-h200.csv).
-GPU_TILES = _TileTable({
+GPU_TILES = {
     "fwd": dict(BLOCK_M=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=4),
     "dx": dict(BLOCK_M=64, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=3),
     "dw": dict(BLOCK_M=64, BLOCK_K=256, GROUP_M=8, num_warps=8, num_stages=2),
     "dx_norm": dict(BLOCK_M=32, BLOCK_K=128, GROUP_M=8, num_warps=4, num_stages=3),
-})
+}
 # Heads whose rows pass LONG_ROW_BYTES (fp32 heads of more than 128 features): at the tiles
 # above a program asks for more shared memory than a block may have on an H100 or H200 (227
 # KiB), so it could not launch (compiled for sm_90 with Triton 3.6 at fp32, d = 256: forward
@@ -238,12 +219,12 @@ GPU_TILES = _TileTable({
 # rotation 46.9), against 24.4 for cuBLAS then RoPE: fp32 tl.dot (IEEE) runs at 26 TFLOP/s
 # here where cuBLAS reaches 50 (benchmarks/NOTES.md).
 LONG_ROW_BYTES = 512
-GPU_TILES_LONG_ROWS = _TileTable({
+GPU_TILES_LONG_ROWS = {
     "fwd": dict(BLOCK_M=128, BLOCK_K=32, GROUP_M=8, num_warps=8, num_stages=4),
     "dx": dict(BLOCK_M=16, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=3),
     "dw": dict(BLOCK_M=16, BLOCK_K=128, GROUP_M=8, num_warps=8, num_stages=2),
     "dx_norm": dict(BLOCK_M=16, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3),
-})
+}
 MAX_HEAD_DIM = QKV_LINEAR_MAX_HEAD_DIM   # a head's D columns live in one program's registers
 
 # Triton's interpreter (3.9) multiplies the bf16 operands of tl.dot as their raw 16-bit
@@ -1074,8 +1055,8 @@ def _needs_int64(*sizes) -> bool:
 # heads a tile at 128 tokens, 8 warps, 3 stages (the fused candidate of
 # benchmarks/qkv_mainloop_probe.py, H200); fp32 at half the K step, so three stages fit
 # in shared memory
-TMA_TILES = _TileTable({2: dict(BLOCK_M=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3),
-                        4: dict(BLOCK_M=128, BLOCK_K=32, GROUP_M=8, num_warps=8, num_stages=3)})
+TMA_TILES = {2: dict(BLOCK_M=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3),
+             4: dict(BLOCK_M=128, BLOCK_K=32, GROUP_M=8, num_warps=8, num_stages=3)}
 TMA_PROGRAMS_INTERPRETED = 4        # the interpreter's programs (each walks several tiles)
 
 
@@ -1193,67 +1174,6 @@ def _scalar_args(launcher: DirectLauncher) -> list:
 
 
 _SCALAR_ARGS = {}
-
-
-# --- planned launches, kept ------------------------------------------------------------------
-# plan() takes 10-25 us of Python (tile choice, grid, the kernel's argument dict, the Launch);
-# an eager call plans the same launch for the same sizes every time. `planned` keeps each
-# Launch by everything plan reads of its arguments (sizes, dtypes, options, device: never a
-# tensor's values), and the module's own state is in it by construction: setting any attribute
-# of this module (a test's monkeypatch of plan, pick_tiles, has_tma, INTERPRET..., or its undo)
-# or replacing an entry of a tile table drops every kept launch.
-MAX_PLANS = 256
-_PLANS = {}
-
-
-def clear_plans() -> None:
-    """Drop the launches `planned` keeps (they are planned again at their next call)."""
-    _PLANS.clear()
-
-
-def planned(kind: str, *, S, B, K, HQ, HK, D, R, P, ids, cu_seqlens, layout: str,
-            interleaved: bool, eps: float, device: torch.device, dtypes: tuple,
-            rotate: bool = True, shared_angle: bool = False) -> Launch:
-    """plan(...) with the same arguments, kept for the next call with the same sizes, dtypes
-    and options (concrete sizes only: a symbolic one, under torch.compile, is planned anew).
-    ids and cu_seqlens count by what plan reads of them: whether ids has a row per entry, and
-    cu_seqlens' length. A TMA forward on a GPU sets Triton's allocator at every call, as plan
-    does (ensure_allocator: a thread without one). The Launch is shared: leave it unchanged."""
-    rows_per_entry = 0 if ids is None else ids.shape[0]
-    n_seq = -1 if cu_seqlens is None else cu_seqlens.shape[0]
-    if any(type(n) is not int for n in (S, B, K, P, R, rows_per_entry, n_seq)) \
-            or type(eps) is not float:
-        return plan(kind, S=S, B=B, K=K, HQ=HQ, HK=HK, D=D, R=R, P=P, ids=ids,
-                    cu_seqlens=cu_seqlens, layout=layout, interleaved=interleaved, eps=eps,
-                    device=device, dtypes=dtypes, rotate=rotate, shared_angle=shared_angle)
-    key = (kind, S, B, K, HQ, HK, D, R, P, rows_per_entry > 1, n_seq, layout, interleaved, eps,
-           device, dtypes, rotate, shared_angle)
-    launch = _PLANS.get(key)
-    if launch is None:
-        launch = plan(kind, S=S, B=B, K=K, HQ=HQ, HK=HK, D=D, R=R, P=P, ids=ids,
-                      cu_seqlens=cu_seqlens, layout=layout, interleaved=interleaved, eps=eps,
-                      device=device, dtypes=dtypes, rotate=rotate, shared_angle=shared_angle)
-        if len(_PLANS) >= MAX_PLANS:
-            _PLANS.clear()
-        _PLANS[key] = launch
-    elif launch.launcher is FWD_TMA and not INTERPRET:
-        ensure_allocator()
-    return launch
-
-
-class _PlanningModule(types.ModuleType):
-    """This module: setting or deleting any of its attributes drops the kept launches."""
-
-    def __setattr__(self, name, value):
-        super().__setattr__(name, value)
-        _PLANS.clear()
-
-    def __delattr__(self, name):
-        super().__delattr__(name)
-        _PLANS.clear()
-
-
-sys.modules[__name__].__class__ = _PlanningModule
 
 
 def pointers(kind: str, **given) -> tuple:
