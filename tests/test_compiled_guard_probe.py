@@ -1,0 +1,33 @@
+"""benchmarks/compiled_guard_probe.py: the guards Dynamo installs for a compiled ropelib call,
+counted and timed beside two graphs that read no ropelib code."""
+import importlib.util
+import os
+import re
+from pathlib import Path
+
+os.environ.setdefault("TRITON_INTERPRET", "1")   # before the kernels are imported
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "compiled_guard_probe.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("compiled_guard_probe", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_ropelib_graph_carries_the_guards_of_the_code_it_traced(monkeypatch, capsys):
+    module = _load()
+    monkeypatch.setattr("sys.argv", ["compiled_guard_probe.py", "--calls", "20", "--rounds", "1"])
+    module.main()
+    out = capsys.readouterr().out.splitlines()
+    rows = {m.group(1).strip(): (int(m.group(2)), float(m.group(3))) for m in
+            (re.match(r"(.{22}) +(\d+) leaf guards +([\d.]+) µs", line) for line in out) if m}
+    assert set(rows) == {"q + 0 (q only)", "q * f[0] (q and f)", "ropelib.apply_rope"}
+    assert all(us > 0 for _, us in rows.values())
+    # the tensors' guards are the same in the last two; ropelib's checks and planning add more
+    assert rows["ropelib.apply_rope"][0] > 2 * rows["q * f[0] (q and f)"][0]
+    by_function = out[-1]
+    assert by_function.startswith("ropelib's leaf guards by the function")
+    assert "apply_rope" in by_function and "check_tensor" in by_function
