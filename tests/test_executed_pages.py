@@ -40,11 +40,9 @@ _OLDER = "the page was rendered from an older version of the notebook; "
 STALE = {stem: _OLDER + _rerender(stem) for stem in (
 )}
 # pages rendered before a data file they read was measured again
-_OLDER_DATA = ("the page shows outputs of benchmarks/results/floor-nvidia-h100-80gb-hbm3.csv as "
-               "it was before its latest rerun; ")
+_OLDER_DATA = ("the page shows outputs of benchmarks/results/floor-nvidia-h200.csv as it was "
+               "before its latest rerun; ")
 STALE.update({stem: _OLDER_DATA + _rerender(stem) for stem in (
-    "02-pytorch-reference-and-layouts", "04-batch-reuse-grid-kernel", "07-te-vs-triton-live",
-    "12-rope-in-the-qkv-projection",
 )})
 
 # notebook -> why it has no page yet
