@@ -368,7 +368,9 @@ assert rope_flops / rope_bytes < 1 and gemm_intensity > 1000
 # floor suite (`benchmarks/results/floor-nvidia-h200.csv`) at two sizes: a forward pass over
 # 1 GiB of `x`, timed on the device, and one decoding step (1 token × 64 sequences × 32 heads ×
 # 128 features), timed on the host's clock as an eager call is, and replayed from a CUDA graph,
-# which takes the host out. They are one H200's numbers (notebook 07 measures them live).
+# which takes the host out. Each line gives the copy's time, ropelib's, and their ratio, "of a
+# copy": the copy's time over ropelib's, so 1.00 is as fast as the copy and 0.50 twice as slow.
+# They are one H200's numbers (notebook 07 measures them live).
 
 # %%
 def peak_tb_s(gpu):
@@ -467,13 +469,16 @@ if FLOOR:
 
 # %% [markdown]
 # On 1 GiB (`apply_rope`'s two-pass route) the bytes set the time: ropelib runs at the copy's
-# 4.3 TB/s, 89 % of the H200's 4.8 TB/s. A decoding step's bytes need under a quarter of a
-# microsecond, yet the copy takes 7.6 µs and ropelib 2.7 times as long; replayed from a CUDA
-# graph, 0.5 µs of ropelib's 13.1 µs extra is left, so the rest is the host's side of the call.
-# That is a subtraction. On a GPU the next cell times the host itself, issuing 300 of each call
-# without synchronising, beside the same calls replayed from a graph: where the host's gap is
-# many times the replay's, the host is what separates the two calls. Notebook 07 (section 7)
-# takes the host's part apart.
+# 4.3 TB/s, 89 % of the H200's 4.8 TB/s.
+#
+# A decoding step is the opposite case. Its bytes would need 0.22 µs at 4.8 TB/s, yet the
+# copy's eager call takes 7.6 µs and ropelib's 20.7 µs (0.37 of a copy): a fixed cost per call
+# sets the time, not the bytes. Where do ropelib's extra 13.1 µs go? Replayed from a CUDA graph,
+# which leaves the host (the CPU that issues each call) out, only 0.5 µs of them remain, so the
+# rest is the host's side of the call. That is inferred by subtraction; on a GPU the next cell
+# times the host itself, issuing 300 of each call without waiting for the GPU, beside the same
+# calls replayed from a graph. Where the host's gap is many times the replay's, the host is what
+# separates the two calls. Notebook 07 (section 7) takes the host's part apart.
 
 # %%
 import time
@@ -575,13 +580,21 @@ else:
           "of the GPU's memory bandwidth (peak_tb_s)")
 
 # %% [markdown]
-# Those shares are your GPU's at the tour's 32 MiB. The committed profile below is an H200's at
-# $[4096, 8, 32, 128]$ (256 MiB): `benchmarks/mechanism.py` ran each kernel once under *Nsight
-# Compute*, NVIDIA's kernel profiler, which reads the GPU's hardware counters
-# (`benchmarks/results/mechanism-nvidia-h200.csv`). "DRAM / model" is the bytes moved to and
-# from the GPU's memory over the bytes RoPE must move; the *program floor* is the time a
-# kernel's programs alone take to start, from the cost of an empty program that
-# `program_cost-nvidia-h200.csv` timed (notebook 03, section 4.3; exercise 2 works it out).
+# Those shares are your GPU's at the tour's 32 MiB. Why is the naive kernel slower when it moves
+# the same bytes? The next cell reads a committed H200 profile at $[4096, 8, 32, 128]$
+# (256 MiB): each kernel ran once under *Nsight Compute*, NVIDIA's kernel profiler
+# (`benchmarks/results/mechanism-nvidia-h200.csv`; notebooks 03 to 05 read its other columns).
+# Two columns matter here:
+#
+# - **DRAM / model**: the bytes the GPU's memory moved, over the bytes RoPE must move.
+# - **program floor**: starting and retiring a program costs an SM time even when the program
+#   does nothing. The H200 ran 1,048,576 empty one-warp programs on its 132 SMs in 633.7 µs
+#   (`program_cost-nvidia-h200.csv`), so each program took about
+#   $633.7\ \mu\text{s} \times 132 / 1{,}048{,}576 \approx 80$ ns of an SM's time (the cell's
+#   last line). A kernel's program floor is its programs per SM times that cost: a time it
+#   cannot beat however little each program does. Exercise 2 works it out; notebook 03
+#   (section 4.3) measures it.
+#
 # The fifth row is the flat pass of the two-pass route `apply_rope` takes at this size.
 
 # %%
@@ -668,18 +681,16 @@ if MECHANISM:
     plt.show()
 
 # %% [markdown]
-# All five move the same bytes (the writes come out a little short, likely lines of `y` still
-# in the L2 when counting stops: notebook 04, appendix A.5). The programs explain the naive row,
-# and at 256 MiB on this H200 only it: its time is that of as many empty programs, 79.8 ns of
-# an SM's time each.
+# All five move the same bytes ("DRAM / model" a little under 1: the writes come out short,
+# likely lines of `y` still in the L2 when counting stops; notebook 04, appendix A.5). What
+# sets the naive kernel apart is its programs: its time equals its program floor, so on this
+# H200 it takes as long as a million programs that do nothing. Every other row's floor is
+# under two thirds of its time.
 #
-# **The floors, live.** The next cell times a kernel with no loads and no stores at each row's
-# programs and warps and at the tour's two kernels' grids, beside the model worked out with
-# your GPU's SM count; "live / model" near 1 means a fixed cost a program. The last column is
-# the floor's share of the tour kernel's own time: the tour's batch is smaller than the
-# profile's 8, so each grid program has less work, and where the share passes one half,
-# starting programs fills most of that kernel's time. The model leaves out the launch's own
-# fixed cost, which dominates at a few thousand programs (only printed).
+# **The floors, live.** The next cell times that empty kernel on your GPU at each row's grid and
+# at the tour's two grids; "live / model" near 1 means the cost a program holds there too, and
+# the last column is the floor's share of the tour kernel's own time. Notebook 03 (section 4)
+# takes this apart.
 
 # %%
 @triton.jit
@@ -730,9 +741,14 @@ if MECHANISM:
             print(f"  {name:27s} {g[0]:>10,} programs x {g[1]} warps: {model[g]:7.1f}")
 
 # %% [markdown]
-# Notebook 04 (sections 2 and 5.3) sets the grid against three floors and names a suspect, one
-# row in flight per warp; notebook 05 climbs to the finished kernel one change at a time and
-# says why `apply_rope` takes the two-pass route from 64 MiB on.
+# Read "live / model" row by row. Where it prints near 1, your GPU starts a program at about the
+# H200's cost, and the model holds there. Where it prints well above 1 at a grid of a few
+# thousand programs (the finished kernel's), the launch's own fixed cost, which the model leaves
+# out, is most of that time; it says nothing about the cost a program. In the last column, a
+# share near 100 % means the tour kernel's time is its programs starting, as the naive kernel's
+# is on the H200; a share well under it leaves room for the work the programs do. Notebook 04
+# (sections 2 and 5.3) sets the grid against three floors; notebook 05 climbs to the finished
+# kernel one change at a time.
 
 # %% [markdown]
 # ## 5. Where to go next
@@ -885,15 +901,28 @@ solution(basics.solution_interleaved_rope)
 # Then predict, before anything is timed: `my_max_saving_us(n, BLOCK, programs, sms,
 # empty_programs, empty_us)`, the most µs a fixed grid of `programs` programs can save against
 # `copy_kernel`, the difference of their program floors (exercise 2's function does the work).
-# The check draws cases as it runs. The cell after the solutions feeds yours the committed
+# The check draws cases as it runs. The cell after the solutions feeds yours the committed H200
 # empty run of 4 warps (Triton's default) and, on a GPU, times your kernel (the worked one until
 # yours passes) at 1, 4 and 16 programs an SM against `copy_kernel`, each saving beside your
-# prediction. The floors bound what a fixed grid can save, but a small grid can lose more than
-# that: a program waits for each block's load before storing it, so it keeps one block, 2 KiB
-# of bf16, of loads in flight, and Little's law (notebook 05, section 2) asks each SM for
-# `copy_kernel`'s read rate per SM times DRAM's latency. The cell prints both; a grid whose
-# bytes in flight fall below the need at idle latency is slower than `copy_kernel` (the cell
-# asserts it), its saving negative whatever the floors allow.
+# prediction.
+#
+# The floors bound what a fixed grid can save, but a small grid can also lose. A program waits
+# for each block's load before storing it, so it has one block, 2 KiB of bf16, of loads in
+# flight. To read as fast as `copy_kernel`, an SM needs, by Little's law (notebook 05, section
+# 2), `copy_kernel`'s read rate per SM times DRAM's latency in flight. The only committed latency
+# is the H200's (`memory_latency-nvidia-h200.csv`), so on any other GPU the need the cell prints
+# is an estimate. The need is the one at **idle** latency: the cell also prints the busy figure,
+# but a busy load's extra wait is queueing behind other loads, which more bytes in flight do not
+# shorten. A grid below the idle need is slower than `copy_kernel` (the cell asserts it), its
+# saving negative whatever the floors allow.
+#
+# Read the printed rows that way: set each grid's KiB in flight beside the two needs, and its
+# saving beside the most the floors allow. A grid below the idle need prints a negative saving:
+# it reads slower than the copy, whatever the floors allow. A grid between the idle and the busy
+# need that still prints a clearly negative saving shows the idle need is a lower bound, not
+# enough; what else such a grid lacks, the cell does not measure. A grid above both needs that
+# prints a saving near 0, far under the floors' bound, keeps enough in flight but wins nothing:
+# the bytes, not the programs, set the copy's time at this size.
 
 # %%
 from ropelib.course.exercises import nb00_strided_copy

@@ -1139,17 +1139,13 @@ assert (sm_n, schedulers, ghz_top, round(empty_ns_by_warps[1], 1)) == (132, 4, 1
 # ### 5.4 Why, measured: the profiler's answer
 #
 # `benchmarks/mechanism.py` ran the same variants under Nsight Compute on an H200, the clock
-# left free as in the timings (`benchmarks/results/mechanism-nvidia-h200.csv`). **Achieved
-# occupancy** is the average share of an SM's 64 warp slots in use.
+# free as in the timings (`mechanism-nvidia-h200.csv`; TE's kernel `mechanism-te-nvidia-h200.csv`).
+# What section 5.5's verdict takes from it:
 #
-# - **DRAM bytes are the model's**, within a few percent for every variant (appendix A.5).
-# - **The grid's one-warp programs fill half an SM**: an SM holds 32 programs at most, 32 of its
-#   64 warp slots. Variants that fill more also change programs or instructions (appendix A.4).
-# - **Instructions count where nothing amortises them.** TE's grid in Triton (`heads_all_one_b`)
-#   launches as many programs as `heads4_loop_b` (32,768) but executes several times the
-#   instructions per element, most of them sin/cos (A.1), and takes about twice as long.
-# - **TE's CUDA kernel** (`mechanism-te-nvidia-h200.csv`) moves the model's bytes and fills
-#   nine-tenths of an SM's warp slots, yet takes 1.94 times the copy's time (section 5.5).
+# - **DRAM bytes are the model's** for every variant and for TE's kernel (appendix A.5): no
+#   kernel is slower for extra traffic.
+# - **Occupancy does not order them**: the grid's one-warp programs fill half of an SM's 64 warp
+#   slots (32 programs at most), TE's kernel nine tenths, and TE takes 1.94 times a copy's time.
 # - **At $b = 1$ the order reverses**: the (S, H) grid launches as many one-row programs as the
 #   naive kernel and takes its time; TE's 32,768 blocks are more than twice as fast.
 
@@ -1316,11 +1312,10 @@ plt.show()
 # %% [markdown]
 # **The answer.** At $b = 8$ on the H200, TE's fused kernel is slower than the grid because it
 # executes 2.5 times the grid's warp instructions per element, and issuing them does not overlap
-# its waits on memory: its extra issuing, 96 µs, exceeds the 62 µs by which it is slower (in
-# the profile and in the ablation's timings alike). Not
-# cos/sin, bytes or occupancy: in the table above TE evaluates a quarter of the grid's pairs,
-# moves the same DRAM bytes and fills more warp slots. Most of its extra instructions are
-# integer ones (indexing, by our reading of TE's source).
+# its waits on memory: its extra issuing, 96 µs, exceeds the 62 µs by which it is slower. Not
+# cos/sin, bytes or occupancy: TE evaluates a quarter of the grid's pairs, moves the same DRAM
+# bytes and fills more warp slots. Most of its extra instructions are integer ones (indexing, by
+# our reading of TE's source).
 #
 # | section 3's hypothesis | verdict at $b = 8$ | where measured |
 # |---|---|---|
@@ -1333,10 +1328,10 @@ plt.show()
 # Which of TE's differences (one-element loads, double reads, indexing, its barrier) costs what,
 # these counters cannot separate.
 #
-# **The same answer on the H100?** No profile was taken there. If an H100 issues the same
-# instructions in the same time and only the rest of each kernel's time stretches, as the
-# copy's does on its slower DRAM, the split above predicts each kernel's H100 time over its
-# H200 time. The cell sets that beside section 5.2's measured ratios.
+# **The H100?** No profile was taken there. If an H100 issues the same instructions in the same
+# time and only the rest of each kernel's time stretches, as the copy's does, the split above
+# predicts each kernel's H100 time over its H200 time; the cell sets that beside section 5.2's
+# measured ratios.
 
 # %%
 # H100 time / H200 time: issuing kept, the rest stretched by the copy's ratio (section 5.2's
@@ -1611,8 +1606,9 @@ nb04_two_rows.show_two_rows_solution()
 # copy, in five rounds that alternate the three. No committed run holds these times. The last
 # line is the share of the one-row kernel's gap over the copy that the second row closes,
 # (one row − two rows) / (one row − copy), with its spread over the rounds: near 0, the gap lies
-# elsewhere; near 1, one row in flight per warp was the whole gap. It names a verdict only where
-# every round falls on the same side of one half.
+# elsewhere; near 1, one row in flight per warp was the whole gap. Its verdict only says on which
+# side of one half every round falls: "most of the gap" means above one half, so a share that
+# prints just above it, its rounds with it, is about half the gap, and the rest lies elsewhere.
 
 # %%
 two_rows = nb04_two_rows._rope_two_rows_solution_kernel
@@ -1672,10 +1668,15 @@ else:
 # - **The grid decides what is repeated.** The $(S, H)$ grid with a runtime batch loop loads
 #   angles and evaluates cos/sin once per (position, head) and launches $B$ times fewer programs
 #   than the naive grid: 131,072 at $s = 4096$, $h = 32$, whatever the batch.
-# - **The program count, not the cos/sin, sets the time.** At $b = 8$ on the H200, one row a
-#   program instead of $B$ costs 3.46 times the time, 3.59 between two kernels that read
-#   tables; all of the grid's sin/cos, against reading two tables, costs 4 % (section 5.3 times
-#   the same pairs on your GPU, and section 5.2's batch 1 the programs alone).
+# - **The program count, not the cos/sin, sets the time.** At $b = 8$ on the H200 (committed),
+#   one row a program instead of $B$ costs 3.46 times the time, 3.59 between two kernels that
+#   read tables; all of the grid's sin/cos, against reading two tables, costs 4 %. Section 5.3's
+#   cell times the same pairs on your GPU. On a GPU with slower DRAM, such as an H100, expect
+#   both ratios to print smaller than the H200's: one-row programs keep their time from one GPU
+#   to the other (section 5.2: the naive kernel's H100 time over its H200 time, 1.00) while the
+#   grid's stretches with the slower DRAM (1.24). Wherever the printed ratio stays well above 1,
+#   and as high with tables, and the sin/cos line near 1, the programs make it on that GPU too;
+#   section 5.2's batch 1 times the programs alone.
 # - **Fewer sines and cosines do not make a kernel faster.** TE's fused kernel evaluates a
 #   quarter of the grid's (cos, sin) pairs and is slower at $b = 8$ on an H200 and an H100: it
 #   executes 2.5 times the grid's warp instructions and issuing them does not overlap its waits
@@ -1684,9 +1685,10 @@ else:
 # - **One row in flight per warp: measured, not assumed.** The grid takes 1.42 times a copy's
 #   time on the H200 and 1.26 on the H100 (section 5.2). Exercise 6 changes one thing, a second
 #   row loaded before a store; the next cell carries over the share of the gap it closed on
-#   this run's GPU, its spread over the rounds and the verdict that spread allows. What the
-#   second row leaves, with half an SM's warp slots and work per program that depends on $B$,
-#   is notebook 05's.
+#   this run's GPU and its spread. A share that prints just above one half is about half the
+#   gap, whatever the verdict's wording ("most of the gap" only means every round lies above
+#   one half); the rest lies elsewhere. No committed run holds it. What the second row leaves,
+#   with half an SM's warp slots and work per program that depends on $B$, is notebook 05's.
 
 # %%
 # exercise 6's measurement, carried into the answer (timed there, on a GPU only)
@@ -1793,14 +1795,13 @@ assert (round(per_pair), round(need["te_registers"], 1), round(need["te_shared"]
     == (17, 4.2, 0.53)                                      # the text's 17, 4.2 and 0.53
 
 # %% [markdown]
-# **TE's grid in Triton evaluates sin and cos 8.06 times the grid's float work**, where its source
-# asks for a quarter: Triton computes a value in the layout of the tensor that uses it, so every
-# thread holding a column of the `[heads, BLOCK_HALF]` tile computes that column's cosine. The
-# next cell compiles the kernels for sm_90 (no GPU) and counts, from Triton's GPU IR, the threads
-# holding each cos/sin value (`ropelib/course/nb04_layouts.py`: each axis of a blocked layout
-# spreads its elements over `sizePerThread` × `threadsPerWarp` × `warpsPerCTA` slots; an axis
-# shorter than that is held several times). This machine's Triton may lay out differently from
-# the profiled one.
+# TE's CUDA kernel spends at most 0.91 float instructions an element beyond the rotation's on
+# sin/cos: not where its time goes. **TE's grid in Triton** (`heads_all_one_b`) spends 8.06 times
+# the grid's sin/cos work where its source asks for a quarter: Triton computes a value in the
+# layout of the tensor that uses it, so every thread holding a column of the
+# `[heads, BLOCK_HALF]` tile computes that column's cosine. The next cell compiles the kernels
+# for sm_90 (no GPU) and counts, from Triton's GPU IR, the threads holding each cos/sin value
+# (`ropelib/course/nb04_layouts.py`).
 
 # %%
 # compiled for an H200 (sm_90) by this machine's Triton, in a second Python (no GPU needed):
@@ -1860,8 +1861,7 @@ else:
 #
 # A second run (`te_ncu-nvidia-h200-20261201-1431-clock-none.csv`) left the clock free. With $f$
 # the measured clock, a kernel's time splits into issue (warp instructions / $(4 \times 132 f)$),
-# no warp ready, and SM idle. The clock separates causes: a wait counted in cycles shortens when
-# the clock rises, a wait on DRAM does not.
+# no warp ready, and SM idle; issuing shortens as the clock rises, a wait on DRAM does not.
 
 # %%
 # the same probe with the clock free (--clock-control none), as in section 5.4's runs
@@ -1921,10 +1921,9 @@ assert all(abs(g / te_p["us"] - 1) > 0.08 for g in guesses.values())
 assert round(predicted_locked["sh_loop_b"] / grid_p["us"] - 1, 2) == 0.04
 
 # %% [markdown]
-# With the clock free, issuing takes 66 % of TE's time (the grid's 36 %); the rest is a wait on
-# DRAM, which does not shorten as the clock rises. Issue time scaled by the clock, the rest
-# kept, predicts TE's locked time within 1 % (its issuing adds to its waits) and over-predicts
-# the grid's by 4 % (they overlap).
+# Issuing takes 66 % of TE's time with the clock free (the grid's 36 %). Issue time scaled by
+# the clock, the rest kept, predicts TE's locked time within 1 % (its issuing adds to its
+# waits) and over-predicts the grid's by 4 % (they overlap).
 #
 # ### A.3 The ablation's other rows
 #

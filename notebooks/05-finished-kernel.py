@@ -218,18 +218,21 @@ assert [round(v, 1) for v in (kib_idle, b_idle, kib_loaded, b_loaded)] == [5.6, 
 assert round(W_READ / 1e12, 2) == 2.15                                    # "2.15 TB/s"
 
 # %% [markdown]
-# From DRAM a load takes about 350 ns on an idle GPU and about 1.3 µs beside a copy streaming at
-# full bandwidth, about three and a half times as long. That is Little's law seen from the other
-# side: once more than $W_\text{read} \cdot L_\text{idle}$ is requested, bandwidth cannot grow,
-# so the requests queue and the latency stretches until $W_\text{read} \cdot L$ equals what is
-# outstanding.
+# From idle DRAM a load takes about 350 ns. That sets the **need**: to read at
+# $W_\text{read}$ = 2.15 TB/s, a kernel must keep $W_\text{read} \cdot L_\text{idle}$, about
+# 5.6 KiB of loads, in flight per SM; with less, latency alone caps its read bandwidth.
 #
-# So the two rows bracket the tile. With $W_\text{read}$ = 2.15 TB/s, below about 5.6 KiB of loads
-# in flight per SM idle DRAM latency alone caps the read bandwidth; a kernel streaming near full
-# bandwidth meets the loaded latency, and needs about 20 KiB per SM in flight. Section 1's `x KiB/SM` is an **upper bound** on what a kernel keeps in
-# flight, from the code and the occupancy: every resident warp with its whole batch step's loads
-# out at once. A bound below the idle floor proves a kernel latency-bound; above it, it proves
-# nothing (section 5 bounds the finished kernel's bytes in flight more tightly, from a profile).
+# Beside a copy streaming at full bandwidth the same load takes about 1.3 µs, three and a half
+# times as long. That is **queueing**, not a larger need: the copy keeps more than the need
+# outstanding, bandwidth cannot grow past $W_\text{read}$, and the extra requests wait until
+# $W_\text{read} \cdot L$ equals what is outstanding. So the second row's 20.1 KiB, which the
+# cells print as a second "floor", is what a full-bandwidth stream has in flight once the queues
+# have formed, a result of asking for more, not a requirement.
+#
+# Section 1's `x KiB/SM` is an **upper bound** on what a kernel keeps in flight, from the code
+# and the occupancy: every resident warp with its whole batch step's loads out at once. A bound
+# below the need proves a kernel short of bytes in flight; above it, the bound proves nothing
+# (section 5 tightens the finished kernel's from a profile).
 
 # %%
 need_idle, need_loaded = kib_idle, kib_loaded
@@ -278,14 +281,13 @@ assert round(heads_m["x_kib_per_sm"] / rung6_m["x_kib_per_sm"], 1) == 1.8
 assert [round(r["us"]) for r in (heads_m, rung6_m)] == [142, 137]
 
 # %% [markdown]
-# The batch-reusing kernel's bound lies between the two floors, and it runs at about 70 % of a
-# copy: even with every load out, its warps would hold less than DRAM beside a copy needs. The
-# finished kernel's bound is about 1.4 times the loaded floor, the copy's about 2.7 times. Above
-# the loaded floor the bound orders nothing: the `heads` rung's is 1.8 times rung 6's and it is
-# slower, 142 µs against 137. So the floor bounds a tile from below and does not size it;
-# ropelib's tile was chosen by a sweep of timed tiles (`ropelib/kernels/tiles.py` names them), and
-# its **planner** (`launch.plan`) turns those knobs into a launch for each call. What the floor
-# asks of a tile:
+# Only the naive kernel's bound lies below the need, and its programs set its time first
+# (notebook 04). The batch-reusing kernel's 7.7 KiB lies above it, yet runs at about 70 % of a
+# copy; above the need the bound orders nothing: the `heads` rung asks for 51 KiB, 1.8 times
+# rung 6's 28, and is slower, 142 µs against 137. So the need bounds a tile from below and does
+# not size it; ropelib's tile was chosen by a sweep of timed tiles (`ropelib/kernels/tiles.py`
+# names them), and its **planner** (`launch.plan`) turns those knobs into a launch for each
+# call. What the need asks of a tile:
 #
 # - **per thread**: a wide vector per load (8 bf16 = 16 bytes is the widest); the kernel loads
 #   the two halves of a head apart, so a thread holding $e$ elements over both halves loads
@@ -749,6 +751,12 @@ print("rung 6 == ropelib.apply_rope's finished kernel, bit for bit (bf16, fp16, 
 #   is left? (A.1: `heads4_loop_b`.)
 # - rung 3 with the other GPU's warps (8 on an H100, 16 on an H200). Which is faster here?
 #   (Section 4: each GPU's tile was chosen by a sweep on it.)
+#
+# At this size expect the ladder to climb at the heads rung and barely after it. A later step of
+# a point or so is noise: no step of the ten committed H100 processes moves by more than 0.6
+# points between them (section 5), and the accurate rung is the chunks rung's machine code
+# (section 3), so whatever it prints against the chunks rung is noise too. The steps that hold
+# are at $b = 1$ and at 16 tokens (section 5).
 
 # %%
 def tile_for(rung):
@@ -1115,9 +1123,9 @@ else:
 # pairs: what separates their ratios is their code. The cell below compiles both for sm_90 with
 # this GPU's tile (the H100's without a GPU) and prints each one's registers, the programs an SM
 # holds with them, loads by width and machine code before the batch loop and in it. Where the
-# programs an SM differ, section 5's persistent copy times a copy on this tile at both counts
-# and prints how much of the two kernels' gap residency alone accounts for; the rest is in the
-# code, which this page lists but does not take apart.
+# worked solution prints clearly below the finished kernel, section 5's persistent copy prints
+# how much of that gap residency alone accounts for; where that share is near zero, the rest is
+# in the two kernels' code, listed here and not yet taken apart.
 
 # %%
 from ropelib.course import nb05_interleaved
@@ -1262,11 +1270,9 @@ else:
           "(about a minute). Nothing is drawn until then.")
 
 # %% [markdown]
-# At $s = 4096$, $b = 8$ the 20 % and 80 % quantiles lie at most 1.2 % of the median apart, so a
-# step of three or five points stands out from one run's spread; between runs one kernel moves
-# more (torch.compile's ratio at 1 GiB spans about 4 points across the committed H200 runs, A.5).
-#
-# ![The ladder on an NVIDIA H200: % of a copy per rung](../figures/05-ladder-waterfall.png)
+# One run's spread is small (at $s = 4096$, $b = 8$ the quantiles lie at most 1.2 % of the
+# median apart); between runs one kernel moves more (torch.compile's ratio at 1 GiB spans about
+# 4 points across the committed H200 runs, A.5).
 #
 # ### Which steps hold from one process to the next
 #
@@ -1320,12 +1326,14 @@ warps_h100 = {r["provider"]: r["num_warps"] for r in RUNS if r["case"] == c1 and
 assert (warps_h100["tile"], warps_h100["warps"], warps_h100["chunks"]) == (4, 16, 4)
 
 # %% [markdown]
-# **What the runs show.** At $s = 4096$, $b = 8$ no H100 step moves by more than 0.6 points
-# between processes, and two H200 steps are not there: the chunks rung's −3.0 and equal halves'
-# +5.5 are −0.0 and +0.3 on the H100, not with one sign. The GPUs run different tiles (8 warps
-# and 16-byte vectors on the H200, 16 warps and 8-byte vectors on the H100): a step measured on
-# one GPU is that GPU's. At $b = 1$ every step that changes the launch or the code holds in
-# every H100 process, with the H200 run's sign.
+# **What the runs show.** The ladder's steps are read where they hold. At $b = 1$ every step that
+# changes the launch or the code holds in every H100 process, with the H200 run's sign; at 16
+# tokens the chunks step (+45.4 points) and equal halves' (+9.9) hold in every one. At
+# $s = 4096$, $b = 8$ the ladder barely climbs after the heads rung: no H100 step moves by more
+# than 0.6 points between processes, and the H200 run's chunks −3.0 and equal halves +5.5 are
+# −0.0 and +0.3 on the H100, not with one sign. The GPUs run different tiles (8 warps and
+# 16-byte vectors on the H200, 16 warps and 8-byte vectors on the H100): a step measured on one
+# GPU is that GPU's.
 #
 # | rung | $s = 4096$, $b = 8$: H200, one run / H100, median of ten | $s = 32768$, $b = 1$: the same | what changed; what the profiles say |
 # |---|---|---|---|
@@ -1347,8 +1355,7 @@ assert (warps_h100["tile"], warps_h100["warps"], warps_h100["chunks"]) == (4, 16
 # **The 16-token panel.** In the H200 run its rungs from `chunks` on measure nothing: their calls
 # fall into a fast and a slow population (the chunks rung's fastest fifth at most 13.2 µs against
 # 40.7 for the warps rung's, its median 51.5 µs among the slow calls), and the accurate rung, the
-# same launch and code, "gains" 35.6 points. In the ten H100 processes the chunks step holds in
-# every one (+45.4 points), and so does equal halves' (+9.9).
+# same launch and code, "gains" 35.6 points. For that panel, read the ten H100 processes above.
 
 # %%
 # the mechanism tables, printed; checks_nb05.ladder_claims asserts the numbers the text above
@@ -1538,9 +1545,9 @@ if order_sass:
 
 # %% [markdown]
 # With `x` first, all eight loads of `x` go out before the first multiply; with the table first,
-# none do until the sin/cos are done. The bound is tighter than section 2's and still above the
-# loaded floor, so it cannot show the finished kernel short of bytes in flight; what the order is
-# worth in time is the pair of timed variants under the waterfall.
+# none do until the sin/cos are done. The bound is tighter than section 2's and still far above
+# the need (5.6 KiB), so it cannot show the finished kernel short of bytes in flight; what the
+# order is worth in time is the pair of timed variants under the waterfall.
 
 # %% [markdown]
 # ### Is the gap to a copy the sin/cos?
@@ -1688,10 +1695,19 @@ assert noloop_b8["tile_copy_ratio"] < shipped_b8["tile_copy_ratio"]
 # %% [markdown]
 # **How to read it.** The shares belong to the GPU, tile and size the cell ran: a launch's share
 # near one puts the gap in the launch (tile, batch loop, grid), well under one in the rotation
-# (Question 5); a loop's share near zero clears the batch loop. On the H200 at $s = 4096$,
-# $b = 8$ (committed) the copy on rung 6's launch runs at 0.913 of `y.copy_(x)` and rung 6 at
-# 0.915: the launch holds the whole gap. Without the loop the same copy runs at 0.902, no faster,
-# and none of the 104 launches swept lifts it past 0.945.
+# (Question 5); a loop's share near zero clears the batch loop. At $s = 4096$, $b = 8$:
+#
+# - **H200** (committed): the copy on rung 6's launch runs at 0.913 of `y.copy_(x)` and rung 6 at
+#   0.915: the launch holds the whole gap. Without the loop the same copy runs at 0.902, and none
+#   of the 104 launches swept lifts it past 0.945.
+# - **Your GPU** (its own tile: 16 warps on an H100): read the cell's lines the same way. Where
+#   the copy on rung 6's launch prints about rung 6's speed, the launch holds the gap there too;
+#   where rung 6 prints clearly slower, the printed rotation's share is what its instructions
+#   add. Where the copy without the loop prints no faster, the batch loop is cleared there too.
+#
+# On the H200 the batch loop is cleared. What in the launch holds its share, and on a GPU where
+# the rotation holds part of the gap, which of its instructions, stays open; the next cell tests
+# residency and the partial last wave.
 #
 # ### Is the launch's share residency?
 #

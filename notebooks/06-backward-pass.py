@@ -526,12 +526,10 @@ else:
 # **What four warps change.** On the H200, `benchmarks/mechanism.py` profiled this kernel's
 # forward with Nsight Compute (NVIDIA's kernel profiler) at one and four warps a program
 # (variants `sh_loop_b_w1` and `sh_loop_b_w4`; bf16, $S = 4096$, $B = 8$, $H = 32$, $D = 128$),
-# beside a copy of the same bytes by a Triton load/store kernel (`y.copy_(x)` is a cudaMemcpy,
-# which Nsight Compute does not profile). It also counted the global loads and stores in their
-# PTX (the assembly-like code Triton emits before the GPU's machine code) by width: instructions
-# in the code, not executions, without libdevice's reads of its sin/cos table. Notebook 04
-# (appendix A.1) reads this tile's layout: on the 128 threads of four warps each element and
-# each cos/sin value of a 64-pair half is held, loaded and computed by 2 threads.
+# beside a Triton load/store kernel copying the same bytes, and counted the global loads and
+# stores in their PTX (the assembly-like code Triton emits) by width: instructions in the code,
+# not executions. Notebook 04 (appendix A.1) reads this tile's layout: at four warps each element
+# and each cos/sin value of a 64-pair half is held, loaded and computed by 2 of the 128 threads.
 
 # %%
 prof = measured.mechanism("s4096-b8")
@@ -599,10 +597,10 @@ assert [round(r[k]) for r in (copy_row, w1_row) for k in
         ("ncu_achieved_occupancy_pct", "ncu_dram_throughput_pct")] == [85, 85, 48, 61]
 
 # %% [markdown]
-# The profile is the H200's, and of the forward; the code belongs to neither GPU. An H100 and an
-# H200 both have compute capability 9.0 and run what Triton compiles for sm_90. The next cell
-# compiles section 2's kernel *backward* for sm_90 on this machine (no GPU needed) and asserts
-# that its loads and stores at one and four warps are the profile's.
+# The profile is the H200's, and of the forward; the code belongs to neither GPU: an H100 and
+# an H200 both have compute capability 9.0 and run what Triton compiles for sm_90. The next
+# cell compiles section 2's kernel *backward* for sm_90 here (no GPU needed) and asserts that its
+# loads and stores at one and four warps are the profile's.
 
 # %%
 # section 2's kernel, backward, compiled for sm_90 here (ropelib/course/nb06_compiled.py)
@@ -614,36 +612,34 @@ for w, row in ((1, w1_row), (4, w4_row)):
     assert here == row["ptx_access_detail"], (w, here)
 
 # %% [markdown]
-# So the loads and stores below are the same in both directions and on both GPUs; the executed
-# counts, times and throughputs are the H200 forward's. A bf16 is 16 bits and an angle 32. At
-# one warp each thread holds two elements of each half: it reads $x$ and writes $y$ as 32-bit
-# words, two bf16 each (`ld.v1.b32`, `st.v1.b32`), and its two angles of each half as one 2-word
-# vector (`ld.v2.b32`). At four warps it holds one bf16 of each half (`ld.v1.b16`, `st.v1.b16`)
-# and one angle (`ld.v1.b32`): every element costs a load and a store instruction of its own, on
-# each of the two threads that hold it. A thread at four warps holds half the elements but
-# executes 0.71 of the instructions (356 against 499 a program), and there are four times as
-# many threads: 2.85 times the instructions, 1.39 warp instructions an element against 0.49.
+# So the loads and stores are the same in both directions and on both GPUs; the executed
+# counts, times and throughputs are the H200 forward's. The PTX column reads (a bf16 is 16 bits,
+# an angle 32):
 #
-# Four warps also fill the SMs (streaming multiprocessors, the GPU's cores) better. Achieved
-# occupancy is the share of an SM's warp slots filled, on average. One-warp programs are capped
-# by the limit of 32 programs on an SM (`blocks`: 32 of its 64 warp slots, 48 % filled);
-# four-warp programs by registers and warps (96 %). The extra occupancy does not pay for the
-# extra instructions: on the H200 four warps take 1.62 times the time, and the live cell above
-# prints the same ratio on its GPU. In the H200 profile DRAM's throughput falls from 61 % to
-# 38 % of its peak and the SMs' rises from 36 % to 63 %, 1.74 times, as the instructions a
-# microsecond do (1.76 times: 2.85x the instructions in 1.62x the time). Neither is saturated:
-# the time moves from the memory to the instructions, and the profile records no stall reasons
-# to say what the four-warp warps wait on.
+# | a thread's global accesses | one warp: 2 elements of each half | four warps: 1 element of each half |
+# |---|---|---|
+# | $x$ in, $y$ out | a 32-bit word of two bf16 (`ld.v1.b32`, `st.v1.b32`) | one bf16 (`ld.v1.b16`, `st.v1.b16`) |
+# | angles | two, as one 2-word vector (`ld.v2.b32`) | one (`ld.v1.b32`) |
 #
-# **Why one warp stays short of a copy.** Under the profiler it runs at 0.70 of the copy's speed
-# (`do_bench` in the committed run: 0.71). The copy's load and store instructions move 16 bytes
-# a thread (`ld.v4.b32`) where the one-warp kernel's move 4, so it executes 0.065 warp
-# instructions an element against 0.487; its programs fill 85 % of the warp slots against 48 %;
-# and it keeps DRAM at 85 % of its peak against 61 %. Which of these costs the time, the
-# profile cannot say. Notebook 05, section 2, bounds the bytes this kernel keeps in flight per
-# SM below what DRAM needs, and notebook 04's exercise 6 times one suspect, one row in flight
-# per warp, against a kernel loading two rows before a store. On the H100 the committed run
-# puts one warp at 0.80 of a copy, and no profile of that GPU is committed.
+# - **Instructions per element.** At four warps every element costs a load and a store of its
+#   own, on each of the two threads that hold it. A thread holds half the elements but executes
+#   0.71 of the instructions (356 against 499 a program), and there are four times the threads:
+#   2.85 times the instructions per element.
+# - **Occupancy**, the average share of an SM's warp slots filled: 48 % at one warp, capped by
+#   the limit of 32 programs on an SM (`blocks`), 96 % at four.
+# - **Time.** The occupancy does not pay for the instructions: on the H200 four warps take 1.62
+#   times the one-warp time. The live cell above prints that ratio for its GPU; the sm_90 code
+#   is the same on an H100 and an H200, so where the ratios differ, the memory system makes the
+#   difference. In the profile the time moves from the memory to the instructions (the SM and
+#   DRAM throughput columns), neither saturated, and no stall reasons are recorded to say what
+#   the four-warp warps wait on.
+#
+# **Why one warp stays short of a copy.** Under the profiler it runs at 0.70 of the copy's speed.
+# The copy moves 16 bytes an instruction (`ld.v4.b32`) against 4, fills 85 % of the warp slots
+# against 48 % and keeps DRAM at 85 % of its peak against 61 %; which of these costs the time,
+# the profile cannot say. Notebook 05, section 2, bounds the bytes this kernel keeps in flight per
+# SM, and notebook 04's exercise 6 times one row in flight per warp against two. On the H100 the
+# committed run puts one warp at 0.80 of a copy; no profile of that GPU is committed.
 
 # %% [markdown]
 # ## 3. A `torch.autograd.Function`
@@ -758,19 +754,20 @@ assert round(start_us, 1) == 79.2, "the text's 79.2 us to start them"
 assert round(start_us / (br1["fwd_ms"] * 1e3), 2) == 0.94
 
 # %% [markdown]
-# From batch 4 up the step takes 1.97 to 2.01 forwards, as the bytes predict. Below, in that
-# H200 run, it does not: the batch-reusing kernel's step takes 427 µs at batch 1 against 207 µs
+# In the H200 run, from batch 4 up the step takes 1.97 to 2.01 forwards, as the bytes predict.
+# Below, it does not: the batch-reusing kernel's step takes 427 µs at batch 1 against 207 µs
 # at batch 4, with a quarter of the bytes. The forward there is set by its programs, not its
 # bytes: 84.6 µs at batch 1 and 84.7 µs at batch 2, of which starting batch 1's 131,072 programs
 # takes 79.2 µs (the cost per program that notebook 03, section 4, measured).
 #
-# Below batch 4 the step also takes more than two forwards, and the sweep does not say why.
-# `do_bench` times from a CUDA event before a call to one after it, so when the host takes
+# Below batch 4 that run's step also takes more than two forwards, and the sweep does not say
+# why. `do_bench` times from a CUDA event before a call to one after it, so when the host takes
 # longer to enqueue a step (autograd's Python, its device thread, the launches) than the GPU
-# takes to run it, the wait is timed; but the sweep did not time the host. The only committed
-# host times are at another shape: two H200 runs of `benchmarks/autograd_host_probe.py`, half
-# again apart, at a decode step's shape ($s = 1$, $b = 64$). The next cell prints them and draws
-# them as a band: the scale of autograd's host cost, not a measurement of these steps.
+# takes to run it, the wait can fall inside the events; but the sweep did not time the host. The
+# only committed host times are at another shape: two H200 runs of
+# `benchmarks/autograd_host_probe.py`, half again apart, at a decode step's shape ($s = 1$,
+# $b = 64$). The next cell prints them and draws them as a band: the scale of autograd's host
+# cost, not a measurement of these steps.
 
 # %%
 def autograd_host_log(path):
@@ -845,18 +842,19 @@ fig.savefig(FIGURES / "06-step-vs-forward.png", dpi=110)
 plt.show()
 
 # %% [markdown]
-# The finished kernel's batch-1 step (147.6 µs, against 44.6 µs of device work) lies inside the
-# band; the teaching kernels' steps at batches 1 and 2 (224 to 486 µs) lie above it. Neither
-# placement says what fills a step: the probe timed another shape and other Functions.
+# In the H200 run the finished kernel's batch-1 step (147.6 µs, against 44.6 µs of device work)
+# lies inside the band; the teaching kernels' steps at batches 1 and 2 (224 to 486 µs) lie above
+# it. Neither placement says what fills a step: the probe timed another shape and other
+# Functions.
 #
-# On a GPU the next cell splits one of them, the `ropelib_batch_reuse` step at batch 1, four
-# ways: as a whole call (`do_bench`); its kernels' own durations, recorded by the profiler
-# (`torch.profiler`) after the same cache flush; replayed from a CUDA graph (recorded launches
-# that the GPU replays without the host); and on the host, with `time.perf_counter`
-# around the forward call and `torch.autograd.grad` of 50 steps enqueued back to back, with no
-# synchronisation inside the loop, so the clock sees the host enqueue the work, not the kernels
-# run it. It times the backward's host phase again with autograd's device thread off. On a CPU
-# it checks the same calls' results in the interpreter.
+# On a GPU the next cell times one of them live, the `ropelib_batch_reuse` step at batch 1, from
+# both sides. The device's: the whole call (`do_bench`), its kernels' own durations from the
+# profiler (`torch.profiler`, after the same cache flush), and the step replayed from a CUDA
+# graph (recorded launches that the GPU replays without the host). The host's:
+# `time.perf_counter` around the forward call and `torch.autograd.grad` of 50 steps enqueued back
+# to back, with no synchronisation inside the loop, so the clock sees the host enqueue the work,
+# not the kernels run it; the backward's host phase again with autograd's device thread off. On
+# a CPU it checks the same calls' results in the interpreter.
 
 # %%
 import statistics, time
@@ -956,20 +954,22 @@ else:
           "host's phases are timed on a GPU only")
 
 # %% [markdown]
-# How to read it. Three times of one step: the whole call as `do_bench` times it (CUDA events
-# around the call, after an L2 flush), the same call's kernels as the profiler records them
-# (`nb09_device_time.device_ms`: the same flush, the kernels' own durations summed), and the
-# step replayed from a CUDA graph (no host at all, no flush). The whole call minus its kernels is
-# the time the device sat idle between the events, waiting for the host to launch the next
-# kernel: where that idle time is a large share of the step and small in the forward, autograd's
-# host work (its device thread, the backward's Python and launch) is what lengthens the step. The
-# flushed kernels minus the replayed ones is what a cold L2 cache and per-launch costs add on the
-# device. The host loop's own times (per step, no flush in front of each call) say how long the
-# host takes to enqueue a step; where it is longer than the replayed step, the device has to
-# wait for the host, and `do_bench`'s flush hides part of that wait (notebook 07, section 7.3).
-# The cell's last `step =` line applies this to the committed sweep's question: where the step
-# takes over 10 % more than two forwards, it prints the share of that excess the device sat idle
-# inside the events; above one half, the host is what fills it.
+# **How to read it: the host's enqueue against the replay.** The replayed step is the device's
+# work alone; the host line's *enqueued in* is the host's time per step back to back. Where the
+# enqueue is the longer, a loop of steps waits on the host: its *done in* (wall) per step follows
+# the enqueue, not the replay, and the device idles for the difference every step. Where it is
+# the shorter, the device sets the pace.
+#
+# `do_bench` need not show that wait. It times between CUDA events around the call, after
+# zeroing a 256 MiB buffer to flush L2, and that memset can let the host get ahead (notebook 07,
+# section 7.3): the whole call then barely exceeds its kernels (the *device idle* line) while the
+# same step back to back is host-bound. The `step =` line asks only whether `do_bench`'s step
+# exceeds two forwards by 10 %; *nothing for the host to explain* there means `do_bench` did not
+# see the host, not that the host keeps up — read the enqueue and the replay for that. Where the
+# step does exceed, the line prints the share of the excess the device sat idle inside the
+# events: above one half, the host fills it. This cell does not time the memset, so how much of
+# the host's lead it buys on this GPU is open. The flushed kernels minus the replayed ones is
+# what a cold L2 and per-launch costs add on the device.
 
 # %% [markdown]
 # ## 4. `gradcheck` in float64
@@ -1440,9 +1440,9 @@ nb06_interleaved.show_interleaved_solution()
 #
 # 1. In section 3.1's committed H200 run the batch-reusing kernel's step takes 427 µs at
 #    batch 1 and 207 µs at batch 4, with four times the bytes. What does the host do in a step
-#    through autograd that it does not do in a forward, and why could that differ between the
-#    three kernels' Functions of one run? Section 3.1's live cell splits one kernel's step; what
-#    would you run on the other two to tell your explanations apart?
+#    through autograd that it does not do in a forward? Section 3.1's live cell prints, for that
+#    step, the host's enqueue beside the replayed step: what would they show on a GPU where the
+#    host explains such a step, and why can `do_bench` still report two forwards there?
 # 2. With TE's `cat(f, f)` table, "negate the sines" and "swap and negate the sines" give the
 #    same results. Why did ropelib keep the swap? What would break, and where would you notice?
 # 3. `ctx.save_for_backward(freqs)` keeps a reference to a table shared by every layer. What

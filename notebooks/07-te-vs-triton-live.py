@@ -523,8 +523,10 @@ assert [round(h200_over_h100[p], 2) for p in ("copy", "ropelib", "te_fused")] ==
 # %% [markdown]
 # **The slope behind section 4's ratios.** On each GPU ropelib's line streams with the copy's.
 # TE's streams at about half the copy's bandwidth on the H200 and two thirds on the H100, and
-# gains 1.10 times from the H200's memory where the copy gains 1.42: what sets its slope is not
-# the memory, so its ratio to a copy rises on the slower-memory GPU.
+# gains 1.10 times from the H200's memory where the copy gains 1.42, so its ratio to a copy
+# rises on the slower-memory GPU. That something other than the memory sets its slope is
+# inferred from the times alone; a profile of TE's kernel (its DRAM throughput and its warps'
+# stall reasons, on each GPU) would measure it, and none is committed.
 
 # %% [markdown]
 # **When is $1/b$ a bandwidth?** Only when the line fits: a slope the points do not pin down
@@ -734,19 +736,35 @@ if len(models) == 2:
 #
 # ### 7.1 The host's time per call, and the device's
 #
-# The floor suite times one eager forward+backward at 64 MiB of bf16 by **`do_bench`**'s median
-# and **replayed** from a CUDA graph (its kernels alone); `do_bench` less the replay, the **gap**,
-# is time the kernels did not spend. The **host** alone issuing calls (back to back, then one
-# synchronisation, best of 5 rounds) was timed at 64 MiB only in A.1's H200 run; there the cell
-# prints the **share** = (host − replayed) / gap: at 1 or above, the host's time beyond its
-# kernels covers the gap. For ropelib it does in every layout (1.05 to 1.41); TE's gap is under
-# an eighth of its kernels, too small for a share to mean anything (the H100's host and
-# torch.compile's are committed at decode size only). Replayed, ropelib's kernels take 0.55 to
-# 0.57 of TE's time on the H200 and 0.70 to 0.73 on the H100, torch.compile's tie ropelib's:
-# ropelib loses on the host. Replaying the whole step from a CUDA graph removes that cost
-# (notebook 11, section 4); compiling the RoPE call alone does not: torch.compile's gap is the
-# widest. A committed `do_bench` of a host-bound call is its run's host as much as its GPU; 7.3
-# times this call live beside it.
+# Four words, used through 7.1 and 7.3:
+#
+# - **replayed**: the call's time per call when captured in a CUDA graph and replayed, its
+#   kernels alone, with no host work between them;
+# - **gap**: `do_bench`'s median less the replayed time, time the kernels did not spend;
+# - **host**: the host's time per call issuing calls back to back, synchronising once at the end
+#   (7.3 calls it the *enqueue*); **share** = (host − replayed) / gap: at 1 or above, the host's
+#   time beyond the kernels covers the gap. A share means something only where the gap is a
+#   sizeable part of the replay; a gap of a few percent divides noise;
+# - the **thread** column (7.3): the host's time inside the call with autograd's device thread
+#   on, less with it off.
+#
+# The floor suite times one eager forward+backward at 64 MiB of bf16 by `do_bench` and replayed;
+# the host (best of 5 rounds) was timed at 64 MiB only in A.1's H200 run. There ropelib's share
+# is 1.05 to 1.41 across layouts; TE's gap is under an eighth of its kernels, too small for a
+# share (the H100's host and torch.compile's are committed at decode size only). Replayed,
+# ropelib's kernels take 0.55 to 0.57 of TE's time on the H200 and 0.70 to 0.73 on the H100, and
+# torch.compile's tie ropelib's; under `do_bench` ropelib is the slower on both GPUs. So in the
+# committed runs ropelib's call loses to TE's on its host, not its kernels. Replaying the whole
+# step from a CUDA graph removes that cost (notebook 11, section 4); compiling the RoPE call alone
+# does not: torch.compile's gap is the widest.
+#
+# How much of that loss is the host's *run* rather than ropelib's code is open: a committed
+# `do_bench` of a host-bound call is its run's host as much as its GPU. 7.3's cell "7.1's size,
+# live" times ropelib's call at this size and prints live / committed for `do_bench` and the
+# replay. Where the replay carries (near 1) and `do_bench` falls well below the committed one, that
+# host's run set the committed figure; where the live `do_bench` even falls under TE's committed
+# one (145.3 µs on the H100), the committed loss does not carry to this host. TE is not timed
+# live at that size, so the cell cannot say whether TE's time falls too.
 
 # %%
 FLOOR_64 = [f"64 MiB bf16 {layout}" for layout in ("sbhd", "bshd", "thd")]
@@ -849,8 +867,12 @@ time_three_ways = host_or_device if timed_by_learner else measuring.solution_hos
 # point $S = 2048$: `do_bench`, the enqueue (7.2), a replay, and `do_bench`'s loop written out
 # (`ropelib/course/nb07_dobench.py`), also with autograd's device thread off (the "thread"
 # column). Each provider's last line says which side waits and whether the written-out loop
-# agrees with `do_bench`. Then 7.1's **share**, both sides at one size in one run; read it as in
-# 7.1. At this size both calls are host-bound (each enqueue above its replay), TE's too.
+# agrees with `do_bench`. Then 7.1's **share**, both sides at one size in one run. At this size
+# both calls are host-bound (each enqueue above its replay, asserted), TE's too, and TE's kernels
+# are shorter than at 7.1's 64 MiB while its host is not. Where the cell prints a TE gap that is
+# a sizeable part of its replay, TE's share reads like ropelib's; a TE share above 1 here does not
+# contradict 7.1, where TE's committed gap at 64 MiB was under an eighth of its kernels, too small
+# to divide.
 
 # %%
 import random
@@ -1053,10 +1075,13 @@ del case2, timed2, fwd_calls
 # %% [markdown]
 # ## 8. Your kernel in the race
 #
-# **Question: what does the rotation add to the bytes?** A RoPE kernel is a copy kernel with
-# arithmetic between its load and its store; written as **one** kernel with a switch, it times
-# both. Switched on, it also loads each row's partner (same cache lines), reads an fp32 angle per
-# element and evaluates a sine and a cosine.
+# **Question: what does angle work per element add to a copy?** A RoPE kernel is a copy kernel
+# with arithmetic between its load and its store; written as **one** kernel with a switch, it
+# times both. Switched on, it also loads each row's partner (same cache lines), reads an fp32
+# angle **per element** and evaluates a sine and a cosine per element, though every row of a
+# token turns by the same angles. The race therefore measures per-element angle work, not the
+# rotation's few multiply-adds: appendix A.2 races the same kernel with the angles loaded and
+# evaluated once per token.
 #
 # **Exercise 3 — copy and rotate.** Write `my_rows_kernel`. View the contiguous sbhd tensor as
 # $n = SBH$ rows of $D$ features; row $r$ belongs to token $s = \lfloor r / BH \rfloor$. Program
@@ -1112,7 +1137,8 @@ print("racing", "your kernel" if rows_ok else "the worked kernel")
 # column**, your copy's time per program an SM runs, $t_\text{copy} \cdot n_\text{SM} /
 # n_\text{programs}$: near notebook 03's ~80 ns a program (section 4), with your copy well short of
 # torch's ("of torch"), the program count sets the time, not the bytes. **Across a row**,
-# *rotation / copy* is what the angles, sines and cosines add at that tile.
+# *rotation / copy* is what the per-element angle loads, sines and cosines add at that tile;
+# A.2 prints the same column for angles formed once per token.
 
 # %%
 if GPU:
@@ -1238,9 +1264,11 @@ if not rows_ok:     # the worked kernel: from 4 rows to 64 the count per element
 # %% [markdown]
 # **Why the rotation falls behind the copy from four rows on.** With the tile the compiler raises
 # the registers, lowers the warps an SM can hold and spills at 64 rows, while the instructions per
-# element do not rise. Appendix A.2 races a variant with the per-row angle work cut, moving the
-# same bytes, at 64 rows against the racing kernel at 16, with no more warps an SM: where it runs
-# nearer its copy, the per-row work, not memory traffic or occupancy, slows the rotation.
+# element do not rise. Appendix A.2 races a variant that forms the angles once per token, moving
+# the same bytes, at 64 rows against the racing kernel at 16, with no more warps an SM: where it
+# runs nearer its copy (its *rot./copy* column is printed beside the racing kernel's), the
+# per-element angle work, not the rotation itself, memory traffic or occupancy, slows the racing
+# kernel.
 
 # %% [markdown]
 # Now your kernel as a provider at its fastest tile, beside the others (forward only). Rounded
@@ -1275,10 +1303,12 @@ if not rows_ok:     # the worked kernel: rounded once; on a GPU below TE's fused
 # - **A forward sweep is a fixed cost per call plus bytes over bandwidth**; $1/b$ is a bandwidth
 #   only where the slope's standard error pins it.
 # - **A time that does not follow the bytes is a cost per call: find out whose** by timing the
-#   host's issue, `do_bench` and a replay. ropelib's eager forward+backward loses to TE's on its
-#   host; replaying the step from a CUDA graph removes that cost, compiling the RoPE call does not.
+#   host's issue, `do_bench` and a replay. In the committed runs ropelib's eager forward+backward
+#   loses to TE's on its host, and such a `do_bench` holds its run's host (7.3 times the call
+#   live); replaying the step from a CUDA graph removes that cost, compiling the RoPE call does
+#   not.
 # - **A RoPE kernel is a copy with arithmetic in between**: one kernel with a switch measures what
-#   the rotation adds.
+#   its angle work adds, and A.2 separates angle work per element from the rotation itself.
 
 # %% [markdown]
 # ## Not measured here

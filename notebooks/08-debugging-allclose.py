@@ -284,11 +284,11 @@ assert bool((emap[1:].flatten(1).amax(1) > 0).all())     # every other position 
 assert steps_at_max == 1                                  # the largest difference: one bf16 step
 
 # %% [markdown]
-# ![The error map of the reported failure stored in figures/: |TE fused - Triton| on an NVIDIA H200, zero at position 0, differences elsewhere](../figures/08-heatmap-repro.png)
+# ![The NVIDIA H200's error map of the reported failure, stored in figures/: |TE fused - Triton|, zero at position 0, differences elsewhere](../figures/08-heatmap-repro.png)
 #
-# *Above: the map stored in `figures/`, drawn on an NVIDIA H200 against the real TE (512
-# positions, 128 features). The cell's own map, just before it, names in its title the machine
-# that drew it (on a CPU: 32 positions, against the TE emulation).*
+# *Above: **the NVIDIA H200's map**, stored in `figures/` (against the real TE, 512 positions,
+# 128 features). The live map just before it is this machine's and names it in its title (on a
+# CPU: 32 positions, against the TE emulation).*
 #
 # Row 0 is black: no difference at position 0; every other position differs somewhere. The
 # cell prints where the largest difference lies and the two values there: one bf16 step apart.
@@ -300,12 +300,12 @@ assert steps_at_max == 1                                  # the largest differen
 # inside: $y$ in fp32 before the store. In the interpreter that is one line, before the cell's
 # own. On a GPU the print is a `printf` in every thread, and a scalar lives in every thread, so
 # even with `num_warps=1` it writes 32 identical lines (`pid (0, 0, 0) idx ()`), by another
-# route than Python's prints: they may come after the cell's own line, the first glued to its
-# end. Triton gives no thread index to guard a print with, so the probe prints one value and
-# stores the rest (the angle, the fp32 cos and sin, the same rounded to bf16, $y$ with fp32
-# ones) into a small tensor that the host prints once. `tl.static_print` prints once, but at
-# compile time, so only shapes, dtypes and constexprs. The cell checks the stored values
-# against both outputs.
+# route than Python's prints: the device's lines and the host's may interleave anywhere, even
+# in the middle of a line. Triton gives no thread index to guard a print with, so the probe
+# prints one value and stores the rest (the angle, the fp32 cos and sin, the same rounded to
+# bf16, $y$ with fp32 ones) into a small tensor that the host prints once. `tl.static_print`
+# prints once, but at compile time, so only shapes, dtypes and constexprs. The cell checks the
+# stored values against both outputs.
 
 # %%
 @triton.jit
@@ -679,11 +679,11 @@ assert all(run_row(BITS, v)["numel"] == 1_048_576 for v in PRESET_ROWS.values())
 # %% [markdown]
 # ## 4b. Bit for bit: which change makes the kernel equal TE?
 #
-# Dtype-aware tolerances let the fixed kernel pass. But a kernel that computes TE's formula in
-# fp32 and rounds once *can* agree with TE exactly, and where it does not, the elements that
-# differ are a clue. This section is an investigation: a kernel whose combine line you write, a
-# check that counts the elements whose **bits** differ from TE's output, and one change at a time
-# (steps a to e).
+# **The point: pin the order with `tl.fma`.** Dtype-aware tolerances let the fixed kernel pass,
+# but a kernel can also equal TE bit for bit, and the last change that gets it there is one line:
+# TE's $y = xc + rs$ written as one `tl.fma` of a chosen order, so that the compiler cannot pick
+# which product to fuse. Steps a to e find that line one change at a time, counting the elements
+# whose **bits** differ from TE's output.
 #
 # **What TE computes.** TE's fused kernel (`transformer_engine/common/fused_rope/fused_rope.cu`)
 # does, per element and in fp32,
@@ -702,33 +702,24 @@ assert all(run_row(BITS, v)["numel"] == 1_048_576 for v in PRESET_ROWS.values())
 #    y_{xc} = \mathrm{rn}\big(xc + \mathrm{rn}(rs)\big), \qquad
 #    y_{rs} = \mathrm{rn}\big(rs + \mathrm{rn}(xc)\big). $$
 #
-# $y_{xc}$ and $y_{rs}$ are each one fused multiply-add: the product in the subscript enters
-# the sum exact, the other is rounded first. CUDA compilers *contract* `a*b + c*d` into such an
-# fma by default (nvcc's `-fmad=true`, Triton's `enable_fp_fusion=True`; "contraction off"
-# below means this option off), and **which** product is fused is the compiler's choice, not
-# the source's. The three differ in the last fp32 bit for many elements; rounding to bf16 hides
-# most of that, but not where an fp32 value lies close to a midpoint between two bf16 numbers.
+# $y_{xc}$ and $y_{rs}$ are each one fused multiply-add (fma): the product in the subscript
+# enters the sum exact, the other is rounded first. CUDA compilers *contract* `a*b + c*d` into
+# such an fma by default (nvcc's `-fmad=true`, Triton's `enable_fp_fusion=True`; "contraction
+# off" means this option off), and **which** product is fused is the compiler's choice, not the
+# source's. Rounding to bf16 hides most last-bit differences, but not where an fp32 value lies
+# close to a midpoint between two bf16 numbers.
 #
-# **The measurements.** `benchmarks/te_bits.py` ran this section's variants against the real TE
-# on the H200 (the reference run) and on an H100, and saved TE's outputs, TE's own fp32 cos/sin
-# (an input of ones in the first half and zeros in the second makes TE's output exactly its cos
-# and sin) and one row per variant (the count, the PTX and SASS of the compiled line), for two
-# cases:
-#
-# - `BIG` (key `nb_gpu`, the name the counts below print): bf16, $S = 512$, $B = 2$, $H = 8$,
-#   $D = 128$;
-# - `SMALL32` (key `nb_cpu_fp32`): fp32, $S = 32$, $B = 2$, $H = 2$, $D = 32$.
-#
-# A row is named `line/source`. The line: `free_sub` is the line as written, contraction on,
-# `free_sub-nofuse` the same with contraction off; `none_rn` rounds every product
-# ($y_{\text{none}}$); `fma_xc` and `fma_rs` are the two fma orders ($y_{xc}$, $y_{rs}$). The
-# source is where sin/cos come from (`tl`, `libdevice`, ...: step b). `debug:` and a preset
-# (`debug:REPRO`, `debug:FIXED`, ...) is section 1's reproduction kernel with that
-# `debug.Causes`. A count labelled **reference run** is read from the H200's file, the same on
-# every machine; one labelled **here** is this machine's (on the CPU: the interpreter against
-# TE's stored output; it rounds every product, fuses none, has no libdevice — NVIDIA's CUDA math
-# library — and its `tl.cos` is NumPy's). The H100 run equals the H200's in every row
-# (Appendix A).
+# **The measurements.** `benchmarks/te_bits.py` ran the variants against the real TE on the H200
+# (the reference run) and on an H100 (equal in every row: Appendix A), and saved TE's outputs,
+# TE's fp32 cos/sin and, per variant, the count and the compiled line's PTX and SASS, for `BIG`
+# (key `nb_gpu`: bf16, $S = 512$, $B = 2$, $H = 8$, $D = 128$) and `SMALL32` (key
+# `nb_cpu_fp32`: fp32, $S = 32$, $B = 2$, $H = 2$, $D = 32$). Rows are named `line/source`:
+# `free_sub` is the line as written, contraction on (`free_sub-nofuse`: off), `none_rn` rounds
+# every product, `fma_xc` and `fma_rs` are the two fma orders; the source is where sin/cos come
+# from (step b); `debug:` and a preset is section 1's reproduction kernel with that
+# `debug.Causes`. A count labelled **reference run** is read from the H200's file; one labelled
+# **here** is this machine's (on a CPU: the interpreter, which rounds every product, fuses none,
+# has no libdevice — NVIDIA's CUDA math library — and whose `tl.cos` is NumPy's).
 
 # %%
 BIG = debug.te_bits_case(BITS, "nb_gpu")            # bf16, S=512 B=2 H=8 D=128
@@ -771,19 +762,14 @@ where = f"live {debug.te_label(device)} on this GPU" if LIVE else \
 print(f"compared with: {where}; x and angles hash as on the GPU")
 
 # %% [markdown]
-# **The kernel.** A complete RoPE kernel, short on purpose: one program rotates `BLOCK_ROWS`
-# rows of an sbhd tensor (a row is one head of one token, $D$ features; row $r$ is at position
-# $\lfloor r / (BH) \rfloor$). The line $y = xc + rs$ is not in it: the kernel calls
-# `COMBINE(x1, x2, c, s)`, a `@triton.jit` function handed to it as a constexpr, which you write
-# in the exercise below. The kernel stores fp32; the one rounding to bf16 is torch's
+# **The kernel.** One program rotates `BLOCK_ROWS` rows of an sbhd tensor (row $r$ is at position
+# $\lfloor r / (BH) \rfloor$) and calls `COMBINE(x1, x2, c, s)`, a `@triton.jit` function passed
+# as a constexpr: the line you write below. It stores fp32; the one rounding to bf16 is torch's
 # `.to(torch.bfloat16)`, round-to-nearest-even like TE's store. The cell is a runnable copy of
-# `ropelib.course.exercises.debugging._rope_combine_kernel`, the kernel the exercise's check
-# launches.
-#
-# `check_bits`'s `sincos` argument says where cos and sin come from: `"tl"` computes them in the
-# kernel from the fp32 angles, `"table"` reads a table (by default TE's own). The default,
-# `SINCOS`, is `"tl"` on a GPU and `"table"` on the CPU, where `tl.cos` is NumPy's `cos`, not
-# CUDA's `sincosf` (step b counts where they differ), and libdevice does not run.
+# `ropelib.course.exercises.debugging._rope_combine_kernel`, which the check launches.
+# `check_bits`'s `sincos` says where cos and sin come from: `"tl"`, in the kernel from the fp32
+# angles (the default, `SINCOS`, on a GPU), or `"table"`, by default TE's own (the default on a
+# CPU, where `tl.cos` is NumPy's).
 
 # %%
 # ropelib-source: ropelib.course.exercises.debugging._rope_combine_kernel
@@ -856,20 +842,17 @@ def check_bits(case, combine_fn, sincos=SINCOS, table=None, quiet=False, fusion=
     return {"n": n, "hist": hist, "y": y, "differ": differ}
 
 # %% [markdown]
-# **Exercise — a combine with TE's bits.** Edit `my_combine` below until the kernel's output
-# equals TE's bit for bit. It starts as the line as written, $y_1 = x_1 c - x_2 s$ and
+# **Exercise — a combine with TE's bits.** Edit `my_combine` until the kernel's output equals
+# TE's bit for bit. It starts as the line as written, $y_1 = x_1 c - x_2 s$ and
 # $y_2 = x_2 c + x_1 s$; `check_bits(BIG, my_combine)` prints how many elements differ from TE
-# and how many bf16 steps apart they are. `tl.fma(a, b, d)` computes $ab + d$ with one
-# rounding; the three ways of evaluating the line are written out above. Which of them is TE's,
-# the text has not said: let the count tell you.
+# and by how many bf16 steps. `tl.fma(a, b, d)` computes $ab + d$ with one rounding; which of the
+# three evaluations above is TE's, let the count tell you.
 #
-# `ex.check_te_combine(my_combine)` grades it with TE's own cos and sin on `BIG` and `SMALL32`
-# (fp32, where every rounding shows). It passes when no element differs from TE's stored output
-# in either, and when every element of a third case, fp32 inputs drawn as the check runs, has the
-# rounding of TE's line (so looking TE's stored outputs up fails). It refuses ropelib's own
-# `@triton.jit` helpers and the worked solution. `check_bits` and the grader both compile with
-# contraction off (`enable_fp_fusion=False`; the interpreter never contracts): nothing is fused
-# that your line does not fuse.
+# `ex.check_te_combine(my_combine)` grades it with TE's own cos and sin on `BIG` and `SMALL32`,
+# and on fp32 inputs drawn as it runs against the rounding of TE's line (so looking up TE's stored
+# outputs fails); it refuses ropelib's own `@triton.jit` helpers and the worked solution. Both
+# compile with contraction off (`enable_fp_fusion=False`; the interpreter never contracts):
+# nothing is fused that your line does not fuse.
 
 # %%
 @triton.jit
@@ -889,11 +872,8 @@ solution(ex.solution_te_combine.fn, title="Solution: the combine with TE's bits"
 te_combine = my_combine if combined_by_learner else ex.solution_te_combine
 
 # %% [markdown]
-# Steps a to e walk to that line, one change at a time.
-#
-# **Step a — the kernel as written.** "As written" is not one computation. The reference
-# run's `BIG` rows for it, and for the TE emulation of the introduction run beside TE, count
-# the elements that differ from TE (of 1,048,576):
+# **Step a — the kernel as written.** "As written" is not one computation. The reference run's
+# `BIG` rows count the elements that differ from TE (of 1,048,576):
 #
 # | what ran (row) | how the line is evaluated | elements ≠ TE |
 # |---|---|---|
@@ -901,9 +881,6 @@ te_combine = my_combine if combined_by_learner else ex.solution_te_combine
 # | the line as written, contraction on, in `te_bits.py`'s copy of the reproduction kernel (`free_sub/tl`) | the compiler's choice of fma (step e) | 12 |
 # | the TE emulation, torch on the GPU (`emulation:device`) | every product rounded | 17 |
 # | the TE emulation, torch on the CPU (`emulation:cpu`) | every product rounded, the CPU's cos/sin | 27 |
-#
-# Step e reads which products the compiler fused in the second row's kernel, and in the kernel
-# above.
 
 # %%
 @triton.jit
@@ -938,20 +915,15 @@ assert emu["emulation:device"] == 17, "the text's 17: the emulation, torch on th
 assert emu["emulation:cpu"] == 27, "the text's 27: the emulation, torch on the CPU"
 
 # %% [markdown]
-# **Step b — swap where sin/cos come from.** The suspect everyone names first. The sources: the
-# kernel's `tl.cos`/`tl.sin`, libdevice's precise `cos`/`sin` and its fast ones
+# **Step b — swap where sin/cos come from**, the suspect everyone names first: the kernel's
+# `tl.cos`/`tl.sin`, libdevice's precise `cos`/`sin` and its fast ones
 # (`cos.approx`/`sin.approx`), a torch table computed on the GPU or on the CPU, NumPy's
-# `cos`/`sin` (the interpreter's `tl.cos`), and TE's own cos and sin as a table. Two tables
-# answer two questions:
-#
-# 1. **Are the values TE's?** Entries of the $S \times D/2$ cos and sin tables whose bits
-#    differ from TE's. A kernel's own cos and sin are read back from the kernel: with
-#    $x = (1, \dots, 1 \mid 0, \dots, 0)$ the line as written returns exactly $(c \mid s)$.
-# 2. **Does the output move?** Elements of the bf16 output whose bits differ from TE's, for the
-#    line as written without contraction and for the fma line, with each source.
-#
-# The column "measured" says where each row comes from: on the CPU, the GPU's own sources are
-# read from the reference run.
+# `cos`/`sin` (the interpreter's `tl.cos`), and TE's own table. The first table asks whether the
+# values are TE's (entries of the $S \times D/2$ tables whose bits differ; a kernel's own are
+# read back with $x = (1, \dots, 1 \mid 0, \dots, 0)$, for which the line returns exactly
+# $(c \mid s)$); the second whether the bf16 output moves, for the line as written without
+# contraction and for the fma line. The column "measured" says where each row comes from (on a
+# CPU, the GPU's sources are read from the reference run).
 
 # %%
 theta = SIDE[BIG.key]["angles"]                       # [S, D/2] fp32, the GPU's angles
@@ -1049,14 +1021,11 @@ if GPU and SAME_ARCH:   # compiled as the committed run was: its cos and sin ent
 
 # %% [markdown]
 # On the GPU, `tl.cos`/`tl.sin`, libdevice's `cos`/`sin` and a torch table computed on the GPU
-# are TE's `sincosf` bit for bit: 0 entries differ. So swapping among them cannot move the count,
-# and it does not: each gives what TE's own table gives, 17 elements as written and 0 with the
-# fma line (on the CPU the `table_te_fp32` row runs in the interpreter and gives the same 17 and
-# 0). Sources whose values *do* differ move the count even under the fma line: the fast
-# approximations (2,287 elements in the reference run), a torch table computed on the CPU (16),
-# NumPy's functions (thousands of entries differ) — which is why, on the CPU, the kernel reads
-# TE's own table rather than the interpreter's `tl.cos`. Sin/cos are not what separates the
-# kernel from TE. The combine line is.
+# are TE's `sincosf` bit for bit, so swapping among them leaves the count where TE's own table
+# puts it: 17 elements as written, 0 with the fma line. Sources whose values differ move it even
+# under the fma line: the fast approximations (2,287 elements in the reference run), a torch table
+# computed on the CPU (16), NumPy's functions. Sin/cos do not separate the kernel from TE; the
+# combine line does.
 #
 # **Step c — fuse $xc$: $\mathrm{fma}(x, c, r s)$.** This is `te_combine`: your combine if it
 # passed the check, else the worked solution.
@@ -1070,9 +1039,8 @@ assert gpu_row(BIG, "fma_xc/tl") == gpu_row(BIG, "fma_xc/libdevice") == 0   # an
 assert gpu_row(BIG, "debug:FIXED+fma") == 0      # the reproduction kernel with Causes(fma=True)
 
 # %% [markdown]
-# Zero: every one of the $2^{20}$ bf16 outputs has TE's bits — what nvcc's contraction of $xc$
-# in TE's line would give (we read TE's bits here, not its compiled code). `tl.fma` is one
-# rounding in the interpreter too, so this row is the same computation on every machine.
+# Zero: every one of the $2^{20}$ bf16 outputs has TE's bits. `tl.fma` is one rounding in the
+# interpreter too, so this row is the same computation on every machine.
 #
 # **Step d — fuse the other product: $\mathrm{fma}(r, s, x c)$.** If the order did not matter,
 # this would be zero as well:
@@ -1093,10 +1061,9 @@ if SAME_ARCH:
 
 # %% [markdown]
 # **Step e — what the GPU compiler did with the line as written.** PTX is the assembly that
-# Triton emits and NVIDIA's `ptxas` compiles for the GPU. The reference run kept the last 16
-# fp32 instructions of the PTX of its kernel's line as written, contraction on; the last five
-# compute $y_1$ and $y_2$. `fma.rn.f32 d, a, b, c` is $\mathrm{rn}(ab + c)$, `mul.f32` a
-# rounded product:
+# Triton emits and NVIDIA's `ptxas` compiles. The reference run kept the last 16 fp32
+# instructions of its kernel's line as written, contraction on; the last five compute $y_1$ and
+# $y_2$. `fma.rn.f32 d, a, b, c` is $\mathrm{rn}(ab + c)$, `mul.f32` a rounded product:
 
 # %%
 tail = BIG.rows["free_sub/tl"]["ptx_tail"]
@@ -1153,18 +1120,16 @@ assert torch.equal(ref_out[..., half:], BIG.output("fma_rs/tl")[..., half:])
 print(f"all {step_e['n']} differing elements lie in the second half (d >= {half})")
 
 # %% [markdown]
-# Each of $y_1$, $y_2$ is one fma of an exact product and a rounded one (`mul.f32`). Reading
-# the registers (the cell's comments say how) gives $y_1 = \mathrm{fma}(x_1, c,
+# Read through the registers (the cell's comments say how): $y_1 = \mathrm{fma}(x_1, c,
 # -\mathrm{rn}(x_2 s))$, TE's order, and $y_2 = \mathrm{fma}(x_1, s, \mathrm{rn}(x_2 c))$, the
-# other one. The bits agree: the first half of that kernel's output is step c's, the second
-# half step d's, and `gpu_choice`, which writes that choice down, reproduces it with every
-# difference from TE in $y_2$. Nothing in the source asks for either order.
+# other one. So that kernel's first half is step c's, its second half step d's, and `gpu_choice`,
+# which writes that choice down, reproduces it with every difference from TE in $y_2$. Nothing in
+# the source asks for either order.
 #
-# **The same line in the kernel above.** Triton's compiler and `ptxas` run on the CPU, so both
-# kernels compile for sm_90 (the H100's and the H200's compute capability) on any machine. The
-# PTX's line info (`.loc`, printed after each instruction as `// column N: the expression
-# there`) says which product each `mul.f32` rounds; the other enters an `fma.rn.f32` exact. One
-# of each, per line:
+# **The same line in the kernel above.** Triton and `ptxas` run on the CPU, so both kernels
+# compile for sm_90 (the H100's and the H200's compute capability) on any machine. The PTX's line
+# info (`// column N: the expression there`) says which product each `mul.f32` rounds; the other
+# enters an `fma.rn.f32` exact:
 
 # %%
 import inspect
@@ -1204,13 +1169,11 @@ assert [v for v in ("free_sub-nofuse/tl", "free_sub-nofuse/libdevice", "fma_xc/t
 assert [k for k, r in zip("acde", (step_a, step_c, step_d, step_e)) if r["n"] == 0] == ["c"]
 
 # %% [markdown]
-# One line, one compiler, two choices: the reproduction kernel fuses $x_1 c$, then $x_1 s$
-# (TE's order in $y_1$ only), the kernel above $x_1 c$ and $x_2 c$ (TE's order in both halves:
-# step c's line).
-#
-# Where was the choice taken? Triton hands LLVM IR (`asm["llir"]`) to LLVM's NVPTX back end,
-# which contracts an `fmul` into the sum that uses it. The next cell reads, for each line, the
-# two operands of its sum in the IR (`ropelib.course.nb08_llir`):
+# One line, one compiler, two choices: the reproduction kernel fuses $x_1 c$, then $x_1 s$ (TE's
+# order in $y_1$ only), the kernel above $x_1 c$ and $x_2 c$ (step c's line). Where was the
+# choice taken? Triton hands LLVM IR (`asm["llir"]`) to LLVM's NVPTX back end, which contracts an
+# `fmul` into the sum that uses it. The next cell reads the two operands of each sum in the IR
+# (`ropelib.course.nb08_llir`):
 
 # %%
 from ropelib.course import nb08_llir
@@ -1232,27 +1195,23 @@ assert llir_sums["reproduction kernel (debug.FIXED)"]["y2"]["first"] == ["x1 * s
 assert llir_sums["_rope_combine_kernel (above)"]["y2"]["first"] == ["x2 * c"]
 
 # %% [markdown]
-# In all four sums the product the PTX fuses is the sum's first operand in the IR. Both kernels
-# write $y_2 = x_2 c + x_1 s$; the reproduction kernel's IR holds it the other way round, so
-# $x_1 s$ is fused. The IR's order is not the source's (`ropelib.course.nb08_passes` finds
-# LLVM's `Reassociate` pass swapping it; no cell here runs that). That the back end fuses the
-# first operand is what these four sums show, not a rule traced through LLVM's code. Of steps a
-# to e only c gives 0, here and in the reference run: pin the order with `tl.fma` rather than
-# hope for it.
+# In all four sums the PTX fuses the sum's first operand in the IR, and the reproduction
+# kernel's IR holds $y_2 = x_2 c + x_1 s$ the other way round, so $x_1 s$ is fused
+# (`ropelib.course.nb08_passes` finds LLVM's `Reassociate` pass swapping it; no cell here runs
+# that). That is what these four sums show, not a rule traced through LLVM's code: pin the order
+# with `tl.fma` rather than hope for it.
 
 # %% [markdown]
-# To make a Triton kernel equal TE bit for bit: compute cos/sin in fp32 from the fp32 angles
-# (`tl.cos`/`tl.sin`, or libdevice's precise ones, not the fast approximations), do the math in
-# fp32, and write the combine as `tl.fma(x, c, rot * s)` rather than leaving the order to the
-# compiler. `debug.Causes(fma=True)` is exactly that line in the reproduction kernel.
+# **The recipe.** Compute cos/sin in fp32 from the fp32 angles (`tl.cos`/`tl.sin` or libdevice's
+# precise ones, not the fast approximations), do the math in fp32, and write the combine as
+# `tl.fma(x, c, rot * s)`. `debug.Causes(fma=True)` is that line in the reproduction kernel.
 #
-# **The same changes in your copy of section 1, one per row.** `_rope_repro_kernel` calls that
-# line, `te_combine`, under `if USE_FMA:`, and takes sin/cos from the angles under
-# `if FROM_ANGLES:`. The table goes from section 1's reported failure to TE's bits, one change
-# per row, counting elements whose bits differ from TE's output. The reference run's columns are
-# the course's kernel, in bf16 at the GPU size and in fp32 at the small size, where every
-# rounding shows. The column "here" runs your copy on the small fp32 case (on a GPU with
-# contraction on), with TE's own cos/sin wherever a row reads a table; a GPU with TE adds a live
+# **The same changes in your copy of section 1, one per row.** `_rope_repro_kernel` calls
+# `te_combine` under `if USE_FMA:` and takes sin/cos from the angles under `if FROM_ANGLES:`.
+# The table goes from section 1's failure to TE's bits, one change a row. The reference run's
+# columns are the course's kernel, in bf16 at the GPU size and in fp32 at the small size, where
+# every rounding shows; the column "here" runs your copy on the small fp32 case (on a GPU with
+# contraction on) with TE's own cos/sin wherever a row reads a table; a GPU with TE adds a live
 # bf16 column. To try another order, edit the `USE_FMA` branch or `my_combine`, then rerun
 # section 1's cell and this one.
 
@@ -1334,16 +1293,19 @@ elif SAME_ARCH:  # tl.cos is CUDA's sincosf, TE's own, and the compiled code the
 
 # %% [markdown]
 # **Which change did it.** In the reference run's columns only the fma line reaches 0: on these
-# inputs TE's output is, in every bit, `fma(v_src, v_cos, v_src_rotate * v_sin)`. The column
-# "here" repeats the reference run's fp32 counts on a GPU like its own (sm_90, Triton 3.6), as
-# on the executed page. On the CPU the interpreter rounds every product (990 in the first two
-# rows, where the GPU's contracted line gives 573) and its sin/cos are NumPy's, so rows 3 and 4
-# stay above 0: only TE's order *with* TE's cos/sin, the last row, is 0 on every machine.
+# inputs TE's output is, in every bit, `fma(v_src, v_cos, v_src_rotate * v_sin)`. On a GPU like
+# the reference run's (sm_90, Triton 3.6) the column "here" repeats its fp32 counts. On a CPU the
+# interpreter rounds every product (990 in the first two rows, where the GPU's contracted line
+# gives 573) and its sin/cos are NumPy's, so only the last row, TE's order *with* TE's cos/sin,
+# is 0 on every machine.
+#
+# So the section's point, measured: with cos/sin and the math in fp32, the rest is the order of
+# one fused multiply-add, which the compiler may choose differently for two kernels of the same
+# line. **Pin the order with `tl.fma`.**
 #
 # Further reading: `benchmarks/repro_contraction.py` (a GPU script) takes the first row apart:
-# which of the sixteen ways of rounding or fusing its four bf16 products the GPU's output
-# equals, and the PTX instructions behind it (its H200 results:
-# `benchmarks/results/repro_contraction-nvidia-h200.json`).
+# which of the sixteen ways of rounding or fusing its four bf16 products the GPU's output equals,
+# and the PTX behind it (H200 results: `benchmarks/results/repro_contraction-nvidia-h200.json`).
 
 # %% [markdown]
 # ## 5. Six layout traps — all invisible in the first ten values

@@ -420,9 +420,10 @@ plt.show()
 # ropelib's call allocates its outputs and nothing more: 0.00 MB on a GPU. On a CPU the cell
 # prints no figure for it, since the profiler cannot see the interpreter's arrays.
 #
-# The H200 times point the same way: ropelib's kernel runs at 0.985 of a copy's speed forward
-# and 0.980 forward and backward, transformers' code at 0.068 and 0.065, rotary embedding
-# included. The benchmark has no row of transformers 5's `apply_rotary_pos_emb` alone; its
+# The committed times, from an H200 (the only GPU this benchmark has a committed run of; the
+# cell does not time it live), point the same way: ropelib's kernel ran at 0.985 of a copy's
+# speed forward and 0.980 forward and backward, transformers' code at 0.068 and 0.065, rotary
+# embedding included. The benchmark has no row of transformers 5's `apply_rotary_pos_emb` alone; its
 # closest row, transformers 4.x's per-layer formula on tables given to it, ran at 0.071
 # forward: even without the rotary embedding, the eager arithmetic takes about 14 times a
 # copy's time.
@@ -1540,9 +1541,10 @@ assert round(clock_ratio, 2) == 1.44 and round(h200_ratio, 2) == 1.40
 # Scaled to 1980 MHz, the per-head kernel's 136.2 µs becomes 103 µs, 5 % under `do_bench`'s
 # 108.6: it follows the clock. The once-per-token kernel does not: scaled, 54 µs, but `do_bench`
 # measured 77.6, more than the profiler's 71.6, as a kernel whose time memory sets can. Scaling
-# only the per-head kernel gives 1.44, against 1.40 measured. A clock near 1980 MHz during
-# timing would account for the profiler's wider gap; one sample, read after timing, cannot show
-# the clock held there.
+# only the per-head kernel gives 1.44, against 1.40 measured. So a clock near 1980 MHz during
+# timing *would* account for the profiler's wider gap, but whether the clock was there is open:
+# the argument rests on one NVML sample, read after timing, not during it. Sampling the SM clock
+# through the timing run (or timing under the profiler's locked clock) would settle it.
 
 # %% [markdown]
 # ### Does the angle work hide behind memory? One GPU, twice the bytes
@@ -1562,10 +1564,10 @@ assert round(clock_ratio, 2) == 1.44 and round(h200_ratio, 2) == 1.40
 #
 # How to read what it prints on a GPU: the once-per-token kernel, memory-bound, should take about
 # twice as long in fp32, as the copy does (the cell asserts more than 1.5 times). The **gap**,
-# per-head time minus once-per-token time, is the angle work that did not hide. If it stays
-# about the same in fp32 (a share near one), the angle work adds to the memory time; only a
-# share well under one would say the slower memory hides it, as overlap would have the H100's
-# slower copy do to the ratio.
+# per-head time minus once-per-token time, is the angle work that did not hide; the **share** is
+# the fp32 gap over the bf16 gap. A share near 1 would say the angle work adds to the memory
+# time, one near 0 that the doubled memory time hides it; this notebook sets no threshold between
+# them, and does not read a share from one run as deciding.
 
 # %%
 # the H200 against the H100, from the committed runs read above
@@ -1657,12 +1659,14 @@ assert [round(b32 / b16, 2) for b16, b32 in fp32_us.values()] == [1.76, 1.91, 1.
 
 # %% [markdown]
 # On that H100 the copy and the once-per-token kernel take 1.90 and 1.91 times as long in fp32,
-# and 0.88 of the bf16 gap is still there: the repeated angle work mostly adds to the memory time
-# rather than hiding behind it (one run; the live cell's share, read the same way, says whether
-# your GPU agrees). So of the two GPUs' ratios, 1.17 and 1.40, the committed data explain the
-# denominator (the once-per-token kernel follows the memory) and measure, without explaining, the
-# per-head kernel's 1.11: neither the clock sample nor overlap accounts for it, and no H100 Nsight
-# Compute profile is committed to say where its extra time goes.
+# and the share is 0.88: most of the bf16 gap is still there, some of it is not. One run of one
+# pair of medians cannot say whether the difference from 1 is overlap or the run's noise; the
+# live cell prints another share, which moves from run to run and GPU to GPU, and repeated runs
+# with their spread would be needed to decide. So of the two GPUs' ratios, 1.17 and 1.40, the
+# committed data explain the denominator (the once-per-token kernel follows the memory) and
+# measure, without explaining, the per-head kernel's 1.11; whether the clock or overlap accounts
+# for part of it is open, and no H100 Nsight Compute profile is committed to say where its extra
+# time goes.
 
 
 # %% [markdown]
@@ -1757,17 +1761,17 @@ assert by[("ropelib_exact", top)]["out_err"] < 1e-5
 #   transformers' Qwen2-VL, Qwen3-VL and vision code. It allocates nothing beyond its outputs,
 #   where transformers' code allocates several times its outputs (3.5 times for
 #   `apply_rotary_pos_emb` alone, the part a model runs in every layer).
-# - On an H200, for q and k of Qwen2-VL-7B at batch 4 × 8,192 tokens, it runs at 0.985 of a
-#   copy's speed against transformers' 0.068. That 0.068 includes the rotary embedding in every
-#   call, which a model runs once per forward; transformers 4.x's per-layer formula on tables
-#   given to it ran at 0.071.
+# - On an H200 (the committed run; no other GPU's is committed), for q and k of Qwen2-VL-7B at
+#   batch 4 × 8,192 tokens, it ran at 0.985 of a copy's speed against transformers' 0.068.
+#   That 0.068 includes the rotary embedding in every call, which a model runs once per
+#   forward; transformers 4.x's per-layer formula on tables given to it ran at 0.071.
 # - Every head of a token turns by the same angles. Formed per (token, head) they cost 32 times
 #   the sines and cosines for the same bytes and, on an H200, 5.3 times the warp instructions
 #   and 1.40 times the time under `do_bench`: the per-head kernel is bound by issuing
 #   instructions, the once-per-token kernel by memory. On an H100 the gap is 1.17: its slower
 #   copy stretches the memory-bound kernel (1.33 times) more than the per-head one (1.11 times,
-#   measured, not explained: not the clock sample, and little of it overlap, since in fp32,
-#   twice the bytes for the same angle work, the H100 keeps 0.88 of the bf16 gap). The compiler
+#   measured, not explained: one clock sample and one fp32 run, in which the H100 kept 0.88 of
+#   the bf16 gap with twice the bytes, cannot rule out the clock or overlap). The compiler
 #   does not hoist the angle work for you, because the stores in the loop might overwrite its
 #   inputs: write it before the loop.
 # - fp32 angles drift with the position: 0.089 rad at 1.5 M positions, 1.71 at 16 M. ropelib's

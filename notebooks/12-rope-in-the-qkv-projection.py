@@ -195,11 +195,12 @@ assert [round(v, 3) for v in alone_vs_copy] == [0.999, 1.001]
 #
 # **The copy floor is about what a fusion can win.** Timed alone on the floor suite's bytes,
 # ropelib's RoPE runs at the copy's speed on the H200 (0.999 of it forward, 1.001
-# forward+backward): the pass is about all a fusion can win, and only if the fused GEMM is as
-# fast as cuBLAS. Could the pass beat its floor by reading q and k from L2, where the GEMM has
-# just written them? Its traffic is q and k read and written, 2 × 80 MiB at 8192 tokens and
-# 2 × 320 MiB at 32768; the 50 MiB L2 can spare at most twice its size of it (the reads it still
-# holds, and the write-backs of other dirty lines those reads no longer force): 62 and 16 %.
+# forward+backward, printed above): there the pass is about all a fusion can win, and only if
+# the fused GEMM is as fast as cuBLAS. Could the pass beat its floor by reading q and k from L2,
+# where the GEMM has just written them? Its traffic is q and k read and written, 2 × 80 MiB at
+# 8192 tokens and 2 × 320 MiB at 32768; the 50 MiB L2 can spare at most twice its size of it
+# (the reads it still holds, and the write-backs of other dirty lines those reads no longer
+# force): 62 and 16 %.
 #
 # On a GPU the next cell times the pass itself, not a difference, in rounds after the same GEMM,
 # three ways: **warm**, right after it; **flushed**, after a write of four times L2's size that
@@ -300,6 +301,13 @@ for M_l2, K_l2, HQ_l2, HK_l2, D_l2 in shapes:
     assert saved < most                                    # L2 spares at most twice its size
 
 # %% [markdown]
+# **Reading the cell.** Flushed pass / copy near 1 means the pass runs at its copy floor after
+# the GEMM, as it does alone on the H200; well above 1, it does not, and the floor of section 1
+# is then a lower bound on what the fusion wins. A likely reason for a ratio above 1, untested
+# here: the pass reads and writes q and k as strided views of the GEMM's $[M, H, D]$ output
+# (each token's row also holds v's heads), where the copy moves contiguous tensors. The warm
+# pass's saving is bounded by the ceilings above and shrinks as q and k outgrow L2.
+#
 # ## 2. What a GEMM epilogue is
 #
 # A tiled GEMM gives each program one output tile $Y[m_0{:}m_0{+}B_M,\; n_0{:}n_0{+}B_N]$. It
@@ -761,30 +769,27 @@ print(f"dL/dx {tuple(gx_t.shape)}: teaching dX kernel vs autograd of qkv_rope_li
 # Single timings do not resolve a difference smaller than the RoPE pass (section 1), so
 # `benchmarks/qkv_forward_ab.py` timed the forward in **rounds**: every variant once a round,
 # seven rounds, in a new order each round (Appendix B), each fused output checked; one run on
-# the H200, one on an H100. Beside cuBLAS alone and the unfused pipeline: the fused forward with
-# angles computed in the kernel ("from angles") or loaded from a table ("from a table"), and the
-# same kernel with its rotation off (**the bare GEMM**). Two variants of one round met the same
-# clocks and neighbours, so the cell takes $t_a / t_b$ round by round, pooled over the four cells
-# (two sizes, with and without QK-norm): 28 rounds. **Resolved** means a sign test on them,
-# Holm-adjusted over the six comparisons, under 0.05, and a distribution-free 95 % interval for
-# the median ratio that leaves out 1 (Appendix A.1).
+# the H200, one on an H100. The variants: cuBLAS alone, the unfused pipeline, the fused forward
+# with angles computed in the kernel ("from angles") or loaded from a table ("from a table"),
+# and the same kernel with its rotation off (**the bare GEMM**). The cell pairs two variants'
+# times round by round, pooled over two sizes with and without QK-norm (28 rounds); **resolved**
+# means a Holm-adjusted sign test under 0.05 and a 95 % interval that leaves out 1 (Appendix
+# A.1). It prints six comparisons a GPU, and the figure draws them as a budget. They answer three
+# questions:
 #
-# The cell prints the six comparisons for each GPU; the figure draws them as a budget. On the
-# H200 the RoPE pass costs 7.4 % of cuBLAS's forward, about one copy of q and k; the fused
-# forward spends most of it in its epilogue (4.4 % over its bare GEMM from angles, 4.6 % from a
-# table) and nets out **level** with the unfused pipeline: 0.984 of its time from a table
-# (resolved), 1.004 from angles (not). On the H100 it comes out slightly **ahead** (0.955 from a
-# table, resolved; 0.964 from angles, not): its epilogue costs about as much (5.2 and 4.7 %), its
-# pass more (8.5 %; the copy floor is 9.1 to 9.7 % of cuBLAS's forward there, 6.5 to 6.7 % on
-# the H200), and its bare GEMM sits at 0.990 of cuBLAS's time (1.013 on the H200; neither
-# resolved): 0.990 × 1.047 / 1.085 ≈ 0.955.
+# - **What does the RoPE pass cost?** 7.4 % of cuBLAS's forward on the H200, 8.5 % on the H100,
+#   resolved on both: about one copy of q and k (the cell prints each GPU's copy floor beside).
+# - **What does the epilogue cost?** 4.4 to 5.2 % over the bare GEMM on both GPUs, resolved; the
+#   bare GEMM is itself level with cuBLAS (not resolved on either).
+# - **What does the fusion net?** On the H200 the fused forward is level with the unfused
+#   pipeline (0.984 of its time from a table, resolved; 1.004 from angles, not); on the H100,
+#   where the pass costs more, it is ahead (0.955 from a table, resolved; 0.964 from angles, not).
 #
-# **Forward+backward**, what a trainer runs, on the eager route a plain call takes (one H100 run
-# of five shuffled rounds): the fused projection runs at 1.034 of the unfused pipeline's speed at
-# 8192 tokens (rounds 0.982 to 1.054) and 1.069 at 32768 (1.004 to 1.126), faster in all five
-# rounds there, as far as five rounds can tell (a sign test's least $p$ is 0.0625). Earlier runs
-# through the registered operator reached both sides of 1 in every cell (Appendix A.1). All
-# these are `do_bench` times; 7.5 shows what they leave out.
+# **Forward+backward**, as a trainer runs it on the eager route (one H100 run of five shuffled
+# rounds): the fused projection runs at 1.034 and 1.069 of the unfused pipeline's speed (8192
+# and 32768 tokens), faster in all five rounds at 32768, as far as five rounds can tell (a sign
+# test's least $p$ is 0.0625). Runs through the registered operator landed on both sides of 1 in
+# every cell (Appendix A.1). All these are `do_bench` times, which hide the host (7.5).
 
 # %%
 def read_rounds(path, name):
@@ -1142,17 +1147,20 @@ assert prof["cublas"]["# SMs"] == 132                           # an H200's SMs 
 # registers a thread, and each fp32 tile of cos or sin, $[B_M, D/2]$, takes
 # $128 \cdot 64 / 256 = 32$. One cos and one sin tile a pair make 192, which leaves room for
 # addresses and the rotation; each pair member's own cos and sin (four tiles) make 256, over the
-# limit before anything else. The committed sm_90 compile of the probe's two-head kernels (made
-# on a CPU) agrees: 230 registers and no stack with two tiles, 255 registers and 80 bytes of
-# stack a thread with four. Timed (7.2's run 3), the spilling kernel is 2 and 3 % behind, less
-# than a median moves between runs: the compile, not the timing, carries the argument.
+# limit before anything else. The committed sm_90 compile (made on a CPU) of the two-head
+# kernels of `benchmarks/qkv_mainloop_probe.py` agrees: 230 registers and no stack with two
+# tiles, 255 registers and 80 bytes of stack a thread with four. Timed (7.2's run 3), the
+# spilling kernel is 2 and 3 % behind, less than a median moves between runs: the compile, not
+# the timing, carries the argument.
 #
-# So the shipped forward reads one cos and one sin tile a pair (253 registers, no spill). From an
-# angle table, a pre-pass kernel writes every token's cos and sin rows and sets a **flag** if
-# some pair's two members have different angles (a standard table never does); only then does
-# the forward load each member's rows in turn. Loading them in turn for every table (`table, four
-# tiles`, 7.1's seed-1 run) made the forward 3.9 to 8.2 % slower, losing all seven rounds in
-# every cell.
+# So the shipped forward, `_qkv_rope_fwd_tma_kernel`, reads one cos and one sin tile a pair too.
+# It is not the probe's kernel: its H200 profile (Appendix A.2, angles computed in the kernel)
+# reports 253 registers a thread and no spill, where the probe's compile has 230; what the other
+# 23 hold is not measured. From an angle table, a pre-pass kernel writes every token's cos and
+# sin rows and sets a **flag** if some pair's two members have different angles (a standard
+# table never does); only then does the forward load each member's rows in turn. Loading them
+# in turn for every table (`table, four tiles`, 7.1's seed-1 run) made the forward 3.9 to 8.2 %
+# slower, losing all seven rounds in every cell.
 
 # %%
 # the probe's sm_90 listing (section 3): {(kernel, tile): registers and stack a thread}
@@ -1350,28 +1358,20 @@ assert shipped["dx_norm"] == (32, 128, 8, 4, 3)            # its own tile: 32 x 
 #
 # `qkv_rope_linear` runs more Python before its GEMM's launch than the unfused pipeline does
 # before cuBLAS's: checks, the planning of its cos/sin pre-pass and of its GEMM, allocations.
-# Whether a timing sees that depends on how it is taken. `do_bench` (7.1 to 7.4, section 8)
-# issues its calls back to back: where the host issues a step faster than the device runs it,
-# the host runs ahead and the timing is the device's. From an **idle start** (one call after the
-# device has drained, as after a synchronisation) the device waits for that Python.
-#
-# The committed H100 profile of the eager route (printed below) shows the device's side: the
-# fused forward's kernels take 0.95 of the unfused pipeline's (the epilogue 3.2 % over the bare
-# GEMM), and under `do_bench` the fused forward+backward kept the device busy 0.97 of its wall
-# time (the unfused one 1.01); in the run behind 7.1's eager-route rounds the fused step's host
-# time was 2.1 times the unfused one's.
+# `do_bench` (7.1 to 7.4, section 8) issues its calls back to back: where the host issues a step
+# faster than the device runs it, the host runs ahead and the timing is the device's. From an
+# **idle start** (one call after the device has drained, as after a synchronisation) the device
+# waits for that Python. The committed H100 profile of the eager route (printed below) shows both
+# sides: the fused forward's kernels take 0.95 of the unfused pipeline's, and the fused
+# forward+backward's host time was 2.1 times the unfused one's.
 #
 # On a GPU the next cell times each step (fused and unfused, forward under `no_grad` and
 # forward+backward) after the same L2 flush, 11 rounds, from an idle start and **queued** behind
 # a device-side wait (`torch.cuda._sleep`, about 10 ms) long enough for the host to launch the
 # whole step first: queued is the device's own time, idle start − queued its wait for the host.
-# Beside them it prints the host's time to issue the step and `do_bench`'s time (near queued:
-# the host ran ahead), then fused / unfused each way and the **host's share** of the idle-start
-# gap, (fused wait − unfused wait) / (fused − unfused idle-start time): above one half, the host
-# fills the gap; above 1, the fused kernels are the faster ones and the host's wait more than
-# cancels that. Asserted: a device waits no longer than its host took and queueing does not slow
-# a step (each within 10 % of queued), and the fused forward+backward waits longer than the
-# unfused one.
+# Its last two lines give fused / unfused each way and the **host's share** of the idle-start
+# gap, (fused wait − unfused wait) / (fused − unfused idle-start time): above 1, the fused
+# kernels are the faster ones and the host's extra time more than cancels that.
 
 # %%
 from ropelib.course.nb09_device_time import FLUSH_BYTES
@@ -1538,6 +1538,12 @@ else:
     assert waits["fused forward+backward"] > waits["unfused forward+backward"]
 
 # %% [markdown]
+# **Reading the cell.** Where the fused/unfused ratio is above 1 from an idle start but below 1
+# queued, the fused kernels are the faster on the device and the fused route's extra host time
+# cancels what they save: where the host is the bottleneck, as at the start of a step or after a
+# synchronisation, the unfused route is the faster one; queued behind other work, where the host
+# runs ahead, the fused one wins. A host's share above 1 says the extra wait is all the host's.
+#
 # ## 8. On a GPU: your kernel, live
 #
 # On a GPU the next cell checks your epilogue kernel (the worked one if yours did not pass) at
@@ -1708,12 +1714,13 @@ print(f"launched with {SHIPPED_LAUNCH} on {M_s} tokens, 3 programs and {tiles_s}
 # below 1, the grid saves that share (a program's start, its two TMA descriptors among it, paid
 # once an SM instead of once a tile).
 #
-# **Expect the kernel to lose** to cuBLAS: it holds each head as **two** $[128, 64]$
-# accumulators (section 3's probe: 30 % slower than one at this tile on the H200), walks the
-# tiles in plain order, and holds one head a tile, not two. To go on, make it one `tl.dot` a K
-# step against a $[D, B_K]$ tile of $W$, split as in exercise 1b, then walk the tiles as
-# `_grouped` does (`ropelib/kernels/qkv_gemm.py`); check each change on the CPU (7.2's cell) and
-# time it again.
+# **Expect the kernel to lose** to cuBLAS: the next cell prints its time over cuBLAS's (8
+# warps), and section 8's first cell the same for the 64 × 64 teaching launch. It holds each head as **two** $[128, 64]$ accumulators (section 3's probe: 30 % slower
+# than one at this tile on the H200), walks the tiles in plain order, and holds one head a tile,
+# not two; the shipped forward does all three the other way (7.2). To go on, make it one
+# `tl.dot` a K step against a $[D, B_K]$ tile of $W$, split as in exercise 1b, then walk the
+# tiles as `_grouped` does (`ropelib/kernels/qkv_gemm.py`); check each change on the CPU (7.2's
+# cell) and time it again.
 
 # %%
 if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9 and persistent_ok:
@@ -1787,27 +1794,26 @@ else:
 # %% [markdown]
 # ## Summary
 #
-# - A RoPE pass moves a copy's worth of bytes, and ropelib's already runs at the copy's speed on
-#   the H200: fusing it into the projection can save that pass and nothing more, 7.4 % of
-#   cuBLAS's forward there, timed in rounds; single timings cannot price it. Section 1's GPU
-#   cell times the pass itself against a copy of its bytes, and what L2 spares it.
+# - A RoPE pass moves a copy's worth of bytes. Timed alone, ropelib's runs at the copy's speed
+#   on the H200; after the GEMM, section 1's GPU cell prints the pass over its copy on your GPU.
+#   Fusing it into the projection can save that pass and nothing more: 7.4 %
+#   of cuBLAS's forward on the H200, 8.5 % on the H100, timed in rounds; single timings cannot
+#   price it.
 # - An epilogue works on the finished output tile in registers, before its one store;
 #   rotate-half needs whole heads in a tile, cheapest as one accumulator split in the epilogue
 #   (sections 2 to 4).
-# - On the H200 the epilogue costs 4.4 to 4.6 % over the bare GEMM under `do_bench` (an H100's
-#   kernels alone: 3.2 %, 7.5), and the fused forward runs close to the unfused pipeline: 0.984
-#   of its time from a table (resolved), 1.004 from angles (not resolved). In one run on an
-#   H100 it runs ahead: 0.955 from a table (resolved), 0.964 from angles (not resolved) (7.1).
-#   It gets there only with a main loop close to cuBLAS's (7.2) and an epilogue that fits in
-#   registers (7.3).
+# - The epilogue costs 4.4 to 5.2 % over the bare GEMM on both GPUs. Net, the fused forward is
+#   level with the unfused pipeline on the H200 and ahead on an H100 (0.955 of its time from a
+#   table, resolved) (7.1), and only with a main loop close to cuBLAS's (7.2) and an epilogue
+#   that fits in registers (7.3).
 # - A backward prologue re-forms $dY$ in every column block. The shipped backward, $dY$ written
 #   once and dX and dW handed to cuBLAS, is 2.6 times as fast as ropelib's prologue GEMMs; of
 #   that, writing $dY$ once is 1.3 times (the same Triton GEMMs either way) and cuBLAS's GEMMs
 #   over Triton's the other 2.0 (7.4). On an H100's eager route the fused forward+backward runs
 #   at 1.034 and 1.069 of the unfused pipeline's speed (8192 and 32768 tokens, five rounds, 7.1).
-# - `do_bench` hides the host where it runs ahead; from an idle start the device waits for the
-#   Python before the fused GEMM's launch, and 7.5's cell measures that wait beside the
-#   device's own time.
+# - `do_bench` hides the host where it runs ahead. 7.5's cell times the step from an idle start
+#   and queued: where the host is the bottleneck, as at the start of a step, the fused route's
+#   extra Python can lose what its kernels save; queued behind other work, it wins.
 # - Time in shuffled rounds before believing a few per cent: a fixed order lowered the
 #   variants' speeds by up to 13 % (Appendix B).
 # - GPUs without TMA, odd head counts and partial rotary get the slower pointer-loaded forward.

@@ -705,9 +705,12 @@ pz.time_solution("backward");
 # Every batch entry (and every head) at position $s$ uses the same cos/sin row. This kernel
 # has one program per tile of positions and loops over the batch. Its output is right; the
 # check counts the table loads and wants each table element loaded at most once (the access
-# picture shows how often each was). Repair the kernel so that it passes. The check grades
-# repeated load requests, not time: on a GPU a cache can serve the repeats, and the cells after
-# the solution measure what they cost.
+# picture shows how often each was). Repair the kernel so that it passes.
+#
+# This puzzle teaches counting loads and where repeated loads are served from, not speed at
+# this shape: the tables are 8.4 MB, and the cells after the solution measure that on a GPU
+# whose cache holds them whether the repeats cost anything there. The check grades the loads all the same, because the repeats cost time where the
+# cache cannot hold the table.
 
 # %%
 pz.show_spec("shared_table")
@@ -815,13 +818,12 @@ assert gd == sd                                                   # the same dis
 # (the same sm_90 code, the cell asserts) on two layouts of the same values: one table for the
 # batch, and a table per batch entry (each row copied $B$ times), where no two loads read the
 # same bytes, so DRAM must serve every one. Beside them runs the worked solution at BLOCK_S=4,
-# its timed tile, and at 16. Each launch touches all of each tensor: 143 MB at the timed shape,
-# 201 MB with a table per entry, and a copy of exactly those bytes is its yardstick. On a GPU
-# the cell times the four in five alternating rounds (so a drift of the clocks reaches all
-# alike) and prints what the repeats cost on one table (its time less the solution's), what the
-# per-entry tables add to that, and what a copy of the 59 MB they add takes. If the first is
-# near zero and the second near the copy, a cache serves the repeats: the time follows the
-# distinct bytes a kernel touches, not the loads it issues.
+# its timed tile, and at 16. Each launch touches 143 MB at the timed shape, 201 MB with a table
+# per entry; a copy of exactly those bytes is its yardstick. On a GPU the cell times the four
+# in five alternating rounds and prints what the repeats cost on one table (its time less the
+# solution's), what the per-entry tables add, and what a copy of the 59 MB they add takes. If
+# the first is near zero and the second near the copy, a cache serves the repeats: the time
+# follows the distinct bytes a kernel touches, not the loads it issues.
 
 # %%
 from ropelib.course import nb13_table_reuse as reuse
@@ -1230,8 +1232,8 @@ assert [f"{b / 1e6:.1f}" for b in (handed5, moved5_bytes, handed5 - moved5_bytes
 # Optional. `benchmarks/puzzle_fractions.py` timed the worked solutions of puzzles 5 and 9 on
 # an H200 beside variants that change one thing, each against a copy of the same bytes, four
 # times for puzzle 9's six tiles (a tile: BLOCK_S, and the number of **warps**, groups of 32
-# threads, each program runs as). The cell prints that committed CSV, marks the tile puzzle 9
-# times now, and sets this page's ⏱ lines beside it, each naming its GPU.
+# threads, each program runs as). The cell prints that committed CSV, with "(the timed case)"
+# on the tile the ⏱ lines time, and this page's ⏱ lines beside it.
 
 # %%
 import statistics
@@ -1334,14 +1336,12 @@ assert len(tests) == angles_per_thread                # one per angle a thread h
 #
 # **Puzzle 9.** On the H200 the tile moves the time by a few percent: BLOCK_S=4 on 4 warps was
 # the fastest of six tiles in every run, each tile's time moving by at most 1.7 % from run to
-# run (the table's 87 % to 94 % of a copy ride on a copy whose time moved by 6 %). Profiled once
-# each under Nsight Compute (`benchmarks/puzzle9_ncu.py`), every tile read $x$ and the tables
-# from DRAM once (75.5 MB) and executed fewer instructions than PyTorch's `buf * 1` over the
-# same bytes, the copy's stand-in: so neither extra DRAM bytes nor extra instructions explain
-# the gap to a copy. One profile per tile is too noisy to order the tiles: BLOCK_S=16, profiled
-# twice, took 35.3 and 36.5 µs, against the six tiles' 35.0 to 36.7 µs. Profiled durations sit
-# below the `do_bench` medians (41.5 to 43.3 µs), so read fractions against `do_bench`'s copy
-# only.
+# run (the table's 87 % to 94 % of a copy ride on a copy whose time moved by 6 %). In one Nsight
+# Compute profile per tile (`benchmarks/puzzle9_ncu.py`, the next cell) every tile read $x$ and
+# the tables from DRAM once (75.5 MB) and executed fewer instructions than PyTorch's `buf * 1`
+# over the same bytes: neither extra DRAM bytes nor extra instructions explain the gap to a
+# copy. The profiles' times do not order the tiles: BLOCK_S=16, profiled twice, took 35.3 and
+# 36.5 µs, against the six tiles' 35.0 to 36.7 µs.
 
 # %%
 def profile(path):
@@ -1422,25 +1422,27 @@ pz.stated([
 #
 # **5.** *The prediction.* A kernel that moves each byte once, and uses every byte of each
 # sector it moves, should run at a copy's speed, and by that count every timed solution should.
-# Two have a reason to fall short whatever their tile: puzzle 5's, whose sine takes a longer
-# path at large angles (measured on an H200 in the first appendix), and puzzle 6's, which loads
-# each table row once per batch entry, $B = 8$ times, where puzzle 9's loads it once.
+# Two give a reason to doubt it: puzzle 5's sine takes a longer path at large angles, and
+# puzzle 6 loads each table row once per batch entry, $B = 8$ times, where puzzle 9's solution
+# loads it once.
 #
-# *What this page measures.* "Where you stand" prints the fractions, each with its rounds'
-# range: judge the prediction by them. The cell below runs every timed solution but 5 and 9
+# *What the measurements say.* Puzzle 5 falls well short on the H200: 74 % of a copy of the
+# 67.6 MB it moves (first appendix). For puzzle 6, read "Where you stand": where its fraction
+# prints beside the other solutions', the prediction fails on that GPU, because its repeated
+# row loads read bytes a cache can hold; puzzle 9's cell measures what such repeats cost on one
+# table (it times puzzle 9's kernels, not puzzle 6's).
+#
+# *Why the rest reach a copy.* The cell below runs every timed solution but 5 and 9
 # (the first appendix covers those) in checked memory at its timed shape cut to 32 rows: each
 # uses every byte of its rows' and tables' sectors, so sector use does not explain a
 # shortfall. Compiled for sm_90, puzzle 4's solution has the load and store widths of puzzle
 # 2's, and its registers within 4: masking the lanes past $H$ did not narrow its accesses.
 #
-# *Puzzle 5* fell short on the H200: 74 % of a copy of the 67.6 MB it moves (first appendix).
-# *Puzzle 6*'s $B$ loads of a table row come from $B$ programs; whether a cache serves those
-# repeats, this page does not measure for puzzle 6 (puzzle 9's cell measures it for puzzle 9's
-# kernel), so read its fraction as printed. *Puzzle 10* can come out a little above a
-# copy: its solution moves every byte its fraction counts once (the cell checks it at 4
-# sequences) and reads about what it writes (66.2 MB against 64.1 MB), as a copy does, so a
-# fraction above 100 % says only that the device copy falls a little short of the fastest way
-# to move those bytes; where the rounds' range includes 100 %, it says nothing.
+# *Puzzle 10* can come out a little above a copy: its solution moves every byte its fraction
+# counts once (the cell checks it at 4 sequences) and reads about what it writes (66.2 MB
+# against 64.1 MB), as a copy does, so a fraction above 100 % says only that the device copy
+# falls a little short of the fastest way to move those bytes; where the rounds' range
+# includes 100 %, it says nothing.
 #
 # **6.** Each pair of $q$ and of $k$ is moved by at most $\varepsilon = \sqrt 2 \cdot 2^{-9}$
 # of its length, so each pair's product moves by at most about $2\varepsilon$ of
