@@ -18,8 +18,9 @@ piece instead, with the launches removed (planning.start as qkv_linear and qkv_g
 and ropelib.eager's launches, replaced by nothing), at a small shape like the tests' (fp32,
 B=2, S=13, hidden 64, 4/2 heads of 32, angles): the whole call (forward under no_grad, with
 gradients, and the backward through autograd), then each step of the forward and of the
-backward, best of --rounds rounds of --calls calls back to back (benchmarks/
-eager_python_pieces.py's way). What is left is ropelib's own Python and PyTorch's calls
+backward, and the same with QK-norm (norm weights [D]: the forward, the forward+backward, the
+backward and its dY step, qk_norm.undo_norm_rope into dY's columns), best of --rounds rounds
+of --calls calls back to back (benchmarks/eager_python_pieces.py's way). What is left is ropelib's own Python and PyTorch's calls
 (allocations, views, and on the backward's "dy" route dX and dW's matrix products, here on
 the CPU, denormals flushed: with the launches removed dY is whatever torch.empty held).
 
@@ -130,6 +131,12 @@ def pieces(device) -> dict:
     grads = [torch.randn(B, S, h, D, generator=g).to(dev) for h in (HQ, HK, HK)]
     out = ropelib.qkv_rope_linear(xg, wg, **opts)
     ctx = out[0].grad_fn
+    # with QK-norm (Qwen3's q_norm and k_norm: weights [D])
+    wq, wk = (torch.rand(D, generator=g).add(0.5).to(dev).requires_grad_() for _ in range(2))
+    nopts = dict(opts, q_norm_weight=wq, k_norm_weight=wk)
+    normed = ropelib.qkv_rope_linear(xg, wg, **nopts)
+    nctx = normed[0].grad_fn
+    norm_input = nctx.saved_tensors[-1]
     made = qkv_linear._forward(*args)
     tok = qkv_linear._token_major(grads, "bshd")
     dtypes = planning.pointer_dtypes(
@@ -174,6 +181,14 @@ def pieces(device) -> dict:
             torch.empty(B * S, w.shape[0], dtype=x.dtype, device=dev) @ w,
             torch.empty(B * S, w.shape[0], dtype=x.dtype, device=dev).t()
             @ x.reshape(-1, K))),
+        "QK-norm: forward, no_grad (whole)": no_grad(
+            lambda: ropelib.qkv_rope_linear(x, w, **nopts)),
+        "QK-norm: forward+backward (autograd.backward, whole)": lambda: torch.autograd.backward(
+            ropelib.qkv_rope_linear(xg, wg, **nopts), grads),
+        "  backward under no_grad, QK-norm (_backward with a saved ctx)": no_grad(
+            lambda: qkv_linear._backward(nctx, *grads, None, None)),
+        "    dY written (_written_dy_normed)": no_grad(lambda: qkv_linear._written_dy_normed(
+            *tok, x, norm_input, wq, wk, table, sin, None, None, HQ, HK, D, 1e-6, False)),
     }
 
 
