@@ -50,7 +50,9 @@ under a key of its own kind:
                              signature, every tensor's shape, strides, dtype, device and
                              requires_grad, the layout, interleaved, the direction;
   ("undo_norm_rope", ...)    with QK-norm, the backward's dY norm and rotation
-                             (qk_norm.undo_norm_rope into dY's columns): an eager signature
+                             (qk_norm.undo_norm_rope into dY's columns: its Route and what
+                             follows from strides, whether the kernel stores into dY's
+                             columns, kernels/qk_norm_rope.BackwardInto): an eager signature
                              likewise, with eps and weight_offset.
 Never a tensor's values, and never the planners' own settings: code that changes a tile table
 (kernels/qkv_gemm.GPU_TILES, ...) or patches a planner, as a probe or a test does, calls
