@@ -139,13 +139,11 @@ def pieces(device) -> dict:
     norm_input = nctx.saved_tensors[-1]
     made = qkv_linear._forward(*args)
     tok = qkv_linear._token_major(grads, "bshd")
-    dtypes = planning.pointer_dtypes(
-        (x, w, None, x, x, x, sin, sin, None, None, None, None, torch.zeros(1)))
-    dtypes = dtypes[:-1] + (None,)      # (angles: no pairs_differ flag)
-    plan_opts = dict(S=S, B=B, K=K, HQ=HQ, HK=HK, D=D, R=D, P=qkv_linear._rows(table),
-                     ids=None, cu_seqlens=None, layout="bshd", interleaved=False, eps=1e-6,
-                     device=dev, dtypes=dtypes, shared_angle=True)
-    plan = getattr(qkv_linear, "planned", qkv_gemm.plan)   # (the cached planner, where one is)
+    key = (x, w, None, table, sin, None, None, None, None, HQ, HK, D, 1e-6, False, "bshd", None,
+           None)
+
+    def forward_plan():         # (a forward's one lookup of its whole plan)
+        return qkv_linear.SIGNATURES.get(qkv_linear._forward_key(*key))
 
     def no_grad(fn):
         def run():
@@ -163,11 +161,7 @@ def pieces(device) -> dict:
         "  _forward (the operator's implementation)": no_grad(lambda: qkv_linear._forward(*args)),
         "    torch.empty, one output [B, S, HQ, D]": lambda: torch.empty(
             (B, S, HQ, D), dtype=x.dtype, device=dev),
-        "    cos_sin_rows (rows + pre-pass plan)": lambda: qkv_linear.cos_sin_rows(
-            x, table, sin, None, None, False),
-        "    the GEMM's plan (qkv_linear.planned)": lambda: plan("fwd", **plan_opts),
-        "    pointer_dtypes (13 pointers)": lambda: planning.pointer_dtypes(
-            (x, w, None, x, x, x, sin, sin, None, None, None, None, None)),
+        "    the forward's plan (key + lookup, qkv_linear.ForwardPlan)": forward_plan,
         "forward, with gradients (whole)": lambda: ropelib.qkv_rope_linear(xg, wg, **opts),
         "  _eager_qkv_rope (Function: _forward + _setup)": lambda: qkv_linear._eager_qkv_rope(
             *gargs),

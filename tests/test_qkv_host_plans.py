@@ -361,3 +361,52 @@ def test_undo_norm_rope_into_tensors_it_cannot_store_into_copies_each_call():
     for run in got:
         for a, b in zip(run, want):
             assert torch.equal(a, b)
+
+
+def test_the_forward_looks_its_whole_plan_up_once(monkeypatch):
+    """The forward's ForwardPlan (eager.SIGNATURES, "qkv_forward"): made at the first call of a
+    key and taken at the next, no_grad or not; another layout, eps, interleaving, norm or
+    table strides plans anew; the same bits as a forward planned afresh."""
+    x, w = inputs()
+    eager.SIGNATURES.clear()
+    made = []
+    real = qkv_linear.ForwardPlan.__init__
+
+    def planning(self, *a):
+        made.append(a[13:15])       # (interleaved, out_layout)
+        real(self, *a)
+    monkeypatch.setattr(qkv_linear.ForwardPlan, "__init__", planning)
+    first = call(x, w)
+    with torch.no_grad():
+        again = call(x, w)
+    assert len(made) == 1
+    for a, b in zip(first, again):
+        assert torch.equal(a, b)
+    wq = torch.rand(D, generator=torch.Generator().manual_seed(6)) + 0.5
+    for over in (dict(out_layout="bhsd"), dict(eps=1e-5), dict(interleaved=True),
+                 dict(q_norm_weight=wq, k_norm_weight=wq)):
+        n = len(made)
+        call(x, w, **over)
+        call(x, w, **over)
+        assert len(made) == n + 1, over
+    # a table with other strides (a column slice of a wider one), through the operator's
+    # implementation: planned anew, the bits of its contiguous copy
+    wide = ropelib.rope_freqs(S, 2 * D).view(S, 2 * D)[:, :D // 2]
+    narrow = wide.contiguous()
+    args = lambda t: (x, w, None, t, None, None, None, None, None, HQ, HK, D, 1e-6, False,
+                      "bshd", False, "dy")
+    with torch.no_grad():
+        n = len(made)
+        got = qkv_linear._forward(*args(wide))
+        assert len(made) == n + 1
+        want = qkv_linear._forward(*args(narrow))
+        assert len(made) == n + 2
+        qkv_linear._forward(*args(wide))
+        assert len(made) == n + 2
+    for a, b in zip(got[:3], want[:3]):
+        assert torch.equal(a, b)
+    # kept or made afresh, the same bits
+    kept = call(x, w, out_layout="bhsd")
+    eager.SIGNATURES.clear()
+    for a, b in zip(kept, call(x, w, out_layout="bhsd")):
+        assert torch.equal(a, b)
