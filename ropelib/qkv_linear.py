@@ -218,7 +218,8 @@ def _aligned(t: Tensor) -> Tensor:
     forward's main loop loads x and the weight by TMA); a view that starts between two is
     copied."""
     t = t.contiguous()
-    return t.clone() if (t.storage_offset() * t.element_size()) % 16 else t
+    offset = t.storage_offset()
+    return t.clone() if offset and (offset * t.element_size()) % 16 else t
 
 
 # --- the operators --------------------------------------------------------------------------
@@ -414,7 +415,8 @@ def _setup(ctx, inputs, output):
     ctx.has_bias = bias is not None
     ctx.backward, ctx.eps = backward, _eps
     ctx.outputs = [(o.shape, o.dtype, o.device) for o in output[:3]]
-    ctx.mark_non_differentiable(rstd, norm_input)
+    if rstd is not None:        # (the eager route's forward gives None where none are kept)
+        ctx.mark_non_differentiable(rstd, norm_input)
 
 
 def _token_major(grads: tuple, out_layout: str) -> tuple:
@@ -520,6 +522,9 @@ def _backward(ctx, grad_q, grad_k, grad_v, _grad_rstd, _grad_norm_input):
                 dwk if need[8] else None) + (None,) * 8
     grad_x = need[0]
     grad_params = need[1] or need[2] or need[7] or need[8]
+    if rstd is None:        # (an eager forward that kept no norm statistics: the operator's
+        rstd = torch.empty((0,), dtype=torch.float32, device=x.device)     # empty ones)
+        norm_input = torch.empty((0,), dtype=x.dtype, device=x.device)
     dx, dw, db, dwq, dwk = (_backward_impl if plain else qkv_rope_linear_backward_op)(
         *grads, x, weight, table, sin, position_ids, cu_seqlens, q_norm_weight, k_norm_weight,
         rstd, norm_input, *ctx.options, grad_x, grad_params, ctx.has_bias)
@@ -534,11 +539,15 @@ qkv_rope_linear_op.register_autograd(_backward, setup_context=_setup)
 class _EagerQKVRoPE(torch.autograd.Function):
     """The forward operator and its autograd formula without the dispatcher: what a plain eager
     call runs (eager.active); under torch.compile, a tracer, a transform or a dispatch mode the
-    operator runs. The same functions either way (_forward, _setup, _backward)."""
+    operator runs. The same functions either way (_forward, _setup, _backward), but for the
+    norm's statistics where none are kept: None, not empty tensors made every call."""
 
     @staticmethod
     def forward(ctx, *inputs):
-        output = _forward(*inputs)
+        if inputs[15] and inputs[7] is not None:    # save_for_norm, with norm weights
+            output = _forward(*inputs)
+        else:       # (no norm statistics kept: None, where the operator returns empty tensors)
+            output = _project(*inputs[:15], None, None) + (None, None)
         _setup(ctx, inputs, output)
         return output
 
