@@ -20,9 +20,10 @@ B=2, S=13, hidden 64, 4/2 heads of 32, angles): the whole call (forward under no
 gradients, and the backward through autograd), then each step of the forward and of the
 backward, and the same with QK-norm (norm weights [D]: the forward, the forward+backward, the
 backward and its dY step, qk_norm.undo_norm_rope into dY's columns), best of --rounds rounds
-of --calls calls back to back (benchmarks/eager_python_pieces.py's way). What is left is ropelib's own Python and PyTorch's calls
-(allocations, views, and on the backward's "dy" route dX and dW's matrix products, here on
-the CPU, denormals flushed: with the launches removed dY is whatever torch.empty held).
+of --calls calls back to back (benchmarks/eager_python_pieces.py's way). What is left is
+ropelib's own Python and PyTorch's calls (allocations, views, and on the backward's "dy" route
+dX and dW's matrix products, here on the CPU, denormals flushed: with the launches removed dY
+is whatever torch.empty held).
 
     python benchmarks/qkv_host_probe.py [--tokens 8192] [--calls 20] [--rounds 7]   # GPU
     TRITON_INTERPRET=1 python benchmarks/qkv_host_probe.py --dry-run                # CPU
