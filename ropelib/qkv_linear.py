@@ -119,17 +119,25 @@ def _rows(table: Tensor) -> int:
 
 
 def _run(kind: str, pointers: tuple, x: Tensor, table: Tensor, position_ids, cu_seqlens,
-         n_heads, n_kv_heads, head_dim, interleaved, out_layout, eps=1e-6) -> None:
+         n_heads, n_kv_heads, head_dim, interleaved, out_layout, eps=1e-6,
+         launch: Optional[Launch] = None) -> None:
     """Plan one of the three kernels for these pointers (in its *_POINTERS order) and start it
-    (the plan kept for the next call with the same sizes, dtypes and options: `planned`)."""
+    (the plan kept for the next call with the same sizes, dtypes and options: `planned`).
+    launch: the caller's kept plan (the forward's ForwardPlan), taken where it was planned for
+    pointers of these dtypes; a TMA forward then sets Triton's allocator as `planned` does."""
+    dtypes = pointer_dtypes(pointers)
+    if launch is not None and launch.dtypes == dtypes:
+        if launch.launcher is kernel.FWD_TMA and not kernel.INTERPRET:
+            kernel.ensure_allocator()
+        kernel.run(launch, pointers)
+        return
     B, S, K = _sizes(x)
     turns = table.dtype == torch.int64          # Angles' turns
     R = table.shape[0] if turns else table.shape[1]
     kernel.run(planned(kind, S=S, B=B, K=K, HQ=n_heads, HK=n_kv_heads, D=head_dim, R=R,
                        P=EXACT_POSITIONS if turns else table.shape[0], ids=position_ids,
                        cu_seqlens=cu_seqlens, layout=out_layout, interleaved=interleaved,
-                       eps=eps, device=x.device, dtypes=pointer_dtypes(pointers),
-                       shared_angle=turns),
+                       eps=eps, device=x.device, dtypes=dtypes, shared_angle=turns),
                pointers)
 
 
@@ -279,10 +287,10 @@ def _project(x: Tensor, weight: Tensor, bias: Optional[Tensor], table: Tensor,
                 torch.empty(fp.rows, dtype=torch.float32, device=device))
         start(COS_SIN_ROWS, fp.prepass, (table, sin, position_ids, cu_seqlens, None) + rows
               + (differ, None))
-        if fp.tma_allocator:
-            kernel.ensure_allocator()
-        kernel.run(fp.launch, (_aligned(x), _aligned(weight), _contiguous(bias), q, k, v)
-                   + rows + (q_norm_weight, k_norm_weight, rstd, norm_input, differ))
+        _run("fwd", (_aligned(x), _aligned(weight), _contiguous(bias), q, k, v) + rows
+             + (q_norm_weight, k_norm_weight, rstd, norm_input, differ), x, table,
+             position_ids, cu_seqlens, n_heads, n_kv_heads, head_dim, interleaved, out_layout,
+             eps, launch=fp.launch)
     return q, k, v
 
 
@@ -311,11 +319,9 @@ def _forward_key(x, weight, bias, table, sin, position_ids, cu_seqlens, q_norm_w
 class ForwardPlan:
     """Everything of one forward that follows from its key (`_forward_key`): the shapes of q
     and of k and v, the cos/sin rows' shape, whether the pre-pass sets a pairs_differ flag,
-    the pre-pass plan (`_prepass`) and the GEMM's Launch (`planned`), and whether a TMA launch
-    needs Triton's allocator set at every call (qkv_gemm.ensure_allocator). launch is None
-    where there is no token (nothing launched)."""
-    __slots__ = ("q_shape", "kv_shape", "rows", "differ", "prepass", "launch",
-                 "tma_allocator")
+    the pre-pass plan (`_prepass`) and the GEMM's Launch (`planned`; None where there is no
+    token, nothing launched)."""
+    __slots__ = ("q_shape", "kv_shape", "rows", "differ", "prepass", "launch")
 
     def __init__(self, x, weight, bias, table, sin, position_ids, cu_seqlens, q_norm_weight,
                  k_norm_weight, n_heads, n_kv_heads, head_dim, eps, interleaved, out_layout,
@@ -333,7 +339,6 @@ class ForwardPlan:
         nb = B if kernel.per_entry(position_ids) else 1
         self.rows, self.differ = (nb * S, R), not turns
         self.prepass = self.launch = None
-        self.tma_allocator = False
         if B * S == 0:
             return
         device = x.device
@@ -348,7 +353,6 @@ class ForwardPlan:
                               ids=position_ids, cu_seqlens=cu_seqlens, layout=out_layout,
                               interleaved=interleaved, eps=eps, device=device, dtypes=dtypes,
                               shared_angle=turns)
-        self.tma_allocator = self.launch.launcher is kernel.FWD_TMA and not kernel.INTERPRET
 
 
 qkv_rope_linear_op = define_op("ropelib::qkv_rope_linear")(_forward)
@@ -415,8 +419,7 @@ def _setup(ctx, inputs, output):
     ctx.has_bias = bias is not None
     ctx.backward, ctx.eps = backward, _eps
     ctx.outputs = [(o.shape, o.dtype, o.device) for o in output[:3]]
-    if rstd is not None:        # (the eager route's forward gives None where none are kept)
-        ctx.mark_non_differentiable(rstd, norm_input)
+    ctx.mark_non_differentiable(rstd, norm_input)
 
 
 def _token_major(grads: tuple, out_layout: str) -> tuple:
@@ -522,9 +525,6 @@ def _backward(ctx, grad_q, grad_k, grad_v, _grad_rstd, _grad_norm_input):
                 dwk if need[8] else None) + (None,) * 8
     grad_x = need[0]
     grad_params = need[1] or need[2] or need[7] or need[8]
-    if rstd is None:        # (an eager forward that kept no norm statistics: the operator's
-        rstd = torch.empty((0,), dtype=torch.float32, device=x.device)     # empty ones)
-        norm_input = torch.empty((0,), dtype=x.dtype, device=x.device)
     dx, dw, db, dwq, dwk = (_backward_impl if plain else qkv_rope_linear_backward_op)(
         *grads, x, weight, table, sin, position_ids, cu_seqlens, q_norm_weight, k_norm_weight,
         rstd, norm_input, *ctx.options, grad_x, grad_params, ctx.has_bias)
@@ -539,15 +539,11 @@ qkv_rope_linear_op.register_autograd(_backward, setup_context=_setup)
 class _EagerQKVRoPE(torch.autograd.Function):
     """The forward operator and its autograd formula without the dispatcher: what a plain eager
     call runs (eager.active); under torch.compile, a tracer, a transform or a dispatch mode the
-    operator runs. The same functions either way (_forward, _setup, _backward), but for the
-    norm's statistics where none are kept: None, not empty tensors made every call."""
+    operator runs. The same functions either way (_forward, _setup, _backward)."""
 
     @staticmethod
     def forward(ctx, *inputs):
-        if inputs[15] and inputs[7] is not None:    # save_for_norm, with norm weights
-            output = _forward(*inputs)
-        else:       # (no norm statistics kept: None, where the operator returns empty tensors)
-            output = _project(*inputs[:15], None, None) + (None, None)
+        output = _forward(*inputs)
         _setup(ctx, inputs, output)
         return output
 

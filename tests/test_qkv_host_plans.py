@@ -411,23 +411,3 @@ def test_the_forward_looks_its_whole_plan_up_once(monkeypatch):
     for a, b in zip(kept, call(x, w, out_layout="bhsd")):
         assert torch.equal(a, b)
 
-
-@pytest.mark.parametrize("backward", ["dy", "prologue"])
-def test_the_eager_forward_keeps_no_empty_norm_statistics(backward, monkeypatch):
-    """A forward with gradients and no norm keeps None where the operator returns empty rstd
-    and norm_input (none made per call); with the norm it keeps both. The gradients are the
-    bits of the operator's route, whose forward returns the empty tensors."""
-    x, w = inputs(grad=True)
-    out = call(x, w, backward=backward)
-    assert out[0].grad_fn.saved_tensors[-2:] == (None, None)
-    wq = (torch.rand(D, generator=torch.Generator().manual_seed(7)) + 0.5).requires_grad_()
-    normed = call(x, w, q_norm_weight=wq, k_norm_weight=wq, backward=backward)
-    rstd, norm_input = normed[0].grad_fn.saved_tensors[-2:]
-    assert rstd.shape == (B * S, HQ + HK) and norm_input.shape == (B * S, (HQ + HK) * D)
-    grads = [torch.randn(t.shape, generator=torch.Generator().manual_seed(8)) for t in out]
-    want = torch.autograd.grad(out, (x, w), grads)
-    monkeypatch.setattr(qkv_linear.eager, "active", lambda: False)     # (as under a tracer)
-    out = call(x, w, backward=backward)
-    assert out[0].grad_fn.saved_tensors[-1].shape == (0,)
-    for a, b in zip(want, torch.autograd.grad(out, (x, w), grads)):
-        assert torch.equal(a, b)
