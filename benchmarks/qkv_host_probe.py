@@ -18,10 +18,12 @@ piece instead, with the launches removed (planning.start as qkv_linear and qkv_g
 and ropelib.eager's launches, replaced by nothing), at a small shape like the tests' (fp32,
 B=2, S=13, hidden 64, 4/2 heads of 32, angles): the whole call (forward under no_grad, with
 gradients, and the backward through autograd), then each step of the forward and of the
-backward, best of --rounds rounds of --calls calls back to back (benchmarks/
-eager_python_pieces.py's way). What is left is ropelib's own Python and PyTorch's calls
-(allocations, views, and on the backward's "dy" route dX and dW's matrix products, here on
-the CPU, denormals flushed: with the launches removed dY is whatever torch.empty held).
+backward, and the same with QK-norm (norm weights [D]: the forward, the forward+backward, the
+backward and its dY step, qk_norm.undo_norm_rope into dY's columns), best of --rounds rounds
+of --calls calls back to back (benchmarks/eager_python_pieces.py's way). What is left is
+ropelib's own Python and PyTorch's calls (allocations, views, and on the backward's "dy" route
+dX and dW's matrix products, here on the CPU, denormals flushed: with the launches removed dY
+is whatever torch.empty held).
 
     python benchmarks/qkv_host_probe.py [--tokens 8192] [--calls 20] [--rounds 7]   # GPU
     TRITON_INTERPRET=1 python benchmarks/qkv_host_probe.py --dry-run                # CPU
@@ -130,15 +132,19 @@ def pieces(device) -> dict:
     grads = [torch.randn(B, S, h, D, generator=g).to(dev) for h in (HQ, HK, HK)]
     out = ropelib.qkv_rope_linear(xg, wg, **opts)
     ctx = out[0].grad_fn
+    # with QK-norm (Qwen3's q_norm and k_norm: weights [D])
+    wq, wk = (torch.rand(D, generator=g).add(0.5).to(dev).requires_grad_() for _ in range(2))
+    nopts = dict(opts, q_norm_weight=wq, k_norm_weight=wk)
+    normed = ropelib.qkv_rope_linear(xg, wg, **nopts)
+    nctx = normed[0].grad_fn
+    norm_input = nctx.saved_tensors[-1]
     made = qkv_linear._forward(*args)
     tok = qkv_linear._token_major(grads, "bshd")
-    dtypes = planning.pointer_dtypes(
-        (x, w, None, x, x, x, sin, sin, None, None, None, None, torch.zeros(1)))
-    dtypes = dtypes[:-1] + (None,)      # (angles: no pairs_differ flag)
-    plan_opts = dict(S=S, B=B, K=K, HQ=HQ, HK=HK, D=D, R=D, P=qkv_linear._rows(table),
-                     ids=None, cu_seqlens=None, layout="bshd", interleaved=False, eps=1e-6,
-                     device=dev, dtypes=dtypes, shared_angle=True)
-    plan = getattr(qkv_linear, "planned", qkv_gemm.plan)   # (the cached planner, where one is)
+    key = (x, w, None, table, sin, None, None, None, None, HQ, HK, D, 1e-6, False, "bshd", None,
+           None)
+
+    def forward_plan():         # (a forward's one lookup of its whole plan)
+        return qkv_linear.SIGNATURES.get(qkv_linear._forward_key(*key))
 
     def no_grad(fn):
         def run():
@@ -156,11 +162,7 @@ def pieces(device) -> dict:
         "  _forward (the operator's implementation)": no_grad(lambda: qkv_linear._forward(*args)),
         "    torch.empty, one output [B, S, HQ, D]": lambda: torch.empty(
             (B, S, HQ, D), dtype=x.dtype, device=dev),
-        "    cos_sin_rows (rows + pre-pass plan)": lambda: qkv_linear.cos_sin_rows(
-            x, table, sin, None, None, False),
-        "    the GEMM's plan (qkv_linear.planned)": lambda: plan("fwd", **plan_opts),
-        "    pointer_dtypes (13 pointers)": lambda: planning.pointer_dtypes(
-            (x, w, None, x, x, x, sin, sin, None, None, None, None, None)),
+        "    the forward's plan (key + lookup, qkv_linear.ForwardPlan)": forward_plan,
         "forward, with gradients (whole)": lambda: ropelib.qkv_rope_linear(xg, wg, **opts),
         "  _eager_qkv_rope (Function: _forward + _setup)": lambda: qkv_linear._eager_qkv_rope(
             *gargs),
@@ -174,6 +176,14 @@ def pieces(device) -> dict:
             torch.empty(B * S, w.shape[0], dtype=x.dtype, device=dev) @ w,
             torch.empty(B * S, w.shape[0], dtype=x.dtype, device=dev).t()
             @ x.reshape(-1, K))),
+        "QK-norm: forward, no_grad (whole)": no_grad(
+            lambda: ropelib.qkv_rope_linear(x, w, **nopts)),
+        "QK-norm: forward+backward (autograd.backward, whole)": lambda: torch.autograd.backward(
+            ropelib.qkv_rope_linear(xg, wg, **nopts), grads),
+        "  backward under no_grad, QK-norm (_backward with a saved ctx)": no_grad(
+            lambda: qkv_linear._backward(nctx, *grads, None, None)),
+        "    dY written (_written_dy_normed)": no_grad(lambda: qkv_linear._written_dy_normed(
+            *tok, x, norm_input, wq, wk, table, sin, None, None, HQ, HK, D, 1e-6, False)),
     }
 
 

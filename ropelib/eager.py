@@ -78,9 +78,10 @@ def signature(head: tuple, tensors: tuple) -> Optional[tuple]:
 class Signatures:
     """Every plan ropelib keeps between calls: planned calls by signature, of every public
     function that takes the eager route (each signature starts with its function's name), and
-    the QKV projection's launches (keys starting "qkv_gemm", "qkv_cos_sin_rows", "rotate_into",
-    "undo_norm_rope": ropelib/qkv_linear.py says what each is keyed on). clear() drops them all: the one thing
-    to call after changing a tile table or a planner. Bounded: cleared when full."""
+    the QKV projection's launches (keys starting "qkv_forward", "qkv_gemm", "qkv_cos_sin_rows",
+    "rotate_into", "undo_norm_rope": ropelib/qkv_linear.py says what each is keyed on).
+    clear() drops them all: the one thing to call after changing a tile table or a planner.
+    Bounded: cleared when full."""
 
     def __init__(self):
         self.entries = {}

@@ -96,7 +96,8 @@ def undo_norm_rope(grad_q_out: Tensor, grad_k_out: Tensor, q: Tensor, k: Tensor,
     (the QKV projection's dY backward). That one, called plain eager (eager.active), keeps its
     kernel.Route in eager.SIGNATURES by signature (every tensor's shape, strides, dtype, device
     and requires_grad, `into`'s too, and the options): planned once, started through the direct
-    launcher, as qk_norm_rope's eager route; the same plans, so the same bits. (The operator's
+    launcher, as qk_norm_rope's eager route, with what the backward into `into` decides from
+    strides decided once (kernel.BackwardInto); the same plans, so the same bits. (The operator's
     own backward, which qk_norm_rope's eager route never calls, makes a Route every call.)"""
     pos, packed = _index(position_ids, cu_seqlens)
     sig = eager.signature(
@@ -104,20 +105,24 @@ def undo_norm_rope(grad_q_out: Tensor, grad_k_out: Tensor, q: Tensor, k: Tensor,
          type(weight_offset)),
         (grad_q_out, grad_k_out, q, k, w_q, w_k, table, sin, position_ids, cu_seqlens, *into)) \
         if into is not None and eager.active() else None
-    route = eager.SIGNATURES.get(sig) if sig is not None else None
-    if route is None:
-        if sig is None:
-            q, k, w_q, w_k, table, sin, pos = kernel.readable(q, k, w_q, w_k, table, sin, pos,
-                                                              layout)
-            route = kernel.Route(q, k, w_q, w_k, table, sin, pos, layout=layout,
-                                 interleaved=interleaved, eps=eps,
-                                 weight_offset=weight_offset, packed=packed)
-        else:
-            route = eager.SIGNATURES.put(sig, _route(q, k, w_q, w_k, table, sin, position_ids,
-                                                     cu_seqlens, layout, interleaved, eps,
-                                                     weight_offset))
-    grad_q, grad_k, gw_q, gw_k = route.backward(grad_q_out, grad_k_out, q, k, w_q, w_k, table,
-                                                sin, pos, into=into)
+    if sig is None:
+        q, k, w_q, w_k, table, sin, pos = kernel.readable(q, k, w_q, w_k, table, sin, pos,
+                                                          layout)
+        route = kernel.Route(q, k, w_q, w_k, table, sin, pos, layout=layout,
+                             interleaved=interleaved, eps=eps, weight_offset=weight_offset,
+                             packed=packed)
+        grad_q, grad_k, gw_q, gw_k = route.backward(grad_q_out, grad_k_out, q, k, w_q, w_k,
+                                                    table, sin, pos, into=into)
+    else:
+        # the Route and what its backward into `into` decides from strides (kernel.BackwardInto)
+        backward = eager.SIGNATURES.get(sig)
+        if backward is None:
+            backward = eager.SIGNATURES.put(sig, kernel.BackwardInto(
+                _route(q, k, w_q, w_k, table, sin, position_ids, cu_seqlens, layout,
+                       interleaved, eps, weight_offset),
+                grad_q_out, grad_k_out, q, k, w_q, w_k, table, sin, pos, into))
+        grad_q, grad_k, gw_q, gw_k = backward(grad_q_out, grad_k_out, q, k, w_q, w_k, table,
+                                              sin, pos, into)
     return grad_q, grad_k, gw_q.to(w_q.dtype), gw_k.to(w_k.dtype)
 
 

@@ -37,6 +37,13 @@ formula without the dispatcher (_EagerQKVRoPE), as ropelib's other eager calls d
 Plans kept. A plain eager call plans each launch once and keeps it in ropelib.eager.SIGNATURES,
 the one cache of every plan ropelib keeps (eager.SIGNATURES.clear() drops them all), each entry
 under a key of its own kind:
+  ("qkv_forward", ...)       the forward's whole plan (`ForwardPlan`: the output and cos/sin
+                             rows' shapes, the pre-pass plan and the GEMM's Launch below),
+                             looked up once a call: x's shape, the dtypes of x, the weight,
+                             bias, table, sin, position ids, cu_seqlens, norm weights, rstd and
+                             norm_input, the device, the table's shape and strides, the
+                             position ids' and cu_seqlens' shapes, the heads, D, eps,
+                             interleaved, out_layout;
   ("qkv_gemm", ...)          the forward's, dX's and dW's GEMM (`planned`): the kind, B, S, K,
                              the heads, D, R, the table's positions P, whether position ids
                              have a row per batch entry, cu_seqlens' length, out_layout,
@@ -50,7 +57,9 @@ under a key of its own kind:
                              signature, every tensor's shape, strides, dtype, device and
                              requires_grad, the layout, interleaved, the direction;
   ("undo_norm_rope", ...)    with QK-norm, the backward's dY norm and rotation
-                             (qk_norm.undo_norm_rope into dY's columns): an eager signature
+                             (qk_norm.undo_norm_rope into dY's columns: its Route and what
+                             follows from strides, whether the kernel stores into dY's
+                             columns, kernels/qk_norm_rope.BackwardInto): an eager signature
                              likewise, with eps and weight_offset.
 Never a tensor's values, and never the planners' own settings: code that changes a tile table
 (kernels/qkv_gemm.GPU_TILES, ...) or patches a planner, as a probe or a test does, calls
@@ -110,17 +119,25 @@ def _rows(table: Tensor) -> int:
 
 
 def _run(kind: str, pointers: tuple, x: Tensor, table: Tensor, position_ids, cu_seqlens,
-         n_heads, n_kv_heads, head_dim, interleaved, out_layout, eps=1e-6) -> None:
+         n_heads, n_kv_heads, head_dim, interleaved, out_layout, eps=1e-6,
+         launch: Optional[Launch] = None) -> None:
     """Plan one of the three kernels for these pointers (in its *_POINTERS order) and start it
-    (the plan kept for the next call with the same sizes, dtypes and options: `planned`)."""
+    (the plan kept for the next call with the same sizes, dtypes and options: `planned`).
+    launch: the caller's kept plan (the forward's ForwardPlan), taken where it was planned for
+    pointers of these dtypes; a TMA forward then sets Triton's allocator as `planned` does."""
+    dtypes = pointer_dtypes(pointers)
+    if launch is not None and launch.dtypes == dtypes:
+        if launch.launcher is kernel.FWD_TMA and not kernel.INTERPRET:
+            kernel.ensure_allocator()
+        kernel.run(launch, pointers)
+        return
     B, S, K = _sizes(x)
     turns = table.dtype == torch.int64          # Angles' turns
     R = table.shape[0] if turns else table.shape[1]
     kernel.run(planned(kind, S=S, B=B, K=K, HQ=n_heads, HK=n_kv_heads, D=head_dim, R=R,
                        P=EXACT_POSITIONS if turns else table.shape[0], ids=position_ids,
                        cu_seqlens=cu_seqlens, layout=out_layout, interleaved=interleaved,
-                       eps=eps, device=x.device, dtypes=pointer_dtypes(pointers),
-                       shared_angle=turns),
+                       eps=eps, device=x.device, dtypes=dtypes, shared_angle=turns),
                pointers)
 
 
@@ -209,7 +226,8 @@ def _aligned(t: Tensor) -> Tensor:
     forward's main loop loads x and the weight by TMA); a view that starts between two is
     copied."""
     t = t.contiguous()
-    return t.clone() if (t.storage_offset() * t.element_size()) % 16 else t
+    offset = t.storage_offset()
+    return t.clone() if offset and (offset * t.element_size()) % 16 else t
 
 
 # --- the operators --------------------------------------------------------------------------
@@ -245,31 +263,96 @@ def _project(x: Tensor, weight: Tensor, bias: Optional[Tensor], table: Tensor,
              eps: float, interleaved: bool, out_layout: str, rstd: Optional[Tensor],
              norm_input: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
     """q, k and v fresh, written by the pre-pass and the forward kernel (rstd and norm_input:
-    where the norm's statistics and input go, or None)."""
-    B, S, _ = _sizes(x)
-    M = B * S
-    if x.dim() == 2:
-        shapes = [(S, h, head_dim) for h in (n_heads, n_kv_heads)]     # packed: [T, H, D]
-    elif out_layout == "bshd":
-        shapes = [(B, S, h, head_dim) for h in (n_heads, n_kv_heads)]
-    else:
-        shapes = [(B, h, S, head_dim) for h in (n_heads, n_kv_heads)]
-    q = torch.empty(shapes[0], dtype=x.dtype, device=x.device)
-    k = torch.empty(shapes[1], dtype=x.dtype, device=x.device)
-    v = torch.empty(shapes[1], dtype=x.dtype, device=x.device)
-    if M:
+    where the norm's statistics and input go, or None), as the call's ForwardPlan says."""
+    key = _forward_key(x, weight, bias, table, sin, position_ids, cu_seqlens, q_norm_weight,
+                       k_norm_weight, n_heads, n_kv_heads, head_dim, eps, interleaved,
+                       out_layout, rstd, norm_input)
+    fp = SIGNATURES.get(key) if key is not None else None
+    if fp is None:
+        fp = ForwardPlan(x, weight, bias, table, sin, position_ids, cu_seqlens, q_norm_weight,
+                         k_norm_weight, n_heads, n_kv_heads, head_dim, eps, interleaved,
+                         out_layout, rstd, norm_input)
+        if key is not None:
+            SIGNATURES.put(key, fp)
+    device = x.device
+    q = torch.empty(fp.q_shape, dtype=x.dtype, device=device)
+    k = torch.empty(fp.kv_shape, dtype=x.dtype, device=device)
+    v = torch.empty(fp.kv_shape, dtype=x.dtype, device=device)
+    if fp.launch is not None:
         # a table's pairs may or may not repeat one angle (Angles' always do): the pre-pass
         # says, and the forward reads one cos and one sin tile where they do, else each
         # member's own (kernels/qkv_gemm.py)
-        differ = None if table.dtype == torch.int64 else \
-            torch.zeros((1,), dtype=torch.int32, device=x.device)
-        cos, sin_rows = cos_sin_rows(x, table, sin, position_ids, cu_seqlens, interleaved,
-                                     differ)
-        _run("fwd", (_aligned(x), _aligned(weight), _contiguous(bias), q, k, v, cos,
-                     sin_rows, q_norm_weight, k_norm_weight, rstd, norm_input, differ),
-             x, table, position_ids, cu_seqlens, n_heads, n_kv_heads, head_dim, interleaved,
-             out_layout, eps)
+        differ = torch.zeros((1,), dtype=torch.int32, device=device) if fp.differ else None
+        rows = (torch.empty(fp.rows, dtype=torch.float32, device=device),
+                torch.empty(fp.rows, dtype=torch.float32, device=device))
+        start(COS_SIN_ROWS, fp.prepass, (table, sin, position_ids, cu_seqlens, None) + rows
+              + (differ, None))
+        _run("fwd", (_aligned(x), _aligned(weight), _contiguous(bias), q, k, v) + rows
+             + (q_norm_weight, k_norm_weight, rstd, norm_input, differ), x, table,
+             position_ids, cu_seqlens, n_heads, n_kv_heads, head_dim, interleaved, out_layout,
+             eps, launch=fp.launch)
     return q, k, v
+
+
+def _dtype(t: Optional[Tensor]):
+    return None if t is None else t.dtype
+
+
+def _forward_key(x, weight, bias, table, sin, position_ids, cu_seqlens, q_norm_weight,
+                 k_norm_weight, n_heads, n_kv_heads, head_dim, eps, interleaved, out_layout,
+                 rstd, norm_input) -> Optional[tuple]:
+    """The forward's key in eager.SIGNATURES ("qkv_forward"): what its ForwardPlan follows
+    from (shapes, dtypes, the table's strides, the device and the options), or None where a
+    size is not a plain int (torch.compile's tracing: planned every call)."""
+    ids = () if position_ids is None else position_ids.shape
+    seqs = () if cu_seqlens is None else cu_seqlens.shape
+    if type(eps) is not float or any(type(n) is not int for n in (*x.shape, *table.shape,
+                                                                   *ids, *seqs)):
+        return None
+    return ("qkv_forward", x.shape, x.dtype, x.device, weight.dtype, _dtype(bias),
+            table.shape, table.stride(), table.dtype, _dtype(sin), ids, _dtype(position_ids),
+            seqs, _dtype(cu_seqlens), _dtype(q_norm_weight), _dtype(k_norm_weight),
+            _dtype(rstd), _dtype(norm_input), n_heads, n_kv_heads, head_dim, eps, interleaved,
+            out_layout)
+
+
+class ForwardPlan:
+    """Everything of one forward that follows from its key (`_forward_key`): the shapes of q
+    and of k and v, the cos/sin rows' shape, whether the pre-pass sets a pairs_differ flag,
+    the pre-pass plan (`_prepass`) and the GEMM's Launch (`planned`; None where there is no
+    token, nothing launched)."""
+    __slots__ = ("q_shape", "kv_shape", "rows", "differ", "prepass", "launch")
+
+    def __init__(self, x, weight, bias, table, sin, position_ids, cu_seqlens, q_norm_weight,
+                 k_norm_weight, n_heads, n_kv_heads, head_dim, eps, interleaved, out_layout,
+                 rstd, norm_input):
+        B, S, K = _sizes(x)
+        if x.dim() == 2:
+            shapes = [(S, h, head_dim) for h in (n_heads, n_kv_heads)]     # packed: [T, H, D]
+        elif out_layout == "bshd":
+            shapes = [(B, S, h, head_dim) for h in (n_heads, n_kv_heads)]
+        else:
+            shapes = [(B, h, S, head_dim) for h in (n_heads, n_kv_heads)]
+        self.q_shape, self.kv_shape = shapes
+        turns = table.dtype == torch.int64          # Angles' turns
+        R = table.shape[0] if turns else table.shape[1]
+        nb = B if kernel.per_entry(position_ids) else 1
+        self.rows, self.differ = (nb * S, R), not turns
+        self.prepass = self.launch = None
+        if B * S == 0:
+            return
+        device = x.device
+        self.prepass = _prepass(table, sin, position_ids, cu_seqlens, S, nb, R, interleaved,
+                                device, self.differ)
+        f32 = torch.float32
+        dtypes = (x.dtype, weight.dtype, _dtype(bias), x.dtype, x.dtype, x.dtype, f32, f32,
+                  _dtype(q_norm_weight), _dtype(k_norm_weight), _dtype(rstd),
+                  _dtype(norm_input), torch.int32 if self.differ else None)
+        self.launch = planned("fwd", S=S, B=B, K=K, HQ=n_heads, HK=n_kv_heads, D=head_dim,
+                              R=R, P=EXACT_POSITIONS if turns else table.shape[0],
+                              ids=position_ids, cu_seqlens=cu_seqlens, layout=out_layout,
+                              interleaved=interleaved, eps=eps, device=device, dtypes=dtypes,
+                              shared_angle=turns)
 
 
 qkv_rope_linear_op = define_op("ropelib::qkv_rope_linear")(_forward)

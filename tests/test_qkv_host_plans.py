@@ -291,3 +291,123 @@ def test_the_normed_backward_plans_its_dy_route_once(monkeypatch):
     out = call(x, w, q_norm_weight=wq, k_norm_weight=wk)
     for a, b in zip(results[0], torch.autograd.grad(out, (x, w, wq, wk), grads)):
         assert torch.equal(a, b)
+
+
+def test_the_normed_dy_step_decides_where_it_stores_once(monkeypatch):
+    """With QK-norm the dY step (qk_norm.undo_norm_rope into dY's columns) keeps, beside its
+    Route, what follows from strides (kernel.BackwardInto): whether the kernel stores into dY's
+    columns is decided at the first backward of a signature and not at the next; gradients with
+    other strides (out_layout="bhsd") or another eps decide anew; the same bits either way."""
+    from ropelib.kernels import qk_norm_rope as kernel_qk_norm
+    x, w = inputs(grad=True)
+    g = torch.Generator().manual_seed(3)
+    wq, wk = (torch.rand(D, generator=g).add(0.5).requires_grad_(True) for _ in range(2))
+    eager.SIGNATURES.clear()
+    asked = []
+    real = kernel_qk_norm.Route._stores_into
+
+    def stores_into(self, *into):
+        asked.append(into[0].stride())
+        return real(self, *into)
+    monkeypatch.setattr(kernel_qk_norm.Route, "_stores_into", stores_into)
+    results = {}
+    for over in (dict(), dict(), dict(out_layout="bhsd"), dict(out_layout="bhsd"),
+                 dict(eps=1e-5)):
+        out = call(x, w, q_norm_weight=wq, k_norm_weight=wk, **over)
+        grads = [torch.randn(t.shape, generator=torch.Generator().manual_seed(4))
+                 for t in out]
+        got = torch.autograd.grad(out, (x, w, wq, wk), grads)
+        key = tuple(sorted(over.items()))
+        if key in results:
+            for a, b in zip(results[key], got):
+                assert torch.equal(a, b)
+        results[key] = got
+    assert len(asked) == 3      # once for each signature: bshd, bhsd, another eps
+    # the bits of a Route's own backward (as under a tracer), for each signature
+    monkeypatch.setattr(eager, "active", lambda: False)
+    from ropelib import qk_norm
+    monkeypatch.setattr(qk_norm.eager, "active", lambda: False)
+    for key, want in results.items():
+        out = call(x, w, q_norm_weight=wq, k_norm_weight=wk, **dict(key))
+        grads = [torch.randn(t.shape, generator=torch.Generator().manual_seed(4))
+                 for t in out]
+        for a, b in zip(want, torch.autograd.grad(out, (x, w, wq, wk), grads)):
+            assert torch.equal(a, b), key
+
+
+def test_undo_norm_rope_into_tensors_it_cannot_store_into_copies_each_call():
+    """`into` that are not column slices of one buffer: BackwardInto keeps that the kernel
+    cannot store into them, and every call goes through fresh tensors, copied (the bits of
+    Route.backward's own)."""
+    from ropelib import qk_norm
+    from ropelib.kernels import qk_norm_rope as kernel_qk_norm
+    g = torch.Generator().manual_seed(5)
+    q, k = torch.randn(B, S, HQ, D, generator=g), torch.randn(B, S, HK, D, generator=g)
+    gq, gk = torch.randn(q.shape, generator=g), torch.randn(k.shape, generator=g)
+    wq, wk = torch.rand(D, generator=g) + 0.5, torch.rand(D, generator=g) + 0.5
+    angles = ropelib.rope_angles(D)
+    args = (gq, gk, q, k, wq, wk, angles.turns, angles.amplitude, None, None, "bshd", False,
+            1e-6, 0.0)
+    eager.SIGNATURES.clear()
+    got = []
+    for _ in range(2):
+        into = (torch.full_like(q, float("nan")), torch.full_like(k, float("nan")))
+        got.append(qk_norm.undo_norm_rope(*args, into=into))
+        assert got[-1][0] is into[0] and got[-1][1] is into[1]
+    kept = [v for v in eager.SIGNATURES.entries.values()
+            if isinstance(v, kernel_qk_norm.BackwardInto)]
+    assert len(kept) == 1 and not kept[0].stores
+    want = qk_norm.undo_norm_rope(*args)        # fresh tensors, no kept plan
+    for run in got:
+        for a, b in zip(run, want):
+            assert torch.equal(a, b)
+
+
+def test_the_forward_looks_its_whole_plan_up_once(monkeypatch):
+    """The forward's ForwardPlan (eager.SIGNATURES, "qkv_forward"): made at the first call of a
+    key and taken at the next, no_grad or not; another layout, eps, interleaving, norm or
+    table strides plans anew; the same bits as a forward planned afresh."""
+    x, w = inputs()
+    eager.SIGNATURES.clear()
+    made = []
+    real = qkv_linear.ForwardPlan.__init__
+
+    def planning(self, *a):
+        made.append(a[13:15])       # (interleaved, out_layout)
+        real(self, *a)
+    monkeypatch.setattr(qkv_linear.ForwardPlan, "__init__", planning)
+    first = call(x, w)
+    with torch.no_grad():
+        again = call(x, w)
+    assert len(made) == 1
+    for a, b in zip(first, again):
+        assert torch.equal(a, b)
+    wq = torch.rand(D, generator=torch.Generator().manual_seed(6)) + 0.5
+    for over in (dict(out_layout="bhsd"), dict(eps=1e-5), dict(interleaved=True),
+                 dict(q_norm_weight=wq, k_norm_weight=wq)):
+        n = len(made)
+        call(x, w, **over)
+        call(x, w, **over)
+        assert len(made) == n + 1, over
+    # a table with other strides (a column slice of a wider one), through the operator's
+    # implementation: planned anew, the bits of its contiguous copy
+    wide = ropelib.rope_freqs(S, 2 * D).view(S, 2 * D)[:, :D // 2]
+    narrow = wide.contiguous()
+    args = lambda t: (x, w, None, t, None, None, None, None, None, HQ, HK, D, 1e-6, False,
+                      "bshd", False, "dy")
+    with torch.no_grad():
+        n = len(made)
+        got = qkv_linear._forward(*args(wide))
+        assert len(made) == n + 1
+        want = qkv_linear._forward(*args(narrow))
+        assert len(made) == n + 2
+        qkv_linear._forward(*args(wide))
+        assert len(made) == n + 2
+    for a, b in zip(got[:3], want[:3]):
+        assert torch.equal(a, b)
+    # kept or made afresh, the same bits
+    kept = call(x, w, out_layout="bhsd")
+    eager.SIGNATURES.clear()
+    for a, b in zip(kept, call(x, w, out_layout="bhsd")):
+        assert torch.equal(a, b)
+

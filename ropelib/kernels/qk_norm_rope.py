@@ -686,11 +686,16 @@ def partials(planned: Launch) -> Optional[torch.Tensor]:
     """A backward launch's buffer of per-program partial sums [programs, D] (None forward)."""
     if planned.launcher is not BACKWARD:
         return None
-    a = planned.args     # [token groups, head blocks, batch chunks, D]: the grid's programs
-    shape = (cdiv(a["S"], a["BLOCK_S"] * a["TOKEN_BLOCKS"]), a["HEAD_BLOCKS"], planned.grid[2],
-             a["D"])
-    return torch.empty(shape, dtype=planned.dtypes[-1],
+    return torch.empty(partials_shape(planned), dtype=planned.dtypes[-1],
                        device=planned.device)
+
+
+def partials_shape(planned: Launch) -> tuple:
+    """The shape of a backward launch's partial sums: [token groups, head blocks, batch chunks,
+    D], the grid's programs."""
+    a = planned.args
+    return (cdiv(a["S"], a["BLOCK_S"] * a["TOKEN_BLOCKS"]), a["HEAD_BLOCKS"], planned.grid[2],
+            a["D"])
 
 
 def weight_grads(planned: Launch, part: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -785,7 +790,20 @@ class Route:
         laid_out = outputs(q, k, self.keep_strides, None if into is None else "meta")
         grad_q, grad_k = laid_out if into is None else into
         gq, gk = readable_grad(grad_q_out, laid_out[0]), readable_grad(grad_k_out, laid_out[1])
-        key = (gq.dtype, gk.dtype, into is not None and grad_q.stride())
+        start_backward, planned = self._planned_backward(gq, gk, grad_q, grad_k,
+                                                         into is not None)
+        part = partials(planned)
+        if part.numel():
+            start_backward(pointers(planned, q, k, grad_q, grad_k, w_q, w_k, table, sin, pos,
+                                    gq, gk, part))
+        gw_q, gw_k = weight_grads(planned, part)
+        return grad_q, grad_k, gw_q, gw_k
+
+    def _planned_backward(self, gq, gk, grad_q, grad_k, into: bool) -> tuple:
+        """(start, planned launch) of the backward for output gradients gq, gk (as
+        `readable_grad` leaves them) and input gradients grad_q, grad_k (fresh, or the caller's
+        `into`): planned once per dtypes (and, into the caller's tensors, their strides)."""
+        key = (gq.dtype, gk.dtype, into and grad_q.stride())
         planned_backward = self._backwards.get(key)
         if planned_backward is None:
             q_, k_, w_q_, w_k_, table_, sin_, pos_ = self._stand_ins
@@ -793,10 +811,54 @@ class Route:
             planned = plan(*self._views(q_, k_), gx_q, gx_k, w_q_, w_k_, table_, sin_, pos_,
                            layout=self.layout, gq4=gq4, gk4=gk4, **self.options)
             planned_backward = self._backwards[key] = (self.starter(planned), planned)
-        start_backward, planned = planned_backward
-        part = partials(planned)
-        if part.numel():
-            start_backward(pointers(planned, q, k, grad_q, grad_k, w_q, w_k, table, sin, pos,
-                                    gq, gk, part))
-        gw_q, gw_k = weight_grads(planned, part)
+        return planned_backward
+
+
+class BackwardInto:
+    """Route.backward(..., into=...) for one signature (every tensor's shape, strides and
+    dtype: ropelib.qk_norm.undo_norm_rope's eager key), with what follows from strides alone
+    decided once, at the first call: whether the kernel stores into the caller's tensors
+    (`Route._stores_into`; else the gradients go through fresh tensors and are copied), whether
+    each output gradient must be copied to be read (`readable_grad`), the backward's launch and
+    its partial sums' shape. The same steps and plans as Route.backward, so the same bits."""
+    __slots__ = ("route", "stores", "laid_out", "copy_q", "copy_k", "start", "planned",
+                 "part", "q_blocks")
+
+    def __init__(self, route: Route, grad_q_out, grad_k_out, q, k, w_q, w_k, table, sin, pos,
+                 into: tuple):
+        self.route = route
+        self.stores = route._stores_into(*into)
+        if not self.stores:
+            return
+        q, k = route._readable(q, k, w_q, w_k, table, sin, pos)[:2]
+        self.laid_out = outputs(q, k, route.keep_strides, "meta")
+        gq, gk = (readable_grad(g, like) for g, like in zip((grad_q_out, grad_k_out),
+                                                            self.laid_out))
+        self.copy_q, self.copy_k = gq is not grad_q_out, gk is not grad_k_out
+        self.start, self.planned = route._planned_backward(gq, gk, *into, True)
+        # torch.empty's arguments for the partial sums (`partials`)
+        self.part = (partials_shape(self.planned),
+                     dict(dtype=self.planned.dtypes[-1], device=self.planned.device))
+        a = self.planned.args
+        self.q_blocks = None if a["S"] == 0 or a["B"] == 0 else a["HQ"] // a["BLOCK_H"]
+
+    def __call__(self, grad_q_out, grad_k_out, q, k, w_q, w_k, table, sin, pos,
+                 into: tuple) -> tuple:
+        route = self.route
+        if not self.stores:
+            return route.backward(grad_q_out, grad_k_out, q, k, w_q, w_k, table, sin, pos,
+                                  into=into)
+        q, k, w_q, w_k, table, sin, pos = route._readable(q, k, w_q, w_k, table, sin, pos)
+        gq = readable_grad(grad_q_out, self.laid_out[0]) if self.copy_q else grad_q_out
+        gk = readable_grad(grad_k_out, self.laid_out[1]) if self.copy_k else grad_k_out
+        part = torch.empty(self.part[0], **self.part[1])
+        grad_q, grad_k = into
+        if self.q_blocks is None:       # (nothing to launch: weight_grads' zeros)
+            gw_q, gw_k = weight_grads(self.planned, part)
+        else:
+            if part.numel():
+                self.start(pointers(self.planned, q, k, grad_q, grad_k, w_q, w_k, table, sin,
+                                    pos, gq, gk, part))
+            gw_q, gw_k = part[:, :self.q_blocks].sum((0, 1, 2)), \
+                part[:, self.q_blocks:].sum((0, 1, 2))
         return grad_q, grad_k, gw_q, gw_k
