@@ -126,19 +126,24 @@ def _run(kind: str, pointers: tuple, x: Tensor, table: Tensor, position_ids, cu_
     launch: the caller's kept plan (the forward's ForwardPlan), taken where it was planned for
     pointers of these dtypes; a TMA forward then sets Triton's allocator as `planned` does."""
     dtypes = pointer_dtypes(pointers)
-    if launch is not None and launch.dtypes == dtypes:
-        if launch.launcher is kernel.FWD_TMA and not kernel.INTERPRET:
-            kernel.ensure_allocator()
-        kernel.run(launch, pointers)
-        return
+    if launch is None or launch.dtypes != dtypes:
+        launch = _gemm_plan(kind, x, table, position_ids, cu_seqlens, n_heads, n_kv_heads,
+                            head_dim, interleaved, out_layout, eps, dtypes)
+    if launch.launcher is kernel.FWD_TMA and not kernel.INTERPRET:
+        kernel.ensure_allocator()      # (a thread without Triton's allocator: see planned)
+    kernel.run(launch, pointers)
+
+
+def _gemm_plan(kind: str, x: Tensor, table: Tensor, position_ids, cu_seqlens, n_heads,
+               n_kv_heads, head_dim, interleaved, out_layout, eps, dtypes: tuple) -> Launch:
+    """`planned` for one of the three kernels, its sizes read from x and the table."""
     B, S, K = _sizes(x)
     turns = table.dtype == torch.int64          # Angles' turns
     R = table.shape[0] if turns else table.shape[1]
-    kernel.run(planned(kind, S=S, B=B, K=K, HQ=n_heads, HK=n_kv_heads, D=head_dim, R=R,
-                       P=EXACT_POSITIONS if turns else table.shape[0], ids=position_ids,
-                       cu_seqlens=cu_seqlens, layout=out_layout, interleaved=interleaved,
-                       eps=eps, device=x.device, dtypes=dtypes, shared_angle=turns),
-               pointers)
+    return planned(kind, S=S, B=B, K=K, HQ=n_heads, HK=n_kv_heads, D=head_dim, R=R,
+                   P=EXACT_POSITIONS if turns else table.shape[0], ids=position_ids,
+                   cu_seqlens=cu_seqlens, layout=out_layout, interleaved=interleaved, eps=eps,
+                   device=x.device, dtypes=dtypes, shared_angle=turns)
 
 
 def planned(kind: str, *, S, B, K, HQ, HK, D, R, P, ids, cu_seqlens, layout: str,
@@ -147,9 +152,9 @@ def planned(kind: str, *, S, B, K, HQ, HK, D, R, P, ids, cu_seqlens, layout: str
     """qkv_gemm.plan(...) with the same arguments, kept in eager.SIGNATURES for the next call
     with the same sizes, dtypes and options (concrete sizes only: a symbolic one, under
     torch.compile, is planned anew). ids and cu_seqlens count by what plan reads of them:
-    whether ids has a row per entry, and cu_seqlens' length. A TMA forward on a GPU sets
-    Triton's allocator at every call, as plan does (ensure_allocator: a thread without one).
-    The Launch is shared: leave it unchanged."""
+    whether ids has a row per entry, and cu_seqlens' length. The Launch is shared: leave it
+    unchanged. A kept TMA forward needs Triton's allocator set in the thread that starts it,
+    as plan sets it: `_run` sees to that at every start (ensure_allocator)."""
     rows_per_entry = 0 if ids is None else ids.shape[0]
     n_seq = -1 if cu_seqlens is None else cu_seqlens.shape[0]
     if any(type(n) is not int for n in (S, B, K, P, R, rows_per_entry, n_seq)) \
@@ -166,8 +171,6 @@ def planned(kind: str, *, S, B, K, HQ, HK, D, R, P, ids, cu_seqlens, layout: str
             kind, S=S, B=B, K=K, HQ=HQ, HK=HK, D=D, R=R, P=P, ids=ids, cu_seqlens=cu_seqlens,
             layout=layout, interleaved=interleaved, eps=eps, device=device, dtypes=dtypes,
             rotate=rotate, shared_angle=shared_angle))
-    elif launch.launcher is kernel.FWD_TMA and not kernel.INTERPRET:
-        kernel.ensure_allocator()
     return launch
 
 
@@ -203,15 +206,28 @@ def cos_sin_rows(x: Tensor, table: Tensor, sin: Optional[Tensor], position_ids, 
     sin and cos (the same functions, so the same bits), and what dX's kernel reads again in the
     backward, written anew there from the saved table and positions. pairs_differ (a zeroed
     int32 [1]) is set to 1 where some pair's two members have different cos or sin."""
+    nb, S, R = _row_sets(x, table, position_ids)
+    pre = _prepass(table, sin, position_ids, cu_seqlens, S, nb, R, interleaved, x.device,
+                   pairs_differ is not None) if nb * S else None
+    return _write_rows(pre, (nb * S, R), x.device, table, sin, position_ids, cu_seqlens,
+                       pairs_differ)
+
+
+def _row_sets(x: Tensor, table: Tensor, position_ids) -> Tuple[int, int, int]:
+    """(NB, S, R): the cos/sin rows' sets (B where position ids differ between batch entries,
+    else 1), tokens a set and rotary width."""
     B, S, _ = _sizes(x)
     R = table.shape[0] if table.dtype == torch.int64 else table.shape[1]
-    nb = B if kernel.per_entry(position_ids) else 1
-    device = x.device
-    rows = (torch.empty((nb * S, R), dtype=torch.float32, device=device),
-            torch.empty((nb * S, R), dtype=torch.float32, device=device))
-    if nb * S:
-        pre = _prepass(table, sin, position_ids, cu_seqlens, S, nb, R, interleaved, device,
-                       pairs_differ is not None)
+    return (B if kernel.per_entry(position_ids) else 1), S, R
+
+
+def _write_rows(pre, shape: tuple, device, table: Tensor, sin: Optional[Tensor], position_ids,
+                cu_seqlens, pairs_differ: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+    """Fresh fp32 cos and sine rows of `shape`, written by the pre-pass plan `pre` (None:
+    no token, nothing written)."""
+    rows = (torch.empty(shape, dtype=torch.float32, device=device),
+            torch.empty(shape, dtype=torch.float32, device=device))
+    if pre is not None:
         start(COS_SIN_ROWS, pre, (table, sin, position_ids, cu_seqlens, None) + rows
               + (pairs_differ, None))
     return rows
@@ -283,10 +299,8 @@ def _project(x: Tensor, weight: Tensor, bias: Optional[Tensor], table: Tensor,
         # says, and the forward reads one cos and one sin tile where they do, else each
         # member's own (kernels/qkv_gemm.py)
         differ = torch.zeros((1,), dtype=torch.int32, device=device) if fp.differ else None
-        rows = (torch.empty(fp.rows, dtype=torch.float32, device=device),
-                torch.empty(fp.rows, dtype=torch.float32, device=device))
-        start(COS_SIN_ROWS, fp.prepass, (table, sin, position_ids, cu_seqlens, None) + rows
-              + (differ, None))
+        rows = _write_rows(fp.prepass, fp.rows, device, table, sin, position_ids, cu_seqlens,
+                           differ)
         _run("fwd", (_aligned(x), _aligned(weight), _contiguous(bias), q, k, v) + rows
              + (q_norm_weight, k_norm_weight, rstd, norm_input, differ), x, table,
              position_ids, cu_seqlens, n_heads, n_kv_heads, head_dim, interleaved, out_layout,
@@ -326,7 +340,7 @@ class ForwardPlan:
     def __init__(self, x, weight, bias, table, sin, position_ids, cu_seqlens, q_norm_weight,
                  k_norm_weight, n_heads, n_kv_heads, head_dim, eps, interleaved, out_layout,
                  rstd, norm_input):
-        B, S, K = _sizes(x)
+        B, S, _ = _sizes(x)
         if x.dim() == 2:
             shapes = [(S, h, head_dim) for h in (n_heads, n_kv_heads)]     # packed: [T, H, D]
         elif out_layout == "bshd":
@@ -334,10 +348,8 @@ class ForwardPlan:
         else:
             shapes = [(B, h, S, head_dim) for h in (n_heads, n_kv_heads)]
         self.q_shape, self.kv_shape = shapes
-        turns = table.dtype == torch.int64          # Angles' turns
-        R = table.shape[0] if turns else table.shape[1]
-        nb = B if kernel.per_entry(position_ids) else 1
-        self.rows, self.differ = (nb * S, R), not turns
+        nb, _, R = _row_sets(x, table, position_ids)
+        self.rows, self.differ = (nb * S, R), table.dtype != torch.int64   # (not Angles' turns)
         self.prepass = self.launch = None
         if B * S == 0:
             return
@@ -348,11 +360,8 @@ class ForwardPlan:
         dtypes = (x.dtype, weight.dtype, _dtype(bias), x.dtype, x.dtype, x.dtype, f32, f32,
                   _dtype(q_norm_weight), _dtype(k_norm_weight), _dtype(rstd),
                   _dtype(norm_input), torch.int32 if self.differ else None)
-        self.launch = planned("fwd", S=S, B=B, K=K, HQ=n_heads, HK=n_kv_heads, D=head_dim,
-                              R=R, P=EXACT_POSITIONS if turns else table.shape[0],
-                              ids=position_ids, cu_seqlens=cu_seqlens, layout=out_layout,
-                              interleaved=interleaved, eps=eps, device=device, dtypes=dtypes,
-                              shared_angle=turns)
+        self.launch = _gemm_plan("fwd", x, table, position_ids, cu_seqlens, n_heads,
+                                 n_kv_heads, head_dim, interleaved, out_layout, eps, dtypes)
 
 
 qkv_rope_linear_op = define_op("ropelib::qkv_rope_linear")(_forward)
