@@ -16,12 +16,13 @@ import collections
 import os
 import re
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ropelib  # noqa: E402
+from eager_python_pieces import best_us  # noqa: E402  (best of rounds, µs a call)
 
 LEAF = re.compile(r"\+- ([A-Z_]+):")
 INSTALLED_BY = re.compile(r"ropelib/[\w/]+\.py[:\d]* in (\w+)")   # a guard's source line
@@ -38,16 +39,6 @@ def guard_tree(fn, q, f):
     compiled(q, f)
     entries = torch._dynamo.eval_frame._debug_get_cache_entry_list(fn.__code__)
     return entries[0].guard_manager
-
-
-def best_us(check, calls: int, rounds: int) -> float:
-    best = float("inf")
-    for _ in range(rounds):
-        t = time.perf_counter()
-        for _ in range(calls):
-            check()
-        best = min(best, (time.perf_counter() - t) / calls * 1e6)
-    return best
 
 
 def main():
