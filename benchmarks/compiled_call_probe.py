@@ -1,0 +1,186 @@
+"""Which layer of a compiled call holds the host cost of ropelib's launch (GPU).
+
+compiled_launch_cost.py times whole compiled calls: at decode size a graph with one ropelib
+launch costs about 14 µs more than a graph with one of Inductor's own kernels, and a second
+ropelib launch about 15 µs more again, where a user-defined Triton copy of 24 arguments costs 3.
+A cProfile of those calls (compiled_launch_profile.py) shows the Python of each launch about
+equal. This probe peels the layers apart, timing each one alone in a loop (best of rounds, the
+graphs taking turns):
+
+    compiled   the torch.compile'd function: Dynamo's guards, AOTAutograd's wrappers, call()
+    call       the generated module's call(args) alone: allocations, size asserts, launches
+    run        each kernel's CachingAutotuner.run(...) with the arguments call() gave it
+    launcher   the launcher run() picks (Triton's generated launcher, or Inductor's static one)
+
+and asks Inductor's static launcher whether it would take each user-defined kernel (the reason
+it gives when not: Inductor launches its own kernels statically, which costs less host time).
+
+    python benchmarks/compiled_call_probe.py [--calls 2000] [--rounds 5]
+"""
+import argparse
+import logging
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ropelib  # noqa: E402
+from compiled_launch_cost import _copy_ops, rotate_half  # noqa: E402
+
+
+def _modules():
+    from torch._inductor.codecache import PyCodeCache
+    mods = PyCodeCache.modules
+    return list(mods.values()) if isinstance(mods, dict) else list(mods)
+
+
+def _kernels(mod) -> dict:
+    """The module's kernels: {name: CachingAutotuner}."""
+    return {n: v for n, v in vars(mod).items()
+            if hasattr(v, "launchers") and callable(getattr(v, "run", None))}
+
+
+def compile_graph(fn, inputs):
+    """(compiled fn, generated module, {kernel name: (autotuner, args, kwargs, launcher,
+    launcher args, launcher kwargs)}): the module found as the one new in Inductor's code cache
+    that has call(); each kernel's arguments recorded from one call of call()."""
+    before = {id(m) for m in _modules()}
+    compiled = torch.compile(fn, fullgraph=True)
+    compiled(*inputs)
+    new = [m for m in _modules() if id(m) not in before and hasattr(m, "call")]
+    if len(new) != 1:
+        raise RuntimeError(f"expected one new generated module, found {len(new)}")
+    mod = new[0]
+    recorded = {}
+    spies = []
+    for name, k in _kernels(mod).items():
+        k.precompile() if not k.launchers else None
+        launcher = k.launchers[0]
+
+        def run_spy(*a, _k=k, _name=name, _run=k.run, **kw):
+            recorded.setdefault(_name, [_k, a, kw, None, None, None])
+            return _run(*a, **kw)
+
+        def launcher_spy(*a, _name=name, _l=launcher, **kw):
+            r = recorded.get(_name)
+            if r is not None and r[3] is None:
+                r[3:] = [_l, a, kw]
+            return _l(*a, **kw)
+
+        k.run = run_spy
+        k.launchers[0] = launcher_spy
+        spies.append((k, launcher))
+    mod.call(list(inputs))
+    for k, launcher in spies:
+        del k.run
+        k.launchers[0] = launcher
+    torch.cuda.synchronize()
+    return compiled, mod, recorded
+
+
+def best_us(fn, calls, rounds):
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+    return best
+
+
+def static_verdict(autotuner) -> str:
+    """Would Inductor's static launcher take this kernel? 'yes', or the reason it refuses."""
+    try:
+        from torch._inductor.runtime.static_cuda_launcher import StaticallyLaunchedCudaKernel
+    except ImportError as e:
+        return f"no static launcher in this torch ({e})"
+    launcher = autotuner.launchers[0]
+    if type(launcher).__name__.startswith("Static") or "static" in repr(launcher).lower():
+        return "yes (in use)"
+    binary = getattr(launcher, "bin", None)
+    if binary is None:
+        return "unknown (the launcher has no compiled kernel attached)"
+    try:
+        StaticallyLaunchedCudaKernel(binary)
+    except Exception as e:  # noqa: BLE001
+        return f"refused: {type(e).__name__}: {str(e)[:200]}"
+    return "yes (it would take it; Inductor did not try)"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--rounds", type=int, default=5)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        ap.error("needs a CUDA GPU")
+    refusals = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            msg = record.getMessage()
+            if "static" in msg.lower():
+                refusals.append(msg[:300])
+    for name in ("torch._inductor.runtime.triton_heuristics", "torch._inductor"):
+        lg = logging.getLogger(name)
+        lg.setLevel(logging.DEBUG)
+        lg.addHandler(Keep())
+
+    dt = torch.bfloat16
+    q = torch.randn(1, 64, 32, 128, device="cuda", dtype=dt)
+    f = ropelib.rope_freqs(4096, 128, device="cuda")
+    cos = torch.cos(f[:1, 0, 0]).to(dt)[:, None, None]
+    sin = torch.sin(f[:1, 0, 0]).to(dt)[:, None, None]
+    _, copy24 = _copy_ops()
+    graphs = {
+        "empty (q + 0)": (lambda q: q + 0, (q,)),
+        "inductor rope": (lambda q, c, s: q * c + rotate_half(q) * s, (q, cos, sin)),
+        "copy, 24 args": (lambda q: copy24(q), (q,)),
+        "ropelib": (lambda q, f: ropelib.apply_rope(q, f), (q, f)),
+        "two ropelib": (lambda q, f: ropelib.apply_rope(ropelib.apply_rope(q, f), f), (q, f)),
+    }
+    rows = {}
+    with torch.no_grad():
+        for gname, (fn, inputs) in graphs.items():
+            torch._dynamo.reset()
+            compiled, mod, recorded = compile_graph(fn, inputs)
+            layers = {"compiled": lambda c=compiled, a=inputs: c(*a),
+                      "call": lambda m=mod, a=inputs: m.call(list(a))}
+            for kname, (k, a, kw, launcher, la, lkw) in recorded.items():
+                layers[f"run {kname}"] = lambda k=k, a=a, kw=kw: k.run(*a, **kw)
+                if launcher is not None:
+                    layers[f"launcher {kname}"] = lambda l=launcher, a=la, kw=lkw: l(*a, **kw)
+            rows[gname] = (layers, {kname: static_verdict(r[0]) for kname, r in recorded.items()},
+                           {kname: len(r[1]) for kname, r in recorded.items()})
+        for layers, _, _ in rows.values():                      # warm up
+            for fn in layers.values():
+                for _ in range(20):
+                    fn()
+        torch.cuda.synchronize()
+        times = {g: {n: float("inf") for n in rows[g][0]} for g in rows}
+        for _ in range(args.rounds):                            # the graphs taking turns
+            for g, (layers, _, _) in rows.items():
+                for n, fn in layers.items():
+                    times[g][n] = min(times[g][n], best_us(fn, args.calls, 1))
+    gpu = torch.cuda.get_device_name()
+    print(f"{gpu}, torch {torch.__version__}: host µs per call, best of {args.rounds} rounds "
+          f"of {args.calls} calls, decode size s1 b64 h32 d128 bf16")
+    print(f"{'graph':16s} {'layer':44s} {'µs':>7s}")
+    for g, (layers, verdicts, nargs) in rows.items():
+        for n in layers:
+            print(f"{g:16s} {n:44s} {times[g][n]:7.2f}")
+        for kname, v in verdicts.items():
+            print(f"{g:16s} {kname}: {nargs[kname]} run() arguments; static launcher: {v}")
+    if refusals:
+        print("Inductor's log lines about the static launcher:")
+        for line in dict.fromkeys(refusals):
+            print("  " + line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
