@@ -101,7 +101,7 @@ def static_verdict(autotuner) -> str:
     launcher = autotuner.launchers[0]
     if type(launcher).__name__.startswith("Static") or "static" in repr(launcher).lower():
         return "yes (in use)"
-    binary = getattr(launcher, "bin", None)
+    binary = getattr(launcher, "bin", None) or getattr(launcher, "__globals__", {}).get("bin")
     if binary is None:
         return "unknown (the launcher has no compiled kernel attached)"
     try:
@@ -142,12 +142,15 @@ def main(argv=None) -> int:
         "copy, 24 args": (lambda q: copy24(q), (q,)),
         "ropelib": (lambda q, f: ropelib.apply_rope(q, f), (q, f)),
         "two ropelib": (lambda q, f: ropelib.apply_rope(ropelib.apply_rope(q, f), f), (q, f)),
+        "ropelib, static": (lambda q, f: ropelib.apply_rope(q, f), (q, f)),
     }
     rows = {}
     with torch.no_grad():
         for gname, (fn, inputs) in graphs.items():
             torch._dynamo.reset()
-            compiled, mod, recorded = compile_graph(fn, inputs)
+            with torch._inductor.config.patch(
+                    static_launch_user_defined_triton_kernels=gname.endswith(", static")):
+                compiled, mod, recorded = compile_graph(fn, inputs)
             layers = {"compiled": lambda c=compiled, a=inputs: c(*a),
                       "call": lambda m=mod, a=inputs: m.call(list(a))}
             for kname, (k, a, kw, launcher, la, lkw) in recorded.items():
@@ -167,6 +170,12 @@ def main(argv=None) -> int:
                 for n, fn in layers.items():
                     times[g][n] = min(times[g][n], best_us(fn, args.calls, 1))
     gpu = torch.cuda.get_device_name()
+    try:
+        import triton
+        hook = triton.knobs.runtime.launch_enter_hook
+    except AttributeError:
+        hook = "unknown"
+    print(f"Triton's launch_enter_hook: {hook!r} (when set, every launch builds its metadata)")
     print(f"{gpu}, torch {torch.__version__}: host µs per call, best of {args.rounds} rounds "
           f"of {args.calls} calls, decode size s1 b64 h32 d128 bf16")
     print(f"{'graph':16s} {'layer':44s} {'µs':>7s}")
