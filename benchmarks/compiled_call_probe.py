@@ -119,6 +119,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU")
     refusals = []
+    torch._inductor.config.fx_graph_cache = False     # each graph generates its own module
 
     class Keep(logging.Handler):
         def emit(self, record):
