@@ -17,38 +17,27 @@
 # # 03 — A naive Triton kernel for RoPE
 #
 # Notebook 02 wrote RoPE in plain PyTorch: several kernels, each reading and writing the whole
-# tensor. Here we write the first *Triton* kernel that does it in one pass, in the simplest way
-# that works: one program per row. It is the slow baseline that notebook 04's batch-reusing
-# grid and ropelib's finished kernel are measured against, and section 4 measures what makes
-# it slow: not its bytes, but its number of programs.
+# tensor. Here we write the first *Triton* kernel that does it in one pass, the simplest way: one
+# program per row. It is the slow baseline of notebook 04 and of ropelib's finished kernel, and
+# section 4 measures what makes it slow: not its bytes, but its number of programs.
 #
 # **After this notebook you will be able to**
 #
-# - say what a Triton *program* and a *grid* are, and choose the grid of a kernel;
-# - write a RoPE kernel in a few lines, then grow it: masks for any head dim, strides for any
-#   layout, dtypes, up to the kernel ropelib ships;
-# - tell `BLOCK_SIZE` (the tile of data a program works on) from `num_warps` (the threads that
-#   work on it); show from measurements that a million one-row programs take the time the GPU
-#   needs to start them, and read in the machine code what a second warp adds to a program;
-# - see which 32-byte sectors a load or store touches, recorded from a launch in Triton's
-#   interpreter; compare stride-2 loads with stride-2 stores in a GPU's counters, and read from
-#   the compiled layout whether an interleaved kernel's loads use whole sectors;
-# - debug a kernel on the CPU in Triton's interpreter: print inside it, catch out-of-bounds
-#   accesses, and know where the interpreter differs from a GPU;
+# - say what a Triton *program* and a *grid* are, and choose a kernel's grid;
+# - write a RoPE kernel, then grow it: masks for any head dim, strides for any layout, dtypes;
+# - tell `BLOCK_SIZE` (the tile a program works on) from `num_warps` (the threads that work on
+#   it), and show that a million one-row programs take the time the GPU needs to start them;
+# - see which 32-byte sectors a load or store touches, and which interleaved loads use whole
+#   sectors on a GPU;
+# - debug a kernel on the CPU in Triton's interpreter, and know where it differs from a GPU;
 # - check a kernel against the reference the way ropelib's tests do.
 #
-# Everything runs on a GPU, or on the CPU through Triton's interpreter (`TRITON_INTERPRET=1`),
-# where sizes are chosen small automatically.
+# Everything runs on a GPU, or on the CPU in Triton's interpreter (`TRITON_INTERPRET=1`) at small
+# sizes. Profiles and committed timings are read from `benchmarks/results/` and checked; cells
+# that time live print their own numbers, for the GPU the setup cell prints.
 #
-# **Where the numbers come from.** The GPU times and counters the text quotes were measured on
-# an NVIDIA H200 and committed under `benchmarks/results/` (`*-nvidia-h200.csv`); section 4.4
-# also reads an H100's run (`generations-nvidia-h100-80gb-hbm3.csv`). The cells read them and
-# check each number the text quotes, so they are the same on every machine. Cells that time
-# live print their own numbers, for the GPU the setup cell prints.
-#
-# **Time budget.** Running every cell takes a minute or two on the CPU in the interpreter.
-# Reading it, working through its tables and trying the suggested edits takes about 2 to 2.5
-# hours for a study group; the two kernel exercises at the end, 30 to 60 minutes more.
+# **Time budget.** About 2 to 2.5 hours to study, plus 30 to 60 minutes for the two kernel
+# exercises; running every cell takes a minute or two on the CPU.
 
 # %%
 import os, torch
@@ -82,10 +71,9 @@ print(f"x: [S={S}, B={B}, H={H}, D={D}] on {device}")
 # ## 1. The job
 #
 # The input is in the `sbhd` layout of Transformer Engine (TE, NVIDIA's library whose RoPE
-# ropelib matches): `x[s, b, h, :]` (sequence position, batch, head) is a row of `D`
-# features, and the angle table `freqs[s, 0, 0, :]` holds one fp32 angle per feature.
-# Rotate-half pairs feature $j$ with $j + D/2$; with $\theta_j$ the angle of feature $j$ at
-# position $s$:
+# ropelib matches): `x[s, b, h, :]` (position, batch, head) is a row of `D` features, and
+# `freqs[s, 0, 0, :]` holds one fp32 angle per feature. Rotate-half pairs feature $j$ with
+# $j + D/2$; with $\theta_j$ the angle of feature $j$ at position $s$:
 #
 # $$
 # \begin{aligned}
@@ -95,9 +83,9 @@ print(f"x: [S={S}, B={B}, H={H}, D={D}] on {device}")
 # \qquad 0 \le j < D/2 .
 # $$
 #
-# TE builds the table as `cat(f, f)`, so $\theta_{j+D/2} = \theta_j = s\cdot 10000^{-2j/D}$ and
-# each pair is turned by one angle. The kernel follows the per-feature formula exactly, so it
-# agrees with `ropelib.reference.rope_reference` for any table.
+# TE builds the table as `cat(f, f)`, so $\theta_{j+D/2} = \theta_j = s\cdot 10000^{-2j/D}$. The
+# kernel follows the per-feature formula, so it agrees with `ropelib.reference.rope_reference`
+# for any table.
 
 # %%
 torch.manual_seed(0)
@@ -110,19 +98,17 @@ print(freqs.shape, freqs.dtype, "->", y_ref.shape, y_ref.dtype)
 # %% [markdown]
 # ## 2. Programs and grids
 #
-# A Triton kernel is written for **one program**: a function that works on whole tiles of data
-# (vectors of a compile-time size), not on one element like a CUDA thread. Launching it as
-# `kernel[grid](...)` starts one program per point of the grid, and `tl.program_id(axis)` tells
-# a program where it is. On a GPU a program runs as one thread block on one streaming
-# multiprocessor (SM; the H200 and H100 of this notebook's measurements have 132 each), and
-# the compiler spreads its tiles over the block's threads, in groups of 32 called *warps*.
-# In the interpreter the programs run one after another as Python.
+# A Triton kernel is written for **one program**: a function that works on whole tiles (vectors
+# of a compile-time size), not on one element like a CUDA thread. `kernel[grid](...)` starts one
+# program per point of the grid, and `tl.program_id(axis)` tells a program where it is. On a GPU a
+# program runs as one thread block on one streaming multiprocessor (SM; the H100 and H200 have
+# 132), its tiles spread over the block's threads in *warps* of 32. In the interpreter programs
+# run one after another as Python.
 #
-# The naive choice: **one program per row** `x[s, b, h, :]`, all on one grid axis, with $h$
-# moving fastest, then $b$, then $s$ — the order the rows of a contiguous sbhd tensor lie in
-# memory.
+# The naive choice: **one program per row** `x[s, b, h, :]`, on one grid axis, $h$ fastest, then
+# $b$, then $s$: the order of the rows of a contiguous sbhd tensor.
 #
-# **Before reading on**, answer two questions in code. Replace the `...` and run the cell: the
+# **Before reading on**, answer two questions in code: replace the `...` and run the cell. The
 # check prints ✅ or ❌ and never stops the notebook; the solutions are folded away below.
 #
 # **Exercise 1.** Return the naive kernel's launch grid for `x [S, B, H, D]` (a tuple).
@@ -213,13 +199,13 @@ draw_grid_and_masks(FIGURES / "03-grid-and-masks.png")
 #
 # ### 3.1 The smallest RoPE kernel
 #
-# Start with the least that works: a contiguous fp32 `x`, a head dim whose half is a power of
-# two, TE's `cat(f, f)` table. One program rotates one row; program `row` finds its position as
-# `row // (B*H)` because the $B \cdot H$ rows of one position lie next to each other. A loaded
-# tile cannot be sliced, so the two halves are loaded as two tiles, from `offs` and `HALF + offs`.
+# Start with the least that works: a contiguous fp32 `x`, a half that is a power of two, TE's
+# `cat(f, f)` table. Program `row` finds its position as `row // (B*H)`, because the $B \cdot H$
+# rows of one position lie next to each other. A loaded tile cannot be sliced, so the two halves
+# are loaded as two tiles, from `offs` and `HALF + offs`.
 #
-# This cell is meant to be changed: swap a sign, load the wrong half, use `row` instead of `s`
-# for the angles, and rerun it to see what breaks.
+# Change this cell: swap a sign, load the wrong half, use `row` instead of `s` for the angles,
+# and rerun it to see what breaks.
 
 # %%
 @triton.jit
@@ -251,9 +237,8 @@ print(f"step 1: {S * B * H} programs, matches the reference (fp32, D={D})")
 # %% [markdown]
 # ### 3.2 Any head dim: power-of-two tiles and masks
 #
-# `tl.arange(0, N)` only exists for a power of two $N$: register tiles are laid out over threads
-# in powers of two. Asking for 36 lanes fails at compile time (or, in the interpreter, when the
-# line runs):
+# `tl.arange(0, N)` only exists for a power of two $N$. Asking for 36 lanes fails at compile
+# time (in the interpreter, when the line runs):
 
 # %%
 @triton.jit
@@ -290,10 +275,9 @@ solution(ex.solution_half_tile)
 # %% [markdown]
 # So a half of $D/2$ features is loaded as a tile of the next power of two, `BLOCK_HALF`, and a
 # **mask** switches off the lanes past the end: `tl.load(ptr + offs, mask=offs < HALF,
-# other=0.0)` neither reads the masked lanes (they get `other`) nor does the masked `tl.store`
-# write them. Head dims of 72, 80 and 96 need it; 64 and 128 do not. Step 2 also loads the
-# second half's angles ($\theta_{j+D/2}$), so it follows section 1's per-feature formula for
-# any table, not only `cat(f, f)`.
+# other=0.0)` does not read the masked lanes (they get `other`), and a masked `tl.store` does not
+# write them. Head dims 72, 80 and 96 need it; 64 and 128 do not. Step 2 also loads the second
+# half's angles, so it follows section 1's formula for any table, not only `cat(f, f)`.
 
 # %%
 @triton.jit
@@ -334,12 +318,10 @@ for d in (64, 72, 80, 96):
 # ### 3.3 Any layout and dtype: strides
 #
 # Real inputs are views: a `[B, S, H, D]` tensor transposed to sbhd, an angle table longer than
-# the sequence. Pointers are plain addresses plus offsets in *elements*, so the kernel takes
-# every stride and reads any view without a copy. With strides the rows are no longer at
-# `row * D`, so the program splits its id into $(s, b, h)$ as in section 2, in int64 so that
-# offsets of tensors beyond $2^{31}$ elements cannot overflow. The data is loaded in its own
-# dtype and converted to fp32 for the math; the result is rounded once, at the store. The
-# output is allocated contiguous, so it needs no strides.
+# the sequence. Pointer offsets count *elements*, so a kernel that takes every stride reads any
+# view without a copy. The program splits its id into $(s, b, h)$ as in section 2, in int64 so
+# that offsets beyond $2^{31}$ elements cannot overflow. The data is loaded in its own dtype,
+# computed in fp32 and rounded once, at the store into a contiguous output.
 
 # %%
 @triton.jit
@@ -404,27 +386,22 @@ for dtype in (torch.float32, torch.bfloat16):
 
 # %% [markdown]
 # Step 3 is a complete naive RoPE kernel. Its bf16 outputs can be one unit in the last place
-# (ulp) from the reference: the kernel computes in fp32, the reference in fp64, and now and
-# then the two round to different neighbours (section 7's checks allow one ulp). On the CPU
-# the share of bf16 outputs that differ is large (the cell checks more than 30 %), because the
-# interpreter's `.to(tl.bfloat16)` truncates where a GPU rounds to nearest (section 6.3); on a
-# GPU only outputs whose fp32 value lands near a rounding boundary differ, by one ulp at most
-# (the cell checks under 1 %, possibly none).
+# (ulp) from the fp64 reference, where the two round to different neighbours: on a GPU at most one
+# ulp, on under 1 % of outputs (the cell prints how many); on the CPU many more (the cell checks
+# over 30 %), since the interpreter's `.to(tl.bfloat16)` truncates (section 6.3).
 #
 # ### 3.4 The kernel ropelib ships
 #
-# `ropelib.course.kernels.naive` adds three compile-time switches to step 3 (a test checks
-# that this cell is ropelib's code, line for line):
+# `ropelib.course.kernels.naive` adds three compile-time switches to step 3 (a test checks that
+# this cell is ropelib's code, line for line):
 #
 # - **`BACKWARD`** rotates by $-\theta$, which turns `grad_y` into `grad_x` (notebook 06);
-# - **`COMPUTE_DTYPE`** is fp32, or fp64 for fp64 inputs, so that `gradcheck` (PyTorch's
-#   finite-difference check of gradients, which needs fp64) works;
-# - **`BF16_RTNE`** makes the store round bf16 to nearest even by hand (`round_to`) when the
-#   interpreter would truncate; on a GPU it is False and `round_to` is a plain cast.
+# - **`COMPUTE_DTYPE`** is fp32, or fp64 for fp64 inputs, so that `gradcheck` works;
+# - **`BF16_RTNE`** makes the store round bf16 to nearest even by hand (`round_to`) where the
+#   interpreter would truncate; on a GPU `round_to` is a plain cast.
 #
-# Each value of a constexpr gets its own compiled kernel, so the branch of a switch that is
-# off is not in the code that runs. The output may be a given tensor (`out=`), hence `y`'s
-# strides.
+# Each constexpr value compiles its own kernel, so a switched-off branch is not in the code that
+# runs. The output may be a given tensor (`out=`), hence `y`'s strides.
 
 # %%
 from ropelib.kernels.common import BF16_RTNE, round_to   # the rounding helper the kernel calls
@@ -485,10 +462,9 @@ def _rope_naive_kernel(
     tl.store(y_row + HALF + offs, round_to(y2, y_ptr.dtype.element_ty, BF16_RTNE), mask=mask)
 
 # %% [markdown]
-# The next cell is the launcher of `ropelib.course.kernels.naive.rope_naive` under a name of
-# its own, `my_rope_naive`. It validates the inputs, allocates a contiguous output (unless
-# given `out=`), picks the constexprs and launches the kernel of the cell above. Sections 4
-# and 7 time and check this launcher, so an edit to either cell shows up there.
+# The next cell is `rope_naive`'s launcher under its own name, `my_rope_naive`: it validates the
+# inputs, allocates the output (unless given `out=`), picks the constexprs and launches the
+# kernel above. Sections 4 and 7 time and check it, so your edits show up there.
 
 # %%
 from typing import Optional
@@ -520,13 +496,12 @@ def my_rope_naive(x: torch.Tensor, freqs: torch.Tensor, *, backward: bool = Fals
     return y
 
 # %% [markdown]
-# The next cell checks that the two cells give `rope_naive`'s bits, in fp32 and bf16, into an
-# output poisoned with NaN, and sets step 3 beside them. In the interpreter step 3 agrees in
-# fp32 (the same operations in the same order) and in bf16 differs only toward zero (its
-# `.to()` truncates, `round_to` rounds). Compiled for a GPU, fp32 outputs can differ in the
-# last bit too (the cell prints how often): a compiler may *contract* $a\cdot b \pm c\cdot d$
-# into a fused multiply-add, and two kernels written differently need not fuse the same
-# product (notebook 08 reads which one a compiled kernel fuses).
+# The next cell checks that the two cells give `rope_naive`'s bits, into a NaN-poisoned output,
+# and sets step 3 beside them. In the interpreter step 3 agrees in fp32 and differs in bf16 only
+# toward zero (truncation). Compiled for a GPU, fp32 outputs can differ in the last bit too (the
+# cell prints how often): a compiler may *contract* $a\cdot b \pm c\cdot d$ into a fused
+# multiply-add, and two kernels written differently need not fuse the same product (notebook 08
+# reads which one a compiled kernel fuses).
 
 # %%
 from ropelib.course.kernels.naive import rope_naive   # ropelib's, the reference here
@@ -550,44 +525,29 @@ for dtype in (torch.float32, torch.bfloat16):
 # %% [markdown]
 # ## 4. `BLOCK_SIZE` vs `num_warps`, and what a program costs
 #
-# The naive kernel moves no more bytes than a copy, yet takes 5.1 times as long in the H200
-# profile below, and on 4 or 8 warps longer still. This section measures why, and the answer
-# has two parts:
+# The naive kernel moves no more bytes than a copy, yet in the H200 profile below it takes 5.1
+# times as long, and on 4 or 8 warps longer still. This section finds two reasons:
 #
-# - **At 1 warp its time is the time the GPU takes to start and retire its programs.** A
-#   kernel of as many programs that do nothing takes the same time; its bytes, its bytes in
-#   flight and its arithmetic do not set it. This course writes that cost as about 80 ns per
-#   program on each SM; 4.4 says what that way of writing it assumes.
-# - **More warps add instructions.** At 2 warps every thread redoes the row's index
-#   arithmetic for half the elements; with 4 or 8, the extra warps repeat the same work. Once
-#   the instructions outgrow the time a program takes to start, the time grows with them.
-#
-# 4.1 times the warps live; 4.2 profiles the naive kernel beside a copy; 4.3 times kernels
-# whose programs do nothing; 4.4 compares an H100 with an H200; 4.5, a detour for a second
-# reading, profiles the extra warps.
+# - **At 1 warp its time is the time the GPU takes to start and retire its programs.** As many
+#   programs that do nothing take as long. This course writes that cost as about 80 ns per
+#   program on each SM; 4.4 says what that assumes.
+# - **More warps add instructions.** Once they outgrow the time a program takes to start, the
+#   time grows with them.
 #
 # ### 4.1 Tile and warps
 #
-# Two numbers that are easy to mix up:
-#
 # - **`BLOCK_SIZE`** (here `BLOCK_HALF`) is the *tile*: how many elements one program holds in
-#   one vector. It is a property of the data, a `tl.constexpr`, and a power of two. It is **not**
-#   CUDA's threads per block.
-# - **`num_warps`** is how many warps of 32 threads run one program (default 4, i.e. 128
-#   threads). It is a launch option; the compiler spreads the tile over those threads.
+#   one vector, a power-of-two `tl.constexpr`. It is **not** CUDA's threads per block.
+# - **`num_warps`** is how many warps of 32 threads run one program (default 4), a launch option;
+#   the compiler spreads the tile over those threads.
 #
-# For $D = 128$ each half is a tile of 64 elements: 2 per thread with 1 warp, 1 with 2 warps,
-# and with 4 or 8 warps more threads than elements. The result cannot depend on that; only the
-# speed can. `rope_naive`, and so `my_rope_naive`, picks one warp per 128 elements of a half
-# (`default_num_warps`: one warp for $D = 128$) and takes `num_warps=` to try others.
+# For $D = 128$ a half is 64 elements: 2 per thread on 1 warp, 1 on 2 warps, and on 4 or 8 warps
+# more threads than elements. Only the speed may depend on that. `default_num_warps` picks one
+# warp per 128 elements of a half (one for $D = 128$); `num_warps=` tries others.
 #
-# **In the interpreter `num_warps` does nothing**: each program runs as one NumPy computation
-# on whole tiles, with no threads, so on the CPU the four results below are bit-identical for
-# that reason alone. On a GPU they are four compiled kernels: the cell times each with
-# Triton's `do_bench` (the median of many launches) and prints
-# $\text{time} \times \text{SMs} / \text{programs}$ as "ns per program per SM". That is a
-# program's cost only where the programs set the time, as 4.3 finds they do at 1 warp; at more
-# warps it is just the kernel's time rescaled.
+# **In the interpreter `num_warps` does nothing.** On a GPU the cell times each with `do_bench`
+# and prints $\text{time} \times \text{SMs} / \text{programs}$ as "ns per program per SM": a
+# program's cost only where the programs set the time, as at 1 warp (4.3).
 
 # %%
 results = {nw: my_rope_naive(x, freqs, num_warps=nw) for nw in (1, 2, 4, 8)}
@@ -615,44 +575,32 @@ else:
           "num_warps is not used)")
 
 # %% [markdown]
-# Read the printed times against 1 warp. At 1 warp, "ns per program per SM" near 80 is what 4.3
-# finds a program that does nothing costs: the programs set the time. A second warp adds
-# instructions (4.5 counts them), but a program cannot finish before the GPU has started it:
-# while its work fits inside that cost, the extra instructions hide under it, and 2 warps print
-# about the time of 1. Where 4 and 8 warps print clearly more, about doubling from one to the
-# next, the work has outgrown the cost a program takes and sets the time. Whether 2 warps fit
-# depends on the GPU and its clock: the H200 profile of 4.5, at a clock locked to 1.50 GHz, took
-# 1.19 times as long at 2 warps as at 1, so a 2-warp time above the 1-warp one is no surprise
-# either. Hence the cell asserts only that 8 warps are slower than 2.
+# At 1 warp, "ns per program per SM" near 80 is what 4.3 finds an empty program costs: the
+# programs set the time. Extra warps add instructions (4.5), but while that work fits inside the
+# time a program takes to start, it hides there and 2 warps print about the time of 1. Where 4
+# and 8 warps print clearly more, about doubling each step, the work sets the time. Whether 2
+# warps fit depends on the GPU and its clock (4.5's H200 profile took 1.19 times as long at 2
+# warps), so the cell asserts only that 8 warps are slower than 2.
 #
 # ### 4.2 A profile: not bytes, not bytes in flight, but programs
 #
-# `benchmarks/mechanism.py` ran the naive kernel, a plain copy and the later kernels of the
-# course on an NVIDIA H200 under Nsight Compute (NVIDIA's kernel profiler), one launch each, at
-# bf16 sbhd $S = 4096, B = 8, H = 32, D = 128$ (256 MiB of `x`), and committed what the
-# profiler and the compiler reported (`mechanism-nvidia-h200.csv`). The cell below reads it
-# (`ropelib.course.measured`) and checks each point:
+# `benchmarks/mechanism.py` profiled the naive kernel, a copy and later kernels of the course on
+# an H200 under Nsight Compute (NVIDIA's kernel profiler), one launch each, bf16 sbhd
+# $S = 4096, B = 8, H = 32, D = 128$ (`mechanism-nvidia-h200.csv`). The cell checks:
 #
-# - **Not bytes.** The naive kernel and the copy both move what the bytes model says (read
-#   $x$, write $y$, read the angle table once) within a few percent, yet the naive kernel takes
-#   5.1 times the copy's time.
-# - **Tiny programs, and low occupancy.** It launches $S \cdot B \cdot H$ = 1,048,576
-#   one-warp programs of one 256-byte row each. An SM holds at most 32 programs at a time (its
-#   limit on resident thread blocks; 32 one-warp programs fill half of its 64 warp slots), so
-#   even a GPU that was always full would need 248 *waves* of them. The *achieved occupancy*,
-#   the average share of an SM's warp slots holding a warp, is 28.1 % against the copy's
-#   85.3 %: about 18 programs resident on an SM. Section 4.3 shows that this follows from the
-#   slow starts; it does not cause them.
-# - **Not bytes in flight.** Memory delivers its bandwidth only when enough bytes have been
-#   requested and not yet returned (Little's law: bytes in flight = bandwidth × latency).
-#   `measured` bounds them per SM by resident warps × the `x` bytes a warp asks for in one step
-#   (`x KiB/SM`): the naive kernel's is a twelfth of the copy's. Yet notebook 04's kernel (the
-#   third row: $B$ times fewer programs of $B$ rows) asks for only 1.7 times as much and runs
-#   3.5 times faster.
-# - **The number of programs.** The second table adds two variants that notebook 04 builds,
-#   also of 1,048,576 one-row programs. The three execute warp instructions 4.7 times apart and
-#   their bound on bytes in flight falls nearly threefold, yet they take the same time within
-#   0.3 %. What they share is their number of programs.
+# - **Not bytes.** The naive kernel and the copy both move what the bytes model says (read $x$,
+#   write $y$, read the table once) within a few percent; the naive kernel takes 5.1 times as long.
+# - **Tiny programs, low occupancy.** 1,048,576 one-warp programs of one 256-byte row. An SM
+#   holds at most 32 programs at a time (half its 64 warp slots): 248 *waves*. The *achieved
+#   occupancy* (average share of warp slots holding a warp) is 28.1 % against the copy's 85.3 %.
+#   4.3 shows this follows from the slow starts; it does not cause them.
+# - **Not bytes in flight.** Memory reaches its bandwidth only with enough bytes requested and not
+#   yet returned (Little's law: bytes in flight = bandwidth × latency). The naive kernel's bound
+#   on them (`x KiB/SM`) is a twelfth of the copy's, yet notebook 04's kernel (third row) asks for
+#   only 1.7 times as much and runs 3.5 times faster.
+# - **The number of programs.** The second table adds two variants from notebook 04, also
+#   1,048,576 one-row programs: instructions 4.7 times apart, bytes in flight nearly threefold,
+#   and times within 0.3 %.
 
 # %%
 from ropelib.bench import compare
@@ -719,11 +667,10 @@ assert max(times) / min(times) < 1.003 and max(kib) / min(kib) > 2.5   # bytes i
 # %% [markdown]
 # ### 4.3 What a program costs when it does nothing
 #
-# If the programs set the time, a kernel on the naive kernel's grid whose programs do nothing
-# should take as long. `benchmarks/program_cost.py` timed two such kernels on the same H200
-# with `do_bench`, each at 1, 2, 4 and 8 warps: `empty`, whose body is empty, and `one row`,
-# whose program copies its 256-byte row of `x` to `y` (the naive kernel's traffic without its
-# angles and arithmetic).
+# If the programs set the time, a kernel on the same grid whose programs do nothing should take
+# as long. `benchmarks/program_cost.py` timed two on the same H200 at 1, 2, 4 and 8 warps:
+# `empty`, and `one row`, which copies its 256-byte row (the naive kernel's traffic without its
+# arithmetic).
 
 # %%
 cost_meta, cost_rows = measured.load("program_cost")
@@ -752,26 +699,22 @@ print(f"{resident:.0f} programs resident on an SM, one started every "
 assert round(life_us, 1) == 1.4
 
 # %% [markdown]
-# A million programs that do nothing take as long as the naive kernel (within 1 %), and as
-# long as a million programs that each move their row, at any number of warps. So at 1 warp
-# the naive kernel's time is the time the GPU takes to start and retire its programs: 0.60 ns
-# a program for the whole GPU, about 80 ns per program on each of 132 SMs (a reading 4.4
-# qualifies); its loads, stores and arithmetic fit under it.
+# A million programs that do nothing take as long as the naive kernel (within 1 %), and as long
+# as a million that each move their row, at any number of warps. So at 1 warp the naive kernel's
+# time is the time the GPU takes to start and retire its programs: 0.60 ns a program for the
+# whole GPU, about 80 ns per program on each of 132 SMs (4.4 qualifies this).
 #
-# Occupancy follows from that start rate; it does not set it. Little's law holds for programs
-# too: resident programs = start rate × life of a program. One start per 80 ns on each SM and
-# about 18 programs resident means each lives about 18 × 80 ns ≈ 1.4 µs. A program that lived
-# longer would raise the occupancy, not the start rate: that is how the three kernels of a
-# million programs in 4.2 reach occupancies 2.9 times apart in the same time.
+# Occupancy follows from that start rate. By Little's law, resident programs = start rate × life:
+# one start per 80 ns on each SM and about 18 resident means each lives about 1.4 µs. Longer-lived
+# programs raise the occupancy, not the start rate: so 4.2's three kernels reach occupancies 2.9
+# times apart in the same time.
 #
-# **Now on this GPU.** The next cell writes the two kernels so you can read and change them,
-# and checks what each writes (the empty kernel nothing, the one-row kernel `x` itself). On a
-# GPU it then times both, `my_rope_naive` and a copy at the profile's shape, and the empty
-# kernel on $k$ programs per SM for four $k$: if each program costs a fixed time, each step in
-# $k$ adds that time per added program (the cell checks the slopes against the million
-# programs' figure, within 20 %). Predict first: which of the four take about the same time?
-# Then give the empty kernel a loop of arithmetic, or `_one_row_kernel` two rows a program on
-# half the grid, and see which change moves the time.
+# **Now on this GPU.** The next cell writes both kernels for you to change, and checks what each
+# writes. On a GPU it times them, `my_rope_naive` and a copy at the profile's shape, then the
+# empty kernel at four counts $k$ of programs per SM: a fixed cost per program makes each step in
+# $k$ add it (checked within 20 %). Predict first: which take about the same time? Then give the
+# empty kernel a loop of arithmetic, or `_one_row_kernel` two rows a program, and see what moves
+# the time.
 
 # %%
 @triton.jit
@@ -863,13 +806,11 @@ else:
 # %% [markdown]
 # ### 4.4 Two GPUs: the same naive time, a different copy
 #
-# The H100 of the committed run (the SXM module, "H100 80GB HBM3") and the H200 are both
-# Hopper GPUs with 132 SMs; the H200's memory is faster. If the naive kernel's time is its
-# programs' starts, it should take the same time on both, while a copy should run faster on
-# the H200. `benchmarks/generations.py` timed the naive kernel and a copy with `do_bench` on
-# both GPUs at the profile's shape (`generations-*.csv`). The cell reads both, sets 4.2's
-# profile (Nsight Compute, one launch, clocks not locked) beside them, and on a GPU adds this
-# page's live times from 4.3; the figure draws the committed ones.
+# The H100 of the committed run ("H100 80GB HBM3") and the H200 both have 132 SMs; the H200's
+# memory is faster. If the naive kernel's time is its programs' starts, it should be the same on
+# both, while a copy runs faster on the H200. `benchmarks/generations.py` timed both with
+# `do_bench` at the profile's shape (`generations-*.csv`). The cell sets them beside 4.2's
+# profile and, on a GPU, this page's live times from 4.3.
 
 # %%
 two = {}
@@ -933,33 +874,27 @@ def draw_two_gpus(two, empty_us, path):
 draw_two_gpus(two, empty["us"], FIGURES / "03-naive-vs-copy-two-gpus.png")
 
 # %% [markdown]
-# The copy takes 1.40 times as long on the H100; the naive kernel takes the same time on both
-# (1.000×). So naive / copy, 4.9 on the H200 and 3.5 on the H100, is a property of the GPU as
-# much as of the kernel (and of the timer: the profile's one launch had a faster copy than
-# `do_bench`'s median, hence its 5.1). A live ratio is read against its own GPU's committed
-# run, where there is one.
+# The copy takes 1.40 times as long on the H100; the naive kernel the same time (1.000×). So
+# naive / copy (4.9 on the H200, 3.5 on the H100; the profile's one launch had a faster copy,
+# hence its 5.1) is a property of the GPU as much as of the kernel. Read a live ratio against
+# its own GPU's committed run.
 #
-# **What these GPUs cannot tell apart.** Both have 132 SMs, so "80 ns per program on each SM"
-# and "0.60 ns per program for the whole GPU" are one measurement written two ways. A cost each
-# SM pays would make the time fall with more SMs; a limit on how fast the GPU as a whole hands
-# out programs would not. No committed file has a GPU with another SM count, so the per-SM
-# reading, on which exercise 5's prediction rests, is an assumption, not a finding; on a 132-SM
-# GPU the two readings predict the same times.
+# **What these GPUs cannot tell apart.** Both have 132 SMs, so "80 ns per program on each SM" and
+# "0.60 ns per program for the whole GPU" are one measurement. A cost each SM pays would fall with
+# more SMs; a GPU-wide limit would not. No committed GPU has another SM count, so the per-SM
+# reading, on which exercise 5 rests, is an assumption.
 #
 # ### 4.5 What the extra warps cost
 #
-# *A detour for a second reading: the rest of the notebook uses only its conclusion, that more
-# warps add instructions, even where no thread holds a copy.*
+# *For a second reading: the rest of the notebook uses only its conclusion, that more warps add
+# instructions, even where no thread holds a copy.*
 #
-# A half of a $D = 128$ row is a tile of 64 features: one warp's 32 threads hold two each, two
-# warps' 64 threads one each. With four and eight warps Triton's layout still gives every
-# thread an element: threads hold copies of the same features, and each copy is loaded and
-# rotated again. `benchmarks/naive_warps_ncu.py` profiled the naive kernel at 1, 2, 4 and 8
-# warps and the one-row kernel at 1 and 8, on the same H200 and `x`, with the SM clock locked
-# at 1.50 GHz: compare these times with each other, not with `do_bench`'s. Besides time,
-# instructions, loads and the 32-byte sectors they asked for (section 5), the table gives the
-# share of cycles in which a *warp scheduler* issued an instruction, and how many cycles a
-# ready warp waited to be picked (`not selected`).
+# A half of a $D = 128$ row is 64 features: two a thread on one warp, one on two; on four and
+# eight warps threads hold copies, each loaded and rotated again. `benchmarks/naive_warps_ncu.py`
+# profiled the naive kernel at 1 to 8 warps and the one-row kernel at 1 and 8 on the H200, its SM
+# clock locked at 1.50 GHz (compare these times with each other, not with `do_bench`'s). The table
+# adds the share of cycles in which a *warp scheduler* issued, and the cycles a ready warp waited
+# to be picked (`not selected`).
 
 # %%
 nw_csv = measured.RESULTS / "naive_warps_ncu-nvidia-h200.csv"
@@ -1008,18 +943,15 @@ assert all(round(m["gpc__cycles_elapsed.max"] / m["gpu__time_duration.sum"], 2) 
            for m in nw.values())
 
 # %% [markdown]
-# At 1 warp the naive kernel takes the one-row kernel's time, but its schedulers already issue
-# in 72 % of their cycles against 4 %: its work nearly fills the time its programs take to
-# start. From 2 warps on the schedulers issue in 83 to 84 % of cycles and the time grows with
-# the instructions; from 4 warps on the load sectors double with each doubling of the warps,
-# copies of the same features loaded again. At a free clock 2 warps may take 1 warp's time:
-# 4.1's live cell checks only that 8 warps take longer than 2.
+# At 1 warp the naive kernel takes the one-row kernel's time, but its schedulers issue in 72 % of
+# cycles against 4 %: its work nearly fills its programs' start time. From 2 warps on they issue
+# in 83 to 84 % of cycles and the time grows with the instructions; from 4 warps on the load
+# sectors double with the warps.
 #
 # Yet 2 warps, one feature a thread and no copies, execute 1.38 times the instructions of 1.
-# Which ones? The next cell compiles the naive kernel for sm_90 at 1 and 2 warps, as the
-# profile launched it, and counts by kind what one thread runs in its machine code (SASS) when
-# its angles take the sine's and cosine's short path (every position of the profile does);
-# times the warps, that is what a program runs. Beside it, the profile's instruction classes.
+# Which? The next cell compiles the kernel for sm_90 at 1 and 2 warps and counts by kind what
+# one thread runs in its machine code (SASS) on the sine's short path (every position of the
+# profile takes it); times the warps, that is a program. Beside it, the profile's classes.
 
 # %%
 from ropelib.course import nb03_layouts, nb03_warps   # a tile's layout; a thread's SASS, by kind
@@ -1078,52 +1010,43 @@ assert extra["integer"] + extra["memory"] >= 0.75 * (total[2] - total[1]), extra
 assert regs[1] >= regs[2] and programs_per_sm(regs[1], 1, 0).limited_by == ["programs"]
 
 # %% [markdown]
-# Halving a thread's features halves its float work, so a program's does not move. Most of the
-# integer work (the row's `s`, `b` and `h` from the program id, then the addresses) every
-# thread does whatever its features, so a program of two warps runs more than 1.4 times the
-# integer instructions of one (the table's program columns). And a thread issues as many
-# loads and stores at 2 warps as at 1, each of one element instead of two: a program's double.
-# The profile's classes agree: the same floating-point instructions at both, more than half as
-# many integer ones again. The 1-warp thread holds more registers, but one-warp programs are
-# limited to 32 on an SM (4.2), not by registers.
+# Halving a thread's features halves its float work, so a program's does not move. Most integer
+# work (`s`, `b`, `h` and the addresses) every thread does whatever its features, so a 2-warp
+# program runs more than 1.4 times the integer instructions of a 1-warp one. And each thread
+# issues as many loads and stores at 2 warps as at 1, of one element instead of two: a
+# program's double. The profile's classes agree. The 1-warp thread's extra registers cost
+# nothing: 32 programs per SM is the limit (4.2).
 #
-# Hence `default_num_warps` gives a tile at least as many elements as threads (one warp per
-# 128 elements of a half), and the cure for the program count is fewer programs, each doing
-# more: notebook 04's grid, and exercise 5 below.
+# Hence `default_num_warps` gives a tile at least as many elements as threads, and the cure for
+# the program count is fewer programs, each doing more: notebook 04's grid, and exercise 5.
 
 # %% [markdown]
 # ## 5. Coalescing, made visible
 #
 # Rotate-half pairs feature $j$ with $j + D/2$; the interleaved form (GPT-J, exercise 4) pairs
-# neighbours, $2j$ with $2j+1$. This section asks what each way of loading the pairs costs in
-# the memory a GPU fetches, and which way of writing the interleaved loads runs at a copy's
-# speed.
+# $2j$ with $2j+1$. What does each way of loading the pairs cost in memory fetched, and which
+# interleaved loads run at a copy's speed?
 #
-# A GPU does not move single elements between memory and its SMs. The unit is a **sector** of
-# 32 aligned bytes. When the 32 threads of a warp run a load, the hardware gathers their
-# addresses and fetches every sector they touch, once; a load is *coalesced* when its lanes
-# cover whole sectors, so every byte fetched is used. The L1 cache of each SM keeps recently
-# loaded sectors, so a second load of the same sectors soon after can be served from L1
-# without going back to L2 (the cache all SMs share) or DRAM. Stores are different: L1 does
-# not collect them; each store instruction sends its sectors on to L2, with a mask of the
-# bytes it writes. So L1 can soften a wasteful pattern of loads, but not of stores; the
-# counters at the end of the section check both.
+# A GPU moves memory in **sectors** of 32 aligned bytes. When a warp's 32 threads load, the
+# hardware fetches every sector their addresses touch, once; a load is *coalesced* when its lanes
+# cover whole sectors. Each SM's L1 cache keeps recent sectors, so a second load of them soon
+# after need not go to L2 (shared by all SMs) or DRAM. Stores are not collected in L1: each store
+# sends its sectors to L2 with a mask of the bytes written. So L1 can soften wasteful loads, not
+# stores.
 #
-# Four ways to load and store the pairs of a row, as RoPE kernels do:
+# Four ways to load and store the pairs of a row:
 #
-# - **(a) rotate-half**: the two halves are two contiguous runs (`offs`, `HALF + offs`);
+# - **(a) rotate-half**: two contiguous runs (`offs`, `HALF + offs`);
 # - **(b) interleaved, stride 2**: the even features `2*j` and the odd `2*j + 1` as two loads;
-# - **(c) interleaved, one contiguous load split in registers**: a `[pairs, 2]` tile at offsets
-#   `2*j[:, None] + [0, 1]` is one contiguous run; `tl.split` separates even and odd in
-#   registers, `tl.join` puts them back for one contiguous store;
-# - **(d) interleaved, whole rows**: the same, but the offsets are those of the whole row,
-#   `tl.arange(0, D)`, and `tl.reshape` makes the `[pairs, 2]` tile in registers
-#   (`WHOLE_ROWS=True` below). It touches exactly the bytes (c) touches.
+# - **(c) interleaved, one contiguous load split in registers**: a `[pairs, 2]` tile at
+#   `2*j[:, None] + [0, 1]`; `tl.split` separates even and odd, `tl.join` rejoins them for one
+#   store;
+# - **(d) interleaved, whole rows**: the same from the whole row's offsets, `tl.arange(0, D)`, and
+#   `tl.reshape` (`WHOLE_ROWS=True`). It touches exactly (c)'s bytes.
 #
-# (b) to (d) below are a pair swap, `y[2j] = x[2j+1]`, `y[2j+1] = x[2j]`: RoPE's data
-# movement without its arithmetic. `ropelib.course.access.record` runs a launch in the
-# interpreter with `tl.load`/`tl.store` wrapped and returns the byte address of every lane
-# each instruction touched.
+# (b) to (d) below are a pair swap, `y[2j] = x[2j+1]`, `y[2j+1] = x[2j]`: RoPE's data movement
+# without its arithmetic. `ropelib.course.access.record` runs a launch in the interpreter and
+# returns the byte address of every lane each `tl.load`/`tl.store` touched.
 
 # %%
 # ropelib-source: ropelib.course.kernels.pair_swap._pair_swap_kernel
@@ -1259,28 +1182,21 @@ def draw_sectors(recorded, path):
 draw_sectors(recorded, FIGURES / "03-access-sectors.png")
 
 # %% [markdown]
-# *The interpreter's model: the sectors each recorded `tl.load` or `tl.store` touches, worked
-# out from its addresses by `access.record`, not measured on a GPU (the counters further down
-# are).* Read the picture row by row. In (a) each instruction covers 4 whole sectors: every
-# byte moved is used. In (b) each instruction touches all 8 sectors of the row and uses 16 of
-# the 32 bytes of each: loads and stores alike *request* twice the sectors they need. On a GPU
-# the second stride-2 load may find its sectors still in L1; the stores have no such help. In
-# this model (c) and (d) cover the row with one instruction in whole sectors, and the swap
-# happens in registers. The GPU's counters below (of the code Triton 3.6 compiled) show that on
-# a GPU this holds for (d) only.
+# *The interpreter's model, worked out from the recorded addresses.* In (a) each instruction covers 4 whole sectors: every byte moved is used. In (b)
+# each touches all 8 sectors of the row and uses 16 of the 32 bytes of each: loads and stores
+# *request* twice the sectors they need. On a GPU the second stride-2 load may find its sectors
+# still in L1; stores have no such help. Here (c) and (d) cover the row in whole sectors with one
+# instruction.
 #
-# What the interpreter cannot show: an "instruction" here is one `tl.load` of the whole tile.
-# On a GPU the compiler splits it into warp instructions, and the **layout** it picks decides
-# which lanes of a warp go together. For that it must know which offsets are contiguous, and
-# it knows only what it can prove from the index arithmetic. In (c) the offsets
-# `2*j + [0, 1]` are contiguous along the last axis only, two elements long; in (d)
-# `tl.arange(0, D)` is one run of the whole row.
+# What the interpreter cannot show: on a GPU the compiler splits a `tl.load` into warp
+# instructions, and the **layout** it picks decides which lanes go together. It treats as
+# contiguous only what it can prove from the index arithmetic: in (c), `2*j + [0, 1]`, two
+# elements along the last axis; in (d), `tl.arange(0, D)`, the whole row.
 #
-# So whether (c) runs like (d) on a GPU is the compiler's choice. The next cell compiles both
-# for sm_90 here (no GPU needed) and works out from the compiled layout which sectors one
-# warp's load touches. On a GPU the cell after it times all five kernels on a large tensor, 16
-# rows per program, beside a device copy of the same bytes. Predict before it runs: what does
-# a stride-2 load cost, a stride-2 store, and (c) against (d)?
+# The next cell compiles (c) and (d) for sm_90 (no GPU needed) and works out which sectors one
+# warp's load touches. On a GPU the cell after it times all five kernels, 16 rows per program,
+# beside a copy. Predict first: what does a stride-2 load cost, a stride-2 store, and (c) against
+# (d)?
 
 # %%
 # ropelib's pair swap, the cell above's code, compiled for sm_90 (here, or under the interpreter
@@ -1351,12 +1267,10 @@ else:
 
 # %% [markdown]
 # What happened inside: the same five kernels under Nsight Compute on an H200
-# (`benchmarks/access_counters.py`, `benchmarks/results/access_counters-nvidia-h200*.csv`; no
-# other GPU's counters are committed, so on another GPU read the timing cell above beside them).
-# For each kernel: the global load and store **requests** (one per warp instruction), the
-# sectors they asked L1 for, the share of load sectors L1 already held, the sectors L1 had to
-# read from L2 and sent on to L2 as writes, and the bytes read from DRAM. A copy moves
-# 64 MiB in and 64 MiB out: 2,097,152 sectors each way.
+# (`access_counters-nvidia-h200*.csv`; no other GPU's counters are committed). For each: the load
+# and store **requests** (one per warp instruction), the sectors asked of L1, the share of load
+# sectors L1 held, the sectors read from and written to L2, and the bytes read from DRAM. A copy
+# moves 2,097,152 sectors each way.
 
 # %%
 acc_meta, acc_rows = measured.load("access_counters")
@@ -1413,37 +1327,29 @@ assert all(abs(r["dram_read_bytes"] - c["model_bytes"] / 2) < 0.02 * c["model_by
            for r in swap.values())
 
 # %% [markdown]
-# The H200's counters answer the section's questions, and one it did not ask. The times and
-# ratios below are its profiled launches'; the timing cell above prints this page's GPU's and
-# checks their direction (a stride-2 store slower than (c), and (d) faster).
+# The H200's counters (the timing cell above checks their direction on this page's GPU):
 #
-# - **(c), as Triton 3.6 compiles it, is not what the interpreter drew.** Each load request
-#   uses 128 bytes over 16 sectors, a quarter of each; L1 serves the other touches, but the
-#   stores are laid out the same way, and L2 receives 3.8 times the sectors a copy writes.
-#   (c) takes 3.3 times the copy's time. The split and join are not what sets it apart: (d)
-#   does them too and runs at a copy's speed. Why a quarter: a warp's lanes spread over many
-#   rows, a few bytes of each (the compiled layout, read below).
-# - **(b), stride-2 loads,** double the requests, and L1 serves most of them (87.5 % hits): L2
-#   and DRAM read what (c) reads, and the time does not move.
+# - **(c), as Triton 3.6 compiles it, is not what the interpreter drew.** Each load request uses
+#   128 bytes over 16 sectors, a quarter of each. L1 serves the other touches, but the stores are
+#   laid out the same way: L2 receives 3.8 times a copy's sectors, and (c) takes 3.3 times the
+#   copy's time. Split and join are not the cause: (d) does them too at a copy's speed.
+# - **(b), stride-2 loads,** double the requests, and L1 serves them (87.5 % hits): L2 and DRAM
+#   read what (c) reads, and the time does not move.
 # - **Stride-2 stores** send L2 2.1 times the sectors (c) sends, 4 of each sector's 32 bytes
-#   written, and the time more than doubles. DRAM writes do not change, so the pieces meet in
-#   L2 before they reach DRAM; the traffic from L1 to L2 is what grows.
-# - **(d), whole rows,** gives the compiler `tl.arange(0, D)`: each request is 512 bytes in 16
-#   whole sectors, L2 sees a copy's sectors, and the kernel runs as fast as the copy, its
-#   pairs split and joined in registers by `tl.reshape`. This is how ropelib's finished kernel
-#   reads interleaved pairs.
+#   written, and the time more than doubles. DRAM writes do not change: the pieces meet in L2.
+# - **(d), whole rows:** each request is 512 bytes in 16 whole sectors, L2 sees a copy's sectors,
+#   and the kernel runs at a copy's speed. ropelib's finished kernel reads interleaved pairs so.
 #
-# Two lessons. The interpreter shows which bytes a program asks for, not how a warp's lanes
-# share them. And the compiler lays out as one run only what it can prove contiguous, as it
-# could for (d)'s whole-row offsets and, in Triton 3.6, not for (c)'s: write offsets that any
-# compiler reads as one run, as (d) does.
+# Two lessons. The interpreter shows which bytes a program asks for, not how a warp's lanes share
+# them. And the compiler lays out as one run only what it can prove contiguous: write offsets
+# that read as one run, as (d) does.
 
 # %% [markdown]
-# **Detour: the compiled code of (c) and (d)** (for a second reading). The cell before the
-# timings read the `#ttg.blocked` layout of the loaded tile from the TTGIR (`sizePerThread`:
-# the run one lane holds; `threadsPerWarp`: how a warp's lanes spread over the tile's axes;
-# `order`: which axis counts fastest) and the width of the loads and stores from the PTX. The
-# next cell places a warp's 32 lanes with them and counts what one load touches.
+# **Detour: the compiled code of (c) and (d)** (for a second reading). The compile cell read the
+# `#ttg.blocked` layout of the loaded tile from the TTGIR (`sizePerThread`: the run one lane
+# holds; `threadsPerWarp`: how a warp's lanes spread over the axes; `order`: which axis counts
+# fastest) and the load width from the PTX. The next cell places a warp's 32 lanes with them and
+# counts what one load touches.
 
 # %%
 swap_programs = 262144 // 16   # the counters' launch: 16 rows a program
@@ -1480,24 +1386,22 @@ else:
           "request; the H200's counters are of Triton 3.6's code")
 
 # %% [markdown]
-# With Triton 3.6 the compiler proves only the last axis of (c)'s tile contiguous, two
-# elements long: each lane loads one pair, and the warp's lanes run down 16 rows, 8 bytes of
-# each: the quarter-used sectors the counters saw. (d)'s lanes load 16 bytes each
-# along whole rows. Another Triton may lay (c) out otherwise (the cell says so when it does).
+# With Triton 3.6 only the last axis of (c)'s tile is proved contiguous, two elements: each lane
+# loads one pair, and a warp's lanes run down 16 rows, 8 bytes of each, the quarter-used sectors
+# the counters saw. (d)'s lanes load 16 bytes each along whole rows. Another Triton may lay (c)
+# out otherwise (the cell says so).
 
 # %% [markdown]
 # ## 6. Debugging in the interpreter
 #
-# With `TRITON_INTERPRET=1` a kernel runs as ordinary Python on NumPy arrays. That makes three
-# things possible that a GPU does not offer so easily.
+# With `TRITON_INTERPRET=1` a kernel runs as Python on NumPy arrays, which makes three things
+# easy that are hard on a GPU.
 #
 # ### 6.1 Print inside the kernel
 #
-# `tl.device_print` works everywhere (on a GPU its output goes to the terminal that started
-# Jupyter, not to the notebook); in the interpreter plain `print` works too and shows whole
-# tiles. Here is the naive kernel's index math for two programs of a $D = 72$ row. The cell
-# runs the kernel through the interpreter on every machine (`access.interpreted`, the tool
-# section 5 recorded addresses with), so the tiles print on every page.
+# `tl.device_print` works everywhere (on a GPU it prints to the terminal that started Jupyter);
+# in the interpreter plain `print` works too and shows whole tiles. Here is the index math of two
+# programs of a $D = 72$ row, interpreted on every machine (`access.interpreted`).
 
 # %%
 @triton.jit
@@ -1521,23 +1425,18 @@ access.interpreted(_peek_kernel)[(2,)](2, 3, HALF=half, BLOCK_HALF=block)
 # %% [markdown]
 # ### 6.2 Catch out-of-bounds accesses
 #
-# A GPU does not complain when a kernel writes past the end of a row: it overwrites the next
-# row, or memory that is not yours. NVIDIA's `compute-sanitizer python script.py` (its default
-# tool, memcheck) reports accesses outside any allocation, but not a write into the next row
-# of the same tensor. Two tools catch that bug, the first in the interpreter, the second on
-# any device.
+# A GPU does not complain when a kernel writes past the end of a row: it overwrites the next row.
+# NVIDIA's `compute-sanitizer` reports accesses outside any allocation, not a write into the next
+# row of the same tensor.
 #
-# Below is a toy kernel that rotates rows of a contiguous `[ROWS, D]` tensor (position = row)
-# with one bug switch: `MASK_STORES=False` forgets the masks on the stores, a common mistake
-# with non-power-of-two rows. For $D = 72$ the second half's store then writes lanes 36…63 of
-# `offs + HALF`, i.e. elements 72…99: the first 28 elements of the *next* row.
+# The toy kernel below rotates rows of a contiguous `[ROWS, D]` tensor with one bug switch:
+# `MASK_STORES=False` forgets the store masks. For $D = 72$ the second half's store then writes
+# elements 72…99: the first 28 elements of the *next* row.
 #
 # **Tool 1: `assert` in the kernel.** The interpreter runs a Python `assert` in a `@triton.jit`
-# function as the plain Python statement it is, so it is always checked. On a GPU, Triton
-# compiles the same line to `tl.device_assert`, which is only active when the kernel is compiled
-# with `TRITON_DEBUG=1`. The assert must come *before* the access it guards. The cell below
-# runs the buggy kernel in the interpreter (on CPU copies of the inputs, on every machine) and
-# shows the assert fire.
+# function as plain Python, so it is always checked; on a GPU it compiles to `tl.device_assert`,
+# active only under `TRITON_DEBUG=1`. Put it *before* the access it guards. The cell shows it
+# fire.
 
 # %%
 @triton.jit
@@ -1584,11 +1483,10 @@ except Exception as exc:
     print("caught:", type(exc).__name__, "-", str(exc).strip().splitlines()[-1][:120])
 
 # %% [markdown]
-# **Tool 2: guard bands** work on a GPU as well and need no change to the kernel: put the
-# output inside a larger buffer filled with NaN, run the kernel on the middle, then check that
-# the bands around it are still NaN — and that no NaN is left inside (an element never
-# written). The bands must be at least as wide as the largest overshoot, so the buggy kernel
-# stays inside memory we own.
+# **Tool 2: guard bands** work on a GPU too, with no change to the kernel: put the output inside a
+# larger NaN-filled buffer, run the kernel, then check that the bands are still NaN and that no
+# NaN is left inside (an element never written). The bands must be wider than the largest
+# overshoot.
 
 # %%
 def guarded_empty(shape, pad, **kw):
@@ -1619,20 +1517,16 @@ for mask_stores in (True, False):
         assert report["written after"] == block - half   # the last row spills 28 elements
 
 # %% [markdown]
-# On a GPU the programs run in no fixed order, so the buggy run's output may or may not match
-# the reference: a row's spill can land after the next row's own store. On the CPU it can even
-# *match*, because the interpreter runs the programs in order and each row's own store
-# overwrites what its neighbour spilled into it. A check that only compares outputs can pass
-# the bug; the guard band catches it on every run, because the last row's spill always lands
-# there. The kernel checks of this notebook's exercises use guard bands for that reason.
+# On a GPU the programs run in no fixed order, so the buggy output may or may not match the
+# reference; on the CPU it can even match, since each row's own store overwrites its neighbour's
+# spill. A check that only compares outputs can pass the bug; the guard band catches the last
+# row's spill every time. This notebook's exercise checks use guard bands for that reason.
 #
 # ### 6.3 Where the interpreter differs from a GPU
 #
-# The interpreter is a model of the GPU, not the GPU. One difference matters for RoPE: it casts
-# fp32 to bf16 by **truncation**, while a GPU (and `torch`) rounds to nearest even. A kernel
-# that ends in `.to(tl.bfloat16)` is then off by one unit in the last place in many of its
-# outputs in the interpreter (the cell checks more than 30 %), and right on a GPU (it checks
-# 0 %). The cell runs the same kernel in the interpreter and, where there is one, on the GPU.
+# The interpreter casts fp32 to bf16 by **truncation**; a GPU (and `torch`) rounds to nearest
+# even. A kernel ending in `.to(tl.bfloat16)` is then one ulp off in many outputs in the
+# interpreter (the cell checks more than 30 %) and exact on a GPU (it checks 0 %).
 
 # %%
 @triton.jit
@@ -1658,9 +1552,8 @@ if GPU:
     assert differ_gpu == 0.0
 
 # %% [markdown]
-# ropelib's kernels store through `round_to` (section 3.4), which rounds to nearest even by
-# hand in the interpreter and is a plain cast on a GPU, so both give the same bits. When the
-# interpreter and the GPU disagree in the last bit, check the casts first.
+# ropelib's kernels store through `round_to` (section 3.4), which gives the same bits on both.
+# When the two disagree in the last bit, check the casts first.
 
 # %% [markdown]
 # ## 7. Correctness, the way ropelib's tests check it
@@ -1669,7 +1562,7 @@ if GPU:
 #
 # 1. fresh random inputs, against an fp64 reference rounded **once** to the output dtype;
 # 2. dtype-aware tolerances: at most one unit in the last place for bf16/fp16;
-# 3. the output buffer **poisoned** with NaN first, so an element the kernel forgets stays NaN;
+# 3. the output **poisoned** with NaN first, so a forgotten element stays NaN;
 # 4. the input unchanged afterwards;
 # 5. awkward shapes: non-power-of-two halves, non-contiguous views, a table longer than the
 #    sequence.
@@ -1704,9 +1597,9 @@ for dtype in (torch.float32, torch.float16, torch.bfloat16):
             assert m["max_ulp_err"] <= 1.0
 
 # %% [markdown]
-# The kernel is correct, and section 4 measured why it is not fast: its time is the time the
-# GPU takes to start and retire its one-row programs. Notebook 04 gives each program the $B$
-# rows of one position and head: $B$ times fewer programs, each reusing its cos/sin $B$ times.
+# The kernel is correct, and section 4 measured why it is not fast: its time is the time the GPU
+# takes to start its one-row programs. Notebook 04 gives each program the $B$ rows of one
+# position and head: $B$ times fewer programs, each reusing its cos/sin $B$ times.
 #
 # ## Exercises
 #
@@ -1714,18 +1607,18 @@ for dtype in (torch.float32, torch.float16, torch.bfloat16):
 #
 # **Exercise 4: write a kernel.** Rotate the **interleaved** form (GPT-J, RoFormer), where pair
 # $j$ is features $(2j, 2j+1)$, with **partial rotary**: only the first `R` features are rotated,
-# the last `D - R` pass through unchanged. The angle table is TE's interleaved one, `[P, R]`
-# with each angle twice: `f0 f0 f1 f1 …`, so pair $j$ turns by `freqs[s, 2j]`:
+# the last `D - R` pass through. The table is TE's interleaved one, `[P, R]`, each angle twice
+# (`f0 f0 f1 f1 …`), so pair $j$ turns by `freqs[s, 2j]`:
 #
 # $$ y_{2j} = x_{2j}\cos\theta_j - x_{2j+1}\sin\theta_j, \qquad
 #    y_{2j+1} = x_{2j+1}\cos\theta_j + x_{2j}\sin\theta_j, \qquad 0 \le j < R/2 , $$
 #
-# and $y_k = x_k$ for $k \ge R$. The check launches *your kernel*, one program per row, on
-# fresh random inputs (sbhd and a transposed bshd view, fp32 and bf16, a head dim whose pairs
-# do not fill a power-of-two tile, `R < D`), into a NaN-filled output inside guard bands.
-# Write the body; keep the signature. Sections 3.2, 3.3 and 5 have all the pieces. Store with
-# `.to(y_ptr.dtype.element_ty)`: the check compares 16-bit outputs within a rounding, and it
-# refuses a kernel that calls ropelib's own `@triton.jit` helpers, `round_to` among them.
+# and $y_k = x_k$ for $k \ge R$. The check launches *your kernel*, one program per row, on fresh
+# inputs (sbhd and a transposed bshd view, fp32 and bf16, pairs that do not fill a power-of-two
+# tile, `R < D`), into a NaN-filled output inside guard bands. Write the body; keep the
+# signature; sections 3.2, 3.3 and 5 have the pieces. Store with `.to(y_ptr.dtype.element_ty)`:
+# the check allows 16-bit outputs a rounding, and refuses a kernel that calls ropelib's own
+# `@triton.jit` helpers, `round_to` among them.
 
 # %%
 @triton.jit
@@ -1748,18 +1641,15 @@ ex.check_rope_interleaved(my_rope_interleaved_kernel);
 solution(ex.solution_rope_interleaved.fn, title="Solution: an interleaved, partial-rotary kernel")
 
 # %% [markdown]
-# The solution uses two stride-2 loads and stores, pattern (b) of section 5. Rewrite it with one
-# contiguous `[BLOCK_PAIRS, 2]` load, `tl.split` and `tl.join` (pattern (c)), then with the
-# whole row's `tl.arange` and `tl.reshape` (pattern (d)), and run the check after each. The
-# interpreter draws (c) and (d) alike; section 5's compiled layout says what your Triton makes
-# of each.
+# The solution uses pattern (b) of section 5. Rewrite it as (c), one `[BLOCK_PAIRS, 2]` load with
+# `tl.split` and `tl.join`, then as (d), the whole row's `tl.arange` with `tl.reshape`, and run
+# the check after each.
 #
-# **Exercise 5: fewer programs, each doing more.** Section 4 found the naive kernel's time set
-# by its number of programs. Test that with your own kernel. Give step 3's kernel (section 3.3)
-# a `ROWS` constexpr: program `p` rotates the `ROWS` consecutive rows `p * ROWS` …
-# `p * ROWS + ROWS - 1`, on the grid `(S * B * H // ROWS,)`. `H` is a multiple of `ROWS`, so
-# they are `ROWS` heads of one token $(s, b)$, with one position and one row of angles. Load
-# that row once as a `[1, BLOCK_HALF]` tile, evaluate its cos and sin once, and let them
+# **Exercise 5: fewer programs, each doing more.** Test section 4's finding with your own kernel.
+# Give step 3's kernel (section 3.3) a `ROWS` constexpr: program `p` rotates the `ROWS`
+# consecutive rows `p * ROWS` … `p * ROWS + ROWS - 1`, on the grid `(S * B * H // ROWS,)`. `H` is
+# a multiple of `ROWS`, so they are `ROWS` heads of one token $(s, b)$, with one row of angles.
+# Load that row once as a `[1, BLOCK_HALF]` tile, evaluate its cos and sin once, and let them
 # broadcast over the `[ROWS, BLOCK_HALF]` halves of the rows.
 #
 # The check launches your kernel with `ROWS` from 1 to 8 into a NaN-filled output inside guard
@@ -1805,13 +1695,11 @@ pred_ok = ex.check_predicted_us(my_predicted_us)
 solution(ex.solution_predicted_us)
 
 # %% [markdown]
-# Now the experiment. An H200 has run it with notebook 04's kernel, built as yours is (`ROWS`
-# heads of one position a program, cos and sin once a program): `benchmarks/ablation.py` timed
-# it at bf16 $S = 32768$, $B = 1$, $H = 32$, $D = 128$ with 1, 2, 4 and 8 heads a program
-# (`ablation-nvidia-h200.csv`). The cell prints your prediction (the worked one until yours
-# passes) beside each time. On a GPU it then times **your kernel** (likewise) at this page's
-# shape and the same warps, beside a prediction from this GPU's SMs, copy time and 4.3's
-# cost of a program. Its last line prints measured / predicted: near 1 where the model holds.
+# Now the experiment. `benchmarks/ablation.py` timed notebook 04's kernel, built as yours is
+# (`ROWS` heads of one position a program, cos and sin once), on an H200 at bf16 $S = 32768$,
+# $B = 1$, $H = 32$, $D = 128$ (`ablation-nvidia-h200.csv`). The cell prints your prediction
+# (the worked one until yours passes) beside each time. On a GPU it then times **your kernel**
+# (likewise) at this page's shape; its last line prints measured / predicted.
 
 # %%
 predict = my_predicted_us if pred_ok else ex.solution_predicted_us
@@ -1876,52 +1764,44 @@ else:
           "a GPU)")
 
 # %% [markdown]
-# In the H200's ablation the measurement lands within 2 % of the worked prediction at 1 and 2
-# rows a program: the kernel takes its programs' time. At 4 rows the programs alone would take
-# 158 µs and it takes 175 (1.11 times the model); at 8 the copy's 130 µs is the larger limit,
-# and it takes 154. The model keeps only the larger limit, so it says nothing about why;
-# notebook 05 (section 2) measures what a kernel needs to stream at a copy's speed. The live
-# cell's last line gives the same reading for your kernel on your GPU: near 1, the model holds;
-# clearly above 1, the kernel takes longer than its larger limit, as the H200's does at 4 and 8
-# rows.
+# In the H200's ablation, 1 and 2 rows a program land within 2 % of the prediction: the kernel
+# takes its programs' time. At 4 rows the programs alone would take 158 µs and it takes 175 (1.11
+# times the model); at 8 the copy's 130 µs is the larger limit, and it takes 154. The model keeps
+# only the larger limit, so it cannot say why; notebook 05 (section 2) measures what a kernel
+# needs to stream at a copy's speed. Read the live cell's last line the same way: near 1, the
+# model holds; clearly above, the kernel takes longer than its larger limit.
 #
-# **The 4-row case is open.** On both GPUs 4 rows is the one case run on 2 warps (the fewest
-# the ablation ran there; the live cell takes the ablation's warps), and the model has no term
-# for warps. Section 4.5 found that a second warp adds instructions, but nothing committed
-# tells whether they, or something else the model leaves out, make the H200's 11 %. Timing the
-# same 4-row kernel on 1 warp beside 2, on one GPU, would decide it: near the model on 1 warp,
-# the second warp is the cause; as far off on 1 warp, it is not. You can run that yourself:
-# `do_bench` on `ex.launch_rows(rows_kernel, x, f2d, y_rows, 4, num_warps=1)` and on
-# `num_warps=2`.
+# **The 4-row case is open.** It is the one case run on 2 warps, and the model has no term for
+# warps. Whether a second warp's instructions (4.5) make the H200's 11 %, nothing committed says.
+# Time it yourself on one GPU: `do_bench` on
+# `ex.launch_rows(rows_kernel, x, f2d, y_rows, 4, num_warps=1)` and on `num_warps=2`.
 #
 # The appendix shows what the check's sin/cos count guards against: a kernel evaluating cos and
 # sin for every row is slower at 8 rows than at 2.
 #
 # ## Questions for a study group
 #
-# 1. The check of exercise 4 allocates the output and fills it with NaN. Which wrong kernels
-#    would pass if it used `torch.empty` instead, on the CPU and on a GPU?
-# 2. Section 4 found the naive kernel's time set by its program count, not by its bytes in
-#    flight. Which changes to it would lower the time — more warps, more rows per program, a
-#    larger `BLOCK_HALF`, a table of cos/sin — and which of them would change only the bytes
-#    in flight or the instructions? Check your answers against section 4's tables.
-# 3. Stride-2 loads use only part of each sector they request, yet in section 5's counters
-#    L1 served 87.5 % of their sectors and the time did not move. When would it not: think of
-#    a tile larger than L1 can hold between the two loads, or of sectors other programs evict.
-# 4. The interpreter ignores `num_warps`, truncates bf16 and runs programs in order. For each,
-#    name a bug that passes on the CPU and fails on a GPU, and a check that would catch it.
-# 5. The angle table is read by every one of the $B \cdot H$ programs of a position. Section
-#    4.2's DRAM/model column counts the table once: what does its value for the naive kernel
-#    tell you, and which cache must serve the other reads?
+# 1. Exercise 4's check fills the output with NaN. Which wrong kernels would pass with
+#    `torch.empty`, on the CPU and on a GPU?
+# 2. Which changes would lower the naive kernel's time — more warps, more rows per program, a
+#    larger `BLOCK_HALF`, a table of cos/sin — and which would change only the bytes in flight or
+#    the instructions? Check against section 4's tables.
+# 3. In section 5's counters L1 served 87.5 % of the stride-2 loads' sectors and the time did not
+#    move. When would it not: a tile larger than L1 holds between the two loads, or sectors other
+#    programs evict?
+# 4. The interpreter ignores `num_warps`, truncates bf16 and runs programs in order. For each, name
+#    a bug that passes on the CPU and fails on a GPU, and a check that would catch it.
+# 5. All $B \cdot H$ programs of a position read its angles. Section 4.2's DRAM/model column
+#    counts the table once: what does the naive kernel's value tell you, and which cache serves
+#    the other reads?
 
 # %% [markdown]
 # ## Appendix: cos and sin for every row, and why 8 rows are then slower than 2
 #
-# `rows_sincos_every_row` (in `ropelib.course.exercises.naive_kernel`) has exercise 5's
-# signature but evaluates cos and sin for every row, which the check refuses. An H200 profile
-# (below) found it slower at 8 rows a program than at 2. First, what can be counted on the
-# CPU: the sines and cosines a row of it, of the worked kernel and of notebook 04's
-# (`work_count`, on an `x` of one position and 8 heads).
+# `rows_sincos_every_row` (in `ropelib.course.exercises.naive_kernel`) has exercise 5's signature
+# but evaluates cos and sin for every row, which the check refuses; an H200 profile found it
+# slower at 8 rows a program than at 2. First what the CPU can count (`work_count`, one position
+# and 8 heads): the sines and cosines a row of it, of the worked kernel and of notebook 04's.
 
 # %%
 from ropelib.course import work_count
@@ -1949,10 +1829,10 @@ for rows in (1, 2, 4, 8):
 assert all(per_row[r] == (256, 256 / r, 256 / r) for r in per_row)
 
 # %% [markdown]
-# The rest comes from the H200 profile (`rows_ncu-nvidia-h200.csv`, fixed clock): the registers
-# a thread held, the share of an SM's 64 warp slots they leave room for ("warps fit") and the
-# share that held a warp ("warps active"). The cell then compiles the every-row kernel and the
-# worked one for sm_90 and works out how many warps their registers let fit.
+# The rest comes from the H200 profile (`rows_ncu-nvidia-h200.csv`, fixed clock): the registers a
+# thread held, the share of an SM's 64 warp slots they leave room for ("warps fit") and the share
+# that held a warp ("warps active"). The cell then compiles both kernels for sm_90 and works out
+# how many warps their registers let fit.
 
 # %%
 rows_csv = measured.RESULTS / "rows_ncu-nvidia-h200.csv"
@@ -2051,14 +1931,12 @@ assert profiled("every row", "active")[3] <= 100 * occ8.fraction
 assert profiled("every row", "active")[1] <= 100 * occ2.fraction
 
 # %% [markdown]
-# - **At 2 and 4 rows, the instructions.** Notebook 04's kernel executes fewer with each
-#   doubling of its heads a program; the every-row kernel about as many at every `ROWS`, its
-#   schedulers issuing in 86 and 91 % of cycles. The model counts programs only, so for this
-#   kernel it holds at 1 row only.
-# - **At 8 rows, the registers.** 151 registers a thread leave room for 12 one-warp programs
-#   on an SM, 19 % of its warp slots; 18 % held a warp, and the schedulers issued in only
-#   48 % of cycles.
+# - **At 2 and 4 rows, the instructions.** Notebook 04's kernel executes fewer with each doubling
+#   of its heads a program; the every-row kernel about as many at every `ROWS`, its schedulers
+#   issuing in 86 and 91 % of cycles. The model counts programs only, so for this kernel it
+#   holds at 1 row only.
+# - **At 8 rows, the registers.** 151 registers a thread leave room for 12 one-warp programs on an
+#   SM, 19 % of its warp slots; 18 % held a warp, and the schedulers issued in 48 % of cycles.
 #
-# Evaluating cos and sin once a program, as exercise 5 asks and notebook 04 does, avoids both:
-# its instructions fall with every doubling, and the worked kernel at 8 rows holds fewer
-# registers (the line above).
+# Evaluating cos and sin once a program, as exercise 5 and notebook 04 do, avoids both: the
+# instructions fall with every doubling, and the worked kernel at 8 rows holds fewer registers.

@@ -16,24 +16,21 @@
 # %% [markdown]
 # # 04 — The batch-reusing grid kernel
 #
-# The naive kernel of notebook 03 makes every row of position $s$, every batch entry and every
-# head, load the same angles and compute the same cos/sin. This notebook changes one thing, the
-# **grid**, so that each program does $B$ rows' work: $B$ times fewer programs, cos/sin
-# evaluations and angle loads. Which of the three saves the time is section 5's question. This
-# second of ropelib's three generations beats Transformer Engine's (TE's) fused CUDA kernel at
-# batch 8 on an H200 and an H100 (section 5.2) although it evaluates more sines and cosines;
-# section 3 asks why, section 5.5 answers.
+# In notebook 03's naive kernel every row of position $s$ loads the same angles and computes the
+# same cos/sin. This notebook changes the **grid** so that each program does $B$ rows' work: $B$
+# times fewer programs, cos/sin evaluations and angle loads; section 5 asks which saves the time.
+# The result beats Transformer Engine's (TE's) fused CUDA kernel at batch 8 on an H200 and an
+# H100, though it evaluates more sines and cosines: section 3 asks why, section 5.5 answers.
 #
-# **Time:** two hours for sections 1 to 4, 5.1 to 5.3 and 6, and an hour and a half for the six
+# **Time:** two hours for sections 1 to 4, 5.1 to 5.3 and 6, an hour and a half for the six
 # exercises; 5.4, 5.5 and the appendix read Nsight Compute profiles. The text's numbers come
-# from committed H200 runs (section 5.2 adds H100 runs) and are asserted.
+# from committed H200 runs (section 5.2 adds an H100) and are asserted.
 #
 # **After this notebook you will be able to**
 #
-# - find the work a grid makes programs repeat, and remove it by choosing another grid;
-# - write a Triton program that loops over the batch and reuses values it loaded once;
-# - build a bytes-moved model of a memory-bound kernel, and turn a time into GB/s and into a
-#   percentage of what a plain device copy reaches;
+# - find the work a grid makes programs repeat, and remove it with another grid;
+# - write a Triton program that loops over the batch, reusing what it loaded once;
+# - model the bytes a memory-bound kernel moves, and turn a time into GB/s and % of a copy;
 # - tell a measured explanation of a speed-up from a plausible one, with an ablation that
 #   changes one factor at a time.
 
@@ -92,17 +89,15 @@ print(f"x: [S={S}, B={B}, H={H}, D={D}] on {device}")
 # %% [markdown]
 # ## 1. What the naive grid repeats
 #
-# The naive grid has one program per row, $S \cdot B \cdot H$ programs. All $B \cdot H$
+# The naive grid has one program per row, $S \cdot B \cdot H$ programs. The $B \cdot H$
 # programs of one position $s$ need the same $D$ angles, so between them they
 #
 # - load the position's angles $B \cdot H$ times instead of once, and
 # - evaluate the same $D$ cosines and $D$ sines $B \cdot H$ times.
 #
-# The caches serve most of the repeated angle loads: in appendix A.5's profiles the naive
-# kernel reads its table from DRAM once (2 MiB at $s = 4096$, $b = 8$; 16 MiB at $s = 32768$,
-# $b = 1$), and at the second shape the batch-reusing grid reads it 8 times. The other cost is
-# the programs: each naive one moves one row (256 bytes in, 256 out for $D = 128$ in bf16) and
-# must be started and retired. The bill for the reference case:
+# The caches serve most of the repeated loads (appendix A.5). The programs cost too: each naive
+# one moves one row (512 bytes for $D = 128$ in bf16) and must be started and retired. The bill
+# for the reference case:
 
 # %%
 Sr, Br, Hr, Dr = 16384, 8, 32, 128            # the reference case: 1 GiB of bf16 activations
@@ -148,9 +143,8 @@ assert GPU_NAME == "NVIDIA H200" and l2_bytes == 62_914_560 and l2_bytes / 2**20
 #
 # ## 2. The (seq, head) grid
 #
-# Launch one program per **(position, head)** pair, grid $(S, H)$, and let each program loop
-# over the batch. Its angles, cosines and sines are computed once, before the loop, and
-# reused for all $B$ rows:
+# One program per **(position, head)**, grid $(S, H)$; each computes its cosines and sines
+# once, then loops over the batch:
 #
 # ```
 # for each program (s, h):              # grid (S, H)
@@ -213,9 +207,8 @@ print("version 1 == reference (fp32)")
 
 # %% [markdown]
 # Change it and rerun: swap a sign, drop the loop, or move `cos = ...`, `sin = ...` into the
-# loop. The first two break the check; the third only changes the work, which
-# `ropelib.course.work_count` counts in Triton's interpreter: the next cell counts version 1
-# beside a copy with `cos` and `sin` moved into the loop.
+# loop. The first two break the check; the third only changes the work, which the next cell
+# counts in Triton's interpreter (`ropelib.course.work_count`).
 
 # %%
 @triton.jit
@@ -256,18 +249,18 @@ assert given.sin + given.cos in (Sc * Hc * Dc, Sc * Bc * Hc * Dc), "edited? see 
 assert in_loop.loads["x"] == given.loads["x"] == x_c.numel()   # the same data either way
 
 # %% [markdown]
-# Moved into the loop, cos and sin run $B = 4$ times as often, for the same output and the same
-# reads of `x`; section 5.3's editable kernel can time that on a GPU.
+# Moved into the loop, cos and sin run $B$ times as often for the same output and reads of `x`.
 #
 # ### 2.2 Any strides, any head size, any table
 #
-# - **strides**: `q` often arrives as a view (`[B, S, H, D]` transposed, a slice of a fused QKV
-#   projection): row at `s*stride_xs + b*stride_xb + h*stride_xh`, feature `j` at `j*stride_xd`;
-# - **a half that is not a power of two** (80 → 40): the tile has
-#   `BLOCK_HALF = next_power_of_2(HALF)` lanes and a mask switches the rest off;
+# - **strides**: `q` often arrives as a view (a transposed `[B, S, H, D]`, a slice of a fused
+#   QKV projection): row at `s*stride_xs + b*stride_xb + h*stride_xh`, feature `j` at
+#   `j*stride_xd`;
+# - **any half** (80 → 40): `BLOCK_HALF = next_power_of_2(HALF)` lanes, the rest masked off;
 # - **both halves' angles**: read $\theta_2$ (feature $j + D/2$) as well as $\theta_1$; TE's
-#   table has them equal, the kernel should not rely on it. The math runs in fp32, rounded once
-#   on the store.
+#   table has them equal, the kernel should not rely on it.
+#
+# The math runs in fp32, rounded once on the store.
 
 # %%
 @triton.jit
@@ -320,15 +313,15 @@ print("version 2 == reference (fp16, a non-contiguous view, D = 80, halves with 
 # %% [markdown]
 # ### 2.3 The version in ropelib
 #
-# `ropelib/course/kernels/batch_reuse.py` adds three compile-time switches to version 2 and
-# reads the table through its strides:
+# `ropelib/course/kernels/batch_reuse.py` is version 2 with the table read through its strides
+# and three compile-time switches:
 #
 # - `BACKWARD` — the same kernel serves the backward pass (notebook 06);
 # - `COMPUTE_DTYPE` — fp64 math for fp64 inputs, so `gradcheck` can run (notebook 06);
-# - `BF16_RTNE` — Triton's interpreter truncates when it casts to bf16, a GPU rounds to
-#   nearest even; `round_to` rounds by hand in the interpreter so both give the same bits.
+# - `BF16_RTNE` — the interpreter truncates when it casts to bf16, a GPU rounds to nearest
+#   even; `round_to` makes both give the same bits.
 #
-# The next cell is that kernel, character for character (a test fails if they differ).
+# A test keeps the next cell identical to that kernel.
 
 # %%
 # ropelib-source: ropelib.course.kernels.batch_reuse._rope_batch_reuse_kernel
@@ -406,11 +399,10 @@ print(f"programs launched: naive {naive.naive_grid(S, B, H)[0]:,}, batch-reuse "
       f"{batch_reuse.batch_reuse_grid(S, H)[0] * batch_reuse.batch_reuse_grid(S, H)[1]:,}")
 
 # %% [markdown]
-# **`range` vs `tl.static_range`.** `tl.static_range(B)` unrolls the loop at compile time, so
-# every batch size compiles its own kernel, and in exchange the compiler could issue all rows'
-# loads together; the runtime `range(0, B)` compiles once. On the H200 the two run level
-# (section 5.3). The next cell compiles both for sm_90, with no GPU, and lists the global loads
-# (L) and stores (S) of their SASS (machine code) in program order, at $B = 8$.
+# **`range` vs `tl.static_range`.** `tl.static_range(B)` unrolls the loop at compile time: one
+# kernel per batch size, but the compiler could issue all rows' loads together. The next cell
+# compiles both forms for sm_90 (no GPU needed) and lists the global loads (L) and stores (S) of
+# their SASS in order, at $B = 8$.
 
 # %%
 # section 5.3's kernel as sh_loop_b (runtime loop) and sh_loop_b_unrolled launch it, compiled for
@@ -446,22 +438,17 @@ for name, o in load_order.items():
 assert load_order["sh_loop_b"]["rows"] == load_order["sh_loop_b_unrolled"]["rows"] == 8
 
 # %% [markdown]
-# Both forms compile to the same order: the angle loads, then, row by row, two loads and two
-# stores. The loads of row $b + 1$ come only after the stores of row $b$: a compiler may not move
-# a load above an earlier store unless it can prove they touch different memory, and `x` and `y`
-# may be one tensor (an in-place call). So each warp asks for one 256-byte row of `x`, waits,
-# stores it, and only then asks for the next. Whether this "one row in flight per warp" limits
-# the grid's time, exercise 6 measures.
+# Both compile to the same order: the angle loads, then, row by row, two loads and two stores. A
+# compiler may not move a load above an earlier store unless it can prove they touch different
+# memory, and `x` and `y` may be one tensor (in place). So each warp loads one 256-byte row of
+# `x`, waits, stores it, then loads the next: "one row in flight per warp" (exercise 6).
 #
 # ## 3. The batch-reusing grid against Transformer Engine
 #
-# At bf16 sbhd $s = 4096$, $b = 8$, $h = 32$, $d = 128$ this kernel is faster than TE's fused
-# kernel on an H200 and on an H100 (section 5.2). "It reuses cos/sin, TE does not" does not
-# survive a look at TE's `fused_rope.cu`: a grid `(s, b)`, one CUDA block of
-# 4 or 8 warps per (position, batch entry), reusing the sines and cosines of position $s$
-# across its $h$ heads, computed by each warp in registers or once into shared memory behind a
-# barrier. TE 2.20.2, the release section 5 profiles, does the second (A.1: its warps wait at a
-# block-wide barrier, and its float instructions fit one evaluation per block):
+# At bf16 sbhd $s = 4096$, $b = 8$, $h = 32$, $d = 128$ this kernel beats TE's fused kernel on
+# an H200 and an H100 (section 5.2). Not by reuse: TE's `fused_rope.cu` runs one CUDA block per
+# (position, batch entry), grid `(s, b)`, and shares position $s$'s sines and cosines across its
+# $h$ heads. TE 2.20.2, profiled here, computes them once into shared memory (A.1):
 #
 # | kernel | grid | (cos, sin) pairs evaluated per position |
 # |---|---|---|
@@ -469,17 +456,15 @@ assert load_order["sh_loop_b"]["rows"] == load_order["sh_loop_b_unrolled"]["rows
 # | (S, H) grid | $(S, H)$ | $H \cdot D$ |
 # | naive | $(S B H,)$ | $B H \cdot D$ |
 #
-# The (S, H) grid evaluates $H / B$ times as many as TE's shared-memory version, 4 times at
-# $h = 32$, $b = 8$ (A.1 prints the counts): reusing cos/sin cannot be what makes it faster.
-# Other differences, each a hypothesis until section 5.5 gives its verdict:
+# The (S, H) grid evaluates $H / B$ times as many, 4 times here. The other differences, each a
+# hypothesis until section 5.5:
 #
-# - **how each thread touches memory**: a TE thread reads one bf16 element at a time, every
-#   element twice (as itself and as its rotate-half partner); a Triton program loads half-row
-#   tiles;
+# - **how each thread touches memory**: a TE thread reads one bf16 element at a time, each
+#   twice (as itself and as its rotate-half partner); a Triton program loads half-row tiles;
 # - **the number of programs**: $S \cdot H$ programs of $B$ rows against $S \cdot B$ blocks of
 #   $H$ rows;
-# - **the loop**: unrolled (`tl.static_range`) or not (section 2.3: the same loads and stores);
-# - **where cos/sin come from**: computed (`tl.sin`, `tl.cos`) or read from a table;
+# - **the loop**: unrolled or not (section 2.3: the same loads and stores);
+# - **where cos/sin come from**: computed or read from a table;
 # - **the instructions issued** per element: indexing, a barrier.
 #
 # ## 4. A bytes-moved model, GB/s and the copy floor
@@ -491,13 +476,10 @@ assert load_order["sh_loop_b"]["rows"] == load_order["sh_loop_b_unrolled"]["rows
 #    + \underbrace{4 S D}_{\text{fp32 angles, once}}, \qquad
 #    \text{GB/s} = \frac{\text{bytes}}{t} , $$
 #
-# with $N = SBHD$ elements of $e$ bytes; extra traffic (re-reading the table, say) shows up as
-# a lower GB/s. The yardstick is a device copy `y.copy_(x)` of the same tensors, timed in the
-# same run, and "% of copy" $= 100\, t_{\text{copy}} / t_{\text{kernel}}$ compares times (a
-# ratio of GB/s would count the angle table for the kernel only). The copy is a yardstick, not a
-# hard ceiling: in section 5.2's run a kernel beats it by 1 % at most.
-# `ropelib.bench.compare.bytes_moved` is this model; `benchmarks/generations.py` times with
-# `triton.testing.do_bench` (median, L2 flushed).
+# with $N = SBHD$ elements of $e$ bytes (`ropelib.bench.compare.bytes_moved`). The yardstick is
+# a device copy `y.copy_(x)` of the same tensors in the same run: "% of copy"
+# $= 100\, t_{\text{copy}} / t_{\text{kernel}}$. It is no hard ceiling: in section 5.2's run a
+# kernel beats it by 1 % at most. Times are `triton.testing.do_bench` medians, L2 flushed.
 
 # %%
 cfg = compare.Config(Sr, Br, Hr, Dr, dtype="bf16")
@@ -511,9 +493,9 @@ assert compare.bytes_moved(cfg) == 2 * x_bytes + Sr * Dr * 4
 #
 # ### 5.1 Live, on this machine: naive vs batch-reuse vs ropelib vs copy
 #
-# The third generation is `ropelib.apply_rope` as it plans each call (from 64 MiB of `q` on, in
-# two passes: notebook 05, section 6). On a GPU the cell times the three and a copy beside
-# section 5.2's committed H200 times, with their ratio only on an H200 (`<<`: over 10 % apart).
+# The third generation is `ropelib.apply_rope` as it plans each call (two passes from 64 MiB of
+# `q` on: notebook 05, section 6). On a GPU the cell times the three and a copy beside section
+# 5.2's committed H200 times, with their ratio only on an H200 (`<<`: over 10 % apart).
 
 # %%
 assert two_pass_min_bytes() == 64 * 2**20 < 4096 * 8 * 32 * 128 * 2   # two passes at batch-8
@@ -572,9 +554,8 @@ assert not GEN_CSV.exists() or {(c, k) for c in LIVE for k in (
 # %% [markdown]
 # ### 5.2 Committed results from an H200
 #
-# `python benchmarks/generations.py` wrote `benchmarks/results/generations-nvidia-h200.csv`,
-# whose header names the GPU, driver, versions and date. Every committed result this notebook
-# reads comes from NVIDIA H200s (torch 2.11, Triton 3.6) but the H100 runs of this section.
+# Every committed result this notebook reads comes from NVIDIA H200s (torch 2.11, Triton 3.6),
+# except this section's H100 runs; each CSV's header names its GPU, versions and date.
 
 # %%
 if GEN_CSV.exists():   # read by the cell of section 5.1
@@ -613,11 +594,10 @@ else:
 
 # %% [markdown]
 # The dashed line (left) and the grey bar (right) are the copy. The curves say *how fast*, not
-# *why*: the two kernels differ in programs, work per program and cos/sin reuse at once.
-# Section 5.3 separates them; batch 1, at the end of this section, shows the programs alone.
+# *why*: the kernels differ in programs, work per program and cos/sin reuse at once.
 #
-# **A second GPU.** `benchmarks/floor.py` timed batch-8's shape on an H200 and an H100 (slower
-# DRAM): the copy, ropelib's generations and TE's fused kernel, one process per GPU.
+# **A second GPU.** `benchmarks/floor.py` timed batch 8's shape on an H200 and an H100 (slower
+# DRAM): the copy, ropelib's generations and TE's fused kernel.
 
 # %%
 # batch-8's shape on two GPUs: the floor suite's committed runs (do_bench medians, L2 flushed),
@@ -660,22 +640,17 @@ else:
 
 # %% [markdown]
 # The H100's slower DRAM stretches the copy 1.39 times and the grid 1.24 times; the naive
-# kernel keeps its time (1.00): its programs set it, not DRAM. **TE's kernel is slower than the
-# grid on both GPUs**, by less on the H100 (1.18 times the grid's time, against 1.32). Section
-# 5.5 predicts both ratios from where each kernel's time goes on the H200, where every profile
-# below was taken.
+# kernel keeps its time (1.00): its programs set it. **TE's kernel is slower than the grid on
+# both GPUs**, by less on the H100 (1.18 times the grid's time, against 1.32).
 
 # %% [markdown]
 # #### Batch 1: the programs alone
 #
 # At $b = 1$ the grid launches as many one-row programs as the naive kernel, $S \cdot H$ =
-# 131,072 at $s = 4096$, $h = 32$, and its batch loop has nothing to spread them over. The
-# cell reads the committed H200 sweep: each kernel's ns per program on an SM against an empty
-# program's (notebook 03, section 4), and the grid at batch 1 and 2. On a GPU it then times, in
-# three alternating rounds, both kernels at $b = 1$, the grid at $b = 2$, and
-# `benchmarks/program_cost.py`'s empty kernel (the one behind the committed 79.8 ns) at the
-# grid's 131,072 one-warp programs. Where the empty programs take most of the grid's $b = 1$
-# time and a second batch row adds little, starting programs is what that time is.
+# 131,072. The cell reads each kernel's ns per program from the committed H200 sweep; on a GPU
+# it times both kernels at $b = 1$, the grid at $b = 2$, and 131,072 empty one-warp programs.
+# Where the empty programs take most of the grid's $b = 1$ time and a second row adds little,
+# that time is starting programs.
 
 # %%
 # batch 1 in the committed H200 sweep (s=4096, h=32): the naive kernel launches S*B*H programs
@@ -746,8 +721,8 @@ else:
 #
 # `benchmarks/ablation.py` times, at bf16 sbhd $s = 4096, b = 8$ and at $s = 32768, b = 1$
 # (the same bytes), a copy, TE's fused kernel, ropelib's three generations, and one kernel whose
-# switches change one thing at a time. Each variant's launch at the first size, and the cos/sin
-# values it evaluates per position (the `*_table` variants read two fp32 tables instead):
+# switches change one thing at a time. Each variant's launch, and the cos/sin values it
+# evaluates per position (`*_table` variants read two fp32 tables instead):
 
 # %%
 S_a, B_a, H_a, D_a = 4096, 8, 32, 128
@@ -769,17 +744,14 @@ assert plan_cols["heads_all_one_b"]["cos_sin_per_position"] * 32 == B_a * H_a * 
 
 # %% [markdown]
 # Compiled, a value several threads hold is computed by each of them (appendix A.1): in
-# `sh_loop_b_w4` and `_w8` (elems/thread below one) 2 and 4 threads hold each cos/sin.
+# `sh_loop_b_w4` and `_w8`, 2 and 4 threads hold each cos/sin.
 #
-# **Every row is one kernel**, `_rope_ablation_kernel`, with switches: `BLOCK_H` heads and
-# `BATCH_PER_PROGRAM` batch rows a program, `UNROLL_B`, `TABLE` and the launch's `num_warps`;
-# grid $(S, \lceil H / \text{BLOCK\_H} \rceil, B / \text{BATCH\_PER\_PROGRAM})$. The next two
-# cells are it and its helper, yours to edit; the cell after checks your copy of every variant
-# against the fp64 reference and, bit for bit, `ablation.rope_ablation`. On a GPU it then times
-# `sh_one_b` against `sh_loop_b`, and the same pair reading tables (no sine evaluated), in three
-# alternating rounds: where the tables keep the ratio (the cell asserts four fifths of it), the
-# programs, not the sin/cos, make it on that GPU too. Try it: stop the batch loop one row early,
-# or, on a GPU, move cos/sin into the loop and compare your `sh_loop_b`'s time with the course's.
+# **Every row is one kernel**, `_rope_ablation_kernel`: `BLOCK_H` heads and `BATCH_PER_PROGRAM`
+# batch rows a program, `UNROLL_B`, `TABLE` and `num_warps`; grid
+# $(S, \lceil H / \text{BLOCK\_H} \rceil, B / \text{BATCH\_PER\_PROGRAM})$. The next two cells
+# are yours to edit; the one after checks every variant against the fp64 reference and, bit for
+# bit, `ablation.rope_ablation`, then on a GPU times `sh_one_b` against `sh_loop_b`, with and
+# without tables. Try it: stop the batch loop one row early, or move cos/sin into the loop.
 
 # %%
 # ropelib-source: ropelib.course.kernels.ablation._rotate_tile
@@ -940,15 +912,12 @@ assert not ab_differ, f"correct, but not the bits of the course's kernel: {ab_di
 # %% [markdown]
 # Which comparison answers which question:
 #
-# - `sh_loop_b` vs `sh_one_b`: $B$ times the cos/sin *and* $B$ times the programs at once; the
-#   `*_table` rows tell the two apart;
+# - `sh_loop_b` vs `sh_one_b`: $B$ times the cos/sin *and* the programs; the `*_table` rows tell
+#   the two apart;
 # - `*_table` vs the same without: do sines and cosines cost time at all?
 # - `heads_all_one_b` (TE's grid $(s, b)$ in Triton) vs `sh_loop_b` and `te_fused`: the grid,
 #   or the code?
 # - `heads4_loop_b`: does a $[4, D/2]$ tile of four heads help?
-#
-# The rows come from the committed H200 run (`benchmarks/results/ablation-nvidia-h200.csv`);
-# the other tiles and warp sweeps: appendix A.3.
 
 # %%
 ABLATION_CSV = measured.path("ablation")
@@ -1024,29 +993,23 @@ if ABLATION_CSV.exists():
 
 
 # %% [markdown]
-# A ratio above 1: the second kernel of the pair is faster. An earlier committed run reproduces
-# the 4 % cost of sin/cos with $B$ rows a program, not the few tenths of a percent with one row.
-# (`ropelib_finished` is the finished kernel forced onto this tensor.)
+# A ratio above 1: the second kernel of the pair is faster. (`ropelib_finished` is the finished
+# kernel forced onto this tensor.)
 #
-# **Times say how much, not why.** Three floors lie under any kernel's time, each computed from
-# a count, not from a time of the kernel itself:
+# **Times say how much, not why.** Three floors, each computed from a count, lie under any
+# kernel's time:
 #
 # $$ t \;\ge\; \max\Big(\underbrace{t_{\text{copy}}}_{\text{bytes}},\;
 #    \underbrace{\frac{P}{N_{\text{SM}}}\, t_{\text{empty}}}_{\text{programs}},\;
 #    \underbrace{\frac{I_{\text{warp}}}{4\, N_{\text{SM}}\, f_{\max}}}_{\text{issue}}\Big) $$
 #
-# - **bytes**: a device copy of the same tensors, timed in the same ablation run (section 4: a
-#   yardstick more than a hard floor);
-# - **programs**: $P$ programs shared by $N_{\text{SM}} = 132$ SMs, each costing what a program
-#   that does nothing costs, $t_{\text{empty}} = 79.8$ ns of an SM's time (notebook 03, section
-#   4, `program_cost-nvidia-h200.csv`, at the kernel's number of warps);
-# - **issue**: $I_{\text{warp}}$, the warp instructions (an instruction executed by a warp's 32
-#   threads together) Nsight Compute counted for the kernel
-#   (`mechanism-nvidia-h200.csv`; TE's from `mechanism-te-nvidia-h200.csv`), issued by 4
-#   schedulers per SM at one a cycle at most, at the device's top clock $f_{\max}$.
+# - **bytes**: a copy of the same tensors, timed in the same run;
+# - **programs**: $P$ programs over $N_{\text{SM}} = 132$ SMs at an empty program's
+#   $t_{\text{empty}} = 79.8$ ns (notebook 03, section 4);
+# - **issue**: $I_{\text{warp}}$ warp instructions (Nsight Compute's count), at most one a cycle
+#   from each of an SM's 4 schedulers at the top clock $f_{\max}$.
 #
-# The largest floor under a kernel's time names what limits it. The next cell computes the
-# three for four of the ablation's variants and for TE's fused kernel.
+# The largest floor names what limits a kernel.
 
 # %%
 # three floors under each kernel's time: bf16 sbhd s=4096, b=8, h=32, d=128, NVIDIA H200
@@ -1126,28 +1089,24 @@ assert (sm_n, schedulers, ghz_top, round(empty_ns_by_warps[1], 1)) == (132, 4, 1
 
 # %% [markdown]
 # - **One row a program: the programs set the time.** `sh_one_b` and `sh_one_b_table` sit on
-#   their program floor (633.7 µs), though `sh_one_b` executes 3.65 times the instructions.
+#   their program floor, though `sh_one_b` executes 3.65 times the instructions.
 # - **The 3.46 is program granularity, not cos/sin reuse.** `sh_one_b`'s program floor alone is
-#   3.45 times `sh_loop_b`'s whole time; $B = 8$ rows a program put that floor (79 µs) under the
-#   copy's.
-# - **The grid's largest floor is the copy**, and it takes 1.41 times a copy's time. One
-#   suspect is section 2.3's one row in flight per warp; exercise 6 measures its share.
-# - **TE's largest floor is issue**: 157.5 µs at the top clock, 2.5 times the grid's 62.6 µs,
-#   with a quarter of its programs and (cos, sin) pairs. That is under the grid's whole
-#   183.6 µs, yet TE takes 1.56 times it: section 5.5 says why.
+#   3.45 times `sh_loop_b`'s whole time; $B = 8$ rows a program put that floor under the copy's.
+# - **The grid's largest floor is the copy**, and it takes 1.41 times a copy's time.
+# - **TE's largest floor is issue**, 2.5 times the grid's: under the grid's whole time, yet TE
+#   takes 1.56 times it.
 #
 # ### 5.4 Why, measured: the profiler's answer
 #
-# `benchmarks/mechanism.py` ran the same variants under Nsight Compute on an H200, the clock
-# free as in the timings (`mechanism-nvidia-h200.csv`; TE's kernel `mechanism-te-nvidia-h200.csv`).
-# What section 5.5's verdict takes from it:
+# Nsight Compute profiled the same variants on an H200 (`benchmarks/mechanism.py`), the clock
+# free as in the timings:
 #
-# - **DRAM bytes are the model's** for every variant and for TE's kernel (appendix A.5): no
-#   kernel is slower for extra traffic.
-# - **Occupancy does not order them**: the grid's one-warp programs fill half of an SM's 64 warp
-#   slots (32 programs at most), TE's kernel nine tenths, and TE takes 1.94 times a copy's time.
-# - **At $b = 1$ the order reverses**: the (S, H) grid launches as many one-row programs as the
-#   naive kernel and takes its time; TE's 32,768 blocks are more than twice as fast.
+# - **DRAM bytes are the model's** for every variant and TE's kernel (A.5): no kernel is slower
+#   for extra traffic.
+# - **Occupancy does not order them**: the grid fills half of an SM's 64 warp slots, TE nine
+#   tenths, and TE takes 1.94 times a copy's time.
+# - **At $b = 1$ the order reverses**: the grid takes the naive kernel's time; TE is more than
+#   twice as fast.
 
 # %%
 mech = measured.mechanism("s4096-b8")
@@ -1218,9 +1177,8 @@ assert te1_programs == 32_768 and t1["sh_loop_b"]["programs"] == 1_048_576
 # %% [markdown]
 # ### 5.5 The answer: why the batch-reusing grid beat TE's fused kernel
 #
-# The cell sets TE's kernel and the grid side by side ($b = 8$, H200), each row from the
-# committed CSV it names; `benchmarks/te_ncu.py` profiled both with the clock locked and free
-# (appendices A.1 and A.2).
+# The cell sets TE's kernel and the grid side by side ($b = 8$, H200), profiled with the clock
+# locked and free (appendices A.1 and A.2).
 
 # %%
 # the two profiles of TE's kernel beside the grid (benchmarks/te_ncu.py), per kernel: the locked
@@ -1312,26 +1270,19 @@ plt.show()
 # %% [markdown]
 # **The answer.** At $b = 8$ on the H200, TE's fused kernel is slower than the grid because it
 # executes 2.5 times the grid's warp instructions per element, and issuing them does not overlap
-# its waits on memory: its extra issuing, 96 µs, exceeds the 62 µs by which it is slower. Not
-# cos/sin, bytes or occupancy: TE evaluates a quarter of the grid's pairs, moves the same DRAM
-# bytes and fills more warp slots. Most of its extra instructions are integer ones (indexing, by
-# our reading of TE's source).
+# its waits on memory: its extra issuing, 96 µs, exceeds the 62 µs by which it is slower.
 #
 # | section 3's hypothesis | verdict at $b = 8$ | where measured |
 # |---|---|---|
-# | how each thread touches memory | on TE's side: one-element loads, each element read twice (78 bytes a warp load, the grid's 142) | `te_ncu`, A.1 |
-# | number of programs | not TE's handicap: a quarter of the grid's programs | section 5.3's floors |
-# | the batch loop unrolled | level: under 1 % apart in each of two runs | section 5.3's ablation |
-# | where cos/sin come from | at most 0.91 of TE's float instructions per element; in the grid, tables save 4 % | A.1, section 5.3 |
-# | instructions issued | **the cause**: 2.5 times the grid's, issued without overlapping the waits | this cell, A.2 |
+# | how each thread touches memory | TE's one-element loads read each element twice (78 bytes a warp load, the grid's 142) | A.1 |
+# | number of programs | not TE's handicap: a quarter of the grid's | 5.3's floors |
+# | the batch loop unrolled | level: under 1 % apart in two runs | 5.3 |
+# | where cos/sin come from | at most 0.91 of TE's float instructions an element; tables save the grid 4 % | A.1, 5.3 |
+# | instructions issued | **the cause**: 2.5 times the grid's, not overlapping the waits | this cell, A.2 |
 #
-# Which of TE's differences (one-element loads, double reads, indexing, its barrier) costs what,
-# these counters cannot separate.
-#
-# **The H100?** No profile was taken there. If an H100 issues the same instructions in the same
-# time and only the rest of each kernel's time stretches, as the copy's does, the split above
-# predicts each kernel's H100 time over its H200 time; the cell sets that beside section 5.2's
-# measured ratios.
+# **The H100?** No profile was taken there. Suppose an H100 issues the same instructions in the
+# same time and stretches the rest as it stretches the copy: the cell predicts each kernel's
+# H100/H200 time ratio from the split above and sets it beside section 5.2's.
 
 # %%
 # H100 time / H200 time: issuing kept, the rest stretched by the copy's ratio (section 5.2's
@@ -1353,26 +1304,24 @@ if len(two_gpus) == 2:
 
 # %% [markdown]
 # Both predictions fall within 3 % of the measured ratios; stretching all of the time or none
-# of it misses both by more than 10 %. The H200's answer carries over: TE's lead shrinks on the
-# H100 because two thirds of its time is issuing, which slower DRAM does not lengthen.
+# of it misses both by more than 10 %. TE's lead shrinks on the H100 because two thirds of its
+# time is issuing, which slower DRAM does not lengthen.
 
 # %% [markdown]
 # ## 6. What the finished kernel does beyond the batch-reusing grid
 #
 # The (S, H) grid still has limits:
 #
-# - **cos/sin are reused across the batch, not across heads**; a tile of heads removes that work
-#   only where the compiled layout keeps one copy of each value (A.1);
-# - **small loads, one row at a time**: half-row loads (128 bytes in bf16 for $D = 128$), and a
-#   warp stores a row before it loads the next (section 2.3);
-# - **the grid depends on the shape**: with $B = 1$ nothing is reused, and when $S \cdot H$ is
-#   small there are too few programs to fill the GPU;
+# - **cos/sin are reused across the batch, not across heads**;
+# - **small loads, one row at a time**: 128-byte half-rows (bf16, $D = 128$), and a warp stores
+#   a row before it loads the next (section 2.3);
+# - **the grid depends on the shape**: with $B = 1$ nothing is reused; with a small $S \cdot H$
+#   too few programs fill the GPU;
 # - only sbhd, rotate-half, full rotary, and positions $0 \ldots S-1$.
 #
-# ropelib's finished kernel (`ropelib/kernels/fused.py`; notebook 05 builds it) gives each
-# program a **tile** of positions × heads whose source computes cos/sin once for its heads *and*
-# a chunk of the batch (compiled, as many evaluations per position as the grid's: A.1), loads
-# wider vectors (here 4 bf16 a thread: A.1's `sizePerThread = [1, 1, 4]`), and takes every
+# ropelib's finished kernel (`ropelib/kernels/fused.py`, notebook 05) gives each program a
+# **tile** of positions × heads that computes cos/sin once for its heads *and* a batch chunk,
+# loads wider vectors (here 4 bf16 a thread: A.1's `sizePerThread = [1, 1, 4]`), and takes every
 # layout through strides.
 
 # %% [markdown]
@@ -1398,8 +1347,7 @@ solution(ex.solution_angle_bytes)
 
 # %% [markdown]
 # **2.** A device copy reached `copy_gbps` GB/s (1 GB = $10^9$ bytes). How long, in ms, does a
-# kernel that must move `nbytes` bytes take at the copy's speed? (The copy is the yardstick,
-# not a hard limit: section 5.2 prints a kernel beating it by 1 %.)
+# kernel that must move `nbytes` bytes take at the copy's speed?
 
 # %%
 def my_floor_ms(nbytes, copy_gbps):
@@ -1432,9 +1380,8 @@ ex.check_grid_us(my_grid_us);
 solution(ex.solution_grid_us)
 
 # %% [markdown]
-# The cell below sets the model (the worked solution, with notebook 03's 79.8 ns) beside the
-# committed H200 sweep of section 5.2. Before you run it: at which batch sizes do you expect it
-# to hold?
+# The cell below sets the model beside the committed H200 sweep of section 5.2. Before you run
+# it: at which batch sizes do you expect it to hold?
 
 # %%
 if GEN_CSV.exists():
@@ -1454,18 +1401,17 @@ if GEN_CSV.exists():
 
 # %% [markdown]
 # At $b = 1$ and $2$ the programs set the time: the grid is within 7 % of the model. From
-# $b = 4$ on it takes 1.33 to 1.42 times what the model allows, so neither its programs nor a
-# copy's bytes bound it there; sections 2.3, 5.2 and 5.4 say what is suspected instead, and
-# exercise 6 builds the test of one suspect.
+# $b = 4$ on it takes 1.33 to 1.42 times what the model allows: neither programs nor bytes
+# bound it there.
 #
 # **4. The kernel.** Write the batch-reusing kernel yourself, from a blank `@triton.jit`,
-# without scrolling up — and give it one feature the kernel above lacks: **partial rotary**.
-# The table holds $R \le D$ angles per position; features $0 \ldots R-1$ are rotated as
-# rotate-half pairs $(j, j + R/2)$, features $R \ldots D-1$ are copied unchanged.
+# without scrolling up, with one feature the kernel above lacks: **partial rotary**. The table
+# holds $R \le D$ angles per position; features $0 \ldots R-1$ are rotated as rotate-half pairs
+# $(j, j + R/2)$, features $R \ldots D-1$ are copied unchanged.
 #
 # The check launches your kernel on grid $(S, H)$ on several shapes, a non-contiguous `x`,
-# fp16, tables whose two halves differ (read $\theta_2$ as well as $\theta_1$), into a NaN-filled
-# output, and counts your cos/sin in the interpreter: a batch of 3 must cost no more than 1.
+# fp16, tables whose halves differ (read $\theta_2$ too), into a NaN-filled output, and counts
+# your cos/sin in the interpreter: a batch of 3 must cost no more than 1.
 
 # %%
 @triton.jit
@@ -1491,21 +1437,20 @@ grid_kernel.check_batch_reuse_kernel(my_batch_reuse_kernel);
 grid_kernel.show_solution()
 
 # %% [markdown]
-# **5. Program granularity, one knob.** Section 5.3's `sh_one_b` and `sh_loop_b` differ in
-# more than one count at once. Make the grid a knob: a kernel whose only setting is `ROWS`, the
-# batch rows one program rotates. Grid $(S, H, B / \text{ROWS})$; program $(s, h, g)$ rotates
-# rows $g \cdot \text{ROWS}$ to $g \cdot \text{ROWS} + \text{ROWS} - 1$ of position $s$ and
-# head $h$, evaluating the cos/sin of position $s$ once. `ROWS` = 1 gives the naive kernel's
-# program count, `ROWS` = $B$ section 2's grid. Tensors are contiguous and `HALF` a power of two
-# (section 2.1's version 1 with one more grid axis).
+# **5. Program granularity, one knob.** Section 5.3's `sh_one_b` and `sh_loop_b` differ in more
+# than one count at once. Make the grid a knob, `ROWS`, the batch rows one program rotates: grid
+# $(S, H, B / \text{ROWS})$, program $(s, h, g)$ rotating rows $g \cdot \text{ROWS}$ to
+# $g \cdot \text{ROWS} + \text{ROWS} - 1$ of position $s$ and head $h$, with the cos/sin of
+# position $s$ evaluated once. `ROWS` = 1 gives the naive kernel's program count, `ROWS` = $B$
+# section 2's grid. Tensors are contiguous and `HALF` a power of two (version 1 with one more
+# grid axis).
 #
-# Then, **before running anything**, write `my_work(S, B, H, D, rows)`: what one launch
-# issues, as a dict of `programs`; `sincos`, the sines and cosines together, one per lane of
-# every tile; `angle_loads`, the angle-table elements read; `x_loads`, the elements of `x` read.
+# Then, **before running anything**, write `my_work(S, B, H, D, rows)`: what one launch issues,
+# as a dict of `programs`; `sincos`, the sines and cosines together, one per lane of every tile;
+# `angle_loads`, the angle-table elements read; `x_loads`, the elements of `x` read.
 #
-# The check runs your kernel in Triton's interpreter at four settings of `ROWS` and compares
-# its outputs with the reference and its counts (`ropelib.course.work_count`) with your
-# prediction; a kernel that reads `x` or the angles more often than needed fails.
+# The check runs your kernel in the interpreter at four settings of `ROWS` against the reference
+# and your prediction; reading `x` or the angles more often than needed fails.
 
 # %%
 @triton.jit
@@ -1533,9 +1478,8 @@ grid_kernel.show_granular_solution()
 
 # %% [markdown]
 # The knob changes programs, sines and cosines and angle loads by the same factor, `x` not at
-# all. Section 5.3's `sh_one_b` and `sh_loop_b` are `ROWS` = 1 and 8, `sh_one_b_table` is
-# `ROWS` = 1 reading two tables; their counts beside the committed H200 times: with no sin/cos,
-# `ROWS` = 1 keeps its time, so only the programs follow it.
+# all. `sh_one_b` and `sh_loop_b` are `ROWS` = 1 and 8, `sh_one_b_table` is `ROWS` = 1 reading
+# two tables: with no sin/cos, `ROWS` = 1 keeps its time, so only the programs follow it.
 
 # %%
 t_ab = measured.timings("ablation", "s4096-b8")
@@ -1564,17 +1508,15 @@ assert round(one["us"] / loop["us"], 2) == 3.46
 assert round(table["us"] / one["us"], 3) == 0.998
 
 # %% [markdown]
-# **6. Two rows in flight.** Section 2.3 found that each warp asks for one row of `x`, stores
-# it, and only then asks for the next; exercise 3's model left the grid at 1.33 to 1.42 times
-# its time from $b = 4$ on. The cheap test of "one row in flight per warp" is a kernel that
-# differs in that alone: write the batch loop so that it loads rows $b$ and $b + 1$ (all four
-# half-rows) before it stores either. Same grid $(S, H)$, same cos/sin once a program, same
-# bytes. $B$ may be odd: the last trip then has one row, so mask row $b + 1$ off.
+# **6. Two rows in flight.** Each warp asks for one row of `x`, stores it, and only then asks
+# for the next (section 2.3). Test that alone: write the batch loop so that it loads rows $b$
+# and $b + 1$ (all four half-rows) before it stores either. Same grid $(S, H)$, same cos/sin
+# once a program, same bytes. $B$ may be odd: mask row $b + 1$ off on the last trip.
 #
 # The check runs your kernel in the interpreter at three shapes (an odd batch and a batch of
-# one among them), compares each output with the reference, and counts, program by program, the
-# elements of `x` loaded before the first store: with $B \ge 2$, two whole rows ($2D$). The
-# programs, cos/sin and elements read must stay the grid's.
+# one among them) against the reference, and counts, program by program, the elements of `x`
+# loaded before the first store: with $B \ge 2$, two whole rows ($2D$). Programs, cos/sin and
+# elements read must stay the grid's.
 
 # %%
 from ropelib.course.exercises import nb04_two_rows
@@ -1599,16 +1541,13 @@ two_rows_ok = nb04_two_rows.check_two_rows(my_two_rows_kernel)
 nb04_two_rows.show_two_rows_solution()
 
 # %% [markdown]
-# The next cell compiles the worked solution for sm_90 (no GPU needed) and lists its global
-# loads (L) and stores (S) as section 2.3 did: four half-rows before the first store. On a GPU
-# it then times, at $b = 8$ in bf16 on one warp a program, your kernel (the worked solution until
-# yours passes), the same grid one row at a time (exercise 5's worked kernel, `ROWS` $= B$) and a
-# copy, in five rounds that alternate the three. No committed run holds these times. The last
-# line is the share of the one-row kernel's gap over the copy that the second row closes,
-# (one row − two rows) / (one row − copy), with its spread over the rounds: near 0, the gap lies
-# elsewhere; near 1, one row in flight per warp was the whole gap. Its verdict only says on which
-# side of one half every round falls: "most of the gap" means above one half, so a share that
-# prints just above it, its rounds with it, is about half the gap, and the rest lies elsewhere.
+# The next cell compiles the worked solution for sm_90 and lists its loads (L) and stores (S):
+# four half-rows before the first store. On a GPU it then times, at $b = 8$ on one warp a
+# program, your kernel (the worked solution until yours passes), exercise 5's kernel with
+# `ROWS` $= B$ and a copy. The last line is the share of the one-row kernel's gap over the copy
+# that the second row closes, (one row − two rows) / (one row − copy): near 0, the gap lies
+# elsewhere; near 1, one row in flight was all of it. "Most of the gap" only means every round
+# lies above one half.
 
 # %%
 two_rows = nb04_two_rows._rope_two_rows_solution_kernel
@@ -1665,30 +1604,19 @@ else:
 # %% [markdown]
 # ## Summary
 #
-# - **The grid decides what is repeated.** The $(S, H)$ grid with a runtime batch loop loads
-#   angles and evaluates cos/sin once per (position, head) and launches $B$ times fewer programs
-#   than the naive grid: 131,072 at $s = 4096$, $h = 32$, whatever the batch.
-# - **The program count, not the cos/sin, sets the time.** At $b = 8$ on the H200 (committed),
-#   one row a program instead of $B$ costs 3.46 times the time, 3.59 between two kernels that
-#   read tables; all of the grid's sin/cos, against reading two tables, costs 4 %. Section 5.3's
-#   cell times the same pairs on your GPU. On a GPU with slower DRAM, such as an H100, expect
-#   both ratios to print smaller than the H200's: one-row programs keep their time from one GPU
-#   to the other (section 5.2: the naive kernel's H100 time over its H200 time, 1.00) while the
-#   grid's stretches with the slower DRAM (1.24). Wherever the printed ratio stays well above 1,
-#   and as high with tables, and the sin/cos line near 1, the programs make it on that GPU too;
-#   section 5.2's batch 1 times the programs alone.
+# - **The grid decides what is repeated.** The $(S, H)$ grid loads angles and evaluates cos/sin
+#   once per (position, head) and launches $B$ times fewer programs than the naive grid.
+# - **The program count, not the cos/sin, sets the time.** On the H200 at $b = 8$, one row a
+#   program instead of $B$ costs 3.46 times the time (3.59 with tables); all of the grid's
+#   sin/cos costs 4 %. On an H100 expect a smaller ratio in section 5.3's live cell: the grid
+#   stretches with the slower DRAM, one-row programs do not.
 # - **Fewer sines and cosines do not make a kernel faster.** TE's fused kernel evaluates a
-#   quarter of the grid's (cos, sin) pairs and is slower at $b = 8$ on an H200 and an H100: it
-#   executes 2.5 times the grid's warp instructions and issuing them does not overlap its waits
-#   (H200 profiles; the same split predicts the H100's times, section 5.5). At $b = 1$ it is
-#   over twice as fast on the H200.
+#   quarter of the grid's (cos, sin) pairs yet is slower at $b = 8$ on an H200 and an H100: it
+#   executes 2.5 times the grid's warp instructions, not overlapped with its waits.
 # - **One row in flight per warp: measured, not assumed.** The grid takes 1.42 times a copy's
-#   time on the H200 and 1.26 on the H100 (section 5.2). Exercise 6 changes one thing, a second
-#   row loaded before a store; the next cell carries over the share of the gap it closed on
-#   this run's GPU and its spread. A share that prints just above one half is about half the
-#   gap, whatever the verdict's wording ("most of the gap" only means every round lies above
-#   one half); the rest lies elsewhere. No committed run holds it. What the second row leaves,
-#   with half an SM's warp slots and work per program that depends on $B$, is notebook 05's.
+#   time on the H200, 1.26 on the H100. The next cell repeats the share of that gap exercise 6's
+#   second row closed on this run's GPU (a share just above one half is about half the gap); the
+#   rest is notebook 05's question.
 
 # %%
 # exercise 6's measurement, carried into the answer (timed there, on a GPU only)
@@ -1709,8 +1637,8 @@ else:
 # ### A.1 What TE's instructions are, and whether they set its time
 #
 # `benchmarks/te_ncu.py` counted instructions by kind on an H200 at $s = 4096, b = 8$, clocks
-# locked (1.44 to 1.50 GHz): a DRAM-bound kernel keeps its time at a lower clock, an
-# issue-bound one does not. **Issue floor**: warp instructions / (4 schedulers × SMs) cycles.
+# locked: a DRAM-bound kernel keeps its time at a lower clock, an issue-bound one does not.
+# **Issue floor**: warp instructions / (4 schedulers × SMs) cycles.
 
 # %%
 print(f"Nsight Compute on {te_meta['gpu']} (torch {te_meta['torch']}, Triton {te_meta['triton']}, "
@@ -1795,13 +1723,11 @@ assert (round(per_pair), round(need["te_registers"], 1), round(need["te_shared"]
     == (17, 4.2, 0.53)                                      # the text's 17, 4.2 and 0.53
 
 # %% [markdown]
-# TE's CUDA kernel spends at most 0.91 float instructions an element beyond the rotation's on
-# sin/cos: not where its time goes. **TE's grid in Triton** (`heads_all_one_b`) spends 8.06 times
-# the grid's sin/cos work where its source asks for a quarter: Triton computes a value in the
-# layout of the tensor that uses it, so every thread holding a column of the
-# `[heads, BLOCK_HALF]` tile computes that column's cosine. The next cell compiles the kernels
-# for sm_90 (no GPU) and counts, from Triton's GPU IR, the threads holding each cos/sin value
-# (`ropelib/course/nb04_layouts.py`).
+# TE's CUDA kernel spends at most 0.91 float instructions an element on sin/cos: not where its
+# time goes. **TE's grid in Triton** (`heads_all_one_b`) spends 8.06 times the grid's sin/cos
+# work where its source asks for a quarter: Triton computes a value in the layout of the tensor
+# that uses it, so every thread holding a column of the `[heads, BLOCK_HALF]` tile computes its
+# cosine. The next cell counts those threads in the sm_90 compile.
 
 # %%
 # compiled for an H200 (sm_90) by this machine's Triton, in a second Python (no GPU needed):
@@ -1859,9 +1785,9 @@ else:
 #
 # ### A.2 Where TE's time goes with the clock free
 #
-# A second run (`te_ncu-nvidia-h200-20261201-1431-clock-none.csv`) left the clock free. With $f$
-# the measured clock, a kernel's time splits into issue (warp instructions / $(4 \times 132 f)$),
-# no warp ready, and SM idle; issuing shortens as the clock rises, a wait on DRAM does not.
+# With $f$ the measured clock, a kernel's time splits into issue (warp instructions /
+# $(4 \times 132 f)$), no warp ready, and SM idle; issuing shortens as the clock rises, a wait
+# on DRAM does not.
 
 # %%
 # the same probe with the clock free (--clock-control none), as in section 5.4's runs
@@ -1921,14 +1847,13 @@ assert all(abs(g / te_p["us"] - 1) > 0.08 for g in guesses.values())
 assert round(predicted_locked["sh_loop_b"] / grid_p["us"] - 1, 2) == 0.04
 
 # %% [markdown]
-# Issuing takes 66 % of TE's time with the clock free (the grid's 36 %). Issue time scaled by
-# the clock, the rest kept, predicts TE's locked time within 1 % (its issuing adds to its
+# Issuing takes 66 % of TE's time with the clock free (the grid's 36 %). Scaling issue time by
+# the clock and keeping the rest predicts TE's locked time within 1 % (issuing adds to its
 # waits) and over-predicts the grid's by 4 % (they overlap).
 #
 # ### A.3 The ablation's other rows
 #
-# The rest of the committed ablation run (`sh_loop_b` kept as the last column's baseline): the
-# other tiles, and each tile at 1, 2, 4 and 8 warps.
+# The other tiles, and each tile at 1, 2, 4 and 8 warps.
 
 # %%
 if ABLATION_CSV.exists():
@@ -1938,14 +1863,11 @@ if ABLATION_CSV.exists():
 # %% [markdown]
 # ### A.4 KiB of `x` requested per SM
 #
-# Resident warps × bytes of `x` a warp loads per batch step (for the grid one row: section 2.3),
-# derived, not counted (`ropelib.course.measured`): an upper bound on the bytes in flight. The
-# cell draws each variant's time against it (the middle panel enlarges those under 190 µs),
-# with notebook 05's finished kernel and, from the run with TE installed, TE's kernel and its
-# copy (red points 23 and 24). More KiB per SM goes with less time, but each variant that asks
-# for more also changes its programs or instructions, and TE asks for about the copy's KiB per
-# SM (57.6 against 54.5) yet takes 1.94 times its time: with 78-byte warp loads (A.1) the bound
-# is loose. Exercise 6 changes the rows in flight alone.
+# Resident warps × bytes of `x` a warp loads per batch step bounds the bytes in flight from
+# above. The cell draws each variant's time against it (the middle panel enlarges those under
+# 190 µs), with notebook 05's finished kernel, TE's kernel and its copy (red points 23 and 24).
+# More KiB per SM goes with less time, but each variant that asks for more also changes its
+# programs or instructions, and TE asks for about the copy's KiB per SM at 1.94 times its time.
 
 # %%
 print(measured.table([mech[v] for v in order if v in mech], [
@@ -1982,15 +1904,12 @@ assert mech["batch_reuse"]["x_bytes_per_warp_step"] == 256   # one row a warp a 
 # %% [markdown]
 # ### A.5 DRAM bytes against the model
 #
-# At $s = 4096$, $b = 8$ a ratio below 1 (the copy's 0.954) is not a kernel moving fewer bytes
-# than it must: the reads are complete (the naive kernel reads `x` and 2.03 MiB more, the 2 MiB
-# table once) and the writes fall short, 23.6 MiB for the copy, less than the H200's 60 MiB L2:
-# lines of `y` presumably written back after the profiler stops counting.
+# At $s = 4096$, $b = 8$ a ratio below 1 (the copy's 0.954) does not mean fewer bytes than
+# needed: the reads are complete, and the writes fall short by less than the H200's 60 MiB L2,
+# presumably lines of `y` written back after the profiler stops counting.
 #
-# **At $s = 32768$, $b = 1$ the grid re-reads its table**: 1.19 times the model's bytes, 128 MiB
-# beyond `x`, 8.0 times the 16 MiB table (the naive kernel: once), and still takes the naive
-# kernel's time. (The $(S, H)$ grid runs all positions of head 0 before head 1; which of its 32
-# sweeps of the table miss the L2, no counter here says.)
+# **At $s = 32768$, $b = 1$ the grid re-reads its table** 8 times (the naive kernel: once), 1.19
+# times the model's bytes, and still takes the naive kernel's time.
 
 # %%
 # the reads complete, the writes short by less than the L2 holds (y's last lines, not yet

@@ -21,15 +21,12 @@
 # 04's batch-reusing grid reaches about 70 % of it at batch 8; ropelib's finished kernel
 # (`ropelib/kernels/fused.py`) about nine tenths.
 #
-# Section 2 works out, with Little's law, how many bytes of loads a GPU must keep in flight: the
-# floor under the tile. Section 3 climbs from notebook 04's kernel to the finished one, one idea a
-# rung, each checked against the reference and timed against a copy as you edit it. Sections 4
-# and 5 read what the compiler made of each rung, what each step bought, and what of the last gap
-# is the launch's rather than the rotation's. Section 6 leaves the ladder: for large tensors
-# `apply_rope` runs two passes, the second a flat pass with no loop, which reaches the copy.
+# Section 2 derives, with Little's law, the bytes of loads a GPU must keep in flight. Section 3
+# climbs from notebook 04's kernel to the finished one, one idea a rung; sections 4 and 5 read
+# what each rung compiled to and what each step bought. Section 6 leaves the ladder: for large
+# tensors `apply_rope` runs two passes, which reach the copy.
 #
-# **Where the numbers come from.** The text's numbers come from committed CSVs under
-# `benchmarks/results/`, each table printing its GPU, Triton version and date. Live timings print
+# The text's numbers come from committed H200 CSVs under `benchmarks/results/`. Live timings print
 # their own GPU, whose tile may differ (16 warps a program on an H100, 8 on the H200). Without a
 # GPU the interpreter runs the kernels and the layout cells compile them for sm_90.
 #
@@ -37,11 +34,9 @@
 # the appendices and the questions are for a second sitting.
 #
 # **After this notebook you will be able to** bound a memory-bound kernel's tile from below with
-# Little's law and its bytes in flight from above with a stall profile; grow a Triton kernel from
-# one row per program to a 3-D tile with a grid axis over batch chunks; read the layout Triton
-# gives a tile and count, in its SASS, which loads go out before the arithmetic waits for them,
-# without a GPU; and write three kernels (the interleaved 3-D tile with 16-byte loads, the flat
-# pass, the pass that holds both members of a pair in one thread) and time each against a copy.
+# Little's law; grow a Triton kernel from one row per program to a 3-D tile with a grid axis over
+# batch chunks; read the layout Triton gives a tile, and which loads its SASS issues before the
+# arithmetic waits, without a GPU; and write and time three kernels against a copy.
 
 # %%
 import os, torch
@@ -92,11 +87,11 @@ def check_rung(y, x, freqs, name):
 # ## 1. Where we start
 #
 # `benchmarks/results/generations-nvidia-h200.csv` holds the three generations on the H200, each
-# as a percentage of a device copy of the same tensor in the same run (the copy's time over the
-# kernel's). Two kernels go by the name `ropelib` in the CSVs: **`apply_rope (two passes)`**, the
-# call as you make it, which at these sizes takes section 6's route, and **`finished kernel
-# (forced)`**, the same call forced onto `ropelib/kernels/fused.py`. At bf16 sbhd (x as
-# $[S, B, H, D]$: tokens, batch, heads, head dim) with $s = 4096$, $b = 8$, $h = 32$, $d = 128$:
+# as a percentage of a copy of the same tensor in the same run. Two rows are `ropelib`:
+# **`apply_rope (two passes)`**, the call as you make it (section 6's route at these sizes), and
+# **`finished kernel (forced)`**, the same call forced onto `ropelib/kernels/fused.py`. At bf16
+# sbhd (x as $[S, B, H, D]$: tokens, batch, heads, head dim), $s = 4096$, $b = 8$, $h = 32$,
+# $d = 128$:
 
 # %%
 GEN_CSV = measured.path("generations")
@@ -126,11 +121,10 @@ else:
     print(f"{GEN_CSV.name} is missing: `python benchmarks/generations.py` on a GPU measures it")
 
 # %% [markdown]
-# Under Nsight Compute, NVIDIA's kernel profiler (`benchmarks/results/mechanism-nvidia-h200.csv`,
-# same H200 and size), both kernels move within a few percent of the **bytes model** (x read once,
-# y written once, the angles read once), so the gap is not extra traffic. What differs is how many
-# bytes each kernel's warps ask for at a time: one 256-byte row per one-warp program, against a
-# tile of heads per 8-warp program.
+# Under Nsight Compute (same H200 and size), both kernels move within a few percent of the
+# **bytes model** (x read once, y written once, the angles once): the gap is not extra traffic.
+# What differs is how many bytes each kernel's warps ask for at a time: one 256-byte row per
+# one-warp program, against a tile of heads per 8-warp program.
 
 # %%
 # the CSVs' two `ropelib` providers, as the tables of this notebook print them
@@ -163,20 +157,18 @@ assert fin_m["x_kib_per_sm"] > 3 * br_m["x_kib_per_sm"] and fin_m["us"] < br_m["
 # %% [markdown]
 # ## 2. How many bytes must be in flight
 #
-# A GPU's DRAM answers a load after a latency $L$ — hundreds of nanoseconds — whatever its
+# A GPU's DRAM answers a load after a latency $L$ of hundreds of nanoseconds, whatever its
 # bandwidth. To read at bandwidth $W_\text{read}$, loads worth $W_\text{read} \cdot L$ bytes must
 # be outstanding at every moment: **Little's law** (items in the system = arrival rate × time each
-# spends in it). Only loads count: a thread waits for what it loads, not for what it stores. Split
-# over the streaming multiprocessors (SMs):
+# spends in it). Only loads count: a thread waits for what it loads, not for what it stores. Per
+# streaming multiprocessor (SM):
 #
 # $$ \text{bytes of loads in flight per SM} = \frac{W_\text{read}}{N_\text{SM}} \cdot L . $$
 #
-# Both factors were measured on the H200: $W_\text{read}$ is the DRAM bytes section 1's profiled
-# copy read, over its time; $L$ (`benchmarks/memory_latency.py`) is a **pointer chase**, one warp
-# following a chain in which each load's address is the value the previous load returned, so no
-# two loads overlap, over a buffer sized to hit L1, L2 or DRAM. The DRAM chase runs again while a
-# copy keeps DRAM busy on the other SMs ("loaded"), so the load waits in the queues a streaming
-# kernel's loads wait in.
+# Both factors were measured on the H200: $W_\text{read}$ from section 1's profiled copy, $L$ by a
+# **pointer chase** (`benchmarks/memory_latency.py`), one warp following a chain in which each
+# load's address is the value the previous load returned, so no two loads overlap. The DRAM chase
+# runs again while a copy keeps DRAM busy on the other SMs ("loaded").
 
 # %%
 import csv
@@ -220,19 +212,16 @@ assert round(W_READ / 1e12, 2) == 2.15                                    # "2.1
 # %% [markdown]
 # From idle DRAM a load takes about 350 ns. That sets the **need**: to read at
 # $W_\text{read}$ = 2.15 TB/s, a kernel must keep $W_\text{read} \cdot L_\text{idle}$, about
-# 5.6 KiB of loads, in flight per SM; with less, latency alone caps its read bandwidth.
+# 5.6 KiB of loads, in flight per SM.
 #
-# Beside a copy streaming at full bandwidth the same load takes about 1.3 µs, three and a half
-# times as long. That is **queueing**, not a larger need: the copy keeps more than the need
-# outstanding, bandwidth cannot grow past $W_\text{read}$, and the extra requests wait until
-# $W_\text{read} \cdot L$ equals what is outstanding. So the second row's 20.1 KiB, which the
-# cells print as a second "floor", is what a full-bandwidth stream has in flight once the queues
-# have formed, a result of asking for more, not a requirement.
+# Beside a copy the same load takes about 1.3 µs. That is **queueing**, not a larger need: the
+# copy keeps more than the need outstanding, bandwidth cannot grow past $W_\text{read}$, so the
+# extra requests wait. The second row's 20.1 KiB is what a full-bandwidth stream has in flight
+# once queues have formed, not a requirement.
 #
-# Section 1's `x KiB/SM` is an **upper bound** on what a kernel keeps in flight, from the code
-# and the occupancy: every resident warp with its whole batch step's loads out at once. A bound
-# below the need proves a kernel short of bytes in flight; above it, the bound proves nothing
-# (section 5 tightens the finished kernel's from a profile).
+# Section 1's `x KiB/SM` is an **upper bound** on what a kernel keeps in flight: every resident
+# warp with its whole batch step's loads out at once. A bound below the need proves a kernel short
+# of bytes in flight; above it, it proves nothing.
 
 # %%
 need_idle, need_loaded = kib_idle, kib_loaded
@@ -282,20 +271,16 @@ assert [round(r["us"]) for r in (heads_m, rung6_m)] == [142, 137]
 
 # %% [markdown]
 # Only the naive kernel's bound lies below the need, and its programs set its time first
-# (notebook 04). The batch-reusing kernel's 7.7 KiB lies above it, yet runs at about 70 % of a
-# copy; above the need the bound orders nothing: the `heads` rung asks for 51 KiB, 1.8 times
-# rung 6's 28, and is slower, 142 µs against 137. So the need bounds a tile from below and does
-# not size it; ropelib's tile was chosen by a sweep of timed tiles (`ropelib/kernels/tiles.py`
-# names them), and its **planner** (`launch.plan`) turns those knobs into a launch for each
-# call. What the need asks of a tile:
+# (notebook 04). Above it the bound orders nothing: the `heads` rung asks for 1.8 times rung 6's
+# KiB and is slower. So the need bounds a tile from below without sizing it: ropelib's tile was
+# chosen by a sweep of timed tiles (`ropelib/kernels/tiles.py`), and its **planner**
+# (`launch.plan`) turns them into a launch for each call:
 #
-# - **per thread**: a wide vector per load (8 bf16 = 16 bytes is the widest); the kernel loads
-#   the two halves of a head apart, so a thread holding $e$ elements over both halves loads
-#   $e/2$ of each at a time;
+# - **per thread**: a wide vector per load (8 bf16 = 16 bytes is the widest); the two halves of a
+#   head load apart, so a thread holding $e$ elements loads $e/2$ of each half at a time;
 # - **per program**: $T$ threads holding $e$ elements each stream $e \cdot T$ elements a step;
-#   the planner aims at 4096 for bf16 with a batch loop: $e = 8$ (4 a half, 8-byte loads) on
-#   32 × 16 threads on the H100 (`TILE_LOOP`), $e = 16$ (8 a half, 16-byte loads) on 32 × 8 on
-#   the H200 (`TILES_BY_GPU`);
+#   the planner aims at 4096 for bf16 with a batch loop: $e = 8$ on 32 × 16 threads on the H100
+#   (`TILE_LOOP`), $e = 16$ on 32 × 8 on the H200 (`TILES_BY_GPU`);
 # - **programs**: at least 4 per SM (`PROGRAMS_PER_SM`), else the batch is split into chunks
 #   (rung 4).
 #
@@ -327,13 +312,12 @@ assert fin_m["ncu_achieved_occupancy_pct"] < br_m["ncu_achieved_occupancy_pct"]
 # %% [markdown]
 # ## 3. The ladder
 #
-# Each rung is a kernel in a code cell, and the cell after it launches it: grid, tile constants
-# (`BLOCK_S`, `BLOCK_H`, `B_CHUNK`), warps and call. Change either and rerun: the check says whether
-# it still computes RoPE, and the section's last cell times your launches against a copy. The rungs
-# (sbhd, rotate-half, fp32 angles $[S, D]$, forward) are the kernels `benchmarks/ladder.py` times;
-# each launch cell takes this GPU's planned tile (`ladder.plan`), then small blocks that leave
-# partial tiles. On a GPU the input is bf16 sbhd $[4096, 8, 32, 128]$; in the interpreter
-# $[6, 3, 5, 48]$, which no block divides.
+# Each rung is a kernel in a code cell; the cell after it launches it (grid, `BLOCK_S`,
+# `BLOCK_H`, `B_CHUNK`, warps). Change either and rerun: the check says whether it still computes
+# RoPE, and the section's last cell times your launches against a copy. The rungs (sbhd,
+# rotate-half, fp32 angles $[S, D]$, forward) are the kernels `benchmarks/ladder.py` times. Each
+# launch cell takes this GPU's planned tile (`ladder.plan`), then small blocks that leave partial
+# tiles. The input is bf16 $[4096, 8, 32, 128]$ on a GPU, $[6, 3, 5, 48]$ in the interpreter.
 
 # %%
 S, B, H, D = (4096, 8, 32, 128) if GPU else (6, 3, 5, 48)   # D = 48: a half of 24 in a 32-lane tile
@@ -380,9 +364,8 @@ assert torch.equal(y, ladder.rope_ladder("batch_reuse", x, freqs))        # the 
 # ### Rung 1 — a tile of heads
 #
 # All heads of a token need the same cos/sin. A program that takes `BLOCK_H` heads computes them
-# once for all of them — in the source; on the GPU each thread along the head axis evaluates its
-# own copy (appendix A.4 counts them). Its loads become a $[\text{BLOCK\_H}, D/2]$ tile: at
-# $h = 32$, $d = 128$, 2048 elements per half, 16 per thread on 4 warps, and $S \cdot H$ programs
+# once for all of them in the source (on the GPU each thread along the head axis evaluates its own
+# copy: appendix A.4). Its loads become a $[\text{BLOCK\_H}, D/2]$ tile, and $S \cdot H$ programs
 # become $S \cdot \lceil H / \text{BLOCK\_H} \rceil$.
 
 # %%
@@ -445,13 +428,12 @@ assert torch.equal(y, ladder.rope_ladder("heads", x, freqs))              # the 
 # %% [markdown]
 # ### Rungs 2 and 3 — a 3-D tile sized to section 2's target, then the warps
 #
-# With 8 heads (the k of a grouped-query attention model) one token's heads make a quarter of the
-# tile section 2 aims at. Rung 2 lets the tile span **tokens** too:
-# $[\text{BLOCK\_S}, \text{BLOCK\_H}, D/2]$ per half, heads first, then tokens, up to the
-# 4096-element target, with cos/sin a $[\text{BLOCK\_S}, 1, D/2]$ tile broadcast over the heads.
-# At $h = 32$ the heads alone fill the target ($\text{BLOCK\_S} = 1$, rung 1's tile in 3-D form);
-# with 8 heads the tile spans 4 tokens (the launch cell checks both). Rung 2 launches it on
-# Triton's default 4 warps, rung 3 on the GPU's tile knob: 8 on the H200, 16 on the H100.
+# With 8 heads (the k of a grouped-query attention model) a token's heads fill a quarter of
+# section 2's 4096-element target. Rung 2 lets the tile span **tokens** too:
+# $[\text{BLOCK\_S}, \text{BLOCK\_H}, D/2]$ per half, heads first, then tokens, with cos/sin a
+# $[\text{BLOCK\_S}, 1, D/2]$ tile broadcast over the heads. At $h = 32$ the heads alone fill the
+# target ($\text{BLOCK\_S} = 1$); with 8 heads the tile spans 4 tokens. Rung 2 launches on
+# Triton's default 4 warps, rung 3 on the GPU's knob: 8 on the H200, 16 on the H100.
 
 # %%
 # ropelib-source: ropelib.course.ladder._ladder_tile_kernel
@@ -533,15 +515,13 @@ assert ladder.plan("warps", 4096, 8, 32, 128, 2, SMS_H200, H200_KNOBS).num_warps
 #
 # **Chunks.** Rungs 1–3 give each program the whole batch: 16 tokens of a batch of 64 (a decoding
 # step) make 16 programs for the H200's 132 SMs. A third grid axis over chunks of `B_CHUNK` batch
-# entries restores the count: the planner (`launch.pick_tiles`) takes the smallest split that
-# gives 4 programs per SM, and for programs that loop over fewer than 4 entries a tile of fewer
-# threads with more elements each. So one idea in the source is not always one change in the
-# launch (the cell prints the H200's plans): at $s = 16$, $b = 64$ a split, at $s = 32768$,
-# $b = 1$ a new tile, at $s = 4096$, $b = 8$ only the kernel's loop bounds.
+# entries restores the count: the planner takes the smallest split that gives 4 programs per SM,
+# and, for short loops, a tile of fewer threads with more elements each. So one idea in the source
+# is not always one change in the launch (the cell prints the H200's plans).
 #
 # **Accurate sin/cos** (rung 5, `ACCURATE`) calls libdevice's `cosf`/`sinf`, within 2 ulp over the
-# whole fp32 range, as Transformer Engine's (TE's) `sincosf` is (notebook 08 measures what an ulp
-# costs). With Triton 3.6 `tl.cos` is libdevice's too: rungs 4 and 5 are the same machine code.
+# whole fp32 range, like Transformer Engine's (TE's) `sincosf`. With Triton 3.6 `tl.cos` is
+# libdevice's too: rungs 4 and 5 are the same machine code.
 
 # %%
 # ropelib-source: ropelib.course.ladder._ladder_chunk_kernel
@@ -635,13 +615,12 @@ assert launch_of("chunks", 4096, 8) == ((4096, 1, 1),) + launch_of("warps", 4096
 # TE's angle tables repeat every frequency in both halves (`cat([f, f])`), so for rotate-half
 # $\theta_a = \theta_b$. A program compares the two halves of the rows it loaded, bit for bit, and
 # when they are equal evaluates sin/cos once per pair; a table whose halves differ still gets the
-# right answer. Even with a batch loop this saves work, since every thread along the head axis
-# evaluates its own sin/cos (section 5 counts a quarter fewer instructions).
+# right answer.
 #
 # This rung also writes each output as one fused multiply-add,
-# $y_a = \mathrm{fma}(x_a, c_a, -x_b s_a)$, in the order TE's CUDA kernel computes: left to the
-# compiler, which product gets fused may differ between specialisations, and two launches of "the
-# same" kernel round differently (notebook 08).
+# $y_a = \mathrm{fma}(x_a, c_a, -x_b s_a)$, in TE's order: left to the compiler, the fused product
+# may differ between specialisations, and two launches of "the same" kernel round differently
+# (notebook 08).
 
 # %%
 # ropelib-source: ropelib.course.ladder._ladder_final_kernel
@@ -733,30 +712,23 @@ for dtype in (torch.bfloat16, torch.float16, torch.float32):
 print("rung 6 == ropelib.apply_rope's finished kernel, bit for bit (bf16, fp16, fp32)")
 
 # %% [markdown]
-# Rung 6 is ropelib's kernel on this subset. `ropelib/kernels/fused.py` adds breadth at about
-# rung 6's speed (section 5): any layout through a strided 4-D view, interleaved pairs, partial
-# rotary, q and k in one launch, position ids, packed sequences, context parallelism, the backward
-# pass, int64 offsets, and NaN for positions outside the table.
+# Rung 6 is ropelib's kernel on this subset. `ropelib/kernels/fused.py` adds breadth at about its
+# speed: any layout through a strided 4-D view, interleaved pairs, partial rotary, q and k in one
+# launch, position ids, packed sequences, context parallelism, the backward pass, int64 offsets,
+# and NaN for positions outside the table.
 #
 # ### Your rungs against a copy
 #
-# The cell below launches every rung through your launch functions, with this GPU's plan for each
-# (printed), checks each output, and on a GPU times each with `do_bench` beside `y.copy_(x)`,
-# printing its % of the copy beside the committed H200 run (section 5 draws it). Edit a call to
-# time another launch. Three one-line experiments, each with an H200 answer further on:
+# The cell below launches every rung through your launch functions with this GPU's plan, checks
+# each output, and on a GPU times each beside `y.copy_(x)` and the committed H200 run. Three
+# one-line experiments (appendix A.1 answers the first two for the H200):
 #
-# - rung 0 on 2 warps (`num_warps=2`): twice the threads for the same 256-byte rows. Does it move?
-#   (Appendix A.1: notebook 04's `sh_loop_b_w2`.)
-# - rung 1 with `block_h=4` on 2 warps: 4 heads a program instead of 32. How much of the big step
-#   is left? (A.1: `heads4_loop_b`.)
+# - rung 0 on 2 warps (`num_warps=2`): twice the threads for the same rows. Does it move?
+# - rung 1 with `block_h=4` on 2 warps: how much of the big step is left?
 # - rung 3 with the other GPU's warps (8 on an H100, 16 on an H200). Which is faster here?
-#   (Section 4: each GPU's tile was chosen by a sweep on it.)
 #
-# At this size expect the ladder to climb at the heads rung and barely after it. A later step of
-# a point or so is noise: no step of the ten committed H100 processes moves by more than 0.6
-# points between them (section 5), and the accurate rung is the chunks rung's machine code
-# (section 3), so whatever it prints against the chunks rung is noise too. The steps that hold
-# are at $b = 1$ and at 16 tokens (section 5).
+# Expect the ladder to climb at the heads rung and barely after: a later step of a point or so is
+# noise here (section 5).
 
 # %%
 def tile_for(rung):
@@ -799,22 +771,19 @@ assert max(steps, key=steps.get) == "heads" and round(steps["heads"], 1) == 16.5
 # %% [markdown]
 # ## 4. How Triton lays the tile over threads
 #
-# `num_warps` says how many threads a program has; Triton decides which elements each thread
-# holds, and writes the decision into the TritonGPU IR (TTGIR) as a **blocked layout**:
+# `num_warps` sets a program's threads; Triton decides which elements each thread holds and
+# writes it into the TritonGPU IR (TTGIR) as a **blocked layout**:
 #
 # - `sizePerThread` — the contiguous elements one thread holds along each axis;
 # - `threadsPerWarp` — how a warp's 32 threads spread over the axes;
-# - `warpsPerCTA` — how the program's warps spread over the axes (the product is `num_warps`; a
-#   CTA, cooperative thread array, is CUDA's name for a program);
-# - `order` — the axes from fastest to slowest varying (starting with 2: the feature axis first).
+# - `warpsPerCTA` — how the program's warps spread (the product is `num_warps`; a CTA is CUDA's
+#   name for a program);
+# - `order` — the axes from fastest to slowest varying (2, the feature axis, first).
 #
-# Along the contiguous feature axis, `sizePerThread` of 8 bf16 is 16 bytes: one
-# `ld.global.v4.b32` per thread in the PTX, the widest load there is; 4 bf16 become
-# `ld.global.v2.b32` (8 bytes). Triton picks the width from what it can prove: a feature stride
-# of 1, other strides and pointers multiples of 16 bytes, enough elements per thread.
-# `ladder.compile_for_gpu` compiles each rung for an H200 (sm_90, 132 SMs, `H200_KNOBS`) at
-# $s = 4096$, $b = 8$ with no GPU, and reads the TTGIR, the PTX and the registers; ropelib's
-# kernel once more with the H100's tile.
+# Along the feature axis, 8 bf16 a thread is one 16-byte `ld.global.v4.b32` in the PTX, the widest
+# load; 4 bf16 are one `ld.global.v2.b32`. Triton picks the width from what it can prove: a feature
+# stride of 1, other strides and pointers multiples of 16 bytes. The next cell compiles each rung
+# for an H200 (sm_90) with no GPU, and ropelib's kernel once more with the H100's tile.
 
 # %%
 import subprocess
@@ -881,12 +850,11 @@ if compiled:
           f"name -> {trig['accurate']}")
 
 # %% [markdown]
-# The H200's x tile per half is $[1, 32, 64]$ = 2048 bf16 on 256 threads: **8 per thread per
-# half** (section 2's $e = 16$), one **16-byte** vector per thread per half, the same loads and
-# stores as the H200 run's PTX. The H100's tile gives `sizePerThread = [1, 1, 4]` on 16 warps:
-# 4 per half ($e = 8$), 8-byte vectors on twice the threads.
-# The 4-warp tile (rungs 1–2) holds 16 per thread per half in more registers: in the H200 run 72
-# per thread against 64, so 28 warps fit on an SM against 32 (checked below).
+# The H200's x tile per half is $[1, 32, 64]$ on 256 threads: **8 bf16 per thread per half**
+# ($e = 16$), one **16-byte** vector. The H100's tile gives
+# `sizePerThread = [1, 1, 4]` on 16 warps: 4 per half ($e = 8$), 8-byte vectors on twice the
+# threads. The 4-warp tile (rungs 1–2) holds 16 per thread per half in more registers, so fewer
+# warps fit on an SM.
 
 # %%
 print(f"H200 run, the finished kernel: {fin_m['registers']} registers/thread, "
@@ -914,9 +882,9 @@ assert (w8["num_warps"], w8["registers"], w8["occ_warps_per_sm"]) == (8, 64, 32)
 #
 # The check launches your kernel on grid
 # $(\lceil S/\text{BLOCK\_S} \rceil, \lceil H/\text{BLOCK\_H} \rceil,
-#   \lceil B/\text{B\_CHUNK} \rceil)$ with fresh inputs every time: sizes the blocks do not
-# divide, a head dim of 24, non-contiguous x and y, fp32 and fp16, into an output full of NaN
-# inside a **NaN guard band** (an element you do not write, or write outside the output, shows).
+#   \lceil B/\text{B\_CHUNK} \rceil)$ with fresh inputs: sizes the blocks do not divide, a head
+# dim of 24, non-contiguous x and y, fp32 and fp16, into a NaN-filled output inside a **NaN guard
+# band** (an element you do not write, or write outside the output, shows).
 
 # %%
 @triton.jit
@@ -940,11 +908,10 @@ def my_interleaved_tile_kernel(
 ex1_passed = fk.check_interleaved_tile_kernel(my_interleaved_tile_kernel)
 
 # %% [markdown]
-# A first answer often loads and stores the two members of a pair at stride 2 (features `2 * j`
-# and `2 * j + 1`). It is correct, but no thread then holds contiguous features, so no load or
-# store can be a vector. The cell below compiles your kernel for sm_90 (`load_schedule`, no GPU
-# needed) with the H200's launch of the finished kernel at $s = 4096$, $b = 8$ and counts a
-# thread's global loads by the bytes each moves: 16 is a vector of 8 bf16, 2 a single element.
+# A first answer often loads and stores the two members of a pair at stride 2. It is correct, but
+# no thread then holds contiguous features, so no load or store can be a vector. The cell below
+# compiles your kernel for sm_90 (no GPU needed) with the finished kernel's H200 launch and counts
+# a thread's global loads by width: 16 bytes is a vector of 8 bf16, 2 a single element.
 
 # %%
 from ropelib.course.exercises import is_blank_kernel, is_kernel
@@ -985,12 +952,12 @@ measure_loads(my_interleaved_tile_kernel, EX1_ARGS, plan_h200.num_warps);
 # %% [markdown]
 # ### Exercise 1b: the same kernel with 16-byte loads
 #
-# Write the interleaved tile again, so that a thread loads its features of `x` as 16-byte vectors:
+# Write the interleaved tile again so that a thread loads its features of `x` as 16-byte vectors:
 # load each head's row of $2 \cdot \text{BLOCK\_HALF}$ features as one contiguous tile (feature
 # index `tl.arange(0, 2 * BLOCK_HALF)`), then find each element's partner in registers:
 # `tl.reshape` the tile to $[\ldots, \text{BLOCK\_HALF}, 2]$, `tl.split` the members of the pairs,
-# `tl.join` them again in the order you need, and reshape back. The angles can be read the same
-# way. Signature and grid are Exercise 1's (if that kernel already loads whole rows, copy it here).
+# `tl.join` them in the order you need, and reshape back. The angles can be read the same way.
+# Signature and grid are Exercise 1's.
 #
 # The check runs Exercise 1's check, then compiles your kernel for sm_90 with the launch above: no
 # 2-byte load or store, and at least the 2 sixteen-byte vectors a thread's 16 elements of `x` (and
@@ -1023,10 +990,10 @@ ex1b_passed = load_schedule.check_wide_loads(
                                       num_warps=plan_h200.num_warps, wide=X_VECTORS)
 
 # %% [markdown]
-# The worked solution below answers both exercises, as `ropelib/kernels/fused.py` does: whole rows
-# in, each partner found with `tl.reshape` and `tl.split`, put back with `tl.join`, whole rows out.
-# The cell after it counts its loads and stores; its 4-byte loads and local memory (`STL`, `LDL`)
-# are libdevice's sin/cos slow path for large angles, not spilled registers (checked).
+# The worked solution below answers both exercises as `ropelib/kernels/fused.py` does: whole rows
+# in, each partner found with `tl.reshape` and `tl.split`, put back with `tl.join`, whole rows
+# out. In the next cell's count its 4-byte loads and local memory (`STL`, `LDL`) are libdevice's
+# sin/cos slow path for large angles, not spilled registers (checked).
 
 # %%
 fk.show_solution()
@@ -1048,9 +1015,8 @@ checks_nb05.slow_path_share(sol_ex1, X_VECTORS)
 #
 # On a GPU the cell below times your kernels of Exercises 1 and 1b (once each passes its check)
 # on bf16 sbhd $[4096, 8, 32, 128]$ beside the worked solution, ropelib's finished kernel on the
-# same interleaved pairs (route forced), `apply_rope` and `y.copy_(x)`, each as a fraction of the
-# copy's speed; the last two are asserted within 15 % of section 6's committed H200 ratios. The
-# launch (`launch_interleaved`) takes this GPU's planned tile and warps: change it and rerun.
+# same pairs, `apply_rope` and `y.copy_(x)`, each as a fraction of the copy's speed. Change the
+# launch (`launch_interleaved`) and rerun.
 
 # %%
 TIMED_SHAPE = (4096, 8, 32, 128)    # [S, B, H, D] bf16 sbhd: 256 MiB
@@ -1120,12 +1086,9 @@ else:
 
 # %% [markdown]
 # The worked solution and the finished kernel run the same grid, tile and warps on the same
-# pairs: what separates their ratios is their code. The cell below compiles both for sm_90 with
-# this GPU's tile (the H100's without a GPU) and prints each one's registers, the programs an SM
-# holds with them, loads by width and machine code before the batch loop and in it. Where the
-# worked solution prints clearly below the finished kernel, section 5's persistent copy prints
-# how much of that gap residency alone accounts for; where that share is near zero, the rest is
-# in the two kernels' code, listed here and not yet taken apart.
+# pairs: their code separates their ratios. The cell below compiles both for sm_90 with this GPU's
+# tile (the H100's without a GPU) and prints each one's registers, resident programs, loads by
+# width, and machine code before and in the batch loop.
 
 # %%
 from ropelib.course import nb05_interleaved
@@ -1147,9 +1110,9 @@ assert both is None or list(both) == ["worked solution", "ropelib's finished ker
 #
 # `benchmarks/ladder.py` timed, on the H200, the copy, every rung and `ropelib.apply_rope` at four
 # bf16 sbhd sizes: the one above, 8 heads instead of 32, $b = 1$ with the same bytes, and 16 tokens
-# of a batch of 64. Each bar of the waterfall goes from the rung before to the rung's median % of
-# copy, its whisker spans the 20 % and 80 % quantiles, and a step smaller than the whiskers of its
-# two ends laid end to end is hatched: that run cannot tell it from the spread of its calls.
+# of a batch of 64. Each bar goes from the rung before to the rung's median % of copy, its whisker
+# spans the 20 % and 80 % quantiles; a step that run cannot tell from the spread of its calls is
+# hatched.
 
 # %%
 LADDER_CSV = measured.path("ladder")
@@ -1270,16 +1233,13 @@ else:
           "(about a minute). Nothing is drawn until then.")
 
 # %% [markdown]
-# One run's spread is small (at $s = 4096$, $b = 8$ the quantiles lie at most 1.2 % of the
-# median apart); between runs one kernel moves more (torch.compile's ratio at 1 GiB spans about
-# 4 points across the committed H200 runs, A.5).
+# Between runs a kernel moves more than within one (A.5).
 #
 # ### Which steps hold from one process to the next
 #
-# Ten fresh H100 processes (`benchmarks/ladder.py --processes 5`, twice) each timed every size's
-# rungs in a shuffled order, the copy first. The next cell reads every step once per process,
-# against that process's own copy, and calls a step *measured* where all ten agree on its sign:
-# with no real step behind it, ten coin flips agree once in 512.
+# Ten fresh H100 processes each timed every size's rungs in a shuffled order. The next cell reads
+# every step once per process, against that process's own copy, and calls a step *measured* where
+# all ten agree on its sign: with no real step behind it, ten coin flips agree once in 512.
 
 # %%
 import statistics
@@ -1326,36 +1286,28 @@ warps_h100 = {r["provider"]: r["num_warps"] for r in RUNS if r["case"] == c1 and
 assert (warps_h100["tile"], warps_h100["warps"], warps_h100["chunks"]) == (4, 16, 4)
 
 # %% [markdown]
-# **What the runs show.** The ladder's steps are read where they hold. At $b = 1$ every step that
-# changes the launch or the code holds in every H100 process, with the H200 run's sign; at 16
-# tokens the chunks step (+45.4 points) and equal halves' (+9.9) hold in every one. At
-# $s = 4096$, $b = 8$ the ladder barely climbs after the heads rung: no H100 step moves by more
-# than 0.6 points between processes, and the H200 run's chunks −3.0 and equal halves +5.5 are
-# −0.0 and +0.3 on the H100, not with one sign. The GPUs run different tiles (8 warps and
-# 16-byte vectors on the H200, 16 warps and 8-byte vectors on the H100): a step measured on one
-# GPU is that GPU's.
+# **What the runs show.** At $b = 1$ every step that changes the launch or the code holds in every
+# H100 process, with the H200 run's sign; at 16 tokens the chunks and equal-halves steps hold in
+# every one. At $s = 4096$, $b = 8$ the ladder barely climbs after the heads rung: no H100 step
+# moves by more than 0.6 points between processes. The GPUs run different tiles, so a step
+# measured on one GPU is that GPU's.
 #
-# | rung | $s = 4096$, $b = 8$: H200, one run / H100, median of ten | $s = 32768$, $b = 1$: the same | what changed; what the profiles say |
+# | rung | $s = 4096$, $b = 8$: H200 / H100 | $s = 32768$, $b = 1$: H200 / H100 | what changed |
 # |---|---|---|---|
-# | tile of heads | the big step / +12.2 | a fifth of a copy → three quarters / +58.6 | programs, work per program, bytes asked for at once: notebook 04's variants change them one at a time (A.1) |
-# | tile (3-D form) | −0.1 (hatched) / −0.0 | −5.9 / −6.6, every process | the same launch ($\text{BLOCK\_S} = 1$ at $h = 32$); at $b = 1$ 3 % more instructions, issued at a lower rate |
-# | warps | +1.8 (hatched) / +2.8, every process | −29.6 / −16.1, every process | 4 → 8 warps on the H200, 4 → 16 on the H100; $b = 8$: the H200's two profiles disagree on its sign; $b = 1$: each sin/cos evaluated by more threads (32 times, not 16, on the H200) |
-# | chunks | −3.0 / −0.0 | +48.1 / +29.0, every process | $b = 8$: the same launch, only the loop bounds read from the grid. $b = 1$: no batch to split; the planner's tile change evaluates each sin/cos once, 7.6 times fewer instructions (H200) |
-# | accurate sin/cos | noise (hatched) / +0.0 | noise / +0.1 | nothing that runs: the chunks rung's launch and, with Triton 3.6, its machine code |
-# | equal halves | +5.5 / +0.3 | +4.9 / +1.5, every process | the same launch, the shortcut in the kernel: fewer instructions, which pay at $b = 1$; at $b = 8$, where memory sets the pace, the H200's one run (+5.5, beside chunks' −3.0) is not explained, and ten H100 processes give +0.3 |
-# | finished kernel | 1.5 below rung 6 / −0.2 | 2.7 above / +0.9, every process | 7 % more instructions; at $b = 1$ `x` loaded first |
+# | tile of heads | the big step / +12.2 | +58.6 on the H100 | programs, work per program, bytes asked for at once (A.1) |
+# | tile (3-D form) | −0.1 / −0.0 | −5.9 / −6.6 | the same launch at $h = 32$; 3 % more instructions |
+# | warps | +1.8 / +2.8 | −29.6 / −16.1 | more warps; at $b = 1$ each sin/cos evaluated by more threads |
+# | chunks | −3.0 / −0.0 | +48.1 / +29.0 | $b = 8$: the loop bounds only; $b = 1$: a tile that evaluates each sin/cos once |
+# | accurate sin/cos | noise / +0.0 | noise / +0.1 | nothing: the chunks rung's machine code |
+# | equal halves | +5.5 / +0.3 | +4.9 / +1.5 | fewer instructions, which pay at $b = 1$ |
+# | finished kernel | −1.5 / −0.2 | +2.7 / +0.9 | 7 % more instructions; at $b = 1$ `x` loaded first |
 #
-# With no batch loop ($b = 1$), how many times each sin/cos is evaluated is the time (the profile
-# below counts them). The finished kernel has its programs load `x` before the table work at
-# $b = 1$; timed as two variants
-# (`benchmarks/results/finished_kernel_knobs-nvidia-h200.csv`), `x` first is the faster at
-# $s = 4096$, $b = 1$ (0.931 of a copy against 0.892) and the slower at $s = 1024$, $b = 8$ (0.804
-# against 0.835).
+# With no batch loop ($b = 1$), how often each sin/cos is evaluated is the time. Loading `x` first,
+# timed alone, helps at $s = 4096$, $b = 1$ and hurts at $s = 1024$, $b = 8$.
 #
 # **The 16-token panel.** In the H200 run its rungs from `chunks` on measure nothing: their calls
-# fall into a fast and a slow population (the chunks rung's fastest fifth at most 13.2 µs against
-# 40.7 for the warps rung's, its median 51.5 µs among the slow calls), and the accurate rung, the
-# same launch and code, "gains" 35.6 points. For that panel, read the ten H100 processes above.
+# fall into a fast and a slow population, and the accurate rung, the same code, "gains" 35.6
+# points. For that panel, read the ten H100 processes.
 
 # %%
 # the mechanism tables, printed; checks_nb05.ladder_claims asserts the numbers the text above
@@ -1369,19 +1321,16 @@ if LADDER_CSV.exists():
 # ### Where the rungs spend their cycles
 #
 # `benchmarks/ladder_stalls_ncu.py` profiles the copy, every rung and the finished kernel at
-# $s = 4096$, $b = 8$ and $s = 32768$, $b = 1$ with Nsight Compute's **warp states** (for every
-# instruction issued, how many warps were waiting and on what). The cell derives, per kernel:
+# $s = 4096$, $b = 8$ and $s = 32768$, $b = 1$ with Nsight Compute's **warp states** (what each
+# warp waits on, per instruction issued). Per kernel the cell derives:
 #
-# - **DRAM rate**: the bytes read from and written to DRAM while the kernel ran, over its time;
-# - **issuing**: the share of cycles in which a scheduler issued an instruction; near 100 % the
-#   instructions set the pace, far below the warps mostly wait;
+# - **DRAM rate**: bytes read and written over the kernel's time;
+# - **issuing**: the share of cycles a scheduler issued; near 100 % instructions set the pace;
 # - **waiting on memory**: warps waiting for a load per instruction issued;
-# - **copies of each sin/cos**: the XU pipe's instructions (libdevice's sin and cos put one
-#   conversion each on it) over $S \cdot 64 \cdot 2 / 32$: how many times each was evaluated.
+# - **copies of each sin/cos**: the XU pipe's instructions over $S \cdot 64 \cdot 2 / 32$.
 #
 # Nsight Compute locks the SM clock to its base, so a kernel paced by its instructions takes
-# longer here than timed (at $b = 1$ the heads rung 214.3 µs against 175.8), one that waits on
-# memory about the same (the chunks rung 151.1 against 150.1).
+# longer here than timed.
 
 # %%
 # Nsight Compute's metrics per launch (checks_nb05.stall_kernels reads them, checks the order)
@@ -1475,31 +1424,25 @@ assert [r1(b1[n]["waiting_on_memory"] * b1[n]["issuing"]) for n in ("equal_halve
                                                                    "finished")] == [3.3, 2.2]
 
 # %% [markdown]
-# **What the profile says** (the warp-state details: appendix A.2).
+# **What the profile says** (details: appendix A.2).
 #
 # - **At $b = 8$, from the heads rung on, memory sets the pace.** The heads, tile and warps rungs
 #   take 145 to 147 µs while their warp instructions grow by 45 %: the schedulers issue in only
-#   32 % to 46 % of their cycles, so the extra instructions fill idle issue slots.
-# - **They have about half a copy's warps waiting on memory, and half its warps resident**: 4.9 to
-#   5.5 a scheduler from `warps` on against the copy's 10.6, resident 7.1 against 13.6 (the
-#   finished kernel: 64 registers a thread, 4 programs an SM). Whether the missing residency is
-#   the missing speed, a copy on the rung's tile at a set residency measures (end of section).
-# - **At $b = 1$ the heads, tile and warps rungs are paced by their instructions** (issuing in 74 %
-#   to 80 % of cycles, every sin and cos evaluated 16 or 32 times). From the chunks rung on each is
-#   evaluated once, and the DRAM rate climbs: 3.53 TB/s, 3.69 with equal halves, 3.99 for the
-#   finished kernel, against the copy's 4.11. The finished kernel, which loads `x` first, has
-#   fewer warps waiting on memory than rung 6 (2.2 a scheduler against 3.3) and still reads faster.
+#   32 % to 46 % of their cycles, so the extra instructions fill idle slots.
+# - **They have about half a copy's warps waiting on memory, and half its warps resident.**
+#   Whether that is the missing speed, the end of this section measures.
+# - **At $b = 1$ the heads, tile and warps rungs are paced by their instructions**, every sin and
+#   cos evaluated 16 or 32 times. From the chunks rung on each is evaluated once, and the DRAM
+#   rate climbs towards the copy's.
 
 # %% [markdown]
 # ### How many bytes the finished kernel keeps in flight, at most
 #
-# Section 2's bound assumed every resident warp had its whole batch step's loads out. At $b = 1$
-# (one batch entry a program) two measurements tighten it: the stall profile's warps waiting on
-# memory per SM, and the bytes a thread loads before its first multiply in the finished kernel
-# compiled for sm_90 here (`load_schedule` lists its global loads in machine-code order;
-# `LDG.E.128` is 8 bf16 of `x`, `LDG.E` one fp32 angle). Their product bounds the bytes in flight
-# from above. The planner launches this size with `X_FIRST` (`x` before the table work); the cell
-# compiles the table-first order beside it.
+# At $b = 1$ two measurements tighten section 2's bound: the warps waiting on memory per SM, and
+# the bytes a thread loads before its first multiply in the finished kernel compiled for sm_90
+# (`load_schedule` lists its global loads in order; `LDG.E.128` is 8 bf16 of `x`, `LDG.E` one fp32
+# angle). Their product bounds the bytes in flight. The cell compiles the planner's `X_FIRST`
+# order (`x` before the table work) beside the table-first one.
 
 # %%
 SASS_X = re.compile(r"LDG\.E\.128\b")          # 8 bf16 of x
@@ -1545,17 +1488,16 @@ if order_sass:
 
 # %% [markdown]
 # With `x` first, all eight loads of `x` go out before the first multiply; with the table first,
-# none do until the sin/cos are done. The bound is tighter than section 2's and still far above
-# the need (5.6 KiB), so it cannot show the finished kernel short of bytes in flight; what the
-# order is worth in time is the pair of timed variants under the waterfall.
+# none do. The bound is tighter than section 2's and still far above the need: it cannot show the
+# finished kernel short of bytes in flight.
 
 # %% [markdown]
 # ### Is the gap to a copy the sin/cos?
 #
 # On the H200 the last rung stops 8 to 9 points short of a copy on the 256 MiB tensors.
-# `benchmarks/ladder_table_probe.py` times, beside rung 6 and a copy, a copy of rung 6 that loads
-# cos and sin from fp32 tables $[S, D/2]$ instead of evaluating them (the same grid, tile, warps,
-# batch loop, fma order and rounding), in seven rounds at four of section 5's sizes.
+# `benchmarks/ladder_table_probe.py` times beside it a copy of rung 6 that loads cos and sin from
+# fp32 tables $[S, D/2]$ instead of evaluating them, all else the same, at four of section 5's
+# sizes.
 
 # %%
 # benchmarks/results/ladder_table_probe-nvidia-h200.csv, printed; checks_nb05.table_probe asserts
@@ -1563,18 +1505,16 @@ if order_sass:
 tab = checks_nb05.table_probe()
 
 # %% [markdown]
-# On the three 256 MiB tensors taking the sin/cos out buys 0.7 to 1.5 points of the rung's 8 to 9
-# point gap, though the rung's machine code holds up to 17 times the tables' instructions. On the
-# 8 MiB case (16 tokens, a batch of 64) it buys 17.4 of the rung's 27.0 points: there the angles'
-# path is most of the rung's time beyond a copy.
+# On the three 256 MiB tensors taking the sin/cos out buys 0.7 to 1.5 of the rung's 8 to 9
+# points. On the 8 MiB case (16 tokens, a batch of 64) it buys 17.4 of 27.0 points: there the
+# angles' path is most of the rung's time beyond a copy.
 #
 # **A copy on the rung's tile.** `_copy_on_tile_kernel` has rung 6's grid, tile, warps and batch
-# loop, loads each half of a head's rows of `x` as the rung does and stores them unchanged: no
-# angles, no arithmetic. On a GPU the cell times it beside `y.copy_(x)` and your rung 6
-# (`launch_final`), and prints the **launch's share** of rung 6's gap to a copy,
-# $(1 - \text{tile copy}) / (1 - \text{rung 6})$; the rest is the rotation's. It times the same
-# copy once more with `B_CHUNK = 1` (the batch on a grid axis, no loop) and prints the share of
-# the tile copy's gap that removing the loop closes. Then it prints the committed H200 timings.
+# loop, and loads each half of a head's rows of `x` as the rung does, storing them unchanged. On a
+# GPU the cell times it beside `y.copy_(x)` and your rung 6 and prints the **launch's share** of
+# rung 6's gap to a copy, $(1 - \text{tile copy}) / (1 - \text{rung 6})$; the rest is the
+# rotation's. It then times the same copy with `B_CHUNK = 1` (no batch loop) and prints the share
+# of the tile copy's gap that removing the loop closes.
 
 # %%
 @triton.jit
@@ -1693,35 +1633,21 @@ assert said(noloop_b8["tile_copy_ratio"]) == "0.902"                 # not faste
 assert noloop_b8["tile_copy_ratio"] < shipped_b8["tile_copy_ratio"]
 
 # %% [markdown]
-# **How to read it.** The shares belong to the GPU, tile and size the cell ran: a launch's share
-# near one puts the gap in the launch (tile, batch loop, grid), well under one in the rotation
-# (Question 5); a loop's share near zero clears the batch loop. At $s = 4096$, $b = 8$:
-#
-# - **H200** (committed): the copy on rung 6's launch runs at 0.913 of `y.copy_(x)` and rung 6 at
-#   0.915: the launch holds the whole gap. Without the loop the same copy runs at 0.902, and none
-#   of the 104 launches swept lifts it past 0.945.
-# - **Your GPU** (its own tile: 16 warps on an H100): read the cell's lines the same way. Where
-#   the copy on rung 6's launch prints about rung 6's speed, the launch holds the gap there too;
-#   where rung 6 prints clearly slower, the printed rotation's share is what its instructions
-#   add. Where the copy without the loop prints no faster, the batch loop is cleared there too.
-#
-# On the H200 the batch loop is cleared. What in the launch holds its share, and on a GPU where
-# the rotation holds part of the gap, which of its instructions, stays open; the next cell tests
-# residency and the partial last wave.
+# **How to read it.** A launch's share near one puts the gap in the launch (tile, batch loop,
+# grid), well under one in the rotation (Question 5); a loop's share near zero clears the batch
+# loop. On the **H200** (committed, $s = 4096$, $b = 8$) the copy on rung 6's launch runs at 0.913
+# of `y.copy_(x)` and rung 6 at 0.915: the launch holds the whole gap. Without the loop the same
+# copy runs at 0.902. On your GPU, with its own tile, read the printed lines the same way.
 #
 # ### Is the launch's share residency?
 #
-# The stall profile found rung 6 with half a copy's warps resident (on the H200 4 programs of 8
-# warps an SM, capped by 64 registers a thread). `_copy_resident_kernel` is the copy on rung 6's
-# tile with a **persistent grid** of $k$ programs an SM, program $p$ of $P$ walking the rung's
-# tiles $p, p + P, \ldots$. For each $k$ that fits, the cell prints section 2's bound on the bytes
-# of loads in flight an SM beside the floors, and on a GPU the copy's speed as a fraction of
-# `y.copy_(x)`. It asserts that one program an SM is slower than rung 6's $k$, and prints three
-# readings: the share of the gap left at rung 6's $k$ that more programs close (under one half:
-# residency is not what holds it); the copy on rung 6's grid at a token count that fills whole
-# waves of programs, against $s = 4096$, which ends on a partial one (no faster: the tail is not
-# it); and the copy at Exercise 1's two kernels' programs an SM against those kernels' gap, the
-# share of it residency alone accounts for.
+# Rung 6 has half a copy's warps resident on the H200. `_copy_resident_kernel` is the copy on
+# rung 6's tile with a **persistent grid** of $k$ programs an SM, program $p$ of $P$ walking the
+# rung's tiles $p, p + P, \ldots$. For each $k$ that fits, the cell prints section 2's bound and,
+# on a GPU, the copy's speed. Then three readings: the share of the gap left at rung 6's $k$ that
+# more programs close (under one half: residency is not it); a token count that fills whole waves
+# against $s = 4096$, which ends on a partial one (no faster: the tail is not it); and the share
+# of Exercise 1's two kernels' gap that residency alone explains.
 
 # %%
 @triton.jit
@@ -1899,31 +1825,26 @@ assert max(best.values()) < 0.95 < flat_speed
 assert {w for _, w in best} == {1, 2, 4, 8}
 
 # %% [markdown]
-# Under the H200's profile the best tiles of heads stop at 0.87 to 0.91 of a copy, with or
-# without a batch loop, on 1 to 8 warps; the flat pass of section 6 passes them. On the H200
-# the gap is not extra bytes (section 1), the sin/cos buy back at most 1.5 of its 8 to 9 points
-# at 256 MiB (the table probe), and a copy on the tile is no faster without the batch loop; on
-# the GPU you ran, the cells above print what residency and the tail hold. What the flat pass's
-# launch has that no swept tile copy has is open (Question 7).
+# Under the H200's profile the best tiles of heads stop at 0.87 to 0.91 of a copy, on 1 to 8
+# warps, with or without a batch loop. The gap is not extra bytes, nor mostly the sin/cos, nor the
+# batch loop; what the flat pass of section 6 has that no swept tile copy has is open (Question 7).
 #
 # ## 6. Past the finished kernel: two passes for large tensors
 #
-# The finished kernel runs a few thousand 8-warp programs, each looping over its batch entries.
-# For large contiguous tensors `ropelib.apply_rope` does the opposite, as torch.compile's kernel
-# for Hugging Face's `q * cos + rotate_half(q) * sin` does (no loop, the table read for every
-# element), in two passes (`ropelib/kernels/flat.py`):
+# For large contiguous tensors `ropelib.apply_rope` does the opposite of the finished kernel's few
+# thousand looping programs, as torch.compile's kernel for Hugging Face's
+# `q * cos + rotate_half(q) * sin` does: no loop, the table read for every element. It runs two
+# passes (`ropelib/kernels/flat.py`):
 #
 # 1. a **pre-pass** writes each token's fp32 cos and *signed* sine $s'$ ($-\sin$ for the first
 #    member of a pair, $+\sin$ for the second), so every feature is one fma,
 #    $y_d = x_d c_d + x_{p(d)} s'_d$, with $p(d)$ its partner;
 # 2. a **flat pass** with no loop rotates 8 whole head rows (1,024 elements) per program on 2
-#    warps, over a hundred thousand programs, each thread holding both members of its pairs.
-#    Exercises 2 and 3 write it.
+#    warps, each thread holding both members of its pairs. Exercises 2 and 3 write it.
 #
 # `apply_rope` takes this route when q and k are contiguous, at least 64 MiB and rotated into new
-# outputs, and the table is small beside them (at most 1/32 of the bytes the flat pass moves, 1/16
-# where an eager call keeps the pre-pass's rows). Tensors on the `meta` device show which route an
-# eager call takes (the last four lines: section 5's ladder sizes):
+# outputs, and the table is small beside them. Tensors on the `meta` device show which route an
+# eager call takes (the last four lines: section 5's sizes):
 
 # %%
 def route_of(shape, layout="sbhd", table="freqs", P=32768, n_seq=4):
@@ -1991,11 +1912,8 @@ assert [said(ratio(tp, c, p)) for c in (s4k, s16k) for p in ("finished", "two-pa
 
 # %% [markdown]
 # On the H200 at batch 8 the two passes reach the copy; the finished kernel stops at about nine
-# tenths.
-# The flat pass changes the launch shape that section 5's copy on the tile pointed at (the H200,
-# $s = 4096$, $b = 8$), and more: no sin/cos, fewer registers, no batch loop. The loop alone
-# does not lift a copy on the tile (section 5); the rest this page does not separate (A.6).
-# Appendix A.5 has the rest of that run, A.7 what the flat pass needed to reach the copy.
+# tenths. Besides the launch shape, the flat pass drops the sin/cos, registers and the batch loop
+# (A.6); A.7 shows what it needed to reach the copy.
 
 
 # %% [markdown]
@@ -2039,11 +1957,10 @@ flat_pass.show_solution()
 
 # %% [markdown]
 # The solution picks the partner with a `tl.where`. A thread's 8 elements are 8 consecutive
-# features, all in one half when $D/2$ is a multiple of 8, so its partners are 8 consecutive
-# elements too, and Triton 3.6 and 3.9 prove it unaided: the cell below counts the loads, by
-# width, of the solution and your kernel at the 1 GiB launch (1,024 elements on 4 warps). A
-# contiguity hint (`tl.multiple_of`) is a promise the compiler trusts and the interpreter
-# ignores: a false one ($d = 24$ is among the check's cases) passes here, reads wrong on a GPU.
+# features, all in one half when $D/2$ is a multiple of 8, so its partners are consecutive too,
+# and Triton proves it unaided: the cell below counts the loads, by width, of the solution and your
+# kernel. A contiguity hint (`tl.multiple_of`) is a promise the compiler trusts and the interpreter
+# ignores: a false one ($d = 24$ is among the check's cases) passes here and reads wrong on a GPU.
 
 # %%
 EX2_ARGS = dict(x_ptr=bf16_any, y_ptr=bf16_any, cos_ptr=fp32_any, sin_ptr=fp32_any,
@@ -2094,19 +2011,19 @@ else:
 #
 # Section 6's flat pass gives one thread both members $x_j$ and $x_{j+R/2}$ of its pairs, so no
 # element is loaded twice, and it takes any head: a rotary dim $R \le D$ (even), pairs
-# $(j, j + R/2)$ for $j < R/2$, and the features $R \ldots D-1$ copied through. Write that pass:
-# `ROWS` whole head rows per program, no loop, reading the first pass's fp32 rows of cos and
-# signed sine, now $[S, R]$:
+# $(j, j + R/2)$ for $j < R/2$, and features $R \ldots D-1$ copied through. Write that pass: `ROWS`
+# whole head rows per program, no loop, reading the first pass's fp32 cos and signed sine, now
+# $[S, R]$:
 #
 # $$ y_{r,j} = x_{r,j}\,c_{s,j} + x_{r,j+R/2}\,s'_{s,j}, \qquad
 #    y_{r,j+R/2} = x_{r,j+R/2}\,c_{s,j+R/2} + x_{r,j}\,s'_{s,j+R/2}, \qquad
 #    y_{r,e} = x_{r,e} \;\; (R \le e < D), $$
 #
-# with $s = \lfloor r / (BH) \rfloor$ the token of head row $r$. `tl.arange` takes powers of
-# two, so the launch also passes `HALF_BLOCK` (at or above $R/2$) and `PASS_BLOCK` (at or above
-# $D - R$): mask what lies past them. The check launches your kernel on grid
-# $(\lceil SBH / \text{ROWS} \rceil,)$ with fresh inputs: a row count `ROWS` does not divide,
-# halves of 12 and 20, partial rotary, fp32 and fp16, into a NaN guard band.
+# with $s = \lfloor r / (BH) \rfloor$ the token of head row $r$. `tl.arange` takes powers of two,
+# so the launch also passes `HALF_BLOCK` ($\ge R/2$) and `PASS_BLOCK` ($\ge D - R$): mask what lies
+# past them. The check launches your kernel on grid $(\lceil SBH / \text{ROWS} \rceil,)$ with fresh
+# inputs: a row count `ROWS` does not divide, halves of 12 and 20, partial rotary, fp32 and fp16,
+# into a NaN guard band.
 
 # %%
 from ropelib.course.exercises import pairs_pass
@@ -2137,8 +2054,8 @@ pairs_pass.show_solution()
 
 # %% [markdown]
 # How many of your kernel's loads go out before its first multiply? The cell below compiles it at
-# section 6's 1 GiB launch (8 head rows a program on 2 warps) beside ropelib's pass: a load that
-# goes out after the arithmetic has started is a second trip to memory the thread waits for.
+# section 6's 1 GiB launch beside ropelib's pass: a load issued after the arithmetic has started
+# is a second trip to memory the thread waits for.
 
 # %%
 EX3_ARGS = dict(x_ptr=bf16_any, y_ptr=bf16_any, cos_ptr=fp32_any, sin_ptr=fp32_any,
@@ -2189,9 +2106,8 @@ else:
     print("Timing needs a GPU: here the check above is all there is.")
 
 # %% [markdown]
-# `_rotate_pairs` in `ropelib/kernels/flat.py` does this for ropelib, with two more things: the
-# table's rows may come from a row index (packed sequences, position ids), and it computes one
-# table pointer per row (`ROW_POINTERS`) rather than one offset per table entry.
+# `_rotate_pairs` in `ropelib/kernels/flat.py` does this for ropelib, and also reads table rows
+# through a row index (packed sequences, position ids).
 
 
 # %% [markdown]
@@ -2199,19 +2115,16 @@ else:
 #
 # ### A.1 Notebook 04's variants, the warps step and two one-run steps
 #
-# - **A tile of heads, one change at a time.** The batch-reusing grid on 2 warps (`sh_loop_b_w2`:
-#   the same programs, 128 bytes of x a warp per step, achieved occupancy 48 → 94 %) takes
-#   178.1 µs against 179.1: at that work per warp, occupancy alone buys nothing. Reading a cos/sin
-#   table (`sh_loop_b_table`, 0.31 warp instructions per element against 0.51) saves about 9 µs.
-#   Two heads a program (`heads2_loop_b`, one warp) take 147.6 µs and four on 2 warps
-#   (`heads4_loop_b`) 137.2, level with rung 6; that pair changes occupancy (48 → 92 %) with the
-#   work, so it does not separate them. Eight heads a program on 1, 2, 4 and 8 warps take 138.1,
-#   136.3, 139.6 and 146.8 µs at 29, 51, 68 and 87 % occupancy: the most occupied is the slowest.
+# - **A tile of heads, one change at a time.** The batch-reusing grid on 2 warps (`sh_loop_b_w2`,
+#   occupancy 48 → 94 %) takes 178.1 µs against 179.1: occupancy alone buys nothing. Four heads a
+#   program on 2 warps (`heads4_loop_b`) take 137.2 µs, level with rung 6, but change occupancy
+#   with the work. Eight heads a program on 1, 2, 4 and 8 warps take 138.1, 136.3, 139.6 and
+#   146.8 µs at 29, 51, 68 and 87 % occupancy: the most occupied is the slowest.
 # - **The warps step (rung 3)** at $b = 8$ is within the runs' spread, and the two profiles
-#   disagree on its sign (141.5 against 142.2 µs in one, 147.4 against 145.4 in the other).
+#   disagree on its sign.
 # - **The H200's chunks and equal-halves steps in this profile**: the chunks rung counts 16.1 MB
-#   more writes than the warps rung with the same stores in its sm_90 code, equal halves 16.4 MB
-#   fewer than rung 5, read at 3.65 TB/s against 3.49.
+#   more writes than the warps rung with the same stores in its code, equal halves 16.4 MB fewer
+#   than rung 5.
 #
 # ### A.2 The warp states
 #
@@ -2223,18 +2136,16 @@ states = checks_nb05.stall_details(prof, kernels, profile, resident,
                                    claims["MECHANISM"] if LADDER_CSV.exists() else None)
 
 # %% [markdown]
-# At the same 7.1 resident warps a scheduler, rung 6 has more of them in `long_scoreboard` than
-# rung 5 (4.90 → 5.50) and fewer in every other state; heads → warps adds resident warps
-# (6.4 → 7.1) with `long_scoreboard` level. At $b = 1$ the tile rung's 3 % more instructions at
+# At the same resident warps, rung 6 has more of them in `long_scoreboard` (waiting on a load)
+# than rung 5 and fewer in every other state. At $b = 1$ the tile rung's 3 % more instructions at
 # a lower occupancy predict 1.043 times the heads rung's time under the profiler, which measures
-# 1.041, and 1.09 at the GPU's own clock, the timed step.
+# 1.041.
 #
 # ### A.3 Where the finished kernel's extra instructions go
 #
-# The finished kernel writes NaN for a position outside the table, once per table element, on the
-# cosine tile (every output is one fma with a cosine). A profile by opcode
-# (`benchmarks/ladder_opcodes_ncu.py`, the same H200 and launches at $s = 4096$, $b = 8$) sets the
-# finished kernel's executed warp instructions beside rung 6's, opcode by opcode.
+# The finished kernel writes NaN for a position outside the table, once per table element. A
+# profile by opcode (`benchmarks/ladder_opcodes_ncu.py`) sets its executed warp instructions beside
+# rung 6's.
 
 # %%
 # benchmarks/results/ladder_opcodes_per_opcode-nvidia-h200.csv (and its timed twin): the opcodes
@@ -2242,17 +2153,16 @@ states = checks_nb05.stall_details(prof, kernels, profile, resident,
 checks_nb05.opcode_profile(mech)
 
 # %% [markdown]
-# A fifth of the extra is the guard's select per table element, most of the rest the integer
-# arithmetic of the general indexing (int64 offsets, positions, batch chunks): 6.8 % more warp
-# instructions than rung 6, in a time within 1 % of rung 6's under this profile.
+# A fifth of the extra is that guard's select, most of the rest the integer arithmetic of the
+# general indexing (int64 offsets, positions, batch chunks): 6.8 % more warp instructions than
+# rung 6, in a time within 1 % of rung 6's.
 #
 # ### A.4 Where the sin/cos are evaluated
 #
-# The source computes cos/sin once per program; the cycles profile counts every sin and cos
-# evaluated 16 times by the 4-warp rungs at $b = 8$ and 32 times by the 8-warp ones. In section
-# 4's layouts 8 threads span a half's 64 features and the rest lie along the heads, 16 on 4 warps,
-# 32 on 8 (checked): even with a batch loop the sin/cos are not amortised to nothing, which is why
-# the equal-halves shortcut saves instructions at $b = 8$.
+# The source computes cos/sin once per program, yet the cycles profile counts each evaluated 16
+# times by the 4-warp rungs at $b = 8$ and 32 times by the 8-warp ones: in section 4's layouts 8
+# threads span a half's 64 features and the rest lie along the heads. So even with a batch loop
+# the equal-halves shortcut saves instructions.
 
 # %%
 # sin/cos copies at b = 8 (the cycles profile) against the threads each layout puts along the
@@ -2277,10 +2187,10 @@ if compiled:                                        # the layouts compiled in se
 # %% [markdown]
 # ### A.5 The flat pass beside the finished kernel
 #
-# Section 6's run (`benchmarks/results/two_pass-nvidia-h200.csv`) timed more than it quoted, each
-# as a ratio to a copy of the same bytes: the route forced each way (`finished`; `two-pass` with
-# angles; `two-pass cos/sin`, the flat pass reading your fp32 cos/sin table with no pre-pass),
-# torch.compile of Hugging Face's formula, and the pre-pass alone.
+# Section 6's run timed more than it quoted, each as a ratio to a copy of the same bytes: the
+# route forced each way (`finished`; `two-pass` with angles; `two-pass cos/sin`, the flat pass
+# reading your fp32 cos/sin table with no pre-pass), torch.compile of Hugging Face's formula, and
+# the pre-pass alone.
 
 # %%
 cols = ("finished", "two-pass", "two-pass cos/sin", "torch.compile")
@@ -2324,19 +2234,15 @@ assert said(100 * lead_b1, 1) == "2.7" and lead_b1 < hi_c - lo_c      # "within 
 
 # %% [markdown]
 # On the H200 the route is ahead of the finished kernel at batch 8, with angles or a table,
-# forward and forward+backward. At batch 1 the two are level within the spread between runs
-# (2.7 points; torch.compile's ratio at 1 GiB spans 0.955 to 0.997 across the committed H200
-# runs). There the route reaches 0.963, though its pre-pass, paid on every call, would cap it at
-# 0.854: the eager route keeps the pre-pass's rows (`TableRows` in `ropelib/eager.py`) for later
-# calls with the same table.
+# forward and forward+backward; at batch 1 the two are level within the spread between runs.
+# There the route beats the cap a pre-pass on every call would set: the eager route keeps the
+# pre-pass's rows (`TableRows` in `ropelib/eager.py`) for later calls with the same table.
 #
 # ### A.6 What else the flat pass changes
 #
-# The flat pass differs from the finished kernel in more than its launch: no sin/cos, no batch
-# loop and, compiled for sm_90, fewer registers a thread (42 with Triton 3.6 as the route runs
-# it, with a one-byte flag per row; 46 without, as section 5 profiled it). torch.compile's kernel
-# (`benchmarks/results/inductor-rope-bf16-sbhd.txt`) is of the same kind: no loop, its cos/sin
-# read with `evict_last` (checked).
+# Beyond its launch, the flat pass has no sin/cos, no batch loop and fewer registers a thread.
+# torch.compile's kernel (`benchmarks/results/inductor-rope-bf16-sbhd.txt`) is of the same kind:
+# no loop, its cos/sin read with `evict_last`.
 
 # %%
 inductor = (ROOT / "benchmarks" / "results" / "inductor-rope-bf16-sbhd.txt").read_text()
@@ -2367,10 +2273,10 @@ assert [said(r["ncu_warp_inst_per_element"], 2) for r in (planned_m, fin_m)] == 
 # %% [markdown]
 # ### A.7 Both members of a pair in one thread
 #
-# An element-wise flat pass (`rows=fp32` below, Exercise 2's design) loads each element of x
-# twice: as its own and as its partner's. `benchmarks/paired_rows_probe.py` times it against two
-# ways to load less: **read half the table** (`rows=paired`, both members of a pair sharing their
-# angle) and **hold both members in one thread** (`pairs per thread`, Exercise 3's design).
+# An element-wise flat pass (`rows=fp32`, Exercise 2's design) loads each element of x twice: as
+# its own and as its partner's. `benchmarks/paired_rows_probe.py` times two ways to load less:
+# **read half the table** (`rows=paired`) and **hold both members in one thread** (`pairs per
+# thread`, Exercise 3's design).
 
 # %%
 # benchmarks/results/paired_rows_probe-nvidia-h200.csv, printed; the text's numbers asserted in
@@ -2378,10 +2284,9 @@ assert [said(r["ncu_warp_inst_per_element"], 2) for r in (planned_m, fin_m)] == 
 checks_nb05.paired_rows_probe()
 
 # %% [markdown]
-# Reading half the table is slower in every case (0.896 of a copy at 1 GiB against 0.948);
-# holding both members in one thread reaches 0.993. In the whole route at 1 GiB the element-wise
-# pass left the two passes level with the finished kernel (0.931 against 0.924); the pass of
-# pairs put them ahead (1.002 against 0.932).
+# Reading half the table is slower in every case; holding both members in one thread reaches
+# 0.993 of a copy at 1 GiB. In the whole route the element-wise pass left the two passes level with
+# the finished kernel; the pass of pairs put them ahead.
 
 # %%
 # the element-wise pass in the whole route (two_pass-nvidia-h200-20261128-0853.csv) against the
@@ -2392,8 +2297,8 @@ checks_nb05.elementwise_route(tp, tp_meta)
 # ## Questions for discussion
 #
 # 1. Section 2 measured DRAM's latency idle and beside a copy. Which should size a tile, and why
-#    does a kernel that keeps more than $W_\text{read} \cdot L_\text{idle}$ of loads in flight
-#    not go faster than a copy?
+#    does a kernel with more than $W_\text{read} \cdot L_\text{idle}$ of loads in flight not go
+#    faster than a copy?
 # 2. ropelib's H100 tile gives 8-byte vectors, the H200's 16-byte ones, each chosen by a sweep on
 #    its own GPU. What in section 2's model differs between the two GPUs, and what else
 #    (registers, resident programs) could make a wider vector lose?
@@ -2401,14 +2306,11 @@ checks_nb05.elementwise_route(tp, tp_meta)
 #    Check your answer against the waterfall.
 # 4. The finished kernel decides the equal-halves shortcut per tile, on the values it loaded,
 #    rather than once per table on the host. What does each choice cost?
-# 5. What share of rung 6's gap did the copy on its tile print on your GPU? If it is well under
-#    one, which of the rotation's instructions would you profile
-#    first, and with which of section 5's metrics?
-# 6. The element-wise flat pass (Exercise 2's design) loads each element's partner from memory,
-#    though another thread of the same program holds it in registers. Which thread, for
-#    $d = 128$ and 8 elements per thread? Why does the second load cost a few percent of a copy,
-#    though it comes from L1?
-# 7. Section 5 timed a copy on rung 6's tile without its batch loop, at each residency and with
-#    no partial last wave. The flat pass (131,072 programs of 2 warps, each a contiguous 2 KiB)
-#    reaches the copy where no tile copy swept does. Which of its other differences (program
-#    order in memory, bytes a program, index arithmetic) would you put on the tile copy next?
+# 5. What share of rung 6's gap did the copy on its tile print on your GPU? If well under one,
+#    which of the rotation's instructions would you profile first, and with which metrics?
+# 6. The element-wise flat pass (Exercise 2) loads each element's partner from memory, though
+#    another thread of the same program holds it. Which thread, for $d = 128$ and 8 elements per
+#    thread? Why does the second load cost a few percent of a copy, though it comes from L1?
+# 7. The flat pass (131,072 programs of 2 warps, each a contiguous 2 KiB) reaches the copy where
+#    no tile copy of section 5 does. Which of its other differences (program order in memory,
+#    bytes a program, index arithmetic) would you put on the tile copy next?

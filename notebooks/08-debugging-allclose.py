@@ -24,49 +24,35 @@
 # ```
 #
 # The assert fails, although the first ten printed values of both tensors are identical. No
-# original code or data is here; our own inputs give the same symptom, so this notebook shows
-# which causes produce it, not which one struck in any report. We reproduce the failure, then
-# take apart, one by one, everything that can make such a check fail, with the tools that find
-# it: an error map over position × feature, the location of the largest difference, a print from
-# inside the kernel at that element, errors in ulps, a norm-wise error, and tolerances that fit
-# the dtype.
+# original code or data is here: our own inputs give the same symptom, so this notebook shows
+# which causes produce it, not which one struck in a report. We reproduce the failure, then take
+# apart everything that can make such a check fail, with the tools that find it.
 #
-# **Time:** about two hours of reading, with the exercises of sections 4b, 5 and 6; section 4b
-# is the longest.
+# **Time:** about two hours, with the exercises of sections 4b, 5 and 6; 4b is the longest.
 #
 # **After this notebook you will be able to**
 #
 # - say why the first printed values of a RoPE output prove nothing;
 # - show that two correct bf16 kernels whose sin/cos differ by one fp32 ulp fail the default
 #   `allclose` and pass a dtype-aware one;
-# - choose `allclose` tolerances from the dtype, and measure errors in ulps and norm-wise
-#   against fp64;
-# - tell which precision choices cost accuracy (a cos/sin table or the math in the input
-#   dtype) and which only move last bits (an fp32 table or sin/cos in the kernel, a fused
-#   multiply-add);
-# - make a Triton kernel equal Transformer Engine's output **bit for bit**, and prove which
-#   change did it;
-# - tell six layout traps from rounding differences, name four of them from the positions the
-#   output encodes, and repair one (sbhd indexing) in a kernel;
-# - go from the shape of a difference to its family of causes with a decision table, and write
-#   the comparison that passes for the right reasons.
+# - choose tolerances from the dtype, and measure errors in ulps and norm-wise against fp64;
+# - tell precision choices that cost accuracy (a bf16 table or bf16 math) from those that only
+#   move last bits (an fp32 table or sin/cos in the kernel, a fused multiply-add);
+# - make a Triton kernel equal TE's output **bit for bit**, and prove which change did it;
+# - tell six layout traps from rounding differences, name four from the positions the output
+#   encodes, and repair one;
+# - go from the shape of a difference to its family of causes, and write the comparison that
+#   passes for the right reasons.
 #
-# **What runs here.** The Triton side is *the reproduction kernel*, a small teaching kernel in
-# `ropelib.course.debug` (not ropelib's kernel) with one switch per cause; section 1 gives you a
-# copy to read, edit and run. The TE side is the real TE fused kernel when
-# Transformer Engine is installed on a GPU; otherwise `ropelib.reference.te_fused_emulation`,
-# labelled **TE emulation**: TE's formula in fp32 (fp32 sin/cos of fp32 angles, every product
-# rounded to fp32, one rounding to the output dtype). The emulation is not TE bit for bit; section
-# 4b counts where the two differ, and why.
+# **What runs here.** The Triton side is *the reproduction kernel*, a teaching kernel in
+# `ropelib.course.debug` with one switch per cause. The TE side is the real TE fused kernel where
+# TE is installed on a GPU; otherwise the **TE emulation**, TE's formula in fp32 but not TE bit for
+# bit (section 4b counts where they differ).
 #
-# **Where the numbers come from.** Every number the text states is asserted in the code beside
-# it. Most are read from `benchmarks/te_bits.py`'s measurements against the real TE, committed
-# under `benchmarks/results/`: `te-bits-nvidia-h200.pt`, *the H200 reference run*, and
-# `te-bits-nvidia-h100-80gb-hbm3.pt`, the same script on an NVIDIA H100, equal to it in every row
-# (Appendix A); the rest are computed on the CPU from fixed inputs. The outputs under the cells
-# come from the machine named in the first cell's output: on a CPU, the interpreter against the
-# TE emulation at small sizes; on a GPU, the compiled kernels at the reference run's sizes,
-# against the real TE where it is installed.
+# **Where the numbers come from.** Every number the text states is asserted beside it, most read
+# from `benchmarks/te_bits.py`'s runs against the real TE: `te-bits-nvidia-h200.pt`, *the
+# reference run*, and an H100's, equal to it (Appendix A). The outputs under the cells are those
+# of the machine the first cell names.
 
 # %%
 import os, torch
@@ -128,25 +114,20 @@ print("measured against the real TE on:", ", ".join(r["meta"]["gpu"] for r in RU
 # %% [markdown]
 # ## 1. The failure, reproduced
 #
-# `tokens` is a bf16 tensor in TE's default `sbhd` layout, $[S, B, H, D]$ (sequence, batch,
-# heads, head dim). The wrapper `debug.apply_rotary_pos_emb_triton`, in the reports' style,
-# builds a cos/sin table from TE's angles and launches the Unsloth-style kernel; then TE rotates
-# the same tokens. The kernel carries what Unsloth's inherits from Hugging Face: a cos/sin table
-# **precomputed in the model's dtype**, and the multiply-add **in that dtype**
-# (`Q1 = tl.load(...).to(sin1.dtype)`).
+# `tokens` is a bf16 tensor in TE's default `sbhd` layout, $[S, B, H, D]$. The wrapper
+# `debug.apply_rotary_pos_emb_triton`, in the reports' style, builds a cos/sin table from TE's
+# angles and launches the Unsloth-style kernel; then TE rotates the same tokens. The kernel
+# carries what Unsloth's inherits from Hugging Face: a cos/sin table **precomputed in the model's
+# dtype**, and the multiply-add **in that dtype**.
 #
-# Here is that kernel, your own copy of `ropelib.course.debug._rope_unsloth_repro_kernel`. Its
-# switches `FROM_ANGLES`, `COMPUTE_FP32` and `USE_FMA` are the precision causes this notebook
-# studies. The wrapper sets them from a `debug.Causes` (`REPRO`: table and math in bf16;
-# `FIXED`: sin/cos from fp32 angles in the kernel, fp32 math) and decides the rest itself: the
-# table's dtype, and the layout causes (the rows, positions and angles the kernel is given). The
-# grid is (rows, heads): one program rotates one head of one row.
+# Below is your own copy of that kernel. Its switches `FROM_ANGLES`, `COMPUTE_FP32` and `USE_FMA`
+# are the precision causes studied here; the wrapper sets them from a `debug.Causes` (`REPRO`:
+# table and math in bf16; `FIXED`: sin/cos from fp32 angles in the kernel, fp32 math).
 # `debug.reproduce(..., kernel=_rope_repro_kernel)` launches this copy: edit it, rerun this cell
-# and the two code cells after it, and see what the edit does.
+# and the two after it.
 #
-# The `USE_FMA` branch calls `te_combine`, the line you write in section 4b's exercise; no cell
-# takes it before then. Triton resolves that global name when it compiles the kernel, so after
-# you change your combine there, rerun this cell.
+# The `USE_FMA` branch calls `te_combine`, the line you write in section 4b; Triton resolves that
+# name at compile time, so rerun this cell after changing it there.
 
 # %%
 @triton.jit
@@ -226,10 +207,8 @@ d = debug.diagnose(res)
 print(f"your kernel: first ten values equal {d['first_ten_equal']}, allclose {d['allclose']}")
 
 # %% [markdown]
-# From here on the notebook runs the course's kernel (`debug.reproduce` without `kernel=`).
-# What it finds holds for your copy as long as your copy gives the same bits; the next cell
-# counts the elements where it does not (0 and 0 for an unedited copy). An edited copy does not
-# stop the cells below: they go on with the course kernel's output.
+# From here on the notebook runs the course's kernel. The next cell counts the elements where your
+# copy's bits differ from it (0 and 0 unedited); an edited copy does not stop the cells below.
 
 # %%
 course_fixed = debug.reproduce(SC, FIXED, device=device)
@@ -249,16 +228,14 @@ assert d["first_ten_equal"] and not d["allclose"]   # the reported failure, repr
 # %% [markdown]
 # ## 2. Position 0 proves nothing — look where the differences are
 #
-# `tokens.flatten()[:10]` are the first features of flattened row 0 (sbhd: position 0,
-# batch 0, head 0). At position $s = 0$ every angle is $\theta = s\,\omega_j = 0$, so
-# $\cos\theta = 1$, $\sin\theta = 0$ and
+# `tokens.flatten()[:10]` are the first features of row 0: position 0, batch 0, head 0. At
+# $s = 0$ every angle is $\theta = s\,\omega_j = 0$, so $\cos\theta = 1$, $\sin\theta = 0$ and
 #
 # $$ y_j = x_j \cdot 1 - x_{j+D/2} \cdot 0 = x_j \quad\text{exactly, in any precision.} $$
 #
-# Every RoPE here, right or wrong, gives flattened row 0 the angle 0, so `flatten()[:10]` is
-# its input (a wrong indexing can still rotate the position-0 tokens of other batches: section 5
-# shows two traps that do). Print instead where the two tensors differ most: an **error map**
-# (max over batch and heads of $|a - b|$, per position and feature) and its **argmax**.
+# So `flatten()[:10]` is the input, for any RoPE, right or wrong. Print instead where the tensors
+# differ most: an **error map** (max over batch and heads of $|a - b|$, per position and feature)
+# and its **argmax**.
 
 # %%
 pos0 = slice(0, 1)
@@ -286,26 +263,18 @@ assert steps_at_max == 1                                  # the largest differen
 # %% [markdown]
 # ![The NVIDIA H200's error map of the reported failure, stored in figures/: |TE fused - Triton|, zero at position 0, differences elsewhere](../figures/08-heatmap-repro.png)
 #
-# *Above: **the NVIDIA H200's map**, stored in `figures/` (against the real TE, 512 positions,
-# 128 features). The live map just before it is this machine's and names it in its title (on a
-# CPU: 32 positions, against the TE emulation).*
+# *Above: the NVIDIA H200's map, against the real TE. The live map before it is this machine's.*
 #
-# Row 0 is black: no difference at position 0; every other position differs somewhere. The
-# cell prints where the largest difference lies and the two values there: one bf16 step apart.
-# Small — but how small is small?
+# Row 0 is black; every other position differs somewhere. The largest difference is one bf16
+# step. Small — but how small is small?
 #
-# **Look inside the kernel.** Triton's print is `tl.device_print(prefix, value)`, from inside a
-# running kernel, with the program id. The probe below is the reported line (bf16 table, bf16
-# products) cut down to the pair that holds the largest difference, and prints one value from
-# inside: $y$ in fp32 before the store. In the interpreter that is one line, before the cell's
-# own. On a GPU the print is a `printf` in every thread, and a scalar lives in every thread, so
-# even with `num_warps=1` it writes 32 identical lines (`pid (0, 0, 0) idx ()`), by another
-# route than Python's prints: the device's lines and the host's may interleave anywhere, even
-# in the middle of a line. Triton gives no thread index to guard a print with, so the probe
-# prints one value and stores the rest (the angle, the fp32 cos and sin, the same rounded to
-# bf16, $y$ with fp32 ones) into a small tensor that the host prints once. `tl.static_print`
-# prints once, but at compile time, so only shapes, dtypes and constexprs. The cell checks the
-# stored values against both outputs.
+# **Look inside the kernel.** `tl.device_print(prefix, value)` prints from inside a running
+# kernel. The probe below is the reported line cut down to the pair with the largest difference,
+# and prints $y$ in fp32 before the store. On a GPU every thread prints, so even with
+# `num_warps=1` it writes 32 identical lines, which may interleave with the host's prints. With
+# no thread index to guard a print, the probe stores the other values (angle, cos and sin in fp32
+# and bf16, $y$ with fp32 ones) for the host to print once. (`tl.static_print` prints at compile
+# time: only shapes, dtypes and constexprs.)
 
 # %%
 @triton.jit
@@ -368,13 +337,11 @@ if not GPU:   # the interpreter rounds each fp32 product, as the TE emulation do
 # $$ |a - b| \le \text{atol} + \text{rtol}\,|b|, \qquad \text{rtol} = 10^{-5},\
 #    \text{atol} = 10^{-8} \text{ by default.} $$
 #
-# bf16 keeps 8 significant bits (7 stored, one implicit): neighbouring bf16 numbers are
-# $2^{-8}$ to $2^{-7}$ apart relative to their size, and one rounding to nearest has relative
-# error at most the **unit roundoff** $u = 2^{-8}$ (fp16: 11 bits, $u = 2^{-11}$; fp32: 24 bits,
-# $u = 2^{-24}$; `torch.finfo(dtype).eps` is $2u$). The default `rtol` asks bf16 for about 17
-# bits — a difference of *one* rounding step fails it. Tolerances must come from the dtype:
-# `ropelib.course.debug.tolerances` gives the defaults that `torch.testing.assert_close`
-# documents for each dtype:
+# bf16 keeps 8 significant bits: one rounding to nearest has relative error at most the **unit
+# roundoff** $u = 2^{-8}$ (fp16: $u = 2^{-11}$; fp32: $u = 2^{-24}$; `torch.finfo(dtype).eps` is
+# $2u$). The default `rtol` asks bf16 for about 17 bits, so a difference of *one* rounding step
+# fails it. `debug.tolerances` gives the defaults that `torch.testing.assert_close` documents for
+# each dtype:
 
 # %%
 for name in ("bf16", "fp16", "fp32"):
@@ -387,16 +354,14 @@ for name, (rtol, atol) in ASSERT_CLOSE_DEFAULTS.items():
     assert debug.tolerances(name) == {"rtol": rtol, "atol": atol}, name
 
 # %% [markdown]
-# The sharper measure is the error in **ulps** (units in the last place): $|y - y^\star|$
-# divided by the spacing of the output dtype at the exact value $y^\star$, computed in fp64.
-# A correctly rounded result is within 0.5 ulp. Compare both sides with fp64, not only with
-# each other.
+# The sharper measure is the error in **ulps** (units in the last place): $|y - y^\star|$ divided
+# by the spacing of the output dtype at the exact value $y^\star$, computed in fp64. A correctly
+# rounded result is within 0.5 ulp. Compare both sides with fp64, not only with each other.
 #
-# In the table below, the default `allclose` of the "all causes fixed" row depends on the
-# machine: True on the CPU, False on a GPU against the real TE, where 12 elements differ (the
-# line under the table; the same 12 in both committed runs). Neither is broken: section 4b traces
-# the 12 to the order of a *fused multiply-add* (FMA: $ab + d$ with a single rounding), which a
-# GPU compiler picks when it contracts the line; the interpreter never contracts.
+# In the table, the default `allclose` of the "all causes fixed" row is True on the CPU and False
+# on a GPU against the real TE, where 12 elements differ (in both committed runs). Section 4b
+# traces them to the order of a *fused multiply-add* (FMA: $ab + d$ with one rounding), which a
+# GPU compiler picks; the interpreter never contracts.
 
 # %%
 fixed = debug.reproduce(SC, FIXED, device=device)
@@ -436,16 +401,14 @@ if not GPU:
     assert rows[1][1], "the fixed row's default allclose: True on the CPU"
 
 # %% [markdown]
-# Two lessons. First, the reported kernel is many ulps from the exact result where outputs are
-# close to zero and its rounded products cancel (section 4 takes this apart). Second, the fixed
-# kernel passes with dtype-aware tolerances but is not TE bit for bit on a GPU (the 12 elements
-# of 1,048,576 above). Two suspects for such last-bit differences: where sin/cos come
-# from, and the order of the multiply-add. Section 3b shows that the first *can* produce the
-# reported symptom; section 4b finds that on the GPU it is the second.
+# Two lessons. The reported kernel is many ulps from the exact result where its rounded products
+# cancel (section 4). The fixed kernel passes dtype-aware tolerances but is not TE bit for bit on
+# a GPU. Two suspects for such last-bit differences: where sin/cos come from, and the order of the
+# multiply-add. Section 3b shows that the first *can* produce the reported symptom; section 4b
+# finds that on the GPU it is the second.
 #
-# In the interpreter the fixed kernel's `tl.cos`/`tl.sin` are NumPy's fp32 functions, and the TE
-# emulation's are `torch.cos`/`torch.sin`: two correct implementations. The cell counts, on the
-# CPU whatever the machine, the entries of this run's angle table where they differ:
+# In the interpreter `tl.cos`/`tl.sin` are NumPy's fp32 functions; the TE emulation's are
+# torch's. The cell counts the table entries where these two correct implementations differ:
 
 # %%
 f_half = compare.angles(SC.seq_len, SC.head_dim)[:, 0, 0, :SC.head_dim // 2].cpu()
@@ -458,17 +421,13 @@ assert int(apart.max()) <= 1
 # %% [markdown]
 # ## 3b. One ulp of sin/cos is enough
 #
-# Some entries differ by one ulp, yet on the CPU the fixed kernel's 4,096 outputs all equal the
-# emulation's. Can sin/cos that differ by one fp32 ulp produce the reported failure on their
-# own?
-#
-# Take the fixed kernel, give it the fp32 table TE's emulation uses, and move every entry from
-# position 1 on one ulp up (`torch.nextafter`, the cause `sincos_one_ulp`; position 0 keeps
-# $\cos 0 = 1$, $\sin 0 = 0$, exact everywhere). The output of one pair changes by about
-# $2^{-24}(|x_1| + |x_2|)$ in fp32. That flips the bf16 rounding only where the fp32 value lies
+# Can sin/cos one fp32 ulp apart produce the reported failure on their own? Give the fixed kernel
+# the emulation's fp32 table and move every entry from position 1 on one ulp up
+# (`torch.nextafter`, the cause `sincos_one_ulp`). A pair's output moves by about
+# $2^{-24}(|x_1| + |x_2|)$ in fp32, which flips the bf16 rounding only where the fp32 value lies
 # that close to a midpoint between two bf16 numbers: roughly one element in $2^{15}$, as bf16
-# keeps 16 fewer bits than fp32 (the PyTorch run below measures it). So the test needs a
-# realistic size; on the CPU we take $131\,072$ elements instead of section 1's $4\,096$:
+# keeps 16 fewer bits. So the test needs a realistic size; on the CPU we take $131\,072$ elements
+# instead of section 1's $4\,096$:
 
 # %%
 ULP_SC = SC if GPU else debug.Scenario(seq_len=256, batch=2, heads=2, head_dim=128)
@@ -508,21 +467,15 @@ far_u = mism & (debug.steps_apart(unmoved, moved) > 1)
 assert bool((moved[far_u].float().abs() < 2 ** -6).all())   # the rest, however far: near zero
 
 # %% [markdown]
-# That is the reported failure, from two correct kernels: the first ten values equal, the
-# default `allclose` false for a handful of elements (at most one in a thousand), the bf16 one
-# true. The line "the nudge alone" compares the kernel with itself, unmoved table against moved,
-# so the nudge is the only difference on every machine. Most moved elements are one bf16 step
-# apart; any further apart are outputs near zero (below $2^{-6}$), where $x_1 c$ and $x_2 s$
-# nearly cancel and bf16's steps are tiny.
+# That is the reported failure, from two correct kernels: the first ten values equal, the default
+# `allclose` false for a handful of elements, the dtype-aware one true. "The nudge alone" compares the
+# kernel with itself. Most moved elements are one bf16 step apart; any further apart are outputs
+# near zero (below $2^{-6}$), where $x_1 c$ and $x_2 s$ nearly cancel.
 #
-# The line "against" compares with the TE side, as the report did. On the CPU that is the
-# emulation, whose table the kernel was given, so the two counts are equal. On a GPU the compiled
-# kernel already differs from TE with the unmoved table (12 elements in the committed runs;
-# section 4b finds why), and the counts need not add up: an element can be off for both reasons,
-# and a nudge can put one back on TE's value.
+# "Against" compares with the TE side, as the report did. On a GPU the kernel already differs from
+# TE with the unmoved table (section 4b says why), so the counts need not add up.
 #
-# The next cell repeats the experiment at the GPU size in plain PyTorch, on every machine: the
-# TE emulation against itself with the moved table.
+# The next cell repeats it at the GPU size in plain PyTorch, on every machine.
 
 # %%
 big = debug.Scenario(seq_len=512, batch=2, heads=8, head_dim=128)
@@ -555,40 +508,32 @@ assert 10 <= 1e6 * n_big / yb.numel() < 100       # "tens of elements per millio
 assert {run_row(run, "debug:FIXED-table_fp32")["n_differ"] for run in RUNS.values()} == {12}
 
 # %% [markdown]
-# 43 of 1,048,576 elements (one in $2^{14.6}$), 38 of them one bf16 step apart, with the first
-# ten values equal: the reported symptom. Two *correct* bf16 kernels pass the default
-# tolerances only when their fp32 results round to the same bf16 value in every element. A
-# sin/cos that differs from TE's in the last bit breaks that; so, section 4b shows, does fusing
-# a different product of the same formula, with sin/cos equal to TE's in every bit.
+# 43 of 1,048,576 elements (one in $2^{14.6}$), 38 of them one bf16 step apart, the first ten
+# values equal: the reported symptom. Two *correct* bf16 kernels pass the default tolerances only
+# if their fp32 results round to the same bf16 value in every element. A sin/cos that differs from
+# TE's in the last bit breaks that; so, section 4b shows, does fusing a different product.
 
 # %% [markdown]
 # ## 4. Where sin/cos come from, the dtype of the math, and FMA
 #
-# The rotation of a pair is $y_1 = x_1 c - x_2 s$, $y_2 = x_2 c + x_1 s$. The variants below
-# go from the reported kernel to the fixed one, then add an FMA, one cause per row:
+# The rotation of a pair is $y_1 = x_1 c - x_2 s$, $y_2 = x_2 c + x_1 s$. The variants below go
+# from the reported kernel to the fixed one, then add an FMA, one cause per row:
 #
-# - **table in the input dtype**: $c, s$ rounded to bf16 before use, a relative error of up to
-#   $u = 2^{-8}$ in each; where the two products cancel, the *output's* relative error is much
-#   larger;
+# - **table in the input dtype**: $c, s$ rounded to bf16, a relative error of up to $u$ each;
+#   where the two products cancel, the *output's* relative error is much larger;
 # - **math in the input dtype**: each product rounded to bf16 before the subtraction;
-# - **fp32 table** (`torch.cos` in fp32) vs **sin/cos in the kernel** from fp32 angles, as TE's
-#   kernel does: both accurate, though a table computed on the CPU can differ from CUDA's
-#   `sincosf` (section 4b counts where);
-# - **fused multiply-add** (FMA), $\mathrm{fma}(a, b, d) = ab + d$ with one rounding: one
-#   product and the sum rounded once instead of twice. A GPU compiler *contracts* `a*b + d`
-#   into an FMA on its own; the interpreter (NumPy) does not. Which product is fused changes
-#   the last fp32 bit of many outputs (section 4b).
+# - **fp32 table** vs **sin/cos in the kernel** from fp32 angles, as TE does: both accurate;
+# - **fused multiply-add**, $\mathrm{fma}(a, b, d) = ab + d$ with one rounding, which a GPU
+#   compiler *contracts* `a*b + d` into on its own (the interpreter does not).
 #
-# The error in ulps of the exact output is harsh where that output is near zero: a bf16 table
-# is then "many ulps" off although every value in it is as good as bf16 allows. A fairer
-# measure for a rotation is the **norm-wise error** of each output against the size of its
-# input pair,
+# Ulps are harsh where the exact output is near zero. A fairer measure for a rotation is the
+# **norm-wise error** of each output against the size of its input pair,
 #
 # $$ \frac{|y_a - y_a^\star|}{|x_a| + |x_b|}, $$
 #
 # (`debug.normwise_error`). Since $|y_a^\star| \le |x_a| + |x_b|$, one rounding of the output
-# costs at most $u$ norm-wise; a table rounded to bf16 adds at most about $u$ more. We print it
-# in units of $u$ beside the ulps.
+# costs at most $u$ norm-wise; a bf16 table adds at most about $u$ more. We print it in units of
+# $u$ beside the ulps.
 
 # %%
 variants = {
@@ -656,34 +601,29 @@ assert [run_row(BITS, v)["max_abs_diff"] for v in PRESET_ROWS.values()] == [2 **
 assert all(run_row(BITS, v)["numel"] == 1_048_576 for v in PRESET_ROWS.values())
 
 # %% [markdown]
-# *The chart: one bar per variant, its largest error against fp64 in bf16 ulps (log scale; the
-# dotted line is 0.5 ulp, one correct rounding), its norm-wise error as the label. Compare the
-# two top bars with the three at the line.*
+# *The chart: each variant's largest error against fp64 in bf16 ulps (log scale; dotted line:
+# 0.5 ulp, one correct rounding), its norm-wise error as the label.*
 #
-# The ulps (bars) and the norm-wise error (labels) tell one story from two sides. Norm-wise, a
-# bf16 table and bf16 products cost at most $3u$: the standard HF/Unsloth cache is not *wrong*, it
-# is bf16-accurate. In ulps of outputs near zero the same kernel is far more than 16 ulps off (the
-# cell prints how far): it rounds to bf16 before the cancellation $x_1 c - x_2 s$, and the rows
-# with an fp32 table fall to one rounding. "Is this formula right?" asks for the norm-wise error;
-# "is it as accurate as bf16 can be?" for ulps. The rule for precision: keep the table in fp32
-# (or compute sin/cos from fp32 angles), do the math in fp32, round once on the store.
+# Norm-wise, a bf16 table and bf16 products cost at most $3u$: the standard HF/Unsloth cache is
+# not *wrong*, it is bf16-accurate. In ulps near zero the same kernel is far more than 16 ulps off
+# (the cell prints how far), because it rounds to bf16 before the cancellation $x_1 c - x_2 s$.
+# "Is this formula right?" asks for the norm-wise error; "is it as accurate as bf16 can be?" for
+# ulps. The rule: keep the table in fp32 (or compute sin/cos from fp32 angles), do the math in
+# fp32, round once on the store.
 #
-# The lines under the chart read the same presets from the committed runs against the real TE,
-# H200 and H100 equal row for row: with the fused multiply-add every output has TE's bits
-# (`max |TE - Triton|` is 0); the fixed kernel, the fma left to the compiler, does not
-# ($2^{-6} \approx 0.0156$). The rows above the chart are this machine's: on the CPU the TE
-# emulation rounds both products as the interpreter does, so the fixed row is 0 too; on a GPU of
-# compute capability 9.0 against the real TE the fixed and FMA rows show the committed runs'
-# $2^{-6}$ and 0.
+# The lines under the chart are the committed runs against the real TE: with the FMA every output
+# has TE's bits; the fixed kernel, the fma left to the compiler, is off by up to $2^{-6}$. The
+# rows above the chart are this machine's: on the CPU the fixed row is 0 too (the emulation
+# rounds both products, as the interpreter does); on a GPU of compute capability 9.0 with TE, they
+# show the committed $2^{-6}$ and 0.
 
 # %% [markdown]
 # ## 4b. Bit for bit: which change makes the kernel equal TE?
 #
-# **The point: pin the order with `tl.fma`.** Dtype-aware tolerances let the fixed kernel pass,
-# but a kernel can also equal TE bit for bit, and the last change that gets it there is one line:
-# TE's $y = xc + rs$ written as one `tl.fma` of a chosen order, so that the compiler cannot pick
-# which product to fuse. Steps a to e find that line one change at a time, counting the elements
-# whose **bits** differ from TE's output.
+# **The point: pin the order with `tl.fma`.** One more line makes the fixed kernel equal TE bit for
+# bit: TE's $y = xc + rs$ as one `tl.fma` of a chosen order, so that the compiler cannot pick which
+# product to fuse. Steps a to e find that line, counting the elements whose **bits** differ from
+# TE's.
 #
 # **What TE computes.** TE's fused kernel (`transformer_engine/common/fused_rope/fused_rope.cu`)
 # does, per element and in fp32,
@@ -702,24 +642,20 @@ assert all(run_row(BITS, v)["numel"] == 1_048_576 for v in PRESET_ROWS.values())
 #    y_{xc} = \mathrm{rn}\big(xc + \mathrm{rn}(rs)\big), \qquad
 #    y_{rs} = \mathrm{rn}\big(rs + \mathrm{rn}(xc)\big). $$
 #
-# $y_{xc}$ and $y_{rs}$ are each one fused multiply-add (fma): the product in the subscript
-# enters the sum exact, the other is rounded first. CUDA compilers *contract* `a*b + c*d` into
-# such an fma by default (nvcc's `-fmad=true`, Triton's `enable_fp_fusion=True`; "contraction
-# off" means this option off), and **which** product is fused is the compiler's choice, not the
-# source's. Rounding to bf16 hides most last-bit differences, but not where an fp32 value lies
-# close to a midpoint between two bf16 numbers.
+# $y_{xc}$ and $y_{rs}$ are each one fma: the product in the subscript enters the sum exact, the
+# other is rounded first. CUDA compilers *contract* `a*b + c*d` into such an fma by default
+# (Triton's `enable_fp_fusion=True`; "contraction off" means this off), and **which** product is
+# fused is the compiler's choice, not the source's. Rounding to bf16 hides most last-bit
+# differences, but not near a midpoint between two bf16 numbers.
 #
-# **The measurements.** `benchmarks/te_bits.py` ran the variants against the real TE on the H200
-# (the reference run) and on an H100 (equal in every row: Appendix A), and saved TE's outputs,
-# TE's fp32 cos/sin and, per variant, the count and the compiled line's PTX and SASS, for `BIG`
-# (key `nb_gpu`: bf16, $S = 512$, $B = 2$, $H = 8$, $D = 128$) and `SMALL32` (key
-# `nb_cpu_fp32`: fp32, $S = 32$, $B = 2$, $H = 2$, $D = 32$). Rows are named `line/source`:
-# `free_sub` is the line as written, contraction on (`free_sub-nofuse`: off), `none_rn` rounds
-# every product, `fma_xc` and `fma_rs` are the two fma orders; the source is where sin/cos come
-# from (step b); `debug:` and a preset is section 1's reproduction kernel with that
-# `debug.Causes`. A count labelled **reference run** is read from the H200's file; one labelled
-# **here** is this machine's (on a CPU: the interpreter, which rounds every product, fuses none,
-# has no libdevice — NVIDIA's CUDA math library — and whose `tl.cos` is NumPy's).
+# **The measurements.** The reference run saved TE's outputs and cos/sin and, per variant, the
+# count and the compiled line's PTX, for `BIG` (key `nb_gpu`: bf16, $S = 512$, $B = 2$, $H = 8$,
+# $D = 128$) and `SMALL32` (key `nb_cpu_fp32`: fp32, $S = 32$, $B = 2$, $H = 2$, $D = 32$). Rows
+# are named `line/source`: `free_sub` is the line as written, contraction on (`free_sub-nofuse`:
+# off), `none_rn` rounds every product, `fma_xc` and `fma_rs` are the two fma orders; the source
+# is where sin/cos come from (step b); `debug:` and a preset is section 1's kernel. A count
+# labelled **reference run** is read from the H200's file; **here**, this machine's (on a CPU, the
+# interpreter: it fuses nothing, and its `tl.cos` is NumPy's).
 
 # %%
 BIG = debug.te_bits_case(BITS, "nb_gpu")            # bf16, S=512 B=2 H=8 D=128
@@ -762,14 +698,12 @@ where = f"live {debug.te_label(device)} on this GPU" if LIVE else \
 print(f"compared with: {where}; x and angles hash as on the GPU")
 
 # %% [markdown]
-# **The kernel.** One program rotates `BLOCK_ROWS` rows of an sbhd tensor (row $r$ is at position
+# **The kernel.** One program rotates `BLOCK_ROWS` sbhd rows (row $r$ at position
 # $\lfloor r / (BH) \rfloor$) and calls `COMBINE(x1, x2, c, s)`, a `@triton.jit` function passed
-# as a constexpr: the line you write below. It stores fp32; the one rounding to bf16 is torch's
-# `.to(torch.bfloat16)`, round-to-nearest-even like TE's store. The cell is a runnable copy of
-# `ropelib.course.exercises.debugging._rope_combine_kernel`, which the check launches.
-# `check_bits`'s `sincos` says where cos and sin come from: `"tl"`, in the kernel from the fp32
-# angles (the default, `SINCOS`, on a GPU), or `"table"`, by default TE's own (the default on a
-# CPU, where `tl.cos` is NumPy's).
+# as a constexpr: the line you write below. It stores fp32; torch's `.to(torch.bfloat16)` rounds to
+# nearest even, like TE's store. The check launches this kernel.
+# `check_bits`'s `sincos` says where cos and sin come from: `"tl"`, from the fp32 angles (the GPU
+# default), or `"table"`, by default TE's own (the CPU default, where `tl.cos` is NumPy's).
 
 # %%
 # ropelib-source: ropelib.course.exercises.debugging._rope_combine_kernel
@@ -843,16 +777,13 @@ def check_bits(case, combine_fn, sincos=SINCOS, table=None, quiet=False, fusion=
 
 # %% [markdown]
 # **Exercise — a combine with TE's bits.** Edit `my_combine` until the kernel's output equals
-# TE's bit for bit. It starts as the line as written, $y_1 = x_1 c - x_2 s$ and
-# $y_2 = x_2 c + x_1 s$; `check_bits(BIG, my_combine)` prints how many elements differ from TE
-# and by how many bf16 steps. `tl.fma(a, b, d)` computes $ab + d$ with one rounding; which of the
-# three evaluations above is TE's, let the count tell you.
+# TE's bit for bit. `check_bits(BIG, my_combine)` prints how many elements differ from TE and by
+# how many bf16 steps. `tl.fma(a, b, d)` computes $ab + d$ with one rounding; which of the three
+# evaluations above is TE's, let the count tell you.
 #
-# `ex.check_te_combine(my_combine)` grades it with TE's own cos and sin on `BIG` and `SMALL32`,
-# and on fp32 inputs drawn as it runs against the rounding of TE's line (so looking up TE's stored
-# outputs fails); it refuses ropelib's own `@triton.jit` helpers and the worked solution. Both
-# compile with contraction off (`enable_fp_fusion=False`; the interpreter never contracts):
-# nothing is fused that your line does not fuse.
+# `ex.check_te_combine(my_combine)` grades it with TE's own cos and sin on `BIG`, `SMALL32` and
+# fp32 inputs drawn as it runs; it refuses ropelib's own `@triton.jit` helpers and the worked
+# solution. Both compile with contraction off: nothing is fused that your line does not fuse.
 
 # %%
 @triton.jit
@@ -873,14 +804,14 @@ te_combine = my_combine if combined_by_learner else ex.solution_te_combine
 
 # %% [markdown]
 # **Step a — the kernel as written.** "As written" is not one computation. The reference run's
-# `BIG` rows count the elements that differ from TE (of 1,048,576):
+# `BIG` rows (elements that differ from TE, of 1,048,576):
 #
-# | what ran (row) | how the line is evaluated | elements ≠ TE |
+# | row | how the line is evaluated | elements ≠ TE |
 # |---|---|---|
-# | the line as written, contraction off (`free_sub-nofuse/tl`) | every product rounded, $y_{\text{none}}$, as the interpreter does | 17 |
-# | the line as written, contraction on, in `te_bits.py`'s copy of the reproduction kernel (`free_sub/tl`) | the compiler's choice of fma (step e) | 12 |
-# | the TE emulation, torch on the GPU (`emulation:device`) | every product rounded | 17 |
-# | the TE emulation, torch on the CPU (`emulation:cpu`) | every product rounded, the CPU's cos/sin | 27 |
+# | `free_sub-nofuse/tl`: contraction off | every product rounded, $y_{\text{none}}$, as the interpreter does | 17 |
+# | `free_sub/tl`: contraction on, in `te_bits.py`'s copy of the reproduction kernel | the compiler's choice of fma (step e) | 12 |
+# | `emulation:device`: the TE emulation, torch on the GPU | every product rounded | 17 |
+# | `emulation:cpu`: the TE emulation, torch on the CPU | every product rounded, the CPU's cos/sin | 27 |
 
 # %%
 @triton.jit
@@ -915,15 +846,12 @@ assert emu["emulation:device"] == 17, "the text's 17: the emulation, torch on th
 assert emu["emulation:cpu"] == 27, "the text's 27: the emulation, torch on the CPU"
 
 # %% [markdown]
-# **Step b — swap where sin/cos come from**, the suspect everyone names first: the kernel's
-# `tl.cos`/`tl.sin`, libdevice's precise `cos`/`sin` and its fast ones
-# (`cos.approx`/`sin.approx`), a torch table computed on the GPU or on the CPU, NumPy's
-# `cos`/`sin` (the interpreter's `tl.cos`), and TE's own table. The first table asks whether the
-# values are TE's (entries of the $S \times D/2$ tables whose bits differ; a kernel's own are
-# read back with $x = (1, \dots, 1 \mid 0, \dots, 0)$, for which the line returns exactly
-# $(c \mid s)$); the second whether the bf16 output moves, for the line as written without
-# contraction and for the fma line. The column "measured" says where each row comes from (on a
-# CPU, the GPU's sources are read from the reference run).
+# **Step b — swap where sin/cos come from**, the suspect everyone names first: `tl.cos`/`tl.sin`,
+# libdevice's precise and fast (`cos.approx`) ones, a torch table made on the GPU or the CPU,
+# NumPy's (the interpreter's `tl.cos`), and TE's own. The first table asks whether the values are
+# TE's (entries whose bits differ; a kernel's own are read back with
+# $x = (1, \dots, 1 \mid 0, \dots, 0)$, for which the line returns $(c \mid s)$); the second
+# whether the bf16 output moves, for the line as written without contraction and for the fma line.
 
 # %%
 theta = SIDE[BIG.key]["angles"]                       # [S, D/2] fp32, the GPU's angles
@@ -1020,12 +948,11 @@ if GPU and SAME_ARCH:   # compiled as the committed run was: its cos and sin ent
                                      OWN_BIG.sincos[s]["cos"]["numel"]) for s in GPU_SOURCES)
 
 # %% [markdown]
-# On the GPU, `tl.cos`/`tl.sin`, libdevice's `cos`/`sin` and a torch table computed on the GPU
-# are TE's `sincosf` bit for bit, so swapping among them leaves the count where TE's own table
-# puts it: 17 elements as written, 0 with the fma line. Sources whose values differ move it even
-# under the fma line: the fast approximations (2,287 elements in the reference run), a torch table
-# computed on the CPU (16), NumPy's functions. Sin/cos do not separate the kernel from TE; the
-# combine line does.
+# On the GPU, `tl.cos`/`tl.sin`, libdevice's `cos`/`sin` and a torch table made on the GPU are
+# TE's `sincosf` bit for bit, so swapping among them leaves the count where TE's own table puts
+# it: 17 as written, 0 with the fma line. Sources whose values differ move it even under the fma
+# line: the fast approximations (2,287 elements in the reference run), a torch table made on the
+# CPU (16), NumPy's. Sin/cos do not separate the kernel from TE; the combine line does.
 #
 # **Step c — fuse $xc$: $\mathrm{fma}(x, c, r s)$.** This is `te_combine`: your combine if it
 # passed the check, else the worked solution.
@@ -1039,8 +966,8 @@ assert gpu_row(BIG, "fma_xc/tl") == gpu_row(BIG, "fma_xc/libdevice") == 0   # an
 assert gpu_row(BIG, "debug:FIXED+fma") == 0      # the reproduction kernel with Causes(fma=True)
 
 # %% [markdown]
-# Zero: every one of the $2^{20}$ bf16 outputs has TE's bits. `tl.fma` is one rounding in the
-# interpreter too, so this row is the same computation on every machine.
+# Zero: all $2^{20}$ bf16 outputs have TE's bits, on every machine (`tl.fma` rounds once in the
+# interpreter too).
 #
 # **Step d — fuse the other product: $\mathrm{fma}(r, s, x c)$.** If the order did not matter,
 # this would be zero as well:
@@ -1060,10 +987,10 @@ if SAME_ARCH:
     assert torch.equal(step_d["y"], OWN_BIG.output("fma_rs/table_te_fp32"))   # the GPU's bits
 
 # %% [markdown]
-# **Step e — what the GPU compiler did with the line as written.** PTX is the assembly that
-# Triton emits and NVIDIA's `ptxas` compiles. The reference run kept the last 16 fp32
-# instructions of its kernel's line as written, contraction on; the last five compute $y_1$ and
-# $y_2$. `fma.rn.f32 d, a, b, c` is $\mathrm{rn}(ab + c)$, `mul.f32` a rounded product:
+# **Step e — what the GPU compiler did with the line as written.** PTX is the assembly Triton
+# emits for NVIDIA's `ptxas`. The reference run kept the last 16 fp32 instructions of the line as
+# written, contraction on; the last five compute $y_1$ and $y_2$. `fma.rn.f32 d, a, b, c` is
+# $\mathrm{rn}(ab + c)$, `mul.f32` a rounded product:
 
 # %%
 tail = BIG.rows["free_sub/tl"]["ptx_tail"]
@@ -1120,16 +1047,14 @@ assert torch.equal(ref_out[..., half:], BIG.output("fma_rs/tl")[..., half:])
 print(f"all {step_e['n']} differing elements lie in the second half (d >= {half})")
 
 # %% [markdown]
-# Read through the registers (the cell's comments say how): $y_1 = \mathrm{fma}(x_1, c,
-# -\mathrm{rn}(x_2 s))$, TE's order, and $y_2 = \mathrm{fma}(x_1, s, \mathrm{rn}(x_2 c))$, the
-# other one. So that kernel's first half is step c's, its second half step d's, and `gpu_choice`,
-# which writes that choice down, reproduces it with every difference from TE in $y_2$. Nothing in
-# the source asks for either order.
+# Read through the registers: $y_1 = \mathrm{fma}(x_1, c, -\mathrm{rn}(x_2 s))$, TE's order, and
+# $y_2 = \mathrm{fma}(x_1, s, \mathrm{rn}(x_2 c))$, the other one. So that kernel's first half is
+# step c's and its second half step d's; `gpu_choice` writes that choice down and reproduces it.
+# Nothing in the source asks for either order.
 #
 # **The same line in the kernel above.** Triton and `ptxas` run on the CPU, so both kernels
-# compile for sm_90 (the H100's and the H200's compute capability) on any machine. The PTX's line
-# info (`// column N: the expression there`) says which product each `mul.f32` rounds; the other
-# enters an `fma.rn.f32` exact:
+# compile for sm_90 (the H100's and H200's) on any machine. The PTX's line info says which
+# product each `mul.f32` rounds; the other enters an `fma.rn.f32` exact:
 
 # %%
 import inspect
@@ -1169,11 +1094,10 @@ assert [v for v in ("free_sub-nofuse/tl", "free_sub-nofuse/libdevice", "fma_xc/t
 assert [k for k, r in zip("acde", (step_a, step_c, step_d, step_e)) if r["n"] == 0] == ["c"]
 
 # %% [markdown]
-# One line, one compiler, two choices: the reproduction kernel fuses $x_1 c$, then $x_1 s$ (TE's
-# order in $y_1$ only), the kernel above $x_1 c$ and $x_2 c$ (step c's line). Where was the
-# choice taken? Triton hands LLVM IR (`asm["llir"]`) to LLVM's NVPTX back end, which contracts an
-# `fmul` into the sum that uses it. The next cell reads the two operands of each sum in the IR
-# (`ropelib.course.nb08_llir`):
+# One line, one compiler, two choices: the reproduction kernel fuses $x_1 c$, then $x_1 s$, the
+# kernel above $x_1 c$ and $x_2 c$ (step c's line). Where is the choice taken? Triton hands LLVM
+# IR to LLVM's NVPTX back end, which contracts an `fmul` into the sum that uses it. The next cell
+# reads the two operands of each sum in the IR (`ropelib.course.nb08_llir`):
 
 # %%
 from ropelib.course import nb08_llir
@@ -1195,25 +1119,21 @@ assert llir_sums["reproduction kernel (debug.FIXED)"]["y2"]["first"] == ["x1 * s
 assert llir_sums["_rope_combine_kernel (above)"]["y2"]["first"] == ["x2 * c"]
 
 # %% [markdown]
-# In all four sums the PTX fuses the sum's first operand in the IR, and the reproduction
-# kernel's IR holds $y_2 = x_2 c + x_1 s$ the other way round, so $x_1 s$ is fused
-# (`ropelib.course.nb08_passes` finds LLVM's `Reassociate` pass swapping it; no cell here runs
-# that). That is what these four sums show, not a rule traced through LLVM's code: pin the order
-# with `tl.fma` rather than hope for it.
+# In all four sums the PTX fuses the sum's first operand in the IR, and the reproduction kernel's
+# IR holds $y_2 = x_2 c + x_1 s$ the other way round, so $x_1 s$ is fused
+# (`ropelib.course.nb08_passes` finds LLVM's `Reassociate` pass swapping it). Four sums are not a
+# rule: pin the order with `tl.fma` rather than hope for it.
 
 # %% [markdown]
 # **The recipe.** Compute cos/sin in fp32 from the fp32 angles (`tl.cos`/`tl.sin` or libdevice's
 # precise ones, not the fast approximations), do the math in fp32, and write the combine as
 # `tl.fma(x, c, rot * s)`. `debug.Causes(fma=True)` is that line in the reproduction kernel.
 #
-# **The same changes in your copy of section 1, one per row.** `_rope_repro_kernel` calls
-# `te_combine` under `if USE_FMA:` and takes sin/cos from the angles under `if FROM_ANGLES:`.
-# The table goes from section 1's failure to TE's bits, one change a row. The reference run's
-# columns are the course's kernel, in bf16 at the GPU size and in fp32 at the small size, where
-# every rounding shows; the column "here" runs your copy on the small fp32 case (on a GPU with
-# contraction on) with TE's own cos/sin wherever a row reads a table; a GPU with TE adds a live
-# bf16 column. To try another order, edit the `USE_FMA` branch or `my_combine`, then rerun
-# section 1's cell and this one.
+# **The same changes in your copy of section 1, one per row**, from section 1's failure to TE's
+# bits. The reference run's columns are the course's kernel, bf16 at the GPU size and fp32 at the
+# small size; "here" runs your copy on the small fp32 case with TE's own cos/sin wherever a row
+# reads a table; a GPU with TE adds a live bf16 column. To try another order, edit the `USE_FMA`
+# branch or `my_combine`, then rerun section 1's cell and this one.
 
 # %%
 def repro_bits(case, use_fma, from_angles=False, input_dtype_math=False,
@@ -1293,47 +1213,37 @@ elif SAME_ARCH:  # tl.cos is CUDA's sincosf, TE's own, and the compiled code the
 
 # %% [markdown]
 # **Which change did it.** In the reference run's columns only the fma line reaches 0: on these
-# inputs TE's output is, in every bit, `fma(v_src, v_cos, v_src_rotate * v_sin)`. On a GPU like
-# the reference run's (sm_90, Triton 3.6) the column "here" repeats its fp32 counts. On a CPU the
-# interpreter rounds every product (990 in the first two rows, where the GPU's contracted line
-# gives 573) and its sin/cos are NumPy's, so only the last row, TE's order *with* TE's cos/sin,
-# is 0 on every machine.
+# inputs TE's output is, in every bit, `fma(v_src, v_cos, v_src_rotate * v_sin)`. On a CPU the
+# interpreter rounds every product (990 in the first two rows, where the GPU gives 573) and its
+# sin/cos are NumPy's, so only the last row is 0 on every machine.
 #
-# So the section's point, measured: with cos/sin and the math in fp32, the rest is the order of
-# one fused multiply-add, which the compiler may choose differently for two kernels of the same
-# line. **Pin the order with `tl.fma`.**
-#
-# Further reading: `benchmarks/repro_contraction.py` (a GPU script) takes the first row apart:
-# which of the sixteen ways of rounding or fusing its four bf16 products the GPU's output equals,
-# and the PTX behind it (H200 results: `benchmarks/results/repro_contraction-nvidia-h200.json`).
+# With cos/sin and the math in fp32, the rest is the order of one fused multiply-add, which the
+# compiler may choose differently for two kernels of the same line. **Pin the order with
+# `tl.fma`.** (`benchmarks/repro_contraction.py` takes the first row apart.)
 
 # %% [markdown]
 # ## 5. Six layout traps — all invisible in the first ten values
 #
-# Each trap below is switched on, alone, on top of the fixed kernel. None changes the first ten
-# printed values; each fails the dtype-aware `allclose` (the table's first two columns).
+# Each trap below is switched on alone, on top of the fixed kernel. None changes the first ten
+# printed values; each fails the dtype-aware `allclose`.
 #
-# - **sbhd vs bshd indexing.** Unsloth's kernel flattens a *bshd* tensor into rows
-#   $r = bS + s$ and takes the position as $r \bmod S = s$. Fed an sbhd tensor, rows are
-#   $r = sB + b$ and $r \bmod S = (sB + b) \bmod S \ne s$.
-# - **TE's duplicated angles.** TE's `freqs` is $[S, 1, 1, D]$ holding `cat(f, f)`: each row has
-#   every angle twice. `freqs.view(-1, D // 2)` looks like an $[S, D/2]$ table but its row $p$
-#   is `f[p // 2]`: position $p$ gets the angles of $\lfloor p/2 \rfloor$. The right table is
-#   `freqs[:, 0, 0, :D // 2]`.
-# - **interleaved vs rotate-half.** The model pairs $(2j, 2j+1)$ (GPT-J; TE `interleaved=True`)
-#   while the kernel pairs $(j, j + D/2)$.
-# - **partial rotary.** The model rotates only the first $R = 0.5\,D$ features with
-#   frequencies $\omega_j = 10000^{-2j/R}$; the kernel rotates all $D$ with $10000^{-2j/D}$.
-# - **table margins.** The table has $P = S + m$ rows (TE's tests use a margin); a kernel that
-#   takes the modulus from the table, $r \bmod P$, is right for batch 0 and shifted back by
-#   $bm$ positions (mod $P$) for batch $b$.
-# - **in-place double rotation.** Unsloth's kernel rotates $Q$ in place. Run it first and TE
-#   then rotates the already rotated tokens: TE's output is the wrong one, turned by $2\theta$.
+# - **sbhd vs bshd indexing.** Unsloth's kernel flattens a *bshd* tensor into rows $r = bS + s$
+#   and takes the position as $r \bmod S = s$. Fed an sbhd tensor, rows are $r = sB + b$ and
+#   $(sB + b) \bmod S \ne s$.
+# - **TE's duplicated angles.** TE's `freqs` is $[S, 1, 1, D]$ holding `cat(f, f)`.
+#   `freqs.view(-1, D // 2)` looks like an $[S, D/2]$ table, but its row $p$ is `f[p // 2]`. The
+#   right table is `freqs[:, 0, 0, :D // 2]`.
+# - **interleaved vs rotate-half.** The model pairs $(2j, 2j+1)$ (GPT-J; TE `interleaved=True`),
+#   the kernel $(j, j + D/2)$.
+# - **partial rotary.** The model rotates only the first $R = 0.5\,D$ features with frequencies
+#   $\omega_j = 10000^{-2j/R}$; the kernel rotates all $D$ with $10000^{-2j/D}$.
+# - **table margins.** The table has $P = S + m$ rows; a kernel that takes $r \bmod P$ is right
+#   for batch 0 and shifted back by $bm$ positions (mod $P$) for batch $b$.
+# - **in-place double rotation.** Unsloth's kernel rotates $Q$ in place; TE then rotates the
+#   rotated tokens, and its output is the wrong one, turned by $2\theta$.
 #
-# Beside the largest difference, the table gives each side's norm-wise error against fp64
-# (section 4), its maximum over all elements in units of $u = 2^{-8}$, with $(a, b)$ the model's
-# pair. One rounding costs at most 1 on this scale; section 4's precision variants stay
-# within 3.
+# The table also gives each side's largest norm-wise error against fp64 (section 4), in $u$, with
+# $(a, b)$ the model's pair.
 
 # %%
 traps = ["sbhd_row_indexing", "te_freqs_reshaped", "interleaved_mismatch",
@@ -1389,26 +1299,25 @@ print("share of the map that differs:", {t: f"{v:.2f}" for t, v in lit.items()},
 
 # %% [markdown]
 # *The six maps: position (rows) by feature (columns), bright where the trap's output differs
-# from TE's. Look at how much of each map is lit, and at row 0.*
+# from TE's.*
 #
-# The column in units of $u$ splits each row into its two sides. The side the trap leaves alone
-# is within one $u$ of fp64: one rounding. The side with the trap is more than $1/u$ off, an
-# error as large as the values: no trap is a rounding difference. Four traps rotate the right
-# pair by a wrong angle, and two rotations of one pair are at most
-# $2\sqrt{x_a^2 + x_b^2} \le 2(|x_a| + |x_b|)$ apart: at most $2/u$, plus the roundings.
-# Interleaved vs rotate-half and partial rotary mix features of different pairs, or rotate
-# features the model passes through, so nothing bounds their error: they go beyond $2/u$.
+# In units of $u$, the side the trap leaves alone is within one $u$ of fp64: one rounding. The
+# side with the trap is more than $1/u$ off, an error as large as the values: no trap is a
+# rounding difference. Four traps rotate the right pair by a wrong angle, and two rotations of
+# one pair are at most $2\sqrt{x_a^2 + x_b^2} \le 2(|x_a| + |x_b|)$ apart: at most $2/u$, plus
+# roundings. Interleaved vs rotate-half and partial rotary mix features of different pairs, so
+# nothing bounds their error.
 #
-# The table says *that* the layout is wrong (every trap gets the verdict `layout`), not *how*. The
-# error maps say little more: every trap lights nearly all of its map, and row 0 is lit in two of
-# them, sbhd indexing and the table margin, which rotate the position-0 tokens of batch 1. A
-# sharper question: **which position does each output encode?** A right RoPE turns the
-# pair of lowest frequency $\omega_{\min} = 10000^{-(R-2)/R}$ by $s\,\omega_{\min}$; the angle from
-# input pair to output pair, $\operatorname{atan2}(x_a y_b - x_b y_a,\ x_a y_a + x_b y_b)$, divided
-# by $\omega_{\min}$ gives the position back (`debug.recovered_positions`). That angle grows by only
-# $\omega_{\min} \approx 10^{-4}$ rad per position, finer than bf16 resolves, so we run the traps
-# again in fp32 and plot, for the wrong side, the recovered position of every token (one dot per
-# token and head, colour = batch) against its true position:
+# The table says *that* the layout is wrong (verdict `layout`), not *how*. The maps say little
+# more: each is nearly all lit, and row 0 is lit for sbhd indexing and the table margin, which
+# rotate position 0 of batch 1. A sharper question: **which position does each output encode?** A
+# right RoPE turns the lowest-frequency pair, $\omega_{\min} = 10000^{-(R-2)/R}$, by
+# $s\,\omega_{\min}$; the angle from input pair to output pair,
+# $\operatorname{atan2}(x_a y_b - x_b y_a,\ x_a y_a + x_b y_b)$, divided by $\omega_{\min}$ gives
+# the position back (`debug.recovered_positions`). That angle grows by only
+# $\omega_{\min} \approx 10^{-4}$ rad per position, finer than bf16 resolves, so we rerun the
+# traps in fp32 and plot the wrong side's recovered positions (colour = batch) against the true
+# ones:
 
 # %%
 TRAP_SC = debug.Scenario(seq_len=32, batch=2, heads=2, head_dim=32, dtype="fp32")
@@ -1480,21 +1389,15 @@ print({t: f"{v:.0f}" for t, v in spread.items()}, "= largest |recovered position
 # %% [markdown]
 # Each trap leaves its own curve:
 #
-# - **sbhd vs bshd indexing**: a sawtooth of slope 2 that wraps at $S/2$ (row $sB + b$ read as
-#   position $(sB + b) \bmod S$), with batch 1 one position above batch 0;
+# - **sbhd vs bshd indexing**: a sawtooth of slope 2 that wraps at $S/2$, batch 1 one position
+#   above batch 0;
 # - **TE's duplicated angles**: a staircase of slope ½, $\lfloor s/2 \rfloor$;
-# - **table margin** (bshd): batch 0 on the diagonal; batch 1 jumps above it for $s < m$ and
-#   runs $m$ positions below it after: $(S + s) \bmod (S + m)$;
-# - **in-place double rotation**: a clean line of slope 2 on the *TE* side, $2s$;
-# - **interleaved vs rotate-half** and **partial rotary**: no curve at all; the output is no
-#   rotation of the model's pairs, so the angle is noise. Partial rotary's cloud is far wider
-#   (the line under the figure prints each cloud's largest $|$recovered position$|$; the axis
-#   goes logarithmic beyond $\pm 2S$).
-#   Read with the kernel's own pairing (rotate-half over all of $D$), both give the diagonal
+# - **table margin** (bshd): batch 0 on the diagonal; batch 1 above it for $s < m$, then $m$
+#   below: $(S + s) \bmod (S + m)$;
+# - **in-place double rotation**: a line of slope 2, $2s$, on the *TE* side;
+# - **interleaved vs rotate-half** and **partial rotary**: no curve, only noise: the output is no
+#   rotation of the model's pairs. Read with the kernel's own pairing, both give the diagonal
 #   back: the positions are right, the pairs are not.
-#
-# Comparing each side with fp64 (the table above) says which side to blame: for the double
-# rotation it is TE's output, not the kernel's.
 #
 # **Exercise — name the trap.** First read the positions off an output yourself, then name the
 # trap from their curve.
@@ -1502,10 +1405,9 @@ print({t: f"{v:.0f}" for t, v in spread.items()}, "= largest |recovered position
 # *Part 1.* Write `my_recovered_positions(x, y, layout)`: `x` an input and `y` an output (fp32,
 # $[S, B, H, D]$ in `layout`, `"sbhd"` or `"bshd"`), rotate-half over all of $D$. Return, in
 # float64 and as $[S, B, H]$ whatever the layout, the position each token's output encodes: the
-# angle above with $(a, b) = (D/2 - 1, D - 1)$, divided by $\omega_{\min} = 10000^{-(D-2)/D}$,
-# the formula the figure's `debug.recovered_positions` computes. The check compares yours with
-# it on outputs with no trap or one of the four traps that leave a curve, at fixed and drawn
-# sizes, in both layouts; it bars `debug.recovered_positions` and the worked solution.
+# angle above with $(a, b) = (D/2 - 1, D - 1)$, divided by $\omega_{\min} = 10000^{-(D-2)/D}$.
+# The check compares yours with `debug.recovered_positions` on outputs with no trap or one of the
+# four traps that leave a curve, in both layouts; it bars that function and the worked solution.
 
 # %%
 def my_recovered_positions(x, y, layout):
@@ -1518,13 +1420,11 @@ ex.check_recovered_positions(my_recovered_positions);
 solution(ex.solution_recovered_positions)
 
 # %% [markdown]
-# *Part 2.* Write `my_trap_name(pos)`. It gets the positions that part 1 computes, `pos`
-# $[S, B, H]$, for one of those outputs and returns the name of the trap that made it:
-# `"sbhd_row_indexing"`, `"te_freqs_reshaped"`, `"table_margin"` or
-# `"inplace_double_rotation"`, or `"none"` for a right RoPE. Read the curve against the true
-# positions $s$, as the figure does, for every batch and head. The check wants every name
-# right, on the same kind of outputs, fixed and drawn. It bars `debug.reproduce` (running every
-# trap to compare is not reading the positions). To try yours on a run of the figure,
+# *Part 2.* Write `my_trap_name(pos)`. Given part 1's positions `pos` $[S, B, H]$ for one such
+# output, return the trap that made it: `"sbhd_row_indexing"`, `"te_freqs_reshaped"`,
+# `"table_margin"` or `"inplace_double_rotation"`, or `"none"` for a right RoPE. Read the curve
+# against the true positions $s$, for every batch and head. The check wants every name right, on
+# fixed and drawn outputs; it bars `debug.reproduce`. To try yours on the figure's runs,
 # `r = runs[trap]`: `my_trap_name(my_recovered_positions(r.x, r.tokens_triton, r.layout))`
 # (`r.tokens_te` for the double rotation, whose wrong side is TE's).
 
@@ -1539,17 +1439,15 @@ ex.check_trap_name(my_trap_name);
 solution(ex.solution_trap_name)
 
 # %% [markdown]
-# **Exercise — repair the sbhd indexing.** Naming a trap is half the work; now fix one.
-# `my_sbhd_kernel` below is section 1's kernel cut to its fixed path (sin/cos from the fp32
-# angles, fp32 math), with the trap's line: the wrapper hands it the rows of an sbhd tensor, in
-# memory order, and it takes the position as $r \bmod S$, bshd's formula. Change that one line
-# so that every row gets its own $s$: work out from the layout which rows share a position. The
+# **Exercise — repair the sbhd indexing.** `my_sbhd_kernel` below is section 1's kernel on its
+# fixed path (sin/cos from fp32 angles, fp32 math), with the trap's line: it is handed the rows of
+# an sbhd tensor in memory order and takes the position as $r \bmod S$, bshd's formula. Change
+# that one line so that every row gets its own $s$: work out which rows share a position. The
 # kernel is given $S$ (`SEQ_LEN`) but not $B$; look at the grid for what it lacks.
 #
-# `nb08_repair.check_sbhd_repair(my_sbhd_kernel)` runs your kernel through the course's wrapper
-# with `sbhd_row_indexing` on, in fp32, and passes when every output token encodes its true $s$
-# (the recovered-position method above) and the output is the fp64 RoPE's within fp32
-# tolerances. Its cases have two and three batches and one drawn size, so a line that assumes
+# `nb08_repair.check_sbhd_repair(my_sbhd_kernel)` runs your kernel with `sbhd_row_indexing` on,
+# in fp32, and passes when every output token encodes its true $s$ and the output is the fp64
+# RoPE's within fp32 tolerances. Its cases have two and three batches, so a line that assumes
 # $B = 2$ fails. It refuses the course's kernel and the worked solution.
 
 # %%
@@ -1616,26 +1514,23 @@ assert far_steps == {"fma_rs/tl": 5, "free_sub/tl": 5}      # the reference run:
 assert BIG.rows["fma_rs/tl"]["hist"][5] == BIG.rows["free_sub/tl"]["hist"][5] == 1
 
 # %% [markdown]
-# In one unit, the norm-wise error against fp64 in $u = 2^{-8}$: section 4's precision variants
-# stay within $3u$, the side with a layout trap goes beyond $1/u = 256\,u$, and `debug.classify`'s
-# threshold, $8u$ (`debug.LAYOUT_NORMWISE_U`), lies between them. Beyond $8u$ is a layout trap;
-# below it, two sides each within one ulp of fp64 are both right (a tolerance question), and a
-# side many ulps off is a precision cause. The rules are meant for bf16/fp16 outputs of fp32
-# math; in fp32 outputs fp32's own rounding is no longer hidden.
+# In one unit, norm-wise error against fp64 in $u = 2^{-8}$: precision variants stay within $3u$,
+# the side with a layout trap goes beyond $1/u = 256\,u$, and `debug.classify`'s threshold, $8u$
+# (`debug.LAYOUT_NORMWISE_U`), lies between. Beyond $8u$ is a layout trap; below it, two sides
+# each within one ulp of fp64 are both right (a tolerance question), and a side many ulps off is
+# a precision cause. The rules are meant for bf16/fp16 outputs of fp32 math.
 #
-# The `tolerance` row says *most* elements are one step apart: near zero a last-bit difference
-# in fp32 can move a bf16 output by several of bf16's tiny steps (section 3b's nudge: 38 of 43
-# one step, the rest more; steps d and e: one element 5 steps apart each). What marks the row is
-# that both sides are within one ulp of fp64.
+# The `tolerance` row says *most* elements are one step apart: near zero a last-bit fp32
+# difference can move a bf16 output several tiny steps (section 3b: 38 of 43 one step, the rest
+# more; steps d and e: one element 5 steps apart each).
 #
-# **Exercise — the decision table as code.** Write `my_classify(diag)`. `diag` is a diagnosis
-# as `debug.diagnose` reports it, without its `verdict`: among its keys `n_differ` (elements
-# not bit-equal), `te_max_normwise_u` and `triton_max_normwise_u` (each side's norm-wise error
-# against fp64, in $u$), `te_max_ulp` and `triton_max_ulp` (each side's error in ulps). Return
-# the row of the table, `"equal"`, `"tolerance"`, `"precision"` or `"layout"`, by the rules of
-# the paragraph above; the order of the tests matters, and so does which side each rule looks at.
-# The check tries this notebook's diagnoses, each rule's boundary and twenty drawn ones; it bars
-# `debug.classify` and `debug.diagnose`.
+# **Exercise — the decision table as code.** Write `my_classify(diag)`. `diag` is a diagnosis as
+# `debug.diagnose` reports it, without its `verdict`: among its keys `n_differ` (elements not
+# bit-equal), `te_max_normwise_u` and `triton_max_normwise_u` (norm-wise error against fp64, in
+# $u$), `te_max_ulp` and `triton_max_ulp` (error in ulps). Return `"equal"`, `"tolerance"`,
+# `"precision"` or `"layout"` by the rules above; the order of the tests matters, and so does
+# which side each rule looks at. The check tries this notebook's diagnoses, each rule's boundary
+# and twenty drawn ones; it bars `debug.classify` and `debug.diagnose`.
 
 # %%
 def my_classify(diag):
@@ -1650,15 +1545,12 @@ solution(ex.solution_classify)
 # %% [markdown]
 # ## 7. Try it: toggle the causes
 #
-# Each checkbox switches one cause on; watch `allclose`, the largest difference and where it is,
-# the error map, and the verdict under the panel. "the reported failure" and "all causes fixed"
-# reset the boxes; the tolerance buttons switch between `allclose`'s defaults and dtype-aware
-# tolerances. The one-ulp cause flips a rounding in tens of elements per million (section 3b:
-# 43 of 1,048,576), so the CPU's panel of 4,096 elements expects about 0.2 of them and mostly
-# shows none; a GPU's panel of 1,048,576 expects about 43. Widgets need a running Jupyter
-# kernel: in a notebook reopened from disk, run its cells first (until then the widget reads
-# "Error displaying widget: model not found"). On the executed page they compute nothing; the
-# cell after the panel drives the panel from code and prints its verdicts.
+# Each checkbox switches one cause on; watch `allclose`, the largest difference, the error map and
+# the verdict. Two buttons reset the boxes; two more switch the tolerances. The one-ulp cause
+# flips tens of elements per million (section 3b), so the CPU's panel of 4,096 elements expects
+# about 0.2 and mostly shows none; a GPU's panel of 1,048,576, about 43. Widgets need a running
+# Jupyter kernel (until its cells run: "Error displaying widget: model not found"). The cell after
+# the panel drives it from code and prints its verdicts.
 
 # %%
 import ipywidgets as W
@@ -1710,11 +1602,11 @@ print("verdicts as the table says: precision, precision, layout; fixed:",
 #
 # 1. **Compare against a higher-precision reference**, not only kernel against kernel:
 #    `ropelib.reference.rope_reference` in fp64 tells which side is wrong.
-# 2. **Use tolerances from the dtype** (`debug.tolerances`, `torch.testing.assert_close`'s
-#    defaults) and report errors in ulps and norm-wise (`debug.normwise_error`); let the shape
-#    of a difference pick the family of causes (`debug.classify`).
-# 3. **Look away from position 0**: print the values at the argmax of the difference, test
-#    with batch > 1, a table longer than the sequence, partial rotary and both pairings.
+# 2. **Use tolerances from the dtype** (`debug.tolerances`) and report errors in ulps and
+#    norm-wise (`debug.normwise_error`); let the shape of a difference pick the family of causes
+#    (`debug.classify`).
+# 3. **Look away from position 0**: print the values at the argmax of the difference; test with
+#    batch > 1, a table longer than the sequence, partial rotary and both pairings.
 # 4. **Give each call fresh inputs** (or clone): an in-place kernel rotates shared tensors.
 #
 # With every cause fixed:
@@ -1736,58 +1628,46 @@ print(f"fixed: allclose with {tol} passes; max error {float(ulps.max()):.3g} ulp
 # %% [markdown]
 # ## What we found
 #
-# **Section 1's case, closed.** Its first ten values matched because they lie at position 0,
-# where every angle is zero and every RoPE returns its input (section 2). Its `allclose` failed
-# on precision, not layout: the largest difference is one bf16 step, which the probe traced to
-# the bf16 table's rounding (section 2); the panel classifies those causes as precision
-# (section 7); and with the table and math in fp32 the comparison passes at dtype-aware
-# tolerances (section 8's cell), which the default ones, sized for fp32, are not. For the
-# reports themselves the code, inputs and sizes are not here, so which cause struck is an
-# inference: every cause in this notebook gives the symptom. Layout traps make differences of the order of the values (hundreds
-# of $u$ norm-wise and more), which a look at the argmax shows at once; differences of a bf16
-# step or so point to precision or tolerance:
+# **Section 1's case, closed.** Its first ten values matched because they lie at position 0
+# (section 2). Its `allclose` failed on precision, not layout: the largest difference is one bf16
+# step, traced to the bf16 table (section 2), and with table and math in fp32 it passes at
+# dtype-aware tolerances (section 8). Which cause struck in the reports is an inference: every
+# cause here gives the symptom. Layout traps make differences as large as the values; a bf16 step
+# or so points to precision or tolerance:
 #
-# - a kernel written after Unsloth's carries a bf16 cos/sin table and bf16 products: tens of
-#   ulps off fp64 or more near zero, yet within $3u$ norm-wise (section 4);
-# - a correct kernel whose sin/cos differ from TE's in the last fp32 bit fails the default
-#   tolerances, most elements by one bf16 step, a few near zero by more (section 3b);
-# - against the real TE (the table at the end of section 4b), only the fma line took the
-#   reproduction kernel to TE's bits; left to the compiler, the elements that differ lie in the
-#   half where it fused the other product (step e), a choice that differed between the two
-#   kernels compiled here. Only `tl.fma` makes TE's order a property of the source; on the CPU
-#   the kernel also needs TE's own cos/sin.
+# - a bf16 table and bf16 products: tens of ulps off fp64 or more near zero, yet within $3u$
+#   norm-wise (section 4);
+# - sin/cos one fp32 ulp from TE's: the default tolerances fail, mostly by one bf16 step
+#   (section 3b);
+# - against the real TE, only the fma line gave TE's bits; left to the compiler, the differences
+#   lie in the half where it fused the other product (section 4b).
 #
 # The fix is the comparison itself: an fp64 reference, dtype-aware tolerances, errors in ulps
-# *and* norm-wise, a look at the argmax and at the positions the output encodes, and, where
-# bit-for-bit equality is the goal, the other side's contraction.
+# *and* norm-wise, a look at the argmax and at the positions the output encodes, and, for
+# bit-for-bit equality, `tl.fma` in a chosen order.
 #
 # ## Questions for a study group
 #
-# 1. At a few thousand elements the one-ulp flip of section 3b rarely shows; at a million,
-#    tens of elements differ. What does that say about unit tests of bf16 kernels that use tiny
-#    tensors, and about a test that *passes* with the default `allclose`?
-# 2. A bf16 cos/sin table is many ulps off near zero outputs, but within a few $u$ norm-wise.
-#    Does that error matter for attention scores $q^\top k$? Which metric would you put in a
-#    CI gate, and which in a paper?
-# 3. The in-place double rotation made TE's output the wrong one. Which habits in a test
-#    harness prevent a kernel from changing the inputs another check reads?
-# 4. The recovered-position plot needs fp32 outputs. How would you find a layout trap in a
-#    bf16-only pipeline — which pair, which frequency, which statistic over heads?
-# 5. Section 4b found `tl.cos` equal to TE's `sincosf`, yet the line as written differed from
-#    TE by the compiler's choice of product to fuse. When a comparison next fails by one
-#    rounding step, what do you look at first — the sin/cos tables, the PTX's `fma` lines, or an
-#    fp32 run of both sides — and why is fp32 the sharper witness?
-# 6. `tl.fma` pins the order in Triton. What would pin it in a CUDA kernel, in a PyTorch
-#    expression, in a `torch.compile`d one — and which of them would you trust to stay put
-#    after a compiler upgrade?
+# 1. At a few thousand elements section 3b's one-ulp flip rarely shows; at a million, tens do.
+#    What does that say about bf16 unit tests on tiny tensors, and about a test that *passes*
+#    the default `allclose`?
+# 2. A bf16 cos/sin table is many ulps off near zero, but within a few $u$ norm-wise. Does that
+#    matter for attention scores $q^\top k$? Which metric for a CI gate, which for a paper?
+# 3. The in-place double rotation made TE's output the wrong one. Which test-harness habits keep
+#    a kernel from changing the inputs another check reads?
+# 4. The recovered-position plot needs fp32. How would you find a layout trap in a bf16-only
+#    pipeline?
+# 5. When a comparison next fails by one rounding step, what do you look at first — the sin/cos
+#    tables, the PTX's `fma` lines, or an fp32 run of both sides — and why is fp32 the sharper
+#    witness?
+# 6. `tl.fma` pins the order in Triton. What would pin it in CUDA, in a PyTorch expression, under
+#    `torch.compile`?
 
 # %% [markdown]
 # ## Appendix A. Two GPUs, one compiled code
 #
 # `benchmarks/te_bits.py` ran on an H200 (the reference run) and on an H100. The cell compares
-# the two committed files field by field: each row (count, histogram of steps, and, where kept,
-# the tail of the line's PTX and the PTX and SASS instructions counted), TE's stored outputs and
-# TE's cos/sin.
+# the two committed files field by field: every row, TE's stored outputs and TE's cos/sin.
 
 # %%
 def agreement(run):
@@ -1825,14 +1705,10 @@ assert all(H100_RUN["meta"][k] == META[k] for k in ("capability", "triton", "tor
 assert (META["capability"], META["triton"]) == ("9.0", "3.6.0"), "the text's sm_90, Triton 3.6.0"
 
 # %% [markdown]
-# The H100 run equals the reference run in all 156 rows and in every field of each (132 rows
-# kept a PTX tail); TE's outputs and its cos/sin have the same bits too. Both GPUs have compute
-# capability 9.0, and Triton 3.6.0 compiled the same instructions for both: as far as two cards
-# of one architecture show, the bits follow the compiled code, not the card.
+# The H100 run equals the reference run in all 156 rows, every field (132 rows kept a PTX tail),
+# and in TE's outputs and cos/sin. Both have compute capability 9.0 and Triton 3.6.0: as far as
+# two cards of one architecture show, the bits follow the compiled code, not the card.
 #
-# So a GPU's own counts are checked against a committed run only where the source leaves a
-# rounding to the compiler *and* the GPU has the run's compute capability and Triton version
-# (`SAME_ARCH`; against its own file where there is one, `OWN_RUN`). Where the source leaves
-# nothing to the compiler (each product rounded, or inside a `tl.fma`), *here* equals the
-# reference run on every machine. A GPU with TE installed compares with TE computed now
-# (*live*).
+# So a GPU's counts are checked against a committed run only where the source leaves a rounding
+# to the compiler *and* the GPU matches its compute capability and Triton (`SAME_ARCH`). Where the
+# source leaves nothing to the compiler, *here* equals the reference run on every machine.
