@@ -16,61 +16,45 @@
 # %% [markdown]
 # # 13 — RoPE puzzles
 #
-# Eleven short puzzles, each a Triton kernel to write or to repair. After a warm-up, nine are
-# built on a mistake that RoPE code makes (where public code was reported with it, the puzzle
-# names the report): the wrong pairing of features, a partial rotary dim, a head dim that is
-# not a power of two, angles that lose their precision at long context, position ids with
-# strides, offsets that wrap past $2^{31}$, a backward that turns the wrong way, positions that
-# do not restart where packed sequences do, and bf16 arithmetic on a bf16 cos/sin table. One
-# (puzzle 9) gives the right output and is about the loads it spends. A capstone, puzzle 12,
-# needs four of them at once in one training kernel. As in Triton-Puzzles, every puzzle runs on
-# a CPU in Triton's interpreter beside a plain-PyTorch spec, and a check tells you at once
+# Eleven short puzzles, each a Triton kernel to write or to repair, and a capstone. After a
+# warm-up, nine are built on a mistake RoPE code makes (where public code was reported with it,
+# the puzzle names the report); puzzle 9 gives the right output and is about the loads it spends;
+# the capstone, puzzle 12, needs four of the fixes at once. As in Triton-Puzzles, every puzzle
+# runs on a CPU in Triton's interpreter beside a plain-PyTorch spec, and a check tells you at once
 # whether you are right, and if not, what differs.
 #
 # **After this notebook you will be able to**
 #
 # - write RoPE kernels on a tile of rows per program, masked for short tiles and for head dims
 #   that are not powers of two;
-# - recognise nine RoPE bugs, and one pattern of wasted loads, by their symptoms: which
-#   elements come out wrong, which are never written, which loads leave the tensor;
-# - read a picture of the elements a kernel loaded and stored, and the share of each sector's
-#   bytes it used;
-# - keep angles in fp32 and offsets in int64 where they need it, and honour a caller's strides;
+# - recognise nine RoPE bugs, and one pattern of wasted loads, by their symptoms;
+# - read a picture of the elements a kernel loaded and stored;
+# - keep angles in fp32 and offsets in int64 where needed, and honour a caller's strides;
 # - tell a 16-bit table's own precision from a kernel's rounding, and round once;
 # - combine those in the backward of a partial, interleaved RoPE on packed sequences.
 #
-# **How a check works.** The check launches your kernel itself, in the interpreter, into an
-# output filled with NaN, so an element you never write cannot pass. A **lane** (one element
-# of a program's tile of offsets) that touches no element of any tensor is reported and masked
-# off, so a wrong kernel cannot crash the notebook. The output is compared with an fp64 spec,
-# and the check draws which elements your kernel touched. An answer that calls ropelib's own
-# kernels or helpers fails. A ❌ line prints the call that draws its inputs again, such as
-# `pz.check_partial(my_partial_kernel, seed=N)`. On a GPU a kernel that passes is also timed,
-# compiled, on a larger case against a device copy of the bytes a right answer moves (the ⏱
-# line, a median of Triton's `do_bench`); each worked solution's ⏱ line is the time to aim for.
+# **How a check works.** It runs your kernel in the interpreter into an output filled with NaN,
+# so an element you never write cannot pass. A **lane** (one element of a program's tile of
+# offsets) that touches no tensor is reported and masked off, so a wrong kernel cannot crash the
+# notebook. The output is compared with an fp64 spec. An answer that calls ropelib fails. A ❌
+# line prints the call that redraws its inputs, such as `pz.check_partial(my_partial_kernel,
+# seed=N)`. On a GPU a passing kernel is also timed against a device copy of the bytes a right
+# answer moves (the ⏱ line, naming the GPU); each worked solution's ⏱ line is the time to aim
+# for. Committed measurements the text quotes are from an NVIDIA H200.
 #
-# **Where the numbers come from.** ⏱ lines and live tables name the GPU that ran them (none on
-# a CPU); the text states no live timing as a fact. The measurements committed under
-# `benchmarks/results/` were taken on an NVIDIA H200, and the cells read and assert each number
-# the text quotes from them.
+# **Reading the pictures.** One panel per tensor, rows down, last dim across. Inputs: grey never
+# loaded, light to dark blue loaded once to four or more times. Outputs: the colour of the program
+# that stored the element, grey never stored, black stored by two or more programs (a race on a
+# GPU).
 #
-# **Reading the pictures.** One panel per tensor, rows down and the last dim across (leading
-# dims folded into the rows: `x [5, 4, 16]` is 20 rows of 16). Inputs: grey, never loaded;
-# light to dark blue, loaded once to four or more times (the title gives the most loads of any
-# element). Outputs: the colour of the program that stored the element (ten colours, reused),
-# grey never stored, black stored by two or more programs (a race on a GPU, where programs run
-# in no fixed order).
+# **How the puzzles are posed.** Puzzles 1, 2, 4, 8 and 12 you write from an empty body. The
+# others hand you a nearly right kernel with the spec and the symptom, not the bug: let the ❌
+# line and the picture lead you. `pz.hint(n)` prints a hint, naming the mistake the last check
+# recognised. A "What was wrong" note under each worked solution explains the bug; read it after
+# your ✅. 5, 7 and 11 need the most thought.
 #
-# **How the puzzles are posed.** Puzzles 1, 2, 4, 8 and 12 you write from an empty body (the
-# signature is given). The others hand you a kernel that is nearly right, with the spec and the
-# symptom, not the bug: let the ❌ line (what differs, and where) and the picture lead you to
-# it. `pz.hint(n)` prints a hint for puzzle $n$, naming the mistake the last check recognised,
-# if any. A "What was wrong" note under the worked solution explains the bug; read it after
-# your ✅. Most repairs are a line or two once found; 5, 7 and 11 need the most thought.
-#
-# **Time:** the cells run in under a minute on a CPU, puzzles answered or not. Reading the
-# prose, the specs and the worked solutions takes about 40 minutes; solving the puzzles, 2–4
-# hours.
+# **Time:** the cells run in under a minute on a CPU; reading takes about 40 minutes, solving
+# 2–4 hours.
 
 # %%
 import os, torch
@@ -95,11 +79,10 @@ assert len(pz.PUZZLES) == 12                        # twelve, the last a capston
 # %% [markdown]
 # ## 0. How the checks see memory
 #
-# Here is the tool every check uses, on a kernel that is not RoPE: a copy of 10 elements in
-# tiles of 4, with the classic bug — no mask, so the last program's tile runs 2 elements past
-# the end. `pz.run_in_checked_memory` launches it in the interpreter with `x` as the only input
-# and `y` as the only output, and reports and masks off the stray lanes of the load and of the
-# store.
+# The tool every check uses, on a kernel that is not RoPE: a copy of 10 elements in tiles of 4,
+# with the classic bug — no mask, so the last tile runs 2 elements past the end.
+# `pz.run_in_checked_memory` launches it in the interpreter with `x` as the only input and `y`
+# the only output, and reports and masks off the stray lanes.
 
 # %%
 @triton.jit
@@ -127,16 +110,14 @@ assert (memory.counts("x", "load") == 1).all()         # per element of x: how o
 pz.draw_accesses(memory, "copy without a mask: 3 programs of 4 lanes for 10 elements")
 
 # %% [markdown]
-# On a GPU the same kernel would read 8 bytes past `x` and write 8 bytes past `y` — into
-# whatever tensor lies there — and no error would say so.
+# On a GPU the same kernel would read 8 bytes past `x` and write 8 bytes past `y`, into whatever
+# tensor lies there, and no error would say so.
 #
 # The repair is a mask, `offs < N`, on the load and the store. Below, the repaired copy goes
-# through the same check as every puzzle (`pz.check_copy`), to show what a pass looks like: the
-# ✅ line lists the check's cases; the next gives, per tensor, its load or store instructions
-# and the share of the bytes they moved that the kernel used (a GPU moves memory in 32-byte
-# **sectors**; a copy uses 100 %); then the picture, and on a GPU the ⏱ line, whose fraction is
-# a device copy's time over the kernel's. This masked copy is the reference for a Triton kernel
-# at copy speed.
+# through a puzzle's check (`pz.check_copy`) to show a pass: the ✅ line lists the cases; the
+# next gives, per tensor, its load or store instructions and the share of the bytes they moved
+# that the kernel used (a GPU moves memory in 32-byte **sectors**); then the picture, and on a GPU
+# the ⏱ line. This masked copy is the reference for a Triton kernel at copy speed.
 
 # %%
 @triton.jit
@@ -179,11 +160,8 @@ if runtime.on_gpu():
 # $$
 #
 # The grid is `(1,)`: one program, one row. $H$ is a power of two here, so `tl.arange(0, HALF)`
-# covers a half. A loaded tile cannot be sliced: load the two halves as two tiles.
-#
-# **The check** runs three head dims and compares `y` with `spec_rotate_row`. When you are
-# right, the picture shows every element of `x` and `theta` loaded once and all of `y` stored
-# by the one program.
+# covers a half. A loaded tile cannot be sliced: load the two halves as two tiles. **The check**
+# runs three head dims and compares `y` with `spec_rotate_row`.
 
 # %%
 pz.show_spec("rotate_row")
@@ -208,14 +186,11 @@ solution(pz.solution_rotate_row_kernel.fn, title="Solution: puzzle 1")
 # ## Puzzle 2 — interleaved pairs (write)
 #
 # RoPE has two pairings. GPT-J and RoFormer turn *adjacent* features, pair $j = (2j, 2j+1)$
-# (interleaved); GPT-NeoX and Hugging Face's Llama turn feature $j$ with $j + H$ (rotate-half;
-# Meta's own Llama code pairs adjacent features, as complex numbers). A model run with the
-# pairing it was not trained with gets wrong attention scores and no error. Checkpoint
-# conversions switch pairing by permuting the rows of the q and k projections (Hugging Face's
-# `convert_llama_weights_to_hf.py` does), so the right pairing depends on where the weights
-# came from; and a fused kernel's pairing switch can be ignored on one code path (vLLM's Triton
-# kernel for multimodal RoPE was reported to turn rotate-half pairs whatever the model's
-# pairing: vllm-project/vllm#49290).
+# (interleaved); GPT-NeoX and Hugging Face's Llama turn feature $j$ with $j + H$ (rotate-half). A
+# model run with the pairing it was not trained with gets wrong scores and no error. Checkpoint
+# conversions switch pairing by permuting the rows of the q and k projections, so the right
+# pairing depends on where the weights came from; and a fused kernel can ignore its pairing switch
+# on one code path (vllm-project/vllm#49290).
 #
 # $$
 # y_{2j} = x_{2j} \cos\theta_j - x_{2j+1} \sin\theta_j, \qquad
@@ -223,15 +198,13 @@ solution(pz.solution_rotate_row_kernel.fn, title="Solution: puzzle 1")
 # $$
 #
 # Write the kernel for GPT-J's pairing, on a tile of `BLOCK_ROWS` rows per program (grid
-# `(cdiv(N_ROWS, BLOCK_ROWS),)`): mask off the rows of a short last tile. If yours pairs $j$
-# with $j + H$ (the bug: a rotate-half kernel called for a GPT-J model), the check says so. A
-# loaded tile cannot be indexed by feature, so either load the even and the odd features as
-# two tiles, or load whole rows and split the pairs in registers (`tl.reshape`, `tl.split`,
-# `tl.join`).
+# `(cdiv(N_ROWS, BLOCK_ROWS),)`): mask off the rows of a short last tile. If yours pairs $j$ with
+# $j + H$, the check says so. A loaded tile cannot be indexed by feature: load the even and odd
+# features as two tiles, or load whole rows and split the pairs in registers (`tl.reshape`,
+# `tl.split`, `tl.join`).
 #
 # **The check** runs three sizes, most with a short last tile, and compares `y` with
-# `spec_interleaved`. In the picture, `y` takes one colour per program's tile of rows; a grey
-# element was never stored.
+# `spec_interleaved`.
 
 # %%
 pz.show_spec("interleaved")
@@ -256,20 +229,15 @@ solution(pz.solution_interleaved_kernel.fn, title="Solution: puzzle 2")
 pz.time_solution("interleaved");
 
 # %% [markdown]
-# The kernel most of us write first loads the even and the odd features with stride 2
-# (`2 * j`, `2 * j + 1`): each load and store then uses half of every sector it moves, as the
-# cell below counts in section 0's checked memory on one 128-feature row. The worked solution
-# instead loads whole rows, at offsets `tl.arange(0, 2 * HALF)` that the compiler can prove
-# contiguous, and splits and joins the pairs in registers.
+# The kernel most of us write first loads the even and odd features with stride 2: each load and
+# store then uses half of every sector it moves, as the cell below counts. The worked solution
+# loads whole rows, at offsets `tl.arange(0, 2 * HALF)` the compiler can prove contiguous, and
+# splits and joins the pairs in registers.
 #
-# Half of each sector is not half the speed. Notebook 03, section 5, timed these patterns on an
-# H200 with its memory counters, and the cell's last lines read them: stride 2 is its pattern
-# (b), "contiguous" its pattern (c) (each pair one contiguous `[pairs, 2]` tile), whole rows
-# its pattern (d). Against (c), stride-2 loads took about the same time, with most of them hits
-# in the L1 cache (the small cache nearest the cores); stride-2 stores sent twice the sectors to
-# L2 (the cache the whole GPU shares) and took more than twice the time. Whole rows took less
-# than a third of (c)'s time (notebook 03 says why). The ⏱ line above sets the worked solution
-# against a copy on your GPU.
+# Half of each sector is not half the speed. The cell's last lines read notebook 03's H200
+# timings (section 5): against contiguous pair tiles (its pattern c), stride-2 loads (b) took
+# about the same time, mostly served by L1; stride-2 stores took more than twice the time; whole
+# rows (d) less than a third.
 
 # %%
 @triton.jit
@@ -314,10 +282,9 @@ assert 3 * whole["us"] < base["us"] and acc_meta["gpu"] == "NVIDIA H200"   # und
 # %% [markdown]
 # ## Puzzle 3 — partial rotary (repair)
 #
-# Many models rotate only the first $R$ features of each head and pass the other $D - R$
-# through unchanged: GPT-NeoX rotates a quarter of each head, GPT-J 64 of 256 features, Phi-2 32
-# of 80. With rotate-half, the halves are those of the *rotary* part, so feature $j$ pairs with
-# $j + R/2$:
+# Many models rotate only the first $R$ features of each head and pass the other $D - R$ through:
+# GPT-NeoX a quarter of each head, GPT-J 64 of 256, Phi-2 32 of 80. With rotate-half, the halves
+# are those of the *rotary* part, so feature $j$ pairs with $j + R/2$:
 #
 # $$
 # y_j = x_j \cos\theta_j - x_{j+R/2}\sin\theta_j,\quad
@@ -325,11 +292,10 @@ assert 3 * whole["us"] < base["us"] and acc_meta["gpu"] == "NVIDIA H200"   # und
 # y_k = x_k \;\; (k \ge R).
 # $$
 #
-# The kernel below is right for full rotary ($R = D$), the case its tests covered, and was then
-# called for a partial-rotary model. Repair it so that every feature of `y` matches the spec.
-# It has more than one mistake; one stays hidden while the output buffer starts as a copy of
-# `x` (the check's starts as NaN). `BLOCK_PASS` is a power-of-two tile for the $D - R$
-# pass-through features.
+# The kernel below is right for full rotary ($R = D$), the case its tests covered. Repair it so
+# that every feature of `y` matches the spec. It has more than one mistake; one stays hidden while
+# the output buffer starts as a copy of `x` (the check's starts as NaN). `BLOCK_PASS` is a
+# power-of-two tile for the $D - R$ pass-through features.
 
 # %%
 pz.show_spec("partial")
@@ -367,12 +333,11 @@ pz.time_solution("partial");
 
 # %% [markdown]
 # **What was wrong.** Two mistakes of kernels written for full rotary. The partner of feature $j$
-# was taken at $j + D/2$, not $j + R/2$: in the ❌ line's case ($D = 64$, $R = 32$) the
-# rotation read its partners from pass-through features 32-47 and wrote its second half over
-# them, and the rotary features 16-31 were never written. And no pass-through feature was
-# copied, so 48-63 were never written either: the mistake that hides while the output buffer
-# happens to hold `x`. The repair pairs $j$ with $j + R/2$ and copies the pass-through features
-# from `x`.
+# was taken at $j + D/2$, not $j + R/2$: in the ❌ line's case ($D = 64$, $R = 32$) the rotation
+# read its partners from pass-through features 32-47 and wrote over them, and rotary features
+# 16-31 were never written. And no pass-through feature was copied, so 48-63 were never written
+# either: the mistake that hides while the output buffer holds `x`. The repair pairs $j$ with
+# $j + R/2$ and copies the pass-through features from `x`.
 
 # %% [markdown]
 # ## Puzzle 4 — head dims 80, 96, 72 (write)
@@ -380,20 +345,15 @@ pz.time_solution("partial");
 # `tl.arange(0, N)` needs a power of two, and head dims are not always one: 80 (Phi-2), 96
 # (Phi-3-mini), 72. For head dim 80, a half of $H = 40$ features is loaded as a tile of
 # `BLOCK_HALF` $= 64$ lanes, and the 24 lanes past $H$ must be masked off in *every* load and
-# store. Write the kernel, a tile of `BLOCK_ROWS` rows per program as in puzzle 2, for any
-# `HALF`.
+# store. Write the kernel, a tile of `BLOCK_ROWS` rows per program as in puzzle 2, for any `HALF`.
 #
-# The bug this puzzle is built on: a kernel that rounds the tile up but masks only the rows.
-# Each row's second half then reads and writes 24 features past its end: into the first
-# features of the next row, or past the tensor after the last row. Where the next row belongs
-# to another program, which store lands last changes from run to run on a GPU, where programs
-# run in no fixed order. (One of SGLang's DeepSeek-V4 RoPE kernels was reported with this bug,
-# for a rotary dim that is not a power of two: sgl-project/sglang#35096.)
+# The bug behind it: rounding the tile up but masking only the rows. Each row's second half then
+# reads and writes 24 features past its end, into the next row or past the tensor; where the next
+# row belongs to another program, which store lands last changes from run to run on a GPU
+# (sgl-project/sglang#35096).
 #
-# **The check** runs head dims 80, 96 and 72, and a power of two as a control, most with a
-# short last tile of rows. It reports the rows that came out wrong and the stray lanes past the
-# tensor; the picture draws an element of `y` stored by two programs in black, and counts the
-# stray lanes in its title.
+# **The check** runs head dims 80, 96 and 72, and a power of two as a control, most with a short
+# last tile, and reports wrong rows and stray lanes; an element stored by two programs is black.
 
 # %%
 pz.show_spec("odd_head_dim")
@@ -422,24 +382,21 @@ pz.time_solution("odd_head_dim");
 # %% [markdown]
 # ## Puzzle 5 — angles at position 100,000 (repair)
 #
-# The angle of pair $j$ at position $p$ is $\theta = p\,\omega_j$ with
-# $\omega_j = 10000^{-j/H}$, so $\omega_0 = 1$: at position 100,000 it is 100,000 radians, and
-# cos and sin need it to a few hundredths of a radian.
+# The angle of pair $j$ at position $p$ is $\theta = p\,\omega_j$ with $\omega_j = 10000^{-j/H}$,
+# so $\omega_0 = 1$: at position 100,000 it is 100,000 radians, and cos and sin need it to a few
+# hundredths of a radian.
 #
-# A bf16 model ran with the kernel below: attention worked at short context and degraded, with
-# no error, as the context grew. The caller hands the kernel an angle table it cached, the
-# integer position of each row and the fp32 inverse frequencies. Repair the kernel so that it
-# is right at every position up to 131,071.
+# A bf16 model ran with the kernel below: attention worked at short context and degraded, with no
+# error, as the context grew. The caller hands the kernel a cached angle table, each row's integer
+# position and the fp32 inverse frequencies. Repair the kernel so that it is right at every
+# position up to 131,071.
 #
-# The check grades the **angle error** of each pair, $|y - y_\text{spec}| / |x|$ against the
-# fp64 spec, at positions up to 131,071, and allows 0.03 rad (`pz.ANGLE_TOL`). A panel beside
-# the access picture plots the worst angle error at each checked position against that limit.
+# The check grades each pair's **angle error**, $|y - y_\text{spec}| / |x|$, at positions up to
+# 131,071, and allows 0.03 rad (`pz.ANGLE_TOL`); a panel plots the worst error per position.
 #
-# One trap of the interpreter, where the checks run your kernel: it does arithmetic on bf16
-# tiles on their raw bits, not their values (Triton's debugging guide says to convert to
-# float32). The cell below squares four bf16 values in the interpreter, on bf16 tiles and on
-# tiles converted to fp32 first: on bf16 tiles not one square comes out right. Convert each
-# bf16 tile to fp32 before you compute with it, as the given kernel does.
+# One trap: the interpreter does arithmetic on bf16 tiles on their raw bits, not their values. The
+# cell below squares four bf16 values: on bf16 tiles not one comes out right. Convert each bf16
+# tile to fp32 before computing with it, as the given kernel does.
 
 # %%
 from ropelib.course.work_count import interpreted
@@ -502,12 +459,10 @@ pz.time_solution("long_context");
 
 # %% [markdown]
 # **What was wrong.** The angle table was cached in bf16, which keeps 8 significant bits: near
-# 100,000 its values are 512 apart (the cell below), so a stored angle can be off by 256 rad,
-# any angle at all, and no kernel can get that back. The repair computes $\theta$ in fp32 from
-# the positions and the inverse frequencies. (`model.to(torch.bfloat16)` also casts the
-# inverse-frequency buffer, and models built their angles from it: reported as
-# huggingface/transformers#25681 for Llama and EleutherAI/gpt-neox#1003. A bf16 *cos/sin*
-# table is far less harmful: puzzle 11.)
+# 100,000 its values are 512 apart (the cell below), so a stored angle can be off by 256 rad, any
+# angle at all, and no kernel can get that back. The repair computes $\theta$ in fp32 from the
+# positions and the inverse frequencies. (`model.to(torch.bfloat16)` also casts the
+# inverse-frequency buffer: huggingface/transformers#25681, EleutherAI/gpt-neox#1003.)
 #
 # fp32 has a limit too. The cell below measures how far an fp32 angle can be from the exact
 # one: 0.0039 rad ($2^{-8}$) below $2^{17}$, the positions the check uses, well inside its
@@ -537,19 +492,16 @@ for top in (2**17, 2**20, 2**24):
 # %% [markdown]
 # ## Puzzle 6 — position ids with strides (repair)
 #
-# Hugging Face models hand RoPE `position_ids [B, S]`, often not contiguous: one row of
-# positions expanded over the batch (`arange(S)[None].expand(B, -1)`, stride 0 over the batch),
-# or a slice of a larger tensor, as in generation with a left-padded batch, where they are the
-# last $S$ of the positions counted from the attention mask.
+# Hugging Face models hand RoPE `position_ids [B, S]`, often not contiguous: one row expanded over
+# the batch (`arange(S)[None].expand(B, -1)`, stride 0), or a slice of a larger tensor, as in
+# generation with a left-padded batch.
 #
-# The kernel below passed its tests with contiguous position ids, and went wrong in a model
-# that passed them expanded. Repair it so that it is right for any `position_ids` the caller
-# hands it, without a copy. The grid is `(B, cdiv(S, BLOCK_S))`: program $(b, t)$ rotates
-# `BLOCK_S` tokens of sequence $b$, gathering their rows of the cos/sin tables by position.
+# The kernel below passed its tests with contiguous ids and went wrong with expanded ones. Repair
+# it for any `position_ids`, without a copy. The grid is `(B, cdiv(S, BLOCK_S))`: program
+# $(b, t)$ rotates `BLOCK_S` tokens of sequence $b$, gathering their cos/sin rows by position.
 #
 # **The check's cases:** contiguous ids, one row expanded over the batch, every other row of a
-# transposed tensor, and the last $S$ positions of a left-padded batch in generation. The
-# `position_ids` panel shows which of its elements your kernel loaded, and how often.
+# transposed tensor, and the last $S$ positions of a left-padded batch.
 
 # %%
 pz.show_spec("position_ids")
@@ -590,27 +542,23 @@ pz.time_solution("position_ids");
 
 # %% [markdown]
 # **What was wrong.** The kernel found position $(b, s)$ at `b * S + s`, as if `position_ids`
-# were contiguous. On an expanded tensor, whose storage holds only $S$ elements, every batch
-# entry after the first is read past its end; on a sliced one, the wrong elements are read. A
-# wrapper could call `.contiguous()`, at the price of a copy on every call. The worked solution
-# reads `pos_ptr + b * stride_pb + s * stride_ps`: no copy.
+# were contiguous. On an expanded tensor, whose storage holds only $S$ elements, every batch entry
+# after the first is read past its end; on a sliced one, the wrong elements are read. A wrapper
+# could call `.contiguous()`, at the price of a copy on every call; the worked solution reads
+# `pos_ptr + b * stride_pb + s * stride_ps`.
 
 # %% [markdown]
 # ## Puzzle 7 — offsets past $2^{31}$ (repair)
 #
-# Row 262,144 of a tensor with 8,192 elements per row (64 heads × 128 features) starts at
-# element $2^{31}$. Long-context prefill and large KV caches pass that size, and Triton kernels
-# with int32 offsets go wrong there, silently or with an illegal memory access (reported,
-# outside RoPE, as fla-org/flash-linear-attention#1080 and databricks/megablocks#185). The
-# kernel below is right on every tensor of the earlier puzzles; repair it for rows that start
-# past $2^{31}$ too.
+# Row 262,144 of a tensor with 8,192 elements per row (64 heads × 128 features) starts at element
+# $2^{31}$. Long-context prefill and large KV caches pass that size, and Triton kernels with int32
+# offsets go wrong there, silently or with an illegal memory access (reported, outside RoPE, as
+# fla-org/flash-linear-attention#1080 and databricks/megablocks#185). Repair the kernel below for
+# rows that start past $2^{31}$.
 #
-# The check cannot allocate gigabytes in the interpreter, so it hands your kernel an `x` whose
-# rows are $2^{30} + 64$ elements apart and a `y` whose rows are 1,200,000,000 apart (row 2 of
-# each starts past $2^{31}$); its memory holds only the three rows of each, and maps each
-# address your kernel computes to the row it lands in. So it checks the offsets in the
-# interpreter's int32 and int64 arithmetic, the types the compiled kernel uses, but not a real
-# tensor of $2^{31}$ elements: on a GPU the compiled kernel runs the ordinary strided case only.
+# The interpreter cannot allocate gigabytes, so the check hands your kernel an `x` whose rows are
+# $2^{30} + 64$ elements apart and a `y` whose rows are 1,200,000,000 apart (row 2 of each starts
+# past $2^{31}$); its memory holds only those rows and maps each address to the row it lands in.
 
 # %%
 pz.show_spec("int64_offsets")
@@ -651,17 +599,17 @@ solution(pz.solution_int64_offsets_kernel.fn, title="Solution: puzzle 7")
 pz.time_solution("int64_offsets");
 
 # %% [markdown]
-# **What was wrong.** `tl.program_id`, `tl.arange` and every integer argument below $2^{31}$
-# are int32 in Triton (a stride of $2^{31}$ or more arrives as int64), and int32 arithmetic
-# wraps silently. The given kernel multiplied two int32 factors, `rows` and a stride: past
-# $2^{31}$ the product wraps to a negative offset, as the ❌ line shows. The worked solution
-# makes `rows` int64 before any multiplication, the fix proposed in both reports named above.
+# **What was wrong.** `tl.program_id`, `tl.arange` and every integer argument below $2^{31}$ are
+# int32 in Triton, and int32 arithmetic wraps silently. The given kernel multiplied two int32
+# factors, `rows` and a stride: past $2^{31}$ the product wraps to a negative offset, as the ❌
+# line shows. The worked solution makes `rows` int64 before any multiplication, the fix proposed
+# in both reports.
 
 # %% [markdown]
 # ## Puzzle 8 — the backward's sign (write)
 #
 # RoPE is linear in $x$: each pair is multiplied by the rotation $J = R(\theta)$. The backward
-# multiplies the incoming gradient by its transpose, which is the rotation by $-\theta$:
+# multiplies the incoming gradient by its transpose, the rotation by $-\theta$:
 #
 # $$
 # \frac{\partial L}{\partial x} = J^\top \frac{\partial L}{\partial y}, \qquad
@@ -670,12 +618,10 @@ pz.time_solution("int64_offsets");
 # = R(-\theta).
 # $$
 #
-# A backward that reuses the forward kernel as it is turns the gradient the wrong way and
-# raises nothing: training goes on with wrong gradients for everything before RoPE, and a
-# gradient check is what catches it. Write the backward kernel: from $\partial L/\partial y$
-# and the angles, $\partial L/\partial x$, a tile of `BLOCK_ROWS` rows per program. The check
-# compares it with `torch.autograd` run through the spec, and says so if your kernel turns by
-# $+\theta$.
+# A backward that reuses the forward kernel turns the gradient the wrong way and raises nothing;
+# only a gradient check catches it. Write the backward kernel: from $\partial L/\partial y$ and
+# the angles, $\partial L/\partial x$, a tile of `BLOCK_ROWS` rows per program. The check compares
+# it with `torch.autograd` through the spec, and says so if your kernel turns by $+\theta$.
 
 # %%
 pz.show_spec("backward")
@@ -702,15 +648,12 @@ pz.time_solution("backward");
 # %% [markdown]
 # ## Puzzle 9 — one table for the whole batch (repair)
 #
-# Every batch entry (and every head) at position $s$ uses the same cos/sin row. This kernel
-# has one program per tile of positions and loops over the batch. Its output is right; the
-# check counts the table loads and wants each table element loaded at most once (the access
-# picture shows how often each was). Repair the kernel so that it passes.
+# Every batch entry (and head) at position $s$ uses the same cos/sin row. This kernel has one
+# program per tile of positions and loops over the batch. Its output is right; the check counts
+# the table loads and wants each element loaded at most once. Repair the kernel so that it passes.
 #
-# This puzzle teaches counting loads and where repeated loads are served from, not speed at
-# this shape: the tables are 8.4 MB, and the cells after the solution measure that on a GPU
-# whose cache holds them whether the repeats cost anything there. The check grades the loads all the same, because the repeats cost time where the
-# cache cannot hold the table.
+# The puzzle is about counting loads, not speed at this shape: the 8.4 MB tables fit a large
+# cache, and the cells after the solution measure whether the repeats cost anything there.
 
 # %%
 pz.show_spec("shared_table")
@@ -747,14 +690,13 @@ solution(pz.solution_shared_table_kernel.fn, title="Solution: puzzle 9")
 pz.time_solution("shared_table");
 
 # %% [markdown]
-# **What was wrong.** The kernel loaded the cos and sin rows inside the loop over the batch:
-# $B$ loads of every table element where one would do. The rows depend on $s$ only, so the
-# worked solution loads them once, before the loop.
+# **What was wrong.** The kernel loaded the cos and sin rows inside the loop over the batch: $B$
+# loads of every table element where one would do. The rows depend on $s$ only, so the worked
+# solution loads them once, before the loop.
 #
-# **What the repair saves.** The cell below runs both kernels in checked memory on the timed
-# shape cut to 32 positions (`B = 8`, `HALF = 64`, `BLOCK_S = 4`: 8 programs) and counts, per
-# input, the load instructions, the 32-byte sectors they request and the distinct sectors among
-# those. Every program does the same work, so the per-program counts hold at the timed shape.
+# **What the repair saves.** The cell below runs both kernels in checked memory on the timed shape
+# cut to 32 positions (8 programs) and counts, per input, the load instructions, the 32-byte
+# sectors they request and the distinct sectors among those.
 
 # %%
 import math
@@ -810,20 +752,16 @@ assert gd == sd                                                   # the same dis
 
 # %% [markdown]
 # The given kernel's extra loads touch no sector the worked solution does not: each repeat asks
-# again for table bytes its own program loaded an iteration before. What that costs depends on
-# where the repeats are served from: from a cache, extra instructions and cache requests; from
-# DRAM, about what copying their bytes costs.
+# again for bytes its program loaded an iteration before. Served from a cache, they cost
+# instructions and cache requests; from DRAM, about what copying their bytes costs.
 #
-# **Where the repeats are served from, measured.** `nb13_table_reuse` runs the given kernel
-# (the same sm_90 code, the cell asserts) on two layouts of the same values: one table for the
-# batch, and a table per batch entry (each row copied $B$ times), where no two loads read the
-# same bytes, so DRAM must serve every one. Beside them runs the worked solution at BLOCK_S=4,
-# its timed tile, and at 16. Each launch touches 143 MB at the timed shape, 201 MB with a table
-# per entry; a copy of exactly those bytes is its yardstick. On a GPU the cell times the four
-# in five alternating rounds and prints what the repeats cost on one table (its time less the
-# solution's), what the per-entry tables add, and what a copy of the 59 MB they add takes. If
-# the first is near zero and the second near the copy, a cache serves the repeats: the time
-# follows the distinct bytes a kernel touches, not the loads it issues.
+# **Where the repeats are served from, measured.** `nb13_table_reuse` runs the given kernel on one
+# table for the batch and on a table per batch entry, where DRAM must serve every load; beside
+# them, the worked solution at BLOCK_S=4 and 16. On a GPU the cell times them in alternating
+# rounds, each against a copy of the bytes it touches, and prints what the repeats cost on one
+# table, what the per-entry tables add, and what a copy of those added bytes takes. If the first
+# is near zero and the second near the copy, a cache serves the repeats: time follows the
+# distinct bytes touched, not the loads issued.
 
 # %%
 from ropelib.course import nb13_table_reuse as reuse
@@ -869,25 +807,24 @@ if runtime.on_gpu():
 # %% [markdown]
 # ## Puzzle 10 — packed sequences (repair)
 #
-# Training on documents of different lengths, and serving many prompts at once, packs the
-# sequences one after another into one tensor with no padding: the `thd` layout (tokens, heads,
-# head dim) that flash-attention's variable-length ("varlen") functions and Transformer Engine
-# take. Here $x$ is `[TOTAL, 2 * HALF]`, and `cu_seqlens` (int32, one entry more than there are
-# sequences) says where each sequence begins: sequence $i$ is rows $c_i \ldots c_{i+1} - 1$,
-# with $c_0 = 0$ and $c_N = $ `TOTAL`. A sequence may be empty ($c_{i+1} = c_i$), as a batch's
-# padding sequences are. Each sequence is its own text, so its positions start at 0:
+# Training on documents of different lengths, and serving many prompts at once, packs sequences
+# one after another with no padding: the `thd` layout (tokens, heads, head dim) of
+# flash-attention's variable-length ("varlen") functions and Transformer Engine. Here $x$ is
+# `[TOTAL, 2 * HALF]`, and `cu_seqlens` (int32, one entry more than there are sequences) says
+# where each sequence begins: sequence $i$ is rows $c_i \ldots c_{i+1} - 1$, with $c_0 = 0$ and
+# $c_N = $ `TOTAL`. A sequence may be empty. Each sequence is its own text, so its positions
+# start at 0:
 #
 # $$
 # \text{pos}(r) = r - c_i \qquad \text{for } c_i \le r < c_{i+1} .
 # $$
 #
-# The grid is `(N_SEQS, cdiv(longest sequence, BLOCK_T))`, as in flash-attention's rotary
-# kernel: program $(i, b)$ rotates tokens $b \cdot$ `BLOCK_T` onwards of sequence $i$. Every
-# sequence gets as many programs as the longest, so a shorter sequence's last programs have
-# some or all of their tokens past its end. The kernel below was written for this grid and
-# has more than one mistake: repair it. The check's cases, in tiles of `BLOCK_T` = 4 tokens,
-# have sequences of lengths 5, 1, 12 and 0 (a boundary in the middle of a tile, a sequence of
-# one token, an empty one last), 4, 4 and 4 (every boundary on a tile's edge), and 7, 0, 2, 9
+# The grid is `(N_SEQS, cdiv(longest sequence, BLOCK_T))`, as in flash-attention's rotary kernel:
+# program $(i, b)$ rotates tokens $b \cdot$ `BLOCK_T` onwards of sequence $i$, so a shorter
+# sequence's last programs have some or all tokens past its end. The kernel below has more than
+# one mistake: repair it. The check's cases, in tiles of `BLOCK_T` = 4 tokens, have sequences of
+# lengths 5, 1, 12 and 0 (a boundary mid-tile, one token, an empty one last), 4, 4 and 4 (every
+# boundary on a tile's edge), and 7, 0, 2, 9
 # and 3.
 
 # %%
@@ -934,38 +871,34 @@ pz.time_solution("packed_sequences");
 # **What was wrong.** Two mistakes of varlen RoPE kernels.
 #
 # - Each token was rotated at its row in the packed tensor, `pos = rows`: right for the first
-#   sequence only, and a one-sequence test passes. The position is `rows - start`.
-# - `cu_seqlens[i + 1]` was taken as the sequence's last row (`rows <= end`); it is one past
-#   it. A tile running past its sequence stored one row more: past `x` after the last sequence
-#   (the lanes the ❌ line reports), elsewhere the next sequence's first row, which two programs
-#   then store in no fixed order on a GPU (black in the picture).
+#   sequence only, so a one-sequence test passes. The position is `rows - start`.
+# - `cu_seqlens[i + 1]` was taken as the sequence's last row (`rows <= end`); it is one past it.
+#   A tile past its sequence stored one row too many: past `x` after the last sequence, elsewhere
+#   the next sequence's first row, stored by two programs in no fixed order (black).
 #
-# The worked solution masks with $t <$ `end - start`, so a program past the end (every program
-# of an empty sequence) loads and stores nothing.
+# The worked solution masks with $t <$ `end - start`, so a program past the end loads and stores
+# nothing.
 
 # %% [markdown]
 # ## Puzzle 11 — cos/sin cached in bf16 (repair)
 #
-# Hugging Face's rotary embeddings compute cos and sin in fp32 and hand them to attention in
-# the model's dtype (`cos.to(dtype=x.dtype)`): a bf16 model's RoPE reads a bf16 table. Unlike
-# puzzle 5's bf16 *angle*, a bf16 cos or sin costs little, and the same at every position: both
-# lie in $[-1, 1]$, where neighbouring bf16 values are at most $2^{-8}$ apart, so each is off by
-# at most $2^{-9}$, at position 100,000 as at position 1.
-# The pair $(x_j, x_{j+H})$ is then turned by a matrix off by
-# $\begin{pmatrix} \delta_c & -\delta_s \\ \delta_s & \delta_c \end{pmatrix}$, so it lands
-# at most $\sqrt{\delta_c^2 + \delta_s^2} \le \sqrt 2 \cdot 2^{-9} \approx 0.0028$ of its length
+# Hugging Face's rotary embeddings hand cos and sin to attention in the model's dtype
+# (`cos.to(dtype=x.dtype)`): a bf16 model's RoPE reads a bf16 table. Unlike puzzle 5's bf16
+# *angle*, a bf16 cos or sin costs little, and the same at every position: both lie in $[-1, 1]$,
+# where bf16 values are at most $2^{-8}$ apart, so each is off by at most $2^{-9}$. The pair
+# $(x_j, x_{j+H})$ is then turned by a matrix off by
+# $\begin{pmatrix} \delta_c & -\delta_s \\ \delta_s & \delta_c \end{pmatrix}$, so it lands at
+# most $\sqrt{\delta_c^2 + \delta_s^2} \le \sqrt 2 \cdot 2^{-9} \approx 0.0028$ of its length
 # from where the fp32 table turns it.
 #
-# The kernel below reads such a table. Most of its outputs are within the check's tolerance;
-# some are many bf16 **ulps** off (an ulp, a unit in the last place, is the distance from a
-# value to the next one the format can hold). Repair it.
+# The kernel below reads such a table. Most of its outputs are within tolerance; some are many
+# bf16 **ulps** off (an ulp, a unit in the last place, is the distance from a value to the next
+# one the format can hold). Repair it.
 #
-# The check compares $y$ with an fp64 rotation by the *same* bf16 cos/sin values (the spec) and
-# allows one bf16 ulp per element: enough for one rounding, whether to nearest, as on a GPU, or
-# by truncation, as in Triton's interpreter (notebook 03, section 6.3). Under the ✅ it prints
-# your kernel's largest error in ulps, and a panel beside the picture draws, against position,
-# how far $y$ is from the rotation with an fp32 table. As in puzzle 5, convert each bf16 tile to
-# fp32 before you compute with it.
+# The check compares $y$ with an fp64 rotation by the *same* bf16 cos/sin values and allows one
+# bf16 ulp per element: one rounding, to nearest as on a GPU or by truncation as in the
+# interpreter (notebook 03, section 6.3). Under the ✅ it prints your largest error in ulps. As in
+# puzzle 5, convert each bf16 tile to fp32 before computing with it.
 
 # %%
 pz.show_spec("bf16_table")
@@ -1008,11 +941,9 @@ pz.time_solution("bf16_table");
 # **What was wrong.** The kernel computed, bit for bit, eager PyTorch's bf16
 # `q * cos + rotate_half(q) * sin`: each product rounded to bf16, then the sum again. Where the
 # two products nearly cancel, their rounding errors are many ulps of the small result: the
-# kernel's rounding, not the table, was the problem. The repair keeps the products and the sum
-# in fp32 (a product of two bf16 values is exact there) and rounds once, in the store, as
-# torch.compile's kernel of the same line does. The cell below reads that kernel, as Inductor
-# (torch.compile's code generator) wrote it for bf16 `q`, `cos` and `sin` on an sm_90 GPU (the
-# H100 and H200): each load goes to fp32, and the one store takes the fp32 sum.
+# kernel's rounding, not the table, was the problem. The repair keeps the products and the sum in
+# fp32 (a product of two bf16 values is exact there) and rounds once, in the store, as
+# torch.compile's kernel does; the cell below reads that kernel.
 
 # %%
 import re
@@ -1031,10 +962,9 @@ assert re.fullmatch(r"tmp\d+ \+ tmp\d+", made)                 # the store takes
 
 # %% [markdown]
 # The table's own cost needs no kernel. Below, with torch alone: a bf16 `x` with head dim 128,
-# rotated exactly (in fp64) by an fp32 table, by a bf16 table and by a bf16 angle (puzzle 5's
-# table), at positions 1, 1,000, 100,000 and 131,071, beside the fp32 table's rotation stored
-# in bf16 (rounded to nearest, as a GPU stores it). Each error is the worst pair's distance from
-# the fp32 table's rotation, over the pair's length.
+# rotated exactly (in fp64) by an fp32 table, a bf16 table and a bf16 angle (puzzle 5's table),
+# at positions 1, 1,000, 100,000 and 131,071, beside the fp32 table's rotation stored in bf16.
+# Each error is the worst pair's distance from the fp32 table's rotation, over the pair's length.
 
 # %%
 import math
@@ -1084,10 +1014,10 @@ assert f"{math.sqrt(2) * 2**-9:.4f}" == "0.0028"  # the bound the text states
 # ## Puzzle 12 — capstone: the backward of packed, partial, interleaved RoPE (write)
 #
 # ChatGLM2 and ChatGLM3 turn only the first half of each head (64 of 128 features) and pair
-# *adjacent* features (puzzles 2 and 3). Trained on documents packed without padding, each
-# document's positions restart at its `cu_seqlens` entry (puzzle 10). And training runs RoPE's
-# backward (puzzle 8). Write the backward: from $g = \partial L / \partial y$ of a row, its
-# $\partial L / \partial x$, for the forward
+# *adjacent* features (puzzles 2 and 3). Trained on packed documents, positions restart at each
+# `cu_seqlens` entry (puzzle 10). And training runs RoPE's backward (puzzle 8). Write the
+# backward: from $g = \partial L / \partial y$ of a row, its $\partial L / \partial x$, for the
+# forward
 #
 # $$
 # y_{2j} = x_{2j} \cos\theta_{p,j} - x_{2j+1} \sin\theta_{p,j}, \qquad
@@ -1096,15 +1026,12 @@ assert f"{math.sqrt(2) * 2**-9:.4f}" == "0.0028"  # the bound the text states
 # $$
 #
 # where $p = r - c_i$ is the position of row $r$ of sequence $i$ and row $p$ of the cos and sin
-# tables holds its $R/2$ values. The grid is puzzle 10's, `(N_SEQS, cdiv(longest sequence,
-# BLOCK_T))`. $R/2$ is a power of two; $D$ need not be one (`BLOCK_D` is the power of two at or
-# above it).
+# tables holds its $R/2$ values. The grid is puzzle 10's. $R/2$ is a power of two; $D$ need not be
+# one (`BLOCK_D` is the power of two at or above it).
 #
-# **The check** compares $\partial L / \partial x$ with the autograd of the forward (the spec,
-# in fp64), on puzzle 10's three sets of sequence lengths, each with another head: $D = 24$ with
-# $R = 16$, $D = 80$ with $R = 32$ (Phi-2's share of each head, here with adjacent pairs) and
-# $D = 40$ with $R = 8$. As in puzzle 10, a row stored by two programs fails. There is no ⏱
-# line: the capstone is graded on being right.
+# **The check** compares $\partial L / \partial x$ with the forward's autograd (fp64), on puzzle
+# 10's three sets of lengths, with $D = 24$, $R = 16$; $D = 80$, $R = 32$; and $D = 40$, $R = 8$.
+# A row stored by two programs fails. There is no ⏱ line: the capstone is graded on being right.
 
 # %%
 pz.show_spec("packed_partial_backward")
@@ -1140,13 +1067,12 @@ solution(pz.solution_packed_partial_backward_kernel.fn, title="Solution: puzzle 
 
 # %% [markdown]
 # **What to notice.** Each part of the worked solution is an earlier puzzle's: the tokens and
-# their mask are puzzle 10's, the whole-row loads of the rotary part split into pairs in
-# registers are puzzle 2's, the signs are puzzle 8's, and the features past $R$, masked to
-# $D$ as in puzzle 4, are copied by a load and a store of their own. Another right answer
-# loads each feature's partner, `d ^ 1`, in a second load, and reads table column `d // 2`
-# with `other=1.0` for cos and `0.0` for sin past $R$: there the formula turns by 0 and copies.
-# The mistakes `pz.hint(12)` recognises are one from each earlier puzzle: the forward's sign,
-# rotate-half pairs, the packed index as the position, and a tail left at 0.
+# their mask puzzle 10's, the whole-row loads split into pairs puzzle 2's, the signs puzzle 8's,
+# and the features past $R$, masked to $D$ as in puzzle 4, copied by a load and store of their
+# own. Another right answer loads each feature's partner, `d ^ 1`, and reads table column
+# `d // 2` with `other=1.0` for cos and `0.0` for sin past $R$, where the formula then copies.
+# `pz.hint(12)` recognises one mistake from each earlier puzzle: the forward's sign, rotate-half
+# pairs, the packed index as the position, and a tail left at 0.
 
 # %% [markdown]
 # ## Where you stand
@@ -1157,13 +1083,10 @@ solution(pz.solution_packed_partial_backward_kernel.fn, title="Solution: puzzle 
 pz.scoreboard();
 
 # %% [markdown]
-# And the ten timed worked solutions against a copy of the bytes a right answer reads and
-# writes. Puzzle 1 has no timed size (on one row a timer sees only the launch), nor has the
-# capstone; puzzle 5's unread angle table is not counted (the cell prints both counts). The ⏱
-# lines above are one `do_bench` each; this cell times the solutions in alternating rounds, as
-# under puzzle 9, and prints each fraction at the median of its rounds, with its lowest and
-# highest round: two solutions whose ranges overlap are not told apart. Section 0's masked copy
-# is the reference for a Triton kernel at copy speed. On a CPU the cell times nothing.
+# And the ten timed worked solutions against a copy of the bytes a right answer reads and writes,
+# timed in alternating rounds as under puzzle 9: each fraction at the median of its rounds, with
+# its lowest and highest; solutions whose ranges overlap are not told apart. On a CPU the cell
+# times nothing.
 
 # %%
 import inspect
@@ -1197,43 +1120,37 @@ assert [f"{b / 1e6:.1f}" for b in (handed5, moved5_bytes, handed5 - moved5_bytes
 # %% [markdown]
 # ## Questions for a study group
 #
-# 1. A power-of-two head dim would not have shown puzzle 4's bug at all. Which of the nine
-#    bugs would a test with one small, contiguous, power-of-two, short-context input catch, and
-#    which need the input that shows them? Write down the inputs a RoPE test suite needs.
-# 2. In puzzle 5, the fix computes $\theta = p\,\omega_j$ in fp32. At which position does an
-#    fp32 angle become as wrong as the bf16 angle was at position 1,000? What would you do for
-#    a model with a context of $2^{24}$ tokens?
-# 3. Puzzle 7's check maps virtual addresses to real rows. What would it take to check a
-#    kernel's int64 offsets on a real GPU, and what does that cost in memory and time?
-# 4. Puzzle 9 counts loads, not DRAM bytes. Using the load counts in the access picture and the
-#    sector shares printed under the ✅, estimate the DRAM bytes the repeated table loads cost
-#    on a GPU with a 50 MB L2 for the timed size (`S = 16384`, `B = 8`, `HALF = 64`), and say
-#    why the answer is not $B$ times the table.
-# 5. Puzzle 6 gathers table rows by position, and puzzle 2 can be solved with stride-2 loads or
-#    with whole rows. Which of the ten timed worked solutions would you expect to reach a
-#    copy's speed on a GPU, and which to fall short, whatever their tile? Write your prediction
-#    down, then compare it with the table under the scoreboard (printed on a GPU; the executed
-#    page, `docs/executed/13-rope-puzzles.html`, has one GPU's), and your own kernels' ⏱ lines
-#    with the solutions'.
-# 6. Puzzle 11's bf16 table moves a pair by at most $\sqrt 2 \cdot 2^{-9}$ of its length.
-#    How large an error in an attention score $q \cdot k$ can that make for head dim 128, with
-#    both q and k rotated by bf16 tables, and how does it compare with rounding $q$ and $k$ to
-#    bf16 at all?
+# 1. A power-of-two head dim would not have shown puzzle 4's bug. Which of the nine bugs would a
+#    test with one small, contiguous, power-of-two, short-context input catch? Write down the
+#    inputs a RoPE test suite needs.
+# 2. In puzzle 5 the fix computes $\theta = p\,\omega_j$ in fp32. At which position is an fp32
+#    angle as wrong as the bf16 angle was at position 1,000? What would you do for a context of
+#    $2^{24}$ tokens?
+# 3. Puzzle 7's check maps virtual addresses to real rows. What would it take to check int64
+#    offsets on a real GPU, and at what cost in memory and time?
+# 4. Puzzle 9 counts loads, not DRAM bytes. Estimate the DRAM bytes the repeated table loads cost
+#    on a GPU with a 50 MB L2 at the timed size (`S = 16384`, `B = 8`, `HALF = 64`), and say why
+#    the answer is not $B$ times the table.
+# 5. Which of the ten timed worked solutions would you expect to reach a copy's speed on a GPU,
+#    and which to fall short, whatever their tile? (Puzzle 6 gathers table rows by position;
+#    puzzle 2 can use stride-2 loads or whole rows.) Write your prediction down, then compare it
+#    with the table under the scoreboard (`docs/executed/13-rope-puzzles.html` has one GPU's).
+# 6. Puzzle 11's bf16 table moves a pair by at most $\sqrt 2 \cdot 2^{-9}$ of its length. How
+#    large an error in a score $q \cdot k$ can that make for head dim 128, with q and k both
+#    rotated by bf16 tables, against rounding $q$ and $k$ to bf16 at all?
 # 7. The capstone's kernel takes $\partial L / \partial y$ of the keys of a model with
-#    grouped-query attention (GQA), where each key head serves several query heads. Does the
-#    RoPE backward of $k$ need to sum anything over the group? And what changes in the kernel
-#    to make it the forward?
+#    grouped-query attention, where each key head serves several query heads. Does the RoPE
+#    backward of $k$ need to sum over the group? What changes to make it the forward?
 #
-# Short answers are in the last appendix, after the one on puzzles 5 and 9.
+# Short answers are in the last appendix.
 
 # %% [markdown]
 # ## Appendix: puzzles 5 and 9 against a copy
 #
-# Optional. `benchmarks/puzzle_fractions.py` timed the worked solutions of puzzles 5 and 9 on
-# an H200 beside variants that change one thing, each against a copy of the same bytes, four
-# times for puzzle 9's six tiles (a tile: BLOCK_S, and the number of **warps**, groups of 32
-# threads, each program runs as). The cell prints that committed CSV, with "(the timed case)"
-# on the tile the ⏱ lines time, and this page's ⏱ lines beside it.
+# Optional. `benchmarks/puzzle_fractions.py` timed the worked solutions of puzzles 5 and 9 on an
+# H200 beside variants that change one thing, each against a copy of the same bytes (puzzle 9 at
+# six tiles: BLOCK_S and the number of **warps**, groups of 32 threads, per program). The cell
+# prints that committed CSV, marking the tile the ⏱ lines time, beside this page's ⏱ lines.
 
 # %%
 import statistics
@@ -1306,14 +1223,12 @@ pz.stated([
 ])
 
 # %% [markdown]
-# **Puzzle 5.** Same kernel, same bytes, only the positions changed: on the H200 it takes
-# 27.4 µs with no angle at 105,615 radians or more and 32.4 µs with the timed case's positions
-# (101 % and 85 % of a copy of every tensor it is handed, the unread 16.8 MB angle table
-# included). Against a copy of the bytes it moves (24.1 µs), as the ⏱ lines count, the timed
-# positions reach 74 %. `tl.sin` and `tl.cos` compile to libdevice's `sinf` and `cosf`, which
-# reduce an angle below 105,615 with a few multiply-adds and branch to a longer path at or above
-# it; 19 % of the timed rows have a pair on it, and a warp waits for its slowest thread. The
-# sm_90 machine code has that branch's compare with 105,615 once per angle a thread holds:
+# **Puzzle 5.** Same kernel, same bytes, only the positions changed: on the H200 it takes 27.4 µs
+# with no angle at 105,615 radians or more and 32.4 µs with the timed positions, 74 % of a copy of
+# the bytes it moves (24.1 µs). libdevice's `sinf` and `cosf` reduce an angle below 105,615 with a
+# few multiply-adds and branch to a longer path above it; 19 % of the timed rows have a pair on
+# it, and a warp waits for its slowest thread. The sm_90 machine code compares with 105,615 once
+# per angle a thread holds:
 
 # %%
 from ropelib.course import load_schedule
@@ -1331,17 +1246,12 @@ assert len(tests) == angles_per_thread                # one per angle a thread h
 
 # %% [markdown]
 # The positions account for the step from 27.4 to 32.4 µs; the gap from 24.1 to 27.4 µs is not
-# taken apart here. `ropelib.frequencies.Angles` reduces the angle exactly before the sine, so
-# no angle it hands `sin` is large.
+# taken apart here.
 #
-# **Puzzle 9.** On the H200 the tile moves the time by a few percent: BLOCK_S=4 on 4 warps was
-# the fastest of six tiles in every run, each tile's time moving by at most 1.7 % from run to
-# run (the table's 87 % to 94 % of a copy ride on a copy whose time moved by 6 %). In one Nsight
-# Compute profile per tile (`benchmarks/puzzle9_ncu.py`, the next cell) every tile read $x$ and
-# the tables from DRAM once (75.5 MB) and executed fewer instructions than PyTorch's `buf * 1`
-# over the same bytes: neither extra DRAM bytes nor extra instructions explain the gap to a
-# copy. The profiles' times do not order the tiles: BLOCK_S=16, profiled twice, took 35.3 and
-# 36.5 µs, against the six tiles' 35.0 to 36.7 µs.
+# **Puzzle 9.** On the H200 the tile moves the time by a few percent; BLOCK_S=4 on 4 warps was the
+# fastest of six in every run. In one Nsight Compute profile per tile (the next cell) every tile
+# read $x$ and the tables from DRAM once (75.5 MB) and executed fewer instructions than PyTorch's
+# `buf * 1` over the same bytes: neither explains the gap to a copy.
 
 # %%
 def profile(path):
@@ -1390,76 +1300,51 @@ pz.stated([
 # %% [markdown]
 # ## Appendix: answers to the study questions
 #
-# Short answers, from what this page prints.
-#
-# **1.** Such an input catches two of the bugs, and only with the right test: the pairing
-# (puzzle 2) if the spec is the model's own pairing, and the backward's sign (puzzle 8) if the
-# test checks a gradient. Each of the rest passes it, and needs its own input: a rotary dim
-# below the head dim (3) and an output buffer that does not start as a copy of $x$; a head dim
-# that is not a power of two (4); positions past about a thousand (5: the bf16 angle of puzzle
-# 11's cell is off by more than a pair's length at position 1,000); position ids expanded or
-# sliced (6); rows past $2^{31}$ elements (7); a count of the loads, since the output is right
-# (9); several packed sequences with a boundary inside a tile and an empty one (10); and bf16
-# inputs graded in ulps against an fp64 spec (11).
+# **1.** Such an input catches two bugs, and only with the right test: the pairing (2) if the spec
+# is the model's own pairing, and the backward's sign (8) if the test checks a gradient. The rest
+# each need their own input: a rotary dim below the head dim and an output buffer that is not a
+# copy of $x$ (3); a head dim that is not a power of two (4); positions past about a thousand (5);
+# expanded or sliced position ids (6); rows past $2^{31}$ elements (7); a count of the loads (9);
+# packed sequences with a boundary inside a tile and an empty one (10); bf16 inputs graded in ulps
+# against an fp64 spec (11).
 #
 # **2.** bf16 values near 1,000 are 4 apart, so a bf16 angle there can be off by 2 rad; fp32
-# values are 4 apart from $2^{25}$ (about 33.6 million) on, so an fp32 angle is that wrong only
-# there. Well before that, angles just below $2^{24}$ are off by up to 0.5 rad (puzzle 5's
-# cell), and from $2^{24}$ fp32 no longer holds every integer position: for a context of
-# $2^{24}$, reduce the angle exactly before the sine (notebook 10, section 7).
+# values are 4 apart only from $2^{25}$ (about 33.6 million). Well before that, angles just below
+# $2^{24}$ are off by up to 0.5 rad (puzzle 5's cell), and from $2^{24}$ fp32 no longer holds
+# every integer position: for such contexts, reduce the angle exactly before the sine (notebook
+# 10, section 7).
 #
-# **3.** On a GPU the addresses must exist. Either allocate a tensor that reaches past $2^{31}$
-# elements (the cell below gives its bytes for puzzle 7's rows of 8,192 fp32 features, x and y
-# together, and on a GPU the time to move them at the copy rate of puzzle 7's ⏱ line), or map
-# one small physical allocation at many virtual addresses (CUDA's virtual memory management),
-# which costs little memory but is more than a test suite usually sets up.
+# **3.** On a GPU the addresses must exist. Either allocate a tensor past $2^{31}$ elements (the
+# cell below gives its bytes, and on a GPU the time to move them), or map one small physical
+# allocation at many virtual addresses (CUDA's virtual memory management): little memory, but
+# more than a test suite usually sets up.
 #
-# **4.** The tables are $2 \times 16384 \times 64 \times 4$ bytes = 8.4 MB of fp32, of the
-# timed 143 MB. They fit in a 50 MB L2, so the $B - 1$ repeated loads can be served from cache
-# and DRAM can read the tables about once: $B - 1$ extra load instructions and their cache
-# traffic, not $B$ times the table's DRAM bytes. Puzzle 9's last cell tests this by time on
-# the GPU that runs it, against the same loads on a table per entry, which DRAM must serve.
+# **4.** The tables are $2 \times 16384 \times 64 \times 4$ bytes = 8.4 MB of fp32, of the timed
+# 143 MB. They fit in a 50 MB L2, so the $B - 1$ repeats can be served from cache and DRAM reads
+# the tables about once: extra load instructions and cache traffic, not $B$ times the table's DRAM
+# bytes. Puzzle 9's last cell tests this on its GPU.
 #
-# **5.** *The prediction.* A kernel that moves each byte once, and uses every byte of each
-# sector it moves, should run at a copy's speed, and by that count every timed solution should.
-# Two give a reason to doubt it: puzzle 5's sine takes a longer path at large angles, and
-# puzzle 6 loads each table row once per batch entry, $B = 8$ times, where puzzle 9's solution
-# loads it once.
+# **5.** *Prediction:* a kernel that moves each byte once, using every byte of each sector,
+# should run at a copy's speed, and by that count every timed solution should, except two with
+# reason to doubt: puzzle 5's sine takes a longer path at large angles, and puzzle 6 loads each
+# table row $B = 8$ times. *Measured:* puzzle 5 reaches 74 % of a copy on the H200 (first
+# appendix). For puzzle 6, read "Where you stand": where its fraction prints beside the others',
+# the prediction fails on that GPU, because its repeated loads hit in cache. *The rest:* the cell
+# below shows each uses every byte of its rows' and tables' sectors, and puzzle 4's solution
+# compiles to puzzle 2's load and store widths. Puzzle 10 reads about what it writes (66.2 MB
+# against 64.1 MB), so a fraction above 100 % says only that the device copy falls a little short.
 #
-# *What the measurements say.* Puzzle 5 falls well short on the H200: 74 % of a copy of the
-# 67.6 MB it moves (first appendix). For puzzle 6, read "Where you stand": where its fraction
-# prints beside the other solutions', the prediction fails on that GPU, because its repeated
-# row loads read bytes a cache can hold; puzzle 9's cell measures what such repeats cost on one
-# table (it times puzzle 9's kernels, not puzzle 6's).
+# **6.** Each pair of $q$ and of $k$ moves by at most $\varepsilon = \sqrt 2 \cdot 2^{-9}$ of its
+# length, so by Cauchy–Schwarz the score moves by at most about
+# $2\varepsilon\,|q|\,|k| = \sqrt 2 \cdot 2^{-8}\,|q|\,|k|$. Rounding an element to bf16 moves it
+# by up to $2^{-8}$ of itself, bounding the score error by about $2 \cdot 2^{-8}\,|q|\,|k|$. The
+# table's bound is $1/\sqrt 2$ of the rounding's. The cell below measures both at head dim 128:
+# each far below its bound, the table's no larger than the rounding's.
 #
-# *Why the rest reach a copy.* The cell below runs every timed solution but 5 and 9
-# (the first appendix covers those) in checked memory at its timed shape cut to 32 rows: each
-# uses every byte of its rows' and tables' sectors, so sector use does not explain a
-# shortfall. Compiled for sm_90, puzzle 4's solution has the load and store widths of puzzle
-# 2's, and its registers within 4: masking the lanes past $H$ did not narrow its accesses.
-#
-# *Puzzle 10* can come out a little above a copy: its solution moves every byte its fraction
-# counts once (the cell checks it at 4 sequences) and reads about what it writes (66.2 MB
-# against 64.1 MB), as a copy does, so a fraction above 100 % says only that the device copy
-# falls a little short of the fastest way to move those bytes; where the rounds' range
-# includes 100 %, it says nothing.
-#
-# **6.** Each pair of $q$ and of $k$ is moved by at most $\varepsilon = \sqrt 2 \cdot 2^{-9}$
-# of its length, so each pair's product moves by at most about $2\varepsilon$ of
-# $|q_{\text{pair}}|\,|k_{\text{pair}}|$, and by Cauchy–Schwarz the score by at most
-# $2\varepsilon\,|q|\,|k| = \sqrt 2 \cdot 2^{-8}\,|q|\,|k|$. Rounding an element to bf16 (8
-# significant bits) moves it by up to $2^{-8}$ of itself (puzzle 11's $2^{-9}$ is an absolute
-# error, on values at most 1), and the same argument bounds the score's error from rounding
-# $q$ and $k$ by about $2 \cdot 2^{-8}\,|q|\,|k|$. So the table's bound is $1/\sqrt 2$ of the
-# rounding's: a bf16 table costs less, in the worst case, than holding $q$ and $k$ in bf16 at
-# all. The cell below measures both on random vectors of head dim 128: each error is far below
-# its bound, and the table's is no larger than the rounding's.
-#
-# **7.** No. RoPE turns each key head once, before attention repeats it for its group of query
-# heads; the backward of that repeat (in the attention kernel, or autograd's) sums the group's
-# gradients into one $\partial L / \partial y$ per key head, and the RoPE backward turns it
-# back as it is, head by head. The forward is the same kernel with the sine terms' signs
-# flipped: a rotation by $+\theta$ instead of $-\theta$.
+# **7.** No. RoPE turns each key head once, before attention repeats it for its group; the
+# backward of that repeat sums the group's gradients into one $\partial L / \partial y$ per key
+# head, which the RoPE backward turns back as it is. The forward is the same kernel with the sine
+# terms' signs flipped.
 
 # %% [markdown]
 # The numbers in those answers, computed (`gap` is from the cell after puzzle 5):
