@@ -458,10 +458,10 @@ def apply_rope_qk(q: torch.Tensor, k: torch.Tensor, freqs: Optional[torch.Tensor
         raise ValueError(f"q and k must agree in sequence, batch and head dim, got "
                          f"{tuple(q.shape)} and {tuple(k.shape)}")
     check_no_table_grad(("freqs" if freqs is not None else "cos", table), ("sin", sin_t))
-    opts = dict(layout=layout, interleaved=interleaved, start_positions=start_positions,
-                position_ids=position_ids, cu_seqlens=cu_seqlens, cp_size=cp_size,
-                cp_rank=cp_rank)
     if own_k_table:
+        opts = dict(layout=layout, interleaved=interleaved, start_positions=start_positions,
+                    position_ids=position_ids, cu_seqlens=cu_seqlens, cp_size=cp_size,
+                    cp_rank=cp_rank)
         # every check of both before either is written: k's table as apply_rope checks it
         ck = prepare(k, k_freqs, cos=k_cos, sin=k_sin, name="k",
                      table_names=("k_freqs", "k_cos", "k_sin"), **opts)
