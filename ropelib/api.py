@@ -401,12 +401,12 @@ def apply_rope(x: torch.Tensor, freqs: Optional[torch.Tensor] = None, *,
     # traced (torch.compile, export, ...): ropelib's operators
     grad = needs_grad(x)
     if inplace and not grad:
-        ops.rope_(x, table, sin_t, *index, layout, interleaved, cp_size, cp_rank)
+        ops.rope_inplace_overload(x, table, sin_t, *index, layout, interleaved, cp_size, cp_rank)
         return x
     tensors = [table, sin_t, *index]
     if grad:
         tensors = [saveable(t) for t in tensors]
-    y = ops.rope(x, *tensors, layout, interleaved, cp_size, cp_rank, False, None)
+    y = ops.rope_overload(x, *tensors, layout, interleaved, cp_size, cp_rank, False, None)
     if inplace:   # under autograd: an ordinary in-place copy, which autograd tracks (views too)
         return x.copy_(y)
     return y
@@ -484,12 +484,14 @@ def apply_rope_qk(q: torch.Tensor, k: torch.Tensor, freqs: Optional[torch.Tensor
         return planned((q, k), tables_and_index, checked=True)
     grad = needs_grad(q, k)
     if inplace and not grad:
-        ops.rope_qk_(q, k, table, sin_t, *index, layout, interleaved, cp_size, cp_rank)
+        ops.rope_qk_inplace_overload(q, k, table, sin_t, *index, layout, interleaved, cp_size,
+                                     cp_rank)
         return q, k
     tensors = [table, sin_t, *index]
     if grad:
         tensors = [saveable(t) for t in tensors]
-    q_out, k_out = ops.rope_qk(q, k, *tensors, layout, interleaved, cp_size, cp_rank, False, None)
+    q_out, k_out = ops.rope_qk_overload(q, k, *tensors, layout, interleaved, cp_size, cp_rank,
+                                        False, None)
     if inplace:
         return q.copy_(q_out), k.copy_(k_out)
     return q_out, k_out
