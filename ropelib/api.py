@@ -14,7 +14,7 @@ import torch
 from . import eager, ops
 from . import validation as V
 from .frequencies import Angles
-from .kernels.launch import Positions, Table
+from .kernels.launch import EXACT_POSITIONS, Positions, Table
 
 
 class Call(NamedTuple):
@@ -90,24 +90,42 @@ def prepare(x: torch.Tensor, freqs=None, *, cos=None, sin=None, layout="sbhd",
     kernel_device=False skips the check that a Triton kernel can run on x's device (for the
     plain-PyTorch paths that share these checks); table_names name the table arguments in
     errors."""
-    V.check_tensor(x, name)
+    table, sin, position_ids, cu_seqlens, start_positions, S, B, R, _ = checked_call(
+        x, freqs, cos, sin, angles, layout, interleaved, start_positions, position_ids,
+        cu_seqlens, cp_size, cp_rank, name, kernel_device, table_names)
+    return Call(table, sin, position_ids, cu_seqlens, start_positions, layout, interleaved,
+                cp_size, cp_rank, S, B, R)
+
+
+def checked_call(x, freqs, cos, sin, angles, layout, interleaved, start_positions, position_ids,
+                 cu_seqlens, cp_size, cp_rank, name, kernel_device, table_names) -> tuple:
+    """`prepare`'s checks and normalisation: (table, sin, position_ids, cu_seqlens,
+    start_positions, S, B, R, P), P the positions the table serves.
+
+    What a call traced by torch.compile runs: every argument given (no default read) and a
+    plain tuple back (no NamedTuple built), so that Dynamo guards little more than the code
+    objects it inlines (benchmarks/compiled_guard_probe.py)."""
+    V.check_tensor(x, name, dims=None, dtypes=V.FLOAT_DTYPES)
     V.check_layout(x, layout, name)
     V.check_no_grad_transform("ropelib")
     if kernel_device:
         V.check_kernel_device(x, name)
     V.check_cp(cp_size, cp_rank)
     V.check_bool(interleaved, "interleaved")
-    for arg, t in (("start_positions", start_positions), ("position_ids", position_ids),
-                   ("cu_seqlens", cu_seqlens)):
-        if t is not None:
-            V.check_int_tensor(t, arg, dims=(1, 2) if arg == "position_ids" else (1,))
-    table, sin_t = _tables(freqs, cos, sin, table_names, angles=angles)
+    if start_positions is not None:
+        V.check_int_tensor(start_positions, "start_positions", (1,))
+    if position_ids is not None:
+        V.check_int_tensor(position_ids, "position_ids", (1, 2))
+    if cu_seqlens is not None:
+        V.check_int_tensor(cu_seqlens, "cu_seqlens", (1,))
+    table, sin_t = _tables(freqs, cos, sin, table_names, angles)
     V.check_same_device(x, name, freqs=freqs, cos=cos, sin=sin, start_positions=start_positions,
                         position_ids=position_ids, cu_seqlens=cu_seqlens,
                         angles=table if angles is not None else None)
     sin = sin_t
-    exact = Table(table, sin).exact
-    D, P = x.shape[-1], Table(table, sin).rows
+    # (angles: the turns [R] int64, Table.exact; a table: [P, R])
+    exact = angles is not None
+    D, P = x.shape[-1], EXACT_POSITIONS if exact else table.shape[-2]
     R = table.shape[0] if exact else table.shape[1]
     table_name = "angles" if exact else table_names[0 if freqs is not None else 1]
     V.check_rotary_dim(R, D, table_name)
@@ -159,10 +177,9 @@ def prepare(x: torch.Tensor, freqs=None, *, cos=None, sin=None, layout="sbhd",
         start_positions = start_positions.contiguous()
     if cu_seqlens is not None:
         cu_seqlens = cu_seqlens.contiguous()
-    call = Call(table, sin, position_ids, cu_seqlens, start_positions, layout, interleaved,
-                cp_size, cp_rank, S, B, R)
-    check_values(call)
-    return call
+    if position_ids is not None or cu_seqlens is not None or start_positions is not None:
+        index_values(position_ids, cu_seqlens, start_positions, S, B, P, layout, cp_size)
+    return table, sin, position_ids, cu_seqlens, start_positions, S, B, R, P
 
 
 def check_values(call: Call, rows: Optional[int] = None, index=None) -> None:
@@ -170,12 +187,16 @@ def check_values(call: Call, rows: Optional[int] = None, index=None) -> None:
 
     `index` (position_ids, cu_seqlens, start_positions) defaults to the call's own."""
     position_ids, cu_seqlens, start_positions = index if index is not None else call.index()
+    index_values(position_ids, cu_seqlens, start_positions, call.S, call.B,
+                 rows if rows is not None else call.rows(), call.layout, call.cp_size)
+
+
+def index_values(position_ids, cu_seqlens, start_positions, S, B, P, layout, cp_size) -> None:
+    """check_values with every argument given: P the positions the table serves."""
     present = [t for t in (position_ids, cu_seqlens, start_positions) if t is not None]
     if present and V.values_checkable(*present):
-        V.check_index_values(S=call.S, B=call.B, P=rows or call.rows(),
-                             layout=call.layout, start_positions=start_positions,
-                             position_ids=position_ids, cu_seqlens=cu_seqlens,
-                             cp_size=call.cp_size)
+        V.check_index_values(S=S, B=B, P=P, layout=layout, start_positions=start_positions,
+                             position_ids=position_ids, cu_seqlens=cu_seqlens, cp_size=cp_size)
 
 
 def check_no_table_grad(*tables) -> None:
@@ -189,7 +210,11 @@ def check_no_table_grad(*tables) -> None:
 
 
 def needs_grad(*xs) -> bool:
-    return torch.is_grad_enabled() and any(x.requires_grad for x in xs)
+    if torch.is_grad_enabled():
+        for x in xs:    # (a loop, not any(): no builtin for a traced call to guard)
+            if x.requires_grad:
+                return True
+    return False
 
 
 def check_in_place(x: torch.Tensor, name: str) -> None:
@@ -349,36 +374,39 @@ def apply_rope(x: torch.Tensor, freqs: Optional[torch.Tensor] = None, *,
     A position outside the table gives NaN in the rows it touches; see
     ropelib.set_index_checks for when index values are checked on the host instead.
     """
-    tables_and_index, tables = _kernel_reads(freqs, cos, sin, angles, position_ids, cu_seqlens,
-                                             start_positions)
-    sig = eager.signature(_options_head("rope" if angles is None else "rope_angles", layout,
-                                        interleaved, cp_size, cp_rank, inplace),
-                          (x, *tables, position_ids, cu_seqlens, start_positions)) \
-        if eager.active() and tables is not None else None
-    if sig is not None:
-        planned = eager.SIGNATURES.get(sig)
-        if planned is not None:
-            return planned((x,), tables_and_index)
+    sig = None
+    if eager.active():      # plain eager: a signature checked and planned before runs as it was
+        tables_and_index, tables = _kernel_reads(freqs, cos, sin, angles, position_ids,
+                                                 cu_seqlens, start_positions)
+        if tables is not None:
+            sig = eager.signature(_options_head("rope" if angles is None else "rope_angles",
+                                                layout, interleaved, cp_size, cp_rank, inplace),
+                                  (x, *tables, position_ids, cu_seqlens, start_positions))
+        if sig is not None:
+            planned = eager.SIGNATURES.get(sig)
+            if planned is not None:
+                return planned((x,), tables_and_index)
     V.check_bool(inplace, "inplace")
-    c = prepare(x, freqs, cos=cos, sin=sin, layout=layout, interleaved=interleaved,
-                start_positions=start_positions, position_ids=position_ids,
-                cu_seqlens=cu_seqlens, cp_size=cp_size, cp_rank=cp_rank, angles=angles)
-    check_no_table_grad(("freqs" if freqs is not None else "cos", c.table), ("sin", c.sin))
+    table, sin_t, *index, S, B, R, P = checked_call(
+        x, freqs, cos, sin, angles, layout, interleaved, start_positions, position_ids,
+        cu_seqlens, cp_size, cp_rank, "x", True, ("freqs", "cos", "sin"))
+    check_no_table_grad(("freqs" if freqs is not None else "cos", table), ("sin", sin_t))
     if inplace:
         check_in_place(x, "x")
     if sig is not None:
+        c = Call(table, sin_t, *index, layout, interleaved, cp_size, cp_rank, S, B, R)
         planned = eager.SIGNATURES.put(sig, plan_eager_call(
-            (x,), tables_and_index, (c.table, c.sin), c, inplace=inplace, rows=c.rows(),
-            names=("x",)))
+            (x,), tables_and_index, (table, sin_t), c, inplace=inplace, rows=P, names=("x",)))
         return planned((x,), tables_and_index, checked=True)
     # traced (torch.compile, export, ...): ropelib's operators
-    if inplace and not needs_grad(x):
-        ops.rope_(x, c.table, c.sin, *c.index(), *c.options())
+    grad = needs_grad(x)
+    if inplace and not grad:
+        ops.rope_inplace_overload(x, table, sin_t, *index, layout, interleaved, cp_size, cp_rank)
         return x
-    tensors = [c.table, c.sin, *c.index()]
-    if needs_grad(x):
+    tensors = [table, sin_t, *index]
+    if grad:
         tensors = [saveable(t) for t in tensors]
-    y = ops.rope(x, *tensors, *c.options(), False, None)
+    y = ops.rope_overload(x, *tensors, layout, interleaved, cp_size, cp_rank, False, None)
     if inplace:   # under autograd: an ordinary in-place copy, which autograd tracks (views too)
         return x.copy_(y)
     return y
@@ -402,22 +430,23 @@ def apply_rope_qk(q: torch.Tensor, k: torch.Tensor, freqs: Optional[torch.Tensor
     if angles is not None and own_k_table:
         raise ValueError("angles serve q and k alike: do not pass k_freqs, k_cos or k_sin "
                          "with angles")
-    tables_and_index, tables = _kernel_reads(freqs, cos, sin, angles, position_ids, cu_seqlens,
-                                             start_positions)
-    sig = eager.signature(_options_head("rope_qk" if angles is None else "rope_qk_angles",
-                                        layout, interleaved, cp_size, cp_rank, inplace),
-                          (q, k, *tables, position_ids, cu_seqlens, start_positions)) \
-        if eager.active() and tables is not None and not own_k_table else None
-    if sig is not None:
-        planned = eager.SIGNATURES.get(sig)
-        if planned is not None:
-            return planned((q, k), tables_and_index)
+    sig = None
+    if eager.active() and not own_k_table:     # plain eager: as in apply_rope
+        tables_and_index, tables = _kernel_reads(freqs, cos, sin, angles, position_ids,
+                                                 cu_seqlens, start_positions)
+        if tables is not None:
+            sig = eager.signature(_options_head(
+                "rope_qk" if angles is None else "rope_qk_angles", layout, interleaved, cp_size,
+                cp_rank, inplace), (q, k, *tables, position_ids, cu_seqlens, start_positions))
+        if sig is not None:
+            planned = eager.SIGNATURES.get(sig)
+            if planned is not None:
+                return planned((q, k), tables_and_index)
     V.check_bool(inplace, "inplace")
-    opts = dict(layout=layout, interleaved=interleaved, start_positions=start_positions,
-                position_ids=position_ids, cu_seqlens=cu_seqlens, cp_size=cp_size,
-                cp_rank=cp_rank)
-    c = prepare(q, freqs, cos=cos, sin=sin, name="q", angles=angles, **opts)
-    V.check_tensor(k, "k")
+    table, sin_t, *index, S, B, R, P = checked_call(
+        q, freqs, cos, sin, angles, layout, interleaved, start_positions, position_ids,
+        cu_seqlens, cp_size, cp_rank, "q", True, ("freqs", "cos", "sin"))
+    V.check_tensor(k, "k", dims=None, dtypes=V.FLOAT_DTYPES)
     V.check_layout(k, layout, "k")
     V.check_kernel_device(k, "k")
     if q.dtype != k.dtype:
@@ -425,15 +454,18 @@ def apply_rope_qk(q: torch.Tensor, k: torch.Tensor, freqs: Optional[torch.Tensor
     if q.device != k.device:
         raise ValueError(f"q is on {q.device} but k is on {k.device}")
     k4 = ops.view4(k, layout)
-    if (k4.shape[0], k4.shape[1], k.shape[-1]) != (c.S, c.B, q.shape[-1]):
+    if (k4.shape[0], k4.shape[1], k.shape[-1]) != (S, B, q.shape[-1]):
         raise ValueError(f"q and k must agree in sequence, batch and head dim, got "
                          f"{tuple(q.shape)} and {tuple(k.shape)}")
-    check_no_table_grad(("freqs" if freqs is not None else "cos", c.table), ("sin", c.sin))
+    check_no_table_grad(("freqs" if freqs is not None else "cos", table), ("sin", sin_t))
     if own_k_table:
+        opts = dict(layout=layout, interleaved=interleaved, start_positions=start_positions,
+                    position_ids=position_ids, cu_seqlens=cu_seqlens, cp_size=cp_size,
+                    cp_rank=cp_rank)
         # every check of both before either is written: k's table as apply_rope checks it
         ck = prepare(k, k_freqs, cos=k_cos, sin=k_sin, name="k",
                      table_names=("k_freqs", "k_cos", "k_sin"), **opts)
-        if ck.R != c.R or (ck.sin is None) != (c.sin is None):
+        if ck.R != R or (ck.sin is None) != (sin_t is None):
             raise ValueError("q's and k's tables must have the same rotary dim and kind "
                              "(angles or cos/sin)")
         check_no_table_grad(("k_freqs" if k_freqs is not None else "k_cos", ck.table),
@@ -445,17 +477,21 @@ def apply_rope_qk(q: torch.Tensor, k: torch.Tensor, freqs: Optional[torch.Tensor
     if inplace:
         check_qk_in_place(q, k)
     if sig is not None:
+        c = Call(table, sin_t, *index, layout, interleaved, cp_size, cp_rank, S, B, R)
         planned = eager.SIGNATURES.put(sig, plan_eager_call(
-            (q, k), tables_and_index, (c.table, c.sin), c, inplace=inplace, rows=c.rows(),
+            (q, k), tables_and_index, (table, sin_t), c, inplace=inplace, rows=P,
             names=("q", "k")))
         return planned((q, k), tables_and_index, checked=True)
-    if inplace and not needs_grad(q, k):
-        ops.rope_qk_(q, k, c.table, c.sin, *c.index(), *c.options())
+    grad = needs_grad(q, k)
+    if inplace and not grad:
+        ops.rope_qk_inplace_overload(q, k, table, sin_t, *index, layout, interleaved, cp_size,
+                                     cp_rank)
         return q, k
-    tensors = [c.table, c.sin, *c.index()]
-    if needs_grad(q, k):
+    tensors = [table, sin_t, *index]
+    if grad:
         tensors = [saveable(t) for t in tensors]
-    q_out, k_out = ops.rope_qk(q, k, *tensors, *c.options(), False, None)
+    q_out, k_out = ops.rope_qk_overload(q, k, *tensors, layout, interleaved, cp_size, cp_rank,
+                                        False, None)
     if inplace:
         return q.copy_(q_out), k.copy_(k_out)
     return q_out, k_out

@@ -185,6 +185,14 @@ def _rope_qk_backward(ctx, grad_q, grad_k):
 rope.register_autograd(_rope_backward, setup_context=_setup_rope)
 rope_qk.register_autograd(_rope_qk_backward, setup_context=_setup_rope_qk)
 
+# The same four operators as their OpOverloads (torch.ops.ropelib.<name>.default), which the
+# public API calls: a call traced by torch.compile then guards one object, where calling the
+# registered function (its __call__, then its overload) installs four guards.
+rope_overload = torch.ops.ropelib.rope.default
+rope_qk_overload = torch.ops.ropelib.rope_qk.default
+rope_inplace_overload = torch.ops.ropelib.rope_.default
+rope_qk_inplace_overload = torch.ops.ropelib.rope_qk_.default
+
 
 # --- one table per axis (Qwen2-VL's materialised multimodal cos/sin) ------------------------
 

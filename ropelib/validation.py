@@ -45,7 +45,7 @@ def check_int_tensor(t, name: str, dims) -> None:
 
 
 def check_bool(v, name: str) -> None:
-    if not isinstance(v, bool):
+    if v is not True and v is not False:    # (isinstance(v, bool), with no builtin read)
         raise TypeError(f"{name} must be a bool, got {v!r}")
 
 
@@ -64,8 +64,9 @@ def check_layout(x: torch.Tensor, layout: str, name: str = "x") -> None:
         dims = "[t, h, d]" if layout == "thd" else f"[{', '.join(layout)}]"
         raise ValueError(f"{name} must be {want}-D {dims} for layout={layout!r}, "
                          f"got shape {tuple(x.shape)}")
-    if any(n == 0 for n in x.shape[1 if layout == "thd" else 2:]):
-        raise ValueError(f"{name} has an empty head or feature dimension: {tuple(x.shape)}")
+    for n in x.shape[1 if layout == "thd" else 2:]:
+        if n == 0:
+            raise ValueError(f"{name} has an empty head or feature dimension: {tuple(x.shape)}")
 
 
 def table_2d(t, name: str, dtypes=FLOAT_DTYPES) -> torch.Tensor:
@@ -283,9 +284,10 @@ def checks_wanted(on_host: bool) -> bool:
 
 def values_checkable(*tensors) -> bool:
     """Should the values of these index tensors be read on the host now?"""
+    if torch.compiler.is_compiling():     # (first: a traced call reads nothing else here)
+        return False
     present = [t for t in tensors if t is not None]
-    if not checks_wanted(all(t.device.type == "cpu" for t in present)) \
-            or torch.compiler.is_compiling() or functorch_level():
+    if not checks_wanted(all(t.device.type == "cpu" for t in present)) or functorch_level():
         return False
     if _index_checks == "on":
         return not any(t.is_cuda for t in present) or not torch.cuda.is_current_stream_capturing()

@@ -24,7 +24,8 @@ def test_ropelib_graph_carries_the_guards_of_the_code_it_traced(monkeypatch, cap
     out = capsys.readouterr().out.splitlines()
     rows = {m.group(1).strip(): (int(m.group(2)), float(m.group(3))) for m in
             (re.match(r"(.{22}) +(\d+) leaf guards +([\d.]+) µs", line) for line in out) if m}
-    assert set(rows) == {"q + 0 (q only)", "q * f[0] (q and f)", "ropelib.apply_rope"}
+    assert set(rows) == {"q + 0 (q only)", "q * f[0] (q and f)", "ropelib.apply_rope",
+                         "ropelib.apply_rope_qk"}
     assert all(us > 0 for _, us in rows.values())
     # the tensors' guards are the same in the last two; ropelib's checks and planning add more
     assert rows["ropelib.apply_rope"][0] > 2 * rows["q * f[0] (q and f)"][0]
