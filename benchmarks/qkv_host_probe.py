@@ -19,8 +19,10 @@ and ropelib.eager's launches, replaced by nothing), at a small shape like the te
 B=2, S=13, hidden 64, 4/2 heads of 32, angles): the whole call (forward under no_grad, with
 gradients, and the backward through autograd), then each step of the forward and of the
 backward, and the same with QK-norm (norm weights [D]: the forward, the forward+backward, the
-backward and its dY step, qk_norm.undo_norm_rope into dY's columns), best of --rounds rounds
-of --calls calls back to back (benchmarks/eager_python_pieces.py's way). What is left is
+backward and its dY step, qk_norm.undo_norm_rope into dY's columns), and the unfused
+pipeline's forward and forward+backward (F.linear, then apply_rope_qk with a table, as the GPU
+rows run it), best of --rounds rounds of --calls calls back to back
+(benchmarks/eager_python_pieces.py's way). What is left is
 ropelib's own Python and PyTorch's calls (allocations, views, and on the backward's "dy" route
 dX and dW's matrix products, here on the CPU, denormals flushed: with the launches removed dY
 is whatever torch.empty held).
@@ -143,6 +145,12 @@ def pieces(device) -> dict:
     key = (x, w, None, table, sin, None, None, None, None, HQ, HK, D, 1e-6, False, "bshd", None,
            None)
 
+    freqs = ropelib.rope_freqs(S, D, device=dev)
+
+    def unfused(x, w):
+        q, k, v = bench.split_heads(F.linear(x, w), HQ, HK, D)
+        return ropelib.apply_rope_qk(q, k, freqs, layout="bshd") + (v,)
+
     def forward_plan():         # (a forward's one lookup of its whole plan)
         return qkv_linear.SIGNATURES.get(qkv_linear._forward_key(*key))
 
@@ -184,6 +192,12 @@ def pieces(device) -> dict:
             lambda: qkv_linear._backward(nctx, *grads, None, None)),
         "    dY written (_written_dy_normed)": no_grad(lambda: qkv_linear._written_dy_normed(
             *tok, x, norm_input, wq, wk, table, sin, None, None, HQ, HK, D, 1e-6, False)),
+        # the unfused pipeline the GPU rows time (F.linear, then apply_rope_qk on q and k)
+        "unfused: forward, no_grad (F.linear + apply_rope_qk)": no_grad(
+            lambda: unfused(x, w)),
+        "unfused: forward, with gradients": lambda: unfused(xg, wg),
+        "unfused: forward+backward (autograd.backward)": lambda: torch.autograd.backward(
+            unfused(xg, wg), grads),
     }
 
 
