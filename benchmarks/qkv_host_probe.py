@@ -142,8 +142,7 @@ def pieces(device) -> dict:
     norm_input = nctx.saved_tensors[-1]
     made = qkv_linear._forward(*args)
     tok = qkv_linear._token_major(grads, "bshd")
-    key = (x, w, None, table, sin, None, None, None, None, HQ, HK, D, 1e-6, False, "bshd", None,
-           None)
+    key = (x, w, None, table, sin, None, None, None, None, HQ, HK, D, 1e-6, False, "bshd", False)
 
     freqs = ropelib.rope_freqs(S, D, device=dev)
 
@@ -172,7 +171,7 @@ def pieces(device) -> dict:
             (B, S, HQ, D), dtype=x.dtype, device=dev),
         "    the forward's plan (key + lookup, qkv_linear.ForwardPlan)": forward_plan,
         "forward, with gradients (whole)": lambda: ropelib.qkv_rope_linear(xg, wg, **opts),
-        "  _eager_qkv_rope (Function: _forward + _setup)": lambda: qkv_linear._eager_qkv_rope(
+        "  _eager_qkv_rope (Function: plan, _project, _setup)": lambda: qkv_linear._eager_qkv_rope(
             *gargs),
         "forward+backward (autograd.backward, whole)": lambda: torch.autograd.backward(
             ropelib.qkv_rope_linear(xg, wg, **opts), grads),

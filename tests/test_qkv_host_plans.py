@@ -411,3 +411,100 @@ def test_the_forward_looks_its_whole_plan_up_once(monkeypatch):
     for a, b in zip(kept, call(x, w, out_layout="bhsd")):
         assert torch.equal(a, b)
 
+
+
+@pytest.mark.parametrize("norm", [False, True], ids=["plain", "qk-norm"])
+def test_the_backward_takes_its_dy_step_from_the_forwards_plan(norm, monkeypatch):
+    """The eager forward keeps its ForwardPlan on the autograd context and the backward keeps
+    its dY step there (qkv_linear.DyStep, by the gradients' strides): planned at the first
+    backward, taken at the next with no signature built; gradients with other strides, another
+    layout or eps plan anew; after eager.SIGNATURES.clear() a context's older plan is not used;
+    the bits of the operator route's backward (which plans through its signature)."""
+    x, w = inputs(grad=True)
+    g = torch.Generator().manual_seed(7)
+    wq, wk = (torch.rand(D, generator=g).add(0.5).requires_grad_(True) for _ in range(2))
+    over = dict(q_norm_weight=wq, k_norm_weight=wk) if norm else {}
+    leaves = (x, w, wq, wk) if norm else (x, w)
+    eager.SIGNATURES.clear()
+    steps, signatures = [], []
+    real_step, real_signature = qkv_linear.DyStep.__init__, eager.signature
+
+    def planning(self, *a):
+        steps.append(a[1][0].stride())
+        real_step(self, *a)
+
+    def signature(head, tensors):
+        signatures.append(head[0])
+        return real_signature(head, tensors)
+    monkeypatch.setattr(qkv_linear.DyStep, "__init__", planning)
+    monkeypatch.setattr(eager, "signature", signature)     # (qk_norm's too: eager.signature)
+
+    def grads_of(out, strided=False):
+        gen = torch.Generator().manual_seed(8)
+        gs = [torch.randn(t.shape, generator=gen) for t in out]
+        if strided:     # the same values, each head's row twice as far from the next
+            gs = [torch.stack((t, torch.full_like(t, float("nan"))), -2).select(-2, 0)
+                  for t in gs]
+        return gs
+
+    def backward(out, strided=False):
+        return torch.autograd.grad(out, leaves, grads_of(out, strided))
+    first = backward(call(x, w, **over))
+    signatures.clear()
+    again = backward(call(x, w, **over))
+    assert len(steps) == 1 and signatures == []     # taken from the forward's plan
+    for a, b in zip(first, again):
+        assert torch.equal(a, b)
+    strided = backward(call(x, w, **over), strided=True)
+    assert len(steps) == 2 and steps[1] != steps[0]
+    for a, b in zip(first, strided):
+        assert torch.equal(a, b)
+    backward(call(x, w, out_layout="bhsd", **over))
+    backward(call(x, w, eps=1e-5, **over))
+    assert len(steps) == 4
+    backward(call(x, w, eps=1e-5, **over))
+    assert len(steps) == 4
+    # a forward before the plans are cleared, its backward after: planned through
+    # eager.SIGNATURES, not from the context's older plan
+    out = call(x, w, **over)
+    eager.SIGNATURES.clear()
+    signatures.clear()
+    cleared = backward(out)
+    assert len(steps) == 4 and signatures == ["undo_norm_rope" if norm else "rotate_into"]
+    for a, b in zip(first, cleared):
+        assert torch.equal(a, b)
+    # the operator route's backward (a tracer's: qkv_rotated_dy through the dispatcher)
+    monkeypatch.setattr(qkv_linear.eager, "active", lambda: False)
+    for a, b in zip(first, backward(call(x, w, **over))):
+        assert torch.equal(a, b)
+
+
+def test_the_eager_forward_keeps_norm_statistics_only_where_the_backward_reads_them():
+    """With gradients the eager forward keeps no rstd and norm_input without QK-norm (None,
+    where the operator returns empty tensors) and both with it; either backward gives the
+    operator route's bits."""
+    x, w = inputs(grad=True)
+    g = torch.Generator().manual_seed(9)
+    wq, wk = (torch.rand(D, generator=g).add(0.5).requires_grad_(True) for _ in range(2))
+    for over in (dict(), dict(q_norm_weight=wq, k_norm_weight=wk)):
+        leaves = (x, w) + ((wq, wk) if over else ())
+        for backward in ("dy", "prologue"):
+            out = call(x, w, backward=backward, **over)
+            saved = out[0].grad_fn.saved_tensors
+            rstd, norm_input = saved[-2:]
+            if over:
+                assert rstd.shape == (B * S, HQ + HK) and norm_input.shape == (
+                    B * S, (HQ + HK) * D)
+            else:
+                assert rstd is None and norm_input is None
+            grads = [torch.randn(t.shape, generator=torch.Generator().manual_seed(10))
+                     for t in out]
+            got = torch.autograd.grad(out, leaves, grads)
+            real = qkv_linear.eager.active
+            qkv_linear.eager.active = lambda: False
+            try:
+                op = call(x, w, backward=backward, **over)
+            finally:
+                qkv_linear.eager.active = real
+            for a, b in zip(got, torch.autograd.grad(op, leaves, grads)):
+                assert torch.equal(a, b), (over.keys(), backward)
