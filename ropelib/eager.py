@@ -27,7 +27,8 @@ at decode sizes. So a plain eager call takes a shorter way to the same planner a
   nor from a table made under inference_mode (no version counter tells a change). Where only
   kept rows make the two passes pay (at batch 1 with 32 heads, rows written and read every
   call would add an eighth to the bytes moved), such a call runs the finished kernel instead
-  (`EagerTwoPass`).
+  (`EagerTwoPass`). The QKV projection's forward keeps its pre-pass rows here too
+  (qkv_linear._kept_rows).
 """
 import operator
 import weakref

@@ -72,6 +72,11 @@ under a key of its own kind:
 Never a tensor's values, and never the planners' own settings: code that changes a tile table
 (kernels/qkv_gemm.GPU_TILES, ...) or patches a planner, as a probe or a test does, calls
 eager.SIGNATURES.clear() for the next call to plan again.
+Rows kept. Where positions are the token index, the forward's cos/sin rows (and pairs_differ
+flag) follow from its plan and the table alone: a plain eager forward keeps them in
+eager.TABLE_ROWS as the eager RoPE route keeps its two-pass rows (the same ForwardPlan, the
+same table tensor unwritten since, the same stream), and the next forward of that plan and
+table, every layer's after the first, launches no pre-pass (`_kept_rows`).
 
 The forward's autograd formula is qkv_rotated_dy (with QK-norm qkv_rotated_dy_normed) and two
 matrix products (backward="dy"), or the backward operator (backward="prologue"); double
@@ -287,11 +292,12 @@ def _project(x: Tensor, weight: Tensor, bias: Optional[Tensor], table: Tensor,
              cu_seqlens: Optional[Tensor], q_norm_weight: Optional[Tensor],
              k_norm_weight: Optional[Tensor], n_heads: int, n_kv_heads: int, head_dim: int,
              eps: float, interleaved: bool, out_layout: str, rstd: Optional[Tensor],
-             norm_input: Optional[Tensor], fp: Optional["ForwardPlan"] = None
-             ) -> Tuple[Tensor, Tensor, Tensor]:
+             norm_input: Optional[Tensor], fp: Optional["ForwardPlan"] = None,
+             keep_rows: bool = False) -> Tuple[Tensor, Tensor, Tensor]:
     """q, k and v fresh, written by the pre-pass and the forward kernel (rstd and norm_input:
     where the norm's statistics and input go, or None), as the call's ForwardPlan says (fp:
-    the caller's, looked up for these arguments)."""
+    the caller's, looked up for these arguments). keep_rows (a plain eager call's): where the
+    positions are the token index, the pre-pass's rows are kept between calls (`_kept_rows`)."""
     if fp is None:
         fp = _forward_plan(x, weight, bias, table, sin, position_ids, cu_seqlens, q_norm_weight,
                            k_norm_weight, n_heads, n_kv_heads, head_dim, eps, interleaved,
@@ -304,14 +310,37 @@ def _project(x: Tensor, weight: Tensor, bias: Optional[Tensor], table: Tensor,
         # a table's pairs may or may not repeat one angle (Angles' always do): the pre-pass
         # says, and the forward reads one cos and one sin tile where they do, else each
         # member's own (kernels/qkv_gemm.py)
-        differ = torch.zeros((1,), dtype=torch.int32, device=device) if fp.differ else None
-        rows = _write_rows(fp.prepass, fp.rows, device, table, sin, position_ids, cu_seqlens,
-                           differ)
+        if keep_rows and position_ids is None and cu_seqlens is None:
+            *rows, differ = _kept_rows(fp, table, sin, device)
+            rows = tuple(rows)
+        else:
+            differ = torch.zeros((1,), dtype=torch.int32, device=device) if fp.differ else None
+            rows = _write_rows(fp.prepass, fp.rows, device, table, sin, position_ids,
+                               cu_seqlens, differ)
         _run("fwd", (_aligned(x), _aligned(weight), _contiguous(bias), q, k, v) + rows
              + (q_norm_weight, k_norm_weight, rstd, norm_input, differ), x, table,
              position_ids, cu_seqlens, n_heads, n_kv_heads, head_dim, interleaved, out_layout,
              eps, launch=fp.launch)
     return q, k, v
+
+
+def _kept_rows(fp: "ForwardPlan", table: Tensor, sin: Optional[Tensor], device) -> tuple:
+    """(cos rows, sine rows, the pairs_differ flag or None) of a forward whose positions are the
+    token index: they follow from the plan and the table alone, so eager.TABLE_ROWS keeps them
+    (as the eager RoPE route keeps its two-pass rows: the same plan, the same table tensor
+    unwritten since, the same stream; never from a table made under inference_mode nor while
+    a CUDA graph is captured) and a later forward of the same plan and table, every layer's
+    after the first, launches no pre-pass: the rows and flag the pre-pass wrote, read again."""
+    tables = (table,) if sin is None else (table, sin)
+    keeps = eager.TableRows.keeps(tables)
+    key, kept = eager.TABLE_ROWS.get(fp, tables) if keeps else (None, None)
+    if kept is not None:
+        return kept
+    differ = torch.zeros((1,), dtype=torch.int32, device=device) if fp.differ else None
+    rows = _write_rows(fp.prepass, fp.rows, device, table, sin, None, None, differ) + (differ,)
+    if keeps:
+        eager.TABLE_ROWS.put(key, fp, tables, rows)
+    return rows
 
 
 def _dtype(t: Optional[Tensor]):
@@ -362,7 +391,7 @@ class ForwardPlan:
     context, and the backward keeps its dY steps here (`dy_step`), by what the backward adds
     to the key: the gradients' strides."""
     __slots__ = ("q_shape", "kv_shape", "stats", "rows", "differ", "prepass", "launch",
-                 "options", "epoch", "dy")
+                 "options", "epoch", "dy", "__weakref__")
 
     def __init__(self, x, weight, bias, table, sin, position_ids, cu_seqlens, q_norm_weight,
                  k_norm_weight, n_heads, n_kv_heads, head_dim, eps, interleaved, out_layout,
@@ -708,7 +737,7 @@ class _EagerQKVRoPE(torch.autograd.Function):
         keep = inputs[15] and inputs[7] is not None     # save_for_norm, with norm weights
         fp = _forward_plan(*inputs[:15], keep)
         rstd, norm_input = fp.statistics(inputs[0]) if keep else (None, None)
-        output = _project(*inputs[:15], rstd, norm_input, fp) + (rstd, norm_input)
+        output = _project(*inputs[:15], rstd, norm_input, fp, True) + (rstd, norm_input)
         _setup(ctx, inputs, output)
         ctx.plan = fp
         return output
@@ -963,7 +992,7 @@ def qkv_rope_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, *,
     else:               # (no gradient: the norm's statistics are not kept)
         q, k, v = _project(x, weight, bias, table, sin, position_ids, cu_seqlens,
                            q_norm_weight, k_norm_weight, n_heads, n_kv_heads, head_dim, eps,
-                           interleaved, out_layout, None, None)
+                           interleaved, out_layout, None, None, None, True)   # (keep_rows)
     return q, k, v
 
 

@@ -508,3 +508,62 @@ def test_the_eager_forward_keeps_norm_statistics_only_where_the_backward_reads_t
                 qkv_linear.eager.active = real
             for a, b in zip(got, torch.autograd.grad(op, leaves, grads)):
                 assert torch.equal(a, b), (over.keys(), backward)
+
+
+def test_the_forward_keeps_its_cos_sin_rows_where_positions_are_the_token_index(monkeypatch):
+    """Positions the token index: the pre-pass's rows (and pairs flag) follow from the plan and
+    the table alone, and eager.TABLE_ROWS keeps them: a second forward of the same plan and
+    table, no_grad or not, launches no pre-pass, with the same bits as rows written afresh; a
+    table written in place, another plan, position ids or a table made under inference_mode
+    write them again."""
+    x, w = inputs(grad=True)
+    freqs = ropelib.rope_freqs(S + 3, D).view(S + 3, D).clone()
+    freqs[2, 1] += 0.5          # one pair's members differ: the pre-pass sets the flag
+    pre_passes = []
+    real = qkv_linear.start
+
+    def start(direct, launch, pointers):
+        if direct is kernel_launch.COS_SIN_ROWS:
+            pre_passes.append(launch)
+        real(direct, launch, pointers)
+    monkeypatch.setattr(qkv_linear, "start", start)
+    eager.SIGNATURES.clear()
+    eager.TABLE_ROWS.clear()
+    g = [torch.randn(B, S, h, D, generator=torch.Generator().manual_seed(11))
+         for h in (HQ, HK, HK)]
+    angles = ropelib.rope_angles(D)                     # (one Angles: one table tensor)
+    for table in ("angles", "freqs"):
+        opts = dict(freqs=freqs, angles=None) if table == "freqs" else dict(angles=angles)
+        n = len(pre_passes)
+        out = call(x, w, **opts)
+        with torch.no_grad():
+            again = call(x, w, **opts)
+        assert len(pre_passes) == n + 1, table          # the second took the kept rows
+        eager.TABLE_ROWS.clear()
+        fresh = call(x, w, **opts)
+        assert len(pre_passes) == n + 2
+        for a, b, c in zip(out, again, fresh):
+            assert torch.equal(a, b) and torch.equal(a, c), table
+        torch.autograd.grad(out, (x, w), g)             # (a backward after kept rows)
+    call(x, w, angles=angles, out_layout="bhsd")        # another plan
+    assert len(pre_passes) == 5
+    ids = torch.arange(S).expand(B, S).contiguous()
+    call(x, w, angles=angles, position_ids=ids)
+    call(x, w, angles=angles, position_ids=ids)         # rows by position ids: every call
+    assert len(pre_passes) == 7
+    kept = call(x, w, freqs=freqs, angles=None)
+    assert len(pre_passes) == 7
+    with torch.no_grad():
+        freqs[3, 0] += 0.25                             # written in place: written again
+    moved = call(x, w, freqs=freqs, angles=None)
+    assert len(pre_passes) == 8 and not torch.equal(moved[0], kept[0])
+    eager.TABLE_ROWS.clear()
+    for a, b in zip(moved, call(x, w, freqs=freqs, angles=None)):
+        assert torch.equal(a, b)
+    with torch.inference_mode():
+        made = freqs.clone()
+    xd, wd = x.detach(), w.detach()
+    n = len(pre_passes)
+    for _ in range(2):
+        call(xd, wd, freqs=made, angles=None)
+    assert len(pre_passes) == n + 2                     # never kept from an inference tensor
