@@ -172,7 +172,7 @@ def pieces(device) -> dict:
         "    the forward's plan (key + lookup, qkv_linear.ForwardPlan)": forward_plan,
         "forward, with gradients (whole)": lambda: ropelib.qkv_rope_linear(xg, wg, **opts),
         "  _eager_qkv_rope (Function: plan, _project, _setup)": lambda: qkv_linear._eager_qkv_rope(
-            *gargs),
+            *gargs, None),
         "forward+backward (autograd.backward, whole)": lambda: torch.autograd.backward(
             ropelib.qkv_rope_linear(xg, wg, **opts), grads),
         "  backward under no_grad (_backward with a saved ctx)": no_grad(

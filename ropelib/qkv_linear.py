@@ -37,6 +37,11 @@ formula without the dispatcher (_EagerQKVRoPE), as ropelib's other eager calls d
 Plans kept. A plain eager call plans each launch once and keeps it in ropelib.eager.SIGNATURES,
 the one cache of every plan ropelib keeps (eager.SIGNATURES.clear() drops them all), each entry
 under a key of its own kind:
+  ("qkv_rope_linear", ...)   a call with Angles, checked in full once (`_PlannedCall`: what the
+                             checks decided and the ForwardPlan): every tensor's shape,
+                             strides, dtype, device and requires_grad, Angles' rot_dim, the
+                             options and their types, grad mode; a later call checks only the
+                             position values (`_positions`);
   ("qkv_forward", ...)       the forward's whole plan (`ForwardPlan`: the output and cos/sin
                              rows' shapes, the pre-pass plan and the GEMM's Launch below),
                              looked up once a call: x's shape, the dtypes of x, the weight,
@@ -733,9 +738,12 @@ class _EagerQKVRoPE(torch.autograd.Function):
     the ForwardPlan, which the context keeps for the backward's dY step (ForwardPlan.dy_step)."""
 
     @staticmethod
-    def forward(ctx, *inputs):
+    def forward(ctx, *args):
+        # the operator's inputs, then the call's ForwardPlan (None: looked up here)
+        inputs, fp = args[:-1], args[-1]
         keep = inputs[15] and inputs[7] is not None     # save_for_norm, with norm weights
-        fp = _forward_plan(*inputs[:15], keep)
+        if fp is None:
+            fp = _forward_plan(*inputs[:15], keep)
         rstd, norm_input = fp.statistics(inputs[0]) if keep else (None, None)
         output = _project(*inputs[:15], rstd, norm_input, fp, True) + (rstd, norm_input)
         _setup(ctx, inputs, output)
@@ -744,7 +752,7 @@ class _EagerQKVRoPE(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        return _backward(ctx, *grads)
+        return _backward(ctx, *grads) + (None,)
 
 
 _eager_qkv_rope = eager.direct_apply(_EagerQKVRoPE)
@@ -812,25 +820,35 @@ def _check_positions(x: Tensor, position_ids, cu_seqlens, P: int, out_layout: st
             raise ValueError(f"out_layout={out_layout!r} needs x [B, S, hidden]; packed x "
                              "[T, hidden] gives q, k, v as [T, H, D] (out_layout='bshd')")
     if position_ids is not None:
-        if position_ids.dim() == 1:
-            position_ids = position_ids.unsqueeze(0)
-        if position_ids.shape[1] != S or position_ids.shape[0] not in (1, B):
+        ids = position_ids.unsqueeze(0) if position_ids.dim() == 1 else position_ids
+        if ids.shape[1] != S or ids.shape[0] not in (1, B):
             want = f"[T={S}]" if x.dim() == 2 else f"[S={S}] or [B={B} or 1, S={S}]"
             raise ValueError(f"position_ids must be {want} for x of shape {tuple(x.shape)}, "
-                             f"got {tuple(position_ids.shape)}")
-        position_ids = position_ids.contiguous()
-        if position_ids.numel() and V.values_checkable(position_ids):
-            V.check_index_values(S=S, B=B, P=P, layout="bshd", position_ids=position_ids)
+                             f"got {tuple(ids.shape)}")
     elif cu_seqlens is not None:
         if cu_seqlens.shape[0] < 2:
             raise ValueError(f"cu_seqlens must have at least 2 entries ([0, len0, ...]), got "
                              f"{cu_seqlens.shape[0]}")
-        cu_seqlens = cu_seqlens.contiguous()
-        if V.values_checkable(cu_seqlens):
-            V.check_index_values(S=S, B=1, P=P, layout="thd", cu_seqlens=cu_seqlens)
     elif S > P:
         raise ValueError(f"the table (freqs) has {P} positions but the sequence has {S} tokens: "
                          "pass a longer table, angles, or position_ids")
+    return _positions(position_ids, cu_seqlens, S, B, P)
+
+
+def _positions(position_ids, cu_seqlens, S: int, B: int, P: int):
+    """What _check_positions does at every call once the shapes are checked: position_ids as
+    [B or 1, S] contiguous, cu_seqlens contiguous, their values checked where they can be read
+    without a synchronisation (ropelib.set_index_checks)."""
+    if position_ids is not None:
+        if position_ids.dim() == 1:
+            position_ids = position_ids.unsqueeze(0)
+        position_ids = position_ids.contiguous()
+        if position_ids.numel() and V.values_checkable(position_ids):
+            V.check_index_values(S=S, B=B, P=P, layout="bshd", position_ids=position_ids)
+    elif cu_seqlens is not None:
+        cu_seqlens = cu_seqlens.contiguous()
+        if V.values_checkable(cu_seqlens):
+            V.check_index_values(S=S, B=1, P=P, layout="thd", cu_seqlens=cu_seqlens)
     return position_ids, cu_seqlens
 
 
@@ -949,13 +967,22 @@ def qkv_rope_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, *,
     A position outside the table (with freqs) gives NaN in the q and k rows it touches, forward
     and backward; position ids in CPU memory are checked (ropelib.set_index_checks).
     """
+    plain = eager.active()
+    sig = _call_signature(x, weight, bias, angles, position_ids, cu_seqlens, q_norm_weight,
+                          k_norm_weight, n_heads, n_kv_heads, head_dim, eps, weight_offset,
+                          rotary_dim, interleaved, out_layout, backward) \
+        if plain and freqs is None and type(angles) is Angles else None
+    kept = SIGNATURES.get(sig) if sig is not None else None
+    if kept is not None:
+        return kept(x, weight, bias, angles, position_ids, cu_seqlens, q_norm_weight,
+                       k_norm_weight, n_heads, n_kv_heads, head_dim, eps, weight_offset,
+                       interleaved, out_layout)
     n_heads = _check_count(n_heads, "n_heads", 1)
     n_kv_heads = _check_count(n_kv_heads, "n_kv_heads", 1)
     head_dim = _check_count(head_dim, "head_dim", 2)
     if head_dim > kernel.MAX_HEAD_DIM:
         raise ValueError(f"head_dim must be <= {kernel.MAX_HEAD_DIM} (a head's columns live in "
                          f"one program's registers), got {head_dim}")
-    plain = eager.active()
     if not plain:       # (a plain eager call runs under no torch.func transform)
         V.check_no_grad_transform("qkv_rope_linear")
     _check_projection(x, weight, bias, n_heads, n_kv_heads, head_dim)
@@ -988,12 +1015,84 @@ def qkv_rope_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, *,
     elif grad:
         q, k, v, _, _ = _eager_qkv_rope(x, weight, bias, table, sin, position_ids, cu_seqlens,
                                         q_norm_weight, k_norm_weight, n_heads, n_kv_heads,
-                                        head_dim, eps, interleaved, out_layout, norm, backward)
+                                        head_dim, eps, interleaved, out_layout, norm, backward,
+                                        None)
     else:               # (no gradient: the norm's statistics are not kept)
         q, k, v = _project(x, weight, bias, table, sin, position_ids, cu_seqlens,
                            q_norm_weight, k_norm_weight, n_heads, n_kv_heads, head_dim, eps,
                            interleaved, out_layout, None, None, None, True)   # (keep_rows)
+    if sig is not None:     # checked in full: later calls of this signature skip the checks
+        B, S, _ = _sizes(x)
+        SIGNATURES.put(sig, _PlannedCall(
+            S, B, norm, grad, backward, _forward_plan(
+                x, weight, bias, table, sin, position_ids, cu_seqlens, q_norm_weight,
+                k_norm_weight, n_heads, n_kv_heads, head_dim, eps, interleaved, out_layout,
+                norm and grad)))
     return q, k, v
+
+
+def _call_signature(x, weight, bias, angles, position_ids, cu_seqlens, q_norm_weight,
+                    k_norm_weight, *options) -> Optional[tuple]:
+    """A plain eager call's signature where its table is Angles (`_PlannedCall`): every
+    tensor's shape, strides, dtype, device and requires_grad (x, the weight, bias, Angles'
+    turns and amplitude, position ids, cu_seqlens, norm weights: plain tensors or
+    nn.Parameters), Angles' rot_dim, the options and each option's type, grad mode; or None
+    (something else: the full checks say what is wrong)."""
+    sig = ["qkv_rope_linear", angles.rot_dim, torch.is_grad_enabled(), *options,
+           *map(type, options)]
+    try:
+        hash(options)
+    except TypeError:
+        return None
+    for t in (x, weight, bias, angles.turns, angles.amplitude, position_ids, cu_seqlens,
+              q_norm_weight, k_norm_weight):
+        if t is None:
+            sig.append(None)
+        elif type(t) is torch.Tensor or type(t) is nn.Parameter:
+            sig.append((t.shape, t.stride(), t.dtype, t.device, t.requires_grad))
+        else:
+            return None
+    return tuple(sig)
+
+
+class _PlannedCall:
+    """qkv_rope_linear's plain eager call with Angles, checked in full at the first call of its
+    signature (`_call_signature`), with what the checks decided that follows from the
+    signature alone: the tokens a sequence S and the batch B (for the position values'
+    checks), whether there is a norm, whether gradients are asked for, the resolved backward
+    and the forward's ForwardPlan. A later call of the signature does only what depends on
+    more: the position ids' and cu_seqlens' values (`_positions`, where
+    ropelib.set_index_checks wants them read), Gemma's weight offset added, copies of tensors
+    made under inference_mode before they are saved, the contiguous views."""
+    __slots__ = ("S", "B", "norm", "grad", "backward", "fp")
+
+    def __init__(self, S, B, norm, grad, backward, fp):
+        self.S, self.B, self.norm, self.grad, self.backward, self.fp = (S, B, norm, grad,
+                                                                        backward, fp)
+
+    def __call__(self, x, weight, bias, angles, position_ids, cu_seqlens, q_norm_weight,
+                 k_norm_weight, n_heads, n_kv_heads, head_dim, eps, weight_offset, interleaved,
+                 out_layout) -> Tuple[Tensor, Tensor, Tensor]:
+        table, sin = angles.turns.contiguous(), angles.amplitude
+        position_ids, cu_seqlens = _positions(position_ids, cu_seqlens, self.S, self.B,
+                                              EXACT_POSITIONS)
+        if self.norm and weight_offset != 0.0:
+            q_norm_weight = q_norm_weight.float() + weight_offset
+            k_norm_weight = k_norm_weight.float() + weight_offset
+        x, weight = x.contiguous(), weight.contiguous()
+        if bias is not None:
+            bias = bias.contiguous()
+        if self.grad:
+            table, sin, position_ids, cu_seqlens = (saveable(t) for t in (
+                table, sin, position_ids, cu_seqlens))
+            q, k, v, _, _ = _eager_qkv_rope(
+                x, weight, bias, table, sin, position_ids, cu_seqlens, q_norm_weight,
+                k_norm_weight, n_heads, n_kv_heads, head_dim, eps, interleaved, out_layout,
+                self.norm, self.backward, self.fp)
+            return q, k, v
+        return _project(x, weight, bias, table, sin, position_ids, cu_seqlens, q_norm_weight,
+                        k_norm_weight, n_heads, n_kv_heads, head_dim, eps, interleaved,
+                        out_layout, None, None, self.fp, True)
 
 
 # --- the module -----------------------------------------------------------------------------

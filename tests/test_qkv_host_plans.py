@@ -567,3 +567,66 @@ def test_the_forward_keeps_its_cos_sin_rows_where_positions_are_the_token_index(
     for _ in range(2):
         call(xd, wd, freqs=made, angles=None)
     assert len(pre_passes) == n + 2                     # never kept from an inference tensor
+
+
+def test_a_call_with_angles_is_checked_once_per_signature(monkeypatch):
+    """A plain eager call with Angles keeps its checks' outcome and its ForwardPlan in
+    eager.SIGNATURES (qkv_linear._PlannedCall): checked in full at the first call of a
+    signature, not at the next (no_grad or with gradients); other strides, dtype, options, an
+    option's type, grad mode or a clear() check anew; position values are still checked every
+    call; the bits of the fully checked call, forward and backward, with QK-norm's weight
+    offset added every call."""
+    x, w = inputs(grad=True)
+    angles = ropelib.rope_angles(D)
+    g = torch.Generator().manual_seed(12)
+    wq, wk = (torch.rand(D, generator=g).add(0.5).requires_grad_(True) for _ in range(2))
+    checked = []
+    real = qkv_linear._check_projection
+
+    def check_projection(*a):
+        checked.append(a[0].shape)
+        real(*a)
+    monkeypatch.setattr(qkv_linear, "_check_projection", check_projection)
+    eager.SIGNATURES.clear()
+    grads = [torch.randn(B, S, h, D, generator=g) for h in (HQ, HK, HK)]
+    norm = dict(q_norm_weight=wq, k_norm_weight=wk, weight_offset=1.0)
+    leaves = (x, w, wq, wk)
+    runs = []
+    for _ in range(2):
+        out = call(x, w, angles=angles, **norm)
+        runs.append(list(out) + list(torch.autograd.grad(out, leaves, grads)))
+        with torch.no_grad():
+            runs[-1] += list(call(x, w, angles=angles, **norm))
+    assert len(checked) == 2                    # with gradients and without: one each
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+    n = len(checked)
+    for over in (dict(eps=1e-5), dict(interleaved=True), dict(out_layout="bhsd"),
+                 dict(weight_offset=0.0), dict(eps=1.0), dict(eps=1)):     # (1 == 1.0: types)
+        call(x, w, angles=angles, **dict(norm, **over))
+        call(x, w, angles=angles, **dict(norm, **over))
+        assert len(checked) == n + 1, over
+        n += 1
+    wide = torch.randn(B, S, 2 * K, generator=g)[..., ::2]          # other strides
+    for a, b in zip(call(wide, w, angles=angles), call(wide.contiguous(), w, angles=angles)):
+        assert torch.equal(a, b)
+    assert len(checked) == n + 2
+    with pytest.raises(TypeError, match="weight must have x's dtype"):
+        call(x, w.to(torch.bfloat16), angles=angles)
+    eager.SIGNATURES.clear()
+    out = call(x, w, angles=angles, **norm)
+    assert len(checked) == n + 4
+    for a, b in zip(runs[0], list(out) + list(torch.autograd.grad(out, leaves, grads))):
+        assert torch.equal(a, b)
+    # position values: checked every call, after a call of the same signature was planned
+    ids = torch.arange(S).expand(B, S).contiguous()
+    call(x, w, angles=angles, position_ids=ids)
+    bad = ids.clone()
+    bad[1, 2] = -1
+    with pytest.raises(ValueError, match="position_ids must lie in"):
+        call(x, w, angles=angles, position_ids=bad)
+    xp = x.detach().reshape(B * S, K)
+    cu = torch.tensor([0, 4, B * S], dtype=torch.int32)
+    call(xp, w, angles=angles, cu_seqlens=cu)
+    with pytest.raises(ValueError):
+        call(xp, w, angles=angles, cu_seqlens=torch.tensor([0, 6, 4], dtype=torch.int32))
