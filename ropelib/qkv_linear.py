@@ -37,11 +37,11 @@ formula without the dispatcher (_EagerQKVRoPE), as ropelib's other eager calls d
 Plans kept. A plain eager call plans each launch once and keeps it in ropelib.eager.SIGNATURES,
 the one cache of every plan ropelib keeps (eager.SIGNATURES.clear() drops them all), each entry
 under a key of its own kind:
-  ("qkv_rope_linear", ...)   a call with Angles, checked in full once (`_PlannedCall`: what the
-                             checks decided and the ForwardPlan): every tensor's shape,
-                             strides, dtype, device and requires_grad, Angles' rot_dim, the
-                             options and their types, grad mode; a later call checks only the
-                             position values (`_positions`);
+  ("qkv_rope_linear", ...)   a call, checked in full once (`_PlannedCall`: what the checks
+                             decided and the ForwardPlan): every tensor's shape, strides,
+                             dtype, device and requires_grad, which table (Angles: rot_dim),
+                             the options and their types, grad mode; a later call checks only
+                             the position values (`_positions`);
   ("qkv_forward", ...)       the forward's whole plan (`ForwardPlan`: the output and cos/sin
                              rows' shapes, the pre-pass plan and the GEMM's Launch below),
                              looked up once a call: x's shape, the dtypes of x, the weight,
@@ -968,15 +968,15 @@ def qkv_rope_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, *,
     and backward; position ids in CPU memory are checked (ropelib.set_index_checks).
     """
     plain = eager.active()
-    sig = _call_signature(x, weight, bias, angles, position_ids, cu_seqlens, q_norm_weight,
-                          k_norm_weight, n_heads, n_kv_heads, head_dim, eps, weight_offset,
-                          rotary_dim, interleaved, out_layout, backward) \
-        if plain and freqs is None and type(angles) is Angles else None
+    sig = _call_signature(x, weight, bias, freqs, angles, position_ids, cu_seqlens,
+                          q_norm_weight, k_norm_weight, n_heads, n_kv_heads, head_dim, eps,
+                          weight_offset, rotary_dim, interleaved, out_layout, backward) \
+        if plain else None
     kept = SIGNATURES.get(sig) if sig is not None else None
     if kept is not None:
-        return kept(x, weight, bias, angles, position_ids, cu_seqlens, q_norm_weight,
-                       k_norm_weight, n_heads, n_kv_heads, head_dim, eps, weight_offset,
-                       interleaved, out_layout)
+        return kept(x, weight, bias, freqs, angles, position_ids, cu_seqlens, q_norm_weight,
+                    k_norm_weight, n_heads, n_kv_heads, head_dim, eps, weight_offset,
+                    interleaved, out_layout)
     n_heads = _check_count(n_heads, "n_heads", 1)
     n_kv_heads = _check_count(n_kv_heads, "n_kv_heads", 1)
     head_dim = _check_count(head_dim, "head_dim", 2)
@@ -1024,28 +1024,33 @@ def qkv_rope_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, *,
     if sig is not None:     # checked in full: later calls of this signature skip the checks
         B, S, _ = _sizes(x)
         SIGNATURES.put(sig, _PlannedCall(
-            S, B, norm, grad, backward, _forward_plan(
+            S, B, _rows(table), norm, grad, backward, _forward_plan(
                 x, weight, bias, table, sin, position_ids, cu_seqlens, q_norm_weight,
                 k_norm_weight, n_heads, n_kv_heads, head_dim, eps, interleaved, out_layout,
                 norm and grad)))
     return q, k, v
 
 
-def _call_signature(x, weight, bias, angles, position_ids, cu_seqlens, q_norm_weight,
+def _call_signature(x, weight, bias, freqs, angles, position_ids, cu_seqlens, q_norm_weight,
                     k_norm_weight, *options) -> Optional[tuple]:
-    """A plain eager call's signature where its table is Angles (`_PlannedCall`): every
-    tensor's shape, strides, dtype, device and requires_grad (x, the weight, bias, Angles'
-    turns and amplitude, position ids, cu_seqlens, norm weights: plain tensors or
-    nn.Parameters), Angles' rot_dim, the options and each option's type, grad mode; or None
-    (something else: the full checks say what is wrong)."""
-    sig = ["qkv_rope_linear", angles.rot_dim, torch.is_grad_enabled(), *options,
-           *map(type, options)]
+    """A plain eager call's signature (`_PlannedCall`): every tensor's shape, strides, dtype,
+    device and requires_grad (x, the weight, bias, the freqs table or Angles' turns and
+    amplitude, position ids, cu_seqlens, norm weights: plain tensors or nn.Parameters), which
+    table (Angles: its rot_dim), the options and each option's type, grad mode; or None
+    (something else, both tables or neither: the full checks say what is wrong)."""
+    if angles is None and type(freqs) is torch.Tensor:
+        tables, kind = (freqs, None), "freqs"
+    elif freqs is None and type(angles) is Angles:
+        tables, kind = (angles.turns, angles.amplitude), angles.rot_dim
+    else:
+        return None
+    sig = ["qkv_rope_linear", kind, torch.is_grad_enabled(), *options, *map(type, options)]
     try:
         hash(options)
     except TypeError:
         return None
-    for t in (x, weight, bias, angles.turns, angles.amplitude, position_ids, cu_seqlens,
-              q_norm_weight, k_norm_weight):
+    for t in (x, weight, bias, *tables, position_ids, cu_seqlens, q_norm_weight,
+              k_norm_weight):
         if t is None:
             sig.append(None)
         elif type(t) is torch.Tensor or type(t) is nn.Parameter:
@@ -1056,26 +1061,30 @@ def _call_signature(x, weight, bias, angles, position_ids, cu_seqlens, q_norm_we
 
 
 class _PlannedCall:
-    """qkv_rope_linear's plain eager call with Angles, checked in full at the first call of its
-    signature (`_call_signature`), with what the checks decided that follows from the
-    signature alone: the tokens a sequence S and the batch B (for the position values'
+    """qkv_rope_linear's plain eager call, checked in full at the first call of its signature
+    (`_call_signature`), with what the checks decided that follows from the signature alone:
+    the tokens a sequence S, the batch B and the table's positions P (for the position values'
     checks), whether there is a norm, whether gradients are asked for, the resolved backward
     and the forward's ForwardPlan. A later call of the signature does only what depends on
     more: the position ids' and cu_seqlens' values (`_positions`, where
     ropelib.set_index_checks wants them read), Gemma's weight offset added, copies of tensors
-    made under inference_mode before they are saved, the contiguous views."""
-    __slots__ = ("S", "B", "norm", "grad", "backward", "fp")
+    made under inference_mode before they are saved, the table's [P, R] view and the
+    contiguous views (as the checks make them)."""
+    __slots__ = ("S", "B", "P", "norm", "grad", "backward", "fp")
 
-    def __init__(self, S, B, norm, grad, backward, fp):
-        self.S, self.B, self.norm, self.grad, self.backward, self.fp = (S, B, norm, grad,
-                                                                        backward, fp)
+    def __init__(self, S, B, P, norm, grad, backward, fp):
+        self.S, self.B, self.P = S, B, P
+        self.norm, self.grad, self.backward, self.fp = norm, grad, backward, fp
 
-    def __call__(self, x, weight, bias, angles, position_ids, cu_seqlens, q_norm_weight,
+    def __call__(self, x, weight, bias, freqs, angles, position_ids, cu_seqlens, q_norm_weight,
                  k_norm_weight, n_heads, n_kv_heads, head_dim, eps, weight_offset, interleaved,
                  out_layout) -> Tuple[Tensor, Tensor, Tensor]:
-        table, sin = angles.turns.contiguous(), angles.amplitude
+        if freqs is None:
+            table, sin = angles.turns.contiguous(), angles.amplitude
+        else:       # (V.angle_table's [P, R] view of [P, 1, 1, R] or [P, R], contiguous)
+            table, sin = (freqs[:, 0, 0, :] if freqs.dim() == 4 else freqs).contiguous(), None
         position_ids, cu_seqlens = _positions(position_ids, cu_seqlens, self.S, self.B,
-                                              EXACT_POSITIONS)
+                                              self.P)
         if self.norm and weight_offset != 0.0:
             q_norm_weight = q_norm_weight.float() + weight_offset
             k_norm_weight = k_norm_weight.float() + weight_offset

@@ -569,8 +569,8 @@ def test_the_forward_keeps_its_cos_sin_rows_where_positions_are_the_token_index(
     assert len(pre_passes) == n + 2                     # never kept from an inference tensor
 
 
-def test_a_call_with_angles_is_checked_once_per_signature(monkeypatch):
-    """A plain eager call with Angles keeps its checks' outcome and its ForwardPlan in
+def test_a_call_is_checked_once_per_signature(monkeypatch):
+    """A plain eager call keeps its checks' outcome and its ForwardPlan in
     eager.SIGNATURES (qkv_linear._PlannedCall): checked in full at the first call of a
     signature, not at the next (no_grad or with gradients); other strides, dtype, options, an
     option's type, grad mode or a clear() check anew; position values are still checked every
@@ -630,3 +630,20 @@ def test_a_call_with_angles_is_checked_once_per_signature(monkeypatch):
     call(xp, w, angles=angles, cu_seqlens=cu)
     with pytest.raises(ValueError):
         call(xp, w, angles=angles, cu_seqlens=torch.tensor([0, 6, 4], dtype=torch.int32))
+    # a freqs table, [P, R] and TE's [P, 1, 1, R]: checked once each, the bits of a call
+    # checked in full; its positions checked against its P rows every call
+    for freqs in (ropelib.rope_freqs(S + 2, D).view(S + 2, D), ropelib.rope_freqs(S + 2, D)):
+        n = len(checked)
+        eager.SIGNATURES.clear()
+        want = call(x, w, freqs=freqs, angles=None)
+        eager.SIGNATURES.clear()
+        call(x, w, freqs=freqs, angles=None)
+        got = call(x, w, freqs=freqs, angles=None)
+        assert len(checked) == n + 2
+        for a, b in zip(want, got):
+            assert torch.equal(a, b)
+        call(x, w, freqs=freqs, angles=None, position_ids=ids)
+        past = ids.clone()
+        past[0, 1] = S + 2
+        with pytest.raises(ValueError, match="position_ids must lie in"):
+            call(x, w, freqs=freqs, angles=None, position_ids=past)
