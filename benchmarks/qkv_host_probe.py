@@ -19,8 +19,10 @@ and ropelib.eager's launches, replaced by nothing), at a small shape like the te
 B=2, S=13, hidden 64, 4/2 heads of 32, angles): the whole call (forward under no_grad, with
 gradients, and the backward through autograd), then each step of the forward and of the
 backward, and the same with QK-norm (norm weights [D]: the forward, the forward+backward, the
-backward and its dY step, qk_norm.undo_norm_rope into dY's columns), best of --rounds rounds
-of --calls calls back to back (benchmarks/eager_python_pieces.py's way). What is left is
+backward and its dY step, qk_norm.undo_norm_rope into dY's columns), and the unfused
+pipeline's forward and forward+backward (F.linear, then apply_rope_qk with a table, as the GPU
+rows run it), best of --rounds rounds of --calls calls back to back
+(benchmarks/eager_python_pieces.py's way). What is left is
 ropelib's own Python and PyTorch's calls (allocations, views, and on the backward's "dy" route
 dX and dW's matrix products, here on the CPU, denormals flushed: with the launches removed dY
 is whatever torch.empty held).
@@ -140,8 +142,13 @@ def pieces(device) -> dict:
     norm_input = nctx.saved_tensors[-1]
     made = qkv_linear._forward(*args)
     tok = qkv_linear._token_major(grads, "bshd")
-    key = (x, w, None, table, sin, None, None, None, None, HQ, HK, D, 1e-6, False, "bshd", None,
-           None)
+    key = (x, w, None, table, sin, None, None, None, None, HQ, HK, D, 1e-6, False, "bshd", False)
+
+    freqs = ropelib.rope_freqs(S, D, device=dev)
+
+    def unfused(x, w):
+        q, k, v = bench.split_heads(F.linear(x, w), HQ, HK, D)
+        return ropelib.apply_rope_qk(q, k, freqs, layout="bshd") + (v,)
 
     def forward_plan():         # (a forward's one lookup of its whole plan)
         return qkv_linear.SIGNATURES.get(qkv_linear._forward_key(*key))
@@ -164,8 +171,8 @@ def pieces(device) -> dict:
             (B, S, HQ, D), dtype=x.dtype, device=dev),
         "    the forward's plan (key + lookup, qkv_linear.ForwardPlan)": forward_plan,
         "forward, with gradients (whole)": lambda: ropelib.qkv_rope_linear(xg, wg, **opts),
-        "  _eager_qkv_rope (Function: _forward + _setup)": lambda: qkv_linear._eager_qkv_rope(
-            *gargs),
+        "  _eager_qkv_rope (Function: plan, _project, _setup)": lambda: qkv_linear._eager_qkv_rope(
+            *gargs, None),
         "forward+backward (autograd.backward, whole)": lambda: torch.autograd.backward(
             ropelib.qkv_rope_linear(xg, wg, **opts), grads),
         "  backward under no_grad (_backward with a saved ctx)": no_grad(
@@ -184,6 +191,12 @@ def pieces(device) -> dict:
             lambda: qkv_linear._backward(nctx, *grads, None, None)),
         "    dY written (_written_dy_normed)": no_grad(lambda: qkv_linear._written_dy_normed(
             *tok, x, norm_input, wq, wk, table, sin, None, None, HQ, HK, D, 1e-6, False)),
+        # the unfused pipeline the GPU rows time (F.linear, then apply_rope_qk on q and k)
+        "unfused: forward, no_grad (F.linear + apply_rope_qk)": no_grad(
+            lambda: unfused(x, w)),
+        "unfused: forward, with gradients": lambda: unfused(xg, wg),
+        "unfused: forward+backward (autograd.backward)": lambda: torch.autograd.backward(
+            unfused(xg, wg), grads),
     }
 
 

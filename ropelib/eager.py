@@ -27,7 +27,8 @@ at decode sizes. So a plain eager call takes a shorter way to the same planner a
   nor from a table made under inference_mode (no version counter tells a change). Where only
   kept rows make the two passes pay (at batch 1 with 32 heads, rows written and read every
   call would add an eighth to the bytes moved), such a call runs the finished kernel instead
-  (`EagerTwoPass`).
+  (`EagerTwoPass`). The QKV projection's forward keeps its pre-pass rows here too
+  (qkv_linear._kept_rows).
 """
 import operator
 import weakref
@@ -81,22 +82,26 @@ class Signatures:
     the QKV projection's launches (keys starting "qkv_forward", "qkv_gemm", "qkv_cos_sin_rows",
     "rotate_into", "undo_norm_rope": ropelib/qkv_linear.py says what each is keyed on).
     clear() drops them all: the one thing to call after changing a tile table or a planner.
-    Bounded: cleared when full."""
+    Bounded: cleared when full. `epoch` counts the clearings: a plan held outside the entries
+    (a QKV forward's ForwardPlan, kept on its autograd context for the backward) serves only
+    while the epoch it was made in lasts."""
 
     def __init__(self):
         self.entries = {}
+        self.epoch = 0
 
     def get(self, sig):
         return self.entries.get(sig)
 
     def put(self, sig, entry):
         if len(self.entries) >= MAX_SIGNATURES:
-            self.entries.clear()
+            self.clear()
         self.entries[sig] = entry
         return entry
 
     def clear(self) -> None:
         self.entries.clear()
+        self.epoch += 1
 
 
 SIGNATURES = Signatures()
@@ -456,15 +461,17 @@ def rotate_into(q: torch.Tensor, q_out: torch.Tensor, k: torch.Tensor, k_out: to
         return
     planned = SIGNATURES.get(sig)
     if planned is None:
-        planned = SIGNATURES.put(sig, _plan_into(q, q_out, k, k_out, table, sin, position_ids,
-                                                 cu_seqlens, layout, interleaved, backward))
+        planned = SIGNATURES.put(sig, plan_into(q, q_out, k, k_out, table, sin, position_ids,
+                                                cu_seqlens, layout, interleaved, backward))
     planned(q, q_out, k, k_out, table, sin, position_ids, cu_seqlens)
 
 
-def _plan_into(q, q_out, k, k_out, table, sin, position_ids, cu_seqlens, layout, interleaved,
-               backward):
-    """rotate_into's entry for a signature: planned where ops._launch would launch at once (q
-    not empty, outputs the kernels store into), else ops.rotate_into at every call."""
+def plan_into(q, q_out, k, k_out, table, sin, position_ids, cu_seqlens, layout, interleaved,
+              backward):
+    """rotate_into's entry for a signature (called as rotate_into is, less the options): planned
+    where ops._launch would launch at once (q not empty, outputs the kernels store into), else
+    ops.rotate_into at every call. A caller that knows the signature already keeps it itself
+    (the QKV projection's backward: qkv_linear.DyStep)."""
     x4 = ops.view4(q, layout)
     stores = x4.shape[0] and x4.shape[1] and launch_output_row(
         ops.kernel_view(q_out, layout), ops.kernel_view(k_out, layout), layout) is not None

@@ -117,13 +117,26 @@ def undo_norm_rope(grad_q_out: Tensor, grad_k_out: Tensor, q: Tensor, k: Tensor,
         # the Route and what its backward into `into` decides from strides (kernel.BackwardInto)
         backward = eager.SIGNATURES.get(sig)
         if backward is None:
-            backward = eager.SIGNATURES.put(sig, kernel.BackwardInto(
-                _route(q, k, w_q, w_k, table, sin, position_ids, cu_seqlens, layout,
-                       interleaved, eps, weight_offset),
-                grad_q_out, grad_k_out, q, k, w_q, w_k, table, sin, pos, into))
+            backward = eager.SIGNATURES.put(sig, backward_into(
+                grad_q_out, grad_k_out, q, k, w_q, w_k, table, sin, position_ids, cu_seqlens,
+                layout, interleaved, eps, weight_offset, into))
         grad_q, grad_k, gw_q, gw_k = backward(grad_q_out, grad_k_out, q, k, w_q, w_k, table,
                                               sin, pos, into)
     return grad_q, grad_k, gw_q.to(w_q.dtype), gw_k.to(w_k.dtype)
+
+
+def backward_into(grad_q_out, grad_k_out, q, k, w_q, w_k, table, sin, position_ids, cu_seqlens,
+                  layout, interleaved, eps, weight_offset, into) -> kernel.BackwardInto:
+    """undo_norm_rope's entry for a plain eager call's signature (its arguments as it takes
+    them): the eager Route and what its backward into `into` decides from strides. Called as
+    undo_norm_rope calls it, with `pos` as _index makes it, (grad_q, grad_k, gw_q, gw_k) come
+    back, the weights' gradients in fp32 (fp64 for fp64 inputs). A caller that knows the
+    signature already keeps it itself (the QKV projection's backward: qkv_linear.DyStep)."""
+    pos, _ = _index(position_ids, cu_seqlens)
+    return kernel.BackwardInto(
+        _route(q, k, w_q, w_k, table, sin, position_ids, cu_seqlens, layout, interleaved, eps,
+               weight_offset),
+        grad_q_out, grad_k_out, q, k, w_q, w_k, table, sin, pos, into)
 
 
 def _setup(ctx, inputs, output):

@@ -37,13 +37,24 @@ formula without the dispatcher (_EagerQKVRoPE), as ropelib's other eager calls d
 Plans kept. A plain eager call plans each launch once and keeps it in ropelib.eager.SIGNATURES,
 the one cache of every plan ropelib keeps (eager.SIGNATURES.clear() drops them all), each entry
 under a key of its own kind:
+  ("qkv_rope_linear", ...)   a call, checked in full once (`_PlannedCall`: what the checks
+                             decided and the ForwardPlan): every tensor's shape, strides,
+                             dtype, device and requires_grad, which table (Angles: rot_dim),
+                             the options and their types, grad mode; a later call checks only
+                             the position values (`_positions`);
   ("qkv_forward", ...)       the forward's whole plan (`ForwardPlan`: the output and cos/sin
                              rows' shapes, the pre-pass plan and the GEMM's Launch below),
                              looked up once a call: x's shape, the dtypes of x, the weight,
-                             bias, table, sin, position ids, cu_seqlens, norm weights, rstd and
-                             norm_input, the device, the table's shape and strides, the
-                             position ids' and cu_seqlens' shapes, the heads, D, eps,
-                             interleaved, out_layout;
+                             bias, table, sin, position ids, cu_seqlens and norm weights,
+                             whether the norm's statistics are written, the device, the
+                             table's shape and strides, the position ids' and cu_seqlens'
+                             shapes, the heads, D, eps, interleaved, out_layout. The eager
+                             route keeps it on the autograd context, and the backward keeps
+                             its dY step in it (`DyStep`: dY's column views and the entry
+                             below, "rotate_into" or "undo_norm_rope", the call would have
+                             kept), by the gradients' strides and dtype and the strides the
+                             key leaves out: no signature is built (a plan from before a
+                             clear(), eager.SIGNATURES.epoch, serves no more);
   ("qkv_gemm", ...)          the forward's, dX's and dW's GEMM (`planned`): the kind, B, S, K,
                              the heads, D, R, the table's positions P, whether position ids
                              have a row per batch entry, cu_seqlens' length, out_layout,
@@ -53,10 +64,12 @@ under a key of its own kind:
                              R, the table's shape and strides, the position ids' and cu_seqlens'
                              lengths, the dtypes of the table, sin, ids and cu_seqlens,
                              interleaved, the device, whether pairs_differ is asked;
-  ("rotate_into", ...)       the backward's dY rotation (eager.rotate_into): an eager
-                             signature, every tensor's shape, strides, dtype, device and
-                             requires_grad, the layout, interleaved, the direction;
-  ("undo_norm_rope", ...)    with QK-norm, the backward's dY norm and rotation
+  ("rotate_into", ...)       the backward's dY rotation (eager.rotate_into) where no
+                             ForwardPlan came with the context (the operator's forward, or
+                             one from before eager.SIGNATURES.clear()): an eager signature,
+                             every tensor's shape, strides, dtype, device and requires_grad,
+                             the layout, interleaved, the direction;
+  ("undo_norm_rope", ...)    likewise, with QK-norm, the backward's dY norm and rotation
                              (qk_norm.undo_norm_rope into dY's columns: its Route and what
                              follows from strides, whether the kernel stores into dY's
                              columns, kernels/qk_norm_rope.BackwardInto): an eager signature
@@ -64,12 +77,18 @@ under a key of its own kind:
 Never a tensor's values, and never the planners' own settings: code that changes a tile table
 (kernels/qkv_gemm.GPU_TILES, ...) or patches a planner, as a probe or a test does, calls
 eager.SIGNATURES.clear() for the next call to plan again.
+Rows kept. Where positions are the token index, the forward's cos/sin rows (and pairs_differ
+flag) follow from its plan and the table alone: a plain eager forward keeps them in
+eager.TABLE_ROWS as the eager RoPE route keeps its two-pass rows (the same ForwardPlan, the
+same table tensor unwritten since, the same stream), and the next forward of that plan and
+table, every layer's after the first, launches no pre-pass (`_kept_rows`).
 
 The forward's autograd formula is qkv_rotated_dy (with QK-norm qkv_rotated_dy_normed) and two
 matrix products (backward="dy"), or the backward operator (backward="prologue"); double
 backward is not supported.
 rstd and norm_input are what the norm's backward needs (empty without norm weights or when no
-gradient will be asked for); tensors an operator does not compute come back empty ([0]).
+gradient will be asked for; the eager route's forward makes no empty ones: None); tensors an
+operator does not compute come back empty ([0]).
 """
 import math
 import numbers
@@ -255,20 +274,21 @@ def _forward(x: Tensor, weight: Tensor, bias: Optional[Tensor], table: Tensor,
              head_dim: int, eps: float, interleaved: bool, out_layout: str,
              save_for_norm: bool, backward: str
              ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """The forward operator's implementation (qkv_rope_linear_op), which the eager route calls
-    without the dispatcher (under no_grad it calls _project, with no rstd and norm_input)."""
-    B, S, _ = _sizes(x)
-    M, NQK = B * S, n_heads + n_kv_heads
-    if save_for_norm and q_norm_weight is not None:
-        rstd = torch.empty((M, NQK), dtype=torch.float32, device=x.device)
-        norm_input = torch.empty((M, NQK * head_dim), dtype=x.dtype, device=x.device)
+    """The forward operator's implementation (qkv_rope_linear_op). The eager route runs the
+    same steps without the dispatcher (_EagerQKVRoPE; under no_grad _project), with None where
+    this returns empty rstd and norm_input."""
+    keep = save_for_norm and q_norm_weight is not None
+    fp = _forward_plan(x, weight, bias, table, sin, position_ids, cu_seqlens, q_norm_weight,
+                       k_norm_weight, n_heads, n_kv_heads, head_dim, eps, interleaved, out_layout,
+                       keep)
+    if keep:
+        rstd, norm_input = fp.statistics(x)
     else:
         rstd = torch.empty((0,), dtype=torch.float32, device=x.device)
         norm_input = torch.empty((0,), dtype=x.dtype, device=x.device)
     q, k, v = _project(x, weight, bias, table, sin, position_ids, cu_seqlens, q_norm_weight,
                        k_norm_weight, n_heads, n_kv_heads, head_dim, eps, interleaved,
-                       out_layout, rstd if rstd.numel() else None,
-                       norm_input if norm_input.numel() else None)
+                       out_layout, rstd if keep else None, norm_input if keep else None, fp)
     return q, k, v, rstd, norm_input
 
 
@@ -277,19 +297,16 @@ def _project(x: Tensor, weight: Tensor, bias: Optional[Tensor], table: Tensor,
              cu_seqlens: Optional[Tensor], q_norm_weight: Optional[Tensor],
              k_norm_weight: Optional[Tensor], n_heads: int, n_kv_heads: int, head_dim: int,
              eps: float, interleaved: bool, out_layout: str, rstd: Optional[Tensor],
-             norm_input: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
+             norm_input: Optional[Tensor], fp: Optional["ForwardPlan"] = None,
+             keep_rows: bool = False) -> Tuple[Tensor, Tensor, Tensor]:
     """q, k and v fresh, written by the pre-pass and the forward kernel (rstd and norm_input:
-    where the norm's statistics and input go, or None), as the call's ForwardPlan says."""
-    key = _forward_key(x, weight, bias, table, sin, position_ids, cu_seqlens, q_norm_weight,
-                       k_norm_weight, n_heads, n_kv_heads, head_dim, eps, interleaved,
-                       out_layout, rstd, norm_input)
-    fp = SIGNATURES.get(key) if key is not None else None
+    where the norm's statistics and input go, or None), as the call's ForwardPlan says (fp:
+    the caller's, looked up for these arguments). keep_rows (a plain eager call's): where the
+    positions are the token index, the pre-pass's rows are kept between calls (`_kept_rows`)."""
     if fp is None:
-        fp = ForwardPlan(x, weight, bias, table, sin, position_ids, cu_seqlens, q_norm_weight,
-                         k_norm_weight, n_heads, n_kv_heads, head_dim, eps, interleaved,
-                         out_layout, rstd, norm_input)
-        if key is not None:
-            SIGNATURES.put(key, fp)
+        fp = _forward_plan(x, weight, bias, table, sin, position_ids, cu_seqlens, q_norm_weight,
+                           k_norm_weight, n_heads, n_kv_heads, head_dim, eps, interleaved,
+                           out_layout, rstd is not None)
     device = x.device
     q = torch.empty(fp.q_shape, dtype=x.dtype, device=device)
     k = torch.empty(fp.kv_shape, dtype=x.dtype, device=device)
@@ -298,9 +315,13 @@ def _project(x: Tensor, weight: Tensor, bias: Optional[Tensor], table: Tensor,
         # a table's pairs may or may not repeat one angle (Angles' always do): the pre-pass
         # says, and the forward reads one cos and one sin tile where they do, else each
         # member's own (kernels/qkv_gemm.py)
-        differ = torch.zeros((1,), dtype=torch.int32, device=device) if fp.differ else None
-        rows = _write_rows(fp.prepass, fp.rows, device, table, sin, position_ids, cu_seqlens,
-                           differ)
+        if keep_rows and position_ids is None and cu_seqlens is None:
+            *rows, differ = _kept_rows(fp, table, sin, device)
+            rows = tuple(rows)
+        else:
+            differ = torch.zeros((1,), dtype=torch.int32, device=device) if fp.differ else None
+            rows = _write_rows(fp.prepass, fp.rows, device, table, sin, position_ids,
+                               cu_seqlens, differ)
         _run("fwd", (_aligned(x), _aligned(weight), _contiguous(bias), q, k, v) + rows
              + (q_norm_weight, k_norm_weight, rstd, norm_input, differ), x, table,
              position_ids, cu_seqlens, n_heads, n_kv_heads, head_dim, interleaved, out_layout,
@@ -308,16 +329,54 @@ def _project(x: Tensor, weight: Tensor, bias: Optional[Tensor], table: Tensor,
     return q, k, v
 
 
+def _kept_rows(fp: "ForwardPlan", table: Tensor, sin: Optional[Tensor], device) -> tuple:
+    """(cos rows, sine rows, the pairs_differ flag or None) of a forward whose positions are the
+    token index: they follow from the plan and the table alone, so eager.TABLE_ROWS keeps them
+    (as the eager RoPE route keeps its two-pass rows: the same plan, the same table tensor
+    unwritten since, the same stream; never from a table made under inference_mode nor while
+    a CUDA graph is captured) and a later forward of the same plan and table, every layer's
+    after the first, launches no pre-pass: the rows and flag the pre-pass wrote, read again."""
+    tables = (table,) if sin is None else (table, sin)
+    keeps = eager.TableRows.keeps(tables)
+    key, kept = eager.TABLE_ROWS.get(fp, tables) if keeps else (None, None)
+    if kept is not None:
+        return kept
+    differ = torch.zeros((1,), dtype=torch.int32, device=device) if fp.differ else None
+    rows = _write_rows(fp.prepass, fp.rows, device, table, sin, None, None, differ) + (differ,)
+    if keeps:
+        eager.TABLE_ROWS.put(key, fp, tables, rows)
+    return rows
+
+
 def _dtype(t: Optional[Tensor]):
     return None if t is None else t.dtype
 
 
+def _forward_plan(x, weight, bias, table, sin, position_ids, cu_seqlens, q_norm_weight,
+                  k_norm_weight, n_heads, n_kv_heads, head_dim, eps, interleaved, out_layout,
+                  stats: bool) -> "ForwardPlan":
+    """The call's ForwardPlan: kept in eager.SIGNATURES under `_forward_key`, made where none
+    is (and kept where the key is one)."""
+    key = _forward_key(x, weight, bias, table, sin, position_ids, cu_seqlens, q_norm_weight,
+                       k_norm_weight, n_heads, n_kv_heads, head_dim, eps, interleaved,
+                       out_layout, stats)
+    fp = SIGNATURES.get(key) if key is not None else None
+    if fp is None:
+        fp = ForwardPlan(x, weight, bias, table, sin, position_ids, cu_seqlens, q_norm_weight,
+                         k_norm_weight, n_heads, n_kv_heads, head_dim, eps, interleaved,
+                         out_layout, stats)
+        if key is not None:
+            SIGNATURES.put(key, fp)
+    return fp
+
+
 def _forward_key(x, weight, bias, table, sin, position_ids, cu_seqlens, q_norm_weight,
                  k_norm_weight, n_heads, n_kv_heads, head_dim, eps, interleaved, out_layout,
-                 rstd, norm_input) -> Optional[tuple]:
+                 stats: bool) -> Optional[tuple]:
     """The forward's key in eager.SIGNATURES ("qkv_forward"): what its ForwardPlan follows
-    from (shapes, dtypes, the table's strides, the device and the options), or None where a
-    size is not a plain int (torch.compile's tracing: planned every call)."""
+    from (shapes, dtypes, the table's strides, the device, the options and whether the norm's
+    statistics are written: rstd fp32 and norm_input in x's dtype), or None where a size is not
+    a plain int (torch.compile's tracing: planned every call)."""
     ids = () if position_ids is None else position_ids.shape
     seqs = () if cu_seqlens is None else cu_seqlens.shape
     if type(eps) is not float or any(type(n) is not int for n in (*x.shape, *table.shape,
@@ -325,22 +384,28 @@ def _forward_key(x, weight, bias, table, sin, position_ids, cu_seqlens, q_norm_w
         return None
     return ("qkv_forward", x.shape, x.dtype, x.device, weight.dtype, _dtype(bias),
             table.shape, table.stride(), table.dtype, _dtype(sin), ids, _dtype(position_ids),
-            seqs, _dtype(cu_seqlens), _dtype(q_norm_weight), _dtype(k_norm_weight),
-            _dtype(rstd), _dtype(norm_input), n_heads, n_kv_heads, head_dim, eps, interleaved,
-            out_layout)
+            seqs, _dtype(cu_seqlens), _dtype(q_norm_weight), _dtype(k_norm_weight), stats,
+            n_heads, n_kv_heads, head_dim, eps, interleaved, out_layout)
 
 
 class ForwardPlan:
     """Everything of one forward that follows from its key (`_forward_key`): the shapes of q
-    and of k and v, the cos/sin rows' shape, whether the pre-pass sets a pairs_differ flag,
-    the pre-pass plan (`_prepass`) and the GEMM's Launch (`planned`; None where there is no
-    token, nothing launched)."""
-    __slots__ = ("q_shape", "kv_shape", "rows", "differ", "prepass", "launch")
+    and of k and v, of the norm's statistics, the cos/sin rows' shape, whether the pre-pass
+    sets a pairs_differ flag, the pre-pass plan (`_prepass`) and the GEMM's Launch (`planned`;
+    None where there is no token, nothing launched). The eager route keeps it on the autograd
+    context, and the backward keeps its dY steps here (`dy_step`), by what the backward adds
+    to the key: the gradients' strides."""
+    __slots__ = ("q_shape", "kv_shape", "stats", "rows", "differ", "prepass", "launch",
+                 "options", "epoch", "dy", "__weakref__")
 
     def __init__(self, x, weight, bias, table, sin, position_ids, cu_seqlens, q_norm_weight,
                  k_norm_weight, n_heads, n_kv_heads, head_dim, eps, interleaved, out_layout,
-                 rstd, norm_input):
+                 stats):
         B, S, _ = _sizes(x)
+        NQK = n_heads + n_kv_heads
+        self.stats = ((B * S, NQK), (B * S, NQK * head_dim))        # rstd, norm_input
+        self.options = (n_heads, n_kv_heads, head_dim, eps, interleaved, x.dim() == 2)
+        self.epoch, self.dy = SIGNATURES.epoch, {}
         if x.dim() == 2:
             shapes = [(S, h, head_dim) for h in (n_heads, n_kv_heads)]     # packed: [T, H, D]
         elif out_layout == "bshd":
@@ -358,10 +423,114 @@ class ForwardPlan:
                                 device, self.differ)
         f32 = torch.float32
         dtypes = (x.dtype, weight.dtype, _dtype(bias), x.dtype, x.dtype, x.dtype, f32, f32,
-                  _dtype(q_norm_weight), _dtype(k_norm_weight), _dtype(rstd),
-                  _dtype(norm_input), torch.int32 if self.differ else None)
+                  _dtype(q_norm_weight), _dtype(k_norm_weight), f32 if stats else None,
+                  x.dtype if stats else None, torch.int32 if self.differ else None)
         self.launch = _gemm_plan("fwd", x, table, position_ids, cu_seqlens, n_heads,
                                  n_kv_heads, head_dim, interleaved, out_layout, eps, dtypes)
+
+    def statistics(self, x: Tensor) -> Tuple[Tensor, Tensor]:
+        """Fresh rstd [M, HQ + HK] (fp32) and norm_input [M, (HQ + HK) D] (x's dtype)."""
+        return (torch.empty(self.stats[0], dtype=torch.float32, device=x.device),
+                torch.empty(self.stats[1], dtype=x.dtype, device=x.device))
+
+    def dy_step(self, grads: tuple, sin, position_ids, cu_seqlens, q_norm_weight,
+                k_norm_weight) -> Tuple[Optional["DyStep"], tuple]:
+        """(the kept DyStep or None, its key) for the gradients of q, k and v (token-major:
+        _token_major) and the tensors the forward saved: the strides of the gradients and
+        their dtype, and what the forward's key leaves out of the saved tensors the dY step
+        reads (sin's shape and strides, the position ids', cu_seqlens' and norm weights'
+        strides). A plan of an earlier SIGNATURES epoch serves no more (None: the caller
+        plans through eager.SIGNATURES, as an uncached backward does)."""
+        if self.epoch != SIGNATURES.epoch:
+            return None, None
+        gq, gk, gv = grads
+        key = (gq.stride(), gk.stride(), gv.stride(), gq.dtype,
+               None if sin is None else (sin.shape, sin.stride()),
+               None if position_ids is None else position_ids.stride(),
+               None if cu_seqlens is None else cu_seqlens.stride(),
+               None if q_norm_weight is None else (q_norm_weight.stride(),
+                                                   k_norm_weight.stride()))
+        return self.dy.get(key), key
+
+    def keep_dy_step(self, key: tuple, step: "DyStep") -> "DyStep":
+        if len(self.dy) >= 16:          # (gradients of many strides: bounded)
+            self.dy.clear()
+        self.dy[key] = step
+        return step
+
+
+class DyStep:
+    """The backward's dY step ("dy", plain eager) for one ForwardPlan and gradients' strides,
+    planned at its first call: what _written_dy (or, with QK-norm, _written_dy_normed) does,
+    with what follows from shapes and strides kept. dY's shape and the as_strided views of its
+    q, k and v columns (_dy_with_v's), and the entry eager.rotate_into (qk_norm.undo_norm_rope)
+    would keep under the call's signature: the same plans, so the same bits, without building
+    that signature every call. With QK-norm, the norm's input of q and k as as_strided views of
+    norm_input (the forward's fresh [M, (HQ + HK) D], as _written_dy_normed's views)."""
+    __slots__ = ("dy_shape", "v_cols", "q_cols", "k_cols", "layout", "norm", "q_in", "k_in",
+                 "packed", "entry")
+
+    def __init__(self, fp: ForwardPlan, grads: tuple, x, norm_input, q_norm_weight,
+                 k_norm_weight, table, sin, position_ids, cu_seqlens):
+        n_heads, n_kv_heads, head_dim, eps, interleaved, self.packed = fp.options
+        gq, gk, gv = grads
+        lead = gq.shape[:-2]                     # [B, S] or [T]
+        D = head_dim
+        nq, nk = n_heads * D, n_kv_heads * D
+        N = nq + nk + gv.shape[-2] * gv.shape[-1]
+        self.dy_shape = (x.numel() // x.shape[-1], N)
+        rows = (lead[1] * N, N, D, 1) if len(lead) == 2 else (N, D, 1)
+        self.v_cols = (gv.shape, rows, nq + nk)
+        self.q_cols, self.k_cols = (gq.shape, rows, 0), (gk.shape, rows, nq)
+        self.layout = "thd" if self.packed else "bshd"
+        self.norm = q_norm_weight is not None
+        dy, dq, dk = self.columns(gq, gv)
+        if not self.norm:
+            self.entry = eager.plan_into(gq, dq, gk, dk, table, sin, position_ids, cu_seqlens,
+                                         self.layout, interleaved, True)
+            return
+        W = (n_heads + n_kv_heads) * D
+        in_rows = (lead[1] * W, W, D, 1) if len(lead) == 2 else (W, D, 1)
+        self.q_in = (lead + (n_heads, D), in_rows, 0)
+        self.k_in = (lead + (n_kv_heads, D), in_rows, nq)
+        q_in, k_in = self.inputs(norm_input)
+        if self.packed and position_ids is not None:
+            position_ids = position_ids[0]
+        self.entry = ops_qk_norm.backward_into(
+            gq, gk, q_in, k_in, q_norm_weight, k_norm_weight, table, sin, position_ids,
+            cu_seqlens, self.layout, interleaved, eps, 0.0, (dq, dk))
+
+    def columns(self, gq: Tensor, gv: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        """(dY fresh with v's gradient copied into its columns, dY's q and k columns)."""
+        dy = torch.empty(self.dy_shape, dtype=gq.dtype, device=gq.device)
+        dy.as_strided(*self.v_cols).copy_(gv)
+        return dy, dy.as_strided(*self.q_cols), dy.as_strided(*self.k_cols)
+
+    def inputs(self, norm_input: Tensor) -> Tuple[Tensor, Tensor]:
+        """The norm's input of q and of k, [B, S, H, D] (packed: [T, H, D]) views."""
+        at = norm_input.storage_offset()
+        q_shape, q_rows, q_at = self.q_in
+        k_shape, k_rows, k_at = self.k_in
+        return (norm_input.as_strided(q_shape, q_rows, at + q_at),
+                norm_input.as_strided(k_shape, k_rows, at + k_at))
+
+    def __call__(self, gq, gk, gv, norm_input, q_norm_weight, k_norm_weight, table, sin,
+                 position_ids, cu_seqlens) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
+        """(dY, the norm weights' gradients or None)."""
+        dy, dq, dk = self.columns(gq, gv)
+        if not self.norm:
+            self.entry(gq, dq, gk, dk, table, sin, position_ids, cu_seqlens)
+            return dy, None, None
+        q_in, k_in = self.inputs(norm_input)
+        if cu_seqlens is not None:      # (the positions as undo_norm_rope reads them: _index)
+            pos = cu_seqlens
+        elif position_ids is not None and self.packed:
+            pos = position_ids[0].unsqueeze(0)
+        else:
+            pos = position_ids
+        _, _, dwq, dwk = self.entry(gq, gk, q_in, k_in, q_norm_weight, k_norm_weight, table,
+                                    sin, pos, (dq, dk))
+        return dy, dwq.to(q_norm_weight.dtype), dwk.to(k_norm_weight.dtype)
 
 
 qkv_rope_linear_op = define_op("ropelib::qkv_rope_linear")(_forward)
@@ -428,7 +597,8 @@ def _setup(ctx, inputs, output):
     ctx.has_bias = bias is not None
     ctx.backward, ctx.eps = backward, _eps
     ctx.outputs = [(o.shape, o.dtype, o.device) for o in output[:3]]
-    ctx.mark_non_differentiable(rstd, norm_input)
+    if rstd is not None:        # (the eager route's forward gives None where none are kept)
+        ctx.mark_non_differentiable(rstd, norm_input)
 
 
 def _token_major(grads: tuple, out_layout: str) -> tuple:
@@ -518,7 +688,19 @@ def _backward(ctx, grad_q, grad_k, grad_v, _grad_rstd, _grad_norm_input):
         n_heads, n_kv_heads, head_dim, interleaved, out_layout = ctx.options
         dwq = dwk = None
         grads = _token_major(grads, out_layout)
-        if q_norm_weight is None:
+        # the eager route's forward left its ForwardPlan: the dY step kept there for these
+        # gradients' strides (else planned through eager.SIGNATURES by the call's signature)
+        fp = getattr(ctx, "plan", None) if plain else None
+        step, key = fp.dy_step(grads, sin, position_ids, cu_seqlens, q_norm_weight,
+                               k_norm_weight) if fp is not None else (None, None)
+        if key is not None:
+            if step is None:
+                step = fp.keep_dy_step(key, DyStep(fp, grads, x, norm_input, q_norm_weight,
+                                                   k_norm_weight, table, sin, position_ids,
+                                                   cu_seqlens))
+            dy, dwq, dwk = step(*grads, norm_input, q_norm_weight, k_norm_weight, table, sin,
+                                position_ids, cu_seqlens)
+        elif q_norm_weight is None:
             rotated_dy = _written_dy if plain else written_dy
             dy = rotated_dy(*grads, x, table, sin, position_ids, cu_seqlens, interleaved)
         else:
@@ -534,6 +716,9 @@ def _backward(ctx, grad_q, grad_k, grad_v, _grad_rstd, _grad_norm_input):
                 dwk if need[8] else None) + (None,) * 8
     grad_x = need[0]
     grad_params = need[1] or need[2] or need[7] or need[8]
+    if rstd is None:        # (an eager forward that kept no norm statistics: the operator's
+        rstd = torch.empty((0,), dtype=torch.float32, device=x.device)     # empty ones)
+        norm_input = torch.empty((0,), dtype=x.dtype, device=x.device)
     dx, dw, db, dwq, dwk = (_backward_impl if plain else qkv_rope_linear_backward_op)(
         *grads, x, weight, table, sin, position_ids, cu_seqlens, q_norm_weight, k_norm_weight,
         rstd, norm_input, *ctx.options, grad_x, grad_params, ctx.has_bias)
@@ -548,17 +733,26 @@ qkv_rope_linear_op.register_autograd(_backward, setup_context=_setup)
 class _EagerQKVRoPE(torch.autograd.Function):
     """The forward operator and its autograd formula without the dispatcher: what a plain eager
     call runs (eager.active); under torch.compile, a tracer, a transform or a dispatch mode the
-    operator runs. The same functions either way (_forward, _setup, _backward)."""
+    operator runs. The same steps either way (_forward's, _setup, _backward), but for the
+    norm's statistics where none are kept (None, where the operator returns empty tensors) and
+    the ForwardPlan, which the context keeps for the backward's dY step (ForwardPlan.dy_step)."""
 
     @staticmethod
-    def forward(ctx, *inputs):
-        output = _forward(*inputs)
+    def forward(ctx, *args):
+        # the operator's inputs, then the call's ForwardPlan (None: looked up here)
+        inputs, fp = args[:-1], args[-1]
+        keep = inputs[15] and inputs[7] is not None     # save_for_norm, with norm weights
+        if fp is None:
+            fp = _forward_plan(*inputs[:15], keep)
+        rstd, norm_input = fp.statistics(inputs[0]) if keep else (None, None)
+        output = _project(*inputs[:15], rstd, norm_input, fp, True) + (rstd, norm_input)
         _setup(ctx, inputs, output)
+        ctx.plan = fp
         return output
 
     @staticmethod
     def backward(ctx, *grads):
-        return _backward(ctx, *grads)
+        return _backward(ctx, *grads) + (None,)
 
 
 _eager_qkv_rope = eager.direct_apply(_EagerQKVRoPE)
@@ -626,25 +820,35 @@ def _check_positions(x: Tensor, position_ids, cu_seqlens, P: int, out_layout: st
             raise ValueError(f"out_layout={out_layout!r} needs x [B, S, hidden]; packed x "
                              "[T, hidden] gives q, k, v as [T, H, D] (out_layout='bshd')")
     if position_ids is not None:
-        if position_ids.dim() == 1:
-            position_ids = position_ids.unsqueeze(0)
-        if position_ids.shape[1] != S or position_ids.shape[0] not in (1, B):
+        ids = position_ids.unsqueeze(0) if position_ids.dim() == 1 else position_ids
+        if ids.shape[1] != S or ids.shape[0] not in (1, B):
             want = f"[T={S}]" if x.dim() == 2 else f"[S={S}] or [B={B} or 1, S={S}]"
             raise ValueError(f"position_ids must be {want} for x of shape {tuple(x.shape)}, "
-                             f"got {tuple(position_ids.shape)}")
-        position_ids = position_ids.contiguous()
-        if position_ids.numel() and V.values_checkable(position_ids):
-            V.check_index_values(S=S, B=B, P=P, layout="bshd", position_ids=position_ids)
+                             f"got {tuple(ids.shape)}")
     elif cu_seqlens is not None:
         if cu_seqlens.shape[0] < 2:
             raise ValueError(f"cu_seqlens must have at least 2 entries ([0, len0, ...]), got "
                              f"{cu_seqlens.shape[0]}")
-        cu_seqlens = cu_seqlens.contiguous()
-        if V.values_checkable(cu_seqlens):
-            V.check_index_values(S=S, B=1, P=P, layout="thd", cu_seqlens=cu_seqlens)
     elif S > P:
         raise ValueError(f"the table (freqs) has {P} positions but the sequence has {S} tokens: "
                          "pass a longer table, angles, or position_ids")
+    return _positions(position_ids, cu_seqlens, S, B, P)
+
+
+def _positions(position_ids, cu_seqlens, S: int, B: int, P: int):
+    """What _check_positions does at every call once the shapes are checked: position_ids as
+    [B or 1, S] contiguous, cu_seqlens contiguous, their values checked where they can be read
+    without a synchronisation (ropelib.set_index_checks)."""
+    if position_ids is not None:
+        if position_ids.dim() == 1:
+            position_ids = position_ids.unsqueeze(0)
+        position_ids = position_ids.contiguous()
+        if position_ids.numel() and V.values_checkable(position_ids):
+            V.check_index_values(S=S, B=B, P=P, layout="bshd", position_ids=position_ids)
+    elif cu_seqlens is not None:
+        cu_seqlens = cu_seqlens.contiguous()
+        if V.values_checkable(cu_seqlens):
+            V.check_index_values(S=S, B=1, P=P, layout="thd", cu_seqlens=cu_seqlens)
     return position_ids, cu_seqlens
 
 
@@ -763,13 +967,22 @@ def qkv_rope_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, *,
     A position outside the table (with freqs) gives NaN in the q and k rows it touches, forward
     and backward; position ids in CPU memory are checked (ropelib.set_index_checks).
     """
+    plain = eager.active()
+    sig = _call_signature(x, weight, bias, freqs, angles, position_ids, cu_seqlens,
+                          q_norm_weight, k_norm_weight, n_heads, n_kv_heads, head_dim, eps,
+                          weight_offset, rotary_dim, interleaved, out_layout, backward) \
+        if plain else None
+    kept = SIGNATURES.get(sig) if sig is not None else None
+    if kept is not None:
+        return kept(x, weight, bias, freqs, angles, position_ids, cu_seqlens, q_norm_weight,
+                    k_norm_weight, n_heads, n_kv_heads, head_dim, eps, weight_offset,
+                    interleaved, out_layout)
     n_heads = _check_count(n_heads, "n_heads", 1)
     n_kv_heads = _check_count(n_kv_heads, "n_kv_heads", 1)
     head_dim = _check_count(head_dim, "head_dim", 2)
     if head_dim > kernel.MAX_HEAD_DIM:
         raise ValueError(f"head_dim must be <= {kernel.MAX_HEAD_DIM} (a head's columns live in "
                          f"one program's registers), got {head_dim}")
-    plain = eager.active()
     if not plain:       # (a plain eager call runs under no torch.func transform)
         V.check_no_grad_transform("qkv_rope_linear")
     _check_projection(x, weight, bias, n_heads, n_kv_heads, head_dim)
@@ -802,12 +1015,93 @@ def qkv_rope_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, *,
     elif grad:
         q, k, v, _, _ = _eager_qkv_rope(x, weight, bias, table, sin, position_ids, cu_seqlens,
                                         q_norm_weight, k_norm_weight, n_heads, n_kv_heads,
-                                        head_dim, eps, interleaved, out_layout, norm, backward)
+                                        head_dim, eps, interleaved, out_layout, norm, backward,
+                                        None)
     else:               # (no gradient: the norm's statistics are not kept)
         q, k, v = _project(x, weight, bias, table, sin, position_ids, cu_seqlens,
                            q_norm_weight, k_norm_weight, n_heads, n_kv_heads, head_dim, eps,
-                           interleaved, out_layout, None, None)
+                           interleaved, out_layout, None, None, None, True)   # (keep_rows)
+    if sig is not None:     # checked in full: later calls of this signature skip the checks
+        B, S, _ = _sizes(x)
+        SIGNATURES.put(sig, _PlannedCall(
+            S, B, _rows(table), norm, grad, backward, _forward_plan(
+                x, weight, bias, table, sin, position_ids, cu_seqlens, q_norm_weight,
+                k_norm_weight, n_heads, n_kv_heads, head_dim, eps, interleaved, out_layout,
+                norm and grad)))
     return q, k, v
+
+
+def _call_signature(x, weight, bias, freqs, angles, position_ids, cu_seqlens, q_norm_weight,
+                    k_norm_weight, *options) -> Optional[tuple]:
+    """A plain eager call's signature (`_PlannedCall`): every tensor's shape, strides, dtype,
+    device and requires_grad (x, the weight, bias, the freqs table or Angles' turns and
+    amplitude, position ids, cu_seqlens, norm weights: plain tensors or nn.Parameters), which
+    table (Angles: its rot_dim), the options and each option's type, grad mode; or None
+    (something else, both tables or neither: the full checks say what is wrong)."""
+    if angles is None and type(freqs) is torch.Tensor:
+        tables, kind = (freqs, None), "freqs"
+    elif freqs is None and type(angles) is Angles:
+        tables, kind = (angles.turns, angles.amplitude), angles.rot_dim
+    else:
+        return None
+    sig = ["qkv_rope_linear", kind, torch.is_grad_enabled(), *options, *map(type, options)]
+    try:
+        hash(options)
+    except TypeError:
+        return None
+    for t in (x, weight, bias, *tables, position_ids, cu_seqlens, q_norm_weight,
+              k_norm_weight):
+        if t is None:
+            sig.append(None)
+        elif type(t) is torch.Tensor or type(t) is nn.Parameter:
+            sig.append((t.shape, t.stride(), t.dtype, t.device, t.requires_grad))
+        else:
+            return None
+    return tuple(sig)
+
+
+class _PlannedCall:
+    """qkv_rope_linear's plain eager call, checked in full at the first call of its signature
+    (`_call_signature`), with what the checks decided that follows from the signature alone:
+    the tokens a sequence S, the batch B and the table's positions P (for the position values'
+    checks), whether there is a norm, whether gradients are asked for, the resolved backward
+    and the forward's ForwardPlan. A later call of the signature does only what depends on
+    more: the position ids' and cu_seqlens' values (`_positions`, where
+    ropelib.set_index_checks wants them read), Gemma's weight offset added, copies of tensors
+    made under inference_mode before they are saved, the table's [P, R] view and the
+    contiguous views (as the checks make them)."""
+    __slots__ = ("S", "B", "P", "norm", "grad", "backward", "fp")
+
+    def __init__(self, S, B, P, norm, grad, backward, fp):
+        self.S, self.B, self.P = S, B, P
+        self.norm, self.grad, self.backward, self.fp = norm, grad, backward, fp
+
+    def __call__(self, x, weight, bias, freqs, angles, position_ids, cu_seqlens, q_norm_weight,
+                 k_norm_weight, n_heads, n_kv_heads, head_dim, eps, weight_offset, interleaved,
+                 out_layout) -> Tuple[Tensor, Tensor, Tensor]:
+        if freqs is None:
+            table, sin = angles.turns.contiguous(), angles.amplitude
+        else:       # (V.angle_table's [P, R] view of [P, 1, 1, R] or [P, R], contiguous)
+            table, sin = (freqs[:, 0, 0, :] if freqs.dim() == 4 else freqs).contiguous(), None
+        position_ids, cu_seqlens = _positions(position_ids, cu_seqlens, self.S, self.B,
+                                              self.P)
+        if self.norm and weight_offset != 0.0:
+            q_norm_weight = q_norm_weight.float() + weight_offset
+            k_norm_weight = k_norm_weight.float() + weight_offset
+        x, weight = x.contiguous(), weight.contiguous()
+        if bias is not None:
+            bias = bias.contiguous()
+        if self.grad:
+            table, sin, position_ids, cu_seqlens = (saveable(t) for t in (
+                table, sin, position_ids, cu_seqlens))
+            q, k, v, _, _ = _eager_qkv_rope(
+                x, weight, bias, table, sin, position_ids, cu_seqlens, q_norm_weight,
+                k_norm_weight, n_heads, n_kv_heads, head_dim, eps, interleaved, out_layout,
+                self.norm, self.backward, self.fp)
+            return q, k, v
+        return _project(x, weight, bias, table, sin, position_ids, cu_seqlens, q_norm_weight,
+                        k_norm_weight, n_heads, n_kv_heads, head_dim, eps, interleaved,
+                        out_layout, None, None, self.fp, True)
 
 
 # --- the module -----------------------------------------------------------------------------

@@ -411,3 +411,239 @@ def test_the_forward_looks_its_whole_plan_up_once(monkeypatch):
     for a, b in zip(kept, call(x, w, out_layout="bhsd")):
         assert torch.equal(a, b)
 
+
+
+@pytest.mark.parametrize("norm", [False, True], ids=["plain", "qk-norm"])
+def test_the_backward_takes_its_dy_step_from_the_forwards_plan(norm, monkeypatch):
+    """The eager forward keeps its ForwardPlan on the autograd context and the backward keeps
+    its dY step there (qkv_linear.DyStep, by the gradients' strides): planned at the first
+    backward, taken at the next with no signature built; gradients with other strides, another
+    layout or eps plan anew; after eager.SIGNATURES.clear() a context's older plan is not used;
+    the bits of the operator route's backward (which plans through its signature)."""
+    x, w = inputs(grad=True)
+    g = torch.Generator().manual_seed(7)
+    wq, wk = (torch.rand(D, generator=g).add(0.5).requires_grad_(True) for _ in range(2))
+    over = dict(q_norm_weight=wq, k_norm_weight=wk) if norm else {}
+    leaves = (x, w, wq, wk) if norm else (x, w)
+    eager.SIGNATURES.clear()
+    steps, signatures = [], []
+    real_step, real_signature = qkv_linear.DyStep.__init__, eager.signature
+
+    def planning(self, *a):
+        steps.append(a[1][0].stride())
+        real_step(self, *a)
+
+    def signature(head, tensors):
+        signatures.append(head[0])
+        return real_signature(head, tensors)
+    monkeypatch.setattr(qkv_linear.DyStep, "__init__", planning)
+    monkeypatch.setattr(eager, "signature", signature)     # (qk_norm's too: eager.signature)
+
+    def grads_of(out, strided=False):
+        gen = torch.Generator().manual_seed(8)
+        gs = [torch.randn(t.shape, generator=gen) for t in out]
+        if strided:     # the same values, each head's row twice as far from the next
+            gs = [torch.stack((t, torch.full_like(t, float("nan"))), -2).select(-2, 0)
+                  for t in gs]
+        return gs
+
+    def backward(out, strided=False):
+        return torch.autograd.grad(out, leaves, grads_of(out, strided))
+    first = backward(call(x, w, **over))
+    signatures.clear()
+    again = backward(call(x, w, **over))
+    assert len(steps) == 1 and signatures == []     # taken from the forward's plan
+    for a, b in zip(first, again):
+        assert torch.equal(a, b)
+    strided = backward(call(x, w, **over), strided=True)
+    assert len(steps) == 2 and steps[1] != steps[0]
+    for a, b in zip(first, strided):
+        assert torch.equal(a, b)
+    backward(call(x, w, out_layout="bhsd", **over))
+    backward(call(x, w, eps=1e-5, **over))
+    assert len(steps) == 4
+    backward(call(x, w, eps=1e-5, **over))
+    assert len(steps) == 4
+    # a forward before the plans are cleared, its backward after: planned through
+    # eager.SIGNATURES, not from the context's older plan
+    out = call(x, w, **over)
+    eager.SIGNATURES.clear()
+    signatures.clear()
+    cleared = backward(out)
+    assert len(steps) == 4 and signatures == ["undo_norm_rope" if norm else "rotate_into"]
+    for a, b in zip(first, cleared):
+        assert torch.equal(a, b)
+    # the operator route's backward (a tracer's: qkv_rotated_dy through the dispatcher)
+    monkeypatch.setattr(qkv_linear.eager, "active", lambda: False)
+    for a, b in zip(first, backward(call(x, w, **over))):
+        assert torch.equal(a, b)
+
+
+def test_the_eager_forward_keeps_norm_statistics_only_where_the_backward_reads_them():
+    """With gradients the eager forward keeps no rstd and norm_input without QK-norm (None,
+    where the operator returns empty tensors) and both with it; either backward gives the
+    operator route's bits."""
+    x, w = inputs(grad=True)
+    g = torch.Generator().manual_seed(9)
+    wq, wk = (torch.rand(D, generator=g).add(0.5).requires_grad_(True) for _ in range(2))
+    for over in (dict(), dict(q_norm_weight=wq, k_norm_weight=wk)):
+        leaves = (x, w) + ((wq, wk) if over else ())
+        for backward in ("dy", "prologue"):
+            out = call(x, w, backward=backward, **over)
+            saved = out[0].grad_fn.saved_tensors
+            rstd, norm_input = saved[-2:]
+            if over:
+                assert rstd.shape == (B * S, HQ + HK) and norm_input.shape == (
+                    B * S, (HQ + HK) * D)
+            else:
+                assert rstd is None and norm_input is None
+            grads = [torch.randn(t.shape, generator=torch.Generator().manual_seed(10))
+                     for t in out]
+            got = torch.autograd.grad(out, leaves, grads)
+            real = qkv_linear.eager.active
+            qkv_linear.eager.active = lambda: False
+            try:
+                op = call(x, w, backward=backward, **over)
+            finally:
+                qkv_linear.eager.active = real
+            for a, b in zip(got, torch.autograd.grad(op, leaves, grads)):
+                assert torch.equal(a, b), (over.keys(), backward)
+
+
+def test_the_forward_keeps_its_cos_sin_rows_where_positions_are_the_token_index(monkeypatch):
+    """Positions the token index: the pre-pass's rows (and pairs flag) follow from the plan and
+    the table alone, and eager.TABLE_ROWS keeps them: a second forward of the same plan and
+    table, no_grad or not, launches no pre-pass, with the same bits as rows written afresh; a
+    table written in place, another plan, position ids or a table made under inference_mode
+    write them again."""
+    x, w = inputs(grad=True)
+    freqs = ropelib.rope_freqs(S + 3, D).view(S + 3, D).clone()
+    freqs[2, 1] += 0.5          # one pair's members differ: the pre-pass sets the flag
+    pre_passes = []
+    real = qkv_linear.start
+
+    def start(direct, launch, pointers):
+        if direct is kernel_launch.COS_SIN_ROWS:
+            pre_passes.append(launch)
+        real(direct, launch, pointers)
+    monkeypatch.setattr(qkv_linear, "start", start)
+    eager.SIGNATURES.clear()
+    eager.TABLE_ROWS.clear()
+    g = [torch.randn(B, S, h, D, generator=torch.Generator().manual_seed(11))
+         for h in (HQ, HK, HK)]
+    angles = ropelib.rope_angles(D)                     # (one Angles: one table tensor)
+    for table in ("angles", "freqs"):
+        opts = dict(freqs=freqs, angles=None) if table == "freqs" else dict(angles=angles)
+        n = len(pre_passes)
+        out = call(x, w, **opts)
+        with torch.no_grad():
+            again = call(x, w, **opts)
+        assert len(pre_passes) == n + 1, table          # the second took the kept rows
+        eager.TABLE_ROWS.clear()
+        fresh = call(x, w, **opts)
+        assert len(pre_passes) == n + 2
+        for a, b, c in zip(out, again, fresh):
+            assert torch.equal(a, b) and torch.equal(a, c), table
+        torch.autograd.grad(out, (x, w), g)             # (a backward after kept rows)
+    call(x, w, angles=angles, out_layout="bhsd")        # another plan
+    assert len(pre_passes) == 5
+    ids = torch.arange(S).expand(B, S).contiguous()
+    call(x, w, angles=angles, position_ids=ids)
+    call(x, w, angles=angles, position_ids=ids)         # rows by position ids: every call
+    assert len(pre_passes) == 7
+    kept = call(x, w, freqs=freqs, angles=None)
+    assert len(pre_passes) == 7
+    with torch.no_grad():
+        freqs[3, 0] += 0.25                             # written in place: written again
+    moved = call(x, w, freqs=freqs, angles=None)
+    assert len(pre_passes) == 8 and not torch.equal(moved[0], kept[0])
+    eager.TABLE_ROWS.clear()
+    for a, b in zip(moved, call(x, w, freqs=freqs, angles=None)):
+        assert torch.equal(a, b)
+    with torch.inference_mode():
+        made = freqs.clone()
+    xd, wd = x.detach(), w.detach()
+    n = len(pre_passes)
+    for _ in range(2):
+        call(xd, wd, freqs=made, angles=None)
+    assert len(pre_passes) == n + 2                     # never kept from an inference tensor
+
+
+def test_a_call_is_checked_once_per_signature(monkeypatch):
+    """A plain eager call keeps its checks' outcome and its ForwardPlan in
+    eager.SIGNATURES (qkv_linear._PlannedCall): checked in full at the first call of a
+    signature, not at the next (no_grad or with gradients); other strides, dtype, options, an
+    option's type, grad mode or a clear() check anew; position values are still checked every
+    call; the bits of the fully checked call, forward and backward, with QK-norm's weight
+    offset added every call."""
+    x, w = inputs(grad=True)
+    angles = ropelib.rope_angles(D)
+    g = torch.Generator().manual_seed(12)
+    wq, wk = (torch.rand(D, generator=g).add(0.5).requires_grad_(True) for _ in range(2))
+    checked = []
+    real = qkv_linear._check_projection
+
+    def check_projection(*a):
+        checked.append(a[0].shape)
+        real(*a)
+    monkeypatch.setattr(qkv_linear, "_check_projection", check_projection)
+    eager.SIGNATURES.clear()
+    grads = [torch.randn(B, S, h, D, generator=g) for h in (HQ, HK, HK)]
+    norm = dict(q_norm_weight=wq, k_norm_weight=wk, weight_offset=1.0)
+    leaves = (x, w, wq, wk)
+    runs = []
+    for _ in range(2):
+        out = call(x, w, angles=angles, **norm)
+        runs.append(list(out) + list(torch.autograd.grad(out, leaves, grads)))
+        with torch.no_grad():
+            runs[-1] += list(call(x, w, angles=angles, **norm))
+    assert len(checked) == 2                    # with gradients and without: one each
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+    n = len(checked)
+    for over in (dict(eps=1e-5), dict(interleaved=True), dict(out_layout="bhsd"),
+                 dict(weight_offset=0.0), dict(eps=1.0), dict(eps=1)):     # (1 == 1.0: types)
+        call(x, w, angles=angles, **dict(norm, **over))
+        call(x, w, angles=angles, **dict(norm, **over))
+        assert len(checked) == n + 1, over
+        n += 1
+    wide = torch.randn(B, S, 2 * K, generator=g)[..., ::2]          # other strides
+    for a, b in zip(call(wide, w, angles=angles), call(wide.contiguous(), w, angles=angles)):
+        assert torch.equal(a, b)
+    assert len(checked) == n + 2
+    with pytest.raises(TypeError, match="weight must have x's dtype"):
+        call(x, w.to(torch.bfloat16), angles=angles)
+    eager.SIGNATURES.clear()
+    out = call(x, w, angles=angles, **norm)
+    assert len(checked) == n + 4
+    for a, b in zip(runs[0], list(out) + list(torch.autograd.grad(out, leaves, grads))):
+        assert torch.equal(a, b)
+    # position values: checked every call, after a call of the same signature was planned
+    ids = torch.arange(S).expand(B, S).contiguous()
+    call(x, w, angles=angles, position_ids=ids)
+    bad = ids.clone()
+    bad[1, 2] = -1
+    with pytest.raises(ValueError, match="position_ids must lie in"):
+        call(x, w, angles=angles, position_ids=bad)
+    xp = x.detach().reshape(B * S, K)
+    cu = torch.tensor([0, 4, B * S], dtype=torch.int32)
+    call(xp, w, angles=angles, cu_seqlens=cu)
+    with pytest.raises(ValueError):
+        call(xp, w, angles=angles, cu_seqlens=torch.tensor([0, 6, 4], dtype=torch.int32))
+    # a freqs table, [P, R] and TE's [P, 1, 1, R]: checked once each, the bits of a call
+    # checked in full; its positions checked against its P rows every call
+    for freqs in (ropelib.rope_freqs(S + 2, D).view(S + 2, D), ropelib.rope_freqs(S + 2, D)):
+        n = len(checked)
+        eager.SIGNATURES.clear()
+        want = call(x, w, freqs=freqs, angles=None)
+        eager.SIGNATURES.clear()
+        call(x, w, freqs=freqs, angles=None)
+        got = call(x, w, freqs=freqs, angles=None)
+        assert len(checked) == n + 2
+        for a, b in zip(want, got):
+            assert torch.equal(a, b)
+        call(x, w, freqs=freqs, angles=None, position_ids=ids)
+        past = ids.clone()
+        past[0, 1] = S + 2
+        with pytest.raises(ValueError, match="position_ids must lie in"):
+            call(x, w, freqs=freqs, angles=None, position_ids=past)

@@ -431,7 +431,8 @@ def test_packed_sequences_with_dy_written_and_qk_norm(table, positions, seeded):
 @pytest.mark.parametrize("table", ["freqs", "angles"])
 def test_default_backward_writes_dy(norm, table, seeded):
     """backward=None runs "dy" (the faster, measured), with or without QK-norm, from a table or
-    from angles; the module's default is the same."""
+    from angles: the backward writes dY (the eager route's kept dY step runs, the prologue
+    GEMMs' implementation does not); the module's default is the same."""
     from unittest import mock
     D = 16
     x, w, b, wq, wk = make(torch.float32, S=8, HQ=2, HK=1, D=D, bias=True, norm=norm)
@@ -439,24 +440,29 @@ def test_default_backward_writes_dy(norm, table, seeded):
               "angles": dict(angles=ropelib.rope_angles(D))}[table]
     want = "dy"
     assert qkv_linear.resolved_backward(None) == want
+    leaves = [t for t in (x, w, b, wq, wk) if t is not None]
     ran = []
+    step, prologue = qkv_linear.DyStep.__call__, qkv_linear._backward_impl
 
-    def spy(*args):
-        ran.append(args[-1])
-        return op(*args)
-    op = qkv_linear._forward        # what the operator and the eager route both run
-    with mock.patch.object(qkv_linear, "_forward", spy):
+    def dy_written(*args):
+        ran.append("dy")
+        return step(*args)
+
+    def gemm_prologue(*args):
+        ran.append("prologue")
+        return prologue(*args)
+    with mock.patch.object(qkv_linear.DyStep, "__call__", dy_written), \
+            mock.patch.object(qkv_linear, "_backward_impl", gemm_prologue):
         got = ropelib.qkv_rope_linear(x, w, b, n_heads=2, n_kv_heads=1, head_dim=D,
                                       q_norm_weight=wq, k_norm_weight=wk, **tables)
+        grads = [torch.randn_like(t) for t in got]
+        got_grads = torch.autograd.grad(got, leaves, grads)
         module = ropelib.QKVRoPE(32, 2, 1, D, bias=True, qk_norm=norm)
-        module(x, **tables)
+        torch.autograd.grad(module(x, **tables), list(module.parameters()), grads)
     assert ran == [want, want] and module.backward is None
-    leaves = [t for t in (x, w, b, wq, wk) if t is not None]
-    grads = [torch.randn_like(t) for t in got]
     chosen = ropelib.qkv_rope_linear(x, w, b, n_heads=2, n_kv_heads=1, head_dim=D,
                                      q_norm_weight=wq, k_norm_weight=wk, backward=want, **tables)
-    for a, c in zip(torch.autograd.grad(got, leaves, grads),
-                    torch.autograd.grad(chosen, leaves, grads)):
+    for a, c in zip(got_grads, torch.autograd.grad(chosen, leaves, grads)):
         assert torch.equal(a, c)
 
 

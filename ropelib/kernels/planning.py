@@ -128,16 +128,17 @@ def start(direct: DirectLauncher, launch: Launch, pointers: tuple) -> None:
         raise TypeError(f"{direct.kernel.__name__} takes {len(direct.pointer_names)} pointers "
                         f"{direct.pointer_names}, got {len(pointers)}")
     q = next(p for p in pointers if p is not None)     # (a tensor the launch reads or writes)
-    named = dict(zip(direct.pointer_names, pointers))
     if INTERPRET:
         if not is_fake(q):
             direct.check_args(launch)   # (what the GPU's direct launch needs, checked here too)
-            direct.kernel[launch.grid](**named, **launch.args, **launch.options())
+            direct.kernel[launch.grid](**dict(zip(direct.pointer_names, pointers)),
+                                       **launch.args, **launch.options())
         return
-    if plain_eager(q):
+    if plain_eager(q):      # (by position: no dict of the pointers by name)
         direct(launch, pointers)
         return
     # (traced code launches as torch.compile does, never early: the kernel's wait is then a
     # no-op)
     options = {k: v for k, v in launch.options().items() if k != "launch_pdl"}
-    torch.library.wrap_triton(direct.kernel)[launch.grid](**named, **launch.args, **options)
+    torch.library.wrap_triton(direct.kernel)[launch.grid](
+        **dict(zip(direct.pointer_names, pointers)), **launch.args, **options)
