@@ -16,26 +16,22 @@
 # %% [markdown]
 # # 11 — RoPE at scale: context parallelism, and decoding with the fused cache write
 #
-# Two places where RoPE meets a large system. In **training on long sequences**, one sequence
-# is split across GPUs: each rotates its tokens by where they sit in the *whole* sequence, and
-# the split must give every GPU the same causal attention work. In **generation**, each new
-# token's key is rotated once and stored in a KV cache (contiguous or paged, possibly fp8), in
-# one kernel.
+# **Training on long sequences** splits one sequence across GPUs: each rotates its tokens at their
+# positions in the *whole* sequence, and the split must give every GPU the same causal attention
+# work. **Generation** rotates each new token's key and stores it in a KV cache (contiguous or
+# paged, possibly fp8), in one kernel.
 #
 # **After this notebook you will be able to**
 #
-# - explain why a causal mask unbalances a contiguous split, and why Transformer Engine's
-#   dual-chunk split (rank $r$ holds chunks $r$ and $2c-1-r$ of $2c$) balances it exactly;
-# - rotate a rank's shard at its global positions, with `apply_rope(..., cp_size, cp_rank)` and
-#   in a kernel of your own;
-# - check that two processes compute one process's loss, and read two-H200 runs;
+# - explain why a causal mask unbalances a contiguous split, and why the dual-chunk split
+#   balances it exactly;
+# - rotate a rank's shard at its global positions, with `apply_rope` and in your own kernel;
+# - check that two processes compute one process's loss;
 # - write the fused RoPE + KV-cache write kernel for a contiguous and a paged cache;
-# - choose the scale of an fp8 cache and say what error it costs;
-# - measure what fusion saves at decode: bytes, kernels, replayed time.
+# - choose the scale of an fp8 cache, and measure what fusion saves at decode.
 #
 # **Time:** about 70 minutes to read, 65 for exercises 1–4 (and 1b), 20 for the optional fifth.
-# Numbers in the text are read from CSVs in `benchmarks/results/` (H200s); live timings name
-# their GPU.
+# The text's numbers come from `benchmarks/results/` (H200s); live timings name their GPU.
 
 # %%
 import os, torch
@@ -81,29 +77,26 @@ print(ropelib.runtime.mode(), "| device:", device, "| figures go to", FIGURES)
 # *Question: how do you split one sequence over $c$ GPUs so that every GPU has the same
 # attention work, and what must RoPE do on each?*
 #
-# Context parallelism (CP) splits every sequence over $c$ ranks, so each rank keeps $S/c$
-# tokens of every layer's activations. Only attention is not per token: each rank all-gathers
-# k and v (`ropelib.context_parallel`; ring attention passes them round instead) and attends
-# for its own queries.
+# Context parallelism (CP) splits every sequence over $c$ ranks, each keeping $S/c$ tokens of
+# every layer's activations. Only attention mixes tokens: each rank all-gathers k and v
+# (`ropelib.context_parallel`) and attends for its own queries.
 #
-# Under a causal mask the query at position $p$ attends $p+1$ keys: the work of a row grows
-# with its position. Give rank $r$ the contiguous block $[rS/c, (r+1)S/c)$ and it gets
+# Under a causal mask the query at position $p$ attends $p+1$ keys. Rank $r$ of a contiguous
+# split, holding $[rS/c, (r+1)S/c)$, gets
 #
 # $$W_r^{\text{contiguous}} = \sum_{p = rS/c}^{(r+1)S/c - 1} (p+1)
 #   = \frac{S}{c}\Big(\frac{(2r+1)S}{2c} + \frac{1}{2}\Big),$$
 #
-# so the last rank does about $2c-1$ times the work of the first, and the others wait for it.
-# Transformer Engine's **dual-chunk** split cuts the sequence into $2c$ chunks of $s = S/2c$
-# and gives rank $r$ chunks $r$ and $2c-1-r$: one cheap, one expensive. Chunk $j$ costs
-# $s\,(js + \tfrac{s+1}{2})$, so rank $r$'s two chunks cost
+# so the last rank does about $2c-1$ times the work of the first. Transformer Engine's
+# **dual-chunk** split cuts the sequence into $2c$ chunks of $s = S/2c$ and gives rank $r$
+# chunks $r$ and $2c-1-r$: one cheap, one expensive. Chunk $j$ costs
+# $s\,(js + \tfrac{s+1}{2})$, so rank $r$'s two cost
 #
 # $$W_r^{\text{dual}} = s\Big(rs + (2c-1-r)s + s + 1\Big) = s\,(2cs + 1)
 #   = \frac{S}{2c}(S+1),$$
 #
-# the same for every rank: exactly $1/c$ of the $S(S+1)/2$ (query, key) pairs. With $S=8$ and
-# $c=2$: rank 0 holds positions 0 1 | 6 7, rank 1 holds 2 3 | 4 5.
-#
-# The figure colours each (query, key) pair by the rank that computes it.
+# the same for every rank. With $S=8$ and $c=2$: rank 0 holds positions 0 1 | 6 7, rank 1
+# holds 2 3 | 4 5. The figure colours each (query, key) pair by the rank that computes it.
 
 # %%
 def mask_by_rank(S, cp_size, split):
@@ -172,11 +165,10 @@ assert all(v == 1 for v in imbalance["dual-chunk"])         # exactly 1
 # %% [markdown]
 # ### RoPE at global positions
 #
-# A rank holds $S/c$ tokens, but they are not positions $0 \ldots S/c-1$: rank 0 of the $S=8$
-# example holds 0 1 6 7. Rotating the shard as if it were a short sequence would give tokens 6
-# and 7 the angles of positions 2 and 3, and every score between the two chunks would see the
-# wrong distance. `apply_rope(..., cp_size=c, cp_rank=r)` makes the kernel map each local index
-# to its global position (`cp.dual_chunk_positions`); nothing is gathered for RoPE.
+# Rank 0 of the $S=8$ example holds positions 0 1 6 7. Rotated as a short sequence, tokens 6 and
+# 7 would get the angles of positions 2 and 3, and every score between the two chunks would see
+# the wrong distance. `apply_rope(..., cp_size=c, cp_rank=r)` maps each local index to its
+# global position (`cp.dual_chunk_positions`).
 
 # %%
 B, H, D = 2, 2, 8
@@ -193,12 +185,10 @@ for r in range(CP):
 print("each rank's shard, rotated with cp_size/cp_rank, equals its share of the full rotation")
 
 # %% [markdown]
-# Attention then needs the keys in global order: each rank all-gathers k and v (rank 0's
-# tokens, then rank 1's), reorders them with `cp.global_order`, and attends its two chunks.
-# A chunk holds consecutive positions $[p_0, p_0 + s)$, so it sees keys $[0, p_0 + s)$ with a
-# causal mask aligned to the bottom right: `cp.dual_chunk_attention`, two calls of
-# `scaled_dot_product_attention`. In float64 it matches causal attention over the whole
-# sequence:
+# Attention then needs the keys in global order: each rank all-gathers k and v and reorders them
+# (`cp.global_order`). A chunk of positions $[p_0, p_0 + s)$ sees keys $[0, p_0 + s)$ under a
+# causal mask aligned to the bottom right (`cp.dual_chunk_attention`). In float64 it matches
+# causal attention over the whole sequence:
 
 # %%
 q, k, v = (torch.randn(B, H, S, D, dtype=torch.float64) for _ in range(3))   # bhsd
@@ -214,14 +204,14 @@ print("dual-chunk attention of each rank = its share of causal attention over th
 # %% [markdown]
 # ### Exercise 1: the positions a rank holds
 #
-# Each check prints ✅ or ❌ and never stops the notebook: replace the `...` (in the kernels,
-# the `pass`) and rerun; the worked solution is folded away in the cell after. While a check
-# runs, ropelib (and `mask_by_rank`, which calls it) is blocked: only your own code passes.
+# Each check prints ✅ or ❌ and never stops the notebook: replace the `...` (in the kernels, the
+# `pass`) and rerun; the worked solution is folded away in the cell after. While a check runs,
+# ropelib (and `mask_by_rank`, which calls it) is blocked.
 #
 # Write `my_dual_chunk_positions(seq_len, cp_size, cp_rank)`: the `seq_len / cp_size` global
-# positions rank `cp_rank` holds under the dual-chunk split, its first chunk then its second.
-# It takes the length of the *whole* sequence, where `cp.dual_chunk_positions` above takes the
-# rank's local length (`S // CP`). The check also tries one rank, where the two chunks adjoin.
+# positions rank `cp_rank` holds, its first chunk then its second. It takes the length of the
+# *whole* sequence (`cp.dual_chunk_positions` takes the rank's local length). The check also
+# tries one rank, where the two chunks adjoin.
 #
 # Then the inverse, on paper: on 4 ranks with a 128-token sequence, which rank holds global
 # position 100, and at which local index? Which ranks hold their two chunks as one run of
@@ -229,10 +219,9 @@ print("dual-chunk attention of each rank = its share of causal attention over th
 #
 # <details><summary>Answers</summary>
 #
-# 8 chunks of 16: position 100 is in chunk 6 $= 2c-1-r$, so rank 1, which holds chunk 1
-# (positions 16–31, local indices 0–15) and then chunk 6: local index $16 + (100 - 96) = 20$.
-# Chunks $r$ and $2c-1-r$ adjoin only when $2c-1-r = r+1$, that is $r = c-1$: the last rank
-# (section 1's $S=8$ example: rank 1 holds 2 3 | 4 5).
+# 8 chunks of 16: position 100 is in chunk 6 $= 2c-1-r$, so rank 1, after its chunk 1 (local
+# indices 0–15): local index $16 + (100 - 96) = 20$. Chunks $r$ and $2c-1-r$ adjoin only when
+# $2c-1-r = r+1$, that is $r = c-1$: the last rank.
 # </details>
 
 # %%
@@ -251,16 +240,15 @@ solution(ex.solution_dual_chunk_positions)
 # %% [markdown]
 # ### Exercise 1b: a rank's shard, rotated in your kernel
 #
-# Now the piece `apply_rope(..., cp_size, cp_rank)` does for CP, as a kernel of your own. It gets
-# rank `CP_RANK`'s shard `[B, S_LOCAL, H, D]` (contiguous) and the angle table of the *whole*
-# sequence, `freqs[S, D]`; one program per local token (grid `(B * S_LOCAL,)`) maps its local
-# index $i$ to its global position (chunk `CP_RANK` for $i < $ `S_LOCAL / 2`, chunk
-# $2c-1-r$ after) and rotates all the token's heads by that row,
+# Now write what `apply_rope(..., cp_size, cp_rank)` does. Your kernel gets rank `CP_RANK`'s
+# shard `[B, S_LOCAL, H, D]` (contiguous) and the angle table of the *whole* sequence,
+# `freqs[S, D]`. One program per local token (grid `(B * S_LOCAL,)`) maps its local index $i$
+# to its global position (chunk `CP_RANK` for $i < $ `S_LOCAL / 2`, chunk $2c-1-r$ after) and
+# rotates all the token's heads by that row,
 # $y_j = x_j\cos\theta_j - x_{j+D/2}\sin\theta_j$,
-# $y_{j+D/2} = x_{j+D/2}\cos\theta_j + x_j\sin\theta_j$. The check rotates whole sequences
-# with `apply_rope`, launches your kernel on every rank's shard (1 to 4 ranks, fp32 and bf16, one
-# sequence drawn as it runs) and compares each output with that rank's share of the full
-# rotation; ropelib's kernels and their position helper are barred.
+# $y_{j+D/2} = x_{j+D/2}\cos\theta_j + x_j\sin\theta_j$. The check compares every rank's output
+# (1 to 4 ranks, fp32 and bf16) with its share of the full rotation; ropelib's kernels and
+# their position helper are barred.
 
 # %%
 @triton.jit
@@ -290,20 +278,17 @@ solution(cp_ex.solution_cp_shard_kernel.fn, title="Solution: a rank's shard at i
 # *Question: does training with the sequence split over two processes compute the loss one
 # process computes?*
 #
-# `benchmarks/cp_train.py` trains ropelib's small GPT (notebook 09) with the sequence split
-# over the processes `torchrun` starts. Per step, each rank
+# `benchmarks/cp_train.py` trains ropelib's small GPT (notebook 09) over the processes
+# `torchrun` starts. Per step, each rank
 #
-# 1. takes the same batch (the same seed on every rank) and keeps its dual-chunk `shard`;
+# 1. takes the same batch and keeps its dual-chunk `shard`;
 # 2. in every layer rotates its q and k at their global positions, all-gathers k and v, and
 #    runs `dual_chunk_attention` (the all-gather's backward is a reduce-scatter: each rank
-#    receives, summed over the ranks, the gradients of its own k and v);
+#    receives the gradients of its own k and v, summed over the ranks);
 # 3. averages the gradients over the ranks (one all-reduce) and steps AdamW.
 #
-# With `--dry-run` the script trains a tiny model for 3 steps in fp32, then rank 0 trains the
-# same model on the same batches in one process; the CSV holds both losses. Each rank rotates
-# with ropelib's kernel: on a CPU in the interpreter over gloo; on one GPU compiled, both
-# ranks on it, over gloo (NCCL refuses to share a GPU); on two, NCCL. The CSV's header records
-# which ran.
+# With `--dry-run` it trains a tiny fp32 model for 3 steps, then again in one process on the
+# same batches; the CSV holds both losses.
 
 # %%
 def free_port() -> int:
@@ -331,8 +316,7 @@ print(proc.stdout[-2500:])
 assert proc.returncode == 0, proc.stderr[-3000:]
 
 # %% [markdown]
-# The CSV has a `# key: value` header (versions, sizes, a summary) and a row per step; the
-# same functions read and draw the committed GPU runs.
+# The same functions read the committed GPU runs' CSVs.
 
 # %%
 def read_cp_run(path) -> dict:
@@ -389,25 +373,15 @@ assert ulps <= 4 * (1 + 1e-2)                     # a few fp32 ulps (max_loss_di
 assert len(set(dry["loss"])) == 3                 # a new batch, and new weights, each step
 
 # %% [markdown]
-# **Answer:** yes, to fp32 rounding: the losses agree to at most 4 ulps (the gap between
-# neighbouring fp32 numbers near the loss), not to the bit: two attention chunks and the
-# all-reduce add in another order. (Each step is a new batch: a check of agreement, not a
-# training curve.)
+# **Answer:** yes, to fp32 rounding: the losses agree to at most 4 ulps, not to the bit, since
+# the attention chunks and the all-reduce add in another order.
 #
 # ## 3. The GPU run
 #
 # *Question: what does splitting a long sequence over two H200s buy in memory and in speed?*
 #
-# The default case of `cp_train.py`, a 12-layer, 1024-wide model on 131072-character
-# sequences in bf16, still fits on one H200, so the committed runs measure both:
-#
-#     torchrun --nproc_per_node 2 benchmarks/cp_train.py --steps 12 --compare-single \
-#         --compare-steps 2 --out benchmarks/results/cp-2gpu-nvidia-h200.csv
-#     torchrun --nproc_per_node 1 benchmarks/cp_train.py --steps 6 \
-#         --out benchmarks/results/cp-1gpu-nvidia-h200.csv
-#
-# Their lengths differ, which changes the learning-rate schedules after step 2, not memory or
-# time per step. Each ran once.
+# The default case of `cp_train.py`, a 12-layer, 1024-wide model on 131072-character sequences
+# in bf16, still fits on one H200, so the committed runs measure both.
 
 # %%
 gpu_runs = {n: read_cp_run(RESULTS / f"cp-{n}gpu-nvidia-h200.csv") for n in (1, 2)}
@@ -446,9 +420,9 @@ assert round(peak_rank / peak_one, 2) == 0.55, "each rank: 55 % of it"
 assert abs(estimate - peak_rank) < 1, "the parts add up to within 1 GiB"
 
 # %% [markdown]
-# A rank keeps half of one GPU's activations, the other rank's k and v for every layer (kept
-# for the backward), and the full weights, gradients and optimizer state, which CP does not
-# split. **Speed:** the next cell averages the steps both runs have, 2 to 6.
+# A rank keeps half of one GPU's activations, the other rank's k and v for every layer, and the
+# full weights, gradients and optimizer state, which CP does not split. The next cell averages
+# the step times both runs have, steps 2 to 6.
 
 # %%
 STEPS_BOTH = range(2, min(len(one["ms"]), len(run["ms"])) + 1)      # steps 2 .. 6
@@ -464,15 +438,9 @@ assert round(speedup, 2) == 1.30, "1.30 x one GPU's tokens/s"
 assert max(spread.values()) < 0.01, "every step within 1 % of the others"
 
 # %% [markdown]
-# Two ranks are 1.30 times as fast as one GPU, not twice (appendix A.1 asks why).
-#
-# **Loss.** These runs measure memory and time; 6 and 12 steps are too few to show training.
-# Both start from the same weights and batches, and their schedules (`cpt.lr_schedule`) warm up over
-# `steps // 10` steps, 0 and 1, so the first update runs at the full learning rate and both
-# losses climb for three steps (4.85 to 8.32 on one GPU) before they fall. From the second
-# update on, the 6-step run's cosine takes smaller steps. What the losses can show is that two
-# ranks compute the loss one GPU computes, at steps 1 and 2; whether CP trains the same model
-# is appendix A.2's question, over 200 steps.
+# **Loss.** 6 and 12 steps are too few to show training, and from the second update on the two
+# runs' learning-rate schedules differ, so the losses agree only at steps 1 and 2. Whether CP
+# trains the same model is appendix A.2's question.
 
 # %%
 one_loss, two_loss = one["loss"], run["loss"]
@@ -502,11 +470,11 @@ fig.savefig(FIGURES / "11-cp-gpu-loss.png", dpi=120)
 plt.show()
 
 # %% [markdown]
-# **Answer:** per rank, 55 % of one GPU's peak memory; 1.30 times its speed, not twice; the
-# same losses at steps 1 and 2 (training over 200 bf16 steps: appendix A.2).
+# **Answer:** per rank, 55 % of one GPU's peak memory; 1.30 times its speed, not twice (appendix
+# A.1 asks why); the same losses at steps 1 and 2.
 #
-# For appendix A.1, the next cell fits $t(S) = aS^2 + bS$ through the step times at 16384
-# tokens (A.2's runs, the same model) and 131072, and counts what the collectives move.
+# For appendix A.1, the next cell fits $t(S) = aS^2 + bS$ through the step times at 16384 and
+# 131072 tokens, and counts what the collectives move.
 
 # %%
 SPEED_RUNS = {(1, "short"): "cp200-1gpu-seed0", (2, "short"): "cp200-2gpu-seed0",
@@ -588,24 +556,24 @@ assert round(at_link_ms) == 16, "about 16 ms over NVLink"
 # %% [markdown]
 # ## 4. Decoding with the fused cache write
 #
-# *Questions: what does a decoding step write into a KV cache, how is RoPE fused with that
-# write (you write the kernel), what does an fp8 cache cost, and what does fusion save?*
+# *Questions: how is RoPE fused with the KV-cache write, what does an fp8 cache cost, and what
+# does fusion save?*
 #
 # ### What a KV cache holds
 #
-# Each layer keeps the keys and values of every earlier token in a **KV cache**; with RoPE
-# the cached key is the *rotated* key $R_p k_p$, rotated once, when written. A decoding step of
-# one layer, for each sequence $b$ at its own length $\ell_b$ (`cache_seqlens`): rotate $q$
-# and $k$ at position $p = \ell_b$, store the rotated $k$ and the $v$ at slot $p$, attend over
-# slots $0 \ldots p$. `ropelib.rope_kv_cache` does the rotation and the store in one launch:
+# Each layer keeps the keys and values of every earlier token in a **KV cache**; with RoPE the
+# cached key is the *rotated* key $R_p k_p$, rotated once, when written. A decoding step of one
+# layer, for each sequence $b$ at its own length $\ell_b$ (`cache_seqlens`): rotate $q$ and $k$
+# at position $p = \ell_b$, store the rotated $k$ and the $v$ at slot $p$, attend over slots
+# $0 \ldots p$. `ropelib.rope_kv_cache` rotates and stores in one launch:
 #
 # | layout | tensor | position $p$ of sequence $b$ |
 # |---|---|---|
 # | contiguous | `[B, L, HK, D]` | `cache[b, p]` |
 # | paged | pool `[NB, BS, HK, D]` + `block_table` | `cache[block_table[b, p // BS], p % BS]` |
 #
-# A paged cache (vLLM's PagedAttention) is a pool of $NB$ blocks of $BS$ positions, handed
-# out as sequences grow; the block table `[B, MAX_BLOCKS]` maps a sequence's positions to them.
+# A paged cache (vLLM's PagedAttention) is a pool of $NB$ blocks of $BS$ positions, handed out
+# as sequences grow; the block table maps a sequence's positions to them.
 #
 # ### One decoding step, slot by slot
 #
@@ -636,9 +604,8 @@ assert changed.nonzero().tolist() == [[b, int(seqlens[b])] for b in range(B)]
 assert torch.equal(v_cache[changed], v_new[:, 0])                    # v is stored as it is
 
 # %% [markdown]
-# The unfused path: `apply_rope_qk` at the start positions, then `kv_cache.write_kv_cache`
-# (index arithmetic and two `index_put_` in PyTorch). Same table, same fp32 operations, same
-# bits.
+# The unfused path, `apply_rope_qk` then `kv_cache.write_kv_cache` (two `index_put_` in
+# PyTorch), gives the same bits.
 
 # %%
 q_ref, k_ref = ropelib.apply_rope_qk(q_new, k_new, freqs, layout="bshd", start_positions=seqlens)
@@ -664,9 +631,8 @@ print("fused = RoPE, then the write: q, k cache and v cache bit for bit")
 #    $b$: in a contiguous cache `[B, L, HK, D]`, feature $d$ of head $h$ sits at element
 #    $((b L + p)\,H_K + h)\,D + d$.
 #
-# The check draws steps (fp32 and bf16, fewer k heads than q heads), fills every free slot
-# with NaN, and compares `q_out` and both caches with `ropelib.rope_kv_cache`'s: a slot
-# written that should not be, or one left NaN, shows up.
+# The check (fp32 and bf16, fewer k heads than q heads) fills every free slot with NaN and
+# compares `q_out` and both caches with `ropelib.rope_kv_cache`'s, so a wrong slot shows up.
 
 # %%
 @triton.jit
@@ -696,14 +662,12 @@ solution(ex.solution_rope_kv_cache_kernel.fn, title="Solution: RoPE + contiguous
 # %% [markdown]
 # ### Your kernel against ropelib's: timed on a GPU, read in its machine code
 #
-# On a GPU the next cell replays your kernel (the worked one until yours passes), ropelib's
-# and the unfused step from a CUDA graph at the decode benchmark's sizes (q 32 heads, k and v
-# 8 of 128, bf16, a cache of 4096), batch 1 and 64, beside the committed H200 run.
+# On a GPU the next cell replays your kernel (the worked one until yours passes), ropelib's and
+# the unfused step from a CUDA graph, batch 1 and 64, beside the committed H200 run.
 #
-# Why might the worked kernel trail ropelib's? Not its bytes (counted below: each once). On any
-# machine the cell compiles both, and `cs_table_kernel` (the worked kernel with cos and sin
-# read from tables), for sm_90 and walks a thread's SASS to its first store, counting
-# instructions, angles reduced (one multiply by $2/\pi$ each) and loads.
+# Why might the worked kernel trail ropelib's? Not its bytes. On any machine the cell compiles
+# both, and the worked kernel reading cos and sin from tables, for sm_90, and counts a thread's
+# instructions, angle reductions and loads up to its first store.
 
 # %%
 from ropelib.bench import kv_cache_decode
@@ -799,20 +763,16 @@ else:
 
 # %% [markdown]
 # **What the compile shows.** At batch 1 ropelib runs 40 one-warp programs, one head each; the
-# worked kernel one program of 4 warps for all 40 heads, on one SM. Its thread reduces at least
-# twice a ropelib thread's angles before its first store, and some loads wait behind the last
-# of them; with tables the angles vanish. On a GPU the last lines print the worked kernel's gap
-# to ropelib's and the part the tables close: where the two are about equal, evaluating sin
-# and cos is the gap (asserted: at least half of it at batch 1).
+# worked kernel one 4-warp program for all 40 heads. Its thread reduces at least twice a ropelib
+# thread's angles, and some loads wait for them; with tables the angles vanish. On a GPU the
+# last lines print how much of the gap to ropelib's the tables close (asserted: at least half at
+# batch 1).
 #
 # ### What the fused write saves, in bytes
 #
-# The next cell traces one decoding step in Triton's interpreter (`access.record`, notebook
-# 03) and sums the bytes per tensor: **fused**, exercise 2's worked kernel (and yours once it
-# passes); **two kernels**, the same rotation storing the rotated k, then the decode
-# benchmark's write kernel (`ropelib.bench.cache_write`), which reads it back and stores it
-# with v. It prices the difference at the H200's peak bandwidth, beside the H200's measured
-# gain (the committed decode run, contiguous bf16 cache).
+# The next cell counts one decoding step's bytes per tensor in the interpreter (notebook 03's
+# `access.record`): **fused**, exercise 2's kernel; **two kernels**, the rotation storing the
+# rotated k, then a write kernel that reads it back and stores it with v.
 
 # %%
 from collections import Counter
@@ -861,18 +821,14 @@ assert round(saved * 256 / 2 ** 20, 1) == 1.0 and round(byte_us[256], 2) == 0.22
 assert as_stated((min(gain_us.values()), max(gain_us.values())), (1.2, 2.9))
 
 # %% [markdown]
-# The two kernels move the rotated k out and back and read the position again: 4,100 bytes a
-# sequence, 17 % more than the worked kernel's 24,836. At a batch of 256 that round trip is
-# 1.0 MiB, 0.22 µs at the H200's peak 4.8 TB/s, against the 2.9 µs fusion saved there on the
-# H200; at each batch measured, 1 to 256, the bytes are under a tenth of the gain. What else does the
-# second kernel cost?
+# The two kernels move the rotated k out and back: 4,100 bytes a sequence, 17 % more than the
+# fused 24,836. At every batch measured, 1 to 256, those bytes at the H200's peak take under a
+# tenth of what fusion saved there. What else does the second kernel cost?
 #
 # ### What the fused write saves, in time
 #
-# On a GPU the next cell replays three versions of one decoding step, batch 1, 64 and 256:
-# **fused** (the worked kernel), **fused + empty** (then a kernel that writes one element: one
-# more launch, no work) and **two kernels**. On any machine it first checks that the three
-# write the same q and caches.
+# On a GPU the next cell replays one decoding step three ways, batch 1, 64 and 256: **fused**,
+# **fused + empty** (one more launch that does no work) and **two kernels**.
 
 # %%
 split_shape = (dict(HQ=32, HK=8, D=128, L=4096) if ropelib.runtime.on_gpu()
@@ -914,18 +870,16 @@ else:
           f"say nothing")
 
 # %% [markdown]
-# How to read it: *gain* = two kernels − fused; *launch* = fused + empty − fused, one more
-# kernel start; *pass* = two kernels − (fused + empty), the second kernel's own run. Where the
-# last line's launch / gain is above one half, starting the second kernel is most of what
-# fusion saves on that GPU (asserted at batch 1); where it falls toward one half as the batch
-# grows, the second kernel's own run takes an equal part of the gain.
+# *gain* = two kernels − fused; *launch* = fused + empty − fused, one more kernel start;
+# *pass* = two kernels − (fused + empty), the second kernel's own run. Where *launch / gain* is
+# above one half, starting the second kernel is most of what fusion saves on that GPU (asserted
+# at batch 1).
 
 # %% [markdown]
 # ### Exercise 3: the slot of a position in a paged cache
 #
-# Before the paged cache itself, its address. A paged cache is a pool of blocks of
-# `block_size` positions each, shared by all sequences; a sequence's row of the block table
-# lists, in order, the pool blocks that hold its positions. Write
+# Before the paged cache itself, its address. A sequence's row of the block table lists, in
+# order, the pool blocks (of `block_size` positions each) that hold its positions. Write
 # `my_paged_slot(block_table_row, block_size, position)`: `(block, offset)`, where in the pool
 # `[n_blocks, block_size, H, D]` the key of `position` of a sequence with that block-table row
 # is stored.
@@ -937,11 +891,9 @@ else:
 #
 # <details><summary>Answers</summary>
 #
-# 3 blocks hold 12 slots, 9 used: 3 free. The next token, position 9, goes to logical block
-# $\lfloor 9/4 \rfloor = 2$, pool block 7, offset 1. Position 12 (the 13th token) needs
-# logical block 3, which the row does not have: before that step the cache manager must take a
-# free block from the pool and append it to the row, since the kernel only reads the table and
-# never allocates.
+# 12 slots, 9 used: 3 free. Position 9 goes to logical block $\lfloor 9/4 \rfloor = 2$, pool
+# block 7, offset 1. Position 12 (the 13th token) needs logical block 3: before that step the
+# cache manager must append a free pool block to the row; the kernel never allocates.
 # </details>
 
 # %%
@@ -960,9 +912,8 @@ solution(ex.solution_paged_slot)
 # %% [markdown]
 # ### The same step in a paged cache
 #
-# Blocks of 2 positions, a pool of 8 blocks handed out in a shuffled order. The history is
-# written through the block table first (`kv_cache.cache_slots` gives each position's
-# (block, offset)); then the same decoding step goes into the pool.
+# Blocks of 2 positions from a shuffled pool of 8: the history is written through the block
+# table, then the same step goes into the pool.
 
 # %%
 BS = 2
@@ -995,13 +946,11 @@ print("paged cache read through its block table == the contiguous cache, bit for
 # %% [markdown]
 # ### Exercise 4: the same kernel for a paged cache
 #
-# Only the address of the slot changes. Position $p$ of sequence $b$ is the
-# $\lfloor p / BS \rfloor$-th block of that sequence; the block table names the pool's block,
-# `block = block_table[b, p // BS]`, and the slot is `p % BS` inside it. In the pool
+# Only the address of the slot changes: position $p$ of sequence $b$ lies in the pool's block
+# `block = block_table[b, p // BS]`, at slot `p % BS` (exercise 3). In the pool
 # `[NB, BS, HK, D]`, feature $d$ of head $h$ sits at element
 # $((\mathit{block}\cdot BS + p \bmod BS)\,H_K + h)\,D + d$. The kernel takes the block table
-# (`[B, MAX_BLOCKS]` int32) and the block size in place of $L$; the slot is exercise 3's, and
-# everything else is exercise 2.
+# (`[B, MAX_BLOCKS]` int32) and the block size in place of $L$; everything else is exercise 2.
 
 # %%
 @triton.jit
@@ -1030,8 +979,7 @@ solution(ex.solution_rope_kv_paged_kernel.fn, title="Solution: RoPE + paged cach
 
 # %% [markdown]
 # The step of this section through the paged kernel (yours once it passes): the same slots as
-# `ropelib.rope_kv_cache` wrote, the same values to fp32 rounding (ropelib's kernel uses one
-# fused multiply-add per output).
+# `ropelib.rope_kv_cache`, the same values to fp32 rounding.
 
 # %%
 paged_kernel = my_rope_kv_paged_kernel if paged_ok else ex.solution_rope_kv_paged_kernel
@@ -1050,17 +998,15 @@ assert torch.allclose(q_mine, q_paged[:, 0], atol=3e-5)
 # %% [markdown]
 # ### An fp8 cache, and its scale
 #
-# Every decoding step reads the whole cache; a `float8_e4m3fn` cache halves it against bf16.
-# e4m3 (4 exponent bits, 3 mantissa bits) has a largest value of 448, so the cache stores
+# A `float8_e4m3fn` cache halves the bytes every decoding step reads against bf16. e4m3 (4
+# exponent bits, 3 mantissa bits) reaches 448 at most, so the cache stores
 # $\mathrm{fp8}(x / s)$ with a per-tensor fp32 scale $s$ and reads back
-# $s \cdot \mathrm{fp8}(x/s)$. Rounding costs a relative error of at most $2^{-4}$ in the
-# normal range ($|x/s| \ge 2^{-6}$); smaller values fall into the subnormals, whose fixed step
-# $2^{-9} s$ is a growing relative error; values above $448\,s$ saturate. The fused kernel's
-# bits are those of `kv_cache.quantize_fp8` of the rotated key.
+# $s \cdot \mathrm{fp8}(x/s)$. Rounding costs a relative error of at most $2^{-4}$ in the normal
+# range ($|x/s| \ge 2^{-6}$); smaller values fall into the subnormals, whose fixed step
+# $2^{-9} s$ is a growing relative error; values above $448\,s$ saturate.
 #
-# The cell takes $s = \mathrm{amax}/448$ from this step's own keys. A decoder cannot: bytes
-# already cached are not rescaled, and a later key above $448\,s$ saturates, so serving stacks
-# calibrate `k_scale` and `v_scale` beforehand.
+# The cell takes $s = \mathrm{amax}/448$ from this step's own keys. A decoder cannot (a later,
+# larger key would saturate), so serving stacks calibrate `k_scale` and `v_scale` beforehand.
 
 # %%
 FP8 = torch.float8_e4m3fn
@@ -1085,8 +1031,7 @@ assert bool((err[~normal] <= 2 ** -10 * scale).all())             # half a subno
 
 # %% [markdown]
 # Too small a scale saturates the large values; too large sinks the small ones into the
-# subnormals. The sweep rounds keys whose 64 features have scales from 0.1 to 10 and measures
-# the error of all of them and of the smallest:
+# subnormals. The sweep rounds keys whose 64 features have scales from 0.1 to 10:
 
 # %%
 g = torch.Generator().manual_seed(1)
@@ -1133,9 +1078,8 @@ assert curves["all features"][-1] < 0.5                      # while the whole t
 
 # %% [markdown]
 # Around `amax / 448` the error sits on a floor of a few percent: 16 times bf16's, as the
-# mantissas predict ($2^{7-3}$). Right of the floor the whole tensor's error hides the small
-# values: at the sweep's largest scale the smallest features' error is above one half
-# (they are lost), while the whole tensor's is below it (the cell's last column).
+# mantissas predict ($2^{7-3}$). At the sweep's largest scale the smallest features are lost
+# (error above one half) while the whole tensor's error stays below it.
 #
 # ### Exercise 5 (optional): the fp8 store
 #
@@ -1145,11 +1089,9 @@ assert curves["all features"][-1] < 0.5                      # while the whole t
 # scale, clamps them to $\pm 448$, rounds them to `tl.float8e4nv` (e4m3) and stores them into
 # slot `seqlens[b]` of sequence $b$ of a contiguous fp8 cache `[B, L, HK, D]`.
 #
-# The check compares the cache byte for byte with `kv_cache.quantize_fp8`, with values that
-# saturate and values in the subnormals. Triton's interpreter rounds some fp32 values to fp8
-# wrongly (where rounding carries into the next power of two), so on the CPU a byte may also be
-# the interpreter's conversion of the right quotient. On a GPU `/` is approximate; `tl.div_rn`
-# divides as torch does.
+# The check compares the cache byte for byte with `kv_cache.quantize_fp8`, saturated values and
+# subnormals included (on the CPU it also accepts the interpreter's sometimes wrong fp8
+# rounding). On a GPU `/` is approximate; `tl.div_rn` divides as torch does.
 
 # %%
 @triton.jit
@@ -1171,9 +1113,8 @@ fp8_ok = ex.check_fp8_store_kernel(my_fp8_store_kernel)
 solution(ex.solution_fp8_store_kernel.fn, title="Solution: the fp8 store")
 
 # %% [markdown]
-# The next cell counts the ATen operators of the unfused store. On a GPU it times the fp8
-# store kernel (yours once it passes) against it at a batch of 64, 8 heads of 128, 4096
-# positions: 100 calls in one CUDA graph, a replay divided by 100.
+# The next cell counts the ATen operators of the unfused store; on a GPU it times the fp8 store
+# kernel (yours once it passes) against it.
 
 # %%
 from ropelib.course.counts import count_kernels
@@ -1223,18 +1164,15 @@ else:
     print("(timed on a GPU only: in the interpreter the numbers would say nothing)")
 
 # %% [markdown]
-# The unfused store is 4 ATen operators, each its own pass over k (on a GPU, 4 CUDA kernels):
-# divide, clamp, round to fp8, indexed write. On a GPU the cell asserts the fused store under a
-# third of its time.
+# The unfused store is 4 ATen operators, each its own pass over k: divide, clamp, round to fp8,
+# indexed write. On a GPU the cell asserts the fused store under a third of its time.
 #
 # ### Decode latency on a GPU
 #
 # `benchmarks/decode_cache_bench.py` replays one decoding step of one layer from a CUDA graph
-# (the same sizes, contiguous and paged caches of bf16 and fp8, batch 1 to 256) three ways:
-# **fused** (`ropelib.rope_kv_cache`), **two kernels** (ropelib's RoPE, then one write kernel
-# built like vLLM's `reshape_and_cache`) and **unfused** (the same RoPE, then the write as 6
-# to 17 PyTorch operators), after checking that all three write the same bits. The cell draws
-# the committed H200 run.
+# three ways: **fused**, **two kernels** (ropelib's RoPE, then one write kernel like vLLM's
+# `reshape_and_cache`) and **unfused** (the same RoPE, then the write as PyTorch operators).
+# The cell draws the committed H200 run.
 
 # %%
 PROVIDER_STYLE = {"fused": ("tab:blue", "s-"), "two_kernels": ("tab:green", "^-"),
@@ -1290,10 +1228,8 @@ assert as_stated((min(speedups), max(speedups)), (2.9, 5.6)), speedups   # the t
 # %% [markdown]
 # ### How many kernels one decoding step launches
 #
-# The next cell runs the benchmark's fused and unfused steps (batch 8, each cache) under
-# `torch.profiler` and counts the **ATen operators** that do work, the **Triton launches** in
-# the interpreter, and on a GPU the **CUDA kernels** (host index checks off: on the CPU they
-# add operators a GPU step does not run).
+# The next cell counts, for the fused and unfused steps (batch 8, each cache), the ATen
+# operators that do work, the Triton launches, and on a GPU the CUDA kernels.
 
 # %%
 GPU = torch.cuda.is_available()
@@ -1349,16 +1285,14 @@ for cache in ("contiguous", "paged"):      # per cache: to fp32, divide, clamp, 
         {"aten::to": 4, "aten::div": 2, "aten::clamp": 2})
 
 # %% [markdown]
-# The fused step is one Triton kernel for every cache. The unfused step is `apply_rope_qk`'s
-# launch, then 6 ATen operators for a contiguous bf16 cache (slot arithmetic, one `index_put_`
-# per cache), 9 for a paged one (the block-table lookup), 4 more per cache in fp8. On a GPU
-# each is one CUDA kernel: 7, 10, 15 and 18 kernels against 1.
+# The fused step is one Triton kernel for every cache; the unfused step, `apply_rope_qk` plus
+# 6 ATen operators (contiguous bf16), 9 (paged), 4 more per cache in fp8, is on a GPU 7, 10, 15
+# or 18 CUDA kernels.
 #
 # What does one more kernel cost in a replayed step? The next cell fits a line through the
 # H200's unfused steps at batch 1 against their operations, and one through replays of $n$
-# kernels that each fill one 4-byte element (`benchmarks/graph_floor.py`, an H200, another
-# day). On a GPU it also replays 1 and 7 such kernels and prints the 6 extra ones' share of
-# the unfused step's lead over the fused one.
+# kernels that do almost nothing. On a GPU it prints the share of the unfused step's lead that
+# 6 such kernels take.
 
 # %%
 order = sorted(OPS, key=OPS.get)              # by the operations the unfused step issues
@@ -1404,16 +1338,14 @@ else:
           "unfused step's lead over the fused one at batch 1")
 
 # %% [markdown]
-# On the H200 an operation of the unfused step costs 2.0 µs, and starting a kernel that does
-# nothing 1.1 of them: a replay removes the host, not the GPU's cost of starting each kernel.
-# Where the last line's share is above one half, starting kernels is most of the unfused
-# step's lead on that GPU.
+# On the H200 an operation of the unfused step costs 2.0 µs, of which 1.1 is starting a kernel:
+# a replay removes the host, not the GPU's cost of starting each kernel. Where the last line's
+# share is above one half, starting kernels is most of the lead on that GPU.
 #
 # ### Against the fewest kernels: what fusion itself saves
 #
-# *Question: how much of the speedup is fusion, and how much the PyTorch write's many
-# kernels?* The two-kernel step, whose write kernel is exercise 2's without the rotation,
-# answers it (the committed H200 run).
+# *Question: how much of the speedup is fusion, and how much the PyTorch write's many kernels?*
+# The two-kernel step answers it.
 
 # %%
 step_us = {(r["cache"], r["cache_dtype"], r["batch"], r["provider"]): r["ms"] * 1e3
@@ -1452,39 +1384,30 @@ print(f"the two kernels are {min(two_vs_unfused):.1f}-{max(two_vs_unfused):.1f}x
 assert as_stated((min(two_vs_unfused), max(two_vs_unfused)), (2.2, 4.8)), two_vs_unfused
 
 # %% [markdown]
-# **Answer** (the committed H200 run, replayed): the fused step is 1.09 to 1.34 times faster
-# than RoPE followed by one write kernel, and those two kernels 2.2 to 4.8 times faster than
-# the unfused step, so most of the 2.9–5.6× against the unfused step is the PyTorch write's
-# operators. Fusion itself saved 0.8 to 1.6 µs a step up to 64 sequences, about one kernel
-# start (1.1 µs), and 2.6 to 3.0 µs at 256, more than two starts; the rotated k's round trip
-# is under a tenth of the gain at every batch. The committed run does not split the H200's
-# gain at 256 into start and run; the live *launch* and *pass* columns above do, on the GPU
-# that runs them.
+# **Answer** (the committed H200 run): the fused step is 1.09 to 1.34 times faster than RoPE
+# then one write kernel, and those two 2.2 to 4.8 times faster than the unfused step: most of the
+# 2.9–5.6× is the PyTorch write's operators. Fusion itself saved 0.8 to 1.6 µs a step up to 64
+# sequences, about one kernel start (1.1 µs), and 2.6 to 3.0 µs at 256.
 
 # %% [markdown]
 # ## Summary
 #
-# - Under a causal mask a contiguous split leaves the last rank about $2c-1$ times the first
-#   rank's work; chunks $r$ and $2c-1-r$ of $2c$ give every rank exactly $S(S+1)/2c$ pairs.
-# - Rotated at their global positions (`apply_rope(..., cp_size, cp_rank)`, or a kernel that
-#   maps local index to global position), two processes reach the 1-process loss within a few
-#   fp32 ulps, and over 200 bf16 steps stay well inside the gap between two seeds (A.2).
+# - A contiguous split leaves the last rank about $2c-1$ times the first rank's causal work;
+#   chunks $r$ and $2c-1-r$ of $2c$ give every rank exactly $S(S+1)/2c$ pairs.
+# - Rotated at their global positions, two processes reach the 1-process loss within a few fp32
+#   ulps, and over 200 bf16 steps stay well inside the gap between two seeds (A.2).
 # - On H200s two ranks ran a 131072-token step 1.30 times as fast as one GPU, each at 55 % of
 #   its memory; most of the shortfall is attention reaching the flash kernel, not cuDNN's (A.1).
 # - The fused kernel stores the rotated k into slot `[b, p]` or
-#   `[block_table[b, p // BS], p % BS]`. The worked one-program kernel evaluates more sines and
-#   cosines per thread than ropelib's; on a GPU, tables close at least half its gap at batch 1.
-# - An fp8 cache at scale `amax / 448` costs a few percent relative error, 16 times bf16's.
-# - Replayed on the H200, fusion's gain over RoPE plus one write kernel is about one kernel
-#   start up to 64 sequences (more at 256), not the rotated k's round trip. An operation of the
-#   unfused step costs 2.0 µs, 1.1 of it starting a kernel.
+#   `[block_table[b, p // BS], p % BS]`; an fp8 cache at scale `amax / 448` costs a few percent.
+# - Replayed on the H200, fusion saves about one kernel start, not the rotated k's round trip.
 
 # %% [markdown]
 # ## Questions for a study group
 #
 # 1. The dual-chunk split balances the (query, key) pairs. Flash attention skips fully masked
-#    tiles; does the balance still hold when the work is counted in tiles of 128 × 128 and the
-#    chunks are not a multiple of 128? What would you do about it?
+#    tiles; does the balance hold when the work is counted in 128 × 128 tiles and the chunks
+#    are not a multiple of 128? What would you do about it?
 # 2. All-gather CP keeps every layer's full k and v on every rank (section 3 counts them). How
 #    does ring attention avoid that, and what does it pay instead?
 # 3. A paged cache lets two sequences share the blocks of a common prompt. What must happen
@@ -1495,20 +1418,18 @@ assert as_stated((min(two_vs_unfused), max(two_vs_unfused)), (2.2, 4.8)), two_vs
 #
 # ### A.1 Where the 2-rank step's time goes
 #
-# Section 3's last cell fits $t(S) = aS^2 + bS$ through two step times. Only attention grows
-# with $S^2$; the collectives grow at most with $S$. Two points fit two terms exactly: the
-# split is an attribution, which the profiles below test.
+# Section 3's last cell fits $t(S) = aS^2 + bS$ through two step times: only attention grows
+# with $S^2$. Two points fit two terms exactly, so the split is an attribution, which the
+# profiles below test.
 #
 # At 131072 tokens the split costs 964 ms a step (two ranks 2772 ms against half of one GPU's
-# 1808). The fit puts 750 of them in the $S^2$ term: each rank computes half of the pairs at
-# 68 % of one GPU's rate. The linear 214 ms is **not measured**; the collectives' 6.56 GiB per
-# rank and step would take about 16 ms at NVLink's 450 GB/s each way.
+# 1808). The fit puts 750 of them in the $S^2$ term: each rank computes half the pairs at 68 % of
+# one GPU's rate. The linear 214 ms is **not measured**; the collectives' 6.56 GiB would take
+# about 16 ms over NVLink.
 #
-# Why the slower rate? One GPU calls attention once per layer with `is_causal=True`, which
-# PyTorch may send to cuDNN's kernel; for a chunk with fewer queries than keys PyTorch offers
-# only its flash and memory-efficient kernels. On a GPU the cell profiles one layer's
-# attention, forward and backward, as one GPU, as rank 0, and as one GPU forced onto the flash
-# kernel: kernel time, cuDNN's part, and the rate at $14D$ operations a pair.
+# Why the slower rate? One GPU's `is_causal=True` call may reach cuDNN's kernel; a chunk with
+# fewer queries than keys reaches only PyTorch's flash and memory-efficient kernels. On a GPU
+# the cell profiles one layer's attention as one GPU, as rank 0, and forced onto flash.
 
 # %%
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -1609,8 +1530,7 @@ else:
           "their kernels are profiled on a GPU only")
 
 # %% [markdown]
-# The next cell reads the three lines an H200 printed for this cell, committed in
-# `benchmarks/results/cp_attention_profile-nvidia-h200-20261204-from-page.csv`.
+# The next cell reads the three lines an H200 printed for this cell (`benchmarks/results/`).
 
 # %%
 PROFILE = RESULTS / "cp_attention_profile-nvidia-h200-20261204-from-page.csv"
@@ -1644,23 +1564,16 @@ assert round(fit_vs_profile, -2) == 100, "the fit's split good to about 100 ms"
 assert sq_by_profile > 2 * lin_by_profile and sq_excess > 2 * lin_excess   # mostly attention
 
 # %% [markdown]
-# On the H200, one GPU's attention ran cuDNN's kernels only, at 441 TFLOP/s; rank 0's ran
-# cuDNN's for 9 % of its time (its first chunk, a square causal mask) and the flash kernel for
-# the rest, at 307; one GPU forced onto the flash kernel ran at 294, within 10 % of rank 0:
-# rank 0's slower attention is the kernel a masked call can reach. The profiles (attention
-# times the layers) agree with the fit to about 100 ms; both put over two thirds of the time
-# the 2-rank step loses in attention.
-#
-# **Not measured:** what the time outside attention is made of, and rank 1's attention (both
-# its calls reach the flash kernel).
+# On the H200, one GPU's attention ran cuDNN's kernels only, at 441 TFLOP/s; rank 0's ran mostly
+# the flash kernel, at 307; one GPU forced onto flash ran at 294. So rank 0 is slower because of
+# the kernel a masked call can reach. The profiles agree with the fit to about 100 ms.
 
 # %% [markdown]
 # ### A.2 200 steps in bf16: does the two-rank run train the same model?
 #
-# In bf16 the runs cannot agree to the bit; how far do they diverge? `cp200-*.csv` hold three
-# 200-step bf16 runs of section 3's model on 16384-token sequences, on H200s: two ranks with
-# seed 0; its twin, one process with seed 0; and one process with seed 1 (other weights and
-# batches: a loose yardstick).
+# In bf16 the runs cannot agree to the bit; how far do they diverge? Three committed 200-step
+# bf16 runs on 16384-token sequences: two ranks with seed 0, its one-process twin, and one
+# process with seed 1 (other weights and batches: the yardstick).
 
 # %%
 def loss_curve(path) -> list:
@@ -1704,7 +1617,6 @@ fig.savefig(FIGURES / "11-cp-bf16-200-steps.png", dpi=120)
 plt.show()
 
 # %% [markdown]
-# **Answer:** on average the 2-rank curve stays well inside the seed gap, closer to its twin
-# than the seeds to each other in 178 of the 200 steps. Over the last 50 steps it sits below
-# its twin at every step: whether the split causes that offset, one pair of runs cannot say;
-# other seeds, each run both ways, would.
+# **Answer:** the 2-rank curve stays well inside the seed gap, closer to its twin than the seeds
+# to each other in 178 of the 200 steps. Over the last 50 steps it sits below its twin; one pair
+# of runs cannot say whether the split causes that.
