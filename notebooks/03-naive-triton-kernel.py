@@ -591,13 +591,15 @@ else:
 # - **Not bytes.** The naive kernel and the copy both move what the bytes model says (read $x$,
 #   write $y$, read the table once) within a few percent; the naive kernel takes 5.1 times as long.
 # - **Tiny programs, low occupancy.** 1,048,576 one-warp programs of one 256-byte row. An SM
-#   holds at most 32 programs at a time (half its 64 warp slots): 248 *waves*. The *achieved
+#   holds at most 32 programs at a time (half its 64 warp slots): 248 *waves* (programs ÷ (SMs ×
+#   programs resident per SM), the rounds the grid needs to pass through every SM). The *achieved
 #   occupancy* (average share of warp slots holding a warp) is 28.1 % against the copy's 85.3 %.
 #   4.3 shows this follows from the slow starts; it does not cause them.
 # - **Not bytes in flight.** Memory reaches its bandwidth only with enough bytes requested and not
 #   yet returned (Little's law: bytes in flight = bandwidth × latency). The naive kernel's bound
-#   on them (`x KiB/SM`) is a twelfth of the copy's, yet notebook 04's kernel (third row) asks for
-#   only 1.7 times as much and runs 3.5 times faster.
+#   on them (`x KiB/SM`: resident warps per SM × bytes of $x$ a warp loads per step, an upper
+#   bound reached only if every warp waits at once) is a twelfth of the copy's, yet notebook
+#   04's kernel (third row) asks for only 1.7 times as much and runs 3.5 times faster.
 # - **The number of programs.** The second table adds two variants from notebook 04, also
 #   1,048,576 one-row programs: instructions 4.7 times apart, bytes in flight nearly threefold,
 #   and times within 0.3 %.
@@ -1346,10 +1348,11 @@ assert all(abs(r["dram_read_bytes"] - c["model_bytes"] / 2) < 0.02 * c["model_by
 
 # %% [markdown]
 # **Detour: the compiled code of (c) and (d)** (for a second reading). The compile cell read the
-# `#ttg.blocked` layout of the loaded tile from the TTGIR (`sizePerThread`: the run one lane
-# holds; `threadsPerWarp`: how a warp's lanes spread over the axes; `order`: which axis counts
-# fastest) and the load width from the PTX. The next cell places a warp's 32 lanes with them and
-# counts what one load touches.
+# `#ttg.blocked` layout of the loaded tile from the TTGIR, Triton's GPU-level intermediate code
+# (`sizePerThread`: the run one lane holds; `threadsPerWarp`: how a warp's lanes spread over the
+# axes; `order`: which axis counts fastest), and the load width from the PTX, NVIDIA's virtual
+# assembly that `ptxas` turns into machine code. The next cell places a warp's 32 lanes with them
+# and counts what one load touches.
 
 # %%
 swap_programs = 262144 // 16   # the counters' launch: 16 rows a program

@@ -401,8 +401,8 @@ print(f"programs launched: naive {naive.naive_grid(S, B, H)[0]:,}, batch-reuse "
 # %% [markdown]
 # **`range` vs `tl.static_range`.** `tl.static_range(B)` unrolls the loop at compile time: one
 # kernel per batch size, but the compiler could issue all rows' loads together. The next cell
-# compiles both forms for sm_90 (no GPU needed) and lists the global loads (L) and stores (S) of
-# their SASS in order, at $B = 8$.
+# compiles both forms for sm_90 (no GPU needed) and lists the global loads (`LDG`, printed L) and
+# stores (`STG`, S) of their SASS (the GPU's machine code, notebook 03 §4.5) in order, at $B = 8$.
 
 # %%
 # section 5.3's kernel as sh_loop_b (runtime loop) and sh_loop_b_unrolled launch it, compiled for
@@ -910,7 +910,9 @@ ab_differ = [n for n, same in ab_same.items() if not same]
 assert not ab_differ, f"correct, but not the bits of the course's kernel: {ab_differ}"
 
 # %% [markdown]
-# Which comparison answers which question:
+# The last line's sin/cos cost at $B$ rows a program reads 1.007 (0.7 %) on the rendered page's
+# H100, against 4 % (1.04 in two runs) in the H200's committed ablation below; no H100 ablation
+# is committed to check it. Which comparison answers which question:
 #
 # - `sh_loop_b` vs `sh_one_b`: $B$ times the cos/sin *and* the programs; the `*_table` rows tell
 #   the two apart;
@@ -1103,8 +1105,9 @@ assert (sm_n, schedulers, ghz_top, round(empty_ns_by_warps[1], 1)) == (132, 4, 1
 #
 # - **DRAM bytes are the model's** for every variant and TE's kernel (A.5): no kernel is slower
 #   for extra traffic.
-# - **Occupancy does not order them**: the grid fills half of an SM's 64 warp slots, TE nine
-#   tenths, and TE takes 1.94 times a copy's time.
+# - **Occupancy does not order them**: the *achieved occupancy* (average share of an SM's 64
+#   warp slots holding a warp, notebook 03 §4.2) is half for the grid, nine tenths for TE, and
+#   TE takes 1.94 times a copy's time.
 # - **At $b = 1$ the order reverses**: the grid takes the naive kernel's time; TE is more than
 #   twice as fast.
 
@@ -1178,7 +1181,8 @@ assert te1_programs == 32_768 and t1["sh_loop_b"]["programs"] == 1_048_576
 # ### 5.5 The answer: why the batch-reusing grid beat TE's fused kernel
 #
 # The cell sets TE's kernel and the grid side by side ($b = 8$, H200), profiled with the clock
-# locked and free (appendices A.1 and A.2).
+# locked and free (appendices A.1 and A.2). "Warp cycles waiting on loads" is Nsight Compute's
+# *long scoreboard* stall: a warp waiting for data from a global load.
 
 # %%
 # the two profiles of TE's kernel beside the grid (benchmarks/te_ncu.py), per kernel: the locked

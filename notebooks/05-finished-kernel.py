@@ -1297,13 +1297,18 @@ assert (warps_h100["tile"], warps_h100["warps"], warps_h100["chunks"]) == (4, 16
 # | tile of heads | the big step / +12.2 | +58.6 on the H100 | programs, work per program, bytes asked for at once (A.1) |
 # | tile (3-D form) | −0.1 / −0.0 | −5.9 / −6.6 | the same launch at $h = 32$; 3 % more instructions |
 # | warps | +1.8 / +2.8 | −29.6 / −16.1 | more warps; at $b = 1$ each sin/cos evaluated by more threads |
-# | chunks | −3.0 / −0.0 | +48.1 / +29.0 | $b = 8$: the loop bounds only; $b = 1$: a tile that evaluates each sin/cos once |
+# | chunks | −3.0 (one run) / −0.0 | +48.1 / +29.0 | $b = 8$: the loop bounds only; $b = 1$: a tile that evaluates each sin/cos once |
 # | accurate sin/cos | noise / +0.0 | noise / +0.1 | nothing: the chunks rung's machine code |
-# | equal halves | +5.5 / +0.3 | +4.9 / +1.5 | fewer instructions, which pay at $b = 1$ |
+# | equal halves | +5.5 (one run) / +0.3 | +4.9 / +1.5 | fewer instructions, which pay at $b = 1$ |
 # | finished kernel | −1.5 / −0.2 | +2.7 / +0.9 | 7 % more instructions; at $b = 1$ `x` loaded first |
 #
-# With no batch loop ($b = 1$), how often each sin/cos is evaluated is the time. Loading `x` first,
-# timed alone, helps at $s = 4096$, $b = 1$ and hurts at $s = 1024$, $b = 8$.
+# The H200's $b = 8$ steps −3.0 (chunks) and +5.5 (equal halves) are one run's and unconfirmed:
+# the ten H100 processes give −0.0 and +0.3. A.1 reads them as DRAM writes: the profile counts
+# 16.1 MB more writes in the chunks rung than in the warps rung, whose code has the same stores,
+# and 16.4 MB fewer in equal halves than in rung 5.
+#
+# With no batch loop ($b = 1$), how often each sin/cos is evaluated is the time. Loading `x`
+# first, timed alone, helps at $s = 4096$, $b = 1$ and hurts at $s = 1024$, $b = 8$.
 #
 # **The 16-token panel.** In the H200 run its rungs from `chunks` on measure nothing: their calls
 # fall into a fast and a slow population, and the accurate rung, the same code, "gains" 35.6
@@ -1327,7 +1332,8 @@ if LADDER_CSV.exists():
 # - **DRAM rate**: bytes read and written over the kernel's time;
 # - **issuing**: the share of cycles a scheduler issued; near 100 % instructions set the pace;
 # - **waiting on memory**: warps waiting for a load per instruction issued;
-# - **copies of each sin/cos**: the XU pipe's instructions over $S \cdot 64 \cdot 2 / 32$.
+# - **copies of each sin/cos**: the instructions of the XU pipe (the SM's special-function unit,
+#   which evaluates sin and cos) over $S \cdot 64 \cdot 2 / 32$.
 #
 # Nsight Compute locks the SM clock to its base, so a kernel paced by its instructions takes
 # longer here than timed.
@@ -1646,8 +1652,9 @@ assert noloop_b8["tile_copy_ratio"] < shipped_b8["tile_copy_ratio"]
 # rung's tiles $p, p + P, \ldots$. For each $k$ that fits, the cell prints section 2's bound and,
 # on a GPU, the copy's speed. Then three readings: the share of the gap left at rung 6's $k$ that
 # more programs close (under one half: residency is not it); a token count that fills whole waves
-# against $s = 4096$, which ends on a partial one (no faster: the tail is not it); and the share
-# of Exercise 1's two kernels' gap that residency alone explains.
+# (a wave: as many programs as all SMs hold at once, notebook 03 §4.2) against $s = 4096$, which
+# ends on a partial one (no faster: the tail is not it); and the share of Exercise 1's two
+# kernels' gap that residency alone explains.
 
 # %%
 @triton.jit

@@ -663,11 +663,14 @@ solution(ex.solution_rope_kv_cache_kernel.fn, title="Solution: RoPE + contiguous
 # ### Your kernel against ropelib's: timed on a GPU, read in its machine code
 #
 # On a GPU the next cell replays your kernel (the worked one until yours passes), ropelib's and
-# the unfused step from a CUDA graph, batch 1 and 64, beside the committed H200 run.
+# the unfused step from a CUDA graph (the step's launches recorded once, then replayed together,
+# so Python's launch overhead drops out), batch 1 and 64, beside the committed H200 run.
 #
 # Why might the worked kernel trail ropelib's? Not its bytes. On any machine the cell compiles
 # both, and the worked kernel reading cos and sin from tables, for sm_90, and counts a thread's
-# instructions, angle reductions and loads up to its first store.
+# instructions, angle reductions (the range reduction inside sin/cos: a multiply by $2/\pi$
+# that brings the angle into a quarter turn) and loads up to its first store, by width:
+# `LDG.128` loads 16 bytes a thread, `LDG.32` 4 (SASS global loads, notebook 04 §2.3).
 
 # %%
 from ropelib.bench import kv_cache_decode
@@ -1400,7 +1403,8 @@ assert as_stated((min(two_vs_unfused), max(two_vs_unfused)), (2.2, 4.8)), two_vs
 #   its memory; most of the shortfall is attention reaching the flash kernel, not cuDNN's (A.1).
 # - The fused kernel stores the rotated k into slot `[b, p]` or
 #   `[block_table[b, p // BS], p % BS]`; an fp8 cache at scale `amax / 448` costs a few percent.
-# - Replayed on the H200, fusion saves about one kernel start, not the rotated k's round trip.
+# - Replayed on the H200, fusion saves about one kernel start up to 64 sequences and more than
+#   two at 256 (2.6 to 3.0 µs); it is not the rotated k's round trip.
 
 # %% [markdown]
 # ## Questions for a study group

@@ -726,9 +726,10 @@ print(f"dL/dx {tuple(gx_t.shape)}: teaching dX kernel vs autograd of qkv_rope_li
 #   resolved: about one copy of q and k.
 # - **What does the epilogue cost?** 4.4 to 5.2 % over the bare GEMM on both GPUs, resolved; the
 #   bare GEMM is itself level with cuBLAS.
-# - **What does the fusion net?** On the H200 the fused forward is level with the unfused pipeline
-#   (0.984 of its time from a table, resolved; 1.004 from angles, not); on the H100, where the
-#   pass costs more, it is ahead (0.955 from a table, resolved; 0.964 from angles, not).
+# - **What does the fusion net?** On the H200 the fused forward is 1.6 % faster than the unfused
+#   pipeline from a table (0.984 of its time, resolved) and level from angles (1.004, not); on the
+#   H100, where the pass costs more, it is ahead (0.955 from a table, resolved; 0.964 from angles,
+#   not).
 #
 # **Forward+backward** on the eager route (one H100 run of five rounds): the fused projection runs
 # at 1.034 and 1.069 of the unfused pipeline's speed (8192 and 32768 tokens), faster in all five
@@ -1082,15 +1083,16 @@ assert prof["cublas"]["# SMs"] == 132                           # an H200's SMs 
 # registers a thread, and each fp32 tile of cos or sin, $[B_M, D/2]$, takes $128 \cdot 64 /
 # 256 = 32$. One cos and one sin tile a pair make 192; each pair member's own (four tiles) make
 # 256, over the limit before anything else. The probe's sm_90 compile agrees: 230 registers and no
-# stack with two tiles, 255 and 80 bytes of stack with four. Timed, the spilling kernel is only 2
-# and 3 % behind, less than medians move between runs: the compile, not the timing, carries the
-# argument.
+# stack with two tiles, 255 and 80 bytes of stack with four. Two H200 timings of four tiles: by
+# medians in one run the spilling kernel is 2 and 3 % behind two tiles, less than medians move
+# between runs; paired round by round against the shipped forward from a table (7.1's run), it
+# is 3.9 to 8.2 % slower, losing all seven rounds in every cell. The paired rounds resolve it:
+# four tiles cost time.
 #
 # So the shipped forward reads one cos and one sin tile a pair too (253 registers, no spill:
 # Appendix A.2). From an angle table, a pre-pass writes every token's cos and sin rows and sets a
 # **flag** if some pair's two members have different angles (a standard table never does); only
-# then does the forward load each member's rows in turn. Doing that for every table made the
-# forward 3.9 to 8.2 % slower, losing all seven rounds in every cell.
+# then does the forward load each member's rows in turn.
 
 # %%
 # the probe's sm_90 listing (section 3): {(kernel, tile): registers and stack a thread}
@@ -1705,9 +1707,9 @@ else:
 #   nothing more: 7.4 % of cuBLAS's forward on the H200, 8.5 % on the H100 (1, 7.1).
 # - An epilogue works on the output tile in registers before its one store; rotate-half needs
 #   whole heads in a tile, cheapest as one accumulator split in the epilogue (2 to 4).
-# - The epilogue costs 4.4 to 5.2 % over the bare GEMM. Net, the fused forward is level with the
-#   unfused pipeline on the H200 and ahead on the H100 (7.1), and only with a main loop close to
-#   cuBLAS's (7.2) and an epilogue that fits in registers (7.3).
+# - The epilogue costs 4.4 to 5.2 % over the bare GEMM. Net, the fused forward beats the unfused
+#   pipeline by 1.6 % from a table on the H200 (level from angles) and is ahead on the H100 (7.1),
+#   and only with a main loop close to cuBLAS's (7.2) and an epilogue that fits in registers (7.3).
 # - A backward prologue re-forms $dY$ in every column block. Writing $dY$ once and handing dX and
 #   dW to cuBLAS is 2.6 times as fast: 1.3 from writing $dY$ once, 2.0 from cuBLAS's GEMMs (7.4).
 # - `do_bench` hides the host; from an idle start the fused route's extra Python can lose what its
