@@ -316,6 +316,7 @@ probe = torch.empty(7, device=device)
 _probe_pair[(1,)](x_row, ang_row, torch.cos(ang_row), torch.sin(ang_row), probe, J=j_max,
                   HALF=half_d, SECOND=second, BF16_RTNE=debug.BF16_RTNE, num_warps=1,
                   enable_fp_fusion=False)
+debug.flush_device_prints()   # on a GPU: the 32 device lines out before the host's prints
 theta_p, c_p, s_p, cb_p, sb_p, y_bf16_p, y_fp32_p = probe.cpu().tolist()
 print(f"stored by the probe: theta {theta_p:.6g}; cos, sin in fp32 {c_p:.8g}, {s_p:.8g}; in bf16 "
       f"{cb_p:.5g}, {sb_p:.5g}; y before the store: bf16 table and products {y_bf16_p:.6g}, "

@@ -47,6 +47,7 @@ import ropelib
 device = ropelib.default_device()
 
 # %%
+import csv
 import re
 import statistics
 import time
@@ -127,7 +128,13 @@ def copy_gbps(slug):
 
 
 TOKENS = sorted({r["tokens"] for r in QKV["nvidia-h100-80gb-hbm3"]})
-L2_MIB = 50         # the L2 cache of an H100 and of an H200 (the GPUs' specification), in MiB
+# the L2 cache of each GPU, in MiB: the H200's as Nsight Compute recorded it (a committed profile's
+# raw CSV, as notebook 04 reads it), the H100's from NVIDIA's specification (no committed record)
+ncu_h200 = next(r for r in csv.DictReader(compare.ncu_table(
+    (RESULTS / "mechanism-te-nvidia-h200-ncu-raw.csv").read_text())) if r["Kernel Name"])
+L2_MIB = {"nvidia-h100-80gb-hbm3": 50,
+          "nvidia-h200": int(ncu_h200["device__attribute_l2_cache_size"].replace(",", "")) / 2**20}
+assert L2_MIB["nvidia-h200"] == 60
 bound, qk_mib = {}, {}
 for slug in GPUS:
     bw = copy_gbps(slug)
@@ -155,8 +162,9 @@ for slug in GPUS:
           f"{balance:,.0f} (cuBLAS's FLOP/s over the copy's bytes/s)")
     assert [round(v, -1) for v in intensity] == [1890, 2290] and min(intensity) > 3 * balance
 print("q and k together: " + ", ".join(f"{qk_mib[t]:.0f} MiB at {t} tokens" for t in TOKENS)
-      + f"; the L2 cache: {L2_MIB} MiB")
-assert [round(qk_mib[t]) for t in TOKENS] == [80, 320] and min(qk_mib.values()) > L2_MIB
+      + "; the L2 cache: " + ", ".join(f"{L2_MIB[s]:.0f} MiB on {s}" for s in GPUS))
+assert [round(qk_mib[t]) for t in TOKENS] == [80, 320]
+assert min(qk_mib.values()) > max(L2_MIB.values())
 
 assert {key: v["rope"] > v["spread"] for key, v in bound.items()} \
     == {key: key[0] == "nvidia-h100-80gb-hbm3" and key[2] == "fwd" for key in bound}
@@ -236,8 +244,10 @@ def event_ms(fn):
 
 r = measured("nvidia-h200", "cublas", "fwd", min(TOKENS))         # the benchmark's shape
 ROUNDS_L2 = 21
-ceiling = {t: 2 * L2_MIB / (2 * qk_mib[t]) for t in TOKENS}   # twice L2 over the pass's bytes
-assert [round(100 * ceiling[t]) for t in TOKENS] == [62, 16]
+ceiling = {(s, t): 2 * L2_MIB[s] / (2 * qk_mib[t]) for s in GPUS for t in TOKENS}   # twice L2
+assert [round(100 * ceiling[s, t]) for s in GPUS for t in TOKENS] == [62, 16, 75, 19]   # / bytes
+ceilings = "; ".join(", ".join(f"{ceiling[s, t]:.0%}" for t in TOKENS)
+                     + f" with {s}'s {L2_MIB[s]:.0f} MiB L2" for s in GPUS)
 if torch.cuda.is_available():
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     shapes = [(t, r["hidden"], r["HQ"], r["HK"], r["D"]) for t in TOKENS]
@@ -262,13 +272,14 @@ for M_l2, K_l2, HQ_l2, HK_l2, D_l2 in shapes:
         print(f"No GPU here: checked the pass on {M_l2} tokens, {rounds_l2} rounds untimed. On a "
               f"GPU this cell times it at {TOKENS} tokens, {ROUNDS_L2} rounds each, warm, flushed "
               f"and as a flushed copy, and prints the pass / the copy and L2's saving against "
-              f"its ceiling ({', '.join(f'{v:.0%}' for v in ceiling.values())} with a 50 MiB L2), "
+              f"its ceiling ({ceilings}), "
               f"with the sign test over the rounds.")
         continue
     med = {case: statistics.median(v) for case, v in times_l2.items()}
     c = round_stats.paired_rounds(times_l2["warm"], times_l2["flushed"])
     saved = 1 - c["ratio"]                          # the median round's (flushed - warm) / flushed
     most = 2 * l2 / (2 * qk_mib[M_l2] * 2**20)      # twice this GPU's L2 over the pass's bytes
+    assert l2 / 2**20 == L2_MIB.get(compare.gpu_slug(), l2 / 2**20)   # the table's, if listed
     print(f"{torch.cuda.get_device_name()}, L2 {l2 / 2**20:.0f} MiB, {M_l2} tokens (q and k "
           f"{qk_mib[M_l2]:.0f} MiB), medians of {c['rounds']} rounds: pass warm {med['warm']:.3f} "
           f"ms, flushed {med['flushed']:.3f} ms, copy {med['copy']:.3f} ms\n"

@@ -1,5 +1,9 @@
 """ropelib.course.debug: the allclose failure reproduced, every cause switchable, the tools to find it."""
 import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -283,3 +287,18 @@ def test_classify_follows_the_decision_table(device):
     assert set(D.DECISIONS) == {"equal", "tolerance", "precision", "layout"}
     toggles = {t for row in D.DECISIONS.values() for t in row["toggles"]}
     assert toggles <= {f.name for f in dataclasses.fields(D.Causes)}
+
+
+def test_flush_device_prints_puts_c_stdout_before_the_hosts_next_print():
+    # the device's lines reach C's stdout (block-buffered into a pipe, as under Jupyter): without
+    # the flush they would come out at exit, after the host's print (written at once)
+    code = ("import ctypes; from ropelib.course import debug\n"
+            "ctypes.CDLL(None).printf(b'device line\\n')\n"
+            "debug.flush_device_prints(pause=0)\n"
+            "print('host line', flush=True)\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}   # C's buffer kept
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-2:] == ["device line", "host line"]

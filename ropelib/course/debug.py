@@ -17,7 +17,10 @@ fp32 multiply-add, one rounding), labelled "TE emulation".
 from __future__ import annotations
 
 import collections
+import ctypes
 import re
+import sys
+import time
 from dataclasses import dataclass
 from typing import Optional
 
@@ -510,6 +513,23 @@ def error_map(a: torch.Tensor, b: torch.Tensor, layout: str = "sbhd") -> torch.T
         raise ValueError(f"layout must be 'sbhd' or 'bshd', got {layout!r}")
     d = _to_sbhd((a.double() - b.double()).abs(), layout)   # [S, B, H, D]
     return d.amax(dim=(1, 2)).cpu()
+
+
+def flush_device_prints(pause: float = 0.2) -> None:
+    """Let the lines a kernel printed (`tl.device_print`) reach the page before the host prints
+    again. On a GPU they wait in the device's buffer until the host synchronises, then in C's
+    stdout buffer (a pipe under Jupyter, written out only when full, so 32 lines broke mid-word
+    between the host's prints); Jupyter's kernel copies that pipe into the cell's output from a
+    thread of its own, given `pause` seconds here. Harmless in the interpreter (Python prints)."""
+    sys.stdout.flush()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    try:
+        ctypes.CDLL(None).fflush(None)   # every C stream, stdout among them
+    except (OSError, AttributeError):     # no C library to ask (not on Linux or macOS)
+        pass
+    time.sleep(pause)
+    sys.stdout.flush()
 
 
 def argmax_location(a: torch.Tensor, b: torch.Tensor, layout: str = "sbhd") -> dict:

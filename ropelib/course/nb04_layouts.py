@@ -12,13 +12,15 @@ CHILD = r'''
 import json, sys, torch, triton
 from ropelib.course.kernels import ablation
 from ropelib.course.offline_compile import compile_for_cuda
-from ropelib.kernels import launch
+from ropelib.kernels import launch, tiles as T
 S, B, H, D, N_SM = (int(a) for a in sys.argv[1:6])
+GPU, names = sys.argv[6], sys.argv[7:]   # the GPU's name picks its tile knobs, as on the GPU
+knobs = T.TILES_BY_GPU.get(GPU, {})
 x = torch.empty(S, B, H, D, dtype=torch.bfloat16)   # only shapes, strides, dtypes matter
 y, f = torch.empty_like(x), torch.empty(S, D)
 out = {}
 for name, _, _, o in ablation.variants(H):
-    if name not in sys.argv[6:]:
+    if name not in names:
         continue
     bpp, bh = o.get("batch_per_program") or B, triton.next_power_of_2(D // 2)
     warps = o.get("num_warps") or ablation.default_warps(o.get("heads_per_program", 1) * bh)
@@ -30,8 +32,11 @@ for name, _, _, o in ablation.variants(H):
                 TABLE=bool(o.get("table")), BF16_RTNE=False)
     k = compile_for_cuda(ablation._rope_ablation_kernel, args, num_warps=warps)
     out[name] = dict(num_warps=warps, ttgir=k.asm["ttgir"])
-if "ropelib_finished" in sys.argv[6:]:   # the finished kernel, with the tile it picks on N_SM SMs
-    tiles = launch.pick_tiles(S, B, (H, 0), D, D, x.element_size(), N_SM)
+if "ropelib_finished" in names:   # the finished kernel, with the tile it picks on N_SM SMs of GPU
+    tiles = launch.pick_tiles(S, B, (H, 0), D, D, x.element_size(), N_SM,
+                              tile_loop=knobs.get("loop", T.TILE_LOOP),
+                              tile_noloop=knobs.get("noloop", T.TILE_NOLOOP),
+                              tile_wide=knobs.get("wide", T.TILE_WIDE))
     lau, ptrs = launch.plan(launch.View.of(x), launch.View.of(y), launch.Table(f, None),
                             launch.Positions(), R=D, interleaved=False, backward=False,
                             layout="sbhd", tiles=tiles)
@@ -43,11 +48,13 @@ print(json.dumps(out))
 '''
 
 
-def compiled_ttgir(S: int, B: int, H: int, D: int, n_sm: int, names, timeout: float = 600.0):
+def compiled_ttgir(S: int, B: int, H: int, D: int, n_sm: int, names, timeout: float = 600.0,
+                   gpu: str = "NVIDIA H100 80GB HBM3"):
     """{name: dict(num_warps=..., ttgir=...)} for the named ablation variants at bf16 sbhd
-    [S, B, H, D], and for "ropelib_finished" (also its grid) with the tile it picks on n_sm SMs.
+    [S, B, H, D], and for "ropelib_finished" (also its grid) with the tile it picks on n_sm SMs
+    of `gpu` (its name, as torch.cuda.get_device_name gives it: kernels/tiles.py's TILES_BY_GPU).
     Raises RuntimeError saying why, with the child's stderr."""
-    return in_compiling_python(CHILD, *map(str, (S, B, H, D, n_sm)), *names,
+    return in_compiling_python(CHILD, *map(str, (S, B, H, D, n_sm)), gpu, *names,
                                what="compiling for sm_90", timeout=timeout)
 
 
