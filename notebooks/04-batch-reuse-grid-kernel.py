@@ -1325,7 +1325,7 @@ if len(two_gpus) == 2:
 #
 # ropelib's finished kernel (`ropelib/kernels/fused.py`, notebook 05) gives each program a
 # **tile** of positions × heads that computes cos/sin once for its heads *and* a batch chunk,
-# loads wider vectors (here 4 bf16 a thread: A.1's `sizePerThread = [1, 1, 4]`), and takes every
+# loads wider vectors (on the H200 8 bf16 a thread: A.1's `sizePerThread = [1, 1, 8]`), and takes every
 # layout through strides.
 
 # %% [markdown]
@@ -1550,8 +1550,8 @@ nb04_two_rows.show_two_rows_solution()
 # program, your kernel (the worked solution until yours passes), exercise 5's kernel with
 # `ROWS` $= B$ and a copy. The last line is the share of the one-row kernel's gap over the copy
 # that the second row closes, (one row − two rows) / (one row − copy): near 0, the gap lies
-# elsewhere; near 1, one row in flight was all of it. "Most of the gap" only means every round
-# lies above one half.
+# elsewhere; near 1, one row in flight was all of it. The verdict names the band every round lies
+# in ("most" above 0.6, "about half" within 0.1 of one half); rounds in different bands get none.
 
 # %%
 two_rows = nb04_two_rows._rope_two_rows_solution_kernel

@@ -271,7 +271,8 @@ assert steps_at_max == 1                                  # the largest differen
 # **Look inside the kernel.** `tl.device_print(prefix, value)` prints from inside a running
 # kernel. The probe below is the reported line cut down to the pair with the largest difference,
 # and prints $y$ in fp32 before the store. On a GPU every thread prints, so even with
-# `num_warps=1` it writes 32 identical lines, which may interleave with the host's prints. With
+# `num_warps=1` it writes 32 identical lines; `debug.flush_device_prints()` lets them out before
+# the host prints. With
 # no thread index to guard a print, the probe stores the other values (angle, cos and sin in fp32
 # and bf16, $y$ with fp32 ones) for the host to print once. (`tl.static_print` prints at compile
 # time: only shapes, dtypes and constexprs.)

@@ -190,8 +190,9 @@ assert [round(v, 3) for v in alone_vs_copy] == [0.999, 1.001]
 # **The copy floor is about what a fusion can win**: timed alone, ropelib's RoPE runs at the
 # copy's speed on the H200 (printed above). Could the pass beat its floor by reading q and k from
 # L2, where the GEMM has just written them? Its traffic is 2 × 80 MiB at 8192 tokens and 2 × 320
-# MiB at 32768; the 50 MiB L2 can spare at most twice its size of it (reads it still holds,
-# write-backs they no longer force): 62 and 16 %.
+# MiB at 32768; the L2 (50 MiB on the H100, 60 MiB on the H200) can spare at most twice its
+# size of it (reads it still holds, write-backs they no longer force): 62 and 16 % on the H100,
+# 75 and 19 % on the H200.
 #
 # On a GPU the next cell times the pass after the same GEMM, in rounds: **warm**, right after it;
 # **flushed**, after a write of four times L2's size; and a flushed **copy** of the same bytes. It
