@@ -522,12 +522,9 @@ class DyStep:
             self.entry(gq, dq, gk, dk, table, sin, position_ids, cu_seqlens)
             return dy, None, None
         q_in, k_in = self.inputs(norm_input)
-        if cu_seqlens is not None:      # (the positions as undo_norm_rope reads them: _index)
-            pos = cu_seqlens
-        elif position_ids is not None and self.packed:
-            pos = position_ids[0].unsqueeze(0)
-        else:
-            pos = position_ids
+        if self.packed and position_ids is not None:    # (as __init__ gave backward_into)
+            position_ids = position_ids[0]
+        pos, _ = ops_qk_norm._index(position_ids, cu_seqlens)   # (as undo_norm_rope reads it)
         _, _, dwq, dwk = self.entry(gq, gk, q_in, k_in, q_norm_weight, k_norm_weight, table,
                                     sin, pos, (dq, dk))
         return dy, dwq.to(q_norm_weight.dtype), dwk.to(k_norm_weight.dtype)
@@ -996,11 +993,29 @@ def qkv_rope_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, *,
                                                 out_layout)
     norm = _check_norm_weights(q_norm_weight, k_norm_weight, head_dim, x)
     backward = resolved_backward(backward)
+    grad = needs_grad(x, weight, *(t for t in (bias, q_norm_weight, k_norm_weight)
+                                   if t is not None))
+    q, k, v, fp = _checked_run(x, weight, bias, table, sin, position_ids, cu_seqlens,
+                               q_norm_weight, k_norm_weight, n_heads, n_kv_heads, head_dim, eps,
+                               weight_offset, interleaved, out_layout, norm, grad, backward,
+                               plain, None)
+    if sig is not None:     # checked in full: later calls of this signature skip the checks
+        B, S, _ = _sizes(x)
+        SIGNATURES.put(sig, _PlannedCall(S, B, _rows(table), norm, grad, backward, fp))
+    return q, k, v
+
+
+def _checked_run(x, weight, bias, table, sin, position_ids, cu_seqlens, q_norm_weight,
+                 k_norm_weight, n_heads, n_kv_heads, head_dim, eps, weight_offset, interleaved,
+                 out_layout, norm: bool, grad: bool, backward: str, plain: bool,
+                 fp: Optional["ForwardPlan"]) -> tuple:
+    """A checked call, from its tables and index tensors as the checks leave them: Gemma's
+    weight offset added, what backward saves made saveable, x, the weight and bias contiguous;
+    then the operator (traced), the eager autograd.Function (plain, with gradients) or the
+    projection alone. (q, k, v, the ForwardPlan of a plain call: fp, or the one looked up)."""
     if norm and weight_offset != 0.0:   # Gemma's scale 1 + w, in fp32 (autograd sees the sum)
         q_norm_weight = q_norm_weight.float() + weight_offset
         k_norm_weight = k_norm_weight.float() + weight_offset
-    grad = needs_grad(x, weight, *(t for t in (bias, q_norm_weight, k_norm_weight)
-                                   if t is not None))
     if grad:
         table, sin, position_ids, cu_seqlens = (saveable(t) for t in (table, sin, position_ids,
                                                                       cu_seqlens))
@@ -1012,23 +1027,21 @@ def qkv_rope_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, *,
                                            q_norm_weight, k_norm_weight, n_heads, n_kv_heads,
                                            head_dim, eps, interleaved, out_layout, norm and grad,
                                            backward)
-    elif grad:
+        return q, k, v, None
+    if fp is None:
+        fp = _forward_plan(x, weight, bias, table, sin, position_ids, cu_seqlens, q_norm_weight,
+                           k_norm_weight, n_heads, n_kv_heads, head_dim, eps, interleaved,
+                           out_layout, norm and grad)
+    if grad:
         q, k, v, _, _ = _eager_qkv_rope(x, weight, bias, table, sin, position_ids, cu_seqlens,
                                         q_norm_weight, k_norm_weight, n_heads, n_kv_heads,
                                         head_dim, eps, interleaved, out_layout, norm, backward,
-                                        None)
+                                        fp)
     else:               # (no gradient: the norm's statistics are not kept)
         q, k, v = _project(x, weight, bias, table, sin, position_ids, cu_seqlens,
                            q_norm_weight, k_norm_weight, n_heads, n_kv_heads, head_dim, eps,
-                           interleaved, out_layout, None, None, None, True)   # (keep_rows)
-    if sig is not None:     # checked in full: later calls of this signature skip the checks
-        B, S, _ = _sizes(x)
-        SIGNATURES.put(sig, _PlannedCall(
-            S, B, _rows(table), norm, grad, backward, _forward_plan(
-                x, weight, bias, table, sin, position_ids, cu_seqlens, q_norm_weight,
-                k_norm_weight, n_heads, n_kv_heads, head_dim, eps, interleaved, out_layout,
-                norm and grad)))
-    return q, k, v
+                           interleaved, out_layout, None, None, fp, True)   # (keep_rows)
+    return q, k, v, fp
 
 
 def _call_signature(x, weight, bias, freqs, angles, position_ids, cu_seqlens, q_norm_weight,
@@ -1085,23 +1098,11 @@ class _PlannedCall:
             table, sin = (freqs[:, 0, 0, :] if freqs.dim() == 4 else freqs).contiguous(), None
         position_ids, cu_seqlens = _positions(position_ids, cu_seqlens, self.S, self.B,
                                               self.P)
-        if self.norm and weight_offset != 0.0:
-            q_norm_weight = q_norm_weight.float() + weight_offset
-            k_norm_weight = k_norm_weight.float() + weight_offset
-        x, weight = x.contiguous(), weight.contiguous()
-        if bias is not None:
-            bias = bias.contiguous()
-        if self.grad:
-            table, sin, position_ids, cu_seqlens = (saveable(t) for t in (
-                table, sin, position_ids, cu_seqlens))
-            q, k, v, _, _ = _eager_qkv_rope(
-                x, weight, bias, table, sin, position_ids, cu_seqlens, q_norm_weight,
-                k_norm_weight, n_heads, n_kv_heads, head_dim, eps, interleaved, out_layout,
-                self.norm, self.backward, self.fp)
-            return q, k, v
-        return _project(x, weight, bias, table, sin, position_ids, cu_seqlens, q_norm_weight,
-                        k_norm_weight, n_heads, n_kv_heads, head_dim, eps, interleaved,
-                        out_layout, None, None, self.fp, True)
+        q, k, v, _ = _checked_run(x, weight, bias, table, sin, position_ids, cu_seqlens,
+                                  q_norm_weight, k_norm_weight, n_heads, n_kv_heads, head_dim,
+                                  eps, weight_offset, interleaved, out_layout, self.norm,
+                                  self.grad, self.backward, True, self.fp)
+        return q, k, v
 
 
 # --- the module -----------------------------------------------------------------------------
