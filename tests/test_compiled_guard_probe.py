@@ -1,20 +1,18 @@
 """benchmarks/compiled_guard_probe.py: the guards Dynamo installs for a compiled ropelib call,
 counted and timed beside two graphs that read no ropelib code."""
-import importlib.util
 import os
 import re
 from pathlib import Path
 
 os.environ.setdefault("TRITON_INTERPRET", "1")   # before the kernels are imported
 
+from loading import load_file  # noqa: E402
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "compiled_guard_probe.py"
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("compiled_guard_probe", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file("compiled_guard_probe", SCRIPT)
 
 
 def test_ropelib_graph_carries_the_guards_of_the_code_it_traced(monkeypatch, capsys):

@@ -1,10 +1,11 @@
 """benchmarks/eager_python_pieces.py runs every piece it times (with the launches removed) and puts
 the launches back."""
-import importlib.util
 import os
 from pathlib import Path
 
 os.environ.setdefault("TRITON_INTERPRET", "1")   # before the kernels are imported
+
+from loading import load_file  # noqa: E402
 
 from ropelib import eager  # noqa: E402
 
@@ -12,10 +13,7 @@ SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "eager_python_piec
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("eager_python_pieces", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file("eager_python_pieces", SCRIPT)
 
 
 def test_every_piece_runs_and_the_launches_come_back(monkeypatch, capsys):

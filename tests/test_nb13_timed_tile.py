@@ -1,17 +1,12 @@
 """Notebook 13 times puzzle 9's worked solution at the tile its appendix found fastest, and the
 benchmark that sweeps the tiles labels that tile as the timed case."""
-import importlib.util
-from pathlib import Path
+from loading import ROOT, load_file
 
 from ropelib.course import puzzles as pz
 
 
 def _puzzle_fractions():
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "puzzle_fractions.py"
-    spec = importlib.util.spec_from_file_location("puzzle_fractions_nb13", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file("puzzle_fractions_nb13", ROOT / "benchmarks" / "puzzle_fractions.py")
 
 
 def test_puzzle9_timed_tile_is_block_s_4_and_the_sweep_labels_it():
