@@ -21,7 +21,6 @@ import argparse
 import logging
 import os
 import sys
-import time
 
 import torch
 
@@ -29,6 +28,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ropelib  # noqa: E402
 from compiled_launch_cost import _copy_ops, rotate_half  # noqa: E402
+from ropelib.bench.suite import host_us_interleaved  # noqa: E402
 
 
 def _modules():
@@ -79,17 +79,6 @@ def compile_graph(fn, inputs):
         k.launchers[0] = launcher
     torch.cuda.synchronize()
     return compiled, mod, recorded
-
-
-def best_us(fn, calls, rounds):
-    best = float("inf")
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
-    return best
 
 
 def static_verdict(autotuner) -> str:
@@ -160,16 +149,9 @@ def main(argv=None) -> int:
                     layers[f"launcher {kname}"] = lambda l=launcher, a=la, kw=lkw: l(*a, **kw)
             rows[gname] = (layers, {kname: static_verdict(r[0]) for kname, r in recorded.items()},
                            {kname: len(r[1]) for kname, r in recorded.items()})
-        for layers, _, _ in rows.values():                      # warm up
-            for fn in layers.values():
-                for _ in range(20):
-                    fn()
-        torch.cuda.synchronize()
-        times = {g: {n: float("inf") for n in rows[g][0]} for g in rows}
-        for _ in range(args.rounds):                            # the graphs taking turns
-            for g, (layers, _, _) in rows.items():
-                for n, fn in layers.items():
-                    times[g][n] = min(times[g][n], best_us(fn, args.calls, 1))
+        # every layer of every graph taking turns, round by round; the best of the rounds
+        us = host_us_interleaved({(g, n): (fn, args.calls) for g, (layers, _, _) in rows.items()
+                                  for n, fn in layers.items()}, reps=args.rounds)
     gpu = torch.cuda.get_device_name()
     try:
         import triton
@@ -182,7 +164,9 @@ def main(argv=None) -> int:
     print(f"{'graph':16s} {'layer':44s} {'µs':>7s}")
     for g, (layers, verdicts, nargs) in rows.items():
         for n in layers:
-            print(f"{g:16s} {n:44s} {times[g][n]:7.2f}")
+            v = us[g, n]
+            print(f"{g:16s} {n:44s} " + (f"{v:7.2f}" if isinstance(v, float) else
+                                         f"failed ({type(v).__name__}: {str(v)[:80]})"))
         for kname, v in verdicts.items():
             print(f"{g:16s} {kname}: {nargs[kname]} run() arguments; static launcher: {v}")
     if refusals:
