@@ -15,7 +15,6 @@ from ropelib.course.offline_compile import compile_for_cuda
 from ropelib.kernels import launch, tiles as T
 S, B, H, D, N_SM = (int(a) for a in sys.argv[1:6])
 GPU, names = sys.argv[6], sys.argv[7:]   # the GPU's name picks its tile knobs, as on the GPU
-knobs = T.TILES_BY_GPU.get(GPU, {})
 x = torch.empty(S, B, H, D, dtype=torch.bfloat16)   # only shapes, strides, dtypes matter
 y, f = torch.empty_like(x), torch.empty(S, D)
 out = {}
@@ -33,10 +32,7 @@ for name, _, _, o in ablation.variants(H):
     k = compile_for_cuda(ablation._rope_ablation_kernel, args, num_warps=warps)
     out[name] = dict(num_warps=warps, ttgir=k.asm["ttgir"])
 if "ropelib_finished" in names:   # the finished kernel, with the tile it picks on N_SM SMs of GPU
-    tiles = launch.pick_tiles(S, B, (H, 0), D, D, x.element_size(), N_SM,
-                              tile_loop=knobs.get("loop", T.TILE_LOOP),
-                              tile_noloop=knobs.get("noloop", T.TILE_NOLOOP),
-                              tile_wide=knobs.get("wide", T.TILE_WIDE))
+    tiles = launch.pick_tiles(S, B, (H, 0), D, D, x.element_size(), N_SM, **T.tile_knobs(GPU))
     lau, ptrs = launch.plan(launch.View.of(x), launch.View.of(y), launch.Table(f, None),
                             launch.Positions(), R=D, interleaved=False, backward=False,
                             layout="sbhd", tiles=tiles)

@@ -4,7 +4,7 @@ code the two differ."""
 import torch
 import triton
 
-from ropelib.course import ladder, load_schedule
+from ropelib.course import counts, ladder, load_schedule
 from ropelib.course.load_schedule import access_bytes, is_load, is_store
 from ropelib.kernels import launch as _launch
 
@@ -52,9 +52,9 @@ def solution_launch(kernel, shape, knobs=None, sm_count: int = 132):
 
 
 def programs_per_sm(registers: int, threads: int) -> int:
-    """Programs of `threads` threads an sm_90 SM holds by registers and threads alone (65,536
-    registers, allocated 8 a thread at a time; 2,048 threads; 32 programs)."""
-    return min(65536 // (-(-registers // 8) * 8 * threads), 2048 // threads, 32)
+    """Programs of `threads` threads an sm_90 SM holds by registers, threads and its program
+    limit alone (no shared memory): counts.programs_per_sm's count."""
+    return counts.programs_per_sm(registers, threads // 32, 0).programs
 
 
 def side_by_side(solution_kernel, shape=(4096, 8, 32, 128), knobs=None,

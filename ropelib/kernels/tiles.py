@@ -148,10 +148,16 @@ MROPE_PROGRAMS_PER_SM = 8      # fewer: split the batch, then the heads
 def device_tiles(device_index: int) -> tuple:
     """(SM count, the finished kernel's tile knobs) of a GPU: looked up once per device."""
     props = torch.cuda.get_device_properties(device_index)
-    knobs = TILES_BY_GPU.get(props.name, {})
-    return props.multi_processor_count, dict(tile_loop=knobs.get("loop", TILE_LOOP),
-                                             tile_noloop=knobs.get("noloop", TILE_NOLOOP),
-                                             tile_wide=knobs.get("wide", TILE_WIDE))
+    return props.multi_processor_count, tile_knobs(props.name)
+
+
+def tile_knobs(gpu_name: str) -> dict:
+    """The finished kernel's tile knobs of the GPU of this name (torch.cuda.get_device_name's),
+    as launch.pick_tiles takes them: TILES_BY_GPU's, the defaults where it names none."""
+    knobs = TILES_BY_GPU.get(gpu_name, {})
+    return dict(tile_loop=knobs.get("loop", TILE_LOOP),
+                tile_noloop=knobs.get("noloop", TILE_NOLOOP),
+                tile_wide=knobs.get("wide", TILE_WIDE))
 
 
 @lru_cache(maxsize=None)
