@@ -701,9 +701,14 @@ def partials_shape(planned: Launch) -> tuple:
 def weight_grads(planned: Launch, part: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """The gradients of w_q and w_k from a backward launch's partial sums, in a fixed order of
     summation (the same bits on every run)."""
-    q_blocks = planned.args["HQ"] // planned.args["BLOCK_H"]
     if planned.args["S"] == 0 or planned.args["B"] == 0:
         return part.new_zeros(planned.args["D"]), part.new_zeros(planned.args["D"])
+    return summed_weight_grads(part, planned.args["HQ"] // planned.args["BLOCK_H"])
+
+
+def summed_weight_grads(part: torch.Tensor, q_blocks: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """weight_grads' sums of the partial sums [token groups, head blocks, batch chunks, D]: the
+    first q_blocks head blocks are q's, the rest k's."""
     return part[:, :q_blocks].sum((0, 1, 2)), part[:, q_blocks:].sum((0, 1, 2))
 
 
@@ -859,6 +864,5 @@ class BackwardInto:
             if part.numel():
                 self.start(pointers(self.planned, q, k, grad_q, grad_k, w_q, w_k, table, sin,
                                     pos, gq, gk, part))
-            gw_q, gw_k = part[:, :self.q_blocks].sum((0, 1, 2)), \
-                part[:, self.q_blocks:].sum((0, 1, 2))
+            gw_q, gw_k = summed_weight_grads(part, self.q_blocks)
         return grad_q, grad_k, gw_q, gw_k
