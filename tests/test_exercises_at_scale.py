@@ -80,7 +80,10 @@ def test_dual_chunk_rejects_unanswered_and_never_raises(capsys):
         raise ZeroDivisionError("oops")
 
     assert at_scale.check_dual_chunk_positions(unanswered) is False
-    assert "returned None" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert out.startswith("❌ dual-chunk positions") and "returned None" in out, out
+    assert "replace the `...` with code that returns the list of the seq_len / cp_size global " \
+        "positions rank cp_rank holds" in out, out
     assert at_scale.check_dual_chunk_positions(crashes) is False
     assert "raised ZeroDivisionError" in capsys.readouterr().out
     assert at_scale.check_dual_chunk_positions(...) is False
@@ -129,8 +132,15 @@ def test_paged_slot_rejects_the_library(capsys):
 
 
 def test_paged_slot_rejects_unanswered(capsys):
-    assert at_scale.check_paged_slot(lambda row, bs, p: None) is False
-    assert "returned None" in capsys.readouterr().out
+    def unanswered(row, bs, p):
+        ...
+
+    assert at_scale.check_paged_slot(unanswered) is False
+    out = capsys.readouterr().out
+    assert out.startswith("❌ paged slot") and "returned None" in out, out
+    assert "replace the `...` with code that returns (block, offset)" in out, out
+    assert at_scale.check_paged_slot(...) is False
+    assert "no answer yet" in capsys.readouterr().out
     assert at_scale.check_paged_slot(lambda row, bs, p: row[100]) is False
     assert "raised IndexError" in capsys.readouterr().out
 

@@ -10,7 +10,8 @@ every check at once:
   `ropelib.context_parallel`), a teaching kernel, or another exercise's worked solution, is
   refused by the checks of notebooks 00-04, 06, 07, 08, 10 and 11 that take a function
   (the ones `test_exercises_answers_are_code` does not already try this way); the same function
-  without the call passes, so the refusal is the call's;
+  without the call passes, so the refusal is the call's; a blank answer (its body still `...`)
+  to each of these checks is a ❌ line, never an exception;
 * a kernel answer that is the learner's own @triton.jit kernel with the worked solution's
   signature whose body only calls the worked solution (or, in notebook 12, the teaching kernel it
   is graded against) is refused by every kernel check of notebooks 03-08, 11 and 12 and by every
@@ -158,6 +159,18 @@ def test_the_learners_own_function_passes(check, capsys):
     fn, own = FUNCTION_CHECKS[check]
     assert fn(own()) is True, capsys.readouterr().out
     assert "❌" not in capsys.readouterr().out
+
+
+def _blank(*args, **kwargs):
+    ...  # your code
+
+
+@pytest.mark.parametrize("check", list(FUNCTION_CHECKS))
+def test_a_blank_answer_is_a_cross_not_an_error(check, capsys):
+    fn, _ = FUNCTION_CHECKS[check]
+    assert fn(_blank) is False                       # no exception, no ✅
+    out = capsys.readouterr().out
+    assert out.startswith("❌") and "✅" not in out and "returned None" in out, out
 
 
 @pytest.mark.parametrize("check, side", SIDE_CASES, ids=[f"{c}: {s}" for c, s in SIDE_CASES])

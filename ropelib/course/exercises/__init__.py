@@ -224,10 +224,12 @@ def call_answer(name: str, fn: Callable, *args, **kwargs) -> Tuple[bool, Any]:
 
 
 def guarded_call(name: str, fn: Callable, args: tuple, kwargs: dict,
-                 guard: Callable = contextlib.nullcontext, refusals: tuple = ()
-                 ) -> Tuple[bool, Any]:
+                 guard: Callable = contextlib.nullcontext, refusals: tuple = (),
+                 returns: Optional[str] = None) -> Tuple[bool, Any]:
     """call_answer's work: fn(*args, **kwargs) inside `with guard():`. An exception of a type in
-    `refusals` (the guard's verdict) is printed as it is, any other as the function's error."""
+    `refusals` (the guard's verdict) is printed as it is, any other as the function's error.
+    `returns` says what the function should return; the ❌ line of a function that returns None
+    (a body still `...`) then tells the learner what to write."""
     if fn is None or fn is Ellipsis:
         print(f"❌ {name}: no answer yet (define the function)")
         return False, None
@@ -244,7 +246,8 @@ def guarded_call(name: str, fn: Callable, args: tuple, kwargs: dict,
         print(f"❌ {name}: your function raised {type(exc).__name__}: {exc}")
         return False, None
     if out is None:
-        print(f"❌ {name}: your function returned None (not answered yet?)")
+        what = f": replace the `...` with code that returns {returns}" if returns else ""
+        print(f"❌ {name}: your function returned None (not answered yet?){what}")
         return False, None
     return True, out
 

@@ -82,7 +82,9 @@ def check_dual_chunk_positions(fn: Callable) -> bool:
     return check_cases("dual-chunk positions", "the positions worked out by your code", fn, cases,
                        post=listed_as_tensor,
                        hint="cut the sequence into 2*cp_size chunks of seq_len / (2*cp_size); "
-                            "rank r holds chunk r, then chunk 2*cp_size-1-r")
+                            "rank r holds chunk r, then chunk 2*cp_size-1-r",
+                       returns="the list of the seq_len / cp_size global positions rank "
+                               "cp_rank holds, its first chunk then its second")
 
 
 def solution_dual_chunk_positions(seq_len, cp_size, cp_rank):
@@ -121,7 +123,9 @@ def check_paged_slot(fn: Callable) -> bool:
                        post=listed_as_tensor,
                        hint="the sequence's position p sits in its (p // block_size)-th block, at "
                             "offset p % block_size; the block table says which block of the pool "
-                            "that is")
+                            "that is",
+                       returns="(block, offset): the pool block that holds position and its "
+                               "offset in that block")
 
 
 def solution_paged_slot(block_table_row, block_size, position):

@@ -956,33 +956,36 @@ def fresh_generator() -> Tuple[int, torch.Generator]:
 
 
 def run_own_code(name: str, what: str, fn: Optional[Callable], *args,
-                 allow: Iterable = (), bar: Iterable = (), bar_ops: Iterable = (), **kwargs
-                 ) -> Tuple[bool, Any]:
+                 allow: Iterable = (), bar: Iterable = (), bar_ops: Iterable = (),
+                 returns: Optional[str] = None, **kwargs) -> Tuple[bool, Any]:
     """Call the learner's fn(*args, **kwargs) with the library's answers barred.
 
     Returns (True, its result), or prints ❌ with the reason and returns (False, None) when the
     answer is missing, raises, returns None or calls barred code (see `library_barred`).
+    `returns` says what fn should return, for the ❌ line of a blank answer (`guarded_call`).
     """
     return guarded_call(name, fn, args, kwargs,
                         guard=lambda: library_barred(what, allow=allow, bar=bar,
                                                      bar_ops=bar_ops),
-                        refusals=(LibraryAnswer,))
+                        refusals=(LibraryAnswer,), returns=returns)
 
 
 def check_cases(name: str, what: str, fn: Callable, cases: Iterable, *,
                 hint: Optional[str] = None, atol: Optional[float] = None,
                 rtol: Optional[float] = None, post: Optional[Callable] = None,
-                bar: Iterable = (), bar_ops: Iterable = ()) -> bool:
+                bar: Iterable = (), bar_ops: Iterable = (),
+                returns: Optional[str] = None) -> bool:
     """Run fn(*args) for each (label, args, expected) with ropelib's answers (and `bar`, and the
     PyTorch operators of `bar_ops`) barred; one ✅ line, or ❌ for the first failure. Never raises.
 
     `what` names the exercise in a refusal ("your rotation matrix"). `post(answer, expected)`
     may reshape the learner's answer before comparing (e.g. angles reduced modulo 2 pi).
+    `returns` says what fn should return: a blank answer's ❌ line tells the learner to write it.
     """
     answer = expected = None
     for label, args, expected in cases:
         ok, answer = run_own_code(f"{name} ({label})", what, fn, *args, bar=bar,
-                                  bar_ops=bar_ops)
+                                  bar_ops=bar_ops, returns=returns)
         if not ok:
             return False
         if post is not None:
