@@ -12,7 +12,8 @@ This times the two, beside the same GEMM without the epilogue and cuBLAS, in shu
     TRITON_INTERPRET=1 python benchmarks/qkv_epilogue_select_ab.py --dry-run   # CPU: checks only
 
 The candidate is built at run time from the shipped file's text (only _store_qk_head's body
-replaced), loaded as a module of its own and put in the place of qkv_linear's kernel module.
+replaced), loaded as a module of its own and put in the place of the kernel module that
+qkv_plan plans with and qkv_linear starts.
 Both norm weights must share a dtype for the select (pointers of two element types cannot be
 chosen between); the cases here use fp32 weights for both.
 """
@@ -34,7 +35,7 @@ import qkv_rope_bench as bench  # noqa: E402
 from qkv_forward_ab import DRY_SHAPE, SHAPE  # noqa: E402  (Llama-3-8B's projection; a tiny one)
 
 import ropelib  # noqa: E402
-from ropelib import qkv_linear, runtime  # noqa: E402
+from ropelib import qkv_linear, qkv_plan, runtime  # noqa: E402
 from ropelib.bench import compare  # noqa: E402
 from ropelib.kernels import qkv_gemm  # noqa: E402
 
@@ -94,7 +95,8 @@ def variants(tokens, norm, training, hidden, HQ, HK, D, select, device="cuda"):
     def with_select():
         # the kept plans (ropelib.eager.SIGNATURES) dropped on the way in and out: planned
         # from the select module, and none of its launches left for the shipped variant
-        with mock.patch.object(qkv_linear, "kernel", select):
+        with mock.patch.object(qkv_plan, "kernel", select), \
+                mock.patch.object(qkv_linear, "kernel", select):
             ropelib.eager.SIGNATURES.clear()
             try:
                 return fused()

@@ -49,7 +49,7 @@ import qkv_rope_bench as bench  # noqa: E402  (it puts the checkout on sys.path)
 from eager_python_pieces import best_us  # noqa: E402  (best of rounds, µs a call)
 
 import ropelib  # noqa: E402
-from ropelib import qkv_linear, runtime  # noqa: E402
+from ropelib import qkv_linear, qkv_plan, runtime  # noqa: E402
 from ropelib.course.probe_timers import launches_removed  # noqa: E402
 from ropelib.kernels import launch as kernel_launch, planning, qkv_gemm  # noqa: E402
 from ropelib.kernels import qk_norm_rope as kernel_qk_norm  # noqa: E402
@@ -151,7 +151,7 @@ def pieces(device) -> dict:
         return ropelib.apply_rope_qk(q, k, freqs, layout="bshd") + (v,)
 
     def forward_plan():         # (a forward's one lookup of its whole plan)
-        return qkv_linear.SIGNATURES.get(qkv_linear._forward_key(*key))
+        return qkv_plan.SIGNATURES.get(qkv_plan.forward_key(*key))
 
     def no_grad(fn):
         def run():
@@ -169,7 +169,7 @@ def pieces(device) -> dict:
         "  _forward (the operator's implementation)": no_grad(lambda: qkv_linear._forward(*args)),
         "    torch.empty, one output [B, S, HQ, D]": lambda: torch.empty(
             (B, S, HQ, D), dtype=x.dtype, device=dev),
-        "    the forward's plan (key + lookup, qkv_linear.ForwardPlan)": forward_plan,
+        "    the forward's plan (key + lookup, qkv_plan.ForwardPlan)": forward_plan,
         "forward, with gradients (whole)": lambda: ropelib.qkv_rope_linear(xg, wg, **opts),
         "  _eager_qkv_rope (Function: plan, _project, _setup)": lambda: qkv_linear._eager_qkv_rope(
             *gargs, None),

@@ -12,7 +12,8 @@ from .frequencies import Angles, rope_angles  # angles computed in the kernel, n
 from .module import RotaryEmbedding
 from .qk_norm import QKNormRoPE, qk_norm_rope  # per-head QK-RMSNorm fused with RoPE
 from .kv_cache import rope_kv_cache  # RoPE fused with the KV-cache write (decoding)
-from .qkv_linear import QKVRoPE, qkv_rope_linear  # RoPE fused into the QKV projection's GEMM
+from .qkv_linear import qkv_rope_linear  # RoPE fused into the QKV projection's GEMM
+from .qkv_module import QKVRoPE  # its nn.Module
 from .mrope import (MultiAxisRotaryEmbedding, apply_mrope, apply_mrope_qk,  # multi-axis
                     multi_axis_frequencies)
 from .runtime import INTERPRET, default_device, on_gpu

@@ -80,7 +80,7 @@ class Signatures:
     """Every plan ropelib keeps between calls: planned calls by signature, of every public
     function that takes the eager route (each signature starts with its function's name), and
     the QKV projection's launches (keys starting "qkv_forward", "qkv_gemm", "qkv_cos_sin_rows",
-    "rotate_into", "undo_norm_rope": ropelib/qkv_linear.py says what each is keyed on).
+    "rotate_into", "undo_norm_rope": ropelib/qkv_plan.py says what each is keyed on).
     clear() drops them all: the one thing to call after changing a tile table or a planner.
     Bounded: cleared when full. `epoch` counts the clearings: a plan held outside the entries
     (a QKV forward's ForwardPlan, kept on its autograd context for the backward) serves only
@@ -471,7 +471,7 @@ def plan_into(q, q_out, k, k_out, table, sin, position_ids, cu_seqlens, layout, 
     """rotate_into's entry for a signature (called as rotate_into is, less the options): planned
     where ops._launch would launch at once (q not empty, outputs the kernels store into), else
     ops.rotate_into at every call. A caller that knows the signature already keeps it itself
-    (the QKV projection's backward: qkv_linear.DyStep)."""
+    (the QKV projection's backward: qkv_plan.DyStep)."""
     x4 = ops.view4(q, layout)
     stores = x4.shape[0] and x4.shape[1] and launch_output_row(
         ops.kernel_view(q_out, layout), ops.kernel_view(k_out, layout), layout) is not None

@@ -131,7 +131,7 @@ def backward_into(grad_q_out, grad_k_out, q, k, w_q, w_k, table, sin, position_i
     them): the eager Route and what its backward into `into` decides from strides. Called as
     undo_norm_rope calls it, with `pos` as _index makes it, (grad_q, grad_k, gw_q, gw_k) come
     back, the weights' gradients in fp32 (fp64 for fp64 inputs). A caller that knows the
-    signature already keeps it itself (the QKV projection's backward: qkv_linear.DyStep)."""
+    signature already keeps it itself (the QKV projection's backward: qkv_plan.DyStep)."""
     pos, _ = _index(position_ids, cu_seqlens)
     return kernel.BackwardInto(
         _route(q, k, w_q, w_k, table, sin, position_ids, cu_seqlens, layout, interleaved, eps,

@@ -1,4 +1,4 @@
-"""The QKV projection's kept plans (qkv_linear.planned, its pre-pass plans and the backward's dY
+"""The QKV projection's kept plans (qkv_plan.planned, its pre-pass plans and the backward's dY
 rotation, all in eager.SIGNATURES): an eager call plans its kernels once per sizes, dtypes and
 options, and what it keeps changes nothing else.
 
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import ropelib
-from ropelib import eager, qkv_linear
+from ropelib import eager, qkv_linear, qkv_plan
 from ropelib.kernels import launch as kernel_launch, planning, qkv_gemm, tiles
 
 B, S, K, HQ, HK, D = 2, 5, 32, 2, 2, 16
@@ -41,34 +41,34 @@ def plan_opts(**over):
 
 def test_a_kept_launch_is_the_plan_of_those_arguments():
     eager.SIGNATURES.clear()
-    first = qkv_linear.planned("fwd", **plan_opts())
-    assert qkv_linear.planned("fwd", **plan_opts()) is first
+    first = qkv_plan.planned("fwd", **plan_opts())
+    assert qkv_plan.planned("fwd", **plan_opts()) is first
     assert first == qkv_gemm.plan("fwd", **plan_opts())
     ids = torch.zeros(B, S, dtype=torch.int64)
     for other in (dict(layout="bhsd"), dict(interleaved=True), dict(S=S + 1), dict(eps=1e-5),
                   dict(ids=ids), dict(cu_seqlens=torch.tensor([0, 2, S])),
                   dict(dtypes=tuple(torch.bfloat16 if d is not None else None
                                     for d in plan_opts()["dtypes"]))):
-        got = qkv_linear.planned("fwd", **plan_opts(**other))
+        got = qkv_plan.planned("fwd", **plan_opts(**other))
         assert got is not first and got == qkv_gemm.plan("fwd", **plan_opts(**other)), other
     # one row of ids for every entry plans as no ids (plan reads only whether there is a row
     # per entry); a row per entry does not
-    assert qkv_linear.planned("fwd", **plan_opts(ids=ids[:1])) is first
+    assert qkv_plan.planned("fwd", **plan_opts(ids=ids[:1])) is first
 
 
 def test_a_patched_planner_or_tile_table_is_seen_once_the_plans_are_cleared(monkeypatch):
     eager.SIGNATURES.clear()
-    kept = qkv_linear.planned("fwd", **plan_opts())
+    kept = qkv_plan.planned("fwd", **plan_opts())
     tile = dict(BLOCK_M=16, BLOCK_K=16, GROUP_M=8, num_warps=2, num_stages=1)
     monkeypatch.setattr(qkv_gemm, "pick_tiles", lambda *a, **k: dict(tile))
     monkeypatch.setattr(qkv_gemm, "TENSOR_DESCRIPTORS", False)     # the pointer-loaded kernel
-    assert qkv_linear.planned("fwd", **plan_opts()) is kept        # kept until cleared
+    assert qkv_plan.planned("fwd", **plan_opts()) is kept        # kept until cleared
     eager.SIGNATURES.clear()
-    patched = qkv_linear.planned("fwd", **plan_opts())
+    patched = qkv_plan.planned("fwd", **plan_opts())
     assert patched.num_warps == 2 and patched.launcher is qkv_gemm.FWD
     monkeypatch.undo()
     eager.SIGNATURES.clear()
-    again = qkv_linear.planned("fwd", **plan_opts())
+    again = qkv_plan.planned("fwd", **plan_opts())
     assert again == kept and again.num_warps != 2
     # a tile table's entry replaced (as benchmarks/qkv_stages_ab.py does), then the plans
     # cleared: the next call plans from the new entry
@@ -76,11 +76,11 @@ def test_a_patched_planner_or_tile_table_is_seen_once_the_plans_are_cleared(monk
     monkeypatch.setattr(qkv_gemm, "has_tma", lambda device: False)
     gpu = dict(plan_opts(), K=4096, HQ=32, HK=8, D=128, R=128, device=torch.device("cuda"))
     base = qkv_gemm.GPU_TILES["fwd"]
-    assert qkv_linear.planned("fwd", **gpu).num_stages == base["num_stages"]
+    assert qkv_plan.planned("fwd", **gpu).num_stages == base["num_stages"]
     monkeypatch.setitem(qkv_gemm.GPU_TILES, "fwd", dict(base, num_stages=base["num_stages"] + 1))
-    assert qkv_linear.planned("fwd", **gpu).num_stages == base["num_stages"]     # kept
+    assert qkv_plan.planned("fwd", **gpu).num_stages == base["num_stages"]     # kept
     eager.SIGNATURES.clear()
-    assert qkv_linear.planned("fwd", **gpu).num_stages == base["num_stages"] + 1
+    assert qkv_plan.planned("fwd", **gpu).num_stages == base["num_stages"] + 1
     monkeypatch.undo()
     eager.SIGNATURES.clear()
     assert qkv_gemm.GPU_TILES["fwd"] is base
@@ -137,14 +137,14 @@ def test_the_pre_pass_plans_again_where_early_launch_changes_and_plans_are_clear
         monkeypatch):
     rows = (torch.zeros(1, dtype=torch.int64), torch.ones(1), None, None, S, 1, D, False,
             torch.device("cpu"), False)
-    kept = qkv_linear._prepass(*rows)
-    assert qkv_linear._prepass(*rows) is kept
+    kept = qkv_plan.prepass_plan(*rows)
+    assert qkv_plan.prepass_plan(*rows) is kept
     monkeypatch.setattr(tiles, "EARLY_LAUNCH", not tiles.EARLY_LAUNCH)
     eager.SIGNATURES.clear()
-    assert qkv_linear._prepass(*rows) is not kept
+    assert qkv_plan.prepass_plan(*rows) is not kept
     monkeypatch.setattr(kernel_launch, "launches_early", lambda device: False)
     eager.SIGNATURES.clear()
-    assert qkv_linear._prepass(*rows) is not kept
+    assert qkv_plan.prepass_plan(*rows) is not kept
 
 
 @pytest.mark.parametrize("layout", ["bshd", "bhsd"])
@@ -201,7 +201,7 @@ def test_a_size_not_a_plain_int_is_planned_every_time(monkeypatch):
     class Size(int):
         pass
     eager.SIGNATURES.clear()
-    got = qkv_linear.planned("fwd", **plan_opts(S=Size(S)))
+    got = qkv_plan.planned("fwd", **plan_opts(S=Size(S)))
     assert got == qkv_gemm.plan("fwd", **plan_opts()) and not eager.SIGNATURES.entries
 
 
@@ -370,12 +370,12 @@ def test_the_forward_looks_its_whole_plan_up_once(monkeypatch):
     x, w = inputs()
     eager.SIGNATURES.clear()
     made = []
-    real = qkv_linear.ForwardPlan.__init__
+    real = qkv_plan.ForwardPlan.__init__
 
     def planning(self, *a):
         made.append(a[13:15])       # (interleaved, out_layout)
         real(self, *a)
-    monkeypatch.setattr(qkv_linear.ForwardPlan, "__init__", planning)
+    monkeypatch.setattr(qkv_plan.ForwardPlan, "__init__", planning)
     first = call(x, w)
     with torch.no_grad():
         again = call(x, w)
@@ -416,7 +416,7 @@ def test_the_forward_looks_its_whole_plan_up_once(monkeypatch):
 @pytest.mark.parametrize("norm", [False, True], ids=["plain", "qk-norm"])
 def test_the_backward_takes_its_dy_step_from_the_forwards_plan(norm, monkeypatch):
     """The eager forward keeps its ForwardPlan on the autograd context and the backward keeps
-    its dY step there (qkv_linear.DyStep, by the gradients' strides): planned at the first
+    its dY step there (qkv_plan.DyStep, by the gradients' strides): planned at the first
     backward, taken at the next with no signature built; gradients with other strides, another
     layout or eps plan anew; after eager.SIGNATURES.clear() a context's older plan is not used;
     the bits of the operator route's backward (which plans through its signature)."""
@@ -427,7 +427,7 @@ def test_the_backward_takes_its_dy_step_from_the_forwards_plan(norm, monkeypatch
     leaves = (x, w, wq, wk) if norm else (x, w)
     eager.SIGNATURES.clear()
     steps, signatures = [], []
-    real_step, real_signature = qkv_linear.DyStep.__init__, eager.signature
+    real_step, real_signature = qkv_plan.DyStep.__init__, eager.signature
 
     def planning(self, *a):
         steps.append(a[1][0].stride())
@@ -436,7 +436,7 @@ def test_the_backward_takes_its_dy_step_from_the_forwards_plan(norm, monkeypatch
     def signature(head, tensors):
         signatures.append(head[0])
         return real_signature(head, tensors)
-    monkeypatch.setattr(qkv_linear.DyStep, "__init__", planning)
+    monkeypatch.setattr(qkv_plan.DyStep, "__init__", planning)
     monkeypatch.setattr(eager, "signature", signature)     # (qk_norm's too: eager.signature)
 
     def grads_of(out, strided=False):
@@ -571,7 +571,7 @@ def test_the_forward_keeps_its_cos_sin_rows_where_positions_are_the_token_index(
 
 def test_a_call_is_checked_once_per_signature(monkeypatch):
     """A plain eager call keeps its checks' outcome and its ForwardPlan in
-    eager.SIGNATURES (qkv_linear._PlannedCall): checked in full at the first call of a
+    eager.SIGNATURES (qkv_plan.PlannedCall): checked in full at the first call of a
     signature, not at the next (no_grad or with gradients); other strides, dtype, options, an
     option's type, grad mode or a clear() check anew; position values are still checked every
     call; the bits of the fully checked call, forward and backward, with QK-norm's weight
@@ -581,12 +581,12 @@ def test_a_call_is_checked_once_per_signature(monkeypatch):
     g = torch.Generator().manual_seed(12)
     wq, wk = (torch.rand(D, generator=g).add(0.5).requires_grad_(True) for _ in range(2))
     checked = []
-    real = qkv_linear._check_projection
+    real = qkv_linear.check_projection
 
     def check_projection(*a):
         checked.append(a[0].shape)
         real(*a)
-    monkeypatch.setattr(qkv_linear, "_check_projection", check_projection)
+    monkeypatch.setattr(qkv_linear, "check_projection", check_projection)
     eager.SIGNATURES.clear()
     grads = [torch.randn(B, S, h, D, generator=g) for h in (HQ, HK, HK)]
     norm = dict(q_norm_weight=wq, k_norm_weight=wk, weight_offset=1.0)

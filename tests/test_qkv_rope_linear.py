@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import ropelib
-from ropelib import eager, qkv_linear
+from ropelib import eager, qkv_checks, qkv_linear, qkv_plan
 from ropelib.kernels import planning, qkv_gemm
 from loading import load_file  # noqa: E402
 from registration import assert_registered  # noqa: E402
@@ -439,10 +439,10 @@ def test_default_backward_writes_dy(norm, table, seeded):
     tables = {"freqs": dict(freqs=ropelib.rope_freqs(16, D)),
               "angles": dict(angles=ropelib.rope_angles(D))}[table]
     want = "dy"
-    assert qkv_linear.resolved_backward(None) == want
+    assert qkv_checks.resolved_backward(None) == want
     leaves = [t for t in (x, w, b, wq, wk) if t is not None]
     ran = []
-    step, prologue = qkv_linear.DyStep.__call__, qkv_linear._backward_impl
+    step, prologue = qkv_plan.DyStep.__call__, qkv_linear._backward_impl
 
     def dy_written(*args):
         ran.append("dy")
@@ -451,7 +451,7 @@ def test_default_backward_writes_dy(norm, table, seeded):
     def gemm_prologue(*args):
         ran.append("prologue")
         return prologue(*args)
-    with mock.patch.object(qkv_linear.DyStep, "__call__", dy_written), \
+    with mock.patch.object(qkv_plan.DyStep, "__call__", dy_written), \
             mock.patch.object(qkv_linear, "_backward_impl", gemm_prologue):
         got = ropelib.qkv_rope_linear(x, w, b, n_heads=2, n_kv_heads=1, head_dim=D,
                                       q_norm_weight=wq, k_norm_weight=wk, **tables)

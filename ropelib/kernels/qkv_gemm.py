@@ -169,7 +169,7 @@ from .tiles import hopper_or_newer, multiprocessors
 
 # --- tiles ---------------------------------------------------------------------------------
 # Launches planned from these tables (and from every other setting here) are kept between eager
-# calls in ropelib.eager.SIGNATURES (qkv_linear.planned): code that changes one, a probe's
+# calls in ropelib.eager.SIGNATURES (qkv_plan.planned): code that changes one, a probe's
 # variant or a test's patch, calls eager.SIGNATURES.clear() for the next call to plan again.
 
 # The fastest rotating tile of each kernel in benchmarks/qkv_tiles.py's sweep (8192 tokens,
