@@ -20,11 +20,12 @@
 # same cos/sin. This notebook changes the **grid** so that each program does $B$ rows' work: $B$
 # times fewer programs, cos/sin evaluations and angle loads; section 5 asks which saves the time.
 # The result beats Transformer Engine's (TE's) fused CUDA kernel at batch 8 on an H200 and an
-# H100, though it evaluates more sines and cosines: section 3 asks why, section 5.5 answers.
+# H100, though it evaluates more sines and cosines: section 3 asks why, section 5.4 answers.
 #
 # **Time:** two hours for sections 1 to 4, 5.1 to 5.3 and 6, an hour and a half for the six
-# exercises; 5.4, 5.5 and the appendix read Nsight Compute profiles. The text's numbers come
-# from committed H200 runs (section 5.2 adds an H100) and are asserted.
+# exercises; 5.4 and the appendix read Nsight Compute profiles. The text's numbers come from
+# committed runs on NVIDIA H200s (torch 2.11, Triton 3.6; section 5.2 adds an H100), each CSV's
+# header naming its GPU, versions and date, and are asserted.
 #
 # **After this notebook you will be able to**
 #
@@ -47,7 +48,6 @@ import math
 import re
 import statistics
 import sys
-import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -60,6 +60,7 @@ from ropelib import reference, runtime
 from ropelib.bench import compare
 from ropelib.course import ladder   # notebook 05's numbered bytes-in-flight plot
 from ropelib.course import nb04_figures   # the floors and the time split, drawn
+from ropelib.course import nb04_timing   # the generations' table, timing in rounds
 from ropelib.course import measured   # the committed H200 results, read back
 from ropelib.course import work_count   # counts what a launch issues, in Triton's interpreter
 from ropelib.course.exercises import grid_kernel
@@ -136,6 +137,12 @@ print(f"L2 of the {GPU_NAME}: "
       f"{l2_bytes / 2**20:.0f} MiB (Nsight Compute's device__attribute_l2_cache_size); "
       f"the table is {Sr * Dr * 4 / l2_bytes:.0%} of it")
 assert GPU_NAME == "NVIDIA H200" and l2_bytes == 62_914_560 and l2_bytes / 2**20 == 60
+# the introduction's "NVIDIA H200s (torch 2.11, Triton 3.6)": every committed run read below
+runs = [*(measured.load(k)[0] for k in ("generations", "ablation", "mechanism", "mechanism-te",
+                                        "program_cost")), *measured.te_profiles()[2].values()]
+assert {m["gpu"] for m in runs} == {GPU_NAME}
+assert {m["torch"].split("+")[0].rsplit(".", 1)[0] for m in runs} == {"2.11"}
+assert {m["triton"].rsplit(".", 1)[0] for m in runs} == {"3.6"}
 
 # %% [markdown]
 # Sharing the angles across the batch divides the angle requests, the sin/cos work and the
@@ -457,7 +464,7 @@ assert load_order["sh_loop_b"]["rows"] == load_order["sh_loop_b_unrolled"]["rows
 # | naive | $(S B H,)$ | $B H \cdot D$ |
 #
 # The (S, H) grid evaluates $H / B$ times as many, 4 times here. The other differences, each a
-# hypothesis until section 5.5:
+# hypothesis until section 5.4:
 #
 # - **how each thread touches memory**: a TE thread reads one bf16 element at a time, each
 #   twice (as itself and as its rotate-half partner); a Triton program loads half-row tiles;
@@ -478,7 +485,7 @@ assert load_order["sh_loop_b"]["rows"] == load_order["sh_loop_b_unrolled"]["rows
 #
 # with $N = SBHD$ elements of $e$ bytes (`ropelib.bench.compare.bytes_moved`). The yardstick is
 # a device copy `y.copy_(x)` of the same tensors in the same run: "% of copy"
-# $= 100\, t_{\text{copy}} / t_{\text{kernel}}$. It is no hard ceiling: in section 5.2's run a
+# $= 100\, t_{\text{copy}} / t_{\text{kernel}}$. It is no hard ceiling: in section 5.1's run a
 # kernel beats it by 1 % at most. Times are `triton.testing.do_bench` medians, L2 flushed.
 
 # %%
@@ -491,97 +498,47 @@ assert compare.bytes_moved(cfg) == 2 * x_bytes + Sr * Dr * 4
 # %% [markdown]
 # ## 5. Measured
 #
-# ### 5.1 Live, on this machine: naive vs batch-reuse vs ropelib vs copy
+# ### 5.1 The three generations, committed and live
 #
-# The third generation is `ropelib.apply_rope` as it plans each call (two passes from 64 MiB of
-# `q` on: notebook 05, section 6). On a GPU the cell times the three and a copy beside section
-# 5.2's committed H200 times, with their ratio only on an H200 (`<<`: over 10 % apart).
+# `benchmarks/generations.py` times the naive kernel, the batch-reusing grid,
+# `ropelib.apply_rope` as it plans each call (two passes from 64 MiB of `q` on: notebook 05,
+# section 6) and a copy. On a GPU the cell times the same cases live beside the committed H200
+# times, with their ratio only on an H200 (`<<`: over 10 % apart).
 
 # %%
 assert two_pass_min_bytes() == 64 * 2**20 < 4096 * 8 * 32 * 128 * 2   # two passes at batch-8
 GEN_CSV = measured.path("generations")
 gen_meta, gen_rows = measured.load("generations") if GEN_CSV.exists() else ({}, [])
 LIVE = ("reference", "batch-1", "batch-2", "batch-4", "batch-8", "batch-16")
-
-
-def fwd_times(rows):
-    """{(case, kernel): forward ms} of a generations table, the copy of each case included."""
-    out = {}
-    for r in rows:
-        if r["case"] in LIVE and r.get("available") and r.get("fwd_ms") is not None:
-            out[(r["case"], r["provider"])] = r["fwd_ms"]
-            if r.get("copy_fwd_ms") is not None:
-                out[(r["case"], "copy")] = r["copy_fwd_ms"]
-    return out
-
-
-committed_ms = fwd_times(gen_rows)
-live_ms = {}
-if GPU:
-    live_cases = [c for c in generations.cases() if c[0] in LIVE]
+live_rows = None
+if GPU:   # the interpreter runs programs one by one in Python: its times measure Python
     t0 = time.perf_counter()
-    live_rows = generations.measure(live_cases, backward=False)
-    print(f"(measured in {time.perf_counter() - t0:.0f} s)")
-    with tempfile.TemporaryDirectory() as tmp:
-        live_csv = generations.write(live_rows, Path(tmp) / "live.csv")
-        fig = generations.plot_generations(live_csv, None)
-        plt.show()
+    live_rows = generations.measure([c for c in generations.cases() if c[0] in LIVE],
+                                    backward=False, progress=False)
+    print(f"(measured live in {time.perf_counter() - t0:.0f} s)")
     for r in live_rows:
         if r.get("available") and r.get("fwd_ms") and r.get("copy_fwd_ms"):
             assert generations.pct_of_copy(r) < 110, "faster than a copy of the same tensors?"
-    live_ms = fwd_times(live_rows)
-else:   # the interpreter runs programs one by one in Python: its times measure Python
-    print("No GPU here: the measurements below come from the committed results.")
-# a ratio only between runs of one GPU model: on another GPU the committed H200 run is no yardstick
-same_gpu = GPU and compare.gpu_slug() == measured.GPU
-print(f"\nforward times, live on {runtime.mode()} against committed "
-      f"({measured.where(gen_meta) if gen_meta else 'no committed CSV'})"
-      + ("; << : more than 10 % apart" if same_gpu
-         else ": two different GPUs, so no ratio" if GPU else ""))
-print(f"{'case':10} {'kernel':22} {'live us':>9} {'committed us':>12}"
-      + (f" {'live/committed':>14}" if same_gpu else ""))
-for case, kernel in sorted(set(committed_ms) | set(live_ms),
-                           key=lambda k: (LIVE.index(k[0]), k[1])):
-    c_ms, l_ms = committed_ms.get((case, kernel)), live_ms.get((case, kernel))
-    ratio = l_ms / c_ms if c_ms and l_ms and same_gpu else None
-    print(f"{case:10} {kernel:22} " + (f"{l_ms * 1e3:9.1f}" if l_ms else f"{'-':>9}")
-          + (f" {c_ms * 1e3:12.1f}" if c_ms else f" {'-':>12}")
-          + (f" {ratio:14.2f}" + (" <<" if abs(ratio - 1) > 0.1 else "") if ratio else ""))
-# the committed rows the prose quotes are there, on any machine; live times are not asserted
-assert not GEN_CSV.exists() or {(c, k) for c in LIVE for k in (
-    "copy", "ropelib_naive", "ropelib_batch_reuse", "ropelib")} <= set(committed_ms)
-
-# %% [markdown]
-# ### 5.2 Committed results from an H200
-#
-# Every committed result this notebook reads comes from NVIDIA H200s (torch 2.11, Triton 3.6),
-# except this section's H100 runs; each CSV's header names its GPU, versions and date.
-
-# %%
-if GEN_CSV.exists():   # read by the cell of section 5.1
+if GEN_CSV.exists():
     generations.plot_generations(GEN_CSV, FIGURES / "04-generations-gbps.png")
     plt.show()
-    print(f"measured on {measured.where(gen_meta)} (driver {gen_meta.get('driver')})")
-    # the text's "NVIDIA H200s (torch 2.11, Triton 3.6)": every committed run this notebook reads
-    runs = [gen_meta, *(measured.load(k)[0] for k in ("ablation", "mechanism", "mechanism-te",
-                                                      "program_cost")),
-            *measured.te_profiles()[2].values()]
-    assert {m["gpu"] for m in runs} == {"NVIDIA H200"}
-    assert {m["torch"].split("+")[0].rsplit(".", 1)[0] for m in runs} == {"2.11"}
-    assert {m["triton"].rsplit(".", 1)[0] for m in runs} == {"3.6"}
+    # a ratio only between runs of one GPU model: on another GPU the H200's run is no yardstick
+    same_gpu = GPU and compare.gpu_slug() == measured.GPU
+    print(f"committed: {measured.where(gen_meta)} (driver {gen_meta.get('driver')}); live: "
+          + (runtime.mode() if GPU else "no GPU here, so no live column"))
+    print(nb04_timing.generations_table(gen_rows, LIVE, live_rows, same_gpu))
+    quoted = {(c, k) for c in LIVE for k in ("copy", "ropelib_naive", "ropelib_batch_reuse",
+                                             "ropelib")}
+    assert quoted <= set(nb04_timing.forward_times(gen_rows, LIVE))   # the rows the text reads
     timed = [r for r in gen_rows if r.get("available") and r.get("fwd_ms")
              and r.get("copy_fwd_ms")]
-    print(f"{'case':10} {'kernel':20} {'fwd ms':>8} {'GB/s':>7} {'% of copy':>9} {'copy ms':>8}")
     for r in timed:
-        if r["case"] == generations.REFERENCE or r["group"] == "batch":
-            print(f"{r['case']:10} {r['provider']:20} {r['fwd_ms']:8.4f} {r['fwd_gbps']:7.0f} "
-                  f"{generations.pct_of_copy(r):9.1f} {r['copy_fwd_ms']:8.4f}")
         assert generations.pct_of_copy(r) < 110, f"{r['case']}/{r['provider']}: above a copy?"
     above = max(timed, key=generations.pct_of_copy)   # section 4's "by 1 % at most"
     print(f"fastest against the copy: {above['provider']} at {above['case']}, "
           f"{generations.pct_of_copy(above):.1f} % of a copy")
     assert 100 < generations.pct_of_copy(above) and round(generations.pct_of_copy(above)) == 101
-    # the batch sweep (s=4096, h=32): the naive kernel launches S*B*H programs, the grid S*H
+    # the batch sweep (s=4096, h=32), read again by exercise 3 and appendix A.6
     sweep = {(r["case"], r["provider"]): r for r in gen_rows if r["group"] == "batch"}
     # the SMs: the committed profile's device record (section 1), the same GPU model as this CSV's
     n_sm = device_attr("multiprocessor_count")
@@ -596,12 +553,14 @@ else:
 # The dashed line (left) and the grey bar (right) are the copy. The curves say *how fast*, not
 # *why*: the kernels differ in programs, work per program and cos/sin reuse at once.
 #
-# **A second GPU.** `benchmarks/floor.py` timed batch 8's shape on an H200 and an H100 (slower
-# DRAM): the copy, ropelib's generations and TE's fused kernel.
+# ### 5.2 A second GPU
+#
+# `benchmarks/floor.py` timed batch 8's shape on an H200 and an H100 (slower DRAM): the copy,
+# ropelib's generations and TE's fused kernel.
 
 # %%
 # batch-8's shape on two GPUs: the floor suite's committed runs (do_bench medians, L2 flushed),
-# TE's fused kernel included; the generations runs of the same GPUs as a cross-check
+# TE's fused kernel included
 FLOOR_CASE = "forward 256 MiB bf16 sbhd"          # 4096 x 8 x 32 x 128 bf16: batch-8's tensor
 H100 = "nvidia-h100-80gb-hbm3"
 assert 4096 * 8 * 32 * 128 * 2 == 256 * 2**20
@@ -642,81 +601,7 @@ else:
 # The H100's slower DRAM stretches the copy 1.39 times and the grid 1.24 times; the naive
 # kernel keeps its time (1.00): its programs set it. **TE's kernel is slower than the grid on
 # both GPUs**, by less on the H100 (1.18 times the grid's time, against 1.32).
-
-# %% [markdown]
-# #### Batch 1: the programs alone
 #
-# At $b = 1$ the grid launches as many one-row programs as the naive kernel, $S \cdot H$ =
-# 131,072. The cell reads each kernel's ns per program from the committed H200 sweep; on a GPU
-# it times both kernels at $b = 1$, the grid at $b = 2$, and 131,072 empty one-warp programs.
-# Where the empty programs take most of the grid's $b = 1$ time and a second row adds little,
-# that time is starting programs.
-
-# %%
-# batch 1 in the committed H200 sweep (s=4096, h=32): the naive kernel launches S*B*H programs
-if GEN_CSV.exists():
-    ns_naive = {}
-    for (case, prov), r in sweep.items():
-        if prov == "ropelib_naive":
-            programs_per_sm = r["seq_len"] * r["batch"] * r["heads"] / n_sm
-            ns_naive[r["batch"]] = r["fwd_ms"] * 1e6 / programs_per_sm
-    print("naive kernel, ns per program on each SM: " + ", ".join(
-        f"b={b_} {ns:.0f}" for b_, ns in sorted(ns_naive.items())))
-    assert len(ns_naive) >= 4 and all(70 < ns < 90 for ns in ns_naive.values())
-    # against notebook 03's empty kernel (section 4): a program that does nothing, same GPU
-    empty_ns = next(r for r in measured.load("program_cost")[1]
-                    if r["kernel"] == "empty" and r["num_warps"] == 1)["ns_per_program_per_sm"]
-    lo_x, hi_x = (f(ns_naive.values()) / empty_ns for f in (min, max))
-    print(f"an empty program (notebook 03): {empty_ns:.1f} ns; the naive kernel's "
-          f"{lo_x:.2f} to {hi_x:.2f} times that")
-    assert f"{empty_ns:.1f}" == "79.8" and (round(lo_x, 2), round(hi_x, 2)) == (1.00, 1.06)
-    # the grid: S*H = 131,072 programs at every batch, as many as the naive kernel's at b = 1
-    assert {r["seq_len"] * r["heads"] for (c, p), r in sweep.items()
-            if p == "ropelib_batch_reuse"} == {131_072} == {4096 * 32}
-    br1, br2, nv1 = (sweep[k]["fwd_ms"] for k in (("batch-1", "ropelib_batch_reuse"),
-                                                  ("batch-2", "ropelib_batch_reuse"),
-                                                  ("batch-1", "ropelib_naive")))
-    print(f"batch-reusing grid: batch-1 {br1 * 1e3:.1f} us, batch-2 {br2 * 1e3:.1f} us (twice "
-          f"the bytes); at batch-1 the grid over the naive kernel {br1 / nv1:.2f}")
-    assert (round(br1 * 1e3, 1), round(br2 * 1e3, 1), round(br1 / nv1, 2)) == (84.6, 84.7, 1.01)
-
-# live: the grid at b = 1 and 2, the naive kernel at b = 1, and as many empty programs
-import program_cost   # benchmarks/program_cost.py  # noqa: E402
-S1, H1, D1 = (4096, 32, 128) if GPU else (4, 2, 64)
-f_b1 = ex.te_angles(S1, D1, device=device)
-x_b = {b_: torch.randn(S1, b_, H1, D1, device=device, dtype=torch.bfloat16) for b_ in (1, 2)}
-b1_calls = {
-    "grid, b = 1": lambda: batch_reuse.rope_batch_reuse(x_b[1], f_b1),
-    "grid, b = 2": lambda: batch_reuse.rope_batch_reuse(x_b[2], f_b1),
-    "naive, b = 1": lambda: naive.rope_naive(x_b[1], f_b1),
-    f"{S1 * H1:,} empty programs": lambda: program_cost._empty_kernel[(S1 * H1,)](
-        x_b[1], num_warps=1)}
-for b_, call in ((1, b1_calls["grid, b = 1"]), (2, b1_calls["grid, b = 2"])):
-    torch.testing.assert_close(call(), reference.rope_reference(x_b[b_], f_b1))
-torch.testing.assert_close(b1_calls["naive, b = 1"](), b1_calls["grid, b = 1"]())
-x_before = x_b[1].clone()
-b1_calls[f"{S1 * H1:,} empty programs"]()
-assert torch.equal(x_b[1], x_before)                        # the empty kernel writes nothing
-if GPU:   # only the timer needs a GPU
-    us1 = {name: [] for name in b1_calls}
-    for _ in range(3):                                      # alternating rounds
-        for name, call in b1_calls.items():
-            us1[name].append(triton.testing.do_bench(call, return_mode="median") * 1e3)
-    us1 = {name: statistics.median(v) for name, v in us1.items()}
-    print(f"live on {torch.cuda.get_device_name()}, do_bench medians (median of 3 rounds):")
-    for name, us in us1.items():
-        print(f"  {name:22} {us:6.1f} us")
-    g1, g2, n1, e1 = us1.values()
-    print(f"grid b = 2 / b = 1: {g2 / g1:.2f} (twice the bytes); naive / grid at b = 1: "
-          f"{n1 / g1:.2f}; empty programs / grid at b = 1: {e1 / g1:.2f}")
-    # the programs set the time at b = 1: a second row adds little, the naive kernel's as many
-    # programs take about as long, and programs doing nothing take most of it
-    assert g2 < 1.3 * g1 and 0.8 < n1 / g1 < 1.25 and e1 > 0.6 * g1, us1
-else:
-    print(f"\nthe four launches ran at s={S1}, h={H1} and are right; timing them needs a GPU: "
-          "there the cell prints each time and the three ratios")
-
-# %% [markdown]
 # ### 5.3 Why: one factor at a time
 #
 # `benchmarks/ablation.py` times, at bf16 sbhd $s = 4096, b = 8$ and at $s = 32768, b = 1$
@@ -735,17 +620,10 @@ for name, factor, desc, opts in ablation.variants(H_a):
           f"{c['cos_sin_per_position']:21,}")
 print(f"TE fused: grid ({S_a}, {B_a}), all {H_a} heads per block -> at least "
       f"{B_a * D_a:,} cos,sin per position")
-print(f"(the last column counts what each source asks for; compiled, heads_all_one_b evaluates "
-      f"each value on 32 threads, {B_a * H_a * D_a:,} per position: appendix A.1)")
-plan_cols = {name: ablation.shape_columns(S_a, B_a, H_a, D_a, opts)
-             for name, _, _, opts in ablation.variants(H_a)}
-assert [plan_cols[f"sh_loop_b_w{w}"]["elems_per_thread"] for w in (4, 8)] == [0.5, 0.25]
-assert plan_cols["heads_all_one_b"]["cos_sin_per_position"] * 32 == B_a * H_a * D_a == 32768
+print("(the last column counts what each source asks for; compiled, a value several threads "
+      "hold is computed by each of them: appendix A.1)")
 
 # %% [markdown]
-# Compiled, a value several threads hold is computed by each of them (appendix A.1): in
-# `sh_loop_b_w4` and `_w8`, 2 and 4 threads hold each cos/sin.
-#
 # **Every row is one kernel**, `_rope_ablation_kernel`: `BLOCK_H` heads and `BATCH_PER_PROGRAM`
 # batch rows a program, `UNROLL_B`, `TABLE` and `num_warps`; grid
 # $(S, \lceil H / \text{BLOCK\_H} \rceil, B / \text{BATCH\_PER\_PROGRAM})$. The next two cells
@@ -877,12 +755,8 @@ ab_calls["sh_loop_b, yours"] = lambda: launch_ablation(x_ab, freqs_ab, cos_ab, s
                                                        **ab_variants["sh_loop_b"])
 for call in ab_calls.values():
     call()
-if GPU:
-    ab_rounds = {n: [] for n in ab_calls}
-    for _ in range(3):   # three rounds, the five launches alternating in each
-        for n, call in ab_calls.items():
-            ab_rounds[n].append(triton.testing.do_bench(call, return_mode="median") * 1e3)
-    ab_us = {n: statistics.median(v) for n, v in ab_rounds.items()}
+if GPU:   # three rounds, the five launches alternating in each
+    ab_us, ab_rounds = nb04_timing.alternating_medians(ab_calls, rounds=3)
     print(f"sh_loop_b: yours {ab_us['sh_loop_b, yours']:.1f} us, the course's "
           f"{ab_us['sh_loop_b']:.1f} us")
     live_one_row = ab_us["sh_one_b"] / ab_us["sh_loop_b"]
@@ -910,9 +784,7 @@ ab_differ = [n for n, same in ab_same.items() if not same]
 assert not ab_differ, f"correct, but not the bits of the course's kernel: {ab_differ}"
 
 # %% [markdown]
-# The last line's sin/cos cost at $B$ rows a program reads 1.007 (0.7 %) on the rendered page's
-# H100, against 4 % (1.04 in two runs) in the H200's committed ablation below; no H100 ablation
-# is committed to check it. Which comparison answers which question:
+# Which comparison answers which question:
 #
 # - `sh_loop_b` vs `sh_one_b`: $B$ times the cos/sin *and* the programs; the `*_table` rows tell
 #   the two apart;
@@ -934,8 +806,10 @@ if ABLATION_CSV.exists():
     print(ablation_bench.table([r for r in arows if r["variant"] in MAIN_ROWS]))
     print(f"\n({len({r['variant'] for r in arows} - set(MAIN_ROWS))} more variants in each case: "
           "appendix A.3)")
+    t_by_case = {}
     for case in dict.fromkeys(r["case"] for r in arows):
-        t = {r["variant"]: r["ms"] for r in arows if r["case"] == case and r.get("ms")}
+        t = t_by_case[case] = {r["variant"]: r["ms"] for r in arows
+                               if r["case"] == case and r.get("ms")}
         print(f"\n{case}: what each factor does (time of the first / time of the second)")
         for a, b_, what in (("sh_one_b", "sh_loop_b", "B rows per program (and 1/B the sin/cos)"),
                             ("sh_one_b_table", "sh_loop_b_table",
@@ -951,52 +825,28 @@ if ABLATION_CSV.exists():
                             ("ropelib_batch_reuse", "ropelib_finished", "the finished kernel")):
             if a in t and b_ in t:
                 print(f"  {what:45s} {a} / {b_} = {t[a] / t[b_]:.2f}")
-else:
-    print(f"{ABLATION_CSV.relative_to(ROOT)} is not there yet: the numbers come from running "
-          f"`python benchmarks/ablation.py --out {ABLATION_CSV.relative_to(ROOT)}` on a GPU "
-          "(about two minutes). Until then, section 3's question stays open.")
-
-# %%
-# the checks of section 5.3's text, on the committed ablation
-if ABLATION_CSV.exists():
-    # run-to-run: an earlier committed run of the same script on the same GPU model (another day)
-    OLD_ABLATION = measured.RESULTS / "ablation.csv"
-    old_meta, old_rows = compare.read_meta(OLD_ABLATION), compare.read_csv(OLD_ABLATION)
-    assert old_meta["gpu"] == meta["gpu"] and old_meta["date"][:10] < meta["date"][:10]
-    runs_t = {run: {(r["case"], r["variant"]): r["ms"] for r in rows if r.get("ms")}
-              for run, rows in (("earlier", old_rows), ("this", arows))}
-
-    def both_runs(a, b_, case="s4096-b8"):
-        """The ratio a / b_ in the earlier run and in this one."""
-        return tuple(t_[case, a] / t_[case, b_] for t_ in runs_t.values())
-
-    print(f"two runs: {old_meta['date'][:10]} ({OLD_ABLATION.name}) and {meta['date'][:10]}")
-    for case in dict.fromkeys(r["case"] for r in arows):
-        unroll = both_runs("sh_loop_b", "sh_loop_b_unrolled", case)
-        print(f"{case}: sh_loop_b / sh_loop_b_unrolled = {unroll[0]:.3f} (earlier run), "
-              f"{unroll[1]:.3f} (this run)")
-        assert all(abs(u - 1) < 0.01 for u in unroll), (case, unroll)   # under 1 % in both
-    # granularity against cos/sin: B rows a program, and sin/cos (tables instead) at B and 1 row
-    t = {r["variant"]: r["ms"] for r in arows if r["case"] == "s4096-b8" and r.get("ms")}
+    # the checks of the text below
+    t = t_by_case["s4096-b8"]
     rows_worth = t["sh_one_b"] / t["sh_loop_b"]
     rows_alone = t["sh_one_b_table"] / t["sh_loop_b_table"]      # granularity, nothing else
     trig_cost = {"B rows": t["sh_loop_b"] / t["sh_loop_b_table"],
                  "one row": t["sh_one_b"] / t["sh_one_b_table"]}
     assert (round(rows_worth, 2), round(rows_alone, 2)) == (3.46, 3.59)
     assert (round(trig_cost["B rows"], 2), round(trig_cost["one row"], 2)) == (1.04, 1.00)
-    # the same two ratios in the earlier run: the 4 % is reproduced, the one-row 0.2 % is not
-    trig_runs = {k: both_runs(*pair) for k, pair in (
-        ("B rows", ("sh_loop_b", "sh_loop_b_table")), ("one row", ("sh_one_b", "sh_one_b_table")))}
-    print("computing cos/sin instead of reading tables, earlier run / this run: " + "; ".join(
-        f"{k} {a:.3f} / {b_:.3f}" for k, (a, b_) in trig_runs.items()))
-    assert [round(v, 3) for v in trig_runs["B rows"]] == [1.040, 1.039]
-    assert [round(v, 3) for v in trig_runs["one row"]] == [0.999, 1.002]
-    assert trig_runs["B rows"][1] == trig_cost["B rows"]
-
+    for case, t_case in t_by_case.items():   # unrolling: under 1 % in both cases
+        assert abs(t_case["sh_loop_b"] / t_case["sh_loop_b_unrolled"] - 1) < 0.01, case
+else:
+    print(f"{ABLATION_CSV.relative_to(ROOT)} is not there yet: the numbers come from running "
+          f"`python benchmarks/ablation.py --out {ABLATION_CSV.relative_to(ROOT)}` on a GPU "
+          "(about two minutes). Until then, section 3's question stays open.")
 
 # %% [markdown]
-# A ratio above 1: the second kernel of the pair is faster. (`ropelib_finished` is the finished
-# kernel forced onto this tensor.)
+# A ratio above 1: the second kernel of the pair is faster (`ropelib_finished` is the finished
+# kernel forced onto this tensor). At $b = 8$ one row a program instead of $B$ takes 3.46 times
+# the time, and 3.59 times when neither kernel evaluates a sine: the programs, not the cos/sin.
+# Computing cos/sin instead of reading two tables costs 4 % (1.04) at $B$ rows a program, nothing
+# (1.00) at one. Unrolling the batch loop moves the time by under 1 % in both cases (appendix
+# A.3 repeats these in an earlier run).
 #
 # **Times say how much, not why.** Three floors, each computed from a count, lie under any
 # kernel's time:
@@ -1017,8 +867,9 @@ if ABLATION_CSV.exists():
 # three floors under each kernel's time: bf16 sbhd s=4096, b=8, h=32, d=128, NVIDIA H200
 elems_a = S_a * B_a * H_a * D_a
 t_ab8 = measured.timings("ablation", "s4096-b8")                        # do_bench medians, ms
-counted = {**measured.mechanism("s4096-b8"),                             # Nsight Compute counts
-           "te_fused": measured.mechanism("s4096-b8", kind="mechanism-te")["te_fused"]}
+mech = measured.mechanism("s4096-b8")                                    # Nsight Compute counts
+te_run = measured.mechanism("s4096-b8", kind="mechanism-te")             # the run with TE
+counted = {**mech, "te_fused": te_run["te_fused"]}
 empty_ns_by_warps = {r["num_warps"]: r["ns_per_program_per_sm"]
                      for r in measured.load("program_cost")[1] if r["kernel"] == "empty"}
 sm_n = device_attr("multiprocessor_count")
@@ -1089,100 +940,31 @@ assert round(te_f3["us"] / te_f3["issue"], 2) == 1.56
 # the constants the text names
 assert (sm_n, schedulers, ghz_top, round(empty_ns_by_warps[1], 1)) == (132, 4, 1.98, 79.8)
 
+
+def same_time(a, b, tol=0.05):
+    return abs(a["us"] - b["us"]) <= tol * max(a["us"], b["us"])
+
+
+# the naive kernel: sh_one_b's one-row programs, as many, in the same time (Nsight Compute)
+assert mech["naive"]["programs"] == one["n_programs"] and same_time(mech["naive"], mech["sh_one_b"])
+assert same_time(mech["sh_one_b_table"], mech["sh_one_b"])
+
 # %% [markdown]
 # - **One row a program: the programs set the time.** `sh_one_b` and `sh_one_b_table` sit on
-#   their program floor, though `sh_one_b` executes 3.65 times the instructions.
+#   their program floor, though `sh_one_b` executes 3.65 times the instructions. The naive
+#   kernel launches as many one-row programs and takes `sh_one_b`'s time (within 5 %).
 # - **The 3.46 is program granularity, not cos/sin reuse.** `sh_one_b`'s program floor alone is
 #   3.45 times `sh_loop_b`'s whole time; $B = 8$ rows a program put that floor under the copy's.
 # - **The grid's largest floor is the copy**, and it takes 1.41 times a copy's time.
 # - **TE's largest floor is issue**, 2.5 times the grid's: under the grid's whole time, yet TE
 #   takes 1.56 times it.
 #
-# ### 5.4 Why, measured: the profiler's answer
+# ### 5.4 The answer: why the batch-reusing grid beats TE's fused kernel
 #
-# Nsight Compute profiled the same variants on an H200 (`benchmarks/mechanism.py`), the clock
-# free as in the timings:
-#
-# - **DRAM bytes are the model's** for every variant and TE's kernel (A.5): no kernel is slower
-#   for extra traffic.
-# - **Occupancy does not order them**: the *achieved occupancy* (average share of an SM's 64
-#   warp slots holding a warp, notebook 03 §4.2) is half for the grid, nine tenths for TE, and
-#   TE takes 1.94 times a copy's time.
-# - **At $b = 1$ the order reverses**: the grid takes the naive kernel's time; TE is more than
-#   twice as fast.
-
-# %%
-mech = measured.mechanism("s4096-b8")
-mech_meta, _ = measured.load("mechanism")
-print(f"Nsight Compute on {measured.where(mech_meta)}: bf16 sbhd s=4096, b=8, h=32, d=128")
-order = ["copy", "naive", "sh_one_b", "sh_one_b_table", "batch_reuse", "sh_loop_b",
-         "sh_loop_b_table", "sh_loop_b_w2", "sh_loop_b_w4", "sh_loop_b_w8", "heads2_loop_b",
-         "heads4_loop_b", "heads8_loop_b", "heads_all_one_b", "heads_all_one_b_table", "ropelib"]
-print(measured.table([mech[v] for v in order if v in mech], [
-    ("variant", "variant", ""), ("us", "us", ".0f"), ("DRAM/model", "ncu_dram_bytes_over_model",
-    ".3f"), ("programs", "programs", ","), ("warps", "num_warps", "d"),
-    ("occ. %", "ncu_achieved_occupancy_pct", ".0f"),
-    ("warp inst/elem", "ncu_warp_inst_per_element", ".2f")]))
-# TE's CUDA kernel and the copy beside it, from the run with TE installed
-te_run = measured.mechanism("s4096-b8", kind="mechanism-te")
-te_run_meta = measured.load("mechanism-te")[0]
-te_date = te_run_meta.get("date", "?")[:10]
-
-# %%
-# the checks of section 5.4's text, on the committed profiles
-
-
-def same_time(a, b, tol=0.05):
-    return abs(a["us"] - b["us"]) <= tol * max(a["us"], b["us"])
-
-
-# DRAM bytes: within a few percent of the model at this size (appendix A.5 reads them)
-assert all(0.9 <= r["ncu_dram_bytes_over_model"] <= 1.05 for r in mech.values())
-b1 = measured.mechanism("s32768-b1")
-# one row a program: equally slow with and without sin/cos (section 5.3's floors say why)
-assert same_time(mech["sh_one_b"], mech["naive"])
-assert same_time(mech["sh_one_b_table"], mech["sh_one_b"])
-assert mech["sh_one_b"]["programs"] == mech["naive"]["programs"] \
-    == mech["sh_one_b_table"]["programs"] and mech["sh_one_b"]["us"] > 3 * mech["sh_loop_b"]["us"]
-assert b1["batch_reuse"]["programs"] == b1["naive"]["programs"]
-assert same_time(b1["batch_reuse"], b1["naive"])
-# half an SM's warp slots for the one-warp grid (an SM holds 64 warps and 32 programs at most:
-# section 1's device record)
-br, h4 = mech["batch_reuse"], mech["heads4_loop_b"]
-assert br["occ_limiter"] == "blocks" and br["occ_theoretical_pct"] == 50 and br["num_warps"] == 1
-assert (device_attr("max_warps_per_multiprocessor"), device_attr("max_blocks_per_multiprocessor")) \
-    == (64, 32)
-# instructions: TE's grid in Triton launches as many programs as heads4_loop_b, executes far
-# more (between the one-row programs' counts), and is slower
-te_grid, te_table = mech["heads_all_one_b"], mech["heads_all_one_b_table"]
-assert te_grid["programs"] == h4["programs"] == 32_768
-assert te_grid["ncu_warp_inst_per_element"] > 3 * mech["sh_loop_b"]["ncu_warp_inst_per_element"]
-assert te_grid["us"] > 1.8 * h4["us"] and te_table["us"] < 1.2 * h4["us"]
-# TE's CUDA kernel (the run with TE installed): the model's bytes, a full SM, twice the copy's
-# time, slower than the batch-reusing grid of the same run
-te, te_copy, te_br = te_run["te_fused"], te_run["copy"], te_run["batch_reuse"]
-print(f"{measured.where(te_run_meta)}: TE fused (CUDA) {te['us']:.0f} us = "
-      f"{te['us'] / te_copy['us']:.2f}x the copy; occupancy "
-      f"{te['ncu_achieved_occupancy_pct']:.0f} %; DRAM/model {te['ncu_dram_bytes_over_model']:.3f}")
-assert 0.9 <= te["ncu_dram_bytes_over_model"] <= 1.05 and te["ncu_achieved_occupancy_pct"] > 85
-assert te["us"] > 1.2 * te_run["sh_loop_b"]["us"] and round(te["us"] / te_copy["us"], 2) == 1.94
-assert te["ncu_warp_inst_per_element"] > 2 * te_br["ncu_warp_inst_per_element"]
-# b = 1: the (S, H) grid has the naive kernel's program count, and TE is faster
-t1 = measured.timings("ablation", "s32768-b1")
-te1_programs = t1["te_fused"]["seq_len"] * t1["te_fused"]["batch"]   # TE's grid (s, b)
-print(f"b = 1: TE fused {t1['te_fused']['ms'] * 1e3:.0f} us ({te1_programs:,} blocks), "
-      f"batch-reusing grid {t1['sh_loop_b']['ms'] * 1e3:.0f} us "
-      f"({t1['sh_loop_b']['programs']:,} programs; TE / grid = "
-      f"{t1['te_fused']['ms'] / t1['sh_loop_b']['ms']:.2f})")
-assert t1["sh_loop_b"]["ms"] > 2 * t1["te_fused"]["ms"]
-assert te1_programs == 32_768 and t1["sh_loop_b"]["programs"] == 1_048_576
-
-# %% [markdown]
-# ### 5.5 The answer: why the batch-reusing grid beat TE's fused kernel
-#
-# The cell sets TE's kernel and the grid side by side ($b = 8$, H200), profiled with the clock
-# locked and free (appendices A.1 and A.2). "Warp cycles waiting on loads" is Nsight Compute's
-# *long scoreboard* stall: a warp waiting for data from a global load.
+# Nsight Compute profiled TE's kernel, the grid and a copy on an H200 at $b = 8$:
+# `benchmarks/mechanism.py` with the clock free, as in the timings, and `benchmarks/te_ncu.py`
+# with the clock locked and free (appendices A.1 and A.2). "Warp cycles waiting on loads" is
+# Nsight Compute's *long scoreboard* stall: a warp waiting for data from a global load.
 
 # %%
 # the two profiles of TE's kernel beside the grid (benchmarks/te_ncu.py), per kernel: the locked
@@ -1201,8 +983,9 @@ te_p, grid_p, copy_p = prof["te_fused"], prof["sh_loop_b"], prof["copy"]
 te_grid_p, te_table_p = prof["heads_all_one_b"], prof["heads_all_one_b_table"]
 te_f, grid_f = free["te_fused"], free["sh_loop_b"]
 te_counts = dict(grid=H_a * D_a, te_shared=B_a * D_a, te_registers=8 * B_a * D_a)
-
-grid_sh = te_run["sh_loop_b"]            # the same run as TE's row (mechanism-te)
+mech_meta, te_run_meta = measured.load("mechanism")[0], measured.load("mechanism-te")[0]
+te_date = te_run_meta.get("date", "?")[:10]
+te, te_copy, grid_sh = (te_run[n] for n in ("te_fused", "copy", "sh_loop_b"))   # one run
 lsb = {n: free[n]["states"]["long_scoreboard"] / sum(free[n]["states"].values())
        for n in ("te_fused", "sh_loop_b")}
 answer_rows = [
@@ -1213,6 +996,8 @@ answer_rows = [
      ".3f", "mechanism-te"),
     ("achieved occupancy (%)", te["ncu_achieved_occupancy_pct"],
      grid_sh["ncu_achieved_occupancy_pct"], ".0f", "mechanism-te"),
+    ("time / the copy's", te["us"] / te_copy["us"], grid_sh["us"] / te_copy["us"], ".2f",
+     "mechanism-te"),
     ("warp instructions / element", te_p["warp_inst"], grid_p["warp_inst"], ".3f", "te_ncu"),
     ("integer thread inst. / element", te_p["integer"], grid_p["integer"], ".1f", "te_ncu"),
     ("global loads / element", te_p["loads"], grid_p["loads"], ".2f", "te_ncu"),
@@ -1235,11 +1020,19 @@ print(f"TE fused - grid = {diff['us']:.1f} us: issuing {diff['issue_us']:+.1f}, 
 assert te_counts["te_shared"] * 4 == te_counts["grid"] and te_p["barrier"] > 0
 assert abs(te["ncu_dram_bytes_over_model"] - grid_sh["ncu_dram_bytes_over_model"]) < 0.03
 assert (round(te["ncu_achieved_occupancy_pct"]), round(grid_sh["ncu_achieved_occupancy_pct"])) \
-    == (90, 48)
+    == (90, 48) and 0.9 <= te["ncu_dram_bytes_over_model"] <= 1.05
+assert te["us"] > 1.2 * grid_sh["us"] and round(te["us"] / te_copy["us"], 2) == 1.94
+# the grid's half: one warp a program, 32 programs an SM at most, 64 warp slots (section 1's
+# device record)
+br = mech["batch_reuse"]
+assert br["occ_limiter"] == "blocks" and br["occ_theoretical_pct"] == 50 and br["num_warps"] == 1
+assert (device_attr("max_warps_per_multiprocessor"), device_attr("max_blocks_per_multiprocessor")) \
+    == (64, 32)
 # what it does more of: instructions, and issuing them
 print(f"TE fused / grid: {te_p['warp_inst'] / grid_p['warp_inst']:.1f}x the warp instructions "
       f"per element, {te_p['loads'] / grid_p['loads']:.1f}x the global loads")
 assert round(te_p["warp_inst"] / grid_p["warp_inst"], 1) == 2.5
+assert te["ncu_warp_inst_per_element"] > 2 * te_run["batch_reuse"]["ncu_warp_inst_per_element"]
 assert round(te_p["loads"] / grid_p["loads"], 1) == 3.7
 assert (round(te_f["issue_share"], 2), round(grid_f["issue_share"], 2)) == (0.66, 0.36)
 assert (round(lsb["te_fused"], 2), round(lsb["sh_loop_b"], 2)) == (0.59, 0.84)
@@ -1250,14 +1043,6 @@ abl_gap = (t_ab8["te_fused"]["ms"] - t_ab8["sh_loop_b"]["ms"]) * 1e3
 print(f"the ablation's timings: TE fused - grid = {abl_gap:.1f} us, TE / grid = "
       f"{t_ab8['te_fused']['ms'] / t_ab8['sh_loop_b']['ms']:.2f}")
 assert round(abl_gap) == round(diff["us"]) == 62 and diff["issue_us"] > abl_gap
-# where TE's extra instructions are, by kind: thread instructions per element, TE minus the grid
-kinds = ("integer", "float", "loads", "stores")
-more = {k: te_p[k] - grid_p[k] for k in kinds}
-more["other"] = (te_p["threads"] - grid_p["threads"]) - sum(more.values())
-print(f"thread instructions per element: TE fused {te_p['threads']:.1f}, grid "
-      f"{grid_p['threads']:.1f}; TE minus grid by kind: "
-      + ", ".join(f"{k} {v:+.1f}" for k, v in more.items()))
-assert max(more, key=more.get) == "integer" and more["integer"] > sum(more.values()) / 2
 
 # %%
 # the time split of appendix A.2 (clock free), drawn: issuing against waiting
@@ -1272,6 +1057,10 @@ nb04_figures.plot_time_split(
 plt.show()
 
 # %% [markdown]
+# Neither the bytes nor occupancy order the two: both move the model's bytes (every variant
+# does: A.5), and TE keeps nine tenths of an SM's warp slots busy against the grid's half (one
+# warp a program, 32 programs an SM at most), yet takes 1.94 times a copy's time.
+#
 # **The answer.** At $b = 8$ on the H200, TE's fused kernel is slower than the grid because it
 # executes 2.5 times the grid's warp instructions per element, and issuing them does not overlap
 # its waits on memory: its extra issuing, 96 µs, exceeds the 62 µs by which it is slower.
@@ -1280,7 +1069,7 @@ plt.show()
 # |---|---|---|
 # | how each thread touches memory | TE's one-element loads read each element twice (78 bytes a warp load, the grid's 142) | A.1 |
 # | number of programs | not TE's handicap: a quarter of the grid's | 5.3's floors |
-# | the batch loop unrolled | level: under 1 % apart in two runs | 5.3 |
+# | the batch loop unrolled | level: under 1 % apart in two runs | 5.3, A.3 |
 # | where cos/sin come from | at most 0.91 of TE's float instructions an element; tables save the grid 4 % | A.1, 5.3 |
 # | instructions issued | **the cause**: 2.5 times the grid's, not overlapping the waits | this cell, A.2 |
 #
@@ -1384,7 +1173,7 @@ ex.check_grid_us(my_grid_us);
 solution(ex.solution_grid_us)
 
 # %% [markdown]
-# The cell below sets the model beside the committed H200 sweep of section 5.2. Before you run
+# The cell below sets the model beside the committed H200 sweep of section 5.1. Before you run
 # it: at which batch sizes do you expect it to hold?
 
 # %%
@@ -1394,8 +1183,8 @@ if GEN_CSV.exists():
     off = {}
     for (case, prov), r in sweep.items():
         if prov == "ropelib_batch_reuse":
-            model = ex.solution_grid_us(r["seq_len"], r["batch"], r["heads"], n_sm, empty_ns,
-                                        r["copy_fwd_ms"] * 1e3)
+            model = ex.solution_grid_us(r["seq_len"], r["batch"], r["heads"], n_sm,
+                                        empty_ns_by_warps[1], r["copy_fwd_ms"] * 1e3)
             off[r["batch"]] = r["fwd_ms"] * 1e3 / model
             print(f"{case:9} {r['seq_len'] * r['heads']:9,} {r['copy_fwd_ms'] * 1e3:8.1f} "
                   f"{model:9.1f} {r['fwd_ms'] * 1e3:8.1f} {off[r['batch']]:10.2f}")
@@ -1682,6 +1471,14 @@ assert 0.2 < (grid_p["slowed"] - 1) / (te_p["slowed"] - 1) < 0.3
 assert round(te_p["loads"], 1) == 2.1 and round(te_p["stores"], 2) == 1.00
 assert [round(p_["load_bytes"]) for p_ in (te_p, copy_p, grid_p)] == [78, 512, 142]
 assert (round(te_p["integer"], 1), round(grid_p["integer"], 1)) == (17.7, 5.7)   # (indexing?)
+# where TE's extra instructions are, by kind: thread instructions per element, TE minus the grid
+kinds = ("integer", "float", "loads", "stores")
+more = {k: te_p[k] - grid_p[k] for k in kinds}
+more["other"] = (te_p["threads"] - grid_p["threads"]) - sum(more.values())
+print(f"thread instructions per element: TE fused {te_p['threads']:.1f}, grid "
+      f"{grid_p['threads']:.1f}; TE minus grid by kind: "
+      + ", ".join(f"{k} {v:+.1f}" for k, v in more.items()))
+assert max(more, key=more.get) == "integer" and more["integer"] > sum(more.values()) / 2
 # issue-heavy: at the locked clock TE's instructions alone need more than a copy's time, the
 # grid's fit in one; ready warps wait for the issue slot in TE (not selected), not in the grid
 assert te_p["floor_over_copy"] > 1.5 and grid_p["floor_over_copy"] < 0.75
@@ -1732,7 +1529,8 @@ assert (round(per_pair), round(need["te_registers"], 1), round(need["te_shared"]
 
 # %% [markdown]
 # TE's CUDA kernel spends at most 0.91 float instructions an element on sin/cos: not where its
-# time goes. **TE's grid in Triton** (`heads_all_one_b`) spends 8.06 times the grid's sin/cos
+# time goes. Integer instructions are more than half of its extra thread instructions over the
+# grid (17.7 an element against 5.7). **TE's grid in Triton** (`heads_all_one_b`) spends 8.06 times the grid's sin/cos
 # work where its source asks for a quarter: Triton computes a value in the layout of the tensor
 # that uses it, so every thread holding a column of the `[heads, BLOCK_HALF]` tile computes its
 # cosine. The next cell counts those threads in the sm_90 compile.
@@ -1787,11 +1585,28 @@ else:
     assert "sizePerThread = [1, 1, 8]" in rep["ropelib_finished"][2]
     fin = source["ropelib_finished"] * rep["ropelib_finished"][0]
     assert source["ropelib_finished"] == D_a and fin == source["sh_loop_b"] == 4096
+# without the compiler: a 64-lane half-row on 4 and 8 warps is half and a quarter of an element a
+# thread, and TE's grid in Triton on 32 threads a column evaluates B * H * D cos,sin a position
+plan_cols = {name: ablation.shape_columns(S_a, B_a, H_a, D_a, opts)
+             for name, _, _, opts in ablation.variants(H_a)}
+assert [plan_cols[f"sh_loop_b_w{w}"]["elems_per_thread"] for w in (4, 8)] == [0.5, 0.25]
+assert plan_cols["heads_all_one_b"]["cos_sin_per_position"] * 32 == B_a * H_a * D_a == 32768
+# TE's grid in Triton against heads4_loop_b, which launches as many programs (Nsight Compute)
+te_grid, te_table, h4 = (mech[n] for n in ("heads_all_one_b", "heads_all_one_b_table",
+                                           "heads4_loop_b"))
+print(f"{te_grid['programs']:,} programs each: heads_all_one_b {te_grid['us']:.0f} us, from "
+      f"tables {te_table['us']:.0f} us; heads4_loop_b {h4['us']:.0f} us")
+assert te_grid["programs"] == h4["programs"] == 32_768
+assert te_grid["ncu_warp_inst_per_element"] > 3 * mech["sh_loop_b"]["ncu_warp_inst_per_element"]
+assert te_grid["us"] > 1.8 * h4["us"] and te_table["us"] < 1.2 * h4["us"]
 
 # %% [markdown]
 # In `heads_all_one_b` 32 threads hold each column, so each cos/sin value is computed 32 times:
 # $32 \times B/H = 8$ times the grid's work per element, the 8.06 measured. Four heads on two
-# warps (`heads4_loop_b`) keep one copy each.
+# warps (`heads4_loop_b`) keep one copy each; in `sh_loop_b_w4` and `_w8` 2 and 4 threads hold
+# each element of a half-row, and each cos/sin. With as many programs as `heads4_loop_b`, TE's
+# grid in Triton takes more than 1.8 times its time, and under 1.2 times when it reads two tables
+# instead: the grid $(s, b)$ costs little, its replicated sin/cos a lot.
 #
 # ### A.2 Where TE's time goes with the clock free
 #
@@ -1818,7 +1633,7 @@ assert all(a == b for a, b in same_inst.values()), same_inst
 # the clock free, under the device's top one; times within 2 % of section 5.4's
 assert max(r["ghz"] for r in free.values()) < device_attr("clock_rate") / 1e6
 assert all(abs(r["of_54"] - 1) < 0.02 for r in free.values())
-# TE: issuing takes 66 % of its time; the grid: 36 % (section 5.5's table)
+# TE: issuing takes 66 % of its time; the grid: 36 % (section 5.4's table)
 assert (round(te_f["issue_share"], 2), round(grid_f["issue_share"], 2)) == (0.66, 0.36)
 
 # the warp states per instruction issued add up to the profile's own latency (cycles between
@@ -1863,12 +1678,38 @@ assert round(predicted_locked["sh_loop_b"] / grid_p["us"] - 1, 2) == 0.04
 #
 # ### A.3 The ablation's other rows
 #
-# The other tiles, and each tile at 1, 2, 4 and 8 warps.
+# The other tiles, and each tile at 1, 2, 4 and 8 warps; then section 5.3's ratios in an
+# earlier committed run of the same script on the same GPU model (another day). The 4 % that
+# sin/cos cost at $B$ rows a program is reproduced (1.040, 1.039), the one-row 0.2 % is not
+# (0.999, 1.002), and the unrolled loop is under 1 % from the runtime loop in both runs.
 
 # %%
 if ABLATION_CSV.exists():
     print(ablation_bench.table([r for r in arows
                                 if r["variant"] not in MAIN_ROWS or r["variant"] == "sh_loop_b"]))
+    OLD_ABLATION = measured.RESULTS / "ablation.csv"
+    old_meta, old_rows = compare.read_meta(OLD_ABLATION), compare.read_csv(OLD_ABLATION)
+    assert old_meta["gpu"] == meta["gpu"] and old_meta["date"][:10] < meta["date"][:10]
+    runs_t = {run: {(r["case"], r["variant"]): r["ms"] for r in rows if r.get("ms")}
+              for run, rows in (("earlier", old_rows), ("this", arows))}
+
+    def both_runs(a, b_, case="s4096-b8"):
+        """The ratio a / b_ in the earlier run and in this one."""
+        return tuple(t_[case, a] / t_[case, b_] for t_ in runs_t.values())
+
+    print(f"\ntwo runs: {old_meta['date'][:10]} ({OLD_ABLATION.name}) and {meta['date'][:10]}")
+    for case in dict.fromkeys(r["case"] for r in arows):
+        unroll = both_runs("sh_loop_b", "sh_loop_b_unrolled", case)
+        print(f"{case}: sh_loop_b / sh_loop_b_unrolled = {unroll[0]:.3f} (earlier run), "
+              f"{unroll[1]:.3f} (this run)")
+        assert all(abs(u - 1) < 0.01 for u in unroll), (case, unroll)   # under 1 % in both
+    trig_runs = {k: both_runs(*pair) for k, pair in (
+        ("B rows", ("sh_loop_b", "sh_loop_b_table")), ("one row", ("sh_one_b", "sh_one_b_table")))}
+    print("computing cos/sin instead of reading tables, earlier run / this run: " + "; ".join(
+        f"{k} {a:.3f} / {b_:.3f}" for k, (a, b_) in trig_runs.items()))
+    assert [round(v, 3) for v in trig_runs["B rows"]] == [1.040, 1.039]
+    assert [round(v, 3) for v in trig_runs["one row"]] == [0.999, 1.002]
+    assert trig_runs["B rows"][1] == trig_cost["B rows"]
 
 # %% [markdown]
 # ### A.4 KiB of `x` requested per SM
@@ -1878,11 +1719,17 @@ if ABLATION_CSV.exists():
 # 190 µs), with notebook 05's finished kernel, TE's kernel and its copy (red points 23 and 24).
 # More KiB per SM goes with less time, but each variant that asks for more also changes its
 # programs or instructions, and TE asks for about the copy's KiB per SM at 1.94 times its time.
+# The table lists the profile of every variant (section 5.3's names) first.
 
 # %%
+print(f"Nsight Compute on {measured.where(mech_meta)}: bf16 sbhd s=4096, b=8, h=32, d=128")
+order = ["copy", "naive", "sh_one_b", "sh_one_b_table", "batch_reuse", "sh_loop_b",
+         "sh_loop_b_table", "sh_loop_b_w2", "sh_loop_b_w4", "sh_loop_b_w8", "heads2_loop_b",
+         "heads4_loop_b", "heads8_loop_b", "heads_all_one_b", "heads_all_one_b_table", "ropelib"]
 print(measured.table([mech[v] for v in order if v in mech], [
-    ("variant", "variant", ""), ("us", "us", ".0f"), ("programs", "programs", ","),
-    ("warps", "num_warps", "d"), ("steps", "steps", "d"),
+    ("variant", "variant", ""), ("us", "us", ".0f"), ("DRAM/model", "ncu_dram_bytes_over_model",
+    ".3f"), ("programs", "programs", ","), ("warps", "num_warps", "d"), ("steps", "steps", "d"),
+    ("warp inst/elem", "ncu_warp_inst_per_element", ".2f"),
     ("x B/warp/step", "x_bytes_per_warp_step", ".0f"), ("occ. %", "ncu_achieved_occupancy_pct",
     ".0f"), ("x KiB/SM", "x_kib_per_sm", ".1f")]))
 # every point numbered, keyed on the right; notebook 05's steps (in the same profile) left out
@@ -1914,7 +1761,9 @@ assert mech["batch_reuse"]["x_bytes_per_warp_step"] == 256   # one row a warp a 
 # %% [markdown]
 # ### A.5 DRAM bytes against the model
 #
-# At $s = 4096$, $b = 8$ a ratio below 1 (the copy's 0.954) does not mean fewer bytes than
+# At $s = 4096$, $b = 8$ every variant, TE's kernel included, moves within a few percent of the
+# model's bytes (A.4's DRAM/model column): no kernel is slower for extra traffic. A ratio below
+# 1 (the copy's 0.954) does not mean fewer bytes than
 # needed: the reads are complete, and the writes fall short by less than the H200's 60 MiB L2,
 # presumably lines of `y` written back after the profiler stops counting.
 #
@@ -1922,8 +1771,10 @@ assert mech["batch_reuse"]["x_bytes_per_warp_step"] == 256   # one row a warp a 
 # times the model's bytes, and still takes the naive kernel's time.
 
 # %%
-# the reads complete, the writes short by less than the L2 holds (y's last lines, not yet
-# written back)
+# within a few percent of the model at s = 4096, b = 8; the reads complete, the writes short by
+# less than the L2 holds (y's last lines, not yet written back)
+assert all(0.9 <= r["ncu_dram_bytes_over_model"] <= 1.05 for r in (*mech.values(), te))
+b1 = measured.mechanism("s32768-b1")
 for r in (*mech.values(), *b1.values()):
     x_only = r["elements"] * 2                                   # bf16 bytes of x, and of y
     assert r["ncu_dram_read_bytes"] >= x_only and 0 < x_only - r["ncu_dram_write_bytes"] < l2_bytes
@@ -1952,3 +1803,85 @@ assert round(b1["batch_reuse"]["ncu_dram_bytes_over_model"], 2) == 1.19
 assert round(beyond_x["s32768-b1", "batch_reuse"]) == 128 and round(rereads, 1) == 8.0
 assert round(beyond_x["s32768-b1", "naive"]) == 16 == table_of["s32768-b1"] / 2**20
 assert b1["batch_reuse"]["heads"] == 32 and same_time(b1["batch_reuse"], b1["naive"])
+
+# %% [markdown]
+# ### A.6 Batch 1: the programs alone
+#
+# At $b = 1$ the grid launches as many one-row programs as the naive kernel, $S \cdot H$ =
+# 131,072. The cell reads each kernel's ns per program from the committed H200 sweep; on a GPU
+# it times both kernels at $b = 1$, the grid at $b = 2$, and 131,072 empty one-warp programs.
+# Where the empty programs take most of the grid's $b = 1$ time and a second row adds little,
+# that time is starting programs. At $s = 32768$, $b = 1$ the order against TE reverses too:
+# the grid takes the naive kernel's time and TE's fused kernel is more than twice as fast.
+
+# %%
+# batch 1 in the committed H200 sweep (s=4096, h=32): the naive kernel launches S*B*H programs
+if GEN_CSV.exists():
+    ns_naive = {}
+    for (case, prov), r in sweep.items():
+        if prov == "ropelib_naive":
+            programs_per_sm = r["seq_len"] * r["batch"] * r["heads"] / n_sm
+            ns_naive[r["batch"]] = r["fwd_ms"] * 1e6 / programs_per_sm
+    print("naive kernel, ns per program on each SM: " + ", ".join(
+        f"b={b_} {ns:.0f}" for b_, ns in sorted(ns_naive.items())))
+    assert len(ns_naive) >= 4 and all(70 < ns < 90 for ns in ns_naive.values())
+    # against notebook 03's empty kernel (section 4): a program that does nothing, same GPU
+    empty_ns = empty_ns_by_warps[1]
+    lo_x, hi_x = (f(ns_naive.values()) / empty_ns for f in (min, max))
+    print(f"an empty program (notebook 03): {empty_ns:.1f} ns; the naive kernel's "
+          f"{lo_x:.2f} to {hi_x:.2f} times that")
+    assert f"{empty_ns:.1f}" == "79.8" and (round(lo_x, 2), round(hi_x, 2)) == (1.00, 1.06)
+    # the grid: S*H = 131,072 programs at every batch, as many as the naive kernel's at b = 1
+    assert {r["seq_len"] * r["heads"] for (c, p), r in sweep.items()
+            if p == "ropelib_batch_reuse"} == {131_072} == {4096 * 32}
+    br1, br2, nv1 = (sweep[k]["fwd_ms"] for k in (("batch-1", "ropelib_batch_reuse"),
+                                                  ("batch-2", "ropelib_batch_reuse"),
+                                                  ("batch-1", "ropelib_naive")))
+    print(f"batch-reusing grid: batch-1 {br1 * 1e3:.1f} us, batch-2 {br2 * 1e3:.1f} us (twice "
+          f"the bytes); at batch-1 the grid over the naive kernel {br1 / nv1:.2f}")
+    assert (round(br1 * 1e3, 1), round(br2 * 1e3, 1), round(br1 / nv1, 2)) == (84.6, 84.7, 1.01)
+
+# s = 32768, b = 1 (the ablation's second case): the (S, H) grid has the naive kernel's program
+# count and time (Nsight Compute: A.5's b1), and TE's kernel is more than twice as fast (do_bench)
+assert b1["batch_reuse"]["programs"] == b1["naive"]["programs"]
+assert same_time(b1["batch_reuse"], b1["naive"])
+t1 = measured.timings("ablation", "s32768-b1")
+te1_programs = t1["te_fused"]["seq_len"] * t1["te_fused"]["batch"]   # TE's grid (s, b)
+print(f"s = 32768, b = 1: TE fused {t1['te_fused']['ms'] * 1e3:.0f} us ({te1_programs:,} "
+      f"blocks), batch-reusing grid {t1['sh_loop_b']['ms'] * 1e3:.0f} us "
+      f"({t1['sh_loop_b']['programs']:,} programs; TE / grid = "
+      f"{t1['te_fused']['ms'] / t1['sh_loop_b']['ms']:.2f})")
+assert t1["sh_loop_b"]["ms"] > 2 * t1["te_fused"]["ms"]
+assert te1_programs == 32_768 and t1["sh_loop_b"]["programs"] == 1_048_576
+
+# live: the grid at b = 1 and 2, the naive kernel at b = 1, and as many empty programs
+import program_cost   # benchmarks/program_cost.py  # noqa: E402
+S1, H1, D1 = (4096, 32, 128) if GPU else (4, 2, 64)
+f_b1 = ex.te_angles(S1, D1, device=device)
+x_b = {b_: torch.randn(S1, b_, H1, D1, device=device, dtype=torch.bfloat16) for b_ in (1, 2)}
+b1_calls = {
+    "grid, b = 1": lambda: batch_reuse.rope_batch_reuse(x_b[1], f_b1),
+    "grid, b = 2": lambda: batch_reuse.rope_batch_reuse(x_b[2], f_b1),
+    "naive, b = 1": lambda: naive.rope_naive(x_b[1], f_b1),
+    f"{S1 * H1:,} empty programs": lambda: program_cost._empty_kernel[(S1 * H1,)](
+        x_b[1], num_warps=1)}
+for b_, call in ((1, b1_calls["grid, b = 1"]), (2, b1_calls["grid, b = 2"])):
+    torch.testing.assert_close(call(), reference.rope_reference(x_b[b_], f_b1))
+torch.testing.assert_close(b1_calls["naive, b = 1"](), b1_calls["grid, b = 1"]())
+x_before = x_b[1].clone()
+b1_calls[f"{S1 * H1:,} empty programs"]()
+assert torch.equal(x_b[1], x_before)                        # the empty kernel writes nothing
+if GPU:   # only the timer needs a GPU
+    us1, _ = nb04_timing.alternating_medians(b1_calls, rounds=3)
+    print(f"live on {torch.cuda.get_device_name()}, do_bench medians (median of 3 rounds):")
+    for name, us in us1.items():
+        print(f"  {name:22} {us:6.1f} us")
+    g1, g2, n1, e1 = us1.values()
+    print(f"grid b = 2 / b = 1: {g2 / g1:.2f} (twice the bytes); naive / grid at b = 1: "
+          f"{n1 / g1:.2f}; empty programs / grid at b = 1: {e1 / g1:.2f}")
+    # the programs set the time at b = 1: a second row adds little, the naive kernel's as many
+    # programs take about as long, and programs doing nothing take most of it
+    assert g2 < 1.3 * g1 and 0.8 < n1 / g1 < 1.25 and e1 > 0.6 * g1, us1
+else:
+    print(f"\nthe four launches ran at s={S1}, h={H1} and are right; timing them needs a GPU: "
+          "there the cell prints each time and the three ratios")

@@ -385,7 +385,7 @@ def test_percent_of_copy_is_a_ratio_of_times(capsys):
     assert ex.check_percent_of_copy(by_gbps) is False
     assert "❌" in capsys.readouterr().out
     assert ex.check_percent_of_copy(lambda kms, cms: 100 * cms / kms) is True
-    # a kernel faster than its copy is above 100, as notebook 04's section 5.2 prints
+    # a kernel faster than its copy is above 100, as notebook 04's section 5.1 prints
     assert ex.solution_percent_of_copy(0.0364, 0.0369) > 100
 
 
