@@ -946,7 +946,9 @@ def same_time(a, b, tol=0.05):
 
 
 # the naive kernel: sh_one_b's one-row programs, as many, in the same time (Nsight Compute)
-assert mech["naive"]["programs"] == one["n_programs"] and same_time(mech["naive"], mech["sh_one_b"])
+assert mech["naive"]["programs"] == one["n_programs"] == one_t["n_programs"]
+assert same_time(mech["naive"], mech["sh_one_b"])
+assert mech["sh_one_b"]["us"] > 3 * mech["sh_loop_b"]["us"]
 assert same_time(mech["sh_one_b_table"], mech["sh_one_b"])
 
 # %% [markdown]
