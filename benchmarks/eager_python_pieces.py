@@ -51,7 +51,7 @@ def pieces(device: str) -> dict:
     planned = eager.SIGNATURES.get(sig)
     y = ropelib.apply_rope(xg, freqs)
     ctx = y.grad_fn
-    rev = ctx.rotation.reverse((g,), ctx.x_dtype)
+    rev = ctx.rotation.reverse((g,))
     saved = ctx.saved_tensors
     trivial = function_with(None, "neither")      # empty_like each way, the table saved
     yt = trivial(xg, freqs)
@@ -76,8 +76,7 @@ def pieces(device: str) -> dict:
             x, dtype=x.dtype, memory_format=torch.contiguous_format),
         "trivial Function, forward with grad": lambda: trivial(xg, freqs),
         "Rotate.backward under no_grad": no_grad(lambda: eager.Rotate.backward(ctx, g)),
-        "  the reverse's lookup (PlannedRotation.reverse)": lambda: ctx.rotation.reverse(
-            (g,), ctx.x_dtype),
+        "  the reverse's lookup (PlannedRotation.reverse)": lambda: ctx.rotation.reverse((g,)),
         "  its run": lambda: rev.run((g,), saved),
         "trivial Function's backward under no_grad": no_grad(
             lambda: trivial.__self__.backward(yt.grad_fn, g)),     # trivial: the class's apply
