@@ -7,7 +7,8 @@ At decode size (s=1, b=64, h=32, d=128, bf16, sbhd, one tensor) it times, in µs
 call (best of --rounds rounds of --calls calls back to back), what a forward with grad and a
 backward of `ropelib.apply_rope` spend outside the kernel: the public function whole, each step of
 its cached route (`ropelib.eager`), `Rotate.backward` under no_grad (as autograd's engine runs
-it), and a trivial autograd.Function (an empty_like each way) as the floor every Function pays.
+it), a forward+backward whole, and a trivial autograd.Function (an empty_like each way) as the
+floor every Function pays.
 The launches are replaced by nothing, so the numbers are ropelib's own Python and PyTorch calls;
 `benchmarks/autograd_host_probe.py` times the launches and TE beside them on a GPU.
 """
@@ -51,7 +52,7 @@ def pieces(device: str) -> dict:
     planned = eager.SIGNATURES.get(sig)
     y = ropelib.apply_rope(xg, freqs)
     ctx = y.grad_fn
-    rev = ctx.rotation.reverse((g,), ctx.x_dtype)
+    rev = ctx.rotation.reverse((g,))
     saved = ctx.saved_tensors
     trivial = function_with(None, "neither")      # empty_like each way, the table saved
     yt = trivial(xg, freqs)
@@ -76,8 +77,7 @@ def pieces(device: str) -> dict:
             x, dtype=x.dtype, memory_format=torch.contiguous_format),
         "trivial Function, forward with grad": lambda: trivial(xg, freqs),
         "Rotate.backward under no_grad": no_grad(lambda: eager.Rotate.backward(ctx, g)),
-        "  the reverse's lookup (PlannedRotation.reverse)": lambda: ctx.rotation.reverse(
-            (g,), ctx.x_dtype),
+        "  the reverse's lookup (PlannedRotation.reverse)": lambda: ctx.rotation.reverse((g,)),
         "  its run": lambda: rev.run((g,), saved),
         "trivial Function's backward under no_grad": no_grad(
             lambda: trivial.__self__.backward(yt.grad_fn, g)),     # trivial: the class's apply
@@ -85,6 +85,10 @@ def pieces(device: str) -> dict:
             y, [xg], [g], retain_graph=True),
         "autograd.grad of the trivial Function's output": lambda: torch.autograd.grad(
             yt, [xg], [g], retain_graph=True),
+        "apply_rope, forward+backward (autograd.grad)": lambda: torch.autograd.grad(
+            ropelib.apply_rope(xg, freqs), [xg], [g]),
+        "trivial Function, forward+backward (autograd.grad)": lambda: torch.autograd.grad(
+            trivial(xg, freqs), [xg], [g]),
     }
 
 

@@ -7,6 +7,7 @@ a plain eager call takes the eager route (ropelib.eager), which keeps the check 
 signature and launches the same kernel directly. Nothing reads a GPU tensor's values unless
 asked to.
 """
+import operator
 from typing import NamedTuple, Optional, Tuple
 
 import torch
@@ -255,11 +256,14 @@ class PlannedCall:
     5-tuple (table, sin, position_ids, cu_seqlens, start_positions)), and what each call must
     still check."""
     __slots__ = ("rotation", "read_slots", "call", "rows", "in_place", "grad", "names", "has_index",
-                 "index_on_host")
+                 "index_on_host", "_reads")
 
     def __init__(self, rotation, read_slots: tuple, call: Call, rows: int, in_place: bool,
                  grad: bool, names):
         self.rotation, self.read_slots, self.rows = rotation, read_slots, rows
+        # the read slots' tensors as a tuple, in one C call (one slot: a slice of one)
+        self._reads = (operator.itemgetter(*read_slots) if len(read_slots) > 1 else
+                       operator.itemgetter(slice(read_slots[0], read_slots[0] + 1)))
         self.in_place, self.grad, self.names = in_place, grad, names
         self.call = call._replace(table=None, sin=None, position_ids=None, cu_seqlens=None,
                                   start_positions=None)   # keeps no tensor
@@ -278,9 +282,15 @@ class PlannedCall:
                     check_qk_in_place(*xs)
                 else:
                     check_in_place(xs[0], self.names[0])
-        reads = [tables_and_index[j] for j in self.read_slots]
+        reads = self._reads(tables_and_index)
         if self.grad:
-            out = eager.rotate(self.rotation, len(xs), *xs, *map(saveable, reads))
+            for t in reads:     # (saveable's test: a plain eager call is never compiling)
+                if t.is_inference():
+                    reads = tuple(map(saveable, reads))
+                    break
+            out = eager.rotate(self.rotation, len(xs), *xs, *reads)
+            if not self.in_place:
+                return out
             outs = out if isinstance(out, tuple) else (out,)
         else:
             outs = self.rotation.run(xs, reads)

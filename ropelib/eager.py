@@ -47,9 +47,12 @@ TABLE_ROWS_KEPT = 4       # the two-pass route's cos/sin rows kept between eager
 TABLE_ROWS_BYTES = 256 << 20    # at most this many bytes of them
 
 
+_PEEK_INTERPRETER_STACK = getattr(torch._C._functorch, "peek_interpreter_stack", None)
+_CONTIGUOUS = torch.contiguous_format
+
+
 def _functorch_active() -> bool:
-    peek = getattr(torch._C._functorch, "peek_interpreter_stack", None)
-    return peek is not None and peek() is not None
+    return _PEEK_INTERPRETER_STACK is not None and _PEEK_INTERPRETER_STACK() is not None
 
 
 def active() -> bool:
@@ -89,9 +92,7 @@ class Signatures:
     def __init__(self):
         self.entries = {}
         self.epoch = 0
-
-    def get(self, sig):
-        return self.entries.get(sig)
+        self.get = self.entries.get      # get(sig): the entry or None (the dict's own, no frame)
 
     def put(self, sig, entry):
         if len(self.entries) >= MAX_SIGNATURES:
@@ -313,9 +314,9 @@ class PlannedRotation:
     which kernel pointer reads which of them: (pointer name, index into reads, copy?) where copy
     means "made contiguous first" (what the checks did to that argument).
     """
-    __slots__ = ("launch", "n", "pointer_sources", "out_dtype", "in_place", "backward", "layout",
-                 "whole_grads", "_planned", "_start", "_names", "_pick", "_copies", "_reverses",
-                 "empty")
+    __slots__ = ("launch", "n", "pointer_sources", "x_dtype", "out_dtype", "in_place", "backward",
+                 "layout", "whole_grads", "_planned", "_start", "_names", "_pick", "_copies",
+                 "_reverses", "empty")
 
     def __init__(self, *, xs, outs, table, positions, pointer_sources, out_dtype, in_place,
                  backward, interleaved, layout: str, rows_kept: bool = True):
@@ -328,7 +329,8 @@ class PlannedRotation:
                               layout=layout, k=view(k, layout), k_out=view(k_out, layout),
                               rows_kept=rows_kept)
         self.pointer_sources = tuple(pointer_sources)
-        self.out_dtype, self.in_place = out_dtype, in_place
+        # (the signature's: xs of every call have this dtype, and gradients the outputs')
+        self.x_dtype, self.out_dtype, self.in_place = xs[0].dtype, out_dtype, in_place
         self.backward, self.layout = backward, layout
         # One table per axis is read by the two-pass route only, which takes q and k together
         # and contiguous: its reverse needs every gradient (zeros for an output outside the
@@ -365,44 +367,58 @@ class PlannedRotation:
 
     def run(self, xs: tuple, reads: tuple) -> tuple:
         """Rotate xs eagerly, outside autograd: returns the outputs (xs when in place)."""
-        outs = xs if self.in_place else [
-            torch.empty_like(x, dtype=self.out_dtype, memory_format=torch.contiguous_format)
-            for x in xs]
-        if not self.empty:
-            self._launch(xs, outs, reads)
         if self.in_place:
+            if not self.empty:
+                args = (*xs, *reads, None)
+                self._start(self._pick(self._copied(args) if self._copies else args))
             for x in xs:
                 torch.autograd.graph.increment_version(x)
-        return tuple(outs)
+            return xs
+        # (one or two outputs, spelt out: no comprehension's frame on every call)
+        if self.n == 1:
+            outs = (torch.empty_like(xs[0], dtype=self.out_dtype, memory_format=_CONTIGUOUS),)
+        else:
+            q, k = xs
+            outs = (torch.empty_like(q, dtype=self.out_dtype, memory_format=_CONTIGUOUS),
+                    torch.empty_like(k, dtype=self.out_dtype, memory_format=_CONTIGUOUS))
+        if not self.empty:
+            args = (*xs, *outs, *reads, None)
+            self._start(self._pick(self._copied(args) if self._copies else args))
+        return outs
 
     def run_into(self, xs: tuple, outs: tuple, reads: tuple) -> None:
         """Rotate xs into outs of the caller's, with the strides planned for (fresh, or column
         slices of one token-major buffer: `rotate_into`)."""
         if not self.empty:
-            self._launch(xs, outs, reads)
+            args = (*xs, *outs, *reads, None)
+            self._start(self._pick(self._copied(args) if self._copies else args))
 
-    def _launch(self, xs, outs, reads) -> None:
-        # (*xs, outs unless in place, *reads, None): the tuple the kernel's pointers are picked from
-        args = (*xs, *reads, None) if self.in_place else (*xs, *outs, *reads, None)
-        if self._copies:
-            args = tuple(a.contiguous() if i in self._copies else a for i, a in enumerate(args))
-        self._start(self._pick(args))
+    def _copied(self, args: tuple) -> tuple:
+        """args, (*xs, *outs unless in place, *reads, None): the tuple the kernel's pointers are
+        picked from, with the reads the checks made contiguous made so."""
+        return tuple(a.contiguous() if i in self._copies else a for i, a in enumerate(args))
 
-    def reverse(self, grads: tuple, x_dtype) -> "PlannedRotation":
-        """The rotation back, for gradients with these strides (planned once per signature)."""
-        key = tuple(None if g is None else g.stride() for g in grads)
+    def reverse(self, grads: tuple) -> "PlannedRotation":
+        """The rotation back, for gradients with these strides (planned once per signature;
+        their dtype is the outputs', autograd's rule)."""
+        if self.n == 1:     # (the gradient is there: Rotate.backward asks only then)
+            key = grads[0].stride()
+        else:
+            q, k = grads
+            key = (None if q is None else q.stride(), None if k is None else k.stride())
         rev = self._reverses.get(key)
         if rev is None:
-            rev = self._reverses[key] = self._plan_reverse(grads, x_dtype)
+            rev = self._reverses[key] = self._plan_reverse(grads)
         return rev
 
-    def _plan_reverse(self, grads: tuple, x_dtype) -> "PlannedRotation":
+    def _plan_reverse(self, grads: tuple) -> "PlannedRotation":
         table, positions, interleaved = self._planned
         present = [g for g in grads if g is not None]
-        outs = [torch.empty(g.shape, dtype=x_dtype, device=g.device) for g in present]
+        outs = [torch.empty(g.shape, dtype=self.x_dtype, device=g.device) for g in present]
         return PlannedRotation(xs=present, outs=outs, table=table, positions=positions,
-                        pointer_sources=self.pointer_sources, out_dtype=x_dtype, in_place=False,
-                        backward=not self.backward, interleaved=interleaved, layout=self.layout)
+                        pointer_sources=self.pointer_sources, out_dtype=self.x_dtype,
+                        in_place=False, backward=not self.backward, interleaved=interleaved,
+                        layout=self.layout)
 
 
 _READ_POINTERS = ("cos_ptr", "sin_ptr", "position_ids_ptr", "cu_seqlens_ptr")
@@ -486,26 +502,30 @@ class Rotate(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, rotation: PlannedRotation, n: int, *tensors):
-        xs, reads = tensors[:n], tensors[n:]
-        outs = rotation.run(xs, reads)
-        ctx.rotation, ctx.x_dtype = rotation, xs[0].dtype
+        reads = tensors[n:]
+        outs = rotation.run(tensors[:n], reads)
+        ctx.rotation = rotation
         if rotation.whole_grads:
             ctx.outputs = [(o.shape, o.dtype, o.device) for o in outs]
         ctx.save_for_backward(*reads)
-        return outs if len(outs) > 1 else outs[0]
+        return outs[0] if n == 1 else outs
 
     @staticmethod
     def backward(ctx, *grads):
         reads = ctx.saved_tensors
-        if ctx.rotation.whole_grads:
+        rotation = ctx.rotation
+        if rotation.whole_grads:
             grads = tuple(torch.zeros(shape, dtype=dtype, device=device) if g is None
                           else g.contiguous() for g, (shape, dtype, device) in
                           zip(grads, ctx.outputs))
-        every = all(g is not None for g in grads)
+        every = True
+        for g in grads:     # (a loop: all() would build a generator on every call)
+            if g is None:
+                every = False
         present = grads if every else tuple(g for g in grads if g is not None)
         if not present:
             return (None,) * (2 + len(grads) + len(reads))
-        rev = ctx.rotation.reverse(grads, ctx.x_dtype)
+        rev = rotation.reverse(grads)
         if torch.is_grad_enabled():     # create_graph: the backward is itself differentiable
             out = Rotate.apply(rev, len(present), *present, *reads)
             gx = out if isinstance(out, tuple) else (out,)

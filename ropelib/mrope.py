@@ -374,7 +374,7 @@ class _Route:
             self.start(kernel.kernel_pointers(xs[0], outs[0], k, k_out, *used))
         return outs
 
-    def reverse(self, grads: tuple, x_dtype) -> "_Route":
+    def reverse(self, grads: tuple) -> "_Route":
         """The rotation back for gradients with these strides (q's and k's, either None)."""
         key = tuple(None if g is None else g.stride() for g in grads)
         rev = self._reverses.get(key)

@@ -241,6 +241,33 @@ def test_apply_rope_qk_grad_of_one_output_only(seeded):
     assert q.grad is None or torch.count_nonzero(q.grad) == 0
 
 
+def test_a_planned_backward_follows_the_gradients_strides(seeded):
+    """One signature's forward, then gradients of other strides in turn (contiguous, expanded
+    by a sum, permuted) and back: the eager route plans its backward per gradient strides
+    (eager.PlannedRotation.reverse) and gives the operator's bits each time; so does q's and
+    k's backward with either output outside the loss."""
+    freqs = ropelib.rope_freqs(S, D)
+    operator = torch.compile(lambda *t: ropelib.apply_rope(*t, freqs) if len(t) == 1
+                             else ropelib.apply_rope_qk(*t, freqs), backend="eager",
+                             fullgraph=True)
+    x = torch.randn(S, B, H, D, requires_grad=True)
+    grads = [torch.randn(S, B, H, D), torch.ones(()).expand(S, B, H, D),
+             torch.randn(D, H, B, S).permute(3, 2, 1, 0)]
+    for g in grads + grads[::-1]:
+        got, = torch.autograd.grad(ropelib.apply_rope(x, freqs), x, g)
+        want, = torch.autograd.grad(operator(x), x, g)
+        assert torch.equal(got, want)
+    q = torch.randn(S, B, H, D, requires_grad=True)
+    k = torch.randn(S, B, 1, D, requires_grad=True)
+    gq, gk = torch.randn(D, H, B, S).permute(3, 2, 1, 0), torch.randn(S, B, 1, D)
+    for which in ((0, 1), (0,), (1,), (0, 1)):
+        outs, want_outs = ropelib.apply_rope_qk(q, k, freqs), operator(q, k)
+        got = torch.autograd.grad([outs[i] for i in which], (q, k), [(gq, gk)[i] for i in which])
+        want = torch.autograd.grad([want_outs[i] for i in which], (q, k),
+                                   [(gq, gk)[i] for i in which])
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
 # --- RotaryEmbedding ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("layout", ["sbhd", "bshd"])
