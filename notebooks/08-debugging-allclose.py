@@ -622,10 +622,9 @@ assert all(run_row(BITS, v)["numel"] == 1_048_576 for v in PRESET_ROWS.values())
 # %% [markdown]
 # ## 4b. Bit for bit: which change makes the kernel equal TE?
 #
-# **The point: pin the order with `tl.fma`.** One more line makes the fixed kernel equal TE bit for
-# bit: TE's $y = xc + rs$ as one `tl.fma` of a chosen order, so that the compiler cannot pick which
-# product to fuse. Steps a to e find that line, counting the elements whose **bits** differ from
-# TE's.
+# The fixed kernel passes dtype-aware tolerances but, on a GPU, 12 elements still differ from TE.
+# Here you write the line that removes them, and the cells after it prove which change did it,
+# counting the elements whose **bits** differ from TE's output.
 #
 # **What TE computes.** TE's fused kernel (`transformer_engine/common/fused_rope/fused_rope.cu`)
 # does, per element and in fp32,
@@ -650,14 +649,12 @@ assert all(run_row(BITS, v)["numel"] == 1_048_576 for v in PRESET_ROWS.values())
 # fused is the compiler's choice, not the source's. Rounding to bf16 hides most last-bit
 # differences, but not near a midpoint between two bf16 numbers.
 #
-# **The measurements.** The reference run saved TE's outputs and cos/sin and, per variant, the
-# count and the compiled line's PTX, for `BIG` (key `nb_gpu`: bf16, $S = 512$, $B = 2$, $H = 8$,
-# $D = 128$) and `SMALL32` (key `nb_cpu_fp32`: fp32, $S = 32$, $B = 2$, $H = 2$, $D = 32$). Rows
-# are named `line/source`: `free_sub` is the line as written, contraction on (`free_sub-nofuse`:
-# off), `none_rn` rounds every product, `fma_xc` and `fma_rs` are the two fma orders; the source
-# is where sin/cos come from (step b); `debug:` and a preset is section 1's kernel. A count
-# labelled **reference run** is read from the H200's file; **here**, this machine's (on a CPU, the
-# interpreter: it fuses nothing, and its `tl.cos` is NumPy's).
+# **The measurements.** The committed runs saved, for two inputs, TE's output and TE's own cos
+# and sin: `BIG` (bf16, $S = 512$, $B = 2$, $H = 8$, $D = 128$) and `SMALL32` (fp32, $S = 32$,
+# $B = 2$, $H = 2$, $D = 32$), and per variant of the kernel the elements whose bits differ from
+# TE's. Every table and chart below says where each count was measured: on the GPU of a
+# committed run (its name read from the run's file), or **here**, on this machine (on a CPU,
+# Triton's interpreter: it fuses no product, and its `tl.cos` is NumPy's).
 
 # %%
 BIG = debug.te_bits_case(BITS, "nb_gpu")            # bf16, S=512 B=2 H=8 D=128
@@ -671,9 +668,14 @@ assert (META["capability"], META["triton"]) == ("9.0", "3.6.0"), "the text's sm_
 OWN_BIG, OWN_SMALL32 = ((BIG, SMALL32) if OWN_RUN is BITS else
                         (debug.te_bits_case(OWN_RUN, k) for k in ("nb_gpu", "nb_cpu_fp32")))
 LIVE = GPU and debug.te_label(device) == "TE fused"
-print("this machine's counts are checked against: " + (
-    f"the {OWN_RUN['meta']['gpu']} run" if GPU and SAME_ARCH else "the reference run" if not GPU
-    else f"none (compute capability {HERE['capability']}, Triton {HERE['triton']})"))
+# where each count below was measured, as the tables and charts name it
+HERE_NAME = torch.cuda.get_device_name() if GPU else "CPU, Triton interpreter"
+H100_NAME = H100_RUN["meta"]["gpu"]                 # the second committed run's GPU
+REF_COL, H100_COL, HERE_COL = f"{GPU_NAME} run", f"{H100_NAME} run", f"here ({HERE_NAME})"
+print(f"counts measured here: {HERE_NAME}; committed runs against the real TE: {REF_COL} (the "
+      f"reference run), {H100_COL}; here's counts are checked against: " + (
+          f"the {OWN_RUN['meta']['gpu']} run" if GPU and SAME_ARCH else REF_COL if not GPU
+          else f"none (compute capability {HERE['capability']}, Triton {HERE['triton']})"))
 
 
 def ones_then_zeros(S, half):
@@ -695,9 +697,15 @@ def te_side(case):
 
 
 SIDE = {case.key: te_side(case) for case in (BIG, SMALL32)}
-where = f"live {debug.te_label(device)} on this GPU" if LIVE else \
-    f"TE's output as measured on the {GPU_NAME}"
-print(f"compared with: {where}; x and angles hash as on the GPU")
+TE_WHERE = (f"TE run live on this {HERE_NAME}" if LIVE else
+            f"TE's output stored from the {GPU_NAME}")
+print(f"here's counts compare with: {TE_WHERE}; x and angles hash as on the GPU")
+
+
+def case_label(case):
+    """'bf16 S=512 B=2 H=8 D=128': a case's dtype and shape, as the tables name it."""
+    dt = {torch.bfloat16: "bf16", torch.float32: "fp32"}[case.x.dtype]
+    return dt + " S={} B={} H={} D={}".format(*case.x.shape)
 
 # %% [markdown]
 # **The kernel.** One program rotates `BLOCK_ROWS` sbhd rows (row $r$ at position
@@ -772,20 +780,25 @@ def check_bits(case, combine_fn, sincos=SINCOS, table=None, quiet=False, fusion=
     steps = debug.steps_apart(y, te)[differ]
     hist = dict(zip(*(v.tolist() for v in torch.unique(steps, return_counts=True))))
     if not quiet:
-        print(f"{case.key} ({case.x.dtype}): " + ("0 elements differ from TE: bit for bit" if not n
-              else f"{n} of {y.numel():,} elements differ from TE; {case.x.dtype} steps apart "
-                   f"-> count: {hist}"))
+        print(f"{case_label(case)}, run here ({HERE_NAME}), vs {TE_WHERE}: " + (
+            f"0 of {y.numel():,} elements differ: bit for bit" if not n else
+            f"{n} of {y.numel():,} elements differ; {case_label(case).split()[0]} steps apart -> "
+            f"count: {hist}"))
     return {"n": n, "hist": hist, "y": y, "differ": differ}
 
 # %% [markdown]
-# **Exercise — a combine with TE's bits.** Edit `my_combine` until the kernel's output equals
-# TE's bit for bit. `check_bits(BIG, my_combine)` prints how many elements differ from TE and by
-# how many bf16 steps. `tl.fma(a, b, d)` computes $ab + d$ with one rounding; which of the three
-# evaluations above is TE's, let the count tell you.
+# **Exercise — a combine with TE's bits.** The kernel above calls `COMBINE(x1, x2, c, s)` for
+# every pair of every row; `my_combine` below is that function. Edit its two lines until the
+# kernel's output equals TE's bit for bit. `check_bits(BIG, my_combine)` launches the kernel with
+# it and prints how many elements differ from TE and by how many bf16 steps. `tl.fma(a, b, d)`
+# computes $ab + d$ with one rounding; which of the three evaluations above is TE's, let the
+# count tell you.
 #
-# `ex.check_te_combine(my_combine)` grades it with TE's own cos and sin on `BIG`, `SMALL32` and
-# fp32 inputs drawn as it runs; it refuses ropelib's own `@triton.jit` helpers and the worked
-# solution. Both compile with contraction off: nothing is fused that your line does not fuse.
+# `ex.check_te_combine(my_combine)` grades it: it launches its own copy of the kernel with your
+# function, TE's own cos and sin, on `BIG`, `SMALL32` and fp32 inputs drawn as it runs, compiled
+# with contraction off (nothing is fused that your line does not fuse). The answer must be your
+# own code: a function that is, or calls, one of ropelib's own `@triton.jit` functions, the worked
+# solution, or `te_combine` while that name holds the worked solution, is refused.
 
 # %%
 @triton.jit
@@ -805,15 +818,8 @@ solution(ex.solution_te_combine.fn, title="Solution: the combine with TE's bits"
 te_combine = my_combine if combined_by_learner else ex.solution_te_combine
 
 # %% [markdown]
-# **Step a — the kernel as written.** "As written" is not one computation. The reference run's
-# `BIG` rows (elements that differ from TE, of 1,048,576):
-#
-# | row | how the line is evaluated | elements ≠ TE |
-# |---|---|---|
-# | `free_sub-nofuse/tl`: contraction off | every product rounded, $y_{\text{none}}$, as the interpreter does | 17 |
-# | `free_sub/tl`: contraction on, in `te_bits.py`'s copy of the reproduction kernel | the compiler's choice of fma (step e) | 12 |
-# | `emulation:device`: the TE emulation, torch on the GPU | every product rounded | 17 |
-# | `emulation:cpu`: the TE emulation, torch on the CPU | every product rounded, the CPU's cos/sin | 27 |
+# **Step a — the kernel as written.** "As written" is not one computation: the cell runs the
+# line here, then lists the committed runs' rows for the same line, evaluated four ways.
 
 # %%
 @triton.jit
@@ -828,9 +834,22 @@ def gpu_row(case, variant):
 
 
 step_a = check_bits(BIG, as_written)
-print(f"on the {GPU_NAME}: the same line without contraction: "
-      f"{gpu_row(BIG, 'free_sub-nofuse/tl')} elements differ; with contraction on, in the "
-      f"reference run's kernel: {gpu_row(BIG, 'free_sub/tl')}")
+H100_BIG = debug.te_bits_case(H100_RUN, "nb_gpu")
+STEP_A_ROWS = [   # (how the line is evaluated, the committed row)
+    ("the kernel above, contraction off: every product rounded, y_none", "free_sub-nofuse/tl"),
+    ("contraction on, te_bits.py's copy of the reproduction kernel: the compiler's fma "
+     "(step e)", "free_sub/tl"),
+    ("the TE emulation, torch on the GPU: every product rounded", "emulation:device"),
+    ("the TE emulation, torch on the CPU: every product rounded, the CPU's cos/sin",
+     "emulation:cpu")]
+display(HTML(
+    f"<table><tr><th>the line as written, evaluated as</th><th>row in the file</th>"
+    f"<th>{REF_COL}</th><th>{H100_COL}</th></tr>" +
+    "".join(f"<tr><td>{how}</td><td><code>{v}</code></td><td>{gpu_row(BIG, v):,}</td>"
+            f"<td>{gpu_row(H100_BIG, v):,}</td></tr>" for how, v in STEP_A_ROWS) +
+    f"</table><p>Step a: bf16 elements whose bits differ from the real TE's output, of "
+    f"{BIG.x.numel():,} ({case_label(BIG)}), in each committed run; the kernel run here is "
+    f"the line printed above the table.</p>"))
 step_a_free = None                # the line with contraction on: a GPU compiler's choice
 if GPU:                           # (step e reads it)
     step_a_free = check_bits(BIG, as_written, fusion=True, quiet=True)
@@ -842,8 +861,7 @@ elif SAME_ARCH:   # contraction off: the committed run's line without contractio
 assert gpu_row(BIG, "free_sub-nofuse/tl") == gpu_row(BIG, "none_rn/tl") == 17   # the reference run
 assert gpu_row(BIG, "free_sub/tl") == 12
 emu = {v: gpu_row(BIG, v) for v in ("emulation:device", "emulation:cpu")}
-print(f"the TE emulation against the real TE on the {GPU_NAME}: {emu['emulation:device']} "
-      f"elements differ computed with torch on the GPU, {emu['emulation:cpu']} on the CPU")
+assert all(gpu_row(H100_BIG, v) == gpu_row(BIG, v) for _, v in STEP_A_ROWS)   # both runs alike
 assert emu["emulation:device"] == 17, "the text's 17: the emulation, torch on the GPU"
 assert emu["emulation:cpu"] == 27, "the text's 27: the emulation, torch on the CPU"
 
@@ -864,7 +882,7 @@ TABLES = {   # cos/sin tables any machine can make, on the CPU
 GPU_SOURCES = ("tl", "libdevice", "fast", "table_fp32")   # a GPU's (table_fp32: torch on it)
 SOURCE_DOC = {**BITS["sincos_sources"],
               "numpy": "NumPy's cos / sin in fp32 (the interpreter's tl.cos / tl.sin)"}
-MEASURED, FILE = "here", "reference run"        # the "measured" column
+MEASURED, FILE = HERE_COL, REF_COL        # the "measured on" column: here, or the committed run
 
 
 def kernel_cos_sin(case, sincos):
@@ -912,21 +930,27 @@ def source_outputs(src):
 
 fmt_n = lambda v: "—" if v is None else f"{v:,}"   # a count, or "—": none taken
 src_values = {src: source_values(src) for src in (*GPU_SOURCES, "table_cpu_fp32", "numpy")}
-display(HTML("<table><tr><th>cos/sin source</th><th></th><th>cos entries ≠ TE's</th>"
-             "<th>sin entries ≠ TE's</th><th>of</th><th>measured</th></tr>" +
+TE_COS_FROM = "this GPU's TE" if LIVE else f"TE on the {GPU_NAME}"
+display(HTML("<table><tr><th>cos/sin source</th><th>what it is</th><th>cos entries ≠ TE's</th>"
+             "<th>sin entries ≠ TE's</th><th>entries per table</th><th>measured on</th></tr>" +
              "".join(f"<tr><td>{src}</td><td>{SOURCE_DOC[src]}</td>"
                      + "".join(f"<td>{fmt_n(v) if not isinstance(v, str) else v}</td>" for v in r)
-                     + "</tr>" for src, r in src_values.items()) + "</table>"))
+                     + "</tr>" for src, r in src_values.items()) +
+             f"</table><p>Step b, the values: fp32 cos and sin entries ([S, D/2] at "
+             f"{case_label(BIG)}'s angles) whose bits differ from TE's own, read back from "
+             f"{TE_COS_FROM}. A GPU's own sources that this machine cannot run are read from "
+             f"the {REF_COL}.</p>"))
 src_outputs = {src: source_outputs(src) for src in (*GPU_SOURCES, *TABLES)}
-display(HTML(f"<table><tr><th>cos/sin source</th><th>as written, no contraction</th>"
-             f"<th>fma(x, c, rot·s)</th><th>measured</th><th>as written, contraction on: the "
-             f"reference run's kernel</th></tr>" +
+display(HTML(f"<table><tr><th>cos/sin source</th><th>the line as written, contraction off</th>"
+             f"<th>fma(x, c, rot·s): te_combine</th><th>measured on</th><th>as written, "
+             f"contraction on: the reproduction kernel, {REF_COL}</th></tr>" +
              "".join(f"<tr><td>{src}</td><td>{fmt_n(r[0])}</td><td>{fmt_n(r[1])}</td>"
                      f"<td>{r[2]}</td>"
                      f"<td>{fmt_n(BIG.rows.get(f'free_sub/{src}', {}).get('n_differ'))}</td></tr>"
                      for src, r in src_outputs.items()) +
-             f"</table><p>bf16 elements whose bits differ from TE's, of {BIG.x.numel():,}; TE: "
-             f"{'live on this GPU' if LIVE else f'its output stored from the {GPU_NAME}'}</p>"))
+             f"</table><p>Step b, the outputs: elements whose bits differ from TE's, of "
+             f"{BIG.x.numel():,} ({case_label(BIG)}); TE: {TE_WHERE}. —: not measured with "
+             f"that source.</p>"))
 
 same_as_te = [s for s, r in src_values.items() if r[0] == r[1] == 0]
 assert set(same_as_te) == {"tl", "libdevice", "table_fp32"}     # equal to TE's sincosf, bit for bit
@@ -997,6 +1021,9 @@ if SAME_ARCH:
 # %%
 tail = BIG.rows["free_sub/tl"]["ptx_tail"]
 fmas = [ln for ln in tail if ln.startswith("fma.rn.f32")]
+print(f"the line as written, contraction on: the last 16 fp32 PTX instructions, compiled and "
+      f"saved by the {REF_COL} (sm_{META['capability'].replace('.', '')}, Triton "
+      f"{META['triton']})")
 print("\n".join(tail))
 assert len(tail) == 16 and tail[-5:] == [      # the reference run's lines, as the prose reads them
     "mul.f32 \t%r100, %r123, %r99;", "neg.f32 \t%r101, %r100;",
@@ -1124,18 +1151,15 @@ assert llir_sums["_rope_combine_kernel (above)"]["y2"]["first"] == ["x2 * c"]
 # In all four sums the PTX fuses the sum's first operand in the IR, and the reproduction kernel's
 # IR holds $y_2 = x_2 c + x_1 s$ the other way round, so $x_1 s$ is fused
 # (`ropelib.course.nb08_passes` finds LLVM's `Reassociate` pass swapping it). Four sums are not a
-# rule: pin the order with `tl.fma` rather than hope for it.
+# rule, so the source must fix the order: `tl.fma`.
 
 # %% [markdown]
-# **The recipe.** Compute cos/sin in fp32 from the fp32 angles (`tl.cos`/`tl.sin` or libdevice's
-# precise ones, not the fast approximations), do the math in fp32, and write the combine as
-# `tl.fma(x, c, rot * s)`. `debug.Causes(fma=True)` is that line in the reproduction kernel.
-#
-# **The same changes in your copy of section 1, one per row**, from section 1's failure to TE's
-# bits. The reference run's columns are the course's kernel, bf16 at the GPU size and fp32 at the
-# small size; "here" runs your copy on the small fp32 case with TE's own cos/sin wherever a row
-# reads a table; a GPU with TE adds a live bf16 column. To try another order, edit the `USE_FMA`
-# branch or `my_combine`, then rerun section 1's cell and this one.
+# **Which change did it: one change per row.** The same steps in section 1's kernel, from the
+# reported failure to TE's bits. The committed runs are the course's kernel against the real TE
+# on two GPUs, bf16 at the GPU size and fp32 at the small size; "here" runs your copy of section
+# 1's kernel on the small fp32 case, with TE's own cos/sin wherever a row reads a table; a GPU
+# with TE adds your kernel live at the GPU size. To try another order, edit the `USE_FMA` branch
+# or `my_combine`, then rerun section 1's cell and this one.
 
 # %%
 def repro_bits(case, use_fma, from_angles=False, input_dtype_math=False,
@@ -1181,25 +1205,60 @@ if LIVE:   # your section-1 kernel, the reference run's bf16 inputs, against TE 
         y = debug.apply_rotary_pos_emb_triton(BIG.x.to(device), freqs4, "sbhd", causes,
                                               kernel=_rope_repro_kernel)
         live.append(int(debug.bits_differ(y.cpu(), SIDE[BIG.key]["te"]).sum()))
+H100_SMALL32 = debug.te_bits_case(H100_RUN, "nb_cpu_fp32")
+h100_bf16 = [None if v is None else gpu_row(H100_BIG, v) for *_, v in LEDGER]
+h100_small = [None if v is None else H100_SMALL32.rows[v]["n_differ"] for *_, v in LEDGER]
 big_of, small_of = f"of {BIG.x.numel():,}", f"of {SMALL32.x.numel():,}"
+COLUMNS = [   # (header, counts): the committed runs' (the course's kernel), then here's
+    (f"{case_label(BIG)}, {REF_COL} ({big_of})", ref_bf16),
+    (f"{case_label(BIG)}, {H100_COL} ({big_of})", h100_bf16),
+    (f"{case_label(SMALL32)}, {REF_COL} ({small_of})", ref_small),
+    (f"{case_label(SMALL32)}, {H100_COL} ({small_of})", h100_small),
+    (f"{case_label(SMALL32)}, your kernel, {HERE_COL} ({small_of})", yours_bits)]
+if live:
+    COLUMNS.append((f"{case_label(BIG)}, your kernel, live TE, {HERE_COL} ({big_of})", live))
 display(HTML(
-    f"<table><tr><th>your section-1 kernel, one change per row</th>"
-    f"<th>bf16, S=512 B=2 H=8 D=128, {FILE} ({big_of})</th>"
-    f"<th>fp32, S=32 B=2 H=2 D=32, {FILE} ({small_of})</th>"
-    f"<th>fp32, S=32 B=2 H=2 D=32, your kernel, {MEASURED} ({small_of})</th>"
-    + (f"<th>bf16, S=512 B=2 H=8 D=128, your kernel, live on this GPU ({big_of})</th>"
-       if live else "") + "</tr>" +
-    "".join(f"<tr><td>{row[0]}</td><td>{fmt_n(ref_bf16[i])}</td>"
-            f"<td>{fmt_n(ref_small[i])}</td><td>{fmt_n(yours_bits[i])}</td>"
-            + (f"<td>{fmt_n(live[i])}</td>" if live else "") + "</tr>"
-            for i, row in enumerate(LEDGER)) +
-    f"</table><p>elements whose bits differ from TE's output. {FILE}: the course's kernel "
-    f"against the real TE; —: no such row</p>"))
+    "<table><tr><th>the change to section 1's kernel</th>"
+    + "".join(f"<th>{head}</th>" for head, _ in COLUMNS) + "</tr>" +
+    "".join(f"<tr><td>{row[0]}</td>" + "".join(f"<td>{fmt_n(n[i])}</td>" for _, n in COLUMNS)
+            + "</tr>" for i, row in enumerate(LEDGER)) +
+    f"</table><p>Elements whose bits differ from TE's output. The {REF_COL} and {H100_COL} "
+    f"columns: the course's kernel against the real TE; here: {TE_WHERE}; —: no such row in "
+    f"the committed runs.</p>"))
+
+SHORT = ["REPRO: bf16 table, bf16 math", "fp32 table, fp32 math", "FIXED: sin/cos in kernel",
+         "FIXED + fma (te_combine)", "fma, TE's own cos/sin"]
+fig, axes = plt.subplots(1, 2, figsize=(11, 4.4), sharey=True)
+panels = [(case_label(BIG), [c for c in COLUMNS if c[0].startswith(case_label(BIG))]),
+          (case_label(SMALL32), [c for c in COLUMNS if c[0].startswith(case_label(SMALL32))])]
+for ax, (title, cols) in zip(axes, panels):
+    width = 0.8 / len(cols)
+    for k, (head, counts) in enumerate(cols):
+        ys = np.arange(len(LEDGER)) + (k - (len(cols) - 1) / 2) * width
+        vals = [0 if n is None else n for n in counts]
+        ax.barh(ys, vals, height=width, label=head.split(", ", 1)[1].rsplit(" (of", 1)[0])
+        for yv, n in zip(ys, counts):
+            ax.text(max(n or 0, 0) * 1.3 + 0.6, yv, "not run" if n is None else f"{n:,}",
+                    va="center", fontsize=7)
+    ax.set_xscale("symlog", linthresh=1)
+    ax.set_xlim(0, 30 * max(max(n or 0 for n in c) for _, c in cols))
+    ax.set_title(f"{title}: elements ≠ TE, of {cols[0][0].rsplit('of ', 1)[1][:-1]}", fontsize=9)
+    ax.set_xlabel("elements whose bits differ from TE's (symlog; 0: no bar)")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False)
+axes[0].set_yticks(np.arange(len(LEDGER)), SHORT)
+axes[0].invert_yaxis()
+fig.suptitle(f"Which change makes section 1's kernel TE's bit for bit\ncommitted runs on the "
+             f"{GPU_NAME} and the {H100_NAME}; here: {HERE_NAME}", fontsize=10)
+fig.tight_layout()
+fig.savefig(FIGURES / "08-which-change.png", dpi=100)
+plt.show()
 print("your kernel gives the course kernel's counts" if yours_bits == course_bits else
       "your edit changed a count: the asserts below check the course's kernel")
 # the reference run: the source of sin/cos leaves the count, the fma line takes it to 0
 assert ref_bf16 == [320601, 12, 12, 0, None]
 assert ref_small == [573, 573, 573, 0, None]
+assert (h100_bf16, h100_small) == (ref_bf16, ref_small)      # the H100's run: the same counts
+assert [i for i, n in enumerate(ref_bf16) if n == 0] == [3]  # in the runs, only the fma line: 0
 # its fp32 table rows read a torch fp32 table made on the GPU: TE's entries, every bit
 assert all(SMALL32.sincos["table_fp32"][f]["n_differ"] == 0 for f in ("cos", "sin"))
 assert course_bits[4] == 0                       # TE's cos/sin and TE's order: on every machine
@@ -1214,14 +1273,21 @@ elif SAME_ARCH:  # tl.cos is CUDA's sincosf, TE's own, and the compiled code the
         assert live == [gpu_row(OWN_BIG, v) for *_, v in LEDGER[:4]] + [0]
 
 # %% [markdown]
-# **Which change did it.** In the reference run's columns only the fma line reaches 0: on these
-# inputs TE's output is, in every bit, `fma(v_src, v_cos, v_src_rotate * v_sin)`. On a CPU the
-# interpreter rounds every product (990 in the first two rows, where the GPU gives 573) and its
-# sin/cos are NumPy's, so only the last row is 0 on every machine.
+# *The chart: one group of bars per change; each bar the elements whose bits differ from TE's,
+# in a committed run (its GPU in the legend: the course's kernel against the real TE) or here
+# (your kernel); no bar is 0, "not run" a change the committed runs did not measure.*
 #
-# With cos/sin and the math in fp32, the rest is the order of one fused multiply-add, which the
-# compiler may choose differently for two kernels of the same line. **Pin the order with
-# `tl.fma`.** (`benchmarks/repro_contraction.py` takes the first row apart.)
+# In both committed runs only the fma line reaches 0: on these inputs TE's output is, in every
+# bit, `fma(v_src, v_cos, v_src_rotate * v_sin)`. Once sin/cos are TE's `sincosf` (step b), what
+# is left is the order of one fused multiply-add, which the compiler may choose differently for
+# two kernels of the same line. On a CPU the interpreter rounds every product (990 in the first
+# two fp32 rows, where the GPUs give 573) and its sin/cos are NumPy's, so only the last row is 0
+# on every machine.
+#
+# **The recipe.** Cos/sin in fp32 from the fp32 angles (`tl.cos`/`tl.sin` or libdevice's
+# precise ones, not the fast approximations), the math in fp32, and the combine pinned as
+# `tl.fma(x, c, rot * s)`: `debug.Causes(fma=True)` in the reproduction kernel.
+# (`benchmarks/repro_contraction.py` takes the first row apart.)
 
 # %% [markdown]
 # ## 5. Six layout traps — all invisible in the first ten values
