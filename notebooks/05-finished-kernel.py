@@ -1112,86 +1112,30 @@ assert both is None or list(both) == ["worked solution", "ropelib's finished ker
 # bf16 sbhd sizes: the one above, 8 heads instead of 32, $b = 1$ with the same bytes, and 16 tokens
 # of a batch of 64. Each bar goes from the rung before to the rung's median % of copy, its whisker
 # spans the 20 % and 80 % quantiles; a step that run cannot tell from the spread of its calls is
-# hatched.
+# hatched. Under each bar: what the step changed in the launch, read from the run's CSV.
 
 # %%
+# nb05_waterfall reads the run (% of copy: the copy's median time over the kernel's), prints one
+# table a size, and draws the waterfall; this cell keeps the numbers the text reads
+from ropelib.course import nb05_waterfall
+
 LADDER_CSV = measured.path("ladder")
 if LADDER_CSV.exists():
-    meta, rows = measured.load("ladder")
-    # % of copy as the rest of the course reads it: the copy's median time over the kernel's
-    # (the CSV's pct_of_copy divides GB/s whose bytes count the angle table too)
-    share = ladder.copy_share(rows)
-    for r in rows:
-        if r.get("pct_of_copy") is not None:
-            r["pct_of_copy"] = share[r.get("run", 1), r["case"], r["provider"]]
-    print(f"measured on {measured.where(meta)} (driver {meta.get('driver')})")
-    for case in dict.fromkeys(r["case"] for r in rows):
-        rs = [r for r in rows if r["case"] == case]
-        # every size times the providers benchmarks/ladder.py lists, in its order
-        assert [r["provider"] for r in rs] == list(bench.PROVIDERS), case
-        r0 = rs[0]
-        print(f"\n{case}: bf16 sbhd s={r0['seq_len']}, b={r0['batch']}, h={r0['heads']}, "
-              f"d={r0['head_dim']}")
-        print(f"  {'provider':24s} {'grid':>12s} {'warps':>5s} {'µs':>7s} {'20-80 % µs':>15s} "
-              f"{'% copy':>7s} {'20-80 % of copy':>16s}")
-        for r in rs:
-            lo, hi = ladder.pct_range(r)
-            print(f"  {shown(r['provider']):24s} {str(r.get('grid') or ''):>12s} "
-                  f"{str(r.get('num_warps') or ''):>5s} {r['ms'] * 1e3:7.1f} "
-                  f"{r['ms_p20'] * 1e3:7.1f}-{r['ms_p80'] * 1e3:<7.1f} {r['pct_of_copy']:7.1f} "
-                  f"{lo:8.1f}-{hi:<7.1f}")
-    for r in rows:
-        if r.get("pct_of_copy") is not None:
-            assert r["pct_of_copy"] < 110, f"{r['case']}/{r['provider']}: faster than a copy?"
-            assert r["ms_p20"] <= r["ms"] <= r["ms_p80"], (r["case"], r["provider"])
-    # what each step changes in what runs, read from the CSV's launch columns: the programs,
-    # the tile (BLOCK_S x BLOCK_H), B_CHUNK and the warps, against the rung before
-    by = {(r["case"], r["provider"]): r for r in rows}
-    CASES = list(dict.fromkeys(r["case"] for r in rows))
-
-    def launch_cols(r):
-        return {"programs": math.prod(int(g) for g in str(r["grid"]).split("x")),
-                "tile": f"{r['block_s']}x{r['block_h']}", "B_CHUNK": r["chunk"],
-                "warps": r["num_warps"]}
-
-    def what_changed(case, rung):
-        prev = ladder.NAMES[ladder.NAMES.index(rung) - 1]
-        a, b = launch_cols(by[case, prev]), launch_cols(by[case, rung])
-        moved = [f"tile {b['tile']}"] * (a["tile"] != b["tile"]) \
-            + [f"{b['warps']} warps"] * (a["warps"] != b["warps"]) \
-            + [f"B_CHUNK {b['B_CHUNK']}"] * (a["B_CHUNK"] != b["B_CHUNK"])
-        if moved:
-            return ", ".join(moved)
-        # the same launch: what differs is the kernel (with Triton 3.6, rung 5 compiles to
-        # rung 4's machine code: section 4)
-        return {"tile": "same launch, 3-D kernel", "chunks": "same launch, loop bounds",
-                "accurate": "same launch, same code", "equal_halves": "same launch, shortcut"
-                }[rung]
-
-    changed = {case: {n: what_changed(case, n) for n in ladder.NAMES[2:]} for case in CASES}
-    fig = ladder.plot_waterfall(rows, None, names=SHOWN,
-                                title="From the batch-reusing grid to the finished kernel: "
-                                      f"{measured.where(meta)}\nunder each rung: what its step "
-                                      "changed in the launch",
-                                unclear_rule=ladder.within_both_spreads)
-    for ax, case in zip([a for a in fig.axes if a.patches], CASES):   # each panel's own launches
-        drawn = [r["provider"] for r in sorted((r for r in rows if r["case"] == case
-                                                and r["provider"] != "copy"),
-                                               key=lambda r: r["step"])]
-        ax.set_xticks(range(len(drawn)), [shown(n) + (f"\n{changed[case][n]}" if n in
-                                                      changed[case] else "") for n in drawn],
-                      rotation=40, ha="right", fontsize=6.5)
-    fig.tight_layout()
+    meta, rows = nb05_waterfall.read()
+    nb05_waterfall.print_sizes(rows, meta, bench.PROVIDERS, shown)
+    changed = nb05_waterfall.launch_changes(rows)        # {size: {rung: what its step changed}}
+    fig = nb05_waterfall.draw(rows, meta, changed, shown)
     fig.savefig(FIGURES / "05-ladder-waterfall.png", dpi=110)
     plt.show()
-    hatched = {case: ladder.within_both_spreads(rows, case)
-               for case in dict.fromkeys(r["case"] for r in rows)}
+    CASES = list(changed)
+    hatched = {case: ladder.within_both_spreads(rows, case) for case in CASES}
     print("steps smaller than the 20-80 % ranges at their two ends (hatched):", hatched)
     # within the noise: at s = 4096, b = 8 and in the 16-token panel
     assert hatched["s4096-b8"] == ["tile", "warps", "accurate"]
     assert hatched["s16-b64"][-3:] == ["chunks", "accurate", "equal_halves"]
 
     # each step in points of a copy, with what it changed in the launch
+    by = {(r["case"], r["provider"]): r for r in rows}
     pct = {key: r["pct_of_copy"] for key, r in by.items()}
     step = {(c, n): pct[c, n] - pct[c, ladder.NAMES[ladder.NAMES.index(n) - 1]]
             for c in CASES for n in ladder.NAMES[1:]}
@@ -1223,7 +1167,7 @@ if LADDER_CSV.exists():
                       for n, v in q16.items()))
     assert [said(q16["chunks"][k], 1) for k in ("ms_p20", "ms")] == ["13.2", "51.5"]
     assert [said(q16["warps"][k], 1) for k in ("ms_p20", "ms_p80")] == ["40.7", "41.9"]
-    assert round(q16["warps"]["ms_p20"] / q16["chunks"]["ms_p20"]) == 3          # "threefold"
+    assert round(q16["warps"]["ms_p20"] / q16["chunks"]["ms_p20"]) == 3   # a fast population
     assert q16["chunks"]["ms"] > q16["warps"]["ms_p80"]     # its median: among the slow calls
     # ... and the accurate rung, the chunks rung's launch and code, "gains" 35.6 points
     assert said(step["s16-b64", "accurate"], 1) == "35.6"
@@ -1233,13 +1177,12 @@ else:
           "(about a minute). Nothing is drawn until then.")
 
 # %% [markdown]
-# Between runs a kernel moves more than within one (A.5).
-#
 # ### Which steps hold from one process to the next
 #
-# Ten fresh H100 processes each timed every size's rungs in a shuffled order. The next cell reads
-# every step once per process, against that process's own copy, and calls a step *measured* where
-# all ten agree on its sign: with no real step behind it, ten coin flips agree once in 512.
+# Between runs a kernel moves more than within one (A.7). Ten fresh H100 processes each timed
+# every size's rungs in a shuffled order. The next cell reads every step once per process, against
+# that process's own copy, and calls a step *measured* where all ten agree on its sign: with no
+# real step behind it, ten coin flips agree once in 512.
 
 # %%
 import statistics
@@ -1286,15 +1229,15 @@ warps_h100 = {r["provider"]: r["num_warps"] for r in RUNS if r["case"] == c1 and
 assert (warps_h100["tile"], warps_h100["warps"], warps_h100["chunks"]) == (4, 16, 4)
 
 # %% [markdown]
-# **What the runs show.** At $b = 1$ every step that changes the launch or the code holds in every
-# H100 process, with the H200 run's sign; at 16 tokens the chunks and equal-halves steps hold in
-# every one. At $s = 4096$, $b = 8$ the ladder barely climbs after the heads rung: no H100 step
-# moves by more than 0.6 points between processes. The GPUs run different tiles, so a step
-# measured on one GPU is that GPU's.
+# **What each rung buys.** At $b = 1$ every step that changes the launch or the code holds in
+# every H100 process, with the H200 run's sign; at 16 tokens the chunks and equal-halves steps do.
+# At $s = 4096$, $b = 8$ the ladder barely climbs after the heads rung: no H100 step moves by more
+# than 0.6 points between processes. The GPUs run different tiles, so a step measured on one GPU
+# is that GPU's.
 #
-# | rung | $s = 4096$, $b = 8$: H200 / H100 | $s = 32768$, $b = 1$: H200 / H100 | what changed |
+# | rung | $s = 4096$, $b = 8$: H200 / H100 | $s = 32768$, $b = 1$: H200 / H100 | what changed (profiles: A.1, A.2) |
 # |---|---|---|---|
-# | tile of heads | the big step / +12.2 | +58.6 on the H100 | programs, work per program, bytes asked for at once (A.1) |
+# | tile of heads | the big step / +12.2 | +58.6 on the H100 | programs, work per program, bytes asked for at once |
 # | tile (3-D form) | −0.1 / −0.0 | −5.9 / −6.6 | the same launch at $h = 32$; 3 % more instructions |
 # | warps | +1.8 / +2.8 | −29.6 / −16.1 | more warps; at $b = 1$ each sin/cos evaluated by more threads |
 # | chunks | −3.0 (one run) / −0.0 | +48.1 / +29.0 | $b = 8$: the loop bounds only; $b = 1$: a tile that evaluates each sin/cos once |
@@ -1302,25 +1245,11 @@ assert (warps_h100["tile"], warps_h100["warps"], warps_h100["chunks"]) == (4, 16
 # | equal halves | +5.5 (one run) / +0.3 | +4.9 / +1.5 | fewer instructions, which pay at $b = 1$ |
 # | finished kernel | −1.5 / −0.2 | +2.7 / +0.9 | 7 % more instructions; at $b = 1$ `x` loaded first |
 #
-# The H200's $b = 8$ steps −3.0 (chunks) and +5.5 (equal halves) are one run's and unconfirmed:
-# the ten H100 processes give −0.0 and +0.3. A.1 reads them as DRAM writes: the profile counts
-# 16.1 MB more writes in the chunks rung than in the warps rung, whose code has the same stores,
-# and 16.4 MB fewer in equal halves than in rung 5.
-#
-# With no batch loop ($b = 1$), how often each sin/cos is evaluated is the time. Loading `x`
-# first, timed alone, helps at $s = 4096$, $b = 1$ and hurts at $s = 1024$, $b = 8$.
-#
-# **The 16-token panel.** In the H200 run its rungs from `chunks` on measure nothing: their calls
-# fall into a fast and a slow population, and the accurate rung, the same code, "gains" 35.6
-# points. For that panel, read the ten H100 processes.
-
-# %%
-# the mechanism tables, printed; checks_nb05.ladder_claims asserts the numbers the text above
-# states that the waterfall cell does not
-if LADDER_CSV.exists():
-    claims = checks_nb05.ladder_claims(rows, meta, mech, mech_meta, hatched, named,
-                                       sms=SMS_H200, knobs=H200_KNOBS,
-                                       compile_errors=COMPILE_ERRORS)
+# The H200's $b = 8$ steps −3.0 (chunks) and +5.5 (equal halves) are one run's: the ten H100
+# processes give −0.0 and +0.3 (A.1 finds them in the DRAM writes the profiler counts). In the
+# H200 run the 16-token panel measures nothing from `chunks` on: its calls fall into a fast and a
+# slow population, and the accurate rung, the same code, "gains" 35.6 points; read the H100
+# processes there. Why the $b = 1$ steps are so large, the profile below measures.
 
 # %% [markdown]
 # ### Where the rungs spend their cycles
@@ -1436,74 +1365,17 @@ assert [r1(b1[n]["waiting_on_memory"] * b1[n]["issuing"]) for n in ("equal_halve
 #   take 145 to 147 µs while their warp instructions grow by 45 %: the schedulers issue in only
 #   32 % to 46 % of their cycles, so the extra instructions fill idle slots.
 # - **They have about half a copy's warps waiting on memory, and half its warps resident.**
-#   Whether that is the missing speed, the end of this section measures.
+#   Whether that is the missing speed, the end of this section asks.
 # - **At $b = 1$ the heads, tile and warps rungs are paced by their instructions**, every sin and
 #   cos evaluated 16 or 32 times. From the chunks rung on each is evaluated once, and the DRAM
 #   rate climbs towards the copy's.
 
 # %% [markdown]
-# ### How many bytes the finished kernel keeps in flight, at most
+# ### What the last rung leaves: the gap to a copy
 #
-# At $b = 1$ two measurements tighten section 2's bound: the warps waiting on memory per SM, and
-# the bytes a thread loads before its first multiply in the finished kernel compiled for sm_90
-# (`load_schedule` lists its global loads in order; `LDG.E.128` is 8 bf16 of `x`, `LDG.E` one fp32
-# angle). Their product bounds the bytes in flight. The cell compiles the planner's `X_FIRST`
-# order (`x` before the table work) beside the table-first one.
-
-# %%
-SASS_X = re.compile(r"LDG\.E\.128\b")          # 8 bf16 of x
-SASS_ANGLE = re.compile(r"LDG\.E\s")           # one fp32 angle
-try:   # checks_nb05.finished_schedule: launch.plan's launch on the H200, compiled for sm_90
-    lau_b1, sc_b1 = checks_nb05.finished_schedule((32768, 1, 32, 128), SMS_H200, H200_KNOBS)
-    order_sass = {"x first": sc_b1, "table first": checks_nb05.finished_schedule(
-        (32768, 1, 32, 128), SMS_H200, H200_KNOBS, x_first=0)[1]}
-except COMPILE_ERRORS as exc:  # no compiler for this target here: say so
-    order_sass = checks_nb05.compile_failed(exc)
-if order_sass:
-    print(f"sm_90, Triton {triton.__version__}: the finished kernel at s=32768 b=1, grid "
-          f"{lau_b1.grid}, {lau_b1.num_warps} warps, X_FIRST={lau_b1.args['X_FIRST']} as planned")
-    x_early = {}
-    for label, sc in order_sass.items():
-        xs = [i for i, ins in sc["loads"] if SASS_X.search(ins)]
-        angles = [i for i, ins in sc["loads"] if SASS_ANGLE.search(ins)]
-        x_early[label] = sum(i < sc["first_math"] for i in xs)
-        print(f"  {label:12s} {sc['registers']} registers; angles at {angles}, x at {xs}, "
-              f"first multiply at {sc['first_math']}: {x_early[label]} of {len(xs)} x loads "
-              "before it")
-    # the profiled launch: the planner's X_FIRST, on the grid and warps Nsight Compute saw
-    m1 = measured.mechanism("s32768-b1")["ropelib"]
-    assert lau_b1.args["X_FIRST"] == 1
-    assert ("x".join(map(str, lau_b1.grid)), lau_b1.num_warps) == (m1["grid"], m1["num_warps"]), \
-        f"planned grid {lau_b1.grid} on {lau_b1.num_warps} warps; profiled {m1['grid']}"
-    assert x_early["x first"] > x_early["table first"]
-    if triton.__version__.startswith(("3.6", "3.9")):          # the counts the text gives
-        assert x_early["x first"] == 8, f"x first: {x_early['x first']} of 8 x loads early"
-        assert x_early["table first"] == 0, f"table first: {x_early['table first']} x loads early"
-    # an upper bound on the bytes in flight at b = 1: every warp the stall profile finds waiting
-    # on memory (4 schedulers an SM) with all of its loads before the first multiply out
-    early_bytes = sum(load_schedule.access_bytes(ins) for i, ins in order_sass["x first"]["loads"]
-                      if i < order_sass["x first"]["first_math"])
-    fin_b1 = prof["s32768-b1"]["finished"]
-    waiting_b1_sm = fin_b1["waiting_on_memory"] * fin_b1["issuing"] * 4
-    bound_kib = waiting_b1_sm * 32 * early_bytes / 1024
-    print(f"  bytes in flight an SM, at most: {waiting_b1_sm:.1f} warps waiting x "
-          f"{32 * early_bytes} B a warp = {bound_kib:.1f} KiB; section 2's bound from the code "
-          f"{m1['x_kib_per_sm']:.1f} KiB; the loaded floor {need_loaded:.1f} KiB")
-    # tighter than section 2's bound, and still above the loaded floor
-    assert need_loaded < bound_kib < m1["x_kib_per_sm"], (need_loaded, bound_kib)
-
-# %% [markdown]
-# With `x` first, all eight loads of `x` go out before the first multiply; with the table first,
-# none do. The bound is tighter than section 2's and still far above the need: it cannot show the
-# finished kernel short of bytes in flight.
-
-# %% [markdown]
-# ### Is the gap to a copy the sin/cos?
-#
-# On the H200 the last rung stops 8 to 9 points short of a copy on the 256 MiB tensors.
-# `benchmarks/ladder_table_probe.py` times beside it a copy of rung 6 that loads cos and sin from
-# fp32 tables $[S, D/2]$ instead of evaluating them, all else the same, at four of section 5's
-# sizes.
+# On the H200 rung 6 stops 8 to 9 points short of a copy on the 256 MiB tensors. Is it the
+# sin/cos? `benchmarks/ladder_table_probe.py` times beside rung 6 a copy of it that loads cos and
+# sin from fp32 tables $[S, D/2]$ instead of evaluating them, all else the same, at the four sizes.
 
 # %%
 # benchmarks/results/ladder_table_probe-nvidia-h200.csv, printed; checks_nb05.table_probe asserts
@@ -1512,15 +1384,15 @@ tab = checks_nb05.table_probe()
 
 # %% [markdown]
 # On the three 256 MiB tensors taking the sin/cos out buys 0.7 to 1.5 of the rung's 8 to 9
-# points. On the 8 MiB case (16 tokens, a batch of 64) it buys 17.4 of 27.0 points: there the
-# angles' path is most of the rung's time beyond a copy.
+# points. Only on the 8 MiB case (16 tokens, a batch of 64) does it buy most of the gap, 17.4 of
+# 27.0 points.
 #
 # **A copy on the rung's tile.** `_copy_on_tile_kernel` has rung 6's grid, tile, warps and batch
 # loop, and loads each half of a head's rows of `x` as the rung does, storing them unchanged. On a
 # GPU the cell times it beside `y.copy_(x)` and your rung 6 and prints the **launch's share** of
-# rung 6's gap to a copy, $(1 - \text{tile copy}) / (1 - \text{rung 6})$; the rest is the
-# rotation's. It then times the same copy with `B_CHUNK = 1` (no batch loop) and prints the share
-# of the tile copy's gap that removing the loop closes.
+# rung 6's gap to a copy, $(1 - \text{tile copy}) / (1 - \text{rung 6})$ (the rest is the
+# rotation's), then the same copy with `B_CHUNK = 1`, no batch loop. The committed H200 sweep
+# (`benchmarks/tile_sweep.py`) follows.
 
 # %%
 @triton.jit
@@ -1581,38 +1453,14 @@ assert torch.equal(y_c, x_c)
 f_c = compare.angles(*tile_shape_copy[::3]).view(tile_shape_copy[0], -1).to(device)
 rung6_on_x_c = lambda: launch_final(x_c, f_c, **final_tile(x_c))   # noqa: E731
 check_rung(rung6_on_x_c(), x_c, f_c, "rung 6")
-if GPU:
-    from triton.testing import do_bench
-    t_copy = do_bench(lambda: y_c.copy_(x_c), quantiles=[0.5, 0.2, 0.8])
-    t_tile = do_bench(lambda: copy_on_tile(x_c, y_c), quantiles=[0.5, 0.2, 0.8])
-    t_rung = do_bench(rung6_on_x_c, quantiles=[0.5, 0.2, 0.8])
-    t_noloop = do_bench(lambda: copy_on_tile(x_c, y_c, chunk=1), quantiles=[0.5, 0.2, 0.8])
-    tile_ratio, live_rung = t_copy[0] / t_tile[0], t_copy[0] / t_rung[0]
-    rung_ratio = tab["s4096-b8"]["equal_halves"]["ratio_to_copy"]   # the probe's, committed
-    print(f"y.copy_(x) {t_copy[0] * 1e3:.1f} us; the copy on rung 6's tile "
-          f"{t_tile[0] * 1e3:.1f} us: {tile_ratio:.3f} of a copy; rung 6 {t_rung[0] * 1e3:.1f} us: "
-          f"{live_rung:.3f} (in the probe's run: {rung_ratio:.3f})")
-    if live_rung < 1:   # the share of rung 6's gap to a copy that the copy on its tile has too
-        launch_share = (1 - tile_ratio) / (1 - live_rung)
-        print(f"the launch (tile, batch loop, grid) holds {launch_share:.0%} of rung 6's gap "
-              f"to a copy, (1 - tile copy) / (1 - rung 6); the rotation {1 - launch_share:.0%}")
-    else:
-        print("rung 6 is as fast as a copy here: no gap to share")
-    noloop_ratio = t_copy[0] / t_noloop[0]
-    print(f"the copy on the same tile with B_CHUNK=1 (a grid axis over the batch, no loop): "
-          f"{noloop_ratio:.3f} of a copy: " + (
-              "no faster without the loop, so the loop is not what holds the gap"
-              if noloop_ratio <= tile_ratio else "removing the loop closes "
-              f"{(noloop_ratio - tile_ratio) / max(1 - tile_ratio, 1e-9):.0%} of the tile "
-              "copy's gap"))
-    # the copy with no rotation is not slower than the rung (beyond 0.02 of a copy's speed)
-    assert tile_ratio > live_rung - 0.02, (tile_ratio, live_rung)
-    if compare.gpu_slug() == measured.GPU:  # on the committed sweep's GPU, short of a copy too
-        assert tile_ratio < 0.95, tile_ratio  # (the committed sweep below: 0.913)
+tile_ratio = None       # the copy on the tile, as a fraction of y.copy_(x), timed on a GPU
+if GPU:                 # nb05_gap.time_tile_copy: do_bench of the four, the shares printed
+    from ropelib.course import nb05_gap
+    tile_ratio = nb05_gap.time_tile_copy(x_c, y_c, copy_on_tile, rung6_on_x_c,
+                                         tab["s4096-b8"]["equal_halves"]["ratio_to_copy"])
 else:
     print("Timing needs a GPU: here the cell checks that the kernel copies, and reads the "
           "committed timing below.")
-
 # the committed timing (benchmarks/tile_sweep.py on the H200): this kernel and rung 6 on the
 # same launches, each against y.copy_(x); the shipped launch, and the best of all swept
 sweep_meta, sweep = measured.load("tile_sweep", measured.GPU + "-20261204-1157")
@@ -1639,177 +1487,12 @@ assert said(noloop_b8["tile_copy_ratio"]) == "0.902"                 # not faste
 assert noloop_b8["tile_copy_ratio"] < shipped_b8["tile_copy_ratio"]
 
 # %% [markdown]
-# **How to read it.** A launch's share near one puts the gap in the launch (tile, batch loop,
-# grid), well under one in the rotation (Question 5); a loop's share near zero clears the batch
-# loop. On the **H200** (committed, $s = 4096$, $b = 8$) the copy on rung 6's launch runs at 0.913
-# of `y.copy_(x)` and rung 6 at 0.915: the launch holds the whole gap. Without the loop the same
-# copy runs at 0.902. On your GPU, with its own tile, read the printed lines the same way.
-#
-# ### Is the launch's share residency?
-#
-# Rung 6 has half a copy's warps resident on the H200. `_copy_resident_kernel` is the copy on
-# rung 6's tile with a **persistent grid** of $k$ programs an SM, program $p$ of $P$ walking the
-# rung's tiles $p, p + P, \ldots$. For each $k$ that fits, the cell prints section 2's bound and,
-# on a GPU, the copy's speed. Then three readings: the share of the gap left at rung 6's $k$ that
-# more programs close (under one half: residency is not it); a token count that fills whole waves
-# (a wave: as many programs as all SMs hold at once, notebook 03 §4.2) against $s = 4096$, which
-# ends on a partial one (no faster: the tail is not it); and the share of Exercise 1's two
-# kernels' gap that residency alone explains.
-
-# %%
-@triton.jit
-def _copy_resident_kernel(
-    x_ptr, y_ptr,  # x, y [S, B, H, D] (any strides)
-    S, B, H,  # tokens, batch, heads
-    B_CHUNK,  # batch entries per tile (the last chunk may be shorter)
-    stride_xs, stride_xb, stride_xh, stride_xd,  # x strides, in elements
-    stride_ys, stride_yb, stride_yh, stride_yd,  # y strides, in elements
-    HALF: tl.constexpr,  # D // 2
-    BLOCK_HALF: tl.constexpr,  # next power of two >= HALF
-    BLOCK_S: tl.constexpr,  # tokens per tile
-    BLOCK_H: tl.constexpr,  # heads per tile
-):
-    # grid (P,): program p copies tiles p, p + P, p + 2P, ... of rung 6's grid (axis 0 fastest),
-    # each tile as _copy_on_tile_kernel copies it
-    n_s = tl.cdiv(S, BLOCK_S)
-    n_h = tl.cdiv(H, BLOCK_H)
-    j = tl.arange(0, BLOCK_HALF)  # [BLOCK_HALF]
-    for t in range(tl.program_id(0), n_s * n_h * tl.cdiv(B, B_CHUNK), tl.num_programs(0)):
-        s = (t % n_s) * BLOCK_S + tl.arange(0, BLOCK_S)  # [BLOCK_S]
-        h = (t // n_s % n_h) * BLOCK_H + tl.arange(0, BLOCK_H)  # [BLOCK_H]
-        b_lo = t // (n_s * n_h) * B_CHUNK
-        b_hi = tl.minimum(b_lo + B_CHUNK, B)
-        m = ((s < S)[:, None] & (h < H)[None, :])[:, :, None] & (j < HALF)[None, None, :]
-        x_off = s[:, None, None] * stride_xs + h[None, :, None] * stride_xh + j[None, None, :] * stride_xd
-        y_off = s[:, None, None] * stride_ys + h[None, :, None] * stride_yh + j[None, None, :] * stride_yd
-        for b in range(b_lo, b_hi):
-            xr = x_ptr + x_off + b * stride_xb
-            yr = y_ptr + y_off + b * stride_yb
-            x_a = tl.load(xr, mask=m, other=0.0)
-            x_b = tl.load(xr + HALF * stride_xd, mask=m, other=0.0)
-            tl.store(yr, x_a, mask=m)
-            tl.store(yr + HALF * stride_yd, x_b, mask=m)
-
-
-def copy_resident(x, y, programs):
-    """y = x by `programs` programs walking rung 6's tiles (its plan for x [S, B, H, D])."""
-    S, B, H, D = x.shape
-    p = ladder.plan("equal_halves", S, B, H, D, x.element_size(), *ladder.device_knobs(x))
-    _copy_resident_kernel[(programs,)](x, y, S, B, H, p.chunk, *x.stride(), *y.stride(),
-                                       HALF=D // 2, BLOCK_HALF=triton.next_power_of_2(D // 2),
-                                       BLOCK_S=p.block_s, BLOCK_H=p.block_h,
-                                       num_warps=p.num_warps)
-
-
-resident_programs = nb05_interleaved.programs_per_sm   # (registers, threads) -> programs an SM
-
-
-# the stall profile's residency: rung 6 on 8 warps, 64 registers, 4 programs an SM (H200 run)
-assert (rung6_m["num_warps"], rung6_m["registers"], rung6_m["occ_blocks_per_sm"],
-        rung6_m["occ_limiter"]) == (8, 64, 4, "registers")
-for programs in (1, 2, 3):                    # any number of programs copies every tile once
-    y_c.fill_(float("nan"))
-    copy_resident(x_c, y_c, programs)
-    assert torch.equal(y_c, x_c), programs
-# registers a thread, compiled for sm_90 with this GPU's plan (here: the H200's) at s=4096 b=8
-sms_r, knobs_r = (SM_HERE, KNOBS_HERE) if GPU else (SMS_H200, H200_KNOBS)
-p_r = ladder.plan("equal_halves", 4096, 8, 32, 128, 2, sms_r, knobs_r)
-res_args = {**{k: v for k, v in EX1_ARGS.items() if k != "freqs_ptr"},
-            "B_CHUNK": p_r.chunk, "BLOCK_S": p_r.block_s, "BLOCK_H": p_r.block_h}
-threads_r = 32 * p_r.num_warps
-try:
-    res_regs = load_schedule.schedule(_copy_resident_kernel, res_args,
-                                      num_warps=p_r.num_warps)["registers"]
-    (rung6_sm90,) = ladder.compile_for_gpu(["equal_halves"], sm_count=sms_r, knobs=knobs_r)
-    k6, k_max = (resident_programs(r, threads_r) for r in (rung6_sm90["registers"], res_regs))
-    k_max = max(k_max, k6)
-    k_tile = resident_programs(load_schedule.schedule(_copy_on_tile_kernel, res_args,
-                                                      num_warps=p_r.num_warps)["registers"],
-                               threads_r)             # the copy on rung 6's own grid
-except COMPILE_ERRORS as exc:  # no compiler for this target here: say so
-    k6 = k_max = checks_nb05.compile_failed(exc)
-if k6:
-    print(f"sm_90, Triton {triton.__version__}, {p_r.num_warps} warps a program: rung 6 "
-          f"{rung6_sm90['registers']} registers a thread, {k6} programs an SM; the copy "
-          f"{res_regs}, {k_max}")
-    if not GPU:   # the H200's plan: the H200 run's rung 6 had as many registers and programs
-        assert resident_programs(rung6_m["registers"], threads_r) == rung6_m["occ_blocks_per_sm"]
-        assert k_max > k6
-        if triton.__version__.startswith("3.6"):
-            assert k6 == 4
-    # section 2's bound for k programs an SM: each thread with its batch step's x loads out
-    # (both halves of its part of the [BLOCK_S, BLOCK_H, D/2] tile, 2 bytes an element)
-    step_bytes = 2 * 2 * p_r.block_s * p_r.block_h * 64 // threads_r    # 64: D/2 at d = 128
-    bound_k = {k: k * threads_r * step_bytes / 1024 for k in range(1, k_max + 1)}
-    print(f"bytes of loads in flight an SM, at most ({step_bytes} B a thread a step): "
-          + ", ".join(f"k = {k}: {v:.0f} KiB" for k, v in bound_k.items())
-          + f"; section 2's floors (H200): {need_idle:.1f} KiB idle, {need_loaded:.1f} loaded")
-    if not GPU:   # the H200's plan against the H200's floors: one program an SM below the
-        assert bound_k[1] < need_loaded < bound_k[k6]    # loaded floor, rung 6's k above it
-    # the tail: the copy on rung 6's grid, k_tile programs an SM, ends on a partial wave
-    waves = math.prod(p_r.grid) / (sms_r * k_tile)
-    per_token = math.prod(p_r.grid) // triton.cdiv(4096, p_r.block_s)   # programs a BLOCK_S
-    S_whole = math.ceil(waves) * sms_r * k_tile // per_token * p_r.block_s
-    print(f"the copy on rung 6's grid: {k_tile} programs an SM, {math.prod(p_r.grid):,} programs "
-          f"= {waves:.2f} waves on {sms_r} SMs; s = {S_whole} fills {math.ceil(waves)} whole ones")
-if GPU and k6:
-    from triton.testing import do_bench
-    t_copy = do_bench(lambda: y_c.copy_(x_c), quantiles=[0.5, 0.2, 0.8])[0]
-    print(f"y.copy_(x) {t_copy * 1e3:.1f} us; the copy on rung 6's tile with k programs an SM "
-          f"(grid k x {SM_HERE}), as a fraction of it (on rung 6's own grid: {tile_ratio:.3f})")
-    by_k = {}
-    for k in range(1, k_max + 1):
-        t_k = do_bench(lambda: copy_resident(x_c, y_c, k * SM_HERE), quantiles=[0.5, 0.2, 0.8])
-        by_k[k] = t_copy / t_k[0]
-        print(f"  k = {k}: {by_k[k]:.3f}" + ("   <- rung 6's k" if k == k6 else ""))
-    assert torch.equal(y_c, x_c)
-    if k6 > 1:    # one program an SM, its bytes in flight under the loaded floor, is slower
-        assert by_k[1] < by_k[k6], by_k
-    if k_max > k6 and by_k[k6] < 1:
-        closed = (max(by_k[k] for k in range(k6, k_max + 1)) - by_k[k6]) / (1 - by_k[k6])
-        print(f"more programs than rung 6's {k6} close {closed:.0%} of the gap left at {k6}: "
-              + ("residency holds most of it" if closed > 0.5 else
-                 "residency is not what holds it"))
-    else:
-        print(f"no more programs fit than rung 6's {k6}, or no gap is left: nothing to close")
-    # the tail: the copy on the tile at s = S_whole (whole waves) against its own y.copy_(x)
-    x_w = torch.randn(S_whole, *x_c.shape[1:], device=device, dtype=x_c.dtype)
-    y_w = torch.empty_like(x_w)
-    p_w = copy_on_tile(x_w, y_w)
-    assert torch.equal(y_w, x_w)
-    if (p_w.block_s, p_w.block_h, p_w.chunk, p_w.num_warps) == \
-            (p_r.block_s, p_r.block_h, p_r.chunk, p_r.num_warps) \
-            and math.prod(p_w.grid) == math.ceil(waves) * sms_r * k_tile:
-        whole = (do_bench(lambda: y_w.copy_(x_w), quantiles=[0.5, 0.2, 0.8])[0]
-                 / do_bench(lambda: copy_on_tile(x_w, y_w), quantiles=[0.5, 0.2, 0.8])[0])
-        print(f"the tail: at s = {S_whole} ({math.ceil(waves)} whole waves) the copy on the tile "
-              f"runs at {whole:.3f} of its own y.copy_(x), at s = 4096 ({waves:.2f}) at "
-              f"{tile_ratio:.3f}: " + (
-                  "no faster in whole waves, so the tail is not what holds the gap"
-                  if whole <= tile_ratio else "whole waves close "
-                  f"{(whole - tile_ratio) / max(1 - tile_ratio, 1e-9):.0%} of the gap"))
-    else:
-        print(f"the tail: s = {S_whole} is planned on another tile or grid ({p_w}): not timed")
-    del x_w, y_w
-    # Exercise 1's two kernels, at the programs an SM their registers allow on this tile
-    k_ex1 = {n: k for n, (_, _, w, k) in (both or {}).items() if w == p_r.num_warps}
-    if ex1_live and len(k_ex1) == 2 and max(k_ex1.values()) <= k_max:
-        k_sol, k_fin = k_ex1["worked solution"], k_ex1["ropelib's finished kernel"]
-        gap = ex1_live["ropelib's finished kernel"] - ex1_live["worked solution"]
-        res_gap = by_k[k_fin] - by_k[k_sol]
-        print(f"Exercise 1: the worked solution holds {k_sol} programs an SM, the finished "
-              f"kernel {k_fin}; the copy at those k: {by_k[k_sol]:.3f} and {by_k[k_fin]:.3f}, "
-              f"{res_gap:+.3f} of a copy against the two kernels' {gap:+.3f}: "
-              + ("the two kernels are level here" if abs(gap) <= 0.01 else
-                 "residency does not explain it" if res_gap * gap <= 0 else
-                 f"residency accounts for {min(res_gap / gap, 1):.0%} of it"))
-else:
-    print("Timing needs a GPU: here the cell checks that the persistent copy copies with 1, 2 "
-          "and 3 programs, and counts the programs an SM holds and their bytes in flight.")
-
-# %% [markdown]
-# The tiles of heads profiled on the H200 (notebook 04's variants and the rungs) ask the same
-# question across occupancies: the best of each batch loop and warp count.
+# On the **H200** the copy on rung 6's launch runs at 0.913 of `y.copy_(x)` and rung 6 at 0.915:
+# the launch holds the whole gap (a share near one; well under one would put it in the rotation,
+# Question 5). Without the batch loop the same copy runs at 0.902, and no copy of the 104 launches
+# swept passes 0.945. On your GPU, with its own tile, read the printed lines the same way. The
+# tiles of heads profiled on the H200 (notebook 04's variants and the rungs) stop at the same
+# place, across occupancies: the best of each batch loop and warp count.
 
 # %%
 # by batch loop and warps a program: the copy's profiled time over the best one's
@@ -1834,7 +1517,9 @@ assert {w for _, w in best} == {1, 2, 4, 8}
 # %% [markdown]
 # Under the H200's profile the best tiles of heads stop at 0.87 to 0.91 of a copy, on 1 to 8
 # warps, with or without a batch loop. The gap is not extra bytes, nor mostly the sin/cos, nor the
-# batch loop; what the flat pass of section 6 has that no swept tile copy has is open (Question 7).
+# batch loop. Appendix A.5 bounds the bytes the finished kernel keeps in flight, and A.6 times
+# whether residency or the last wave's tail holds the gap on your GPU; what the flat pass of
+# section 6 has that no swept tile copy has is open (Question 7).
 #
 # ## 6. Past the finished kernel: two passes for large tensors
 #
@@ -1920,7 +1605,7 @@ assert [said(ratio(tp, c, p)) for c in (s4k, s16k) for p in ("finished", "two-pa
 # %% [markdown]
 # On the H200 at batch 8 the two passes reach the copy; the finished kernel stops at about nine
 # tenths. Besides the launch shape, the flat pass drops the sin/cos, registers and the batch loop
-# (A.6); A.7 shows what it needed to reach the copy.
+# (A.8); A.9 shows what it needed to reach the copy.
 
 
 # %% [markdown]
@@ -2132,7 +1817,22 @@ else:
 # - **The H200's chunks and equal-halves steps in this profile**: the chunks rung counts 16.1 MB
 #   more writes than the warps rung with the same stores in its code, equal halves 16.4 MB fewer
 #   than rung 5.
+# - **Loading `x` first**, timed alone as two variants of the finished kernel, helps at
+#   $s = 4096$, $b = 1$ (0.931 of a copy against 0.892) and hurts at $s = 1024$, $b = 8$
+#   (0.804 against 0.835).
 #
+# The cell below prints the profiles these bullets and section 5's table read, and asserts
+# their numbers.
+
+# %%
+# the mechanism tables, printed; checks_nb05.ladder_claims asserts the numbers the text above
+# states that the waterfall cell does not
+if LADDER_CSV.exists():
+    claims = checks_nb05.ladder_claims(rows, meta, mech, mech_meta, hatched, named,
+                                       sms=SMS_H200, knobs=H200_KNOBS,
+                                       compile_errors=COMPILE_ERRORS)
+
+# %% [markdown]
 # ### A.2 The warp states
 #
 # Every warp state of five kernels at $b = 8$; at $b = 1$ the tile rung's time predicted from its
@@ -2189,10 +1889,229 @@ if compiled:                                        # the layouts compiled in se
             assert lay["threadsPerWarp"][-2] * lay["warpsPerCTA"][-2] == on_heads[c["what"]]
 
 # %% [markdown]
+# ### A.5 How many bytes the finished kernel keeps in flight at $b = 1$, at most
+#
+# At $b = 1$ two measurements tighten section 2's bound: the warps waiting on memory per SM, and
+# the bytes a thread loads before its first multiply in the finished kernel compiled for sm_90
+# (`load_schedule` lists its global loads in order; `LDG.E.128` is 8 bf16 of `x`, `LDG.E` one fp32
+# angle). Their product bounds the bytes in flight. The cell compiles the planner's `X_FIRST`
+# order (`x` before the table work) beside the table-first one.
+
+# %%
+SASS_X = re.compile(r"LDG\.E\.128\b")          # 8 bf16 of x
+SASS_ANGLE = re.compile(r"LDG\.E\s")           # one fp32 angle
+try:   # checks_nb05.finished_schedule: launch.plan's launch on the H200, compiled for sm_90
+    lau_b1, sc_b1 = checks_nb05.finished_schedule((32768, 1, 32, 128), SMS_H200, H200_KNOBS)
+    order_sass = {"x first": sc_b1, "table first": checks_nb05.finished_schedule(
+        (32768, 1, 32, 128), SMS_H200, H200_KNOBS, x_first=0)[1]}
+except COMPILE_ERRORS as exc:  # no compiler for this target here: say so
+    order_sass = checks_nb05.compile_failed(exc)
+if order_sass:
+    print(f"sm_90, Triton {triton.__version__}: the finished kernel at s=32768 b=1, grid "
+          f"{lau_b1.grid}, {lau_b1.num_warps} warps, X_FIRST={lau_b1.args['X_FIRST']} as planned")
+    x_early = {}
+    for label, sc in order_sass.items():
+        xs = [i for i, ins in sc["loads"] if SASS_X.search(ins)]
+        angles = [i for i, ins in sc["loads"] if SASS_ANGLE.search(ins)]
+        x_early[label] = sum(i < sc["first_math"] for i in xs)
+        print(f"  {label:12s} {sc['registers']} registers; angles at {angles}, x at {xs}, "
+              f"first multiply at {sc['first_math']}: {x_early[label]} of {len(xs)} x loads "
+              "before it")
+    # the profiled launch: the planner's X_FIRST, on the grid and warps Nsight Compute saw
+    m1 = measured.mechanism("s32768-b1")["ropelib"]
+    assert lau_b1.args["X_FIRST"] == 1
+    assert ("x".join(map(str, lau_b1.grid)), lau_b1.num_warps) == (m1["grid"], m1["num_warps"]), \
+        f"planned grid {lau_b1.grid} on {lau_b1.num_warps} warps; profiled {m1['grid']}"
+    assert x_early["x first"] > x_early["table first"]
+    if triton.__version__.startswith(("3.6", "3.9")):          # the counts the text gives
+        assert x_early["x first"] == 8, f"x first: {x_early['x first']} of 8 x loads early"
+        assert x_early["table first"] == 0, f"table first: {x_early['table first']} x loads early"
+    # an upper bound on the bytes in flight at b = 1: every warp the stall profile finds waiting
+    # on memory (4 schedulers an SM) with all of its loads before the first multiply out
+    early_bytes = sum(load_schedule.access_bytes(ins) for i, ins in order_sass["x first"]["loads"]
+                      if i < order_sass["x first"]["first_math"])
+    fin_b1 = prof["s32768-b1"]["finished"]
+    waiting_b1_sm = fin_b1["waiting_on_memory"] * fin_b1["issuing"] * 4
+    bound_kib = waiting_b1_sm * 32 * early_bytes / 1024
+    print(f"  bytes in flight an SM, at most: {waiting_b1_sm:.1f} warps waiting x "
+          f"{32 * early_bytes} B a warp = {bound_kib:.1f} KiB; section 2's bound from the code "
+          f"{m1['x_kib_per_sm']:.1f} KiB; the loaded floor {need_loaded:.1f} KiB")
+    # tighter than section 2's bound, and still above the loaded floor
+    assert need_loaded < bound_kib < m1["x_kib_per_sm"], (need_loaded, bound_kib)
+
+# %% [markdown]
+# With `x` first, all eight loads of `x` go out before the first multiply; with the table first,
+# none do. The bound is tighter than section 2's and still far above the need: it cannot show the
+# finished kernel short of bytes in flight.
+
+# %% [markdown]
+# ### A.6 Is the launch's share residency, or the last wave?
+#
+# Rung 6 has half a copy's warps resident on the H200. `_copy_resident_kernel` is the copy on
+# rung 6's tile with a **persistent grid** of $k$ programs an SM, program $p$ of $P$ walking the
+# rung's tiles $p, p + P, \ldots$. For each $k$ that fits, the cell prints section 2's bound and,
+# on a GPU, the copy's speed. Then three readings: the share of the gap left at rung 6's $k$ that
+# more programs close (under one half: residency is not it); a token count that fills whole waves
+# (a wave: as many programs as all SMs hold at once, notebook 03 §4.2) against $s = 4096$, which
+# ends on a partial one (no faster: the tail is not it); and the share of Exercise 1's two
+# kernels' gap that residency alone explains.
+
+# %%
+@triton.jit
+def _copy_resident_kernel(
+    x_ptr, y_ptr,  # x, y [S, B, H, D] (any strides)
+    S, B, H,  # tokens, batch, heads
+    B_CHUNK,  # batch entries per tile (the last chunk may be shorter)
+    stride_xs, stride_xb, stride_xh, stride_xd,  # x strides, in elements
+    stride_ys, stride_yb, stride_yh, stride_yd,  # y strides, in elements
+    HALF: tl.constexpr,  # D // 2
+    BLOCK_HALF: tl.constexpr,  # next power of two >= HALF
+    BLOCK_S: tl.constexpr,  # tokens per tile
+    BLOCK_H: tl.constexpr,  # heads per tile
+):
+    # grid (P,): program p copies tiles p, p + P, p + 2P, ... of rung 6's grid (axis 0 fastest),
+    # each tile as _copy_on_tile_kernel copies it
+    n_s = tl.cdiv(S, BLOCK_S)
+    n_h = tl.cdiv(H, BLOCK_H)
+    j = tl.arange(0, BLOCK_HALF)  # [BLOCK_HALF]
+    for t in range(tl.program_id(0), n_s * n_h * tl.cdiv(B, B_CHUNK), tl.num_programs(0)):
+        s = (t % n_s) * BLOCK_S + tl.arange(0, BLOCK_S)  # [BLOCK_S]
+        h = (t // n_s % n_h) * BLOCK_H + tl.arange(0, BLOCK_H)  # [BLOCK_H]
+        b_lo = t // (n_s * n_h) * B_CHUNK
+        b_hi = tl.minimum(b_lo + B_CHUNK, B)
+        m = ((s < S)[:, None] & (h < H)[None, :])[:, :, None] & (j < HALF)[None, None, :]
+        x_off = s[:, None, None] * stride_xs + h[None, :, None] * stride_xh + j[None, None, :] * stride_xd
+        y_off = s[:, None, None] * stride_ys + h[None, :, None] * stride_yh + j[None, None, :] * stride_yd
+        for b in range(b_lo, b_hi):
+            xr = x_ptr + x_off + b * stride_xb
+            yr = y_ptr + y_off + b * stride_yb
+            x_a = tl.load(xr, mask=m, other=0.0)
+            x_b = tl.load(xr + HALF * stride_xd, mask=m, other=0.0)
+            tl.store(yr, x_a, mask=m)
+            tl.store(yr + HALF * stride_yd, x_b, mask=m)
+
+
+def copy_resident(x, y, programs):
+    """y = x by `programs` programs walking rung 6's tiles (its plan for x [S, B, H, D])."""
+    S, B, H, D = x.shape
+    p = ladder.plan("equal_halves", S, B, H, D, x.element_size(), *ladder.device_knobs(x))
+    _copy_resident_kernel[(programs,)](x, y, S, B, H, p.chunk, *x.stride(), *y.stride(),
+                                       HALF=D // 2, BLOCK_HALF=triton.next_power_of_2(D // 2),
+                                       BLOCK_S=p.block_s, BLOCK_H=p.block_h,
+                                       num_warps=p.num_warps)
+
+
+resident_programs = nb05_interleaved.programs_per_sm   # (registers, threads) -> programs an SM
+
+
+# the stall profile's residency: rung 6 on 8 warps, 64 registers, 4 programs an SM (H200 run)
+assert (rung6_m["num_warps"], rung6_m["registers"], rung6_m["occ_blocks_per_sm"],
+        rung6_m["occ_limiter"]) == (8, 64, 4, "registers")
+for programs in (1, 2, 3):                    # any number of programs copies every tile once
+    y_c.fill_(float("nan"))
+    copy_resident(x_c, y_c, programs)
+    assert torch.equal(y_c, x_c), programs
+# registers a thread, compiled for sm_90 with this GPU's plan (here: the H200's) at s=4096 b=8
+sms_r, knobs_r = (SM_HERE, KNOBS_HERE) if GPU else (SMS_H200, H200_KNOBS)
+p_r = ladder.plan("equal_halves", 4096, 8, 32, 128, 2, sms_r, knobs_r)
+res_args = {**{k: v for k, v in EX1_ARGS.items() if k != "freqs_ptr"},
+            "B_CHUNK": p_r.chunk, "BLOCK_S": p_r.block_s, "BLOCK_H": p_r.block_h}
+threads_r = 32 * p_r.num_warps
+try:
+    res_regs = load_schedule.schedule(_copy_resident_kernel, res_args,
+                                      num_warps=p_r.num_warps)["registers"]
+    (rung6_sm90,) = ladder.compile_for_gpu(["equal_halves"], sm_count=sms_r, knobs=knobs_r)
+    k6, k_max = (resident_programs(r, threads_r) for r in (rung6_sm90["registers"], res_regs))
+    k_max = max(k_max, k6)
+    k_tile = resident_programs(load_schedule.schedule(_copy_on_tile_kernel, res_args,
+                                                      num_warps=p_r.num_warps)["registers"],
+                               threads_r)             # the copy on rung 6's own grid
+except COMPILE_ERRORS as exc:  # no compiler for this target here: say so
+    k6 = k_max = checks_nb05.compile_failed(exc)
+if k6:
+    print(f"sm_90, Triton {triton.__version__}, {p_r.num_warps} warps a program: rung 6 "
+          f"{rung6_sm90['registers']} registers a thread, {k6} programs an SM; the copy "
+          f"{res_regs}, {k_max}")
+    if not GPU:   # the H200's plan: the H200 run's rung 6 had as many registers and programs
+        assert resident_programs(rung6_m["registers"], threads_r) == rung6_m["occ_blocks_per_sm"]
+        assert k_max > k6
+        if triton.__version__.startswith("3.6"):
+            assert k6 == 4
+    # section 2's bound for k programs an SM: each thread with its batch step's x loads out
+    # (both halves of its part of the [BLOCK_S, BLOCK_H, D/2] tile, 2 bytes an element)
+    step_bytes = 2 * 2 * p_r.block_s * p_r.block_h * 64 // threads_r    # 64: D/2 at d = 128
+    bound_k = {k: k * threads_r * step_bytes / 1024 for k in range(1, k_max + 1)}
+    print(f"bytes of loads in flight an SM, at most ({step_bytes} B a thread a step): "
+          + ", ".join(f"k = {k}: {v:.0f} KiB" for k, v in bound_k.items())
+          + f"; section 2's floors (H200): {need_idle:.1f} KiB idle, {need_loaded:.1f} loaded")
+    if not GPU:   # the H200's plan against the H200's floors: one program an SM below the
+        assert bound_k[1] < need_loaded < bound_k[k6]    # loaded floor, rung 6's k above it
+    # the tail: the copy on rung 6's grid, k_tile programs an SM, ends on a partial wave
+    waves = math.prod(p_r.grid) / (sms_r * k_tile)
+    per_token = math.prod(p_r.grid) // triton.cdiv(4096, p_r.block_s)   # programs a BLOCK_S
+    S_whole = math.ceil(waves) * sms_r * k_tile // per_token * p_r.block_s
+    print(f"the copy on rung 6's grid: {k_tile} programs an SM, {math.prod(p_r.grid):,} programs "
+          f"= {waves:.2f} waves on {sms_r} SMs; s = {S_whole} fills {math.ceil(waves)} whole ones")
+if GPU and k6:
+    from triton.testing import do_bench
+    t_copy = do_bench(lambda: y_c.copy_(x_c), quantiles=[0.5, 0.2, 0.8])[0]
+    print(f"y.copy_(x) {t_copy * 1e3:.1f} us; the copy on rung 6's tile with k programs an SM "
+          f"(grid k x {SM_HERE}), as a fraction of it (on rung 6's own grid: {tile_ratio:.3f})")
+    by_k = {}
+    for k in range(1, k_max + 1):
+        t_k = do_bench(lambda: copy_resident(x_c, y_c, k * SM_HERE), quantiles=[0.5, 0.2, 0.8])
+        by_k[k] = t_copy / t_k[0]
+        print(f"  k = {k}: {by_k[k]:.3f}" + ("   <- rung 6's k" if k == k6 else ""))
+    assert torch.equal(y_c, x_c)
+    if k6 > 1:    # one program an SM, its bytes in flight under the loaded floor, is slower
+        assert by_k[1] < by_k[k6], by_k
+    if k_max > k6 and by_k[k6] < 1:
+        closed = (max(by_k[k] for k in range(k6, k_max + 1)) - by_k[k6]) / (1 - by_k[k6])
+        print(f"more programs than rung 6's {k6} close {closed:.0%} of the gap left at {k6}: "
+              + ("residency holds most of it" if closed > 0.5 else
+                 "residency is not what holds it"))
+    else:
+        print(f"no more programs fit than rung 6's {k6}, or no gap is left: nothing to close")
+    # the tail: the copy on the tile at s = S_whole (whole waves) against its own y.copy_(x)
+    x_w = torch.randn(S_whole, *x_c.shape[1:], device=device, dtype=x_c.dtype)
+    y_w = torch.empty_like(x_w)
+    p_w = copy_on_tile(x_w, y_w)
+    assert torch.equal(y_w, x_w)
+    if (p_w.block_s, p_w.block_h, p_w.chunk, p_w.num_warps) == \
+            (p_r.block_s, p_r.block_h, p_r.chunk, p_r.num_warps) \
+            and math.prod(p_w.grid) == math.ceil(waves) * sms_r * k_tile:
+        whole = (do_bench(lambda: y_w.copy_(x_w), quantiles=[0.5, 0.2, 0.8])[0]
+                 / do_bench(lambda: copy_on_tile(x_w, y_w), quantiles=[0.5, 0.2, 0.8])[0])
+        print(f"the tail: at s = {S_whole} ({math.ceil(waves)} whole waves) the copy on the tile "
+              f"runs at {whole:.3f} of its own y.copy_(x), at s = 4096 ({waves:.2f}) at "
+              f"{tile_ratio:.3f}: " + (
+                  "no faster in whole waves, so the tail is not what holds the gap"
+                  if whole <= tile_ratio else "whole waves close "
+                  f"{(whole - tile_ratio) / max(1 - tile_ratio, 1e-9):.0%} of the gap"))
+    else:
+        print(f"the tail: s = {S_whole} is planned on another tile or grid ({p_w}): not timed")
+    del x_w, y_w
+    # Exercise 1's two kernels, at the programs an SM their registers allow on this tile
+    k_ex1 = {n: k for n, (_, _, w, k) in (both or {}).items() if w == p_r.num_warps}
+    if ex1_live and len(k_ex1) == 2 and max(k_ex1.values()) <= k_max:
+        k_sol, k_fin = k_ex1["worked solution"], k_ex1["ropelib's finished kernel"]
+        gap = ex1_live["ropelib's finished kernel"] - ex1_live["worked solution"]
+        res_gap = by_k[k_fin] - by_k[k_sol]
+        print(f"Exercise 1: the worked solution holds {k_sol} programs an SM, the finished "
+              f"kernel {k_fin}; the copy at those k: {by_k[k_sol]:.3f} and {by_k[k_fin]:.3f}, "
+              f"{res_gap:+.3f} of a copy against the two kernels' {gap:+.3f}: "
+              + ("the two kernels are level here" if abs(gap) <= 0.01 else
+                 "residency does not explain it" if res_gap * gap <= 0 else
+                 f"residency accounts for {min(res_gap / gap, 1):.0%} of it"))
+else:
+    print("Timing needs a GPU: here the cell checks that the persistent copy copies with 1, 2 "
+          "and 3 programs, and counts the programs an SM holds and their bytes in flight.")
+
+# %% [markdown]
 # ## Appendix: the two-pass route's details
 
 # %% [markdown]
-# ### A.5 The flat pass beside the finished kernel
+# ### A.7 The flat pass beside the finished kernel
 #
 # Section 6's run timed more than it quoted, each as a ratio to a copy of the same bytes: the
 # route forced each way (`finished`; `two-pass` with angles; `two-pass cos/sin`, the flat pass
@@ -2245,7 +2164,7 @@ assert said(100 * lead_b1, 1) == "2.7" and lead_b1 < hi_c - lo_c      # "within 
 # There the route beats the cap a pre-pass on every call would set: the eager route keeps the
 # pre-pass's rows (`TableRows` in `ropelib/eager.py`) for later calls with the same table.
 #
-# ### A.6 What else the flat pass changes
+# ### A.8 What else the flat pass changes
 #
 # Beyond its launch, the flat pass has no sin/cos, no batch loop and fewer registers a thread.
 # torch.compile's kernel (`benchmarks/results/inductor-rope-bf16-sbhd.txt`) is of the same kind:
@@ -2278,7 +2197,7 @@ assert [round(r["ncu_achieved_occupancy_pct"]) for r in (planned_m, fin_m)] == [
 assert [said(r["ncu_warp_inst_per_element"], 2) for r in (planned_m, fin_m)] == ["0.35", "0.31"]
 
 # %% [markdown]
-# ### A.7 Both members of a pair in one thread
+# ### A.9 Both members of a pair in one thread
 #
 # An element-wise flat pass (`rows=fp32`, Exercise 2's design) loads each element of x twice: as
 # its own and as its partner's. `benchmarks/paired_rows_probe.py` times two ways to load less:

@@ -39,6 +39,7 @@ _OLDER = "the page was rendered from an older version of the notebook; "
 # page -> why it is allowed to differ from its notebook for now
 STALE = {stem: _OLDER + _rerender(stem) for stem in (
     "04-batch-reuse-grid-kernel",
+    "05-finished-kernel",
     "08-debugging-allclose",
     "09-rope-in-a-model",
     "11-rope-at-scale",
