@@ -355,6 +355,94 @@ def test_kernel_rejects_blank_and_nothing(capsys):
     assert "no kernel yet" in capsys.readouterr().out
 
 
+
+# --- appendix C: heads per loop step --------------------------------------------------------------
+
+@triton.jit
+def blank_heads_kernel(q_ptr, k_ptr, q_out_ptr, k_out_ptr, pos_ptr, inv_freq_ptr, axis_ptr, T,
+                       HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr,
+                       N_AXES: tl.constexpr, BLOCK_T: tl.constexpr, HPS: tl.constexpr):
+    # your code
+    pass
+
+
+@triton.jit
+def one_head_a_step_kernel(q_ptr, k_ptr, q_out_ptr, k_out_ptr, pos_ptr, inv_freq_ptr, axis_ptr,
+                           T, HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr,
+                           N_AXES: tl.constexpr, BLOCK_T: tl.constexpr, HPS: tl.constexpr):
+    # right values, HPS taken and ignored: one head a loop step
+    HALF: tl.constexpr = D // 2
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    live = (t < T)[:, None]
+    c, s = _angles(pos_ptr, inv_freq_ptr, axis_ptr, t, T, HALF, N_AXES, BLOCK_T)
+    for h in range(HQ):
+        _rotate(q_ptr, q_out_ptr, (t[:, None] * HQ + h) * D, c, s, live, HALF)
+    for h in range(HK):
+        _rotate(k_ptr, k_out_ptr, (t[:, None] * HK + h) * D, c, s, live, HALF)
+
+
+@triton.jit
+def shipped_helper_heads_kernel(q_ptr, k_ptr, q_out_ptr, k_out_ptr, pos_ptr, inv_freq_ptr,
+                                axis_ptr, T, HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr,
+                                N_AXES: tl.constexpr, BLOCK_T: tl.constexpr, HPS: tl.constexpr):
+    # the worked answer's steps, with the angles from the shipped kernel's helper
+    HALF: tl.constexpr = D // 2
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    j = tl.arange(0, HALF)
+    inv = tl.load(inv_freq_ptr + j)
+    ax = tl.load(axis_ptr + j)
+    c, s = _mrope_cos_sin(pos_ptr, inv, ax, t, 0, T, T, 0, 1, BLOCK_T, HALF, N_AXES, tl.float32)
+    c, s = c[:, None, :], s[:, None, :]
+    g = tl.arange(0, HPS)
+    jj = j[None, None, :]
+    for h0 in range(0, HQ, HPS):
+        hh = h0 + g
+        live = (t < T)[:, None, None] & (hh < HQ)[None, :, None]
+        row = (t[:, None, None] * HQ + hh[None, :, None]) * D
+        x1 = tl.load(q_ptr + row + jj, mask=live).to(tl.float32)
+        x2 = tl.load(q_ptr + row + HALF + jj, mask=live).to(tl.float32)
+        tl.store(q_out_ptr + row + jj, x1 * c - x2 * s, mask=live)
+        tl.store(q_out_ptr + row + HALF + jj, x2 * c + x1 * s, mask=live)
+    for h0 in range(0, HK, HPS):
+        hh = h0 + g
+        live = (t < T)[:, None, None] & (hh < HK)[None, :, None]
+        row = (t[:, None, None] * HK + hh[None, :, None]) * D
+        x1 = tl.load(k_ptr + row + jj, mask=live).to(tl.float32)
+        x2 = tl.load(k_ptr + row + HALF + jj, mask=live).to(tl.float32)
+        tl.store(k_out_ptr + row + jj, x1 * c - x2 * s, mask=live)
+        tl.store(k_out_ptr + row + HALF + jj, x2 * c + x1 * s, mask=live)
+
+
+def test_heads_kernel_solution_passes(capsys):
+    assert ex.check_mrope_heads_kernel(learner_copy(ex.solution_mrope_heads_kernel)) is True
+    out = capsys.readouterr().out
+    assert out.startswith("✅ multi-axis RoPE kernel, heads per step: correct on 18 launches")
+
+
+def test_heads_kernel_rejects_blank_and_nothing(capsys):
+    assert ex.check_mrope_heads_kernel(blank_heads_kernel) is False
+    assert "no kernel yet" in capsys.readouterr().out
+    assert ex.check_mrope_heads_kernel(...) is False
+    assert "no kernel yet" in capsys.readouterr().out
+
+
+def test_heads_kernel_refuses_the_shipped_helper(capsys):
+    assert ex.check_mrope_heads_kernel(shipped_helper_heads_kernel, seed=5) is False
+    out = capsys.readouterr().out
+    assert "❌ multi-axis RoPE kernel, heads per step" in out
+    assert "ropelib's _mrope_cos_sin (ropelib/kernels/mrope.py)" in out, out
+
+
+def test_heads_kernel_needs_the_heads_in_one_step(capsys):
+    # right values one head a step: refused on what the first program loads before it stores;
+    # a kernel without HPS at all: refused at once
+    assert ex.check_mrope_heads_kernel(one_head_a_step_kernel, seed=6) is False
+    out = capsys.readouterr().out
+    assert "right values, but the first program loaded" in out and "HPS=2" in out, out
+    assert ex.check_mrope_heads_kernel(learner_copy(ex.solution_mrope_kernel)) is False
+    assert "has no HPS parameter" in capsys.readouterr().out
+
+
 def test_counts_of_both_kernels():
     T, HQ, HK, D, B = 8, 6, 2, 16, 4
     f = mrope.multi_axis_frequencies(D, [2, 3, 3], 1e4)

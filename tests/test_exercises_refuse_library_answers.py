@@ -714,6 +714,8 @@ KERNEL_CHECKS = [
      at_scale.solution_rope_kv_paged_kernel),
     ("11 ex5 check_fp8_store_kernel", at_scale.check_fp8_store_kernel,
      at_scale.solution_fp8_store_kernel),
+    ("10 ex4 check_mrope_heads_kernel", multi_axis.check_mrope_heads_kernel,
+     multi_axis.solution_mrope_heads_kernel),
     ("12 ex1 check_epilogue_kernel", lambda k: qkv_epilogue.check_epilogue_kernel(k, seed=5),
      qkv_teaching._qkv_rope_teaching_kernel),
     ("12 ex1b check_split_epilogue_kernel",

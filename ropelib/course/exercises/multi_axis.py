@@ -27,6 +27,11 @@ count.
     D: tl.constexpr,         # head dim, a power of two, all rotated: pair j is (j, j + D/2)
     N_AXES: tl.constexpr,    # position axes (3 for M-RoPE: time, row, column)
     BLOCK_T: tl.constexpr,   # tokens per program; the grid is (cdiv(T, BLOCK_T),)
+
+The heads exercise (`check_mrope_heads_kernel`, notebook 10's appendix C) takes a kernel of the
+same signature plus `HPS: tl.constexpr` (heads rotated per loop step, a power of two; a step
+past the last head is masked) and checks it the same way at HPS = 1, 2 and 4, at the cases'
+tiles and at 1 token a program.
 """
 from contextlib import nullcontext
 from functools import partial
@@ -44,7 +49,8 @@ from .own_code import (check_cases, fresh_generator, fresh_seed, installed_modul
 
 __all__ = ["check_axis_of_pairs", "solution_axis_of_pairs", "check_text_then_image",
            "solution_text_then_image", "check_mrope_kernel", "solution_mrope_kernel",
-           "launch_mrope", "count_mrope", "KERNEL_CASES"]
+           "check_mrope_heads_kernel", "solution_mrope_heads_kernel", "launch_mrope",
+           "count_mrope", "KERNEL_CASES", "HEADS_PER_STEP_CHECKED"]
 
 
 # --- 1. which axis does frequency pair j follow? ---------------------------------------------
@@ -142,15 +148,18 @@ KERNEL_CASES = (
 
 
 def launch_mrope(kernel, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
-                 freqs: "mrope.AxisFrequencies", BLOCK_T: int, out=None, num_warps: int = 4):
+                 freqs: "mrope.AxisFrequencies", BLOCK_T: int, out=None, num_warps: int = 4,
+                 HPS: Optional[int] = None):
     """Launch a kernel of this module's signature: q [T, HQ, D], k [T, HK, D] contiguous,
-    positions [N_AXES, T] int32 contiguous. Returns (q_out, k_out) (`out`, if given)."""
+    positions [N_AXES, T] int32 contiguous; `HPS` (heads per loop step) for a kernel of the
+    heads exercise. Returns (q_out, k_out) (`out`, if given)."""
     T, HQ, D = q.shape
     q_out, k_out = out if out is not None else (torch.empty_like(q), torch.empty_like(k))
+    heads = {} if HPS is None else {"HPS": HPS}
     kernel[(triton.cdiv(T, BLOCK_T),)](
         q, k, q_out, k_out, positions, freqs.inv_freq, freqs.axis, T,
         HQ=HQ, HK=k.shape[1], D=D, N_AXES=positions.shape[0], BLOCK_T=BLOCK_T,
-        num_warps=num_warps)
+        num_warps=num_warps, **heads)
     return q_out, k_out
 
 
@@ -210,13 +219,30 @@ def check_mrope_kernel(kernel, *, seed: Optional[int] = None) -> bool:
     name = "multi-axis RoPE kernel"
     if not kernel_answer(name, kernel, "the outputs it allocated"):
         return False
+    launches = [(case, case[-1], {}) for case in KERNEL_CASES]
+    ok, counts = _check_launches(name, kernel, launches, seed)
+    if not ok:
+        return False
+    gpu = " and compiled on the GPU" if runtime.on_gpu() else ""
+    print(f"✅ {name}: correct on {len(KERNEL_CASES)} launches in the interpreter{gpu} (M-RoPE, "
+          f"interleaved, 2-D axial; a masked tile; fp32 and bf16), with "
+          f"{_pairs(max(counts) / 2)} per (token, pair) whatever the head count")
+    return True
+
+
+def _check_launches(name, kernel, launches, seed):
+    """Run `kernel` at each (case, BLOCK_T, extra launch arguments) on fresh inputs, in the
+    interpreter (and compiled, on a GPU); compare with ropelib and count its sines and cosines.
+    Returns (passed, sines plus cosines per (token, pair) of each launch)."""
     gen = torch.Generator().manual_seed(fresh_seed() if seed is None else seed)
     on_gpu = runtime.on_gpu()
     counts = []
-    for case in KERNEL_CASES:
-        T, HQ, HK, D, section, style, dtype, BLOCK_T = case
+    for case, BLOCK_T, extra in launches:
+        T, HQ, HK, D, section, style, dtype, _ = case
         label = (f"T={T}, {HQ} q and {HK} k heads, D={D}, {style} {list(section)}, "
-                 f"{str(dtype).replace('torch.', '')}")
+                 f"{str(dtype).replace('torch.', '')}"
+                 + "".join(f", {k}={v}" for k, v in {"BLOCK_T": BLOCK_T, **extra}.items()
+                           if extra))
         # (atol, rtol); fp32 leaves room for multiply-adds in another order, or fused
         tol = (3e-5, 1e-5) if dtype == torch.float32 else (1e-2, 1.6e-2)
         q, k, positions, freqs = _kernel_inputs(case, gen)
@@ -231,16 +257,21 @@ def check_mrope_kernel(kernel, *, seed: Optional[int] = None) -> bool:
             where = "interpreter" if device == "cpu" else "compiled on the GPU"
             lbl = f"{label}, {where}"
             # your own code (on the CPU: ropelib barred, sines and cosines counted)
-            with (count_work() if device == "cpu" else nullcontext()) as counted:
-                ok = launch_on(device, name, lbl, partial(launch_mrope, out=(q_out, k_out)),
+            counting = count_work(q=args[0]) if device == "cpu" else nullcontext()
+            with counting as counted:
+                ok = launch_on(device, name, lbl, partial(launch_mrope, out=(q_out, k_out),
+                                                          **extra),
                                kernel, *args, f, BLOCK_T)
             if not ok:
-                return False
+                return False, counts
             if device == "cpu":
                 work = counted
             if not _compare_outputs(name, lbl, (q_out, k_out), [w.to(device) for w in want],
                                     ((qb, q_pad), (kb, k_pad)), tol):
-                return False
+                return False, counts
+        if "HPS" in extra and not _one_step_first(name, label, work, extra["HPS"], HQ, D,
+                                                  min(BLOCK_T, T)):
+            return False, counts
         covered = work.programs * BLOCK_T * (D // 2)     # (token, pair) slots of its programs
         # one sine plus one cosine per (token, pair) is 2 (a cosine taken as sin(theta + pi/2)
         # too); angles formed twice, or once per head, are 4 or more
@@ -251,12 +282,49 @@ def check_mrope_kernel(kernel, *, seed: Optional[int] = None) -> bool:
                   f"{_pairs(per_slot / 2)} per (token, pair) with {HQ + HK} heads. Form the "
                   "angles once per token, before the loops over the heads, and reuse them for "
                   "every head of q and of k")
-            return False
+            return False, counts
         counts.append(per_slot)
-    gpu = " and compiled on the GPU" if on_gpu else ""
-    print(f"✅ {name}: correct on {len(KERNEL_CASES)} launches in the interpreter{gpu} (M-RoPE, "
-          f"interleaved, 2-D axial; a masked tile; fp32 and bf16), with "
-          f"{_pairs(max(counts) / 2)} per (token, pair) whatever the head count")
+    return True, counts
+
+
+HEADS_PER_STEP_CHECKED = (1, 2, 4)
+
+
+def _one_step_first(name, label, work, hps, HQ, D, tokens) -> bool:
+    """The first program's first step rotates min(HPS, HQ) heads of q at once: it loads that many
+    heads of its tokens before it stores anything."""
+    first = work.loads_before_store.get("q", [0])[0]
+    want = min(hps, HQ) * D * tokens
+    if first == want:
+        return True
+    print(f"❌ {name} ({label}, HPS={hps}): right values, but the first program loaded {first} "
+          f"elements of q before its first store, not {want} ({min(hps, HQ)} head(s) x {D} "
+          f"features x {tokens} token(s)). Rotate HPS heads per loop step, as one "
+          "[BLOCK_T, HPS, D // 2] tile of each half, loaded before it is stored")
+    return False
+
+
+def check_mrope_heads_kernel(kernel, *, seed: Optional[int] = None) -> bool:
+    """The heads exercise: a kernel of this module's signature plus `HPS: tl.constexpr`, the
+    heads it rotates per loop step. Launched at HPS = 1, 2 and 4 (steps past the last head
+    masked: the cases have 1 to 4 heads), at each case's tile and at 1 token a program, as
+    check_mrope_kernel launches: values against ropelib.apply_mrope_qk, angles once per token."""
+    name = "multi-axis RoPE kernel, heads per step"
+    if not kernel_answer(name, kernel, "the outputs it allocated"):
+        return False
+    if "HPS" not in kernel.arg_names:
+        print(f"❌ {name}: the kernel has no HPS parameter; add `HPS: tl.constexpr` (heads "
+              "rotated per loop step) after BLOCK_T")
+        return False
+    launches = [(case, block_t, {"HPS": hps}) for hps in HEADS_PER_STEP_CHECKED
+                for case in KERNEL_CASES for block_t in sorted({case[-1], 1})]
+    ok, counts = _check_launches(name, kernel, launches, seed)
+    if not ok:
+        return False
+    gpu = " and compiled on the GPU" if runtime.on_gpu() else ""
+    print(f"✅ {name}: correct on {len(launches)} launches in the interpreter{gpu} (HPS = "
+          f"{', '.join(map(str, HEADS_PER_STEP_CHECKED))}; tiles of 1 token and more), with "
+          f"{_pairs(max(counts) / 2)} per (token, pair)")
     return True
 
 
@@ -304,3 +372,42 @@ def solution_mrope_kernel(
         x2 = tl.load(k_ptr + row + HALF + j[None, :], mask=live).to(tl.float32)
         tl.store(k_out_ptr + row + j[None, :], x1 * c - x2 * s, mask=live)
         tl.store(k_out_ptr + row + HALF + j[None, :], x2 * c + x1 * s, mask=live)
+
+
+@triton.jit
+def solution_mrope_heads_kernel(
+    q_ptr, k_ptr, q_out_ptr, k_out_ptr, pos_ptr, inv_freq_ptr, axis_ptr, T,  # as above
+    HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, N_AXES: tl.constexpr,
+    BLOCK_T: tl.constexpr,  # tokens per program
+    HPS: tl.constexpr,  # heads rotated per loop step, a power of two
+):
+    HALF: tl.constexpr = D // 2
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)  # [BLOCK_T] this program's tokens
+    j = tl.arange(0, HALF)  # [HALF] pairs
+    inv = tl.load(inv_freq_ptr + j)
+    ax = tl.load(axis_ptr + j)
+    p = tl.zeros((BLOCK_T, HALF), dtype=tl.float32)
+    for a in tl.static_range(N_AXES):
+        p_a = tl.load(pos_ptr + a * T + t, mask=t < T, other=0).to(tl.float32)  # [BLOCK_T]
+        p = tl.where(ax[None, :] == a, p_a[:, None], p)
+    theta = p * inv[None, :]
+    c = tl.cos(theta)[:, None, :]  # [BLOCK_T, 1, HALF]: once per token, for every head
+    s = tl.sin(theta)[:, None, :]
+    g = tl.arange(0, HPS)  # [HPS] the heads of one step
+    jj = j[None, None, :]
+    for h0 in range(0, HQ, HPS):
+        hh = h0 + g
+        live = (t < T)[:, None, None] & (hh < HQ)[None, :, None]  # [BLOCK_T, HPS, 1]
+        row = (t[:, None, None] * HQ + hh[None, :, None]) * D  # [BLOCK_T, HPS, 1]
+        x1 = tl.load(q_ptr + row + jj, mask=live).to(tl.float32)
+        x2 = tl.load(q_ptr + row + HALF + jj, mask=live).to(tl.float32)
+        tl.store(q_out_ptr + row + jj, x1 * c - x2 * s, mask=live)
+        tl.store(q_out_ptr + row + HALF + jj, x2 * c + x1 * s, mask=live)
+    for h0 in range(0, HK, HPS):
+        hh = h0 + g
+        live = (t < T)[:, None, None] & (hh < HK)[None, :, None]
+        row = (t[:, None, None] * HK + hh[None, :, None]) * D
+        x1 = tl.load(k_ptr + row + jj, mask=live).to(tl.float32)
+        x2 = tl.load(k_ptr + row + HALF + jj, mask=live).to(tl.float32)
+        tl.store(k_out_ptr + row + jj, x1 * c - x2 * s, mask=live)
+        tl.store(k_out_ptr + row + HALF + jj, x2 * c + x1 * s, mask=live)
