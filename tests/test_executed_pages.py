@@ -42,6 +42,7 @@ STALE = {stem: _OLDER + _rerender(stem) for stem in (
     "05-finished-kernel",
     "08-debugging-allclose",
     "09-rope-in-a-model",
+    "10-multi-axis-rope",
     "11-rope-at-scale",
     "12-rope-in-the-qkv-projection",
 )}
