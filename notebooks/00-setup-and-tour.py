@@ -478,7 +478,7 @@ if FLOOR:
 # rest is the host's side of the call. That is inferred by subtraction; on a GPU the next cell
 # times the host itself, issuing 300 of each call without waiting for the GPU, beside the same
 # calls replayed from a graph. Where the host's gap is many times the replay's, the host is what
-# separates the two calls. Notebook 07 (section 7) takes the host's part apart.
+# separates the two calls. Notebook 07 (optional part A) takes the host's part apart.
 
 # %%
 import time

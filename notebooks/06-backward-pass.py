@@ -899,7 +899,7 @@ else:
 # shorter, the device sets the pace.
 #
 # `do_bench` need not show that wait: the 256 MiB memset that flushes L2 before each call can
-# let the host get ahead (notebook 07, section 7.3). So *nothing for the host to explain* on the
+# let the host get ahead (notebook 07, A.4). So *nothing for the host to explain* on the
 # `step =` line means only that `do_bench` did not see the host. Where the step exceeds two
 # forwards by more than 10 %, the line prints the share of the excess the device sat idle inside
 # the events; above one half, the host fills it.

@@ -1,5 +1,5 @@
 """Notebook 07's exercise checks: the fixed-cost + bandwidth line, by the normal equations
-(exercise 1), and a call timed three ways, host or device (exercise 2).
+(exercise 1), and a call timed three ways, host or device (exercise 3, optional).
 
 The fit's check accepts a learner's own copy of the worked fit and a fit written differently, and
 refuses the worked fit itself (ropelib's, not the learner's), the libraries' least-squares fits
@@ -185,7 +185,7 @@ def test_the_fit_is_held_to_the_points_it_is_given(capsys):
     assert not measuring.check_fit_time_model(_polyfit, data=data)
 
 
-# --- exercise 2: host or device? ---------------------------------------------------------------
+# --- exercise 3 (optional): host or device? ----------------------------------------------------
 
 import ast  # noqa: E402
 import time  # noqa: E402

@@ -1,4 +1,4 @@
-"""do_bench's timing loop, taken apart (notebook 07, section 7.3).
+"""do_bench's timing loop, taken apart (notebook 07, optional part A.4).
 
 The notebook writes the loop itself out (``dobench_loop``); this module holds the pieces around
 it: the host's time to issue a call, ``do_bench`` with its calls counted, a measure run with

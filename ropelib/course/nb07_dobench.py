@@ -1,6 +1,6 @@
-"""Notebook 07, section 7.3: ``do_bench``'s loop written out, timing the host's side too, and one
-line saying which case of the section's picture (host ahead of the device, or the device waiting
-for it) a provider's loop falls in."""
+"""Notebook 07, optional part A.4: ``do_bench``'s loop written out, timing the host's side too,
+and one line saying which case of the section's picture (host ahead of the device, or the device
+waiting for it) a provider's loop falls in."""
 from __future__ import annotations
 
 import statistics
