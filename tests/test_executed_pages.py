@@ -40,6 +40,7 @@ _OLDER = "the page was rendered from an older version of the notebook; "
 STALE = {stem: _OLDER + _rerender(stem) for stem in (
     "04-batch-reuse-grid-kernel",
     "05-finished-kernel",
+    "07-te-vs-triton-live",
     "08-debugging-allclose",
     "09-rope-in-a-model",
     "10-multi-axis-rope",
