@@ -503,10 +503,11 @@ class Rotate(torch.autograd.Function):
     apply(rotation, reads, *xs): `reads`, the tables and index tensors the kernel reads, come as
     one tuple, not as inputs of their own. They never take a gradient, and autograd does work for
     every tensor input of a Function, both ways (its metadata, its edge, the set of inputs an
-    output is checked against, a None gradient to check on the way back): a forward+backward at
-    decode size paid 2.4 us more with the table as an input (benchmarks/autograd_node_costs.py,
-    a CPU, the launches removed). They are still saved for backward, so changing one in place
-    before backward raises autograd's error as before."""
+    output is checked against, a None gradient to check on the way back): Rotate's
+    forward+backward at decode size cost 1.7 to 2.4 us more with the table as an input
+    (benchmarks/autograd_node_costs.py, a CPU, the launches removed; benchmarks/NOTES.md). They
+    are still saved for backward, so changing one in place before backward raises autograd's
+    error as before."""
 
     @staticmethod
     def forward(ctx, rotation: PlannedRotation, reads: tuple, *xs):
