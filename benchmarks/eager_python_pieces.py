@@ -71,7 +71,7 @@ def pieces(device: str) -> dict:
         "  its lookup (SIGNATURES.get)": lambda: eager.SIGNATURES.get(sig),
         "  the planned call (PlannedCall.__call__)": lambda: planned((xg,), reads),
         "    the autograd.Function (eager.rotate)": lambda: eager.rotate(
-            planned.rotation, 1, xg, freqs),
+            planned.rotation, (freqs,), xg),
         "      its run (output + pointer pick)": lambda: planned.rotation.run((xg,), [freqs]),
         "      torch.empty_like(x, dtype, contiguous)": lambda: torch.empty_like(
             x, dtype=x.dtype, memory_format=torch.contiguous_format),

@@ -288,7 +288,7 @@ class PlannedCall:
                 if t.is_inference():
                     reads = tuple(map(saveable, reads))
                     break
-            out = eager.rotate(self.rotation, len(xs), *xs, *reads)
+            out = eager.rotate(self.rotation, reads, *xs)
             if not self.in_place:
                 return out
             outs = out if isinstance(out, tuple) else (out,)

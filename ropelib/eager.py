@@ -498,17 +498,25 @@ def plan_into(q, q_out, k, k_out, table, sin, position_ids, cu_seqlens, layout, 
 
 
 class Rotate(torch.autograd.Function):
-    """xs -> rotated xs; backward rotates the gradients back (the same route, reversed)."""
+    """xs -> rotated xs; backward rotates the gradients back (the same route, reversed).
+
+    apply(rotation, reads, *xs): `reads`, the tables and index tensors the kernel reads, come as
+    one tuple, not as inputs of their own. They never take a gradient, and autograd does work for
+    every tensor input of a Function, both ways (its metadata, its edge, the set of inputs an
+    output is checked against, a None gradient to check on the way back): Rotate's
+    forward+backward at decode size cost 1.7 to 2.4 us more with the table as an input
+    (benchmarks/autograd_node_costs.py, a CPU, the launches removed; benchmarks/NOTES.md). They
+    are still saved for backward, so changing one in place before backward raises autograd's
+    error as before."""
 
     @staticmethod
-    def forward(ctx, rotation: PlannedRotation, n: int, *tensors):
-        reads = tensors[n:]
-        outs = rotation.run(tensors[:n], reads)
+    def forward(ctx, rotation: PlannedRotation, reads: tuple, *xs):
+        outs = rotation.run(xs, reads)
         ctx.rotation = rotation
         if rotation.whole_grads:
             ctx.outputs = [(o.shape, o.dtype, o.device) for o in outs]
         ctx.save_for_backward(*reads)
-        return outs[0] if n == 1 else outs
+        return outs[0] if len(xs) == 1 else outs
 
     @staticmethod
     def backward(ctx, *grads):
@@ -524,17 +532,17 @@ class Rotate(torch.autograd.Function):
                 every = False
         present = grads if every else tuple(g for g in grads if g is not None)
         if not present:
-            return (None,) * (2 + len(grads) + len(reads))
+            return (None,) * (2 + len(grads))
         rev = rotation.reverse(grads)
         if torch.is_grad_enabled():     # create_graph: the backward is itself differentiable
-            out = Rotate.apply(rev, len(present), *present, *reads)
+            out = Rotate.apply(rev, reads, *present)
             gx = out if isinstance(out, tuple) else (out,)
         else:
             gx = rev.run(present, reads)
         if not every:
             it = iter(gx)
             gx = tuple(next(it) if g is not None else None for g in grads)
-        return (None, None, *gx) + (None,) * len(reads)
+        return (None, None, *gx)
 
 
 def direct_apply(function: type):

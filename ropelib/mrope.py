@@ -408,7 +408,7 @@ def _eager_call(xs: tuple, positions, freqs, layout, interleaved):
         positions, freqs = _positions3(positions), _kernel_freqs(freqs)
     reads = (positions, freqs.inv_freq, freqs.axis)       # what the kernel reads besides xs
     if needs_grad(*xs):
-        return eager.rotate(route, len(xs), *xs, *map(saveable, reads))
+        return eager.rotate(route, tuple(map(saveable, reads)), *xs)
     outs = route.run(xs, reads)
     return outs if len(outs) > 1 else outs[0]
 

@@ -184,11 +184,13 @@ class _NormRotate(torch.autograd.Function):
     as the operator: a backward that would itself be differentiated (create_graph) raises."""
 
     @staticmethod
-    def forward(ctx, route, q, k, w_q, w_k, table, sin, pos):
-        # pos: position ids [B or 1, S] or cu_seqlens, as the route reads them (_index)
+    def forward(ctx, route, reads, q, k, w_q, w_k):
+        # reads: (table, sin, pos), pos the position ids [B or 1, S] or cu_seqlens as the route
+        # reads them (_index); one tuple, not inputs of their own: they take no gradient, and
+        # autograd does work for every tensor input both ways (eager.Rotate)
         ctx.route = route
-        ctx.save_for_backward(q, k, w_q, w_k, table, sin, pos)
-        return route.forward(q, k, w_q, w_k, table, sin, pos)
+        ctx.save_for_backward(q, k, w_q, w_k, *reads)
+        return route.forward(q, k, w_q, w_k, *reads)
 
     @staticmethod
     def backward(ctx, grad_q_out, grad_k_out):
@@ -199,7 +201,7 @@ class _NormRotate(torch.autograd.Function):
         grad_q_out, grad_k_out = output_grads(grad_q_out, grad_k_out, q, k)
         gq, gk, gw_q, gw_k = ctx.route.backward(grad_q_out, grad_k_out, q, k, w_q, w_k, table,
                                                 sin, pos)
-        return None, gq, gk, gw_q.to(w_q.dtype), gw_k.to(w_k.dtype), None, None, None
+        return None, None, gq, gk, gw_q.to(w_q.dtype), gw_k.to(w_k.dtype)
 
 
 # --- argument checks ------------------------------------------------------------------------
@@ -361,7 +363,8 @@ def _run_route(route, q, k, w_q, w_k, table, sin, position_ids, cu_seqlens):
     """The eager route's call (a tracer at work never comes here: eager.active)."""
     pos = _index(position_ids, cu_seqlens)[0]
     if needs_grad(q, k, w_q, w_k):
-        return _norm_rotate(route, q, k, w_q, w_k, saveable(table), saveable(sin), saveable(pos))
+        return _norm_rotate(route, (saveable(table), saveable(sin), saveable(pos)), q, k, w_q,
+                            w_k)
     return route.forward(q, k, w_q, w_k, table, sin, pos)
 
 
