@@ -1,4 +1,4 @@
-"""Live timings taken the way two committed probes took theirs (mid_fwdbwd_probe, host_by_size_probe).
+"""Live timings taken the way two committed probes (mid_fwdbwd, host_by_size) took theirs.
 
 A time measured here sits beside a logged one only when both were taken the same way: the same
 calls, counts, rounds and statistic. ``do_bench``'s median of one call at a time (a 256 MiB
