@@ -54,7 +54,8 @@ def _pos2d(position_ids: Optional[Tensor]) -> Optional[Tensor]:
         else position_ids
 
 
-def _index(position_ids: Optional[Tensor], cu_seqlens: Optional[Tensor]) -> tuple:
+def kernel_positions(position_ids: Optional[Tensor],
+                     cu_seqlens: Optional[Tensor]) -> tuple:
     """(pos, packed) as the kernel reads them: cu_seqlens [N + 1] where given (packed), else
     position ids [B or 1, S] (or None)."""
     if cu_seqlens is not None:
@@ -69,7 +70,7 @@ def qk_norm_rope_op(q: Tensor, k: Tensor, w_q: Tensor, w_k: Tensor, table: Tenso
                     sin: Optional[Tensor], position_ids: Optional[Tensor],
                     cu_seqlens: Optional[Tensor], layout: str, interleaved: bool, eps: float,
                     weight_offset: float) -> Tuple[Tensor, Tensor]:
-    pos, packed = _index(position_ids, cu_seqlens)
+    pos, packed = kernel_positions(position_ids, cu_seqlens)
     args = kernel.readable(q, k, w_q, w_k, table, sin, pos, layout)
     return kernel.Route(*args, layout=layout, interleaved=interleaved, eps=eps,
                         weight_offset=weight_offset, packed=packed).forward(*args)
@@ -99,7 +100,7 @@ def undo_norm_rope(grad_q_out: Tensor, grad_k_out: Tensor, q: Tensor, k: Tensor,
     launcher, as qk_norm_rope's eager route, with what the backward into `into` decides from
     strides decided once (kernel.BackwardInto); the same plans, so the same bits. (The operator's
     own backward, which qk_norm_rope's eager route never calls, makes a Route every call.)"""
-    pos, packed = _index(position_ids, cu_seqlens)
+    pos, packed = kernel_positions(position_ids, cu_seqlens)
     sig = eager.signature(
         ("undo_norm_rope", layout, interleaved, eps, type(eps), weight_offset,
          type(weight_offset)),
@@ -129,10 +130,10 @@ def backward_into(grad_q_out, grad_k_out, q, k, w_q, w_k, table, sin, position_i
                   layout, interleaved, eps, weight_offset, into) -> kernel.BackwardInto:
     """undo_norm_rope's entry for a plain eager call's signature (its arguments as it takes
     them): the eager Route and what its backward into `into` decides from strides. Called as
-    undo_norm_rope calls it, with `pos` as _index makes it, (grad_q, grad_k, gw_q, gw_k) come
-    back, the weights' gradients in fp32 (fp64 for fp64 inputs). A caller that knows the
+    undo_norm_rope calls it, with `pos` as kernel_positions makes it, (grad_q, grad_k, gw_q,
+    gw_k) come back, the weights' gradients in fp32 (fp64 for fp64 inputs). A caller that knows the
     signature already keeps it itself (the QKV projection's backward: qkv_plan.DyStep)."""
-    pos, _ = _index(position_ids, cu_seqlens)
+    pos, _ = kernel_positions(position_ids, cu_seqlens)
     return kernel.BackwardInto(
         _route(q, k, w_q, w_k, table, sin, position_ids, cu_seqlens, layout, interleaved, eps,
                weight_offset),
@@ -172,7 +173,7 @@ def _route(q, k, w_q, w_k, table, sin, position_ids, cu_seqlens, layout, interle
            weight_offset):
     """The eager route of a signature: the operator's kernel.Route, its launches started
     through the direct launcher (eager.EagerLaunch)."""
-    pos, packed = _index(position_ids, cu_seqlens)
+    pos, packed = kernel_positions(position_ids, cu_seqlens)
     return kernel.Route(q, k, w_q, w_k, table, sin, pos, layout=layout,
                         interleaved=interleaved, eps=eps, weight_offset=weight_offset,
                         packed=packed,
@@ -186,8 +187,8 @@ class _NormRotate(torch.autograd.Function):
     @staticmethod
     def forward(ctx, route, reads, q, k, w_q, w_k):
         # reads: (table, sin, pos), pos the position ids [B or 1, S] or cu_seqlens as the route
-        # reads them (_index); one tuple, not inputs of their own: they take no gradient, and
-        # autograd does work for every tensor input both ways (eager.Rotate)
+        # reads them (kernel_positions); one tuple, not inputs of their own: they take no
+        # gradient, and autograd does work for every tensor input both ways (eager.Rotate)
         ctx.route = route
         ctx.save_for_backward(q, k, w_q, w_k, *reads)
         return route.forward(q, k, w_q, w_k, *reads)
@@ -361,7 +362,7 @@ _norm_rotate = eager.direct_apply(_NormRotate)
 
 def _run_route(route, q, k, w_q, w_k, table, sin, position_ids, cu_seqlens):
     """The eager route's call (a tracer at work never comes here: eager.active)."""
-    pos = _index(position_ids, cu_seqlens)[0]
+    pos = kernel_positions(position_ids, cu_seqlens)[0]
     if needs_grad(q, k, w_q, w_k):
         return _norm_rotate(route, (saveable(table), saveable(sin), saveable(pos)), q, k, w_q,
                             w_k)

@@ -309,7 +309,7 @@ class DyStep:
         q_in, k_in = self.inputs(norm_input)
         if self.packed and position_ids is not None:    # (as __init__ gave backward_into)
             position_ids = position_ids[0]
-        pos, _ = ops_qk_norm._index(position_ids, cu_seqlens)   # (as undo_norm_rope reads it)
+        pos, _ = ops_qk_norm.kernel_positions(position_ids, cu_seqlens)  # (undo_norm_rope's)
         _, _, dwq, dwk = self.entry(gq, gk, q_in, k_in, q_norm_weight, k_norm_weight, table,
                                     sin, pos, (dq, dk))
         return dy, dwq.to(q_norm_weight.dtype), dwk.to(k_norm_weight.dtype)
