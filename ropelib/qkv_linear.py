@@ -72,8 +72,8 @@ from .ops import define_op
 from .qkv_checks import (check_norm_weights, check_out_layout, check_projection, checked_heads,
                          checked_position_values, checked_positions, checked_table,
                          resolved_backward, sizes, table_positions, table_view)
-from .qkv_plan import (DyStep, ForwardPlan, PlannedCall, call_signature, forward_plan,
-                       gemm_plan, prepass_plan, row_sets)
+from .qkv_plan import (DyStep, ForwardPlan, PlannedCall, call_signature, dy_layout, dy_with_v,
+                       forward_plan, gemm_plan, prepass_plan, row_sets)
 
 __all__ = ["qkv_rope_linear"]
 
@@ -307,30 +307,14 @@ def _written_dy(grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, x: Tensor, table
     three side by side (torch.cat) moved them twice. position_ids as qkv_rope_linear keeps
     them: [B or 1, S] (packed: [1, T]), what ropelib's RoPE operator reads. x gives the token
     count only."""
-    dy, dq, dk = _dy_with_v(grad_q, grad_k, grad_v, x)
+    dy, dq, dk = dy_with_v(dy_layout(grad_q, grad_k, grad_v, x.numel() // x.shape[-1]),
+                           grad_q, grad_v)
     rotate_into(grad_q, dq, grad_k, dk, table, sin, position_ids, cu_seqlens,
                 "thd" if x.dim() == 2 else "bshd", interleaved, backward=True)
     return dy
 
 
 written_dy = define_op("ropelib::qkv_rotated_dy")(_written_dy)
-
-
-def _dy_with_v(grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, x: Tensor) -> tuple:
-    """(dY [M, N] fresh in the gradients' dtype with v's gradient copied into its columns, and
-    dY's q and k column slices shaped as their gradients, [B, S, H, D] or [T, H, D]), for the
-    backward kernels to store into. Each slice is one as_strided view of dY (token rows N
-    apart, heads D apart): v's gradient is copied in as it comes (bhsd's transposed view too:
-    one copy), with no indexing."""
-    lead = grad_q.shape[:-2]                     # [B, S] or [T]
-    HQ, HK, D = grad_q.shape[-2], grad_k.shape[-2], grad_q.shape[-1]
-    M = x.numel() // x.shape[-1]
-    nq, nk = HQ * D, HK * D
-    N = nq + nk + grad_v.shape[-2] * grad_v.shape[-1]
-    dy = torch.empty((M, N), dtype=grad_q.dtype, device=grad_q.device)
-    rows = (lead[1] * N, N, D, 1) if len(lead) == 2 else (N, D, 1)
-    dy.as_strided(grad_v.shape, rows, nq + nk).copy_(grad_v)
-    return (dy, dy.as_strided(grad_q.shape, rows, 0), dy.as_strided(grad_k.shape, rows, nq))
 
 
 def _written_dy_normed(grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, x: Tensor,
@@ -351,7 +335,8 @@ def _written_dy_normed(grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, x: Tensor
     packed = x.dim() == 2
     if packed and position_ids is not None:
         position_ids = position_ids[0]
-    dy, dq, dk = _dy_with_v(grad_q, grad_k, grad_v, x)
+    dy, dq, dk = dy_with_v(dy_layout(grad_q, grad_k, grad_v, x.numel() // x.shape[-1]),
+                           grad_q, grad_v)
     _, _, dwq, dwk = ops_qk_norm.undo_norm_rope(
         grad_q, grad_k, q_in, k_in, q_norm_weight, k_norm_weight, table, sin, position_ids,
         cu_seqlens, "thd" if packed else "bshd", interleaved, eps, 0.0, into=(dq, dk))

@@ -243,16 +243,40 @@ class ForwardPlan:
         return step
 
 
+def dy_layout(gq: Tensor, gk: Tensor, gv: Tensor, M: int) -> tuple:
+    """Where the backward writes the projection's gradient dY [M, N]: (dY's shape, then the
+    as_strided (shape, strides, offset) of its q, k and v column blocks, each shaped as that
+    output's gradient, [B, S, H, D] or [T, H, D]). Token rows are N apart and heads D apart, so
+    each block is one view of dY, and q's, k's and v's columns sit in the weight's row order."""
+    lead = gq.shape[:-2]                         # [B, S] or [T]
+    D = gq.shape[-1]
+    nq, nk = gq.shape[-2] * D, gk.shape[-2] * D
+    N = nq + nk + gv.shape[-2] * gv.shape[-1]
+    rows = (lead[1] * N, N, D, 1) if len(lead) == 2 else (N, D, 1)
+    return (M, N), (gq.shape, rows, 0), (gk.shape, rows, nq), (gv.shape, rows, nq + nk)
+
+
+def dy_with_v(layout: tuple, gq: Tensor, gv: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    """(dY fresh in the gradients' dtype with v's gradient copied into its columns, and dY's q
+    and k column views) for the backward kernels to store into; layout is dy_layout's. v's
+    gradient is copied in as it comes (bhsd's transposed view too: one copy), with no
+    indexing."""
+    shape, q_cols, k_cols, v_cols = layout
+    dy = torch.empty(shape, dtype=gq.dtype, device=gq.device)
+    dy.as_strided(*v_cols).copy_(gv)
+    return dy, dy.as_strided(*q_cols), dy.as_strided(*k_cols)
+
+
 class DyStep:
     """The backward's dY step ("dy", plain eager) for one ForwardPlan and gradients' strides,
     planned at its first call: what qkv_linear._written_dy (or, with QK-norm,
     qkv_linear._written_dy_normed) does, with what follows from shapes and strides kept. dY's
-    shape and the as_strided views of its q, k and v columns (qkv_linear._dy_with_v's), and the
+    shape and the as_strided views of its q, k and v columns (dy_layout), and the
     entry eager.rotate_into (qk_norm.undo_norm_rope) would keep under the call's signature: the
     same plans, so the same bits, without building that signature every call. With QK-norm,
     the norm's input of q and k as as_strided views of norm_input (the forward's fresh
     [M, (HQ + HK) D], as qkv_linear._written_dy_normed's views)."""
-    __slots__ = ("dy_shape", "v_cols", "q_cols", "k_cols", "layout", "norm", "q_in", "k_in",
+    __slots__ = ("dy_layout", "layout", "norm", "q_in", "k_in",
                  "packed", "entry")
 
     def __init__(self, fp: ForwardPlan, grads: tuple, x, norm_input, q_norm_weight,
@@ -261,12 +285,8 @@ class DyStep:
         gq, gk, gv = grads
         lead = gq.shape[:-2]                     # [B, S] or [T]
         D = head_dim
-        nq, nk = n_heads * D, n_kv_heads * D
-        N = nq + nk + gv.shape[-2] * gv.shape[-1]
-        self.dy_shape = (x.numel() // x.shape[-1], N)
-        rows = (lead[1] * N, N, D, 1) if len(lead) == 2 else (N, D, 1)
-        self.v_cols = (gv.shape, rows, nq + nk)
-        self.q_cols, self.k_cols = (gq.shape, rows, 0), (gk.shape, rows, nq)
+        nq = n_heads * D
+        self.dy_layout = dy_layout(gq, gk, gv, x.numel() // x.shape[-1])
         self.layout = "thd" if self.packed else "bshd"
         self.norm = q_norm_weight is not None
         dy, dq, dk = self.columns(gq, gv)
@@ -287,9 +307,7 @@ class DyStep:
 
     def columns(self, gq: Tensor, gv: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
         """(dY fresh with v's gradient copied into its columns, dY's q and k columns)."""
-        dy = torch.empty(self.dy_shape, dtype=gq.dtype, device=gq.device)
-        dy.as_strided(*self.v_cols).copy_(gv)
-        return dy, dy.as_strided(*self.q_cols), dy.as_strided(*self.k_cols)
+        return dy_with_v(self.dy_layout, gq, gv)
 
     def inputs(self, norm_input: Tensor) -> Tuple[Tensor, Tensor]:
         """The norm's input of q and of k, [B, S, H, D] (packed: [T, H, D]) views."""
