@@ -470,6 +470,71 @@ def test_rope_backward_check_wants_the_kernels_output_returned(answer, capsys):
     assert "no tensor it wrote holds grad_x" in capsys.readouterr().out
 
 
+def _pytorch_backward_any_rotary(grad_y, freqs):
+    """Right values in plain PyTorch for a rotary dim R <= D and a table of P >= S positions."""
+    R = freqs.shape[-1]
+    rotated = _pytorch_backward(grad_y[..., :R], freqs[:grad_y.shape[0]])
+    return torch.cat((rotated, grad_y[..., R:]), dim=-1)
+
+
+def test_rope_backward_check_wants_the_tensor_its_kernel_wrote(capsys):
+    # the learner's kernel launched on grad_y and right, but the answer returns another tensor:
+    # a gradient computed beside the launch, or a copy of the kernel's output
+    launch = _launcher_of(OWN_BACKWARD)
+
+    def beside(grad_y, freqs):
+        launch(grad_y, freqs)
+        return _pytorch_backward_any_rotary(grad_y, freqs)
+
+    def copied(grad_y, freqs):
+        return launch(grad_y, freqs).clone()
+
+    g = torch.randn(2, 3, 1, 24)
+    f = ex.te_angles(5, 16, device=g.device)                       # partial rotary, P > S
+    torch.testing.assert_close(beside(g, f), launch(g, f), atol=1e-5, rtol=1e-5)
+    for answer in (beside, copied):
+        assert ex.check_rope_backward(answer, kernel=OWN_BACKWARD) is False
+        assert "returned another tensor" in capsys.readouterr().out
+    # a view of the tensor the kernel wrote into is that tensor
+    assert ex.check_rope_backward(lambda g, f: launch(g, f).view(g.shape),
+                                  kernel=OWN_BACKWARD) is True
+
+
+@triton.jit
+def _store_as(value, dtype: tl.constexpr, rtne: tl.constexpr):
+    """round_to's place in notebook 06's kernel cell, with no ropelib helper: a plain cast."""
+    return value.to(dtype)
+
+
+def test_rope_backward_check_refuses_the_notebooks_section_2_kernel(tmp_path, capsys,
+                                                                    monkeypatch):
+    # as the notebook has it (round_to is ropelib's): refused by that helper's name, as the
+    # exercise's text says
+    rope_cell = _notebook_rope_cell(tmp_path)
+    assert ex.check_rope_backward(lambda g, f: rope_cell(g, f, backward=True),
+                                  kernel=OWN_BACKWARD) is False
+    out = capsys.readouterr().out
+    assert "this exercise wants your launcher of your backward kernel" in out, out
+    assert "round_to" in out, out
+    # with the cell edited to store without round_to, the kernel the notebook defines (in
+    # __main__) is barred itself, also beside a launch of the learner's kernel
+    import sys
+    (tmp_path / "edited").mkdir()
+    edited = _notebook_rope_cell(tmp_path / "edited", round_to=_store_as)
+    monkeypatch.setattr(sys.modules["__main__"], "_rope_batch_reuse_kernel",
+                        edited.__globals__["_rope_batch_reuse_kernel"], raising=False)
+    launch = _launcher_of(OWN_BACKWARD)
+
+    def beside(grad_y, freqs):
+        launch(grad_y, freqs)
+        return edited(grad_y, freqs, backward=True)
+
+    assert ex.check_rope_backward(beside, kernel=OWN_BACKWARD) is False
+    out = capsys.readouterr().out
+    assert "this exercise wants your launcher of your backward kernel" in out, out
+    assert "_rope_batch_reuse_kernel" in out, out
+
+
 def _function(forward, backward):
     return type("Candidate", (torch.autograd.Function,),
                 {"forward": staticmethod(forward), "backward": staticmethod(backward)})
@@ -592,9 +657,10 @@ def test_rope_function_check_accepts_an_own_function(capsys):
     assert ex.check_rope_function(own, kernel=OWN_BACKWARD) is True
 
 
-def _notebook_rope_cell(folder):
+def _notebook_rope_cell(folder, round_to=common.round_to):
     """Notebook 06's section-2 kernel cell and its launcher `rope_cell`, compiled from the
-    notebook's source in a file of their own, as the notebook's kernel runs them."""
+    notebook's source in a file of their own, as the notebook's kernel runs them (`round_to`:
+    the helper the kernel stores through, ropelib's unless a test edits the cell)."""
     import ast
     path = ROOT / "notebooks" / "06-backward-pass.py"
     text = path.read_text(encoding="utf-8")
@@ -605,7 +671,7 @@ def _notebook_rope_cell(folder):
     source = "@triton.jit\n" + "\n\n\n".join(parts)      # the decorator is not in the segment
     return written_module("notebook06_rope_cell", folder / "notebook06_rope_cell.py", source,
                           {"torch": torch, "triton": triton, "tl": tl,
-                           "round_to": common.round_to, "BF16_RTNE": common.BF16_RTNE}).rope_cell
+                           "round_to": round_to, "BF16_RTNE": common.BF16_RTNE}).rope_cell
 
 
 def test_rope_function_check_refuses_a_forward_through_the_notebooks_rope_cell(

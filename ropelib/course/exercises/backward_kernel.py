@@ -140,13 +140,15 @@ def count_launches(written: bool = False):
     'kernels' lists the kernel of each launch (the @triton.jit object), in order. With
     `written=True` (small exercise tensors only: it copies them) 'written' lists, per launch of
     a @triton.jit kernel, (kernel, tensor) for each tensor argument the launch changed, copied
-    as the launch left it: what the kernel itself wrote, whatever the caller does afterwards.
+    as the launch left it: what the kernel itself wrote, whatever the caller does afterwards;
+    and 'written_storage' lists (kernel, storage address) of the same tensors as passed, so a
+    check can tell whether the tensor an answer returns is one its kernel wrote into.
     """
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
     from ...kernels.direct import DirectLauncher
 
-    counts = {"launches": 0, "kernels": [], "written": []}
+    counts = {"launches": 0, "kernels": [], "written": [], "written_storage": []}
     patched = [(JITFunction, "run"), (InterpretedFunction, "run"), (DirectLauncher, "__call__")]
     saved = [(cls, attr, cls.__dict__[attr]) for cls, attr in patched if attr in cls.__dict__]
 
@@ -163,6 +165,7 @@ def count_launches(written: bool = False):
             for t, old in zip(tensors, before):
                 if not _same_bits(t, old):
                     counts["written"].append((self, t.detach().clone()))
+                    counts["written_storage"].append((self, t.untyped_storage().data_ptr()))
             return result
         return wrapper
     for cls, attr, original in saved:

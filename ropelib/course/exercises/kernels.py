@@ -265,6 +265,17 @@ def _kernel_wrote(launches: dict, kernel, want: torch.Tensor) -> bool:
     return False
 
 
+def _returned_what_kernel_wrote(launches: dict, kernel, got) -> bool:
+    """Is `got` (what the answer returned) a tensor that a launch of `kernel` (when given, else
+    of any @triton.jit kernel) wrote into, or a view of one? `launches` from
+    count_launches(written=True)."""
+    if not isinstance(got, torch.Tensor):
+        return False
+    at = got.untyped_storage().data_ptr()
+    return any(ptr == at for launched, ptr in launches["written_storage"]
+               if kernel is None or _launched(kernel, [launched]))
+
+
 def _kernel_written(name: str, kernel) -> bool:
     """False (with a ❌ line) when exercise 2's kernel is given but still blank."""
     if kernel is not None and is_blank_kernel(kernel):
@@ -280,7 +291,10 @@ def check_rope_backward(fn: Callable, kernel=None) -> bool:
     by a Triton kernel of the learner's that the function launches: `kernel` (exercise 2's) when
     given. A PyTorch-only answer does not count, and neither do ropelib's kernels: the function
     runs with ropelib's answers barred (`ropelib.apply_rope(g, -freqs)`, the teaching kernels'
-    `rope_batch_reuse(g, freqs, backward=True)`, the worked solution and its kernel)."""
+    `rope_batch_reuse(g, freqs, backward=True)`, the worked solution and its kernel) and with
+    the kernels the running notebook defines barred too (`own_code.notebook_kernels`: notebook
+    06's section-2 kernel, which `rope_cell` launches). The tensor it returns must be the one
+    the learner's kernel wrote into: a launch beside an answer computed another way fails."""
     from .backward_kernel import count_launches
 
     name = "grad_x from grad_y"
@@ -308,7 +322,7 @@ def check_rope_backward(fn: Callable, kernel=None) -> bool:
         cases.append((label, (g, freqs), _reference_grad(g, freqs)))
     with count_launches(written=True) as launched:
         ok, got = run_own_code(f"{name} ({cases[0][0]})", what, fn, *cases[0][1],
-                               bar=_solutions())
+                               bar=(*_solutions(), *notebook_kernels()))
     if not ok:
         return False
     if launched["launches"] == 0:
@@ -327,7 +341,13 @@ def check_rope_backward(fn: Callable, kernel=None) -> bool:
               "your function returns must be what your backward kernel computes, not a "
               "PyTorch formula beside a launch")
         return False
-    return check_cases(name, what, fn, cases, atol=1e-5, rtol=1e-5, bar=_solutions(),
+    if right and not _returned_what_kernel_wrote(launched, kernel, got):
+        print(f"❌ {name}: your kernel wrote grad_x, but your function returned another tensor: "
+              "return the grad_x you allocated and launched your backward kernel into, not a "
+              "copy of it or a gradient computed another way")
+        return False
+    return check_cases(name, what, fn, cases, atol=1e-5, rtol=1e-5,
+                       bar=(*_solutions(), *notebook_kernels()),
                        hint="the transpose of each pair's rotation (section 1); read grad_y through "
                             "its strides, stride 0 included, and allocate a contiguous grad_x")
 
