@@ -31,15 +31,17 @@
 #   stride-0 gradients;
 # - show that the backward moves the forward's bytes, and time it beside a copy of those bytes.
 #
-# **Time:** about 90–120 minutes, ~20 of them for the backward kernel (exercise 2). The cells
-# also run on a CPU, through Triton's interpreter.
+# **Time:** about two hours for the core: sections 1 to 5 take about 50 minutes, the five
+# exercises about 70 (the backward kernel of exercise 2 and the interleaved kernel of exercise 5
+# about 20 each). The parts marked *a second reading* take about 30 minutes more. The cells also
+# run on a CPU, through Triton's interpreter.
 #
 # **Numbers.** The text's numbers come from committed runs (`benchmarks/results/`: an NVIDIA
 # H200, and an H100 in section 2.1), which the cells read and assert. Live timings print the GPU
 # they ran on; the text quotes none of them.
 #
 # **How to read it.** The core is sections 1 to 5 and the exercises. "What four warps change"
-# (section 2.1), section 3.1 and appendix A can wait for a second reading.
+# (section 2.1), section 3.1 and appendix A, each marked *a second reading*, can wait.
 #
 # **Where it sits.** The yardstick is the autograd of `ropelib.reference` (notebook 02); section
 # 2 runs notebook 04's kernel both ways; section 6 prints the formulas of notebook 05's.
@@ -483,11 +485,12 @@ else:
     print("timed on a GPU only (the interpreter runs one program after another in Python)")
 
 # %% [markdown]
-# **What four warps change.** `benchmarks/mechanism.py` profiled this kernel's forward on the
-# H200 with Nsight Compute (NVIDIA's kernel profiler) at one and four warps, beside a Triton
-# kernel copying the same bytes, and counted the global loads and stores in their PTX (the
-# assembly-like code Triton emits) by width. At four warps each element and each cos/sin value
-# of a 64-pair half is held by 2 of the 128 threads (notebook 04, appendix A.1).
+# **What four warps change** (*a second reading*). `benchmarks/mechanism.py` profiled this
+# kernel's forward on the H200 with Nsight Compute (NVIDIA's kernel profiler) at one and four
+# warps, beside a Triton kernel copying the same bytes, and counted the global loads and stores
+# in their PTX (the assembly-like code Triton emits) by width. At four warps each element and
+# each cos/sin value of a 64-pair half is held by 2 of the 128 threads (notebook 04, appendix
+# A.1).
 
 # %%
 prof = measured.mechanism("s4096-b8")
@@ -643,7 +646,7 @@ for dtype in (torch.float16, torch.bfloat16):        # dtype-aware: one rounding
 print("gradients match the reference's autograd in fp32, fp16 and bf16")
 
 # %% [markdown]
-# ### 3.1 What one training step costs
+# ### 3.1 What one training step costs (*a second reading*)
 #
 # A step runs the forward and then the backward: two kernels moving the same bytes, so twice the
 # forward's time. A committed H200 run (`benchmarks/results/generations-nvidia-h200.csv`) timed
@@ -708,9 +711,10 @@ assert round(start_us / (br1["fwd_ms"] * 1e3), 2) == 0.94
 #
 # Why a small-batch step takes more than two forwards, the sweep does not say. `do_bench` times
 # between CUDA events around a call, so when the host takes longer to enqueue a step (autograd's
-# Python, its device thread, the launches) than the GPU takes to run it, the wait can be timed too. The only committed host times are at another shape ($s = 1$, $b = 64$): two H200
-# runs of `benchmarks/autograd_host_probe.py`, half again apart. The next cell draws them as a
-# band: the scale of autograd's host cost, not a measurement of these steps.
+# Python, its device thread, the launches) than the GPU takes to run it, the wait can be timed
+# too. The only committed host times are at another shape ($s = 1$, $b = 64$): two H200 runs of
+# `benchmarks/autograd_host_probe.py`, half again apart. The next cell draws them as a band: the
+# scale of autograd's host cost, not a measurement of these steps.
 
 # %%
 def autograd_host_log(path):
@@ -1351,13 +1355,13 @@ nb06_interleaved.show_interleaved_solution()
 #    equal? Would it be worth a special case?
 
 # %% [markdown]
-# ## Appendix A. Why `g_sum.contiguous()` is slow
+# ## Appendix A. Why `g_sum.contiguous()` is slow (*a second reading*)
 #
 # The cell reads a committed H200 Nsight Compute profile of `g_sum.contiguous()` beside
 # `buf.fill_(1.0)`, which writes the same bytes. Both put 509 MB into DRAM, but the copy stores 4
-# bytes a thread per store against the fill's 16, executes 11.5 times its warp instructions, keeps 24 % of
-# the warps resident against 88 %, and takes 2.75 times its time. For a RoPE backward the remedy
-# is section 5's: read the stride-0 gradient as it is.
+# bytes a thread per store against the fill's 16, executes 11.5 times its warp instructions,
+# keeps 24 % of the warps resident against 88 %, and takes 2.75 times its time. For a RoPE
+# backward the remedy is section 5's: read the stride-0 gradient as it is.
 
 # %%
 ct_csv = measured.path("contiguous_ncu")
