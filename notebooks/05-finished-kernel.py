@@ -58,7 +58,7 @@ import triton.language as tl
 
 from ropelib import reference, runtime
 from ropelib.bench import compare
-from ropelib.course import checks_nb05, ladder, measured
+from ropelib.course import checks_nb05, ladder, measured, nb05_waterfall
 from ropelib.course.checks_nb05 import said
 from ropelib.course.exercises import finished_kernel as fk
 from ropelib.kernels import launch
@@ -87,11 +87,12 @@ def check_rung(y, x, freqs, name):
 # ## 1. Where we start
 #
 # `benchmarks/results/generations-nvidia-h200.csv` holds the three generations on the H200, each
-# as a percentage of a copy of the same tensor in the same run. Two rows are `ropelib`:
-# **`apply_rope (two passes)`**, the call as you make it (section 6's route at these sizes), and
-# **`finished kernel (forced)`**, the same call forced onto `ropelib/kernels/fused.py`. At bf16
-# sbhd (x as $[S, B, H, D]$: tokens, batch, heads, head dim), $s = 4096$, $b = 8$, $h = 32$,
-# $d = 128$:
+# as a percentage of a copy of the same tensor in the same run: notebook 03's naive kernel,
+# notebook 04's batch-reusing grid, and `ropelib.apply_rope` as you call it, which at this size
+# takes section 6's route: **`apply_rope (two passes)`** in every table here. The finished kernel
+# (`ropelib/kernels/fused.py`) has its row, **`finished kernel (forced)`**, in section 5's ladder
+# run, which forces the same call onto it. At bf16 sbhd (x as $[S, B, H, D]$: tokens, batch,
+# heads, head dim), $s = 4096$, $b = 8$, $h = 32$, $d = 128$:
 
 # %%
 GEN_CSV = measured.path("generations")
@@ -117,6 +118,12 @@ if start:
     br = start["ropelib_batch_reuse"]
     assert 68 <= 100 * br["copy_fwd_ms"] / br["fwd_ms"] <= 73
     assert r["fwd_ms_p20"] <= r["copy_fwd_ms"] <= r["fwd_ms_p80"]
+    # the finished kernel: section 5's ladder run, the call forced onto it ("about nine tenths")
+    ladder_meta, ladder_rows = nb05_waterfall.read()
+    (fin_row,) = [r for r in ladder_rows if r["case"] == "s4096-b8" and r["provider"] == "ropelib"]
+    print(f"  {'finished kernel (forced)':24s} {fin_row['ms'] * 1e3:6.0f} µs  "
+          f"{fin_row['pct_of_copy']:5.1f} % of copy (section 5's run, {ladder_meta['date'][:10]})")
+    assert 88 <= fin_row["pct_of_copy"] <= 92
 else:
     print(f"{GEN_CSV.name} is missing: `python benchmarks/generations.py` on a GPU measures it")
 
@@ -1116,65 +1123,47 @@ assert both is None or list(both) == ["worked solution", "ropelib's finished ker
 
 # %%
 # nb05_waterfall reads the run (% of copy: the copy's median time over the kernel's), prints one
-# table a size, and draws the waterfall; this cell keeps the numbers the text reads
-from ropelib.course import nb05_waterfall
+# table a size, and draws the waterfall; this cell keeps the steps the text reads
+meta, rows = nb05_waterfall.read()
+nb05_waterfall.print_sizes(rows, meta, bench.PROVIDERS, shown)
+changed = nb05_waterfall.launch_changes(rows)        # {size: {rung: what its step changed}}
+fig = nb05_waterfall.draw(rows, meta, changed, shown)
+fig.savefig(FIGURES / "05-ladder-waterfall.png", dpi=110)
+plt.show()
+CASES = list(changed)
+hatched = {case: ladder.within_both_spreads(rows, case) for case in CASES}
+print("steps smaller than the 20-80 % ranges at their two ends (hatched):", hatched)
+pct = checks_nb05.ladder_pct(rows)                  # {size: {rung: % of a copy}}
+step = checks_nb05.ladder_steps(pct)                # {size: {rung: its step, in points}}
+for c in CASES:
+    print(f"\n{c}: each step in points of a copy, and what it changed in the launch")
+    for n in ladder.NAMES[1:]:
+        print(f"  {n:13s} {step[c][n]:+6.1f}  {changed[c].get(n, 'the tile of heads')}")
 
-LADDER_CSV = measured.path("ladder")
-if LADDER_CSV.exists():
-    meta, rows = nb05_waterfall.read()
-    nb05_waterfall.print_sizes(rows, meta, bench.PROVIDERS, shown)
-    changed = nb05_waterfall.launch_changes(rows)        # {size: {rung: what its step changed}}
-    fig = nb05_waterfall.draw(rows, meta, changed, shown)
-    fig.savefig(FIGURES / "05-ladder-waterfall.png", dpi=110)
-    plt.show()
-    CASES = list(changed)
-    hatched = {case: ladder.within_both_spreads(rows, case) for case in CASES}
-    print("steps smaller than the 20-80 % ranges at their two ends (hatched):", hatched)
-    # within the noise: at s = 4096, b = 8 and in the 16-token panel
-    assert hatched["s4096-b8"] == ["tile", "warps", "accurate"]
-    assert hatched["s16-b64"][-3:] == ["chunks", "accurate", "equal_halves"]
+# %% [markdown]
+# At $s = 4096$, $b = 8$ the tile, warps and accurate steps are hatched, and with 8 heads every
+# step after the heads rung: a step of a point or two is within one run's spread. The last bar,
+# `apply_rope (two passes)`, is `apply_rope` as called, which takes section 6's route at the three
+# 256 MiB sizes: the fastest bar with a batch of 8, level with the finished kernel at $b = 1$.
 
-    # each step in points of a copy, with what it changed in the launch
-    by = {(r["case"], r["provider"]): r for r in rows}
-    pct = {key: r["pct_of_copy"] for key, r in by.items()}
-    step = {(c, n): pct[c, n] - pct[c, ladder.NAMES[ladder.NAMES.index(n) - 1]]
-            for c in CASES for n in ladder.NAMES[1:]}
-    for c in CASES:
-        print(f"\n{c}: each step in points of a copy, and what it changed in the launch")
-        for n in ladder.NAMES[1:]:
-            print(f"  {n:13s} {step[c, n]:+6.1f}  {changed[c].get(n, 'the tile of heads')}")
-    c8, c1 = "s4096-b8", "s32768-b1"
-    assert [said(step[c, "tile"], 1) for c in (c8, c1)] == ["-0.1", "-5.9"]
-    assert [said(step[c, "warps"], 1) for c in (c8, c1)] == ["1.8", "-29.6"]
-    assert said(step[c8, "chunks"], 1) == "-3.0" and said(step[c1, "chunks"], 1) == "48.1"
-    assert [said(step[c, "equal_halves"], 1) for c in (c8, c1)] == ["5.5", "4.9"]
-    assert said(pct[c8, "equal_halves"] - pct[c8, "warps"], 1) == "2.8"     # over the warps rung
-    assert [said(pct[c, "equal_halves"] - pct[c, "ropelib"], 1) for c in (c8, c1)] == \
-        ["1.5", "-2.7"]                                         # the finished kernel's bar
-    assert pct[c1, "batch_reuse"] < 25 and 70 < pct[c1, "heads"] < 80  # a fifth -> 3 quarters
-    # the steps that change nothing in the launch; at b = 1 the chunks rung changes the tile
-    assert changed[c8]["chunks"] == changed["s16384-b8-h8"]["chunks"] == "same launch, loop bounds"
-    assert {changed[c]["accurate"] for c in CASES} == {"same launch, same code"}
-    assert changed[c1]["chunks"] == "tile 2x32, 4 warps"       # from 1x32 on 8 warps
-    assert changed["s16-b64"]["chunks"] == "4 warps, B_CHUNK 1"  # from one chunk of 64 on 8
-    assert meta["triton"].startswith("3.6")                   # "the same code" holds for 3.6
-
-    # 16 tokens: fast and slow calls from chunks on; the 20 % quantiles, the fastest fifth
-    q16 = {n: {k: 1e3 * by["s16-b64", n][k] for k in ("ms_p20", "ms", "ms_p80")}
-           for n in ("warps", "chunks", "accurate", "equal_halves")}
-    print("\ns16-b64, µs (20 % quantile, median, 80 % quantile): "
-          + "; ".join(f"{n} {v['ms_p20']:.1f}, {v['ms']:.1f}, {v['ms_p80']:.1f}"
-                      for n, v in q16.items()))
-    assert [said(q16["chunks"][k], 1) for k in ("ms_p20", "ms")] == ["13.2", "51.5"]
-    assert [said(q16["warps"][k], 1) for k in ("ms_p20", "ms_p80")] == ["40.7", "41.9"]
-    assert round(q16["warps"]["ms_p20"] / q16["chunks"]["ms_p20"]) == 3   # a fast population
-    assert q16["chunks"]["ms"] > q16["warps"]["ms_p80"]     # its median: among the slow calls
-    # ... and the accurate rung, the chunks rung's launch and code, "gains" 35.6 points
-    assert said(step["s16-b64", "accurate"], 1) == "35.6"
-else:
-    print(f"{LADDER_CSV.relative_to(ROOT)} is not there yet: the numbers come from "
-          f"`python benchmarks/ladder.py --out {LADDER_CSV.relative_to(ROOT)}` on a GPU "
-          "(about a minute). Nothing is drawn until then.")
+# %%
+assert hatched["s4096-b8"] == ["tile", "warps", "accurate"]
+assert hatched["s16384-b8-h8"] == list(ladder.NAMES[2:])      # every step after the heads rung
+# ... among them, with 8 heads, the chunks step (+0.1) on the warps rung's launch, and rung 6's
+h8_rows = {r["provider"]: r for r in rows if r["case"] == "s16384-b8-h8"}
+assert [said(step["s16384-b8-h8"][n], 1) for n in ("chunks", "equal_halves")] == ["0.1", "-0.2"]
+h8_launch = {v: (math.prod(int(g) for g in str(h8_rows[v]["grid"]).split("x")),
+                 h8_rows[v]["num_warps"], h8_rows[v]["block_s"]) for v in ("warps", "chunks")}
+assert h8_launch["warps"] == h8_launch["chunks"] == (4096, 8, 4), h8_launch
+# the last two bars are the run's `ropelib` rows: the route forced, and the call as made
+idea = {r["provider"]: r["idea"] for r in rows if r["case"] == "s4096-b8"}
+assert "finished kernel (route forced)" in idea["ropelib"]
+assert "as planned" in idea["ropelib_planned"]
+# apply_rope as called: the fastest bar at b = 8, level with the finished kernel at b = 1
+for c in ("s4096-b8", "s16384-b8-h8"):
+    assert pct[c]["ropelib_planned"] > pct[c]["ropelib"], pct[c]
+    assert pct[c]["ropelib_planned"] == max(v for k, v in pct[c].items() if k != "copy"), pct[c]
+assert abs(pct["s32768-b1"]["ropelib_planned"] - pct["s32768-b1"]["ropelib"]) < 1
 
 # %% [markdown]
 # ### Which steps hold from one process to the next
@@ -1203,53 +1192,46 @@ fig = ladder.plot_steps_by_run(RUNS, f"The ladder's steps in {n_runs} processes:
                                f"{measured.where(RUNS_META)}", names=SHOWN)
 plt.show()
 
-c8, c1, c16 = "s4096-b8", "s32768-b1", "s16-b64"
-widest_b8 = max(max(v) - min(v) for (c, _), v in by_run.items() if c == c8)
-print(f"\nwidest range of a step between processes at s = 4096, b = 8: {widest_b8:.1f} points")
-assert n_runs == 10 and said(widest_b8, 1) == "0.6"
-# b = 8 on the H100: the tile of heads and the warps hold; nothing after the warps rung is a step
-assert {n for (c, n) in held if c == c8} == {"heads", "warps"}
-assert [said(med[c8, n], 1) for n in ("heads", "warps", "chunks", "equal_halves")] == \
-    ["12.2", "2.8", "-0.0", "0.3"]
-# b = 1: every step that changes the launch or the code holds, with the H200 run's sign
-assert {n for (c, n) in held if c == c1} == set(ladder.STEP_NAMES) - {"accurate"}
-if LADDER_CSV.exists():
-    assert all((med[c1, n] > 0) == (step[c1, n] > 0) for n in ladder.NAMES[1:] if n != "accurate")
-assert [said(med[c1, n], 1) for n in ("tile", "warps", "chunks", "equal_halves", "ropelib")] == \
-    ["-6.6", "-16.1", "29.0", "1.5", "0.9"]
-# the accurate rung (the chunks rung's launch and machine code) holds nowhere
-assert not any(n == "accurate" for (_, n) in held)
-# 16 tokens: the chunks and equal-halves steps hold here, in every process
-assert {(c16, "chunks"), (c16, "equal_halves")} <= held
-assert [said(med[c16, n], 1) for n in ("chunks", "equal_halves")] == ["45.4", "9.9"]
-# the rest of the table below: the H100's medians it quotes
-assert [said(med[c8, n], 1) for n in ("tile", "accurate", "ropelib")] == ["-0.0", "0.0", "-0.2"]
-assert [said(med[c1, n], 1) for n in ("heads", "accurate")] == ["58.6", "0.1"]
-warps_h100 = {r["provider"]: r["num_warps"] for r in RUNS if r["case"] == c1 and r["run"] == 1}
-assert (warps_h100["tile"], warps_h100["warps"], warps_h100["chunks"]) == (4, 16, 4)
+assert n_runs == 10 and 2 * 0.5 ** n_runs == 1 / 512     # ten processes; "once in 512"
 
 # %% [markdown]
 # **What each rung buys.** At $b = 1$ every step that changes the launch or the code holds in
 # every H100 process, with the H200 run's sign; at 16 tokens the chunks and equal-halves steps do.
 # At $s = 4096$, $b = 8$ the ladder barely climbs after the heads rung: no H100 step moves by more
-# than 0.6 points between processes. The GPUs run different tiles, so a step measured on one GPU
-# is that GPU's.
+# than 0.6 points between processes. The GPUs run different tiles (the warps rung: 8 warps on the
+# H200, 16 on the H100), so a step measured on one GPU is that GPU's.
 #
-# | rung | $s = 4096$, $b = 8$: H200 / H100 | $s = 32768$, $b = 1$: H200 / H100 | what changed (profiles: A.1, A.2) |
+# | rung | $s = 4096$, $b = 8$: H200 / H100 | $s = 32768$, $b = 1$: H200 / H100 | what changed (profiles: the cell below, A.1, A.2) |
 # |---|---|---|---|
-# | tile of heads | the big step / +12.2 | +58.6 on the H100 | programs, work per program, bytes asked for at once |
+# | tile of heads | +16.5 / +12.2 | +53.3 / +58.6 | 32 times fewer programs, half the warp instructions an element, over 6 times the bytes asked for at once |
 # | tile (3-D form) | −0.1 / −0.0 | −5.9 / −6.6 | the same launch at $h = 32$; 3 % more instructions |
-# | warps | +1.8 / +2.8 | −29.6 / −16.1 | more warps; at $b = 1$ each sin/cos evaluated by more threads |
-# | chunks | −3.0 (one run) / −0.0 | +48.1 / +29.0 | $b = 8$: the loop bounds only; $b = 1$: a tile that evaluates each sin/cos once |
+# | warps | +1.8 / +2.8 | −29.6 / −16.1 | more warps; at $b = 1$ each sin/cos evaluated by 32 threads, not 16 |
+# | chunks | −3.0 (one run) / −0.0 | +48.1 / +29.0 | $b = 8$: the loop bounds only; $b = 1$: a tile of 2 tokens on 4 warps that evaluates each sin/cos once, with 7.6 times fewer instructions |
 # | accurate sin/cos | noise / +0.0 | noise / +0.1 | nothing: the chunks rung's machine code |
-# | equal halves | +5.5 (one run) / +0.3 | +4.9 / +1.5 | fewer instructions, which pay at $b = 1$ |
+# | equal halves | +5.5 (one run) / +0.3 | +4.9 / +1.5 | fewer warp instructions an element (0.38 → 0.29), which pay at $b = 1$ |
 # | finished kernel | −1.5 / −0.2 | +2.7 / +0.9 | 7 % more instructions; at $b = 1$ `x` loaded first |
+
+# %%
+# every number and claim of the table and the paragraph above it, from the H200 run (rows), the
+# H100 processes (RUNS) and the two profiles; prints the mechanism profile's rungs
+checks_nb05.steps_table(rows, meta, RUNS, mech, mech_meta, SMS_H200, H200_KNOBS)
+
+# %% [markdown]
+# The H200's $b = 8$ steps −3.0 (chunks) and +5.5 (equal halves) are one run's. Within that run
+# each lies outside twice the spread of its calls (their 20 %–80 % quantiles at most 1.2 % of the
+# median apart), yet the ten H100 processes give −0.0 and +0.3; A.1 finds both in the DRAM writes
+# the profiler counts. From the warps rung, before the chunks rung's extra writes, rungs 4 and 5
+# lose 2.7 points and rung 6 gains 2.8.
 #
-# The H200's $b = 8$ steps −3.0 (chunks) and +5.5 (equal halves) are one run's: the ten H100
-# processes give −0.0 and +0.3 (A.1 finds them in the DRAM writes the profiler counts). In the
-# H200 run the 16-token panel measures nothing from `chunks` on: its calls fall into a fast and a
-# slow population, and the accurate rung, the same code, "gains" 35.6 points; read the H100
-# processes there. Why the $b = 1$ steps are so large, the profile below measures.
+# In the H200 run the 16-token panel measures nothing from `chunks` on: the middle of the warps
+# rung's calls lie between 40.7 and 41.9 µs, but a fifth of the chunks rung's take 13.2 µs or
+# less, its 80 % quantile is four to five times its 20 %, and its median, 51.5 µs, lies among the
+# slow calls. The accurate rung, the same code, "gains" 35.6 points. Read the H100 processes
+# there. Why the $b = 1$ steps are so large, the optional profile below measures.
+
+# %%
+checks_nb05.one_run_steps(rows, RUNS)         # the first paragraph's numbers
+checks_nb05.sixteen_tokens(rows, hatched)     # the second's
 
 # %% [markdown]
 # ### Where the rungs spend their cycles
@@ -1803,44 +1785,65 @@ else:
 
 
 # %% [markdown]
-# ## Appendix: the ladder and the finished kernel in detail
+# ## Appendix: the ladder and the finished kernel in detail (optional)
 #
-# ### A.1 Notebook 04's variants, the warps step and two one-run steps
+# ### A.1 Four steps, one profile each
 #
-# - **A tile of heads, one change at a time.** The batch-reusing grid on 2 warps (`sh_loop_b_w2`,
-#   occupancy 48 → 94 %) takes 178.1 µs against 179.1: occupancy alone buys nothing. Four heads a
-#   program on 2 warps (`heads4_loop_b`) take 137.2 µs, level with rung 6, but change occupancy
-#   with the work. Eight heads a program on 1, 2, 4 and 8 warps take 138.1, 136.3, 139.6 and
-#   146.8 µs at 29, 51, 68 and 87 % occupancy: the most occupied is the slowest.
-# - **The warps step (rung 3)** at $b = 8$ is within the runs' spread, and the two profiles
-#   disagree on its sign.
-# - **The H200's chunks and equal-halves steps in this profile**: the chunks rung counts 16.1 MB
-#   more writes than the warps rung with the same stores in its code, equal halves 16.4 MB fewer
-#   than rung 5.
-# - **Loading `x` first**, timed alone as two variants of the finished kernel, helps at
-#   $s = 4096$, $b = 1$ (0.931 of a copy against 0.892) and hurts at $s = 1024$, $b = 8$
-#   (0.804 against 0.835).
-#
-# The cell below prints the profiles these bullets and section 5's table read, and asserts
-# their numbers.
+# **A tile of heads, one change at a time.** Section 1's mechanism profile (Nsight Compute,
+# $s = 4096$, $b = 8$) has notebook 04's variants beside the rungs. The batch-reusing grid on 2
+# warps (`sh_loop_b_w2`: 128 bytes of x a warp, occupancy 48 → 94 %) takes 178.1 µs against
+# 179.1: occupancy alone buys nothing. Reading the angles from a table instead of evaluating them
+# (`sh_loop_b_table`: 0.51 → 0.31 warp instructions an element) saves about 9 µs. Two heads a
+# program take 147.6 µs; four heads a program on 2 warps (`heads4_loop_b`) 137.2 µs, level with
+# rung 6 and ahead of the heads rung's 142.2, but they change occupancy with the work. Eight heads
+# a program on 1, 2, 4 and 8 warps take 138.1, 136.3, 139.6 and 146.8 µs at 29, 51, 68 and 87 %
+# occupancy: the most occupied is the slowest.
 
 # %%
-# the mechanism tables, printed; checks_nb05.ladder_claims asserts the numbers the text above
-# states that the waterfall cell does not
-if LADDER_CSV.exists():
-    claims = checks_nb05.ladder_claims(rows, meta, mech, mech_meta, hatched, named,
-                                       sms=SMS_H200, knobs=H200_KNOBS,
-                                       compile_errors=COMPILE_ERRORS)
+checks_nb05.heads_one_change_at_a_time(mech, named)   # the profile, printed; the numbers above
+
+# %% [markdown]
+# **The warps step (rung 3)** at $b = 8$ is within the run's spread (hatched in section 5), and
+# the two profiles disagree on its sign: 141.5 µs against the heads rung's 142.2 under the
+# mechanism profile, slower than the heads rung under the cycles profile.
+
+# %%
+print(f"s=4096 b=8, the warps rung against the heads rung: mechanism profile "
+      f"{mech['warps']['us']:.1f} against {mech['heads']['us']:.1f} us, cycles profile "
+      f"{b8['warps']['us']:.1f} against {b8['heads']['us']:.1f} us; timed, "
+      f"{step['s4096-b8']['warps']:+.1f} points of a copy")
+assert [said(mech[v]["us"], 1) for v in ("warps", "heads")] == ["141.5", "142.2"]
+assert b8["warps"]["us"] > b8["heads"]["us"]
+assert "warps" in hatched["s4096-b8"] and abs(step["s4096-b8"]["warps"]) < 2
+
+# %% [markdown]
+# **The H200 run's chunks and equal-halves steps** at $b = 8$. The chunks rung has the warps
+# rung's programs, DRAM reads and instructions, and compiles to the same stores, yet both profiles
+# count 16.1 MB more DRAM writes in its time than in the warps rung's; rung 6, with the chunks
+# rung's loop bounds, 16.4 MB fewer than rung 5 under the cycles profile. The run's two steps
+# follow the writes the profiler counts, not the code.
+
+# %%
+# the mechanism profile's bytes and the cycles profile's writes, printed; the stores compiled
+# for sm_90 with the H200's plan; the numbers above asserted
+checks_nb05.one_run_writes(mech, meta, SMS_H200, H200_KNOBS, COMPILE_ERRORS)
+
+# %% [markdown]
+# **Loading `x` first**, timed alone as two variants of the finished kernel, helps at $s = 4096$,
+# $b = 1$ (0.931 of a copy against 0.892) and hurts at $s = 1024$, $b = 8$ (0.804 against 0.835).
+
+# %%
+checks_nb05.load_order()        # benchmarks/results/finished_kernel_knobs-nvidia-h200.csv
 
 # %% [markdown]
 # ### A.2 The warp states
 #
-# Every warp state of five kernels at $b = 8$; at $b = 1$ the tile rung's time predicted from its
+# What the profiles say of each step (the long form of section 5's table's last column), every
+# warp state of five kernels at $b = 8$, and at $b = 1$ the tile rung's time predicted from its
 # instructions.
 
 # %%
-states = checks_nb05.stall_details(prof, kernels, profile, resident,
-                                   claims["MECHANISM"] if LADDER_CSV.exists() else None)
+states = checks_nb05.stall_details(prof, kernels, profile, resident)
 
 # %% [markdown]
 # At the same resident warps, rung 6 has more of them in `long_scoreboard` (waiting on a load)
