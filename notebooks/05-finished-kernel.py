@@ -58,7 +58,7 @@ import triton.language as tl
 
 from ropelib import reference, runtime
 from ropelib.bench import compare
-from ropelib.course import checks_nb05, ladder, measured, nb05_waterfall
+from ropelib.course import checks_nb05, ladder, measured, nb05_gap, nb05_waterfall
 from ropelib.course.checks_nb05 import said
 from ropelib.course.exercises import finished_kernel as fk
 from ropelib.kernels import launch
@@ -1437,7 +1437,6 @@ rung6_on_x_c = lambda: launch_final(x_c, f_c, **final_tile(x_c))   # noqa: E731
 check_rung(rung6_on_x_c(), x_c, f_c, "rung 6")
 tile_ratio = None       # the copy on the tile, as a fraction of y.copy_(x), timed on a GPU
 if GPU:                 # nb05_gap.time_tile_copy: do_bench of the four, the shares printed
-    from ropelib.course import nb05_gap
     tile_ratio = nb05_gap.time_tile_copy(x_c, y_c, copy_on_tile, rung6_on_x_c,
                                          tab["s4096-b8"]["equal_halves"]["ratio_to_copy"])
 else:
@@ -1952,14 +1951,16 @@ if order_sass:
 #
 # Rung 6 has half a copy's warps resident on the H200. `_copy_resident_kernel` is the copy on
 # rung 6's tile with a **persistent grid** of $k$ programs an SM, program $p$ of $P$ walking the
-# rung's tiles $p, p + P, \ldots$. For each $k$ that fits, the cell prints section 2's bound and,
-# on a GPU, the copy's speed. Then three readings: the share of the gap left at rung 6's $k$ that
+# rung's tiles $p, p + P, \ldots$ (change it and rerun: the cell after it checks that it still
+# copies). For each $k$ that fits, the second cell prints section 2's bound and, on a GPU, the
+# copy's speed. Then three readings: the share of the gap left at rung 6's $k$ that
 # more programs close (under one half: residency is not it); a token count that fills whole waves
 # (a wave: as many programs as all SMs hold at once, notebook 03 §4.2) against $s = 4096$, which
 # ends on a partial one (no faster: the tail is not it); and the share of Exercise 1's two
 # kernels' gap that residency alone explains.
 
 # %%
+# ropelib-source: ropelib.course.nb05_gap._copy_resident_kernel
 @triton.jit
 def _copy_resident_kernel(
     x_ptr, y_ptr,  # x, y [S, B, H, D] (any strides)
@@ -1993,119 +1994,29 @@ def _copy_resident_kernel(
             tl.store(yr, x_a, mask=m)
             tl.store(yr + HALF * stride_yd, x_b, mask=m)
 
-
-def copy_resident(x, y, programs):
-    """y = x by `programs` programs walking rung 6's tiles (its plan for x [S, B, H, D])."""
-    S, B, H, D = x.shape
-    p = ladder.plan("equal_halves", S, B, H, D, x.element_size(), *ladder.device_knobs(x))
-    _copy_resident_kernel[(programs,)](x, y, S, B, H, p.chunk, *x.stride(), *y.stride(),
-                                       HALF=D // 2, BLOCK_HALF=triton.next_power_of_2(D // 2),
-                                       BLOCK_S=p.block_s, BLOCK_H=p.block_h,
-                                       num_warps=p.num_warps)
-
-
-resident_programs = nb05_interleaved.programs_per_sm   # (registers, threads) -> programs an SM
-
-
-# the stall profile's residency: rung 6 on 8 warps, 64 registers, 4 programs an SM (H200 run)
+# %%
+# nb05_gap.residency compiles the kernel above, rung 6 and the copy on rung 6's grid for sm_90
+# (this GPU's plan; without a GPU the H200's) and counts programs, bytes and waves;
+# nb05_gap.time_residency times the three readings on a GPU
+# the stall profile: rung 6 has half a copy's warps resident, on 8 warps, 64 registers, 4
+# programs an SM (registers-limited) in the H200 run
+assert round(resident["equal_halves"] / resident["copy"], 1) == 0.5
 assert (rung6_m["num_warps"], rung6_m["registers"], rung6_m["occ_blocks_per_sm"],
         rung6_m["occ_limiter"]) == (8, 64, 4, "registers")
 for programs in (1, 2, 3):                    # any number of programs copies every tile once
     y_c.fill_(float("nan"))
-    copy_resident(x_c, y_c, programs)
+    nb05_gap.copy_resident(x_c, y_c, programs, kernel=_copy_resident_kernel)
     assert torch.equal(y_c, x_c), programs
-# registers a thread, compiled for sm_90 with this GPU's plan (here: the H200's) at s=4096 b=8
-sms_r, knobs_r = (SM_HERE, KNOBS_HERE) if GPU else (SMS_H200, H200_KNOBS)
-p_r = ladder.plan("equal_halves", 4096, 8, 32, 128, 2, sms_r, knobs_r)
-res_args = {**{k: v for k, v in EX1_ARGS.items() if k != "freqs_ptr"},
-            "B_CHUNK": p_r.chunk, "BLOCK_S": p_r.block_s, "BLOCK_H": p_r.block_h}
-threads_r = 32 * p_r.num_warps
 try:
-    res_regs = load_schedule.schedule(_copy_resident_kernel, res_args,
-                                      num_warps=p_r.num_warps)["registers"]
-    (rung6_sm90,) = ladder.compile_for_gpu(["equal_halves"], sm_count=sms_r, knobs=knobs_r)
-    k6, k_max = (resident_programs(r, threads_r) for r in (rung6_sm90["registers"], res_regs))
-    k_max = max(k_max, k6)
-    k_tile = resident_programs(load_schedule.schedule(_copy_on_tile_kernel, res_args,
-                                                      num_warps=p_r.num_warps)["registers"],
-                               threads_r)             # the copy on rung 6's own grid
+    res = nb05_gap.residency(_copy_resident_kernel, _copy_on_tile_kernel,
+                             *((SM_HERE, KNOBS_HERE) if GPU else (SMS_H200, H200_KNOBS)),
+                             floors=(need_idle, need_loaded), profiled_rung6=rung6_m, h200=not GPU)
 except COMPILE_ERRORS as exc:  # no compiler for this target here: say so
-    k6 = k_max = checks_nb05.compile_failed(exc)
-if k6:
-    print(f"sm_90, Triton {triton.__version__}, {p_r.num_warps} warps a program: rung 6 "
-          f"{rung6_sm90['registers']} registers a thread, {k6} programs an SM; the copy "
-          f"{res_regs}, {k_max}")
-    if not GPU:   # the H200's plan: the H200 run's rung 6 had as many registers and programs
-        assert resident_programs(rung6_m["registers"], threads_r) == rung6_m["occ_blocks_per_sm"]
-        assert k_max > k6
-        if triton.__version__.startswith("3.6"):
-            assert k6 == 4
-    # section 2's bound for k programs an SM: each thread with its batch step's x loads out
-    # (both halves of its part of the [BLOCK_S, BLOCK_H, D/2] tile, 2 bytes an element)
-    step_bytes = 2 * 2 * p_r.block_s * p_r.block_h * 64 // threads_r    # 64: D/2 at d = 128
-    bound_k = {k: k * threads_r * step_bytes / 1024 for k in range(1, k_max + 1)}
-    print(f"bytes of loads in flight an SM, at most ({step_bytes} B a thread a step): "
-          + ", ".join(f"k = {k}: {v:.0f} KiB" for k, v in bound_k.items())
-          + f"; section 2's floors (H200): {need_idle:.1f} KiB idle, {need_loaded:.1f} loaded")
-    if not GPU:   # the H200's plan against the H200's floors: one program an SM below the
-        assert bound_k[1] < need_loaded < bound_k[k6]    # loaded floor, rung 6's k above it
-    # the tail: the copy on rung 6's grid, k_tile programs an SM, ends on a partial wave
-    waves = math.prod(p_r.grid) / (sms_r * k_tile)
-    per_token = math.prod(p_r.grid) // triton.cdiv(4096, p_r.block_s)   # programs a BLOCK_S
-    S_whole = math.ceil(waves) * sms_r * k_tile // per_token * p_r.block_s
-    print(f"the copy on rung 6's grid: {k_tile} programs an SM, {math.prod(p_r.grid):,} programs "
-          f"= {waves:.2f} waves on {sms_r} SMs; s = {S_whole} fills {math.ceil(waves)} whole ones")
-if GPU and k6:
-    from triton.testing import do_bench
-    t_copy = do_bench(lambda: y_c.copy_(x_c), quantiles=[0.5, 0.2, 0.8])[0]
-    print(f"y.copy_(x) {t_copy * 1e3:.1f} us; the copy on rung 6's tile with k programs an SM "
-          f"(grid k x {SM_HERE}), as a fraction of it (on rung 6's own grid: {tile_ratio:.3f})")
-    by_k = {}
-    for k in range(1, k_max + 1):
-        t_k = do_bench(lambda: copy_resident(x_c, y_c, k * SM_HERE), quantiles=[0.5, 0.2, 0.8])
-        by_k[k] = t_copy / t_k[0]
-        print(f"  k = {k}: {by_k[k]:.3f}" + ("   <- rung 6's k" if k == k6 else ""))
-    assert torch.equal(y_c, x_c)
-    if k6 > 1:    # one program an SM, its bytes in flight under the loaded floor, is slower
-        assert by_k[1] < by_k[k6], by_k
-    if k_max > k6 and by_k[k6] < 1:
-        closed = (max(by_k[k] for k in range(k6, k_max + 1)) - by_k[k6]) / (1 - by_k[k6])
-        print(f"more programs than rung 6's {k6} close {closed:.0%} of the gap left at {k6}: "
-              + ("residency holds most of it" if closed > 0.5 else
-                 "residency is not what holds it"))
-    else:
-        print(f"no more programs fit than rung 6's {k6}, or no gap is left: nothing to close")
-    # the tail: the copy on the tile at s = S_whole (whole waves) against its own y.copy_(x)
-    x_w = torch.randn(S_whole, *x_c.shape[1:], device=device, dtype=x_c.dtype)
-    y_w = torch.empty_like(x_w)
-    p_w = copy_on_tile(x_w, y_w)
-    assert torch.equal(y_w, x_w)
-    if (p_w.block_s, p_w.block_h, p_w.chunk, p_w.num_warps) == \
-            (p_r.block_s, p_r.block_h, p_r.chunk, p_r.num_warps) \
-            and math.prod(p_w.grid) == math.ceil(waves) * sms_r * k_tile:
-        whole = (do_bench(lambda: y_w.copy_(x_w), quantiles=[0.5, 0.2, 0.8])[0]
-                 / do_bench(lambda: copy_on_tile(x_w, y_w), quantiles=[0.5, 0.2, 0.8])[0])
-        print(f"the tail: at s = {S_whole} ({math.ceil(waves)} whole waves) the copy on the tile "
-              f"runs at {whole:.3f} of its own y.copy_(x), at s = 4096 ({waves:.2f}) at "
-              f"{tile_ratio:.3f}: " + (
-                  "no faster in whole waves, so the tail is not what holds the gap"
-                  if whole <= tile_ratio else "whole waves close "
-                  f"{(whole - tile_ratio) / max(1 - tile_ratio, 1e-9):.0%} of the gap"))
-    else:
-        print(f"the tail: s = {S_whole} is planned on another tile or grid ({p_w}): not timed")
-    del x_w, y_w
-    # Exercise 1's two kernels, at the programs an SM their registers allow on this tile
-    k_ex1 = {n: k for n, (_, _, w, k) in (both or {}).items() if w == p_r.num_warps}
-    if ex1_live and len(k_ex1) == 2 and max(k_ex1.values()) <= k_max:
-        k_sol, k_fin = k_ex1["worked solution"], k_ex1["ropelib's finished kernel"]
-        gap = ex1_live["ropelib's finished kernel"] - ex1_live["worked solution"]
-        res_gap = by_k[k_fin] - by_k[k_sol]
-        print(f"Exercise 1: the worked solution holds {k_sol} programs an SM, the finished "
-              f"kernel {k_fin}; the copy at those k: {by_k[k_sol]:.3f} and {by_k[k_fin]:.3f}, "
-              f"{res_gap:+.3f} of a copy against the two kernels' {gap:+.3f}: "
-              + ("the two kernels are level here" if abs(gap) <= 0.01 else
-                 "residency does not explain it" if res_gap * gap <= 0 else
-                 f"residency accounts for {min(res_gap / gap, 1):.0%} of it"))
+    res = checks_nb05.compile_failed(exc)
+if GPU and res:
+    nb05_gap.time_residency(
+        x_c, y_c, res, lambda x, y, n: nb05_gap.copy_resident(x, y, n, kernel=_copy_resident_kernel),
+        copy_on_tile, tile_ratio, exercise_1=(both, ex1_live))
 else:
     print("Timing needs a GPU: here the cell checks that the persistent copy copies with 1, 2 "
           "and 3 programs, and counts the programs an SM holds and their bytes in flight.")
@@ -2183,7 +2094,8 @@ if compiled:
     flat, finished = ladder.compile_for_gpu(["two-pass"])[0], compiled[-1]   # section 4's
     print(f"sm_90, Triton {triton.__version__} (register counts move between versions):")
     for c, label in ((finished, "finished kernel (H200 tile)"), (flat, "flat pass, with flags")):
-        warps = c["num_warps"] * resident_programs(c["registers"], 32 * c["num_warps"])
+        warps = c["num_warps"] * nb05_interleaved.programs_per_sm(c["registers"],
+                                                                 32 * c["num_warps"])
         print(f"  {label:28s} {c['num_warps']:2d} warps, {c['registers']:3d} registers/thread -> "
               f"{warps:2d} of 64 warps resident; loads/stores: {c['accesses']}")
     assert flat["registers"] < finished["registers"]
