@@ -1018,15 +1018,18 @@ assert sol_stores and set(sol_stores) == {16}                           # 16-byt
 checks_nb05.slow_path_share(sol_ex1, X_VECTORS)
 
 # %% [markdown]
-# ### Your kernels against a copy, on a GPU
+# ### Your kernels against a copy
 #
 # On a GPU the cell below times your kernels of Exercises 1 and 1b (once each passes its check)
 # on bf16 sbhd $[4096, 8, 32, 128]$ beside the worked solution, ropelib's finished kernel on the
 # same pairs, `apply_rope` and `y.copy_(x)`, each as a fraction of the copy's speed. Change the
-# launch (`launch_interleaved`) and rerun.
+# launch (`launch_interleaved`) and rerun. Without a GPU it runs the same launches once on a small
+# x and checks them, then prints the launch an H200 would time and the committed H200 numbers of
+# ropelib's two routes at that shape.
 
 # %%
 TIMED_SHAPE = (4096, 8, 32, 128)    # [S, B, H, D] bf16 sbhd: 256 MiB
+CHECKED_SHAPE = (5, 3, 4, 64)       # without a GPU: small enough for the interpreter
 # time_against_copy (do_bench each of your checked launches beside y.copy_(x)) and
 # against_committed (a live ratio within 15 % of the committed run's): read them there
 from ropelib.course.checks_nb05 import against_committed, time_against_copy
@@ -1049,8 +1052,9 @@ def launch_interleaved(kernel, x, y, freqs, *, block_s, block_h, chunk, num_warp
                  num_warps=num_warps)
 
 
-def time_exercise_1(shape):
-    """Your kernels of Exercises 1 and 1b, the worked solution and a copy, at `shape`."""
+def time_exercise_1(shape, timed=True):
+    """Your kernels of Exercises 1 and 1b, the worked solution and a copy, at `shape`; with
+    `timed=False` (no GPU) each of the first three launched once and checked instead."""
     x, y, freqs = timing_inputs(shape)
     freqs_sbhd = freqs.view(shape[0], 1, 1, shape[3])      # the angles as ropelib takes them
     p = ladder.plan("chunks", *shape, x.element_size(), *ladder.device_knobs(x))  # rung 4's tile
@@ -1067,7 +1071,9 @@ def time_exercise_1(shape):
                                                      run(my_interleaved_vector_kernel))},
                       solution=run(fk._rope_interleaved_tile_solution_kernel),
                       others=[("apply_rope (two passes)", lambda: ropelib.apply_rope(
-                          x, freqs_sbhd, interleaved=True))])
+                          x, freqs_sbhd, interleaved=True))], timed=timed)
+    if not timed:
+        return live
     # ropelib's finished kernel on the same pairs: apply_rope's route forced to it
     with forced("finished"):
         live.update(time_against_copy(x, y, None, yours={}, solution=None,
@@ -1084,12 +1090,18 @@ def time_exercise_1(shape):
     return live
 
 
-ex1_live = None                       # section 5 sets the two kernels' gap beside a copy's
+ex1_live = None                # A.6 sets the worked solution's gap to ropelib's beside a copy's
 if GPU:
     ex1_live = time_exercise_1(TIMED_SHAPE)
-else:
-    print("Timing needs a GPU: the interpreter runs one program after another in Python, so "
-          "here the checks above are all there is.")
+else:   # the interpreter: the launches above on a small x, then what an H200 would time
+    time_exercise_1(CHECKED_SHAPE, timed=False)
+    tp_runs = measured.two_pass()[("bf16 sbhd 256 MiB s4k b8", "forward")]
+    checks_nb05.not_timed_here(
+        TIMED_SHAPE, ladder.plan("chunks", *TIMED_SHAPE, 2, SMS_H200, H200_KNOBS), {
+            "ropelib's finished kernel (rotate-half pairs)": tp_runs["finished"]["ratio_to_copy"],
+            "apply_rope (two passes, rotate-half pairs)": tp_runs["auto"]["ratio_to_copy"]},
+        measured.where(measured.load("two_pass")[0]))
+    print("No committed run times the worked solution or your kernels: a GPU does.")
 
 # %% [markdown]
 # The worked solution and the finished kernel run the same grid, tile and warps on the same
@@ -1650,6 +1662,8 @@ measure_loads(my_flat_rope_kernel, EX2_ARGS, tiles.TWO_PASS_WARPS);
 # %% [markdown]
 # On a GPU the cell below times your flat pass as Exercise 1's were timed, with the launch counted
 # above; the first pass's tables are made once before, so the time is the second pass's alone.
+# Without a GPU it checks the launch on a small x and prints the H200's number for the same
+# design.
 
 # %%
 def launch_flat(kernel, x, y, cos, sin, *, xblock, num_warps):
@@ -1660,8 +1674,9 @@ def launch_flat(kernel, x, y, cos, sin, *, xblock, num_warps):
                                       num_warps=num_warps)
 
 
-def time_exercise_2(shape):
-    """Your flat pass of Exercise 2, the worked solution and a copy, at `shape`."""
+def time_exercise_2(shape, timed=True):
+    """Your flat pass of Exercise 2, the worked solution and a copy, at `shape`; with
+    `timed=False` (no GPU) each launched once and checked instead."""
     x, y, freqs = timing_inputs(shape)
     cos, sin = flat_pass.tables(freqs)    # the first pass's tables, made once
 
@@ -1671,13 +1686,18 @@ def time_exercise_2(shape):
 
     time_against_copy(x, y, reference.rope_reference(x, freqs),
                       yours={"yours (Exercise 2)": (ex2_passed, run(my_flat_rope_kernel))},
-                      solution=run(flat_pass._rope_flat_solution_kernel))
+                      solution=run(flat_pass._rope_flat_solution_kernel), timed=timed)
 
 
 if GPU:
     time_exercise_2(TIMED_SHAPE)
-else:
-    print("Timing needs a GPU: here the check above is all there is.")
+else:   # the interpreter: the launches above on a small x, then what an H200 would time
+    time_exercise_2(CHECKED_SHAPE, timed=False)
+    probed = measured.probe("paired_rows_probe")["bf16 sbhd 256 MiB s4k b8"]
+    checks_nb05.not_timed_here(
+        TIMED_SHAPE, f"{tiles.TWO_PASS_ELEMENTS} elements a program, {tiles.TWO_PASS_WARPS} warps",
+        {"an element-wise flat pass (A.9's rows=fp32)": probed["rows=fp32"]["ratio_to_copy"]},
+        measured.where(measured.load("paired_rows_probe")[0]))
 
 # %% [markdown]
 # ## Exercise 3: both members of a pair in one thread, for any head
@@ -1746,6 +1766,8 @@ if mine and own:
 # %% [markdown]
 # On a GPU the cell below times your pairs pass ($R = D$, the launch above) beside the worked
 # solution and a copy: set it beside your Exercise 2 pass, which loads every element twice.
+# Without a GPU it checks the launch on a small x and prints the H200's number for the same
+# design.
 
 # %%
 def launch_pairs(kernel, x, y, cos, sin, *, R, rows, num_warps):
@@ -1758,8 +1780,9 @@ def launch_pairs(kernel, x, y, cos, sin, *, R, rows, num_warps):
         PASS_BLOCK=triton.next_power_of_2(max(D - R, 1)), num_warps=num_warps)
 
 
-def time_exercise_3(shape):
-    """Your pairs pass of Exercise 3, the worked solution and a copy, at `shape`."""
+def time_exercise_3(shape, timed=True):
+    """Your pairs pass of Exercise 3, the worked solution and a copy, at `shape`; with
+    `timed=False` (no GPU) each launched once and checked instead."""
     x, y, freqs = timing_inputs(shape)
     cos, sin = flat_pass.tables(freqs)    # [S, R] with R = D: the first pass's tables, made once
 
@@ -1770,13 +1793,20 @@ def time_exercise_3(shape):
 
     time_against_copy(x, y, reference.rope_reference(x, freqs),
                       yours={"yours (Exercise 3)": (ex3_passed, run(my_pairs_kernel))},
-                      solution=run(pairs_pass._rope_pairs_solution_kernel))
+                      solution=run(pairs_pass._rope_pairs_solution_kernel), timed=timed)
 
 
 if GPU:
     time_exercise_3(TIMED_SHAPE)
-else:
-    print("Timing needs a GPU: here the check above is all there is.")
+else:   # the interpreter: the launches above on a small x, then what an H200 would time
+    time_exercise_3(CHECKED_SHAPE, timed=False)
+    probed = measured.probe("paired_rows_probe")["bf16 sbhd 256 MiB s4k b8"]
+    checks_nb05.not_timed_here(
+        TIMED_SHAPE, f"{tiles.TWO_PASS_ELEMENTS // TIMED_SHAPE[3]} head rows a program, "
+        f"{tiles.TWO_PASS_PAIR_WARPS} warps",
+        {"both members in one thread (A.9's pairs per thread)":
+         probed["pairs per thread fp32 8 rows 2 warps"]["ratio_to_copy"]},
+        measured.where(measured.load("paired_rows_probe")[0]))
 
 # %% [markdown]
 # `_rotate_pairs` in `ropelib/kernels/flat.py` does this for ropelib, and also reads table rows

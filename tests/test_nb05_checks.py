@@ -262,3 +262,30 @@ def test_flat_pass_schedule_compiles_ropelibs_pass():
     assert len(own["loads"]) == 10 and all(".128" in ins for _, ins in own["loads"])
     if triton.__version__.startswith(("3.6", "3.9")):       # section 5's profile: 46 registers
         assert own["registers"] == 46 and own["early"] == 8
+
+
+def test_time_against_copy_without_a_gpu_checks_and_times_nothing(do_bench_stand_in, capsys):
+    stand_in = do_bench_stand_in(lambda k: 1.0)
+    x = torch.randn(4, 3)
+    y, want = torch.empty_like(x), 2 * x
+    right = lambda: torch.mul(x, 2, out=y)            # noqa: E731
+    assert checks_nb05.time_against_copy(
+        x, y, want, yours={"yours": (True, right), "not yet": (False, right)}, solution=right,
+        others=[("apply_rope", right)], timed=False) == {}
+    out = capsys.readouterr().out
+    assert stand_in.calls == [] and "not timed" in out
+    assert "yours                      launched here: equal to the reference" in out
+    assert "not yet: launched here once it passes its check above" in out
+    assert "apply_rope                 timed on a GPU only" in out
+    with pytest.raises(AssertionError, match="yours, x \\[4, 3\\]"):     # a wrong launch stops it
+        checks_nb05.time_against_copy(x, y, want, yours={"yours": (True, lambda: y.copy_(x))},
+                                      solution=None, timed=False)
+    capsys.readouterr()
+    checks_nb05.not_timed_here((4096, 8, 32, 128), ladder.plan("chunks", 4096, 8, 32, 128, 2,
+                                                               SMS_H200, H200_KNOBS),
+                               {"ropelib's finished kernel": 0.903}, "the H200 run")
+    out = capsys.readouterr().out
+    assert out.startswith("Timing needs a GPU. On an H200 this cell times them at x "
+                          "[4096, 8, 32, 128] bf16 (grid (4096, 1, 1), BLOCK_S=1 BLOCK_H=32 "
+                          "B_CHUNK=8, 8 warps)")
+    assert "ropelib's finished kernel" in out and "0.903 of a copy" in out

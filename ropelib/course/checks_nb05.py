@@ -661,41 +661,76 @@ def time_rungs(x, calls, committed, where, *, timed):
 
 
 # Exercise 1's timing on a GPU (the notebook's `time_exercise_1` calls these)
-def time_against_copy(x, y, want, yours, solution, others=()):
+def time_against_copy(x, y, want, yours, solution, others=(), *, timed=True):
     """Time y.copy_(x), each of your launches (yours: name -> (passed its check, a call that
     writes y)), the worked solution's (a call that writes y) and `others` ((name, call) pairs)
     with do_bench; print each median and its speed as a fraction of the copy's, and return those
     fractions by name. Yours are timed only once they pass their check, and only after their
     output at this size is asserted to be `want` (the reference); a solution of None is not
-    timed."""
-    from triton.testing import do_bench
+    timed.
 
+    Without a GPU (`timed=False`) nothing is timed: each of your launches that has passed its
+    check, and the worked solution's, runs once into a NaN-filled y and is asserted to be
+    `want`, so the launch a GPU would time is known to compute RoPE; returns {}."""
     from ropelib import runtime
     mode = runtime.mode()
-    print(f"x {list(x.shape)} {str(x.dtype).replace('torch.', '')} "
-          f"({x.numel() * x.element_size() >> 20} MiB), {mode}: median us "
-          "(20-80 % quantiles), speed as a fraction of the copy's")
-    timed = {}
-    for name, (passed, run) in yours.items():
-        if not passed:
-            print(f"  {name}: timed here once it passes its check above")
-            continue
+    if timed:
+        print(f"x {list(x.shape)} {str(x.dtype).replace('torch.', '')} "
+              f"({x.numel() * x.element_size() >> 20} MiB), {mode}: median us "
+              "(20-80 % quantiles), speed as a fraction of the copy's")
+    else:
+        print(f"x {list(x.shape)} {str(x.dtype).replace('torch.', '')}, {mode}: each launch "
+              "run once and compared with the reference; not timed (that needs a GPU)")
+
+    def checked(name, run):
         y.fill_(float("nan"))                  # an element the kernel does not write stays NaN
         run()
         torch.testing.assert_close(                # correct at this size too
             y, want, msg=lambda m, name=name: f"{name}, x {list(x.shape)}: {m}")
-        timed[name] = run
+
+    to_time = {}
+    for name, (passed, run) in yours.items():
+        if not passed:
+            print(f"  {name}: {'timed' if timed else 'launched'} here once it passes its check "
+                  "above")
+            continue
+        checked(name, run)
+        to_time[name] = run
+        if not timed:
+            print(f"  {name:26s} launched here: equal to the reference")
+    if not timed:
+        if solution is not None and want is not None:
+            checked("worked solution", solution)
+            print(f"  {'worked solution':26s} launched here: equal to the reference")
+        for name, _ in others:
+            print(f"  {name:26s} timed on a GPU only")
+        return {}
+    from triton.testing import do_bench
     if solution is not None:
-        timed["worked solution"] = solution
-    timed.update(others)
+        to_time["worked solution"] = solution
+    to_time.update(others)
     copy_ms = do_bench(lambda: y.copy_(x), quantiles=[0.5, 0.2, 0.8])
     ratios = {}
-    for name, run in {"y.copy_(x)": None, **timed}.items():
+    for name, run in {"y.copy_(x)": None, **to_time}.items():
         ms = copy_ms if run is None else do_bench(run, quantiles=[0.5, 0.2, 0.8])
         ratios[name] = copy_ms[0] / ms[0]
         print(f"  {name:26s} {ms[0] * 1e3:7.1f} us ({ms[1] * 1e3:.1f}-{ms[2] * 1e3:.1f})  "
               f"{ratios[name]:.2f} of a copy")
     return ratios
+
+
+def not_timed_here(shape, launch, committed, where):
+    """Say, without a GPU, what a timing cell would do on one: time the launches it checked at
+    bf16 `shape` on `launch` (a ladder.Plan, or words) beside a copy; and print `committed`
+    ({name: ratio to a copy}), the committed runs at that shape measured on `where`, that a GPU's
+    timings would be set beside."""
+    if isinstance(launch, ladder.Plan):
+        launch = (f"grid {launch.grid}, BLOCK_S={launch.block_s} BLOCK_H={launch.block_h} "
+                  f"B_CHUNK={launch.chunk}, {launch.num_warps} warps")
+    print(f"Timing needs a GPU. On an H200 this cell times them at x {list(shape)} bf16 "
+          f"({launch}) beside y.copy_(x). The committed runs at that shape ({where}):")
+    for name, ratio_to_copy in committed.items():
+        print(f"  {name:48s} {ratio_to_copy:.3f} of a copy")
 
 
 def against_committed(live, committed, band=0.15):
