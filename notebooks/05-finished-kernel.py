@@ -30,13 +30,19 @@
 # their own GPU, whose tile may differ (16 warps a program on an H100, 8 on the H200). Without a
 # GPU the interpreter runs the kernels and the layout cells compile them for sm_90.
 #
-# **Time:** about two hours for sections 1 to 6, as long again for the exercises (1, 1b, 2, 3);
-# the appendices and the questions are for a second sitting.
+# **Time:** about an hour and a half for the main path: sections 1 to 6 with their cells (about
+# 55 minutes), Exercise 1 (about 20) and Exercise 2 (about 15). The parts marked *optional* can
+# be skipped on a first pass and make a second sitting of about two hours: Exercises 1b and 3
+# (each takes the exercise before it further), section 5's profile of where the rungs spend their
+# cycles, the appendices and the questions. Run their cells anyway (Run All does): later cells
+# read what they compute. The cells run in about two minutes on a CPU (Triton's interpreter;
+# several compile kernels for sm_90).
 #
 # **After this notebook you will be able to** bound a memory-bound kernel's tile from below with
 # Little's law; grow a Triton kernel from one row per program to a 3-D tile with a grid axis over
 # batch chunks; read the layout Triton gives a tile, and which loads its SASS issues before the
-# arithmetic waits, without a GPU; and write and time three kernels against a copy.
+# arithmetic waits, without a GPU; and write a 3-D tile kernel and a flat pass, checked in the
+# interpreter and timed against a copy on a GPU.
 
 # %%
 import os, torch
@@ -957,7 +963,7 @@ def measure_loads(kernel, args, num_warps):
 measure_loads(my_interleaved_tile_kernel, EX1_ARGS, plan_h200.num_warps);
 
 # %% [markdown]
-# ### Exercise 1b: the same kernel with 16-byte loads
+# ### Exercise 1b (optional): the same kernel with 16-byte loads
 #
 # Write the interleaved tile again so that a thread loads its features of `x` as 16-byte vectors:
 # load each head's row of $2 \cdot \text{BLOCK\_HALF}$ features as one contiguous tile (feature
@@ -1246,7 +1252,7 @@ checks_nb05.one_run_steps(rows, RUNS)         # the first paragraph's numbers
 checks_nb05.sixteen_tokens(rows, hatched)     # the second's
 
 # %% [markdown]
-# ### Where the rungs spend their cycles
+# ### Where the rungs spend their cycles (optional)
 #
 # `benchmarks/ladder_stalls_ncu.py` profiles the copy, every rung and the finished kernel at
 # $s = 4096$, $b = 8$ and $s = 32768$, $b = 1$ with Nsight Compute's **warp states** (what each
@@ -1700,7 +1706,7 @@ else:   # the interpreter: the launches above on a small x, then what an H200 wo
         measured.where(measured.load("paired_rows_probe")[0]))
 
 # %% [markdown]
-# ## Exercise 3: both members of a pair in one thread, for any head
+# ## Exercise 3 (optional): both members of a pair in one thread, for any head
 #
 # Section 6's flat pass gives one thread both members $x_j$ and $x_{j+R/2}$ of its pairs, so no
 # element is loaded twice, and it takes any head: a rotary dim $R \le D$ (even), pairs
@@ -2052,7 +2058,7 @@ else:
           "and 3 programs, and counts the programs an SM holds and their bytes in flight.")
 
 # %% [markdown]
-# ## Appendix: the two-pass route's details
+# ## Appendix: the two-pass route's details (optional)
 
 # %% [markdown]
 # ### A.7 The flat pass beside the finished kernel
@@ -2165,7 +2171,7 @@ checks_nb05.paired_rows_probe()
 checks_nb05.elementwise_route(tp, tp_meta)
 
 # %% [markdown]
-# ## Questions for discussion
+# ## Questions for discussion (optional)
 #
 # 1. Section 2 measured DRAM's latency idle and beside a copy. Which should size a tile, and why
 #    does a kernel with more than $W_\text{read} \cdot L_\text{idle}$ of loads in flight not go
