@@ -40,9 +40,9 @@
 #
 # **After this notebook you will be able to** bound a memory-bound kernel's tile from below with
 # Little's law; grow a Triton kernel from one row per program to a 3-D tile with a grid axis over
-# batch chunks; read the layout Triton gives a tile, and which loads its SASS issues before the
-# arithmetic waits, without a GPU; and write a 3-D tile kernel and a flat pass, checked in the
-# interpreter and timed against a copy on a GPU.
+# batch chunks; read the layout Triton gives a tile, and which loads its machine code (SASS)
+# issues before the arithmetic waits, without a GPU; and write a 3-D tile kernel and a flat pass,
+# checked in the interpreter and timed against a copy on a GPU.
 
 # %%
 import os, torch
@@ -214,7 +214,7 @@ for name, ns in (("DRAM, idle", DRAM_NS), ("DRAM, beside a copy", LOADED_NS)):
     print(f"W_read x L with L = {ns:6.1f} ns ({name}): {per_sm / 1024:4.1f} KiB of loads in flight "
           f"per SM, {per_sm / THREADS_PER_SM:4.1f} B per thread with {THREADS_PER_SM} threads "
           "resident")
-# the text below: about 350 ns from idle DRAM, 1.3 us beside the copy, three and a half times
+# the text below: about 350 ns from idle DRAM, 1.3 us beside the copy, 3.5 times as long
 assert round(DRAM_NS, -1) == 350 and round(LOADED_NS, -2) == 1300, (DRAM_NS, LOADED_NS)
 assert abs(copy_w["loaded"] - copy_w["idle"]) < 0.02 * copy_w["idle"]   # one warp takes nothing
 assert 3.4 < LOADED_NS / DRAM_NS < 3.6
@@ -227,10 +227,10 @@ assert round(W_READ / 1e12, 2) == 2.15                                    # "2.1
 # $W_\text{read}$ = 2.15 TB/s, a kernel must keep $W_\text{read} \cdot L_\text{idle}$, about
 # 5.6 KiB of loads, in flight per SM.
 #
-# Beside a copy the same load takes about 1.3 µs. That is **queueing**, not a larger need: the
-# copy keeps more than the need outstanding, bandwidth cannot grow past $W_\text{read}$, so the
-# extra requests wait. The second row's 20.1 KiB is what a full-bandwidth stream has in flight
-# once queues have formed, not a requirement.
+# Beside a copy the same load takes about 1.3 µs, three and a half times as long. That is
+# **queueing**, not a larger need: the copy keeps more than the need outstanding, bandwidth cannot
+# grow past $W_\text{read}$, so the extra requests wait. The second row's 20.1 KiB is what a
+# full-bandwidth stream has in flight once queues have formed, not a requirement.
 #
 # Section 1's `x KiB/SM` is an **upper bound** on what a kernel keeps in flight: every resident
 # warp with its whole batch step's loads out at once. A bound below the need proves a kernel short
@@ -274,7 +274,7 @@ assert round(mech["copy"]["us"] / mech["batch_reuse"]["us"] * 100) == 70     # "
 # across these three, more asked for goes with more speed
 speed = {v: mech["copy"]["us"] / mech[v]["us"] for v in ("naive", "batch_reuse", "ropelib")}
 assert speed["naive"] < speed["batch_reuse"] < speed["ropelib"] < 1
-# "about 1.4 times the loaded floor", "about 2.7 times it"
+# the finished kernel's bound about 1.4 times the loaded floor, a copy's 2.7 times
 assert [round(mech[v]["x_kib_per_sm"] / need_loaded, 1) for v in ("ropelib", "copy")] == [1.4, 2.7]
 # ... but not across the rungs above the loaded floor: heads' bound 1.8 times rung 6's, slower
 heads_m, rung6_m, planned_m = mech["heads"], mech["equal_halves"], mech["ropelib_planned"]
@@ -284,10 +284,13 @@ assert [round(r["us"]) for r in (heads_m, rung6_m)] == [142, 137]
 
 # %% [markdown]
 # Only the naive kernel's bound lies below the need, and its programs set its time first
-# (notebook 04). Above it the bound orders nothing: the `heads` rung asks for 1.8 times rung 6's
-# KiB and is slower. So the need bounds a tile from below without sizing it: ropelib's tile was
-# chosen by a sweep of timed tiles (`ropelib/kernels/tiles.py`), and its **planner**
-# (`launch.plan`) turns them into a launch for each call:
+# (notebook 04). Across section 1's three kernels more asked for goes with more speed: the
+# batch-reusing grid's bound lies between the two floors, the finished kernel's at about 1.4 times
+# the loaded one, a copy's at 2.7 times. Across the rungs, all above the loaded floor, the bound
+# orders nothing: the `heads` rung asks for 1.8 times rung 6's KiB and is slower. So the need
+# bounds a tile from below without sizing it: ropelib's tile was chosen by a sweep of timed tiles
+# (`ropelib/kernels/tiles.py`), and its **planner** (`launch.plan`) turns them into a launch for
+# each call:
 #
 # - **per thread**: a wide vector per load (8 bf16 = 16 bytes is the widest); the two halves of a
 #   head load apart, so a thread holding $e$ elements loads $e/2$ of each half at a time;
@@ -305,6 +308,8 @@ SMS_H200 = 132
 H200_KNOBS = dict(tile_loop=tiles.TILES_BY_GPU["NVIDIA H200"]["loop"],
                   tile_noloop=tiles.TILE_NOLOOP, tile_wide=tiles.TILE_WIDE)
 assert tiles.PROGRAMS_PER_SM == 4
+# the bullets' tiles, (elements a thread, warps): the H100's TILE_LOOP, the H200's
+assert tiles.TILE_LOOP == (8, 16) and H200_KNOBS["tile_loop"] == (16, 8)
 plan_h200 = ladder.plan("equal_halves", 4096, 8, 32, 128, 2, SMS_H200, H200_KNOBS)
 print(f"the planner for the H200, s=4096 b=8 h=32 d=128 bf16: {plan_h200}")
 print(f"the H200 run launched the finished kernel with grid {fin_m['grid']}, "
@@ -532,9 +537,9 @@ assert ladder.plan("warps", 4096, 8, 32, 128, 2, SMS_H200, H200_KNOBS).num_warps
 # and, for short loops, a tile of fewer threads with more elements each. So one idea in the source
 # is not always one change in the launch (the cell prints the H200's plans).
 #
-# **Accurate sin/cos** (rung 5, `ACCURATE`) calls libdevice's `cosf`/`sinf`, within 2 ulp over the
-# whole fp32 range, like Transformer Engine's (TE's) `sincosf`. With Triton 3.6 `tl.cos` is
-# libdevice's too: rungs 4 and 5 are the same machine code.
+# **Accurate sin/cos** (rung 5, `ACCURATE`) calls `cosf`/`sinf` from libdevice (NVIDIA's math
+# library for GPU code), within 2 ulp over the whole fp32 range, like Transformer Engine's (TE's)
+# `sincosf`. With Triton 3.6 `tl.cos` is libdevice's too: rungs 4 and 5 are the same machine code.
 
 # %%
 # ropelib-source: ropelib.course.ladder._ladder_chunk_kernel
@@ -793,8 +798,9 @@ assert max(steps, key=steps.get) == "heads" and round(steps["heads"], 1) == 16.5
 #   name for a program);
 # - `order` — the axes from fastest to slowest varying (2, the feature axis, first).
 #
-# Along the feature axis, 8 bf16 a thread is one 16-byte `ld.global.v4.b32` in the PTX, the widest
-# load; 4 bf16 are one `ld.global.v2.b32`. Triton picks the width from what it can prove: a feature
+# Along the feature axis, 8 bf16 a thread is one 16-byte `ld.global.v4.b32` in the PTX (NVIDIA's
+# virtual assembly, which `ptxas` turns into the GPU's machine code, SASS), the widest load;
+# 4 bf16 are one `ld.global.v2.b32`. Triton picks the width from what it can prove: a feature
 # stride of 1, other strides and pointers multiples of 16 bytes. The next cell compiles each rung
 # for an H200 (sm_90) with no GPU, and ropelib's kernel once more with the H100's tile.
 
@@ -1005,8 +1011,9 @@ ex1b_passed = load_schedule.check_wide_loads(
 # %% [markdown]
 # The worked solution below answers both exercises as `ropelib/kernels/fused.py` does: whole rows
 # in, each partner found with `tl.reshape` and `tl.split`, put back with `tl.join`, whole rows
-# out. In the next cell's count its 4-byte loads and local memory (`STL`, `LDL`) are libdevice's
-# sin/cos slow path for large angles, not spilled registers (checked).
+# out. In the next cell's count its 4-byte loads are libdevice's sin/cos slow path for large
+# angles, not spilled registers (checked), and so is its local memory (`STL`, `LDL`) with Triton
+# 3.6; with 3.9 the path needs none.
 
 # %%
 fk.show_solution()
@@ -1365,7 +1372,7 @@ assert [r1(b1[n]["waiting_on_memory"] * b1[n]["issuing"]) for n in ("equal_halve
 #   take 145 to 147 µs while their warp instructions grow by 45 %: the schedulers issue in only
 #   32 % to 46 % of their cycles, so the extra instructions fill idle slots.
 # - **They have about half a copy's warps waiting on memory, and half its warps resident.**
-#   Whether that is the missing speed, the end of this section asks.
+#   Whether that is the missing speed, appendix A.6 asks.
 # - **At $b = 1$ the heads, tile and warps rungs are paced by their instructions**, every sin and
 #   cos evaluated 16 or 32 times. From the chunks rung on each is evaluated once, and the DRAM
 #   rate climbs towards the copy's.
@@ -1383,9 +1390,9 @@ assert [r1(b1[n]["waiting_on_memory"] * b1[n]["issuing"]) for n in ("equal_halve
 tab = checks_nb05.table_probe()
 
 # %% [markdown]
-# On the three 256 MiB tensors taking the sin/cos out buys 0.7 to 1.5 of the rung's 8 to 9
-# points. Only on the 8 MiB case (16 tokens, a batch of 64) does it buy most of the gap, 17.4 of
-# 27.0 points.
+# On the three 256 MiB tensors taking the sin/cos out buys 0.7 to 1.5 of the rung's 8 to 9 points,
+# though it cuts the rung's machine code by up to 17 times. Only on the 8 MiB case (16 tokens, a
+# batch of 64) does it buy most of the gap, 17.4 of 27.0 points.
 #
 # **A copy on the rung's tile.** `_copy_on_tile_kernel` has rung 6's grid, tile, warps and batch
 # loop, and loads each half of a head's rows of `x` as the rung does, storing them unchanged. On a
@@ -1508,6 +1515,7 @@ for loop, names in LOOP_GROUPS.items():
         print(f"  {loop:14s} {w} warp{'s' if w > 1 else ' '}: {shown(v):26s} "
               f"{best[loop, w]:.3f}")
 flat_speed = mech["copy"]["us"] / planned_m["us"]
+assert (planned_m["programs"], planned_m["num_warps"]) == (131072, 2)     # Question 7's
 print(f"  the flat pass (no loop, 2 warps, {planned_m['programs']:,} programs): {flat_speed:.3f}")
 assert (said(min(best.values()), 2), said(max(best.values()), 2)) == ("0.87", "0.91")
 assert max(best.values()) < 0.95 < flat_speed
@@ -1648,17 +1656,19 @@ flat_pass.show_solution()
 
 # %% [markdown]
 # The solution picks the partner with a `tl.where`. A thread's 8 elements are 8 consecutive
-# features, all in one half when $D/2$ is a multiple of 8, so its partners are consecutive too,
-# and Triton proves it unaided: the cell below counts the loads, by width, of the solution and your
-# kernel. A contiguity hint (`tl.multiple_of`) is a promise the compiler trusts and the interpreter
-# ignores: a false one ($d = 24$ is among the check's cases) passes here and reads wrong on a GPU.
+# features, all in one half when $D/2$ is a multiple of 8, so its partners are consecutive too, and
+# Triton proves it unaided: the cell below counts a thread's loads, by width, for the solution (six,
+# all of 16 bytes: 8 bf16 of x, 8 of their partners, and 8 fp32 of each table in two loads) and for
+# your kernel. A contiguity hint (`tl.multiple_of`) is a promise the compiler trusts and the
+# interpreter ignores: a false one ($d = 24$ is among the check's cases) passes here and reads wrong
+# on a GPU.
 
 # %%
 EX2_ARGS = dict(x_ptr=bf16_any, y_ptr=bf16_any, cos_ptr=fp32_any, sin_ptr=fp32_any,
                 N=16384 * 8 * 32 * 128, ROW=8 * 32 * 128, D=128, XBLOCK=tiles.TWO_PASS_ELEMENTS)
 print("the worked solution (tl.where, no hints):")
 sol_ex2 = measure_loads(flat_pass._rope_flat_solution_kernel, EX2_ARGS, tiles.TWO_PASS_WARPS)
-if triton.__version__.startswith(("3.6", "3.9")):     # the text: six loads, all of 16 bytes
+if triton.__version__.startswith(("3.6", "3.9")):     # the text: six, all of 16 bytes
     assert sol_ex2 is not None, "the worked solution did not compile for sm_90 (printed above)"
     sol_ex2_widths = load_schedule.load_widths(sol_ex2)
     assert sol_ex2_widths == {16: 6}, f"loads by bytes {sol_ex2_widths}, not six of 16"
@@ -2101,7 +2111,7 @@ assert [said(v, 1) for v in (*pre_pass(tp, b1), pre_pass(tp, s16k)[1])] == ["11.
 # ... faster than a pre-pass every call would allow: at most copy / (copy + pre-pass)
 cap = 1 / (1 + pre_pass(tp, b1)[1] / 100)
 assert said(cap) == "0.854" and ratio(tp, b1, "two-pass") > cap
-assert tp_meta["date"].startswith("2026-12-02T08:22")             # "this run"
+assert tp_meta["date"].startswith("2026-12-02T08:22")             # section 6's run
 # the spread between runs: torch.compile at 1 GiB in every committed H200 run that times it
 lo_c, hi_c = checks_nb05.torch_compile_runs(ratio(tp, s16k, "torch.compile"))
 assert (said(lo_c), said(hi_c)) == ("0.955", "0.997")              # "about four points"
@@ -2110,15 +2120,20 @@ assert said(100 * lead_b1, 1) == "2.7" and lead_b1 < hi_c - lo_c      # "within 
 
 # %% [markdown]
 # On the H200 the route is ahead of the finished kernel at batch 8, with angles or a table,
-# forward and forward+backward; at batch 1 the two are level within the spread between runs.
-# There the route beats the cap a pre-pass on every call would set: the eager route keeps the
-# pre-pass's rows (`TableRows` in `ropelib/eager.py`) for later calls with the same table.
+# forward and forward+backward. At batch 1 the two are level within the spread between runs: 2.7
+# points apart, where torch.compile's own ratio at 1 GiB moves by about four points between the
+# committed runs. There the pre-pass alone takes a sixth of a copy's time, which would cap the
+# route at 0.854 of a copy if every call paid it; the route runs at 0.963 because the eager route
+# keeps the pre-pass's rows (`TableRows` in `ropelib/eager.py`) for later calls with the same
+# table.
 #
 # ### A.8 What else the flat pass changes
 #
-# Beyond its launch, the flat pass has no sin/cos, no batch loop and fewer registers a thread.
-# torch.compile's kernel (`benchmarks/results/inductor-rope-bf16-sbhd.txt`) is of the same kind:
-# no loop, its cos/sin read with `evict_last`.
+# Beyond its launch, the flat pass has no sin/cos, no batch loop and fewer registers a thread: under
+# the H200 run's mechanism profile (section 1's) 46 against the finished kernel's 64, and 56 %
+# achieved occupancy against 44 %, for slightly more warp instructions an element (0.35 against
+# 0.31). torch.compile's kernel (`benchmarks/results/inductor-rope-bf16-sbhd.txt`) is of the same
+# kind: no loop, its cos/sin read with `evict_last`.
 
 # %%
 inductor = (ROOT / "benchmarks" / "results" / "inductor-rope-bf16-sbhd.txt").read_text()
@@ -2137,10 +2152,10 @@ if compiled:
     assert flat["registers"] < finished["registers"]
     # 16-byte loads: x_j, x_{j+R/2}, the fp32 cos and s' of both members; one byte: the flag
     assert flat["accesses"] == {"ld.v1.b8": 1, "ld.v4.b32": 10, "st.v4.b32": 2}
-    if triton.__version__.startswith("3.6"):                 # "42 registers with Triton 3.6"
+    if triton.__version__.startswith("3.6"):       # with flags: 42 (the profiled pass: 46)
         assert flat["registers"] == 42
-# section 5's H200 profile: the pass launched without flags, 46 registers
-print(f"section 5's profile of the flat pass (H200): {planned_m['registers']} registers, PTX "
+# the H200 run's mechanism profile: the pass launched without flags, 46 registers
+print(f"the mechanism profile of the flat pass (H200): {planned_m['registers']} registers, PTX "
       f"{planned_m['ptx_access_detail']}")
 assert planned_m["ptx_access_detail"] == "ld.v4.b32=10 st.v4.b32=2"
 assert (planned_m["registers"], fin_m["registers"]) == (46, 64)

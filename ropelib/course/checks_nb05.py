@@ -395,7 +395,7 @@ def one_run_writes(mech, meta, sms, knobs, compile_errors):
         def shape_of(store):
             return re.sub(r"\bR\d+", "R", store)
         assert [shape_of(i) for i in stores["warps"]] == [shape_of(i) for i in stores["chunks"]]
-        assert meta["triton"].startswith("3.6")                 # "the H200 run used Triton 3.6"
+        assert meta["triton"].startswith("3.6")      # the H200 run's Triton: the same code
 
 
 def load_order():
