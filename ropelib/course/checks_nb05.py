@@ -142,6 +142,7 @@ def steps_table(rows, meta, runs, mech, mech_meta, sms, knobs):
         if case != c16:
             assert max(step[case], key=step[case].get) == "heads", (case, step[case])
             assert pct["ropelib"] > pct["batch_reuse"] + 10, (case, pct)
+    assert said(step[c8]["heads"], 1) == "16.5"
     assert said(med[c8, "heads"], 1) == "12.2" and (c8, "heads") in held
     assert [said(v, 1) for v in (step[c1]["heads"], med[c1, "heads"])] == ["53.3", "58.6"]
     assert by_case[c1]["batch_reuse"] < 25 and 70 < by_case[c1]["heads"] < 80
