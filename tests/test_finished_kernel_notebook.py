@@ -502,14 +502,19 @@ def timing(same, do_bench_stand_in, capsys):
     """The three timing cells run as the notebook runs them here (GPU False), with what the
     notebook defines before them: the learner's kernels are copies of the worked solutions, each
     has passed its check; `do_bench` calls its function once and says 1 ms for the first call
-    (the copy's) and 2 ms for every later one."""
+    (the copy's) and 2 ms for every later one (`timed_without_gpu`: the calls while the cells ran,
+    `timed`: the calls after)."""
+    from ropelib.course import checks_nb05, measured
     from ropelib.course.exercises import flat_pass, pairs_pass
     from ropelib.kernels import tiles
 
     import ropelib
     from ropelib.bench.routes import forced
+    h200_knobs = dict(tile_loop=tiles.TILES_BY_GPU["NVIDIA H200"]["loop"],
+                      tile_noloop=tiles.TILE_NOLOOP, tile_wide=tiles.TILE_WIDE)
     ns = dict(torch=torch, triton=triton, tl=tl, ropelib=ropelib, device=runtime.default_device(),
-              GPU=False, forced=forced,
+              GPU=False, forced=forced, checks_nb05=checks_nb05, measured=measured,
+              SMS_H200=132, H200_KNOBS=h200_knobs,
               runtime=runtime, ladder=ladder, reference=reference, fk=fk, flat_pass=flat_pass,
               pairs_pass=pairs_pass, tiles=tiles,
               my_interleaved_tile_kernel=learner_copy(fk._rope_interleaved_tile_solution_kernel),
@@ -517,18 +522,40 @@ def timing(same, do_bench_stand_in, capsys):
               my_flat_rope_kernel=learner_copy(flat_pass._rope_flat_solution_kernel),
               my_pairs_kernel=learner_copy(pairs_pass._rope_pairs_solution_kernel),
               ex1_passed=True, ex1b_passed=True, ex2_passed=True, ex3_passed=True)
+    ns["timed_without_gpu"] = do_bench_stand_in(lambda k: 1.0).calls
+    printed = []
     for cell in _timing_cells(same):
         exec(compile(cell, "<timing cell>", "exec"), ns)  # noqa: S102 -- the notebook's cells
-    ns["printed_without_gpu"] = capsys.readouterr().out
+        printed.append(capsys.readouterr().out)
+    ns["printed_without_gpu"] = printed
     ns["timed"] = do_bench_stand_in(lambda k: 1.0 if k == 0 else 2.0).calls
     return ns
 
 
-def test_the_timing_cells_only_say_so_without_a_gpu(timing):
-    lines = timing["printed_without_gpu"].splitlines()
-    assert len(lines) == 3 and all(line.startswith("Timing needs a GPU") for line in lines)
+@pytest.mark.parametrize("n, yours, committed", [
+    (1, ("Exercise 1", "Exercise 1b"), ("finished kernel (rotate-half pairs)", "0.903",
+                                       "apply_rope (two passes, rotate-half pairs)", "0.997")),
+    (2, ("Exercise 2",), ("element-wise flat pass (A.9's rows=fp32)", "0.968")),
+    (3, ("Exercise 3",), ("both members in one thread (A.9's pairs per thread)", "0.993"))])
+def test_without_a_gpu_a_timing_cell_checks_your_launch_and_says_what_a_gpu_times(
+        timing, n, yours, committed):
+    out = timing["printed_without_gpu"][n - 1]
+    assert timing["timed_without_gpu"] == []                     # nothing timed
+    assert f"x {list(timing['CHECKED_SHAPE'])} bfloat16" in out and "not timed" in out
+    for e in yours + ("worked solution",):
+        name = e if e == "worked solution" else f"yours ({e})"
+        assert re.search(rf"{re.escape(name)}\s+launched here: equal to the reference", out), name
+    assert "Timing needs a GPU. On an H200 this cell times them at x [4096, 8, 32, 128]" in out
+    for text in committed:
+        assert text in out, text
     assert timing["TIMED_SHAPE"] == (4096, 8, 32, 128)      # bf16: the 256 MiB the text names
     assert math.prod(timing["TIMED_SHAPE"]) * 2 == 256 << 20
+
+
+def test_without_a_gpu_a_wrong_launch_fails_the_cell(timing):
+    timing["my_flat_rope_kernel"] = _copies_x
+    with pytest.raises(AssertionError, match=r"yours \(Exercise 2\), x \[5, 3, 4, 64\]"):
+        timing["time_exercise_2"](timing["CHECKED_SHAPE"], timed=False)
 
 
 @pytest.mark.parametrize("n, yours", [(1, ("Exercise 1", "Exercise 1b")), (2, ("Exercise 2",)),
@@ -572,6 +599,7 @@ def test_the_timing_cells_launch_your_kernel_in_the_cell(same):
         assert re.search(r"\bkernel\[(grid|\(triton\.cdiv\()", cell), n
         assert not re.search(r"\b(fk|flat_pass|pairs_pass)\.launch\(", cell), n
         assert "if GPU:" in cell and "time_against_copy(" in cell, n
+        assert "timed=False" in cell and "not_timed_here(" in cell, n   # the CPU's path
     # the timing itself: do_bench, in the cell or in the helper the cell imports
     import inspect
     from ropelib.course import checks_nb05

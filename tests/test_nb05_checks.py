@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ropelib.course import checks_nb05, ladder, load_schedule, measured
+from ropelib.course import checks_nb05, ladder, load_schedule, measured, nb05_waterfall
 from ropelib.kernels import tiles
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -15,15 +15,6 @@ ROOT = Path(__file__).resolve().parents[1]
 SMS_H200 = 132
 H200_KNOBS = dict(tile_loop=tiles.TILES_BY_GPU["NVIDIA H200"]["loop"],
                   tile_noloop=tiles.TILE_NOLOOP, tile_wide=tiles.TILE_WIDE)
-
-
-def _ladder_rows():
-    meta, rows = measured.load("ladder")
-    share = ladder.copy_share(rows)
-    for r in rows:
-        if r.get("pct_of_copy") is not None:
-            r["pct_of_copy"] = share[r.get("run", 1), r["case"], r["provider"]]
-    return meta, rows
 
 
 def _stall_cells():
@@ -43,18 +34,83 @@ def _run_stall_cells():
     return ns
 
 
-def test_the_ladder_and_stall_claims_hold_on_the_committed_csvs():
-    meta, rows = _ladder_rows()
-    mech = measured.mechanism("s4096-b8")
+@pytest.fixture(scope="module")
+def ladder_run():
+    """What section 5 reads: the H200 ladder run (meta, rows as nb05_waterfall.read gives them),
+    the H100 processes' rows, the mechanism profile at s4096-b8 and its header, the hatched
+    steps."""
+    meta, rows = nb05_waterfall.read()
+    _, runs = measured.load("ladder_runs", "nvidia-h100-80gb-hbm3")
     mech_meta, _ = measured.load("mechanism")
     hatched = {c: ladder.within_both_spreads(rows, c) for c in dict.fromkeys(r["case"] for r in rows)}
-    claims = checks_nb05.ladder_claims(rows, meta, mech, mech_meta, hatched, lambda r: r,
-                                       sms=SMS_H200, knobs=H200_KNOBS,
-                                       compile_errors=(RuntimeError, OSError, ImportError))
+    return dict(meta=meta, rows=rows, runs=runs, mech=measured.mechanism("s4096-b8"),
+                mech_meta=mech_meta, hatched=hatched)
+
+
+def test_section_5_and_appendix_a1_claims_hold_on_the_committed_csvs(ladder_run, capsys):
+    d = ladder_run
+    checks_nb05.steps_table(d["rows"], d["meta"], d["runs"], d["mech"], d["mech_meta"],
+                            SMS_H200, H200_KNOBS)
+    checks_nb05.one_run_steps(d["rows"], d["runs"])
+    checks_nb05.sixteen_tokens(d["rows"], d["hatched"])
+    checks_nb05.heads_one_change_at_a_time(d["mech"], lambda r: r)
+    checks_nb05.one_run_writes(d["mech"], d["meta"], SMS_H200, H200_KNOBS,
+                               (RuntimeError, OSError, ImportError))
+    checks_nb05.load_order()
+    out = capsys.readouterr().out
+    assert "heads8_loop_b_w2" in out and "x first 0.931" in out and "13.2, 51.5" in out
     ns = _run_stall_cells()
-    st = checks_nb05.stall_details(ns["prof"], ns["kernels"], ns["profile"], ns["resident"],
-                                   claims["MECHANISM"])
+    st = checks_nb05.stall_details(ns["prof"], ns["kernels"], ns["profile"], ns["resident"])
     assert round(st["equal_halves"]["long_scoreboard"] - st["accurate"]["long_scoreboard"], 2) == 0.60
+    assert "what the profiles say of each step" in capsys.readouterr().out
+
+
+def test_a_changed_step_fails_the_table_check(ladder_run):
+    d = ladder_run
+    # rung 6 at s4096-b8 a point faster than measured: the table's +5.5 no longer holds
+    rows = [dict(r, pct_of_copy=r["pct_of_copy"] + 1.0)
+            if (r["case"], r["provider"]) == ("s4096-b8", "equal_halves") else r
+            for r in d["rows"]]
+    with pytest.raises(AssertionError):
+        checks_nb05.steps_table(rows, d["meta"], d["runs"], d["mech"], d["mech_meta"],
+                                SMS_H200, H200_KNOBS)
+    with pytest.raises(AssertionError):
+        checks_nb05.one_run_steps(rows, d["runs"])
+
+
+def test_a_sentence_out_of_step_with_the_profile_fails(monkeypatch):
+    ns = _run_stall_cells()
+    said_other = dict(checks_nb05.STEP_MECHANISM,
+                      warps="b = 8: level; b = 1: each sin/cos evaluated 16 times, not 32")
+    with pytest.raises(AssertionError):
+        checks_nb05.stall_details(ns["prof"], ns["kernels"], ns["profile"], ns["resident"],
+                                  said_other)
+
+
+# each helper that checks what a markdown cell states, and numbers that cell must state: the
+# notebook calls the helper in the code cell right after it
+PLACED = {
+    "steps_table": ("+16.5 / +12.2", "−29.6 / −16.1", "7.6 times", "0.38 → 0.29", "0.6 points"),
+    "one_run_steps": ("1.2 %", "−0.0 and +0.3", "2.7 points", "2.8"),
+    "sixteen_tokens": ("40.7 and 41.9", "13.2 µs", "51.5 µs", "35.6 points"),
+    "heads_one_change_at_a_time": ("178.1 µs against", "about 9 µs", "147.6", "146.8 µs"),
+    "one_run_writes": ("16.1 MB", "16.4 MB"),
+    "load_order": ("0.931", "0.892", "0.804", "0.835"),
+    "stall_details": ("What the profiles say of each step",),
+}
+
+
+@pytest.mark.parametrize("helper", sorted(PLACED))
+def test_each_check_follows_the_text_it_checks(helper):
+    import jupytext
+    nb = jupytext.read(ROOT / "notebooks" / "05-finished-kernel.py", fmt="py:percent")
+    cells = [(c.cell_type, c.source) for c in nb.cells]
+    (i,) = [i for i, (kind, src) in enumerate(cells)
+            if kind == "code" and f"checks_nb05.{helper}(" in src]
+    kind, before = cells[i - 1]
+    assert kind == "markdown", f"{helper}: the cell before its call is not the text it checks"
+    for number in PLACED[helper]:
+        assert number in before, f"{helper}: the text before its call does not state {number!r}"
 
 
 def test_a_changed_number_fails_the_stall_check(monkeypatch):
@@ -206,3 +262,30 @@ def test_flat_pass_schedule_compiles_ropelibs_pass():
     assert len(own["loads"]) == 10 and all(".128" in ins for _, ins in own["loads"])
     if triton.__version__.startswith(("3.6", "3.9")):       # section 5's profile: 46 registers
         assert own["registers"] == 46 and own["early"] == 8
+
+
+def test_time_against_copy_without_a_gpu_checks_and_times_nothing(do_bench_stand_in, capsys):
+    stand_in = do_bench_stand_in(lambda k: 1.0)
+    x = torch.randn(4, 3)
+    y, want = torch.empty_like(x), 2 * x
+    right = lambda: torch.mul(x, 2, out=y)            # noqa: E731
+    assert checks_nb05.time_against_copy(
+        x, y, want, yours={"yours": (True, right), "not yet": (False, right)}, solution=right,
+        others=[("apply_rope", right)], timed=False) == {}
+    out = capsys.readouterr().out
+    assert stand_in.calls == [] and "not timed" in out
+    assert "yours                      launched here: equal to the reference" in out
+    assert "not yet: launched here once it passes its check above" in out
+    assert "apply_rope                 timed on a GPU only" in out
+    with pytest.raises(AssertionError, match="yours, x \\[4, 3\\]"):     # a wrong launch stops it
+        checks_nb05.time_against_copy(x, y, want, yours={"yours": (True, lambda: y.copy_(x))},
+                                      solution=None, timed=False)
+    capsys.readouterr()
+    checks_nb05.not_timed_here((4096, 8, 32, 128), ladder.plan("chunks", 4096, 8, 32, 128, 2,
+                                                               SMS_H200, H200_KNOBS),
+                               {"ropelib's finished kernel": 0.903}, "the H200 run")
+    out = capsys.readouterr().out
+    assert out.startswith("Timing needs a GPU. On an H200 this cell times them at x "
+                          "[4096, 8, 32, 128] bf16 (grid (4096, 1, 1), BLOCK_S=1 BLOCK_H=32 "
+                          "B_CHUNK=8, 8 warps)")
+    assert "ropelib's finished kernel" in out and "0.903 of a copy" in out

@@ -1,15 +1,22 @@
 """Notebook 05's checks on the committed H200 measurements, out of the learner's way.
 
-Each function prints the tables a section of `notebooks/05-finished-kernel.py` reads and asserts
-every number that section's prose states, so a changed CSV or a changed sentence fails loudly
-(AssertionError) instead of leaving the prose wrong. They read only committed files under
-`benchmarks/results/` (and, where they say so, compile for sm_90 on this machine), so they run on
-a CPU. The appendices' longer helpers live here too, each saying what it does: the finished
-kernel's launch compiled for sm_90 (`finished_schedule`), ropelib's flat pass compiled the same
-way (`flat_pass_schedule`), one angle's share of libdevice's sin/cos slow path (`slow_path_share`). So do
-the notebook's shared helpers: section 3's timing of the rungs as the notebook launches them
-(`time_rungs`), the exercises' timing (`time_against_copy`) and the one line every cell prints
-when compiling for sm_90 fails here (`compile_failed`). `tests/test_nb05_checks.py` runs them.
+Each function prints the table a passage of `notebooks/05-finished-kernel.py` reads and asserts
+every number that passage states, so a changed CSV or a changed sentence fails loudly
+(AssertionError) instead of leaving the prose wrong; the notebook calls it in the code cell right
+after the markdown cell it checks. They read only committed files under `benchmarks/results/`
+(and, where they say so, compile for sm_90 on this machine), so they run on a CPU.
+
+Section 5: `steps_table` (the table of what each rung buys), `one_run_steps` and
+`sixteen_tokens` (the paragraphs after it), `table_probe` (the sin/cos's share of the gap);
+appendix A.1: `heads_one_change_at_a_time`, `one_run_writes`, `load_order`; A.2:
+`stall_details`; A.3: `opcode_profile`; A.7 and A.9: `torch_compile_runs`, `paired_rows_probe`,
+`elementwise_route`. The appendices' longer helpers live here too, each saying what it does: the
+finished kernel's launch compiled for sm_90 (`finished_schedule`), ropelib's flat pass compiled
+the same way (`flat_pass_schedule`), one angle's share of libdevice's sin/cos slow path
+(`slow_path_share`). So do the notebook's shared helpers: section 3's timing of the rungs as the
+notebook launches them (`time_rungs`), the exercises' timing (`time_against_copy`) and the one
+line every cell prints when compiling for sm_90 fails here (`compile_failed`).
+`tests/test_nb05_checks.py` runs them.
 """
 import math
 import re
@@ -22,6 +29,12 @@ from ropelib.bench import compare
 from ropelib.course import ladder, measured
 
 
+# section 5's cycles profile (benchmarks/ladder_stalls_ncu.py, Nsight Compute's warp states)
+STALLS_CSV = measured.RESULTS / "ladder_stalls_ncu-nvidia-h200-20261201-2309.csv"
+STALL_NAMES = ("copy", *ladder.NAMES, "finished")    # each size's launches, in the profile's order
+LONG_SB = "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio"
+
+
 def said(v, digits=3):
     """A number as the prose writes it."""
     return f"{v:.{digits}f}"
@@ -31,32 +44,261 @@ def r(v, digits=1):
     return round(v, digits)
 
 
-def ladder_claims(rows, meta, mech, mech_meta, hatched, named, sms, knobs, compile_errors):
-    """Section 5: the ladder CSV's steps (rows with `pct_of_copy` as the notebook reads it: the
-    copy's median time over the kernel's) and the mechanism CSV (`mech`, s4096-b8), printed as
-    the section's tables and checked against its prose. Returns the steps and the mechanism
-    column (`by_case`, `step`, `MECHANISM`)."""
-    SMS_H200, H200_KNOBS, COMPILE_ERRORS = sms, knobs, compile_errors
+def ladder_pct(rows):
+    """{case: {provider: % of a copy}} of the ladder run's timed rows (`rows` as
+    nb05_waterfall.read gives them: the copy's median time over the kernel's)."""
     by_case = {}
-    for r in rows:
-        by_case.setdefault(r["case"], {})[r["provider"]] = r["pct_of_copy"]
+    for row in rows:
+        if row.get("pct_of_copy") is not None:
+            by_case.setdefault(row["case"], {})[row["provider"]] = row["pct_of_copy"]
+    return by_case
+
+
+def ladder_steps(by_case):
+    """{case: {rung: its step from the rung before, in points of a copy}} (ladder.NAMES)."""
+    return {case: {b: pct[b] - pct[a] for a, b in zip(ladder.NAMES, ladder.NAMES[1:])}
+            for case, pct in by_case.items()}
+
+
+def _profiled(case):
+    """The cycles profile (STALLS_CSV) at one size: {launch name: Nsight Compute's metrics}."""
+    kernels = measured.ncu_kernels(STALLS_CSV)
+    first = ("s4096-b8", "s32768-b1").index(case) * len(STALL_NAMES)
+    return {name: kernels[first + j]["metrics"] for j, name in enumerate(STALL_NAMES)}
+
+
+def _sin_cos_copies(m, S):
+    """XU instructions (the SM's sin/cos unit) over S tokens x 64 features x 2 / 32 threads."""
+    return m["smsp__inst_executed_pipe_xu.sum"] / (S * 64 * 2 / 32)
+
+
+# What the profiles say of each step: the long form of the "what changed" column of section 5's
+# table. Appendix A.2 prints it and asserts its numbers on the cycles profile
+# (`stall_details`).
+STEP_MECHANISM = {
+    "heads": "work per program (notebook 04's variants, A.1)",
+    "tile": "b = 8: no step; b = 1 (BLOCK_S = 1): 3 % more instructions, lower occupancy",
+    "warps": "b = 8: level; b = 1: each sin/cos evaluated 32 times, not 16",
+    "chunks": "b = 1 (the planner's new tile): each sin/cos once; b = 8 (the same "
+              "launch): 16.1 MB more reach DRAM in its time",
+    "accurate": "none: the chunks rung's launch and machine code (Triton 3.6)",
+    "equal_halves": "DRAM rate 3.49 -> 3.65 TB/s, 16.4 MB fewer writes in its time; "
+                    "0.6 more warps a scheduler waiting on loads"}
+
+
+def steps_table(rows, meta, runs, mech, mech_meta, sms, knobs):
+    """Section 5's table "What each rung buys", row by row, and the paragraph above it: the
+    H200 run's steps (`rows`, `meta`: the ladder run as nb05_waterfall.read gives it), the ten
+    H100 processes' medians (`runs`: the ladder_runs rows) and the profiles the last column
+    reads (`mech`, `mech_meta`: the mechanism CSV at s4096-b8; the cycles profile, read here),
+    with the H200's plans from `sms` SMs and tile `knobs`. Prints the profiled rungs and asserts
+    every number and claim of the table."""
+    import statistics
+    by_case, by_run = ladder_pct(rows), ladder.steps_by_run(runs)
+    step = ladder_steps(by_case)
+    med = {k: statistics.median(v) for k, v in by_run.items()}
+    held = {k for k, v in by_run.items() if ladder.settled(v)}
+    c8, c1, c16, h8 = "s4096-b8", "s32768-b1", "s16-b64", "s16384-b8-h8"
+    large = (c8, h8, c1)
+    m1 = measured.mechanism(c1)
+    b1_prof = _profiled(c1)
+    from ropelib.course import nb05_waterfall
+    changed = nb05_waterfall.launch_changes(rows)     # {size: {rung: what its step changed}}
+    assert mech_meta["date"][:10] == meta["date"][:10]    # profiled the same day as timed
+    print(f"Nsight Compute on {measured.where(mech_meta)}, s=4096 b=8: each rung")
+    print(measured.table([mech[n] for n in ladder.NAMES if n in mech] + [
+        {**mech["ropelib"], "variant": "finished kernel (forced)"},
+        {**mech["ropelib_planned"], "variant": "apply_rope (two passes)"}], [
+        ("rung", "variant", ""), ("us", "us", ".0f"), ("programs", "programs", ","),
+        ("warps", "num_warps", "d"), ("occ. %", "ncu_achieved_occupancy_pct", ".0f"),
+        ("warp inst/elem", "ncu_warp_inst_per_element", ".2f"),
+        ("SM thr. %", "ncu_sm_throughput_pct", ".1f"),
+        ("x KiB/SM bound", "x_kib_per_sm", ".1f"),
+        ("DRAM/model", "ncu_dram_bytes_over_model", ".3f")]))
+    print(f"s=32768 b=1: warps rung {m1['warps']['ncu_warp_inst_per_element']:.2f} warp "
+          f"instructions per element, SM throughput {m1['warps']['ncu_sm_throughput_pct']:.1f} %; "
+          f"chunks rung {m1['chunks']['ncu_warp_inst_per_element']:.2f} on grid "
+          f"{m1['chunks']['grid']}, {m1['chunks']['num_warps']} warps")
+
+    # the paragraph: at b = 1 every step that changes the launch or the code holds in every H100
+    # process, with the H200 run's sign; at 16 tokens the chunks and equal-halves steps do; at
+    # s = 4096, b = 8 no H100 step moves by more than 0.6 points between processes
+    assert {n for (c, n) in held if c == c1} == set(ladder.STEP_NAMES) - {"accurate"}
+    assert all((med[c1, n] > 0) == (step[c1][n] > 0) for n in ladder.NAMES[1:] if n != "accurate")
+    assert {(c16, "chunks"), (c16, "equal_halves")} <= held
+    assert [said(med[c16, n], 1) for n in ("chunks", "equal_halves")] == ["45.4", "9.9"]
+    widest_b8 = max(max(v) - min(v) for (c, _), v in by_run.items() if c == c8)
+    assert said(widest_b8, 1) == "0.6"
+    assert {n for (c, n) in held if c == c8} == {"heads", "warps"}
+    # "the GPUs run different tiles": the H100's warps rung has 16 warps, the H200's 8
+    warps_h100 = {r["provider"]: r["num_warps"] for r in runs if r["case"] == c1 and r["run"] == 1}
+    assert (warps_h100["tile"], warps_h100["warps"], warps_h100["chunks"]) == (4, 16, 4)
+    assert [r["num_warps"] for r in rows if r["case"] == c1 and r["provider"] == "warps"] == [8]
+
+    # tile of heads: the big step at every size but 16 tokens; b = 1 from about a fifth of a
+    # copy to about three quarters; 32 times fewer programs, about half the warp instructions
+    # per element, over six times the x asked for per SM (the mechanism CSV, s4096-b8)
     for case, pct in by_case.items():
-        steps = [name for name in ladder.NAMES if name in pct]
-        gains = {b: pct[b] - pct[a] for a, b in zip(steps, steps[1:])}
-        if case != "s16-b64":
-            # the tile of heads is the largest single step
-            assert max(gains, key=gains.get) == "heads", (case, gains)
+        if case != c16:
+            assert max(step[case], key=step[case].get) == "heads", (case, step[case])
             assert pct["ropelib"] > pct["batch_reuse"] + 10, (case, pct)
-    # the tile of heads: 32 times fewer programs, about half the warp instructions per element,
-    # over six times the x asked for per SM (the mechanism CSV, s4096-b8)
+    assert said(step[c8]["heads"], 1) == "16.5"
+    assert said(med[c8, "heads"], 1) == "12.2" and (c8, "heads") in held
+    assert [said(v, 1) for v in (step[c1]["heads"], med[c1, "heads"])] == ["53.3", "58.6"]
+    assert by_case[c1]["batch_reuse"] < 25 and 70 < by_case[c1]["heads"] < 80
+    assert by_case[c1]["batch_reuse"] < 30 and by_case[c1]["heads"] > 65
     br_h, heads_h = mech["batch_reuse"], mech["heads"]
     assert br_h["programs"] == 32 * heads_h["programs"]
     assert round(heads_h["ncu_warp_inst_per_element"] / br_h["ncu_warp_inst_per_element"], 1) \
         == 0.5
     assert 6 < heads_h["x_kib_per_sm"] / br_h["x_kib_per_sm"] < 7
-    # ... and notebook 04's variants at the same size, one change at a time (the text above)
-    HEADS_STEP = ("batch_reuse", "sh_loop_b_w2", "sh_loop_b_table", "heads2_loop_b",
-                  "heads4_loop_b", "heads8_loop_b_w2", "heads", "equal_halves", "ropelib")
+
+    # tile (the 3-D form): nothing at b = 8 (32 heads or 8), a loss at b = 1 on the same launch
+    # as the heads rung (at h = 32 the tile rung's BLOCK_S is 1), with 3 % more instructions
+    assert all(abs(step[c]["tile"]) < 0.5 for c in (c8, h8))
+    assert [said(step[c]["tile"], 1) for c in (c8, h8, c1)] == ["-0.1", "-0.3", "-5.9"]
+    assert [said(med[c, "tile"], 1) for c in (c8, c1)] == ["-0.0", "-6.6"]
+    assert [said(by_case[c1][n], 1) for n in ("heads", "tile")] == ["73.6", "67.7"]
+    assert said(by_case[h8]["heads"], 1) == "91.7"
+    h8_heads = ladder.plan("heads", 16384, 8, 8, 128, 2, sms, knobs)
+    h8_tile = ladder.plan("tile", 16384, 8, 8, 128, 2, sms, knobs)
+    b1_heads = ladder.plan("heads", 32768, 1, 32, 128, 2, sms, knobs)
+    b1_tile = ladder.plan("tile", 32768, 1, 32, 128, 2, sms, knobs)
+    assert math.prod(h8_heads.grid) == 16384 and h8_heads.block_s == 1
+    assert (math.prod(h8_tile.grid), h8_tile.block_s, h8_tile.block_h) == (4096, 4, 8)
+    assert (b1_heads.grid, b1_heads.num_warps) == (b1_tile.grid, b1_tile.num_warps)
+    assert (b1_tile.block_s, b1_tile.block_h) == (1, b1_heads.block_h) == (1, 32)
+    more_inst = b1_prof["tile"]["smsp__inst_executed.sum"] / b1_prof["heads"]["smsp__inst_executed.sum"]
+    assert r(more_inst - 1, 2) == 0.03
+
+    # warps: level within the spread at b = 8 (under 2 points), a loss at b = 1 of over two
+    # fifths, where each sin/cos is evaluated by 32 threads instead of 16
+    assert [said(step[c]["warps"], 1) for c in (c8, c1)] == ["1.8", "-29.6"]
+    assert [said(med[c, "warps"], 1) for c in (c8, c1)] == ["2.8", "-16.1"]
+    assert abs(step[c8]["warps"]) < 2
+    assert 0.5 < by_case[c1]["warps"] / by_case[c1]["tile"] < 0.6
+    assert [round(_sin_cos_copies(b1_prof[n], 32768)) for n in ("tile", "warps")] == [16, 32]
+    assert "tile" not in m1 and "equal_halves" not in m1          # not in the mechanism CSV
+    assert said(m1["warps"]["ncu_warp_inst_per_element"], 2) == "1.85"
+
+    # chunks: at b = 8 the loop bounds only; at b = 1 the planner's new tile (2 tokens on 4
+    # warps), which evaluates each sin/cos once, with 7.6 times fewer instructions
+    assert [said(step[c]["chunks"], 1) for c in (c8, c1)] == ["-3.0", "48.1"]
+    assert [said(med[c, "chunks"], 1) for c in (c8, c1)] == ["-0.0", "29.0"]
+    assert changed[c8]["chunks"] == changed[h8]["chunks"] == "same launch, loop bounds"
+    assert changed[c1]["chunks"] == "tile 2x32, 4 warps"       # from 1x32 on 8 warps
+    b1_rows = {row["provider"]: row for row in rows if row["case"] == c1}
+    assert (b1_rows["chunks"]["num_warps"], b1_rows["chunks"]["block_s"]) == (4, 2)
+    assert m1["chunks"]["grid"] == "16384x1x1"
+    assert said(m1["warps"]["ncu_warp_inst_per_element"]
+                / m1["chunks"]["ncu_warp_inst_per_element"], 1) == "7.6"
+    assert round(_sin_cos_copies(b1_prof["chunks"], 32768)) == 1
+
+    # accurate: noise at the three large sizes; the same launch and, with the H200 run's
+    # Triton 3.6, the chunks rung's machine code (A.3)
+    assert all(abs(step[c]["accurate"]) < 0.5 for c in large)
+    assert {changed[c]["accurate"] for c in changed} == {"same launch, same code"}
+    assert meta["triton"].startswith("3.6")
+    assert [said(med[c, "accurate"], 1) for c in (c8, c1)] == ["0.0", "0.1"]
+    assert not any(n == "accurate" for (_, n) in held)
+
+    # equal halves: fewer warp instructions per element, which pay at b = 1; at b = 8 the SMs
+    # are far from busy
+    assert [said(step[c]["equal_halves"], 1) for c in (c8, c1)] == ["5.5", "4.9"]
+    assert [said(med[c, "equal_halves"], 1) for c in (c8, c1)] == ["0.3", "1.5"]
+    assert (c1, "equal_halves") in held
+    assert [said(mech[v]["ncu_warp_inst_per_element"], 2) for v in ("equal_halves", "accurate")] \
+        == ["0.29", "0.38"]
+    assert [said(mech[v]["ncu_sm_throughput_pct"], 1)
+            for v in ("accurate", "equal_halves", "ropelib")] == ["34.3", "28.0", "29.7"]
+    assert [said(by_case[c1][v], 1) for v in ("accurate", "equal_halves")] == ["85.8", "90.8"]
+    assert b1_prof["equal_halves"]["smsp__inst_executed.sum"] \
+        < b1_prof["accurate"]["smsp__inst_executed.sum"]
+
+    # the finished kernel: about the noise below rung 6 with a batch loop, above it at b = 1
+    # (x loaded first, A.1); 7 % more warp instructions per element than rung 6 (well under
+    # rung 5's), a per cent more time under the profiler, the same grid, warps and bytes
+    below = {case: by_case[case]["equal_halves"] - by_case[case]["ropelib"] for case in large}
+    print("the finished kernel below rung 6, points of a copy:",
+          {c: round(v, 1) for c, v in below.items()})
+    assert [said(below[c], 1) for c in large] == ["1.5", "0.4", "-2.7"]
+    assert [said(med[c, "ropelib"], 1) for c in (c8, c1)] == ["-0.2", "0.9"]
+    rung6, fin = mech["equal_halves"], mech["ropelib"]
+    assert fin["kernel"] == "_rope_kernel" and fin["grid"] == rung6["grid"] == "4096x1x1"
+    assert fin["num_warps"] == rung6["num_warps"] == 8
+    assert round(fin["ncu_warp_inst_per_element"]
+                 / rung6["ncu_warp_inst_per_element"] - 1, 2) == 0.07
+    assert fin["ncu_warp_inst_per_element"] < mech["accurate"]["ncu_warp_inst_per_element"] - 0.05
+    assert round(fin["us"] / rung6["us"] - 1, 2) == 0.01
+    assert abs(fin["ncu_dram_bytes_over_model"] - rung6["ncu_dram_bytes_over_model"]) < 0.03
+    return step
+
+
+def one_run_steps(rows, runs):
+    """Section 5, the paragraph after the table: the H200's b = 8 steps of the chunks and
+    equal-halves rungs lie outside twice the spread of that run's calls, yet the H100
+    processes give neither; measured from the warps rung. Prints the spread and the steps,
+    asserts the numbers the paragraph states."""
+    import statistics
+    by_case, by_run = ladder_pct(rows), ladder.steps_by_run(runs)
+    big = by_case["s4096-b8"]
+    # how well the run measured the rungs compared here: the width of their 20-80 %
+    # quantiles, as % of the median
+    spread = max((row["ms_p80"] - row["ms_p20"]) / row["ms"] * 100 for row in rows
+                 if row["case"] == "s4096-b8" and row["provider"] in
+                 ("warps", "chunks", "accurate", "equal_halves", "ropelib"))
+    chunk_step, halves_step = big["chunks"] - big["warps"], big["equal_halves"] - big["accurate"]
+    print(f"s4096-b8: 20-80 % quantiles at most {spread:.1f} % of the median apart; chunks "
+          f"{chunk_step:+.1f} points, equal halves {halves_step:+.1f} points; from the warps "
+          f"rung: rungs 4 and 5 {big['accurate'] - big['warps']:+.1f}, rung 6 "
+          f"{big['equal_halves'] - big['warps']:+.1f}")
+    assert said(spread, 1) == "1.2" and chunk_step < -2 * spread and halves_step > 2 * spread
+    assert (said(chunk_step, 1), said(halves_step, 1)) == ("-3.0", "5.5")
+    assert (round(-chunk_step), round(halves_step)) == (3, 5)
+    med = {n: statistics.median(by_run["s4096-b8", n]) for n in ("chunks", "equal_halves")}
+    assert [said(med[n], 1) for n in ("chunks", "equal_halves")] == ["-0.0", "0.3"]
+    # net of the chunks rung's loss: from the warps rung, the one before it without the
+    # extra writes (A.1)
+    assert [said(big[v] - big["warps"], 1) for v in ("accurate", "equal_halves")] == \
+        ["-2.7", "2.8"]
+
+
+def sixteen_tokens(rows, hatched):
+    """Section 5, the 16-token panel (s16-b64, a decoding step): from the chunks rung on, the
+    H200 run's calls fall into a fast and a slow population. Prints each rung's 20 % quantile,
+    median and 80 % quantile, asserts what the paragraph states."""
+    by_case = ladder_pct(rows)
+    step = ladder_steps(by_case)["s16-b64"]
+    t16 = measured.timings("ladder", "s16-b64")
+    q16 = {n: {k: 1e3 * t16[n][k] for k in ("ms_p20", "ms", "ms_p80")}
+           for n in ("warps", "chunks", "accurate", "equal_halves")}
+    print("s16-b64, µs (20 % quantile, median, 80 % quantile): "
+          + "; ".join(f"{n} {v['ms_p20']:.1f}, {v['ms']:.1f}, {v['ms_p80']:.1f}"
+                      for n, v in q16.items()))
+    assert hatched["s16-b64"][-3:] == ["chunks", "accurate", "equal_halves"]
+    from ropelib.course import nb05_waterfall
+    # from the chunks rung on: 4 warps and one batch entry a program (from one chunk of 64 on 8)
+    assert nb05_waterfall.launch_changes(rows)["s16-b64"]["chunks"] == "4 warps, B_CHUNK 1"
+    # the warps rung's calls: a narrow range; the chunks rung's fastest fifth three times faster
+    assert [said(q16["warps"][k], 1) for k in ("ms_p20", "ms_p80")] == ["40.7", "41.9"]
+    assert [said(q16["chunks"][k], 1) for k in ("ms_p20", "ms")] == ["13.2", "51.5"]
+    assert round(q16["warps"]["ms_p20"] / q16["chunks"]["ms_p20"]) == 3   # a fast population
+    assert q16["chunks"]["ms"] > q16["warps"]["ms_p80"]     # its median: among the slow calls
+    assert all(4 < t16[n]["ms_p80"] / t16[n]["ms_p20"] < 5.1 for n in ("chunks", "accurate"))
+    # ... and the accurate rung, the chunks rung's launch and code, "gains" 35.6 points
+    assert said(step["accurate"], 1) == "35.6"
+
+
+# --- appendix A.1: four steps, one profile each ----------------------------------------------
+
+HEADS_STEP = ("batch_reuse", "sh_loop_b_w2", "sh_loop_b_table", "heads2_loop_b",
+              "heads4_loop_b", "heads8_loop_b_w2", "heads", "equal_halves", "ropelib")
+
+
+def heads_one_change_at_a_time(mech, named):
+    """A.1, the tile of heads one change at a time: notebook 04's variants profiled at
+    s4096-b8 (`mech`; `named` labels a row as the notebook's tables do), printed, every
+    number of the paragraph asserted."""
     print(measured.table([named(mech[v]) for v in HEADS_STEP], [
         ("variant", "variant", ""), ("us", "us", ".1f"), ("programs", "programs", ","),
         ("warps", "num_warps", "d"), ("x B/warp/step", "x_bytes_per_warp_step", ".0f"),
@@ -65,116 +307,51 @@ def ladder_claims(rows, meta, mech, mech_meta, hatched, named, sms, knobs, compi
     hs = {v: mech[v] for v in HEADS_STEP}
     assert [said(hs[v]["us"], 1) for v in HEADS_STEP] == [
         "179.1", "178.1", "169.9", "147.6", "137.2", "136.3", "142.2", "137.2", "138.6"]
+    # 2 warps on the batch-reusing grid: the same programs, 128 bytes of x a warp, occupancy
+    # 48 -> 94 %, no faster
     assert hs["sh_loop_b_w2"]["programs"] == hs["batch_reuse"]["programs"] == 131072
-    assert hs["sh_loop_b_w2"]["x_bytes_per_warp_step"] == 128       # "128 bytes of x a warp"
-    # eight heads a program on 1, 2, 4, 8 warps: times and achieved occupancy
-    H8_WARPS = [f"heads8_loop_b_w{w}" for w in (1, 2, 4, 8)]
-    print("eight heads a program on 1, 2, 4, 8 warps: "
-          + ", ".join(f"{mech[v]['us']:.1f} us at {mech[v]['ncu_achieved_occupancy_pct']:.0f} %"
-                      for v in H8_WARPS))
-    assert [said(mech[v]["us"], 1) for v in H8_WARPS] == ["138.1", "136.3", "139.6", "146.8"]
-    assert [round(mech[v]["ncu_achieved_occupancy_pct"]) for v in H8_WARPS] == [29, 51, 68, 87]
-    assert max(H8_WARPS, key=lambda v: mech[v]["us"]) == max(
-        H8_WARPS, key=lambda v: mech[v]["ncu_achieved_occupancy_pct"])    # the most occupied
-    # the warps step in the mechanism profile (the cycles profile's is asserted below)
-    assert [said(mech[v]["us"], 1) for v in ("warps", "heads")] == ["141.5", "142.2"]
+    assert hs["sh_loop_b_w2"]["x_bytes_per_warp_step"] == 128
     assert [round(hs[v]["ncu_achieved_occupancy_pct"]) for v in
             ("batch_reuse", "sh_loop_b_w2", "heads4_loop_b", "heads8_loop_b_w2")] == \
         [48, 94, 92, 51]
+    # the angles from a table instead of sin/cos: 0.51 -> 0.31 warp instructions an element,
+    # about 9 µs
     assert [said(hs[v]["ncu_warp_inst_per_element"], 2) for v in
             ("batch_reuse", "sh_loop_b_table")] == ["0.51", "0.31"]
-    assert round(hs["batch_reuse"]["us"] - hs["sh_loop_b_table"]["us"]) == 9    # "about 9 µs"
+    assert round(hs["batch_reuse"]["us"] - hs["sh_loop_b_table"]["us"]) == 9
     assert (hs["heads2_loop_b"]["programs"], hs["heads2_loop_b"]["num_warps"]) == (65536, 1)
     assert hs["heads4_loop_b"]["num_warps"] == hs["heads8_loop_b_w2"]["num_warps"] == 2
-    # the 4-heads, 2-warp variant: level with rung 6 and the finished kernel, ahead of heads
+    # four heads on 2 warps: level with rung 6 and the finished kernel, ahead of the heads rung
     assert abs(hs["heads4_loop_b"]["us"] - hs["equal_halves"]["us"]) < 0.01 * hs["ropelib"]["us"]
     assert hs["heads4_loop_b"]["us"] < hs["ropelib"]["us"] < hs["heads"]["us"]
     # one, two, four heads a program: faster each time; eight or 32: no faster than four
     assert hs["batch_reuse"]["us"] > hs["heads2_loop_b"]["us"] > hs["heads4_loop_b"]["us"]
     assert min(hs[v]["us"] for v in ("heads8_loop_b_w2", "heads")) > \
         0.99 * hs["heads4_loop_b"]["us"]
-    # the introduction's "about nine tenths" of a copy for the finished kernel
-    assert 88 <= by_case["s4096-b8"]["ropelib"] <= 92
-    # b = 1: from about a fifth of a copy to about three quarters with the tile of heads
-    assert by_case["s32768-b1"]["batch_reuse"] < 30 and by_case["s32768-b1"]["heads"] > 65
-    idea = {r["provider"]: r["idea"] for r in rows if r["case"] == "s4096-b8"}
-    assert "finished kernel (route forced)" in idea["ropelib"]
-    assert "as planned" in idea["ropelib_planned"]
-    assert mech_meta["date"][:10] == meta["date"][:10]    # profiled the same day
-    print(measured.table([mech[n] for n in ladder.NAMES if n in mech]
-                         + [named(mech["ropelib"]), named(mech["ropelib_planned"])], [
-        ("rung", "variant", ""), ("us", "us", ".0f"), ("programs", "programs", ","),
-        ("warps", "num_warps", "d"), ("occ. %", "ncu_achieved_occupancy_pct", ".0f"),
-        ("warp inst/elem", "ncu_warp_inst_per_element", ".2f"),
-        ("SM thr. %", "ncu_sm_throughput_pct", ".1f"),
-        ("DRAM/model", "ncu_dram_bytes_over_model", ".3f")]))
+    # eight heads a program on 1, 2, 4, 8 warps: times and achieved occupancy
+    h8_warps = [f"heads8_loop_b_w{w}" for w in (1, 2, 4, 8)]
+    print("eight heads a program on 1, 2, 4, 8 warps: "
+          + ", ".join(f"{mech[v]['us']:.1f} us at {mech[v]['ncu_achieved_occupancy_pct']:.0f} %"
+                      for v in h8_warps))
+    assert [said(mech[v]["us"], 1) for v in h8_warps] == ["138.1", "136.3", "139.6", "146.8"]
+    assert [round(mech[v]["ncu_achieved_occupancy_pct"]) for v in h8_warps] == [29, 51, 68, 87]
+    assert max(h8_warps, key=lambda v: mech[v]["us"]) == max(
+        h8_warps, key=lambda v: mech[v]["ncu_achieved_occupancy_pct"])    # the most occupied
 
-    # how well the run measured the rungs compared below: the width of their 20-80 %
-    # quantiles, as % of the median
-    spread = max((r["ms_p80"] - r["ms_p20"]) / r["ms"] * 100 for r in rows
-                 if r["case"] == "s4096-b8" and r["provider"] in
-                 ("warps", "chunks", "accurate", "equal_halves", "ropelib"))
-    big = by_case["s4096-b8"]
-    large_cases = ("s4096-b8", "s16384-b8-h8", "s32768-b1")
-    chunk_step, halves_step = big["chunks"] - big["warps"], big["equal_halves"] - big["accurate"]
-    print(f"s4096-b8: 20-80 % quantiles at most {spread:.1f} % of the median apart; chunks "
-          f"{chunk_step:+.1f} points, equal halves {halves_step:+.1f} points")
-    assert said(spread, 1) == "1.2" and chunk_step < -2 * spread and halves_step > 2 * spread
-    assert (round(-chunk_step), round(halves_step)) == (3, 5)    # "about three", "about five"
 
-    # what each rung buys: its step in points of a copy at every size, and whether this
-    # notebook measured a mechanism for it
-    MECHANISM = {
-        "heads": "work per program (notebook 04's variants, above)",
-        "tile": "b = 8: no step; b = 1 (BLOCK_S = 1): 3 % more instructions, lower occupancy",
-        "warps": "b = 8: level; b = 1: each sin/cos evaluated 32 times, not 16",
-        "chunks": "b = 1 (the planner's new tile): each sin/cos once; b = 8 (the same "
-                  "launch): 16.1 MB more reach DRAM in its time",
-        "accurate": "none: the chunks rung's launch and machine code (Triton 3.6)",
-        "equal_halves": "DRAM rate 3.49 -> 3.65 TB/s, 16.4 MB fewer writes in its time; "
-                        "0.6 more warps a scheduler waiting on loads"}
-    cases = list(by_case)
-    step = {case: {b: by_case[case][b] - by_case[case][a]
-                   for a, b in zip(ladder.NAMES, ladder.NAMES[1:])} for case in cases}
-    print("\nwhat the profiles say of each step (the steps: the notebook's table above)")
-    for name in ladder.NAMES[1:]:
-        print(f"  {name:13s} {MECHANISM[name]}")
-    said_steps = {(c, n): said(step[c][n], 1) for c in cases for n in ladder.NAMES[1:]}
-    # the tile rung: nothing at b = 8 (32 heads or 8), a loss at b = 1 on the same grid
-    assert all(abs(step[c]["tile"]) < 0.5 for c in ("s4096-b8", "s16384-b8-h8"))
-    assert [said_steps[c, "tile"] for c in ("s4096-b8", "s16384-b8-h8")] == ["-0.1", "-0.3"]
-    assert said_steps["s32768-b1", "tile"] == "-5.9"
-    assert [said(by_case["s32768-b1"][n], 1) for n in ("heads", "tile")] == ["73.6", "67.7"]
-    assert said(by_case["s16384-b8-h8"]["heads"], 1) == "91.7"
-    h8_heads = ladder.plan("heads", 16384, 8, 8, 128, 2, SMS_H200, H200_KNOBS)
-    h8_tile = ladder.plan("tile", 16384, 8, 8, 128, 2, SMS_H200, H200_KNOBS)
-    b1_heads = ladder.plan("heads", 32768, 1, 32, 128, 2, SMS_H200, H200_KNOBS)
-    b1_tile = ladder.plan("tile", 32768, 1, 32, 128, 2, SMS_H200, H200_KNOBS)
-    print(f"h = 8: heads rung {h8_heads}\n       tile rung  {h8_tile}")
-    assert math.prod(h8_heads.grid) == 16384 and h8_heads.block_s == 1
-    assert (math.prod(h8_tile.grid), h8_tile.block_s, h8_tile.block_h) == (4096, 4, 8)
-    assert (b1_heads.grid, b1_heads.num_warps) == (b1_tile.grid, b1_tile.num_warps)
-    # ... and the same one-token tile: at h = 32 the tile rung's BLOCK_S is 1
-    assert (b1_tile.block_s, b1_tile.block_h) == (1, b1_heads.block_h) == (1, 32)
-    # accurate: no step at the three large sizes (rungs 4 and 5 the same code, section 5's
-    # opcode profile); equal halves: more at b = 8 than at b = 1
-    assert all(abs(step[c]["accurate"]) < 0.5 for c in large_cases)
-    assert [said_steps[c, "equal_halves"] for c in ("s4096-b8", "s32768-b1")] == ["5.5", "4.9"]
-    # the summary table's warps and chunks rows
-    assert [said_steps[c, "warps"] for c in ("s4096-b8", "s32768-b1")] == ["1.8", "-29.6"]
-    # "level within the runs' spread": under 2 points, where the cycles profile (next cell) has
-    # the warps rung slower than the heads rung
-    assert abs(step["s4096-b8"]["warps"]) < 2
-    assert said_steps["s32768-b1", "chunks"] == "48.1"
-
-    # chunks: the same programs, about the same instructions, the same DRAM reads; the writes
-    # counted differ
-    m = mech
-    MB = 1e6
-    for v in ("warps", "chunks"):
+def one_run_writes(mech, meta, sms, knobs, compile_errors):
+    """A.1, the H200 run's chunks and equal-halves steps at b = 8: the same programs, reads and
+    instructions, and the DRAM writes the profilers count (`mech`: the mechanism CSV at
+    s4096-b8; the cycles profile, read here), with the two rungs' stores compiled for sm_90
+    with the H200's plan (`sms`, `knobs`; `compile_errors`: what a missing compiler raises);
+    printed, every number of the paragraph asserted. `meta`: the ladder run's header."""
+    m, MB = mech, 1e6
+    for v in ("warps", "chunks", "accurate", "equal_halves"):
         print(f"  {v:13s} DRAM read {m[v]['ncu_dram_read_bytes'] / MB:6.1f} MB, written "
               f"{m[v]['ncu_dram_write_bytes'] / MB:6.1f} MB: "
               f"{m[v]['ncu_dram_bytes_over_model']:.3f} of the model")
+    # chunks: the same programs, about the same instructions, the same DRAM reads; the writes
+    # counted differ, by 16.1 MB
     assert m["chunks"]["programs"] == m["warps"]["programs"]
     assert abs(m["chunks"]["ncu_warp_inst_per_element"]
                - m["warps"]["ncu_warp_inst_per_element"]) < 0.02
@@ -182,104 +359,24 @@ def ladder_claims(rows, meta, mech, mech_meta, hatched, named, sms, knobs, compi
     assert [said(m[v]["ncu_dram_bytes_over_model"], 2) for v in ("warps", "chunks")] == \
         ["0.96", "0.99"]
     assert m["chunks"]["ncu_dram_write_bytes"] > m["warps"]["ncu_dram_write_bytes"]
-    # equal halves: fewer warp instructions per element, but the SMs are far from busy
-    assert [said(m[v]["ncu_warp_inst_per_element"], 2) for v in ("equal_halves", "accurate")] == \
-        ["0.29", "0.38"]
-    for v in ("accurate", "equal_halves"):
-        print(f"  {v:13s} {m[v]['ncu_warp_inst_per_element']:.2f} warp instructions per "
-              f"element, SM throughput {m[v]['ncu_sm_throughput_pct']:.1f} %")
-    assert [said(m[v]["ncu_sm_throughput_pct"], 1)
-            for v in ("accurate", "equal_halves", "ropelib")] == ["34.3", "28.0", "29.7"]
-    # ... and its step net of the chunks rung's loss: over the warps rung, the one before it
-    # without the extra writes
-    print(f"s4096-b8, points of a copy: rungs 4 and 5 on the warps rung "
-          f"{big['accurate'] - big['warps']:+.1f}, equal halves on the warps rung "
-          f"{big['equal_halves'] - big['warps']:+.1f}")
-    assert [said(big[v] - big["warps"], 1) for v in ("accurate", "equal_halves")] == \
-        ["-2.7", "2.8"]
-
-    # b = 1: the 8-warp rung against the 4-warp tile rung (the mechanism CSV has neither the
-    # tile rung nor rung 6 at b = 1; the profile after this cell has both)
-    m1 = measured.mechanism("s32768-b1")
-    b1_rows = {r["provider"]: r for r in rows if r["case"] == "s32768-b1"}
-    b1_pct = by_case["s32768-b1"]
-    print("s32768-b1: warps rung "
-          f"{m1['warps']['ncu_warp_inst_per_element']:.2f} warp instructions per element, SM "
-          f"throughput {m1['warps']['ncu_sm_throughput_pct']:.1f} %; chunks rung "
-          f"{m1['chunks']['ncu_warp_inst_per_element']:.2f} on grid {m1['chunks']['grid']}, "
-          f"{m1['chunks']['num_warps']} warps; profiled here: {sorted(m1)}")
-    assert 0.5 < b1_pct["warps"] / b1_pct["tile"] < 0.6                         # over 2/5 lost
-    assert "tile" not in m1 and "equal_halves" not in m1           # not in the mechanism CSV
-    assert said(m1["warps"]["ncu_warp_inst_per_element"], 2) == "1.85"
-    assert said(m1["warps"]["ncu_warp_inst_per_element"]
-                / m1["chunks"]["ncu_warp_inst_per_element"], 1) == "7.6"
-    assert (b1_rows["chunks"]["num_warps"], b1_rows["chunks"]["block_s"]) == (4, 2)
-    assert m1["chunks"]["grid"] == "16384x1x1"
-
-    # the ropelib bar: about the noise below rung 6 with a batch loop, above it at b = 1
-    large = ("s4096-b8", "s16384-b8-h8", "s32768-b1")
-    below = {case: by_case[case]["equal_halves"] - by_case[case]["ropelib"] for case in large}
-    print("ropelib's finished kernel below rung 6, points:",
-          {c: round(v, 1) for c, v in below.items()})
-    assert [said(below[c], 1) for c in large] == ["1.5", "0.4", "-2.7"]
-    rung6, fin = mech["equal_halves"], mech["ropelib"]
-    assert fin["kernel"] == "_rope_kernel" and fin["grid"] == rung6["grid"] == "4096x1x1"
-    assert fin["num_warps"] == rung6["num_warps"] == 8
-    # 7 % more warp instructions per element than rung 6, well under rung 5's (both halves'
-    # sin/cos); a per cent more time under the profiler
-    assert round(fin["ncu_warp_inst_per_element"]
-                 / rung6["ncu_warp_inst_per_element"] - 1, 2) == 0.07
-    assert fin["ncu_warp_inst_per_element"] < mech["accurate"]["ncu_warp_inst_per_element"] - 0.05
-    assert round(fin["us"] / rung6["us"] - 1, 2) == 0.01
-    assert abs(fin["ncu_dram_bytes_over_model"] - rung6["ncu_dram_bytes_over_model"]) < 0.03
-    # the load order, timed as two variants of the finished kernel (three alternating rounds,
-    # one Python per variant, medians): x first, or the table first
-    _, knob_rows = measured.load("finished_kernel_knobs")
-    order = {}
-    for r in knob_rows:
-        if r["pass"] == "forward":
-            order.setdefault((r["case"], r["variant"]), []).append(r["ratio_to_copy"])
-    order = {key: sorted(v)[len(v) // 2] for key, v in order.items()}
-    X_FIRST_VARIANT, TABLE_FIRST_VARIANT = "x first, every tile", "as shipped"   # the CSV's names
-    for c in ("bf16 sbhd s4096 b1 (32 MiB)", "bf16 sbhd s1024 b8 (64 MiB)"):
-        print(f"finished kernel, forward, ratio to a copy, {c}: x first "
-              f"{order[c, X_FIRST_VARIANT]:.3f}, the table first "
-              f"{order[c, TABLE_FIRST_VARIANT]:.3f}")
-    assert [said(order[c, v])
-            for c in ("bf16 sbhd s4096 b1 (32 MiB)", "bf16 sbhd s1024 b8 (64 MiB)")
-            for v in (X_FIRST_VARIANT, TABLE_FIRST_VARIANT)] == ["0.931", "0.892", "0.804", "0.835"]
-    # the equal-halves step at b = 1, and the profiled rung of the same grid and warps
-    assert [said(b1_pct[v], 1) for v in ("accurate", "equal_halves")] == ["85.8", "90.8"]
-
-    # apply_rope as planned: the two-pass route at the three large sizes, the fastest bar there;
-    # more occupancy with the same bytes, and more instructions per element
-    assert all(by_case[c]["ropelib_planned"] > by_case[c]["ropelib"]
-               for c in ("s4096-b8", "s16384-b8-h8")), by_case
-    assert abs(by_case["s32768-b1"]["ropelib_planned"] - by_case["s32768-b1"]["ropelib"]) < 1
-    assert big["ropelib_planned"] == max(v for k, v in big.items() if k != "copy"), big
-
-    # 16 tokens: chunks and accurate (the same machine code), medians far apart, each call fast
-    # or slow
-    t16 = measured.timings("ladder", "s16-b64")
-    assert said(step["s16384-b8-h8"]["equal_halves"], 1) == "-0.2"
-    assert "equal_halves" in hatched["s16384-b8-h8"]
-    # the chunks step at h = 8: +0.1 on the warps rung's launch
-    h8_rows = {r["provider"]: r for r in rows if r["case"] == "s16384-b8-h8"}
-    assert said(step["s16384-b8-h8"]["chunks"], 1) == "0.1"
-    h8_launch = {v: (math.prod(int(g) for g in str(h8_rows[v]["grid"]).split("x")),
-                     h8_rows[v]["num_warps"], h8_rows[v]["block_s"]) for v in ("warps", "chunks")}
-    assert h8_launch["warps"] == h8_launch["chunks"] == (4096, 8, 4), h8_launch
-    # ... and the counted writes: rung 6 (the same runtime loop bounds) writes as the warps rung
-    written = {v: mech[v]["ncu_dram_write_bytes"] / 1e6 for v in ("equal_halves", "warps",
-                                                                  "chunks")}
+    written = {v: m[v]["ncu_dram_write_bytes"] / MB for v in ("equal_halves", "warps", "chunks")}
     assert [said(v, 1) for v in written.values()] == ["246.3", "246.7", "262.8"]
-    # ... and the two rungs' stores in sm_90 machine code, compiled here with the H200's plan
+    assert said(written["chunks"] - written["warps"], 1) == "16.1"
+    # ... and in the cycles profile (section 5): 16.1 MB more for chunks, 16.4 MB fewer for
+    # equal halves than rung 5 (rung 6 has the chunks rung's runtime loop bounds)
+    prof = _profiled("s4096-b8")
+    w = {n: prof[n]["dram__bytes_write.sum"] / MB for n in ("warps", "chunks", "accurate",
+                                                           "equal_halves")}
+    print(f"the cycles profile, MB written: " + ", ".join(f"{n} {v:.1f}" for n, v in w.items()))
+    assert [said(v, 1) for v in (w["chunks"] - w["warps"], w["accurate"] - w["equal_halves"])] \
+        == ["16.1", "16.4"]
+    # the two rungs' stores in sm_90 machine code, compiled here with the H200's plan
     x_meta = torch.empty(4096, 8, 32, 128, dtype=torch.bfloat16, device="meta")
     stores = {}
     try:
         from ropelib.course import load_schedule
         for v in ("warps", "chunks"):
-            pv = ladder.plan(v, 4096, 8, 32, 128, 2, SMS_H200, H200_KNOBS)
+            pv = ladder.plan(v, 4096, 8, 32, 128, 2, sms, knobs)
             a = dict(x_ptr=torch.empty(16, dtype=torch.bfloat16), y_ptr=torch.empty(
                 16, dtype=torch.bfloat16), freqs_ptr=torch.empty(16), S=4096, B=8, H=32,
                 HALF=64, BLOCK_HALF=64, BLOCK_S=pv.block_s, BLOCK_H=pv.block_h, BF16_RTNE=False,
@@ -288,20 +385,38 @@ def ladder_claims(rows, meta, mech, mech_meta, hatched, named, sms, knobs, compi
             sass = load_schedule.schedule(getattr(ladder, ladder.KERNELS[v]), a,
                                           num_warps=pv.num_warps)["sass"]
             stores[v] = [re.sub(r"\s*(/\*.*|;.*)$", "", i).strip() for i in sass if "STG" in i]
-    except COMPILE_ERRORS as exc:  # no compiler for this target here: say so
+    except compile_errors as exc:  # no compiler for this target here: say so
         compile_failed(exc)
     if len(stores) == 2:
         print(f"sm_90, Triton {triton.__version__}: the stores of warps {stores['warps']}, "
               f"of chunks {stores['chunks']}")
+
         # the same stores in the same order: the same opcodes, widths and offsets (which
         # registers hold the address and the data is the register allocator's choice)
         def shape_of(store):
             return re.sub(r"\bR\d+", "R", store)
         assert [shape_of(i) for i in stores["warps"]] == [shape_of(i) for i in stores["chunks"]]
-        assert meta["triton"].startswith("3.6")                 # "the H200 run used Triton 3.6"
-    assert all(4 < t16[n]["ms_p80"] / t16[n]["ms_p20"] < 5.1
-               for n in ("chunks", "accurate"))                # "four to five times that"
-    return dict(by_case=by_case, step=step, MECHANISM=MECHANISM)
+        assert meta["triton"].startswith("3.6")      # the H200 run's Triton: the same code
+
+
+def load_order():
+    """A.1, loading x first: the finished kernel timed as two variants (three alternating
+    rounds, one Python per variant, medians), x first or the table first; printed, the
+    paragraph's numbers asserted."""
+    _, knob_rows = measured.load("finished_kernel_knobs")
+    order = {}
+    for row in knob_rows:
+        if row["pass"] == "forward":
+            order.setdefault((row["case"], row["variant"]), []).append(row["ratio_to_copy"])
+    order = {key: sorted(v)[len(v) // 2] for key, v in order.items()}
+    X_FIRST_VARIANT, TABLE_FIRST_VARIANT = "x first, every tile", "as shipped"   # the CSV's names
+    cases = ("bf16 sbhd s4096 b1 (32 MiB)", "bf16 sbhd s1024 b8 (64 MiB)")
+    for c in cases:
+        print(f"finished kernel, forward, ratio to a copy, {c}: x first "
+              f"{order[c, X_FIRST_VARIANT]:.3f}, the table first "
+              f"{order[c, TABLE_FIRST_VARIANT]:.3f}")
+    assert [said(order[c, v]) for c in cases for v in (X_FIRST_VARIANT, TABLE_FIRST_VARIANT)] \
+        == ["0.931", "0.892", "0.804", "0.835"]
 
 
 def table_probe():
@@ -353,11 +468,6 @@ def table_probe():
     return tab
 
 
-STALLS_CSV = measured.RESULTS / "ladder_stalls_ncu-nvidia-h200-20261201-2309.csv"
-STALL_NAMES = ("copy", *ladder.NAMES, "finished")    # each size's launches, in the profile's order
-LONG_SB = "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio"
-
-
 def stall_kernels(path=STALLS_CSV):
     """Section 5's cycles profile (`benchmarks/ladder_stalls_ncu.py`, Nsight Compute's warp
     states): its kernels' metrics, checked to be the H200's and in the order STALL_NAMES gives,
@@ -371,19 +481,28 @@ def stall_kernels(path=STALLS_CSV):
     return kernels
 
 
-def stall_details(prof, kernels, profile, resident, mechanism=None):
+def stall_details(prof, kernels, profile, resident, mechanism=STEP_MECHANISM):
     """Appendix A.2: the cycles profile's details, from section 5's derived numbers (`prof`, made
-    by the notebook's `profile(kernels, case)`) and resident warps: the tile rung's time predicted
-    at b = 1, the same profile at the GPU's own clock, and every warp state; printed, the
-    appendix's numbers asserted, the warp-state table returned. `mechanism`: section 5's step
-    table's mechanism column, whose sentences about writes must match the profile."""
+    by the notebook's `profile(kernels, case)`) and resident warps: what the profiles say of
+    each step (`mechanism`, the long form of section 5's table's last column, printed), the tile
+    rung's time predicted at b = 1, the same profile at the GPU's own clock, and every warp
+    state; printed, the appendix's numbers and `mechanism`'s asserted, the warp-state table
+    returned."""
     b8, b1 = prof["s4096-b8"], prof["s32768-b1"]
-    if mechanism is not None:   # the step table's mechanism column says the profile's writes
-        acc, eh = b8["accurate"], b8["equal_halves"]
-        extra_mb = b8["chunks"]["written_mb"] - b8["warps"]["written_mb"]
-        assert f"{r(extra_mb)} MB more reach DRAM" in mechanism["chunks"]
-        assert f"{r(acc['written_mb'] - eh['written_mb'])} MB fewer writes" in mechanism["equal_halves"]
-        assert f"{r(acc['tb_s'], 2)} -> {r(eh['tb_s'], 2)} TB/s" in mechanism["equal_halves"]
+    print("what the profiles say of each step (the steps: section 5's table)")
+    for name in ladder.NAMES[1:]:
+        print(f"  {name:13s} {mechanism[name]}")
+    print()
+    # its numbers, on the cycles profile: the writes and DRAM rates at b = 8, the sin/cos
+    # copies at b = 1 (the tile rung's instructions and rung 6's waiting warps: below)
+    acc, eh = b8["accurate"], b8["equal_halves"]
+    extra_mb = b8["chunks"]["written_mb"] - b8["warps"]["written_mb"]
+    assert f"{r(extra_mb)} MB more reach DRAM" in mechanism["chunks"]
+    assert f"{r(acc['written_mb'] - eh['written_mb'])} MB fewer writes" in mechanism["equal_halves"]
+    assert f"{r(acc['tb_s'], 2)} -> {r(eh['tb_s'], 2)} TB/s" in mechanism["equal_halves"]
+    copies = {n: round(b1[n]["sin_cos_copies"]) for n in ("tile", "warps", "chunks")}
+    assert f"{copies['warps']} times, not {copies['tile']}" in mechanism["warps"]
+    assert copies["chunks"] == 1 and "each sin/cos once" in mechanism["chunks"]
     # the tile rung (BLOCK_S = 1 at h = 32, the heads rung's tile in the 3-D form) at b = 1: 3 %
     # more instructions at lower occupancy; instructions over the issue rate predict the time
     # under the profiler
@@ -395,6 +514,7 @@ def stall_details(prof, kernels, profile, resident, mechanism=None):
           f"{predicted:.3f}x the time, measured {b1['tile']['us'] / b1['heads']['us']:.3f}x")
     assert r(more_inst - 1, 2) == 0.03 and [r(b1[n]["occupancy"]) for n in ("heads", "tile")] == \
         [47.3, 41.4]
+    assert f"{round(100 * (more_inst - 1))} % more instructions" in mechanism["tile"]
     assert (r(predicted, 3), r(b1["tile"]["us"] / b1["heads"]["us"], 3)) == (1.043, 1.041)
     # the same profile at the GPU's own clock (Nsight Compute told to leave it alone): the tile
     # rung's step as the timed runs see it, and the instructions over the issue rate predict it
@@ -445,6 +565,7 @@ def stall_details(prof, kernels, profile, resident, mechanism=None):
     # the prose: long_scoreboard 4.90 -> 5.50 (+0.60); the others fall
     assert [r(v, 2) for v in (acc_st["long_scoreboard"], eh_st["long_scoreboard"])] == [4.90, 5.50]
     assert r(delta["long_scoreboard"], 2) == 0.60
+    assert f"{r(delta['long_scoreboard'])} more warps a scheduler waiting" in mechanism["equal_halves"]
     assert [(r(acc_st[st], 2), r(eh_st[st], 2)) for st in ("no_instruction", "not_selected",
                                                             "selected", "wait")] == \
         [(0.35, 0.11), (0.53, 0.36), (0.46, 0.38), (0.43, 0.37)]
@@ -541,41 +662,76 @@ def time_rungs(x, calls, committed, where, *, timed):
 
 
 # Exercise 1's timing on a GPU (the notebook's `time_exercise_1` calls these)
-def time_against_copy(x, y, want, yours, solution, others=()):
+def time_against_copy(x, y, want, yours, solution, others=(), *, timed=True):
     """Time y.copy_(x), each of your launches (yours: name -> (passed its check, a call that
     writes y)), the worked solution's (a call that writes y) and `others` ((name, call) pairs)
     with do_bench; print each median and its speed as a fraction of the copy's, and return those
     fractions by name. Yours are timed only once they pass their check, and only after their
     output at this size is asserted to be `want` (the reference); a solution of None is not
-    timed."""
-    from triton.testing import do_bench
+    timed.
 
+    Without a GPU (`timed=False`) nothing is timed: each of your launches that has passed its
+    check, and the worked solution's, runs once into a NaN-filled y and is asserted to be
+    `want`, so the launch a GPU would time is known to compute RoPE; returns {}."""
     from ropelib import runtime
     mode = runtime.mode()
-    print(f"x {list(x.shape)} {str(x.dtype).replace('torch.', '')} "
-          f"({x.numel() * x.element_size() >> 20} MiB), {mode}: median us "
-          "(20-80 % quantiles), speed as a fraction of the copy's")
-    timed = {}
-    for name, (passed, run) in yours.items():
-        if not passed:
-            print(f"  {name}: timed here once it passes its check above")
-            continue
+    if timed:
+        print(f"x {list(x.shape)} {str(x.dtype).replace('torch.', '')} "
+              f"({x.numel() * x.element_size() >> 20} MiB), {mode}: median us "
+              "(20-80 % quantiles), speed as a fraction of the copy's")
+    else:
+        print(f"x {list(x.shape)} {str(x.dtype).replace('torch.', '')}, {mode}: each launch "
+              "run once and compared with the reference; not timed (that needs a GPU)")
+
+    def checked(name, run):
         y.fill_(float("nan"))                  # an element the kernel does not write stays NaN
         run()
         torch.testing.assert_close(                # correct at this size too
             y, want, msg=lambda m, name=name: f"{name}, x {list(x.shape)}: {m}")
-        timed[name] = run
+
+    to_time = {}
+    for name, (passed, run) in yours.items():
+        if not passed:
+            print(f"  {name}: {'timed' if timed else 'launched'} here once it passes its check "
+                  "above")
+            continue
+        checked(name, run)
+        to_time[name] = run
+        if not timed:
+            print(f"  {name:26s} launched here: equal to the reference")
+    if not timed:
+        if solution is not None and want is not None:
+            checked("worked solution", solution)
+            print(f"  {'worked solution':26s} launched here: equal to the reference")
+        for name, _ in others:
+            print(f"  {name:26s} timed on a GPU only")
+        return {}
+    from triton.testing import do_bench
     if solution is not None:
-        timed["worked solution"] = solution
-    timed.update(others)
+        to_time["worked solution"] = solution
+    to_time.update(others)
     copy_ms = do_bench(lambda: y.copy_(x), quantiles=[0.5, 0.2, 0.8])
     ratios = {}
-    for name, run in {"y.copy_(x)": None, **timed}.items():
+    for name, run in {"y.copy_(x)": None, **to_time}.items():
         ms = copy_ms if run is None else do_bench(run, quantiles=[0.5, 0.2, 0.8])
         ratios[name] = copy_ms[0] / ms[0]
         print(f"  {name:26s} {ms[0] * 1e3:7.1f} us ({ms[1] * 1e3:.1f}-{ms[2] * 1e3:.1f})  "
               f"{ratios[name]:.2f} of a copy")
     return ratios
+
+
+def not_timed_here(shape, launch, committed, where):
+    """Say, without a GPU, what a timing cell would do on one: time the launches it checked at
+    bf16 `shape` on `launch` (a ladder.Plan, or words) beside a copy; and print `committed`
+    ({name: ratio to a copy}), the committed runs at that shape measured on `where`, that a GPU's
+    timings would be set beside."""
+    if isinstance(launch, ladder.Plan):
+        launch = (f"grid {launch.grid}, BLOCK_S={launch.block_s} BLOCK_H={launch.block_h} "
+                  f"B_CHUNK={launch.chunk}, {launch.num_warps} warps")
+    print(f"Timing needs a GPU. On an H200 this cell times them at x {list(shape)} bf16 "
+          f"({launch}) beside y.copy_(x). The committed runs at that shape ({where}):")
+    for name, ratio_to_copy in committed.items():
+        print(f"  {name:48s} {ratio_to_copy:.3f} of a copy")
 
 
 def against_committed(live, committed, band=0.15):
@@ -610,7 +766,7 @@ def compile_failed(exc, what="compiling for sm_90", limit=300):
 
 
 def finished_schedule(shape, sms, knobs, x_first=None):
-    """Section 5: (launch, load_schedule) of the finished kernel as launch.plan launches it on a GPU
+    """A.5: (launch, load_schedule) of the finished kernel as launch.plan launches it on a GPU
     of `sms` SMs and tile `knobs` for a bf16 sbhd call with angles of `shape` (nothing is
     allocated: the shapes are on the `meta` device); `x_first` overrides the planner's
     X_FIRST."""
@@ -673,10 +829,10 @@ def opcode_profile(mech):
     assert integer_share > 0.6, "most of the rest: integer arithmetic"
     assert round(more - 1, 3) == 0.068, f"{more - 1:.3%} more warp instructions, not 6.8 %"
     assert abs(timed[3] / timed[2] - 1) < 0.01, "level with rung 6 within 1 % under this profile"
-    # the mechanism profile of section 5, a separate run, agrees within two points
+    # section 1's mechanism profile, a separate run, agrees within two points
     mech_extra = mech["ropelib"]["ncu_warp_inst_per_element"] \
         / mech["equal_halves"]["ncu_warp_inst_per_element"]
-    print(f"section 5's mechanism profile: {mech_extra - 1:+.1%} warp instructions over rung 6")
+    print(f"section 1's mechanism profile: {mech_extra - 1:+.1%} warp instructions over rung 6")
     assert abs(mech_extra - more) < 0.02, "the two profiles within two points"
 
 
@@ -712,9 +868,9 @@ def flat_pass_schedule():
 
 
 def paired_rows_probe():
-    """A.7: `benchmarks/paired_rows_probe.py` (H200, forward): the element-wise flat pass
+    """A.9: `benchmarks/paired_rows_probe.py` (H200, forward): the element-wise flat pass
     reading all of its fp32 rows, half of them, and both members of a pair in one thread, beside
-    torch.compile and apply_rope; printed, with every number A.7's text states asserted."""
+    torch.compile and apply_rope; printed, with every number A.9's text states asserted."""
     pr = measured.probe("paired_rows_probe")
     pr_meta, _ = measured.load("paired_rows_probe")
     cols = ("torch.compile (16-bit table)", "ropelib.apply_rope (freqs)", "rows=fp32",
@@ -738,9 +894,9 @@ def paired_rows_probe():
 
 
 def elementwise_route(tp, tp_meta):
-    """A.7: the element-wise flat pass (the design of `rows=fp32`) in the whole route, an H200
+    """A.9: the element-wise flat pass (the design of `rows=fp32`) in the whole route, an H200
     run of the two passes with it, against the pass of pairs in the main two_pass run (`tp`,
-    `tp_meta`); printed, every number A.7's text states asserted."""
+    `tp_meta`); printed, every number A.9's text states asserted."""
     s16k = "bf16 sbhd 1 GiB s16k b8"
     tp_elementwise = measured.two_pass(measured.GPU + "-20261128-0853")
     ew_meta, _ = measured.load("two_pass", measured.GPU + "-20261128-0853")

@@ -642,8 +642,8 @@ def steps_by_run(rows) -> dict:
 
 
 def settled(values) -> bool:
-    """Does every process measure the step with the same sign? (With five processes and no real
-    step, a coin per process, that happens by chance once in sixteen.)"""
+    """Does every process measure the step with the same sign? (With n processes and no real
+    step, a coin per process, that happens by chance once in 2 ** (n - 1): once in 512 for ten.)"""
     return all(v > 0 for v in values) or all(v < 0 for v in values)
 
 
