@@ -36,8 +36,10 @@
 # sizes. Profiles and committed timings are read from `benchmarks/results/` and checked; cells
 # that time live print their own numbers, for the GPU the setup cell prints.
 #
-# **Time budget.** About 2 to 2.5 hours to study, plus 30 to 60 minutes for the two kernel
-# exercises; running every cell takes a minute or two on the CPU.
+# **Time budget.** About 2 to 2.5 hours to study, exercises 1–3 included. About half an hour of
+# it is optional, marked *for a second reading*: section 4.5, section 5's detour into the
+# compiled code, and the appendix. Exercises 4 and 5 ask for kernels: 45 to 90 minutes more.
+# Running every cell takes a minute or two on the CPU.
 
 # %%
 import os, torch
@@ -591,15 +593,23 @@ else:
 # - **Not bytes.** The naive kernel and the copy both move what the bytes model says (read $x$,
 #   write $y$, read the table once) within a few percent; the naive kernel takes 5.1 times as long.
 # - **Tiny programs, low occupancy.** 1,048,576 one-warp programs of one 256-byte row. An SM
-#   holds at most 32 programs at a time (half its 64 warp slots): 248 *waves* (programs ÷ (SMs ×
-#   programs resident per SM), the rounds the grid needs to pass through every SM). The *achieved
-#   occupancy* (average share of warp slots holding a warp) is 28.1 % against the copy's 85.3 %.
-#   4.3 shows this follows from the slow starts; it does not cause them.
+#   holds at most 32 programs at a time (half its 64 warp slots): 248 *waves*,
+#   $\text{programs} / (\text{SMs} \times \text{programs resident per SM})$, the rounds the grid
+#   needs to pass through every SM. The *achieved occupancy* (average share of warp slots holding
+#   a warp) is 28.1 % against the copy's 85.3 %. 4.3 shows this follows from the slow starts; it
+#   does not cause them.
 # - **Not bytes in flight.** Memory reaches its bandwidth only with enough bytes requested and not
-#   yet returned (Little's law: bytes in flight = bandwidth × latency). The naive kernel's bound
-#   on them (`x KiB/SM`: resident warps per SM × bytes of $x$ a warp loads per step, an upper
-#   bound reached only if every warp waits at once) is a twelfth of the copy's, yet notebook
-#   04's kernel (third row) asks for only 1.7 times as much and runs 3.5 times faster.
+#   yet returned. By Little's law,
+#   $\text{bytes in flight} = \text{bandwidth} \times \text{latency}$: notebook 05 (section 2)
+#   measures the H200's need at 5.6 KiB of loads per SM. The naive kernel's bound on them
+#   (`x KiB/SM`: resident warps per SM × bytes of $x$ a warp loads per step, reached only if every
+#   warp waits at once) is 4.5 KiB: a twelfth of the copy's, but 0.8 of the need. Short of it by
+#   a fifth, a kernel is capped near 80 % of the copy's read rate; this one reads at 20 %. Nor
+#   would more resident programs help: with all 32 the bound would be $32 \times 256$ B = 8 KiB,
+#   the same ceiling as notebook 04's kernel (third row: one-warp programs, 256 bytes of $x$ a
+#   warp a step). That kernel asks for 7.7 KiB and runs 3.5 times faster: 71 % of a copy's speed
+#   on the H200 and 80 % on the H100, where the naive kernel reaches 20 % and 29 % (`do_bench`,
+#   `generations-*.csv`).
 # - **The number of programs.** The second table adds two variants from notebook 04, also
 #   1,048,576 one-row programs: instructions 4.7 times apart, bytes in flight nearly threefold,
 #   and times within 0.3 %.
@@ -640,13 +650,41 @@ assert round(nv["ncu_achieved_occupancy_pct"] / 100 * 64) == 18            # pro
 # few bytes in flight: 4.5 KiB of x requested per SM, a twelfth of the copy's 54.6
 assert (f"{nv['x_kib_per_sm']:.1f}", f"{copy_m['x_kib_per_sm']:.1f}") == ("4.5", "54.6")
 assert round(copy_m["x_kib_per_sm"] / nv["x_kib_per_sm"]) == 12
-# but not the reason: notebook 04's kernel asks for 1.7x the KiB per SM and is 3.5x faster;
-# it runs B times fewer programs of B rows each
+# ... against Little's law's need (notebook 05, section 2): W_read x one load's idle latency
+need = measured.loads_in_flight_need()
+read_share = nv["ncu_dram_read_bytes"] / (nv["us"] * 1e-6) / need["w_read"]
+print(f"Little's law (notebook 05): {need['kib_per_sm']:.1f} KiB of loads in flight an SM to read "
+      f"at the copy's {need['w_read'] / 1e12:.2f} TB/s; the naive kernel's bound "
+      f"{nv['x_kib_per_sm']:.1f} KiB is {nv['x_kib_per_sm'] / need['kib_per_sm']:.0%} of it, "
+      f"its read rate {read_share:.0%} of the copy's")
+assert round(need["kib_per_sm"], 1) == 5.6
+assert round(nv["x_kib_per_sm"] / need["kib_per_sm"], 1) == 0.8 and round(read_share, 2) == 0.20
+# the ceiling both one-warp kernels share: 32 programs an SM x 256 bytes of x a warp a step
+for r in (nv, reuse_m):
+    assert (r["occ_blocks_per_sm"], r["num_warps"], r["x_bytes_per_warp_step"]) == (32, 1, 256)
+ceiling = nv["occ_blocks_per_sm"] * nv["x_bytes_per_warp_step"] / 1024
+# notebook 04's kernel asks for 1.7x the naive kernel's KiB per SM, near that ceiling, and is
+# 3.5x faster; it runs B times fewer programs of B rows each
 kib_ratio, speedup = reuse_m["x_kib_per_sm"] / nv["x_kib_per_sm"], nv["us"] / reuse_m["us"]
-print(f"batch-reusing kernel (notebook 04): {kib_ratio:.1f}x the naive kernel's KiB per SM, "
+print(f"batch-reusing kernel (notebook 04): {reuse_m['x_kib_per_sm']:.1f} KiB per SM of the "
+      f"{ceiling:.0f} KiB both kernels could ask for, {kib_ratio:.1f}x the naive kernel's; "
       f"{speedup:.1f}x faster")
+assert ceiling == 8 and f"{reuse_m['x_kib_per_sm']:.1f}" == "7.7"
 assert (round(kib_ratio, 1), round(speedup, 1)) == (1.7, 3.5)
 assert nv["programs"] == reuse_m["batch"] * reuse_m["programs"]
+# their speed as a share of a copy's, do_bench at the same shape on both GPUs
+of_copy = {}
+for slug in ("nvidia-h200", "nvidia-h100-80gb-hbm3"):
+    g_meta, g_rows = measured.load("generations", slug)
+    for r in g_rows:
+        if r["case"] == "batch-8" and r["provider"] in ("ropelib_naive", "ropelib_batch_reuse"):
+            of_copy[g_meta["gpu"], r["provider"][len("ropelib_"):]] = r["copy_fwd_ms"] / r["fwd_ms"]
+print("of a copy's speed (do_bench, generations-*.csv): " + "; ".join(
+    f"{gpu}: naive {of_copy[gpu, 'naive']:.0%}, batch_reuse {of_copy[gpu, 'batch_reuse']:.0%}"
+    for gpu in ("NVIDIA H200", "NVIDIA H100 80GB HBM3")))
+assert {k: round(100 * v) for k, v in of_copy.items()} == {
+    ("NVIDIA H200", "naive"): 20, ("NVIDIA H200", "batch_reuse"): 71,
+    ("NVIDIA H100 80GB HBM3", "naive"): 29, ("NVIDIA H100 80GB HBM3", "batch_reuse"): 80}
 # three kernels of a million one-row programs: instructions 4.7x apart, occupancy and KiB of
 # x per SM 2.9x apart, the same time within 0.3 %
 million = [mech[v] for v in ("naive", "sh_one_b", "sh_one_b_table")]
@@ -706,8 +744,9 @@ assert round(life_us, 1) == 1.4
 # time is the time the GPU takes to start and retire its programs: 0.60 ns a program for the
 # whole GPU, about 80 ns per program on each of 132 SMs (4.4 qualifies this).
 #
-# Occupancy follows from that start rate. By Little's law, resident programs = start rate × life:
-# one start per 80 ns on each SM and about 18 resident means each lives about 1.4 µs. Longer-lived
+# Occupancy follows from that start rate. By Little's law,
+# $\text{programs resident} = \text{start rate} \times \text{life}$: one start per 80 ns on each
+# SM and about 18 resident means each lives about 1.4 µs. Longer-lived
 # programs raise the occupancy, not the start rate: so 4.2's three kernels reach occupancies 2.9
 # times apart in the same time.
 #
@@ -1800,6 +1839,9 @@ else:
 
 # %% [markdown]
 # ## Appendix: cos and sin for every row, and why 8 rows are then slower than 2
+#
+# *For a second reading: why exercise 5's check counts sines and cosines; nothing else rests
+# on it.*
 #
 # `rows_sincos_every_row` (in `ropelib.course.exercises.naive_kernel`) has exercise 5's signature
 # but evaluates cos and sin for every row, which the check refuses; an H200 profile found it

@@ -38,9 +38,9 @@
 # offsets) that touches no tensor is reported and masked off, so a wrong kernel cannot crash the
 # notebook. The output is compared with an fp64 spec. An answer that calls ropelib fails. A ❌
 # line prints the call that redraws its inputs, such as `pz.check_partial(my_partial_kernel,
-# seed=N)`. On a GPU a passing kernel is also timed against a device copy of the bytes a right
-# answer moves (the ⏱ line, naming the GPU); each worked solution's ⏱ line is the time to aim
-# for. Committed measurements the text quotes are from an NVIDIA H200.
+# seed=N)`. On a GPU a passing kernel of puzzles 2 to 12 is also timed against a device copy of
+# the bytes a right answer moves (the ⏱ line, naming the GPU); each worked solution's ⏱ line is
+# the time to aim for. Committed measurements the text quotes are from an NVIDIA H200.
 #
 # **Reading the pictures.** One panel per tensor, rows down, last dim across. Inputs: grey never
 # loaded, light to dark blue loaded once to four or more times. Outputs: the colour of the program
@@ -53,8 +53,10 @@
 # recognised. A "What was wrong" note under each worked solution explains the bug; read it after
 # your ✅. 5, 7 and 11 need the most thought.
 #
-# **Time:** the cells run in under a minute on a CPU; reading takes about 40 minutes, solving
-# 2–4 hours.
+# **Time:** solving takes 2–4 hours. The notes under the worked solutions and the study
+# questions take about an hour more, of which about 20 minutes are optional and marked so:
+# where puzzle 9's repeated loads are served from, and the appendix on puzzles 5 and 9 against a
+# copy. Every cell runs in about a minute on a CPU.
 
 # %%
 import os, torch
@@ -755,13 +757,13 @@ assert gd == sd                                                   # the same dis
 # again for bytes its program loaded an iteration before. Served from a cache, they cost
 # instructions and cache requests; from DRAM, about what copying their bytes costs.
 #
-# **Where the repeats are served from, measured.** `nb13_table_reuse` runs the given kernel on one
-# table for the batch and on a table per batch entry, where DRAM must serve every load; beside
-# them, the worked solution at BLOCK_S=4 and 16. On a GPU the cell times them in alternating
-# rounds, each against a copy of the bytes it touches, and prints what the repeats cost on one
-# table, what the per-entry tables add, and what a copy of those added bytes takes. If the first
-# is near zero and the second near the copy, a cache serves the repeats: time follows the
-# distinct bytes touched, not the loads issued.
+# **Where the repeats are served from, measured** (optional). `nb13_table_reuse` runs the given
+# kernel on one table for the batch and on a table per batch entry, where DRAM must serve every
+# load; beside them, the worked solution at BLOCK_S=4 and 16. On a GPU the cell times them in
+# alternating rounds, each against a copy of the bytes it touches, and prints what the repeats
+# cost on one table, what the per-entry tables add, and what a copy of those added bytes takes.
+# If the first is near zero and the second near the copy, a cache serves the repeats: time
+# follows the distinct bytes touched, not the loads issued.
 
 # %%
 from ropelib.course import nb13_table_reuse as reuse
@@ -1031,7 +1033,8 @@ assert f"{math.sqrt(2) * 2**-9:.4f}" == "0.0028"  # the bound the text states
 #
 # **The check** compares $\partial L / \partial x$ with the forward's autograd (fp64), on puzzle
 # 10's three sets of lengths, with $D = 24$, $R = 16$; $D = 80$, $R = 32$; and $D = 40$, $R = 8$.
-# A row stored by two programs fails. There is no ⏱ line: the capstone is graded on being right.
+# A row stored by two programs fails. On a GPU the ⏱ line times it at ChatGLM's head ($D = 128$,
+# $R = 64$) on puzzle 10's timed sequences: a backward of the forward puzzle 10 times.
 
 # %%
 pz.show_spec("packed_partial_backward")
@@ -1042,7 +1045,9 @@ assert [(c.constexprs["D"], c.constexprs["R"]) for c in capstone_cases] == [(24,
                                                                              (40, 8)]
 assert [c.label.split("lengths ")[1] for c in capstone_cases] == [
     c.label.split("lengths ")[1] for c in packed_cases]               # puzzle 10's lengths
-assert pz.PUZZLES["packed_partial_backward"].big is None              # no timed case
+big12, big10 = (pz.PUZZLES[k].big("meta") for k in ("packed_partial_backward", "packed_sequences"))
+assert (big12.constexprs["D"], big12.constexprs["R"]) == (128, 64)    # the timed case: ChatGLM's
+assert big12.out.shape == big10.out.shape and big12.grid == big10.grid   # puzzle 10's sequences
 
 # %%
 @triton.jit
@@ -1064,6 +1069,7 @@ pz.check_packed_partial_backward(my_packed_partial_backward_kernel);
 
 # %%
 solution(pz.solution_packed_partial_backward_kernel.fn, title="Solution: puzzle 12")
+pz.time_solution("packed_partial_backward");
 
 # %% [markdown]
 # **What to notice.** Each part of the worked solution is an earlier puzzle's: the tokens and
@@ -1083,10 +1089,10 @@ solution(pz.solution_packed_partial_backward_kernel.fn, title="Solution: puzzle 
 pz.scoreboard();
 
 # %% [markdown]
-# And the ten timed worked solutions against a copy of the bytes a right answer reads and writes,
-# timed in alternating rounds as under puzzle 9: each fraction at the median of its rounds, with
-# its lowest and highest; solutions whose ranges overlap are not told apart. On a CPU the cell
-# times nothing.
+# And the eleven timed worked solutions (every puzzle's but the first, a single row) against a
+# copy of the bytes a right answer reads and writes, timed in alternating rounds as under puzzle
+# 9: each fraction at the median of its rounds, with its lowest and highest; solutions whose
+# ranges overlap are not told apart. On a CPU the cell times nothing.
 
 # %%
 import inspect
@@ -1105,7 +1111,7 @@ if rounds_all is not None:
     assert all(t.of_copy < 1.15 for t in rounds_all.values())   # none far beyond a copy
 if runtime.on_gpu():
     assert rounds_all is not None                  # every solution ran right and was timed
-assert len(timed) == 10 and pz.PUZZLES["rotate_row"].big is None   # nor the capstone's, above
+assert len(timed) == 11 and pz.PUZZLES["rotate_row"].big is None   # every puzzle but the first
 body = inspect.getsource(pz.solution_long_context_kernel.fn).split("):", 1)[1]
 assert "freqs_ptr" not in body                    # puzzle 5's solution never reads the table
 big5 = pz.PUZZLES["long_context"].big("meta")     # shapes only: the bytes each fraction counts
@@ -1131,7 +1137,7 @@ assert [f"{b / 1e6:.1f}" for b in (handed5, moved5_bytes, handed5 - moved5_bytes
 # 4. Puzzle 9 counts loads, not DRAM bytes. Estimate the DRAM bytes the repeated table loads cost
 #    on a GPU with a 50 MB L2 at the timed size (`S = 16384`, `B = 8`, `HALF = 64`), and say why
 #    the answer is not $B$ times the table.
-# 5. Which of the ten timed worked solutions would you expect to reach a copy's speed on a GPU,
+# 5. Which of the eleven timed worked solutions would you expect to reach a copy's speed on a GPU,
 #    and which to fall short, whatever their tile? (Puzzle 6 gathers table rows by position;
 #    puzzle 2 can use stride-2 loads or whole rows.) Write your prediction down, then compare it
 #    with the table under the scoreboard (`docs/executed/13-rope-puzzles.html` has one GPU's).

@@ -327,3 +327,11 @@ def test_host_by_size_log_reads_the_final_table():
     assert rows["decode s1 b64 sbhd", "ropelib"] == 203.7
     assert rows["decode s1 b64 sbhd", "te_fused, one thread"] == 73.9
     assert rows["decode s1 b64 sbhd", "ropelib: in launches"] == 46.7
+
+
+def test_loads_in_flight_need_is_notebook_05s():
+    """Little's law's need that notebooks 03 and 05 state: W_read x idle latency per SM."""
+    need = measured.loads_in_flight_need()
+    assert need["sms"] == 132 and round(need["latency_ns"], -1) == 350
+    assert round(need["w_read"] / 1e12, 2) == 2.15 and round(need["kib_per_sm"], 1) == 5.6
+    assert need["kib_per_sm"] == need["w_read"] / need["sms"] * need["latency_ns"] * 1e-9 / 1024

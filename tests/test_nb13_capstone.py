@@ -164,3 +164,16 @@ def test_the_spec_is_the_autograd_of_the_forward_it_states():
     assert D > R
     dx = pz.spec_packed_partial_backward(dy.double(), cu, cos, sin, R)
     assert torch.allclose((dx * v).sum(), (dy.double() * jv).sum(), rtol=1e-12)
+
+
+def test_the_worked_solution_compiles_for_sm_90_at_the_timed_case():
+    """On a GPU the ⏱ line launches the compiled solution on the timed case (ChatGLM's head on
+    puzzle 10's sequences): it compiles for sm_90, with whole-sector vector loads and stores."""
+    from ropelib.course import load_schedule
+    big = P.big("meta")
+    assert (big.constexprs["D"], big.constexprs["R"]) == (128, 64)
+    args = {name: torch.empty(16, dtype=v.dtype) if isinstance(v, torch.Tensor) else v
+            for name, v in zip(P.solution.arg_names, big.args)}
+    code = load_schedule.schedule(P.solution, dict(args, **big.constexprs), num_warps=4)
+    assert 16 in load_schedule.load_widths(code)                 # 16-byte loads of dL/dy
+    assert set(load_schedule.store_widths(code)) == {16}         # and only 16-byte stores

@@ -77,6 +77,6 @@ def test_every_timed_solution_in_rounds_as_where_you_stand_does(stand_in, capsys
     out = pz.time_in_rounds({f"{p.number}. {p.title}": (p.key, p.solution) for p in timed},
                             rounds=2)
     assert "❌" not in capsys.readouterr().out
-    assert out is not None and len(out) == len(timed) == 10
+    assert out is not None and len(out) == len(timed) == 11
     lines = [pz.rounds_line(name, t) for name, t in out.items()]
     assert all(line.startswith(f"{p.number}. ") for line, p in zip(lines, timed))

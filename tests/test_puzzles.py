@@ -1,6 +1,7 @@
 """Notebook 13's puzzles (ropelib.course.puzzles): each worked solution passes its check, each
-starting kernel of the notebook fails it for the reason the puzzle is about, an answer that calls
-ropelib's own @triton.jit helpers fails, and the notebook with the solutions filled in grades
+starting kernel of the notebook fails it for the reason the puzzle is about, an answer that does
+nothing (blank, or launched and storing nothing) or calls ropelib's own @triton.jit helpers
+fails, and the notebook with the solutions filled in grades
 exactly those solutions (every check ✅). The memory layer the checks run kernels in is tested on
 its own: faults masked off, virtual rows past 2^31, load counts."""
 import ast
@@ -270,6 +271,42 @@ def test_an_answer_calling_ropelib_fails(key, library_answers, capsys):
     assert pz.grade(pz.PUZZLES[key], kernel, seed=0, draw=False) is False
     out = capsys.readouterr().out
     assert "ropelib's pair_features (ropelib/kernels/common.py)" in out, out
+
+
+def _with_body(kernel, name: str, body: str) -> str:
+    """`kernel`'s signature under `name`, with `body` in place of its code."""
+    src = textwrap.dedent(inspect.getsource(kernel.fn))
+    src = src.replace(f"def {kernel.fn.__name__}(", f"def {name}(", 1)
+    lines = src.splitlines()
+    end = next(i for i, line in enumerate(lines) if line.startswith("):"))
+    return "\n".join(lines[:end + 1] + [f"    {body}"])
+
+
+@pytest.fixture(scope="module")
+def blank_answers(tmp_path_factory):
+    """Per puzzle, two answers that do nothing: the notebook's blank body, which the check
+    recognises before launching, and a body that stores nothing, which it launches."""
+    blocks = [_with_body(p.solution, f"{kind}_{k}_kernel", body)
+              for k, p in pz.PUZZLES.items()
+              for kind, body in (("blank", "...  # your code"), ("idle", "tl.program_id(0)"))]
+    return written_module("puzzle_blank_answers",
+                          tmp_path_factory.mktemp("blank") / "puzzle_blank_answers.py",
+                          "import triton\nimport triton.language as tl\n\n\n"
+                          + "\n\n\n".join(blocks) + "\n")
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_an_answer_that_does_nothing_fails(key, blank_answers, capsys):
+    """Repair puzzles too: a learner who empties the given kernel gets a ❌, not a ✅."""
+    number = pz.PUZZLES[key].number
+    assert pz.grade(pz.PUZZLES[key], getattr(blank_answers, f"blank_{key}_kernel"), seed=0,
+                    draw=False) is False
+    out = capsys.readouterr().out
+    assert out.startswith(f"❌ puzzle {number} ") and "no kernel yet" in out, out
+    assert pz.grade(pz.PUZZLES[key], getattr(blank_answers, f"idle_{key}_kernel"), seed=0,
+                    draw=False) is False
+    out = capsys.readouterr().out
+    assert out.startswith(f"❌ puzzle {number} ") and "never written" in out, out
 
 
 @triton.jit

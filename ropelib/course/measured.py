@@ -7,7 +7,8 @@ One GPU for every number the notebooks show: the H200 run (``*-nvidia-h200.csv``
 two probes of the flat pass, ``flat_pass_probe-nvidia-h200.csv`` and
 ``flat_hints_probe-nvidia-h200.csv`` (:func:`probe`). Notebook 05's Little's law reads
 ``memory_latency-nvidia-h200.csv`` (a pointer chase: one load's latency from L1, L2 and DRAM,
-idle and beside a copy) and notebook 03's section on coalescing ``access_counters-nvidia-h200.csv``
+idle and beside a copy; :func:`loads_in_flight_need` gives the need notebook 03 quotes too) and
+notebook 03's section on coalescing ``access_counters-nvidia-h200.csv``
 (the pair swap under Nsight Compute). Every CSV starts with ``# key: value``
 lines naming the GPU, driver and versions (:func:`ropelib.bench.compare.read_meta`).
 
@@ -105,6 +106,22 @@ def mechanism(case: str = "s4096-b8", gpu: str = GPU, kind: str = "mechanism") -
     if not out:
         raise ValueError(f"{kind}-{gpu}.csv has no profiled rows for case {case!r}")
     return out
+
+
+def loads_in_flight_need(gpu: str = GPU) -> dict:
+    """Little's law's need for loads in flight per SM (notebook 05, section 2): to read at the
+    profiled copy's DRAM read rate ``w_read`` (Nsight Compute's DRAM bytes read over its time, B/s),
+    loads worth ``w_read`` x one load's latency from idle DRAM (``latency_ns``, the pointer chase
+    over a 1 GiB buffer of ``memory_latency-<gpu>.csv``) must be outstanding, ``kib_per_sm`` KiB
+    on each of ``sms`` SMs."""
+    lat_meta, lat_rows = load("memory_latency", gpu)
+    (ns,) = [r["ns_per_load"] for r in lat_rows if r["measure"] == "latency"
+             and r["condition"] == "idle" and int(r["footprint_bytes"]) == 2**30]
+    copy = mechanism("s4096-b8", gpu)["copy"]
+    w_read = copy["ncu_dram_read_bytes"] / (copy["us"] * 1e-6)
+    sms = int(lat_meta["sms"])
+    return {"w_read": w_read, "latency_ns": ns, "sms": sms,
+            "kib_per_sm": w_read / sms * ns * 1e-9 / 1024}
 
 
 def timings(kind: str, case: str, gpu: str = GPU) -> dict:

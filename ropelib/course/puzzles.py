@@ -1630,6 +1630,23 @@ def _build_packed_partial_backward(gen, device, block_t=4):
     return cases
 
 
+def _big_packed_partial_backward(device, rows=None):
+    """ChatGLM's head, D = 128 with its first R = 64 features turned, on puzzle 10's timed
+    sequences (the same lengths): a backward of the forward puzzle 10 times."""
+    n_seqs, D, R, bt = (64, 128, 64, 16) if rows is None else (4, 128, 64, 16)
+    lengths = torch.randint(1, rows or 4096, (n_seqs,),
+                            generator=torch.Generator().manual_seed(0))
+    cu = _cu_seqlens(lengths.tolist()).to(device)
+    total, longest = int(lengths.sum()), int(lengths.max())
+    dy = torch.randn(total, D, device=device)
+    cos, sin = (t.to(device) for t in _table(longest, R // 2))
+    dx = torch.empty_like(dy)
+    return Case(f"dL/dy [{total}, {D}] fp32, R={R}, {n_seqs} sequences",
+                (n_seqs, triton.cdiv(longest, bt)), (dy, cu, cos, sin, dx),
+                {"D": D, "R": R, "BLOCK_D": triton.next_power_of_2(D), "BLOCK_T": bt},
+                {"dy": dy, "cu_seqlens": cu, "cos": cos, "sin": sin}, "dx", dx, None, None)
+
+
 PACKED_PARTIAL_BACKWARD = _register(Puzzle(
     12, "packed_partial_backward", "capstone: the backward of packed, partial, interleaved RoPE",
     spec_packed_partial_backward, _build_packed_partial_backward,
@@ -1640,9 +1657,7 @@ PACKED_PARTIAL_BACKWARD = _register(Puzzle(
          "pairs with 2j + 1 and reads table column j; features R..D-1 (masked to D, as in "
          "puzzle 4) are dL/dy copied. Puzzle 8: the backward turns each pair by -theta: "
          "dx_2j = g_2j c + g_2j+1 s, dx_2j+1 = g_2j+1 c - g_2j s",
-    no_timing="the capstone is graded on being right, and puzzle 10 already times a packed "
-              "kernel",
-    require=_each_row_stored_by_one_program))
+    big=_big_packed_partial_backward, require=_each_row_stored_by_one_program))
 
 
 # --- grading ----------------------------------------------------------------------------------
@@ -1867,13 +1882,13 @@ def sector_use(memory: BoundsCheckedMemory) -> Dict[str, Tuple[int, float]]:
     return out
 
 
-SOLUTIONS_AT_TIMED_SHAPE = (2, 3, 4, 6, 7, 8, 10, 11)   # at_timed_shape builds these
+SOLUTIONS_AT_TIMED_SHAPE = (2, 3, 4, 6, 7, 8, 10, 11, 12)   # at_timed_shape builds these
 
 
 def at_timed_shape(number: int, rows: int = 32) -> Tuple[str, BoundsCheckedMemory]:
     """Puzzle `number`'s worked solution run in checked memory on its timed case cut to `rows`
-    rows (positions; tokens per sequence for puzzle 10's four sequences), same head dim, dtypes
-    and tiles: (the case's label, the memory with its recorded accesses)."""
+    rows (positions; for puzzles 10 and 12, tokens per sequence of four sequences), same head
+    dim, dtypes and tiles: (the case's label, the memory with its recorded accesses)."""
     assert number in SOLUTIONS_AT_TIMED_SHAPE, number
     p = next(q for q in PUZZLES.values() if q.number == number)
     case = p.big("cpu", rows=rows)
