@@ -125,3 +125,14 @@ def test_the_host_probe_times_three_arms_and_the_no_rope_model_ignores_positions
     # the arms trained: each call is a training step
     assert any(not torch.equal(a, b) for a, b in zip(before, models["reference"].parameters()))
 
+
+def test_the_notebook_times_its_arms_with_these_rounds():
+    text = NOTEBOOK.read_text(encoding="utf-8")
+    defined = {n.name for n in ast.walk(ast.parse(text)) if isinstance(n, ast.FunctionDef)}
+    assert not defined & {"interleaved_ms", "interleaved_step_ms", "quartiles", "step_verdict"}
+    assert "step_ms = interleaved_step_ms(step_models, step_batch, rounds=ROUNDS" in text
+    assert "probe_ms = interleaved_step_ms(probe_models, step_batch" in text
+    assert "graph_ms = interleaved_ms(replays, rounds=12, steps=20, seed=1," in text
+    assert "no difference that this run can" in text
+    # the training runs' tokens/s give the committed run's verdict only, not this run's
+    assert 'say_verdict("this run"' not in text
