@@ -21,7 +21,6 @@ if not torch.cuda.is_available():
 
 import ropelib  # noqa: E402
 from ropelib import reference  # noqa: E402
-from ropelib.course.rounds import paired_rounds  # noqa: E402
 from ropelib.course import model as gpt_model  # noqa: E402
 from ropelib.course.exercises import in_a_model, own_code  # noqa: E402
 from ropelib.course.model import GPTConfig, KVCache  # noqa: E402
@@ -557,52 +556,6 @@ def teardown_module():
     shutil.rmtree(_VARIANTS, ignore_errors=True)
 
 
-def _notebook_functions(*names):
-    """The notebook's own functions `names`, compiled from its source (with torch in scope)."""
-    tree = ast.parse(NOTEBOOK.read_text(encoding="utf-8"))
-    defs = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in names]
-    assert sorted(d.name for d in defs) == sorted(names)
-    namespace = {"torch": torch, "math": __import__("math"), "paired_rounds": paired_rounds}
-    code = compile(ast.Module(body=defs, type_ignores=[]), str(NOTEBOOK), "exec")
-    exec(code, namespace)  # noqa: S102 -- the notebook's own source
-    return [namespace[n] for n in names]
-
-
-def test_the_speed_verdict_reads_the_rounds_as_pairs():
-    """Section 4's verdict on interleaved rounds: a faster arm only where it won enough rounds
-    for the sign test (p < 0.01), else none, however far apart the arms' spreads lie; the
-    median per-round ratio and the difference of the medians."""
-    import math
-    quartiles, step_verdict = _notebook_functions("quartiles", "step_verdict")
-    sign_test = lambda wins, n: paired_rounds([1.0] * wins + [2.0] * (n - wins), [1.5] * n)["p"]
-    assert quartiles([1.0, 2.0, 3.0, 4.0, 5.0]) == (2.0, 3.0, 4.0)
-    assert sign_test(15, 15) == pytest.approx(2 / 2 ** 15)
-    assert sign_test(0, 15) == sign_test(15, 15) and sign_test(7, 15) == 1.0
-    assert sign_test(13, 15) == pytest.approx(2 * (math.comb(15, 13) + 15 + 1) / 2 ** 15)
-    # drift shared by both arms: the spreads overlap, yet ropelib wins every round by 20 %
-    drift = [10.0, 14.0, 11.0, 18.0, 12.0, 16.0, 13.0, 10.5, 17.0, 15.0]
-    paired = {"ropelib": drift, "reference": [1.2 * t for t in drift]}
-    faster, wins, p, ratio, diff = step_verdict(paired)
-    assert (faster, wins, ratio) == ("ropelib", 10, pytest.approx(1.2))
-    assert p == pytest.approx(2 / 2 ** 10)
-    assert diff == pytest.approx(0.2 * quartiles(drift)[1])
-    swapped = {"ropelib": paired["reference"], "reference": paired["ropelib"]}
-    assert step_verdict(swapped)[:3] == ("reference", 10, p)
-    # far-apart spreads but only 6 wins of 10: unresolved
-    mixed = {"ropelib": [10.0] * 10, "reference": [12.0] * 6 + [9.0] * 4}
-    assert step_verdict(mixed)[0] is None
-    # the CPU's three rounds can never resolve
-    assert step_verdict({"ropelib": [1.0, 1.0, 1.0], "reference": [2.0, 2.0, 2.0]})[0] is None
-
-
-def test_the_notebook_times_the_speed_verdict_in_interleaved_rounds():
-    text = NOTEBOOK.read_text(encoding="utf-8")
-    assert "step_ms = interleaved_step_ms(step_models, step_batch, rounds=ROUNDS" in text
-    assert "no difference that this run can" in text and "shuffle.shuffle(order)" in text
-    # the training runs' tokens/s give the committed run's verdict only, not this run's
-    assert 'say_verdict("this run"' not in text
-
-
 def test_the_notebook_reads_its_speed_claims_from_committed_data():
     """The committed Nsight Compute counters are read from their file; the compiled rounds log,
     another model's, is not quoted as this model's swings; the wall-clock saving is not split
@@ -618,8 +571,10 @@ def test_the_notebook_reads_its_speed_claims_from_committed_data():
     assert 'assert differ["as compiled by default"] == 0 < differ["with enable_fp_fusion=False"]' \
         in text
     assert "this paragraph's reading is not" not in text
-    assert "t_issued = time.perf_counter()" in text and "issue=step_issue" in text
-    assert "time.process_time()" not in text and "paired_wall_saving" in text
+    assert "issue=step_issue" in text and "paired_wall_saving" in text
+    rounds = (ROOT / "ropelib" / "course" / "nb09_step_rounds.py").read_text(encoding="utf-8")
+    assert "t_issued = time.perf_counter()" in rounds          # the issue time, before the wait
+    assert "time.process_time()" not in text + rounds
     appendix = text.index("# ## Appendix: the measurements behind the text")
     assert appendix > text.index("# ## Questions for a study group")
     assert text.index("from statistics import median") > appendix
@@ -635,36 +590,3 @@ def test_the_notebook_reads_its_speed_claims_from_committed_data():
         at, said = text.index(readout), text.index(quoted, summary)
         assert at < summary < said < appendix, readout
         assert quoted not in text[at + len(readout):summary], quoted
-
-
-def test_the_host_probe_times_three_arms_and_the_no_rope_model_ignores_positions():
-    """Section 5's profiler-free host probe (GPU only in the notebook): section 4's interleaved
-    rounds with a third arm whose rotary module (`NoRotary`) leaves q and k as they are. Run on
-    the CPU: every arm gets a wall time and an issue time per round, the issue time no longer than
-    the wall time, and the no-RoPE model's attention does not depend on where a token sits."""
-    import random
-    import time
-    namespace = {"torch": torch, "time": time, "random": random,
-                 "make_optimizer": gpt_model.make_optimizer, "train_step": gpt_model.train_step}
-    tree = ast.parse(NOTEBOOK.read_text(encoding="utf-8"))
-    wanted = {"interleaved_step_ms", "NoRotary"}
-    defs = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))
-            and n.name in wanted]
-    assert {n.name for n in defs} == wanted
-    exec(compile(ast.Module(body=defs, type_ignores=[]), str(NOTEBOOK), "exec"),  # noqa: S102
-         namespace)
-    cfg = GPTConfig(vocab_size=20, block_size=8, n_layer=2, n_head=2, n_embd=16)
-    models = {"reference": gpt_model.build(cfg, "reference", seed=0),
-              "no RoPE": gpt_model.build(cfg, "reference", seed=0)}
-    for blk in models["no RoPE"].blocks:
-        blk.attn.rotary = namespace["NoRotary"]()
-    q, k = torch.randn(2, 2, 8, 2, 8).unbind(0)
-    assert all(a is b for a, b in zip(models["no RoPE"].blocks[0].attn.rotary(q, k), (q, k)))
-    x = torch.randint(0, 20, (2, 8))
-    issue = {}
-    times = namespace["interleaved_step_ms"](models, (x, x), rounds=2, steps=1, warmup=1,
-                                             issue=issue)
-    assert set(times) == set(issue) == set(models)
-    for arm in models:
-        assert len(times[arm]) == len(issue[arm]) == 2
-        assert all(0 < i <= w for i, w in zip(issue[arm], times[arm]))

@@ -1,6 +1,6 @@
 """One training step of a model captured in a CUDA graph and replayed: the step's kernels launched
 by one call, so the device sets the pace and the host's Python, dispatch and launch costs drop
-out (notebook 09, section 5's "who saves what"; `benchmarks/graph_pair_probe.py`).
+out (notebook 09, appendix A.4, "who saves what"; `benchmarks/graph_pair_probe.py`).
 
 The step: the forward under bf16 autocast, the backward, gradient clipping to norm 1 and an AdamW
 step (its capturable for-each version, which a graph can hold). The graph reads and writes

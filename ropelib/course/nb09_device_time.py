@@ -1,4 +1,4 @@
-"""A call's device time from ``torch.profiler``, beside ``do_bench`` (notebook 09, appendix A.4).
+"""A call's device time from ``torch.profiler``, beside ``do_bench`` (notebook 09, appendix A.5).
 
 ``triton.testing.do_bench`` zeroes a 256 MiB buffer (flushing the L2 cache), records a CUDA event,
 makes the call and records another. The events span the call's kernels alone only where the host

@@ -1,4 +1,4 @@
-"""Where one layer's RoPE call spends the host's time in notebook 09's model (section 5).
+"""Where one layer's RoPE call spends the host's time in notebook 09's model (appendix A.4).
 
 One layer's q and k, taken from the model's own forward (its strided bshd views, its autocast
 dtype), go through ``apply_rope_qk`` four ways (:data:`WAYS`), each issued ``calls`` times back

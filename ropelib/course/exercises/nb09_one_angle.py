@@ -1,4 +1,4 @@
-"""Notebook 09's exercise 4 (appendix A.4): exercise 3's kernel with one angle a pair.
+"""Notebook 09's exercise 4 (appendix A.5): exercise 3's kernel with one angle a pair.
 
 The model's angle table is TE's cat(f, f): theta_{j + D/2} = theta_j, so one sine and one cosine
 serve both members of a rotate-half pair, where exercise 3's worked kernel takes a sine and a
