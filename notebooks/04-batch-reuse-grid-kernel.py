@@ -550,7 +550,7 @@ else:
 #
 # ### 5.2 A second GPU (optional)
 #
-# *Optional, 10 minutes with the end of 5.4; the main path goes on at 5.3.*
+# *10 minutes with the end of 5.4; the main path goes on at 5.3.*
 # `benchmarks/floor.py` timed batch 8's shape on an H200 and an H100 (slower DRAM): the copy,
 # ropelib's generations and TE's fused kernel.
 
@@ -1131,10 +1131,10 @@ if len(two_gpus) == 2:
 # ## Exercises
 #
 # Exercises 1 to 4 are the main path (half an hour); 5 and 6, marked optional, take 40 minutes
-# more. Each check prints ✅ or ❌ and never stops the notebook. Replace the `...` (or the `pass`) and
-# rerun; the solution is folded away in the next cell. The checks refuse ropelib's own answers
-# (`round_to` too: store with `.to(y_ptr.dtype.element_ty)`) and this notebook's kernels; name
-# `@triton.jit` helpers of your own `my_...`.
+# more. Each check prints ✅ or ❌ and never stops the notebook. Replace the `...` (or the
+# `pass`) and rerun; the solution is folded away in the next cell. The checks refuse ropelib's
+# own answers (`round_to` too: store with `.to(y_ptr.dtype.element_ty)`) and this notebook's
+# kernels; name `@triton.jit` helpers of your own `my_...`.
 #
 # **1.** How many bytes of fp32 angles do all programs of a generation load together?
 # `my_angle_bytes(generation, S, B, H, D)` with `generation` `"naive"` or `"batch_reuse"`.
@@ -1242,11 +1242,11 @@ grid_kernel.check_batch_reuse_kernel(my_batch_reuse_kernel);
 grid_kernel.show_solution()
 
 # %% [markdown]
-# **5. Program granularity, one knob** *(optional)*. Section 5.3's `sh_one_b` and `sh_loop_b` differ in more
-# than one count at once. Make the grid a knob, `ROWS`, the batch rows one program rotates: grid
-# $(S, H, B / \text{ROWS})$, program $(s, h, g)$ rotating rows $g \cdot \text{ROWS}$ to
-# $g \cdot \text{ROWS} + \text{ROWS} - 1$ of position $s$ and head $h$, with the cos/sin of
-# position $s$ evaluated once. `ROWS` = 1 gives the naive kernel's program count, `ROWS` = $B$
+# **5. Program granularity, one knob** *(optional)*. Section 5.3's `sh_one_b` and `sh_loop_b`
+# differ in more than one count at once. Make the grid a knob, `ROWS`, the batch rows one
+# program rotates: grid $(S, H, B / \text{ROWS})$, program $(s, h, g)$ rotating rows
+# $g \cdot \text{ROWS}$ to $g \cdot \text{ROWS} + \text{ROWS} - 1$ of position $s$ and head
+# $h$, with the cos/sin of position $s$ evaluated once. `ROWS` = 1 gives the naive kernel's program count, `ROWS` = $B$
 # section 2's grid. Tensors are contiguous and `HALF` a power of two (version 1 with one more
 # grid axis).
 #
@@ -1313,10 +1313,10 @@ assert round(one["us"] / loop["us"], 2) == 3.46
 assert round(table["us"] / one["us"], 3) == 0.998
 
 # %% [markdown]
-# **6. Two rows in flight** *(optional)*. Each warp asks for one row of `x`, stores it, and only then asks
-# for the next (section 2.3). Test that alone: write the batch loop so that it loads rows $b$
-# and $b + 1$ (all four half-rows) before it stores either. Same grid $(S, H)$, same cos/sin
-# once a program, same bytes. $B$ may be odd: mask row $b + 1$ off on the last trip.
+# **6. Two rows in flight** *(optional)*. Each warp asks for one row of `x`, stores it, and only
+# then asks for the next (section 2.3). Test that alone: write the batch loop so that it loads
+# rows $b$ and $b + 1$ (all four half-rows) before it stores either. Same grid $(S, H)$, same
+# cos/sin once a program, same bytes. $B$ may be odd: mask row $b + 1$ off on the last trip.
 #
 # The check runs your kernel in the interpreter at three shapes (an odd batch and a batch of
 # one among them) against the reference, and counts, program by program, the elements of `x`
