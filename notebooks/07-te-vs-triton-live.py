@@ -330,6 +330,9 @@ PROVENANCE = {SEED_CSV: "2, 4-6, A.1", FIGURES / "02-unfused-kernels.csv": "5, 6
               RESULTS / f"floor-{H100}.csv": "4, 6, A.2, A.4",
               HOST_LOG: "A.2, A.5"}
 when = {p.name: measured_when(p) for p in PROVENANCE if p.exists()}
+if HOST_LOG.exists():   # a log's name says "h200"; its first line names the GPU in full
+    when[HOST_LOG.name] = (HOST_LOG.read_text().split(",", 1)[0].removeprefix("# "),
+                           when[HOST_LOG.name][1])
 for p, read_in in PROVENANCE.items():
     gpu, date = when.get(p.name, ("(missing)", None))
     print(f"{p.name:50s} {gpu:22s} {date or '(no date recorded)':17s} read in {read_in}")
