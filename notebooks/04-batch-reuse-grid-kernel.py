@@ -22,10 +22,12 @@
 # The result beats Transformer Engine's (TE's) fused CUDA kernel at batch 8 on an H200 and an
 # H100, though it evaluates more sines and cosines: section 3 asks why, section 5.4 answers.
 #
-# **Time:** two hours for sections 1 to 4, 5.1 to 5.3 and 6, an hour and a half for the six
-# exercises; 5.4 and the appendix read Nsight Compute profiles. The text's numbers come from
-# committed runs on NVIDIA H200s (torch 2.11, Triton 3.6; section 5.2 adds an H100), each CSV's
-# header naming its GPU, versions and date, and are asserted.
+# **Time:** about an hour and a half for the main path: sections 1 to 6 (an hour) and
+# exercises 1 to 4 (half an hour). Optional, each marked where it starts: section 5.2 with the
+# end of 5.4 (a second GPU, 10 minutes), exercises 5 and 6 (40 minutes) and the appendix (the
+# Nsight Compute profiles behind section 5, an hour). The text's numbers come from committed
+# runs on NVIDIA H200s (torch 2.11, Triton 3.6; section 5.2 adds an H100), each CSV's header
+# naming its GPU, versions and date, and are asserted.
 #
 # **After this notebook you will be able to**
 #
@@ -46,7 +48,6 @@ device = ropelib.default_device()
 import csv
 import math
 import re
-import statistics
 import sys
 import time
 import warnings
@@ -60,6 +61,7 @@ from ropelib import reference, runtime
 from ropelib.bench import compare
 from ropelib.course import ladder   # notebook 05's numbered bytes-in-flight plot
 from ropelib.course import nb04_figures   # the floors and the time split, drawn
+from ropelib.course import nb04_load_order   # loads and stores in sm_90 machine code, in order
 from ropelib.course import nb04_timing   # the generations' table, timing in rounds
 from ropelib.course import measured   # the committed H200 results, read back
 from ropelib.course import work_count   # counts what a launch issues, in Triton's interpreter
@@ -67,7 +69,6 @@ from ropelib.course.exercises import grid_kernel
 from ropelib.course.exercises import kernels as ex
 from ropelib.course.exercises import solution
 from ropelib.course.kernels import ablation, batch_reuse, naive
-from ropelib.course.offline_compile import compiled_code   # sm_90 code, compiled here
 from ropelib.kernels.common import BF16_RTNE, round_to
 from ropelib.kernels.launch import two_pass_min_bytes   # where apply_rope takes two passes
 
@@ -413,29 +414,21 @@ print(f"programs launched: naive {naive.naive_grid(S, B, H)[0]:,}, batch-reuse "
 
 # %%
 # section 5.3's kernel as sh_loop_b (runtime loop) and sh_loop_b_unrolled launch it, compiled for
-# sm_90 by this machine's Triton (under the interpreter, in a second Python)
+# sm_90 by this machine's Triton (under the interpreter, in a second Python); the SASS read by
+# ropelib/course/nb04_load_order.py
 x_o = torch.empty(4096, 8, 32, 128, dtype=torch.bfloat16)   # only dtypes and strides matter
 y_o, f_o = torch.empty_like(x_o), torch.empty(4096, 128)
-WIDTH = {"": 4, ".64": 8, ".128": 16, ".U16": 2}            # bytes a thread, by the suffix
 x_width = 64 // 32 * 2           # a 64-lane bf16 half-row on one warp: 2 values, 4 bytes a thread
 load_order = {}
 for name, unroll in (("sh_loop_b", 0), ("sh_loop_b_unrolled", 8)):
-    code = compiled_code(ablation._rope_ablation_kernel, dict(
+    load_order[name] = nb04_load_order.load_order(ablation._rope_ablation_kernel, dict(
         x_ptr=x_o, y_ptr=y_o, freqs_ptr=f_o, cos_ptr=f_o, sin_ptr=f_o, B=8, H=32,
         BATCH_PER_PROGRAM=8, stride_xs=x_o.stride(0), stride_xb=x_o.stride(1),
         stride_xh=x_o.stride(2), stride_ys=y_o.stride(0), stride_yb=y_o.stride(1),
         stride_yh=y_o.stride(2), HALF=64, BLOCK_HALF=64, BLOCK_H=1, UNROLL_B=unroll,
-        TABLE=False, BF16_RTNE=False), num_warps=1)
-    assert code["sass"], "reading the SASS needs cuobjdump (Triton ships one)"
-    ops = [(m[1], WIDTH[m[2]]) for m in re.finditer(      # .CONSTANT: sin/cos's own tables
-        r"\b(LDG|STG)\.E((?:\.64|\.128|\.U16)?)\b(?!\.CONSTANT)", code["sass"])]
-    seq = "".join("L" if op == "LDG" else "S" for op, _ in ops)
-    in_flight = run = 0   # the bytes of x a thread asks for between two stores, at most
-    for op, width in ops:
-        run = 0 if op == "STG" else run + (width if width == x_width else 0)
-        in_flight = max(in_flight, run)
-    load_order[name] = dict(seq=seq, rows=seq.count("SS"), in_flight=32 * in_flight)
-    print(f"{name:18} (Triton {code['triton']}): {' '.join(re.findall('L+|S+', seq))}")
+        TABLE=False, BF16_RTNE=False), num_warps=1, x_bytes_per_thread=x_width)
+    print(f"{name:18} (Triton {load_order[name]['triton']}): "
+          f"{nb04_load_order.runs(load_order[name]['seq'])}")
 for name, o in load_order.items():
     print(f"{name}: {o['rows']} rows in the machine code; bytes of x a warp has asked for "
           f"before its next store, at most: {o['in_flight']}")
@@ -520,7 +513,9 @@ if GPU:   # the interpreter runs programs one by one in Python: its times measur
         if r.get("available") and r.get("fwd_ms") and r.get("copy_fwd_ms"):
             assert generations.pct_of_copy(r) < 110, "faster than a copy of the same tensors?"
 if GEN_CSV.exists():
-    generations.plot_generations(GEN_CSV, FIGURES / "04-generations-gbps.png")
+    # drawn without a path (a path saves the figure and closes it: nothing would show here)
+    generations.plot_generations(GEN_CSV, None).savefig(FIGURES / "04-generations-gbps.png",
+                                                        dpi=120)
     plt.show()
     # a ratio only between runs of one GPU model: on another GPU the H200's run is no yardstick
     same_gpu = GPU and compare.gpu_slug() == measured.GPU
@@ -553,8 +548,9 @@ else:
 # The dashed line (left) and the grey bar (right) are the copy. The curves say *how fast*, not
 # *why*: the kernels differ in programs, work per program and cos/sin reuse at once.
 #
-# ### 5.2 A second GPU
+# ### 5.2 A second GPU (optional)
 #
+# *10 minutes with the end of 5.4; the main path goes on at 5.3.*
 # `benchmarks/floor.py` timed batch 8's shape on an H200 and an H100 (slower DRAM): the copy,
 # ropelib's generations and TE's fused kernel.
 
@@ -564,23 +560,10 @@ else:
 FLOOR_CASE = "forward 256 MiB bf16 sbhd"          # 4096 x 8 x 32 x 128 bf16: batch-8's tensor
 H100 = "nvidia-h100-80gb-hbm3"
 assert 4096 * 8 * 32 * 128 * 2 == 256 * 2**20
-two_gpus = {}
-for slug in (measured.GPU, H100):
-    if measured.path("floor", slug).exists():
-        f_meta, _ = measured.load("floor", slug)
-        two_gpus[f_meta["gpu"]] = dict(
-            date=measured.floor_run_date(f_meta, FLOOR_CASE.removeprefix("forward "))[:10],
-            te=f_meta.get("transformer_engine"),
-            **{k: r["ms"] * 1e3 for k, r in measured.floor(slug)[FLOOR_CASE].items()})
+two_gpus = nb04_timing.floor_on_gpus(FLOOR_CASE, (measured.GPU, H100))   # {GPU name: µs}
 if len(two_gpus) == 2:
     print(f"{FLOOR_CASE}, times in us (floor suite)")
-    print(f"{'GPU':22} {'run':10} {'copy':>7} {'naive':>7} {'grid':>7} {'TE fused':>8} "
-          f"{'grid/copy':>9} {'TE/grid':>7}")
-    for name, r in two_gpus.items():
-        print(f"{name:22} {r['date']:10} {r['copy']:7.1f} {r['ropelib_naive']:7.1f} "
-              f"{r['ropelib_batch_reuse']:7.1f} {r['te_fused']:8.1f} "
-              f"{r['ropelib_batch_reuse'] / r['copy']:9.2f} "
-              f"{r['te_fused'] / r['ropelib_batch_reuse']:7.2f}")
+    print(nb04_timing.floor_table(two_gpus))
     on_h200, on_h100 = two_gpus["NVIDIA H200"], two_gpus["NVIDIA H100 80GB HBM3"]
     slower = {k: on_h100[k] / on_h200[k]
               for k in ("copy", "ropelib_naive", "ropelib_batch_reuse", "te_fused")}
@@ -789,8 +772,8 @@ assert not ab_differ, f"correct, but not the bits of the course's kernel: {ab_di
 # - `sh_loop_b` vs `sh_one_b`: $B$ times the cos/sin *and* the programs; the `*_table` rows tell
 #   the two apart;
 # - `*_table` vs the same without: do sines and cosines cost time at all?
-# - `heads_all_one_b` (TE's grid $(s, b)$ in Triton) vs `sh_loop_b` and `te_fused`: the grid,
-#   or the code?
+# - `heads_all_one_b` and `heads_all_one_b_table` (TE's grid $(s, b)$ in Triton, computing
+#   cos/sin or reading them) vs `sh_loop_b` and `te_fused`: the grid, or the code?
 # - `heads4_loop_b`: does a $[4, D/2]$ tile of four heads help?
 
 # %%
@@ -802,7 +785,8 @@ if ABLATION_CSV.exists():
     # the rows the text reads; the other tiles and the warp sweeps: appendix A.3
     MAIN_ROWS = ("copy", "te_fused", "ropelib_naive", "ropelib_batch_reuse", "ropelib_finished",
                  "sh_loop_b", "sh_one_b", "sh_loop_b_table", "sh_one_b_table",
-                 "sh_loop_b_unrolled", "heads4_loop_b", "heads_all_one_b")
+                 "sh_loop_b_unrolled", "heads4_loop_b", "heads_all_one_b",
+                 "heads_all_one_b_table")
     print(ablation_bench.table([r for r in arows if r["variant"] in MAIN_ROWS]))
     print(f"\n({len({r['variant'] for r in arows} - set(MAIN_ROWS))} more variants in each case: "
           "appendix A.3)")
@@ -818,9 +802,14 @@ if ABLATION_CSV.exists():
                             ("sh_loop_b", "sh_loop_b_table",
                              "reading cos/sin instead of computing them"),
                             ("sh_loop_b", "sh_loop_b_unrolled", "unrolling the batch loop"),
-                            ("sh_loop_b", "heads_all_one_b", "TE's grid (s, b), in Triton"),
+                            ("heads_all_one_b", "sh_loop_b", "TE's grid (s, b), in Triton"),
                             ("te_fused", "heads_all_one_b",
                              "TE's grid: Triton instead of TE's CUDA"),
+                            ("sh_loop_b", "heads_all_one_b_table",
+                             "TE's grid in Triton, reading cos/sin"),
+                            ("te_fused", "heads_all_one_b_table",
+                             "... and TE's CUDA against it"),
+                            ("sh_loop_b", "heads4_loop_b", "four heads a program"),
                             ("te_fused", "sh_loop_b", "the (S, H) grid instead of TE fused"),
                             ("ropelib_batch_reuse", "ropelib_finished", "the finished kernel")):
             if a in t and b_ in t:
@@ -835,6 +824,15 @@ if ABLATION_CSV.exists():
     assert (round(trig_cost["B rows"], 2), round(trig_cost["one row"], 2)) == (1.04, 1.00)
     for case, t_case in t_by_case.items():   # unrolling: under 1 % in both cases
         assert abs(t_case["sh_loop_b"] / t_case["sh_loop_b_unrolled"] - 1) < 0.01, case
+    # the grid or the code: TE's grid (s, b) in Triton, computing cos/sin and reading them,
+    # against sh_loop_b and TE's kernel; then four heads a program, against the finished kernel
+    te_grid = {(a, b_): t[a] / t[b_] for a, b_ in (
+        ("te_fused", "sh_loop_b"), ("heads_all_one_b", "sh_loop_b"),
+        ("sh_loop_b", "heads_all_one_b_table"), ("te_fused", "heads_all_one_b_table"),
+        ("sh_loop_b", "heads4_loop_b"))}
+    assert [round(v, 2) for v in te_grid.values()] == [1.33, 1.58, 1.22, 1.63, 1.27]
+    assert t["heads_all_one_b_table"] < min(t["sh_loop_b"], t["te_fused"], t["heads_all_one_b"])
+    assert abs(t["heads4_loop_b"] / t["ropelib_finished"] - 1) < 0.01
 else:
     print(f"{ABLATION_CSV.relative_to(ROOT)} is not there yet: the numbers come from running "
           f"`python benchmarks/ablation.py --out {ABLATION_CSV.relative_to(ROOT)}` on a GPU "
@@ -847,6 +845,15 @@ else:
 # Computing cos/sin instead of reading two tables costs 4 % (1.04) at $B$ rows a program, nothing
 # (1.00) at one. Unrolling the batch loop moves the time by under 1 % in both cases (appendix
 # A.3 repeats these in an earlier run).
+#
+# **The grid, or the code?** TE's fused kernel takes 1.33 times `sh_loop_b`'s time. TE's grid
+# $(s, b)$ written in Triton takes 1.58 times it when it computes its cos/sin (`heads_all_one_b`:
+# every one of the 32 threads that hold a column computes that column's cosine, appendix A.1).
+# Reading two tables instead (`heads_all_one_b_table`) it beats both: `sh_loop_b` takes 1.22
+# times its time, TE's kernel 1.63 times. So the grid $(s, b)$ is no handicap: TE loses on what
+# its code does in each block, which section 5.4 measures. **Four heads a program** help:
+# `sh_loop_b` takes 1.27 times `heads4_loop_b`'s time, and `heads4_loop_b` is within 1 % of the
+# finished kernel's: notebook 05 starts from that tile.
 #
 # **Times say how much, not why.** Three floors, each computed from a count, lie under any
 # kernel's time:
@@ -1070,14 +1077,15 @@ plt.show()
 # | section 3's hypothesis | verdict at $b = 8$ | where measured |
 # |---|---|---|
 # | how each thread touches memory | TE's one-element loads read each element twice (78 bytes a warp load, the grid's 142) | A.1 |
-# | number of programs | not TE's handicap: a quarter of the grid's | 5.3's floors |
+# | number of programs | not TE's handicap: a quarter of the grid's; TE takes 1.63 times its grid's time in Triton from tables | 5.3 |
 # | the batch loop unrolled | level: under 1 % apart in two runs | 5.3, A.3 |
 # | where cos/sin come from | at most 0.91 of TE's float instructions an element; tables save the grid 4 % | A.1, 5.3 |
 # | instructions issued | **the cause**: 2.5 times the grid's, not overlapping the waits | this cell, A.2 |
 #
-# **The H100?** No profile was taken there. Suppose an H100 issues the same instructions in the
-# same time and stretches the rest as it stretches the copy: the cell predicts each kernel's
-# H100/H200 time ratio from the split above and sets it beside section 5.2's.
+# **The H100?** *(Optional, with section 5.2.)* No profile was taken there. Suppose an H100
+# issues the same instructions in the same time and stretches the rest as it stretches the copy:
+# the cell predicts each kernel's H100/H200 time ratio from the split above and sets it beside
+# section 5.2's.
 
 # %%
 # H100 time / H200 time: issuing kept, the rest stretched by the copy's ratio (section 5.2's
@@ -1122,10 +1130,11 @@ if len(two_gpus) == 2:
 # %% [markdown]
 # ## Exercises
 #
-# Each check prints ✅ or ❌ and never stops the notebook. Replace the `...` (or the `pass`) and
-# rerun; the solution is folded away in the next cell. The checks refuse ropelib's own answers
-# (`round_to` too: store with `.to(y_ptr.dtype.element_ty)`) and this notebook's kernels; name
-# `@triton.jit` helpers of your own `my_...`.
+# Exercises 1 to 4 are the main path (half an hour); 5 and 6, marked optional, take 40 minutes
+# more. Each check prints ✅ or ❌ and never stops the notebook. Replace the `...` (or the
+# `pass`) and rerun; the solution is folded away in the next cell. The checks refuse ropelib's
+# own answers (`round_to` too: store with `.to(y_ptr.dtype.element_ty)`) and this notebook's
+# kernels; name `@triton.jit` helpers of your own `my_...`.
 #
 # **1.** How many bytes of fp32 angles do all programs of a generation load together?
 # `my_angle_bytes(generation, S, B, H, D)` with `generation` `"naive"` or `"batch_reuse"`.
@@ -1162,7 +1171,8 @@ if GEN_CSV.exists():   # the copy speed measured on the H200, reference case
 # **3. Predict the grid's time.** A one-warp program costs 79.8 ns on its H200 SM (notebook 03,
 # section 4), the 132 SMs each starting their share one after another. Write
 # `my_grid_us(S, B, H, sms, ns_per_program, copy_us)`: the time in µs of section 2's $(S, H)$
-# grid if its programs cost that and no kernel can beat a copy of its tensors (`copy_us`).
+# grid if its programs cost that and it takes at least a copy of its tensors' time (`copy_us`):
+# the model's two floors, programs and bytes.
 
 # %%
 def my_grid_us(S, B, H, sms, ns_per_program, copy_us):
@@ -1232,11 +1242,11 @@ grid_kernel.check_batch_reuse_kernel(my_batch_reuse_kernel);
 grid_kernel.show_solution()
 
 # %% [markdown]
-# **5. Program granularity, one knob.** Section 5.3's `sh_one_b` and `sh_loop_b` differ in more
-# than one count at once. Make the grid a knob, `ROWS`, the batch rows one program rotates: grid
-# $(S, H, B / \text{ROWS})$, program $(s, h, g)$ rotating rows $g \cdot \text{ROWS}$ to
-# $g \cdot \text{ROWS} + \text{ROWS} - 1$ of position $s$ and head $h$, with the cos/sin of
-# position $s$ evaluated once. `ROWS` = 1 gives the naive kernel's program count, `ROWS` = $B$
+# **5. Program granularity, one knob** *(optional)*. Section 5.3's `sh_one_b` and `sh_loop_b`
+# differ in more than one count at once. Make the grid a knob, `ROWS`, the batch rows one
+# program rotates: grid $(S, H, B / \text{ROWS})$, program $(s, h, g)$ rotating rows
+# $g \cdot \text{ROWS}$ to $g \cdot \text{ROWS} + \text{ROWS} - 1$ of position $s$ and head
+# $h$, with the cos/sin of position $s$ evaluated once. `ROWS` = 1 gives the naive kernel's program count, `ROWS` = $B$
 # section 2's grid. Tensors are contiguous and `HALF` a power of two (version 1 with one more
 # grid axis).
 #
@@ -1303,10 +1313,10 @@ assert round(one["us"] / loop["us"], 2) == 3.46
 assert round(table["us"] / one["us"], 3) == 0.998
 
 # %% [markdown]
-# **6. Two rows in flight.** Each warp asks for one row of `x`, stores it, and only then asks
-# for the next (section 2.3). Test that alone: write the batch loop so that it loads rows $b$
-# and $b + 1$ (all four half-rows) before it stores either. Same grid $(S, H)$, same cos/sin
-# once a program, same bytes. $B$ may be odd: mask row $b + 1$ off on the last trip.
+# **6. Two rows in flight** *(optional)*. Each warp asks for one row of `x`, stores it, and only
+# then asks for the next (section 2.3). Test that alone: write the batch loop so that it loads
+# rows $b$ and $b + 1$ (all four half-rows) before it stores either. Same grid $(S, H)$, same
+# cos/sin once a program, same bytes. $B$ may be odd: mask row $b + 1$ off on the last trip.
 #
 # The check runs your kernel in the interpreter at three shapes (an odd batch and a batch of
 # one among them) against the reference, and counts, program by program, the elements of `x`
@@ -1347,13 +1357,13 @@ nb04_two_rows.show_two_rows_solution()
 # %%
 two_rows = nb04_two_rows._rope_two_rows_solution_kernel
 x_t = torch.empty(4096, 8, 32, 128, dtype=torch.bfloat16)   # only dtypes and strides matter
-code = compiled_code(two_rows, dict(x_ptr=x_t, y_ptr=torch.empty_like(x_t),
-                                    freqs_ptr=torch.empty(4096, 128), B=8, H=32, HALF=64),
-                     num_warps=1)
-seq = "".join("L" if m[1] == "LDG" else "S" for m in re.finditer(
-    r"\b(LDG|STG)\.E((?:\.64|\.128|\.U16)?)\b(?!\.CONSTANT)", code["sass"]))
-print(f"two rows a trip (Triton {code['triton']}): {' '.join(re.findall('L+|S+', seq))}")
-assert re.fullmatch(r"LL(LLLLSSSS)+", seq), seq   # the angles, then four loads before a store
+order_two = nb04_load_order.load_order(
+    two_rows, dict(x_ptr=x_t, y_ptr=torch.empty_like(x_t), freqs_ptr=torch.empty(4096, 128), B=8,
+                   H=32, HALF=64), num_warps=1, x_bytes_per_thread=x_width)
+print(f"two rows a trip (Triton {order_two['triton']}): {nb04_load_order.runs(order_two['seq'])}")
+# the angles, then four loads (two rows of x, 512 bytes a warp) before a store
+assert re.fullmatch(r"LL(LLLLSSSS)+", order_two["seq"]), order_two["seq"]
+assert order_two["in_flight"] == 2 * load_order["sh_loop_b"]["in_flight"] == 512
 timed_two = my_two_rows_kernel if two_rows_ok else two_rows
 S6, B6, H6, D6 = (4096, 8, 32, 128) if GPU else (4, 3, 2, 16)   # the interpreter: a small shape
 xg = torch.randn(S6, B6, H6, D6, device=device, dtype=torch.bfloat16)
@@ -1374,27 +1384,18 @@ print(f"bf16 s={S6}, b={B6}, h={H6}, d={D6}, one warp a program; largest differe
 if not two_rows_ok:   # the worked solution: the one-row kernel's outputs, within a rounding
     torch.testing.assert_close(y_two, y_one)
 if GPU:   # only the timer needs a GPU; five rounds, the three launches alternating in each
-    us6 = {label: [] for label in launches}
-    for _ in range(5):
-        for label, go in launches.items():
-            us6[label].append(triton.testing.do_bench(go, return_mode="median") * 1e3)
+    med6, us6 = nb04_timing.alternating_medians(launches, rounds=5)
     for label, v in us6.items():
-        print(f"{label:42}: {statistics.median(v):6.1f} us (rounds {min(v):.1f} to {max(v):.1f})")
-    one_us, two_us, copy_us6 = (statistics.median(v) for v in us6.values())
+        print(f"{label:42}: {med6[label]:6.1f} us (rounds {min(v):.1f} to {max(v):.1f})")
+    one_us, two_us, copy_us6 = med6.values()
     assert min(one_us, two_us) > 0.8 * copy_us6, "faster than a copy of the same tensors?"
-    # the share each round gives: (one row - two rows) / (one row - copy), that round's times
-    shares = sorted((o - t) / (o - c) for o, t, c in zip(*us6.values()) if o > c)
-    if shares:   # "about half": within 0.1 of one half; "most": above 0.6
-        def band(share):
-            return ("nearly all" if share > 0.9 else "most" if share > 0.6 else
-                    "about half" if share >= 0.4 else "under half" if share >= 0.1 else
-                    "little")
-        lo, hi = band(shares[0]), band(shares[-1])
-        verdict = (f"{lo} of the gap, in every round" if lo == hi else
-                   f"from {lo} to {hi} of the gap, round by round: no one verdict from this run")
+    # each round's share, (one row - two rows) / (one row - copy), and the band all of them lie
+    # in: "about half" within 0.1 of one half, "most" above 0.6 (ropelib/course/nb04_timing.py)
+    closed = nb04_timing.gap_closed(*us6.values())
+    if closed:
         print(f"two rows / one row: {two_us / one_us:.2f}; share of the one-row kernel's gap "
-              f"over the copy that the second row closes: {statistics.median(shares):.2f} "
-              f"(rounds {shares[0]:.2f} to {shares[-1]:.2f}): {verdict}")
+              f"over the copy that the second row closes: {closed['median']:.2f} (rounds "
+              f"{closed['lo']:.2f} to {closed['hi']:.2f}): {closed['verdict']}")
 else:
     print("timing needs a GPU: there the cell prints the three medians (do_bench) of five "
           "alternating rounds with their spread, and the share of the one-row kernel's gap over "
@@ -1413,17 +1414,17 @@ else:
 #   quarter of the grid's (cos, sin) pairs yet is slower at $b = 8$ on an H200 and an H100: it
 #   executes 2.5 times the grid's warp instructions, not overlapped with its waits.
 # - **One row in flight per warp: measured, not assumed.** The grid takes 1.42 times a copy's
-#   time on the H200, 1.26 on the H100. The next cell repeats the share of that gap exercise 6's
-#   second row closed on this run's GPU (a share just above one half is about half the gap); the
-#   rest is notebook 05's question.
+#   time on the H200, 1.26 on the H100. The next cell repeats the share of that gap the optional
+#   exercise 6's second row closed on this run's GPU (a share just above one half is about half
+#   the gap); the rest is notebook 05's question.
 
 # %%
 # exercise 6's measurement, carried into the answer (timed there, on a GPU only)
-if GPU and shares:
+if GPU and closed:
     print(f"{torch.cuda.get_device_name()}: one row at a time {one_us / copy_us6:.2f} times a "
           f"copy's time, two rows {two_us / copy_us6:.2f}; the second row closes "
-          f"{statistics.median(shares):.2f} of the gap (rounds {shares[0]:.2f} to "
-          f"{shares[-1]:.2f}): {verdict}")
+          f"{closed['median']:.2f} of the gap (rounds {closed['lo']:.2f} to {closed['hi']:.2f}): "
+          f"{closed['verdict']}")
 elif GPU:
     print("exercise 6: neither kernel took longer than the copy in any round; no gap to share")
 else:
@@ -1432,6 +1433,9 @@ else:
 
 # %% [markdown]
 # ## Appendix: the measurements behind section 5
+#
+# *Optional, about an hour: the Nsight Compute profiles and the other runs that section 5's
+# answers rest on, for a reader who wants to check them. The main path ends at the summary.*
 #
 # ### A.1 What TE's instructions are, and whether they set its time
 #

@@ -54,3 +54,36 @@ def test_alternating_medians_alternates_and_takes_the_median():
     assert medians == {"a": 2.0, "b": 20.0}
     with pytest.raises(ValueError, match="rounds"):
         nb04_timing.alternating_medians(calls, rounds=0, timer=timer)
+
+
+def test_floor_on_gpus_reads_one_case_of_each_committed_run():
+    from ropelib.course import measured
+    h100 = "nvidia-h100-80gb-hbm3"
+    got = nb04_timing.floor_on_gpus("forward 256 MiB bf16 sbhd", (measured.GPU, h100, "no-such"))
+    assert list(got) == ["NVIDIA H200", "NVIDIA H100 80GB HBM3"]     # the missing run left out
+    for name, r in got.items():
+        assert len(r["date"]) == 10 and r["te"]
+        assert 0 < r["copy"] < r["ropelib_batch_reuse"] < r["ropelib_naive"]   # µs
+    table = nb04_timing.floor_table(got).splitlines()
+    assert "grid/copy" in table[0] and "TE fused" in table[0] and len(table) == 3
+    h200 = got["NVIDIA H200"]
+    assert f"{h200['ropelib_batch_reuse'] / h200['copy']:.2f}" in table[1]
+
+
+def test_gap_closed_names_the_band_every_round_lies_in():
+    one, copy = [200.0, 200.0, 200.0], [100.0, 100.0, 100.0]
+    got = nb04_timing.gap_closed(one, [150.0, 148.0, 152.0], copy)     # 0.48 to 0.52
+    assert got["verdict"] == "about half of the gap, in every round"
+    assert got["shares"] == sorted(got["shares"]) and abs(got["median"] - 0.5) < 1e-9
+    split = nb04_timing.gap_closed(one, [150.0, 130.0, 150.0], copy)   # 0.5 and 0.7
+    assert split["verdict"].startswith("from about half to most") and "no one verdict" in split[
+        "verdict"]
+    # a round where the one-row kernel tied the copy has no gap: left out; none left, None
+    assert nb04_timing.gap_closed([200.0, 100.0], [150.0, 90.0], [100.0, 100.0])["shares"] == [
+        0.5]
+    assert nb04_timing.gap_closed([100.0], [90.0], [100.0]) is None
+
+
+def test_share_band_edges():
+    assert [nb04_timing.share_band(v) for v in (0.95, 0.61, 0.6, 0.4, 0.39, 0.1, 0.05)] == [
+        "nearly all", "most", "about half", "about half", "under half", "under half", "little"]
