@@ -43,6 +43,23 @@ def _kernels(mod) -> dict:
             if hasattr(v, "launchers") and callable(getattr(v, "run", None))}
 
 
+class _LauncherSpy:
+    """A kernel's launcher that records its first call's arguments; every attribute is the
+    launcher's own (CachingAutotuner.run reads some, e.g. `config`, before it launches)."""
+
+    def __init__(self, name, launcher, recorded):
+        self._name, self._launcher, self._recorded = name, launcher, recorded
+
+    def __getattr__(self, attr):
+        return getattr(self._launcher, attr)
+
+    def __call__(self, *a, **kw):
+        r = self._recorded.get(self._name)
+        if r is not None and r[3] is None:
+            r[3:] = [self._launcher, a, kw]
+        return self._launcher(*a, **kw)
+
+
 def compile_graph(fn, inputs):
     """(compiled fn, generated module, {kernel name: (autotuner, args, kwargs, launcher,
     launcher args, launcher kwargs)}): the module found as the one new in Inductor's code cache
@@ -64,14 +81,8 @@ def compile_graph(fn, inputs):
             recorded.setdefault(_name, [_k, a, kw, None, None, None])
             return _run(*a, **kw)
 
-        def launcher_spy(*a, _name=name, _l=launcher, **kw):
-            r = recorded.get(_name)
-            if r is not None and r[3] is None:
-                r[3:] = [_l, a, kw]
-            return _l(*a, **kw)
-
         k.run = run_spy
-        k.launchers[0] = launcher_spy
+        k.launchers[0] = _LauncherSpy(name, launcher, recorded)
         spies.append((k, launcher))
     mod.call(list(inputs))
     for k, launcher in spies:
