@@ -41,8 +41,12 @@
 #   *program floor* that the number of programs puts under a kernel's time;
 # - find your way through the other notebooks.
 #
-# **Time:** about 30 minutes to read and do the four exercises; the cells take seconds on a
-# GPU and under a minute in Triton's interpreter on a CPU.
+# **Time:** about an hour for the main path: sections 1 to 5 (about 40 minutes; sections 3 and
+# 4 are most of it) and exercises 1 to 3 (about 20). Optional, each marked where it starts:
+# "The floors, live" at the end of section 4 (its timings need a GPU) and exercise 4, a first
+# Triton kernel of your own with a prediction to make before it is timed (about 30 minutes
+# more; notebook 03 teaches what it uses). The cells take seconds on a GPU and under a minute
+# in Triton's interpreter on a CPU.
 
 # %% [markdown]
 # Every notebook starts with this cell. It must run **before** `ropelib` is imported: Triton
@@ -255,9 +259,11 @@ assert len(kernels) == 1 and kernels[0].startswith("_rope"), kernels
 # `ropelib.te.apply_rotary_pos_emb` has Transformer Engine 2.x's signature and defaults;
 # `fused=True` runs ropelib's kernel, `fused=False` the plain PyTorch path, both checked against
 # `ropelib.reference`'s copies of TE's two paths. The line "TE itself" runs Transformer Engine
-# (installed, on a GPU) against each path. `ropelib.hf.apply_rotary_pos_emb` has Hugging Face's
-# signature (queries and keys `[B, H, S, D]`, a cos/sin cache `[B, S, D]`) and formula,
-# $x\cos + \mathrm{rotate\_half}(x)\sin$, in fp32 and rounded once; where transformers is
+# (installed, on a GPU) against each path. Differences are counted in **ulps** (units in the last
+# place): one ulp is the gap between two neighbouring bf16 numbers, here at the head vector's
+# largest absolute value, so "1 ulp" means the last bit differs. `ropelib.hf.apply_rotary_pos_emb`
+# has Hugging Face's signature (queries and keys `[B, H, S, D]`, a cos/sin cache `[B, S, D]`) and
+# formula, $x\cos + \mathrm{rotate\_half}(x)\sin$, in fp32 and rounded once; where transformers is
 # installed the cell checks it against its Llama function.
 
 # %%
@@ -326,7 +332,14 @@ else:
 # matrices does $2n^3$ FLOPs on $3 \cdot 2n^2$ bytes, $n/3$ per byte. A GPU fast enough for
 # the matrix multiply waits on memory for RoPE, so a RoPE kernel's yardstick is a copy of the
 # same bytes, and "% of a copy" is the copy's time over the kernel's. Here is the copy as a
-# Triton kernel (notebook 03 explains programs, offsets and masks):
+# Triton kernel (notebook 03 teaches programs, offsets and masks properly). A `@triton.jit`
+# function is launched on a *grid* of *programs*, `kernel[(P,)](args...)`, each program one
+# instance of the function; `tl.program_id(0)` says which one it is. Program $p$ takes the
+# `BLOCK` elements from $p \cdot$ `BLOCK` on: `tl.arange(0, BLOCK)` is the vector
+# $0, 1, \dots, \text{BLOCK} - 1$, so `offs` holds their indices. The last program runs past
+# the $n$ elements, and `mask` switches those lanes off in `tl.load` and `tl.store`, which read
+# and write all the unmasked elements at once. `BLOCK` is a `tl.constexpr`: a compile-time
+# constant, and a power of two, as `tl.arange` needs.
 
 # %%
 import triton
@@ -471,11 +484,11 @@ if FLOOR:
 # On 1 GiB (`apply_rope`'s two-pass route) the bytes set the time: ropelib runs at the copy's
 # 4.3 TB/s, 89 % of the H200's 4.8 TB/s.
 #
-# A decoding step is the opposite case. Its bytes would need 0.22 µs at 4.8 TB/s, yet the
-# copy's eager call takes 7.6 µs and ropelib's 20.7 µs (0.37 of a copy): a fixed cost per call
-# sets the time, not the bytes. Where do ropelib's extra 13.1 µs go? Replayed from a CUDA graph,
-# which leaves the host (the CPU that issues each call) out, only 0.5 µs of them remain, so the
-# rest is the host's side of the call. That is inferred by subtraction; on a GPU the next cell
+# A decoding step is the opposite case. Its bytes would need under a quarter of a µs at 4.8 TB/s,
+# yet the copy's eager call takes 7.6 µs and ropelib's 13.1 µs more (0.37 of a copy): a fixed cost
+# per call sets the time, not the bytes. Where do ropelib's extra 13.1 µs go? Replayed from a CUDA
+# graph, which leaves the host (the CPU that issues each call) out, only 0.5 µs of them remain, so
+# the rest is the host's side of the call. That is inferred by subtraction; on a GPU the next cell
 # times the host itself, issuing 300 of each call without waiting for the GPU, beside the same
 # calls replayed from a graph. Where the host's gap is many times the replay's, the host is what
 # separates the two calls. Notebook 07 (optional part A) takes the host's part apart.
@@ -588,12 +601,17 @@ else:
 #
 # - **DRAM / model**: the bytes the GPU's memory moved, over the bytes RoPE must move.
 # - **program floor**: starting and retiring a program costs an SM time even when the program
-#   does nothing. The H200 ran 1,048,576 empty one-warp programs on its 132 SMs in 633.7 µs
-#   (`program_cost-nvidia-h200.csv`), so each program took about
-#   $633.7\ \mu\text{s} \times 132 / 1{,}048{,}576 \approx 80$ ns of an SM's time (the cell's
-#   last line). A kernel's program floor is its programs per SM times that cost: a time it
+#   does nothing. The H200 ran 1,048,576 empty one-warp programs on its 132 SMs
+#   (`program_cost-nvidia-h200.csv`) in a time $t$, so each program took
+#   $t \times 132 / 1{,}048{,}576 = 79.8$ ns of an SM's time (the cell's last line prints $t$
+#   and the cost). A kernel's program floor is its programs per SM times that cost: a time it
 #   cannot beat however little each program does. Exercise 2 works it out; notebook 03
 #   (section 4.3) measures it.
+#
+# The table's other columns: the time of the one launch, the copy's time over it ("% of
+# copy"), the programs and the warps each program runs as, and "thread inst / element", the
+# instructions all of the launch's threads executed, per element of $x$ (notebooks 04 and 05
+# take it apart).
 #
 # The fifth row is the flat pass of the two-pass route `apply_rope` takes at this size.
 
@@ -687,10 +705,10 @@ if MECHANISM:
 # H200 it takes as long as a million programs that do nothing. Every other row's floor is
 # under two thirds of its time.
 #
-# **The floors, live.** The next cell times that empty kernel on your GPU at each row's grid and
-# at the tour's two grids; "live / model" near 1 means the cost a program holds there too, and
-# the last column is the floor's share of the tour kernel's own time. Notebook 03 (section 4)
-# takes this apart.
+# **The floors, live (optional; its timings need a GPU).** The next cell times that empty kernel
+# on your GPU at each row's grid and at the tour's two grids; "live / model" near 1 means the cost
+# a program holds there too, and the last column is the floor's share of the tour kernel's own
+# time. Notebook 03 (section 4) takes this apart.
 
 # %%
 @triton.jit
@@ -778,7 +796,8 @@ if MECHANISM:
 #   the two-pass route `apply_rope` takes on large tensors, load order in the SASS, three kernels
 #   of your own.
 # - [06 — The backward pass](06-backward-pass.ipynb): rotation by $-\theta$, one kernel for both
-#   directions, `autograd.Function`, `gradcheck` in float64, stride-0 gradients.
+#   directions, `autograd.Function`, `gradcheck` in float64, stride-0 gradients, and the
+#   backward kernel, its launcher and its `autograd.Function` written by you.
 # - [07 — Transformer Engine vs Triton, live](07-te-vs-triton-live.ipynb): every provider on the
 #   same inputs, errors in ulps, % of a copy, the dashboard, the sweeps, fixed cost vs bandwidth,
 #   your own copy-and-rotate kernel in the race.
@@ -786,14 +805,15 @@ if MECHANISM:
 #   kernels fail `torch.allclose`, tolerances and ulps, matching TE bit for bit, six layout traps.
 # - [09 — ropelib inside a real model: training parity, speed, and drop-in use](09-rope-in-a-model.ipynb):
 #   a small GPT trained with and without ropelib, tokens/s and RoPE's share of a step, decoding
-#   with a KV cache, the Hugging Face and TE drop-ins.
+#   with a KV cache, the Hugging Face and TE drop-ins, and a RoPE kernel of your own trained
+#   inside the model.
 # - [10 — Multi-axis RoPE: M-RoPE for images and video, 2-D and 3-D axial RoPE](10-multi-axis-rope.ipynb):
 #   Qwen2-VL / Qwen3-VL sections, image and video positions, axial RoPE, a multi-axis kernel of
 #   your own that forms each token's angles once.
 # - [11 — RoPE at scale: context parallelism, and decoding with the fused cache write](11-rope-at-scale.ipynb):
-#   the dual-chunk split, RoPE at global positions, two-process training, RoPE fused into the
-#   KV-cache write (contiguous, paged, fp8) with the contiguous and paged kernels written by you,
-#   and the kernels one decoding step launches.
+#   the dual-chunk split, RoPE at global positions (a rank's shard rotated in your own kernel),
+#   two-process training, RoPE fused into the KV-cache write (contiguous, paged, fp8) with the
+#   contiguous and paged kernels written by you, and the kernels one decoding step launches.
 # - [12 — RoPE in the QKV projection: a GEMM epilogue, and a prologue for the backward](12-rope-in-the-qkv-projection.ipynb):
 #   what fusing can save at most, the epilogue and the backward's prologue written by you, the
 #   shipped projection measured against cuBLAS followed by a RoPE pass, and a slow fused kernel
@@ -891,12 +911,13 @@ basics.check_interleaved_rope(my_rope);
 solution(basics.solution_interleaved_rope)
 
 # %% [markdown]
-# **Exercise 4.** `copy_kernel` starts one program per `BLOCK` elements, so its program floor
-# grows with `n`. Write `my_strided_copy_kernel`, a copy on a fixed grid: launched on `P`
-# programs, program `p` copies blocks `p, p + P, p + 2P, ...` of `BLOCK` elements until the `n`
-# are done (`tl.num_programs(0)` is `P`). The check runs yours in the interpreter on grids far
-# smaller than the blocks, one with `n` drawn as it runs, into a `y` that starts as NaN, and
-# counts the elements of `x` it reads, with the notebook's own kernels and ropelib's barred.
+# **Exercise 4 (optional: about 30 minutes, a first kernel of your own).** `copy_kernel` starts
+# one program per `BLOCK` elements, so its program floor grows with `n`. Write
+# `my_strided_copy_kernel`, a copy on a fixed grid: launched on `P` programs, program `p` copies
+# blocks `p, p + P, p + 2P, ...` of `BLOCK` elements until the `n` are done (`tl.num_programs(0)`
+# is `P`). The check runs yours in the interpreter on grids far smaller than the blocks, one with
+# `n` drawn as it runs, into a `y` that starts as NaN, and counts the elements of `x` it reads,
+# with the notebook's own kernels and ropelib's barred.
 #
 # Then predict, before anything is timed: `my_max_saving_us(n, BLOCK, programs, sms,
 # empty_programs, empty_us)`, the most µs a fixed grid of `programs` programs can save against
