@@ -35,9 +35,13 @@
 #   chain without two of those costs (exercise 4) and a Triton kernel that reads the
 #   broadcast table once (exercise 5).
 #
-# **Time:** about an hour and a half to read and do the five exercises; section 6, on speed,
-# is about half of the reading (an appendix at the end holds two asides to it). The cells run
-# in a minute or two on a CPU (Triton's interpreter; one cell compiles four kernels for sm_90).
+# **Time:** about two hours for the main path: an hour to read sections 1 to 6 (section 6, on
+# speed, is half of it) and an hour for the five exercises (exercise 5, a Triton kernel, about
+# 20 minutes of it). Optional, each marked where it starts: the end of section 6, which takes
+# PyTorch's slow kernel template apart with four Triton kernels (about 15 minutes), and the
+# appendix's two asides to section 6 (10 minutes). The cells run in a minute or two on a CPU
+# (Triton's interpreter; one cell compiles four kernels for sm_90, the architecture of the
+# H100 and H200, which needs no GPU).
 
 # %%
 import os, torch
@@ -411,7 +415,8 @@ print("each rank's local rotation == the global rotation at its positions")
 # once and writing $y$ once (plus a small table). The cell below puts numbers on that claim:
 # RoPE's arithmetic intensity (operations per byte moved) beside the GPU's, and the time of
 # `ropelib.apply_rope` beside a device copy of the same bytes, which does no arithmetic at all,
-# from the committed runs on an H200 and an H100 (`benchmarks/results/floor-*.csv`). At this
+# from the committed runs on an H200 and an H100 (`benchmarks/results/floor-*.csv`, timed with
+# `triton.testing.do_bench`, which reports the median time of many calls). At this
 # size `apply_rope` takes its default route, two passes (a small kernel for the angle rows,
 # then a flat rotation kernel; notebook 05).
 
@@ -467,7 +472,8 @@ assert round(ridge_of.get("NVIDIA H100 80GB HBM3", 22)) == 22
 # TE's plain-PyTorch path (`apply_rotary_pos_emb(..., fused=False)`) is the code below, for
 # `sbhd` and rotate-half. `ropelib.reference.te_unfused` keeps it line for line; the cell writes
 # it out and checks it against that function bit for bit. It is a handful of lines of tensor
-# code, but each ATen operation in them is a separate kernel that reads its inputs from memory
+# code, but each ATen operation in them (ATen is PyTorch's library of tensor operators, the
+# C++ code under every `torch.*` call) is a separate kernel that reads its inputs from memory
 # and writes a temporary back: the line `(t * cos_) + (rotate_half(t) * sin_)` alone is five of
 # them. The comments number the operations in the order they run; the count below prints the
 # same numbers.
@@ -1018,8 +1024,8 @@ assert (round(single, 2), round(two_pass, 2)) == (0.86, 0.95)
 # memory's peak. The appendix sets a few element-wise streams beside it.
 #
 # The kind is read from a name; the loads themselves take hardware counters. The next cell
-# reads the same chain under Nsight Compute on an H200 (`benchmarks/access_counters.py`, one
-# call at this notebook's GPU shape).
+# reads the same chain under Nsight Compute, NVIDIA's kernel profiler, on an H200
+# (`benchmarks/access_counters.py`, one call at this notebook's GPU shape).
 #
 # For each kernel it counts the global load **requests** (one per warp instruction) and the
 # 32-byte sectors they asked for. When a warp's 32 lanes load neighbouring elements, $b$ bytes
@@ -1101,27 +1107,29 @@ else:
 # %% [markdown]
 # On a GPU the contiguous multiply runs from the vectorized template and finishes sooner than
 # the broadcast one, although it moves half as many bytes again. So the broadcast operand is
-# what sends the multiply down the slow template. Which part of that template costs the time?
-# It differs from the vectorized one in three ways at once: each lane loads one element at a
-# time; each operand's offset is formed from sizes and strides; and a thread runs its 4
-# elements in turn (`elementwise_kernel` in PyTorch's `CUDALoops.cuh`: load, multiply, store,
-# then the next element), where its compiler, unable to prove that the store leaves the next
-# element's operands alone, must keep the next loads behind it.
+# what sends the multiply down the slow template.
 #
-# The next cell takes the three apart with four Triton kernels for the contiguous `x * cos`,
-# each at that template's launch shape (128 threads, 4 elements each;
-# `ropelib.course.nb02_narrow_loads`). They move the same bytes and differ only in their
-# accesses: provably contiguous (wide: 4 elements in one 8-byte access); through a run-time
-# `one == 1` the compiler cannot see through (one 2-byte access an element, a warp on 32
-# neighbouring elements: the 2 sectors a request counted above); that through a division and a
-# remainder by the row length (dearer than the multiply PyTorch divides by); and that with a
-# lane's 4 elements in turn, each element's address waiting on the last one's loaded values
-# (plus `value * zero`, `zero == 0` at run time), so that a lane has one element's loads in
-# flight at a time. The cell compiles each for sm_90 here and asserts those accesses, and their
-# order, in its PTX, checks all four in the interpreter, and on a GPU prints each one's GB/s as
-# a share of the wide kernel's, beside PyTorch's two multiplies. A line that falls toward
-# PyTorch's broadcast multiply while the others stay near the wide kernel names the cost; where
-# none falls, none of the three explains the template alone.
+# **Optional, a second reading (about 15 minutes), up to "What to take from section 6".** Which
+# part of that template costs the time? It differs from the vectorized one in three ways at once:
+# each lane loads one element at a time; each operand's offset is formed from sizes and strides;
+# and a thread runs its 4 elements in turn (`elementwise_kernel` in PyTorch's `CUDALoops.cuh`:
+# load, multiply, store, then the next element), where its compiler, unable to prove that the
+# store leaves the next element's operands alone, must keep the next loads behind it.
+#
+# The next cell takes the three apart with four Triton kernels for the contiguous `x * cos`, each
+# at that template's launch shape (128 threads, 4 elements each;
+# `ropelib.course.nb02_narrow_loads`). They move the same bytes and differ only in their accesses:
+# provably contiguous (wide: 4 elements in one 8-byte access); through a run-time `one == 1` the
+# compiler cannot see through (one 2-byte access an element, a warp on 32 neighbouring elements:
+# the 2 sectors a request counted above); that through a division and a remainder by the row
+# length (dearer than the multiply PyTorch divides by); and that with a lane's 4 elements in turn,
+# each element's address waiting on the last one's loaded values (plus `value * zero`, `zero == 0`
+# at run time), so that a lane has one element's loads in flight at a time. The cell compiles each
+# for sm_90 here and asserts those accesses, and their order, in its PTX (the virtual assembly
+# Triton emits before the GPU's own machine code), checks all four in the interpreter, and on a
+# GPU prints each one's GB/s as a share of the wide kernel's, beside PyTorch's two multiplies. A
+# line that falls toward PyTorch's broadcast multiply while the others stay near the wide kernel
+# names the cost; where none falls, none of the three explains the template alone.
 
 # %%
 from ropelib.course import nb02_narrow_loads as narrow
@@ -1370,7 +1378,7 @@ nb02_table_mul.show_table_mul_solution()
 
 
 # %% [markdown]
-# ## Appendix: two asides to section 6
+# ## Appendix (optional): two asides to section 6
 #
 # **The `add` against the copy.** Section 6's committed table has the vectorized `add` at 103%
 # of the copy's GB/s. Both are counted bytes over time, but the two move different mixes: for
