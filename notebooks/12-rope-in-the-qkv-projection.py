@@ -27,6 +27,10 @@
 # Every number in the text is read from a file under `benchmarks/results/` (mostly an H200's;
 # sections 1, 7.1 and 7.5 also an H100's) and asserted by a code cell.
 #
+# **Before this:** notebook 01 (rotate-half pairs), 04 (the copy floor: a RoPE pass timed against
+# a device copy of its bytes) and 06 (RoPE's backward as $R(-\theta)$). Triton's matrix
+# multiplication tutorial is the GEMM this notebook starts from.
+#
 # **After this notebook you will be able to**
 #
 # - bound what fusing RoPE into the projection can save, from the bytes its pass moves;
@@ -940,11 +944,11 @@ draw_budget(FIGURES / "12-qkv-forward-budget.png")
 # goes.
 #
 # **Why the pointer-loaded loop cannot win.** The pointer-loaded forward (`_qkv_rope_fwd_kernel`,
-# used on GPUs without TMA; "the first design" in Appendix A.2) is section 4's kernel grown up.
-# Its main loop alone trails cuBLAS by 0.08 ms at 8192 tokens and 0.58 ms at 32768: 2.1 and 3.7
-# copy floors, more than the whole RoPE pass a fusion can save (about 0.04 and 0.18 ms). Under the
-# profiler (Appendix A.2) its extra wait is mostly a **dispatch stall**, which the shipped TMA
-# loop almost lacks.
+# used on GPUs without TMA; "the first design" in Appendix A.2) is section 4's kernel grown up. Its
+# main loop alone trails cuBLAS by 0.08 ms at 8192 tokens and 0.58 ms at 32768: 2.1 and 3.7 copy
+# floors, more than the whole RoPE pass a fusion can save (about 0.04 and 0.18 ms). Under Nsight
+# Compute, NVIDIA's kernel profiler (Appendix A.2), its extra wait is mostly a **dispatch stall**,
+# which the shipped TMA loop almost lacks.
 
 # %%
 first = {}
@@ -1315,16 +1319,16 @@ assert shipped["dx_norm"] == (32, 128, 8, 4, 3)            # its own tile: 32 x 
 #
 # `qkv_rope_linear` runs more Python before its launch than the unfused pipeline does. `do_bench`
 # (7.1 to 7.4, section 8) issues calls back to back, so the host runs ahead and the timing is the
-# device's. From an **idle start** (as after a synchronisation) the device waits for that Python.
-# The committed H100 profile (printed below) shows both sides: the fused forward's kernels take
-# 0.95 of the unfused ones' time, but the fused forward+backward's host time is 2.1 times the
-# unfused one's.
+# device's. From an **idle start** (as after a synchronisation: nothing queued on the device) the
+# device waits for that Python. The committed H100 profile (printed below) shows both sides: the
+# fused forward's kernels take 0.95 of the unfused ones' time, but the fused forward+backward's host
+# time is 2.1 times the unfused one's.
 #
 # On a GPU the next cell times each step from an idle start and **queued** behind a device-side
 # wait (`torch.cuda._sleep`) long enough for the host to launch the whole step: queued is the
-# device's own time, idle start − queued its wait for the host. Its last two lines give fused /
-# unfused each way and the **host's share** of the idle-start gap, (fused wait − unfused wait) /
-# (fused − unfused idle-start time).
+# device's own time, $w = t_{\text{idle}} - t_{\text{queued}}$ its wait for the host. Its last two
+# lines give fused / unfused each way and the **host's share** of the idle-start gap,
+# $(w_{\text{fused}} - w_{\text{unfused}}) / (t_{\text{idle, fused}} - t_{\text{idle, unfused}})$.
 
 # %%
 from ropelib.course.nb09_device_time import FLUSH_BYTES
@@ -1900,7 +1904,8 @@ assert rounded_range(r["unfused_ms_over_ms"] for r in fb_h100.values()) == (0.99
 # **dispatch stall** (the next instruction was ready, the dispatch unit held it back) +2.0, less
 # waiting at barriers ($-1.5$), and **LG throttle** (a full queue of global-memory instructions)
 # +0.4. The dispatch stall belongs to the pointer-loaded loop (its bare GEMM shows it too), whose
-# loads are 32 `cp.async` a thread against the probe's 8 TMA loads.
+# loads are 32 `cp.async` a thread (the pre-TMA asynchronous copy from global to shared memory, 16
+# bytes a thread an instruction) against the probe's 8 TMA loads.
 #
 # **The probe's bare GEMM is no baseline at this tile**: it took 1022 µs against 728 µs with its
 # epilogue, waiting far longer at barriers.
