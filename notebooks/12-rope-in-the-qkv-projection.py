@@ -24,8 +24,10 @@
 # NVIDIA's GEMM library that `torch.mm` and `F.linear` call on a GPU, then ropelib's RoPE), with
 # and without QK-norm (a per-head RMS norm of q and k before RoPE, ropelib's `qk_norm_rope`).
 #
-# Every number in the text is read from a file under `benchmarks/results/` (mostly an H200's;
-# sections 1, 7.1 and 7.5 also an H100's) and asserted by a code cell.
+# Every measured number in the text is read from a committed file under `benchmarks/results/`
+# (mostly an H200's; sections 1, 7.1, 7.5 and Appendix A.1 also H100s') or `figures/` (7.3's sm_90
+# compile) and asserted by a code cell; the compile counts of sections 4 and 8 are computed as you
+# run them.
 #
 # **Before this:** notebook 01 (rotate-half pairs), 04 (the copy floor: a RoPE pass timed against
 # a device copy of its bytes) and 06 (RoPE's backward as $R(-\theta)$). Triton's matrix
