@@ -20,12 +20,18 @@
 # projection has *written* them. This notebook removes that round trip: the projection's GEMM
 # (general matrix multiply) rotates its output tile while it is still in registers (an
 # **epilogue**), and the backward GEMMs undo the rotation as they load the gradient (a
-# **prologue**). Section 7 measures what that is worth against the unfused pipeline (cuBLAS, then
-# ropelib's RoPE), with and without QK-norm (a per-head RMS norm of q and k before RoPE, ropelib's
-# `qk_norm_rope`).
+# **prologue**). Section 7 measures what that is worth against the unfused pipeline (cuBLAS,
+# NVIDIA's GEMM library that `torch.mm` and `F.linear` call on a GPU, then ropelib's RoPE), with
+# and without QK-norm (a per-head RMS norm of q and k before RoPE, ropelib's `qk_norm_rope`).
 #
-# Every number in the text is read from a file under `benchmarks/results/` (mostly an H200's;
-# sections 1, 7.1 and 7.5 also an H100's) and asserted by a code cell.
+# Every measured number in the text is read from a committed file under `benchmarks/results/`
+# (mostly an H200's; sections 1, 7.1, 7.5 and Appendix A.1 also H100s') or `figures/` (7.3's sm_90
+# compile) and asserted by a code cell; the compile counts of sections 4 and 8 are computed as you
+# run them.
+#
+# **Before this:** notebook 01 (rotate-half pairs), 04 (the copy floor: a RoPE pass timed against
+# a device copy of its bytes) and 06 (RoPE's backward as $R(-\theta)$). Triton's matrix
+# multiplication tutorial is the GEMM this notebook starts from.
 #
 # **After this notebook you will be able to**
 #
@@ -36,8 +42,13 @@
 # - tell a difference from the spread in timed rounds, and a kernel's time from the host's;
 # - trace a slow fused kernel to its main loop, its registers or its backward prologue.
 #
-# **Time:** an hour to read, an hour for exercises 1, 1b and 2. On a CPU the cells run in under a
-# minute in Triton's interpreter (set by the first cell).
+# **Time:** the main path is sections 1 to 7.1 and the Summary: about an hour to read, and an hour
+# for exercises 1, 1b and 2. Optional, each marked where it starts: 7.2 to 7.5 (where the fused
+# forward's time goes, the worked persistent kernel, the host's share; about 45 minutes), section 8
+# (live timings: on a CPU its cells check the kernels and print a note instead) and Appendices A
+# and B (the statistics of the rounds, the profiles; about half an hour). On a CPU the whole
+# notebook runs top to bottom in Triton's interpreter (set by the first cell) in about a minute and
+# a half.
 
 # %%
 import os, torch
@@ -101,7 +112,8 @@ def check_stated(title, got, stated):
 # - the **RoPE pass** moves
 #   $$\text{bytes}_{\text{RoPE}} = 2 \cdot M\,(H_Q + H_K)\,D \cdot b:$$
 #   it reads q and k and writes them back, exactly a copy. A device copy of the same bytes sets
-#   its **copy floor**, which only L2 holding q and k after the GEMM could let it beat.
+#   its **copy floor**, which only the **L2** cache (the GPU's last-level cache, on chip and
+#   shared by all its cores) still holding q and k after the GEMM could let it beat.
 #
 # The backward un-rotates the gradients of q and k (another copy) before $dX = dY\,W$ and
 # $dW = dY^{\top} X$. So a fusion can save at most the RoPE pass: the unfused pipeline's time
@@ -191,12 +203,15 @@ assert [round(v, 3) for v in alone_vs_copy] == [0.999, 1.001]
 # copy's speed on the H200 (printed above). Could the pass beat its floor by reading q and k from
 # L2, where the GEMM has just written them? Its traffic is 2 × 80 MiB at 8192 tokens and 2 × 320
 # MiB at 32768; the L2 (50 MiB on the H100, 60 MiB on the H200) can spare at most twice its
-# size of it (reads it still holds, write-backs they no longer force): 62 and 16 % on the H100,
-# 75 and 19 % on the H200.
+# size of it: at most its size of reads served from the cache, and at most its size of writes
+# that stay in it instead of going out to memory. That ceiling,
+# $2\,\text{L2} / \text{bytes}_{\text{RoPE}}$, is 62 and 16 % on the H100, 75 and 19 % on the
+# H200.
 #
 # On a GPU the next cell times the pass after the same GEMM, in rounds: **warm**, right after it;
 # **flushed**, after a write of four times L2's size; and a flushed **copy** of the same bytes. It
-# prints flushed pass / copy and L2's saving, (flushed − warm) / flushed, beside that ceiling.
+# prints flushed pass / copy and L2's saving,
+# $(t_{\text{flushed}} - t_{\text{warm}}) / t_{\text{flushed}}$, beside that ceiling.
 # Whatever L2 already saves the unfused pass, a fusion cannot save again.
 
 # %%
@@ -332,7 +347,11 @@ for M_l2, K_l2, HQ_l2, HK_l2, D_l2 in shapes:
 #
 # Which costs more, the second read of $X$ or the split? `benchmarks/qkv_mainloop_probe.py` timed
 # both on an H200, loading with TMA (Hopper's Tensor Memory Accelerator: one instruction copies a
-# whole tile into shared memory), at tiles named `BLOCK_M/BLOCK_K/GROUP_M/warps/stages`.
+# whole tile into shared memory), at tiles named `BLOCK_M/BLOCK_K/GROUP_M/warps/stages`: tokens a
+# tile, hidden columns a K step, `GROUP_M` token tiles walked together so that programs running at
+# the same time share tiles of $X$ and $W$ in L2 (the grouped order of Triton's matrix
+# multiplication tutorial), warps a program, and **stages**, how many K steps' tiles are loaded
+# ahead into shared memory while the current one is multiplied (`num_stages`).
 #
 # **One accumulator is cheaper**: two took 4 to 30 % longer in seven of the eight cases, five of
 # them beyond the spreads; the exception (64/64/8/4/4 at 32768 tokens) is unexplained. Over the
@@ -441,9 +460,9 @@ print("cat(acc_a, acc_b) == head", h, "of x @ W^T:", True)
 # section 2's formula, leaving the results in `acc_a` and `acc_b` for the stores below; a v head
 # is stored as it is. Mind the rows past $M$ in the last token tile.
 #
-# The check runs awkward cases (sizes not multiples of the blocks, grouped-query heads, shuffled
-# positions) into NaN-filled output against a float64 reference; a kernel that is or calls one of
-# ropelib's is refused.
+# The check runs awkward cases (sizes not multiples of the blocks, grouped-query heads: fewer k
+# and v heads than q heads, shuffled positions) into NaN-filled output against a float64
+# reference; a kernel that is or calls one of ropelib's is refused.
 
 # %%
 @triton.jit
@@ -726,13 +745,15 @@ print(f"dL/dx {tuple(gx_t.shape)}: teaching dX kernel vs autograd of qkv_rope_li
 #
 # ### 7.1 Where the shipped projection stands
 #
-# `benchmarks/qkv_forward_ab.py` timed the forward in **rounds**: every variant once a round,
-# seven rounds, in a new order each round (Appendix B); one run on the H200, one on an H100. The
-# variants: cuBLAS alone, the unfused pipeline, the fused forward with angles computed in the
-# kernel ("from angles") or loaded from a table, and the same kernel with its rotation off (**the
-# bare GEMM**). The cell pairs two variants round by round, pooled over two sizes with and without
-# QK-norm (28 rounds); **resolved** means a Holm-adjusted sign test under 0.05 and a 95 % interval
-# that leaves out 1 (Appendix A.1). Three questions:
+# `benchmarks/qkv_forward_ab.py` timed the forward in **rounds**: every variant once a round, seven
+# rounds, in a new order each round (Appendix B); two shuffled runs on the H200 (seeds 0 and 1: the
+# cell below pools seed 1's, Appendix B sets seed 0's beside a fixed order), one on an H100. Each
+# variant's time in a round is Triton's `do_bench` (`triton.testing.do_bench`: the median of many
+# calls issued back to back). The variants: cuBLAS alone, the unfused pipeline, the fused forward
+# with angles computed in the kernel ("from angles") or loaded from a table, and the same kernel
+# with its rotation off (**the bare GEMM**). The cell pairs two variants round by round, pooled over
+# two sizes with and without QK-norm (28 rounds); **resolved** means a Holm-adjusted sign test under
+# 0.05 and a 95 % interval that leaves out 1 (Appendix A.1). Three questions:
 #
 # - **What does the RoPE pass cost?** 7.4 % of cuBLAS's forward on the H200, 8.5 % on the H100,
 #   resolved: about one copy of q and k.
@@ -743,10 +764,13 @@ print(f"dL/dx {tuple(gx_t.shape)}: teaching dX kernel vs autograd of qkv_rope_li
 #   H100, where the pass costs more, it is ahead (0.955 from a table, resolved; 0.964 from angles,
 #   not).
 #
-# **Forward+backward** on the eager route (one H100 run of five rounds): the fused projection runs
-# at 1.034 and 1.069 of the unfused pipeline's speed (8192 and 32768 tokens), faster in all five
-# rounds at 32768, the most five rounds can show ($p$ = 0.0625). These `do_bench` times hide the
-# host (7.5).
+# **Forward+backward** on the **eager route** (one H100 run of five rounds): a plain call, with no
+# `torch.compile` or other tracer at work, runs ropelib's kernels and autograd formula straight
+# from Python, skipping PyTorch's operator dispatcher; the **registered operator**
+# (`torch.ops.ropelib.qkv_rope_linear`, what `torch.compile` sees) runs the same kernels through
+# it (Appendix A.1 times that route). The fused projection runs at 1.034 and 1.069 of the unfused
+# pipeline's speed (8192 and 32768 tokens), faster in all five rounds at 32768, the most five
+# rounds can show ($p$ = 0.0625). These `do_bench` times hide the host (7.5).
 
 # %%
 def read_rounds(path, name):
@@ -916,14 +940,17 @@ def draw_budget(path):
 draw_budget(FIGURES / "12-qkv-forward-budget.png")
 
 # %% [markdown]
-# ### 7.2 The main loop
+# ### 7.2 The main loop *(optional, to the end of 7.5: about 45 minutes)*
+#
+# The main path resumes at the Summary; 7.2 to 7.5 take apart where the fused forward's time
+# goes.
 #
 # **Why the pointer-loaded loop cannot win.** The pointer-loaded forward (`_qkv_rope_fwd_kernel`,
-# used on GPUs without TMA; "the first design" in Appendix A.2) is section 4's kernel grown up.
-# Its main loop alone trails cuBLAS by 0.08 ms at 8192 tokens and 0.58 ms at 32768: 2.1 and 3.7
-# copy floors, more than the whole RoPE pass a fusion can save (about 0.04 and 0.18 ms). Under the
-# profiler (Appendix A.2) its extra wait is mostly a **dispatch stall**, which the shipped TMA
-# loop almost lacks.
+# used on GPUs without TMA; "the first design" in Appendix A.2) is section 4's kernel grown up. Its
+# main loop alone trails cuBLAS by 0.08 ms at 8192 tokens and 0.58 ms at 32768: 2.1 and 3.7 copy
+# floors, more than the whole RoPE pass a fusion can save (about 0.04 and 0.18 ms). Under Nsight
+# Compute, NVIDIA's kernel profiler (Appendix A.2), its extra wait is mostly a **dispatch stall**,
+# which the shipped TMA loop almost lacks.
 
 # %%
 first = {}
@@ -1294,16 +1321,16 @@ assert shipped["dx_norm"] == (32, 128, 8, 4, 3)            # its own tile: 32 x 
 #
 # `qkv_rope_linear` runs more Python before its launch than the unfused pipeline does. `do_bench`
 # (7.1 to 7.4, section 8) issues calls back to back, so the host runs ahead and the timing is the
-# device's. From an **idle start** (as after a synchronisation) the device waits for that Python.
-# The committed H100 profile (printed below) shows both sides: the fused forward's kernels take
-# 0.95 of the unfused ones' time, but the fused forward+backward's host time is 2.1 times the
-# unfused one's.
+# device's. From an **idle start** (as after a synchronisation: nothing queued on the device) the
+# device waits for that Python. The committed H100 profile (printed below) shows both sides: the
+# fused forward's kernels take 0.95 of the unfused ones' time, but the fused forward+backward's host
+# time is 2.1 times the unfused one's.
 #
 # On a GPU the next cell times each step from an idle start and **queued** behind a device-side
 # wait (`torch.cuda._sleep`) long enough for the host to launch the whole step: queued is the
-# device's own time, idle start − queued its wait for the host. Its last two lines give fused /
-# unfused each way and the **host's share** of the idle-start gap, (fused wait − unfused wait) /
-# (fused − unfused idle-start time).
+# device's own time, $w = t_{\text{idle}} - t_{\text{queued}}$ its wait for the host. Its last two
+# lines give fused / unfused each way and the **host's share** of the idle-start gap,
+# $(w_{\text{fused}} - w_{\text{unfused}}) / (t_{\text{idle, fused}} - t_{\text{idle, unfused}})$.
 
 # %%
 from ropelib.course.nb09_device_time import FLUSH_BYTES
@@ -1475,7 +1502,7 @@ else:
 # host is the bottleneck the unfused route wins; queued behind other work, the fused one does. A
 # host's share above 1 says the extra wait is all the host's.
 #
-# ## 8. On a GPU: your kernel, live
+# ## 8. On a GPU: your kernel, live *(optional)*
 #
 # On a GPU the next cell checks your epilogue kernel (the worked one if yours did not pass) at the
 # benchmark's shape against `qkv_rope_linear`, then times it with its rotation on and off
@@ -1483,7 +1510,8 @@ else:
 # rotation's cost, resolved only if it exceeds the two spreads. If your launch trails cuBLAS as
 # far with its rotation off as on, the gap is in the main loop: change the tiles in `teaching()`
 # and rerun. It also times fused over unfused in five rounds; on an H200 it asserts that ratio
-# below 1.15 (7.1's runs: 0.98 to 1.00; the pointer-loaded forward's 1.26 to 1.30 would fail).
+# below 1.15 (7.1's two shuffled H200 runs: 0.98 to 1.00; the pointer-loaded forward's 1.26 to
+# 1.30 would fail).
 
 # %%
 # 7.1's shuffled forward runs at this shape: fused over unfused time, from the medians of their
@@ -1780,7 +1808,7 @@ programs an SM at {q5_two} registers a thread (the accumulator, one cos and one 
 """, title="Question 4: the counts")
 
 # %% [markdown]
-# ## Appendix A. Rounds and profiles
+# ## Appendix A. Rounds and profiles *(optional, with Appendix B about half an hour)*
 #
 # ### A.1 The rounds: variants, the pooled rule, cell by cell
 #
@@ -1878,7 +1906,8 @@ assert rounded_range(r["unfused_ms_over_ms"] for r in fb_h100.values()) == (0.99
 # **dispatch stall** (the next instruction was ready, the dispatch unit held it back) +2.0, less
 # waiting at barriers ($-1.5$), and **LG throttle** (a full queue of global-memory instructions)
 # +0.4. The dispatch stall belongs to the pointer-loaded loop (its bare GEMM shows it too), whose
-# loads are 32 `cp.async` a thread against the probe's 8 TMA loads.
+# loads are 32 `cp.async` a thread (the pre-TMA asynchronous copy from global to shared memory, 16
+# bytes a thread an instruction) against the probe's 8 TMA loads.
 #
 # **The probe's bare GEMM is no baseline at this tile**: it took 1022 µs against 728 µs with its
 # epilogue, waiting far longer at barriers.
@@ -1986,7 +2015,7 @@ assert round(s_bare["smsp__inst_executed.sum"] / s_cublas["smsp__inst_executed.s
 assert round(s_bare[CPI] / s_cublas[CPI], 1) == 0.6
 
 # %% [markdown]
-# ## Appendix B. The rounds' order
+# ## Appendix B. The rounds' order *(optional)*
 #
 # **A fixed order of rounds is a variable; vary it before believing a few per cent.** Of two
 # forward runs back to back on one H200, one in a fixed order (cuBLAS first, every variant after

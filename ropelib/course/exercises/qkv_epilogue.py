@@ -27,8 +27,9 @@ right, the check runs it once more in Triton's interpreter and counts the elemen
 cos and sin (`work_count.count_work`): the exercise asks for them once per program, so a kernel
 that loads them for every head is refused.
 
-Beside the exercises, `paired_rounds` compares two variants timed in the same rounds round by
-round (section 7.1): the median ratio, its range, the rounds each won and a sign test.
+Beside the exercises, `paired_rounds` (ropelib.course.rounds's, which the notebook calls as
+`round_stats.paired_rounds`) compares two variants timed in the same rounds round by round
+(section 7.1): the median ratio, its range, the rounds each won and a sign test.
 
 Only a `@triton.jit` kernel is accepted, and it runs with ropelib's own answers barred
 (`own_code`): the finished kernels, the teaching kernels (the worked solutions, shown with
@@ -43,7 +44,7 @@ import triton
 
 from ... import runtime
 from ..kernels import qkv_teaching
-from ..rounds import paired_rounds  # noqa: F401  (the notebook's `ex.paired_rounds`)
+from ..rounds import paired_rounds  # noqa: F401  (ex.paired_rounds, as tests call it)
 from . import _compare, check, exception_line, is_blank_kernel, is_kernel, solution
 from .own_code import fresh_seed, launch_barred
 
