@@ -269,6 +269,12 @@ assert steps_at_max == 1                                  # the largest differen
 # Row 0 is black; every other position differs somewhere. The largest difference is one bf16
 # step. Small — but how small is small?
 #
+# The dark wedges at the top of each half of the GPU map are the slow pairs (large $j$, small
+# $\omega_j$) at small positions: there $\theta = s\,\omega_j$ is small, so the bf16 table's
+# $\cos\theta \approx 1 - \theta^2/2$ and $\sin\theta \approx \theta$ miss fp32's by far less than a
+# bf16 step of the output, and both sides round alike. The faster a pair turns, the sooner its
+# angle grows past that: the wedge is widest at the slowest pair.
+#
 # **Look inside the kernel.** `tl.device_print(prefix, value)` prints from inside a running
 # kernel. The probe below is the reported line cut down to the pair with the largest difference,
 # and prints $y$ in fp32 before the store. On a GPU every thread prints, so even with
