@@ -119,3 +119,17 @@ def test_a_kernel_that_calls_a_worked_or_course_kernel_is_refused(target, tmp_pa
     assert nb08_repair.check_sbhd_repair(module.my_sbhd_kernel) is False
     out = capsys.readouterr().out
     assert "❌" in out and "write it yourself" in out, out
+
+
+def test_a_repair_that_keeps_section_1s_rounding_helper_passes(tmp_path, capsys):
+    # section 1's kernel calls round_to (ropelib.kernels.common); a repair started from it may
+    # keep that call: only the worked and the course's kernels are barred from its body
+    src = _starting_with("pos = row // (tl.num_programs(0) // SEQ_LEN)").replace(
+        "tl.store(x_row + offs, x1 * c - x2 * s, mask=mask)",
+        "tl.store(x_row + offs, round_to(x1 * c - x2 * s, tl.float32, BF16_RTNE), mask=mask)")
+    assert "round_to" in src
+    module = written_module(f"nb08_repair_round_{tmp_path.name}", tmp_path / "cell.py",
+                            "import triton\nimport triton.language as tl\n"
+                            "from ropelib.kernels.common import round_to\n\n\n" + src,
+                            {"triton": triton, "tl": tl})
+    assert nb08_repair.check_sbhd_repair(module.my_sbhd_kernel) is True, capsys.readouterr().out

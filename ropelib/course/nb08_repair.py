@@ -23,6 +23,7 @@ import triton.language as tl
 
 from . import debug
 from .exercises.own_code import fresh_generator, library_kernel, notebook_kernels
+from ..kernels.common import round_to
 
 __all__ = ["check_sbhd_repair", "solution_sbhd_kernel", "repair_cases"]
 
@@ -61,8 +62,10 @@ def check_sbhd_repair(kernel, device=None) -> bool:
         print(f"❌ {_NAME}: that is the worked solution: write the position line yourself")
         return False
     # a kernel that launches or inlines ropelib's (the worked solution called from its body,
-    # the reproduction kernel, a finished kernel's helpers) is not a repair of the learner's
-    called = library_kernel(kernel, bar=(solution_sbhd_kernel, *notebook_kernels()))
+    # the reproduction kernel, a finished kernel's helpers) is not a repair of the learner's;
+    # round_to, which section 1's kernel (the learner's copy) calls, is allowed
+    called = library_kernel(kernel, allow=(round_to,),
+                            bar=(solution_sbhd_kernel, *notebook_kernels()))
     if called is not None:
         print(f"❌ {_NAME}: your kernel calls {called}: repair the position line of your own "
               f"copy instead (write it yourself)")
