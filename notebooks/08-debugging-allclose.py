@@ -29,6 +29,7 @@
 # apart everything that can make such a check fail, with the tools that find it.
 #
 # **Time:** about two hours, with the exercises of sections 4b, 5 and 6; 4b is the longest.
+# Appendix A (optional, about 10 minutes) compares the two GPU runs the text reads.
 #
 # **After this notebook you will be able to**
 #
@@ -267,6 +268,12 @@ assert steps_at_max == 1                                  # the largest differen
 #
 # Row 0 is black; every other position differs somewhere. The largest difference is one bf16
 # step. Small — but how small is small?
+#
+# The dark wedges at the top of each half of the GPU map are the slow pairs (large $j$, small
+# $\omega_j$) at small positions: there $\theta = s\,\omega_j$ is small, so the bf16 table's
+# $\cos\theta \approx 1 - \theta^2/2$ and $\sin\theta \approx \theta$ miss fp32's by far less than a
+# bf16 step of the output, and both sides round alike. The faster a pair turns, the sooner its
+# angle grows past that: the wedge is widest at the slowest pair.
 #
 # **Look inside the kernel.** `tl.device_print(prefix, value)` prints from inside a running
 # kernel. The probe below is the reported line cut down to the pair with the largest difference,
@@ -1149,9 +1156,11 @@ assert llir_sums["_rope_combine_kernel (above)"]["y2"]["first"] == ["x2 * c"]
 
 # %% [markdown]
 # In all four sums the PTX fuses the sum's first operand in the IR, and the reproduction kernel's
-# IR holds $y_2 = x_2 c + x_1 s$ the other way round, so $x_1 s$ is fused
-# (`ropelib.course.nb08_passes` finds LLVM's `Reassociate` pass swapping it). Four sums are not a
-# rule, so the source must fix the order: `tl.fma`.
+# IR holds $y_2 = x_2 c + x_1 s$ the other way round, so $x_1 s$ is fused. Which LLVM pass
+# swaps it is not shown here: `nb08_passes.repro_trace(False)` (from `ropelib.course`; it
+# compiles in a second Python with LLVM's print-after-all, a minute or so) lists the passes after
+# which the order changed, and names `Reassociate`. Four sums are not a rule, so the source must
+# fix the order: `tl.fma`.
 
 # %% [markdown]
 # **Which change did it: one change per row.** The same steps in section 1's kernel, from the
@@ -1516,7 +1525,8 @@ solution(ex.solution_trap_name)
 # `nb08_repair.check_sbhd_repair(my_sbhd_kernel)` runs your kernel with `sbhd_row_indexing` on,
 # in fp32, and passes when every output token encodes its true $s$ and the output is the fp64
 # RoPE's within fp32 tolerances. Its cases have two and three batches, so a line that assumes
-# $B = 2$ fails. It refuses the course's kernel and the worked solution.
+# $B = 2$ fails. It refuses the course's kernel and the worked solution, and a kernel whose body
+# calls either.
 
 # %%
 from ropelib.course import nb08_repair
@@ -1732,7 +1742,7 @@ print(f"fixed: allclose with {tol} passes; max error {float(ulps.max()):.3g} ulp
 #    `torch.compile`?
 
 # %% [markdown]
-# ## Appendix A. Two GPUs, one compiled code
+# ## Appendix A (optional). Two GPUs, one compiled code
 #
 # `benchmarks/te_bits.py` ran on an H200 (the reference run) and on an H100. The cell compares
 # the two committed files field by field: every row, TE's stored outputs and TE's cos/sin.

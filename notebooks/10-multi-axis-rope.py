@@ -36,9 +36,11 @@
 # measurements committed under `benchmarks/results/`, mostly from an H200, which the cells read
 # and assert; a live timing on another GPU gives other numbers.
 #
-# **Time:** about 40 minutes to read sections 1 to 7 and 20 for their three exercises. The
-# appendices are optional, about 30 minutes more: A, the machine code of the angle work; B, the
-# profiler's clock and a second GPU; C, a fourth exercise (heads per step), timed on a GPU.
+# **Time:** about an hour to read sections 1 to 7 (section 6, with its counts, timings and
+# profiles, is half of it) and 40 minutes for their three exercises, most of it the kernel of
+# section 6. The appendices are optional, about 30 minutes more: A, the machine code of the angle
+# work; B, the profiler's clock and a second GPU; C, a fourth exercise (heads per step), timed on
+# a GPU.
 
 # %%
 import os, torch
@@ -1519,8 +1521,8 @@ assert all(v > 0 for v in parts["other"])                   # the two waits are 
 # cycles, near the ceiling: its instruction count, swollen by the repeated angle work, sets its
 # time. The once-per-token kernel issues on 30 % and mostly waits on loads: forming the angles
 # once moves the kernel from instruction-bound to memory-bound there. No profile of the H100 is
-# committed, so whether the same holds on it is not measured. ropelib's kernel is memory-bound too (39 %), so its extra instructions fill
-# idle issue cycles.
+# committed, so whether the same holds on it is not measured. ropelib's kernel is memory-bound
+# too (39 %), so its extra instructions fill idle issue cycles.
 #
 # Under the profiler the per-head kernel takes 1.90 times the once-per-token kernel's time,
 # under `do_bench` 1.40 on the H200 and 1.17 on an H100. Appendix B (optional) follows both
@@ -1640,7 +1642,7 @@ assert by[("ropelib_exact", top)]["out_err"] < 1e-5
 #    column too, and how do vision models provide them?
 
 # %% [markdown]
-# ## Appendix A. The machine code of one angle formed again
+# ## Appendix A (optional). The machine code of one angle formed again
 #
 # Section 6's compile for sm_90 also gives the machine code (SASS) of the per-head kernel and the
 # worked solution (and yours, once it passes). The next cell counts the instructions a thread
@@ -1708,7 +1710,8 @@ else:
 # Under the profiler the gap is wider than under `do_bench` (1.90 against 1.40 on the H200): the
 # profiler holds the SMs at 1.50 GHz, `do_bench` leaves the clock free, and only an
 # instruction-bound kernel's time follows the clock. The next cell moves each profiled time to
-# 1980 MHz, the one NVML sample of the H200 timing run (read right after timing).
+# 1980 MHz, the one NVML sample of the H200 timing run (read right after timing; NVML is
+# NVIDIA's management library, through which the driver reports the clock).
 
 # %%
 # each kernel's profiled time moved from the profiler's clock to NVML's 1980 MHz, as it would

@@ -31,6 +31,8 @@
 # - choose the scale of an fp8 cache, and measure what fusion saves at decode.
 #
 # **Time:** about 70 minutes to read, 65 for exercises 1–4 (and 1b), 20 for the optional fifth.
+# The appendix (optional, about 20 minutes) asks where the two-rank step's time goes and whether
+# the split trains the same model.
 # The text's numbers come from `benchmarks/results/` (H200s); live timings name their GPU.
 
 # %%
@@ -78,8 +80,9 @@ print(ropelib.runtime.mode(), "| device:", device, "| figures go to", FIGURES)
 # attention work, and what must RoPE do on each?*
 #
 # Context parallelism (CP) splits every sequence over $c$ ranks, each keeping $S/c$ tokens of
-# every layer's activations. Only attention mixes tokens: each rank all-gathers k and v
-# (`ropelib.context_parallel`) and attends for its own queries.
+# every layer's activations. Only attention mixes tokens: each rank all-gathers k and v (a
+# collective by which every rank receives every rank's tensor; `ropelib.context_parallel`) and
+# attends for its own queries.
 #
 # Under a causal mask the query at position $p$ attends $p+1$ keys. Rank $r$ of a contiguous
 # split, holding $[rS/c, (r+1)S/c)$, gets
@@ -96,7 +99,8 @@ print(ropelib.runtime.mode(), "| device:", device, "| figures go to", FIGURES)
 #   = \frac{S}{2c}(S+1),$$
 #
 # the same for every rank. With $S=8$ and $c=2$: rank 0 holds positions 0 1 | 6 7, rank 1
-# holds 2 3 | 4 5. The figure colours each (query, key) pair by the rank that computes it.
+# holds 2 3 | 4 5. The figure and the cells after it take $S = 16$ (rank 0: 0–3 | 12–15). The
+# figure colours each (query, key) pair by the rank that computes it.
 
 # %%
 def mask_by_rank(S, cp_size, split):
@@ -664,10 +668,12 @@ solution(ex.solution_rope_kv_cache_kernel.fn, title="Solution: RoPE + contiguous
 # so Python's launch overhead drops out), batch 1 and 64, beside the committed H200 run.
 #
 # Why might the worked kernel trail ropelib's? Not its bytes. On any machine the cell compiles
-# both, and the worked kernel reading cos and sin from tables, for sm_90, and counts a thread's
-# instructions, angle reductions (the range reduction inside sin/cos: a multiply by $2/\pi$
-# that brings the angle into a quarter turn) and loads up to its first store, by width:
-# `LDG.128` loads 16 bytes a thread, `LDG.32` 4 (SASS global loads, notebook 04 §2.3).
+# three kernels for sm_90 (the worked one, the worked one reading cos and sin from tables, and
+# ropelib's) and counts a thread's instructions, angle reductions (the range reduction inside
+# sin/cos: a multiply by $2/\pi$ that brings the angle into a quarter turn) and loads up to its
+# first store, by width:
+# `LDG.128` loads 16 bytes a thread, `LDG.32` 4 (global loads in SASS, the GPU's machine code:
+# notebook 04 §2.3).
 
 # %%
 from ropelib.bench import kv_cache_decode
@@ -762,11 +768,11 @@ else:
           "one writes)")
 
 # %% [markdown]
-# **What the compile shows.** At batch 1 ropelib runs 40 one-warp programs, one head each; the
-# worked kernel one 4-warp program for all 40 heads. Its thread reduces at least twice a ropelib
-# thread's angles, and some loads wait for them; with tables the angles vanish. On a GPU the
-# last lines print how much of the gap to ropelib's the tables close (asserted: at least half at
-# batch 1).
+# **What the compile shows.** At batch 1 ropelib runs 40 programs, one head each; the worked
+# kernel one program for all 40 heads (the table prints their warps). Its thread reduces at least
+# twice a ropelib thread's angles, and some loads wait for them; with tables the angles vanish.
+# On a GPU the last lines print how much of the gap to ropelib's the tables close (asserted: at
+# least half at batch 1).
 #
 # ### What the fused write saves, in bytes
 #
@@ -1110,8 +1116,8 @@ fp8_ok = ex.check_fp8_store_kernel(my_fp8_store_kernel)
 solution(ex.solution_fp8_store_kernel.fn, title="Solution: the fp8 store")
 
 # %% [markdown]
-# The next cell counts the ATen operators of the unfused store; on a GPU it times the fp8 store
-# kernel (yours once it passes) against it.
+# The next cell counts the ATen operators (ATen: PyTorch's library of C++ operators) of the
+# unfused store; on a GPU it times the fp8 store kernel (yours once it passes) against it.
 
 # %%
 from ropelib.course.counts import count_kernels
@@ -1412,7 +1418,7 @@ assert as_stated((min(two_vs_unfused), max(two_vs_unfused)), (2.2, 4.8)), two_vs
 #    when one of them writes its next token into a shared, half-full block?
 
 # %% [markdown]
-# ## Appendix
+# ## Appendix (optional)
 #
 # ### A.1 Where the 2-rank step's time goes
 #

@@ -62,6 +62,8 @@ from ropelib.course.exercises import (  # noqa: E402
     at_scale, backward_kernel, basics, debugging, finished_kernel, flat_pass, grid_kernel,
     in_a_model, kernels, measuring, multi_axis, naive_kernel, pairs_pass, qkv_epilogue,
     yardstick)
+from ropelib.course import nb08_repair  # noqa: E402
+from ropelib.course.exercises import nb11_cp_shard  # noqa: E402
 from ropelib.course.kernels import naive, qkv_teaching  # noqa: E402
 from loading import load_file, written_module  # noqa: E402
 
@@ -710,6 +712,14 @@ KERNEL_CHECKS = [
     ("07 ex3 check_rows_kernel", yardstick.check_rows_kernel, yardstick.solution_rows_kernel),
     ("09 ex3 check_model_rope_kernel", in_a_model.check_model_rope_kernel,
      in_a_model.solution_model_rope_kernel),
+    ("08 repair check_sbhd_repair", nb08_repair.check_sbhd_repair,
+     nb08_repair.solution_sbhd_kernel),
+    ("10 kernel exercise check_mrope_kernel", multi_axis.check_mrope_kernel,
+     multi_axis.solution_mrope_kernel),
+    ("11 ex1b check_cp_shard_kernel", nb11_cp_shard.check_cp_shard_kernel,
+     nb11_cp_shard.solution_cp_shard_kernel),
+    ("11 ex2 check_rope_kv_cache_kernel", at_scale.check_rope_kv_cache_kernel,
+     at_scale.solution_rope_kv_cache_kernel),
     ("11 ex4 check_rope_kv_paged_kernel", at_scale.check_rope_kv_paged_kernel,
      at_scale.solution_rope_kv_paged_kernel),
     ("11 ex5 check_fp8_store_kernel", at_scale.check_fp8_store_kernel,

@@ -3,12 +3,14 @@
 The check passes a repaired kernel (the worked solution typed in again, and the notebook's own
 starting kernel with its position line repaired), and fails the notebook's unchanged kernel, a
 position line that hard-codes two batches, the course's reproduction kernel, the worked solution
-itself, and answers that are no kernel of the reproduction kernel's arguments.
+itself, a kernel of the learner's whose body only calls one of those two, and answers that are
+no kernel of the reproduction kernel's arguments.
 """
 import ast
 import os
 from pathlib import Path
 
+import pytest
 import torch
 
 if not torch.cuda.is_available():
@@ -93,3 +95,41 @@ def test_cases_cover_three_batches_and_a_drawn_size():
     assert {sc.batch for _, sc in cases[:2]} == {2, 3}
     assert all(sc.layout == "sbhd" and sc.dtype == "fp32" for _, sc in cases)
     assert "drawn with seed" in cases[2][0]
+
+
+_ARGS = ("x_ptr, cos_ptr, sin_ptr, stride_xr, stride_xh, stride_t, SEQ_LEN, HALF, BLOCK_HALF, "
+         "FROM_ANGLES, COMPUTE_FP32, USE_FMA, BF16_RTNE")
+
+
+@pytest.mark.parametrize("target", ["solution", "reproduction"])
+def test_a_kernel_that_calls_a_worked_or_course_kernel_is_refused(target, tmp_path, capsys):
+    # the learner's own kernel whose body only calls the worked solution (or the course's
+    # reproduction kernel, trap and all) answers nothing of its own
+    called = {"solution": nb08_repair.solution_sbhd_kernel,
+              "reproduction": debug._rope_unsloth_repro_kernel}[target]
+    src = ("@triton.jit\n"
+           "def my_sbhd_kernel(x_ptr, cos_ptr, sin_ptr, stride_xr, stride_xh, stride_t, SEQ_LEN,\n"
+           "                   HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,\n"
+           "                   FROM_ANGLES: tl.constexpr, COMPUTE_FP32: tl.constexpr,\n"
+           "                   USE_FMA: tl.constexpr, BF16_RTNE: tl.constexpr):\n"
+           f"    TARGET({_ARGS})\n")
+    module = written_module(f"nb08_repair_calls_{tmp_path.name}", tmp_path / "cell.py",
+                            "import triton\nimport triton.language as tl\n\n\n" + src,
+                            {"triton": triton, "tl": tl, "TARGET": called})
+    assert nb08_repair.check_sbhd_repair(module.my_sbhd_kernel) is False
+    out = capsys.readouterr().out
+    assert "❌" in out and "write it yourself" in out, out
+
+
+def test_a_repair_that_keeps_section_1s_rounding_helper_passes(tmp_path, capsys):
+    # section 1's kernel calls round_to (ropelib.kernels.common); a repair started from it may
+    # keep that call: only the worked and the course's kernels are barred from its body
+    src = _starting_with("pos = row // (tl.num_programs(0) // SEQ_LEN)").replace(
+        "tl.store(x_row + offs, x1 * c - x2 * s, mask=mask)",
+        "tl.store(x_row + offs, round_to(x1 * c - x2 * s, tl.float32, BF16_RTNE), mask=mask)")
+    assert "round_to" in src
+    module = written_module(f"nb08_repair_round_{tmp_path.name}", tmp_path / "cell.py",
+                            "import triton\nimport triton.language as tl\n"
+                            "from ropelib.kernels.common import round_to\n\n\n" + src,
+                            {"triton": triton, "tl": tl})
+    assert nb08_repair.check_sbhd_repair(module.my_sbhd_kernel) is True, capsys.readouterr().out

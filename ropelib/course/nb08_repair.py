@@ -11,7 +11,9 @@ sbhd), reads the position each output token encodes (`debug.recovered_positions`
 true position ``s`` back for every batch and head, and the output within fp32 tolerances of the
 fp64 RoPE. The cases have two and three batches and one size drawn when the check runs (its
 seed in the label), so a position line that hard-codes the batch fails. The unchanged kernel,
-the course's own reproduction kernel and the worked solution are refused.
+the course's own reproduction kernel and the worked solution are refused, and so is a kernel
+that calls one of ropelib's kernels or helpers (the worked solution among them) from its body
+(`own_code.library_kernel`).
 """
 import dataclasses
 
@@ -20,7 +22,8 @@ import triton
 import triton.language as tl
 
 from . import debug
-from .exercises.own_code import fresh_generator
+from .exercises.own_code import fresh_generator, library_kernel, notebook_kernels
+from ..kernels.common import round_to
 
 __all__ = ["check_sbhd_repair", "solution_sbhd_kernel", "repair_cases"]
 
@@ -57,6 +60,15 @@ def check_sbhd_repair(kernel, device=None) -> bool:
         return False
     if kernel is solution_sbhd_kernel:
         print(f"❌ {_NAME}: that is the worked solution: write the position line yourself")
+        return False
+    # a kernel that launches or inlines ropelib's (the worked solution called from its body,
+    # the reproduction kernel, a finished kernel's helpers) is not a repair of the learner's;
+    # round_to, which section 1's kernel (the learner's copy) calls, is allowed
+    called = library_kernel(kernel, allow=(round_to,),
+                            bar=(solution_sbhd_kernel, *notebook_kernels()))
+    if called is not None:
+        print(f"❌ {_NAME}: your kernel calls {called}: repair the position line of your own "
+              f"copy instead (write it yourself)")
         return False
     try:
         debug.check_repro_kernel(kernel)
