@@ -63,7 +63,9 @@ from ropelib.course.exercises import (  # noqa: E402
     in_a_model, kernels, measuring, multi_axis, naive_kernel, pairs_pass, qkv_epilogue,
     yardstick)
 from ropelib.course import nb08_repair  # noqa: E402
-from ropelib.course.exercises import nb11_cp_shard  # noqa: E402
+from ropelib.course.exercises import (  # noqa: E402
+    layouts, nb00_program_floor, nb00_strided_copy, nb01_angle_kernel, nb02_lean_chain,
+    nb02_table_mul, nb04_two_rows, nb06_interleaved, nb09_one_angle, nb11_cp_shard)
 from ropelib.course.kernels import naive, qkv_teaching  # noqa: E402
 from loading import load_file, written_module  # noqa: E402
 
@@ -151,6 +153,20 @@ FUNCTION_CHECKS = {
     "11 ex1 check_dual_chunk_positions": (at_scale.check_dual_chunk_positions,
                                           _own(at_scale.solution_dual_chunk_positions)),
     "11 ex3 check_paged_slot": (at_scale.check_paged_slot, _own(at_scale.solution_paged_slot)),
+    "00 ex1 check_call_rates": (basics.check_call_rates, _own(basics.solution_call_rates)),
+    "00 ex2 check_program_floor": (nb00_program_floor.check_program_floor,
+                                   _own(nb00_program_floor.solution_program_floor_us)),
+    "00 ex4 check_max_saving": (nb00_strided_copy.check_max_saving,
+                                _own(nb00_strided_copy.solution_max_saving_us)),
+    "02 ex1 check_thd_cp_positions": (layouts.check_thd_cp_positions,
+                                      _own(layouts.solution_thd_cp_positions)),
+    "02 ex2 check_hf_cos_sin": (layouts.check_hf_cos_sin, _own(layouts.solution_hf_cos_sin)),
+    "02 ex4 check_lean_chain": (nb02_lean_chain.check_lean_chain,
+                                _own(nb02_lean_chain.solution_lean_chain)),
+    "04 check_grid_us": (kernels.check_grid_us, _own(kernels.solution_grid_us)),
+    "08 classify check_classify": (debugging.check_classify, _own(debugging.solution_classify)),
+    "09 ex1 check_rope_copies": (in_a_model.check_rope_copies,
+                                 _own(in_a_model.solution_rope_copies)),
 }
 
 SIDE_CASES = [(c, s) for c in FUNCTION_CHECKS for s in SIDE_CALLS]
@@ -733,6 +749,18 @@ KERNEL_CHECKS = [
      qkv_teaching._qkv_rope_one_acc_teaching_kernel),
     ("12 ex2 check_prologue_kernel", lambda k: qkv_epilogue.check_prologue_kernel(k, seed=5),
      qkv_teaching._qkv_dx_teaching_kernel),
+    ("00 ex4 check_strided_copy", nb00_strided_copy.check_strided_copy,
+     nb00_strided_copy._strided_copy_solution_kernel),
+    ("01 ex5 check_angle_kernel", lambda k: nb01_angle_kernel.check_angle_kernel(k, seed=0),
+     nb01_angle_kernel.solution_angle_kernel),
+    ("02 ex5 check_table_mul", nb02_table_mul.check_table_mul,
+     nb02_table_mul._table_mul_solution_kernel),
+    ("04 ex6 check_two_rows", nb04_two_rows.check_two_rows,
+     nb04_two_rows._rope_two_rows_solution_kernel),
+    ("06 check_interleaved_backward", nb06_interleaved.check_interleaved_backward,
+     nb06_interleaved._rope_interleaved_backward_solution_kernel),
+    ("09 ex4 check_one_angle_kernel", lambda k: nb09_one_angle.check_one_angle_kernel(k, seed=0),
+     in_a_model.solution_model_rope_one_angle),
 ]
 KERNEL_CHECKS += [(f"13 puzzle {p.number} check_{key}",
                    (lambda key: lambda k: getattr(pz, f"check_{key}")(k, seed=0, draw=False))(key),
