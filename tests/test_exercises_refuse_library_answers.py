@@ -8,14 +8,17 @@ every check at once:
   ropelib's finished functions on the way (`ropelib.apply_rope`, `apply_rope_qk`, the
   Transformer Engine and Hugging Face drop-ins, `multi_axis_frequencies`,
   `ropelib.context_parallel`), a teaching kernel, or another exercise's worked solution, is
-  refused by the checks of notebooks 00-04, 06, 07, 08, 10 and 11 that take a function
-  (the ones `test_exercises_answers_are_code` does not already try this way); the same function
+  refused by the checks of notebooks 00-04, 06, 07, 08, 09, 10 and 11 that take a function
+  (the ones `test_exercises_answers_are_code` does not already try this way; notebook 06's
+  launcher of exercise 3 is the learner's own launcher of their own kernel); the same function
   without the call passes, so the refusal is the call's; a blank answer (its body still `...`)
   to each of these checks is a ❌ line, never an exception;
 * a kernel answer that is the learner's own @triton.jit kernel with the worked solution's
   signature whose body only calls the worked solution (or, in notebook 12, the teaching kernel it
-  is graded against) is refused by every kernel check of notebooks 03-08, 11 and 12 and by every
-  puzzle of notebook 13, with a message that names the kernel it reached;
+  is graded against) is refused by every kernel check of notebooks 00-12 (exercise 1b of
+  notebook 05 through exercise 1's check, which it runs first; notebook 12's persistent kernel
+  with a last constexpr PROGRAMS after the teaching kernel's parameters) and by every puzzle of
+  notebook 13, with a message that names the kernel it reached;
 * notebook 09's cached attention answered by the course model's own cached attention is
   refused.
 
@@ -62,14 +65,19 @@ from ropelib.course.exercises import (  # noqa: E402
     at_scale, backward_kernel, basics, debugging, finished_kernel, flat_pass, grid_kernel,
     in_a_model, kernels, measuring, multi_axis, naive_kernel, pairs_pass, qkv_epilogue,
     yardstick)
-from ropelib.course import nb08_repair  # noqa: E402
-from ropelib.course.exercises import nb11_cp_shard  # noqa: E402
+from ropelib.course import load_schedule, nb08_repair  # noqa: E402
+from ropelib.course.exercises import (  # noqa: E402
+    layouts, nb00_program_floor, nb00_strided_copy, nb01_angle_kernel, nb02_lean_chain,
+    nb02_table_mul, nb04_two_rows, nb06_interleaved, nb09_one_angle, nb11_cp_shard)
 from ropelib.course.kernels import naive, qkv_teaching  # noqa: E402
 from loading import load_file, written_module  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 _own_code_tests = load_file("own_code_tests_refuse", ROOT / "tests" / "test_own_code.py")
 learner_copy = _own_code_tests.learner_copy     # a solution as a learner who typed it has it
+# notebook 06, exercise 3: a learner's launcher of their own backward kernel (exercise 2's)
+_backward_tests = load_file("grid_backward_tests_refuse",
+                            ROOT / "tests" / "test_exercises_grid_backward.py")
 
 
 # --- calls into ropelib whose result the answer does not need ----------------------------------
@@ -151,6 +159,23 @@ FUNCTION_CHECKS = {
     "11 ex1 check_dual_chunk_positions": (at_scale.check_dual_chunk_positions,
                                           _own(at_scale.solution_dual_chunk_positions)),
     "11 ex3 check_paged_slot": (at_scale.check_paged_slot, _own(at_scale.solution_paged_slot)),
+    "00 ex1 check_call_rates": (basics.check_call_rates, _own(basics.solution_call_rates)),
+    "00 ex2 check_program_floor": (nb00_program_floor.check_program_floor,
+                                   _own(nb00_program_floor.solution_program_floor_us)),
+    "00 ex4 check_max_saving": (nb00_strided_copy.check_max_saving,
+                                _own(nb00_strided_copy.solution_max_saving_us)),
+    "02 ex1 check_thd_cp_positions": (layouts.check_thd_cp_positions,
+                                      _own(layouts.solution_thd_cp_positions)),
+    "02 ex2 check_hf_cos_sin": (layouts.check_hf_cos_sin, _own(layouts.solution_hf_cos_sin)),
+    "02 ex4 check_lean_chain": (nb02_lean_chain.check_lean_chain,
+                                _own(nb02_lean_chain.solution_lean_chain)),
+    "04 check_grid_us": (kernels.check_grid_us, _own(kernels.solution_grid_us)),
+    "08 classify check_classify": (debugging.check_classify, _own(debugging.solution_classify)),
+    "09 ex1 check_rope_copies": (in_a_model.check_rope_copies,
+                                 _own(in_a_model.solution_rope_copies)),
+    "06 ex3 check_rope_backward": (
+        lambda fn: kernels.check_rope_backward(fn, kernel=_backward_tests.OWN_BACKWARD),
+        lambda: _backward_tests.own_rope_backward),
 }
 
 SIDE_CASES = [(c, s) for c in FUNCTION_CHECKS for s in SIDE_CALLS]
@@ -669,9 +694,10 @@ _COPIES = Path(tempfile.mkdtemp(prefix="ropelib-refuse-"))
 _count = itertools.count()
 
 
-def wrapping(target, *, returns=False):
+def wrapping(target, *, returns=False, extra=()):
     """A @triton.jit kernel of the learner's, in a file of its own, with `target`'s parameters
-    (names, annotations, defaults), whose body only calls `target` with them."""
+    (names, annotations, defaults) and the constexprs named in `extra` after them, whose body
+    only calls `target` with its own parameters."""
     fn = getattr(target, "fn", target)
     tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
     node = tree.body[0]
@@ -680,6 +706,8 @@ def wrapping(target, *, returns=False):
     node.decorator_list = []
     call = ast.Call(func=ast.Name("TARGET", ast.Load()),
                     args=[ast.Name(a.arg, ast.Load()) for a in node.args.args], keywords=[])
+    constexpr = ast.Attribute(ast.Name("tl", ast.Load()), "constexpr", ast.Load())
+    node.args.args += [ast.arg(e, constexpr) for e in extra]
     node.body = [ast.Return(call) if returns else ast.Expr(call)]
     node.returns = None
     source = "@triton.jit\n" + ast.unparse(ast.fix_missing_locations(tree)) + "\n"
@@ -733,7 +761,40 @@ KERNEL_CHECKS = [
      qkv_teaching._qkv_rope_one_acc_teaching_kernel),
     ("12 ex2 check_prologue_kernel", lambda k: qkv_epilogue.check_prologue_kernel(k, seed=5),
      qkv_teaching._qkv_dx_teaching_kernel),
+    ("00 ex4 check_strided_copy", nb00_strided_copy.check_strided_copy,
+     nb00_strided_copy._strided_copy_solution_kernel),
+    ("01 ex5 check_angle_kernel", lambda k: nb01_angle_kernel.check_angle_kernel(k, seed=0),
+     nb01_angle_kernel.solution_angle_kernel),
+    ("02 ex5 check_table_mul", nb02_table_mul.check_table_mul,
+     nb02_table_mul._table_mul_solution_kernel),
+    ("04 ex6 check_two_rows", nb04_two_rows.check_two_rows,
+     nb04_two_rows._rope_two_rows_solution_kernel),
+    ("06 check_interleaved_backward", nb06_interleaved.check_interleaved_backward,
+     nb06_interleaved._rope_interleaved_backward_solution_kernel),
+    ("09 ex4 check_one_angle_kernel", lambda k: nb09_one_angle.check_one_angle_kernel(k, seed=0),
+     in_a_model.solution_model_rope_one_angle),
+    # exercise 1b grades the loads (then the stores) of a kernel that passes exercise 1's check,
+    # whose worked solution is exercise 1b's too
+    ("05 ex1b check_wide_loads",
+     lambda k: load_schedule.check_wide_loads("1b", k, {}, num_warps=8, wide=2,
+                                              check=finished_kernel.check_interleaved_tile_kernel),
+     finished_kernel._rope_interleaved_tile_solution_kernel),
 ]
+# notebook 12, exercise 3: the teaching kernel's signature and a last constexpr PROGRAMS
+_PERSISTENT = ("12 ex3 check_persistent_kernel",
+               lambda k: qkv_epilogue.check_persistent_kernel(k, seed=5),
+               qkv_teaching._qkv_rope_teaching_kernel)
+
+
+@pytest.mark.parametrize("label, check, target", [_PERSISTENT], ids=[_PERSISTENT[0]])
+def test_a_persistent_kernel_that_calls_the_teaching_kernel_is_refused(label, check, target,
+                                                                       capsys):
+    assert check(wrapping(target, extra=("PROGRAMS",))) is False
+    out = capsys.readouterr().out
+    assert "❌" in out and f"ropelib's {target.fn.__name__}" in out, out
+    assert "write it yourself" in out, out
+
+
 KERNEL_CHECKS += [(f"13 puzzle {p.number} check_{key}",
                    (lambda key: lambda k: getattr(pz, f"check_{key}")(k, seed=0, draw=False))(key),
                    p.solution)
