@@ -382,6 +382,23 @@ def one_head_a_step_kernel(q_ptr, k_ptr, q_out_ptr, k_out_ptr, pos_ptr, inv_freq
 
 
 @triton.jit
+def _rotate_heads(x_ptr, y_ptr, t, T, c, s, H: tl.constexpr, D: tl.constexpr,
+                  HPS: tl.constexpr):
+    # the worked heads answer's loop: HPS heads of each token a step, heads past H masked
+    HALF: tl.constexpr = D // 2
+    g = tl.arange(0, HPS)
+    jj = tl.arange(0, HALF)[None, None, :]
+    for h0 in range(0, H, HPS):
+        hh = h0 + g
+        live = (t < T)[:, None, None] & (hh < H)[None, :, None]
+        row = (t[:, None, None] * H + hh[None, :, None]) * D
+        x1 = tl.load(x_ptr + row + jj, mask=live).to(tl.float32)
+        x2 = tl.load(x_ptr + row + HALF + jj, mask=live).to(tl.float32)
+        tl.store(y_ptr + row + jj, x1 * c - x2 * s, mask=live)
+        tl.store(y_ptr + row + HALF + jj, x2 * c + x1 * s, mask=live)
+
+
+@triton.jit
 def shipped_helper_heads_kernel(q_ptr, k_ptr, q_out_ptr, k_out_ptr, pos_ptr, inv_freq_ptr,
                                 axis_ptr, T, HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr,
                                 N_AXES: tl.constexpr, BLOCK_T: tl.constexpr, HPS: tl.constexpr):
@@ -393,24 +410,8 @@ def shipped_helper_heads_kernel(q_ptr, k_ptr, q_out_ptr, k_out_ptr, pos_ptr, inv
     ax = tl.load(axis_ptr + j)
     c, s = _mrope_cos_sin(pos_ptr, inv, ax, t, 0, T, T, 0, 1, BLOCK_T, HALF, N_AXES, tl.float32)
     c, s = c[:, None, :], s[:, None, :]
-    g = tl.arange(0, HPS)
-    jj = j[None, None, :]
-    for h0 in range(0, HQ, HPS):
-        hh = h0 + g
-        live = (t < T)[:, None, None] & (hh < HQ)[None, :, None]
-        row = (t[:, None, None] * HQ + hh[None, :, None]) * D
-        x1 = tl.load(q_ptr + row + jj, mask=live).to(tl.float32)
-        x2 = tl.load(q_ptr + row + HALF + jj, mask=live).to(tl.float32)
-        tl.store(q_out_ptr + row + jj, x1 * c - x2 * s, mask=live)
-        tl.store(q_out_ptr + row + HALF + jj, x2 * c + x1 * s, mask=live)
-    for h0 in range(0, HK, HPS):
-        hh = h0 + g
-        live = (t < T)[:, None, None] & (hh < HK)[None, :, None]
-        row = (t[:, None, None] * HK + hh[None, :, None]) * D
-        x1 = tl.load(k_ptr + row + jj, mask=live).to(tl.float32)
-        x2 = tl.load(k_ptr + row + HALF + jj, mask=live).to(tl.float32)
-        tl.store(k_out_ptr + row + jj, x1 * c - x2 * s, mask=live)
-        tl.store(k_out_ptr + row + HALF + jj, x2 * c + x1 * s, mask=live)
+    _rotate_heads(q_ptr, q_out_ptr, t, T, c, s, HQ, D, HPS)
+    _rotate_heads(k_ptr, k_out_ptr, t, T, c, s, HK, D, HPS)
 
 
 def test_heads_kernel_solution_passes(capsys):
