@@ -150,6 +150,21 @@ def _own_rotation_matrix(m, inv_freq):
     return M
 
 
+@torch.jit.script
+def _scripted_block_diag(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.block_diag(a, b)
+
+
+def _torchscript(m, inv_freq):
+    """block_diag called from TorchScript's interpreter, which re-raises the refusal as a
+    RuntimeError with an empty message: the learner must still be told what was refused."""
+    blocks = _blocks(m, inv_freq)
+    out = blocks[0]
+    for block in blocks[1:]:
+        out = _scripted_block_diag(out, block)
+    return out
+
+
 SWITCHED_OFF = "switched off the check's watch of PyTorch's operators"
 
 
@@ -165,10 +180,11 @@ SWITCHED_OFF = "switched off the check's watch of PyTorch's operators"
     (_profiler_stopped_then_dispatch_disabled, "switched off the check's profiler"),
     (_key_excluded, SWITCHED_OFF),
     (_mode_popped, SWITCHED_OFF),
+    (_torchscript, "PyTorch's operator aten::block_diag"),
 ], ids=["aten.block_diag.out", "torch._refs.block_diag", "decomposition_table",
         "_disable_current_modes", "_disable_current_modes, map", "_DisableTorchDispatch",
         "_DisableTorchDispatch, map", "_DisableTorchDispatch taken before, map", "profiler stopped, then that",
-        "Python key excluded", "mode popped"])
+        "Python key excluded", "mode popped", "TorchScript"])
 def test_rotation_matrix_refuses_block_diag_every_way(answer, words, capsys):
     inv = frequencies.inv_freq(8, 10000.0, dtype=torch.float64)
     torch.testing.assert_close(answer(5, inv), basics.rotation_matrix_ref(5, inv))   # right

@@ -928,6 +928,16 @@ def library_barred(what: str, *, allow: Iterable = (), bar: Iterable = (), bar_o
         threading.setprofile(watch)             # threads the answer starts are watched too
         try:
             yield
+        except Exception as exc:
+            # A refusal raised where the answer cannot see it whole (TorchScript's interpreter
+            # re-raises it as a RuntimeError with an empty message, say): the refusal, not the
+            # wrapper, is what the learner is told, a barred call first (entering the dispatch
+            # mode from C++ also reads as the watch switched off).
+            if caught and not isinstance(exc, LibraryAnswer):
+                first = next((c for c in caught if not isinstance(c, str)), caught[0])
+                raise LibraryAnswer(first if isinstance(first, str)
+                                    else _refusal(what, *first)) from exc
+            raise
         finally:
             still_watched = sys.getprofile() is watch and threading.getprofile() is watch
             sys.setprofile(previous)
