@@ -63,6 +63,7 @@ from ropelib.course import ladder   # notebook 05's numbered bytes-in-flight plo
 from ropelib.course import nb04_figures   # the floors and the time split, drawn
 from ropelib.course import nb04_load_order   # loads and stores in sm_90 machine code, in order
 from ropelib.course import nb04_timing   # the generations' table, timing in rounds
+from ropelib.course import nb04_variants   # section 5.3's variants checked, and timed on a GPU
 from ropelib.course import measured   # the committed H200 results, read back
 from ropelib.course import work_count   # counts what a launch issues, in Triton's interpreter
 from ropelib.course.exercises import grid_kernel
@@ -610,9 +611,11 @@ print("(the last column counts what each source asks for; compiled, a value seve
 # **Every row is one kernel**, `_rope_ablation_kernel`: `BLOCK_H` heads and `BATCH_PER_PROGRAM`
 # batch rows a program, `UNROLL_B`, `TABLE` and `num_warps`; grid
 # $(S, \lceil H / \text{BLOCK\_H} \rceil, B / \text{BATCH\_PER\_PROGRAM})$. The next two cells
-# are yours to edit; the one after checks every variant against the fp64 reference and, bit for
-# bit, `ablation.rope_ablation`, then on a GPU times `sh_one_b` against `sh_loop_b`, with and
-# without tables. Try it: stop the batch loop one row early, or move cos/sin into the loop.
+# are yours to edit, and the third launches your kernel with one variant's options. The fourth
+# runs every variant through that launcher: on a GPU it first times `sh_one_b` against
+# `sh_loop_b`, with and without tables, then checks each variant against the fp64 reference and,
+# bit for bit, `ablation.rope_ablation` (`nb04_variants.assert_variants_match_fp64_and_course`).
+# Try it: stop the batch loop one row early, or move cos/sin into the loop.
 
 # %%
 # ropelib-source: ropelib.course.kernels.ablation._rotate_tile
@@ -703,68 +706,15 @@ def launch_ablation(x, freqs2d, cos2d, sin2d, *, heads_per_program=1, batch_per_
         num_warps=num_warps or ablation.default_warps(heads_per_program * block_half))
     return y
 
-
+# %%
 # bf16 sbhd at the notebook's shape (on a GPU, the ablation's first size: s=4096, b=8)
 x_ab = torch.randn(S, B, H, D, device=device, dtype=torch.bfloat16)
-freqs_ab = compare.angles(S, D).view(S, D).to(device)         # fp32 angles [S, D], cat(f, f)
-cos_ab, sin_ab = torch.cos(freqs_ab), torch.sin(freqs_ab)     # the tables the *_table rows read
-want_ab = reference.rope_reference(x_ab.double(), freqs_ab)   # fp64
-ab_variants = {name: opts for name, _, _, opts in ablation.variants(H)}
-print(f"x [S={S}, B={B}, H={H}, D={D}] bf16 on {device}")
-print(f"{'variant':22} {'grid':>10} {'head ulps':>9}  same bits as ablation.rope_ablation")
-ab_err, ab_same, ab_first = {}, {}, {}
-for name, opts in ab_variants.items():
-    # the interpreter ignores num_warps: there, variants that differ only in it are one launch
-    launch = tuple(sorted((k, v) for k, v in opts.items() if GPU or k != "num_warps"))
-    same_as = ab_first.setdefault(launch, name)
-    if same_as == name:
-        y_mine = launch_ablation(x_ab, freqs_ab, cos_ab, sin_ab, **opts)
-        y_course = ablation.rope_ablation(x_ab, freqs_ab, cos_ab, sin_ab, **opts)
-        ab_err[name] = compare.error_metrics(y_mine, want_ab)["max_head_ulp_err"]
-        ab_same[name] = torch.equal(y_mine, y_course)
-    else:
-        ab_err[name], ab_same[name] = ab_err[same_as], ab_same[same_as]
-    print(f"{name:22} {ablation.shape_columns(S, B, H, D, opts)['grid']:>10} "
-          f"{ab_err[name]:9.2f}  {ab_same[name]}"
-          + ("" if same_as == name else f"  (here the same launch as {same_as})"))
-# section 5.3's question on this machine: one row a program against B, with sin/cos and with
-# tables; and your sh_loop_b beside the course's. Each launch once here, timed on a GPU only
-y_buf = torch.empty_like(x_ab)
-GRANULARITY = ("sh_loop_b", "sh_one_b", "sh_loop_b_table", "sh_one_b_table")
-ab_calls = {n: lambda o=ab_variants[n]: ablation.rope_ablation(x_ab, freqs_ab, cos_ab, sin_ab,
-                                                               out=y_buf, **o)
-            for n in GRANULARITY}
-ab_calls["sh_loop_b, yours"] = lambda: launch_ablation(x_ab, freqs_ab, cos_ab, sin_ab, out=y_buf,
-                                                       **ab_variants["sh_loop_b"])
-for call in ab_calls.values():
-    call()
-if GPU:   # three rounds, the five launches alternating in each
-    ab_us, ab_rounds = nb04_timing.alternating_medians(ab_calls, rounds=3)
-    print(f"sh_loop_b: yours {ab_us['sh_loop_b, yours']:.1f} us, the course's "
-          f"{ab_us['sh_loop_b']:.1f} us")
-    live_one_row = ab_us["sh_one_b"] / ab_us["sh_loop_b"]
-    live_one_row_table = ab_us["sh_one_b_table"] / ab_us["sh_loop_b_table"]
-    live_trig = {k: ab_us[k] / ab_us[k + "_table"] for k in ("sh_loop_b", "sh_one_b")}
-    per_round = [o / l_ for o, l_ in zip(ab_rounds["sh_one_b"], ab_rounds["sh_loop_b"])]
-    print(f"medians of three alternating rounds; sh_one_b / sh_loop_b by round: "
-          f"{min(per_round):.2f} to {max(per_round):.2f}")
-    print(f"live: one row a program instead of B: {live_one_row:.2f}x the time with sin/cos, "
-          f"{live_one_row_table:.2f}x with tables; sin/cos instead of tables: "
-          f"{live_trig['sh_loop_b']:.3f}x at B rows a program, {live_trig['sh_one_b']:.3f}x at one")
-    # the programs, not the sin/cos: the ratio stays when no kernel evaluates a sine
-    assert live_one_row_table > 0.8 * live_one_row and abs(live_trig["sh_one_b"] - 1) < 0.1
-else:
-    print("The timings need a GPU (the interpreter runs one program after another in Python): "
-          "there the cell prints sh_one_b / sh_loop_b with sin/cos and with tables, and what "
-          "sin/cos cost at B rows and at one row a program.")
-
-# Last, the checks, after the timings, so that an edit you make on purpose is still timed: they
-# hold for the kernel as given and stop here once an edit changes the result (then read the
-# table above, and restore the kernel before running the rest of the notebook)
-ab_wrong = [n for n, e in ab_err.items() if not e <= 1.0]
-assert not ab_wrong, f"no longer RoPE (more than 1 head ulp from the fp64 reference): {ab_wrong}"
-ab_differ = [n for n, same in ab_same.items() if not same]
-assert not ab_differ, f"correct, but not the bits of the course's kernel: {ab_differ}"
+freqs_ab = compare.angles(S, D).view(S, D).to(device)   # fp32 angles [S, D], cat(f, f)
+# the checks come after the timings, so an edit you make on purpose is still timed; they stop
+# here once an edit changes the result (read the table, then restore the kernel before running
+# the rest of the notebook)
+ab_check = nb04_variants.assert_variants_match_fp64_and_course(launch_ablation, x_ab, freqs_ab,
+                                                               gpu=GPU)
 
 # %% [markdown]
 # Which comparison answers which question:
