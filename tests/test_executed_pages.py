@@ -41,6 +41,7 @@ STALE = {stem: _OLDER + _rerender(stem) for stem in (
     "01-roformer-math",
     "05-finished-kernel",
     "11-rope-at-scale",
+    "12-rope-in-the-qkv-projection",
 )}
 # pages rendered before a data file they read was measured again
 _OLDER_DATA = ("the page shows outputs of benchmarks/results/floor-nvidia-h200.csv as it was "
