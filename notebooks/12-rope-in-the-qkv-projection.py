@@ -118,9 +118,8 @@ def check_stated(title, got, stated):
 # The backward un-rotates the gradients of q and k (another copy) before $dX = dY\,W$ and
 # $dW = dY^{\top} X$. So a fusion can save at most the RoPE pass: the unfused pipeline's time
 # minus the GEMM's. The cells below read it, step by step, from `qkv_rope-<gpu>.csv`, an H100's
-# and an H200's run of `benchmarks/qkv_rope_bench.py`. First the shape both runs timed: hidden
-# size $K = 4096$, $H_Q = 32$ query heads and $H_K = 8$ key and value heads of $D = 128$, bf16, at
-# $M$ = 8192 and 32768 tokens.
+# and an H200's run of `benchmarks/qkv_rope_bench.py`. First the shape both runs timed: the one
+# above ($K = 4096$, $H_Q = 32$, $H_K = 8$, $D = 128$, bf16), at $M$ = 8192 and 32768 tokens.
 
 # %%
 GPUS = ("nvidia-h100-80gb-hbm3", "nvidia-h200")
@@ -651,8 +650,9 @@ yours = {"two accumulators": my_qkv_rope_kernel if epilogue_ok else None,
          "one accumulator, split": my_qkv_rope_one_acc_kernel if split_ok else None}
 fwd_tiles = qkv_gemm.GPU_TILES["fwd"]
 bf16_, f32_, i64_ = (torch.empty(16, dtype=t) for t in (torch.bfloat16, torch.float32, torch.int64))
+# section 1's benchmark shape at its fewer tokens: M 8192, K 4096, 48 heads of 128, 40 rotated
 tile_args = dict(x_ptr=bf16_, w_ptr=bf16_, out_ptr=bf16_, cos_ptr=f32_, sin_ptr=f32_,
-                 pos_ptr=i64_, M=8192, K=4096, H=48, N_ROT=40, D=128,
+                 pos_ptr=i64_, M=min(TOKENS), K=K, H=HQ + 2 * HK, N_ROT=HQ + HK, D=D,
                  BLOCK_M=fwd_tiles["BLOCK_M"], BLOCK_K=fwd_tiles["BLOCK_K"])
 yours = {f"{label} (yours)": kern for label, kern in yours.items() if kern is not None}
 built = {label: load_schedule.schedule(kern, tile_args, num_warps=fwd_tiles["num_warps"],
@@ -660,7 +660,7 @@ built = {label: load_schedule.schedule(kern, tile_args, num_warps=fwd_tiles["num
          for label, kern in {**worked, **yours}.items()}
 
 print(f"sm_90, Triton {triton.__version__}, BLOCK_M={tile_args['BLOCK_M']} "
-      f"BLOCK_K={tile_args['BLOCK_K']} D=128, {fwd_tiles['num_warps']} warps, "
+      f"BLOCK_K={tile_args['BLOCK_K']} D={D}, {fwd_tiles['num_warps']} warps, "
       f"{fwd_tiles['num_stages']} stages")
 print(f"{'':24s}{'MMAs a K step':>14s}{'conversions':>12s}{'converted':>11s}{'registers':>10s}"
       f"{'shared':>9s}")
@@ -681,7 +681,7 @@ assert x_reread == 2**20                                  # "a megabyte a progra
 if triton.__version__.startswith(("3.6", "3.9")):    # the versions the text was read with
     assert one["converted_bytes"] - two["converted_bytes"] == 64 * 1024     # "64 KiB more"
 # section 5 below: how many column blocks re-form dY, at ropelib's dX and dW tiles
-assert [4096 // qkv_gemm.GPU_TILES[kind]["BLOCK_K"] for kind in ("dx", "dw")] == [64, 16]
+assert [K // qkv_gemm.GPU_TILES[kind]["BLOCK_K"] for kind in ("dx", "dw")] == [64, 16]
 
 # %% [markdown]
 # The compile shows what each build does, not what it costs: two accumulators read each step's $X$
