@@ -201,25 +201,29 @@ for (cond, nbytes), ns in sorted(lat.items(), key=lambda kv: (kv[0][0] == "loade
     print(f"  {cond:6s} {nbytes / 2**20:9.3f} MiB buffer: {ns:7.1f} ns")
 print(f"  copy kernel: {copy_w['idle'] / 1e9:.0f} GB/s alone, {copy_w['loaded'] / 1e9:.0f} GB/s "
       f"with the chase beside it")
-DRAM_NS, LOADED_NS = lat["idle", 2**30], lat["loaded", 2**30]
-in_flight = {}                                   # which latency: (KiB per SM, bytes per thread)
-# W_read: section 1's profiled copy, DRAM bytes read over its time; the latency run's copy,
-# half of whose bytes are reads, agrees within 6 %
-copy_m = mech["copy"]
-W_READ = copy_m["ncu_dram_read_bytes"] / (copy_m["us"] * 1e-6)
+# the need per SM, W_read x L_idle, read the one way notebook 03 reads it: W_read is section 1's
+# profiled copy, DRAM bytes read over its time; the latency run's copy, half of whose bytes are
+# reads, agrees within 6 %
+need = measured.loads_in_flight_need()
+W_READ, DRAM_NS, LOADED_NS = need["w_read"], need["latency_ns"], lat["loaded", 2**30]
+assert DRAM_NS == lat["idle", 2**30] and need["sms"] == SMS
+assert W_READ == mech["copy"]["ncu_dram_read_bytes"] / (mech["copy"]["us"] * 1e-6)
 assert abs(W_READ / (copy_w["idle"] / 2) - 1) < 0.06
-for name, ns in (("DRAM, idle", DRAM_NS), ("DRAM, beside a copy", LOADED_NS)):
-    per_sm = W_READ / SMS * ns * 1e-9
-    in_flight[name] = (per_sm / 1024, per_sm / THREADS_PER_SM)
-    print(f"W_read x L with L = {ns:6.1f} ns ({name}): {per_sm / 1024:4.1f} KiB of loads in flight "
-          f"per SM, {per_sm / THREADS_PER_SM:4.1f} B per thread with {THREADS_PER_SM} threads "
+# beside a copy: the same W_read, the loaded latency
+in_flight = {"DRAM, idle": (DRAM_NS, need["kib_per_sm"]),     # which latency: (ns, KiB per SM)
+             "DRAM, beside a copy": (LOADED_NS, need["kib_per_sm"] * LOADED_NS / DRAM_NS)}
+for name, (ns, kib) in in_flight.items():
+    print(f"W_read x L with L = {ns:6.1f} ns ({name}): {kib:4.1f} KiB of loads in flight "
+          f"per SM, {kib * 1024 / THREADS_PER_SM:4.1f} B per thread with {THREADS_PER_SM} threads "
           "resident")
 # the text below: about 350 ns from idle DRAM, 1.3 us beside the copy, 3.5 times as long
 assert round(DRAM_NS, -1) == 350 and round(LOADED_NS, -2) == 1300, (DRAM_NS, LOADED_NS)
 assert abs(copy_w["loaded"] - copy_w["idle"]) < 0.02 * copy_w["idle"]   # one warp takes nothing
 assert 3.4 < LOADED_NS / DRAM_NS < 3.6
-(kib_idle, b_idle), (kib_loaded, b_loaded) = in_flight.values()
-assert [round(v, 1) for v in (kib_idle, b_idle, kib_loaded, b_loaded)] == [5.6, 2.8, 20.1, 10.1]
+(_, kib_idle), (_, kib_loaded) = in_flight.values()
+b_idle, b_loaded = (kib * 1024 / THREADS_PER_SM for kib in (kib_idle, kib_loaded))
+assert round(need["kib_per_sm"], 1) == 5.6                                # "about 5.6 KiB"
+assert [round(v, 1) for v in (b_idle, kib_loaded, b_loaded)] == [2.8, 20.1, 10.1]
 assert round(W_READ / 1e12, 2) == 2.15                                    # "2.15 TB/s"
 
 # %% [markdown]

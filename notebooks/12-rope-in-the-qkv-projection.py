@@ -117,8 +117,9 @@ def check_stated(title, got, stated):
 #
 # The backward un-rotates the gradients of q and k (another copy) before $dX = dY\,W$ and
 # $dW = dY^{\top} X$. So a fusion can save at most the RoPE pass: the unfused pipeline's time
-# minus the GEMM's. The next cell prints it from `qkv_rope-<gpu>.csv`, beside its copy floor and
-# the p20–p80 spreads (20th to 80th percentiles) of its two timings.
+# minus the GEMM's. The cells below read it, step by step, from `qkv_rope-<gpu>.csv`, an H100's
+# and an H200's run of `benchmarks/qkv_rope_bench.py`. First the shape both runs timed: the one
+# above ($K = 4096$, $H_Q = 32$, $H_K = 8$, $D = 128$, bf16), at $M$ = 8192 and 32768 tokens.
 
 # %%
 GPUS = ("nvidia-h100-80gb-hbm3", "nvidia-h200")
@@ -132,6 +133,24 @@ def measured(slug, provider, pass_, tokens, qk_norm=False):
     return row
 
 
+# one shape in every row of both runs, and the same token counts in both
+csv_shapes = {(r["hidden"], r["HQ"], r["HK"], r["D"], r["dtype"])
+              for rows in QKV.values() for r in rows}
+tokens_by_gpu = {slug: sorted({r["tokens"] for r in rows}) for slug, rows in QKV.items()}
+TOKENS = tokens_by_gpu["nvidia-h100-80gb-hbm3"]
+print(" and ".join(compare.read_meta(RESULTS / f"qkv_rope-{slug}.csv")["gpu"] for slug in GPUS)
+      + f": (hidden, HQ, HK, D, dtype) {sorted(csv_shapes)}; tokens {tokens_by_gpu}")
+assert csv_shapes == {(4096, 32, 8, 128, "bfloat16")}, csv_shapes         # the text's shape
+assert tokens_by_gpu == {slug: [8192, 32768] for slug in GPUS}, tokens_by_gpu
+((K, HQ, HK, D, _),) = csv_shapes
+b = 2                                                               # bytes per bf16 element
+
+# %% [markdown]
+# **Is the GEMM compute-bound?** The next cell divides its operations by the bytes it moves,
+# $2MNK / b\,(MK + NK + MN)$, and sets that beside each GPU's own ratio: cuBLAS's FLOP/s over a
+# device copy's bytes/s (the floor suite's copy of 1 GiB of bf16).
+
+# %%
 def copy_gbps(slug):
     """GB/s of the floor suite's device copy of 1 GiB of bf16 (read 1 GiB, write 1 GiB)."""
     (row,) = [r for r in compare.read_csv(RESULTS / f"floor-{slug}.csv")
@@ -139,24 +158,32 @@ def copy_gbps(slug):
     return 2 * 2**30 / (row["ms"] * 1e-3) / 1e9
 
 
-TOKENS = sorted({r["tokens"] for r in QKV["nvidia-h100-80gb-hbm3"]})
-# the L2 cache of each GPU, in MiB: the H200's as Nsight Compute recorded it (a committed profile's
-# raw CSV, as notebook 04 reads it), the H100's from NVIDIA's specification (no committed record)
-ncu_h200 = next(r for r in csv.DictReader(compare.ncu_table(
-    (RESULTS / "mechanism-te-nvidia-h200-ncu-raw.csv").read_text())) if r["Kernel Name"])
-L2_MIB = {"nvidia-h100-80gb-hbm3": 50,
-          "nvidia-h200": int(ncu_h200["device__attribute_l2_cache_size"].replace(",", "")) / 2**20}
-assert L2_MIB["nvidia-h200"] == 60
-bound, qk_mib = {}, {}
+N = (HQ + 2 * HK) * D
+intensity = [2 * t * N * K / (b * (t * K + N * K + t * N)) for t in TOKENS]
+print(f"the GEMM: {intensity[0]:,.0f} and {intensity[1]:,.0f} FLOP per byte moved at "
+      f"{TOKENS[0]} and {TOKENS[1]} tokens")
 for slug in GPUS:
     bw = copy_gbps(slug)
-    gpu = compare.read_meta(RESULTS / f"qkv_rope-{slug}.csv")["gpu"]
-    print(f"{gpu}: device copy {bw:,.0f} GB/s")
+    balance = measured(slug, "cublas", "fwd", max(TOKENS))["tflops"] * 1e12 / (bw * 1e9)
+    print(f"  {compare.read_meta(RESULTS / f'qkv_rope-{slug}.csv')['gpu']}: device copy "
+          f"{bw:,.0f} GB/s; cuBLAS's FLOP/s over the copy's bytes/s: {balance:,.0f}")
+    assert min(intensity) > 3 * balance
+assert [round(v, -1) for v in intensity] == [1890, 2290]          # "about two thousand"
+
+# %% [markdown]
+# About two thousand operations a byte, more than three times either GPU's ratio: the GEMM is
+# compute-bound. The next cell prices the RoPE pass: the unfused pipeline (cuBLAS, then ropelib's
+# RoPE) minus cuBLAS alone, forward and forward+backward (one copy's bytes, then two), beside its
+# copy floor and the p20–p80 spreads (20th to 80th percentiles) of the two timings.
+
+# %%
+bound = {}
+for slug in GPUS:
+    bw = copy_gbps(slug)
+    print(f"{compare.read_meta(RESULTS / f'qkv_rope-{slug}.csv')['gpu']}: device copy "
+          f"{bw:,.0f} GB/s")
     for tokens in TOKENS:
-        r = measured(slug, "cublas", "fwd", tokens)
-        M, HQ, HK, D, K, b = r["tokens"], r["HQ"], r["HK"], r["D"], r["hidden"], 2      # bf16
-        qk_mib[tokens] = M * (HQ + HK) * D * b / 2**20         # q and k together
-        rope_bytes = 2 * M * (HQ + HK) * D * b                 # q and k read and written
+        rope_bytes = 2 * tokens * (HQ + HK) * D * b           # q and k read and written
         for pass_, copies in (("fwd", 1), ("fwd+bwd", 2)):
             cublas, unfused = (measured(slug, p, pass_, tokens) for p in ("cublas", "unfused"))
             rope, floor = unfused["ms"] - cublas["ms"], copies * rope_bytes / bw / 1e6
@@ -167,24 +194,24 @@ for slug in GPUS:
                   f"{unfused['ms']:6.3f} ms (p20-p80 spreads {spreads[0]:.3f}, {spreads[1]:.3f}): "
                   f"RoPE {rope:.3f} ms, copy floor ({copies} x {rope_bytes / 1e6:.0f} MB) "
                   f"{floor:.3f} ms, {rope / unfused['ms']:.1%} of the pipeline")
-    N = (HQ + 2 * HK) * D
-    intensity = [2 * t * N * K / (b * (t * K + N * K + t * N)) for t in TOKENS]
-    balance = measured(slug, "cublas", "fwd", max(TOKENS))["tflops"] * 1e12 / (bw * 1e9)
-    print(f"  the GEMM: {intensity[0]:,.0f} and {intensity[1]:,.0f} FLOP per byte moved; the GPU: "
-          f"{balance:,.0f} (cuBLAS's FLOP/s over the copy's bytes/s)")
-    assert [round(v, -1) for v in intensity] == [1890, 2290] and min(intensity) > 3 * balance
-print("q and k together: " + ", ".join(f"{qk_mib[t]:.0f} MiB at {t} tokens" for t in TOKENS)
-      + "; the L2 cache: " + ", ".join(f"{L2_MIB[s]:.0f} MiB on {s}" for s in GPUS))
-assert [round(qk_mib[t]) for t in TOKENS] == [80, 320]
-assert min(qk_mib.values()) > max(L2_MIB.values())
-
+# the difference exceeds the two spreads added only in the H100's forwards
 assert {key: v["rope"] > v["spread"] for key, v in bound.items()} \
     == {key: key[0] == "nvidia-h100-80gb-hbm3" and key[2] == "fwd" for key in bound}
 h100 = {key[1:]: v for key, v in bound.items() if key[0] == "nvidia-h100-80gb-hbm3"}
 assert [(round(h100[t, "fwd"]["rope"], 3), round(h100[t, "fwd"]["floor"], 3)) for t in TOKENS] \
     == [(0.042, 0.056), (0.381, 0.223)]
 assert round(h100[8192, "fwd+bwd"]["rope"], 3) == -0.010
-# ropelib's RoPE timed alone against the copy on the H200, in the floor suite
+
+# %% [markdown]
+# **Single timings price this pass badly.** A difference of two timings is believable only where
+# it exceeds their two spreads added. On the H200 none of the four does. On the H100 the forwards
+# do, yet they land on both sides of the copy floor: 0.042 ms against 0.056 at 8192 tokens, 0.381
+# against 0.223 at 32768. Section 7.1 times it in rounds instead.
+#
+# **The copy floor is about what a fusion can win**: timed alone, ropelib's RoPE runs at the
+# copy's speed on the H200 (the floor suite, 1 GiB of bf16):
+
+# %%
 floor_h200 = {(r["case"], r["provider"]): r
               for r in compare.read_csv(RESULTS / "floor-nvidia-h200.csv")}
 alone_vs_copy = [floor_h200[f"{p} 1 GiB bf16 sbhd", "ropelib"]["ratio_to_copy"]
@@ -194,19 +221,35 @@ print("ropelib's RoPE alone on the H200, speed / the copy's: forward {:.3f}, for
 assert [round(v, 3) for v in alone_vs_copy] == [0.999, 1.001]
 
 # %% [markdown]
-# **Single timings price this pass badly.** A difference of two timings is believable only where
-# it exceeds their two spreads added. On the H200 none of the four does. On the H100 the forwards
-# do, yet they land on both sides of the copy floor: 0.042 ms against 0.056 at 8192 tokens, 0.381
-# against 0.223 at 32768. Section 7.1 times it in rounds instead.
-#
-# **The copy floor is about what a fusion can win**: timed alone, ropelib's RoPE runs at the
-# copy's speed on the H200 (printed above). Could the pass beat its floor by reading q and k from
-# L2, where the GEMM has just written them? Its traffic is 2 × 80 MiB at 8192 tokens and 2 × 320
-# MiB at 32768; the L2 (50 MiB on the H100, 60 MiB on the H200) can spare at most twice its
-# size of it: at most its size of reads served from the cache, and at most its size of writes
-# that stay in it instead of going out to memory. That ceiling,
-# $2\,\text{L2} / \text{bytes}_{\text{RoPE}}$, is 62 and 16 % on the H100, 75 and 19 % on the
-# H200.
+# Could the pass beat its floor by reading q and k from L2, where the GEMM has just written them?
+# The next cell sets q's and k's bytes beside each GPU's L2, and the most the cache could spare
+# the pass: twice its size (at most its size of reads served from the cache, and at most its size
+# of writes that stay in it instead of going out to memory) over the pass's bytes,
+# $2\,\text{L2} / \text{bytes}_{\text{RoPE}}$.
+
+# %%
+qk_mib = {t: t * (HQ + HK) * D * b / 2**20 for t in TOKENS}          # q and k together
+# the L2 cache of each GPU, in MiB: the H200's as Nsight Compute recorded it (a committed profile's
+# raw CSV, as notebook 04 reads it), the H100's from NVIDIA's specification (no committed record)
+ncu_h200 = next(r for r in csv.DictReader(compare.ncu_table(
+    (RESULTS / "mechanism-te-nvidia-h200-ncu-raw.csv").read_text())) if r["Kernel Name"])
+L2_MIB = {"nvidia-h100-80gb-hbm3": 50,
+          "nvidia-h200": int(ncu_h200["device__attribute_l2_cache_size"].replace(",", "")) / 2**20}
+ceiling = {(s, t): 2 * L2_MIB[s] / (2 * qk_mib[t]) for s in GPUS for t in TOKENS}   # twice L2
+ceilings = "; ".join(", ".join(f"{ceiling[s, t]:.0%}" for t in TOKENS)
+                     + f" with {s}'s {L2_MIB[s]:.0f} MiB L2" for s in GPUS)
+print("q and k together: " + ", ".join(f"{qk_mib[t]:.0f} MiB at {t} tokens" for t in TOKENS)
+      + "; the L2 cache: " + ", ".join(f"{L2_MIB[s]:.0f} MiB on {s}" for s in GPUS))
+print(f"what L2 could spare the pass, at {TOKENS[0]} and {TOKENS[1]} tokens: {ceilings}")
+assert L2_MIB["nvidia-h200"] == 60
+assert [round(qk_mib[t]) for t in TOKENS] == [80, 320]
+assert min(qk_mib.values()) > max(L2_MIB.values())
+assert [round(100 * ceiling[s, t]) for s in GPUS for t in TOKENS] == [62, 16, 75, 19]   # / bytes
+
+# %% [markdown]
+# The pass's traffic is 2 × 80 MiB at 8192 tokens and 2 × 320 MiB at 32768, more than either L2
+# (50 MiB on the H100, 60 MiB on the H200) holds, so the ceiling is 62 and 16 % on the H100, 75
+# and 19 % on the H200.
 #
 # On a GPU the next cell times the pass after the same GEMM, in rounds: **warm**, right after it;
 # **flushed**, after a write of four times L2's size; and a flushed **copy** of the same bytes. It
@@ -258,15 +301,10 @@ def event_ms(fn):
     return start.elapsed_time(end)
 
 
-r = measured("nvidia-h200", "cublas", "fwd", min(TOKENS))         # the benchmark's shape
 ROUNDS_L2 = 21
-ceiling = {(s, t): 2 * L2_MIB[s] / (2 * qk_mib[t]) for s in GPUS for t in TOKENS}   # twice L2
-assert [round(100 * ceiling[s, t]) for s in GPUS for t in TOKENS] == [62, 16, 75, 19]   # / bytes
-ceilings = "; ".join(", ".join(f"{ceiling[s, t]:.0%}" for t in TOKENS)
-                     + f" with {s}'s {L2_MIB[s]:.0f} MiB L2" for s in GPUS)
 if torch.cuda.is_available():
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    shapes = [(t, r["hidden"], r["HQ"], r["HK"], r["D"]) for t in TOKENS]
+    shapes = [(t, K, HQ, HK, D) for t in TOKENS]                    # the benchmark's shape
     rounds_l2, timer, dtype = ROUNDS_L2, event_ms, torch.bfloat16
     tol_l2 = dict(atol=0.1, rtol=0.05)
 else:            # the same code on a tiny shape, in the interpreter; nothing is timed
@@ -612,8 +650,9 @@ yours = {"two accumulators": my_qkv_rope_kernel if epilogue_ok else None,
          "one accumulator, split": my_qkv_rope_one_acc_kernel if split_ok else None}
 fwd_tiles = qkv_gemm.GPU_TILES["fwd"]
 bf16_, f32_, i64_ = (torch.empty(16, dtype=t) for t in (torch.bfloat16, torch.float32, torch.int64))
+# section 1's benchmark shape at its fewer tokens: M 8192, K 4096, 48 heads of 128, 40 rotated
 tile_args = dict(x_ptr=bf16_, w_ptr=bf16_, out_ptr=bf16_, cos_ptr=f32_, sin_ptr=f32_,
-                 pos_ptr=i64_, M=8192, K=4096, H=48, N_ROT=40, D=128,
+                 pos_ptr=i64_, M=min(TOKENS), K=K, H=HQ + 2 * HK, N_ROT=HQ + HK, D=D,
                  BLOCK_M=fwd_tiles["BLOCK_M"], BLOCK_K=fwd_tiles["BLOCK_K"])
 yours = {f"{label} (yours)": kern for label, kern in yours.items() if kern is not None}
 built = {label: load_schedule.schedule(kern, tile_args, num_warps=fwd_tiles["num_warps"],
@@ -621,7 +660,7 @@ built = {label: load_schedule.schedule(kern, tile_args, num_warps=fwd_tiles["num
          for label, kern in {**worked, **yours}.items()}
 
 print(f"sm_90, Triton {triton.__version__}, BLOCK_M={tile_args['BLOCK_M']} "
-      f"BLOCK_K={tile_args['BLOCK_K']} D=128, {fwd_tiles['num_warps']} warps, "
+      f"BLOCK_K={tile_args['BLOCK_K']} D={D}, {fwd_tiles['num_warps']} warps, "
       f"{fwd_tiles['num_stages']} stages")
 print(f"{'':24s}{'MMAs a K step':>14s}{'conversions':>12s}{'converted':>11s}{'registers':>10s}"
       f"{'shared':>9s}")
@@ -642,7 +681,7 @@ assert x_reread == 2**20                                  # "a megabyte a progra
 if triton.__version__.startswith(("3.6", "3.9")):    # the versions the text was read with
     assert one["converted_bytes"] - two["converted_bytes"] == 64 * 1024     # "64 KiB more"
 # section 5 below: how many column blocks re-form dY, at ropelib's dX and dW tiles
-assert [4096 // qkv_gemm.GPU_TILES[kind]["BLOCK_K"] for kind in ("dx", "dw")] == [64, 16]
+assert [K // qkv_gemm.GPU_TILES[kind]["BLOCK_K"] for kind in ("dx", "dw")] == [64, 16]
 
 # %% [markdown]
 # The compile shows what each build does, not what it costs: two accumulators read each step's $X$
