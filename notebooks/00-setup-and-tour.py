@@ -968,7 +968,7 @@ solution(nb00_strided_copy.solution_max_saving_us)
 
 # %%
 sms = torch.cuda.get_device_properties(device).multi_processor_count if GPU else 132
-fixed = my_strided_copy_kernel if strided_ok else nb00_strided_copy._strided_copy_solution_kernel
+fixed = my_strided_copy_kernel if strided_ok else nb00_strided_copy.solution_strided_copy_kernel
 whose = "yours" if strided_ok else "the worked kernel"
 predict = my_max_saving_us if saving_ok else nb00_strided_copy.solution_max_saving_us
 empty4 = next((r for r in cost_rows if r["kernel"] == "empty" and r["num_warps"] == 4),

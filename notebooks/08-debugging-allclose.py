@@ -78,6 +78,8 @@ from ropelib.bench import compare
 from ropelib.course import debug, widgets
 from ropelib.course.debug import FIXED, REPRO, Causes
 from ropelib.course.exercises import debugging as ex, solution
+from ropelib.course.nb08_te_parity import (TeParity, agreement, case_label, fmt_count, gpu_row,
+                                           ptx_registers, run_row, te_side)
 from ropelib.kernels.common import round_to
 
 ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "ropelib").is_dir())
@@ -102,13 +104,7 @@ HERE = ({"capability": "{}.{}".format(*torch.cuda.get_device_capability()),
 SAME_ARCH = not GPU or all(HERE[k] == META[k] for k in ("capability", "triton"))
 OWN_RUN = next((r for r in RUNS.values() if GPU and
                 compare.gpu_slug(r["meta"]["gpu"]) == compare.gpu_slug()), BITS)
-
-
-def run_row(run, variant, key="nb_gpu"):
-    """A committed run's row for one variant (n_differ, max_abs_diff, hist, ...)."""
-    return {r["variant"]: r for r in run["scenarios"][key]["rows"]}[variant]
-
-
+# run_row(run, variant): a committed run's row for one variant (n_differ, max_abs_diff, ...)
 print("measured against the real TE on:", ", ".join(r["meta"]["gpu"] for r in RUNS.values()),
       f"| the reference run: {GPU_NAME}")
 
@@ -684,35 +680,12 @@ print(f"counts measured here: {HERE_NAME}; committed runs against the real TE: {
           f"the {OWN_RUN['meta']['gpu']} run" if GPU and SAME_ARCH else REF_COL if not GPU
           else f"none (compute capability {HERE['capability']}, Triton {HERE['triton']})"))
 
-
-def ones_then_zeros(S, half):
-    """x = (1 | 0) [S, 1, 1, 2 half]: a rotate-half RoPE of it outputs its own (cos | sin)."""
-    return torch.cat((torch.ones(S, 1, 1, half), torch.zeros(S, 1, 1, half)), -1)
-
-
-def te_side(case):
-    """TE's output, TE's own cos and sin, and the angles, for the case's inputs: computed by TE
-    on this GPU (LIVE), else the ones stored from the GPU run."""
-    if not LIVE:
-        return {"te": case.te, "cos": case.te_cos, "sin": case.te_sin, "angles": case.angles}
-    x, ang = debug.te_bits_inputs(case.scenario, device)
-    S, half = ang.shape
-    freqs4 = torch.cat((ang, ang), dim=-1).view(S, 1, 1, 2 * half)
-    cs = debug.te_fused(ones_then_zeros(S, half).to(device), freqs4).float()[:, 0, 0]
-    return {"te": debug.te_fused(x, freqs4).cpu(), "cos": cs[:, :half].cpu(),
-            "sin": cs[:, half:].cpu(), "angles": ang.cpu()}
-
-
-SIDE = {case.key: te_side(case) for case in (BIG, SMALL32)}
+# TE's side of each case: its output, its own cos/sin and the angles, computed by TE on this
+# GPU (LIVE), else the ones stored from the GPU run
+SIDE = {case.key: te_side(case, device, live=LIVE) for case in (BIG, SMALL32)}
 TE_WHERE = (f"TE run live on this {HERE_NAME}" if LIVE else
             f"TE's output stored from the {GPU_NAME}")
 print(f"here's counts compare with: {TE_WHERE}; x and angles hash as on the GPU")
-
-
-def case_label(case):
-    """'bf16 S=512 B=2 H=8 D=128': a case's dtype and shape, as the tables name it."""
-    dt = {torch.bfloat16: "bf16", torch.float32: "fp32"}[case.x.dtype]
-    return dt + " S={} B={} H={} D={}".format(*case.x.shape)
 
 # %% [markdown]
 # **The kernel.** One program rotates `BLOCK_ROWS` sbhd rows (row $r$ at position
@@ -764,34 +737,13 @@ def _rope_combine_kernel(
 
 # %%
 SINCOS = "tl" if GPU else "table"
-
-
-def run_kernel(case, combine_fn, sincos=SINCOS, table=None, fusion=False):
-    """The kernel on the case's inputs, rounded to the case's dtype; table: (cos, sin) for
-    "table", default TE's own. Compiled with contraction off, as the grader compiles it: every
-    product the line leaves outside a tl.fma is rounded. fusion=True lets a GPU compiler
-    contract as it chooses (the interpreter never contracts)."""
-    side = SIDE[case.key]
-    cos, sin = table if table is not None else (side["cos"], side["sin"])
-    y = ex.launch(_rope_combine_kernel, combine_fn,
-                  *(t.to(device) for t in (case.x, side["angles"], cos, sin)), sincos=sincos,
-                  enable_fp_fusion=fusion)
-    return y.to(case.x.dtype).cpu()
-
-
-def check_bits(case, combine_fn, sincos=SINCOS, table=None, quiet=False, fusion=False):
-    """Run the kernel and count the elements whose bits differ from TE's output."""
-    y, te = run_kernel(case, combine_fn, sincos, table, fusion), SIDE[case.key]["te"]
-    differ = debug.bits_differ(y, te)
-    n = int(differ.sum())
-    steps = debug.steps_apart(y, te)[differ]
-    hist = dict(zip(*(v.tolist() for v in torch.unique(steps, return_counts=True))))
-    if not quiet:
-        print(f"{case_label(case)}, run here ({HERE_NAME}), vs {TE_WHERE}: " + (
-            f"0 of {y.numel():,} elements differ: bit for bit" if not n else
-            f"{n} of {y.numel():,} elements differ; {case_label(case).split()[0]} steps apart -> "
-            f"count: {hist}"))
-    return {"n": n, "hist": hist, "y": y, "differ": differ}
+# the kernel above against TE's side (ropelib.course.nb08_te_parity); rerun this cell after
+# editing the kernel. check_bits(case, combine_fn, sincos=SINCOS, table=None, quiet=False,
+# fusion=False) runs it with contraction off, as the grader compiles it (fusion=True lets a GPU
+# compiler contract as it chooses), and counts the elements whose bits differ from TE's output
+PARITY = TeParity(_rope_combine_kernel, SIDE, device, sincos=SINCOS, here_name=HERE_NAME,
+                  te_where=TE_WHERE, reference_col=REF_COL)
+check_bits = PARITY.check_bits
 
 # %% [markdown]
 # **Exercise — a combine with TE's bits.** The kernel above calls `COMBINE(x1, x2, c, s)` for
@@ -836,11 +788,8 @@ def as_written(x1, x2, c, s):
     return y1, y2
 
 
-def gpu_row(case, variant):
-    return case.rows[variant]["n_differ"]
-
-
 step_a = check_bits(BIG, as_written)
+# gpu_row(case, variant): the elements a committed run's row counts as differing from TE's
 H100_BIG = debug.te_bits_case(H100_RUN, "nb_gpu")
 STEP_A_ROWS = [   # (how the line is evaluated, the committed row)
     ("the kernel above, contraction off: every product rounded, y_none", "free_sub-nofuse/tl"),
@@ -889,71 +838,31 @@ TABLES = {   # cos/sin tables any machine can make, on the CPU
 GPU_SOURCES = ("tl", "libdevice", "fast", "table_fp32")   # a GPU's (table_fp32: torch on it)
 SOURCE_DOC = {**BITS["sincos_sources"],
               "numpy": "NumPy's cos / sin in fp32 (the interpreter's tl.cos / tl.sin)"}
-MEASURED, FILE = HERE_COL, REF_COL        # the "measured on" column: here, or the committed run
-
-
-def kernel_cos_sin(case, sincos):
-    """The cos and sin the kernel computes (GPU): x = (1 | 0) makes its output (c | s)."""
-    ang = SIDE[case.key]["angles"]
-    S, half = ang.shape
-    y = ex.launch(_rope_combine_kernel, as_written,
-                  *(t.to(device) for t in (ones_then_zeros(S, half), ang, ang, ang)),
-                  sincos=sincos, enable_fp_fusion=False)
-    y = y.cpu()[:, 0, 0]
-    return y[:, :half], y[:, half:]
-
-
-def source_values(src):
-    """(cos entries != TE's, sin entries != TE's, entries, where measured)."""
-    side = SIDE[BIG.key]
-    if src in GPU_SOURCES and not GPU:
-        r = BIG.sincos[src]
-        return r["cos"]["n_differ"], r["sin"]["n_differ"], r["cos"]["numel"], FILE
-    if src in TABLES:
-        c, s = TABLES[src]
-    elif src == "table_fp32":
-        c, s = torch.cos(theta.to(device)).cpu(), torch.sin(theta.to(device)).cpu()
-    else:
-        c, s = kernel_cos_sin(BIG, src)
-    n_cos, n_sin = (int(debug.bits_differ(t, side[k]).sum()) for t, k in ((c, "cos"), (s, "sin")))
-    return n_cos, n_sin, c.numel(), MEASURED
-
-
-def source_outputs(src):
-    """(elements != TE: the line as written without contraction, the fma line; where)."""
-    if src in GPU_SOURCES and not GPU:
-        nofuse = BIG.rows.get(f"free_sub-nofuse/{src}")    # not every source ran without it
-        return (None if nofuse is None else nofuse["n_differ"], gpu_row(BIG, f"fma_xc/{src}"),
-                FILE)
-    if src in TABLES or src == "table_fp32":
-        sincos = "table"
-        table = (tuple(t.to(device) for t in TABLES[src]) if src in TABLES else
-                 (torch.cos(theta.to(device)), torch.sin(theta.to(device))))
-    else:
-        sincos, table = src, None
-    n = [check_bits(BIG, fn, sincos, table, quiet=True)["n"] for fn in (as_written, te_combine)]
-    return n[0], n[1], MEASURED
-
-
-fmt_n = lambda v: "—" if v is None else f"{v:,}"   # a count, or "—": none taken
-src_values = {src: source_values(src) for src in (*GPU_SOURCES, "table_cpu_fp32", "numpy")}
+# each source's cos/sin entries that differ from TE's (a kernel's own read back through the line
+# as written, x = (1 | 0)), and the outputs the line as written and te_combine give with it: a
+# GPU's own sources measured on a GPU, read from the committed run elsewhere
+src_values = {src: PARITY.source_values(BIG, src, TABLES, GPU_SOURCES, as_written)
+              for src in (*GPU_SOURCES, "table_cpu_fp32", "numpy")}
 TE_COS_FROM = "this GPU's TE" if LIVE else f"TE on the {GPU_NAME}"
 display(HTML("<table><tr><th>cos/sin source</th><th>what it is</th><th>cos entries ≠ TE's</th>"
              "<th>sin entries ≠ TE's</th><th>entries per table</th><th>measured on</th></tr>" +
              "".join(f"<tr><td>{src}</td><td>{SOURCE_DOC[src]}</td>"
-                     + "".join(f"<td>{fmt_n(v) if not isinstance(v, str) else v}</td>" for v in r)
+                     + "".join(f"<td>{fmt_count(v) if not isinstance(v, str) else v}</td>"
+                               for v in r)
                      + "</tr>" for src, r in src_values.items()) +
              f"</table><p>Step b, the values: fp32 cos and sin entries ([S, D/2] at "
              f"{case_label(BIG)}'s angles) whose bits differ from TE's own, read back from "
              f"{TE_COS_FROM}. A GPU's own sources that this machine cannot run are read from "
              f"the {REF_COL}.</p>"))
-src_outputs = {src: source_outputs(src) for src in (*GPU_SOURCES, *TABLES)}
+src_outputs = {src: PARITY.source_outputs(BIG, src, TABLES, GPU_SOURCES,
+                                          (as_written, te_combine))
+               for src in (*GPU_SOURCES, *TABLES)}
 display(HTML(f"<table><tr><th>cos/sin source</th><th>the line as written, contraction off</th>"
              f"<th>fma(x, c, rot·s): te_combine</th><th>measured on</th><th>as written, "
              f"contraction on: the reproduction kernel, {REF_COL}</th></tr>" +
-             "".join(f"<tr><td>{src}</td><td>{fmt_n(r[0])}</td><td>{fmt_n(r[1])}</td>"
-                     f"<td>{r[2]}</td>"
-                     f"<td>{fmt_n(BIG.rows.get(f'free_sub/{src}', {}).get('n_differ'))}</td></tr>"
+             "".join(f"<tr><td>{src}</td><td>{fmt_count(r[0])}</td><td>{fmt_count(r[1])}</td>"
+                     f"<td>{r[2]}</td><td>"
+                     f"{fmt_count(BIG.rows.get(f'free_sub/{src}', {}).get('n_differ'))}</td></tr>"
                      for src, r in src_outputs.items()) +
              f"</table><p>Step b, the outputs: elements whose bits differ from TE's, of "
              f"{BIG.x.numel():,} ({case_label(BIG)}); TE: {TE_WHERE}. —: not measured with "
@@ -1038,17 +947,11 @@ assert len(tail) == 16 and tail[-5:] == [      # the reference run's lines, as t
     "fma.rn.f32 \t%r104, %r123, %r98, %r103;"]
 assert len(fmas) == 2            # y1 and y2, each one fma of an exact product and a rounded one
 
-
-def regs(line):
-    """The registers of one PTX instruction, destination first."""
-    return [r.strip(",;") for r in line.split()[1:]]
-
-
 # which register is which: the sines and cosines come out of polynomial chains (fma.rn.ftz) in
 # the tail; x1 and x2 were loaded before it, so the tail never writes them
-mul1, neg1, fma1, mul2, fma2 = (regs(ln) for ln in tail[-5:])
-trig = {regs(ln)[0] for ln in tail if ln.startswith("fma.rn.ftz")}
-written = {regs(ln)[0] for ln in tail}
+mul1, neg1, fma1, mul2, fma2 = (ptx_registers(ln) for ln in tail[-5:])
+trig = {ptx_registers(ln)[0] for ln in tail if ln.startswith("fma.rn.ftz")}
+written = {ptx_registers(ln)[0] for ln in tail}
 # y1 = x1 c - x2 s: its negated, rounded product (mul1, then neg1 into fma1's addend) is x2 s
 assert neg1[1] == mul1[0] and fma1[3] == neg1[0]
 s_reg, x2_reg = (mul1[1], mul1[2]) if mul1[1] in trig else (mul1[2], mul1[1])
@@ -1171,25 +1074,6 @@ assert llir_sums["_rope_combine_kernel (above)"]["y2"]["first"] == ["x2 * c"]
 # or `my_combine`, then rerun section 1's cell and this one.
 
 # %%
-def repro_bits(case, use_fma, from_angles=False, input_dtype_math=False,
-               kernel=_rope_repro_kernel):
-    """Your section-1 kernel (kernel=None: the course's) on a te-bits case: the elements whose
-    bits differ from TE's output. Sin/cos from TE's own table (in x's dtype, with the math,
-    when input_dtype_math), or with from_angles from tl.cos/tl.sin of the angles."""
-    side = SIDE[case.key]
-    S, B, H, D = case.x.shape
-    rows = case.x.transpose(0, 1).contiguous().to(device).view(B * S, H, D)   # bshd rows b*S + s
-    if from_angles:
-        cos, sin = side["angles"].contiguous().to(device), None
-    else:
-        tdt = case.x.dtype if input_dtype_math else torch.float32
-        cos, sin = (side[k].to(tdt).contiguous().to(device) for k in ("cos", "sin"))
-    debug.rope_unsloth_repro(rows, cos, sin, seq_len=S, from_angles=from_angles,
-                             compute_fp32=not input_dtype_math, use_fma=use_fma, kernel=kernel)
-    y = rows.view(B, S, H, D).transpose(0, 1).cpu()                           # back to sbhd
-    return int(debug.bits_differ(y, side["te"]).sum())
-
-
 LEDGER = [  # (the change, its debug.Causes, repro_bits's switches, the reference run's row)
     ("section 1's reported failure: table and math in the input dtype (debug.REPRO)", REPRO,
      dict(use_fma=False, input_dtype_math=True), "debug:REPRO"),
@@ -1202,8 +1086,11 @@ LEDGER = [  # (the change, its debug.Causes, repro_bits's switches, the referenc
      dataclasses.replace(FIXED, fma=True), dict(use_fma=True, from_angles=True), "debug:FIXED+fma"),
     ("the fma line, with TE's own cos/sin as the table",
      dataclasses.replace(FIXED, fma=True, sincos_in_kernel=False), dict(use_fma=True), None)]
-yours_bits = [repro_bits(SMALL32, **sw) for _, _, sw, _ in LEDGER]
-course_bits = [repro_bits(SMALL32, kernel=None, **sw) for _, _, sw, _ in LEDGER]
+# PARITY.repro_bits: a section-1 kernel on a case, the elements whose bits differ from TE's
+# (sin/cos from TE's own table, or from the angles); kernel=None runs the course's
+yours_bits = [PARITY.repro_bits(SMALL32, kernel=_rope_repro_kernel, **sw)
+              for _, _, sw, _ in LEDGER]
+course_bits = [PARITY.repro_bits(SMALL32, kernel=None, **sw) for _, _, sw, _ in LEDGER]
 ref_bf16 = [None if v is None else gpu_row(BIG, v) for *_, v in LEDGER]
 ref_small = [None if v is None else SMALL32.rows[v]["n_differ"] for *_, v in LEDGER]
 live = []
@@ -1229,7 +1116,8 @@ if live:
 display(HTML(
     "<table><tr><th>the change to section 1's kernel</th>"
     + "".join(f"<th>{head}</th>" for head, _ in COLUMNS) + "</tr>" +
-    "".join(f"<tr><td>{row[0]}</td>" + "".join(f"<td>{fmt_n(n[i])}</td>" for _, n in COLUMNS)
+    "".join(f"<tr><td>{row[0]}</td>"
+            + "".join(f"<td>{fmt_count(n[i])}</td>" for _, n in COLUMNS)
             + "</tr>" for i, row in enumerate(LEDGER)) +
     f"</table><p>Elements whose bits differ from TE's output. The {REF_COL} and {H100_COL} "
     f"columns: the course's kernel against the real TE; here: {TE_WHERE}; —: no such row in "
@@ -1748,24 +1636,9 @@ print(f"fixed: allclose with {tol} passes; max error {float(ulps.max()):.3g} ulp
 # the two committed files field by field: every row, TE's stored outputs and TE's cos/sin.
 
 # %%
-def agreement(run):
-    """(rows equal to the reference run's in every field, rows, rows with a PTX tail,
-    whether TE's stored outputs and TE's cos/sin equal the reference run's bit for bit)."""
-    same = n = n_ptx = 0
-    tensors_equal = True
-    for key, rec in BITS["scenarios"].items():
-        ref = {r["variant"]: r for r in rec["rows"]}
-        mine = {r["variant"]: r for r in run["scenarios"][key]["rows"]}
-        n, n_ptx = n + len(ref), n_ptx + sum("ptx_tail" in r for r in ref.values())
-        same += sum(mine.get(v) == r for v, r in ref.items())
-        a, b = debug.te_bits_case(run, key), debug.te_bits_case(BITS, key)
-        tensors_equal &= torch.equal(a.te_cos, b.te_cos) and torch.equal(a.te_sin, b.te_sin)
-        tensors_equal &= (a.te is None) == (b.te is None) and (a.te is None or
-                                                              torch.equal(a.te, b.te))
-    return same, n, n_ptx, tensors_equal
-
-
-AGREE = {path: agreement(run) for path, run in RUNS.items()}
+# agreement(run, reference): (rows equal to the reference run's in every field, rows, rows with
+# a PTX tail, whether TE's stored outputs and TE's cos/sin equal the reference run's bit for bit)
+AGREE = {path: agreement(run, BITS) for path, run in RUNS.items()}
 display(HTML(
     "<table><tr><th>committed run</th><th>GPU</th><th>compute capability</th><th>Triton</th>"
     "<th>torch</th><th>TE</th><th>measured</th><th>rows equal to the reference run's</th>"

@@ -239,20 +239,29 @@ def test_the_notebook_grades_my_combine_and_falls_back_to_the_worked_one():
 
 
 def test_the_notebooks_bit_counts_compile_as_the_grader_does():
-    # section 4b's check_bits and kernel_cos_sin launch with contraction off by default, as
+    # section 4b's check_bits and kernel_cos_sin (ropelib.course.nb08_te_parity.TeParity, the
+    # harness the notebook binds check_bits from) launch with contraction off by default, as
     # check_te_combine does: the count a learner reads is the grader's on every machine
-    tree = ast.parse(NOTEBOOK.read_text(encoding="utf-8"))
-    defs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    import inspect
+    from ropelib.course import nb08_te_parity
+    tree = ast.parse(inspect.getsource(nb08_te_parity.TeParity))
+    defs = {n.name: n for n in tree.body[0].body if isinstance(n, ast.FunctionDef)}
     for name in ("run_kernel", "check_bits"):
         args = defs[name].args
         defaults = dict(zip([a.arg for a in args.args][-len(args.defaults):], args.defaults))
         assert ast.unparse(defaults["fusion"]) == "False", name
     for name, want in (("run_kernel", "fusion"), ("kernel_cos_sin", "False")):
         launches = [n for n in ast.walk(defs[name]) if isinstance(n, ast.Call)
-                    and ast.unparse(n.func) == "ex.launch"]
+                    and ast.unparse(n.func) == "debugging.launch"]
         assert len(launches) == 1, name
         options = {k.arg: ast.unparse(k.value) for k in launches[0].keywords}
         assert options.get("enable_fp_fusion") == want, (name, options)
+    # the notebook's check_bits is that harness's, on the notebook's own copy of the kernel
+    source = NOTEBOOK.read_text(encoding="utf-8")
+    assert "PARITY = TeParity(_rope_combine_kernel, SIDE, device, sincos=SINCOS," in source
+    assert "check_bits = PARITY.check_bits" in source
+    assert not {"run_kernel", "check_bits", "kernel_cos_sin"} & {
+        n.name for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)}
 
 
 # --- section 4's exercise: the norm-wise error -------------------------------------------------

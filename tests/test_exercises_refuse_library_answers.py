@@ -762,7 +762,7 @@ KERNEL_CHECKS = [
     ("12 ex2 check_prologue_kernel", lambda k: qkv_epilogue.check_prologue_kernel(k, seed=5),
      qkv_teaching._qkv_dx_teaching_kernel),
     ("00 ex4 check_strided_copy", nb00_strided_copy.check_strided_copy,
-     nb00_strided_copy._strided_copy_solution_kernel),
+     nb00_strided_copy.solution_strided_copy_kernel),
     ("01 ex5 check_angle_kernel", lambda k: nb01_angle_kernel.check_angle_kernel(k, seed=0),
      nb01_angle_kernel.solution_angle_kernel),
     ("02 ex5 check_table_mul", nb02_table_mul.check_table_mul,

@@ -30,8 +30,8 @@ from . import solution
 from .grid_kernel import kernel_ready
 from .own_code import check_cases, fresh_generator, fresh_seed, launch_barred
 
-__all__ = ["STRIDED_COPY_SIGNATURE", "check_strided_copy", "show_strided_copy_solution",
-           "check_max_saving", "solution_max_saving_us"]
+__all__ = ["STRIDED_COPY_SIGNATURE", "check_strided_copy", "solution_strided_copy_kernel",
+           "show_strided_copy_solution", "check_max_saving", "solution_max_saving_us"]
 
 STRIDED_COPY_SIGNATURE = '''\
 @triton.jit
@@ -99,7 +99,7 @@ def check_strided_copy(kernel) -> bool:
 
 
 @triton.jit
-def _strided_copy_solution_kernel(
+def solution_strided_copy_kernel(
     x_ptr,  # *x: input, n elements, contiguous
     y_ptr,  # *y: output, n elements, contiguous
     n,  # elements to copy
@@ -114,7 +114,7 @@ def _strided_copy_solution_kernel(
 
 def show_strided_copy_solution() -> None:
     """Show exercise 4's worked kernel folded away."""
-    solution(inspect.getsource(_strided_copy_solution_kernel.fn),
+    solution(inspect.getsource(solution_strided_copy_kernel.fn),
              title="Solution: a copy on a fixed grid")
 
 
