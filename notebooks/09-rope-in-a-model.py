@@ -1276,15 +1276,9 @@ plt.show()
 # and the kernels of one step by kind, which A.3 counts.
 
 # %%
-def kernel_kind(name):
-    """A CUDA kernel's name by what it does: rope, mul, neg, add, cat, cast, fill or other."""
-    for part, k in (("rope", "rope"), ("BinaryFunctor", "mul"), ("MulFunctor", "mul"),
-                    ("neg_kernel", "neg"), ("AddFunctor", "add"), ("CUDAFunctor_add", "add"),
-                    ("CatArray", "cat"), ("copy", "cast"), ("Fill", "fill")):
-        if part in name:
-            return k
-    return "other"
-
+# kernels read by name: what one does (rope, mul, neg, add, cat, cast, fill or other) and, for
+# A.3, its kind, the aten op of RoPE's chain it runs and PyTorch's path that launched it
+from ropelib.course.nb09_kernel_names import chain_kind, chain_op, kernel_group, kernel_kind
 
 # share_meta, lib, ref, timed_floor_ms, steps_c, only_ref: the committed profile, as section 5
 # read it
@@ -1413,11 +1407,6 @@ class CountOps(TorchDispatchMode):
         return out
 
 
-def kind(name):                          # an aten op's name or a CUDA kernel's, by kind
-    return ("cat" if "cat" in name.lower() else "fill" if ("Fill" in name or "slice_backward"
-            in name) else "elementwise")
-
-
 size_c = {k: int(v) for k, v in re.findall(r"(n_layer|n_head|n_embd|block_size)=(\d+)",
                                             share_meta["config"])}
 shape_m = (int(share_meta["batch"]), size_c["block_size"], size_c["n_head"],
@@ -1429,9 +1418,9 @@ grads_m = [torch.empty_like(q_m), torch.empty_like(k_m)]
 with CountOps() as counted:                                            # one layer's RoPE
     out_m = [reference.apply_rope_ref(t.float(), cos_m, sin_m).to(t.dtype) for t in (q_m, k_m)]
     torch.autograd.backward(out_m, grads_m)
-per_layer = Counter(kind(name) for name, _ in counted.ops)
+per_layer = Counter(chain_kind(name) for name, _ in counted.ops)   # cat, fill, elementwise
 counted_kinds = Counter({k: size_c["n_layer"] * n for k, n in per_layer.items()})
-measured_kinds = Counter(kind(name) for name in only_ref.elements())   # the committed step's
+measured_kinds = Counter(chain_kind(name) for name in only_ref.elements())   # the committed step's
 ref_bytes = size_c["n_layer"] * sum(b for _, b in counted.ops)
 bytes_x = ref_bytes / int(share_meta["rope_bytes"])                    # in ropelib's bytes
 time_x = committed["reference"]["rope_ms"] / timed_floor_ms            # in copies' time
@@ -1456,22 +1445,8 @@ assert round(bytes_x, 1) == 16.0 and round(bytes_x / time_x, 2) == 0.66
 
 # %%
 # the extra device time of the reference's step, by kernel group: per kernel name, the reference
-# step's launches and µs minus ropelib's (the rest of the model runs the same kernels in both)
-def op_of(name):                         # the aten op a CUDA kernel of RoPE's chain comes from
-    for part, op in (("BinaryFunctor", "mul"), ("neg_kernel", "neg"), ("direct_copy", "upcast"),
-                     ("bfloat16_copy", "downcast"), ("CUDAFunctor_add", "add"),
-                     ("CatArray", "cat"), ("Fill", "slice_backward")):
-        if part in name:
-            return op
-    raise ValueError(name)
-
-
-def group_of(name):                     # PyTorch's generic path, or its vectorised ones
-    return ("elementwise_kernel<128>" if "elementwise_kernel<128" in name
-            else "CatArrayBatchedCopy<" if "CatArrayBatchedCopy<" in name
-            else "vectorised or unrolled")
-
-
+# step's launches and µs minus ropelib's (the rest of the model runs the same kernels in both);
+# chain_op: the aten op a kernel of RoPE's chain comes from, kernel_group: PyTorch's path (A.2)
 # bytes one launch of each op moves, from the meta count above (one layer's ops)
 op_bytes = {}
 for name, b in counted.ops:               # an upcast and a downcast are both _to_copy
@@ -1484,10 +1459,10 @@ for rope, events in steps_c.items():
 copy_rate = int(share_meta["rope_bytes"]) / (timed_floor_ms * 1e-3)      # bytes/s of the copy
 groups = {}                                  # group: [kernels, µs, bytes]
 for name, n in only_ref.items():
-    g = groups.setdefault(group_of(name), [0, 0.0, 0])
+    g = groups.setdefault(kernel_group(name), [0, 0.0, 0])
     g[0] += n
     g[1] += times_by_name["reference"][name] - times_by_name["ropelib"][name]
-    g[2] += n * op_bytes[op_of(name)]
+    g[2] += n * op_bytes[chain_op(name)]
 extra_us = sum(g[1] for g in groups.values())
 print(f"the reference step's extra kernels: {extra_us / 1e3:.3f} ms on the device "
       f"(its RoPE by range: {committed['reference']['rope_ms']:.3f} ms)")
@@ -1502,9 +1477,9 @@ assert abs(extra_us / 1e3 / committed["reference"]["rope_ms"] - 1) < 0.05
 g_slow, g_cat, g_vec = (groups[g] for g in ("elementwise_kernel<128>", "CatArrayBatchedCopy<",
                                               "vectorised or unrolled"))
 assert (g_slow[0], g_cat[0], g_vec[0]) == (84, 24, 96)                         # "84", "24", "96"
-ops_all = Counter(op_of(n) for n in only_ref.elements())
-ops_slow = Counter(op_of(n) for n in only_ref.elements()
-                   if group_of(n) == "elementwise_kernel<128>")
+ops_all = Counter(chain_op(n) for n in only_ref.elements())
+ops_slow = Counter(chain_op(n) for n in only_ref.elements()
+                   if kernel_group(n) == "elementwise_kernel<128>")
 assert ops_slow == {"mul": 48, "neg": 24, "upcast": 12}          # all 48 multiplies, all 24
 assert (ops_all["mul"], ops_all["neg"], ops_all["upcast"]) == (48, 24, 24)   # negations, 12 of 24
 rates = [round(b / (us * 1e-6) / copy_rate, 2) for _, us, b in (g_slow, g_cat, g_vec)]
