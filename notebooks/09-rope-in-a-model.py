@@ -1733,11 +1733,13 @@ solution(in_a_model.solution_model_rope_one_angle.fn, title="Solution: one angle
 # The next cell checks each kernel (the worked two, and yours where they passed) against ropelib
 # at `ROWS` = 4, 16 and 64. On a GPU it then times each launch by `do_bench` (CUDA events around
 # each launch, after an L2 flush) and by the profiler's device time of the same launches
-# (`nb09_device_time`). Events around a short launch can time the host's pace instead of the
-# kernel's; the last column, the share of do_bench's time that is not device time, says how much.
-# Where it is small, the differences between `ROWS` are the kernel's.
+# (`nb09_device_time`), through `time_against_copy` (`ropelib/course/nb09_copy_fraction.py`).
+# Events around a short launch can time the host's pace instead of the kernel's; the last column,
+# the share of do_bench's time that is not device time, says how much. Where it is small, the
+# differences between `ROWS` are the kernel's.
 
 # %%
+from ropelib.course.nb09_copy_fraction import ROWS, same_rotation, time_against_copy
 from ropelib.course.nb09_device_time import device_ms_or_none
 
 kernels9 = {"worked": in_a_model.solution_model_rope_kernel,
@@ -1746,56 +1748,17 @@ learner_kernels = {"your kernel": (model_rope_by_learner, my_model_rope_kernel),
                    "your one angle": (one_angle_by_learner, my_one_angle_kernel)}
 kernels9.update({name: kern for name, (passed, kern) in learner_kernels.items() if passed})
 f9_rows = f9.reshape(S9, -1).contiguous()                       # [S, D]: the kernels' table
-rows_ok = {}
-for name, kern in kernels9.items():
-    for rows in (4, 16, 64):
-        y9 = torch.empty_like(q9)
-        in_a_model.launch_model_rope(kern, q9, f9_rows, y9, rows)
-        rows_ok[name, rows] = torch.allclose(y9, by_ropelib, rtol=1e-6, atol=1e-6)
-print("the same rotation as ropelib's at ROWS 4, 16, 64 (fp32, within 1e-6): "
-      + "; ".join(f"{name} " + ", ".join(str(rows_ok[name, r]) for r in (4, 16, 64))
-                  for name in kernels9))
-assert all(rows_ok[name, r] for r in (4, 16, 64)
-           for name in kernels9 if name not in learner_kernels)          # the worked ones
+rows_ok = same_rotation(kernels9, q9, f9_rows, by_ropelib)      # {(kernel, ROWS): bool}, printed
+assert ROWS == (4, 16, 64)                                       # the next cell's ROWS too
+assert all(rows_ok[name, r] for r in ROWS for name in kernels9 if name not in learner_kernels)
 frac9 = {}                      # (kernel, ROWS): (fraction of a copy by do_bench, by device time)
-if ON_GPU:
+if ON_GPU:   # do_bench and device time of each launch, against a plain copy of q's bytes
     qkv9 = torch.randn(BATCH, cfg.block_size, 3, cfg.n_head, cfg.head_dim, device=device,
                        dtype=torch.bfloat16)
     q_t, k_t = qkv9[:, :, 0], qkv9[:, :, 1]                       # [B, S, H, D], strided
     f_t = trained.blocks[0].attn.rotary.freqs[:cfg.block_size]    # [S, 1, 1, D] fp32
-    f_rows = f_t.reshape(cfg.block_size, -1).contiguous()         # [S, D]: the kernel's table
-    y_t = torch.empty(q_t.shape, dtype=q_t.dtype, device=device)  # contiguous
-    packed = q_t.contiguous()                                     # q's bytes, contiguous
-    plain_copy = lambda: y_t.copy_(packed)                        # the yardstick
-    t_copy, d_copy = compare.time_ms(plain_copy, device)[0], device_ms_or_none(plain_copy, device)
-    q_mb = 2 * q_t.numel() * q_t.element_size() / 1e6            # read and written
-    print(f"q {tuple(q_t.shape)} bf16, a strided view, {q_mb:.1f} MB read and written; a plain "
-          f"copy of as many bytes: do_bench {1e3 * t_copy:.1f} µs"
-          + ("" if d_copy is None else f", device time {1e3 * d_copy:.1f} µs"))
-    print(f"{'kernel':>18} {'ROWS':>5} {'do_bench µs':>12} {'device µs':>10} "
-          f"{'fraction (do_bench)':>20} {'(device)':>9} {'not device':>11}")
-    for name, kern in kernels9.items():
-        for rows in (4, 16, 64):
-            if not rows_ok[name, rows]:
-                print(f"{name:>18} {rows:5d} (wrong rotation: not timed)")
-                continue
-            launch = lambda: in_a_model.launch_model_rope(kern, q_t, f_rows, y_t, rows)
-            t = compare.time_ms(launch, device)[0]
-            d = None if d_copy is None else device_ms_or_none(launch, device)
-            if d is None:
-                frac9[name, rows] = (t_copy / t, None)
-                print(f"{name:>18} {rows:5d} {1e3 * t:12.1f} {'-':>10} {t_copy / t:20.2f}")
-                continue
-            frac9[name, rows] = (t_copy / t, d_copy / d)
-            print(f"{name:>18} {rows:5d} {1e3 * t:12.1f} {1e3 * d:10.1f} {t_copy / t:20.2f} "
-                  f"{d_copy / d:9.2f} {100 * max(0.0, t - d) / t:10.0f}%")
-            assert d < 1.5 * t, (name, rows, t, d)   # the events span the kernel: no shorter
-    t_lib = compare.time_ms(lambda: ropelib.apply_rope_qk(q_t, k_t, f_t, layout="bshd"),
-                            device)[0]
-    print(f"ropelib.apply_rope_qk, q and k in one launch: {1e3 * t_lib:.1f} µs, "
-          f"{2 * t_copy / t_lib:.2f} of two plain copies' speed")
-    assert all(0.05 < f < 1.5 for f, _ in frac9.values()), frac9   # sanity bands, not values
-    del qkv9, q_t, k_t, y_t, packed
+    frac9 = time_against_copy(kernels9, rows_ok, q_t, k_t, f_t, device)
+    del qkv9, q_t, k_t
 else:   # the same profiling of one interpreted launch: the plumbing, not a time
     cpu_ms = device_ms_or_none(lambda: in_a_model.launch_model_rope(
         kernels9["worked"], q9, f9_rows, torch.empty_like(q9), 4), device, calls=1)
