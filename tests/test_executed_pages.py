@@ -40,6 +40,7 @@ _OLDER = "the page was rendered from an older version of the notebook; "
 STALE = {stem: _OLDER + _rerender(stem) for stem in (
     "01-roformer-math",
     "04-batch-reuse-grid-kernel",
+    "09-rope-in-a-model",
 )}
 # pages rendered before a data file they read was measured again
 _OLDER_DATA = ("the page shows outputs of benchmarks/results/floor-nvidia-h200.csv as it was "
