@@ -1276,15 +1276,9 @@ plt.show()
 # and the kernels of one step by kind, which A.3 counts.
 
 # %%
-def kernel_kind(name):
-    """A CUDA kernel's name by what it does: rope, mul, neg, add, cat, cast, fill or other."""
-    for part, k in (("rope", "rope"), ("BinaryFunctor", "mul"), ("MulFunctor", "mul"),
-                    ("neg_kernel", "neg"), ("AddFunctor", "add"), ("CUDAFunctor_add", "add"),
-                    ("CatArray", "cat"), ("copy", "cast"), ("Fill", "fill")):
-        if part in name:
-            return k
-    return "other"
-
+# kernels read by name: what one does (rope, mul, neg, add, cat, cast, fill or other) and, for
+# A.3, its kind, the aten op of RoPE's chain it runs and PyTorch's path that launched it
+from ropelib.course.nb09_kernel_names import chain_kind, chain_op, kernel_group, kernel_kind
 
 # share_meta, lib, ref, timed_floor_ms, steps_c, only_ref: the committed profile, as section 5
 # read it
@@ -1413,11 +1407,6 @@ class CountOps(TorchDispatchMode):
         return out
 
 
-def kind(name):                          # an aten op's name or a CUDA kernel's, by kind
-    return ("cat" if "cat" in name.lower() else "fill" if ("Fill" in name or "slice_backward"
-            in name) else "elementwise")
-
-
 size_c = {k: int(v) for k, v in re.findall(r"(n_layer|n_head|n_embd|block_size)=(\d+)",
                                             share_meta["config"])}
 shape_m = (int(share_meta["batch"]), size_c["block_size"], size_c["n_head"],
@@ -1429,9 +1418,9 @@ grads_m = [torch.empty_like(q_m), torch.empty_like(k_m)]
 with CountOps() as counted:                                            # one layer's RoPE
     out_m = [reference.apply_rope_ref(t.float(), cos_m, sin_m).to(t.dtype) for t in (q_m, k_m)]
     torch.autograd.backward(out_m, grads_m)
-per_layer = Counter(kind(name) for name, _ in counted.ops)
+per_layer = Counter(chain_kind(name) for name, _ in counted.ops)   # cat, fill, elementwise
 counted_kinds = Counter({k: size_c["n_layer"] * n for k, n in per_layer.items()})
-measured_kinds = Counter(kind(name) for name in only_ref.elements())   # the committed step's
+measured_kinds = Counter(chain_kind(name) for name in only_ref.elements())   # the committed step's
 ref_bytes = size_c["n_layer"] * sum(b for _, b in counted.ops)
 bytes_x = ref_bytes / int(share_meta["rope_bytes"])                    # in ropelib's bytes
 time_x = committed["reference"]["rope_ms"] / timed_floor_ms            # in copies' time
@@ -1456,22 +1445,8 @@ assert round(bytes_x, 1) == 16.0 and round(bytes_x / time_x, 2) == 0.66
 
 # %%
 # the extra device time of the reference's step, by kernel group: per kernel name, the reference
-# step's launches and µs minus ropelib's (the rest of the model runs the same kernels in both)
-def op_of(name):                         # the aten op a CUDA kernel of RoPE's chain comes from
-    for part, op in (("BinaryFunctor", "mul"), ("neg_kernel", "neg"), ("direct_copy", "upcast"),
-                     ("bfloat16_copy", "downcast"), ("CUDAFunctor_add", "add"),
-                     ("CatArray", "cat"), ("Fill", "slice_backward")):
-        if part in name:
-            return op
-    raise ValueError(name)
-
-
-def group_of(name):                     # PyTorch's generic path, or its vectorised ones
-    return ("elementwise_kernel<128>" if "elementwise_kernel<128" in name
-            else "CatArrayBatchedCopy<" if "CatArrayBatchedCopy<" in name
-            else "vectorised or unrolled")
-
-
+# step's launches and µs minus ropelib's (the rest of the model runs the same kernels in both);
+# chain_op: the aten op a kernel of RoPE's chain comes from, kernel_group: PyTorch's path (A.2)
 # bytes one launch of each op moves, from the meta count above (one layer's ops)
 op_bytes = {}
 for name, b in counted.ops:               # an upcast and a downcast are both _to_copy
@@ -1484,10 +1459,10 @@ for rope, events in steps_c.items():
 copy_rate = int(share_meta["rope_bytes"]) / (timed_floor_ms * 1e-3)      # bytes/s of the copy
 groups = {}                                  # group: [kernels, µs, bytes]
 for name, n in only_ref.items():
-    g = groups.setdefault(group_of(name), [0, 0.0, 0])
+    g = groups.setdefault(kernel_group(name), [0, 0.0, 0])
     g[0] += n
     g[1] += times_by_name["reference"][name] - times_by_name["ropelib"][name]
-    g[2] += n * op_bytes[op_of(name)]
+    g[2] += n * op_bytes[chain_op(name)]
 extra_us = sum(g[1] for g in groups.values())
 print(f"the reference step's extra kernels: {extra_us / 1e3:.3f} ms on the device "
       f"(its RoPE by range: {committed['reference']['rope_ms']:.3f} ms)")
@@ -1502,9 +1477,9 @@ assert abs(extra_us / 1e3 / committed["reference"]["rope_ms"] - 1) < 0.05
 g_slow, g_cat, g_vec = (groups[g] for g in ("elementwise_kernel<128>", "CatArrayBatchedCopy<",
                                               "vectorised or unrolled"))
 assert (g_slow[0], g_cat[0], g_vec[0]) == (84, 24, 96)                         # "84", "24", "96"
-ops_all = Counter(op_of(n) for n in only_ref.elements())
-ops_slow = Counter(op_of(n) for n in only_ref.elements()
-                   if group_of(n) == "elementwise_kernel<128>")
+ops_all = Counter(chain_op(n) for n in only_ref.elements())
+ops_slow = Counter(chain_op(n) for n in only_ref.elements()
+                   if kernel_group(n) == "elementwise_kernel<128>")
 assert ops_slow == {"mul": 48, "neg": 24, "upcast": 12}          # all 48 multiplies, all 24
 assert (ops_all["mul"], ops_all["neg"], ops_all["upcast"]) == (48, 24, 24)   # negations, 12 of 24
 rates = [round(b / (us * 1e-6) / copy_rate, 2) for _, us, b in (g_slow, g_cat, g_vec)]
@@ -1758,11 +1733,13 @@ solution(in_a_model.solution_model_rope_one_angle.fn, title="Solution: one angle
 # The next cell checks each kernel (the worked two, and yours where they passed) against ropelib
 # at `ROWS` = 4, 16 and 64. On a GPU it then times each launch by `do_bench` (CUDA events around
 # each launch, after an L2 flush) and by the profiler's device time of the same launches
-# (`nb09_device_time`). Events around a short launch can time the host's pace instead of the
-# kernel's; the last column, the share of do_bench's time that is not device time, says how much.
-# Where it is small, the differences between `ROWS` are the kernel's.
+# (`nb09_device_time`), through `time_against_copy` (`ropelib/course/nb09_copy_fraction.py`).
+# Events around a short launch can time the host's pace instead of the kernel's; the last column,
+# the share of do_bench's time that is not device time, says how much. Where it is small, the
+# differences between `ROWS` are the kernel's.
 
 # %%
+from ropelib.course.nb09_copy_fraction import ROWS, same_rotation, time_against_copy
 from ropelib.course.nb09_device_time import device_ms_or_none
 
 kernels9 = {"worked": in_a_model.solution_model_rope_kernel,
@@ -1771,56 +1748,17 @@ learner_kernels = {"your kernel": (model_rope_by_learner, my_model_rope_kernel),
                    "your one angle": (one_angle_by_learner, my_one_angle_kernel)}
 kernels9.update({name: kern for name, (passed, kern) in learner_kernels.items() if passed})
 f9_rows = f9.reshape(S9, -1).contiguous()                       # [S, D]: the kernels' table
-rows_ok = {}
-for name, kern in kernels9.items():
-    for rows in (4, 16, 64):
-        y9 = torch.empty_like(q9)
-        in_a_model.launch_model_rope(kern, q9, f9_rows, y9, rows)
-        rows_ok[name, rows] = torch.allclose(y9, by_ropelib, rtol=1e-6, atol=1e-6)
-print("the same rotation as ropelib's at ROWS 4, 16, 64 (fp32, within 1e-6): "
-      + "; ".join(f"{name} " + ", ".join(str(rows_ok[name, r]) for r in (4, 16, 64))
-                  for name in kernels9))
-assert all(rows_ok[name, r] for r in (4, 16, 64)
-           for name in kernels9 if name not in learner_kernels)          # the worked ones
+rows_ok = same_rotation(kernels9, q9, f9_rows, by_ropelib)      # {(kernel, ROWS): bool}, printed
+assert ROWS == (4, 16, 64)                                       # the next cell's ROWS too
+assert all(rows_ok[name, r] for r in ROWS for name in kernels9 if name not in learner_kernels)
 frac9 = {}                      # (kernel, ROWS): (fraction of a copy by do_bench, by device time)
-if ON_GPU:
+if ON_GPU:   # do_bench and device time of each launch, against a plain copy of q's bytes
     qkv9 = torch.randn(BATCH, cfg.block_size, 3, cfg.n_head, cfg.head_dim, device=device,
                        dtype=torch.bfloat16)
     q_t, k_t = qkv9[:, :, 0], qkv9[:, :, 1]                       # [B, S, H, D], strided
     f_t = trained.blocks[0].attn.rotary.freqs[:cfg.block_size]    # [S, 1, 1, D] fp32
-    f_rows = f_t.reshape(cfg.block_size, -1).contiguous()         # [S, D]: the kernel's table
-    y_t = torch.empty(q_t.shape, dtype=q_t.dtype, device=device)  # contiguous
-    packed = q_t.contiguous()                                     # q's bytes, contiguous
-    plain_copy = lambda: y_t.copy_(packed)                        # the yardstick
-    t_copy, d_copy = compare.time_ms(plain_copy, device)[0], device_ms_or_none(plain_copy, device)
-    q_mb = 2 * q_t.numel() * q_t.element_size() / 1e6            # read and written
-    print(f"q {tuple(q_t.shape)} bf16, a strided view, {q_mb:.1f} MB read and written; a plain "
-          f"copy of as many bytes: do_bench {1e3 * t_copy:.1f} µs"
-          + ("" if d_copy is None else f", device time {1e3 * d_copy:.1f} µs"))
-    print(f"{'kernel':>18} {'ROWS':>5} {'do_bench µs':>12} {'device µs':>10} "
-          f"{'fraction (do_bench)':>20} {'(device)':>9} {'not device':>11}")
-    for name, kern in kernels9.items():
-        for rows in (4, 16, 64):
-            if not rows_ok[name, rows]:
-                print(f"{name:>18} {rows:5d} (wrong rotation: not timed)")
-                continue
-            launch = lambda: in_a_model.launch_model_rope(kern, q_t, f_rows, y_t, rows)
-            t = compare.time_ms(launch, device)[0]
-            d = None if d_copy is None else device_ms_or_none(launch, device)
-            if d is None:
-                frac9[name, rows] = (t_copy / t, None)
-                print(f"{name:>18} {rows:5d} {1e3 * t:12.1f} {'-':>10} {t_copy / t:20.2f}")
-                continue
-            frac9[name, rows] = (t_copy / t, d_copy / d)
-            print(f"{name:>18} {rows:5d} {1e3 * t:12.1f} {1e3 * d:10.1f} {t_copy / t:20.2f} "
-                  f"{d_copy / d:9.2f} {100 * max(0.0, t - d) / t:10.0f}%")
-            assert d < 1.5 * t, (name, rows, t, d)   # the events span the kernel: no shorter
-    t_lib = compare.time_ms(lambda: ropelib.apply_rope_qk(q_t, k_t, f_t, layout="bshd"),
-                            device)[0]
-    print(f"ropelib.apply_rope_qk, q and k in one launch: {1e3 * t_lib:.1f} µs, "
-          f"{2 * t_copy / t_lib:.2f} of two plain copies' speed")
-    assert all(0.05 < f < 1.5 for f, _ in frac9.values()), frac9   # sanity bands, not values
-    del qkv9, q_t, k_t, y_t, packed
+    frac9 = time_against_copy(kernels9, rows_ok, q_t, k_t, f_t, device)
+    del qkv9, q_t, k_t
 else:   # the same profiling of one interpreted launch: the plumbing, not a time
     cpu_ms = device_ms_or_none(lambda: in_a_model.launch_model_rope(
         kernels9["worked"], q9, f9_rows, torch.empty_like(q9), 4), device, calls=1)

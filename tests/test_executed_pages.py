@@ -43,6 +43,7 @@ STALE = {stem: _OLDER + _rerender(stem) for stem in (
     "04-batch-reuse-grid-kernel",
     "05-finished-kernel",
     "08-debugging-allclose",
+    "09-rope-in-a-model",
     "11-rope-at-scale",
     "12-rope-in-the-qkv-projection",
 )}

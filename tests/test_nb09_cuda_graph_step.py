@@ -2,7 +2,7 @@
 (`ropelib.course.cuda_graph_step.graphed_step`) for the notebook and `graph_pair_probe.py`, the
 loss-curve CSV recording the characters the run trained on, the host time a layer printed as
 not resolved where its rounds' middle half spans zero, the split copies read from this run, and
-A.5's floor a plain copy of q's bytes."""
+A.5's floor a plain copy of q's bytes (in `nb09_copy_fraction`, the loop A.5 calls)."""
 import ast
 import os
 from pathlib import Path
@@ -13,7 +13,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before any @triton.jit is imported
 
-from ropelib.course import cuda_graph_step  # noqa: E402
+from ropelib.course import cuda_graph_step, nb09_copy_fraction  # noqa: E402
 from ropelib.course.model import GPTConfig, build, read_history_csv, write_history_csv  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,8 +101,13 @@ def test_the_split_copies_are_this_runs_and_the_floor_is_a_plain_copy():
     assert "0.95 < split_x" not in a2
     assert "explains none of ropelib's excess" in a2 and "split_copies_ms=floor_n_ms" in a2
     a5 = _section(text, "### A.5 Section 9", "**Which change moves a kernel")
+    assert "frac9 = time_against_copy(" in a5       # A.5's timing: nb09_copy_fraction's loop
+    timing = Path(nb09_copy_fraction.__file__).read_text(encoding="utf-8")
     # the floor: a plain copy of q's bytes, contiguous to contiguous, timed by do_bench and by
     # the profiler's device time; each kernel's fraction by both
-    assert "plain_copy = lambda: y_t.copy_(packed)" in a5 and "packed = q_t.contiguous()" in a5
-    assert "compare.time_ms(plain_copy, device)[0], device_ms_or_none(plain_copy, device)" in a5
-    assert "frac9[name, rows] = (t_copy / t, d_copy / d)" in a5
+    assert "plain_copy = lambda: y_t.copy_(packed)" in timing
+    assert "packed = q_t.contiguous()" in timing
+    assert "time_ms(plain_copy, device), device_ms(plain_copy, device)" in timing
+    assert "frac[name, r] = (t_copy / t, d_copy / d)" in timing
+    assert "return compare.time_ms(fn, device)[0]" in timing
+    assert "device_ms=device_ms_or_none" in timing
