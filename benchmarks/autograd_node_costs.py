@@ -85,6 +85,24 @@ class RotateReadsAsInputs(torch.autograd.Function):
         return (None, None, *gx) + (None,) * len(reads)
 
 
+class RotateReadsSaved(torch.autograd.Function):
+    """eager.Rotate as it was before its reads were kept on ctx with their version counters:
+    apply(rotation, reads, *xs), the reads saved for backward (single backward only)."""
+
+    @staticmethod
+    def forward(ctx, rotation, reads, *xs):
+        outs = rotation.run(xs, reads)
+        ctx.rotation = rotation
+        ctx.save_for_backward(*reads)
+        return outs[0] if len(xs) == 1 else outs
+
+    @staticmethod
+    def backward(ctx, *grads):
+        reads = ctx.saved_tensors
+        gx = ctx.rotation.reverse(grads).run(grads, reads)
+        return (None, None, *gx)
+
+
 def variants(x, table, extra) -> dict:
     """{name: (apply, its arguments)}: the trivial Function, one feature changed at a time."""
     v = {"trivial Function (C++ apply), first": (direct(TRIVIAL), (x, table))}
@@ -250,11 +268,14 @@ def variants(x, table, extra) -> dict:
 def ropelib_rows(x, freqs) -> dict:
     """ropelib's route, launches removed (call inside launches_removed)."""
     y = ropelib.apply_rope(x, freqs)
-    rotation, table = y.grad_fn.rotation, y.grad_fn.saved_tensors[0]
+    rotation, table = y.grad_fn.rotation, y.grad_fn.reads[0]
     return {
         "eager.Rotate, the table an input (as it was)": (
             direct(RotateReadsAsInputs), (rotation, 1, x, table)),
-        "eager.Rotate, the table in the reads tuple (now)": (eager.rotate, (rotation, (table,), x)),
+        "eager.Rotate, reads saved for backward (as it was)": (
+            direct(RotateReadsSaved), (rotation, (table,), x)),
+        "eager.Rotate, reads kept on ctx (now)": (
+            eager.rotate, (rotation, (table,), x)),
         "ropelib.apply_rope (whole)": (ropelib.apply_rope, (x, freqs)),
         "trivial Function (C++ apply), last": (direct(TRIVIAL), (x, table)),
     }

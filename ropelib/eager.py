@@ -506,8 +506,10 @@ class Rotate(torch.autograd.Function):
     output is checked against, a None gradient to check on the way back): Rotate's
     forward+backward at decode size cost 1.7 to 2.4 us more with the table as an input
     (benchmarks/autograd_node_costs.py, a CPU, the launches removed; benchmarks/NOTES.md). They
-    are still saved for backward, so changing one in place before backward raises autograd's
-    error as before."""
+    are kept on ctx with their version counters rather than saved for backward (saving costs
+    autograd a SavedVariable each way: 2.5 us of a forward+backward at decode size on a CPU, the
+    launches removed; benchmarks/NOTES.md), and backward checks the counters itself: changing one
+    in place before backward raises autograd's error, as a saved tensor would."""
 
     @staticmethod
     def forward(ctx, rotation: PlannedRotation, reads: tuple, *xs):
@@ -515,12 +517,16 @@ class Rotate(torch.autograd.Function):
         ctx.rotation = rotation
         if rotation.whole_grads:
             ctx.outputs = [(o.shape, o.dtype, o.device) for o in outs]
-        ctx.save_for_backward(*reads)
+        ctx.reads = reads
+        ctx.versions = [t._version for t in reads]
         return outs[0] if len(xs) == 1 else outs
 
     @staticmethod
     def backward(ctx, *grads):
-        reads = ctx.saved_tensors
+        reads = ctx.reads
+        for t, version in zip(reads, ctx.versions):
+            if t._version != version:
+                raise RuntimeError(modified_before_backward(t, version))
         rotation = ctx.rotation
         if rotation.whole_grads:
             grads = tuple(torch.zeros(shape, dtype=dtype, device=device) if g is None
@@ -543,6 +549,16 @@ class Rotate(torch.autograd.Function):
             it = iter(gx)
             gx = tuple(next(it) if g is not None else None for g in grads)
         return (None, None, *gx)
+
+
+def modified_before_backward(t: torch.Tensor, version: int) -> str:
+    """Autograd's message for a saved tensor changed in place before backward, for a table or
+    index tensor that Rotate keeps on ctx (see Rotate)."""
+    return ("one of the variables needed for gradient computation has been modified by an "
+            f"inplace operation: [{t.type()} {list(t.shape)}] is at version {t._version}; "
+            f"expected version {version} instead. It is a table or index tensor that ropelib's "
+            "rotation read in the forward and reads again in the backward: change it only after "
+            "backward, or pass a copy")
 
 
 def direct_apply(function: type):

@@ -20,6 +20,7 @@ def test_every_variant_runs_and_the_launches_come_back(monkeypatch, capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("# ") and "launches removed" in out[0]
     rows = {line[:52].strip(): line[52:].split() for line in out[1:]}
-    assert len(rows) == 30
-    assert "eager.Rotate, the table in the reads tuple (now)" in rows
+    assert len(rows) == 31
+    assert "eager.Rotate, reads saved for backward (as it was)" in rows
+    assert "eager.Rotate, reads kept on ctx (now)" in rows
     assert eager.EagerLaunch.__call__ is launch            # put back
