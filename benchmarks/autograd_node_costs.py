@@ -218,7 +218,7 @@ def variants(x, table, extra) -> dict:
     def fwd(ctx, x, t):
         ctx.save_for_backward(t)
         y = torch.empty_like(x)
-        aux = torch.empty(())
+        aux = torch.empty((), device=x.device)
         ctx.mark_non_differentiable(aux)
         return y, aux
 
@@ -247,7 +247,8 @@ def variants(x, table, extra) -> dict:
 
     def bwd(ctx, grad):
         ctx.saved_tensors
-        return torch.empty(grad.shape[::-1], dtype=grad.dtype).permute(3, 2, 1, 0), None
+        return torch.empty(grad.shape[::-1], dtype=grad.dtype,
+                           device=grad.device).permute(3, 2, 1, 0), None
     v["backward returns a non-contiguous gradient"] = (
         direct(function(_trivial_forward, bwd)), (x, table))
 
