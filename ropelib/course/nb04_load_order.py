@@ -4,7 +4,7 @@ its global loads and stores, with no GPU.
 Section 2.3 asks whether the batch loop lets a warp ask for the next row of `x` before it stores
 the current one; exercise 6's kernel is written so that it does. Both read the answer from the
 SASS (the machine code) that `offline_compile.compiled_code` gets from Triton's compiler and
-ptxas on the CPU:
+ptxas on the CPU, read instruction by instruction as `load_schedule` reads it:
 
     accesses(sass)         [("LDG" or "STG", bytes a thread moves)], in machine-code order:
                            every global load and store but the ones tagged .CONSTANT (the
@@ -23,19 +23,19 @@ ptxas on the CPU:
 import re
 from typing import List, Tuple
 
+from .load_schedule import _instructions, access_bytes, is_load, is_store
 from .offline_compile import compiled_code
 
-__all__ = ["WIDTH", "accesses", "order", "runs", "max_bytes_before_store", "load_order"]
-
-WIDTH = {"": 4, ".64": 8, ".128": 16, ".U16": 2}   # bytes a thread, by the instruction's suffix
-# LDG.E / STG.E with their width; not LDG.E.CONSTANT (sin/cos's own tables, not x or y)
-_ACCESS = re.compile(r"\b(LDG|STG)\.E((?:\.64|\.128|\.U16)?)\b(?!\.CONSTANT)")
+__all__ = ["accesses", "order", "runs", "max_bytes_before_store", "load_order"]
 
 
 def accesses(sass: str) -> List[Tuple[str, int]]:
     """[(op, bytes a thread moves)] of the global loads (LDG) and stores (STG) of `sass`, in
-    order, leaving out loads tagged .CONSTANT."""
-    return [(m[1], WIDTH[m[2]]) for m in _ACCESS.finditer(sass)]
+    order, leaving out loads tagged .CONSTANT (the tables libdevice's sine and cosine read, not
+    x or y); the widths are `load_schedule.access_bytes`'s."""
+    return [("LDG" if is_load(ins) else "STG", access_bytes(ins))
+            for ins in _instructions(sass)
+            if is_store(ins) or (is_load(ins) and ".CONSTANT" not in ins)]
 
 
 def order(sass: str) -> str:
