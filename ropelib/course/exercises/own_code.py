@@ -856,6 +856,12 @@ def _by_the_guard(frame) -> bool:
     return frame is not None and _frame_kind(frame.f_code.co_filename) == "guard"
 
 
+def _caught_message(what: str, entry) -> str:
+    """The refusal's message for an entry of library_barred's `caught`: a message as it is, or
+    (how, what was reached) put into words by `_refusal`."""
+    return entry if isinstance(entry, str) else _refusal(what, *entry)
+
+
 @contextmanager
 def library_barred(what: str, *, allow: Iterable = (), bar: Iterable = (), bar_ops: Iterable = ()):
     """Within the block, a call into barred code raises LibraryAnswer (see the module docstring).
@@ -935,16 +941,14 @@ def library_barred(what: str, *, allow: Iterable = (), bar: Iterable = (), bar_o
             # mode from C++ also reads as the watch switched off).
             if caught and not isinstance(exc, LibraryAnswer):
                 first = next((c for c in caught if not isinstance(c, str)), caught[0])
-                raise LibraryAnswer(first if isinstance(first, str)
-                                    else _refusal(what, *first)) from exc
+                raise LibraryAnswer(_caught_message(what, first)) from exc
             raise
         finally:
             still_watched = sys.getprofile() is watch and threading.getprofile() is watch
             sys.setprofile(previous)
             threading.setprofile(previous_threads)
     if caught:       # raised inside the answer and caught there: still not the learner's code
-        first = caught[0]
-        raise LibraryAnswer(first if isinstance(first, str) else _refusal(what, *first))
+        raise LibraryAnswer(_caught_message(what, caught[0]))
     if switched or not still_watched:
         raise LibraryAnswer(switched_off)
 
