@@ -66,12 +66,10 @@ def agreement(run: dict, reference: dict) -> tuple:
     whether TE's stored outputs and TE's cos/sin equal the reference run's bit for bit)."""
     same = n = n_ptx = 0
     tensors_equal = True
-    for key, rec in reference["scenarios"].items():
-        ref = {r["variant"]: r for r in rec["rows"]}
-        mine = {r["variant"]: r for r in run["scenarios"][key]["rows"]}
-        n, n_ptx = n + len(ref), n_ptx + sum("ptx_tail" in r for r in ref.values())
-        same += sum(mine.get(v) == r for v, r in ref.items())
+    for key in reference["scenarios"]:
         a, b = debug.te_bits_case(run, key), debug.te_bits_case(reference, key)
+        n, n_ptx = n + len(b.rows), n_ptx + sum("ptx_tail" in r for r in b.rows.values())
+        same += sum(a.rows.get(v) == r for v, r in b.rows.items())
         tensors_equal &= torch.equal(a.te_cos, b.te_cos) and torch.equal(a.te_sin, b.te_sin)
         tensors_equal &= (a.te is None) == (b.te is None) and (a.te is None or
                                                               torch.equal(a.te, b.te))
