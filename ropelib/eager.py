@@ -507,9 +507,9 @@ class Rotate(torch.autograd.Function):
     forward+backward at decode size cost 1.7 to 2.4 us more with the table as an input
     (benchmarks/autograd_node_costs.py, a CPU, the launches removed; benchmarks/NOTES.md). They
     are kept on ctx with their version counters rather than saved for backward (saving costs
-    autograd a SavedVariable each way: 2.5 us of a forward+backward at decode size on a CPU, the
-    launches removed; benchmarks/NOTES.md), and backward checks the counters itself: changing one
-    in place before backward raises autograd's error, as a saved tensor would."""
+    autograd a SavedVariable each way: 0.5 to 0.9 us of a forward+backward at decode size on an
+    idle CPU, the launches removed; benchmarks/NOTES.md), and backward checks the counters itself:
+    changing one in place before backward raises autograd's error, as a saved tensor would."""
 
     @staticmethod
     def forward(ctx, rotation: PlannedRotation, reads: tuple, *xs):
