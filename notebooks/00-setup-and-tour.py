@@ -118,10 +118,13 @@ assert GPU == ropelib.on_gpu()
 #   of the first cell, then **restart the kernel**.
 # - **Compiled kernels again:** remove the variable and **restart the kernel**.
 #
-# Setting the variable after `import ropelib` changes nothing. In interpreter mode tensors live
-# on the CPU, and ropelib refuses a tensor on the device the mode cannot use with a `ValueError`
-# that says what to do. The next cell starts a Python process with the opposite setting and
-# hands it such a tensor:
+# Setting the variable after `import ropelib` changes nothing. Each mode has one device in
+# ropelib: the GPU for compiled kernels, which cannot read a CPU tensor, and the CPU for the
+# interpreter. Triton's interpreter itself accepts a CUDA tensor (it copies the tensor's storage
+# to the CPU, runs the kernel there and copies the result back); keeping interpreter-mode
+# tensors on the CPU is ropelib's own rule. ropelib refuses a tensor on the other mode's device
+# with a `ValueError` that says what to do. The next cell starts a Python process with the
+# opposite setting and hands it such a tensor:
 
 # %%
 env = dict(os.environ)
@@ -132,7 +135,7 @@ else:
 flipped = """
 import torch, ropelib
 print(ropelib.runtime.mode())
-refused = "cuda" if ropelib.INTERPRET else "cpu"     # the device this mode's kernels cannot use
+refused = "cuda" if ropelib.INTERPRET else "cpu"     # the device ropelib refuses in this mode
 x = torch.randn(4, 1, 2, 8, device=refused)          # [S, B, H, D]
 try:
     ropelib.apply_rope(x, ropelib.frequencies.rope_freqs(4, 8, device=refused))
@@ -549,7 +552,10 @@ else:
 #
 # The cell runs the three and both copies on the tour's `x` and checks each; on a GPU it times
 # all five with `triton.testing.do_bench` (the median of many launches), as % of torch's copy
-# and in TB/s, and sets the copy's TB/s against NVIDIA's figure for the GPU it runs on.
+# and in TB/s, and sets the copy's TB/s against NVIDIA's figure for the GPU it runs on. It calls
+# the 03 and 04 kernels through their launchers in `ropelib.course.kernels`, `rope_naive` and
+# `rope_batch_reuse`; notebook 03 writes the first in section 3 (3.4 is the version in
+# ropelib), notebook 04 the second in section 2 (2.1 a first version, 2.3 ropelib's).
 
 # %%
 from ropelib.course.kernels.batch_reuse import batch_reuse_grid, rope_batch_reuse
@@ -930,20 +936,27 @@ solution(basics.solution_interleaved_rope)
 # The floors bound what a fixed grid can save, but a small grid can also lose. A program waits
 # for each block's load before storing it, so it has one block, 2 KiB of bf16, of loads in
 # flight. To read as fast as `copy_kernel`, an SM needs, by Little's law (notebook 05, section
-# 2), `copy_kernel`'s read rate per SM times DRAM's latency in flight. The only committed latency
-# is the H200's (`memory_latency-nvidia-h200.csv`), so on any other GPU the need the cell prints
-# is an estimate. The need is the one at **idle** latency: the cell also prints the busy figure,
-# but a busy load's extra wait is queueing behind other loads, which more bytes in flight do not
-# shorten. A grid below the idle need is slower than `copy_kernel` (the cell asserts it), its
-# saving negative whatever the floors allow.
+# 2), `copy_kernel`'s read rate per SM times the latency its loads see, in flight. The only
+# committed latency is the H200's (`memory_latency-nvidia-h200.csv`), so on any other GPU the
+# needs the cell prints are estimates. It prints two:
+#
+# - at DRAM's **idle** latency: a **lower bound**. DRAM answers no load sooner, so a grid below
+#   it is slower than `copy_kernel` (the cell asserts it), its saving negative whatever the
+#   floors allow;
+# - at DRAM's **busy** latency (measured beside a copy): the **working estimate**. A grid that
+#   reads at the copy's rate is itself a copy at full speed, so its loads wait as a busy DRAM's
+#   do, and that longer latency is the one it must cover.
+#
+# The cell times three grids, not a sweep, so it cannot say exactly where between the two
+# figures the need of your GPU lies.
 #
 # Read the printed rows that way: set each grid's KiB in flight beside the two needs, and its
-# saving beside the most the floors allow. A grid below the idle need prints a negative saving:
-# it reads slower than the copy, whatever the floors allow. A grid between the idle and the busy
-# need that still prints a clearly negative saving shows the idle need is a lower bound, not
-# enough; what else such a grid lacks, the cell does not measure. A grid above both needs that
-# prints a saving near 0, far under the floors' bound, keeps enough in flight but wins nothing:
-# the bytes, not the programs, set the copy's time at this size.
+# saving beside the most the floors allow. A grid below the idle need prints a clearly negative
+# saving. A grid between the two needs is short of the working estimate, and a clearly negative
+# saving there is what that estimate predicts (on an H100, 4 programs an SM land there and read
+# clearly slower than the copy). A grid above both needs that prints a saving near 0, far under
+# the floors' bound, keeps enough in flight but wins nothing: the bytes, not the programs, set
+# the copy's time at this size.
 
 # %%
 from ropelib.course.exercises import nb00_strided_copy

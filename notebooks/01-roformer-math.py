@@ -385,6 +385,17 @@ between = ~short & ~long_                                     # the blend, linea
 assert torch.allclose(ratios["Llama 3.1 (s=8)"][between], ((1 - blend) / 8 + blend)[between])
 yarn = ratios["YaRN (s=8, L0=8192)"]      # fast pairs kept, slow pairs / 8, a ramp between
 assert yarn[0] == 1 and abs(yarn[-1] - 1 / 8) < 1e-6 and bool((yarn[1:] <= yarn[:-1]).all())
+# the ramp as the text states it: pair j turns L0 theta_j / (2 pi) times within L0, so the pair
+# that turns r times is j(r) = (d/2) log_b(L0 / (2 pi r)); j_lo at beta_fast = 32 rounded down,
+# j_hi at beta_slow = 1 rounded up
+yarn_sc = scalings["YaRN (s=8, L0=8192)"]
+assert (yarn_sc.beta_fast, yarn_sc.beta_slow, yarn_sc.original_max_position_embeddings,
+        yarn_sc.factor) == (32, 1, L0, 8)
+j_turning = {r: d / 2 * math.log(L0 / (2 * math.pi * r)) / math.log(base) for r in (32, 1)}
+j_lo, j_hi = math.floor(j_turning[32]), math.ceil(j_turning[1])
+rho = ((j.to(f64) - j_lo) / (j_hi - j_lo)).clamp(0, 1)
+assert torch.allclose(yarn, (1 - rho) + rho / 8, rtol=0, atol=1e-12), (j_lo, j_hi)
+print(f"YaRN's ramp runs from pair {j_lo} (kept) to pair {j_hi} (divided by 8)")
 temperature = scalings["YaRN (s=8, L0=8192)"].attention_scaling   # cos and sin scaled by it
 print(f"YaRN's attention temperature on cos/sin: {temperature:.4f} = 0.1 ln 8 + 1")
 assert abs(temperature - (0.1 * math.log(8) + 1)) < 1e-12
@@ -939,8 +950,10 @@ solution(nb01_angle_kernel.solution_angle_kernel.fn,
 # length, far beyond float32's own relative precision, $2^{-24}$. The error shrinks with
 # $m\theta_j$, so the slow pairs are safe (the cell prints from which pair on). Reducing the
 # float32 angle modulo $2\pi$ afterwards cannot help (the error is already in it); forming
-# $m\theta_j$ in float64, or in exact fixed point as `ropelib.rope_angles` does (notebook 10,
-# section 7, measures all three on a GPU), and reducing before rounding to float32 does.
+# $m\theta_j$ in float64, or in exact fixed point as `ropelib.rope_angles` does, and reducing
+# before rounding to float32 does. Notebook 10, section 7, measures `rope_angles`' angles, a
+# float32 angle table like this one and a bf16 cos/sin cache against float64 (integer and
+# float64 arithmetic: the same numbers on any machine).
 
 # %%
 m_far, d_far = 500_000, 128

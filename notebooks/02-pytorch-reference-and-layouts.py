@@ -72,9 +72,10 @@ S, B, H, D = (4096, 4, 32, 128) if GPU else (16, 2, 3, 32)
 dtype = torch.bfloat16
 torch.manual_seed(0)
 print(f"{ropelib.runtime.mode()}  |  x: S={S}, B={B}, H={H}, D={D}, {dtype}")
-# the committed GPU run of section 6, read before any cell runs: a GPU run that rewrites
-# figures/ (ROPELIB_WRITE_FIGURES=1) still checks the numbers the text quotes against it
+# the committed GPU run of section 6, read before any cell runs; a GPU run writes its own table
+# to LIVE_CSV (figures/ only with ROPELIB_WRITE_FIGURES=1), never over this file
 KERNELS_CSV = ROOT / "figures" / "02-unfused-kernels.csv"
+LIVE_CSV = FIGURES / "02-unfused-kernels-live.csv"
 committed_rows, committed = kb.read_rows(KERNELS_CSV)
 # how section 6 labels its printouts: LIVE (timed on this machine when the cell runs) or
 # COMMITTED (the run kept in the file above, the one the text quotes)
@@ -749,8 +750,11 @@ else:           # one autograd node: ropelib's Rotate
 # their ratio (printed, asserted only within 2×) says whether a kernel can reach the yardstick
 # on your GPU. Timings are headed `LIVE` (measured now, on your GPU) or `COMMITTED` (one H200
 # run kept in `figures/02-unfused-kernels.csv`, named with its GPU and versions); the text
-# quotes the committed run only. On a CPU the cell runs `copy_kernel` once in the interpreter
-# and times nothing.
+# quotes the committed run only. A GPU run writes its own table to
+# `02-unfused-kernels-live.csv` in the scratch folder (in `figures/` with
+# `ROPELIB_WRITE_FIGURES=1`), never over the committed file: making a run the committed one is
+# a rename by hand, after which the numbers the text asserts must be updated. On a CPU the
+# cell runs `copy_kernel` once in the interpreter and times nothing.
 
 # %%
 import triton
@@ -799,7 +803,7 @@ if GPU:
 else:
     print("LIVE: none here (the interpreter simulates the kernels: their times mean nothing); "
           f"copy_kernel copied x {tuple(xd.shape)} exactly, timing it needs a GPU")
-# the committed run (written by the next cell on a GPU; read before any cell ran)
+# the committed run (read before any cell ran; a GPU run writes its own table elsewhere)
 c_time_ratio = committed["unfused_us"] / committed["fused_us"]
 c_bytes_ratio = sum(r.nbytes for r in committed_rows) / committed["fused_bytes"]
 print(f"\n{COMMITTED}:")
@@ -865,14 +869,15 @@ if GPU:
                                      "ropelib.apply_rope")
     rows = kb.kernel_table(kernels_of(lambda: reference.te_unfused(xd, fp)), counted.ops,
                            repeats, copy_gbps)
-    kb.write_rows(FIGURES / KERNELS_CSV.name, rows, copy_gbps=copy_gbps,
+    kb.write_rows(LIVE_CSV, rows, copy_gbps=copy_gbps,
                   unfused_us=t_unfused * 1e3, fused_us=t_fused * 1e3, fused_bytes=moved,
                   fused_device_us=fused_device_us,
                   repeats=repeats, gpu=torch.cuda.get_device_name(),
                   versions=f"torch {torch.__version__}, triton {triton.__version__}")
     where = LIVE
     first = (f"device time: copy of x {copy_us:.1f} us, ropelib.apply_rope "
-             f"{fused_device_us:.1f} us (do_bench: {t_copy * 1e3:.1f} and {t_fused * 1e3:.1f} us)")
+             f"{fused_device_us:.1f} us (do_bench: {t_copy * 1e3:.1f} and {t_fused * 1e3:.1f} us)"
+             f"; this run's table: {LIVE_CSV}")
 else:
     # no GPU profiler here: the committed GPU run's table, kept in figures/
     rows, kept = committed_rows, committed
@@ -1113,8 +1118,11 @@ else:
 # part of that template costs the time? It differs from the vectorized one in three ways at once:
 # each lane loads one element at a time; each operand's offset is formed from sizes and strides;
 # and a thread runs its 4 elements in turn (`elementwise_kernel` in PyTorch's `CUDALoops.cuh`:
-# load, multiply, store, then the next element), where its compiler, unable to prove that the
-# store leaves the next element's operands alone, must keep the next loads behind it.
+# load, multiply, store, then the next element; PyTorch's variant that loads all of a thread's
+# elements before it stores any is built for ROCm only). That third trait suggests a
+# hypothesis, not measured on PyTorch's kernel here: a compiler that cannot prove a store leaves
+# the next element's operands alone must keep the next loads behind it, so each thread would
+# have one element's loads in flight at a time.
 #
 # The next cell takes the three apart with four Triton kernels for the contiguous `x * cos`, each
 # at that template's launch shape (128 threads, 4 elements each;
@@ -1129,7 +1137,8 @@ else:
 # Triton emits before the GPU's own machine code), checks all four in the interpreter, and on a
 # GPU prints each one's GB/s as a share of the wide kernel's, beside PyTorch's two multiplies. A
 # line that falls toward PyTorch's broadcast multiply while the others stay near the wide kernel
-# names the cost; where none falls, none of the three explains the template alone.
+# names a trait that costs speed, and how far it falls says how much of PyTorch's shortfall it
+# can account for; where none falls, none of the three explains the template alone.
 
 # %%
 from ropelib.course import nb02_narrow_loads as narrow
@@ -1173,14 +1182,16 @@ del cos_c, y_mul
 # 1/2.29 of a copy's speed, the shortfall in the kernels PyTorch did not vectorize, each with
 # an operand that is not contiguous (a broadcast table, a strided half). A live run prints its
 # own GPU's factors: the bytes factor is fixed, the shortfall factor is the GPU's, and the four
-# Triton lines say which of the slow template's three traits costs it there. Where the
-# one-element and the division kernels stay near the wide kernel and only the one-in-flight
-# kernel falls, the narrow loads and the index arithmetic are not the cost, one element in
-# flight at a time is part of it, and whatever takes PyTorch's broadcast multiply further down
-# is not taken apart here. A fused kernel removes the extra bytes and keeps many loads in
-# flight: one read, one write. Notebook 07
-# measures the fixed cost of a call, and notebooks 03 to 05 what makes one kernel stream at a
-# copy's speed.
+# Triton lines say which of the slow template's three traits costs a Triton kernel speed there.
+# Where the one-element and the division kernels stay near the wide kernel and only the
+# one-in-flight kernel falls, the narrow loads and the index arithmetic cost a Triton kernel
+# little and one element in flight at a time costs it speed: that fits the hypothesis about
+# PyTorch's loop without proving it, since PyTorch's own kernel is not taken apart here. Where
+# the one-in-flight kernel stays well above PyTorch's broadcast multiply (on an H100 it does),
+# the mimic leaves part of the gap unexplained: whatever takes PyTorch's multiply further down
+# is not found here. A fused kernel removes the extra bytes and keeps many loads in flight:
+# one read, one write. Notebook 07 measures the fixed cost of a call, and notebooks 03 to 05
+# what makes one kernel stream at a copy's speed.
 
 # %% [markdown]
 # ## Exercises
