@@ -433,6 +433,19 @@ def _own_score(q, k, offset, inv_freq):
     return (_pairs(q) * _pairs(k).conj() * torch.exp(-1j * offset * inv_freq)).sum().real
 
 
+def _own_score_by_numbers(q, k, offset, inv_freq):
+    """A learner's right answer summed in Python numbers: complex(), float(), int() and bool()
+    of tensors (calls of types, while PyTorch dispatches _local_scalar_dense)."""
+    import cmath
+    total = 0.0
+    for j in range(int(torch.tensor(inv_freq.numel()))):
+        qj = complex(_pairs(q)[j])
+        kj = complex(_pairs(k)[j])
+        total += (qj * kj.conjugate() * cmath.exp(-1j * offset * float(inv_freq[j]))).real
+    assert bool(torch.tensor(total) == total)
+    return total
+
+
 def _score_from_reference(q, k, offset, inv_freq):
     """Right values, q^T R_{n-m} k with R read off the reference."""
     return q @ _reference_answer(offset, inv_freq) @ k
@@ -476,8 +489,10 @@ def test_check_relative_score(capsys):
     assert basics.check_relative_score(learner_copy(basics.solution_relative_score))
     assert basics.check_relative_score(_own_score)
     assert "✅ relative score g(q, k, n - m): correct" in capsys.readouterr().out
-    # the score as a Python float is a number too
+    # the score as a Python float is a number too, made by .item(), float() or complex()
     assert basics.check_relative_score(lambda q, k, o, inv: _own_score(q, k, o, inv).item())
+    assert basics.check_relative_score(lambda q, k, o, inv: float(_own_score(q, k, o, inv)))
+    assert basics.check_relative_score(_own_score_by_numbers)
     # a right answer passes every draw of q, k and the random pair
     for _ in range(5):
         assert basics.check_relative_score(_own_score)

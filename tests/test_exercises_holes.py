@@ -150,6 +150,49 @@ def _own_rotation_matrix(m, inv_freq):
     return M
 
 
+def _own_rotation_matrix_by_numbers(m, inv_freq):
+    """A learner's own R_m built from Python numbers: float(), int(), complex() and bool() of a
+    tensor (each dispatches PyTorch's _local_scalar_dense, with no `c_call` event for a call of
+    a type), range() of one, .item() and .tolist(): let through."""
+    import math
+    d = int(torch.tensor(inv_freq.numel()))
+    M = torch.zeros(2 * d, 2 * d, dtype=torch.float64)
+    thetas = inv_freq.tolist()
+    for j in range(torch.tensor(d)):
+        a = float(m * inv_freq[j])
+        assert a == m * thetas[j] and bool(inv_freq[j] > 0)
+        z = complex(torch.polar(*torch.tensor([1.0, a], dtype=torch.float64)))
+        c, s = z.real, math.sin(a)
+        M[2 * j, 2 * j], M[2 * j, 2 * j + 1] = c, -s
+        M[2 * j + 1, 2 * j], M[2 * j + 1, 2 * j + 1] = s, torch.tensor(c).item()
+    return M
+
+
+def _modes_disabled_then_numbers(m, inv_freq):
+    """The modes taken off, block_diag run from C, then the answer's float(), int() and
+    complex(): the switch is still refused."""
+    blocks = _blocks(m, inv_freq)
+    with _disable_current_modes():
+        out = list(map(VF.block_diag, [blocks]))[0]
+    float(out[0, 0]), int(out[1, 1]), complex(out[0, 1])
+    return out
+
+
+def _mode_popped_numbers_only(m, inv_freq):
+    """The check's mode popped and pushed back with no Python call of the answer's in between
+    but float() and int() of tensors (calls of types, which give the answer's frame no event):
+    still refused."""
+    from torch.utils._python_dispatch import _pop_mode, _push_mode
+    blocks = _blocks(m, inv_freq)
+    if torch._C._len_torch_dispatch_stack() == 0:       # (no mode to take off)
+        return VF.block_diag(blocks)
+    mode = _pop_mode()
+    out = list(map(VF.block_diag, [blocks]))[0]
+    float(out[0, 0]), int(out[1, 1])
+    list(map(_push_mode, [mode]))
+    return out
+
+
 @torch.jit.script
 def _scripted_block_diag(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.block_diag(a, b)
@@ -180,11 +223,14 @@ SWITCHED_OFF = "switched off the check's watch of PyTorch's operators"
     (_profiler_stopped_then_dispatch_disabled, "switched off the check's profiler"),
     (_key_excluded, SWITCHED_OFF),
     (_mode_popped, SWITCHED_OFF),
+    (_mode_popped_numbers_only, SWITCHED_OFF),
+    (_modes_disabled_then_numbers, SWITCHED_OFF),
     (_torchscript, "PyTorch's operator aten::block_diag"),
 ], ids=["aten.block_diag.out", "torch._refs.block_diag", "decomposition_table",
         "_disable_current_modes", "_disable_current_modes, map", "_DisableTorchDispatch",
         "_DisableTorchDispatch, map", "_DisableTorchDispatch taken before, map", "profiler stopped, then that",
-        "Python key excluded", "mode popped", "TorchScript"])
+        "Python key excluded", "mode popped", "mode popped, float() and int() between",
+        "_disable_current_modes, then float()", "TorchScript"])
 def test_rotation_matrix_refuses_block_diag_every_way(answer, words, capsys):
     inv = frequencies.inv_freq(8, 10000.0, dtype=torch.float64)
     torch.testing.assert_close(answer(5, inv), basics.rotation_matrix_ref(5, inv))   # right
@@ -203,8 +249,9 @@ def test_rotation_matrix_refuses_block_diag_every_way(answer, words, capsys):
 def test_rotation_matrix_accepts_own_code(capsys):
     assert basics.check_rotation_matrix(learner_copy(basics.solution_rotation_matrix))
     assert basics.check_rotation_matrix(_own_rotation_matrix)      # printing a tensor: fine
+    assert basics.check_rotation_matrix(_own_rotation_matrix_by_numbers)   # float(t), int(t)
     out = capsys.readouterr().out
-    assert out.count("✅") == 2, out
+    assert out.count("✅") == 3, out
 
 
 def test_every_block_diag_overload_is_barred():
@@ -261,6 +308,26 @@ def test_operator_watch_lets_other_operators_and_printing_through():
         with own_code.library_barred("your code", bar_ops=(torch.ops.aten.block_diag,)):
             with _disable_current_modes():
                 torch.zeros(2)
+    assert torch._C._len_torch_dispatch_stack() == 0
+
+
+def _numbers_of(t):
+    """A tensor made Python numbers every way: calls of types (no `c_call` event for the
+    caller's frame while PyTorch dispatches _local_scalar_dense), methods, and a builtin."""
+    import operator
+    return (float(t[0]), int(t[1]), complex(t[2]), bool(t[3]), len(range(t[1])), t[0].item(),
+            t.tolist(), operator.index(t[1]), round(float(t.sum())))
+
+
+def test_operator_watch_lets_a_tensors_numbers_through():
+    t = torch.tensor([2, 2, 3, 1])
+    want = _numbers_of(t)                               # outside the watch
+    with own_code.library_barred("your code", bar_ops=(torch.ops.aten.block_diag,)):
+        got = _numbers_of(t)
+        nested = [float(x) for x in t]                  # in a comprehension's frame
+        mapped = list(map(lambda x: int(x) + 1, t))     # in a lambda called from C
+    assert got == want == (2.0, 2, 3 + 0j, True, 2, 2, [2, 2, 3, 1], 2, 8)
+    assert nested == [2.0, 2.0, 3.0, 1.0] and mapped == [3, 3, 4, 2]
     assert torch._C._len_torch_dispatch_stack() == 0
 
 

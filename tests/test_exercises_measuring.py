@@ -42,9 +42,21 @@ def _fit_solved(nbytes, ms):
     return a * 1e3, 1 / b * 1e3 / 1e9
 
 
+def _fit_by_tensor_sums(nbytes, ms):
+    """The normal equations from tensor sums, made Python numbers by float() and int() (calls
+    of types, while PyTorch dispatches _local_scalar_dense)."""
+    n = torch.tensor(nbytes, dtype=torch.float64)
+    t = torch.tensor(ms, dtype=torch.float64)
+    k = int(torch.tensor(len(nbytes)))
+    sn, snn, st, snt = (float(v) for v in (n.sum(), (n * n).sum(), t.sum(), (n * t).sum()))
+    det = k * snn - sn * sn
+    a, b = (snn * st - sn * snt) / det, (k * snt - sn * st) / det
+    return a * 1e3, 1 / b * 1e3 / 1e9
+
+
 def test_own_fits_pass_and_the_worked_fit_recovers_a_known_line(capsys):
     for fn in (_own_code_tests.learner_copy(measuring.solution_fit_time_model), _fit_centred,
-               _fit_solved):
+               _fit_solved, _fit_by_tensor_sums):
         assert measuring.check_fit_time_model(fn)
     nbytes = [1e7, 2e7, 4e7]
     ms = [0.005 + b / 2e12 * 1e3 for b in nbytes]            # t0 = 5 us, 2000 GB/s

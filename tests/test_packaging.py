@@ -386,6 +386,8 @@ TORCH_API_SINCE = {
         # every block_diag overload, its decomposition, and the watch kept on: the Python
         # dispatch key (1.11) and the mode stack's C++ functions (2.0)
         "ops.aten.block_diag", "_decomp.decomposition_table", "_C.DispatchKey.Python",
+        # (PyTorch's dispatch of an operator to the mode told from an answer's switch: 1.12)
+        "_C.DispatchKey.PythonTLSSnapshot",
         "_C._dispatch_tls_is_dispatch_key_excluded", "_C._dispatch_tls_set_dispatch_key_excluded",
         "_C._get_dispatch_stack_at", "_C._push_on_torch_dispatch_stack",
         # (least squares refused in a fit written by hand: linalg.lstsq 1.9, pinv's atol/rtol 1.11)

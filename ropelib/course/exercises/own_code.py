@@ -19,8 +19,10 @@ watches the answer these ways:
   check's mode off PyTorch's stack, as `_disable_current_modes` does, or excludes the Python
   dispatch key, as `torch._C._DisableTorchDispatch` does) is refused: at once where it calls
   one of torch._C's switches itself, else when it returns (seen at its next call or return with
-  the watch off); PyTorch's own switching (printing a tensor takes the modes off for the
-  while) is let through. Beside the mode, PyTorch's profiler records every operator the
+  the watch off); PyTorch's own switching is let through (printing a tensor takes the modes
+  off for the while, and the dispatcher takes the check's mode off while it hands the mode an
+  operator, as `float(t)`, `int(t)`, `complex(t)`, `bool(t)` and `t.item()` run
+  `_local_scalar_dense`). Beside the mode, PyTorch's profiler records every operator the
   dispatcher runs, below any dispatch key: a barred operator it recorded that the mode did not
   see (a switch taken before the check began, entered with no Python call, the operator run
   from C through `map`) is refused when the answer returns, and so is an answer that stops
@@ -362,10 +364,20 @@ class _OpsWatch:
         # (not PythonTLSSnapshot: PyTorch excludes it itself while it dispatches an operator)
         self.keys = [k for k in (torch._C.DispatchKey.Python,)
                      if not torch._C._dispatch_tls_is_dispatch_key_excluded(k)]
+        # PythonTLSSnapshot excluded tells PyTorch's taking the mode off (to hand it an
+        # operator) from the answer's; not known where the block began inside a dispatch
+        snapshot = torch._C.DispatchKey.PythonTLSSnapshot
+        self.snapshot = (None if torch._C._dispatch_tls_is_dispatch_key_excluded(snapshot)
+                         else snapshot)
+
+    def excluded(self) -> bool:
+        """Is the Python dispatch key excluded in this thread now (it was not when the block
+        began)?"""
+        return any(torch._C._dispatch_tls_is_dispatch_key_excluded(k) for k in self.keys)
 
     def off(self) -> Optional[str]:
         """How the watch is switched off now in this thread, or None while it is on."""
-        if any(torch._C._dispatch_tls_is_dispatch_key_excluded(k) for k in self.keys):
+        if self.excluded():
             return ("excluded PyTorch's Python dispatch key, as torch._C._DisableTorchDispatch "
                     "does")
         if not self.mode_on_stack():
@@ -378,11 +390,20 @@ class _OpsWatch:
         return any(torch._C._get_dispatch_stack_at(i) is self.mode
                    for i in range(torch._C._len_torch_dispatch_stack()))
 
+    def dispatching_to_it(self) -> bool:
+        """Is PyTorch's dispatcher running an operator in this thread now, between taking the
+        check's mode off its stack and calling the mode's `__torch_dispatch__` (or after it,
+        before putting the mode back)? It excludes PythonTLSSnapshot while it dispatches."""
+        return self.snapshot is not None \
+            and torch._C._dispatch_tls_is_dispatch_key_excluded(self.snapshot)
+
     def by_the_answer(self, frame, event: str) -> Optional[str]:
         """How the watch is off at a profile event of `frame`, where the code that made the call
         (or returns) and all its callers are outside PyTorch: the answer switched it off.
-        PyTorch switches it off for its own work (printing a tensor), which is let through, as
-        is this guard's own (its dispatch, its launches)."""
+        PyTorch switches it off for its own work (printing a tensor, or dispatching an operator
+        to the mode: `float(t)` runs `_local_scalar_dense`, and a call of a type gives the
+        answer's frame no `c_call` event), which is let through, as is this guard's own (its
+        dispatch, its launches)."""
         if threading.get_ident() != self.owner:
             return None
         pending = self.pending
@@ -394,6 +415,7 @@ class _OpsWatch:
         if self.mode.dispatching or event == "c_exception" \
                 or _frame_kind(frame.f_code.co_filename) == "guard":
             return None
+        called = frame
         if event == "call":
             frame = frame.f_back
             if frame is None or _frame_kind(frame.f_code.co_filename) == "guard" \
@@ -403,6 +425,10 @@ class _OpsWatch:
         how = self.off()
         if how is None:
             return None
+        if event == "call" and _in_torch(called.f_code.co_filename) \
+                and not self.excluded() and self.dispatching_to_it():
+            return None         # PyTorch's helper of the dispatch, called from C under a call
+            #                     of a type (float(t), int(t), complex(t), bool(t), range(t))
         while frame is not None:
             if _in_torch(frame.f_code.co_filename):
                 return None
