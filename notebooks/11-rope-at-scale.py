@@ -289,7 +289,11 @@ solution(cp_ex.solution_cp_shard_kernel.fn, title="Solution: a rank's shard at i
 # 3. averages the gradients over the ranks (one all-reduce) and steps AdamW.
 #
 # With `--dry-run` it trains a tiny fp32 model for 3 steps, then again in one process on the
-# same batches; the CSV holds both losses.
+# same batches; the CSV holds both losses. On a machine with two GPUs or more each rank has its
+# own and NCCL carries the collectives. On a machine with one GPU both ranks run on it (`cuda:0`)
+# and gloo carries the collectives through host memory, since NCCL refuses two ranks on one GPU;
+# without a GPU, both ranks run on the CPU through the interpreter, with gloo. The first line
+# printed names the backend.
 
 # %%
 def free_port() -> int:
@@ -439,9 +443,16 @@ assert round(speedup, 2) == 1.30, "1.30 x one GPU's tokens/s"
 assert max(spread.values()) < 0.01, "every step within 1 % of the others"
 
 # %% [markdown]
-# **Loss.** 6 and 12 steps are too few to show training, and from the second update on the two
-# runs' learning-rate schedules differ, so the losses agree only at steps 1 and 2. Whether CP
-# trains the same model is appendix A.2's question.
+# **Loss.** 6 and 12 steps are too few to show training. In both runs the loss rises over the
+# first three updates before it falls (the table and the figure below). Neither schedule warms up
+# before its first update (the 6-step one has no warmup step, the 12-step one a single step that
+# ends at the full rate), so the first update runs at the full learning rate, 6e-4, and AdamW's
+# first step moves every weight by about that much, whatever its gradient. That is a likely
+# reason for the rise, and these runs cannot test it. Appendix A.2's 200-step runs warm up over
+# 20 steps, on shorter sequences, and their loss rises over the first three updates too, less
+# far; so the full rate is at most part of the cause. From the second update on the two runs'
+# learning-rate schedules differ, so the losses agree only at steps 1 and 2. Whether CP trains
+# the same model is appendix A.2's question.
 
 # %%
 one_loss, two_loss = one["loss"], run["loss"]
@@ -462,6 +473,7 @@ for n, r in gpu_runs.items():
     print(f"{n} rank(s), a {r['meta']['steps']:>2}-step schedule    "
           + "".join(f"{v * 1e4:7.2f}" for v in lr_of[n]) + "  (x 1e-4)")
 assert all(math.isclose(lrs[0], float(run["meta"]["lr"])) for lrs in lr_of.values())
+assert float(one["meta"]["lr"]) == float(run["meta"]["lr"]) == 6e-4, "the full rate, 6e-4"
 assert all(a < b for a, b in zip(lr_of[1][1:], lr_of[2][1:]))             # then smaller
 assert [int(r["meta"]["steps"]) // 10 for r in (one, run)] == [0, 1]      # warmup steps
 fig, ax = plt.subplots(figsize=(7, 4))
@@ -833,9 +845,9 @@ assert as_stated((min(gain_us.values()), max(gain_us.values())), (1.2, 2.9))
 
 # %% [markdown]
 # The two kernels move the rotated k out and back: 4,100 bytes a sequence, 17 % more than the
-# fused 24,836. At every batch measured, 1 to 256, fusion saved 1.2 to 2.9 µs a step on the H200,
-# and at each batch those bytes at its peak take under a tenth of what it saved. What else does
-# the second kernel cost?
+# fused 24,836. At every batch measured, 1 to 256, fusion saved 1.2 to 2.9 µs a step on the H200
+# (contiguous bf16 cache), and at each batch those bytes at its peak take under a tenth of what
+# it saved. What else does the second kernel cost?
 #
 # ### What the fused write saves, in time
 #
@@ -1348,8 +1360,10 @@ else:
 
 # %% [markdown]
 # On the H200 an operation of the unfused step costs 2.0 µs, of which 1.1 is starting a kernel:
-# a replay removes the host, not the GPU's cost of starting each kernel. Where the last line's
-# share is above one half, starting kernels is most of the lead on that GPU.
+# a replay removes the host, not the GPU's cost of starting each kernel. The two numbers come
+# from runs on different days (the decode run, and the do-nothing kernels' own run, whose date
+# the cell prints), so the share rests on two separate H200 runs, not one. Where the last
+# line's share is above one half, starting kernels is most of the lead on that GPU.
 #
 # ### Against the fewest kernels: what fusion itself saves
 #
@@ -1583,7 +1597,8 @@ assert sq_by_profile > 2 * lin_by_profile and sq_excess > 2 * lin_excess   # mos
 #
 # In bf16 the runs cannot agree to the bit; how far do they diverge? Three committed 200-step
 # bf16 runs on 16384-token sequences: two ranks with seed 0, its one-process twin, and one
-# process with seed 1 (other weights and batches: the yardstick).
+# process with seed 1 (other weights and batches: the yardstick). Their schedule warms up over
+# 20 steps; the cell also prints their first four losses beside section 3's, which rise further.
 
 # %%
 def loss_curve(path) -> list:
@@ -1600,6 +1615,16 @@ assert (seq200, steps200, gpu200, dtype200) == ("16384", "200", "NVIDIA H200", "
 assert [metas[n]["cp_size"] for n in cp200_paths] == ["1", "1", "2"]
 print(f"{steps200} steps, {dtype200}, {seq200} tokens per sequence, {gpu200}")
 loss = {name: loss_curve(p) for name, p in cp200_paths.items()}
+# the first updates (section 3): after a warmup over 20 steps the loss still rises, less far
+lr200 = {float(m["lr"]) for m in metas.values()}.pop()
+warm200 = round(lr200 / cpt.lr_schedule(0, int(steps200), lr200))    # the first update's share
+print(f"steps 1-4 (a {warm200}-step warmup): "
+      + "; ".join(f"{n} " + " ".join(f"{v:.2f}" for v in loss[n][:4]) for n in loss)
+      + f"; section 3's runs reach {one_loss[3]:.2f} and {two_loss[3]:.2f} at step 4")
+assert warm200 == 20 and len({m["lr"] for m in metas.values()}) == 1
+for name, curve in loss.items():
+    assert curve[0] < curve[1] < curve[2] < curve[3], f"{name}: rises over 3 updates"
+    assert curve[3] < min(one_loss[3], two_loss[3]), f"{name}: less far than section 3's"
 cp_gap = [abs(a - b) for a, b in zip(loss["2gpu-seed0"], loss["1gpu-seed0"])]
 seed_gap = [abs(a - b) for a, b in zip(loss["1gpu-seed1"], loss["1gpu-seed0"])]
 mean = lambda v: sum(v) / len(v)  # noqa: E731

@@ -41,6 +41,9 @@ STALE = {stem: _OLDER + _rerender(stem) for stem in (
     "00-setup-and-tour",
     "01-roformer-math",
     "02-pytorch-reference-and-layouts",
+    "11-rope-at-scale",
+    "12-rope-in-the-qkv-projection",
+    "13-rope-puzzles",
 )}
 # pages rendered before a data file they read was measured again
 _OLDER_DATA = ("the page shows outputs of benchmarks/results/floor-nvidia-h200.csv as it was "
