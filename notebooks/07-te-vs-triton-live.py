@@ -152,6 +152,9 @@ at_one = {r["provider"]: r for r in compare.read_csv(RESULTS / "seed_sweeps.csv"
 assert compare.read_meta(RESULTS / "seed_sweeps.csv")["gpu"] == "NVIDIA H200"
 assert (round(at_one["torch.compile"]["fwd_ms"] * 1e3),
         round(at_one["torch.compile"]["ratio_fwd"], 2)) == (84, 0.43)
+# notebook 04's run (its generations CSV): no forward above 1.01 of its copy
+gen_top = max(r["ratio_fwd"] for r in measured.load("generations")[1] if r["ratio_fwd"])
+assert round(gen_top, 2) == 1.01, gen_top
 # the same case in fp32, forward only
 rows32 = compare.run_case(dataclasses.replace(one, dtype="fp32"), providers=["ropelib", "pytorch"],
                           backward=False, device=device)
