@@ -190,8 +190,8 @@ else:
 # there). The times are your GPU's. The committed H200 sweep ran this shape with torch.compile's
 # forward at 84 µs, 0.43 of a copy; your table may show a very different ratio for it (section 4
 # finds its time not following the memory's; why, is an open question here). **Forward+backward:**
-# in that committed run ropelib's took 210.3 µs against TE's 138.7 µs; the cell prints the two
-# live, and which is the faster on your GPU. They need not agree: on the H200 the optional part
+# in that committed run (the ropelib of 29 November, section 5) ropelib's took 210.3 µs against
+# TE's 138.7 µs; the cell prints the two live, and which is the faster on your GPU. They need not agree: on the H200 the optional part
 # (A.2) finds that call's time set by the host that issues it, which differs from machine to
 # machine, and A.4 times it live on yours.
 
@@ -232,7 +232,9 @@ assert dash.figure.get_suptitle() == f"measured on {widgets.measured_on(dash_row
 # earlier batch-reuse kernel (notebook 04), TE's fused kernel and eager PyTorch; and bf16 sweeps of
 # sequence, head dim, heads and batch around a 32 MiB base, adding TE's unfused path and
 # torch.compile. The cell runs the first live (shrunk in the interpreter); on a GPU it prints each
-# provider's median **ratio to a copy** beside the committed run's.
+# provider's median **ratio to a copy** beside the committed run's. That run timed ropelib as it
+# was on 29 November (section 5 says what has changed since); the live column times the ropelib
+# you have, so its two ropelib numbers need not match.
 
 # %%
 first = compare.SEED_SWEEPS[0] if GPU else compare.shrink(compare.SEED_SWEEPS[0])
@@ -322,6 +324,15 @@ assert len(at_64mib) == 3 and all(slower[c, "torch.compile"] < 1 < slower[c, "co
 #
 # **Question: on an H200, where does each provider stand against a copy, and what sets that?**
 # The cell lists each committed file the text reads, with its GPU, its date and where it is read.
+#
+# **Which ropelib the sweeps timed.** `seed_sweeps.csv` was measured on 29 November 2026 at
+# 04:10 UTC (its header's date, asserted below), before `paired_rows_probe` first timed a flat
+# pass that holds both members of a pair in one thread (06:50 UTC that day). Its `ropelib` rows
+# are therefore the two-pass route with the element-wise flat pass, and the finished kernel of that
+# date. The flat pass changed later that day and again on 1 and 2 December; notebook 05 times
+# today's route (section 6, and A.9 for the step from the element-wise pass). Read ropelib's
+# ratios in this section, section 6 and A.1 as that date's; section 4 prints today's beside them
+# on your GPU. TE's rows and the copies are not ropelib's code.
 
 # %%
 import re
@@ -331,7 +342,13 @@ HOST_LOG = RESULTS / "host_by_size-nvidia-h200-20261204-1600.log"    # the host 
 PROVENANCE = {SEED_CSV: "2, 4-6, A.1", FIGURES / "02-unfused-kernels.csv": "5, 6",
               RESULTS / "floor-nvidia-h200.csv": "4, 6, A.1-A.4",
               RESULTS / f"floor-{H100}.csv": "4, 6, A.2, A.4",
-              HOST_LOG: "A.2, A.5"}
+              HOST_LOG: "A.2, A.5",
+              RESULTS / "generations-nvidia-h200.csv": "2 (notebook 04's run)",
+              RESULTS / "paired_rows_probe-nvidia-h200.csv": "5 (notebook 05's A.9)",
+              RESULTS / "two_pass-nvidia-h200-20261128-0853.csv": "5 (notebook 05's A.9)",
+              RESULTS / "two_pass-nvidia-h200.csv": "5 (notebook 05's section 6)",
+              RESULTS / "te_ncu-nvidia-h200.csv": "6 (notebook 04's 5.4)",
+              RESULTS / "te_ncu-nvidia-h200-20261201-1431-clock-none.csv": "6 (notebook 04's 5.4)"}
 when = {p.name: measured_when(p) for p in PROVENANCE if p.exists()}
 if HOST_LOG.exists():   # a log's name says "h200"; its first line names the GPU in full
     when[HOST_LOG.name] = (HOST_LOG.read_text().split(",", 1)[0].removeprefix("# "),
@@ -346,6 +363,13 @@ later = {part: measured.floor_run_date(floor_meta, part)   # larger tensors from
 print(f"floor-nvidia-h200.csv: its decode rows from {later['decode sbhd'][:16]}, its 64 MiB rows "
       f"from {later['64 MiB bf16 sbhd'][:16]}")
 assert later["decode sbhd"] == floor_meta["date"] < later["64 MiB bf16 sbhd"]
+# which ropelib the sweeps timed: their date, before the first timing of the pass of pairs
+pairs_date = measured.load("paired_rows_probe")[0]["date"]
+if SEED_CSV.exists():
+    seed_date = compare.read_meta(SEED_CSV)["date"]
+    print(f"seed_sweeps.csv measured {seed_date[:16]}, before paired_rows_probe first timed the "
+          f"pass of pairs ({pairs_date[:16]}): its ropelib rows are that date's library")
+    assert seed_date.startswith("2026-11-29T04:10") and seed_date < pairs_date
 
 DTYPES = ("fp32", "bf16") if SEED_CSV.exists() else ()
 if not DTYPES:
@@ -375,9 +399,13 @@ for dtype in DTYPES:
 # percentiles), ahead of TE's kernel and the batch-reuse kernel; 64 MiB is where ropelib
 # switches to its two-pass route (notebook 05, section 6). The one point well above 1 (fp32,
 # batch 8, the longest sequence: 1.11) is a slow copy: the copy's GB/s drops there and TE's ratio
-# jumps with it. **An open question:** in bf16 at the longest sequence ropelib's ratio is 0.987
-# and 0.984 at batches 2 and 4 but 0.931 at batch 8, the largest tensor; no measurement here says
-# why.
+# jumps with it. In bf16 at the longest sequence ropelib's ratio is 0.987 and 0.984 at batches 2
+# and 4 but 0.931 at batch 8, the largest tensor (480 MiB of $x$). That is the route of the
+# sweep's date: notebook 05's A.9 times the two passes with the element-wise flat pass (an H200
+# run of 28 November) at 0.977 of a copy at 256 MiB and 0.931 at 1 GiB, falling with the tensor
+# as this sweep does at batch 8; the pass of pairs that replaced it reaches 1.002 at 1 GiB
+# (notebook 05, section 6, a run of 2 December). The sweep has not been rerun since, so its
+# batch-8 point is not today's ropelib.
 
 # %%
 from ropelib.course import kernel_bandwidth
@@ -438,8 +466,27 @@ for dtype in DTYPES:
         print("bf16, longest sequence: ropelib's forward ratio",
               {b: round(r["ratio_fwd"], 3) for b, r in top.items()})
         assert round(top[1]["ratio_fwd"], 2) == 0.85 and not two_pass(top[1])
-        # batch 8 (the largest tensor) below batches 2 and 4: an open question
+        # batch 8 (the largest tensor, 480 MiB of x) below batches 2 and 4
         assert [round(top[b]["ratio_fwd"], 3) for b in (2, 4, 8)] == [0.987, 0.984, 0.931]
+        assert x_bytes(top[8]) == 480 * 2**20
+        # the route of that date, the element-wise flat pass, falls with the tensor (notebook
+        # 05's A.9, an H200 run of 28 November); the pass of pairs that replaced it (section 6's
+        # run) reaches the copy at 1 GiB
+        route_runs = {"element-wise flat pass": RESULTS / "two_pass-nvidia-h200-20261128-0853.csv",
+                      "pass of pairs": RESULTS / "two_pass-nvidia-h200.csv"}
+        route = {k: measured.two_pass(p.stem.removeprefix("two_pass-"))
+                 for k, p in route_runs.items()}
+        at_size = {size: f"bf16 sbhd {size} s{s}k b8" for size, s in (("256 MiB", 4), ("1 GiB", 16))}
+        two_passes = {(k, size): route[k][case, "forward"]["two-pass"]["ratio_to_copy"]
+                      for k in route for size, case in at_size.items()}
+        print("the two-pass route forced, forward ratio to a copy (notebook 05's H200 runs):")
+        for k, p in route_runs.items():
+            print(f"  {k:22s} ({measured_when(p)[1]}): " + ", ".join(
+                f"{size} {two_passes[k, size]:.3f}" for size in at_size))
+        assert [f"{two_passes[k, size]:.3f}" for k in route for size in at_size] == \
+            ["0.977", "0.931", "0.996", "1.002"]
+        run_dates = {k: compare.read_meta(p)["date"] for k, p in route_runs.items()}
+        assert run_dates["element-wise flat pass"] < seed_meta["date"] < run_dates["pass of pairs"]
     # a ratio well above 1 is the copy of that one point measured slow, not a kernel beating it
     for r in (r for (_, _, p), r in seq.items() if p == "ropelib" and r["ratio_fwd"] > 1.03):
         copy_gbps = {m["seq_len"]: compare.bytes_moved(as_config(m)) / m["copy_fwd_ms"] / 1e6
