@@ -189,9 +189,10 @@ else:
 # format: a few head-wise ulps, more element-wise near zero (hundreds at the GPU shape, checked
 # there). The times are your GPU's. The committed H200 sweep ran this shape with torch.compile's
 # forward at 84 µs, 0.43 of a copy; your table may show a very different ratio for it (section 4
-# finds its time not following the memory's; why, is an open question here). **Forward+backward:**
-# in that committed run (the ropelib of 29 November, section 5) ropelib's took 210.3 µs against
-# TE's 138.7 µs; the cell prints the two live, and which is the faster on your GPU. They need not agree: on the H200 the optional part
+# finds its time not following the memory's; section 5 gives a reading from A.4's model of
+# `do_bench`, not settled). **Forward+backward:** in that committed run (the ropelib of 29
+# November, section 5) ropelib's took 210.3 µs against TE's 138.7 µs; the cell prints the two
+# live, and which is the faster on your GPU. They need not agree: on the H200 the optional part
 # (A.2) finds that call's time set by the host that issues it, which differs from machine to
 # machine, and A.4 times it live on yours.
 
@@ -281,7 +282,8 @@ if GPU and SEED_CSV.exists():
 # on the H100 (TE's 1.14 to 1.30 times): their time does not follow the memory's alone (section 6
 # fits TE's slope on both GPUs). torch.compile's ratio carries where it ties the copy on the H200;
 # at 64 MiB its forward took *less* time on the H100 than on the H200 although the copy took more:
-# there its time does not follow the memory's, and what it follows is left open here.
+# there its time does not follow the memory's. Section 5 offers a reading, not settled: that on
+# the H200 `do_bench`'s sample of that call takes in part of the host's time (A.4).
 
 # %%
 H100 = "nvidia-h100-80gb-hbm3"
@@ -507,9 +509,21 @@ for dtype in DTYPES:
 # 64 MiB or more, ropelib's forward runs at 0.95 of the copy or above, below that at 0.88 or less.
 # TE's fused kernel stays at or below 0.60, behind ropelib at every point. In this H200 run
 # torch.compile's forward reaches the copy only on the largest tensors (0.99) and does not rise
-# monotonically (0.67 at $S = 2048$, 0.43 at 4096). **An open question:** what sets its time
-# at those sizes is not measured here, and another run can differ (section 2's table times
-# $S = 4096$ on your GPU).
+# monotonically (0.67 at $S = 2048$, 0.43 at 4096).
+#
+# **A reading of torch.compile's time, not settled.** A.4 takes `do_bench`'s loop apart: each
+# iteration zeroes a 256 MiB buffer before the call, and where the host issues an iteration more
+# slowly than the device runs that memset and the call's kernels, the device waits and the sample
+# takes in part of the host's time; where the host is faster, it gets ahead and the sample is the
+# kernels'. torch.compile's forward costs its host more than its kernels take: A.4 asserts it
+# host-bound back to back at 64 MiB on any GPU, and the H200's floor run times its host at 73 µs
+# a forward (at decode size), twice the 36 µs of the 64 MiB copy there. The H200's faster memory
+# also shortens the memset, which leaves the host less room to get ahead: that would make
+# `do_bench` read part of the host's time on the H200 and the kernels' time on the H100, as at
+# 64 MiB in section 4, and a larger tensor, whose kernels take longer, lets the host get ahead
+# again (the tie from 128 MiB on). The reading does not by itself say why the 32 MiB point sits
+# above the 64 MiB one, and no committed H200 run of A.4 tests it: A.4 prints on your GPU which
+# side waits, and section 2's table times $S = 4096$ there. Another run can differ.
 
 # %%
 AXES = {"seq-bf16": "seq_len", "hidden-bf16": "head_dim", "heads-bf16": "heads",
@@ -549,6 +563,13 @@ if DTYPES:
           {k[1]: round(v, 3) for k, v in tc.items() if k[0] == "seq-bf16"})
     assert [round(tc["seq-bf16", s], 2) for s in (2048, 4096, 8192)] == [0.67, 0.43, 0.99]
     assert round(tc["batch-bf16", 16], 2) == 0.99
+    # the reading's host side: torch.compile's host per forward (the H200's floor run, decode
+    # size) against the 64 MiB copy's time on the same GPU
+    tc_host = floor_by_gpu[measured.GPU]["decode host forward sbhd"]["torch.compile"]["ms"] * 1e3
+    copy_64 = floor_by_gpu[measured.GPU]["forward 64 MiB bf16 sbhd"]["copy"]["ms"] * 1e3
+    print(f"torch.compile's host per forward {tc_host:.1f} us (floor run, decode size); the "
+          f"64 MiB copy {copy_64:.1f} us ({floor_gpu_names[measured.GPU]})")
+    assert (round(tc_host), round(copy_64)) == (73, 36) and tc_host > 2 * copy_64
 
 # %% [markdown]
 # ## 6. Time against bytes: fixed cost and bandwidth from the sweeps
@@ -1092,15 +1113,16 @@ if not rows_ok:     # the worked kernel: rounded once; on a GPU below TE's fused
 # %% [markdown]
 # ## Open questions
 #
-# The notebook states these and does not answer them; each needs a GPU run (a profiler for the
-# first four, a host timing for the last):
+# The notebook states these and does not answer them; each needs a GPU run:
 #
-# - why ropelib's bf16 forward streams at 0.89 of the copy at batch 1 (section 6) and drops to
-#   0.931 at batch 8 (section 5);
-# - what sets TE's slope, if not the memory (section 6);
-# - what sets torch.compile's forward time where it falls well below the copy (sections 4, 5);
+# - whether the finished kernel's launch holds its gap to a copy at batch 1's sizes (under
+#   64 MiB) as notebook 05 finds at 256 MiB (section 6; a copy on its tile at those sizes would
+#   say);
+# - whether torch.compile's slow forward at 64 MiB on the H200 is `do_bench`'s sample taking in
+#   part of the host's time, as section 5 reads A.4's model (an H200 run of A.4 would say), and
+#   why its 32 MiB point sits above its 64 MiB one;
 # - which of the rotation's per-row instructions hold the racing kernel back from four rows on,
-#   and what holds B's token-angle variant back at four rows (section 7, B);
+#   and what holds B's token-angle variant back at four rows (section 7, B; a profiler);
 # - whether the H100 run's forward+backward loss to TE is its host's too: its replay puts the
 #   kernels ahead, but its host was timed at decode size only (A.2; a host timing at 64 MiB on
 #   the H100 would say).
@@ -1497,7 +1519,9 @@ del gcase64, leaves64, grads64, step64
 # so a few percent above 1 is a tie (section 2), not a kernel outrunning the memory. Autograd is
 # on here, as in training; each call's last line repeats the timings with it off, as section 2's
 # table times them: where `do_bench`'s fraction moves with the mode, the host's time per call
-# sets it.
+# sets it. torch.compile's lines test section 5's reading on your GPU: its enqueue above its
+# replay, and its `do_bench` level with the copy only where the regime line says the host got
+# ahead.
 
 # %%
 case2 = compare.make_case(one, device, seed=1)      # section 2's shape: 64 MiB of bf16 on a GPU
