@@ -1368,7 +1368,9 @@ time_three_ways = host_or_device if timed_by_learner else measuring.solution_hos
 # point $S = 2048$: `do_bench`, the enqueue (A.3), a replay, and `do_bench`'s loop written out
 # (`ropelib/course/nb07_dobench.py`), also with autograd's device thread off (the "thread"
 # column). Each provider's last line says which side waits and whether the written-out loop
-# agrees with `do_bench`: that verdict is the cell's reading. It also prints A.2's two
+# agrees with `do_bench`: that verdict is the cell's reading. *Agree* is loose: the loop's events
+# within a fifth of `do_bench`'s median either way (the line prints how far apart they are), as
+# two loops timed at different moments on a host-bound call can be. It also prints A.2's two
 # differences for each provider, the host beyond the kernels (enqueue − replayed) and the gap
 # (`do_bench` − replayed), side by side and not as a ratio: the enqueue leaves out the memset that
 # `do_bench` runs before each call, so the two are not parts of one whole, and the first can be
