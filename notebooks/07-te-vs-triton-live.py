@@ -1369,12 +1369,11 @@ time_three_ways = host_or_device if timed_by_learner else measuring.solution_hos
 # (`ropelib/course/nb07_dobench.py`), also with autograd's device thread off (the "thread"
 # column). Each provider's last line says which side waits and whether the written-out loop
 # agrees with `do_bench`: that verdict is the cell's reading. *Agree* is loose: the loop's events
-# within a fifth of `do_bench`'s median either way (the line prints how far apart they are), as
-# two loops timed at different moments on a host-bound call can be. It also prints A.2's two
-# differences for each provider, the host beyond the kernels (enqueue − replayed) and the gap
-# (`do_bench` − replayed), side by side and not as a ratio: the enqueue leaves out the memset that
-# `do_bench` runs before each call, so the two are not parts of one whole, and the first can be
-# several times the second. At this size both calls are host-bound (each enqueue above its
+# within a fifth of `do_bench`'s median either way (the line prints how far apart they are). It
+# also prints A.2's two differences for each provider, the host beyond the kernels (enqueue −
+# replayed) and the gap (`do_bench` − replayed), side by side and not as a ratio: the enqueue
+# leaves out the memset that `do_bench` runs before each call, so the two are not parts of one
+# whole, and the first can be several times the second. At this size both calls are host-bound (each enqueue above its
 # replay, asserted), TE's too, and TE's kernels are shorter than at A.2's 64 MiB while its host is
 # not; a TE gap that is a sizeable part of its replay here does not contradict A.2, where TE's
 # committed gap at 64 MiB was under an eighth of its kernels.
