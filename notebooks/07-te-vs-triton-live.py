@@ -478,7 +478,8 @@ for dtype in DTYPES:
                       "pass of pairs": RESULTS / "two_pass-nvidia-h200.csv"}
         route = {k: measured.two_pass(p.stem.removeprefix("two_pass-"))
                  for k, p in route_runs.items()}
-        at_size = {size: f"bf16 sbhd {size} s{s}k b8" for size, s in (("256 MiB", 4), ("1 GiB", 16))}
+        at_size = {size: f"bf16 sbhd {size} s{s}k b8"
+                   for size, s in (("256 MiB", 4), ("1 GiB", 16))}
         two_passes = {(k, size): route[k][case, "forward"]["two-pass"]["ratio_to_copy"]
                       for k in route for size, case in at_size.items()}
         print("the two-pass route forced, forward ratio to a copy (notebook 05's H200 runs):")
@@ -518,7 +519,7 @@ for dtype in DTYPES:
 # kernels'. torch.compile's forward costs its host more than its kernels take: A.4 asserts it
 # host-bound back to back at 64 MiB on any GPU, and the H200's floor run times its host at 73 µs
 # a forward (at decode size), twice the 36 µs of the 64 MiB copy there. The H200's faster memory
-# also shortens the memset, which leaves the host less room to get ahead: that would make
+# should also shorten the memset, leaving the host less room to get ahead: that would make
 # `do_bench` read part of the host's time on the H200 and the kernels' time on the H100, as at
 # 64 MiB in section 4, and a larger tensor, whose kernels take longer, lets the host get ahead
 # again (the tie from 128 MiB on). The reading does not by itself say why the 32 MiB point sits
@@ -1373,10 +1374,10 @@ time_three_ways = host_or_device if timed_by_learner else measuring.solution_hos
 # also prints A.2's two differences for each provider, the host beyond the kernels (enqueue −
 # replayed) and the gap (`do_bench` − replayed), side by side and not as a ratio: the enqueue
 # leaves out the memset that `do_bench` runs before each call, so the two are not parts of one
-# whole, and the first can be several times the second. At this size both calls are host-bound (each enqueue above its
-# replay, asserted), TE's too, and TE's kernels are shorter than at A.2's 64 MiB while its host is
-# not; a TE gap that is a sizeable part of its replay here does not contradict A.2, where TE's
-# committed gap at 64 MiB was under an eighth of its kernels.
+# whole, and the first can be several times the second. At this size both calls are host-bound
+# (each enqueue above its replay, asserted), TE's too, and TE's kernels are shorter than at A.2's
+# 64 MiB while its host is not; a TE gap that is a sizeable part of its replay here does not
+# contradict A.2, where TE's committed gap at 64 MiB was under an eighth of its kernels.
 
 # %%
 import random
