@@ -805,7 +805,8 @@ step_a = check_bits(BIG, as_written)
 # gpu_row(case, variant): the elements a committed run's row counts as differing from TE's
 H100_BIG = debug.te_bits_case(H100_RUN, "nb_gpu")
 STEP_A_ROWS = [   # (how the line is evaluated, the committed row)
-    ("the kernel above, contraction off: every product rounded, y_none", "free_sub-nofuse/tl"),
+    ("contraction off, te_bits.py's copy of the reproduction kernel: every product rounded, "
+     "y_none", "free_sub-nofuse/tl"),
     ("contraction on, te_bits.py's copy of the reproduction kernel: the compiler's fma "
      "(step e)", "free_sub/tl"),
     ("the TE emulation, torch on the GPU: every product rounded", "emulation:device"),
