@@ -632,7 +632,8 @@ assert all(run_row(BITS, v)["numel"] == 1_048_576 for v in PRESET_ROWS.values())
 # The lines under the chart are the committed runs against the real TE: with the FMA every output
 # has TE's bits; the fixed kernel, the fma left to the compiler, is off by up to $2^{-6}$. The
 # rows above the chart are this machine's: on the CPU the fixed row is 0 too (the emulation
-# rounds both products, as the interpreter does); on a GPU of compute capability 9.0 with TE, they
+# rounds both products, as the interpreter does); on a GPU of compute capability 9.0 with TE and
+# Triton 3.6 (the reference run's, which the cell compares against; section 4b asserts both), they
 # show the committed $2^{-6}$ and 0.
 
 # %% [markdown]
