@@ -1077,8 +1077,9 @@ assert llir_sums["_rope_combine_kernel (above)"]["y2"]["first"] == ["x2 * c"]
 # IR holds $y_2 = x_2 c + x_1 s$ the other way round, so $x_1 s$ is fused. Which LLVM pass
 # swaps it is not shown here: `nb08_passes.repro_trace(False)` (from `ropelib.course`; it
 # compiles in a second Python with LLVM's print-after-all, a minute or so) lists the passes after
-# which the order changed, and names `Reassociate`. Four sums are not a rule, so the source must
-# fix the order: `tl.fma`.
+# which the order changed, and names `Reassociate`: `tests/test_nb08_passes.py` runs it and checks
+# that the one pass to change the order is `ReassociatePass`. Four sums are not a rule, so the
+# source must fix the order: `tl.fma`.
 
 # %% [markdown]
 # **Which change did it: one change per row.** The same steps in section 1's kernel, from the
