@@ -152,6 +152,9 @@ at_one = {r["provider"]: r for r in compare.read_csv(RESULTS / "seed_sweeps.csv"
 assert compare.read_meta(RESULTS / "seed_sweeps.csv")["gpu"] == "NVIDIA H200"
 assert (round(at_one["torch.compile"]["fwd_ms"] * 1e3),
         round(at_one["torch.compile"]["ratio_fwd"], 2)) == (84, 0.43)
+# notebook 04's run (its generations CSV): no forward above 1.01 of its copy
+gen_top = max(r["ratio_fwd"] for r in measured.load("generations")[1] if r["ratio_fwd"])
+assert round(gen_top, 2) == 1.01, gen_top
 # the same case in fp32, forward only
 rows32 = compare.run_case(dataclasses.replace(one, dtype="fp32"), providers=["ropelib", "pytorch"],
                           backward=False, device=device)
@@ -186,8 +189,9 @@ else:
 # format: a few head-wise ulps, more element-wise near zero (hundreds at the GPU shape, checked
 # there). The times are your GPU's. The committed H200 sweep ran this shape with torch.compile's
 # forward at 84 µs, 0.43 of a copy; your table may show a very different ratio for it (section 4
-# finds its time not following the memory's; why, is an open question here). **Forward+backward:**
-# in that committed run ropelib's took 210.3 µs against TE's 138.7 µs; the cell prints the two
+# finds its time not following the memory's; section 5 gives a reading from A.4's model of
+# `do_bench`, not settled). **Forward+backward:** in that committed run (the ropelib of 29
+# November, section 5) ropelib's took 210.3 µs against TE's 138.7 µs; the cell prints the two
 # live, and which is the faster on your GPU. They need not agree: on the H200 the optional part
 # (A.2) finds that call's time set by the host that issues it, which differs from machine to
 # machine, and A.4 times it live on yours.
@@ -229,7 +233,9 @@ assert dash.figure.get_suptitle() == f"measured on {widgets.measured_on(dash_row
 # earlier batch-reuse kernel (notebook 04), TE's fused kernel and eager PyTorch; and bf16 sweeps of
 # sequence, head dim, heads and batch around a 32 MiB base, adding TE's unfused path and
 # torch.compile. The cell runs the first live (shrunk in the interpreter); on a GPU it prints each
-# provider's median **ratio to a copy** beside the committed run's.
+# provider's median **ratio to a copy** beside the committed run's. That run timed ropelib as it
+# was on 29 November (section 5 says what has changed since); the live column times the ropelib
+# you have, so its two ropelib numbers need not match.
 
 # %%
 first = compare.SEED_SWEEPS[0] if GPU else compare.shrink(compare.SEED_SWEEPS[0])
@@ -276,7 +282,8 @@ if GPU and SEED_CSV.exists():
 # on the H100 (TE's 1.14 to 1.30 times): their time does not follow the memory's alone (section 6
 # fits TE's slope on both GPUs). torch.compile's ratio carries where it ties the copy on the H200;
 # at 64 MiB its forward took *less* time on the H100 than on the H200 although the copy took more:
-# there its time does not follow the memory's, and what it follows is left open here.
+# there its time does not follow the memory's. Section 5 offers a reading, not settled: that on
+# the H200 `do_bench`'s sample of that call takes in part of the host's time (A.4).
 
 # %%
 H100 = "nvidia-h100-80gb-hbm3"
@@ -319,6 +326,15 @@ assert len(at_64mib) == 3 and all(slower[c, "torch.compile"] < 1 < slower[c, "co
 #
 # **Question: on an H200, where does each provider stand against a copy, and what sets that?**
 # The cell lists each committed file the text reads, with its GPU, its date and where it is read.
+#
+# **Which ropelib the sweeps timed.** `seed_sweeps.csv` was measured on 29 November 2026 at
+# 04:10 UTC (its header's date, asserted below), before `paired_rows_probe` first timed a flat
+# pass that holds both members of a pair in one thread (06:50 UTC that day). Its `ropelib` rows
+# are therefore the two-pass route with the element-wise flat pass, and the finished kernel of that
+# date. The flat pass changed later that day and again on 1 and 2 December; notebook 05 times
+# today's route (section 6, and A.9 for the step from the element-wise pass). Read ropelib's
+# ratios in this section, section 6 and A.1 as that date's; section 4 prints today's beside them
+# on your GPU. TE's rows and the copies are not ropelib's code.
 
 # %%
 import re
@@ -328,7 +344,13 @@ HOST_LOG = RESULTS / "host_by_size-nvidia-h200-20261204-1600.log"    # the host 
 PROVENANCE = {SEED_CSV: "2, 4-6, A.1", FIGURES / "02-unfused-kernels.csv": "5, 6",
               RESULTS / "floor-nvidia-h200.csv": "4, 6, A.1-A.4",
               RESULTS / f"floor-{H100}.csv": "4, 6, A.2, A.4",
-              HOST_LOG: "A.2, A.5"}
+              HOST_LOG: "A.2, A.5",
+              RESULTS / "generations-nvidia-h200.csv": "2 (notebook 04's run)",
+              RESULTS / "paired_rows_probe-nvidia-h200.csv": "5 (notebook 05's A.9)",
+              RESULTS / "two_pass-nvidia-h200-20261128-0853.csv": "5 (notebook 05's A.9)",
+              RESULTS / "two_pass-nvidia-h200.csv": "5 (notebook 05's section 6)",
+              RESULTS / "te_ncu-nvidia-h200.csv": "6 (notebook 04's 5.4)",
+              RESULTS / "te_ncu-nvidia-h200-20261201-1431-clock-none.csv": "6 (notebook 04's 5.4)"}
 when = {p.name: measured_when(p) for p in PROVENANCE if p.exists()}
 if HOST_LOG.exists():   # a log's name says "h200"; its first line names the GPU in full
     when[HOST_LOG.name] = (HOST_LOG.read_text().split(",", 1)[0].removeprefix("# "),
@@ -343,6 +365,13 @@ later = {part: measured.floor_run_date(floor_meta, part)   # larger tensors from
 print(f"floor-nvidia-h200.csv: its decode rows from {later['decode sbhd'][:16]}, its 64 MiB rows "
       f"from {later['64 MiB bf16 sbhd'][:16]}")
 assert later["decode sbhd"] == floor_meta["date"] < later["64 MiB bf16 sbhd"]
+# which ropelib the sweeps timed: their date, before the first timing of the pass of pairs
+pairs_date = measured.load("paired_rows_probe")[0]["date"]
+if SEED_CSV.exists():
+    seed_date = compare.read_meta(SEED_CSV)["date"]
+    print(f"seed_sweeps.csv measured {seed_date[:16]}, before paired_rows_probe first timed the "
+          f"pass of pairs ({pairs_date[:16]}): its ropelib rows are that date's library")
+    assert seed_date.startswith("2026-11-29T04:10") and seed_date < pairs_date
 
 DTYPES = ("fp32", "bf16") if SEED_CSV.exists() else ()
 if not DTYPES:
@@ -372,9 +401,13 @@ for dtype in DTYPES:
 # percentiles), ahead of TE's kernel and the batch-reuse kernel; 64 MiB is where ropelib
 # switches to its two-pass route (notebook 05, section 6). The one point well above 1 (fp32,
 # batch 8, the longest sequence: 1.11) is a slow copy: the copy's GB/s drops there and TE's ratio
-# jumps with it. **An open question:** in bf16 at the longest sequence ropelib's ratio is 0.987
-# and 0.984 at batches 2 and 4 but 0.931 at batch 8, the largest tensor; no measurement here says
-# why.
+# jumps with it. In bf16 at the longest sequence ropelib's ratio is 0.987 and 0.984 at batches 2
+# and 4 but 0.931 at batch 8, the largest tensor (480 MiB of $x$). That is the route of the
+# sweep's date: notebook 05's A.9 times the two passes with the element-wise flat pass (an H200
+# run of 28 November) at 0.977 of a copy at 256 MiB and 0.931 at 1 GiB, falling with the tensor
+# as this sweep does at batch 8; the pass of pairs that replaced it reaches 1.002 at 1 GiB
+# (notebook 05, section 6, a run of 2 December). The sweep has not been rerun since, so its
+# batch-8 point is not today's ropelib.
 
 # %%
 from ropelib.course import kernel_bandwidth
@@ -435,8 +468,28 @@ for dtype in DTYPES:
         print("bf16, longest sequence: ropelib's forward ratio",
               {b: round(r["ratio_fwd"], 3) for b, r in top.items()})
         assert round(top[1]["ratio_fwd"], 2) == 0.85 and not two_pass(top[1])
-        # batch 8 (the largest tensor) below batches 2 and 4: an open question
+        # batch 8 (the largest tensor, 480 MiB of x) below batches 2 and 4
         assert [round(top[b]["ratio_fwd"], 3) for b in (2, 4, 8)] == [0.987, 0.984, 0.931]
+        assert x_bytes(top[8]) == 480 * 2**20
+        # the route of that date, the element-wise flat pass, falls with the tensor (notebook
+        # 05's A.9, an H200 run of 28 November); the pass of pairs that replaced it (section 6's
+        # run) reaches the copy at 1 GiB
+        route_runs = {"element-wise flat pass": RESULTS / "two_pass-nvidia-h200-20261128-0853.csv",
+                      "pass of pairs": RESULTS / "two_pass-nvidia-h200.csv"}
+        route = {k: measured.two_pass(p.stem.removeprefix("two_pass-"))
+                 for k, p in route_runs.items()}
+        at_size = {size: f"bf16 sbhd {size} s{s}k b8"
+                   for size, s in (("256 MiB", 4), ("1 GiB", 16))}
+        two_passes = {(k, size): route[k][case, "forward"]["two-pass"]["ratio_to_copy"]
+                      for k in route for size, case in at_size.items()}
+        print("the two-pass route forced, forward ratio to a copy (notebook 05's H200 runs):")
+        for k, p in route_runs.items():
+            print(f"  {k:22s} ({measured_when(p)[1]}): " + ", ".join(
+                f"{size} {two_passes[k, size]:.3f}" for size in at_size))
+        assert [f"{two_passes[k, size]:.3f}" for k in route for size in at_size] == \
+            ["0.977", "0.931", "0.996", "1.002"]
+        run_dates = {k: compare.read_meta(p)["date"] for k, p in route_runs.items()}
+        assert run_dates["element-wise flat pass"] < seed_meta["date"] < run_dates["pass of pairs"]
     # a ratio well above 1 is the copy of that one point measured slow, not a kernel beating it
     for r in (r for (_, _, p), r in seq.items() if p == "ropelib" and r["ratio_fwd"] > 1.03):
         copy_gbps = {m["seq_len"]: compare.bytes_moved(as_config(m)) / m["copy_fwd_ms"] / 1e6
@@ -457,9 +510,21 @@ for dtype in DTYPES:
 # 64 MiB or more, ropelib's forward runs at 0.95 of the copy or above, below that at 0.88 or less.
 # TE's fused kernel stays at or below 0.60, behind ropelib at every point. In this H200 run
 # torch.compile's forward reaches the copy only on the largest tensors (0.99) and does not rise
-# monotonically (0.67 at $S = 2048$, 0.43 at 4096). **An open question:** what sets its time
-# at those sizes is not measured here, and another run can differ (section 2's table times
-# $S = 4096$ on your GPU).
+# monotonically (0.67 at $S = 2048$, 0.43 at 4096).
+#
+# **A reading of torch.compile's time, not settled.** A.4 takes `do_bench`'s loop apart: each
+# iteration zeroes a 256 MiB buffer before the call, and where the host issues an iteration more
+# slowly than the device runs that memset and the call's kernels, the device waits and the sample
+# takes in part of the host's time; where the host is faster, it gets ahead and the sample is the
+# kernels'. torch.compile's forward costs its host more than its kernels take: A.4 asserts it
+# host-bound back to back at 64 MiB on any GPU, and the H200's floor run times its host at 73 µs
+# a forward (at decode size), twice the 36 µs of the 64 MiB copy there. The H200's faster memory
+# should also shorten the memset, leaving the host less room to get ahead: that would make
+# `do_bench` read part of the host's time on the H200 and the kernels' time on the H100, as at
+# 64 MiB in section 4, and a larger tensor, whose kernels take longer, lets the host get ahead
+# again (the tie from 128 MiB on). The reading does not by itself say why the 32 MiB point sits
+# above the 64 MiB one, and no committed H200 run of A.4 tests it: A.4 prints on your GPU which
+# side waits, and section 2's table times $S = 4096$ there. Another run can differ.
 
 # %%
 AXES = {"seq-bf16": "seq_len", "hidden-bf16": "head_dim", "heads-bf16": "heads",
@@ -499,6 +564,13 @@ if DTYPES:
           {k[1]: round(v, 3) for k, v in tc.items() if k[0] == "seq-bf16"})
     assert [round(tc["seq-bf16", s], 2) for s in (2048, 4096, 8192)] == [0.67, 0.43, 0.99]
     assert round(tc["batch-bf16", 16], 2) == 0.99
+    # the reading's host side: torch.compile's host per forward (the H200's floor run, decode
+    # size) against the 64 MiB copy's time on the same GPU
+    tc_host = floor_by_gpu[measured.GPU]["decode host forward sbhd"]["torch.compile"]["ms"] * 1e3
+    copy_64 = floor_by_gpu[measured.GPU]["forward 64 MiB bf16 sbhd"]["copy"]["ms"] * 1e3
+    print(f"torch.compile's host per forward {tc_host:.1f} us (floor run, decode size); the "
+          f"64 MiB copy {copy_64:.1f} us ({floor_gpu_names[measured.GPU]})")
+    assert (round(tc_host), round(copy_64)) == (73, 36) and tc_host > 2 * copy_64
 
 # %% [markdown]
 # ## 6. Time against bytes: fixed cost and bandwidth from the sweeps
@@ -565,14 +637,33 @@ print("bandwidth, H200 / H100:", {p: round(float(v), 2) for p, v in h200_over_h1
 assert all(abs(bw(g, "ropelib") / bw(g, "copy") - 1) < 0.01 for g in floor_by_gpu)
 assert [round(bw(g, "te_fused") / bw(g, "copy"), 2) for g in (measured.GPU, H100)] == [0.53, 0.68]
 assert [round(h200_over_h100[p], 2) for p in ("copy", "ropelib", "te_fused")] == [1.42, 1.42, 1.10]
+# what sets TE's slope: notebook 04, section 5.4 (Nsight Compute, H200, bf16 sbhd at 256 MiB).
+# TE's warp instructions per element against the batch-reusing grid's, the share of its time
+# spent issuing, and the H100's time predicted with the issuing kept and the rest stretched as
+# the copy's time is (section 4's floor-suite ratios)
+te_locked, te_free, te_ncu_meta = measured.te_profiles()
+te_inst = te_locked["te_fused"]["warp_inst"] / te_locked["sh_loop_b"]["warp_inst"]
+te_split = te_free["te_fused"]
+c256 = "forward 256 MiB bf16 sbhd"
+te_predicted = (te_split["issue_us"] + (te_split["empty_us"] + te_split["idle_us"])
+                * slower[c256, "copy"]) / te_split["us"]
+print(f"TE's kernel ({te_ncu_meta['free']['gpu']}, notebook 04's profiles): {te_inst:.1f}x the "
+      f"grid's warp instructions per element, issuing {te_split['issue_share']:.0%} of its time; "
+      f"H100 / H200 time at 256 MiB predicted {te_predicted:.2f}, measured "
+      f"{slower[c256, 'te_fused']:.2f} (the copy's {slower[c256, 'copy']:.2f})")
+assert round(te_inst, 1) == 2.5 and round(te_split["issue_share"], 2) == 0.66
+assert abs(te_predicted / slower[c256, "te_fused"] - 1) < 0.03
 
 # %% [markdown]
 # **The slope behind section 4's ratios.** On each GPU ropelib's line streams with the copy's.
 # TE's streams at about half the copy's bandwidth on the H200 and two thirds on the H100, and
 # gains 1.10 times from the H200's memory where the copy gains 1.42, so its ratio to a copy
-# rises on the slower-memory GPU. **An open question:** what sets TE's slope, if not the memory,
-# is not measured here; the times alone cannot say (a profile of TE's kernel on each GPU, its
-# DRAM throughput and its warps' stall reasons, would).
+# rises on the slower-memory GPU. What sets TE's slope, if not the memory, notebook 04 answers
+# (section 5.4) from Nsight Compute profiles of TE's kernel on the H200 at 256 MiB: it executes
+# 2.5 times the batch-reusing grid's warp instructions per element, and issuing them takes two
+# thirds of its time, which slower memory does not lengthen. Keeping that share and stretching
+# the rest as the copy's time stretches predicts TE's H100 time at 256 MiB within 3 % (the cell
+# prints both).
 
 # %% [markdown]
 # **When is $1/b$ a bandwidth?** Only when the line fits: a slope the points do not pin down
@@ -658,13 +749,15 @@ if len(models) == 2:
     assert [(round(min(v), 1), round(max(v), 1)) for v in (t0_copy, extra, fused)] == [
         (5.3, 5.4), (2.4, 3.1), (7.8, 10.3)]
     assert [round(t0[d, "pytorch"], 1) for d in ("fp32", "bf16")] == [35.5, 60.7]
-    # ropelib's fp32 line against the copy's: 1.7 % faster, but the two bands overlap: a tie
+    # ropelib's fp32 line against the copy's: 1.7 % faster, but the two bands overlap: a tie (a
+    # line through both of ropelib's routes: the cell after next fits each on its own)
     assert [round(v) for v in (models["fp32"]["ropelib"]["fwd"][1],
                                models["fp32"]["ropelib"]["copy"][1])] == [4368, 4296]
     r32, c32 = band["fp32", "ropelib", "fwd"], band["fp32", "ropelib", "copy"]
     assert r32[0] <= c32[1] and c32[0] <= r32[1] and round(
         models["fp32"]["ropelib"]["fwd"][1] / models["fp32"]["ropelib"]["copy"][1] - 1, 3) == 0.017
-    # bf16 at batch 1: ropelib's line streams at 0.89 of the copy's, its band wholly below
+    # bf16 at batch 1: ropelib's line streams at 0.89 of the copy's, its band wholly below (every
+    # point the finished kernel's: the cell after next)
     assert round(models["bf16"]["ropelib"]["fwd"][1] / models["bf16"]["ropelib"]["copy"][1], 2) \
         == 0.89
     assert band["bf16", "ropelib", "fwd"][1] < band["bf16", "ropelib", "copy"][0]
@@ -705,10 +798,76 @@ if "bf16" in models:     # ropelib's bf16 sweep at batch 1, S = 2048 held out
     plt.show()
 
 # %% [markdown]
-# **What the forward lines say.** ropelib pays less per call than TE's kernel and streams faster;
-# its fp32 line ties the copy's (the bands overlap), its bf16 line streams at 0.89 of it (the band
-# wholly below). Why bf16 streams below the copy at batch 1 is an open question: nothing committed
-# here measures it.
+# **One route at a time.** ropelib's lines above span the switch between its two routes (section
+# 5): $x$ under 64 MiB takes the finished kernel, from 64 MiB the two passes. At batch 1 every bf16
+# point is under 64 MiB ($x$ of 60 MiB at the longest sequence), so the bf16 line is the finished
+# kernel alone; the fp32 line joins 7 points of the finished kernel to 8 of the two passes. A
+# difference between the two lines may therefore be the route's, not the dtype's. The cell fits
+# ropelib's points of each route on their own, beside the copies timed with those points.
+
+# %%
+if len(models) == 2:
+    route_fit, route_points = {}, {}
+    print("ropelib's forward at batch 1 by route: bandwidth [slope +- two standard errors] "
+          "against the copies of the same points")
+    for d in DTYPES:
+        swept = models[d]["ropelib"]["rows"]
+        for route, part in (("one pass", [r for r in swept if not two_pass(r)]),
+                            ("two passes", [r for r in swept if two_pass(r)])):
+            route_points[d, route] = part
+            if len(part) < 3:                   # no line through fewer than three points
+                continue
+            nb = [compare.bytes_moved(as_config(r)) for r in part]
+            lines = {}
+            for key, col in (("fwd", "fwd_ms"), ("copy", "copy_fwd_ms")):
+                line = fit(nb, [r[col] for r in part])
+                _, slope, se = line_spread(nb, [r[col] for r in part], *line)
+                lines[key] = (line[1], 2**20 / ((slope + 2 * se) * 1e3),
+                              2**20 / ((slope - 2 * se) * 1e3))
+            route_fit[d, route] = lines
+            (bwf, lo, hi), (bwc, clo, chi) = lines["fwd"], lines["copy"]
+            pts = [r["ratio_fwd"] for r in part]
+            print(f"  {d} {route:10s} {len(part):2d} points ({min(map(x_bytes, part)) / 2**20:3.0f}"
+                  f"-{max(map(x_bytes, part)) / 2**20:3.0f} MiB of x, ratios {min(pts):.2f}-"
+                  f"{max(pts):.2f}): {bwf:4.0f} GB/s [{lo:4.0f}, {hi:4.0f}] against the copy's "
+                  f"{bwc:4.0f} [{clo:4.0f}, {chi:4.0f}]: {bwf / bwc:.3f} of it")
+    of_copy_line = {k: v["fwd"][0] / v["copy"][0] for k, v in route_fit.items()}
+    below = {k: v["fwd"][2] < v["copy"][1] for k, v in route_fit.items()}   # band wholly below
+    n_points = {k: len(v) for k, v in route_points.items()}
+    # every bf16 point takes one pass (x of 60 MiB at most); fp32: 7 of one pass, 8 of two
+    assert n_points == {("fp32", "one pass"): 7, ("fp32", "two passes"): 8,
+                        ("bf16", "one pass"): 15, ("bf16", "two passes"): 0}
+    assert max(map(x_bytes, route_points["bf16", "one pass"])) == 60 * 2**20
+    pts_range = {k: [round(f(r["ratio_fwd"] for r in v), 2) for f in (min, max)]
+                 for k, v in route_points.items() if v}
+    assert pts_range["fp32", "one pass"] == [0.88, 0.93]
+    assert pts_range["fp32", "two passes"] == [0.95, 0.98]
+    # the finished kernel: 0.91 of the copy's line in fp32, 0.89 in bf16, its band wholly below;
+    # the two passes: 1.017 of it, the bands overlapping (a tie)
+    assert [round(of_copy_line[k], 2) for k in (("fp32", "one pass"), ("bf16", "one pass"))] \
+        == [0.91, 0.89] and below["fp32", "one pass"] and below["bf16", "one pass"]
+    f2, c2 = route_fit["fp32", "two passes"]["fwd"], route_fit["fp32", "two passes"]["copy"]
+    assert round(of_copy_line["fp32", "two passes"], 3) == 1.017
+    assert f2[1] <= c2[2] and c2[1] <= f2[2]
+    # the line through all 15 fp32 points streams faster than either route's own: the time steps
+    # down where the route switches
+    all_fp32 = models["fp32"]["ropelib"]["fwd"][1]
+    print(f"  fp32, all 15 points: {all_fp32:.0f} GB/s, above either route's own")
+    assert all_fp32 > max(route_fit["fp32", r]["fwd"][0] for r in ("one pass", "two passes"))
+    assert [round(route_fit["fp32", r]["fwd"][0]) for r in ("one pass", "two passes")] == \
+        [3943, 4217]
+
+# %% [markdown]
+# **What the forward lines say.** ropelib pays less per call than TE's kernel and streams faster.
+# Taken one route at a time, its batch-1 lines compare routes, not dtypes: the finished kernel
+# streams at 0.91 of the copy's line in fp32 and 0.89 in bf16, its band wholly below the copy's in
+# both, and the two passes at 1.017 of it in fp32, the bands overlapping: a tie. The line through
+# all 15 fp32 points ties the copy's only because it joins the two: the time steps down where the
+# route switches at 64 MiB, and the line through both streams at 4,368 GB/s, faster than either
+# route's own (3,943 and 4,217). Notebook 05 measures the finished kernel at about nine tenths of
+# a copy on the H200 and finds its gap in its launch at 256 MiB (section 5, the gap to a copy);
+# whether its launch holds the gap at these smaller batch-1 sizes too is not measured here. All of
+# this is the ropelib of the sweep's date (section 5).
 
 # %% [markdown]
 # ## 7. Your kernel in the race
@@ -955,15 +1114,16 @@ if not rows_ok:     # the worked kernel: rounded once; on a GPU below TE's fused
 # %% [markdown]
 # ## Open questions
 #
-# The notebook states these and does not answer them; each needs a GPU run (a profiler for the
-# first four, a host timing for the last):
+# The notebook states these and does not answer them; each needs a GPU run:
 #
-# - why ropelib's bf16 forward streams at 0.89 of the copy at batch 1 (section 6) and drops to
-#   0.931 at batch 8 (section 5);
-# - what sets TE's slope, if not the memory (section 6);
-# - what sets torch.compile's forward time where it falls well below the copy (sections 4, 5);
+# - whether the finished kernel's launch holds its gap to a copy at batch 1's sizes (under
+#   64 MiB) as notebook 05 finds at 256 MiB (section 6; a copy on its tile at those sizes would
+#   say);
+# - whether torch.compile's slow forward at 64 MiB on the H200 is `do_bench`'s sample taking in
+#   part of the host's time, as section 5 reads A.4's model (an H200 run of A.4 would say), and
+#   why its 32 MiB point sits above its 64 MiB one;
 # - which of the rotation's per-row instructions hold the racing kernel back from four rows on,
-#   and what holds B's token-angle variant back at four rows (section 7, B);
+#   and what holds B's token-angle variant back at four rows (section 7, B; a profiler);
 # - whether the H100 run's forward+backward loss to TE is its host's too: its replay puts the
 #   kernels ahead, but its host was timed at decode size only (A.2; a host timing at 64 MiB on
 #   the H100 would say).
@@ -1209,14 +1369,15 @@ time_three_ways = host_or_device if timed_by_learner else measuring.solution_hos
 # point $S = 2048$: `do_bench`, the enqueue (A.3), a replay, and `do_bench`'s loop written out
 # (`ropelib/course/nb07_dobench.py`), also with autograd's device thread off (the "thread"
 # column). Each provider's last line says which side waits and whether the written-out loop
-# agrees with `do_bench`: that verdict is the cell's reading. It also prints A.2's two
-# differences for each provider, the host beyond the kernels (enqueue − replayed) and the gap
-# (`do_bench` − replayed), side by side and not as a ratio: the enqueue leaves out the memset that
-# `do_bench` runs before each call, so the two are not parts of one whole, and the first can be
-# several times the second. At this size both calls are host-bound (each enqueue above its
-# replay, asserted), TE's too, and TE's kernels are shorter than at A.2's 64 MiB while its host is
-# not; a TE gap that is a sizeable part of its replay here does not contradict A.2, where TE's
-# committed gap at 64 MiB was under an eighth of its kernels.
+# agrees with `do_bench`: that verdict is the cell's reading. *Agree* is loose: the loop's events
+# within a fifth of `do_bench`'s median either way (the line prints how far apart they are). It
+# also prints A.2's two differences for each provider, the host beyond the kernels (enqueue −
+# replayed) and the gap (`do_bench` − replayed), side by side and not as a ratio: the enqueue
+# leaves out the memset that `do_bench` runs before each call, so the two are not parts of one
+# whole, and the first can be several times the second. At this size both calls are host-bound
+# (each enqueue above its replay, asserted), TE's too, and TE's kernels are shorter than at A.2's
+# 64 MiB while its host is not; a TE gap that is a sizeable part of its replay here does not
+# contradict A.2, where TE's committed gap at 64 MiB was under an eighth of its kernels.
 
 # %%
 import random
@@ -1360,7 +1521,9 @@ del gcase64, leaves64, grads64, step64
 # so a few percent above 1 is a tie (section 2), not a kernel outrunning the memory. Autograd is
 # on here, as in training; each call's last line repeats the timings with it off, as section 2's
 # table times them: where `do_bench`'s fraction moves with the mode, the host's time per call
-# sets it.
+# sets it. torch.compile's lines test section 5's reading on your GPU: its enqueue above its
+# replay, and its `do_bench` level with the copy only where the regime line says the host got
+# ahead.
 
 # %%
 case2 = compare.make_case(one, device, seed=1)      # section 2's shape: 64 MiB of bf16 on a GPU

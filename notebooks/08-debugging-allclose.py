@@ -330,9 +330,13 @@ print(f"the probe at position {loc['position']}, dim {loc['dim']}: stored y roun
       f"{loc['b']:.5g}), fp32 table {torch.tensor(y_fp32_p).bfloat16().item():.5g} "
       f"({res.te_label} there {loc['a']:.5g})")
 assert torch.tensor(y_bf16_p).bfloat16().item() == loc["b"]   # the reported kernel's element
-assert (cb_p, sb_p) != (c_p, s_p)                              # the table's rounding moved it
+assert (cb_p, sb_p) != (c_p, s_p)                              # the bf16 table's entries moved
 if not GPU:   # the interpreter rounds each fp32 product, as the TE emulation does
     assert torch.tensor(y_fp32_p).bfloat16().item() == loc["a"]
+
+# %% [markdown]
+# The probe moves the table and the products to bf16 together, so it reproduces the reported
+# element without saying which of the two moved it. Section 4 changes one at a time.
 
 # %% [markdown]
 # ## 3. Tolerances that fit the dtype, and errors in ulps
@@ -588,6 +592,11 @@ if GPU and debug.te_label(device) == "TE fused" and SAME_ARCH:
 # the outputs each row compares (the prose's counts): 4,096 on the CPU, 1,048,576 on a GPU
 assert prec["sin/cos in kernel + FMA"]["numel"] == (1_048_576 if GPU else 4096)
 assert prec["table bf16, math bf16 (reported)"]["triton_max_ulp"] > 16   # tens of ulps, or more
+# the largest difference from TE is the table's: the math in fp32 leaves it as it was, an fp32
+# table lowers it
+assert prec["table bf16, math fp32"]["max_abs_diff"] == \
+    prec["table bf16, math bf16 (reported)"]["max_abs_diff"]
+assert prec["table fp32, math fp32"]["max_abs_diff"] < prec["table bf16, math fp32"]["max_abs_diff"]
 
 # the same kernel's presets against the real TE on the GPU, at its size (the committed runs' rows)
 PRESET_ROWS = {"table bf16, math bf16 (reported)": "debug:REPRO",
@@ -609,6 +618,10 @@ assert all(run_row(BITS, v)["numel"] == 1_048_576 for v in PRESET_ROWS.values())
 # *The chart: each variant's largest error against fp64 in bf16 ulps (log scale; dotted line:
 # 0.5 ulp, one correct rounding), its norm-wise error as the label.*
 #
+# The largest difference from TE is the table's: the second row, the math in fp32 with the
+# table still in bf16, differs from TE by as much as the reported kernel, and an fp32 table (the
+# third) brings it down. Section 2's probe, which moved both at once, could not tell.
+#
 # Norm-wise, a bf16 table and bf16 products cost at most $3u$: the standard HF/Unsloth cache is
 # not *wrong*, it is bf16-accurate. In ulps near zero the same kernel is far more than 16 ulps off
 # (the cell prints how far), because it rounds to bf16 before the cancellation $x_1 c - x_2 s$.
@@ -619,7 +632,8 @@ assert all(run_row(BITS, v)["numel"] == 1_048_576 for v in PRESET_ROWS.values())
 # The lines under the chart are the committed runs against the real TE: with the FMA every output
 # has TE's bits; the fixed kernel, the fma left to the compiler, is off by up to $2^{-6}$. The
 # rows above the chart are this machine's: on the CPU the fixed row is 0 too (the emulation
-# rounds both products, as the interpreter does); on a GPU of compute capability 9.0 with TE, they
+# rounds both products, as the interpreter does); on a GPU of compute capability 9.0 with TE and
+# Triton 3.6 (the reference run's, which the cell compares against; section 4b asserts both), they
 # show the committed $2^{-6}$ and 0.
 
 # %% [markdown]
@@ -792,7 +806,8 @@ step_a = check_bits(BIG, as_written)
 # gpu_row(case, variant): the elements a committed run's row counts as differing from TE's
 H100_BIG = debug.te_bits_case(H100_RUN, "nb_gpu")
 STEP_A_ROWS = [   # (how the line is evaluated, the committed row)
-    ("the kernel above, contraction off: every product rounded, y_none", "free_sub-nofuse/tl"),
+    ("contraction off, te_bits.py's copy of the reproduction kernel: every product rounded, "
+     "y_none", "free_sub-nofuse/tl"),
     ("contraction on, te_bits.py's copy of the reproduction kernel: the compiler's fma "
      "(step e)", "free_sub/tl"),
     ("the TE emulation, torch on the GPU: every product rounded", "emulation:device"),
@@ -1062,8 +1077,9 @@ assert llir_sums["_rope_combine_kernel (above)"]["y2"]["first"] == ["x2 * c"]
 # IR holds $y_2 = x_2 c + x_1 s$ the other way round, so $x_1 s$ is fused. Which LLVM pass
 # swaps it is not shown here: `nb08_passes.repro_trace(False)` (from `ropelib.course`; it
 # compiles in a second Python with LLVM's print-after-all, a minute or so) lists the passes after
-# which the order changed, and names `Reassociate`. Four sums are not a rule, so the source must
-# fix the order: `tl.fma`.
+# which the order changed, and names `Reassociate`: `tests/test_nb08_passes.py` runs it and checks
+# that the one pass to change the order is `ReassociatePass`. Four sums are not a rule, so the
+# source must fix the order: `tl.fma`.
 
 # %% [markdown]
 # **Which change did it: one change per row.** The same steps in section 1's kernel, from the
@@ -1596,10 +1612,11 @@ print(f"fixed: allclose with {tol} passes; max error {float(ulps.max()):.3g} ulp
 #
 # **Section 1's case, closed.** Its first ten values matched because they lie at position 0
 # (section 2). Its `allclose` failed on precision, not layout: the largest difference is one bf16
-# step, traced to the bf16 table (section 2), and with table and math in fp32 it passes at
-# dtype-aware tolerances (section 8). Which cause struck in the reports is an inference: every
-# cause here gives the symptom. Layout traps make differences as large as the values; a bf16 step
-# or so points to precision or tolerance:
+# step, which section 2's probe reproduces from the bf16 table and bf16 products together and
+# section 4 pins on the table (the math in fp32 leaves it as large, an fp32 table lowers it);
+# with table and math in fp32 it passes at dtype-aware tolerances (section 8). Which cause struck
+# in the reports is an inference: every cause here gives the symptom. Layout traps make
+# differences as large as the values; a bf16 step or so points to precision or tolerance:
 #
 # - a bf16 table and bf16 products: tens of ulps off fp64 or more near zero, yet within $3u$
 #   norm-wise (section 4);

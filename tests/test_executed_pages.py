@@ -44,6 +44,8 @@ STALE = {stem: _OLDER + _rerender(stem) for stem in (
     "11-rope-at-scale",
     "12-rope-in-the-qkv-projection",
     "13-rope-puzzles",
+    "07-te-vs-triton-live",
+    "08-debugging-allclose",
 )}
 # pages rendered before a data file they read was measured again
 _OLDER_DATA = ("the page shows outputs of benchmarks/results/floor-nvidia-h200.csv as it was "

@@ -21,5 +21,9 @@ def test_regime_line_on_the_two_cases_of_the_picture():
                  "events": 120.0}
     assert "device waits" in nb.regime_line("a", slow_host, 60.0, 50.0, 110.0)
     ahead = nb.regime_line("a", {**slow_host, "iter_host": 80.0, "events": 50.0}, 60.0, 50.0, 50.0)
-    assert "host ahead" in ahead and ahead.endswith("agree")
-    assert nb.regime_line("a", slow_host, 60.0, 50.0, 40.0).endswith("differ")
+    assert "host ahead" in ahead and ahead.endswith("(+0%): agree (within 20%)")
+    assert nb.regime_line("a", slow_host, 60.0, 50.0, 40.0).endswith(
+        "(+200%): differ (by more than 20%)")
+    # 18 % apart (an H100 run's TE line): agree, and the line says by how much and within what
+    near = nb.regime_line("a", {**slow_host, "events": 157.5}, 60.0, 50.0, 133.6)
+    assert near.endswith("do_bench 133.6 us (+18%): agree (within 20%)")

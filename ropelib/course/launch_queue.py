@@ -86,6 +86,9 @@ def queue_model(loop, memset_us, replayed_us):
             "edge": abs(loop["iter_host"] / device_iter - 1) <= 0.1}
 
 
-def within(value, low, high, slack=0.2):
+AGREE_SLACK = 0.2      # two timings of one call "agree" within a fifth of each other
+
+
+def within(value, low, high, slack=AGREE_SLACK):
     """True when `value` lies in [low, high] widened by `slack` (a fifth) either side."""
     return (1 - slack) * low <= value <= (1 + slack) * high

@@ -53,14 +53,17 @@ def dobench_loop(step, flush, warmup_ms=25, rep_ms=100):
 
 def regime_line(name, loop, memset_us, replayed_us, dobench_us):
     """One provider's case of the picture (the host's µs an iteration against the device's) and
-    whether the loop's events reproduce do_bench's median, within a fifth."""
+    whether the loop's events reproduce do_bench's median: how far apart the two are, and
+    "agree" within launch_queue's tolerance (a fifth), else "differ"."""
     q = launch_queue.queue_model(loop, memset_us, replayed_us)
     agree = launch_queue.within(loop["events"], dobench_us, dobench_us)
+    slack = f"{launch_queue.AGREE_SLACK:.0%}"
     return (f"  {name:13s} host {loop['iter_host']:6.1f} us an iteration, device "
             f"{memset_us + replayed_us:6.1f} us: {q['regime']}"
             + (" (within a tenth of the boundary)" if q["edge"] else "")
-            + f"; events {loop['events']:.1f} us, do_bench {dobench_us:.1f} us: "
-            + ("agree" if agree else "differ"))
+            + f"; events {loop['events']:.1f} us, do_bench {dobench_us:.1f} us "
+            f"({loop['events'] / dobench_us - 1:+.0%}): "
+            + (f"agree (within {slack})" if agree else f"differ (by more than {slack})"))
 
 
 def back_to_back_us(t):
