@@ -136,8 +136,11 @@ else:
 # %% [markdown]
 # Under Nsight Compute (same H200 and size), both kernels move within a few percent of the
 # **bytes model** (x read once, y written once, the angles once): the gap is not extra traffic.
-# What differs is how many bytes each kernel's warps ask for at a time: one 256-byte row per
-# one-warp program, against a tile of heads per 8-warp program.
+# The table also shows how differently the two ask for those bytes: one 256-byte row per one-warp
+# program, against a tile of heads per 8-warp program. That describes the two kernels; it does
+# not say what sets their speed. Section 2 finds that the bytes asked for at once order these
+# three kernels but not the rungs between them, and appendix A.1 that doubling notebook 04's
+# occupancy buys nothing.
 
 # %%
 # the CSVs' two `ropelib` providers, as the tables of this notebook print them
@@ -234,7 +237,9 @@ assert round(W_READ / 1e12, 2) == 2.15                                    # "2.1
 # Beside a copy the same load takes about 1.3 µs, three and a half times as long. That is
 # **queueing**, not a larger need: the copy keeps more than the need outstanding, bandwidth cannot
 # grow past $W_\text{read}$, so the extra requests wait. The second row's 20.1 KiB is what a
-# full-bandwidth stream has in flight once queues have formed, not a requirement.
+# full-bandwidth stream such as the copy keeps in flight once queues have formed, not a
+# requirement: this notebook calls it **what a copy keeps in flight**. The cells print the two
+# figures as "floors" for short (idle and loaded); only the first, the need, is one.
 #
 # Section 1's `x KiB/SM` is an **upper bound** on what a kernel keeps in flight: every resident
 # warp with its whole batch step's loads out at once. A bound below the need proves a kernel short
@@ -289,8 +294,9 @@ assert [round(r["us"]) for r in (heads_m, rung6_m)] == [142, 137]
 # %% [markdown]
 # Only the naive kernel's bound lies below the need, and its programs set its time first
 # (notebook 04). Across section 1's three kernels more asked for goes with more speed: the
-# batch-reusing grid's bound lies between the two floors, the finished kernel's at about 1.4 times
-# the loaded one, a copy's at 2.7 times. Across the rungs, all above the loaded floor, the bound
+# batch-reusing grid's bound lies between the need and what a copy keeps in flight ("between the
+# floors" in the table), the finished kernel's at about 1.4 times what a copy keeps in flight, a
+# copy's own bound at 2.7 times. Across the rungs, all above what a copy keeps in flight, the bound
 # orders nothing: the `heads` rung asks for 1.8 times rung 6's KiB and is slower. So the need
 # bounds a tile from below without sizing it: ropelib's tile was chosen by a sweep of timed tiles
 # (`ropelib/kernels/tiles.py`), and its **planner** (`launch.plan`) turns them into a launch for
