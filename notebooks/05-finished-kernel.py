@@ -1254,9 +1254,10 @@ checks_nb05.steps_table(rows, meta, RUNS, mech, mech_meta, SMS_H200, H200_KNOBS)
 # %% [markdown]
 # The H200's $b = 8$ steps −3.0 (chunks) and +5.5 (equal halves) are one run's. Within that run
 # each lies outside twice the spread of its calls (their 20 %–80 % quantiles at most 1.2 % of the
-# median apart), yet the ten H100 processes give −0.0 and +0.3; A.1 finds both in the DRAM writes
-# the profiler counts. From the warps rung, before the chunks rung's extra writes, rungs 4 and 5
-# lose 2.7 points and rung 6 gains 2.8.
+# median apart), yet the ten H100 processes give −0.0 and +0.3. A.1 finds the DRAM writes the
+# profiler counts moving with both steps, though neither rung's code writes more: the counts are
+# consistent with the steps without being shown to cause them. Measured from the warps rung,
+# rungs 4 and 5 lose 2.7 points and rung 6 gains 2.8.
 #
 # In the H200 run the 16-token panel measures nothing from `chunks` on: the middle of the warps
 # rung's calls lie between 40.7 and 41.9 µs, but a fifth of the chunks rung's take 13.2 µs or
@@ -1875,8 +1876,15 @@ assert "warps" in hatched["s4096-b8"] and abs(step["s4096-b8"]["warps"]) < 2
 # **The H200 run's chunks and equal-halves steps** at $b = 8$. The chunks rung has the warps
 # rung's programs, DRAM reads and instructions, and compiles to the same stores, yet both profiles
 # count 16.1 MB more DRAM writes in its time than in the warps rung's; rung 6, with the chunks
-# rung's loop bounds, 16.4 MB fewer than rung 5 under the cycles profile. The run's two steps
-# follow the writes the profiler counts, not the code.
+# rung's loop bounds, 16.4 MB fewer than rung 5 under the cycles profile.
+#
+# Neither kernel writes extra bytes: `y` is 268.4 MB, and every count below is under it, at most
+# 263.3 MB. A count is the part of `y` that reached DRAM before the kernel ended; the rest was
+# still in L2, to be written back after. A slower kernel gives L2 more time to write back while it
+# runs, and in both profiles the rung with the larger count is also the slower one. So the count
+# can follow a kernel's time as well as cause it: it is consistent with the run's two steps, not
+# shown to be their cause. A count of the sectors L2 writes would settle it; it was not
+# measured.
 
 # %%
 # the mechanism profile's bytes and the cycles profile's writes, printed; the stores compiled

@@ -370,6 +370,20 @@ def one_run_writes(mech, meta, sms, knobs, compile_errors):
     print(f"the cycles profile, MB written: " + ", ".join(f"{n} {v:.1f}" for n, v in w.items()))
     assert [said(v, 1) for v in (w["chunks"] - w["warps"], w["accurate"] - w["equal_halves"])] \
         == ["16.1", "16.4"]
+    # no count reaches y's 268.4 MB (bf16 [4096, 8, 32, 128]): no kernel writes extra bytes,
+    # the rest of y is written back after the kernel ends; the largest count 263.3 MB
+    y_mb = 4096 * 8 * 32 * 128 * 2 / MB
+    counts = [m[v]["ncu_dram_write_bytes"] / MB for v in ("warps", "chunks", "accurate",
+                                                          "equal_halves")] + list(w.values())
+    assert said(y_mb, 1) == "268.4" and max(counts) < y_mb
+    assert said(max(counts), 1) == "263.3"
+    # in both profiles the rung with the larger count is the slower: chunks against warps,
+    # rung 5 (accurate) against rung 6 (equal halves)
+    us = {n: prof[n]["gpu__time_duration.sum"] / 1e3 for n in w}
+    for t, wr in ((us, w), ({v: m[v]["us"] for v in w}, {v: m[v]["ncu_dram_write_bytes"]
+                                                          for v in w})):
+        for slow, fast in (("chunks", "warps"), ("accurate", "equal_halves")):
+            assert wr[slow] > wr[fast] and t[slow] > t[fast], (slow, fast, t, wr)
     # the two rungs' stores in sm_90 machine code, compiled here with the H200's plan
     x_meta = torch.empty(4096, 8, 32, 128, dtype=torch.bfloat16, device="meta")
     stores = {}
