@@ -1391,7 +1391,7 @@ assert [r1(b1[n]["waiting_on_memory"] * b1[n]["issuing"]) for n in ("equal_halve
 # %% [markdown]
 # ### What the last rung leaves: the gap to a copy
 #
-# On the H200 rung 6 stops 8 to 9 points short of a copy on the 256 MiB tensors. Is it the
+# On the H200 rung 6 stops 8.2 to 9.3 points short of a copy on the 256 MiB tensors. Is it the
 # sin/cos? `benchmarks/ladder_table_probe.py` times beside rung 6 a copy of it that loads cos and
 # sin from fp32 tables $[S, D/2]$ instead of evaluating them, all else the same, at the four sizes.
 
@@ -1401,9 +1401,9 @@ assert [r1(b1[n]["waiting_on_memory"] * b1[n]["issuing"]) for n in ("equal_halve
 tab = checks_nb05.table_probe()
 
 # %% [markdown]
-# On the three 256 MiB tensors taking the sin/cos out buys 0.7 to 1.5 of the rung's 8 to 9 points,
-# though it cuts the rung's machine code by up to 17 times. Only on the 8 MiB case (16 tokens, a
-# batch of 64) does it buy most of the gap, 17.4 of 27.0 points.
+# On the three 256 MiB tensors taking the sin/cos out buys 0.7 to 1.5 of the rung's 8.2 to 9.3
+# points, though it cuts the rung's machine code by up to 17 times. Only on the 8 MiB case (16
+# tokens, a batch of 64) does it buy most of the gap, 17.4 of 27.0 points.
 #
 # **A copy on the rung's tile.** `_copy_on_tile_kernel` has rung 6's grid, tile, warps and batch
 # loop, and loads each half of a head's rows of `x` as the rung does, storing them unchanged. On a

@@ -467,7 +467,8 @@ def table_probe():
     MIB = {c: math.prod(tab[c]["copy"][k] for k in ("seq_len", "batch", "heads", "head_dim")) * 2
            >> 20 for c in tab}
     assert MIB == {"s4096-b8": 256, "s16384-b8-h8": 256, "s32768-b1": 256, "s16-b64": 8}
-    assert [round(gap[c]) for c in LARGE_PROBE] == [9, 8, 9]            # "8 to 9 points"
+    assert (said(min(gap[c] for c in LARGE_PROBE), 1),
+            said(max(gap[c] for c in LARGE_PROBE), 1)) == ("8.2", "9.3")   # "8.2 to 9.3 points"
     assert (said(min(bought[c] for c in LARGE_PROBE), 1),
             said(max(bought[c] for c in LARGE_PROBE), 1)) == ("0.7", "1.5")
     assert max(p["equal_halves"]["sass_instructions"] // p["from_table"]["sass_instructions"]
