@@ -2017,11 +2017,19 @@ if order_sass:
 # rung 6's tile with a **persistent grid** of $k$ programs an SM, program $p$ of $P$ walking the
 # rung's tiles $p, p + P, \ldots$ (change it and rerun: the cell after it checks that it still
 # copies). For each $k$ that fits, the second cell prints section 2's bound and, on a GPU, the
-# copy's speed. Then three readings: the share of the gap left at rung 6's $k$ that
-# more programs close (under one half: residency is not it); a token count that fills whole waves
-# (a wave: as many programs as all SMs hold at once, notebook 03 §4.2) against $s = 4096$, which
-# ends on a partial one (no faster: the tail is not it); and the share of Exercise 1's two
-# kernels' gap that residency alone explains.
+# copy's speed. Then three readings.
+#
+# - **Residency**: the share of the persistent copy's gap at rung 6's $k$ that more programs
+#   close. The persistent copy is not the copy on rung 6's own grid, whose gap is the one in
+#   question, and the cell prints both at rung 6's $k$. Where the persistent copy is the slower,
+#   the share is of a larger gap than the grid copy's, and a small share says only what more
+#   programs buy the persistent copy: it does not show that residency leaves the grid copy's gap
+#   alone. Each $k$ is one median, with no spread beside it.
+# - **The tail**: the copy on rung 6's tile at a token count that fills whole waves (a wave: as
+#   many programs as all SMs hold at once, notebook 03 §4.2) against $s = 4096$, which ends on a
+#   partial one, both timed in the cell with the 20 %–80 % quantiles of their calls. Where the two
+#   ranges overlap, the run cannot tell the tail's share from the spread of its calls.
+# - **Exercise 1**: the share of its two kernels' gap that residency alone explains.
 
 # %%
 # ropelib-source: ropelib.course.nb05_gap._copy_resident_kernel
