@@ -2138,20 +2138,18 @@ assert [said(v, 1) for v in (*pre_pass(tp, b1), pre_pass(tp, s16k)[1])] == ["11.
 cap = 1 / (1 + pre_pass(tp, b1)[1] / 100)
 assert said(cap) == "0.854" and ratio(tp, b1, "two-pass") > cap
 assert tp_meta["date"].startswith("2026-12-02T08:22")             # section 6's run
-# the spread between runs: torch.compile at 1 GiB in every committed H200 run that times it
-lo_c, hi_c = checks_nb05.torch_compile_runs(ratio(tp, s16k, "torch.compile"))
-assert (said(lo_c), said(hi_c)) == ("0.955", "0.997")              # "about four points"
+# batch 1: the route's lead in this one run (no other committed run times the two with this code)
 lead_b1 = ratio(tp, b1, "two-pass") - ratio(tp, b1, "finished")
-assert said(100 * lead_b1, 1) == "2.7" and lead_b1 < hi_c - lo_c      # "within the spread"
+assert said(100 * lead_b1, 1) == "2.7"
 
 # %% [markdown]
 # On the H200 the route is ahead of the finished kernel at batch 8, with angles or a table,
-# forward and forward+backward. At batch 1 the two are level within the spread between runs: 2.7
-# points apart, where torch.compile's own ratio at 1 GiB moves by about four points between the
-# committed runs. There the pre-pass alone takes a sixth of a copy's time, which would cap the
-# route at 0.854 of a copy if every call paid it; the route runs at 0.963 because the eager route
-# keeps the pre-pass's rows (`TableRows` in `ropelib/eager.py`) for later calls with the same
-# table.
+# forward and forward+backward. At batch 1 the route leads by 2.7 points in this one run. No
+# other committed run times the two at this size with this run's code, so whether that lead holds
+# from one run to the next, the data here cannot say. At batch 1 the pre-pass alone takes a sixth
+# of a copy's time, which would cap the route at 0.854 of a copy if every call paid it; the route
+# runs at 0.963 because the eager route keeps the pre-pass's rows (`TableRows` in
+# `ropelib/eager.py`) for later calls with the same table.
 #
 # ### A.8 What else the flat pass changes
 #

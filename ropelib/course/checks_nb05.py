@@ -6,16 +6,16 @@ every number that passage states, so a changed CSV or a changed sentence fails l
 after the markdown cell it checks. They read only committed files under `benchmarks/results/`
 (and, where they say so, compile for sm_90 on this machine), so they run on a CPU.
 
-Section 5: `steps_table` (the table of what each rung buys), `one_run_steps` and
-`sixteen_tokens` (the paragraphs after it), `table_probe` (the sin/cos's share of the gap);
-appendix A.1: `heads_one_change_at_a_time`, `one_run_writes`, `load_order`; A.2:
-`stall_details`; A.3: `opcode_profile`; A.7 and A.9: `torch_compile_runs`, `paired_rows_probe`,
-`elementwise_route`. The appendices' longer helpers live here too, each saying what it does: the
-finished kernel's launch compiled for sm_90 (`finished_schedule`), ropelib's flat pass compiled
-the same way (`flat_pass_schedule`), one angle's share of libdevice's sin/cos slow path
-(`slow_path_share`). So do the notebook's shared helpers: section 3's timing of the rungs as the
-notebook launches them (`time_rungs`), the exercises' timing (`time_against_copy`) and the one
-line every cell prints when compiling for sm_90 fails here (`compile_failed`).
+Section 5: `steps_table` (the table of what each rung buys), `one_run_steps` and `sixteen_tokens`
+(the paragraphs after it), `table_probe` (the sin/cos's share of the gap); appendix A.1:
+`heads_one_change_at_a_time`, `one_run_writes`, `load_order`; A.2: `stall_details`; A.3:
+`opcode_profile`; A.9: `paired_rows_probe`, `elementwise_route`. The appendices' longer helpers
+live here too, each saying what it does: the finished kernel's launch compiled for sm_90
+(`finished_schedule`), ropelib's flat pass compiled the same way (`flat_pass_schedule`), one
+angle's share of libdevice's sin/cos slow path (`slow_path_share`). So do the notebook's shared
+helpers: section 3's timing of the rungs as the notebook launches them (`time_rungs`), the
+exercises' timing (`time_against_copy`) and the one line every cell prints when compiling for sm_90
+fails here (`compile_failed`).
 `tests/test_nb05_checks.py` runs them.
 """
 import math
@@ -590,30 +590,6 @@ def stall_details(prof, kernels, profile, resident, mechanism=STEP_MECHANISM):
     assert [r(states[n]["long_scoreboard"], 2) for n in ("heads", "warps")] == [4.93, 4.94]
     assert [r(resident[n], 1) for n in ("heads", "warps")] == [6.4, 7.1]
     return states
-
-
-def torch_compile_runs(main_ratio):
-    """torch.compile of Hugging Face's formula at bf16 sbhd s16k b8 (1 GiB), forward, in every
-    committed H200 run that times it (`main_ratio`: the two_pass table's): prints each ratio to
-    a copy and returns (lowest, highest)."""
-    one_gib = "sbhd 1 GiB s16k b8"
-    runs = {"two_pass (main table)": main_ratio}
-    for run in ("-20261202-0822", "-20261202-1443", "-20261202-1747"):
-        runs[f"half_rows_probe{run}"] = measured.two_pass(
-            measured.GPU + run, kind="half_rows_probe")[(one_gib, "forward")]["torch.compile"][
-            "ratio_to_copy"]
-    runs["flat_pass_probe"] = measured.probe("flat_pass_probe")[
-        "bf16 " + one_gib]["torch.compile, bfloat16 table"]["ratio_to_copy"]
-    runs["flat_hints_probe"] = measured.probe("flat_hints_probe")[
-        "bf16 " + one_gib]["torch.compile"]["ratio_to_copy"]
-    runs["paired_rows_probe"] = measured.probe("paired_rows_probe")[
-        "bf16 " + one_gib]["torch.compile (16-bit table)"]["ratio_to_copy"]
-    print("torch.compile, 1 GiB forward, ratio to a copy, by run: "
-          + ", ".join(f"{k} {v:.3f}" for k, v in runs.items()))
-    lo, hi = min(runs.values()), max(runs.values())
-    print(f"  from {lo:.3f} to {hi:.3f}: {100 * (hi - lo):.1f} points between runs")
-    assert len(runs) == 7 and 3.5 < 100 * (hi - lo) < 4.5         # "up to about four points"
-    return lo, hi
 
 
 def check_wide_stores(name: str, kernel, args: dict, *, num_warps: int, wide: int) -> bool:
