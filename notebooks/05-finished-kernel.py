@@ -1249,7 +1249,7 @@ assert n_runs == 10 and 2 * 0.5 ** n_runs == 1 / 512     # ten processes; "once 
 # %%
 # every number and claim of the table and the paragraph above it, from the H200 run (rows), the
 # H100 processes (RUNS) and the two profiles; prints the mechanism profile's rungs
-checks_nb05.steps_table(rows, meta, RUNS, mech, mech_meta, SMS_H200, H200_KNOBS)
+checks_nb05.steps_table(rows, meta, RUNS, mech, mech_meta, SMS_H200, H200_KNOBS);
 
 # %% [markdown]
 # The H200's $b = 8$ steps −3.0 (chunks) and +5.5 (equal halves) are one run's. Within that run
