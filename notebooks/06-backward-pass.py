@@ -734,12 +734,13 @@ assert round(start_us / (br1["fwd_ms"] * 1e3), 2) == 0.94
 # 131,072 programs takes 79.2 µs of the forward's 84.6 µs (the cost per program of notebook 03,
 # section 4).
 #
-# Why a small-batch step takes more than two forwards, the sweep does not say. `do_bench` times
-# between CUDA events around a call, so when the host takes longer to enqueue a step (autograd's
-# Python, its device thread, the launches) than the GPU takes to run it, the wait can be timed
-# too. The only committed host times are at another shape ($s = 1$, $b = 64$): two H200 runs of
-# `benchmarks/autograd_host_probe.py`, half again apart. The next cell draws them as a band: the
-# scale of autograd's host cost, not a measurement of these steps.
+# Why a small-batch step takes more than two forwards, the sweep does not say. One possibility,
+# which the sweep does not test: `do_bench` times between CUDA events around a call, so when the
+# host takes longer to enqueue a step (autograd's Python, its device thread, the launches) than
+# the GPU takes to run it, the wait can be timed too. The only committed host times are at
+# another shape ($s = 1$, $b = 64$): two H200 runs of `benchmarks/autograd_host_probe.py`, half
+# again apart. The next cell draws them as a band: the scale of autograd's host cost, not a
+# measurement of these steps.
 
 # %%
 def autograd_host_log(path):
@@ -903,7 +904,7 @@ if GPU:
     excess = whole["step"] - 2 * whole["forward"]      # the step beyond two forwards' time
     if excess <= 0.1 * 2 * whole["forward"]:
         print(f"  step = {whole['step'] / whole['forward']:.2f} forwards (do_bench): within 10 % "
-              "of two, nothing for the host to explain here")
+              "of two, so do_bench did not see the host")
     elif busy:
         host_share = (idle["step"] - 2 * idle["forward"]) / excess
         print(f"  step = {whole['step'] / whole['forward']:.2f} forwards; the device idle inside "
@@ -916,6 +917,12 @@ if GPU:
               + (f"; the flushed kernels take {busy['step'] - replayed['step']:+.1f} over it"
                  if busy else ""))
         assert 1.9 < device_x < 2.1, "on the device, a step should be two forwards' work"
+        # the reading below the cell: the host's enqueue per step against the device's work
+        print(f"  a loop of steps: enqueued in {host_us['enqueue']:.1f} us a step against a "
+              f"replayed step of {replayed['step']:.1f}: "
+              + (f"the enqueue is the longer, so the loop waits on the host (done in "
+                 f"{host_us['wall']:.1f})" if host_us["enqueue"] > replayed["step"] else
+                 "the replayed step is the longer, so the device sets the pace"))
 else:
     print(f"interpreter, bf16 [{cfg.seq_len}, {cfg.batch}, {cfg.heads}, {cfg.head_dim}]: the "
           "forward and the step match ropelib's launcher; the whole call, the replay and the "
@@ -925,13 +932,18 @@ else:
 # **How to read it.** The replayed step is the device's work alone; *enqueued in* is the host's
 # time per step. Where the enqueue is the longer, a loop of steps waits on the host: its *done
 # in* (wall) follows the enqueue, and the device idles for the difference. Where it is the
-# shorter, the device sets the pace.
+# shorter, the device sets the pace. The cell's last line, `a loop of steps`, applies this
+# reading wherever the step could be replayed from a graph.
 #
 # `do_bench` need not show that wait: the 256 MiB memset that flushes L2 before each call can
-# let the host get ahead (notebook 07, A.4). So *nothing for the host to explain* on the
-# `step =` line means only that `do_bench` did not see the host. Where the step exceeds two
-# forwards by more than 10 %, the line prints the share of the excess the device sat idle inside
-# the events; above one half, the host fills it.
+# let the host get ahead (notebook 07, A.4). So *do_bench did not see the host* on the `step =`
+# line says nothing of a loop of steps; the `a loop of steps` line does. Where the step exceeds
+# two forwards by more than 10 %, the `step =` line prints the share of the excess the device sat
+# idle inside the events; above one half, the host fills it.
+#
+# The cell reads its own GPU on the day it runs. It does not explain the committed H200 step of
+# 427 µs: no host time was measured beside that run, and a loop that waits on the host can still
+# time at two forwards under `do_bench`. What made that step 427 µs stays open.
 
 # %% [markdown]
 # ## 4. `gradcheck` in float64
