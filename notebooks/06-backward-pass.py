@@ -815,9 +815,10 @@ fig.savefig(FIGURES / "06-step-vs-forward.png", dpi=110)
 plt.show()
 
 # %% [markdown]
-# The finished kernel's batch-1 step (147.6 µs, against 44.6 µs of device work) lies inside the
-# band; the teaching kernels' steps at batches 1 and 2 (224 to 486 µs) lie above it. Neither
-# placement says what fills a step: the probe timed another shape.
+# The band is drawn for scale only: its host times were measured at another shape, so where a
+# step of these kernels falls against it says nothing of what fills that step. The curves
+# themselves show the finished kernel's batch-1 step at 147.6 µs against 44.6 µs of device work
+# (two forwards), and the teaching kernels' steps at batches 1 and 2 at 224 to 486 µs.
 #
 # On a GPU the next cell times the `ropelib_batch_reuse` step at batch 1 from both sides. The
 # device's: the whole call (`do_bench`), its kernels alone (`torch.profiler`), and the step
