@@ -1394,13 +1394,14 @@ nb06_interleaved.show_interleaved_solution()
 #    equal? Would it be worth a special case?
 
 # %% [markdown]
-# ## Appendix A. Why `g_sum.contiguous()` is slow (*a second reading*)
+# ## Appendix A. How `g_sum.contiguous()` differs from a fill (*a second reading*)
 #
 # The cell reads a committed H200 Nsight Compute profile of `g_sum.contiguous()` beside
 # `buf.fill_(1.0)`, which writes the same bytes. Both put 509 MB into DRAM, but the copy stores 4
 # bytes a thread per store against the fill's 16, executes 11.5 times its warp instructions,
-# keeps 24 % of the warps resident against 88 %, and takes 2.75 times its time. For a RoPE
-# backward the remedy is section 5's: read the stride-0 gradient as it is.
+# keeps 24 % of the warps resident against 88 %, and takes 2.75 times its time. These differences
+# come together; which of them costs the time, the profile does not isolate. For a RoPE backward
+# the remedy is section 5's either way: read the stride-0 gradient as it is.
 
 # %%
 ct_csv = measured.path("contiguous_ncu")
