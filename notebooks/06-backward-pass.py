@@ -431,7 +431,9 @@ assert fwd_c["angles"][1] == H_r * fwd_c["angles"][2], "each of the H programs o
 #
 # How close to that floor does the kernel come? The next cell first prints committed runs at
 # this page's shape in bf16 (`ropelib_batch_reuse` is section 2's kernel at one warp): copy time
-# / kernel time is 0.80 on the H100, 0.71 on the H200.
+# / kernel time is 0.80 on the H100, 0.71 on the H200. It also prints the H200's committed
+# timing of the forward at four warps against one (`benchmarks/results/ablation-nvidia-h200.csv`,
+# `do_bench` medians): 1.59 times the time.
 #
 # On a GPU it then times a copy of $\partial L/\partial y$ and the kernel forward and backward at
 # `num_warps=4` (Triton's default) and `num_warps=1` (`rope_cell`'s). It asserts that the
@@ -452,6 +454,14 @@ for gpu in ("nvidia-h100-80gb-hbm3", measured.GPU):
 assert {g_: [round(v, 2) for v in fr] for g_, fr in frac_committed.items()} == {
     "NVIDIA H100 80GB HBM3": [0.80, 0.80], "NVIDIA H200": [0.71, 0.71]}, "the text's 0.80, 0.71"
 assert default_num_warps(triton.next_power_of_2(128 // 2)) == 1, "ropelib_batch_reuse: one warp"
+# the H200's committed timing of this kernel's forward at four warps and at one (the variants
+# section 2.1's profile names sh_loop_b_w4 and sh_loop_b_w1), at this page's shape
+abl_meta, _ = measured.load("ablation")
+abl = measured.timings("ablation", "s4096-b8")
+w4_over_w1_h200 = abl["sh_loop_b_w4"]["ms"] / abl["sh_loop_b_w1"]["ms"]
+print(f"{measured.where(abl_meta)}: four warps a program, the forward in "
+      f"{w4_over_w1_h200:.2f}x the one-warp time")
+assert abl_meta["gpu"] == "NVIDIA H200" and round(w4_over_w1_h200, 2) == 1.59, "the text's 1.59x"
 
 if GPU:
     from triton.testing import do_bench
@@ -478,7 +488,8 @@ if GPU:
         assert 0.9 < bwd_x < 1.1, "the same bytes should take the forward's time"
     assert all(copy_ms < 1.02 * med for med, _, _ in ms.values()), "a copy is the floor"
     w4_ms, w1_ms = ms["forward, num_warps=4"][0], ms["forward, num_warps=1"][0]
-    print(f"four warps a program: the forward in {w4_ms / w1_ms:.2f}x the one-warp time")
+    print(f"four warps a program: the forward in {w4_ms / w1_ms:.2f}x the one-warp time "
+          f"(the H200's committed timing: {w4_over_w1_h200:.2f}x)")
     if torch.cuda.get_device_capability() == (9, 0):   # H100, H200: the code profiled below
         assert w1_ms < w4_ms, "one warp per program: the faster launch on sm_90"
 else:
@@ -556,6 +567,13 @@ assert [f"{r['ncu_warp_inst_per_element']:.3f}" for r in (copy_row, w1_row)] == 
 assert copy_row["ptx_access_detail"] == "ld.v4.b32=2 st.v4.b32=2"     # 16 bytes an instruction
 assert [round(r[k]) for r in (copy_row, w1_row) for k in
         ("ncu_achieved_occupancy_pct", "ncu_dram_throughput_pct")] == [85, 85, 48, 61]
+# notebook 05's two readings of this kernel: on two warps (its A.1) 94 % of the slots filled and
+# no faster; its section 2's bound on the bytes in flight an SM, above the need
+w2_row, need = prof["sh_loop_b_w2"], measured.loads_in_flight_need()
+assert round(w2_row["ncu_achieved_occupancy_pct"]) == 94, "the text's 94 %"
+assert [f"{r['us']:.1f}" for r in (w2_row, w1_row)] == ["178.1", "178.5"], "the text's us"
+assert [round(v, 1) for v in (w1_row["x_kib_per_sm"], need["kib_per_sm"])] == [7.7, 5.6]
+assert w1_row["x_kib_per_sm"] > need["kib_per_sm"], "a bound above the need"
 
 # %% [markdown]
 # The profile is the H200 forward's, but the code is both GPUs': an H100 and an H200 both run
@@ -587,14 +605,21 @@ for w, row in ((1, w1_row), (4, w4_row)):
 # - **Occupancy** (the share of an SM's warp slots filled): 48 % at one warp, capped by the limit
 #   of 32 programs an SM (`blocks`), 96 % at four.
 # - **Time.** The occupancy does not pay for the instructions: on the H200 four warps take 1.62
-#   times the one-warp time, which moves from memory to instructions (the throughput columns).
-#   The live cell above prints the ratio for its GPU; the code being the same, where it differs
-#   from 1.62 the memory system makes the difference.
+#   times the one-warp time under the profiler, which locks the clocks, and 1.59 times in its
+#   committed `do_bench` timing; the kernel moves from memory to instructions (the throughput
+#   columns). The live timing cell above prints its GPU's ratio beside the committed 1.59. The
+#   code being the same, a different ratio comes from the GPU that runs it; which of its parts
+#   makes the difference, this profile cannot say.
 #
 # **Why one warp stays short of a copy.** Under the profiler it runs at 0.70 of the copy's speed.
 # The copy moves 16 bytes an instruction against 4, fills 85 % of the warp slots against 48 %,
 # and keeps DRAM at 85 % of its peak against 61 %; the profile cannot say which of these costs
-# the time. Notebook 05, section 2, bounds the bytes this kernel keeps in flight per SM.
+# the time. Notebook 05 adds two readings, neither an answer. The same kernel on two warps fills
+# 94 % of the slots and is no faster, 178.1 µs against 178.5 under the same profile (its appendix
+# A.1): filling the slots does not close the gap by itself, though two warps also halve each
+# thread's accesses. Its section 2 bounds the bytes this kernel keeps in flight per SM from above,
+# at 7.7 KiB, over the 5.6 KiB a full-speed read needs; by that section's own rule a bound above
+# the need proves nothing. Why one warp stays short of a copy, the course leaves open.
 
 # %% [markdown]
 # ## 3. A `torch.autograd.Function`
@@ -709,12 +734,13 @@ assert round(start_us / (br1["fwd_ms"] * 1e3), 2) == 0.94
 # 131,072 programs takes 79.2 µs of the forward's 84.6 µs (the cost per program of notebook 03,
 # section 4).
 #
-# Why a small-batch step takes more than two forwards, the sweep does not say. `do_bench` times
-# between CUDA events around a call, so when the host takes longer to enqueue a step (autograd's
-# Python, its device thread, the launches) than the GPU takes to run it, the wait can be timed
-# too. The only committed host times are at another shape ($s = 1$, $b = 64$): two H200 runs of
-# `benchmarks/autograd_host_probe.py`, half again apart. The next cell draws them as a band: the
-# scale of autograd's host cost, not a measurement of these steps.
+# Why a small-batch step takes more than two forwards, the sweep does not say. One possibility,
+# which the sweep does not test: `do_bench` times between CUDA events around a call, so when the
+# host takes longer to enqueue a step (autograd's Python, its device thread, the launches) than
+# the GPU takes to run it, the wait can be timed too. The only committed host times are at
+# another shape ($s = 1$, $b = 64$): two H200 runs of `benchmarks/autograd_host_probe.py`, half
+# again apart. The next cell draws them as a band: the scale of autograd's host cost, not a
+# measurement of these steps.
 
 # %%
 def autograd_host_log(path):
@@ -789,9 +815,10 @@ fig.savefig(FIGURES / "06-step-vs-forward.png", dpi=110)
 plt.show()
 
 # %% [markdown]
-# The finished kernel's batch-1 step (147.6 µs, against 44.6 µs of device work) lies inside the
-# band; the teaching kernels' steps at batches 1 and 2 (224 to 486 µs) lie above it. Neither
-# placement says what fills a step: the probe timed another shape.
+# The band is drawn for scale only: its host times were measured at another shape, so where a
+# step of these kernels falls against it says nothing of what fills that step. The curves
+# themselves show the finished kernel's batch-1 step at 147.6 µs against 44.6 µs of device work
+# (two forwards), and the teaching kernels' steps at batches 1 and 2 at 224 to 486 µs.
 #
 # On a GPU the next cell times the `ropelib_batch_reuse` step at batch 1 from both sides. The
 # device's: the whole call (`do_bench`), its kernels alone (`torch.profiler`), and the step
@@ -878,7 +905,7 @@ if GPU:
     excess = whole["step"] - 2 * whole["forward"]      # the step beyond two forwards' time
     if excess <= 0.1 * 2 * whole["forward"]:
         print(f"  step = {whole['step'] / whole['forward']:.2f} forwards (do_bench): within 10 % "
-              "of two, nothing for the host to explain here")
+              "of two, so do_bench did not see the host")
     elif busy:
         host_share = (idle["step"] - 2 * idle["forward"]) / excess
         print(f"  step = {whole['step'] / whole['forward']:.2f} forwards; the device idle inside "
@@ -891,6 +918,12 @@ if GPU:
               + (f"; the flushed kernels take {busy['step'] - replayed['step']:+.1f} over it"
                  if busy else ""))
         assert 1.9 < device_x < 2.1, "on the device, a step should be two forwards' work"
+        # the reading below the cell: the host's enqueue per step against the device's work
+        print(f"  a loop of steps: enqueued in {host_us['enqueue']:.1f} us a step against a "
+              f"replayed step of {replayed['step']:.1f}: "
+              + (f"the enqueue is the longer, so the loop waits on the host (done in "
+                 f"{host_us['wall']:.1f})" if host_us["enqueue"] > replayed["step"] else
+                 "the replayed step is the longer, so the device sets the pace"))
 else:
     print(f"interpreter, bf16 [{cfg.seq_len}, {cfg.batch}, {cfg.heads}, {cfg.head_dim}]: the "
           "forward and the step match ropelib's launcher; the whole call, the replay and the "
@@ -900,13 +933,18 @@ else:
 # **How to read it.** The replayed step is the device's work alone; *enqueued in* is the host's
 # time per step. Where the enqueue is the longer, a loop of steps waits on the host: its *done
 # in* (wall) follows the enqueue, and the device idles for the difference. Where it is the
-# shorter, the device sets the pace.
+# shorter, the device sets the pace. The cell's last line, `a loop of steps`, applies this
+# reading wherever the step could be replayed from a graph.
 #
 # `do_bench` need not show that wait: the 256 MiB memset that flushes L2 before each call can
-# let the host get ahead (notebook 07, A.4). So *nothing for the host to explain* on the
-# `step =` line means only that `do_bench` did not see the host. Where the step exceeds two
-# forwards by more than 10 %, the line prints the share of the excess the device sat idle inside
-# the events; above one half, the host fills it.
+# let the host get ahead (notebook 07, A.4). So *do_bench did not see the host* on the `step =`
+# line says nothing of a loop of steps; the `a loop of steps` line does. Where the step exceeds
+# two forwards by more than 10 %, the `step =` line prints the share of the excess the device sat
+# idle inside the events; above one half, the host fills it.
+#
+# The cell reads its own GPU on the day it runs. It does not explain the committed H200 step of
+# 427 µs: no host time was measured beside that run, and a loop that waits on the host can still
+# time at two forwards under `do_bench`. What made that step 427 µs stays open.
 
 # %% [markdown]
 # ## 4. `gradcheck` in float64
@@ -1145,7 +1183,8 @@ else:
 #   times host and device on its GPU.
 # - One warp a program beats four at $D = 128$: with four, each element sits on two threads with
 #   loads and stores of its own, 2.85 times the instructions for the same bytes in 1.62 times the
-#   H200's time. One warp still reaches only 0.71 of a copy on the H200 (0.80 on the H100).
+#   H200's time under the profiler (1.59 timed). One warp still reaches only 0.71 of a copy on the
+#   H200 (0.80 on the H100).
 #
 # ropelib's finished kernel (notebook 05) serves both directions the same way; the cell below
 # prints the paragraph of its header that states section 1's formulas.
@@ -1355,13 +1394,14 @@ nb06_interleaved.show_interleaved_solution()
 #    equal? Would it be worth a special case?
 
 # %% [markdown]
-# ## Appendix A. Why `g_sum.contiguous()` is slow (*a second reading*)
+# ## Appendix A. How `g_sum.contiguous()` differs from a fill (*a second reading*)
 #
 # The cell reads a committed H200 Nsight Compute profile of `g_sum.contiguous()` beside
 # `buf.fill_(1.0)`, which writes the same bytes. Both put 509 MB into DRAM, but the copy stores 4
 # bytes a thread per store against the fill's 16, executes 11.5 times its warp instructions,
-# keeps 24 % of the warps resident against 88 %, and takes 2.75 times its time. For a RoPE
-# backward the remedy is section 5's: read the stride-0 gradient as it is.
+# keeps 24 % of the warps resident against 88 %, and takes 2.75 times its time. These differences
+# come together; which of them costs the time, the profile does not isolate. For a RoPE backward
+# the remedy is section 5's either way: read the stride-0 gradient as it is.
 
 # %%
 ct_csv = measured.path("contiguous_ncu")

@@ -46,6 +46,8 @@ STALE = {stem: _OLDER + _rerender(stem) for stem in (
     "13-rope-puzzles",
     "07-te-vs-triton-live",
     "08-debugging-allclose",
+    "05-finished-kernel",
+    "06-backward-pass",
 )}
 # pages rendered before a data file they read was measured again
 _OLDER_DATA = ("the page shows outputs of benchmarks/results/floor-nvidia-h200.csv as it was "

@@ -94,7 +94,7 @@ PLACED = {
     "one_run_steps": ("1.2 %", "−0.0 and +0.3", "2.7 points", "2.8"),
     "sixteen_tokens": ("40.7 and 41.9", "13.2 µs", "51.5 µs", "35.6 points"),
     "heads_one_change_at_a_time": ("178.1 µs against", "about 9 µs", "147.6", "146.8 µs"),
-    "one_run_writes": ("16.1 MB", "16.4 MB"),
+    "one_run_writes": ("16.1 MB", "16.4 MB", "268.4 MB", "263.3 MB"),
     "load_order": ("0.931", "0.892", "0.804", "0.835"),
     "stall_details": ("What the profiles say of each step",),
 }
@@ -130,13 +130,6 @@ def test_a_changed_number_fails_the_stall_check(monkeypatch):
     with pytest.raises(AssertionError):          # the appendix's warp states
         checks_nb05.stall_details(ns["prof"], checks_nb05.stall_kernels(), ns["profile"],
                                   ns["resident"])
-
-
-def test_torch_compile_spread():
-    tp = measured.two_pass()
-    lo, hi = checks_nb05.torch_compile_runs(
-        tp[("bf16 sbhd 1 GiB s16k b8", "forward")]["torch.compile"]["ratio_to_copy"])
-    assert (round(lo, 3), round(hi, 3)) == (0.955, 0.997)
 
 
 def test_store_widths_reads_the_opcodes():

@@ -185,39 +185,53 @@ def residency(resident_kernel, tile_kernel, sm_count, knobs, floors, profiled_ru
 
 
 def time_residency(x, y, res, copy_resident, copy_on_tile, tile_ratio, exercise_1=None):
-    """On a GPU, with do_bench (medians), for x of A.6's SHAPE and y its output: the copy with
-    k = 1 .. res.k_max programs an SM (`copy_resident(x, y, programs)`), against `y.copy_(x)`;
-    the share of the gap left at rung 6's k that more programs close; the copy on rung 6's tile
-    (`copy_on_tile(x, y)`, which returns its plan) at res.s_whole tokens (whole waves) against
-    its own copy, beside `tile_ratio` (section 5's, at s = 4096); and, given `exercise_1`
-    ((side_by_side's {name: (schedule, split, warps, programs an SM)}, the live ratios of the
-    Exercise 1 timing)), the share of the worked solution's gap to the finished kernel that
-    residency alone explains. Prints each reading; returns {k: fraction of a copy}."""
+    """On a GPU, with do_bench, for x of A.6's SHAPE and y its output: the copy with k = 1 ..
+    res.k_max programs an SM (`copy_resident(x, y, programs)`, medians), against `y.copy_(x)`;
+    the share of the persistent copy's gap left at rung 6's k that more programs close, beside
+    the copy on rung 6's own grid (`copy_on_tile(x, y)`, which returns its plan), timed here
+    (`tile_ratio`: section 5's timing of it, printed beside); the same tile copy at res.s_whole
+    tokens (whole waves) and at SHAPE, each against its own copy, with the 20 %-80 % quantiles of
+    the calls; and, given `exercise_1` ((side_by_side's {name: (schedule, split, warps, programs
+    an SM)}, the live ratios of the Exercise 1 timing)), the share of the worked solution's gap
+    to the finished kernel that residency alone explains. Prints each reading; returns {k:
+    fraction of a copy}."""
     from triton.testing import do_bench
 
-    def median(call):
-        return do_bench(call, quantiles=[0.5, 0.2, 0.8])[0]
+    def timed(call):
+        """(median, 20 % quantile, 80 % quantile) of call's times, ms."""
+        return tuple(do_bench(call, quantiles=[0.5, 0.2, 0.8]))
+
+    def against_copy(copy, kernel):
+        """(median, lowest, highest) fraction of a copy, from two timed()'s quantiles."""
+        return copy[0] / kernel[0], copy[1] / kernel[2], copy[2] / kernel[1]
 
     k6, k_max, p = res.k6, res.k_max, res.plan
-    t_copy = median(lambda: y.copy_(x))
-    print(f"y.copy_(x) {t_copy * 1e3:.1f} us; the copy on rung 6's tile with k programs an SM "
+    t_copy = timed(lambda: y.copy_(x))
+    on_grid = against_copy(t_copy, timed(lambda: copy_on_tile(x, y)))
+    assert torch.equal(y, x)
+    print(f"y.copy_(x) {t_copy[0] * 1e3:.1f} us; the copy on rung 6's tile with k programs an SM "
           f"(grid k x {res.sm_count}), as a fraction of it (on rung 6's own grid: "
-          f"{tile_ratio:.3f})")
+          f"{on_grid[0]:.3f} here, {tile_ratio:.3f} in section 5)")
     by_k = {}
     for k in range(1, k_max + 1):
-        by_k[k] = t_copy / median(lambda: copy_resident(x, y, k * res.sm_count))
+        by_k[k] = t_copy[0] / timed(lambda: copy_resident(x, y, k * res.sm_count))[0]
         print(f"  k = {k}: {by_k[k]:.3f}" + ("   <- rung 6's k" if k == k6 else ""))
     assert torch.equal(y, x)
     if k6 > 1:    # one program an SM, its bytes in flight under the loaded floor, is slower
         assert by_k[1] < by_k[k6], by_k
     if k_max > k6 and by_k[k6] < 1:
         closed = (max(by_k[k] for k in range(k6, k_max + 1)) - by_k[k6]) / (1 - by_k[k6])
-        print(f"more programs than rung 6's {k6} close {closed:.0%} of the gap left at {k6}: "
-              + ("residency holds most of it" if closed > 0.5 else
-                 "residency is not what holds it"))
+        print(f"more programs than rung 6's {k6} close {closed:.0%} of the persistent copy's gap "
+              f"left at {k6} (one median a k): " + ("most of it" if closed > 0.5 else
+                                                    "less than half"))
+        if by_k[k6] < on_grid[0]:
+            print(f"  at k = {k6} the persistent copy ({by_k[k6]:.3f}) is slower than the copy on "
+                  f"rung 6's own grid ({on_grid[0]:.3f}): its gap is not the grid copy's, so this "
+                  "share does not say how much of that gap residency holds")
     else:
         print(f"no more programs fit than rung 6's {k6}, or no gap is left: nothing to close")
-    # the tail: the copy on the tile at s = s_whole (whole waves) against its own y.copy_(x)
+    # the tail: the copy on the tile at s = s_whole (whole waves) against its own y.copy_(x),
+    # beside the same at SHAPE (a partial last wave), both with the spread of their calls
     x_w = torch.randn(res.s_whole, *x.shape[1:], device=x.device, dtype=x.dtype)
     y_w = torch.empty_like(x_w)
     p_w = copy_on_tile(x_w, y_w)
@@ -226,13 +240,15 @@ def time_residency(x, y, res, copy_resident, copy_on_tile, tile_ratio, exercise_
     if (p_w.block_s, p_w.block_h, p_w.chunk, p_w.num_warps) == \
             (p.block_s, p.block_h, p.chunk, p.num_warps) \
             and math.prod(p_w.grid) == whole_waves * res.sm_count * res.k_tile:
-        whole = median(lambda: y_w.copy_(x_w)) / median(lambda: copy_on_tile(x_w, y_w))
-        print(f"the tail: at s = {res.s_whole} ({whole_waves} whole waves) the copy on the tile "
-              f"runs at {whole:.3f} of its own y.copy_(x), at s = {SHAPE[0]} ({res.waves:.2f}) "
-              f"at {tile_ratio:.3f}: " + (
-                  "no faster in whole waves, so the tail is not what holds the gap"
-                  if whole <= tile_ratio else "whole waves close "
-                  f"{(whole - tile_ratio) / max(1 - tile_ratio, 1e-9):.0%} of the gap"))
+        whole = against_copy(timed(lambda: y_w.copy_(x_w)), timed(lambda: copy_on_tile(x_w, y_w)))
+        print(f"the tail: the copy on the tile, as a fraction of its own y.copy_(x) (from the "
+              f"calls' 20 %-80 % quantiles): s = {res.s_whole} ({whole_waves} whole waves) "
+              f"{whole[0]:.3f} ({whole[1]:.3f}-{whole[2]:.3f}), s = {SHAPE[0]} ({res.waves:.2f}) "
+              f"{on_grid[0]:.3f} ({on_grid[1]:.3f}-{on_grid[2]:.3f}): " + (
+                  "the ranges overlap, so this run does not tell the tail from the spread"
+                  if whole[1] <= on_grid[2] and on_grid[1] <= whole[2] else
+                  "no faster in whole waves" if whole[0] <= on_grid[0] else "whole waves close "
+                  f"{(whole[0] - on_grid[0]) / max(1 - on_grid[0], 1e-9):.0%} of the gap"))
     else:
         print(f"the tail: s = {res.s_whole} is planned on another tile or grid ({p_w}): not timed")
     del x_w, y_w
