@@ -1340,10 +1340,10 @@ pz.stated([
 # table row $B = 8$ times. *Measured:* puzzle 5 reaches 74 % of a copy on the H200 (first
 # appendix). Puzzle 6, by the rule under "Where you stand" (ranges that overlap are not told
 # apart), falls short only if its range of rounds lies below the range of every solution expected
-# at a copy's speed; a line under the table names the ranges it overlaps. On the H100 of the
-# executed page its rounds overlapped puzzle 4's, so there the prediction failed: most
-# likely its repeated loads hit in cache, as answer 4 reasons (not measured for puzzle 6). Your
-# GPU's line says whether it holds there. *The rest:* the cell below shows each uses every byte of its rows' and tables'
+# at a copy's speed; a line under the table names the ranges it overlaps. In one H100 run its
+# rounds overlapped puzzle 4's, so there the prediction failed: most likely its repeated loads
+# hit in cache, as answer 4 reasons (not measured for puzzle 6). Your GPU's line says whether it
+# holds there. *The rest:* the cell below shows each uses every byte of its rows' and tables'
 # sectors, and puzzle 4's solution
 # compiles to puzzle 2's load and store widths. Puzzle 10 reads about what it writes (66.2 MB
 # against 64.1 MB), so a fraction above 100 % says only that the device copy falls a little short.
