@@ -148,9 +148,11 @@ print(inspect.getsource(_Rotary.forward))
 # whole tensor (section 5).
 #
 # The smallest test first: the same weights, one batch, fp32: loss, logits and every gradient
-# agree to fp32 rounding. Under bf16 autocast they need not agree bit for bit: an fma and a
-# multiply-then-add differ in about a quarter of the fp32 results and in about one entry in
-# $10^5$ once rounded to bf16 (appendix A.1).
+# agree to fp32 rounding. Under bf16 autocast they need not agree bit for bit, for two reasons.
+# The PyTorch branch reads a cos/sin table built on the CPU when the model is made, while the
+# kernel takes $\sin$ and $\cos$ on the GPU: the two differ in the last bit of some entries. And
+# an fma and a multiply-then-add differ in about a quarter of the fp32 results. Each changes
+# about one entry in $10^5$ once rounded to bf16 (appendix A.1).
 
 # %%
 cfg = GPTConfig(vocab_size=data.vocab_size, **SIZES)
@@ -370,14 +372,17 @@ assert [round(gap_c[0], 2), round(gap_c[-1], 2)] == [-0.20, 0.31]      # "0.20 b
 
 # %% [markdown]
 # **Reading the committed H200 run.** Swapping the kernel moves the curve less than a second seed
-# does, as does the control. ropelib's run differs from step 1 because an fma rounds some of a
-# forward's tens of millions of bf16 entries differently (appendix A.1); training amplifies that
-# and the control's nondeterminism alike (one sample each: too few to rank them).
+# does, as does the control. ropelib's run differs from step 1 because its forward rounds some of
+# tens of millions of bf16 entries differently: its sines and cosines, taken on the GPU, differ
+# from the reference's CPU-built table in the last bit of some entries, and its fma rounds once
+# where the reference rounds each product (appendix A.1 counts both). Training amplifies that and
+# the control's nondeterminism alike (one sample each: too few to rank them).
 #
 # The model has begun to overfit. The reference's validation loss starts 0.20 nats *below* its
-# training loss at step 25 (the held-out text is the file's last tenth, not a random draw from it,
-# and the young model finds it easier) and ends 0.31 above it, the gap widening at every
-# evaluation: the model learns the training text faster than what carries over. But no run's
+# training loss at step 25 and ends 0.31 above it, the gap widening at every evaluation: the model
+# learns the training text faster than what carries over. Why it starts below is not tested
+# here; the held-out text is the file's last tenth, not a random draw from it, so it may simply
+# be easier text for a young model. But no run's
 # validation loss turned up by more than a tenth of the seed distance, so the comparison still
 # measures RoPE, not memorising. Trained much longer on this half a million characters, the
 # validation loss would turn up and the runs would be compared on how they memorise.
@@ -1151,13 +1156,16 @@ if not ON_GPU:
     # drops launch options it has no use for, enable_fp_fusion among them
     print("(CPU: Triton's interpreter, which never contracts and ignores enable_fp_fusion)")
     assert differ["as compiled by default"] == differ["with enable_fp_fusion=False"] > 0
-else:   # compiled: contraction turns the multiply-then-subtract into ropelib's fma
+else:   # compiled: here contraction fuses the product ropelib's fma fuses (its choice: 08, 4b)
     assert differ["as compiled by default"] == 0 < differ["with enable_fp_fusion=False"], differ
 
 # %% [markdown]
-# Compiled, contraction makes the worked kernel bit-identical to ropelib's, so on a GPU the two
-# models above agree exactly; the interpreter never contracts, so on the CPU they differ in the
-# last bits. What the kernel lacks is the rest of `ropelib.apply_rope_qk`: $q$ and $k$ in one
+# Compiled here, contraction makes the worked kernel bit-identical to ropelib's, so on a GPU the
+# two models above agree exactly; the interpreter never contracts, so on the CPU they differ in the
+# last bits. That agreement is this compile's, which the cell checks: which product of
+# $x_1 \cos\theta - x_2 \sin\theta$ the compiler fuses is its choice, and notebook 08
+# (section 4b) found the same line, compiled in another kernel, fused the other product. A kernel
+# that must match ropelib bit for bit writes the fma out, as ropelib does. What the kernel lacks is the rest of `ropelib.apply_rope_qk`: $q$ and $k$ in one
 # launch, angles shared by a token's heads, a tile sized to the GPU (notebook 05), other layouts,
 # and errors on bad inputs. Appendix A.5 times it and counts its instructions.
 #
@@ -1198,15 +1206,16 @@ else:   # compiled: contraction turns the multiply-then-subtract into ropelib's 
 # profiler; A.5 measures your kernel. (`ROPELIB_WRITE_FIGURES=1` on a GPU rewrites
 # `figures/09-*`, and the asserted numbers must then be updated.)
 #
-# ### A.1 Section 3: one fma, and the committed run's first steps
+# ### A.1 Section 3: two roundings, and the committed run's first steps
+#
+# The two arms differ in two ways under bf16 autocast: how the rotation is combined, and where the
+# cosines and sines come from. The first cell takes the combine alone.
 #
 # **An fma against a multiply and an add**, with the *same* cosines and sines, on bf16 queries of
 # the committed run's sizes: $\operatorname{fl}(x_a c - \operatorname{fl}(x_b s))$ against
 # $\operatorname{fl}(\operatorname{fl}(x_a c) - \operatorname{fl}(x_b s))$ ($\operatorname{fl}$:
 # rounding to fp32). The fma is emulated in fp64, where a product of fp32 factors is exact; Knuth's
-# two-sum shows the fp64 sum is exact too, so the one rounding to fp32 is an fma's. The next cell
-# scales that rate to the committed run's first step and draws the same-batch runs' training-loss
-# distances over the first 60 steps.
+# two-sum shows the fp64 sum is exact too, so the one rounding to fp32 is an fma's.
 
 # %%
 S_b, D_b = 256, 64                                  # the committed GPU run's context and head_dim
@@ -1240,16 +1249,113 @@ print(f"fma against multiply-then-add, same tables: {100 * fp32_diff:.1f} % of t
 assert 0.2 < fp32_diff < 0.3 and 5e-6 < bf16_diff < 5e-5     # "a quarter", "~1 in 100 000"
 del x_b, separate, fused, xa, xb, inexact
 
+# %% [markdown]
+# **A table built on the CPU against sines and cosines taken on the GPU.** The reference's
+# cos/sin table comes from `rope_cos_sin` when the model is made, on the CPU, and is then moved to
+# the GPU; the kernel takes $\cos$ and $\sin$ of the angles on the GPU, where notebook 08
+# (section 4b, step b) found `tl.cos`/`tl.sin` and libdevice's equal, bit for bit, to Transformer
+# Engine's. Notebook 08's committed H200 file holds TE's cosines and sines of its angles
+# $[512, 64]$ ($D = 128$): positions 0 to 255 and every other frequency are this model's
+# frequencies ($D = 64$). The next cell first checks that this CPU builds notebook 08's table as
+# the H200 run's host did (the file counts its entries that differ from the GPU's), then counts
+# the model's table entries that differ from the GPU's, on the angles the two computed alike, and
+# the bf16 outputs each difference changes on one layer's $q$ at step 1 of the committed run
+# ($64 \times 256 \times 6 \times 64$), with notebook 08's angles standing in for the model's.
+
+# %%
+from ropelib.course import debug
+
+te_bits = debug.load_te_bits(debug.te_bits_file(ROOT))      # notebook 08's committed H200 run
+case08 = debug.te_bits_case(te_bits, "nb_gpu")              # angles [512, 64], TE's cos and sin
+host_table = case08.rec["sincos"]["table_cpu_fp32"]         # torch on that run's host CPU
+here08 = [int((f(case08.angles) != gpu).sum())
+          for f, gpu in ((torch.cos, case08.te_cos), (torch.sin, case08.te_sin))]
+same_cpu = here08 == [host_table[f]["n_differ"] for f in ("cos", "sin")]
+print(f"notebook 08's table built on this CPU: {here08[0]:,} cos and {here08[1]:,} sin entries "
+      f"of {case08.angles.numel():,} differ from the GPU's; on the {te_bits['meta']['gpu']} "
+      f"run's host {host_table['cos']['n_differ']:,} and {host_table['sin']['n_differ']:,}: "
+      + ("this CPU builds it alike" if same_cpu else "another CPU's table"))
+# positions 0-255 and every other frequency of notebook 08's angles: this model's frequencies
+ang08 = case08.angles[:S_b, ::2]                                  # [256, 32]
+gpu_table = (case08.te_cos[:S_b, ::2], case08.te_sin[:S_b, ::2])
+alike = ang08 == rope_freqs(S_b, D_b)[:, 0, 0, :D_b // 2]         # the model's fp32 angles
+model_table = [t[:, :D_b // 2] for t in rope_cos_sin(S_b, D_b)]   # the reference's, this CPU's
+n_table = [int(((a != b) & alike).sum()) for a, b in zip(model_table, gpu_table)]
+ulps = max(int((a.view(torch.int32).long() - b.view(torch.int32).long())[alike].abs().max())
+           for a, b in zip(model_table, gpu_table))
+print(f"the model's {alike.numel():,} angles: {int(alike.sum()):,} equal notebook 08's; on them "
+      f"the CPU-built table differs from the GPU's in {n_table[0]:,} cos and {n_table[1]:,} sin "
+      f"entries, by at most {ulps} ulp")
+
+# bf16 outputs on one layer's q: the reference (CPU table, each product rounded) against each
+# change alone and both (ropelib's), on notebook 08's angles (the GPU's values known at each)
+x_q = torch.randn(64, S_b, 6, D_b, generator=torch.Generator().manual_seed(0)).bfloat16()
+qa, qb = x_q.float().chunk(2, dim=-1)
+
+
+def rounds_as_fma(p, r):
+    """Whether fl32(p + r), the sum taken in fp64, is the fma's one rounding of the exact sum:
+    where the fp64 sum is inexact, its two fp64 neighbours (between which the exact sum lies)
+    must round to one fp32 value."""
+    total = p + r
+    inf = torch.full_like(total, math.inf)
+    neighbours_agree = torch.nextafter(total, -inf).float() == torch.nextafter(total, inf).float()
+    return bool(((fp64_rounding_error(p, r) == 0) | neighbours_agree).all())
+
+
+def rope_bf16(cos, sin, fma):
+    """x_q rotated with tables [S, D/2]: as an fma (emulated in fp64, as above) or as the
+    PyTorch branch computes it, rounded to bf16."""
+    c, s = cos[:, None, :], sin[:, None, :]                      # [S, 1, D/2]: over the heads
+    if not fma:
+        return reference.apply_rope_ref(x_q.float(), torch.cat((c, c), -1),
+                                        torch.cat((s, s), -1)).bfloat16()
+    terms = ((qa.double() * c.double(), -(qb * s).double()),
+             (qb.double() * c.double(), (qa * s).double()))
+    assert all(rounds_as_fma(p, r) for p, r in terms)
+    return torch.cat([(p + r).float() for p, r in terms], dim=-1).bfloat16()
+
+
+cpu_table = (torch.cos(ang08), torch.sin(ang08))
+reference_q = rope_bf16(*cpu_table, fma=False)
+n_moved = {what: int((rope_bf16(*table, fma=fma) != reference_q).sum())
+           for what, table, fma in (("the table alone", gpu_table, False),
+                                    ("the fma alone", cpu_table, True),
+                                    ("both (ropelib's)", gpu_table, True))}
+print(f"bf16 entries of {x_q.numel():,} that differ from the reference's: "
+      + ", ".join(f"{what} {n}" for what, n in n_moved.items()))
+both_rate = n_moved["both (ropelib's)"] / x_q.numel()
+rates = [n_moved[w] / x_q.numel() for w in ("the table alone", "the fma alone")]
+assert ulps == 1 and all(n > 0 for n in n_table)                  # one ulp, in some entries
+assert all(5e-6 < r < 5e-5 for r in rates)                        # "about one entry in 10^5" each
+assert max(rates) < both_rate < sum(rates)                        # together more than either
+if same_cpu:   # the table as the committed run's host built it: the text's counts
+    assert int(alike.sum()) == 7729 and n_table == [1222, 1051]
+    assert list(n_moved.values()) == [92, 95, 158] and x_q.numel() == 6_291_456
+else:
+    print("(this CPU's cos/sin are not the committed host's: the counts differ from the text's)")
+del x_q, qa, qb, reference_q
+
+# %% [markdown]
+# On the 7,729 of the model's 8,192 angles that both computed alike, the table the reference
+# reads differs from the GPU's sines and cosines in 1,222 cosines and 1,051 sines, each by one
+# ulp. Rounded to bf16, the table alone changes 92 of the 6,291,456 entries of one layer's $q$,
+# the fma alone 95, both together 158: two causes of one size, and neither is the whole of
+# ropelib's difference from the reference. The next cell scales both rates to the committed run's
+# first step and draws the same-batch runs' training-loss distances over the first 60 steps.
+
 # %%
 from statistics import median
 
-# step 1 is one forward: the q and k entries it rounds to bf16, and how many the fma alone
-# rounds differently at the rate measured above (section 3's committed run: meta_c, part, ...)
+# step 1 is one forward: the q and k entries it rounds to bf16, and how many the fma alone, and
+# the fma with the GPU's sin/cos, round differently at the rates measured above (section 3's
+# committed run: meta_c, part, ...)
 cfg_c = {k: int(v) for k, v in re.findall(r"(n_layer|n_embd|block_size)=(\d+)", meta_c["config"])}
 entries_c = cfg_c["n_layer"] * 2 * int(meta_c["batch"]) * cfg_c["block_size"] * cfg_c["n_embd"]
 print(f"step 1's forward in the committed run ({meta_c['gpu']}) rounds {entries_c / 1e6:.1f} "
-      f"million q and k entries to bf16; at the rate above the fma alone rounds about "
-      f"{bf16_diff * entries_c:.0f} of them differently")
+      f"million q and k entries to bf16; at the rates above the fma alone rounds about "
+      f"{bf16_diff * entries_c:.0f} of them differently, the fma and the table together about "
+      f"{both_rate * entries_c:.0f}")
 print(f"|training loss - reference's| at steps 1 and 20: ropelib {part[0]:.1e}, {part[19]:.1e}; "
       f"the control {part_again[0]:.1e}, {part_again[19]:.1e}")
 windows = {1: (median(part[:20]), median(part_again[:20]))}
@@ -1258,6 +1364,7 @@ print("median |training loss - reference's|, ropelib and the control, steps 1-20
 assert [float(f"{part[0]:.1e}"), round(part[19], 3)] == [1.9e-6, 0.020]
 assert part_again[0] == 0 and round(part_again[19], 4) == 0.0043
 assert round(entries_c / 1e6) == 75 and bf16_diff * entries_c > 100                  # "75 million"
+assert both_rate * entries_c > bf16_diff * entries_c
 assert windows[1][0] > 5 * windows[1][1]                # ropelib's run leaves sooner
 fig = plot_train_loss_differences(
     saved_c, FIGURES / "09-train-loss-differences.png", baseline="reference",
@@ -1266,8 +1373,9 @@ fig = plot_train_loss_differences(
 plt.show()
 
 # %% [markdown]
-# Over the first 20 steps ropelib's run leaves the reference's sooner than the control: the fma's
-# rounding starts at step 1, the control's nondeterminism later, and catches up (the figure).
+# Over the first 20 steps ropelib's run leaves the reference's sooner than the control: its two
+# roundings, the GPU's sines and cosines and the fma, start at step 1, the control's
+# nondeterminism later, and catches up (the figure).
 #
 # ### A.2 Section 5: the rest of the profile
 #
@@ -1529,14 +1637,16 @@ assert all(509 < m["dram__bytes_write.sum"] / 1e6 < 510 for m in (g, v))     # "
 # ### A.4 Section 5: who saves what, without the profiler
 #
 # The profiler inflates host time, so it cannot say what RoPE costs the host, nor how long the
-# step would take if the host never held the GPU back. Three measurements without it can; each
-# reads its numbers on a GPU (on the CPU the cells test the code).
+# step would take if the host never held the GPU back. Three measurements without it come at both
+# from different sides; each reads its numbers on a GPU (on the CPU the cells test the code).
 #
 # **RoPE's host time, as a step difference.** Section 4's rounds again, with a third arm whose
 # rotary module, `NoRotary`, returns $q$ and $k$ as they are. An arm's issue time minus the
-# no-RoPE arm's, over $n_\text{layer}$, is RoPE's host time a layer, *resolved* where the middle
-# half of the rounds lies on one side of zero. The issue-time saving must agree with section 4's
-# within a factor of 2 where both are resolved.
+# no-RoPE arm's, over $n_\text{layer}$, is RoPE's host time a layer if removing RoPE changes
+# nothing else, *resolved* where the middle half of the rounds lies on one side of zero. It may
+# change more: without RoPE, attention receives the strided views of the QKV output where it
+# otherwise receives RoPE's new tensors, and the backward runs without RoPE's nodes. The
+# issue-time saving must agree with section 4's within a factor of 2 where both are resolved.
 
 # %%
 class NoRotary(torch.nn.Module):
@@ -1697,6 +1807,16 @@ else:
 # (A.3), each dispatched, recorded for autograd and launched, against ropelib's one call, whose
 # host time the cells above print as a multiple of its kernels' device time. Replayed from a CUDA
 # graph, the arms differ by RoPE's kernel time instead.
+#
+# **Three host figures, not reconciled.** This appendix and section 5 give ropelib's RoPE three
+# host times, and they measure different things: section 5's is the profiler's (its own cost
+# included, on the committed H200 run); the step difference is everything that changes in a step
+# when `NoRotary` replaces RoPE, attention's inputs and the backward's nodes included; the split
+# is `apply_rope_qk`'s forward and backward alone, on one layer's $q$ and $k$. Where the step
+# difference exceeds the split's forward and backward (the last cell prints both), the excess is
+# not explained by these measurements: it may be what removing RoPE changes elsewhere in the
+# step, or the split's calls running back to back where the step's run between other work. The
+# cells do not tell these apart.
 
 # %% [markdown]
 # ### A.5 Section 9: your kernel against a copy, and its compiled code
