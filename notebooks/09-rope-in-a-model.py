@@ -382,10 +382,10 @@ assert [round(gap_c[0], 2), round(gap_c[-1], 2)] == [-0.20, 0.31]      # "0.20 b
 # training loss at step 25 and ends 0.31 above it, the gap widening at every evaluation: the model
 # learns the training text faster than what carries over. Why it starts below is not tested
 # here; the held-out text is the file's last tenth, not a random draw from it, so it may simply
-# be easier text for a young model. But no run's
-# validation loss turned up by more than a tenth of the seed distance, so the comparison still
-# measures RoPE, not memorising. Trained much longer on this half a million characters, the
-# validation loss would turn up and the runs would be compared on how they memorise.
+# be easier text for a young model. But no run's validation loss turned up by more than a tenth
+# of the seed distance, so the comparison still measures RoPE, not memorising. Trained much
+# longer on this half a million characters, the validation loss would turn up and the runs would
+# be compared on how they memorise.
 #
 # ### Two more seeds
 #
@@ -1165,9 +1165,11 @@ else:   # compiled: here contraction fuses the product ropelib's fma fuses (its 
 # last bits. That agreement is this compile's, which the cell checks: which product of
 # $x_1 \cos\theta - x_2 \sin\theta$ the compiler fuses is its choice, and notebook 08
 # (section 4b) found the same line, compiled in another kernel, fused the other product. A kernel
-# that must match ropelib bit for bit writes the fma out, as ropelib does. What the kernel lacks is the rest of `ropelib.apply_rope_qk`: $q$ and $k$ in one
-# launch, angles shared by a token's heads, a tile sized to the GPU (notebook 05), other layouts,
-# and errors on bad inputs. Appendix A.5 times it and counts its instructions.
+# that must match ropelib bit for bit writes the fma out, as ropelib does.
+#
+# What the kernel lacks is the rest of `ropelib.apply_rope_qk`: $q$ and $k$ in one launch,
+# angles shared by a token's heads, a tile sized to the GPU (notebook 05), other layouts, and
+# errors on bad inputs. Appendix A.5 times it and counts its instructions.
 #
 # ## Summary
 #
@@ -1888,17 +1890,24 @@ else:   # the same profiling of one interpreted launch: the plumbing, not a time
 
 # %% [markdown]
 # **Which change moves a kernel towards a copy's speed, and why?** What a RoPE kernel costs
-# beyond its bytes it pays in instructions, countable without a GPU: `compiled_code` compiles each
-# kernel here for sm_90 (H100 and H200) on the GPU run's $q$ at `ROWS` = 4, 16 and 64. The cell
-# counts per element the **sines and cosines** in the Triton IR (each libdevice's accurate
-# function, dozens of instructions) and the **SASS instructions** per element a thread holds (a
-# static count), reads the **registers** a thread uses (`cuobjdump`) and the **shared memory** a
-# program asks for, and from them and the 4 warps a program the **programs one SM holds**
-# (`counts.programs_per_sm`, notebook 03's appendix) and the bytes of $q$ those programs load
-# together, the **bytes in flight**.
+# beyond its bytes it pays in instructions and in programs, countable without a GPU:
+# `compiled_code` compiles each kernel here for sm_90 (H100 and H200) on the GPU run's $q$ at
+# `ROWS` = 4, 16 and 64. The cell counts per element the **sines and cosines** in the Triton IR
+# (each libdevice's accurate function, dozens of instructions) and the **SASS instructions** per
+# element a thread holds, twice: all of the compiled code, and the code less libdevice's slow
+# path for angles of 105,615 rad and more, which no angle of this model (at most 255 rad) takes
+# (notebook 10's appendix A counts so too). Both are static counts, not executed ones: they still
+# hold both arms of the code's other branches. It reads the **registers** a thread uses
+# (`cuobjdump`) and the **shared memory** a program asks for, and from them and the 4 warps a
+# program the **programs one SM holds** (`counts.programs_per_sm`, notebook 03's appendix) and the
+# bytes of $q$ those programs load together, an upper bound on the **bytes in flight**. Last, the
+# **programs** each launch starts, and what starting them costs at notebook 03's measured cost a
+# program (section 4.3).
 
 # %%
-from ropelib.course.counts import programs_per_sm
+from ropelib.course import measured
+from ropelib.course.counts import programs_per_sm, slow_path
+from ropelib.course.nb03_warps import instructions
 from ropelib.course.offline_compile import compiled_code
 
 B_c, S_c, H_c, D_c = 64, 256, 6, 64         # the GPU run's batch, context, heads and head_dim
@@ -1907,10 +1916,10 @@ WARPS = 4                                  # Triton's default num_warps for thes
 
 
 def instruction_counts(kernel, rows):
-    """(sines and cosines per element, SASS instructions in the compiled code per element a
-    thread holds, or None without a disassembler, Triton's version, {"registers", "stack", ...}
-    from cuobjdump or {}, with "shared", the bytes of shared memory a program asks for) of
-    `kernel` compiled for sm_90 on q_c at `rows` rows a program."""
+    """(sines and cosines per element, (SASS instructions in the compiled code, and in it less
+    libdevice's slow path) per element a thread holds, or None without a disassembler, Triton's
+    version, {"registers", "stack", ...} from cuobjdump or {}, with "shared", the bytes of shared
+    memory a program asks for) of `kernel` compiled for sm_90 on q_c at `rows` rows a program."""
     code = compiled_code(kernel, dict(
         x_ptr=q_c, y_ptr=torch.empty(1, dtype=torch.bfloat16), freqs_ptr=torch.empty(1),
         n_rows=B_c * S_c * H_c, S=S_c, H=H_c, stride_xb=q_c.stride(0), stride_xs=q_c.stride(1),
@@ -1919,9 +1928,11 @@ def instruction_counts(kernel, rows):
     elements = rows * D_c
     trig_shapes = re.findall(r"= math\.(?:sin|cos) [^\n]*?: tensor<([\dx]+)xf32", code["ttgir"])
     trig = sum(math.prod(int(n) for n in shape.split("x")) for shape in trig_shapes)
-    sass = [line for line in code["sass"].splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", line)]
+    sass = instructions(code["sass"])          # every instruction, whatever its address's width
     per_thread = elements / (32 * WARPS)
-    return (trig / elements, (len(sass) / per_thread if sass else None), code["triton"],
+    sass_counts = ((len(sass) / per_thread,
+                    (len(sass) - len(slow_path(code["sass"]))) / per_thread) if sass else None)
+    return (trig / elements, sass_counts, code["triton"],
             {**code["resources"], "shared": code["shared"]})
 
 
@@ -1930,65 +1941,114 @@ counts = {(name, rows): instruction_counts(kern, rows)
           for name, kern in count_kernels.items() for rows in (4, 16, 64)}
 print(f"compiled for sm_90 by Triton {counts['worked', 4][2]}, q {tuple(q_c.shape)} bf16:")
 print(f"{'kernel':>18} {'ROWS':>5} {'sin+cos / element':>18} {'SASS / element':>15} "
-      f"{'registers':>10} {'shared bytes':>13}")
+      f"{'less slow path':>15} {'registers':>10} {'shared bytes':>13}")
 for (name, rows), (trig, sass, _, res) in counts.items():
-    print(f"{name:>18} {rows:5d} {trig:18.2f} {sass if sass is None else round(sass):>15} "
+    all_sass, fast_sass = sass if sass else ("-", "-")
+    print(f"{name:>18} {rows:5d} {trig:18.2f} {all_sass if sass is None else round(all_sass):>15} "
+          f"{fast_sass if sass is None else round(fast_sass):>15} "
           f"{str(res.get('registers', '-')):>10} {res['shared']:13d}")
 assert all(counts["worked", r][0] == 2 and counts["one angle a pair", r][0] == 1 for r in (4, 64))
 if counts["worked", 4][1] is not None:          # (a machine without cuobjdump has no SASS)
-    sass_at = {k: v[1] for k, v in counts.items()}
+    sass_at = {k: v[1][0] for k, v in counts.items()}       # all of the compiled code
+    fast_at = {k: v[1][1] for k, v in counts.items()}       # less libdevice's slow path
     regs = {k: v[3]["registers"] for k, v in counts.items()}
     for name in count_kernels:                           # SASS per element, ROWS 64 over ROWS 4
         print(f"{name:>18}: ROWS 64 compiles to {sass_at[name, 64] / sass_at[name, 4]:.2f} of "
-              "the SASS instructions per element of ROWS 4, with "
+              "the SASS instructions per element of ROWS 4 "
+              f"({fast_at[name, 64] / fast_at[name, 4]:.2f} less the slow path), with "
               f"{regs[name, 64] / regs[name, 4]:.1f}x the registers a thread")
-    for name in ("worked", "one angle a pair"):          # "more than halves"
-        assert sass_at[name, 64] < 0.5 * sass_at[name, 4], (name, sass_at)
+    for name in ("worked", "one angle a pair"):          # "more than halves", less the slow path
+        assert fast_at[name, 64] < 0.5 * fast_at[name, 4], (name, fast_at)
+        assert all(fast_at[name, r] < sass_at[name, r] for r in (4, 16, 64))   # a slow path
+        # "with the slow path counted the drop is smaller"
+        assert sass_at[name, 64] / sass_at[name, 4] > fast_at[name, 64] / fast_at[name, 4]
+    assert rope_freqs(S_c, D_c).max() == S_c - 1 < 105_615      # the model's angles: no slow path
     for r in (4, 64):                                    # one angle a pair: fewer at each ROWS
         assert sass_at["one angle a pair", r] < sass_at["worked", r], sass_at
+        assert fast_at["one angle a pair", r] < fast_at["worked", r], fast_at
     assert 250 < sass_at["worked", 4] < 400 and 80 < sass_at["one angle a pair", 64] < 125
-    for name in ("worked", "one angle a pair"):          # "more than three times the registers"
+    for name in ("worked", "one angle a pair"):          # "several times the registers"
         assert regs[name, 64] > 3 * regs[name, 4], regs
     # programs one SM holds at once, from the compiled registers, warps and shared memory, and
-    # the bytes of q they ask for together: each program loads ROWS x D bf16 elements
+    # the bytes of q they ask for together (each program loads ROWS x D bf16 elements): an upper
+    # bound on the bytes in flight, reached only if every warp waits on its loads at once
     fits = {k: programs_per_sm(regs[k], WARPS, counts[k][3]["shared"]) for k in counts}
     print(f"\n{'kernel':>18} {'ROWS':>5} {'programs / SM':>14} {'warps / SM':>11} "
           f"{'limited by':>11} {'KiB of q a program':>19} {'KiB in flight / SM':>19}")
+    kib_at = {}
     for (name, rows), fit in fits.items():
         kib = rows * D_c * 2 / 1024
+        kib_at[name, rows] = fit.programs * kib
         print(f"{name:>18} {rows:5d} {fit.programs:14d} {fit.warps:11d} "
-              f"{'+'.join(fit.limited_by):>11} {kib:19.1f} {fit.programs * kib:19.1f}")
+              f"{'+'.join(fit.limited_by):>11} {kib:19.1f} {kib_at[name, rows]:19.1f}")
     for name in ("worked", "one angle a pair"):
         p4, p16, p64 = (fits[name, r].programs for r in (4, 16, 64))
         assert p4 == 16 and fits[name, 4].warps == 64          # "every warp an SM holds"
         assert p4 >= p16 >= p64 and p64 <= 4 and "registers" in fits[name, 64].limited_by
-        assert p64 * 64 > 2 * p4 * 4                           # "more bytes in flight at 64"
-    # the table's best ROWS (the most bytes in flight, then the most warps) against the timing
-    # cell's fastest by device time (a GPU's; on the CPU there is no time)
-    for name in count_kernels:
-        best = max((4, 16, 64), key=lambda r: (fits[name, r].programs * r, fits[name, r].warps))
-        timed = {r: frac9[name, r][1] for r in (4, 16, 64)
-                 if frac9.get((name, r), (0, None))[1] is not None}
-        print(f"{name:>18}: the most bytes in flight, then warps, at ROWS {best}; "
-              + (f"the fastest by device time at ROWS {max(timed, key=timed.get)}"
-                 if len(timed) == 3 else "no device times here (a GPU's cell above has them)"))
+        assert fits[name, 64].warps <= 16                     # "a quarter of the warps or less"
+        assert fits[name, 16].warps > 32                      # ROWS 16: "most of the warps"
+    # Little's law's need (notebook 05, section 2: the H200's): every bound is above it
+    need_kib = measured.loads_in_flight_need()["kib_per_sm"]
+    print(f"Little's law asks {need_kib:.1f} KiB of loads in flight an SM on the H200; the "
+          f"smallest bound above: {min(kib_at.values()):.1f} KiB")
+    assert round(need_kib, 1) == 5.6 and min(kib_at.values()) == 8.0 > need_kib
 else:
     print("(no cuobjdump here: no SASS to count, and the checks on it do not run)")
 
+# the programs each launch starts, and what starting them costs at notebook 03's rate (its empty
+# kernel of 4-warp programs on the H200, section 4.3: a fixed cost a program on each SM)
+cost_meta, cost_rows = measured.load("program_cost")
+empty4 = next(r for r in cost_rows if r["kernel"] == "empty" and r["num_warps"] == WARPS)
+n_prog = {r: -(-B_c * S_c * H_c // r) for r in (4, 16, 64)}
+start_us = {r: n / empty4["sms"] * empty4["ns_per_program_per_sm"] / 1e3 for r, n in n_prog.items()}
+print(f"\nprograms a launch starts, and at {empty4['ns_per_program_per_sm']:.0f} ns a program on "
+      f"each of the {cost_meta['gpu']}'s {empty4['sms']} SMs, the time their starts take:")
+for r in n_prog:
+    print(f"  ROWS {r:2d}: {n_prog[r]:6,} programs, {n_prog[r] / empty4['sms']:5.1f} an SM, "
+          f"{start_us[r]:5.1f} µs")
+for name in count_kernels:                  # a GPU's device times (the timing cell's), if any
+    timed = {r: frac9[name, r][1] for r in (4, 16, 64)
+             if frac9.get((name, r), (0, None))[1] is not None}
+    if len(timed) == 3:
+        print(f"{name:>18}: the fastest by device time at ROWS {max(timed, key=timed.get)}; "
+              "fraction of a copy " + ", ".join(f"ROWS {r} {f:.2f}" for r, f in timed.items()))
+assert n_prog == {4: 24_576, 16: 6_144, 64: 1_536} and empty4["sms"] == 132
+assert round(empty4["ns_per_program_per_sm"]) == 80                    # "about 80 ns"
+assert all(abs(r["ns_per_program_per_sm"] / empty4["ns_per_program_per_sm"] - 1) < 0.01
+           for r in cost_rows if r["kernel"] == "empty")               # "at 1 to 8 warps"
+assert n_prog[4] == 4 * n_prog[16]                                     # "a quarter"
+assert round(n_prog[4] / empty4["sms"]) == 186 and round(start_us[4]) == 15 and start_us[64] < 1
+
 # %% [markdown]
 # **Reading the counts.** The one-angle variant computes one sine or cosine an element, the
-# worked kernel two. More rows a program more than halves the instructions per element: the code
-# that does not grow with a thread's elements (the divisions that turn a row into $(b, s, h)$,
-# the address set-up) is shared by more of them, at several times the registers a thread.
+# worked kernel two. Less libdevice's slow path, more rows a program more than halves the
+# instructions per element: the code that does not grow with a thread's elements (the divisions
+# that turn a row into $(b, s, h)$, the address set-up) is shared by more of them, at several
+# times the registers a thread. With the slow path counted the drop is smaller, since each
+# angle brings its own copy of it; it is code no angle here runs. Both are static counts: what
+# the threads execute would need a profiler.
 #
 # **Reading the programs per SM.** At `ROWS` = 4 the registers leave room for 16 programs, every
 # warp an SM holds (64), each loading 0.5 KiB of $q$; at 64 they allow 4 or fewer, a quarter of
-# the warps or less, loading more bytes together. Memory streams only with enough bytes in flight
-# (Little's law, notebook 03, section 4.2), and fewer warps hide less of each other's angle and
-# address work: the best `ROWS` has the most bytes in flight without giving up warps. The cell's
-# last lines name that `ROWS` from the compiled code (an upper bound, not achieved occupancy) and,
-# on a GPU, the fastest `ROWS` by device time. Where they agree, the timings fit this account
-# without proving it (notebook 05 reads a profiler's achieved occupancy for ropelib's kernel).
+# the warps or less. The bytes in flight, as far as their bound tells, do not separate these
+# launches: by Little's law an SM of the H200 needs 5.6 KiB of loads in flight (notebook 05,
+# section 2), and every bound in the table, `ROWS` = 4's 8 KiB included, is above it (a bound,
+# reached only if every warp waits on its loads at once; what is achieved would need a profiler).
+# Where a GPU times two `ROWS` apart (the timing cell above), the bound does not say why. The
+# counts show two candidates, and prove neither:
+#
+# - **Programs.** Notebook 03 (section 4.3) measured a fixed cost to start and retire a program,
+#   about 80 ns on each of the H200's 132 SMs whatever the program does, at 1 to 8 warps. At
+#   `ROWS` = 4 a launch starts 24,576 programs, 186 an SM: at that rate their starts alone take
+#   about 15 µs. At 64 it starts 1,536, under 1 µs: starts cannot make `ROWS` = 64 slow.
+# - **Warps.** At `ROWS` = 64 the few programs an SM holds leave fewer warps to hide each other's
+#   angle, address and load work. Notebook 03's appendix profiled such a case on the H200: a kernel
+#   of many rows a program held so many registers that few warps fit and its schedulers sat idle
+#   much of the time. Whether that holds here these counts cannot say (notebook 05 reads a
+#   profiler's achieved occupancy for ropelib's kernel).
+#
+# `ROWS` = 16 sits between the two: a quarter of `ROWS` = 4's programs, and most of the warps. On
+# a GPU the cell's last lines print which `ROWS` the device times found fastest.
 #
 # Neither change removes the real redundancy: the $H$ heads of a token, in each of the $B$
 # sequences, compute the same sines and cosines again; ropelib's kernel computes them once per
