@@ -474,8 +474,8 @@ assert round(probe_ms["forward"], 2) == round(compiled_ms[0], 2)        # the fl
 # above both the floor's 0.64 ms and its own kernels' 0.47: the step's time beyond its kernels
 # differs between the two harnesses, and the probe does not take it apart. So on the device the
 # forward-only call is the slower, by Inductor's fusion choice for this graph (a kernel busy with
-# six libdevice sines and cosines an element); the forward row says what that graph costs, not
-# what compiled code can do, and no conclusion here rests on it.
+# six sines and cosines an element); the forward row says what that graph costs, not what
+# compiled code can do, and no conclusion here rests on it.
 
 # %% [markdown]
 # Models written for transformers 4.x call `apply_multimodal_rotary_pos_emb(q, k, cos, sin,
