@@ -148,9 +148,11 @@ print(inspect.getsource(_Rotary.forward))
 # whole tensor (section 5).
 #
 # The smallest test first: the same weights, one batch, fp32: loss, logits and every gradient
-# agree to fp32 rounding. Under bf16 autocast they need not agree bit for bit: an fma and a
-# multiply-then-add differ in about a quarter of the fp32 results and in about one entry in
-# $10^5$ once rounded to bf16 (appendix A.1).
+# agree to fp32 rounding. Under bf16 autocast they need not agree bit for bit, for two reasons.
+# The PyTorch branch reads a cos/sin table built on the CPU when the model is made, while the
+# kernel takes $\sin$ and $\cos$ on the GPU: the two differ in the last bit of some entries. And
+# an fma and a multiply-then-add differ in about a quarter of the fp32 results. Each changes
+# about one entry in $10^5$ once rounded to bf16 (appendix A.1).
 
 # %%
 cfg = GPTConfig(vocab_size=data.vocab_size, **SIZES)
@@ -370,17 +372,20 @@ assert [round(gap_c[0], 2), round(gap_c[-1], 2)] == [-0.20, 0.31]      # "0.20 b
 
 # %% [markdown]
 # **Reading the committed H200 run.** Swapping the kernel moves the curve less than a second seed
-# does, as does the control. ropelib's run differs from step 1 because an fma rounds some of a
-# forward's tens of millions of bf16 entries differently (appendix A.1); training amplifies that
-# and the control's nondeterminism alike (one sample each: too few to rank them).
+# does, as does the control. ropelib's run differs from step 1 because its forward rounds some of
+# tens of millions of bf16 entries differently: its sines and cosines, taken on the GPU, differ
+# from the reference's CPU-built table in the last bit of some entries, and its fma rounds once
+# where the reference rounds each product (appendix A.1 counts both). Training amplifies that and
+# the control's nondeterminism alike (one sample each: too few to rank them).
 #
 # The model has begun to overfit. The reference's validation loss starts 0.20 nats *below* its
-# training loss at step 25 (the held-out text is the file's last tenth, not a random draw from it,
-# and the young model finds it easier) and ends 0.31 above it, the gap widening at every
-# evaluation: the model learns the training text faster than what carries over. But no run's
-# validation loss turned up by more than a tenth of the seed distance, so the comparison still
-# measures RoPE, not memorising. Trained much longer on this half a million characters, the
-# validation loss would turn up and the runs would be compared on how they memorise.
+# training loss at step 25 and ends 0.31 above it, the gap widening at every evaluation: the model
+# learns the training text faster than what carries over. Why it starts below is not tested
+# here; the held-out text is the file's last tenth, not a random draw from it, so it may simply
+# be easier text for a young model. But no run's validation loss turned up by more than a tenth
+# of the seed distance, so the comparison still measures RoPE, not memorising. Trained much
+# longer on this half a million characters, the validation loss would turn up and the runs would
+# be compared on how they memorise.
 #
 # ### Two more seeds
 #
@@ -1151,15 +1156,20 @@ if not ON_GPU:
     # drops launch options it has no use for, enable_fp_fusion among them
     print("(CPU: Triton's interpreter, which never contracts and ignores enable_fp_fusion)")
     assert differ["as compiled by default"] == differ["with enable_fp_fusion=False"] > 0
-else:   # compiled: contraction turns the multiply-then-subtract into ropelib's fma
+else:   # compiled: here contraction fuses the product ropelib's fma fuses (its choice: 08, 4b)
     assert differ["as compiled by default"] == 0 < differ["with enable_fp_fusion=False"], differ
 
 # %% [markdown]
-# Compiled, contraction makes the worked kernel bit-identical to ropelib's, so on a GPU the two
-# models above agree exactly; the interpreter never contracts, so on the CPU they differ in the
-# last bits. What the kernel lacks is the rest of `ropelib.apply_rope_qk`: $q$ and $k$ in one
-# launch, angles shared by a token's heads, a tile sized to the GPU (notebook 05), other layouts,
-# and errors on bad inputs. Appendix A.5 times it and counts its instructions.
+# Compiled here, contraction makes the worked kernel bit-identical to ropelib's, so on a GPU the
+# two models above agree exactly; the interpreter never contracts, so on the CPU they differ in the
+# last bits. That agreement is this compile's, which the cell checks: which product of
+# $x_1 \cos\theta - x_2 \sin\theta$ the compiler fuses is its choice, and notebook 08
+# (section 4b) found the same line, compiled in another kernel, fused the other product. A kernel
+# that must match ropelib bit for bit writes the fma out, as ropelib does.
+#
+# What the kernel lacks is the rest of `ropelib.apply_rope_qk`: $q$ and $k$ in one launch,
+# angles shared by a token's heads, a tile sized to the GPU (notebook 05), other layouts, and
+# errors on bad inputs. Appendix A.5 times it and counts its instructions.
 #
 # ## Summary
 #
@@ -1198,15 +1208,16 @@ else:   # compiled: contraction turns the multiply-then-subtract into ropelib's 
 # profiler; A.5 measures your kernel. (`ROPELIB_WRITE_FIGURES=1` on a GPU rewrites
 # `figures/09-*`, and the asserted numbers must then be updated.)
 #
-# ### A.1 Section 3: one fma, and the committed run's first steps
+# ### A.1 Section 3: two roundings, and the committed run's first steps
+#
+# The two arms differ in two ways under bf16 autocast: how the rotation is combined, and where the
+# cosines and sines come from. The first cell takes the combine alone.
 #
 # **An fma against a multiply and an add**, with the *same* cosines and sines, on bf16 queries of
 # the committed run's sizes: $\operatorname{fl}(x_a c - \operatorname{fl}(x_b s))$ against
 # $\operatorname{fl}(\operatorname{fl}(x_a c) - \operatorname{fl}(x_b s))$ ($\operatorname{fl}$:
 # rounding to fp32). The fma is emulated in fp64, where a product of fp32 factors is exact; Knuth's
-# two-sum shows the fp64 sum is exact too, so the one rounding to fp32 is an fma's. The next cell
-# scales that rate to the committed run's first step and draws the same-batch runs' training-loss
-# distances over the first 60 steps.
+# two-sum shows the fp64 sum is exact too, so the one rounding to fp32 is an fma's.
 
 # %%
 S_b, D_b = 256, 64                                  # the committed GPU run's context and head_dim
@@ -1240,16 +1251,113 @@ print(f"fma against multiply-then-add, same tables: {100 * fp32_diff:.1f} % of t
 assert 0.2 < fp32_diff < 0.3 and 5e-6 < bf16_diff < 5e-5     # "a quarter", "~1 in 100 000"
 del x_b, separate, fused, xa, xb, inexact
 
+# %% [markdown]
+# **A table built on the CPU against sines and cosines taken on the GPU.** The reference's
+# cos/sin table comes from `rope_cos_sin` when the model is made, on the CPU, and is then moved to
+# the GPU; the kernel takes $\cos$ and $\sin$ of the angles on the GPU, where notebook 08
+# (section 4b, step b) found `tl.cos`/`tl.sin` and libdevice's equal, bit for bit, to Transformer
+# Engine's. Notebook 08's committed H200 file holds TE's cosines and sines of its angles
+# $[512, 64]$ ($D = 128$): positions 0 to 255 and every other frequency are this model's
+# frequencies ($D = 64$). The next cell first checks that this CPU builds notebook 08's table as
+# the H200 run's host did (the file counts its entries that differ from the GPU's), then counts
+# the model's table entries that differ from the GPU's, on the angles the two computed alike, and
+# the bf16 outputs each difference changes on one layer's $q$ at step 1 of the committed run
+# ($64 \times 256 \times 6 \times 64$), with notebook 08's angles standing in for the model's.
+
+# %%
+from ropelib.course import debug
+
+te_bits = debug.load_te_bits(debug.te_bits_file(ROOT))      # notebook 08's committed H200 run
+case08 = debug.te_bits_case(te_bits, "nb_gpu")              # angles [512, 64], TE's cos and sin
+host_table = case08.rec["sincos"]["table_cpu_fp32"]         # torch on that run's host CPU
+here08 = [int((f(case08.angles) != gpu).sum())
+          for f, gpu in ((torch.cos, case08.te_cos), (torch.sin, case08.te_sin))]
+same_cpu = here08 == [host_table[f]["n_differ"] for f in ("cos", "sin")]
+print(f"notebook 08's table built on this CPU: {here08[0]:,} cos and {here08[1]:,} sin entries "
+      f"of {case08.angles.numel():,} differ from the GPU's; on the {te_bits['meta']['gpu']} "
+      f"run's host {host_table['cos']['n_differ']:,} and {host_table['sin']['n_differ']:,}: "
+      + ("this CPU builds it alike" if same_cpu else "another CPU's table"))
+# positions 0-255 and every other frequency of notebook 08's angles: this model's frequencies
+ang08 = case08.angles[:S_b, ::2]                                  # [256, 32]
+gpu_table = (case08.te_cos[:S_b, ::2], case08.te_sin[:S_b, ::2])
+alike = ang08 == rope_freqs(S_b, D_b)[:, 0, 0, :D_b // 2]         # the model's fp32 angles
+model_table = [t[:, :D_b // 2] for t in rope_cos_sin(S_b, D_b)]   # the reference's, this CPU's
+n_table = [int(((a != b) & alike).sum()) for a, b in zip(model_table, gpu_table)]
+ulps = max(int((a.view(torch.int32).long() - b.view(torch.int32).long())[alike].abs().max())
+           for a, b in zip(model_table, gpu_table))
+print(f"the model's {alike.numel():,} angles: {int(alike.sum()):,} equal notebook 08's; on them "
+      f"the CPU-built table differs from the GPU's in {n_table[0]:,} cos and {n_table[1]:,} sin "
+      f"entries, by at most {ulps} ulp")
+
+# bf16 outputs on one layer's q: the reference (CPU table, each product rounded) against each
+# change alone and both (ropelib's), on notebook 08's angles (the GPU's values known at each)
+x_q = torch.randn(64, S_b, 6, D_b, generator=torch.Generator().manual_seed(0)).bfloat16()
+qa, qb = x_q.float().chunk(2, dim=-1)
+
+
+def rounds_as_fma(p, r):
+    """Whether fl32(p + r), the sum taken in fp64, is the fma's one rounding of the exact sum:
+    where the fp64 sum is inexact, its two fp64 neighbours (between which the exact sum lies)
+    must round to one fp32 value."""
+    total = p + r
+    inf = torch.full_like(total, math.inf)
+    neighbours_agree = torch.nextafter(total, -inf).float() == torch.nextafter(total, inf).float()
+    return bool(((fp64_rounding_error(p, r) == 0) | neighbours_agree).all())
+
+
+def rope_bf16(cos, sin, fma):
+    """x_q rotated with tables [S, D/2]: as an fma (emulated in fp64, as above) or as the
+    PyTorch branch computes it, rounded to bf16."""
+    c, s = cos[:, None, :], sin[:, None, :]                      # [S, 1, D/2]: over the heads
+    if not fma:
+        return reference.apply_rope_ref(x_q.float(), torch.cat((c, c), -1),
+                                        torch.cat((s, s), -1)).bfloat16()
+    terms = ((qa.double() * c.double(), -(qb * s).double()),
+             (qb.double() * c.double(), (qa * s).double()))
+    assert all(rounds_as_fma(p, r) for p, r in terms)
+    return torch.cat([(p + r).float() for p, r in terms], dim=-1).bfloat16()
+
+
+cpu_table = (torch.cos(ang08), torch.sin(ang08))
+reference_q = rope_bf16(*cpu_table, fma=False)
+n_moved = {what: int((rope_bf16(*table, fma=fma) != reference_q).sum())
+           for what, table, fma in (("the table alone", gpu_table, False),
+                                    ("the fma alone", cpu_table, True),
+                                    ("both (ropelib's)", gpu_table, True))}
+print(f"bf16 entries of {x_q.numel():,} that differ from the reference's: "
+      + ", ".join(f"{what} {n}" for what, n in n_moved.items()))
+both_rate = n_moved["both (ropelib's)"] / x_q.numel()
+rates = [n_moved[w] / x_q.numel() for w in ("the table alone", "the fma alone")]
+assert ulps == 1 and all(n > 0 for n in n_table)                  # one ulp, in some entries
+assert all(5e-6 < r < 5e-5 for r in rates)                        # "about one entry in 10^5" each
+assert max(rates) < both_rate < sum(rates)                        # together more than either
+if same_cpu:   # the table as the committed run's host built it: the text's counts
+    assert int(alike.sum()) == 7729 and n_table == [1222, 1051]
+    assert list(n_moved.values()) == [92, 95, 158] and x_q.numel() == 6_291_456
+else:
+    print("(this CPU's cos/sin are not the committed host's: the counts differ from the text's)")
+del x_q, qa, qb, reference_q
+
+# %% [markdown]
+# On the 7,729 of the model's 8,192 angles that both computed alike, the table the reference
+# reads differs from the GPU's sines and cosines in 1,222 cosines and 1,051 sines, each by one
+# ulp. Rounded to bf16, the table alone changes 92 of the 6,291,456 entries of one layer's $q$,
+# the fma alone 95, both together 158: two causes of one size, and neither is the whole of
+# ropelib's difference from the reference. The next cell scales both rates to the committed run's
+# first step and draws the same-batch runs' training-loss distances over the first 60 steps.
+
 # %%
 from statistics import median
 
-# step 1 is one forward: the q and k entries it rounds to bf16, and how many the fma alone
-# rounds differently at the rate measured above (section 3's committed run: meta_c, part, ...)
+# step 1 is one forward: the q and k entries it rounds to bf16, and how many the fma alone, and
+# the fma with the GPU's sin/cos, round differently at the rates measured above (section 3's
+# committed run: meta_c, part, ...)
 cfg_c = {k: int(v) for k, v in re.findall(r"(n_layer|n_embd|block_size)=(\d+)", meta_c["config"])}
 entries_c = cfg_c["n_layer"] * 2 * int(meta_c["batch"]) * cfg_c["block_size"] * cfg_c["n_embd"]
 print(f"step 1's forward in the committed run ({meta_c['gpu']}) rounds {entries_c / 1e6:.1f} "
-      f"million q and k entries to bf16; at the rate above the fma alone rounds about "
-      f"{bf16_diff * entries_c:.0f} of them differently")
+      f"million q and k entries to bf16; at the rates above the fma alone rounds about "
+      f"{bf16_diff * entries_c:.0f} of them differently, the fma and the table together about "
+      f"{both_rate * entries_c:.0f}")
 print(f"|training loss - reference's| at steps 1 and 20: ropelib {part[0]:.1e}, {part[19]:.1e}; "
       f"the control {part_again[0]:.1e}, {part_again[19]:.1e}")
 windows = {1: (median(part[:20]), median(part_again[:20]))}
@@ -1258,6 +1366,7 @@ print("median |training loss - reference's|, ropelib and the control, steps 1-20
 assert [float(f"{part[0]:.1e}"), round(part[19], 3)] == [1.9e-6, 0.020]
 assert part_again[0] == 0 and round(part_again[19], 4) == 0.0043
 assert round(entries_c / 1e6) == 75 and bf16_diff * entries_c > 100                  # "75 million"
+assert both_rate * entries_c > bf16_diff * entries_c
 assert windows[1][0] > 5 * windows[1][1]                # ropelib's run leaves sooner
 fig = plot_train_loss_differences(
     saved_c, FIGURES / "09-train-loss-differences.png", baseline="reference",
@@ -1266,8 +1375,9 @@ fig = plot_train_loss_differences(
 plt.show()
 
 # %% [markdown]
-# Over the first 20 steps ropelib's run leaves the reference's sooner than the control: the fma's
-# rounding starts at step 1, the control's nondeterminism later, and catches up (the figure).
+# Over the first 20 steps ropelib's run leaves the reference's sooner than the control: its two
+# roundings, the GPU's sines and cosines and the fma, start at step 1, the control's
+# nondeterminism later, and catches up (the figure).
 #
 # ### A.2 Section 5: the rest of the profile
 #
@@ -1529,14 +1639,16 @@ assert all(509 < m["dram__bytes_write.sum"] / 1e6 < 510 for m in (g, v))     # "
 # ### A.4 Section 5: who saves what, without the profiler
 #
 # The profiler inflates host time, so it cannot say what RoPE costs the host, nor how long the
-# step would take if the host never held the GPU back. Three measurements without it can; each
-# reads its numbers on a GPU (on the CPU the cells test the code).
+# step would take if the host never held the GPU back. Three measurements without it come at both
+# from different sides; each reads its numbers on a GPU (on the CPU the cells test the code).
 #
 # **RoPE's host time, as a step difference.** Section 4's rounds again, with a third arm whose
 # rotary module, `NoRotary`, returns $q$ and $k$ as they are. An arm's issue time minus the
-# no-RoPE arm's, over $n_\text{layer}$, is RoPE's host time a layer, *resolved* where the middle
-# half of the rounds lies on one side of zero. The issue-time saving must agree with section 4's
-# within a factor of 2 where both are resolved.
+# no-RoPE arm's, over $n_\text{layer}$, is RoPE's host time a layer if removing RoPE changes
+# nothing else, *resolved* where the middle half of the rounds lies on one side of zero. It may
+# change more: without RoPE, attention receives the strided views of the QKV output where it
+# otherwise receives RoPE's new tensors, and the backward runs without RoPE's nodes. The
+# issue-time saving must agree with section 4's within a factor of 2 where both are resolved.
 
 # %%
 class NoRotary(torch.nn.Module):
@@ -1697,6 +1809,16 @@ else:
 # (A.3), each dispatched, recorded for autograd and launched, against ropelib's one call, whose
 # host time the cells above print as a multiple of its kernels' device time. Replayed from a CUDA
 # graph, the arms differ by RoPE's kernel time instead.
+#
+# **Three host figures, not reconciled.** This appendix and section 5 give ropelib's RoPE three
+# host times, and they measure different things: section 5's is the profiler's (its own cost
+# included, on the committed H200 run); the step difference is everything that changes in a step
+# when `NoRotary` replaces RoPE, attention's inputs and the backward's nodes included; the split
+# is `apply_rope_qk`'s forward and backward alone, on one layer's $q$ and $k$. Where the step
+# difference exceeds the split's forward and backward (the last cell prints both), the excess is
+# not explained by these measurements: it may be what removing RoPE changes elsewhere in the
+# step, or the split's calls running back to back where the step's run between other work. The
+# cells do not tell these apart.
 
 # %% [markdown]
 # ### A.5 Section 9: your kernel against a copy, and its compiled code
@@ -1768,17 +1890,24 @@ else:   # the same profiling of one interpreted launch: the plumbing, not a time
 
 # %% [markdown]
 # **Which change moves a kernel towards a copy's speed, and why?** What a RoPE kernel costs
-# beyond its bytes it pays in instructions, countable without a GPU: `compiled_code` compiles each
-# kernel here for sm_90 (H100 and H200) on the GPU run's $q$ at `ROWS` = 4, 16 and 64. The cell
-# counts per element the **sines and cosines** in the Triton IR (each libdevice's accurate
-# function, dozens of instructions) and the **SASS instructions** per element a thread holds (a
-# static count), reads the **registers** a thread uses (`cuobjdump`) and the **shared memory** a
-# program asks for, and from them and the 4 warps a program the **programs one SM holds**
-# (`counts.programs_per_sm`, notebook 03's appendix) and the bytes of $q$ those programs load
-# together, the **bytes in flight**.
+# beyond its bytes it pays in instructions and in programs, countable without a GPU:
+# `compiled_code` compiles each kernel here for sm_90 (H100 and H200) on the GPU run's $q$ at
+# `ROWS` = 4, 16 and 64. The cell counts per element the **sines and cosines** in the Triton IR
+# (each libdevice's accurate function, dozens of instructions) and the **SASS instructions** per
+# element a thread holds, twice: all of the compiled code, and the code less libdevice's slow
+# path for angles of 105,615 rad and more, which no angle of this model (at most 255 rad) takes
+# (notebook 10's appendix A counts so too). Both are static counts, not executed ones: they still
+# hold both arms of the code's other branches. It reads the **registers** a thread uses
+# (`cuobjdump`) and the **shared memory** a program asks for, and from them and the 4 warps a
+# program the **programs one SM holds** (`counts.programs_per_sm`, notebook 03's appendix) and the
+# bytes of $q$ those programs load together, an upper bound on the **bytes in flight**. Last, the
+# **programs** each launch starts, and what starting them costs at notebook 03's measured cost a
+# program (section 4.3).
 
 # %%
-from ropelib.course.counts import programs_per_sm
+from ropelib.course import measured
+from ropelib.course.counts import programs_per_sm, slow_path
+from ropelib.course.nb03_warps import instructions
 from ropelib.course.offline_compile import compiled_code
 
 B_c, S_c, H_c, D_c = 64, 256, 6, 64         # the GPU run's batch, context, heads and head_dim
@@ -1787,10 +1916,10 @@ WARPS = 4                                  # Triton's default num_warps for thes
 
 
 def instruction_counts(kernel, rows):
-    """(sines and cosines per element, SASS instructions in the compiled code per element a
-    thread holds, or None without a disassembler, Triton's version, {"registers", "stack", ...}
-    from cuobjdump or {}, with "shared", the bytes of shared memory a program asks for) of
-    `kernel` compiled for sm_90 on q_c at `rows` rows a program."""
+    """(sines and cosines per element, (SASS instructions in the compiled code, and in it less
+    libdevice's slow path) per element a thread holds, or None without a disassembler, Triton's
+    version, {"registers", "stack", ...} from cuobjdump or {}, with "shared", the bytes of shared
+    memory a program asks for) of `kernel` compiled for sm_90 on q_c at `rows` rows a program."""
     code = compiled_code(kernel, dict(
         x_ptr=q_c, y_ptr=torch.empty(1, dtype=torch.bfloat16), freqs_ptr=torch.empty(1),
         n_rows=B_c * S_c * H_c, S=S_c, H=H_c, stride_xb=q_c.stride(0), stride_xs=q_c.stride(1),
@@ -1799,9 +1928,11 @@ def instruction_counts(kernel, rows):
     elements = rows * D_c
     trig_shapes = re.findall(r"= math\.(?:sin|cos) [^\n]*?: tensor<([\dx]+)xf32", code["ttgir"])
     trig = sum(math.prod(int(n) for n in shape.split("x")) for shape in trig_shapes)
-    sass = [line for line in code["sass"].splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", line)]
+    sass = instructions(code["sass"])          # every instruction, whatever its address's width
     per_thread = elements / (32 * WARPS)
-    return (trig / elements, (len(sass) / per_thread if sass else None), code["triton"],
+    sass_counts = ((len(sass) / per_thread,
+                    (len(sass) - len(slow_path(code["sass"]))) / per_thread) if sass else None)
+    return (trig / elements, sass_counts, code["triton"],
             {**code["resources"], "shared": code["shared"]})
 
 
@@ -1810,65 +1941,114 @@ counts = {(name, rows): instruction_counts(kern, rows)
           for name, kern in count_kernels.items() for rows in (4, 16, 64)}
 print(f"compiled for sm_90 by Triton {counts['worked', 4][2]}, q {tuple(q_c.shape)} bf16:")
 print(f"{'kernel':>18} {'ROWS':>5} {'sin+cos / element':>18} {'SASS / element':>15} "
-      f"{'registers':>10} {'shared bytes':>13}")
+      f"{'less slow path':>15} {'registers':>10} {'shared bytes':>13}")
 for (name, rows), (trig, sass, _, res) in counts.items():
-    print(f"{name:>18} {rows:5d} {trig:18.2f} {sass if sass is None else round(sass):>15} "
+    all_sass, fast_sass = sass if sass else ("-", "-")
+    print(f"{name:>18} {rows:5d} {trig:18.2f} {all_sass if sass is None else round(all_sass):>15} "
+          f"{fast_sass if sass is None else round(fast_sass):>15} "
           f"{str(res.get('registers', '-')):>10} {res['shared']:13d}")
 assert all(counts["worked", r][0] == 2 and counts["one angle a pair", r][0] == 1 for r in (4, 64))
 if counts["worked", 4][1] is not None:          # (a machine without cuobjdump has no SASS)
-    sass_at = {k: v[1] for k, v in counts.items()}
+    sass_at = {k: v[1][0] for k, v in counts.items()}       # all of the compiled code
+    fast_at = {k: v[1][1] for k, v in counts.items()}       # less libdevice's slow path
     regs = {k: v[3]["registers"] for k, v in counts.items()}
     for name in count_kernels:                           # SASS per element, ROWS 64 over ROWS 4
         print(f"{name:>18}: ROWS 64 compiles to {sass_at[name, 64] / sass_at[name, 4]:.2f} of "
-              "the SASS instructions per element of ROWS 4, with "
+              "the SASS instructions per element of ROWS 4 "
+              f"({fast_at[name, 64] / fast_at[name, 4]:.2f} less the slow path), with "
               f"{regs[name, 64] / regs[name, 4]:.1f}x the registers a thread")
-    for name in ("worked", "one angle a pair"):          # "more than halves"
-        assert sass_at[name, 64] < 0.5 * sass_at[name, 4], (name, sass_at)
+    for name in ("worked", "one angle a pair"):          # "more than halves", less the slow path
+        assert fast_at[name, 64] < 0.5 * fast_at[name, 4], (name, fast_at)
+        assert all(fast_at[name, r] < sass_at[name, r] for r in (4, 16, 64))   # a slow path
+        # "with the slow path counted the drop is smaller"
+        assert sass_at[name, 64] / sass_at[name, 4] > fast_at[name, 64] / fast_at[name, 4]
+    assert rope_freqs(S_c, D_c).max() == S_c - 1 < 105_615      # the model's angles: no slow path
     for r in (4, 64):                                    # one angle a pair: fewer at each ROWS
         assert sass_at["one angle a pair", r] < sass_at["worked", r], sass_at
+        assert fast_at["one angle a pair", r] < fast_at["worked", r], fast_at
     assert 250 < sass_at["worked", 4] < 400 and 80 < sass_at["one angle a pair", 64] < 125
-    for name in ("worked", "one angle a pair"):          # "more than three times the registers"
+    for name in ("worked", "one angle a pair"):          # "several times the registers"
         assert regs[name, 64] > 3 * regs[name, 4], regs
     # programs one SM holds at once, from the compiled registers, warps and shared memory, and
-    # the bytes of q they ask for together: each program loads ROWS x D bf16 elements
+    # the bytes of q they ask for together (each program loads ROWS x D bf16 elements): an upper
+    # bound on the bytes in flight, reached only if every warp waits on its loads at once
     fits = {k: programs_per_sm(regs[k], WARPS, counts[k][3]["shared"]) for k in counts}
     print(f"\n{'kernel':>18} {'ROWS':>5} {'programs / SM':>14} {'warps / SM':>11} "
           f"{'limited by':>11} {'KiB of q a program':>19} {'KiB in flight / SM':>19}")
+    kib_at = {}
     for (name, rows), fit in fits.items():
         kib = rows * D_c * 2 / 1024
+        kib_at[name, rows] = fit.programs * kib
         print(f"{name:>18} {rows:5d} {fit.programs:14d} {fit.warps:11d} "
-              f"{'+'.join(fit.limited_by):>11} {kib:19.1f} {fit.programs * kib:19.1f}")
+              f"{'+'.join(fit.limited_by):>11} {kib:19.1f} {kib_at[name, rows]:19.1f}")
     for name in ("worked", "one angle a pair"):
         p4, p16, p64 = (fits[name, r].programs for r in (4, 16, 64))
         assert p4 == 16 and fits[name, 4].warps == 64          # "every warp an SM holds"
         assert p4 >= p16 >= p64 and p64 <= 4 and "registers" in fits[name, 64].limited_by
-        assert p64 * 64 > 2 * p4 * 4                           # "more bytes in flight at 64"
-    # the table's best ROWS (the most bytes in flight, then the most warps) against the timing
-    # cell's fastest by device time (a GPU's; on the CPU there is no time)
-    for name in count_kernels:
-        best = max((4, 16, 64), key=lambda r: (fits[name, r].programs * r, fits[name, r].warps))
-        timed = {r: frac9[name, r][1] for r in (4, 16, 64)
-                 if frac9.get((name, r), (0, None))[1] is not None}
-        print(f"{name:>18}: the most bytes in flight, then warps, at ROWS {best}; "
-              + (f"the fastest by device time at ROWS {max(timed, key=timed.get)}"
-                 if len(timed) == 3 else "no device times here (a GPU's cell above has them)"))
+        assert fits[name, 64].warps <= 16                     # "a quarter of the warps or less"
+        assert fits[name, 16].warps > 32                      # ROWS 16: "most of the warps"
+    # Little's law's need (notebook 05, section 2: the H200's): every bound is above it
+    need_kib = measured.loads_in_flight_need()["kib_per_sm"]
+    print(f"Little's law asks {need_kib:.1f} KiB of loads in flight an SM on the H200; the "
+          f"smallest bound above: {min(kib_at.values()):.1f} KiB")
+    assert round(need_kib, 1) == 5.6 and min(kib_at.values()) == 8.0 > need_kib
 else:
     print("(no cuobjdump here: no SASS to count, and the checks on it do not run)")
 
+# the programs each launch starts, and what starting them costs at notebook 03's rate (its empty
+# kernel of 4-warp programs on the H200, section 4.3: a fixed cost a program on each SM)
+cost_meta, cost_rows = measured.load("program_cost")
+empty4 = next(r for r in cost_rows if r["kernel"] == "empty" and r["num_warps"] == WARPS)
+n_prog = {r: -(-B_c * S_c * H_c // r) for r in (4, 16, 64)}
+start_us = {r: n / empty4["sms"] * empty4["ns_per_program_per_sm"] / 1e3 for r, n in n_prog.items()}
+print(f"\nprograms a launch starts, and at {empty4['ns_per_program_per_sm']:.0f} ns a program on "
+      f"each of the {cost_meta['gpu']}'s {empty4['sms']} SMs, the time their starts take:")
+for r in n_prog:
+    print(f"  ROWS {r:2d}: {n_prog[r]:6,} programs, {n_prog[r] / empty4['sms']:5.1f} an SM, "
+          f"{start_us[r]:5.1f} µs")
+for name in count_kernels:                  # a GPU's device times (the timing cell's), if any
+    timed = {r: frac9[name, r][1] for r in (4, 16, 64)
+             if frac9.get((name, r), (0, None))[1] is not None}
+    if len(timed) == 3:
+        print(f"{name:>18}: the fastest by device time at ROWS {max(timed, key=timed.get)}; "
+              "fraction of a copy " + ", ".join(f"ROWS {r} {f:.2f}" for r, f in timed.items()))
+assert n_prog == {4: 24_576, 16: 6_144, 64: 1_536} and empty4["sms"] == 132
+assert round(empty4["ns_per_program_per_sm"]) == 80                    # "about 80 ns"
+assert all(abs(r["ns_per_program_per_sm"] / empty4["ns_per_program_per_sm"] - 1) < 0.01
+           for r in cost_rows if r["kernel"] == "empty")               # "at 1 to 8 warps"
+assert n_prog[4] == 4 * n_prog[16]                                     # "a quarter"
+assert round(n_prog[4] / empty4["sms"]) == 186 and round(start_us[4]) == 15 and start_us[64] < 1
+
 # %% [markdown]
 # **Reading the counts.** The one-angle variant computes one sine or cosine an element, the
-# worked kernel two. More rows a program more than halves the instructions per element: the code
-# that does not grow with a thread's elements (the divisions that turn a row into $(b, s, h)$,
-# the address set-up) is shared by more of them, at several times the registers a thread.
+# worked kernel two. Less libdevice's slow path, more rows a program more than halves the
+# instructions per element: the code that does not grow with a thread's elements (the divisions
+# that turn a row into $(b, s, h)$, the address set-up) is shared by more of them, at several
+# times the registers a thread. With the slow path counted the drop is smaller, since each
+# angle brings its own copy of it; it is code no angle here runs. Both are static counts: what
+# the threads execute would need a profiler.
 #
 # **Reading the programs per SM.** At `ROWS` = 4 the registers leave room for 16 programs, every
 # warp an SM holds (64), each loading 0.5 KiB of $q$; at 64 they allow 4 or fewer, a quarter of
-# the warps or less, loading more bytes together. Memory streams only with enough bytes in flight
-# (Little's law, notebook 03, section 4.2), and fewer warps hide less of each other's angle and
-# address work: the best `ROWS` has the most bytes in flight without giving up warps. The cell's
-# last lines name that `ROWS` from the compiled code (an upper bound, not achieved occupancy) and,
-# on a GPU, the fastest `ROWS` by device time. Where they agree, the timings fit this account
-# without proving it (notebook 05 reads a profiler's achieved occupancy for ropelib's kernel).
+# the warps or less. The bytes in flight, as far as their bound tells, do not separate these
+# launches: by Little's law an SM of the H200 needs 5.6 KiB of loads in flight (notebook 05,
+# section 2), and every bound in the table, `ROWS` = 4's 8 KiB included, is above it (a bound,
+# reached only if every warp waits on its loads at once; what is achieved would need a profiler).
+# Where a GPU times two `ROWS` apart (the timing cell above), the bound does not say why. The
+# counts show two candidates, and prove neither:
+#
+# - **Programs.** Notebook 03 (section 4.3) measured a fixed cost to start and retire a program,
+#   about 80 ns on each of the H200's 132 SMs whatever the program does, at 1 to 8 warps. At
+#   `ROWS` = 4 a launch starts 24,576 programs, 186 an SM: at that rate their starts alone take
+#   about 15 µs. At 64 it starts 1,536, under 1 µs: starts cannot make `ROWS` = 64 slow.
+# - **Warps.** At `ROWS` = 64 the few programs an SM holds leave fewer warps to hide each other's
+#   angle, address and load work. Notebook 03's appendix profiled such a case on the H200: a kernel
+#   of many rows a program held so many registers that few warps fit and its schedulers sat idle
+#   much of the time. Whether that holds here these counts cannot say (notebook 05 reads a
+#   profiler's achieved occupancy for ropelib's kernel).
+#
+# `ROWS` = 16 sits between the two: a quarter of `ROWS` = 4's programs, and most of the warps. On
+# a GPU the cell's last lines print which `ROWS` the device times found fastest.
 #
 # Neither change removes the real redundancy: the $H$ heads of a token, in each of the $B$
 # sequences, compute the same sines and cosines again; ropelib's kernel computes them once per

@@ -48,6 +48,8 @@ STALE = {stem: _OLDER + _rerender(stem) for stem in (
     "08-debugging-allclose",
     "05-finished-kernel",
     "06-backward-pass",
+    "09-rope-in-a-model",
+    "10-multi-axis-rope",
 )}
 # pages rendered before a data file they read was measured again
 _OLDER_DATA = ("the page shows outputs of benchmarks/results/floor-nvidia-h200.csv as it was "

@@ -163,9 +163,13 @@ class GPTConfig:
 class _Rotary(nn.Module):
     """RoPE on q and k [B, S, H, D] (bshd), by ropelib's kernel or by plain PyTorch.
 
-    Both read the same fp32 tables (TE's angle table for the kernel, its cos/sin for PyTorch)
-    and compute in fp32 with one rounding to the input dtype, so in fp32 they agree to the last
-    few ulps and in bf16 they round the same fp32 values.
+    Both start from the same fp32 angles and compute in fp32 with one rounding to the input
+    dtype, so in fp32 they agree to the last few ulps. They do not round the same fp32 values:
+    the kernel takes cos and sin of TE's angle table where it runs (on a GPU) and combines with
+    one fma, while PyTorch reads the cos/sin table built here, on the CPU, when the module is
+    made (torch's cos and sin on a CPU and on a GPU differ in the last bit of some entries) and
+    multiplies and adds, rounding each product. Rounded to bf16, each difference changes about
+    one entry in 10^5 (notebook 09, appendix A.1).
     """
 
     def __init__(self, config: GPTConfig, impl: str):
