@@ -1799,7 +1799,7 @@ assert (round(measured_us[4]), round(measured_us[8])) == (175, 154)
 assert round(measured_us[4] / model[4], 2) == 1.11         # 11 % over the model at 4 rows
 # 4 heads a program ran on 2 warps only (the ablation's rule, which ex.launch_rows applies by
 # default through rows_warps); 8 heads on 1, 2, 4 and 8
-warps_by_heads = {h: sorted(r["num_warps"] for r in sweep.values() if r["heads_per_program"] == h)
+warps_by_heads = {h: sorted({r["num_warps"] for r in sweep.values() if r["heads_per_program"] == h})
                   for h in (4, 8)}
 assert warps_by_heads == {4: [2], 8: [1, 2, 4, 8]}
 assert by_rows[4]["num_warps"] == launch_rows_warps(4, big["head_dim"]) == 2
