@@ -531,8 +531,9 @@ for dtype in (torch.float32, torch.bfloat16):
 # times as long, and on 4 or 8 warps longer still. This section finds two reasons:
 #
 # - **At 1 warp its time is the time the GPU takes to start and retire its programs.** As many
-#   programs that do nothing take as long. This course writes that cost as about 80 ns per
-#   program on each SM; 4.4 says what that assumes.
+#   programs that do nothing take as long. The GPU starts them at about 0.6 ns each, GPU-wide
+#   (80 ns per program on each SM if its 132 SMs share the work evenly); whether that limit sits
+#   in each SM or in the GPU's scheduler is not measured here (4.4).
 # - **More warps add instructions.** Once they outgrow the time a program takes to start, the
 #   time grows with them.
 #
@@ -548,8 +549,9 @@ for dtype in (torch.float32, torch.bfloat16):
 # warp per 128 elements of a half (one for $D = 128$); `num_warps=` tries others.
 #
 # **In the interpreter `num_warps` does nothing.** On a GPU the cell times each with `do_bench`
-# and prints $\text{time} \times \text{SMs} / \text{programs}$ as "ns per program per SM": a
-# program's cost only where the programs set the time, as at 1 warp (4.3).
+# and prints $\text{time} \times \text{SMs} / \text{programs}$ as "ns per program per SM": the
+# time per program over the whole GPU, times the SMs, as if they shared the programs evenly. It
+# is a program's cost only where the programs set the time, as at 1 warp (4.3).
 
 # %%
 results = {nw: my_rope_naive(x, freqs, num_warps=nw) for nw in (1, 2, 4, 8)}
@@ -603,13 +605,16 @@ else:
 #   $\text{bytes in flight} = \text{bandwidth} \times \text{latency}$: notebook 05 (section 2)
 #   measures the H200's need at 5.6 KiB of loads per SM. The naive kernel's bound on them
 #   (`x KiB/SM`: resident warps per SM × bytes of $x$ a warp loads per step, reached only if every
-#   warp waits at once) is 4.5 KiB: a twelfth of the copy's, but 0.8 of the need. Short of it by
-#   a fifth, a kernel is capped near 80 % of the copy's read rate; this one reads at 20 %. Nor
-#   would more resident programs help: with all 32 the bound would be $32 \times 256$ B = 8 KiB,
-#   the same ceiling as notebook 04's kernel (third row: one-warp programs, 256 bytes of $x$ a
-#   warp a step). That kernel asks for 7.7 KiB and runs 3.5 times faster: 71 % of a copy's speed
-#   on the H200 and 80 % on the H100, where the naive kernel reaches 20 % and 29 % (`do_bench`,
-#   `generations-*.csv`).
+#   resident warp waits on a load at once) is 4.5 KiB: a twelfth of the copy's, 0.8 of the need.
+#   The bound is not a separate limit: it follows from how many programs are resident, which 4.3
+#   ties to the rate at which they start (Little's law for programs). And neither one-warp kernel
+#   here reads at the rate its bound would allow at the idle latency. The naive kernel's would
+#   allow 0.8 of the copy's read rate; it reads at 20 %. Notebook 04's kernel (third row: one-warp programs, 256 bytes of
+#   $x$ a warp a step, at most $32 \times 256$ B = 8 KiB an SM) asks for 7.7 KiB, above the need,
+#   and runs 3.5 times faster than the naive kernel, yet at 71 % of a copy's speed on the H200 and
+#   80 % on the H100, where the naive kernel reaches 20 % and 29 % (`do_bench`,
+#   `generations-*.csv`). What holds that kernel back is notebook 04's question; its exercise 6
+#   measures how much of its gap to a copy a second row in flight closes.
 # - **The number of programs.** The second table adds two variants from notebook 04, also
 #   1,048,576 one-row programs: instructions 4.7 times apart, bytes in flight nearly threefold,
 #   and times within 0.3 %.
@@ -659,6 +664,7 @@ print(f"Little's law (notebook 05): {need['kib_per_sm']:.1f} KiB of loads in fli
       f"its read rate {read_share:.0%} of the copy's")
 assert round(need["kib_per_sm"], 1) == 5.6
 assert round(nv["x_kib_per_sm"] / need["kib_per_sm"], 1) == 0.8 and round(read_share, 2) == 0.20
+assert round(naive_m["ns_per_program"], 2) == 0.60     # the time a program over the whole GPU
 # the ceiling both one-warp kernels share: 32 programs an SM x 256 bytes of x a warp a step
 for r in (nv, reuse_m):
     assert (r["occ_blocks_per_sm"], r["num_warps"], r["x_bytes_per_warp_step"]) == (32, 1, 256)
@@ -670,6 +676,7 @@ print(f"batch-reusing kernel (notebook 04): {reuse_m['x_kib_per_sm']:.1f} KiB pe
       f"{ceiling:.0f} KiB both kernels could ask for, {kib_ratio:.1f}x the naive kernel's; "
       f"{speedup:.1f}x faster")
 assert ceiling == 8 and f"{reuse_m['x_kib_per_sm']:.1f}" == "7.7"
+assert reuse_m["x_kib_per_sm"] > need["kib_per_sm"]    # its bound lies above the need
 assert (round(kib_ratio, 1), round(speedup, 1)) == (1.7, 3.5)
 assert nv["programs"] == reuse_m["batch"] * reuse_m["programs"]
 # their speed as a share of a copy's, do_bench at the same shape on both GPUs
@@ -722,11 +729,14 @@ print(f"{'kernel':10s}"
 for kind in ("empty", "one row"):
     print(f"{kind:10s}" + "".join(f"{cost[kind, w]['us']:9.1f} us" for w in (1, 2, 4, 8)))
 empty = cost["empty", 1]
-print(f"the empty kernel: {empty['ns_per_program_per_sm']:.1f} ns per program on each SM "
-      f"({empty['sms']} SMs); the naive kernel in the profile above: {naive_m['us']:.1f} us for "
-      f"the same {naive_m['programs']:,} programs")
+ns_gpu = empty["us"] * 1e3 / empty["programs"]                # a program over the whole GPU
+print(f"the empty kernel: {ns_gpu:.2f} ns per program over the whole GPU, "
+      f"{empty['ns_per_program_per_sm']:.1f} ns per program per SM (time x {empty['sms']} SMs "
+      f"/ programs); the naive kernel in the profile above: {naive_m['us']:.1f} us for the same "
+      f"{naive_m['programs']:,} programs")
 assert empty["programs"] == naive_m["programs"]
-assert round(empty["ns_per_program_per_sm"]) == 80
+assert round(ns_gpu, 2) == 0.60 and round(empty["ns_per_program_per_sm"]) == 80
+assert abs(empty["ns_per_program_per_sm"] / (ns_gpu * empty["sms"]) - 1) < 0.001   # one number
 # the same time whatever the warps, and whether or not the programs move their row
 assert max(r["us"] for r in cost_rows if r["kernel"] != "copy") < 1.01 * empty["us"]
 # the naive kernel takes what its programs alone take, within 1 %
@@ -734,7 +744,7 @@ assert abs(naive_m["us"] / empty["us"] - 1) < 0.01
 # Little's law for programs: resident = start rate x life, so life = resident x ns per start
 resident = naive_m["ncu_achieved_occupancy_pct"] / 100 * 64     # one-warp programs on an SM
 life_us = resident * empty["ns_per_program_per_sm"] / 1e3
-print(f"{resident:.0f} programs resident on an SM, one started every "
+print(f"{resident:.0f} programs resident on an SM, on average one started there every "
       f"{empty['ns_per_program_per_sm']:.0f} ns: each lives about {life_us:.1f} us")
 assert round(life_us, 1) == 1.4
 
@@ -742,11 +752,13 @@ assert round(life_us, 1) == 1.4
 # A million programs that do nothing take as long as the naive kernel (within 1 %), and as long
 # as a million that each move their row, at any number of warps. So at 1 warp the naive kernel's
 # time is the time the GPU takes to start and retire its programs: 0.60 ns a program for the
-# whole GPU, about 80 ns per program on each of 132 SMs (4.4 qualifies this).
+# whole GPU, or 80 ns per program on each SM if its 132 SMs share the work evenly. Whether that
+# limit sits in each SM or in the GPU's scheduler is not measured here (4.4).
 #
 # Occupancy follows from that start rate. By Little's law,
-# $\text{programs resident} = \text{start rate} \times \text{life}$: one start per 80 ns on each
-# SM and about 18 resident means each lives about 1.4 µs. Longer-lived
+# $\text{programs resident} = \text{start rate} \times \text{life}$, which holds for averages
+# wherever the limit sits: on average one start per 80 ns on each SM (the GPU's rate shared by
+# 132 SMs) and about 18 resident means each lives about 1.4 µs. Longer-lived
 # programs raise the occupancy, not the start rate: so 4.2's three kernels reach occupancies 2.9
 # times apart in the same time.
 #
@@ -830,12 +842,12 @@ if GPU:   # the profile's shape: a million programs, 256 MiB of x
     assert live_us["copy"] < 0.5 * live_us["empty"], live_us
     if here == cost_meta["gpu"]:     # the committed run's GPU: the same cost a program
         assert abs(live_us["empty"] / empty["us"] - 1) < 0.10
-    # a fixed cost a program: each step in k adds the same time a program on each SM
+    # a fixed cost a program: each step in k adds the same time for each added program per SM
     k_us = {k: do_bench(fn, quantiles=[0.5, 0.2, 0.8])[0] * 1e3 for k, fn in empty_on.items()}
     slopes = [(k_us[b] - k_us[a]) * 1e3 / (b - a) for a, b in zip(per_sm, per_sm[1:])]
     print("the empty kernel, k programs per SM: "
           + ", ".join(f"k = {k}: {us:.1f} us" for k, us in k_us.items())
-          + "\n  ns each added program costs on each SM: "
+          + "\n  ns each added program per SM adds: "
           + ", ".join(f"{v:.1f}" for v in slopes) + f" (a million programs: {ns_live:.1f})")
     assert all(abs(v / ns_live - 1) < 0.2 for v in slopes), (slopes, ns_live)
     assert 50 < ns_live < 110, ns_live        # about 80 ns, the H200's committed figure
@@ -920,10 +932,15 @@ draw_two_gpus(two, empty["us"], FIGURES / "03-naive-vs-copy-two-gpus.png")
 # hence its 5.1) is a property of the GPU as much as of the kernel. Read a live ratio against
 # its own GPU's committed run.
 #
-# **What these GPUs cannot tell apart.** Both have 132 SMs, so "80 ns per program on each SM" and
-# "0.60 ns per program for the whole GPU" are one measurement. A cost each SM pays would fall with
-# more SMs; a GPU-wide limit would not. No committed GPU has another SM count, so the per-SM
-# reading, on which exercise 5 rests, is an assumption.
+# **What these GPUs cannot tell apart.** Both have 132 SMs, so "0.60 ns per program for the whole
+# GPU" and "80 ns per program on each SM" are one measurement written two ways: programs start at
+# about 0.6 ns each GPU-wide (80 ns per SM if the 132 SMs share the work evenly). Whether the limit
+# sits in each SM or in the GPU's scheduler is not measured here. A cost each SM pays would make
+# the GPU-wide figure fall on a GPU with more SMs; a limit in the scheduler would not. No committed
+# run has another SM count, or confines a kernel to fewer SMs. Exercise 5's model divides the
+# programs by the SMs and multiplies by the per-SM figure, which is the GPU-wide figure times the
+# programs: on the GPU the figure was measured on, both readings predict the same time. Only
+# carrying 80 ns to a GPU with another SM count would need the per-SM reading.
 #
 # ### 4.5 What the extra warps cost
 #
@@ -1235,9 +1252,11 @@ draw_sectors(recorded, FIGURES / "03-access-sectors.png")
 # elements along the last axis; in (d), `tl.arange(0, D)`, the whole row.
 #
 # The next cell compiles (c) and (d) for sm_90 (no GPU needed) and works out which sectors one
-# warp's load touches. On a GPU the cell after it times all five kernels, 16 rows per program,
-# beside a copy. Predict first: what does a stride-2 load cost, a stride-2 store, and (c) against
-# (d)?
+# warp's load touches. On a GPU the cell after it times five pair-swap launches, 16 rows per
+# program, beside a copy: (b), (c), (d), and (b)'s two halves apart, stride-2 loads with a
+# contiguous store ("(b) loads") and a contiguous load with stride-2 stores ("(b) stores").
+# Rotate-half (a) is not timed here. Predict first: what does a stride-2 load cost, a stride-2
+# store, and (c) against (d)?
 
 # %%
 # ropelib's pair swap, the cell above's code, compiled for sm_90 (here, or under the interpreter
@@ -1307,7 +1326,7 @@ else:
           "addresses above are the same on a GPU; the next cell reads what a GPU's counters said.")
 
 # %% [markdown]
-# What happened inside: the same five kernels under Nsight Compute on an H200
+# What happened inside: the same five pair-swap launches under Nsight Compute on an H200
 # (`access_counters-nvidia-h200*.csv`; no other GPU's counters are committed). For each: the load
 # and store **requests** (one per warp instruction), the sectors asked of L1, the share of load
 # sectors L1 held, the sectors read from and written to L2, and the bytes read from DRAM. A copy
@@ -1722,9 +1741,11 @@ solution(ex.solution_rope_rows.fn, title="Solution: ROWS heads of one token a pr
 
 # %% [markdown]
 # Before you time it, predict. Write `my_predicted_us(n_rows, rows_per_program, sms,
-# ns_per_program_per_sm, copy_us)`: the time in µs of such a kernel if each program costs
-# `ns_per_program_per_sm` on each of `sms` SMs working side by side (the per-SM reading of
-# 4.3's cost, section 4.4). No kernel is faster than a copy of its bytes, `copy_us`: a floor.
+# ns_per_program_per_sm, copy_us)`: the time in µs of such a kernel if its programs start at
+# 4.3's measured rate, written per SM: `ns_per_program_per_sm` a program on each of `sms` SMs
+# sharing the programs evenly, that is `ns_per_program_per_sm / sms` a program for the whole GPU
+# (where the limit sits is not measured; on the GPU it was measured on, both readings give the
+# same time: section 4.4). No kernel is faster than a copy of its bytes, `copy_us`: a floor.
 
 # %%
 def my_predicted_us(n_rows, rows_per_program, sms, ns_per_program_per_sm, copy_us):
@@ -1744,6 +1765,8 @@ solution(ex.solution_predicted_us)
 # (likewise) at this page's shape; its last line prints measured / predicted.
 
 # %%
+from ropelib.course.exercises.naive_kernel import rows_warps as launch_rows_warps   # its default
+
 predict = my_predicted_us if pred_ok else ex.solution_predicted_us
 rows_kernel = my_rope_rows_kernel if rows_ok else ex.solution_rope_rows
 print(f"prediction: {'yours' if pred_ok else 'the worked one, until yours passes'}; kernel: "
@@ -1758,7 +1781,7 @@ n_rows = big["seq_len"] * big["batch"] * big["heads"]
 copy_us, sms, ns = big["ms"] * 1e3, empty["sms"], empty["ns_per_program_per_sm"]
 print(f"{measured.where(abl_meta)}: bf16 sbhd S={big['seq_len']}, B={big['batch']}, "
       f"H={big['heads']}, D={big['head_dim']}, {n_rows:,} rows; a copy {copy_us:.1f} us; "
-      f"an empty program {ns:.1f} ns on each of {sms} SMs")
+      f"an empty program {ns:.1f} ns per program per SM ({sms} SMs)")
 print(f"{'ROWS':>4} {'programs':>10} {'warps':>5} {'predicted us':>13} {'measured us':>12}")
 model, measured_us = {}, {}
 for rows, r in by_rows.items():
@@ -1773,6 +1796,13 @@ assert all(abs(measured_us[r] / model[r] - 1) < 0.02 for r in (1, 2))
 assert (round(model[4]), round(n_rows / 8 / sms * ns / 1e3), round(copy_us)) == (158, 79, 130)
 assert model[8] == copy_us and all(measured_us[r] > 1.05 * model[r] for r in (4, 8))
 assert (round(measured_us[4]), round(measured_us[8])) == (175, 154)
+assert round(measured_us[4] / model[4], 2) == 1.11         # 11 % over the model at 4 rows
+# 4 heads a program ran on 2 warps only (the ablation's rule, which ex.launch_rows applies by
+# default through rows_warps); 8 heads on 1, 2, 4 and 8
+warps_by_heads = {h: sorted({r["num_warps"] for r in sweep.values() if r["heads_per_program"] == h})
+                  for h in (4, 8)}
+assert warps_by_heads == {4: [2], 8: [1, 2, 4, 8]}
+assert by_rows[4]["num_warps"] == launch_rows_warps(4, big["head_dim"]) == 2
 
 # the launches timed below, checked first (on the CPU, interpreted: H = 2 allows 1 and 2 rows)
 f2d, rows_here = freqs.view(S, D), [r for r in (1, 2, 4, 8) if H % r == 0]
@@ -1785,7 +1815,7 @@ if GPU:
     here_sms = torch.cuda.get_device_properties(device).multi_processor_count
     here_copy = do_bench(lambda: y_rows.copy_(x), quantiles=[0.5, 0.2, 0.8])[0] * 1e3
     print(f"{torch.cuda.get_device_name()} ({here_sms} SMs), x [{S}, {B}, {H}, {D}] bf16: a copy "
-          f"{here_copy:.1f} us, a program {ns_live:.1f} ns on each SM (4.3's empty kernel)")
+          f"{here_copy:.1f} us, an empty program {ns_live:.1f} ns per program per SM (4.3)")
     live = {}
     for rows in rows_here:
         warps = by_rows[rows]["num_warps"]   # the warps of the ablation's row above
@@ -1814,8 +1844,12 @@ else:
 # model holds; clearly above, the kernel takes longer than its larger limit.
 #
 # **The 4-row case is open.** It is the one case run on 2 warps, and the model has no term for
-# warps. Whether a second warp's instructions (4.5) make the H200's 11 %, nothing committed says.
-# Time it yourself on one GPU: `do_bench` on
+# warps. The 2 warps come from the ablation's rule, one warp per 128 elements of a half-tile
+# (`ablation.default_warps`; a $[4, 64]$ tile gets 2), which `ex.launch_rows` also applies when
+# not told (`rows_warps`); the live cell passes the ablation row's warps, the same 2. The
+# committed ablation ran 8 heads a program on 1, 2, 4 and 8 warps, but 4 heads on 2 only: it has
+# no 1-warp row at 4 heads. So whether a second warp's instructions (4.5) make the H200's 11 %,
+# nothing committed says. A 1-warp time at 4 rows would settle it: on one GPU, `do_bench` on
 # `ex.launch_rows(rows_kernel, x, f2d, y_rows, 4, num_warps=1)` and on `num_warps=2`.
 #
 # The appendix shows what the check's sin/cos count guards against: a kernel evaluating cos and

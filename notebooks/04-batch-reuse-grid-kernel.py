@@ -552,8 +552,9 @@ else:
 # ### 5.2 A second GPU (optional)
 #
 # *10 minutes with the end of 5.4; the main path goes on at 5.3.*
-# `benchmarks/floor.py` timed batch 8's shape on an H200 and an H100 (slower DRAM): the copy,
-# ropelib's generations and TE's fused kernel.
+# The floor suite (`ropelib/bench/floor.py`, run as `python -m ropelib.bench --suite floor`)
+# timed batch 8's shape on an H200 and an H100 (slower DRAM): the copy, ropelib's generations
+# and TE's fused kernel.
 
 # %%
 # batch-8's shape on two GPUs: the floor suite's committed runs (do_bench medians, L2 flushed),
@@ -813,8 +814,10 @@ else:
 #    \underbrace{\frac{I_{\text{warp}}}{4\, N_{\text{SM}}\, f_{\max}}}_{\text{issue}}\Big) $$
 #
 # - **bytes**: a copy of the same tensors, timed in the same run;
-# - **programs**: $P$ programs over $N_{\text{SM}} = 132$ SMs at an empty program's
-#   $t_{\text{empty}} = 79.8$ ns (notebook 03, section 4);
+# - **programs**: $P$ programs at the rate the H200 starts them, measured GPU-wide with empty
+#   programs and written per SM: $t_{\text{empty}} = 79.8$ ns per program per SM, the
+#   $N_{\text{SM}} = 132$ SMs sharing the programs evenly (notebook 03, section 4; whether the
+#   limit sits in each SM or in the GPU's scheduler is not measured);
 # - **issue**: $I_{\text{warp}}$ warp instructions (Nsight Compute's count), at most one a cycle
 #   from each of an SM's 4 schedulers at the top clock $f_{\max}$.
 #
@@ -914,9 +917,12 @@ assert same_time(mech["sh_one_b_table"], mech["sh_one_b"])
 #   kernel launches as many one-row programs and takes `sh_one_b`'s time (within 5 %).
 # - **The 3.46 is program granularity, not cos/sin reuse.** `sh_one_b`'s program floor alone is
 #   3.45 times `sh_loop_b`'s whole time; $B = 8$ rows a program put that floor under the copy's.
-# - **The grid's largest floor is the copy**, and it takes 1.41 times a copy's time.
-# - **TE's largest floor is issue**, 2.5 times the grid's: under the grid's whole time, yet TE
-#   takes 1.56 times it.
+# - **The grid's largest floor is the copy**, and it takes 1.41 times a copy's time: no floor
+#   accounts for the rest. Nor does its bound on bytes in flight, which lies above what a copy's
+#   reads need (A.4): it keeps less in flight than that, or its loads wait longer than idle.
+#   Exercise 6 tests one reason it may keep less.
+# - **TE's largest floor is issue**, 2.5 times the grid's: under the grid's whole time, and TE's
+#   own time is 1.56 times that floor.
 #
 # ### 5.4 The answer: why the batch-reusing grid beats TE's fused kernel
 #
@@ -1026,7 +1032,7 @@ plt.show()
 #
 # | section 3's hypothesis | verdict at $b = 8$ | where measured |
 # |---|---|---|
-# | how each thread touches memory | TE's one-element loads read each element twice (78 bytes a warp load, the grid's 142) | A.1 |
+# | how each thread touches memory | part of the cause, through the instructions: one-element loads read each element twice (78 bytes a warp load, the grid's 142), 3.7 times the grid's global loads an element, counted in the last row (integer work is the larger part of the extra, A.1); not through the bytes: DRAM bytes / model within 0.03 of the grid's | this cell, A.1 |
 # | number of programs | not TE's handicap: a quarter of the grid's; TE takes 1.63 times its grid's time in Triton from tables | 5.3 |
 # | the batch loop unrolled | level: under 1 % apart in two runs | 5.3, A.3 |
 # | where cos/sin come from | at most 0.91 of TE's float instructions an element; tables save the grid 4 % | A.1, 5.3 |
@@ -1057,8 +1063,10 @@ if len(two_gpus) == 2:
 
 # %% [markdown]
 # Both predictions fall within 3 % of the measured ratios; stretching all of the time or none
-# of it misses both by more than 10 %. TE's lead shrinks on the H100 because two thirds of its
-# time is issuing, which slower DRAM does not lengthen.
+# of it misses both by more than 10 %. The grid's lead over TE shrinks on the H100 (TE takes
+# 1.18 times the grid's time there, 1.32 on the H200) because two thirds of TE's time is
+# issuing, which slower DRAM does not lengthen, while the grid issues in 36 % of its time and
+# stretches more.
 
 # %% [markdown]
 # ## 6. What the finished kernel does beyond the batch-reusing grid
@@ -1118,9 +1126,10 @@ if GEN_CSV.exists():   # the copy speed measured on the H200, reference case
           f"{ex.solution_floor_ms(compare.bytes_moved(cfg), copy_gbps):.3f} ms at copy speed")
 
 # %% [markdown]
-# **3. Predict the grid's time.** A one-warp program costs 79.8 ns on its H200 SM (notebook 03,
-# section 4), the 132 SMs each starting their share one after another. Write
-# `my_grid_us(S, B, H, sms, ns_per_program, copy_us)`: the time in µs of section 2's $(S, H)$
+# **3. Predict the grid's time.** An H200 starts one-warp programs at 79.8 ns per program per SM
+# (notebook 03, section 4): a rate measured GPU-wide, written as if its 132 SMs shared the
+# programs evenly; whether the limit sits in each SM or in the GPU's scheduler is not measured.
+# Write `my_grid_us(S, B, H, sms, ns_per_program, copy_us)`: the time in µs of section 2's $(S, H)$
 # grid if its programs cost that and it takes at least a copy of its tensors' time (`copy_us`):
 # the model's two floors, programs and bytes.
 
@@ -1363,10 +1372,12 @@ else:
 # - **Fewer sines and cosines do not make a kernel faster.** TE's fused kernel evaluates a
 #   quarter of the grid's (cos, sin) pairs yet is slower at $b = 8$ on an H200 and an H100: it
 #   executes 2.5 times the grid's warp instructions, not overlapped with its waits.
-# - **One row in flight per warp: measured, not assumed.** The grid takes 1.42 times a copy's
-#   time on the H200, 1.26 on the H100. The next cell repeats the share of that gap the optional
-#   exercise 6's second row closed on this run's GPU (a share just above one half is about half
-#   the gap); the rest is notebook 05's question.
+# - **One row in flight per warp: tested live, not committed.** The grid takes 1.42 times a
+#   copy's time on the H200, 1.26 on the H100, though its bound on bytes in flight lies above
+#   what a copy's reads need (A.4). How much of that gap a second row in flight closes is
+#   measured live by the optional exercise 6 on your GPU (the next cell repeats it); one H100 run
+#   is recorded in `benchmarks/NOTES.md`. No committed results file holds that share, so this
+#   notebook states none. What else the gap is made of is notebook 05's question.
 
 # %%
 # exercise 6's measurement, carried into the answer (timed there, on a GPU only)
@@ -1675,7 +1686,8 @@ if ABLATION_CSV.exists():
 # 190 µs), with notebook 05's finished kernel, TE's kernel and its copy (red points 23 and 24).
 # More KiB per SM goes with less time, but each variant that asks for more also changes its
 # programs or instructions, and TE asks for about the copy's KiB per SM at 1.94 times its time.
-# The table lists the profile of every variant (section 5.3's names) first.
+# The table lists the profile of every variant (section 5.3's names) first; the cell ends with
+# the grid's bound against the need notebook 05 (section 2) measures.
 
 # %%
 print(f"Nsight Compute on {measured.where(mech_meta)}: bf16 sbhd s=4096, b=8, h=32, d=128")
@@ -1713,22 +1725,36 @@ print(f"TE fused (run of {te_date}): {te_run['te_fused']['x_kib_per_sm']:.1f} Ki
 assert (round(te_run["te_fused"]["x_kib_per_sm"], 1), round(te_run["te_fused"]["us"]),
         round(te_run["copy"]["x_kib_per_sm"], 1)) == (57.6, 244, 54.5)
 assert mech["batch_reuse"]["x_bytes_per_warp_step"] == 256   # one row a warp a step
+# the grid's bound against Little's law's need: W_read x one load's idle latency, per SM
+inflight_need = measured.loads_in_flight_need()["kib_per_sm"]
+print(f"the grid (sh_loop_b): at most {mech['sh_loop_b']['x_kib_per_sm']:.1f} KiB of x in flight "
+      f"an SM; a copy's reads need {inflight_need:.1f} (notebook 05, section 2)")
+assert (round(mech["sh_loop_b"]["x_kib_per_sm"], 1), round(inflight_need, 1)) == (7.7, 5.6)
 
 # %% [markdown]
+# The grid asks for at most 7.7 KiB of `x` an SM, above the 5.6 KiB that notebook 05 (section 2)
+# finds a copy's reads need, yet takes 1.41 times a copy's time (5.3). By Little's law at the idle
+# latency, 5.6 KiB kept in flight would read at a copy's rate. So either the grid does not reach
+# its bound, keeping less in flight than it allows, or its loads wait longer than idle; this
+# profile does not say which. The bound counts every resident warp waiting on a load at once,
+# and a warp of the grid asks for one row and stores it before it asks for the next (section
+# 2.3). Exercise 6 tests that alone, with a second row in flight.
+#
 # ### A.5 DRAM bytes against the model
 #
 # At $s = 4096$, $b = 8$ every variant, TE's kernel included, moves within a few percent of the
 # model's bytes (A.4's DRAM/model column): no kernel is slower for extra traffic. A ratio below
 # 1 (the copy's 0.954) does not mean fewer bytes than
-# needed: the reads are complete, and the writes fall short by less than the H200's 60 MiB L2,
-# presumably lines of `y` written back after the profiler stops counting.
+# needed: the reads are complete, and the writes fall short by less than the H200's 60 MiB L2.
+# A guess, not measured here: lines of `y` still in L2, written back after the profiler stops
+# counting.
 #
 # **At $s = 32768$, $b = 1$ the grid re-reads its table** 8 times (the naive kernel: once), 1.19
 # times the model's bytes, and still takes the naive kernel's time.
 
 # %%
 # within a few percent of the model at s = 4096, b = 8; the reads complete, the writes short by
-# less than the L2 holds (y's last lines, not yet written back)
+# less than the L2 holds (a guess: y's last lines, not yet written back)
 assert all(0.9 <= r["ncu_dram_bytes_over_model"] <= 1.05 for r in (*mech.values(), te))
 b1 = measured.mechanism("s32768-b1")
 for r in (*mech.values(), *b1.values()):
@@ -1778,7 +1804,7 @@ if GEN_CSV.exists():
         if prov == "ropelib_naive":
             programs_per_sm = r["seq_len"] * r["batch"] * r["heads"] / n_sm
             ns_naive[r["batch"]] = r["fwd_ms"] * 1e6 / programs_per_sm
-    print("naive kernel, ns per program on each SM: " + ", ".join(
+    print("naive kernel, ns per program per SM (time x SMs / programs): " + ", ".join(
         f"b={b_} {ns:.0f}" for b_, ns in sorted(ns_naive.items())))
     assert len(ns_naive) >= 4 and all(70 < ns < 90 for ns in ns_naive.values())
     # against notebook 03's empty kernel (section 4): a program that does nothing, same GPU

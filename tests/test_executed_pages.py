@@ -50,6 +50,8 @@ STALE = {stem: _OLDER + _rerender(stem) for stem in (
     "06-backward-pass",
     "09-rope-in-a-model",
     "10-multi-axis-rope",
+    "03-naive-triton-kernel",
+    "04-batch-reuse-grid-kernel",
 )}
 # pages rendered before a data file they read was measured again
 _OLDER_DATA = ("the page shows outputs of benchmarks/results/floor-nvidia-h200.csv as it was "

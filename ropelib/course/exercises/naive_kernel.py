@@ -316,9 +316,11 @@ def check_rope_rows(kernel, *, seed: Optional[int] = None) -> bool:
 
 def check_predicted_us(fn) -> bool:
     """fn(n_rows, rows_per_program, sms, ns_per_program_per_sm, copy_us) -> the time in µs a
-    kernel of one program per `rows_per_program` rows takes when each program costs
-    ns_per_program_per_sm on each of `sms` SMs, and no kernel is faster than a copy of its
-    bytes (copy_us).
+    kernel of one program per `rows_per_program` rows takes when its programs start at
+    ns_per_program_per_sm a program per SM, the `sms` SMs sharing them evenly (that is,
+    ns_per_program_per_sm / sms a program GPU-wide: notebook 03 measures the rate, not whether
+    its limit sits in each SM or in the GPU's scheduler), and no kernel is faster than a copy
+    of its bytes (copy_us).
 
     Tried on notebook 03's numbers and a few others, and on a kernel drawn when the check runs
     (`own_code.fresh_generator`, its seed in the case's label): a table of times worked out
@@ -342,8 +344,10 @@ def check_predicted_us(fn) -> bool:
                       + (f" (drawn with seed {seed})" if args is draw else ""),
                       args, max(programs * ns / sms / 1e3, copy)))
     return check_cases("predicted time", "your prediction", fn, cases, rtol=1e-3, atol=1e-9,
-                       hint="programs = rows / ROWS, rounded up; each SM starts its share of "
-                            "them one after another; and the bytes still have to move",
+                       hint="programs = rows / ROWS, rounded up, started at "
+                            "ns_per_program_per_sm / sms each across the GPU (the per-SM "
+                            "figure, the SMs sharing the programs evenly); and the bytes "
+                            "still have to move",
                        bar=(solution_predicted_us,))
 
 
@@ -407,5 +411,5 @@ def rows_sincos_every_row(
 
 def solution_predicted_us(n_rows, rows_per_program, sms, ns_per_program_per_sm, copy_us):
     programs = -(-n_rows // rows_per_program)                    # the last may hold fewer rows
-    starts_us = programs / sms * ns_per_program_per_sm / 1e3     # each SM starts its share in turn
+    starts_us = programs / sms * ns_per_program_per_sm / 1e3     # GPU-wide: ns / sms a program
     return max(starts_us, copy_us)                               # and the bytes must still move
