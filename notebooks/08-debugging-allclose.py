@@ -80,7 +80,7 @@ from ropelib.course.debug import FIXED, REPRO, Causes
 from ropelib.course.exercises import debugging as ex, solution
 from ropelib.course.nb08_te_parity import (TeParity, agreement, case_label, fmt_count, gpu_row,
                                            ptx_registers, run_row, te_side)
-from ropelib.kernels.common import round_to
+from ropelib.kernels.common import BF16_RTNE, round_to
 
 ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "ropelib").is_dir())
 FIGURES = ropelib.runtime.figures_dir()   # a scratch folder (ROPELIB_WRITE_FIGURES=1: figures/)
@@ -112,8 +112,9 @@ print("measured against the real TE on:", ", ".join(r["meta"]["gpu"] for r in RU
 # ## 1. The failure, reproduced
 #
 # `tokens` is a bf16 tensor in TE's default `sbhd` layout, $[S, B, H, D]$. The wrapper
-# `debug.apply_rotary_pos_emb_triton`, in the reports' style, builds a cos/sin table from TE's
-# angles and launches the Unsloth-style kernel; then TE rotates the same tokens. The kernel
+# `apply_rotary_pos_emb_triton`, in the reports' style (its cell is after the kernel's), builds a
+# cos/sin table from TE's angles and launches the Unsloth-style kernel; then TE rotates the same
+# tokens. The kernel
 # carries what Unsloth's inherits from Hugging Face: a cos/sin table **precomputed in the model's
 # dtype**, and the multiply-add **in that dtype**.
 #
@@ -121,7 +122,7 @@ print("measured against the real TE on:", ", ".join(r["meta"]["gpu"] for r in RU
 # are the precision causes studied here; the wrapper sets them from a `debug.Causes` (`REPRO`:
 # table and math in bf16; `FIXED`: sin/cos from fp32 angles in the kernel, fp32 math).
 # `debug.reproduce(..., kernel=_rope_repro_kernel)` launches this copy: edit it, rerun this cell
-# and the two after it.
+# and the two after the wrapper's.
 #
 # The `USE_FMA` branch calls `te_combine`, the line you write in section 4b; Triton resolves that
 # name at compile time, so rerun this cell after changing it there.
@@ -189,8 +190,72 @@ def _rope_repro_kernel(
     tl.store(x_row + HALF + offs, round_to(y2, x_ptr.dtype.element_ty, BF16_RTNE), mask=mask)
 
 
+# %% [markdown]
+# The wrapper and its launcher, as the reports' code has them: `apply_rotary_pos_emb_triton` turns
+# TE's angles into the kernel's table and rows, and `launch_repro` launches the kernel. Every
+# `debug.reproduce(..., wrapper=apply_rotary_pos_emb_triton)` below calls this copy; edit it and
+# rerun the cells after it. Four of the six traps of section 5 are `Causes` flags read here:
+# `sbhd_row_indexing`, `te_freqs_reshaped`, `table_margin` and `inplace_double_rotation`. The
+# other two, `interleaved_mismatch` and `partial_rotary_ignored`, change the model's side
+# (`debug.reproduce` gives TE the model's angles and pairing), so this wrapper does not read them.
+
 # %%
-res = debug.reproduce(SC, REPRO, device=device, kernel=_rope_repro_kernel)   # your copy runs
+def launch_repro(x, cos, sin=None, *, seq_len, from_angles=False, compute_fp32=False,
+                 use_fma=False, kernel=None):
+    """Rotate x [ROWS, H, D] (bshd rows b*S + s) in place with `kernel` (None: the course's)."""
+    kernel = debug.check_repro_kernel(kernel)
+    half = cos.shape[1]                               # R // 2: the table's columns
+    # grid: one program per (row, head); each rotates the first R features of that head
+    kernel[(x.shape[0], x.shape[1])](
+        x, cos, cos if sin is None else sin,          # sin is not read when FROM_ANGLES
+        x.stride(0), x.stride(1), cos.stride(0), seq_len,
+        HALF=half, BLOCK_HALF=triton.next_power_of_2(half), FROM_ANGLES=bool(from_angles),
+        COMPUTE_FP32=bool(compute_fp32), USE_FMA=bool(use_fma), BF16_RTNE=BF16_RTNE,
+        enable_fp_fusion=True)     # Triton's default: a GPU compiler may fuse a*b + c (4b)
+    return x
+
+
+def apply_rotary_pos_emb_triton(t, freqs, tensor_format="sbhd", causes=REPRO, kernel=None):
+    """t sbhd [S, B, H, D] or bshd [B, S, H, D]; freqs TE-style angles [P, 1, 1, R]
+    (rotate-half: cat(f, f)). Returns the rotated tensor."""
+    P, R = freqs.shape[0], freqs.shape[-1]
+    S = t.shape[0] if tensor_format == "sbhd" else t.shape[1]
+    f32 = freqs.float()
+    if causes.te_freqs_reshaped:             # trap: rows 2p and 2p+1 both hold f_p
+        half = f32.reshape(-1, R // 2)[:P]    # so position p reads f_(p // 2)
+    else:
+        half = f32[:, 0, 0, :R // 2]         # [P, R/2]: the distinct angles f_p
+    half = half.contiguous()
+    if causes.sincos_in_kernel and not causes.sincos_one_ulp:
+        cos, sin, from_angles = half, None, True         # the kernel takes cos/sin of the angles
+    else:
+        cos, sin = torch.cos(half), torch.sin(half)      # fp32, as TE's emulation computes them
+        if causes.sincos_one_ulp:                        # a table: the kernel's can't be nudged
+            cos, sin = debug.one_ulp_up(cos), debug.one_ulp_up(sin)
+        tdt = t.dtype if causes.table_in_input_dtype else torch.float32   # the cache's dtype
+        cos, sin, from_angles = cos.to(tdt), sin.to(tdt), False
+    seq_mod = P if causes.table_margin else S   # trap: S taken from a table with extra rows
+    launch = dict(seq_len=seq_mod, from_angles=from_angles,
+                  compute_fp32=not causes.math_in_input_dtype, use_fma=causes.fma, kernel=kernel)
+    if tensor_format == "sbhd" and causes.sbhd_row_indexing:
+        # trap: sbhd rows s*B + b fed to the bshd position row % S
+        work = t if causes.inplace_double_rotation else t.clone()
+        launch_repro(work.view(-1, *work.shape[2:]), cos, sin, **launch)
+        return work
+    bshd = t.transpose(0, 1) if tensor_format == "sbhd" else t
+    work = bshd.contiguous()
+    if work.data_ptr() == bshd.data_ptr() and not causes.inplace_double_rotation:
+        work = work.clone()                  # a safe wrapper never writes into t
+    launch_repro(work.view(-1, *work.shape[2:]), cos, sin, **launch)   # rows b*S + s
+    out = work.transpose(0, 1) if tensor_format == "sbhd" else work
+    if causes.inplace_double_rotation and out.data_ptr() != t.data_ptr():
+        t.copy_(out)                         # trap: the in-place kernel wrote into t
+    return out
+
+
+# %%
+res = debug.reproduce(SC, REPRO, device=device, kernel=_rope_repro_kernel,   # your copy runs
+                      wrapper=apply_rotary_pos_emb_triton)
 tokens_te, tokens_triton = res.tokens_te, res.tokens_triton
 print(res.te_label, tokens_te.flatten()[:10])
 print("Triton     ", tokens_triton.flatten()[:10])
@@ -208,9 +273,10 @@ print(f"your kernel: first ten values equal {d['first_ten_equal']}, allclose {d[
 # copy's bits differ from it (0 and 0 unedited); an edited copy does not stop the cells below.
 
 # %%
-course_fixed = debug.reproduce(SC, FIXED, device=device)
-yours_fixed = debug.reproduce(SC, FIXED, device=device, kernel=_rope_repro_kernel)
-course_repro = debug.reproduce(SC, REPRO, device=device)
+course_fixed = debug.reproduce(SC, FIXED, device=device, wrapper=apply_rotary_pos_emb_triton)
+yours_fixed = debug.reproduce(SC, FIXED, device=device, kernel=_rope_repro_kernel,
+                              wrapper=apply_rotary_pos_emb_triton)
+course_repro = debug.reproduce(SC, REPRO, device=device, wrapper=apply_rotary_pos_emb_triton)
 for name, yours, course in (("REPRO", res, course_repro), ("FIXED", yours_fixed, course_fixed)):
     n = int(debug.bits_differ(yours.tokens_triton, course.tokens_triton).sum())
     print(f"{name}: {n} of {yours.tokens_triton.numel():,} elements of your kernel's output "
@@ -373,7 +439,7 @@ for name, (rtol, atol) in ASSERT_CLOSE_DEFAULTS.items():
 # GPU compiler picks; the interpreter never contracts.
 
 # %%
-fixed = debug.reproduce(SC, FIXED, device=device)
+fixed = debug.reproduce(SC, FIXED, device=device, wrapper=apply_rotary_pos_emb_triton)
 rows = []
 for label, r in (("reported failure", res), ("all causes fixed", fixed)):
     dd, dt = debug.diagnose(r, "default"), debug.diagnose(r, "dtype")
@@ -440,9 +506,10 @@ assert int(apart.max()) <= 1
 
 # %%
 ULP_SC = SC if GPU else debug.Scenario(seq_len=256, batch=2, heads=2, head_dim=128)
-one_ulp = debug.reproduce(ULP_SC, dataclasses.replace(FIXED, sincos_one_ulp=True), device=device)
+one_ulp = debug.reproduce(ULP_SC, dataclasses.replace(FIXED, sincos_one_ulp=True), device=device,
+                          wrapper=apply_rotary_pos_emb_triton)
 control = debug.reproduce(ULP_SC, dataclasses.replace(FIXED, sincos_in_kernel=False),
-                          device=device)                       # the same table, not moved
+                          device=device, wrapper=apply_rotary_pos_emb_triton)   # the table unmoved
 unmoved, moved = control.tokens_triton, one_ulp.tokens_triton   # one kernel, two tables
 if not GPU:   # the text's sizes on the CPU: this run's against section 1's
     assert moved.numel() == 131_072, "the text's 131,072 elements on the CPU"
@@ -554,7 +621,8 @@ variants = {
 }
 prec = {}
 for label, causes in variants.items():
-    dg = debug.diagnose(debug.reproduce(SC, causes, device=device), "dtype")
+    r = debug.reproduce(SC, causes, device=device, wrapper=apply_rotary_pos_emb_triton)
+    dg = debug.diagnose(r, "dtype")
     prec[label] = dg
     print(f"{label:34s} max ulp vs fp64 {dg['triton_max_ulp']:8.3g}   norm-wise "
           f"{dg['triton_max_normwise_u']:5.2f} u   max |TE - Triton| {dg['max_abs_diff']:.3g}   "
@@ -1102,11 +1170,13 @@ LEDGER = [  # (the change, its debug.Causes, repro_bits's switches, the referenc
      dataclasses.replace(FIXED, fma=True), dict(use_fma=True, from_angles=True), "debug:FIXED+fma"),
     ("the fma line, with TE's own cos/sin as the table",
      dataclasses.replace(FIXED, fma=True, sincos_in_kernel=False), dict(use_fma=True), None)]
-# PARITY.repro_bits: a section-1 kernel on a case, the elements whose bits differ from TE's
-# (sin/cos from TE's own table, or from the angles); kernel=None runs the course's
-yours_bits = [PARITY.repro_bits(SMALL32, kernel=_rope_repro_kernel, **sw)
+# PARITY.repro_bits: a section-1 kernel on a case, launched by section 1's launch_repro, the
+# elements whose bits differ from TE's (sin/cos from TE's own table, or from the angles);
+# kernel=None runs the course's
+yours_bits = [PARITY.repro_bits(SMALL32, kernel=_rope_repro_kernel, launch=launch_repro, **sw)
               for _, _, sw, _ in LEDGER]
-course_bits = [PARITY.repro_bits(SMALL32, kernel=None, **sw) for _, _, sw, _ in LEDGER]
+course_bits = [PARITY.repro_bits(SMALL32, kernel=None, launch=launch_repro, **sw)
+               for _, _, sw, _ in LEDGER]
 ref_bf16 = [None if v is None else gpu_row(BIG, v) for *_, v in LEDGER]
 ref_small = [None if v is None else SMALL32.rows[v]["n_differ"] for *_, v in LEDGER]
 live = []
@@ -1114,8 +1184,8 @@ if LIVE:   # your section-1 kernel, the reference run's bf16 inputs, against TE 
     ang = SIDE[BIG.key]["angles"].to(device)
     freqs4 = torch.cat((ang, ang), dim=-1).view(ang.shape[0], 1, 1, -1)
     for _, causes, _, _ in LEDGER:
-        y = debug.apply_rotary_pos_emb_triton(BIG.x.to(device), freqs4, "sbhd", causes,
-                                              kernel=_rope_repro_kernel)
+        y = apply_rotary_pos_emb_triton(BIG.x.to(device), freqs4, "sbhd", causes,
+                                        kernel=_rope_repro_kernel)
         live.append(int(debug.bits_differ(y.cpu(), SIDE[BIG.key]["te"]).sum()))
 H100_SMALL32 = debug.te_bits_case(H100_RUN, "nb_cpu_fp32")
 h100_bf16 = [None if v is None else gpu_row(H100_BIG, v) for *_, v in LEDGER]
@@ -1223,6 +1293,11 @@ elif SAME_ARCH:  # tl.cos is CUDA's sincosf, TE's own, and the compiled code the
 # - **in-place double rotation.** Unsloth's kernel rotates $Q$ in place; TE then rotates the
 #   rotated tokens, and its output is the wrong one, turned by $2\theta$.
 #
+# Four of the six are flags the wrapper of section 1, `apply_rotary_pos_emb_triton`, reads:
+# `sbhd_row_indexing`, `te_freqs_reshaped`, `table_margin` and `inplace_double_rotation` (read
+# or edit them there); `interleaved_mismatch` and `partial_rotary_ignored` change the angles
+# and pairing `debug.reproduce` gives the model's side, TE.
+#
 # The table also gives each side's largest norm-wise error against fp64 (section 4), in $u$, with
 # $(a, b)$ the model's pair.
 
@@ -1232,7 +1307,8 @@ traps = ["sbhd_row_indexing", "te_freqs_reshaped", "interleaved_mismatch",
 summary, maps, err_u = [], {}, {}
 for trap in traps:
     sc = dataclasses.replace(SC, layout="bshd") if trap == "table_margin" else SC
-    r = debug.reproduce(sc, dataclasses.replace(FIXED, **{trap: True}), device=device)
+    r = debug.reproduce(sc, dataclasses.replace(FIXED, **{trap: True}), device=device,
+                        wrapper=apply_rotary_pos_emb_triton)
     dg = debug.diagnose(r, "dtype")
     maps[trap] = debug.error_map(r.tokens_te, r.tokens_triton, r.layout).cpu()
     err_u[trap] = (dg["te_max_normwise_u"], dg["triton_max_normwise_u"])
@@ -1308,7 +1384,8 @@ fig, axes = plt.subplots(2, 3, figsize=(12, 6.5), sharex=True)
 recovered, runs = {}, {}
 for ax, trap in zip(axes.flat, traps):
     sc = dataclasses.replace(TRAP_SC, layout="bshd") if trap == "table_margin" else TRAP_SC
-    r = debug.reproduce(sc, dataclasses.replace(FIXED, **{trap: True}), device=device)
+    r = debug.reproduce(sc, dataclasses.replace(FIXED, **{trap: True}), device=device,
+                        wrapper=apply_rotary_pos_emb_triton)
     wrong = r.tokens_te if trap == "inplace_double_rotation" else r.tokens_triton
     pos = debug.recovered_positions(r.x, wrong, r.layout, **debug.model_pairing(r)).cpu()
     truth = debug.recovered_positions(r.x, r.reference, r.layout, **debug.model_pairing(r)).cpu()

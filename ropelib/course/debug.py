@@ -333,14 +333,21 @@ class Result:
 
 
 def reproduce(scenario: Scenario = Scenario(), causes: Causes = REPRO, device=None, *,
-              kernel=None) -> Result:
+              kernel=None, wrapper=None) -> Result:
     """Run the seed's check: the Triton wrapper on ``tokens``, then TE on ``tokens``.
 
     ``kernel``: the Triton kernel the wrapper launches, by default the course's
     ``_rope_unsloth_repro_kernel``; pass a copy of it (edited or not) to run that copy instead.
     It must be a ``@triton.jit`` function that takes the same arguments
-    (:func:`check_repro_kernel`)."""
+    (:func:`check_repro_kernel`). ``wrapper``: the function that builds the table and launches
+    it, called as ``wrapper(tokens, freqs, layout, causes, kernel)``, by default
+    :func:`apply_rotary_pos_emb_triton`; notebook 08 passes its own copy."""
     kernel = check_repro_kernel(kernel)
+    if wrapper is None:
+        wrapper = apply_rotary_pos_emb_triton
+    elif not callable(wrapper):
+        raise TypeError(f"wrapper must be a function like ropelib.course.debug."
+                        f"apply_rotary_pos_emb_triton, got {type(wrapper).__name__}")
     if not isinstance(causes, Causes):
         raise TypeError(f"causes must be ropelib.course.debug.Causes, got {type(causes).__name__}")
     if not isinstance(scenario, Scenario):
@@ -360,7 +367,7 @@ def reproduce(scenario: Scenario = Scenario(), causes: Causes = REPRO, device=No
     freqs_model = angles(table_len, R_model, interleaved=causes.interleaved_mismatch,
                          device=device)
     freqs_kernel = angles(table_len, sc.head_dim, device=device)
-    tokens_triton = apply_rotary_pos_emb_triton(tokens, freqs_kernel, sc.layout, causes, kernel)
+    tokens_triton = wrapper(tokens, freqs_kernel, sc.layout, causes, kernel)
     tokens_te = te_fused(tokens, freqs_model, sc.layout, interleaved=causes.interleaved_mismatch)
     ref = reference.rope_reference(x.double(), freqs_model.double(), layout=sc.layout,
                                    interleaved=causes.interleaved_mismatch)

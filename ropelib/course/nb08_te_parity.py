@@ -210,11 +210,13 @@ class TeParity:
     # section 1's reproduction kernel
 
     def repro_bits(self, case, use_fma: bool, from_angles: bool = False,
-                   input_dtype_math: bool = False, kernel=None) -> int:
+                   input_dtype_math: bool = False, kernel=None, launch=None) -> int:
         """A section-1 kernel (`kernel`, the learner's copy; None: the course's) on a te-bits
         case: the elements whose bits differ from TE's output. Sin/cos from TE's own table (in
         x's dtype, with the math, when input_dtype_math), or with from_angles from
-        tl.cos/tl.sin of the angles."""
+        tl.cos/tl.sin of the angles. `launch`: the launcher, called as `debug.rope_unsloth_repro`
+        is (None: that one); notebook 08 passes its own `launch_repro`."""
+        launch = debug.rope_unsloth_repro if launch is None else launch
         side = self.side[case.key]
         S, B, H, D = case.x.shape
         rows = (case.x.transpose(0, 1).contiguous().to(self.device)
@@ -224,8 +226,7 @@ class TeParity:
         else:
             tdt = case.x.dtype if input_dtype_math else torch.float32
             cos, sin = (side[k].to(tdt).contiguous().to(self.device) for k in ("cos", "sin"))
-        debug.rope_unsloth_repro(rows, cos, sin, seq_len=S, from_angles=from_angles,
-                                 compute_fp32=not input_dtype_math, use_fma=use_fma,
-                                 kernel=kernel)
+        launch(rows, cos, sin, seq_len=S, from_angles=from_angles,
+               compute_fp32=not input_dtype_math, use_fma=use_fma, kernel=kernel)
         y = rows.view(B, S, H, D).transpose(0, 1).cpu()                 # back to sbhd
         return int(debug.bits_differ(y, side["te"]).sum())
