@@ -674,6 +674,25 @@ if HAVE_HF:
 # counts your sines and cosines: more than one of each per (token, pair) fails even with right
 # values, as does calling ropelib. Use `tl.cos` and `tl.sin`: libdevice called by name does not
 # run in the interpreter.
+#
+# The launch is the next cell's `launch_mrope`: the check, the counts and every timing below go
+# through it, and appendix C's exercise turns its `num_warps` and `HPS`.
+
+# %%
+def launch_mrope(kernel, q, k, positions, freqs, BLOCK_T, out=None, num_warps=4, HPS=None):
+    """q [T, HQ, D], k [T, HK, D], positions [N_AXES, T] int32, all contiguous; freqs has
+    inv_freq and axis [D // 2]; HPS (heads per loop step) only for appendix C's kernel.
+    Returns (q_out, k_out): `out` where given."""
+    T, HQ, D = q.shape
+    q_out, k_out = out if out is not None else (torch.empty_like(q), torch.empty_like(k))
+    heads = {} if HPS is None else {"HPS": HPS}
+    # grid: one program per tile of BLOCK_T tokens; each loops over the heads of q, then of k
+    kernel[(triton.cdiv(T, BLOCK_T),)](
+        q, k, q_out, k_out, positions, freqs.inv_freq, freqs.axis, T,
+        HQ=HQ, HK=k.shape[1], D=D, N_AXES=positions.shape[0], BLOCK_T=BLOCK_T,
+        num_warps=num_warps, **heads)
+    return q_out, k_out
+
 
 # %%
 @triton.jit
@@ -698,7 +717,7 @@ def my_mrope_kernel(
     pass
 
 
-mine_ok = ex.check_mrope_kernel(my_mrope_kernel)
+mine_ok = ex.check_mrope_kernel(my_mrope_kernel, launch=launch_mrope)
 
 # %%
 solution(ex.solution_mrope_kernel.fn, title="Solution: angles once per token, then every head")
@@ -930,8 +949,8 @@ q6, k6 = torch.randn(T6, HQ6, D6), torch.randn(T6, HK6, D6)
 want6 = ropelib.apply_mrope_qk(q6.to(device), k6.to(device), pos6.to(device), f6.to(device),
                                layout="thd")
 for label, kern in kernels6.items():
-    got6 = ex.launch_mrope(kern, q6.to(device), k6.to(device), pos6.to(device), f6.to(device),
-                           BLOCK_T=4)
+    got6 = launch_mrope(kern, q6.to(device), k6.to(device), pos6.to(device), f6.to(device),
+                        BLOCK_T=4)
     same = all(torch.allclose(g, w, atol=3e-5) for g, w in zip(got6, want6))
     print(f"{label}: {'matches' if same else 'does not match'} ropelib.apply_mrope_qk")
     if label in (PER_HEAD, ONCE):
@@ -941,13 +960,13 @@ for label, kern in kernels6.items():
 # ### Counting the work (any machine: Triton's interpreter)
 #
 # In the interpreter a kernel's time says nothing about a GPU, but its work can be counted
-# exactly. `ex.count_mrope` runs a launch in the interpreter and counts programs, sines and
-# cosines (every lane of every tile), and the elements each load reads from each tensor. For
-# Qwen2-VL-7B's 28 q and 4 k heads of 128, 16 tokens in tiles of 4:
+# exactly. `ex.count_mrope` runs a launch (through `launch_mrope`) in the interpreter and counts
+# programs, sines and cosines (every lane of every tile), and the elements each load reads from
+# each tensor. For Qwen2-VL-7B's 28 q and 4 k heads of 128, 16 tokens in tiles of 4:
 
 # %%
 BLOCK6 = 4
-counted = {label: ex.count_mrope(kern, q6, k6, pos6, f6, BLOCK6)
+counted = {label: ex.count_mrope(kern, q6, k6, pos6, f6, BLOCK6, launch=launch_mrope)
            for label, kern in kernels6.items()}
 slots = T6 * (D6 // 2)                                      # (token, pair) angles there are
 print(f"{'kernel':<42} {'programs':>8} {'sin':>7} {'cos':>7} {'sin+cos per angle':>17} "
@@ -985,7 +1004,8 @@ per_element = {label: [] for label in counted}
 for hq in head_counts:                                      # hq heads of q and one of k
     qh, kh = torch.randn(8, hq, D6), torch.randn(8, 1, D6)
     for label, kern in kernels6.items():
-        w = ex.count_mrope(kern, qh, kh, pos6[:, :8].contiguous(), f6, BLOCK6)
+        w = ex.count_mrope(kern, qh, kh, pos6[:, :8].contiguous(), f6, BLOCK6,
+                           launch=launch_mrope)
         per_element[label].append(w.sincos / (qh.numel() + kh.numel()))
 fig, ax = plt.subplots(figsize=(6.5, 3.4))
 xs = [h + 1 for h in head_counts]
@@ -1030,8 +1050,8 @@ if ropelib.runtime.on_gpu():
     posg = torch.randint(0, 256, (3, TG), device=device, dtype=torch.int32)
     outs = (torch.empty_like(qg), torch.empty_like(kg))
     wantg = ropelib.apply_mrope_qk(qg, kg, posg, fg, layout="thd")
-    timers = {label: (lambda kern=kern: ex.launch_mrope(kern, qg, kg, posg, fg, BLOCK_T=8,
-                                                        out=outs))
+    timers = {label: (lambda kern=kern: launch_mrope(kern, qg, kg, posg, fg, BLOCK_T=8,
+                                                     out=outs))
               for label, kern in kernels6.items()}
     timers["ropelib.apply_mrope_qk"] = lambda: ropelib.apply_mrope_qk(qg, kg, posg, fg,
                                                                       layout="thd")
@@ -1076,7 +1096,7 @@ if ropelib.runtime.on_gpu():
     print(f"{YOURS if YOURS in kernels6 else ONCE} at other tiles:")
     for block_t in (1, 2, 4, 8, 16):
         try:
-            ms = triton.testing.do_bench(lambda b=block_t: ex.launch_mrope(
+            ms = triton.testing.do_bench(lambda b=block_t: launch_mrope(
                 mine, qg, kg, posg, fg, BLOCK_T=b, out=outs))
         except Exception as exc:  # noqa: BLE001 -- a kernel written for one tile: say so
             print(f"  BLOCK_T={block_t:<3} failed: {type(exc).__name__}: {exc}"[:200])
@@ -1833,7 +1853,8 @@ assert do_bench_mhz[H100_NAME] == do_bench_mhz["NVIDIA H200"], "the same NVML cl
 
 # the work does not depend on the dtype: bf16 counted against the fp32 counts above
 for label, kern in kernels6.items():
-    w16 = ex.count_mrope(kern, q6.to(torch.bfloat16), k6.to(torch.bfloat16), pos6, f6, BLOCK6)
+    w16 = ex.count_mrope(kern, q6.to(torch.bfloat16), k6.to(torch.bfloat16), pos6, f6, BLOCK6,
+                         launch=launch_mrope)
     w32 = counted[label]                                    # q6, k6 are fp32
     assert (w16.programs, w16.sin, w16.cos, w16.loads) == (w32.programs, w32.sin, w32.cos,
                                                            w32.loads), label
@@ -1851,8 +1872,8 @@ for name, dt in DTYPES.items():
     px = torch.randint(0, 256, (3, T_DT), generator=g, dtype=torch.int32).to(device)
     outx = (torch.empty_like(qx), torch.empty_like(kx))
     want_x = ropelib.apply_mrope_qk(qx, kx, px, f_dt, layout="thd")
-    launches_dt = {label: (lambda kern=kern: ex.launch_mrope(kern, qx, kx, px, f_dt, BLOCK_T=8,
-                                                             out=outx))
+    launches_dt = {label: (lambda kern=kern: launch_mrope(kern, qx, kx, px, f_dt, BLOCK_T=8,
+                                                          out=outx))
                    for label, kern in kernels6.items()}
     for label, launch in launches_dt.items():
         launch()
@@ -1943,7 +1964,7 @@ assert [round(b32 / b16, 2) for b16, b32 in fp32_us.values()] == [1.76, 1.91, 1.
 # runs 1 token a program, but on 2 warps and several heads a step (section 6). Two launch choices
 # to try:
 #
-# - `num_warps`: the threads a program has for its tile;
+# - `num_warps`: the threads a program has for its tile (`launch_mrope`'s default is 4);
 # - heads per step, `HPS`: that many heads of a token rotated at once, as a
 #   `[BLOCK_T, HPS, D/2]` tile of each half.
 #
@@ -1970,7 +1991,7 @@ def my_mrope_heads_kernel(
     pass
 
 
-heads_ok = ex.check_mrope_heads_kernel(my_mrope_heads_kernel)
+heads_ok = ex.check_mrope_heads_kernel(my_mrope_heads_kernel, launch=launch_mrope)
 
 # %%
 solution(ex.solution_mrope_heads_kernel.fn, title="Solution: HPS heads per loop step")
@@ -1983,14 +2004,13 @@ if ropelib.runtime.on_gpu():                             # section 6's bf16 q an
     print(f"{torch.cuda.get_device_name()}, T={TG}, {HQ6} q + {HK6} k heads of {D6}, bf16, "
           "do_bench medians:")
     for block_t in (1, 4):
-        ms = triton.testing.do_bench(lambda b=block_t: ex.launch_mrope(
+        ms = triton.testing.do_bench(lambda b=block_t: launch_mrope(
             ex.solution_mrope_kernel, qg, kg, posg, fg, BLOCK_T=b, out=outs))
         print(f"  kernel exercise's worked solution, {block_t} token(s) a program, 4 warps, "
               f"1 head a step: {ms * 1e3:7.1f} us")
     for warps, hps in LAUNCHES:
-        launch = (lambda w=warps, h=hps: ex.launch_mrope(heads_kernel, qg, kg, posg, fg,
-                                                         BLOCK_T=1, out=outs, num_warps=w,
-                                                         HPS=h))
+        launch = (lambda w=warps, h=hps: launch_mrope(heads_kernel, qg, kg, posg, fg,
+                                                      BLOCK_T=1, out=outs, num_warps=w, HPS=h))
         launch()
         same = all(torch.allclose(o.float(), w.float(), atol=2e-2, rtol=2e-2)
                    for o, w in zip(outs, wantg))
@@ -2000,8 +2020,7 @@ if ropelib.runtime.on_gpu():                             # section 6's bf16 q an
 else:
     # no GPU: each launch once in the interpreter, on section 6's 16 tokens, for its values only
     for warps, hps in LAUNCHES:
-        got = ex.launch_mrope(heads_kernel, q6, k6, pos6, f6, BLOCK_T=1, num_warps=warps,
-                              HPS=hps)
+        got = launch_mrope(heads_kernel, q6, k6, pos6, f6, BLOCK_T=1, num_warps=warps, HPS=hps)
         same = all(torch.allclose(g, w.cpu(), atol=3e-5) for g, w in zip(got, want6))
         print(f"{heads_label}, 1 token a program, {warps} warp(s), {hps} head(s) a step: "
               f"{'matches' if same else 'does not match'} ropelib (no GPU here: nothing timed)")

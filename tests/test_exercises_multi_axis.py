@@ -444,6 +444,32 @@ def test_heads_kernel_needs_the_heads_in_one_step(capsys):
     assert "has no HPS parameter" in capsys.readouterr().out
 
 
+def test_checks_and_counts_launch_through_the_launcher_passed(capsys):
+    """Notebook 10 defines its own launcher and passes it as launch=: every launch of the checks
+    and of count_mrope goes through it, with the tile and HPS of each case."""
+    calls = []
+
+    def launcher(kernel, q, k, positions, freqs, BLOCK_T, out=None, num_warps=4, HPS=None):
+        calls.append((BLOCK_T, HPS))
+        return ex.launch_mrope(kernel, q, k, positions, freqs, BLOCK_T, out=out,
+                               num_warps=num_warps, HPS=HPS)
+
+    assert ex.check_mrope_kernel(learner_copy(ex.solution_mrope_kernel), launch=launcher)
+    assert calls == [(case[-1], None) for case in ex.KERNEL_CASES]
+    calls.clear()
+    assert ex.check_mrope_heads_kernel(learner_copy(ex.solution_mrope_heads_kernel),
+                                       launch=launcher)
+    assert sorted(set(calls)) == sorted({(b, h) for h in ex.HEADS_PER_STEP_CHECKED
+                                         for case in ex.KERNEL_CASES for b in (case[-1], 1)})
+    calls.clear()
+    f = mrope.multi_axis_frequencies(16, [2, 3, 3], 1e4)
+    q, k = torch.randn(8, 2, 16), torch.randn(8, 1, 16)
+    pos = torch.randint(0, 50, (3, 8), dtype=torch.int32)
+    w = ex.count_mrope(ex.solution_mrope_kernel, q, k, pos, f, 4, launch=launcher)
+    assert calls == [(4, None)] and w.programs == 2
+    capsys.readouterr()
+
+
 def test_counts_of_both_kernels():
     T, HQ, HK, D, B = 8, 6, 2, 16, 4
     f = mrope.multi_axis_frequencies(D, [2, 3, 3], 1e4)

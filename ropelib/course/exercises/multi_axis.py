@@ -14,7 +14,8 @@ and with its sines and cosines counted (`ropelib.course.work_count`), and compar
 with `ropelib.apply_mrope_qk`; on a GPU it then also runs the compiled kernel there. It passes
 when the values match and the kernel evaluates at most two sines and cosines together per
 (token, pair), one of each: angles formed twice would cost 4, formed per head twice the head
-count.
+count. The launch is `launch_mrope`'s, or that of the launcher passed as `launch=` (notebook 10
+defines its own, of the same signature, in a cell the learner reads).
 
     q_ptr, k_ptr,            # q [T, HQ, D] and k [T, HK, D]: T tokens, contiguous
     q_out_ptr, k_out_ptr,    # the rotated q and k, same shapes, contiguous
@@ -180,12 +181,14 @@ def _kernel_inputs(case, gen):
     return q, k, positions, freqs
 
 
-def count_mrope(kernel, q, k, positions, freqs, BLOCK_T: int) -> WorkCount:
+def count_mrope(kernel, q, k, positions, freqs, BLOCK_T: int,
+                launch: Callable = launch_mrope) -> WorkCount:
     """Run a kernel of this module's signature in Triton's interpreter on CPU tensors and count
-    its programs, sines, cosines and loads (of q, k, positions, inv_freq, axis)."""
+    its programs, sines, cosines and loads (of q, k, positions, inv_freq, axis). `launch` is the
+    launcher, launch_mrope's signature (a notebook passes its own)."""
     with count_work(q=q, k=k, positions=positions, inv_freq=freqs.inv_freq,
                     axis=freqs.axis) as work:
-        launch_mrope(interpreted(kernel), q, k, positions, freqs, BLOCK_T)
+        launch(interpreted(kernel), q, k, positions, freqs, BLOCK_T)
     return work
 
 
@@ -209,9 +212,11 @@ def _compare_outputs(name, label, got, want, bufs, tol) -> bool:
     return True
 
 
-def check_mrope_kernel(kernel, *, seed: Optional[int] = None) -> bool:
+def check_mrope_kernel(kernel, *, seed: Optional[int] = None,
+                       launch: Callable = launch_mrope) -> bool:
     """Launch the learner's multi-axis RoPE kernel (the signature in this module's docstring)
-    on fresh inputs; compare with ropelib.apply_mrope_qk and count its sines and cosines.
+    on fresh inputs with `launch` (launch_mrope's signature: a notebook passes its own);
+    compare with ropelib.apply_mrope_qk and count its sines and cosines.
 
     Returns True when every case matches and the kernel forms each token's angles once (at
     most 2 sines and cosines together per (token, pair) over the tokens its programs cover).
@@ -220,7 +225,7 @@ def check_mrope_kernel(kernel, *, seed: Optional[int] = None) -> bool:
     if not kernel_answer(name, kernel, "the outputs it allocated"):
         return False
     launches = [(case, case[-1], {}) for case in KERNEL_CASES]
-    ok, counts = _check_launches(name, kernel, launches, seed)
+    ok, counts = _check_launches(name, kernel, launches, seed, launch)
     if not ok:
         return False
     gpu = " and compiled on the GPU" if runtime.on_gpu() else ""
@@ -230,9 +235,10 @@ def check_mrope_kernel(kernel, *, seed: Optional[int] = None) -> bool:
     return True
 
 
-def _check_launches(name, kernel, launches, seed):
-    """Run `kernel` at each (case, BLOCK_T, extra launch arguments) on fresh inputs, in the
-    interpreter (and compiled, on a GPU); compare with ropelib and count its sines and cosines.
+def _check_launches(name, kernel, launches, seed, launch=launch_mrope):
+    """Run `kernel` through `launch` at each (case, BLOCK_T, extra launch arguments) on fresh
+    inputs, in the interpreter (and compiled, on a GPU); compare with ropelib and count its
+    sines and cosines.
     Returns (passed, sines plus cosines per (token, pair) of each launch)."""
     gen = torch.Generator().manual_seed(fresh_seed() if seed is None else seed)
     on_gpu = runtime.on_gpu()
@@ -259,8 +265,7 @@ def _check_launches(name, kernel, launches, seed):
             # your own code (on the CPU: ropelib barred, sines and cosines counted)
             counting = count_work(q=args[0]) if device == "cpu" else nullcontext()
             with counting as counted:
-                ok = launch_on(device, name, lbl, partial(launch_mrope, out=(q_out, k_out),
-                                                          **extra),
+                ok = launch_on(device, name, lbl, partial(launch, out=(q_out, k_out), **extra),
                                kernel, *args, f, BLOCK_T)
             if not ok:
                 return False, counts
@@ -304,11 +309,13 @@ def _one_step_first(name, label, work, hps, HQ, D, tokens) -> bool:
     return False
 
 
-def check_mrope_heads_kernel(kernel, *, seed: Optional[int] = None) -> bool:
+def check_mrope_heads_kernel(kernel, *, seed: Optional[int] = None,
+                             launch: Callable = launch_mrope) -> bool:
     """The heads exercise: a kernel of this module's signature plus `HPS: tl.constexpr`, the
     heads it rotates per loop step. Launched at HPS = 1, 2 and 4 (steps past the last head
     masked: the cases have 1 to 4 heads), at each case's tile and at 1 token a program, as
-    check_mrope_kernel launches: values against ropelib.apply_mrope_qk, angles once per token."""
+    check_mrope_kernel launches (through `launch`, launch_mrope's signature): values against
+    ropelib.apply_mrope_qk, angles once per token."""
     name = "multi-axis RoPE kernel, heads per step"
     if not kernel_answer(name, kernel, "the outputs it allocated"):
         return False
@@ -318,7 +325,7 @@ def check_mrope_heads_kernel(kernel, *, seed: Optional[int] = None) -> bool:
         return False
     launches = [(case, block_t, {"HPS": hps}) for hps in HEADS_PER_STEP_CHECKED
                 for case in KERNEL_CASES for block_t in sorted({case[-1], 1})]
-    ok, counts = _check_launches(name, kernel, launches, seed)
+    ok, counts = _check_launches(name, kernel, launches, seed, launch)
     if not ok:
         return False
     gpu = " and compiled on the GPU" if runtime.on_gpu() else ""
