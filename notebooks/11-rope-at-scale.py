@@ -646,6 +646,8 @@ print("fused = RoPE, then the write: q, k cache and v cache bit for bit")
 #
 # The check (fp32 and bf16, fewer k heads than q heads) fills every free slot with NaN and
 # compares `q_out` and both caches with `ropelib.rope_kv_cache`'s, so a wrong slot shows up.
+# It launches your kernel through `launch_kv_cache`, defined under it in the cell: that grid,
+# those arguments; the later cells launch it the same way.
 
 # %%
 @triton.jit
@@ -667,7 +669,16 @@ def my_rope_kv_cache_kernel(
     pass
 
 
-kv_ok = ex.check_rope_kv_cache_kernel(my_rope_kv_cache_kernel)
+def launch_kv_cache(kernel, q, k, v, q_out, k_cache, v_cache, seqlens, freqs):
+    """q [B, HQ, D], k, v [B, HK, D], caches [B, L, HK, D], freqs [P, D]."""
+    B, HQ, D = q.shape
+    # grid: one program per sequence b, all heads of its token in one tile (Triton's default
+    # 4 warps)
+    kernel[(B,)](q, k, v, q_out, k_cache, v_cache, seqlens, freqs, k_cache.shape[1],
+                 HQ=HQ, HK=k.shape[1], D=D)
+
+
+kv_ok = ex.check_rope_kv_cache_kernel(my_rope_kv_cache_kernel, launch=launch_kv_cache)
 
 # %%
 solution(ex.solution_rope_kv_cache_kernel.fn, title="Solution: RoPE + contiguous cache write")
@@ -720,7 +731,7 @@ assert worked_code["angles"] >= 2 * lib_code["angles"] > 0 and table_code["angle
 assert worked_code["loads_after_angles"] >= 1           # loads wait for the sin and cos
 assert worked_code["instructions"] > 1.5 * lib_code["instructions"]
 assert table_code["instructions"] < lib_code["instructions"]
-assert program_code.cs_table_matches(ex.solution_rope_kv_cache_kernel, ex.launch_kv_cache,
+assert program_code.cs_table_matches(ex.solution_rope_kv_cache_kernel, launch_kv_cache,
                                      device=device), "the tables' kernel writes the same"
 
 kv_kernel = my_rope_kv_cache_kernel if kv_ok else ex.solution_rope_kv_cache_kernel
@@ -728,9 +739,9 @@ if ropelib.runtime.on_gpu():
     def kernel_step(c):
         """The kernel as one decoding step of kv_cache_decode's case: q_out [B, HQ, D] (bf16),
         k and v into their slots of the contiguous caches."""
-        ex.launch_kv_cache(kv_kernel, c["q"][:, 0], c["k"][:, 0], c["v"][:, 0], c["q_out"],
-                           c["k_cache"], c["v_cache"], c["cache_seqlens"],
-                           c["freqs"].flatten(1))                      # [L, 1, 1, D] -> [L, D]
+        launch_kv_cache(kv_kernel, c["q"][:, 0], c["k"][:, 0], c["v"][:, 0], c["q_out"],
+                        c["k_cache"], c["v_cache"], c["cache_seqlens"],
+                        c["freqs"].flatten(1))                         # [L, 1, 1, D] -> [L, D]
         return c["q_out"][:, None]                                     # [B, 1, HQ, D]
 
     def table_step(c):
@@ -993,7 +1004,16 @@ def my_rope_kv_paged_kernel(
     pass
 
 
-paged_ok = ex.check_rope_kv_paged_kernel(my_rope_kv_paged_kernel)
+def launch_kv_paged(kernel, q, k, v, q_out, k_cache, v_cache, seqlens, block_table, freqs):
+    """As launch_kv_cache, with pools [NB, BS, HK, D] and block_table [B, MAX_BLOCKS]."""
+    B, HQ, D = q.shape
+    # grid: one program per sequence b, all heads of its token in one tile (Triton's default
+    # 4 warps)
+    kernel[(B,)](q, k, v, q_out, k_cache, v_cache, seqlens, block_table, freqs,
+                 block_table.shape[1], k_cache.shape[1], HQ=HQ, HK=k.shape[1], D=D)
+
+
+paged_ok = ex.check_rope_kv_paged_kernel(my_rope_kv_paged_kernel, launch=launch_kv_paged)
 
 # %%
 solution(ex.solution_rope_kv_paged_kernel.fn, title="Solution: RoPE + paged cache write")
@@ -1007,9 +1027,9 @@ paged_kernel = my_rope_kv_paged_kernel if paged_ok else ex.solution_rope_kv_page
 mine_k, mine_v = before.clone(), torch.zeros_like(pool_v)
 mine_v[hist_rows, hist_offsets] = history_v
 q_mine = torch.empty_like(q_new[:, 0])
-ex.launch_kv_paged(paged_kernel, q_new[:, 0].contiguous(), k_new[:, 0].contiguous(),
-                   v_new[:, 0].contiguous(), q_mine, mine_k, mine_v, seqlens, block_table,
-                   freqs.view(L, D))
+launch_kv_paged(paged_kernel, q_new[:, 0].contiguous(), k_new[:, 0].contiguous(),
+                v_new[:, 0].contiguous(), q_mine, mine_k, mine_v, seqlens, block_table,
+                freqs.view(L, D))
 print(f"{'your' if paged_ok else 'the worked'} paged kernel wrote pool slots",
       (mine_k != before).any(-1).any(-1).nonzero().tolist())
 assert sorted((mine_k != before).any(-1).any(-1).nonzero().tolist()) == sorted(want)
@@ -1128,7 +1148,14 @@ def my_fp8_store_kernel(
     pass
 
 
-fp8_ok = ex.check_fp8_store_kernel(my_fp8_store_kernel)
+def launch_fp8_store(kernel, k, cache, scale, seqlens):
+    """k [B, HK, D] fp32, cache [B, L, HK, D] float8_e4m3fn, scale [1] fp32, seqlens [B]."""
+    B, HK, D = k.shape
+    # grid: one program per sequence b, all heads of its new token (Triton's default 4 warps)
+    kernel[(B,)](k, cache, scale, seqlens, cache.shape[1], HK=HK, D=D)
+
+
+fp8_ok = ex.check_fp8_store_kernel(my_fp8_store_kernel, launch=launch_fp8_store)
 
 # %%
 solution(ex.solution_fp8_store_kernel.fn, title="Solution: the fp8 store")
@@ -1168,7 +1195,7 @@ if ropelib.runtime.on_gpu():
     unfused_cache = torch.zeros_like(fused_cache)
 
     def fused_store():
-        ex.launch_fp8_store(fp8_kernel, kt, fused_cache, scale_t, seq_t)
+        launch_fp8_store(fp8_kernel, kt, fused_cache, scale_t, seq_t)
 
     def unfused_store():
         unfused_cache[rows_t, pos_t] = kv_cache.quantize_fp8(kt, scale_t)

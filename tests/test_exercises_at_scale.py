@@ -456,3 +456,25 @@ def test_fp8_cases_reach_what_the_check_claims():
         carried += int((at_scale._interpreter_fp8(right).view(torch.uint8)
                         != kv_cache.quantize_fp8(k, scale).view(torch.uint8)).sum())
     assert saturated > 0 and subnormal > 0 and carried > 0
+
+
+@pytest.mark.parametrize("check,kernel,default", [
+    (at_scale.check_rope_kv_cache_kernel, at_scale.solution_rope_kv_cache_kernel,
+     at_scale.launch_kv_cache),
+    (at_scale.check_rope_kv_paged_kernel, at_scale.solution_rope_kv_paged_kernel,
+     at_scale.launch_kv_paged),
+    (at_scale.check_fp8_store_kernel, at_scale.solution_fp8_store_kernel,
+     at_scale.launch_fp8_store)], ids=["contiguous", "paged", "fp8"])
+def test_checks_launch_through_the_notebooks_launcher(check, kernel, default, capsys):
+    """Notebook 11 defines its own launchers and hands them to the checks: the check launches
+    through the one it is given (a launcher that launches nothing fails it)."""
+    calls = []
+
+    def launch(kern, *args):
+        calls.append(len(args))
+        default(kern, *args)
+
+    assert check(learner_copy(kernel), seed=0, launch=launch) is True, capsys.readouterr().out
+    assert calls
+    assert check(learner_copy(kernel), seed=0, launch=lambda kern, *args: None) is False
+    assert "❌" in capsys.readouterr().out

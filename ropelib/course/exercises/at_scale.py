@@ -209,13 +209,16 @@ def _slots_changed(before, after):
     return sorted(map(tuple, diff.flatten(2).any(-1).nonzero().tolist()))
 
 
-def _check_kv_kernel(kernel, paged: bool, seed: Optional[int]) -> bool:
+def _check_kv_kernel(kernel, paged: bool, seed: Optional[int],
+                     launch: Optional[Callable] = None) -> bool:
     name = f"RoPE + {'paged' if paged else 'contiguous'} KV-cache write kernel"
     if not kernel_answer(name, kernel, "the outputs and caches it allocated"):
         return False
     gen = torch.Generator().manual_seed(fresh_seed() if seed is None else seed)
     on_gpu = runtime.on_gpu()
     cases = PAGED_CASES if paged else CONTIGUOUS_CASES
+    if launch is None:
+        launch = launch_kv_paged if paged else launch_kv_cache
     for case in cases:
         step = _decode_step(case, paged, gen)
         q, k, v, seqlens, block_table, freqs, k_cache, v_cache = step
@@ -234,8 +237,7 @@ def _check_kv_kernel(kernel, paged: bool, seed: Optional[int]) -> bool:
             bt = None if block_table is None else block_table.to(device)
             q_out = torch.full_like(qd, float("nan"))
             args = (qd, kd, vd, q_out, kc, vc, sd) + ((bt,) if paged else ()) + (fd,)
-            if not launch_on(device, name, f"{label}, {where}",
-                             launch_kv_paged if paged else launch_kv_cache, kernel, *args):
+            if not launch_on(device, name, f"{label}, {where}", launch, kernel, *args):
                 return False
             kc, vc, q_out = kc.cpu(), vc.cpu(), q_out.cpu()
             lbl = f"{label}, {where}"
@@ -264,16 +266,22 @@ def _check_kv_kernel(kernel, paged: bool, seed: Optional[int]) -> bool:
     return True
 
 
-def check_rope_kv_cache_kernel(kernel, *, seed: Optional[int] = None) -> bool:
+def check_rope_kv_cache_kernel(kernel, *, seed: Optional[int] = None,
+                               launch: Optional[Callable] = None) -> bool:
     """Launch the learner's RoPE + contiguous KV-cache write kernel (the signature in this
-    module's docstring) on fresh decoding steps; compare with ropelib.rope_kv_cache."""
-    return _check_kv_kernel(kernel, False, seed)
+    module's docstring) on fresh decoding steps; compare with ropelib.rope_kv_cache. `launch`
+    (the notebook's launcher, `launch_kv_cache`'s signature) launches it; by default
+    `launch_kv_cache`."""
+    return _check_kv_kernel(kernel, False, seed, launch)
 
 
-def check_rope_kv_paged_kernel(kernel, *, seed: Optional[int] = None) -> bool:
+def check_rope_kv_paged_kernel(kernel, *, seed: Optional[int] = None,
+                               launch: Optional[Callable] = None) -> bool:
     """Launch the learner's RoPE + paged KV-cache write kernel (the signature in this module's
-    docstring) on fresh decoding steps; compare with ropelib.rope_kv_cache(block_table=...)."""
-    return _check_kv_kernel(kernel, True, seed)
+    docstring) on fresh decoding steps; compare with ropelib.rope_kv_cache(block_table=...).
+    `launch` (the notebook's launcher, `launch_kv_paged`'s signature) launches it; by default
+    `launch_kv_paged`."""
+    return _check_kv_kernel(kernel, True, seed, launch)
 
 
 @triton.jit
@@ -417,7 +425,8 @@ def _fp8_step(case, gen):
     return k, cache, scale, seqlens
 
 
-def check_fp8_store_kernel(kernel, *, seed: Optional[int] = None) -> bool:
+def check_fp8_store_kernel(kernel, *, seed: Optional[int] = None,
+                           launch: Optional[Callable] = None) -> bool:
     """Launch the learner's fp8 store kernel (exercise 5's signature) on fresh decoding steps
     and compare the cache's bytes, bit for bit, with `kv_cache.quantize_fp8` in the new tokens'
     slots and the history everywhere else.
@@ -426,6 +435,8 @@ def check_fp8_store_kernel(kernel, *, seed: Optional[int] = None) -> bool:
     which is wrong where the rounding carries into the exponent; there each byte may be either
     quantize_fp8's or the interpreter's conversion of the right quotient (so the division, the
     clamp and the slot are checked bit for bit). Compiled on a GPU it must be quantize_fp8's.
+    `launch` (the notebook's launcher, `launch_fp8_store`'s signature) launches it; by default
+    `launch_fp8_store`.
     """
     name = "fp8 KV-cache store kernel"
     if not kernel_answer(name, kernel, "the cache it allocated"):
@@ -446,8 +457,8 @@ def check_fp8_store_kernel(kernel, *, seed: Optional[int] = None) -> bool:
         for device in ("cpu", "cuda") if on_gpu else ("cpu",):
             where = "interpreter" if device == "cpu" else "compiled on the GPU"
             kd, cd, sd, qd = (t.to(device, copy=True) for t in (k, cache, scale, seqlens))
-            if not launch_on(device, name, f"{label}, {where}", launch_fp8_store, kernel,
-                             kd, cd, sd, qd):
+            if not launch_on(device, name, f"{label}, {where}", launch or launch_fp8_store,
+                             kernel, kd, cd, sd, qd):
                 return False
             got = cd.cpu().view(torch.uint8)
             ok = got == want.view(torch.uint8)
