@@ -1147,6 +1147,33 @@ assert all(max(ex.PERSISTENT_PROGRAMS) < triton.cdiv(c[0], c[5]) * (c[2] + 2 * c
 assert prof["cublas"]["# SMs"] == 132                           # an H200's SMs (the profile)
 
 # %% [markdown]
+# **Launching it.** The rest of the notebook launches the kernel through `launch_persistent`
+# below: grid `(programs,)`, the same count passed as `PROGRAMS`, the step of each program's walk.
+# The launch first calls `triton.set_allocator`. A descriptor made inside a kernel
+# (`tl.make_tensor_descriptor`) needs scratch in the GPU's memory, which Triton asks the host for
+# at each launch; with no allocator set, a GPU launch stops with "Kernel requires a runtime memory
+# allocation, but no allocator was set". Copy the call with the kernel. Triton's interpreter asks
+# for no scratch, so a CPU run skips it.
+
+# %%
+def descriptor_scratch(size: int, alignment: int, stream):
+    """The scratch the kernel's device-side descriptors ask for, from torch's allocator."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def launch_persistent(kernel, x, weight, out, cos, sin, positions, HQ, HK, D, BLOCK_M, BLOCK_K,
+                      programs, rotate=True, **options):
+    # grid (programs,): each program walks the (token tile, head) tiles programs apart;
+    # rotate=False passes N_ROT = 0 (every head stored as v is); options: num_warps, num_stages
+    M, K = x.shape
+    H = HQ + 2 * HK
+    if not ropelib.runtime.INTERPRET:
+        triton.set_allocator(descriptor_scratch)    # before any launch that makes descriptors
+    kernel[(programs,)](x, weight, out, cos, sin, positions, M, K, H,
+                        HQ + HK if rotate else 0, D=D, BLOCK_M=BLOCK_M, BLOCK_K=BLOCK_K,
+                        PROGRAMS=programs, **options)
+
+# %% [markdown]
 # ### 7.3 The epilogue: registers, spills, programs per SM
 #
 # The epilogue's cost is **registers**. Too many, and the kernel **spills** past a thread's 255
@@ -1617,6 +1644,19 @@ assert rounded_range(over_unfused["TMA, two heads"]) == (0.98, 1.00)
 assert round(paired["fused from angles / unfused"][0]["ratio"], 3) == 0.975     # 8192, plain
 assert rounded_range(over_unfused["pointer kernel"]) == (1.26, 1.30)
 assert max(over_unfused["TMA, two heads"]) < 1.15 < min(over_unfused["pointer kernel"])
+
+
+def launch_qkv(kernel, x, weight, out, cos, sin, positions, HQ, HK, D, BLOCK_M, BLOCK_K,
+               rotate=True):
+    # grid (cdiv(M, BLOCK_M), H): one program per (tile of tokens, head), as in exercise 1;
+    # rotate=False passes N_ROT = 0: every head stored as v is, the GEMM without the rotation
+    M, K = x.shape
+    H = HQ + 2 * HK
+    kernel[(triton.cdiv(M, BLOCK_M), H)](x, weight, out, cos, sin, positions, M, K, H,
+                                         HQ + HK if rotate else 0, D=D, BLOCK_M=BLOCK_M,
+                                         BLOCK_K=BLOCK_K)
+
+
 if torch.cuda.is_available():
     from triton.testing import do_bench
 
@@ -1634,13 +1674,13 @@ if torch.cuda.is_available():
     kernel = my_qkv_rope_kernel if epilogue_ok else qkv_teaching._qkv_rope_teaching_kernel
 
     def teaching():
-        ex.launch_forward(kernel, xg, wg, out_g, cos_g, sin_g, pos_g, HQ, HK, D, 64, 64)
+        launch_qkv(kernel, xg, wg, out_g, cos_g, sin_g, pos_g, HQ, HK, D, 64, 64)
 
     out_bare = torch.empty_like(out_g)
 
     def teaching_bare():        # the same launch with no head rotated (N_ROT = 0)
-        ex.launch_forward(kernel, xg, wg, out_bare, cos_g, sin_g, pos_g, HQ, HK, D, 64, 64,
-                          rotate=False)
+        launch_qkv(kernel, xg, wg, out_bare, cos_g, sin_g, pos_g, HQ, HK, D, 64, 64,
+                   rotate=False)
 
     def cublas():
         return F.linear(xg, wg)
@@ -1694,9 +1734,9 @@ else:
           "(the interpreter's times say nothing about a GPU).")
 
 # %% [markdown]
-# **7.2's persistent kernel, launched as the shipped forward is.** `launch_forward` without launch
-# options gets Triton's default of 4 warps (128 threads). Two fp32 accumulators of $[128, 64]$
-# then take
+# **7.2's persistent kernel, launched as the shipped forward is.** `launch_persistent` without
+# launch options gets Triton's default of 4 warps (128 threads). Two fp32 accumulators of
+# $[128, 64]$ then take
 #
 # $$\frac{2 \cdot B_M \cdot D/2}{32 \cdot \text{warps}} = \frac{2 \cdot 128 \cdot 64}{128} = 128$$
 #
@@ -1735,13 +1775,13 @@ assert all(resolved_two[(128, 64, 8, 8, 3), t] for t in TOKENS)
 M_s, K_s, HQ_s, HK_s, D_s, BM_s, BK_s = ex.CASES[1]
 case_s = ex.draw_inputs(torch.Generator().manual_seed(12), M_s, K_s, HQ_s, HK_s, D_s)
 out_s = torch.full((M_s, HQ_s + 2 * HK_s, D_s), float("nan"), device=device)
-ex.launch_forward(my_persistent_qkv_kernel, case_s[0], case_s[1], out_s, *case_s[2:], HQ_s, HK_s,
+launch_persistent(my_persistent_qkv_kernel, case_s[0], case_s[1], out_s, *case_s[2:], HQ_s, HK_s,
                   D_s, BM_s, BK_s, programs=3, **SHIPPED_LAUNCH)
 torch.testing.assert_close(out_s, ex.reference_qkv(*case_s, HQ_s, HK_s, D_s).float(), **tol)
 # and one program a tile, as section 8 times it: the same tiles, the same sums, the same output
 tiles_s = triton.cdiv(M_s, BM_s) * (HQ_s + 2 * HK_s)
 out_s1 = torch.full_like(out_s, float("nan"))
-ex.launch_forward(my_persistent_qkv_kernel, case_s[0], case_s[1], out_s1, *case_s[2:], HQ_s, HK_s,
+launch_persistent(my_persistent_qkv_kernel, case_s[0], case_s[1], out_s1, *case_s[2:], HQ_s, HK_s,
                   D_s, BM_s, BK_s, programs=tiles_s, **SHIPPED_LAUNCH)
 torch.testing.assert_close(out_s1, out_s, **(dict(atol=0, rtol=0) if device == "cpu" else tol))
 print(f"launched with {SHIPPED_LAUNCH} on {M_s} tokens, 3 programs and {tiles_s} (one a tile): "
@@ -1767,8 +1807,8 @@ if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9 and 
     out_p, out_p_bare = torch.empty_like(out_g), torch.empty_like(out_g)
 
     def persistent(rotate=True, launch=SHIPPED_LAUNCH):
-        ex.launch_forward(my_persistent_qkv_kernel, xg, wg, out_p if rotate else out_p_bare,
-                          cos_g, sin_g, pos_g, HQ, HK, D, 128, 64, rotate=rotate, programs=sms,
+        launch_persistent(my_persistent_qkv_kernel, xg, wg, out_p if rotate else out_p_bare,
+                          cos_g, sin_g, pos_g, HQ, HK, D, 128, 64, programs=sms, rotate=rotate,
                           **launch)
 
     for launch in ({}, SHIPPED_LAUNCH):         # Triton's default 4 warps, then the shipped 8
@@ -1806,7 +1846,7 @@ if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9 and 
     out_t = torch.full_like(out_g, float("nan"))
 
     def one_a_tile():
-        ex.launch_forward(my_persistent_qkv_kernel, xg, wg, out_t, cos_g, sin_g, pos_g, HQ, HK,
+        launch_persistent(my_persistent_qkv_kernel, xg, wg, out_t, cos_g, sin_g, pos_g, HQ, HK,
                           D, 128, 64, programs=tiles, **SHIPPED_LAUNCH)
 
     persistent()
