@@ -1124,32 +1124,95 @@ else:
 # the next element's operands alone must keep the next loads behind it, so each thread would
 # have one element's loads in flight at a time.
 #
-# The next cell takes the three apart with four Triton kernels for the contiguous `x * cos`, each
-# at that template's launch shape (128 threads, 4 elements each;
-# `ropelib.course.nb02_narrow_loads`). They move the same bytes and differ only in their accesses:
-# provably contiguous (wide: 4 elements in one 8-byte access); through a run-time `one == 1` the
-# compiler cannot see through (one 2-byte access an element, a warp on 32 neighbouring elements:
-# the 2 sectors a request counted above); that through a division and a remainder by the row
-# length (dearer than the multiply PyTorch divides by); and that with a lane's 4 elements in turn,
-# each element's address waiting on the last one's loaded values (plus `value * zero`, `zero == 0`
-# at run time), so that a lane has one element's loads in flight at a time. The cell compiles each
-# for sm_90 here and asserts those accesses, and their order, in its PTX (the virtual assembly
-# Triton emits before the GPU's own machine code), checks all four in the interpreter, and on a
-# GPU prints each one's GB/s as a share of the wide kernel's, beside PyTorch's two multiplies. A
-# line that falls toward PyTorch's broadcast multiply while the others stay near the wide kernel
-# names a trait that costs speed, and how far it falls says how much of PyTorch's shortfall it
-# can account for; where none falls, none of the three explains the template alone.
+# The next cells take the three apart with one Triton kernel for the contiguous `x * cos`,
+# `_mul_kernel`, in four modes (its constexpr `MODE`), each launched by `launch_mul` at that
+# template's launch shape (128 threads, 4 elements each). The four move the same bytes and differ
+# only in how they form their addresses `at`:
+#
+# - `MODE == 0`, wide: `at = offs`, a run the compiler proves contiguous, so a lane's 4
+#   neighbouring elements go in one 8-byte access;
+# - `MODE == 1`, one element a lane: `at = offs * one`, where `one == 1` arrives at run time
+#   (`do_not_specialize` keeps the JIT from making it a constant), so the compiler cannot see
+#   through it: one 2-byte access an element, a warp on 32 neighbouring elements (the 2 sectors
+#   a request counted above);
+# - `MODE == 2`, that by / and %: `at = (offs // row) * row_stride + (offs % row) * one`, the
+#   same offsets through a division and a remainder by the row length (dearer than the multiply
+#   PyTorch divides by);
+# - `MODE == 3`, one in flight: the `else` branch. A lane takes its 4 elements in turn
+#   (`for i in tl.static_range(4)`, `BLOCK // 4` apart, as PyTorch's thread steps), each
+#   address `at = offs * one + wait`, and after each element
+#   `wait = x.to(tl.int32, bitcast=True) * zero` (`zero == 0` at run time): the next address
+#   waits on the last element's loaded value, so a lane has one element's loads in flight at a
+#   time.
+#
+# Edit a mode's lines and rerun the cells from there on: the checks below say what your version
+# compiles to. The cell after the launcher compiles each mode for sm_90 here and asserts those
+# accesses, and their order, in its PTX (the virtual assembly Triton emits before the GPU's own
+# machine code), checks all four in the interpreter, and on a GPU prints each one's GB/s as a
+# share of the wide kernel's, beside PyTorch's two multiplies. A line that falls toward PyTorch's
+# broadcast multiply while the others stay near the wide kernel names a trait that costs speed,
+# and how far it falls says how much of PyTorch's shortfall it can account for; where none falls,
+# none of the three explains the template alone.
 
 # %%
-from ropelib.course import nb02_narrow_loads as narrow
+# ropelib-source: ropelib.course.nb02_narrow_loads._mul_kernel
+@triton.jit(do_not_specialize=["one", "zero", "row", "row_stride"])
+def _mul_kernel(x_ptr, c_ptr, y_ptr, n, one, zero, row, row_stride, BLOCK: tl.constexpr,
+                MODE: tl.constexpr):
+    if MODE < 3:
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        if MODE == 0:
+            at = offs                               # provably contiguous: vector accesses
+        elif MODE == 1:
+            at = offs * one                         # one == 1, unknown to the compiler
+        else:                                       # offs again (row_stride == row), by a
+            at = (offs // row) * row_stride + (offs % row) * one    # division and a remainder
+        x = tl.load(x_ptr + at, mask=mask).to(tl.float32)   # in fp32, rounded once, as PyTorch
+        y = (x * tl.load(c_ptr + at, mask=mask).to(tl.float32)).to(y_ptr.dtype.element_ty)
+        tl.store(y_ptr + at, y, mask=mask)
+    else:              # a lane's 4 elements in turn, BLOCK // 4 apart, as PyTorch's thread steps
+        lane = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK // 4)
+        wait = tl.zeros([BLOCK // 4], dtype=tl.int32)
+        for i in tl.static_range(4):
+            offs = lane + i * (BLOCK // 4)
+            mask = offs < n
+            at = offs * one + wait                  # waits for the last element's values
+            x = tl.load(x_ptr + at, mask=mask, other=0.0).to(tl.float32)
+            y = (x * tl.load(c_ptr + at, mask=mask, other=0.0).to(tl.float32))
+            tl.store(y_ptr + at, y.to(y_ptr.dtype.element_ty), mask=mask)
+            wait = x.to(tl.int32, bitcast=True) * zero      # 0, known only at run time
 
-code = narrow.access_code(xd.dtype)            # compiled for sm_90 here: no GPU needed
+
+# %%
+MUL_MODES = {"wide": 0, "one element a lane": 1, "one element a lane, by / and %": 2,
+             "one element a lane, one in flight": 3}               # name -> the kernel's MODE
+MUL_BLOCK, MUL_WARPS = 512, 4      # PyTorch's elementwise_kernel<128, 4>: 128 threads, 4 elements
+
+
+def launch_mul(kernel, x, c, out, mode):
+    """out = x * c (contiguous tensors of one shape) by `kernel` in `mode` (a key of MUL_MODES)."""
+    assert x.is_contiguous() and c.is_contiguous() and out.is_contiguous()
+    assert x.shape == c.shape == out.shape
+    n, row = x.numel(), x.shape[-1]    # row == row_stride: MODE 2's offsets are offs again
+    # grid: one program per MUL_BLOCK elements; MUL_WARPS warps, so 4 elements a thread
+    kernel[(triton.cdiv(n, MUL_BLOCK),)](x, c, out, n, 1, 0, row, row,   # one = 1, zero = 0
+                                         BLOCK=MUL_BLOCK, MODE=MUL_MODES[mode],
+                                         num_warps=MUL_WARPS)
+    return out
+
+
+# %%
+from ropelib.course import nb02_narrow_loads as narrow   # reads the compiled code
+
+code = narrow.access_code(xd.dtype, _mul_kernel, modes=MUL_MODES, block=MUL_BLOCK,
+                          num_warps=MUL_WARPS)  # compiled for sm_90 here: no GPU needed
 for name, c in code.items():
     print(f"{name:34s} PTX: {c['per_thread']} element(s) a thread in a run; loads "
           f"{dict(c['loads'])}, stores {dict(c['stores'])}, div/rem {c['divisions']}; "
           f"in order {c['order']}")
 wide, one_lane, by_div, in_turn = code.values()
-assert narrow.NUM_WARPS * 32 == 128 and narrow.BLOCK // 128 == 4    # PyTorch's template's shape
+assert MUL_WARPS * 32 == 128 and MUL_BLOCK // 128 == 4    # PyTorch's template's shape
 assert wide["per_thread"] == 4 and set(wide["loads"]) == {"ld.global.v2.b32"}     # 8 bytes
 assert one_lane["per_thread"] == by_div["per_thread"] == in_turn["per_thread"] == 1  # 2 bytes
 assert set(one_lane["loads"]) == set(by_div["loads"]) == set(in_turn["loads"]) == {"ld.global.b16"}
@@ -1157,14 +1220,14 @@ assert wide["divisions"] == one_lane["divisions"] == in_turn["divisions"] == 0 <
 assert one_lane["order"] == "L" * 8 + "S" * 4 and in_turn["order"] == "LLS" * 4  # L load, S store
 cos_c = torch.cos(fp).to(xd.dtype).expand_as(xd).contiguous()    # the table at x's shape
 y_mul = torch.empty_like(xd)
-for name in narrow.MODES:                       # compiled on a GPU, interpreted on a CPU
+for name in MUL_MODES:                          # compiled on a GPU, interpreted on a CPU
     y_mul.fill_(float("nan"))
-    torch.testing.assert_close(narrow.multiply(xd, cos_c, y_mul, name), xd * cos_c)
+    torch.testing.assert_close(launch_mul(_mul_kernel, xd, cos_c, y_mul, name), xd * cos_c)
 if GPU:
     mul_bytes = 3 * xd.numel() * xd.element_size()           # x and the table read, y written
     of_copy = {f"PyTorch, {label}": share for label, (_, _, share) in same_mul.items()}  # above
-    for name in narrow.MODES:
-        us = kb.mean_us(kernels_of(lambda m=name: narrow.multiply(xd, cos_c, y_mul, m)),
+    for name in MUL_MODES:
+        us = kb.mean_us(kernels_of(lambda m=name: launch_mul(_mul_kernel, xd, cos_c, y_mul, m)),
                         repeats, name)
         of_copy[f"Triton, {name}"] = kb.gbps(mul_bytes, us) / copy_gbps
     print(f"{LIVE}: x * cos, device time (mean of {repeats} calls), GB/s as a share of")

@@ -1,4 +1,4 @@
-"""The kernel code notebooks 03-06, 08 and 10 show inline is the code ropelib runs.
+"""The kernel code notebooks 02-06, 08 and 10 show inline is the code ropelib runs.
 
 A notebook shows a ropelib object's source in a markdown cell, so it can be read without running
 anything:
@@ -43,6 +43,8 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
 # Each notebook and the ropelib objects it must show.
 REQUIRED = {
+    # (02 launches its copy with its own `launch_mul`, as nb02_narrow_loads.multiply does)
+    "02-pytorch-reference-and-layouts": ["ropelib.course.nb02_narrow_loads._mul_kernel"],
     # (03's launcher is its own `my_rope_naive`, checked bit for bit against rope_naive there)
     "03-naive-triton-kernel": ["ropelib.course.kernels.naive._rope_naive_kernel",
                                "ropelib.course.kernels.pair_swap._pair_swap_kernel",

@@ -26,6 +26,10 @@ The four read and write the same bytes and compute the same product: their times
 by what the narrow accesses, the address arithmetic and the loads in flight cost. `access_code`
 compiles each for sm_90 on this machine (no GPU needed) and reads its accesses, their order and
 its divisions from the PTX.
+
+Notebook 02 holds a runnable copy of `_mul_kernel` (tests/test_notebook_kernels_same.py keeps it
+equal to this one) and launches it with its own `launch_mul`, as `multiply` does here for the
+tests.
 """
 import re
 from collections import Counter
@@ -83,17 +87,21 @@ def multiply(x: torch.Tensor, c: torch.Tensor, out: torch.Tensor, mode: str) -> 
     return out
 
 
-def access_code(dtype: torch.dtype = torch.bfloat16) -> dict:
-    """Per mode, `_mul_kernel` compiled for sm_90 as `multiply` launches it, read back:
+def access_code(dtype: torch.dtype = torch.bfloat16, kernel=None, *, modes: dict = MODES,
+                block: int = BLOCK, num_warps: int = NUM_WARPS) -> dict:
+    """Per mode, `kernel` (by default `_mul_kernel`; notebook 02 passes its own copy, launched
+    with its own `modes`, `block` and `num_warps`) compiled for sm_90 as `multiply` launches
+    it, read back:
     {"per_thread": elements a thread holds in a run (the layout's sizePerThread), "loads" and
     "stores": Counters of the PTX's global access instructions, "divisions": its div/rem,
     "order": its global loads (L) and stores (S) in the order the PTX lists them}."""
+    kernel = _mul_kernel if kernel is None else kernel
     t = torch.empty(1024, dtype=dtype)
     out = {}
-    for name, mode in MODES.items():
-        code = compiled_code(_mul_kernel, dict(x_ptr=t, c_ptr=t, y_ptr=t, n=1 << 26, one=1, zero=0,
-                                               row=128, row_stride=128, BLOCK=BLOCK, MODE=mode),
-                             num_warps=NUM_WARPS)
+    for name, mode in modes.items():
+        code = compiled_code(kernel, dict(x_ptr=t, c_ptr=t, y_ptr=t, n=1 << 26, one=1, zero=0,
+                                          row=128, row_stride=128, BLOCK=block, MODE=mode),
+                             num_warps=num_warps)
         ptx = code["ptx"]
         out[name] = {
             "per_thread": int(re.search(r"sizePerThread = \[(\d+)\]", code["ttgir"]).group(1)),
