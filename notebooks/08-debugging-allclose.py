@@ -773,9 +773,10 @@ print(f"here's counts compare with: {TE_WHERE}; x and angles hash as on the GPU"
 # **The kernel.** One program rotates `BLOCK_ROWS` sbhd rows (row $r$ at position
 # $\lfloor r / (BH) \rfloor$) and calls `COMBINE(x1, x2, c, s)`, a `@triton.jit` function passed
 # as a constexpr: the line you write below. It stores fp32; torch's `.to(torch.bfloat16)` rounds to
-# nearest even, like TE's store. The check launches this kernel.
-# `check_bits`'s `sincos` says where cos and sin come from: `"tl"`, from the fp32 angles (the GPU
-# default), or `"table"`, by default TE's own (the CPU default, where `tl.cos` is NumPy's).
+# nearest even, like TE's store. `launch_combine`, in the cell after it, starts it (the grid and
+# every launch argument), and `check_bits` runs the kernel through it. `check_bits`'s `sincos`
+# says where cos and sin come from: `"tl"`, from the fp32 angles (the GPU default), or `"table"`,
+# by default TE's own (the CPU default, where `tl.cos` is NumPy's).
 
 # %%
 # ropelib-source: ropelib.course.exercises.debugging._rope_combine_kernel
@@ -818,22 +819,40 @@ def _rope_combine_kernel(
 
 
 # %%
+def launch_combine(kernel, combine, x, angles, cos, sin, sincos="table", block_rows=64,
+                   enable_fp_fusion=False):
+    """Run `kernel` (None: `_rope_combine_kernel` as the cell above defines it now) with
+    COMBINE=combine on x [S, B, H, D] (sbhd, contiguous); angles, cos, sin [S, D/2] fp32.
+    Returns y in fp32, NaN where the kernel wrote nothing."""
+    kernel = _rope_combine_kernel if kernel is None else kernel   # read at call time
+    S, B, H, D = x.shape
+    y = torch.full(x.shape, float("nan"), dtype=torch.float32, device=x.device)
+    # grid: one program per BLOCK_ROWS sbhd rows of D features (S*B*H rows in all)
+    kernel[(triton.cdiv(S * B * H, block_rows),)](
+        x, y, angles, cos, sin, S * B * H, B * H,
+        HALF=D // 2, BLOCK_ROWS=block_rows, SINCOS=sincos, COMBINE=combine,
+        enable_fp_fusion=enable_fp_fusion)   # False: contraction off, every product rounded
+    return y
+
+
 SINCOS = "tl" if GPU else "table"
-# the kernel above against TE's side (ropelib.course.nb08_te_parity); rerun this cell after
-# editing the kernel. check_bits(case, combine_fn, sincos=SINCOS, table=None, quiet=False,
-# fusion=False) runs it with contraction off, as the grader compiles it (fusion=True lets a GPU
-# compiler contract as it chooses), and counts the elements whose bits differ from TE's output
-PARITY = TeParity(_rope_combine_kernel, SIDE, device, sincos=SINCOS, here_name=HERE_NAME,
-                  te_where=TE_WHERE, reference_col=REF_COL)
+# the kernel above against TE's side (ropelib.course.nb08_te_parity), started by launch_combine;
+# the launcher reads _rope_combine_kernel when it runs, so an edit to the kernel's cell takes
+# effect without rerunning this one. check_bits(case, combine_fn, sincos=SINCOS, table=None,
+# quiet=False, fusion=False) runs it with contraction off, as the grader compiles it
+# (fusion=True: enable_fp_fusion=True, a GPU compiler contracts as it chooses), and counts the
+# elements whose bits differ from TE's output
+PARITY = TeParity(None, SIDE, device, sincos=SINCOS, here_name=HERE_NAME, te_where=TE_WHERE,
+                  reference_col=REF_COL, launch=launch_combine)
 check_bits = PARITY.check_bits
 
 # %% [markdown]
 # **Exercise — a combine with TE's bits.** The kernel above calls `COMBINE(x1, x2, c, s)` for
 # every pair of every row; `my_combine` below is that function. Edit its two lines until the
-# kernel's output equals TE's bit for bit. `check_bits(BIG, my_combine)` launches the kernel with
-# it and prints how many elements differ from TE and by how many bf16 steps. `tl.fma(a, b, d)`
-# computes $ab + d$ with one rounding; which of the three evaluations above is TE's, let the
-# count tell you.
+# kernel's output equals TE's bit for bit. `check_bits(BIG, my_combine)` launches the kernel
+# with it (through `launch_combine`) and prints how many elements differ from TE and by how many
+# bf16 steps. `tl.fma(a, b, d)` computes $ab + d$ with one rounding; which of the three
+# evaluations above is TE's, let the count tell you.
 #
 # `ex.check_te_combine(my_combine)` grades it: it launches its own copy of the kernel with your
 # function, TE's own cos and sin, on `BIG`, `SMALL32` and fp32 inputs drawn as it runs, compiled

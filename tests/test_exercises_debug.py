@@ -241,7 +241,8 @@ def test_the_notebook_grades_my_combine_and_falls_back_to_the_worked_one():
 def test_the_notebooks_bit_counts_compile_as_the_grader_does():
     # section 4b's check_bits and kernel_cos_sin (ropelib.course.nb08_te_parity.TeParity, the
     # harness the notebook binds check_bits from) launch with contraction off by default, as
-    # check_te_combine does: the count a learner reads is the grader's on every machine
+    # check_te_combine does, through the notebook's own launcher `launch_combine`: the count a
+    # learner reads is the grader's on every machine
     import inspect
     from ropelib.course import nb08_te_parity
     tree = ast.parse(inspect.getsource(nb08_te_parity.TeParity))
@@ -252,13 +253,21 @@ def test_the_notebooks_bit_counts_compile_as_the_grader_does():
         assert ast.unparse(defaults["fusion"]) == "False", name
     for name, want in (("run_kernel", "fusion"), ("kernel_cos_sin", "False")):
         launches = [n for n in ast.walk(defs[name]) if isinstance(n, ast.Call)
-                    and ast.unparse(n.func) == "debugging.launch"]
+                    and ast.unparse(n.func) == "self.launch"]
         assert len(launches) == 1, name
         options = {k.arg: ast.unparse(k.value) for k in launches[0].keywords}
         assert options.get("enable_fp_fusion") == want, (name, options)
-    # the notebook's check_bits is that harness's, on the notebook's own copy of the kernel
+    # the notebook's check_bits is that harness's, on the notebook's own copy of the kernel,
+    # launched by the notebook's launch_combine (contraction off unless asked)
     source = NOTEBOOK.read_text(encoding="utf-8")
-    assert "PARITY = TeParity(_rope_combine_kernel, SIDE, device, sincos=SINCOS," in source
+    assert "PARITY = TeParity(None, SIDE, device, sincos=SINCOS," in source
+    assert "reference_col=REF_COL, launch=launch_combine)" in source
+    nb_defs = {n.name: n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)}
+    args = nb_defs["launch_combine"].args
+    defaults = dict(zip([a.arg for a in args.args][-len(args.defaults):], args.defaults))
+    assert ast.unparse(defaults["enable_fp_fusion"]) == "False"
+    assert "kernel = _rope_combine_kernel if kernel is None else kernel" in \
+        ast.unparse(nb_defs["launch_combine"])
     assert "check_bits = PARITY.check_bits" in source
     assert not {"run_kernel", "check_bits", "kernel_cos_sin"} & {
         n.name for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)}

@@ -10,7 +10,8 @@ TE's side of a case (`te_side`): TE's output, TE's own fp32 cos and sin and the 
 runs here (``live``: TE installed, a GPU), TE computes them now on the case's inputs, drawn
 again; elsewhere they are the ones stored from the GPU run. `TeParity` holds that side for the
 section's cases, with the section's kernel (`_rope_combine_kernel`'s signature, the notebook's
-own copy) and the labels its tables print, and runs kernels against it:
+own copy), the launcher that starts it (the notebook's `launch_combine`; by default
+`debugging.launch`) and the labels its tables print, and runs kernels against it:
 
 - `run_kernel` / `check_bits`: the kernel with a combine line, compiled with contraction off as
   `debugging.check_te_combine` compiles it, and the count of elements whose bits differ;
@@ -103,7 +104,10 @@ class TeParity:
     differ.
 
     Args:
-        kernel: the section's kernel, `_rope_combine_kernel`'s signature (the notebook's copy).
+        kernel: the section's kernel, `_rope_combine_kernel`'s signature (the notebook's copy);
+            passed to `launch` as its first argument. None lets the launcher choose (the
+            notebook's `launch_combine` then reads `_rope_combine_kernel` when it runs, so an
+            edited kernel takes effect without building TeParity again).
         side: {case.key: te_side(case, ...)}, TE's side of every case the section runs.
         device: where the kernels run; a CUDA device is a GPU, whose own cos/sin sources
             (`source_values`, `source_outputs`) are measured here rather than read from the file.
@@ -112,11 +116,15 @@ class TeParity:
         here_name: this machine, as the tables name it ("CPU, Triton interpreter" or the GPU's).
         te_where: what the counts compare with (TE run live here, or TE's stored output).
         reference_col: the committed run's column name, where a count is read from the file.
+        launch: the launcher, called as `debugging.launch` is: (kernel, combine, x, angles,
+            cos, sin, sincos=..., enable_fp_fusion=...) -> y fp32 (None: `debugging.launch`);
+            notebook 08 passes its own `launch_combine`.
     """
 
     def __init__(self, kernel, side: dict, device, *, sincos: str, here_name: str,
-                 te_where: str, reference_col: str):
+                 te_where: str, reference_col: str, launch=None):
         self.kernel, self.side, self.device = kernel, side, device
+        self.launch = debugging.launch if launch is None else launch
         self.gpu = torch.device(device).type == "cuda"
         self.sincos, self.here_name, self.te_where = sincos, here_name, te_where
         self.measured = f"here ({here_name})"     # the "measured on" column: here ...
@@ -131,9 +139,9 @@ class TeParity:
         sincos = self.sincos if sincos is None else sincos
         side = self.side[case.key]
         cos, sin = table if table is not None else (side["cos"], side["sin"])
-        y = debugging.launch(self.kernel, combine_fn,
-                             *(t.to(self.device) for t in (case.x, side["angles"], cos, sin)),
-                             sincos=sincos, enable_fp_fusion=fusion)
+        y = self.launch(self.kernel, combine_fn,
+                        *(t.to(self.device) for t in (case.x, side["angles"], cos, sin)),
+                        sincos=sincos, enable_fp_fusion=fusion)
         return y.to(case.x.dtype).cpu()
 
     def check_bits(self, case, combine_fn, sincos: Optional[str] = None, table=None,
@@ -159,10 +167,9 @@ class TeParity:
         output (c | s) under `combine_fn`, the line as written."""
         ang = self.side[case.key]["angles"]
         S, half = ang.shape
-        y = debugging.launch(self.kernel, combine_fn,
-                             *(t.to(self.device) for t in (ones_then_zeros(S, half), ang, ang,
-                                                           ang)),
-                             sincos=sincos, enable_fp_fusion=False)
+        y = self.launch(self.kernel, combine_fn,
+                        *(t.to(self.device) for t in (ones_then_zeros(S, half), ang, ang, ang)),
+                        sincos=sincos, enable_fp_fusion=False)
         y = y.cpu()[:, 0, 0]
         return y[:, :half], y[:, half:]
 
