@@ -850,9 +850,28 @@ else:
 #
 # ### What the fused write saves, in bytes
 #
+# The unfused step with the fewest kernels runs two, and the next cell prints them with their
+# launch (`traffic.launch_two_kernels`) and how the timing further down builds its three steps
+# (`traffic.decode_steps`). `_rope_qk_decode_kernel` is exercise 2's worked kernel with the
+# cache store taken out: one program per sequence rotates its token's q and k and stores the
+# rotated k to memory (`k_rot`). `_write_kv_cache_kernel`, ropelib's cache write, reads `k_rot`
+# back and stores it with v into the sequence's slot (grid: one program per token and group of
+# heads). The **fused + empty** step runs the fused kernel, then `cell.zero_()`: one more
+# launch that writes one element.
+
+# %%
+import inspect
+
+from ropelib.bench import cache_write
+
+for fn in (traffic._rope_qk_decode_kernel.fn, cache_write._write_kv_cache_kernel.fn,
+           traffic.launch_two_kernels, traffic.decode_steps):
+    print(f"# {fn.__module__}\n{inspect.getsource(fn)}")
+
+# %% [markdown]
 # The next cell counts one decoding step's bytes per tensor in the interpreter (notebook 03's
 # `access.record`): **fused**, exercise 2's kernel; **two kernels**, the rotation storing the
-# rotated k, then a write kernel that reads it back and stores it with v.
+# rotated k, then the write kernel that reads it back and stores it with v.
 
 # %%
 from collections import Counter
