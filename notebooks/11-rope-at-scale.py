@@ -686,6 +686,52 @@ solution(ex.solution_rope_kv_cache_kernel.fn, title="Solution: RoPE + contiguous
 # %% [markdown]
 # ### Your kernel against ropelib's: timed on a GPU, read in its machine code
 #
+# One more kernel takes part: `cs_table_kernel`, exercise 2's worked kernel with one change. It
+# reads cos and sin from two fp32 tables `[P, D/2]`, filled once on the host
+# (`program_code.cs_tables`), in place of evaluating them from the angle. Its launcher is
+# `launch_kv_cache`'s: the same grid, the same arguments, the tables in place of the angles.
+
+# %%
+@triton.jit
+def cs_table_kernel(
+    q_ptr, k_ptr, v_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, seqlens_ptr,
+    cos_ptr, sin_ptr,           # cos and sin of the angles, [P, D/2] fp32 each, contiguous
+    L, HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr,
+):
+    # exercise 2's worked kernel, with cos and sin read from tables instead of evaluated
+    HALF: tl.constexpr = D // 2
+    b = tl.program_id(0)
+    pos = tl.load(seqlens_ptr + b)
+    j = tl.arange(0, HALF)[None, :]
+    c = tl.load(cos_ptr + pos * HALF + j)       # the one change: two loads, no sin/cos
+    s = tl.load(sin_ptr + pos * HALF + j)
+    hq = tl.arange(0, HQ)[:, None]
+    q_row = q_ptr + (b * HQ + hq) * D
+    x1 = tl.load(q_row + j).to(tl.float32)
+    x2 = tl.load(q_row + HALF + j).to(tl.float32)
+    out_row = q_out_ptr + (b * HQ + hq) * D
+    tl.store(out_row + j, x1 * c - x2 * s)
+    tl.store(out_row + HALF + j, x2 * c + x1 * s)
+    hk = tl.arange(0, HK)[:, None]
+    k_row = k_ptr + (b * HK + hk) * D
+    k1 = tl.load(k_row + j).to(tl.float32)
+    k2 = tl.load(k_row + HALF + j).to(tl.float32)
+    slot = ((b * L + pos) * HK + hk) * D
+    tl.store(k_cache_ptr + slot + j, k1 * c - k2 * s)
+    tl.store(k_cache_ptr + slot + HALF + j, k2 * c + k1 * s)
+    f = tl.arange(0, D)[None, :]
+    tl.store(v_cache_ptr + slot + f, tl.load(v_ptr + (b * HK + hk) * D + f))
+
+
+def launch_cs_table(kernel, q, k, v, q_out, k_cache, v_cache, seqlens, cos, sin):
+    """q [B, HQ, D], k, v [B, HK, D], caches [B, L, HK, D], cos and sin [P, D/2]."""
+    B, HQ, D = q.shape
+    # grid: one program per sequence b, all heads of its token in one tile (Triton's default
+    # 4 warps), as launch_kv_cache
+    kernel[(B,)](q, k, v, q_out, k_cache, v_cache, seqlens, cos, sin, k_cache.shape[1],
+                 HQ=HQ, HK=k.shape[1], D=D)
+
+# %% [markdown]
 # On a GPU the next cell replays your kernel (the worked one until yours passes), ropelib's and
 # the unfused step from a CUDA graph (the step's launches recorded once, then replayed together,
 # so Python's launch overhead drops out), batch 1 and 64, beside the committed H200 run.
@@ -713,7 +759,8 @@ csv_us = {(r["provider"], r["batch"]): r["ms"] * 1e3 for r in compare.read_csv(D
           == ("contiguous", "bfloat16", "graph")}
 
 # one program of each kernel, compiled for sm_90 at batch 1 (q 32 heads, k and v 8 of 128)
-code = program_code.compiled_programs(ex.solution_rope_kv_cache_kernel)
+code = program_code.compiled_programs(ex.solution_rope_kv_cache_kernel,
+                                      table_kernel=cs_table_kernel)
 print(f"compiled for sm_90 here (Triton {code['worked']['triton']}), batch 1; a thread's path "
       f"to its first store:")
 print(f"{'kernel':<16}{'programs':>9}{'warps':>6}{'regs':>5}{'instructions':>13}{'angles':>7}"
@@ -731,8 +778,10 @@ assert worked_code["angles"] >= 2 * lib_code["angles"] > 0 and table_code["angle
 assert worked_code["loads_after_angles"] >= 1           # loads wait for the sin and cos
 assert worked_code["instructions"] > 1.5 * lib_code["instructions"]
 assert table_code["instructions"] < lib_code["instructions"]
-assert program_code.cs_table_matches(ex.solution_rope_kv_cache_kernel, launch_kv_cache,
-                                     device=device), "the tables' kernel writes the same"
+tables_same = program_code.cs_table_matches(
+    ex.solution_rope_kv_cache_kernel, launch_kv_cache, device=device,
+    table_kernel=cs_table_kernel, launch_tables=launch_cs_table)
+assert tables_same, "the tables' kernel writes the same"
 
 kv_kernel = my_rope_kv_cache_kernel if kv_ok else ex.solution_rope_kv_cache_kernel
 if ropelib.runtime.on_gpu():
@@ -746,9 +795,8 @@ if ropelib.runtime.on_gpu():
 
     def table_step(c):
         """The worked kernel with cos and sin read from tables (`cs_table_kernel`)."""
-        program_code.launch_cs_table(c["q"][:, 0], c["k"][:, 0], c["v"][:, 0], c["q_out"],
-                                     c["k_cache"], c["v_cache"], c["cache_seqlens"],
-                                     c["cos"], c["sin"])
+        launch_cs_table(cs_table_kernel, c["q"][:, 0], c["k"][:, 0], c["v"][:, 0], c["q_out"],
+                        c["k_cache"], c["v_cache"], c["cache_seqlens"], c["cos"], c["sin"])
         return c["q_out"][:, None]
 
     steps = {"yours": kernel_step, "cos/sin tables": table_step,
@@ -802,9 +850,28 @@ else:
 #
 # ### What the fused write saves, in bytes
 #
+# The unfused step with the fewest kernels runs two, and the next cell prints them with their
+# launch (`traffic.launch_two_kernels`) and how the timing further down builds its three steps
+# (`traffic.decode_steps`). `_rope_qk_decode_kernel` is exercise 2's worked kernel with the
+# cache store taken out: one program per sequence rotates its token's q and k and stores the
+# rotated k to memory (`k_rot`). `_write_kv_cache_kernel`, ropelib's cache write, reads `k_rot`
+# back and stores it with v into the sequence's slot (grid: one program per token and group of
+# heads). The **fused + empty** step runs the fused kernel, then `cell.zero_()`: one more
+# launch that writes one element.
+
+# %%
+import inspect
+
+from ropelib.bench import cache_write
+
+for fn in (traffic._rope_qk_decode_kernel.fn, cache_write._write_kv_cache_kernel.fn,
+           traffic.launch_two_kernels, traffic.decode_steps):
+    print(f"# {fn.__module__}\n{inspect.getsource(fn)}")
+
+# %% [markdown]
 # The next cell counts one decoding step's bytes per tensor in the interpreter (notebook 03's
 # `access.record`): **fused**, exercise 2's kernel; **two kernels**, the rotation storing the
-# rotated k, then a write kernel that reads it back and stores it with v.
+# rotated k, then the write kernel that reads it back and stores it with v.
 
 # %%
 from collections import Counter

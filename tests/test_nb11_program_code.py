@@ -51,3 +51,12 @@ def test_compiled_programs_show_the_worked_kernels_sin_cos_chain():
     assert worked["angles"] >= 2 * lib["angles"] > 0 and tables["angles"] == 0
     assert worked["loads_after_angles"] >= 1
     assert worked["instructions"] > 1.5 * lib["instructions"] > 1.5 * tables["instructions"]
+
+
+def test_a_table_launcher_passed_in_is_the_one_that_runs():
+    def launch_nothing(kernel, q, k, v, q_out, k_cache, v_cache, seqlens, cos, sin):
+        q_out.zero_()
+    assert pc.cs_table_matches(at_scale.solution_rope_kv_cache_kernel, at_scale.launch_kv_cache,
+                               table_kernel=pc.cs_table_kernel, launch_tables=pc.launch_cs_table)
+    assert not pc.cs_table_matches(at_scale.solution_rope_kv_cache_kernel,
+                                   at_scale.launch_kv_cache, launch_tables=launch_nothing)

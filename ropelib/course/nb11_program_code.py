@@ -11,7 +11,9 @@ instructions, the angles whose sin and cos are reduced (one multiply by 2/pi eac
 loads.
 
 `cs_table_kernel` is the worked kernel with one change, for a timing on a GPU: it reads cos and
-sin from two tables [P, D/2] in place of evaluating them from an angle table.
+sin from two tables [P, D/2] in place of evaluating them from an angle table. Notebook 11 defines
+its own copy and launcher in a cell and passes them to `compiled_programs` and `cs_table_matches`;
+the ones here are their defaults (tests).
 """
 import re
 from collections import Counter
@@ -56,18 +58,20 @@ def program_path(sass: str) -> Dict:
             "loads_after_angles": sum(i > reductions[-1] for i, _ in loads) if reductions else 0}
 
 
-def compiled_programs(worked_kernel, HQ=32, HK=8, D=128, L=4096, sm_count=132) -> Dict:
+def compiled_programs(worked_kernel, HQ=32, HK=8, D=128, L=4096, sm_count=132,
+                      table_kernel=None) -> Dict:
     """{"worked": ..., "cos/sin tables": ..., "ropelib": ...}: each kernel compiled for sm_90 at
     batch 1, as it launches there (the worked kernel and `cs_table_kernel`: one program of 4
     warps; ropelib's: the tile pick_tiles gives on `sm_count` SMs), with {"programs", "warps",
-    "registers", "sass_instructions", "triton", **program_path(sass)}."""
+    "registers", "sass_instructions", "triton", **program_path(sass)}. `table_kernel`: the
+    tables' kernel (`cs_table_kernel`'s signature), `cs_table_kernel` if None."""
     bf = torch.bfloat16
     q, k = torch.empty(1, HQ, D, dtype=bf), torch.empty(1, HK, D, dtype=bf)
     seqlens, angles = torch.empty(1, dtype=torch.int32), torch.empty(L * D)
     worked = compiled_code(worked_kernel, dict(
         q_ptr=q, k_ptr=k, v_ptr=k, q_out_ptr=q, k_cache_ptr=k, v_cache_ptr=k,
         seqlens_ptr=seqlens, freqs_ptr=angles, L=L, HQ=HQ, HK=HK, D=D), num_warps=4)
-    tables = compiled_code(cs_table_kernel, dict(
+    tables = compiled_code(cs_table_kernel if table_kernel is None else table_kernel, dict(
         q_ptr=q, k_ptr=k, v_ptr=k, q_out_ptr=q, k_cache_ptr=k, v_cache_ptr=k,
         seqlens_ptr=seqlens, cos_ptr=angles, sin_ptr=angles, L=L, HQ=HQ, HK=HK, D=D),
         num_warps=4)
@@ -129,18 +133,23 @@ def cs_tables(freqs: torch.Tensor):
     return torch.cos(half).contiguous(), torch.sin(half).contiguous()
 
 
-def launch_cs_table(q, k, v, q_out, k_cache, v_cache, seqlens, cos, sin) -> None:
-    """`cs_table_kernel` for one decoding step: q [B, HQ, D], k, v [B, HK, D], caches
-    [B, L, HK, D], cos and sin [P, D/2] (`cs_tables`); one program per sequence."""
+def launch_cs_table(kernel, q, k, v, q_out, k_cache, v_cache, seqlens, cos, sin) -> None:
+    """`kernel` (`cs_table_kernel`'s signature) for one decoding step: q [B, HQ, D], k, v
+    [B, HK, D], caches [B, L, HK, D], cos and sin [P, D/2] (`cs_tables`); one program per
+    sequence."""
     B, HQ, D = q.shape
-    cs_table_kernel[(B,)](q, k, v, q_out, k_cache, v_cache, seqlens, cos, sin,
-                          k_cache.shape[1], HQ=HQ, HK=k.shape[1], D=D)
+    kernel[(B,)](q, k, v, q_out, k_cache, v_cache, seqlens, cos, sin,
+                 k_cache.shape[1], HQ=HQ, HK=k.shape[1], D=D)
 
 
 def cs_table_matches(worked_kernel, launch_worked, B=2, HQ=4, HK=2, D=16, L=8,
-                     device="cpu", seed=0) -> bool:
-    """Do `cs_table_kernel` and `worked_kernel` (launched by `launch_worked`, exercise 2's
-    `launch_kv_cache`) write the same q_out and caches (bf16 tolerances) for one decoding step?"""
+                     device="cpu", seed=0, table_kernel=None, launch_tables=None) -> bool:
+    """Do `table_kernel` (launched by `launch_tables`, `launch_cs_table`'s signature; by default
+    `cs_table_kernel` and `launch_cs_table`) and `worked_kernel` (launched by `launch_worked`,
+    exercise 2's `launch_kv_cache`) write the same q_out and caches (bf16 tolerances) for one
+    decoding step?"""
+    table_kernel = cs_table_kernel if table_kernel is None else table_kernel
+    launch_tables = launch_cs_table if launch_tables is None else launch_tables
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(B, n, D, generator=g).to(device=device, dtype=torch.bfloat16)
                for n in (HQ, HK, HK))
@@ -154,7 +163,7 @@ def cs_table_matches(worked_kernel, launch_worked, B=2, HQ=4, HK=2, D=16, L=8,
         if run == "worked":
             launch_worked(worked_kernel, q, k, v, *out, seqlens, freqs)
         else:
-            launch_cs_table(q, k, v, *out, seqlens, *cs_tables(freqs))
+            launch_tables(table_kernel, q, k, v, *out, seqlens, *cs_tables(freqs))
         outs.append(out)
     return all(torch.allclose(a.float(), b.float(), atol=1e-2, rtol=1.6e-2)
                for a, b in zip(*outs))
