@@ -230,16 +230,19 @@ assert [round(v, 1) for v in (b_idle, kib_loaded, b_loaded)] == [2.8, 20.1, 10.1
 assert round(W_READ / 1e12, 2) == 2.15                                    # "2.15 TB/s"
 
 # %% [markdown]
-# From idle DRAM a load takes about 350 ns. That sets the **need**: to read at
+# From idle DRAM a load takes about 350 ns. That sets the **need** at its least: to read at
 # $W_\text{read}$ = 2.15 TB/s, a kernel must keep $W_\text{read} \cdot L_\text{idle}$, about
-# 5.6 KiB of loads, in flight per SM.
+# 5.6 KiB of loads, in flight per SM. It is a lower bound: no load returns sooner.
 #
-# Beside a copy the same load takes about 1.3 µs, three and a half times as long. That is
-# **queueing**, not a larger need: the copy keeps more than the need outstanding, bandwidth cannot
-# grow past $W_\text{read}$, so the extra requests wait. The second row's 20.1 KiB is what a
-# full-bandwidth stream such as the copy keeps in flight once queues have formed, not a
-# requirement: this notebook calls it **what a copy keeps in flight**. The cells print the two
-# figures as "floors" for short (idle and loaded); only the first, the need, is one.
+# Beside a copy the same load takes about 1.3 µs, three and a half times as long. Part of that is
+# **queueing**: the copy keeps more than it needs outstanding, bandwidth cannot grow past
+# $W_\text{read}$, so its extra requests wait. But a kernel that reads at a copy's rate sees a busy
+# DRAM's latency too, so what a real kernel needs lies somewhere between the two figures, and
+# these measurements do not say where (notebook 00's exercise 4 finds a grid between them still
+# short of a copy on an H100). The second row's 20.1 KiB is what a full-bandwidth stream such as
+# the copy keeps in flight once queues have formed, the upper end rather than a requirement: this
+# notebook calls it **what a copy keeps in flight**. The cells print the two figures as "floors"
+# for short (idle and loaded); only the first is a bound every kernel must meet.
 #
 # Section 1's `x KiB/SM` is an **upper bound** on what a kernel keeps in flight: every resident
 # warp with its whole batch step's loads out at once. A bound below the need proves a kernel short
