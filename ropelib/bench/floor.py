@@ -394,7 +394,9 @@ def header(settings: Settings, elapsed_s: float) -> dict:
                           "provider and the copy one after the other in this process; "
                           f"forward+backward: the median of {compare.FWDBWD_ROUNDS} rounds, each "
                           "timing every provider and the copy in turn, gradients returned by "
-                          "torch.autograd.grad (not summed into .grad)")
+                          "torch.autograd.grad (not summed into .grad); the multi-axis "
+                          "rows, forward too: the median of their rounds "
+                          "(ropelib.bench.multi_axis, compare.time_in_rounds)")
     meta["ratio_to_copy"] = ("copy ms / provider ms, the copy of the same tensors timed in the "
                              "same run (1 = a copy's speed); forward+backward rows: two copies")
     meta["host_rows"] = (f"'{HOST_PREFIX} ...': ms = host milliseconds per eager call (calls "
