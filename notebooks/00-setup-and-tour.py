@@ -389,14 +389,9 @@ assert rope_flops / rope_bytes < 1 and gemm_intensity > 1000
 # They are one H200's numbers (notebook 07 measures them live).
 
 # %%
-def peak_tb_s(gpu):
-    """NVIDIA's figure for a GPU's memory bandwidth (TB/s), looked up by name; None if unknown."""
-    for name, tb_s in (("H200", 4.8), ("H100 80GB HBM3", 3.35), ("H100 SXM", 3.35)):
-        if name in gpu:
-            return tb_s
-    return None
-
-
+# NVIDIA's datasheet figures for memory bandwidth (TB/s), looked up by a fragment of the GPU's
+# name (measured.PEAK_TB_S: the H200 4.8, the H100 SXM 3.35); None for a GPU not in the list
+peak_tb_s = measured.peak_tb_s
 assert peak_tb_s("NVIDIA H100 80GB HBM3") == 3.35 and peak_tb_s("NVIDIA L4") is None
 FLOOR = measured.path("floor").is_file()
 if FLOOR:

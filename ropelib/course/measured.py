@@ -42,6 +42,17 @@ from ..bench import compare
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 GPU = "nvidia-h200"          # the run every performance number of notebooks 03-07 comes from
 WARPS_PER_SM = 64            # Hopper: 2048 resident threads per SM
+PEAK_TB_S = (("H200", 4.8), ("H100 80GB HBM3", 3.35), ("H100 SXM", 3.35))
+"""NVIDIA's datasheet figure for a GPU's memory bandwidth (TB/s), by a fragment of its name."""
+
+
+def peak_tb_s(gpu: str):
+    """NVIDIA's figure for the memory bandwidth (TB/s) of the GPU named `gpu` (as
+    torch.cuda.get_device_name or a CSV's `gpu` line gives it); None if it is not in PEAK_TB_S."""
+    for name, tb_s in PEAK_TB_S:
+        if name in gpu:
+            return tb_s
+    return None
 
 
 def path(kind: str, gpu: str = GPU) -> Path:

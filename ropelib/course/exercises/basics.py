@@ -38,6 +38,7 @@ import torch
 
 from ... import frequencies, reference, runtime
 from . import check
+from .. import measured
 from .own_code import (check_cases, course_rope_helpers, fresh_generator, installed_modules,
                        listed_as_tensor, run_own_code)
 
@@ -94,7 +95,6 @@ def check_call_rates(fn: Callable) -> bool:
     course's reader of the committed results (`ropelib.course.measured`) and the worked
     solution."""
     import inspect as _inspect
-    from .. import measured
     cases = []
     decode_tb_s = None
     if measured.path("floor").is_file():
@@ -134,7 +134,7 @@ def check_call_rates(fn: Callable) -> bool:
     return ok
 
 
-H200_HBM_TB_S = 4.8     # NVIDIA's figure for the H200 SXM's memory (notebook 00, section 3)
+H200_HBM_TB_S = measured.peak_tb_s("NVIDIA H200")   # the H200 SXM's memory (notebook 00, section 3)
 
 
 def _as_pair(answer, expected):
