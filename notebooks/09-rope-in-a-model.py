@@ -1205,8 +1205,8 @@ else:   # compiled: here contraction fuses the product ropelib's fma fuses (its 
 #
 # A.1 to A.3 read the committed H200 run's files and assert every number the text quotes (A.2
 # also checks this run's profile on a GPU); A.4 measures section 5's host side without the
-# profiler; A.5 measures your kernel. (`ROPELIB_WRITE_FIGURES=1` on a GPU rewrites
-# `figures/09-*`, and the asserted numbers must then be updated.)
+# profiler; A.5 measures your kernel. (A GPU run writes its own profile beside the committed
+# files, as `*-live.csv`, never over them.)
 #
 # ### A.1 Section 3: two roundings, and the committed run's first steps
 #
@@ -1427,8 +1427,10 @@ assert dict(launch_kinds) == {"cast": 48, "mul": 48, "cat": 36, "add": 36, "neg"
 # $2\,n_\text{layer}$ launches, each with a start and a tail, so the cell also times RoPE's bytes
 # as $2\,n_\text{layer}$ copies, one per ropelib launch, and prints how much of ropelib's time
 # beyond one copy their own excess explains. It prints the host side under the profiler and
-# writes this run's `09-rope-share.csv` and `09-step-kernels.csv` (into `figures/` with
-# `ROPELIB_WRITE_FIGURES=1`).
+# writes this run's `09-rope-share-live.csv` and `09-step-kernels-live.csv` (in the scratch
+# folder, or in `figures/` with `ROPELIB_WRITE_FIGURES=1`), never over the committed files the
+# text asserts against: making a run the committed one is a rename by hand, then an update of the
+# asserted numbers.
 
 # %%
 from ropelib.course.nb09_step_clocks import profile_rows
@@ -1474,14 +1476,16 @@ else:
     live_rows = profile_rows(shares, copy_floor_ms=floor_ms, split_copies_ms=floor_n_ms,
                              wall_train={rope: runs[rope]["ms_per_step"] for rope in shares},
                              wall_rounds=wall_live)          # section 3's run, section 4's rounds
-    compare.write_csv(live_rows, FIGURES / "09-rope-share.csv",
+    live_share = FIGURES / "09-rope-share-live.csv"            # never over the committed files
+    live_kernels = FIGURES / "09-step-kernels-live.csv"
+    compare.write_csv(live_rows, live_share,
                       {**environment_meta(), "config": cfg, "batch": BATCH,
                        "rope_bytes": rope_bytes},
                       fields=list(live_rows[0]))
-    in_a_model.write_step_kernels(FIGURES / "09-step-kernels.csv",
+    in_a_model.write_step_kernels(live_kernels,
                                   {rope: v["device_events"] for rope, v in shares.items()},
                                   {**environment_meta(), "config": cfg, "batch": BATCH})
-    print("wrote", FIGURES / "09-rope-share.csv", "and", FIGURES / "09-step-kernels.csv")
+    print("wrote", live_share, "and", live_kernels)
 
 # %% [markdown]
 # ### A.3 Why 24 copies?
