@@ -1718,6 +1718,9 @@ solution(ex.solution_rope_interleaved.fn, title="Solution: an interleaved, parti
 # the sines and cosines a program evaluates: one row's worth, not `ROWS` rows'.
 
 # %%
+from ropelib.course.exercises.naive_kernel import rows_warps as launch_rows_warps   # its default
+
+
 @triton.jit
 def my_rope_rows_kernel(
     x_ptr,  # *x: [S, B, H, D], any strides, fp16/bf16/fp32
@@ -1734,7 +1737,21 @@ def my_rope_rows_kernel(
     ...  # your code
 
 
-rows_ok = ex.check_rope_rows(my_rope_rows_kernel)
+def launch_rows(kernel, x, freqs, out, rows, programs=None, num_warps=None):
+    """x [S, B, H, D] (H a multiple of rows), freqs [P, D], out contiguous. Grid: one program per
+    ROWS consecutive rows, (S * B * H // rows,), or only the first `programs` of them; warps by
+    default the ablation's for a [rows, BLOCK_HALF] half-tile (`launch_rows_warps`)."""
+    S, B, H, D = x.shape
+    n_rows = S * B * H
+    assert H % rows == 0, f"ROWS={rows} must divide H={H}: a program's rows are heads of one token"
+    warps = launch_rows_warps(rows, D) if num_warps is None else num_warps
+    grid = (n_rows // rows if programs is None else programs,)
+    kernel[grid](x, out, freqs, n_rows, B, H, *x.stride(), *freqs.stride(),
+                 HALF=D // 2, BLOCK_HALF=triton.next_power_of_2(D // 2), ROWS=rows,
+                 num_warps=warps)
+
+
+rows_ok = ex.check_rope_rows(my_rope_rows_kernel, launch=launch_rows)
 
 # %%
 solution(ex.solution_rope_rows.fn, title="Solution: ROWS heads of one token a program")
@@ -1765,8 +1782,6 @@ solution(ex.solution_predicted_us)
 # (likewise) at this page's shape; its last line prints measured / predicted.
 
 # %%
-from ropelib.course.exercises.naive_kernel import rows_warps as launch_rows_warps   # its default
-
 predict = my_predicted_us if pred_ok else ex.solution_predicted_us
 rows_kernel = my_rope_rows_kernel if rows_ok else ex.solution_rope_rows
 print(f"prediction: {'yours' if pred_ok else 'the worked one, until yours passes'}; kernel: "
@@ -1797,7 +1812,7 @@ assert (round(model[4]), round(n_rows / 8 / sms * ns / 1e3), round(copy_us)) == 
 assert model[8] == copy_us and all(measured_us[r] > 1.05 * model[r] for r in (4, 8))
 assert (round(measured_us[4]), round(measured_us[8])) == (175, 154)
 assert round(measured_us[4] / model[4], 2) == 1.11         # 11 % over the model at 4 rows
-# 4 heads a program ran on 2 warps only (the ablation's rule, which ex.launch_rows applies by
+# 4 heads a program ran on 2 warps only (the ablation's rule, which launch_rows applies by
 # default through rows_warps); 8 heads on 1, 2, 4 and 8
 warps_by_heads = {h: sorted({r["num_warps"] for r in sweep.values() if r["heads_per_program"] == h})
                   for h in (4, 8)}
@@ -1808,7 +1823,7 @@ assert by_rows[4]["num_warps"] == launch_rows_warps(4, big["head_dim"]) == 2
 f2d, rows_here = freqs.view(S, D), [r for r in (1, 2, 4, 8) if H % r == 0]
 for rows in rows_here:
     y_rows = torch.full_like(x, float("nan"))
-    ex.launch_rows(rows_kernel, x, f2d, y_rows, rows, num_warps=by_rows[rows]["num_warps"])
+    launch_rows(rows_kernel, x, f2d, y_rows, rows, num_warps=by_rows[rows]["num_warps"])
     torch.testing.assert_close(y_rows.float(), y_ref.float(), atol=1e-2, rtol=1.6e-2)
 if GPU:
     from triton.testing import do_bench
@@ -1819,8 +1834,8 @@ if GPU:
     live = {}
     for rows in rows_here:
         warps = by_rows[rows]["num_warps"]   # the warps of the ablation's row above
-        live[rows] = us = do_bench(lambda: ex.launch_rows(rows_kernel, x, f2d, y_rows, rows,
-                                                          num_warps=warps),
+        live[rows] = us = do_bench(lambda: launch_rows(rows_kernel, x, f2d, y_rows, rows,
+                                                       num_warps=warps),
                                    quantiles=[0.5, 0.2, 0.8])[0] * 1e3
         print(f"{rows:>4} {S * B * H // rows:>10,} {warps:>5} "
               f"{predict(S * B * H, rows, here_sms, ns_live, here_copy):13.1f} {us:12.1f}")
@@ -1845,12 +1860,13 @@ else:
 #
 # **The 4-row case is open.** It is the one case run on 2 warps, and the model has no term for
 # warps. The 2 warps come from the ablation's rule, one warp per 128 elements of a half-tile
-# (`ablation.default_warps`; a $[4, 64]$ tile gets 2), which `ex.launch_rows` also applies when
-# not told (`rows_warps`); the live cell passes the ablation row's warps, the same 2. The
+# (`ablation.default_warps`; a $[4, 64]$ tile gets 2), which `launch_rows` (exercise 5's cell)
+# also applies when not told (`launch_rows_warps`); the live cell passes the ablation row's
+# warps, the same 2. The
 # committed ablation ran 8 heads a program on 1, 2, 4 and 8 warps, but 4 heads on 2 only: it has
 # no 1-warp row at 4 heads. So whether a second warp's instructions (4.5) make the H200's 11 %,
 # nothing committed says. A 1-warp time at 4 rows would settle it: on one GPU, `do_bench` on
-# `ex.launch_rows(rows_kernel, x, f2d, y_rows, 4, num_warps=1)` and on `num_warps=2`.
+# `launch_rows(rows_kernel, x, f2d, y_rows, 4, num_warps=1)` and on `num_warps=2`.
 #
 # The appendix shows what the check's sin/cos count guards against: a kernel evaluating cos and
 # sin for every row is slower at 8 rows than at 2.
@@ -1892,9 +1908,9 @@ fw, yw = torch.randn(1, 128), torch.empty_like(xw)
 per_row = {}
 for rows in (1, 2, 4, 8):
     with work_count.count_work() as every_w:
-        ex.launch_rows(work_count.interpreted(rows_sincos_every_row), xw, fw, yw, rows)
+        launch_rows(work_count.interpreted(rows_sincos_every_row), xw, fw, yw, rows)
     with work_count.count_work() as once_w:
-        ex.launch_rows(work_count.interpreted(ex.solution_rope_rows), xw, fw, yw, rows)
+        launch_rows(work_count.interpreted(ex.solution_rope_rows), xw, fw, yw, rows)
     abl_kernel = work_count.interpreted(ablation._rope_ablation_kernel)
     with work_count.count_work() as abl_w:      # grid (S, H / rows, 1): one position, 8 heads
         abl_kernel[(1, 8 // rows, 1)](xw, yw, fw, fw, fw, 1, 8, 1, *xw.stride()[:3],

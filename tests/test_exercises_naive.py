@@ -459,3 +459,22 @@ def test_rows_reexported():
     assert ex.check_rope_rows is nk.check_rope_rows
     assert ex.solution_rope_rows is nk.solution_rope_rows
     assert ex.launch_rows is nk.launch_rows
+
+
+def test_rows_check_launches_through_the_launcher_it_is_given(capsys):
+    """Notebook 03 passes its own launch_rows: the check must start the kernel through it (so a
+    launcher that launches nothing fails the check) and pass with one that launches as
+    nk.launch_rows does."""
+    calls = []
+
+    def counting(kernel, *args, **kwargs):
+        calls.append(kwargs.get("num_warps"))
+        nk.launch_rows(kernel, *args, **kwargs)
+
+    assert nk.check_rope_rows(OWN_ROWS, seed=1, launch=counting) is True, capsys.readouterr().out
+    assert len(calls) == len(nk.ROWS_CASES) + 2          # every case, program 0 alone, the count
+
+    def launches_nothing(kernel, *args, **kwargs):
+        pass
+
+    assert nk.check_rope_rows(OWN_ROWS, seed=1, launch=launches_nothing) is False

@@ -224,8 +224,9 @@ def _rows_inputs(case, gen, device):
     return x, f_view.copy_(f)
 
 
-def check_rope_rows(kernel, *, seed: Optional[int] = None) -> bool:
-    """Exercise 5: launch the learner's kernel of ROWS rows a program on fresh inputs.
+def check_rope_rows(kernel, *, seed: Optional[int] = None, launch=None) -> bool:
+    """Exercise 5: launch the learner's kernel of ROWS rows a program on fresh inputs, through
+    `launch` (the notebook's launcher, of `launch_rows`'s signature; default `launch_rows`).
 
     Each case goes into a NaN-filled output inside NaN guard bands, on the grid
     (cdiv(n_rows, ROWS),), and is compared with the reference. Then program 0 is launched alone:
@@ -237,12 +238,13 @@ def check_rope_rows(kernel, *, seed: Optional[int] = None) -> bool:
         return False
     device = runtime.default_device()
     gen = torch.Generator().manual_seed(fresh_seed() if seed is None else seed)
+    start = launch_rows if launch is None else launch
 
     def launch(x, freqs, y, rows, label, programs=None):
         warps = rows_warps(rows, x.shape[-1])      # (ropelib's own code: before the barring)
         ok, _ = launch_barred(name, label, "your kernel of ROWS rows a program",
-                              lambda: launch_rows(kernel, x, freqs, y, rows, programs,
-                                                  num_warps=warps))
+                              lambda: start(kernel, x, freqs, y, rows, programs,
+                                            num_warps=warps))
         return ok
 
     for case in ROWS_CASES:
@@ -297,8 +299,8 @@ def check_rope_rows(kernel, *, seed: Optional[int] = None) -> bool:
     y = torch.full((S, B, H, D), float("nan"), dtype=dtype)
     with work_count.count_work() as work:
         ok, _ = launch_barred(name, "the sin/cos count", "your kernel of ROWS rows a program",
-                              lambda: launch_rows(work_count.interpreted(kernel), x, freqs, y,
-                                                  rows, num_warps=1), barred=False)
+                              lambda: start(work_count.interpreted(kernel), x, freqs, y,
+                                            rows, num_warps=1), barred=False)
     if not ok:
         return False
     per_program = work.sincos / max(work.programs, 1)
