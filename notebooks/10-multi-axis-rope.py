@@ -679,10 +679,14 @@ if HAVE_HF:
 # through it, and appendix C's exercise turns its `num_warps` and `HPS`.
 
 # %%
-def launch_mrope(kernel, q, k, positions, freqs, BLOCK_T, out=None, num_warps=4, HPS=None):
-    """q [T, HQ, D], k [T, HK, D], positions [N_AXES, T] int32, all contiguous; freqs has
-    inv_freq and axis [D // 2]; HPS (heads per loop step) only for appendix C's kernel.
-    Returns (q_out, k_out): `out` where given."""
+# ropelib-source: ropelib.course.exercises.multi_axis.launch_mrope
+def launch_mrope(kernel, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
+                 freqs: "mrope.AxisFrequencies", BLOCK_T: int, out=None, num_warps: int = 4,
+                 HPS: "Optional[int]" = None):
+    """Launch a kernel of the multi-axis exercises' signature: q [T, HQ, D], k [T, HK, D]
+    contiguous, positions [N_AXES, T] int32 contiguous; freqs has inv_freq and axis [D // 2];
+    `HPS` (heads per loop step) only for a kernel of the heads exercise. Returns (q_out, k_out)
+    (`out`, if given)."""
     T, HQ, D = q.shape
     q_out, k_out = out if out is not None else (torch.empty_like(q), torch.empty_like(k))
     heads = {} if HPS is None else {"HPS": HPS}

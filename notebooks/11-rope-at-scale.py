@@ -692,6 +692,7 @@ solution(ex.solution_rope_kv_cache_kernel.fn, title="Solution: RoPE + contiguous
 # `launch_kv_cache`'s: the same grid, the same arguments, the tables in place of the angles.
 
 # %%
+# ropelib-source: ropelib.course.nb11_program_code.cs_table_kernel
 @triton.jit
 def cs_table_kernel(
     q_ptr, k_ptr, v_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, seqlens_ptr,
@@ -723,13 +724,17 @@ def cs_table_kernel(
     tl.store(v_cache_ptr + slot + f, tl.load(v_ptr + (b * HK + hk) * D + f))
 
 
-def launch_cs_table(kernel, q, k, v, q_out, k_cache, v_cache, seqlens, cos, sin):
-    """q [B, HQ, D], k, v [B, HK, D], caches [B, L, HK, D], cos and sin [P, D/2]."""
+# %%
+# ropelib-source: ropelib.course.nb11_program_code.launch_cs_table
+def launch_cs_table(kernel, q, k, v, q_out, k_cache, v_cache, seqlens, cos, sin) -> None:
+    """`kernel` (`cs_table_kernel`'s signature) for one decoding step: q [B, HQ, D], k, v
+    [B, HK, D], caches [B, L, HK, D], cos and sin [P, D/2] (`cs_tables`); one program per
+    sequence."""
     B, HQ, D = q.shape
     # grid: one program per sequence b, all heads of its token in one tile (Triton's default
     # 4 warps), as launch_kv_cache
-    kernel[(B,)](q, k, v, q_out, k_cache, v_cache, seqlens, cos, sin, k_cache.shape[1],
-                 HQ=HQ, HK=k.shape[1], D=D)
+    kernel[(B,)](q, k, v, q_out, k_cache, v_cache, seqlens, cos, sin,
+                 k_cache.shape[1], HQ=HQ, HK=k.shape[1], D=D)
 
 # %% [markdown]
 # On a GPU the next cell replays your kernel (the worked one until yours passes), ropelib's and

@@ -57,7 +57,11 @@ REQUIRED = {
     "06-backward-pass": ["ropelib.course.kernels.batch_reuse._rope_batch_reuse_kernel"],
     "08-debugging-allclose": ["ropelib.course.exercises.debugging._rope_combine_kernel"],
     "10-multi-axis-rope": ["ropelib.kernels.mrope._mrope_cos_sin",
-                           "ropelib.kernels.mrope._mrope_kernel"],
+                           "ropelib.kernels.mrope._mrope_kernel",
+                           "ropelib.course.exercises.multi_axis.launch_mrope"],
+    # (11's comparison kernel and its launcher, each a runnable copy the timing cell uses)
+    "11-rope-at-scale": ["ropelib.course.nb11_program_code.cs_table_kernel",
+                         "ropelib.course.nb11_program_code.launch_cs_table"],
 }
 MARKER = re.compile(r"<!--\s*ropelib-source:\s*([\w.]+)\s*-->")
 CODE_MARKER = re.compile(r"\A# ropelib-source: ([\w.]+)\n")

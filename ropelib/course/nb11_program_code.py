@@ -138,6 +138,8 @@ def launch_cs_table(kernel, q, k, v, q_out, k_cache, v_cache, seqlens, cos, sin)
     [B, HK, D], caches [B, L, HK, D], cos and sin [P, D/2] (`cs_tables`); one program per
     sequence."""
     B, HQ, D = q.shape
+    # grid: one program per sequence b, all heads of its token in one tile (Triton's default
+    # 4 warps), as launch_kv_cache
     kernel[(B,)](q, k, v, q_out, k_cache, v_cache, seqlens, cos, sin,
                  k_cache.shape[1], HQ=HQ, HK=k.shape[1], D=D)
 

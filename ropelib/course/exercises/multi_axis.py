@@ -150,13 +150,15 @@ KERNEL_CASES = (
 
 def launch_mrope(kernel, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
                  freqs: "mrope.AxisFrequencies", BLOCK_T: int, out=None, num_warps: int = 4,
-                 HPS: Optional[int] = None):
-    """Launch a kernel of this module's signature: q [T, HQ, D], k [T, HK, D] contiguous,
-    positions [N_AXES, T] int32 contiguous; `HPS` (heads per loop step) for a kernel of the
-    heads exercise. Returns (q_out, k_out) (`out`, if given)."""
+                 HPS: "Optional[int]" = None):
+    """Launch a kernel of the multi-axis exercises' signature: q [T, HQ, D], k [T, HK, D]
+    contiguous, positions [N_AXES, T] int32 contiguous; freqs has inv_freq and axis [D // 2];
+    `HPS` (heads per loop step) only for a kernel of the heads exercise. Returns (q_out, k_out)
+    (`out`, if given)."""
     T, HQ, D = q.shape
     q_out, k_out = out if out is not None else (torch.empty_like(q), torch.empty_like(k))
     heads = {} if HPS is None else {"HPS": HPS}
+    # grid: one program per tile of BLOCK_T tokens; each loops over the heads of q, then of k
     kernel[(triton.cdiv(T, BLOCK_T),)](
         q, k, q_out, k_out, positions, freqs.inv_freq, freqs.axis, T,
         HQ=HQ, HK=k.shape[1], D=D, N_AXES=positions.shape[0], BLOCK_T=BLOCK_T,
