@@ -78,13 +78,16 @@ def measure(stream, x):
 
 
 def green_stream(num_sms):
-    """(a stream whose work runs on about num_sms SMs, a function that undoes the context)."""
+    """(the green context, a stream whose work runs on about num_sms SMs, a function that undoes
+    the context). The caller keeps the context alive while it uses the stream: a green context
+    that is garbage-collected destroys its streams' context ("context is destroyed", as the first
+    GPU run of this script found when only the stream was kept)."""
     from torch.cuda.green_contexts import GreenContext
     ctx = GreenContext.create(num_sms=num_sms)
     if hasattr(ctx, "Stream"):
-        return ctx.Stream(), (lambda: None)
+        return ctx, ctx.Stream(), (lambda: None)
     ctx.set_context()                   # older API: the context current, its streams on it
-    return torch.cuda.Stream(), ctx.pop_context
+    return ctx, torch.cuda.Stream(), ctx.pop_context
 
 
 def main(argv=None):
@@ -110,7 +113,7 @@ def main(argv=None):
         if n >= total:
             continue
         try:
-            stream, undo = green_stream(n)
+            ctx, stream, undo = green_stream(n)
         except Exception as e:          # (green contexts need CUDA 12.4+ and torch's support)
             print(f"  SMs asked {n}: no green context ({type(e).__name__}: {e})")
             break
@@ -118,6 +121,8 @@ def main(argv=None):
             add(n, *measure(stream, x))
         finally:
             undo()
+            stream.synchronize()
+            del stream, ctx             # the stream first, then its context
     meta = compare.environment_meta()
     meta["what"] = (f"empty one-warp programs confined to fewer SMs by green contexts; SMs used "
                     f"counted by %smid over {SMID_PROGRAMS} programs; ns_per_program = slope of "

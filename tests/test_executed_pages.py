@@ -38,20 +38,6 @@ _OLDER = "the page was rendered from an older version of the notebook; "
 
 # page -> why it is allowed to differ from its notebook for now
 STALE = {stem: _OLDER + _rerender(stem) for stem in (
-    "00-setup-and-tour",
-    "01-roformer-math",
-    "02-pytorch-reference-and-layouts",
-    "11-rope-at-scale",
-    "12-rope-in-the-qkv-projection",
-    "13-rope-puzzles",
-    "07-te-vs-triton-live",
-    "08-debugging-allclose",
-    "05-finished-kernel",
-    "06-backward-pass",
-    "09-rope-in-a-model",
-    "10-multi-axis-rope",
-    "03-naive-triton-kernel",
-    "04-batch-reuse-grid-kernel",
 )}
 # pages rendered before a data file they read was measured again
 _OLDER_DATA = ("the page shows outputs of benchmarks/results/floor-nvidia-h200.csv as it was "
