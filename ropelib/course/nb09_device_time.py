@@ -49,7 +49,9 @@ def device_ms(fn, device, calls: int = 20) -> float:
     def profiled(call):
         if on_cuda:
             torch.cuda.synchronize(device)
-        with profile(activities=activities) as prof:
+        # a fresh profile each time; acc_events=True only keeps torch's warning about clearing
+        # events between cycles (which a profile of one cycle never does) off the page
+        with profile(activities=activities, acc_events=True) as prof:
             for _ in range(calls):
                 flush.zero_()
                 with record_function(RANGE):
