@@ -29,8 +29,8 @@
 #
 # The text's numbers come from committed H200 CSVs under `benchmarks/results/`, except section
 # 5's ten processes, which ran on an H100 (`ladder_runs-nvidia-h100-80gb-hbm3.csv`). Live timings
-# print their own GPU, whose tile may differ (16 warps a program on an H100, 8 on the H200). Without a
-# GPU the interpreter runs the kernels and the layout cells compile them for sm_90.
+# print their own GPU, whose tile may differ (16 warps a program on an H100, 8 on the H200).
+# Without a GPU the interpreter runs the kernels and the layout cells compile them for sm_90.
 #
 # **Time:** about an hour and a half for the main path: sections 1 to 6 with their cells (about
 # 55 minutes), Exercise 1 (about 20) and Exercise 2 (about 15). The parts marked *optional* can
@@ -100,9 +100,9 @@ def check_rung(y, x, freqs, name):
 # takes section 6's route: **`apply_rope (two passes)`** in every table here. Every run here calls
 # it again and again with one table, so its first pass's rows are kept from the first call and the
 # time is the second pass's (section 6 gives the cost of a table that changes every call). The
-# finished kernel (`ropelib/kernels/fused.py`) has its row, **`finished kernel (forced)`**, in section 5's ladder
-# run, which forces the same call onto it. At bf16 sbhd (x as $[S, B, H, D]$: tokens, batch,
-# heads, head dim), $s = 4096$, $b = 8$, $h = 32$, $d = 128$:
+# finished kernel (`ropelib/kernels/fused.py`) has its row, **`finished kernel (forced)`**, in
+# section 5's ladder run, which forces the same call onto it. At bf16 sbhd (x as $[S, B, H, D]$:
+# tokens, batch, heads, head dim), $s = 4096$, $b = 8$, $h = 32$, $d = 128$:
 
 # %%
 GEN_CSV = measured.path("generations")
@@ -1241,11 +1241,11 @@ assert n_runs == 10 and 2 * 0.5 ** n_runs == 1 / 512     # ten processes; "once 
 # **What each rung buys.** At $b = 1$ every step that changes the launch or the code holds in
 # every H100 process, with the H200 run's sign. At 16 tokens the heads, warps, chunks,
 # equal-halves and finished steps hold in every H100 process, all but one with the H200 run's
-# sign: the chunks step, +45.4 points in the H100 processes' median, is −4.1 in the H200 run, whose
-# 16-token panel measures nothing from `chunks` on (below). At $s = 4096$, $b = 8$ the ladder
-# barely climbs after the heads rung: no H100 step moves by more than 0.6 points between
-# processes. The GPUs run different tiles (the warps rung: 8 warps on the
-# H200, 16 on the H100), so a step measured on one GPU is that GPU's.
+# sign: the chunks step, +45.4 points in the H100 processes' median, is −4.1 in the H200 run,
+# whose 16-token panel measures nothing from `chunks` on (below). At $s = 4096$, $b = 8$ the
+# ladder barely climbs after the heads rung: no H100 step moves by more than 0.6 points between
+# processes. The GPUs run different tiles (the warps rung: 8 warps on the H200, 16 on the H100),
+# so a step measured on one GPU is that GPU's.
 #
 # | rung | $s = 4096$, $b = 8$: H200 / H100 | $s = 32768$, $b = 1$: H200 / H100 | what changed (profiles: the cell below, A.1, A.2) |
 # |---|---|---|---|
@@ -1406,9 +1406,9 @@ assert [r1(b1[n]["waiting_on_memory"] * b1[n]["issuing"]) for n in ("equal_halve
 # ### What the last rung leaves: the gap to a copy
 #
 # In the table probe's H200 run (2026-12-04) rung 6 stops 8.2 to 9.3 points short of a copy on
-# the 256 MiB tensors. Is it the
-# sin/cos? `benchmarks/ladder_table_probe.py` times beside rung 6 a copy of it that loads cos and
-# sin from fp32 tables $[S, D/2]$ instead of evaluating them, all else the same, at the four sizes.
+# the 256 MiB tensors. Is it the sin/cos? `benchmarks/ladder_table_probe.py` times beside rung 6 a
+# copy of it that loads cos and sin from fp32 tables $[S, D/2]$ instead of evaluating them, all
+# else the same, at the four sizes.
 
 # %%
 # benchmarks/results/ladder_table_probe-nvidia-h200.csv, printed; checks_nb05.table_probe asserts
@@ -1417,8 +1417,8 @@ tab = checks_nb05.table_probe()
 
 # %% [markdown]
 # On the three 256 MiB tensors taking the sin/cos out buys 0.7 to 1.5 of the rung's 8.2 to 9.3
-# points in that run, though it cuts the rung's machine code by up to 17 times. Only on the 8 MiB case (16
-# tokens, a batch of 64) does it buy most of the gap, 17.4 of 27.0 points.
+# points in that run, though it cuts the rung's machine code by up to 17 times. Only on the 8 MiB
+# case (16 tokens, a batch of 64) does it buy most of the gap, 17.4 of 27.0 points.
 #
 # **A copy on the rung's tile.** `_copy_on_tile_kernel` has rung 6's grid, tile, warps and batch
 # loop, and loads each half of a head's rows of `x` as the rung does, storing them unchanged. On a
@@ -1802,7 +1802,7 @@ ex3_passed = pairs_pass.check_pairs_kernel(my_pairs_kernel)
 
 # %%
 pairs_pass.show_solution()
-assert sorted({R // 2 for _, _, _, _, R, *_ in pairs_pass.CASES}) == [2, 8, 12]   # the text's halves
+assert sorted({R // 2 for _, _, _, _, R, *_ in pairs_pass.CASES}) == [2, 8, 12]  # the halves R/2
 
 # %% [markdown]
 # How many of your kernel's loads go out before its first multiply? The cell below compiles it at
@@ -1945,9 +1945,8 @@ states = checks_nb05.stall_details(prof, kernels, profile, resident)
 # %% [markdown]
 # At the same resident warps, rung 6 has more of them in `long_scoreboard` (waiting on a load)
 # than rung 5 and fewer in each of the six other states shown; the other 11 together rise, 0.17 to
-# 0.22. At $b = 1$ the tile rung's 3 % more instructions at
-# a lower occupancy predict 1.043 times the heads rung's time under the profiler, which measures
-# 1.041.
+# 0.22. At $b = 1$ the tile rung's 3 % more instructions at a lower occupancy predict 1.043 times
+# the heads rung's time under the profiler, which measures 1.041.
 #
 # ### A.3 Where the finished kernel's extra instructions go
 #
@@ -2057,9 +2056,9 @@ if order_sass:
 # Rung 6 has half a copy's warps resident on the H200. `_copy_resident_kernel` is the copy on
 # rung 6's tile with a **persistent grid** of $k$ programs an SM, program $p$ of $P$ walking the
 # rung's tiles $p, p + P, \ldots$; `copy_resident` launches it on $P$ programs with rung 6's plan
-# (change either and rerun from the kernel's cell: the cell after them checks that it still
-# copies). For each $k$ that fits, the second cell prints section 2's bound and, on a GPU, the
-# copy's speed. Then three readings.
+# (change either and rerun from the kernel's cell). The cell after them checks that it copies
+# and, for each $k$ that fits, prints section 2's bound and, on a GPU, the copy's speed. Then three
+# readings.
 #
 # - **Residency**: the share of the persistent copy's gap at rung 6's $k$ that more programs
 #   close. The persistent copy is not the copy on rung 6's own grid, whose gap is the one in
@@ -2256,8 +2255,9 @@ checks_nb05.paired_rows_probe()
 
 # %% [markdown]
 # Reading half the table is slower in every case; holding both members in one thread reaches
-# 0.993 of a copy at 1 GiB on the route's launch (8 rows, 2 warps). In the whole route the element-wise pass left the two passes level with
-# the finished kernel; the pass of pairs put them ahead.
+# 0.993 of a copy at 1 GiB on the route's launch (8 rows, 2 warps). In the whole route the
+# element-wise pass left the two passes level with the finished kernel; the pass of pairs put them
+# ahead.
 
 # %%
 # the element-wise pass in the whole route (two_pass-nvidia-h200-20261128-0853.csv) against the
