@@ -223,7 +223,7 @@ class Rung(NamedTuple):
 RUNGS = (
     Rung("batch_reuse", "grid (S, H): one token and one head per program, loop over B", None),
     Rung("heads", "BLOCK_H heads per program: cos/sin shared by the heads", _ladder_heads_kernel),
-    Rung("tile", "3-D tile tokens x heads x half, sized for bytes in flight; 4 warps",
+    Rung("tile", "3-D tile tokens x heads x half (BLOCK_S tokens, BLOCK_H heads); 4 warps",
          _ladder_tile_kernel),
     Rung("warps", "the same tile on the GPU's tuned warp count (H100 16, H200 8): one 8- or "
          "16-byte vector per thread per load",

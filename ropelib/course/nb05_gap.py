@@ -106,6 +106,8 @@ def copy_resident(x, y, programs, kernel=_copy_resident_kernel):
     tiles: rung 6's plan for x [S, B, H, D] on this device."""
     S, B, H, D = x.shape
     p = ladder.plan("equal_halves", S, B, H, D, x.element_size(), *ladder.device_knobs(x))
+    # grid (programs,): program i walks rung 6's tiles i, i + programs, ... (rung 6's tile, batch
+    # chunk and warps from its plan; the grid alone is not rung 6's)
     kernel[(programs,)](x, y, S, B, H, p.chunk, *x.stride(), *y.stride(), HALF=D // 2,
                         BLOCK_HALF=triton.next_power_of_2(D // 2), BLOCK_S=p.block_s,
                         BLOCK_H=p.block_h, num_warps=p.num_warps)

@@ -15,10 +15,10 @@ a contiguous sbhd `x` per program, no loop, the first pass's fp32 rows of cos an
 with s = r // (B H) the token of head row r. Tiles must be powers of two, so the launch passes
 HALF_BLOCK (the next power of two at or above R/2) and PASS_BLOCK (at or above D - R, 1 when
 R = D). The check launches the kernel on grid (cdiv(S B H, ROWS),) with fresh inputs every
-call: a row count that is not a multiple of ROWS, halves of 12 and 20 (not powers of two),
-partial rotary, fp32 and fp16, angles that differ between the members of a pair, into an output
-full of NaN inside a NaN guard band. ropelib's own kernels, the worked solution and kernels that
-call ropelib's @triton.jit helpers are refused (`own_code`).
+call: a row count that is not a multiple of ROWS, halves R/2 of 2, 8 and 12 (12 not a power of
+two), partial rotary, fp32 and fp16, angles that differ between the members of a pair, into an
+output full of NaN inside a NaN guard band. ropelib's own kernels, the worked solution and
+kernels that call ropelib's @triton.jit helpers are refused (`own_code`).
 """
 from typing import Optional
 
@@ -103,8 +103,10 @@ def check_pairs_kernel(kernel, seed: Optional[int] = None) -> bool:
                      "the token's rows of R (their row stride is R); features R..D-1 are "
                      "copied"):
             return False
-    print(f"✅ {name}: correct on {len(CASES)} launches (a masked tail, halves of 12 and 20, "
-          "partial rotary, fp32 and fp16, pairs whose angles differ)")
+    halves = sorted({R // 2 for _, _, _, _, R, *_ in CASES})      # R/2 of each case: 2, 8, 12
+    print(f"✅ {name}: correct on {len(CASES)} launches (a masked tail, halves R/2 of "
+          f"{', '.join(map(str, halves[:-1]))} and {halves[-1]}, partial rotary, fp32 and fp16, "
+          "pairs whose angles differ)")
     return True
 
 
