@@ -19,7 +19,8 @@
 # A kernel earns its place in a model when the model trains as well with it, the step gets
 # faster, and it goes in without rewriting the model. This notebook checks all three on a small
 # GPT trained from scratch on a text every Python installation carries, then drops ropelib into
-# two models it did not write: a Hugging Face Llama and a Transformer Engine-style block.
+# a model it did not write, a Hugging Face Llama, and into an attention block written here in
+# Transformer Engine's style, against a transcription of TE's own PyTorch path.
 #
 # **After this notebook you will be able to**
 #
@@ -36,11 +37,12 @@
 #
 # **The route.** Sections 1–3: does the kernel change training? Sections 4–5: is the step faster,
 # and how much of it is RoPE (exercise 1)? Section 6: sampling and KV-cache decoding (exercise 2).
-# Sections 7–8: ropelib in models it did not write; section 9: your own kernel in this one
-# (exercise 3). On a GPU the model trains for a few hundred steps; on a CPU, in Triton's
-# interpreter, a tiny model trains for a few dozen: the same code path, other numbers. The text
-# quotes one committed H200 run (`figures/`, `benchmarks/results/`), each number read and asserted
-# by a cell; your run's cells assert bands and print beside it.
+# Section 7: ropelib in a model it did not write; section 8: in a TE-style block written here;
+# section 9: your own kernel in this one (exercise 3). On a GPU the model trains for a few
+# hundred steps; on a CPU, in Triton's interpreter, a tiny model trains for a few dozen: the same
+# code path, other numbers. The text quotes one committed H200 run (`figures/`,
+# `benchmarks/results/`), each number read and asserted by a cell; your run's cells assert bands
+# and print beside it.
 #
 # **Time:** about two and a half hours for sections 1–9 with exercises 1–3 (exercise 1 about 15
 # minutes, exercises 2 and 3 about half an hour each). The appendix, with section 5's "who
@@ -997,9 +999,12 @@ else:
 #
 # Transformer Engine (TE) passes RoPE `sbhd` tensors $[S, B, H, D]$ and an fp32 angle table
 # $[S, 1, 1, R]$. `ropelib.te.apply_rotary_pos_emb` has TE 2.x's exact signature, so a TE model
-# switches by changing one import. `TEStyleAttention` is such a block: ropelib's drop-in, or with
-# `rope="reference"` a line-for-line copy of TE's plain-PyTorch path (`reference.te_unfused`).
-# Same weights, fp32: outputs and gradients must agree.
+# switches by changing one import. `TEStyleAttention` (`ropelib/course/model.py`) is a block
+# written for this course in TE's style, not one of TE's: TE itself is not imported here. With
+# `rope="ropelib"` it calls ropelib's drop-in; with `rope="reference"` it calls
+# `reference.te_unfused`, ropelib's line-for-line transcription of TE 2.x's plain-PyTorch
+# (unfused) path. Same weights, fp32: outputs and gradients must agree. The cell checks the
+# drop-in against that transcription; inside a model built on TE itself it is not run here.
 
 # %%
 S_te, B_te, C_te, H_te = (128, 4, 256, 4) if ON_GPU else (12, 2, 32, 4)
@@ -1022,9 +1027,11 @@ for what, a, b in zip(("output", "grad x", "grad W_qkv"), res["ropelib"], res["r
     torch.testing.assert_close(a, b, atol=1e-5 * b.abs().max().item(), rtol=1e-4)
 
 # %% [markdown]
-# In bf16 the two paths do not agree this closely, and neither is wrong: TE's unfused path rounds
-# $\cos$, $\sin$ and every product to bf16, its fused kernel (and ropelib) round once; compare
-# them with notebook 08's dtype-aware tolerances.
+# The cell runs fp32 only. In bf16 the two should not be expected to agree this closely: the
+# transcription of TE's unfused path (`_te_base` in `ropelib/reference.py`) rounds $\cos$,
+# $\sin$ and each product to the input's dtype, where ropelib computes in fp32 and rounds once.
+# Such differences are roundings; compare the two there with tolerances chosen from the dtype
+# (notebook 08, section 3).
 #
 # ## 9. Your own kernel in the model
 #
