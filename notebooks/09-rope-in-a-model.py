@@ -533,7 +533,8 @@ print(f"ropelib's arm the faster in {ropelib_wins} of {ROUNDS} rounds, sign test
          f"{diff_ms:.3f} ms per step apart (medians)"))
 if not ON_GPU:
     print("(CPU: the kernel runs in Triton's interpreter; this tests the code, not the speed)")
-else:    # the device saving alone is milliseconds a step (section 5): the pairs must see it
+else:    # host-bound (the lines above), the step saves what the host saves: RoPE's 34 ops a
+    # layer against ropelib's two launches (A.3, A.4). The pairs must see that saving
     assert faster == "ropelib", (faster, ropelib_wins, p_sign)
 assert all(len(step_ms[a]) == len(step_issue[a]) == ROUNDS for a in step_ms)
 assert all(0 < i <= w for a in step_ms for i, w in zip(step_issue[a], step_ms[a]))  # issue <= wall
@@ -1188,7 +1189,7 @@ else:   # compiled: here contraction fuses the product ropelib's fma fuses (its 
 # - **Wall clock.** One run per arm cannot rank the two (committed H200 run: ropelib
 #   1.145 times the fastest reference run's tokens/s, within the reference's own 1.226 spread);
 #   interleaved rounds read as pairs can. Host-bound, the wall clock saves what the host saves
-#   (34 ops a layer against one call); a CUDA graph replay saves what the device saves (A.4).
+#   (34 ops a layer against two launches); a CUDA graph replay saves what the device saves (A.4).
 # - **KV cache.** Rotate each new token at its absolute position $L + j$, cached keys never again.
 # - **Drop-in.** One context manager for a Hugging Face Llama, one import for a TE-style block.
 # - **Your kernel** plugs into the model's attention, its backward the same kernel at $-\theta$.
@@ -1817,8 +1818,9 @@ else:
 # %% [markdown]
 # **What the measurements show.** Host and device work overlap; they do not add. Where the eager
 # step is host-bound, the wall clock saves what the host saves: the reference's 34 ops a layer
-# (A.3), each dispatched, recorded for autograd and launched, against ropelib's one call, whose
-# host time the cells above print as a multiple of its kernels' device time. Replayed from a CUDA
+# (A.3, $q$ and $k$, forward and backward), each dispatched, recorded for autograd and launched,
+# against ropelib's two launches a layer (one call's forward and its backward), whose host time
+# the cells above print as a multiple of its kernels' device time. Replayed from a CUDA
 # graph, the arms differ by RoPE's kernel time instead.
 #
 # **Three host figures, not reconciled.** This appendix and section 5 give ropelib's RoPE three
