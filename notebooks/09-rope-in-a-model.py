@@ -1630,11 +1630,20 @@ assert round(extra_us / 1e3, 2) == 3.51                                         
 #
 # **Why half the rate.** Where an operand is not contiguous (a broadcast table with stride 0, a
 # strided half of $x$), PyTorch's elementwise machinery (TensorIterator) falls back to its generic
-# kernel, which moves one element a thread and instruction where the vectorised kernels move 16
-# bytes (notebook 02): the same bytes take several times the memory instructions. The next cell
-# reads Nsight Compute's counters on the H200 (`benchmarks/results/contiguous_ncu-nvidia-h200.csv`)
-# for a generic copy and a vectorised fill writing the same bytes: four times the store requests,
-# each of a quarter of the sectors (a sector is 32 bytes), in 2.75 times the time.
+# kernel, `elementwise_kernel<128, 2, ...>`: blocks of 128 threads, two elements a thread. The
+# next cell reads Nsight Compute's counters on the H200
+# (`benchmarks/results/contiguous_ncu-nvidia-h200.csv`) for a generic copy (notebook 06's
+# `g_sum.contiguous()`, fp32) and a vectorised fill writing the same bytes. The generic copy
+# stores 4 bytes a thread and instruction where the fill stores 16: four times the store
+# requests, each of a quarter of the sectors (a sector is 32 bytes), in 2.75 times the time.
+#
+# Those memory instructions are few for that time: loads and stores together, about 0.13 an SM
+# cycle, and only 23.5 % of the warps an SM can hold are resident (the fill: 87.6 %). What its
+# time follows is its blocks. A block does only 256 elements, where the fill's does 1,024, so the
+# same bytes take 524,288 blocks. Notebook 03 (section 4.3) measured what starting and retiring a
+# program (a block) of 4 warps costs on the H200, 79.8 ns on each of its 132 SMs
+# (`program_cost-nvidia-h200.csv`): at that rate the generic copy's block starts alone take
+# 317 µs of its 323.6 µs. In this profile, its block starts set its time.
 
 # %%
 NCU_CSV = ROOT / "benchmarks" / "results" / "contiguous_ncu-nvidia-h200.csv"
@@ -1657,6 +1666,38 @@ assert (g[REQ], g[SEC], v[REQ], v[SEC]) == (4_194_304, 16_777_216, 1_048_576, 16
 assert [round(m["gpu__time_duration.sum"] / 1e3, 1) for m in (g, v)] == [323.6, 117.5]
 assert round(g["gpu__time_duration.sum"] / v["gpu__time_duration.sum"], 2) == 2.75
 assert all(509 < m["dram__bytes_write.sum"] / 1e6 < 510 for m in (g, v))     # "509 MB"
+
+# blocks, the elements a block writes (the probe writes fp32: benchmarks/contiguous_ncu.py) and
+# the warps resident; then what the blocks' starts take at notebook 03's measured cost of a
+# 4-warp program (its empty kernel on the H200, section 4.3), against each kernel's time
+from ropelib.course import measured
+
+cost_meta3, cost_rows3 = measured.load("program_cost")
+empty_4w = next(r for r in cost_rows3 if r["kernel"] == "empty" and r["num_warps"] == 4)
+LD, ST = (f"smsp__sass_inst_executed_op_global_{w}.sum" for w in ("ld", "st"))
+starts_us, per_block, mem_per_cycle = {}, {}, {}
+for kernel, m in ncu.items():
+    per_block[kernel] = m[SEC] * 32 / 4 / m["launch__grid_size"]        # fp32 elements a block
+    starts_us[kernel] = (m["launch__grid_size"] / empty_4w["sms"]
+                         * empty_4w["ns_per_program_per_sm"] / 1e3)
+    mem_per_cycle[kernel] = (m[LD] + m[ST]) / (m["sm__cycles_active.avg"] * empty_4w["sms"])
+    print(f"{kernel:>10}: {m['launch__grid_size']:,.0f} blocks of "
+          f"{m['launch__block_size']:.0f} threads, {per_block[kernel]:,.0f} elements a block, "
+          f"{m['sm__warps_active.avg.pct_of_peak_sustained_active']:.1f} % of the warps resident, "
+          f"{mem_per_cycle[kernel]:.2f} load and store instructions an SM cycle; the blocks' "
+          f"starts at {empty_4w['ns_per_program_per_sm']:.1f} ns a program on each of "
+          f"{empty_4w['sms']} SMs ({cost_meta3['gpu']}): {starts_us[kernel]:.1f} µs of its "
+          f"{m['gpu__time_duration.sum'] / 1e3:.1f} µs")
+assert cost_meta3["gpu"] == "NVIDIA H200" and empty_4w["sms"] == 132
+assert all(m["launch__block_size"] == 128 for m in (g, v))                # 4 warps a block
+assert (g["launch__grid_size"], v["launch__grid_size"]) == (524_288, 131_072)
+assert (per_block["generic"], per_block["vectorised"]) == (256, 1024)      # "256", "1,024"
+assert [round(m["sm__warps_active.avg.pct_of_peak_sustained_active"], 1) for m in (g, v)] \
+    == [23.5, 87.6]
+assert round(mem_per_cycle["generic"], 2) == 0.13                           # "about 0.13"
+assert round(empty_4w["ns_per_program_per_sm"], 1) == 79.8                  # "79.8 ns"
+assert round(starts_us["generic"]) == 317                                   # "317 µs of 323.6"
+assert 0.95 < starts_us["generic"] / (g["gpu__time_duration.sum"] / 1e3) < 1
 
 # %% [markdown]
 # ### A.4 Section 5: who saves what, without the profiler
