@@ -1057,17 +1057,24 @@ print(inspect.getsource(in_a_model._KernelRope))
 # $h = r \bmod H$ of token $s = \lfloor r / H \rfloor \bmod S$ of sequence
 # $b = \lfloor r / (S H) \rfloor$. Program $p$ rotates rows $p \cdot$`ROWS` to
 # $p \cdot$`ROWS` $+$ `ROWS` $- 1$ (mask the missing rows of the last program), on the grid
-# $(\lceil B S H / \texttt{ROWS} \rceil,)$. Notebook 03's exercise 5 is a good start: what changes
-# is the layout, $[B, S, H, D]$ instead of $[S, B, H, D]$, and with it how a row splits into
-# $(b, s, h)$. Rotate the halves as the model does, in fp32, $\theta$ from row $s$ of `freqs`
-# $[S, D]$: $y_j = x_j \cos\theta_j - x_{j + D/2} \sin\theta_j$ and
+# $(\lceil B S H / \texttt{ROWS} \rceil,)$: `launch_model_rope`, in the exercise's cell, launches
+# it so, and the check and section 9's model start your kernel through it. Notebook 03's exercise
+# 5 is a good start, but two things change. The layout: $[B, S, H, D]$ instead of $[S, B, H, D]$,
+# and with it how a row splits into $(b, s, h)$. And the rows a program holds: notebook 03's
+# launcher requires $H$ to be a multiple of `ROWS`, so a program's rows are heads of one token
+# and share one row of angles. Here `ROWS` = 4 while $H$ is 6 in the GPU run's model (3 and 2 in
+# the check's launches), so a program's rows can belong to two tokens: each row needs its own
+# $s$, and the angles a program loads are a `[ROWS, BLOCK_HALF]` tile, one
+# row of `freqs` for each row of $x$. Rotate the halves as the model does, in fp32, $\theta$ from
+# row $s$ of `freqs` $[S, D]$: $y_j = x_j \cos\theta_j - x_{j + D/2} \sin\theta_j$ and
 # $y_{j + D/2} = x_{j + D/2} \cos\theta_{j + D/2} + x_j \sin\theta_{j + D/2}$.
 #
-# The check runs in Triton's interpreter on the CPU: one launch (`ROWS` = 4) on a strided $q$ of
-# 30 rows into a NaN-filled output against `ropelib.reference`, then 3 AdamW steps of two small
-# GPTs, the model's PyTorch RoPE against your kernel: losses, first gradients (your kernel at
-# $-\theta$) and trained logits must agree. ropelib's kernels, the course's teaching kernels and
-# the worked solutions are refused.
+# The check runs in Triton's interpreter on the CPU, each launch through your cell's
+# `launch_model_rope`: one launch (`ROWS` = 4) on a strided $q$ of 30 rows into a NaN-filled
+# output against `ropelib.reference`, then 3 AdamW steps of two small GPTs, the model's PyTorch
+# RoPE against your kernel: losses, first gradients (your kernel at $-\theta$) and trained logits
+# must agree. ropelib's kernels, the course's teaching kernels and the worked solutions are
+# refused.
 
 # %%
 import triton
@@ -1090,7 +1097,22 @@ def my_model_rope_kernel(
     ...  # your code
 
 
-model_rope_by_learner = in_a_model.check_model_rope_kernel(my_model_rope_kernel)
+MODEL_ROPE_ROWS = in_a_model.MODEL_ROPE_ROWS        # 4: the rows a program, as the check launches
+
+
+def launch_model_rope(kernel, x, freqs, out, rows=MODEL_ROPE_ROWS):
+    """x [B, S, H, D] (any strides: q and k are views of the QKV projection's output), freqs
+    [S, D] fp32 (row s: the angles of position s), out [B, S, H, D] contiguous. Grid: one program
+    per ROWS consecutive rows, (cdiv(B * S * H, rows),): the last program may hold fewer."""
+    B, S, H, D = x.shape
+    n_rows = B * S * H
+    kernel[(triton.cdiv(n_rows, rows),)](
+        x, out, freqs, n_rows, S, H, *x.stride(), *freqs.stride(),
+        HALF=D // 2, BLOCK_HALF=triton.next_power_of_2(D // 2), ROWS=rows)
+
+
+model_rope_by_learner = in_a_model.check_model_rope_kernel(my_model_rope_kernel,
+                                                          launch=launch_model_rope)
 
 # %%
 solution(in_a_model.solution_model_rope_kernel.fn,
@@ -1106,7 +1128,7 @@ rope_kernel = (my_model_rope_kernel if model_rope_by_learner
                else in_a_model.solution_model_rope_kernel)
 yours = build(cfg, "reference", seed=0, device=device)
 yours.load_state_dict(trained.state_dict())                       # the trained weights
-in_a_model.plug_rope(yours, in_a_model.kernel_rope(rope_kernel))
+in_a_model.plug_rope(yours, in_a_model.kernel_rope(rope_kernel, launch=launch_model_rope))
 x9, y9 = data.get_batch("val", 4, cfg.block_size, torch.Generator().manual_seed(9), device)
 out9 = {}
 for name, m in (("your kernel" if model_rope_by_learner else "the worked kernel", yours),

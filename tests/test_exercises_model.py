@@ -544,8 +544,10 @@ def test_the_plugged_model_matches_the_reference_and_runs_the_kernel():
 
 def test_the_notebook_runs_exercise_3_after_exercise_2():
     text = NOTEBOOK.read_text(encoding="utf-8")
-    assert "model_rope_by_learner = in_a_model.check_model_rope_kernel(my_model_rope_kernel)" \
-        in text
+    assert ("model_rope_by_learner = in_a_model.check_model_rope_kernel(my_model_rope_kernel,\n"
+            "                                                          launch=launch_model_rope)"
+            ) in text
+    assert "\ndef launch_model_rope(kernel, x, freqs, out, rows=MODEL_ROPE_ROWS):" in text
     assert "solution(in_a_model.solution_model_rope_kernel.fn" in text
     assert text.index("**Exercise 2") < text.index("**Exercise 3") \
         < text.index("check_model_rope_kernel")
