@@ -2074,11 +2074,28 @@ if counts["worked", 4][1] is not None:          # (a machine without cuobjdump h
         assert p4 >= p16 >= p64 and p64 <= 4 and "registers" in fits[name, 64].limited_by
         assert fits[name, 64].warps <= 16                     # "a quarter of the warps or less"
         assert fits[name, 16].warps > 32                      # ROWS 16: "most of the warps"
-    # Little's law's need (notebook 05, section 2: the H200's): every bound is above it
-    need_kib = measured.loads_in_flight_need()["kib_per_sm"]
-    print(f"Little's law asks {need_kib:.1f} KiB of loads in flight an SM on the H200; the "
-          f"smallest bound above: {min(kib_at.values()):.1f} KiB")
-    assert round(need_kib, 1) == 5.6 and min(kib_at.values()) == 8.0 > need_kib
+    # Little's law's two floors (notebook 05, section 2: the H200's): W_read x the latency of
+    # idle DRAM, the least any kernel needs in flight, and x a busy DRAM's, what a copy keeps;
+    # a real kernel's need lies between them
+    need = measured.loads_in_flight_need()
+    (loaded_ns,) = [r["ns_per_load"] for r in measured.load("memory_latency")[1]
+                    if r["measure"] == "latency" and r["condition"] == "loaded"
+                    and int(r["footprint_bytes"]) == 2**30]
+    floor_idle = need["kib_per_sm"]
+    floor_loaded = need["kib_per_sm"] * loaded_ns / need["latency_ns"]
+    where_kib = lambda kib: ("below both floors" if kib < floor_idle else "between the floors"
+                             if kib < floor_loaded else "above both floors")
+    print(f"Little's law on the H200 (notebook 05, section 2): {floor_idle:.1f} KiB of loads in "
+          f"flight an SM at least (idle DRAM), {floor_loaded:.1f} KiB what a copy keeps (busy "
+          "DRAM); the bounds above: " + "; ".join(f"{name} ROWS {rows} {kib:.1f} KiB "
+                                                  f"{where_kib(kib)}"
+                                                  for (name, rows), kib in kib_at.items()))
+    assert [round(f, 1) for f in (floor_idle, floor_loaded)] == [5.6, 20.1]
+    for name in ("worked", "one angle a pair"):   # ROWS 4: 8 KiB, between; 16 and 64: above
+        assert kib_at[name, 4] == 8.0 and where_kib(8.0) == "between the floors"
+        assert all(where_kib(kib_at[name, r]) == "above both floors" for r in (16, 64))
+    assert sorted({kib_at[n, r] for n in ("worked", "one angle a pair") for r in (16, 64)}) \
+        == [24.0, 32.0]                                                      # "24 to 32 KiB"
 else:
     print("(no cuobjdump here: no SASS to count, and the checks on it do not run)")
 
@@ -2117,13 +2134,17 @@ assert round(n_prog[4] / empty4["sms"]) == 186 and round(start_us[4]) == 15 and 
 #
 # **Reading the programs per SM.** At `ROWS` = 4 the registers leave room for 16 programs, every
 # warp an SM holds (64), each loading 0.5 KiB of $q$; at 64 they allow 4 or fewer, a quarter of
-# the warps or less. The bytes in flight, as far as their bound tells, do not separate these
-# launches: by Little's law an SM of the H200 needs 5.6 KiB of loads in flight (notebook 05,
-# section 2), and every bound in the table, `ROWS` = 4's 8 KiB included, is above it (a bound,
-# reached only if every warp waits on its loads at once; what is achieved would need a profiler).
-# Where a GPU times two `ROWS` apart (the timing cell above), the bound does not say why. The
-# counts show two candidates, and prove neither:
+# the warps or less. The counts show three candidates for why a GPU times two `ROWS` apart (the
+# timing cell above), and prove none:
 #
+# - **Bytes in flight.** Little's law sets two floors on the H200 (notebook 05, section 2): at
+#   least 5.6 KiB of loads in flight an SM, from idle DRAM's latency, and 20.1 KiB, what a copy
+#   keeps from a busy DRAM's; a real kernel's need lies between them, where these measurements do
+#   not say. The table's column is an upper bound, reached only if every warp waits on its loads
+#   at once. `ROWS` = 4's 8 KiB lies between the floors: if the need is above it, `ROWS` = 4
+#   cannot keep enough in flight, so bytes in flight remain a candidate for its slowness. The
+#   bounds at 16 and 64, 24 to 32 KiB, lie above both floors; a bound above the need proves
+#   nothing (what is achieved would need a profiler).
 # - **Programs.** Notebook 03 (section 4.3) measured a fixed cost to start and retire a program,
 #   about 80 ns on each of the H200's 132 SMs whatever the program does, at 1 to 8 warps. At
 #   `ROWS` = 4 a launch starts 24,576 programs, 186 an SM: at that rate their starts alone take
