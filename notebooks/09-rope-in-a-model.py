@@ -1945,7 +1945,8 @@ solution(in_a_model.solution_model_rope_one_angle.fn, title="Solution: one angle
 # (`nb09_device_time`), through `time_against_copy` (`ropelib/course/nb09_copy_fraction.py`).
 # Events around a short launch can time the host's pace instead of the kernel's; the last column,
 # the share of do_bench's time that is not device time, says how much. Where it is small, the
-# differences between `ROWS` are the kernel's.
+# differences between `ROWS` are the kernel's. The table's first line names the GPU that timed
+# it; the committed costs the next cells read are the H200's.
 
 # %%
 from ropelib.course.nb09_copy_fraction import ROWS, same_rotation, time_against_copy
@@ -1957,19 +1958,22 @@ learner_kernels = {"your kernel": (model_rope_by_learner, my_model_rope_kernel),
                    "your one angle": (one_angle_by_learner, my_one_angle_kernel)}
 kernels9.update({name: kern for name, (passed, kern) in learner_kernels.items() if passed})
 f9_rows = f9.reshape(S9, -1).contiguous()                       # [S, D]: the kernels' table
-rows_ok = same_rotation(kernels9, q9, f9_rows, by_ropelib)      # {(kernel, ROWS): bool}, printed
+# {(kernel, ROWS): bool}, printed; each launch through exercise 3's launch_model_rope
+rows_ok = same_rotation(kernels9, q9, f9_rows, by_ropelib, launch=launch_model_rope)
 assert ROWS == (4, 16, 64)                                       # the next cell's ROWS too
 assert all(rows_ok[name, r] for r in ROWS for name in kernels9 if name not in learner_kernels)
 frac9 = {}                      # (kernel, ROWS): (fraction of a copy by do_bench, by device time)
+times9 = {}                     # the same as ms: (do_bench, device time); "copy": the copy's
 if ON_GPU:   # do_bench and device time of each launch, against a plain copy of q's bytes
     qkv9 = torch.randn(BATCH, cfg.block_size, 3, cfg.n_head, cfg.head_dim, device=device,
                        dtype=torch.bfloat16)
     q_t, k_t = qkv9[:, :, 0], qkv9[:, :, 1]                       # [B, S, H, D], strided
     f_t = trained.blocks[0].attn.rotary.freqs[:cfg.block_size]    # [S, 1, 1, D] fp32
-    frac9 = time_against_copy(kernels9, rows_ok, q_t, k_t, f_t, device)
+    frac9 = time_against_copy(kernels9, rows_ok, q_t, k_t, f_t, device,
+                              launch=launch_model_rope, times=times9)
     del qkv9, q_t, k_t
 else:   # the same profiling of one interpreted launch: the plumbing, not a time
-    cpu_ms = device_ms_or_none(lambda: in_a_model.launch_model_rope(
+    cpu_ms = device_ms_or_none(lambda: launch_model_rope(
         kernels9["worked"], q9, f9_rows, torch.empty_like(q9), 4), device, calls=1)
     print(f"(CPU: Triton's interpreter; one launch profiled as on a GPU took {cpu_ms:.0f} ms of "
           "host time. On a GPU the cell times each kernel by do_bench and by device time)")
@@ -2116,6 +2120,13 @@ for name in count_kernels:                  # a GPU's device times (the timing c
     if len(timed) == 3:
         print(f"{name:>18}: the fastest by device time at ROWS {max(timed, key=timed.get)}; "
               "fraction of a copy " + ", ".join(f"ROWS {r} {f:.2f}" for r, f in timed.items()))
+    if all(times9.get((name, r), (0, None))[1] is not None for r in (4, 16)):
+        # the device time ROWS 16 saves over ROWS 4, beside what the starts of ROWS 4's extra
+        # programs cost at the H200's rate: starts' size, not their proof
+        saved_us = 1e3 * (times9[name, 4][1] - times9[name, 16][1])
+        print(f"{'':>18}  ROWS 4 minus ROWS 16: device time {saved_us:.1f} µs on the "
+              f"{torch.cuda.get_device_name()}; the starts' estimate "
+              f"{start_us[4] - start_us[16]:.1f} µs (the {cost_meta['gpu']}'s start cost)")
 assert n_prog == {4: 24_576, 16: 6_144, 64: 1_536} and empty4["sms"] == 132
 assert round(empty4["ns_per_program_per_sm"]) == 80                    # "about 80 ns"
 assert all(abs(r["ns_per_program_per_sm"] / empty4["ns_per_program_per_sm"] - 1) < 0.01
@@ -2148,7 +2159,14 @@ assert round(n_prog[4] / empty4["sms"]) == 186 and round(start_us[4]) == 15 and 
 # - **Programs.** Notebook 03 (section 4.3) measured a fixed cost to start and retire a program,
 #   about 80 ns on each of the H200's 132 SMs whatever the program does, at 1 to 8 warps. At
 #   `ROWS` = 4 a launch starts 24,576 programs, 186 an SM: at that rate their starts alone take
-#   about 15 µs. At 64 it starts 1,536, under 1 µs: starts cannot make `ROWS` = 64 slow.
+#   about 15 µs. At 64 it starts 1,536, under 1 µs: starts cannot make `ROWS` = 64 slow. Where
+#   a GPU timed the kernels, the cell's last lines set the device time `ROWS` = 16 saves over 4
+#   beside the starts' estimate of the same difference. That comparison says whether the starts
+#   are of the size to explain the gap: a measured difference near the estimate leaves little for
+#   other causes, one well above it leaves them the rest. It cannot show that the starts are the
+#   cause: from 4 to 16 rows the instructions per element and the warps change too, the estimate
+#   assumes the starts add to the time rather than overlap the loads, and its cost a program is
+#   the H200's, where the timing GPU (named in the table's first line) may be another.
 # - **Warps.** At `ROWS` = 64 the few programs an SM holds leave fewer warps to hide each other's
 #   angle, address and load work. Notebook 03's appendix profiled such a case on the H200: a kernel
 #   of many rows a program held so many registers that few warps fit and its schedulers sat idle
