@@ -2173,8 +2173,9 @@ assert round(n_prog[4] / empty4["sms"]) == 186 and round(start_us[4]) == 15 and 
 #   much of the time. Whether that holds here these counts cannot say (notebook 05 reads a
 #   profiler's achieved occupancy for ropelib's kernel).
 #
-# `ROWS` = 16 sits between the two: a quarter of `ROWS` = 4's programs, and most of the warps. On
-# a GPU the cell's last lines print which `ROWS` the device times found fastest.
+# `ROWS` = 16 sits between 4 and 64: a quarter of `ROWS` = 4's programs, most of the warps, and a
+# bound above both floors. On a GPU the cell's last lines print which `ROWS` the device times
+# found fastest.
 #
 # Neither change removes the real redundancy: the $H$ heads of a token, in each of the $B$
 # sequences, compute the same sines and cosines again; ropelib's kernel computes them once per
