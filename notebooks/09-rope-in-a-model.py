@@ -1064,9 +1064,9 @@ print(inspect.getsource(in_a_model._KernelRope))
 # launcher requires $H$ to be a multiple of `ROWS`, so a program's rows are heads of one token
 # and share one row of angles. Here `ROWS` = 4 while $H$ is 6 in the GPU run's model (3 and 2 in
 # the check's launches), so a program's rows can belong to two tokens: each row needs its own
-# $s$, and the angles a program loads are a `[ROWS, BLOCK_HALF]` tile, one
-# row of `freqs` for each row of $x$. Rotate the halves as the model does, in fp32, $\theta$ from
-# row $s$ of `freqs` $[S, D]$: $y_j = x_j \cos\theta_j - x_{j + D/2} \sin\theta_j$ and
+# $s$, and the angles a program loads are a `[ROWS, BLOCK_HALF]` tile, one row of `freqs` for
+# each row of $x$. Rotate the halves as the model does, in fp32, $\theta$ from row $s$ of `freqs`
+# $[S, D]$: $y_j = x_j \cos\theta_j - x_{j + D/2} \sin\theta_j$ and
 # $y_{j + D/2} = x_{j + D/2} \cos\theta_{j + D/2} + x_j \sin\theta_{j + D/2}$.
 #
 # The check runs in Triton's interpreter on the CPU, each launch through your cell's
@@ -2095,11 +2095,12 @@ if counts["worked", 4][1] is not None:          # (a machine without cuobjdump h
                                                   f"{where_kib(kib)}"
                                                   for (name, rows), kib in kib_at.items()))
     assert [round(f, 1) for f in (floor_idle, floor_loaded)] == [5.6, 20.1]
-    for name in ("worked", "one angle a pair"):   # ROWS 4: 8 KiB, between; 16 and 64: above
+    # ROWS 4: 8 KiB, between the floors; 16 and 64: 20 KiB or more, at the upper floor (within
+    # 1 %) or above it (the registers, and so these bounds, vary with the compiler's version)
+    for name in ("worked", "one angle a pair"):
         assert kib_at[name, 4] == 8.0 and where_kib(8.0) == "between the floors"
-        assert all(where_kib(kib_at[name, r]) == "above both floors" for r in (16, 64))
-    assert sorted({kib_at[n, r] for n in ("worked", "one angle a pair") for r in (16, 64)}) \
-        == [24.0, 32.0]                                                      # "24 to 32 KiB"
+        assert all(20.0 <= kib_at[name, r] and kib_at[name, r] > 0.99 * floor_loaded
+                   for r in (16, 64)), kib_at
 else:
     print("(no cuobjdump here: no SASS to count, and the checks on it do not run)")
 
@@ -2154,8 +2155,10 @@ assert round(n_prog[4] / empty4["sms"]) == 186 and round(start_us[4]) == 15 and 
 #   not say. The table's column is an upper bound, reached only if every warp waits on its loads
 #   at once. `ROWS` = 4's 8 KiB lies between the floors: if the need is above it, `ROWS` = 4
 #   cannot keep enough in flight, so bytes in flight remain a candidate for its slowness. The
-#   bounds at 16 and 64, 24 to 32 KiB, lie above both floors; a bound above the need proves
-#   nothing (what is achieved would need a profiler).
+#   bounds at 16 and 64, 20 KiB or more, reach the upper floor or pass it (the registers a thread
+#   uses, and with them these bounds, can vary with the compiler's version: the table gives this
+#   compile's). A bound at or above the need proves nothing (what is achieved would need a
+#   profiler).
 # - **Programs.** Notebook 03 (section 4.3) measured a fixed cost to start and retire a program,
 #   about 80 ns on each of the H200's 132 SMs whatever the program does, at 1 to 8 warps. At
 #   `ROWS` = 4 a launch starts 24,576 programs, 186 an SM: at that rate their starts alone take
@@ -2174,8 +2177,8 @@ assert round(n_prog[4] / empty4["sms"]) == 186 and round(start_us[4]) == 15 and 
 #   profiler's achieved occupancy for ropelib's kernel).
 #
 # `ROWS` = 16 sits between 4 and 64: a quarter of `ROWS` = 4's programs, most of the warps, and a
-# bound above both floors. On a GPU the cell's last lines print which `ROWS` the device times
-# found fastest.
+# bound at the upper floor or above it. On a GPU the cell's last lines print which `ROWS` the
+# device times found fastest.
 #
 # Neither change removes the real redundancy: the $H$ heads of a token, in each of the $B$
 # sequences, compute the same sines and cosines again; ropelib's kernel computes them once per
