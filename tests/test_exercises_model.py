@@ -544,8 +544,10 @@ def test_the_plugged_model_matches_the_reference_and_runs_the_kernel():
 
 def test_the_notebook_runs_exercise_3_after_exercise_2():
     text = NOTEBOOK.read_text(encoding="utf-8")
-    assert "model_rope_by_learner = in_a_model.check_model_rope_kernel(my_model_rope_kernel)" \
-        in text
+    assert ("model_rope_by_learner = in_a_model.check_model_rope_kernel(my_model_rope_kernel,\n"
+            "                                                          launch=launch_model_rope)"
+            ) in text
+    assert "\ndef launch_model_rope(kernel, x, freqs, out, rows=MODEL_ROPE_ROWS):" in text
     assert "solution(in_a_model.solution_model_rope_kernel.fn" in text
     assert text.index("**Exercise 2") < text.index("**Exercise 3") \
         < text.index("check_model_rope_kernel")
@@ -590,3 +592,34 @@ def test_the_notebook_reads_its_speed_claims_from_committed_data():
         at, said = text.index(readout), text.index(quoted, summary)
         assert at < summary < said < appendix, readout
         assert quoted not in text[at + len(readout):summary], quoted
+
+
+def test_the_check_launches_through_the_launcher_it_is_given(capsys):
+    """Notebook 09 passes its own launch_model_rope: the check must start the kernel through it
+    (so a launcher that launches nothing fails the check) and pass with one that launches as
+    in_a_model.launch_model_rope does; kernel_rope starts its launches through it too."""
+    calls = []
+
+    def counting(kernel, x, freqs, out, rows=in_a_model.MODEL_ROPE_ROWS):
+        calls.append(rows)
+        in_a_model.launch_model_rope(kernel, x, freqs, out, rows)
+
+    my_kernel = _kernel_variant("through a launcher")
+    assert in_a_model.check_model_rope_kernel(my_kernel, seed=0, launch=counting) is True, \
+        capsys.readouterr().out
+    assert calls and set(calls) == {in_a_model.MODEL_ROPE_ROWS}   # every launch went through it
+
+    def launches_nothing(kernel, x, freqs, out, rows=in_a_model.MODEL_ROPE_ROWS):
+        pass
+
+    assert in_a_model.check_model_rope_kernel(my_kernel, seed=0, launch=launches_nothing) is False
+    assert "were not (wholly) written" in capsys.readouterr().out
+
+    calls.clear()
+    rotate = in_a_model.kernel_rope(my_kernel, launch=counting)
+    x = torch.randn(1, 3, 2, 8)
+    freqs = torch.randn(3, 8)
+    y = rotate(x, freqs)
+    assert calls == [in_a_model.MODEL_ROPE_ROWS]
+    torch.testing.assert_close(y, reference.rope_reference(x, freqs[:, None, None, :],
+                                                           layout="bshd"), atol=1e-5, rtol=1e-5)

@@ -107,7 +107,7 @@ def test_time_against_copy_divides_the_copys_time_by_each_kernels_both_ways():
     assert torch.equal(y, q)                                           # the copy ran into y
     assert fakes.log[-1][0] == "lib" and fakes.log[-1][1] is q and fakes.log[-1][2] is k
     assert fakes.log[-1][3] is freqs
-    assert lines[0] == (f"q {tuple(q.shape)} float32, a strided view, "
+    assert lines[0] == (f"cpu: q {tuple(q.shape)} float32, a strided view, "
                         f"{2 * q.numel() * 4 / 1e6:.1f} MB read and written; a plain copy of as "
                         "many bytes: do_bench 10.0 µs, device time 8.0 µs")
     assert lines[1].split() == ["kernel", "ROWS", "do_bench", "µs", "device", "µs", "fraction",
@@ -150,6 +150,19 @@ def test_the_notebook_cell_calls_the_helpers_on_a_gpu():
     text = (Path(__file__).resolve().parents[1] / "notebooks" / "09-rope-in-a-model.py").read_text(
         encoding="utf-8")
     a5 = text[text.index("### A.5 Section 9"):text.index("**Which change moves a kernel")]
-    assert "rows_ok = same_rotation(kernels9, q9, f9_rows, by_ropelib)" in a5
-    assert "frac9 = time_against_copy(kernels9, rows_ok, q_t, k_t, f_t, device)" in a5
+    assert ("rows_ok = same_rotation(kernels9, q9, f9_rows, by_ropelib, "
+            "launch=launch_model_rope)") in a5
+    assert ("frac9 = time_against_copy(kernels9, rows_ok, q_t, k_t, f_t, device,\n"
+            "                              launch=launch_model_rope, times=times9)") in a5
     assert "compare.time_ms" not in a5                  # the timing loop lives in the module
+
+
+def test_times_receives_the_ms_and_the_first_line_names_the_device():
+    ms = {("a", 4): 0.020, ("a", 16): 0.0125, ("a", 64): 0.011}
+    dms = {key: 0.5 * t for key, t in ms.items()}
+    times = {}
+    frac, lines, _ = _run(_Fakes(ms, dms), {key: True for key in ms}, kernels=("a",),
+                          times=times)
+    assert times == {"copy": (0.010, 0.008)} | {key: (ms[key], dms[key]) for key in ms}
+    assert lines[0].startswith("cpu: q ")                     # a GPU's name on a GPU
+    assert frac == {key: (0.010 / ms[key], 0.008 / dms[key]) for key in ms}

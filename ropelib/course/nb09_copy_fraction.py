@@ -54,7 +54,7 @@ def same_rotation(kernels: dict, q, freqs_rows, expected, *, rows=ROWS, launch=_
 
 def time_against_copy(kernels: dict, rows_ok: dict, q_t, k_t, f_t, device, *, rows=ROWS,
                       launch=_launch, time_ms=_do_bench_ms, device_ms=device_ms_or_none,
-                      apply_qk=_apply_qk, out=print) -> dict:
+                      apply_qk=_apply_qk, out=print, times=None) -> dict:
     """Time each kernel of `kernels` that `rows_ok` passed, at each of `rows`, on `q_t`
     ([B, S, H, D], a strided view) with the table `f_t` ([S, 1, 1, D] fp32), against a plain copy
     of q's bytes; then ropelib's ``apply_rope_qk`` on q and k against two copies. Prints a table.
@@ -62,7 +62,10 @@ def time_against_copy(kernels: dict, rows_ok: dict, q_t, k_t, f_t, device, *, ro
     Returns {(kernel name, ROWS): (fraction of a copy by do_bench, by device time or None)}.
     `time_ms(fn, device)` gives do_bench's ms of a call, `device_ms(fn, device)` its device time
     or None (a machine whose profiler sees no device time), `launch(kern, x, freqs_rows, y, rows)`
-    launches a kernel, `apply_qk(q, k, freqs)` is ropelib's."""
+    launches a kernel, `apply_qk(q, k, freqs)` is ropelib's. The table's first line names the
+    GPU that timed it (`torch.cuda.get_device_name`; q's device type off a GPU). `times`, a dict
+    where given, receives the ms themselves: {"copy": (do_bench, device time or None),
+    (kernel name, ROWS): (do_bench, device time or None)}."""
     f_rows = f_t.reshape(q_t.shape[1], -1).contiguous()          # [S, D]: the kernel's table
     y_t = torch.empty(q_t.shape, dtype=q_t.dtype, device=q_t.device)  # contiguous
     packed = q_t.contiguous()                                     # q's bytes, contiguous
@@ -70,8 +73,12 @@ def time_against_copy(kernels: dict, rows_ok: dict, q_t, k_t, f_t, device, *, ro
     t_copy, d_copy = time_ms(plain_copy, device), device_ms(plain_copy, device)
     q_mb = 2 * q_t.numel() * q_t.element_size() / 1e6            # read and written
     dtype = str(q_t.dtype).removeprefix("torch.").replace("bfloat16", "bf16")
-    out(f"q {tuple(q_t.shape)} {dtype}, a strided view, {q_mb:.1f} MB read and written; a plain "
-        f"copy of as many bytes: do_bench {1e3 * t_copy:.1f} µs"
+    where = (torch.cuda.get_device_name(q_t.device) if q_t.device.type == "cuda"
+             else q_t.device.type)                                # the table's GPU, by name
+    times = {} if times is None else times
+    times["copy"] = (t_copy, d_copy)
+    out(f"{where}: q {tuple(q_t.shape)} {dtype}, a strided view, {q_mb:.1f} MB read and "
+        f"written; a plain copy of as many bytes: do_bench {1e3 * t_copy:.1f} µs"
         + ("" if d_copy is None else f", device time {1e3 * d_copy:.1f} µs"))
     out(f"{'kernel':>18} {'ROWS':>5} {'do_bench µs':>12} {'device µs':>10} "
         f"{'fraction (do_bench)':>20} {'(device)':>9} {'not device':>11}")
@@ -84,6 +91,7 @@ def time_against_copy(kernels: dict, rows_ok: dict, q_t, k_t, f_t, device, *, ro
             call = lambda: launch(kern, q_t, f_rows, y_t, r)
             t = time_ms(call, device)
             d = None if d_copy is None else device_ms(call, device)
+            times[name, r] = (t, d)
             if d is None:
                 frac[name, r] = (t_copy / t, None)
                 out(f"{name:>18} {r:5d} {1e3 * t:12.1f} {'-':>10} {t_copy / t:20.2f}")

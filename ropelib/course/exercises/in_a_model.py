@@ -571,12 +571,16 @@ class KernelRotary(torch.nn.Module):
             return _KernelRope.apply(q, f, self.rotate), _KernelRope.apply(k, f, self.rotate)
 
 
-def kernel_rope(kernel, rows: int = MODEL_ROPE_ROWS) -> Callable:
+def kernel_rope(kernel, rows: int = MODEL_ROPE_ROWS,
+                launch: Optional[Callable] = None) -> Callable:
     """rotate(x, freqs) -> y by a kernel of exercise 3's signature (as it is: compiled on a GPU,
-    interpreted under TRITON_INTERPRET=1), for `plug_rope`."""
+    interpreted under TRITON_INTERPRET=1), for `plug_rope`, started through `launch` (a launcher
+    of `launch_model_rope`'s signature, the notebook's own; default `launch_model_rope`)."""
+    start = launch_model_rope if launch is None else launch
+
     def rotate(x, freqs):
         y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-        launch_model_rope(kernel, x, freqs, y, rows)
+        start(kernel, x, freqs, y, rows)
         return y
     return rotate
 
@@ -590,10 +594,11 @@ def plug_rope(model: gpt.GPT, rotate: Callable) -> gpt.GPT:
     return model
 
 
-def _barred_rotate(kernel, log: list) -> Callable:
+def _barred_rotate(kernel, log: list, launch: Callable = launch_model_rope) -> Callable:
     """rotate(x, freqs) -> y for the check: the learner's kernel interpreted on CPU tensors, with
-    ropelib's answers barred, into a NaN-filled output; a launch that fails or leaves rows
-    unwritten prints ❌ and raises _Stop. `log` gets one label per launch."""
+    ropelib's answers barred, into a NaN-filled output, started through `launch` (of
+    `launch_model_rope`'s signature) at `MODEL_ROPE_ROWS` rows a program; a launch that fails or
+    leaves rows unwritten prints ❌ and raises _Stop. `log` gets one label per launch."""
     run = interpreted(kernel)
 
     def rotate(x, freqs):
@@ -605,7 +610,7 @@ def _barred_rotate(kernel, log: list) -> Callable:
         buf, y = guarded_view(x.shape, pad, dtype=x.dtype, device=x.device)
         x_before = x.detach().clone()
         ok, _ = launch_barred(_MODEL_ROPE, label, _MODEL_ROPE_WHAT,
-                              lambda: launch_model_rope(run, x.detach(), freqs, y))
+                              lambda: launch(run, x.detach(), freqs, y, MODEL_ROPE_ROWS))
         if not ok:
             raise _Stop
         outside = guard_band_writes(buf, pad)
@@ -636,9 +641,12 @@ def _far(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got - want.detach().float()).abs().max()) / max(float(want.abs().max()), 1e-30)
 
 
-def check_model_rope_kernel(kernel, *, seed: Optional[int] = None) -> bool:
+def check_model_rope_kernel(kernel, *, seed: Optional[int] = None,
+                            launch: Optional[Callable] = None) -> bool:
     """Exercise 3: the learner's @triton.jit RoPE kernel (rows of the model's bshd layout,
-    `MODEL_ROPE_ROWS` a program, signature `launch_model_rope`'s) as the RoPE of a small GPT.
+    `MODEL_ROPE_ROWS` a program, signature `launch_model_rope`'s) as the RoPE of a small GPT,
+    every launch started through `launch` (the notebook's launcher, of `launch_model_rope`'s
+    signature: kernel, x, freqs, out, rows; default `launch_model_rope`).
 
     On the CPU, with Triton's interpreter, whatever the notebook's device: first one launch on
     a q view of a QKV output (strided), compared with `ropelib.reference`; then two copies of a
@@ -656,7 +664,7 @@ def check_model_rope_kernel(kernel, *, seed: Optional[int] = None) -> bool:
     seed = fresh_seed() if seed is None else seed
     gen = torch.Generator().manual_seed(seed)
     log: list = []
-    rotate = _barred_rotate(kernel, log)
+    rotate = _barred_rotate(kernel, log, launch_model_rope if launch is None else launch)
     cfg = gpt.GPTConfig(**_SIZES)
     B, S, H, D = _BATCH, cfg.block_size, cfg.n_head, cfg.head_dim
     with torch.random.fork_rng(devices=[]):
