@@ -1861,6 +1861,20 @@ assert 2 * 128 * 64 // (32 * 4) == 128 and 2 * 128 * 64 // (32 * 8) == 64   # th
 assert worked_sm90[4]["registers"] == 255 and worked_sm90[4]["local_stores"] > 0   # spills
 assert worked_sm90[8]["registers"] < 200 and worked_sm90[8]["local_stores"] == 0  # none
 assert one_a_tile_sm90["local_stores"] == 0
+# what a program's start alone would cost one program a tile: program_cost-nvidia-h200.csv's empty
+# programs, ns a program an SM, over the programs beyond the persistent grid's one an SM
+PROGRAM_COST = RESULTS / "program_cost-nvidia-h200.csv"
+start_ns = {r["num_warps"]: r["ns_per_program_per_sm"] for r in compare.read_csv(PROGRAM_COST)
+            if r["kernel"] == "empty"}
+SMS_H = persistent_args["PROGRAMS"]                                   # 132: an H100's or H200's
+starts_us = (ONE_A_TILE - SMS_H) * start_ns[8] / SMS_H / 1e3
+cublas_fwd_us = 1e3 * measured("nvidia-h200", "cublas", "fwd", persistent_args["M"])["ms"]
+print(f"a program's start ({compare.read_meta(PROGRAM_COST)['gpu']}, empty, 8 warps): "
+      f"{start_ns[8]:.1f} ns a program an SM; {ONE_A_TILE} programs rather than {SMS_H}: "
+      f"{starts_us:.1f} µs of starts, {starts_us / cublas_fwd_us:.2%} of cuBLAS's forward "
+      f"({cublas_fwd_us:.0f} µs, H200, section 1)")
+assert round(start_ns[8], 1) == 79.8 and ONE_A_TILE == 3072 and SMS_H == 132
+assert round(starts_us) == 2 and starts_us / cublas_fwd_us < 0.005          # "under 0.5 %"
 # section 3's probe at this launch's tile (128/64/8/8/3, TMA, H200): two accumulators 30 % slower
 # than one at both sizes, beyond the spreads
 assert [round(two_over_one[(128, 64, 8, 8, 3), t], 2) for t in TOKENS] == [0.30, 0.30]
@@ -1885,8 +1899,13 @@ print(f"launched with {SHIPPED_LAUNCH} on {M_s} tokens, 3 programs and {tiles_s}
 # At 4 warps the compile reaches the 255-register ceiling and spills; at 8 it fits. On a GPU with
 # TMA the next cell times the kernel both ways beside the 64 × 64 teaching launch and cuBLAS, then
 # **the persistent grid on its own**: against the same launch with `PROGRAMS` = every tile, over
-# nine rounds with the sign test. Resolved below 1, the grid saves that share (a program's start,
-# paid once an SM instead of once a tile).
+# nine rounds with the sign test. Resolved below 1, the grid saves that share. Where the saving
+# comes from is a hypothesis here: one candidate is a program's start, paid once an SM instead of
+# once a tile, but the start measured alone falls short of a saving of even 1 %. The cell above
+# priced it from `program_cost-nvidia-h200.csv` (empty programs on an H200): 79.8 ns a program an
+# SM, so 3072 programs rather than 132 add about 2 µs of starts, under 0.5 % of cuBLAS's forward
+# at this shape and a smaller share of this slower kernel. A larger saving needs another cause
+# (which tiles run at the same time and share L2, for one), which this notebook does not measure.
 #
 # **Expect the kernel to lose** to cuBLAS. It holds each head as **two** $[128, 64]$ accumulators
 # (section 3's probe: 30 % slower than one at this tile on the H200), walks the tiles in plain
@@ -1977,10 +1996,15 @@ else:
 #   close to cuBLAS's (7.2) and an epilogue that fits in registers (7.3).
 # - A backward prologue re-forms $dY$ in every column block. Writing $dY$ once and handing dX and
 #   dW to cuBLAS is 2.6 times as fast: 1.3 from writing $dY$ once, 2.0 from cuBLAS's GEMMs (7.4).
-# - `do_bench` hides the host. On the eager route the fused projection now costs the host less
-#   than the unfused pipeline (0.62 times, forward+backward, on an H100 host); through the
-#   registered operator, 1.9 times. From an idle start what counts is the device's wait, which
-#   7.5's cell measures on a GPU as a total: when the GEMM starts is not measured (7.5).
+# - `do_bench` hides the host where the host keeps ahead of the device. In the host probe (warm
+#   calls back to back, best of rounds, an H100 host) the fused eager route costs the host 0.62
+#   times the unfused pipeline's forward+backward; through the registered operator, 1.9 times. One
+#   call from an idle start can cost the host several times the probe's figure, in either order.
+#   From an idle start what counts is the device's wait, which 7.5's cell measures on a GPU as a
+#   total: when the GEMM starts is not measured (7.5).
+# - On the device, the fused forward+backward saves mostly in the passes between the GEMMs (no
+#   second RoPE pass, no copy of q's and k's gradients into $dY$) and, in one profile, in dX and
+#   dW (7.5).
 # - Time in shuffled rounds before believing a few per cent: a fixed order lowered the variants'
 #   speeds by up to 13 % (Appendix B).
 # - Elsewhere (no TMA, odd head counts, partial rotary) the forward is the slower pointer-loaded
