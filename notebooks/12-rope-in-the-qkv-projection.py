@@ -1430,7 +1430,7 @@ assert shipped["dx_norm"] == (32, 128, 8, 4, 3)            # its own tile: 32 x 
 # step's kernels take 168.6 µs less than the unfused one's (1712.6 against 1881.2):
 #
 # - **the forward GEMM** costs the same either way (577.7 µs with its epilogue, 579.7 cuBLAS);
-# - **the passes between the GEMMs**: 87.7 µs fused against 189.3 unfused, 101.7 less. The unfused
+# - **the passes beside the GEMMs**: 87.7 µs fused against 189.3 unfused, 101.7 less. The unfused
 #   pipeline runs RoPE forward and backward (118.4 µs), then builds $dY$ by copying the split
 #   views' gradients together (`CatArrayBatchedCopy`, 70.9 µs); the fused route rotates q's and
 #   k's gradients straight into $dY$'s columns (`_rope_kernel`, 61.2 µs), copies only v's
@@ -1459,11 +1459,12 @@ assert shipped["dx_norm"] == (32, 128, 8, 4, 3)            # its own tile: 32 x 
 # unfused one's. Each run is one run on another host, so a row's change between runs mixes the
 # code's change with the host's; the ratio within a run compares the two routes on one host.
 #
-# The probe's figures are a best case: warm calls back to back, the best of several rounds. The next
-# cell's host column times one call from an idle start (after a synchronisation and an L2 flush),
-# the median of 11 rounds. Such a call can cost the host several times the probe's figure, and the
-# two routes need not keep the probe's order: on an H100 this cell has printed the fused
-# forward+backward's host time above the unfused one's. Read the column for the host you run on.
+# The probe's figures are a best case: warm calls back to back, the best of several rounds. The
+# next cell's host column times one call from an idle start (after a synchronisation and an L2
+# flush), the median of 11 rounds. Such a call can cost the host several times the probe's
+# figure, and the two routes need not keep the probe's order: on an H100 this cell has printed the
+# fused forward+backward's host time above the unfused one's. Read the column for the host you
+# run on.
 #
 # On a GPU the next cell times each step from an idle start and **queued** behind a device-side
 # wait (`torch.cuda._sleep`) long enough for the host to launch the whole step: queued is the
@@ -1501,7 +1502,7 @@ print(f"the forward's kernels: the epilogue {epilogue_dev:+.1%} over the bare GE
 assert round(100 * epilogue_dev, 1) == 3.2 and round(fused_dev, 2) == 0.95
 assert [round(busy_wall[False, p][0] / busy_wall[False, p][1], 2) for p in (FUSED_FB, "unfused")] \
     == [0.97, 1.01]
-# the forward+backward kernel by kernel, in four parts: the forward GEMM, the passes between the
+# the forward+backward kernel by kernel, in four parts: the forward GEMM, the passes beside the
 # GEMMs (RoPE, dY's copies, the cos/sin rows), dX and dW (cuBLAS), and the memset
 fb_prof = {}
 for r in compare.read_csv(PROFILE_FB):
@@ -1517,7 +1518,7 @@ def part(kernel, fwd_gemm):
         return "forward GEMM"
     if kernel in dxdw:
         return "dX and dW (cuBLAS)"
-    return "memset" if kernel.startswith("Memset") else "passes between the GEMMs"
+    return "memset" if kernel.startswith("Memset") else "passes beside the GEMMs"
 
 
 parts = {}
@@ -1528,7 +1529,7 @@ for prov, kernels, fwd_gemm in ((FUSED_FB, fused_k, "_qkv_rope_fwd_tma_kernel"),
         print(f"  {us:7.1f}  {part(kernel, fwd_gemm):26} {kernel[:60]}")
         key = (prov, part(kernel, fwd_gemm))
         parts[key] = parts.get(key, 0.0) + us
-PARTS = ("forward GEMM", "passes between the GEMMs", "dX and dW (cuBLAS)", "memset")
+PARTS = ("forward GEMM", "passes beside the GEMMs", "dX and dW (cuBLAS)", "memset")
 print(f"\n{'':26}{'fused':>9}{'unfused':>9}{'less':>8}")
 for name in PARTS:
     f_, u_ = parts[FUSED_FB, name], parts["unfused", name]
@@ -2002,9 +2003,9 @@ else:
 #   call from an idle start can cost the host several times the probe's figure, in either order.
 #   From an idle start what counts is the device's wait, which 7.5's cell measures on a GPU as a
 #   total: when the GEMM starts is not measured (7.5).
-# - On the device, the fused forward+backward saves mostly in the passes between the GEMMs (no
-#   second RoPE pass, no copy of q's and k's gradients into $dY$) and, in one profile, in dX and
-#   dW (7.5).
+# - On the device, the fused forward+backward saves mostly in the passes beside the GEMMs (no
+#   RoPE pass in the forward, and q's and k's gradients rotated straight into $dY$ rather than
+#   copied there after) and, in one profile, in dX and dW (7.5).
 # - Time in shuffled rounds before believing a few per cent: a fixed order lowered the variants'
 #   speeds by up to 13 % (Appendix B).
 # - Elsewhere (no TMA, odd head counts, partial rotary) the forward is the slower pointer-loaded
