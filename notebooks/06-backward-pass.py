@@ -745,12 +745,12 @@ assert round(start_us / (br1["fwd_ms"] * 1e3), 2) == 0.94
 # host takes longer to enqueue a step (autograd's Python, its device thread, the launches) than
 # the GPU takes to run it, the wait can be timed too. The committed host times are at another
 # shape ($s = 1$, $b = 64$), from `benchmarks/autograd_host_probe.py`: each the best of 7 rounds of
-# 200 calls back to back, warm. Two H200 runs, half again apart, and two H100 runs of 2026-12-07:
+# 200 calls back to back. Two H200 runs, half again apart, and two H100 runs of 2026-12-07:
 # ropelib's forward+backward 161.0 µs in the first, 91.3 in the second, and a trivial
-# `autograd.Function`, which runs none of ropelib's code, 88.1 against 57.8. So the host's cost
-# differs between hosts and runs by about 1.5 times on the same trivial Function; these runs do
-# not say why. The next cell draws the H200 runs (the sweep's GPU) as a band: a best-of-rounds
-# figure of those runs, for scale, not a measurement of these steps.
+# `autograd.Function` (`empty_like` both ways, none of ropelib's code) 88.1 against 57.8. So the
+# host's cost differs between hosts and runs by about 1.5 times on the same trivial Function;
+# these runs do not say why. The next cell draws the H200 runs (the sweep's GPU) as a band: a
+# best-of-rounds figure of those runs, for scale, not a measurement of these steps.
 
 # %%
 def autograd_host_log(path):
@@ -976,9 +976,9 @@ else:
 # they are not the probe's best of rounds and may be far higher than the band above.
 #
 # The cell reads its own GPU on the day it runs. Where it finds its step host-bound (the `step =`
-# line says the host fills it; on an H100 at this shape it has), that fits the
-# hypothesis for the committed H200 step of 427 µs at the same shape, without measuring it: no
-# host time was measured beside that run.
+# line says the host fills it; on an H100 at this shape it has), that fits the hypothesis for the
+# committed H200 step of 427 µs at the same shape, without measuring it: no host time was measured
+# beside that run.
 
 # %% [markdown]
 # ## 4. `gradcheck` in float64
