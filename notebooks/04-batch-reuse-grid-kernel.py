@@ -373,7 +373,9 @@ def _rope_batch_reuse_kernel(
     x_base = x_ptr + s * stride_xs + h * stride_xh
     y_base = y_ptr + s * stride_ys + h * stride_yh
     # A runtime loop (not tl.static_range): B is not a constexpr, so one compiled kernel
-    # serves every batch size.
+    # serves every batch size, except that Triton specializes an integer argument equal to 1
+    # (compiled as a constant) or divisible by 16: B = 1 and a B that 16 divides get builds of
+    # their own.
     for b in range(0, B):
         x_row = x_base + b * stride_xb
         x1 = tl.load(x_row + offs * stride_xd, mask=mask, other=0.0).to(COMPUTE_DTYPE)

@@ -133,7 +133,8 @@ print(f"x: [S={S}, B={B}, H={H}, D={D}] on {device}")
 # The next cell checks this on the reference's $D \times D$ Jacobian, for TE's table and for one
 # whose halves differ (the second False is the point), prints the range of
 # $\lVert J^{\top} g \rVert / \lVert g \rVert$ for both, and reads notebook 04's kernel's
-# backward off as a matrix.
+# backward off as a matrix (ropelib's copy, `rope_batch_reuse`: section 2's editable copy comes
+# later).
 
 # %%
 def jacobian(freqs_row):
@@ -205,7 +206,9 @@ draw_jacobians(FIGURES / "06-jacobian.png")
 #
 # Notebook 04's batch-reusing kernel already has the backward in it, behind the flag `BACKWARD`,
 # a `tl.constexpr` (fixed when Triton compiles the kernel). The next cell is that kernel,
-# character for character (a test checks it); everything after it launches *this* copy.
+# character for character (a test checks it); everything after it launches or compiles *this*
+# copy, except section 3.1's live step, which times ropelib's copy through its benchmark provider
+# (the same source, as long as you have not edited the cell).
 #
 # The cell is there to be changed. Three edits to the `if BACKWARD:` branch, each a bug a real
 # backward has had:
@@ -261,7 +264,9 @@ def _rope_batch_reuse_kernel(
     x_base = x_ptr + s * stride_xs + h * stride_xh
     y_base = y_ptr + s * stride_ys + h * stride_yh
     # A runtime loop (not tl.static_range): B is not a constexpr, so one compiled kernel
-    # serves every batch size.
+    # serves every batch size, except that Triton specializes an integer argument equal to 1
+    # (compiled as a constant) or divisible by 16: B = 1 and a B that 16 divides get builds of
+    # their own.
     for b in range(0, B):
         x_row = x_base + b * stride_xb
         x1 = tl.load(x_row + offs * stride_xd, mask=mask, other=0.0).to(COMPUTE_DTYPE)
@@ -577,14 +582,15 @@ assert w1_row["x_kib_per_sm"] > need["kib_per_sm"], "a bound above the need"
 
 # %% [markdown]
 # The profile is the H200 forward's, but the code is both GPUs': an H100 and an H200 both run
-# what Triton compiles for sm_90. The next cell compiles section 2's kernel *backward* for sm_90
-# here (no GPU needed) and asserts that its loads and stores are the profile's.
+# what Triton compiles for sm_90. The next cell compiles section 2's kernel, the cell's copy (with
+# your edits, if any), *backward* for sm_90 here (no GPU needed) and asserts that its loads and
+# stores are the profile's.
 
 # %%
-# section 2's kernel, backward, compiled for sm_90 here (ropelib/course/nb06_compiled.py)
+# section 2's kernel (the cell's), backward, compiled for sm_90 here (nb06_compiled.py)
 from ropelib.course import nb06_compiled   # noqa: E402
 for w, row in ((1, w1_row), (4, w4_row)):
-    here = nb06_compiled.global_accesses(w, backward=True)
+    here = nb06_compiled.global_accesses(w, backward=True, kernel=_rope_batch_reuse_kernel)
     print(f"backward, num_warps={w}, sm_90: {here:38} the profiled forward: "
           f"{row['ptx_access_detail']}")
     assert here == row["ptx_access_detail"], (w, here)
@@ -737,10 +743,14 @@ assert round(start_us / (br1["fwd_ms"] * 1e3), 2) == 0.94
 # Why a small-batch step takes more than two forwards, the sweep does not say. One possibility,
 # which the sweep does not test: `do_bench` times between CUDA events around a call, so when the
 # host takes longer to enqueue a step (autograd's Python, its device thread, the launches) than
-# the GPU takes to run it, the wait can be timed too. The only committed host times are at
-# another shape ($s = 1$, $b = 64$): two H200 runs of `benchmarks/autograd_host_probe.py`, half
-# again apart. The next cell draws them as a band: the scale of autograd's host cost, not a
-# measurement of these steps.
+# the GPU takes to run it, the wait can be timed too. The committed host times are at another
+# shape ($s = 1$, $b = 64$), from `benchmarks/autograd_host_probe.py`: each the best of 7 rounds of
+# 200 calls back to back. Two H200 runs, half again apart, and two H100 runs of 2026-12-07:
+# ropelib's forward+backward 161.0 µs in the first, 91.3 in the second, and a trivial
+# `autograd.Function` (`empty_like` both ways, none of ropelib's code) 88.1 against 57.8. So the
+# host's cost differs between hosts and runs by about 1.5 times on the same trivial Function;
+# these runs do not say why. The next cell draws the H200 runs (the sweep's GPU) as a band: a
+# best-of-rounds figure of those runs, for scale, not a measurement of these steps.
 
 # %%
 def autograd_host_log(path):
@@ -775,9 +785,26 @@ assert late["trivial Function: forward+backward"] == (99.1, 46.2), "the text's 9
 assert late["ropelib: forward+backward, launches removed"][0] == 159.1, "the text's 159.1 us"
 assert host["1352"]["ropelib: forward+backward"][0] == 125.7, "the text's 125.7 us"
 host_lo, host_hi = (host[h]["ropelib: forward+backward"][0] for h in ("1352", "1436"))
+# the same probe on two H100 hosts, 2026-12-07 (08:20 and 09:26 UTC)
+host_h100 = {}
+for hhmm in ("0820", "0926"):
+    head_h100, host_h100[hhmm] = autograd_host_log(
+        measured.RESULTS / f"autograd_host-nvidia-h100-80gb-hbm3-20261207-{hhmm}.log")
+    assert head_h100.startswith("# NVIDIA H100 80GB HBM3,"), head_h100
+    assert "best of 7 rounds of 200 calls" in head_h100
+    assert ("TE installed" if hhmm == "0820" else "TE not installed") in head_h100
+print(f"{head_h100[2:].split(',')[0]}, 2026-12-07 08:20 (TE installed) and 09:26 (not) UTC; "
+      "the same probe and shape")
+for key, label in HOST_ROWS.items():
+    print(f"  {label:28s}" + "".join(f"{hhmm[:2]}:{hhmm[2:]} {on:6.1f} / {off:5.1f}    "
+                                     for hhmm, (on, off) in ((h, host_h100[h][key])
+                                                             for h in host_h100)))
+assert [host_h100[h]["ropelib: forward+backward"][0] for h in ("0820", "0926")] == [161.0, 91.3]
+trivial_h100 = [host_h100[h]["trivial Function: forward+backward"][0] for h in ("0820", "0926")]
+assert trivial_h100 == [88.1, 57.8] and round(trivial_h100[0] / trivial_h100[1], 1) == 1.5
 fin1 = sweep[("ropelib", 1)]                         # the finished kernel's step at batch 1
 print(f"the sweep, ropelib at batch 1: step {fin1['fwdbwd_ms'] * 1e3:.1f} us, two forwards "
-      f"{2 * fin1['fwd_ms'] * 1e3:.1f} us; the probe's host time of its step: "
+      f"{2 * fin1['fwd_ms'] * 1e3:.1f} us; the H200 probe's host time of its step: "
       f"{host_lo:.1f} to {host_hi:.1f} us")
 assert (round(fin1["fwdbwd_ms"] * 1e3, 1), round(fin1["fwd_ms"] * 1e3, 1)) == (147.6, 22.3)
 assert host_lo < fin1["fwdbwd_ms"] * 1e3 < host_hi, "the step lies inside the host's band"
@@ -793,7 +820,8 @@ assert all(r["fwdbwd_ms"] * 1e3 > max(host_hi, 2 * r["fwd_ms"] * 1e3) for r in t
 
 fig, ax = plt.subplots(figsize=(10, 4.2))
 ax.axhspan(host_lo, host_hi, color="grey", alpha=0.2,
-           label="host time of ropelib's forward+backward\n(probe at s=1 b=64, two runs)")
+           label="host time of ropelib's forward+backward\n(probe at s=1 b=64, two H200 runs,\n"
+                 "best of rounds)")
 for k, colour in zip(STEP_KERNELS, ("tab:orange", "tab:blue", "tab:green")):
     fwd_us = [sweep[(k, b_)]["fwd_ms"] * 1e3 for b_ in batches]
     ax.plot(batches, fwd_us, "o--", color=colour, label=f"{k}: forward")
@@ -820,7 +848,9 @@ plt.show()
 # themselves show the finished kernel's batch-1 step at 147.6 µs against 44.6 µs of device work
 # (two forwards), and the teaching kernels' steps at batches 1 and 2 at 224 to 486 µs.
 #
-# On a GPU the next cell times the `ropelib_batch_reuse` step at batch 1 from both sides. The
+# On a GPU the next cell times the `ropelib_batch_reuse` step at batch 1 (the benchmark's
+# provider: ropelib's copy of section 2's kernel, the cell's source as long as you have not edited
+# it; a test keeps the two equal) from both sides. The
 # device's: the whole call (`do_bench`), its kernels alone (`torch.profiler`), and the step
 # replayed from a CUDA graph (launches the GPU replays without the host). The host's: 50 steps
 # enqueued back to back without synchronising, so the clock sees the host enqueue the work;
@@ -869,6 +899,8 @@ def measure_host():
     return host_phases(lambda: prov.fn(gcase), leaves, grads, 50 if GPU else 2)
 
 
+host_us = measure_host()                                 # before the profiler runs in this process
+host_1t = launch_queue.one_thread(lambda _: measure_host())(None)   # autograd's thread off
 if GPU:
     whole = {k: compare.time_ms(f, device)[0] * 1e3 for k, f in calls.items()}
     # the kernels' own device time, each call after the same L2 flush as do_bench's
@@ -881,8 +913,6 @@ if GPU:
     except RuntimeError as err:          # a build where this route cannot be captured
         replayed = None
         print(f"not captured in a CUDA graph here ({str(err)[:150]})")
-host_us = measure_host()
-host_1t = launch_queue.one_thread(lambda _: measure_host())(None)   # autograd's thread off
 assert 0 < host_us["enqueue"] <= host_us["wall"] and min(host_1t.values()) > 0
 if GPU:
     print(f"{torch.cuda.get_device_name()}, live, ropelib_batch_reuse, bf16 "
@@ -942,9 +972,13 @@ else:
 # two forwards by more than 10 %, the `step =` line prints the share of the excess the device sat
 # idle inside the events; above one half, the host fills it.
 #
-# The cell reads its own GPU on the day it runs. It does not explain the committed H200 step of
-# 427 µs: no host time was measured beside that run, and a loop that waits on the host can still
-# time at two forwards under `do_bench`. What made that step 427 µs stays open.
+# The cell's host times are this process's, on this host, measured before its profiler runs;
+# they are not the probe's best of rounds and may be far higher than the band above.
+#
+# The cell reads its own GPU on the day it runs. Where it finds its step host-bound (the `step =`
+# line says the host fills it; on an H100 at this shape it has), that fits the hypothesis for the
+# committed H200 step of 427 µs at the same shape, without measuring it: no host time was measured
+# beside that run.
 
 # %% [markdown]
 # ## 4. `gradcheck` in float64
@@ -1103,7 +1137,7 @@ print("expanded input: forward reads stride 0, backward's gradients summed over 
 # loads of $\partial L/\partial y$ move $4N$ bytes either way, but hit 4 distinct bytes as it is
 # and $4N$ after the copy.
 #
-# On a GPU it then times, through `rope_batch_reuse` (section 2's kernel at one warp), the kernel
+# On a GPU it then times, through `rope_cell` (the cell's kernel at ropelib's one warp), the kernel
 # on `g_sum` as it is, `.contiguous()` then the kernel, and that path's two pieces apart. It
 # prints each call's GB/s under the model's bytes and the copy's cost as a multiple of the as-is
 # time, and names the pieces more than 5 % below the as-is kernel's GB/s: those push the
@@ -1129,25 +1163,24 @@ assert seen_r["g_sum.contiguous()"]["in"][1:] == (4 * n_r, 4 * n_r)
 assert seen_r["g_sum as it is"]["out"] == seen_r["g_sum.contiguous()"]["out"]
 
 calls5 = {  # name: (the call a GPU times, the bytes it moves by the model)
-    "read as it is": (lambda: rope_batch_reuse(g_sum, freqs, backward=True), 4 * n),
-    ".contiguous() first": (
-        lambda: rope_batch_reuse(g_sum.contiguous(), freqs, backward=True), 12 * n),
+    "read as it is": (lambda: rope_cell(g_sum, freqs, backward=True), 4 * n),
+    ".contiguous() first": (lambda: rope_cell(g_sum.contiguous(), freqs, backward=True), 12 * n),
     "g_sum.contiguous() alone": (lambda: g_sum.contiguous(), 4 * n),
-    "kernel on contiguous dL/dy": (lambda: rope_batch_reuse(g_c, freqs, backward=True), 8 * n),
+    "kernel on contiguous dL/dy": (lambda: rope_cell(g_c, freqs, backward=True), 8 * n),
 }
 grads5 = {name: call() for name, (call, _) in calls5.items() if name != "g_sum.contiguous() alone"}
-for t_ in (rope_cell(g_sum, freqs, backward=True), *grads5.values()):   # the cell's kernel too
+for t_ in (rope_batch_reuse(g_sum, freqs, backward=True), *grads5.values()):   # ropelib's too
     torch.testing.assert_close(t_, grads5["read as it is"], atol=1e-6, rtol=1e-6)
 assert torch.equal(calls5["g_sum.contiguous() alone"][0](), g_c)
 assert default_num_warps(triton.next_power_of_2(D // 2)) == 1, "ropelib's launch: one warp"
 del grads5
-print("the same gradient on every path, and from the cell's kernel")
+print("the same gradient on every path, and from ropelib's copy of the kernel")
 
 if GPU:
     from triton.testing import do_bench
     ms5 = {name: do_bench(call) for name, (call, _) in calls5.items()}
     gbps5 = {name: nbytes / ms5[name] / 1e6 for name, (_, nbytes) in calls5.items()}
-    print(f"{torch.cuda.get_device_name()}, N = {n:,} fp32 elements, rope_batch_reuse "
+    print(f"{torch.cuda.get_device_name()}, N = {n:,} fp32 elements, the cell's kernel "
           f"(num_warps={default_num_warps(triton.next_power_of_2(D // 2))})")
     for name, (_, nbytes) in calls5.items():
         print(f"  {name:27s} {ms5[name] * 1e3:7.1f} us for {nbytes / 1e6:5.0f} MB -> "

@@ -41,6 +41,9 @@ STALE = {stem: _OLDER + _rerender(stem) for stem in (
     "05-finished-kernel",
     "07-te-vs-triton-live",
     "09-rope-in-a-model",
+    "04-batch-reuse-grid-kernel",
+    "06-backward-pass",
+    "12-rope-in-the-qkv-projection",
 )}
 # pages rendered before a data file they read was measured again
 _OLDER_DATA = ("the page shows outputs of benchmarks/results/floor-nvidia-h200.csv as it was "
