@@ -361,7 +361,7 @@ for who, fractions in of_copy.items():
                                      for name, f in zip(floor_cases, fractions)))
 compiled_ms = [floor_ms[(case, "torch.compile")] for case in floor_cases.values()]
 print(f"  torch.compile, in ms: forward {compiled_ms[0]:.2f}, forward+backward "
-      f"{compiled_ms[1]:.2f} (a forward slower than its forward+backward: not drawn below)")
+      f"{compiled_ms[1]:.2f} (this step time is not reproduced by the probe below; not drawn)")
 # per layer, with the tables given: transformers 4.x's apply_multimodal_rotary_pos_emb (each
 # feature's axis picked from [3, B, S, D] bf16 tables, then x*cos + rotate_half(x)*sin), eager
 given_tables = floor_rows[("multi-axis q+k from bf16 tables forward Qwen2-VL b4 s8192", "pytorch")]
@@ -414,11 +414,12 @@ plt.show()
 # tables, ran at 0.071: about 14 times a copy's time.
 #
 # torch.compile of transformers' code is printed but not drawn: its forward took 1.59 ms (0.084
-# of a copy's speed), longer than its forward and backward together, 0.64 ms (0.414). The
-# benchmark does not explain it: it compiles both graphs (one traced without gradients, one with
-# them) in its correctness check before any timing, and times both passes alike. The code
-# Inductor generated does: `benchmarks/mrope_compile_probe.py` compiled both calls the same way on
-# an H200, kept Inductor's code and profiled one call of each. The next cell counts, in that
+# of a copy's speed) and its forward and backward together 0.64 ms (0.414), less than the forward
+# alone. That step time is not reproduced by the probe below, so it is not relied on. The
+# benchmark compiles both graphs (one traced without gradients, one with them) in its
+# correctness check before any timing, and times both passes alike. What the kernels themselves
+# do is in the code Inductor generated: `benchmarks/mrope_compile_probe.py` compiled both calls
+# the same way on an H200, kept Inductor's code and profiled one call of each. The next cell counts, in that
 # committed code, the sines and cosines each kernel evaluates (its elements times the `sin` and
 # `cos` calls in its body), and reads the kernels' profiled times from the probe's log.
 
@@ -470,12 +471,14 @@ assert round(probe_ms["forward"], 2) == round(compiled_ms[0], 2)        # the fl
 # writes them once (six evaluations a (token, pair)) and the rotation only reads them: 64 times
 # fewer. q's rotation kernel takes 1,412.8 µs in the forward-only call and 167.0 µs in the step;
 # all the forward's kernels 1.61 ms, about three times the step's 0.47 ms. The probe's `do_bench`
-# of the forward, 1.590 ms, repeats the floor's. Its `do_bench` of the step, 1.624 ms, lies far
-# above both the floor's 0.64 ms and its own kernels' 0.47: the step's time beyond its kernels
-# differs between the two harnesses, and the probe does not take it apart. So on the device the
-# forward-only call is the slower, by Inductor's fusion choice for this graph (a kernel busy with
-# six sines and cosines an element); the forward row says what that graph costs, not what
-# compiled code can do, and no conclusion here rests on it.
+# of the forward, 1.590 ms, repeats the floor's. Its `do_bench` of the step, 1.624 ms, does not
+# reproduce the floor's 0.64 ms and lies far above its own kernels' 0.47: the step's time beyond
+# its kernels differs between the two harnesses, and the probe does not take it apart, so
+# neither whole-step time settles which call is slower. The summed kernel times do: on the
+# device the forward-only call's kernels take 1.61 ms against the step's 0.47, by Inductor's
+# fusion choice for this graph (a kernel busy with six sines and cosines an element). The
+# forward row says what that graph costs, not what compiled code can do, and no conclusion here
+# rests on it.
 
 # %% [markdown]
 # Models written for transformers 4.x call `apply_multimodal_rotary_pos_emb(q, k, cos, sin,
@@ -671,8 +674,8 @@ if HAVE_HF:
 #
 # The check runs your kernel in the interpreter (and compiled, on a GPU) on section 1's three
 # splits, with a partial last tile, in fp32 and bf16, against `ropelib.apply_mrope_qk`. It also
-# counts your sines and cosines: more than one of each per (token, pair) fails even with right
-# values, as does calling ropelib. Use `tl.cos` and `tl.sin`: libdevice called by name does not
+# counts your sines and cosines: more than two of them together per (token, pair) (a sine and a
+# cosine) fails even with right values, as does calling ropelib. Use `tl.cos` and `tl.sin`: libdevice called by name does not
 # run in the interpreter.
 #
 # The launch is the next cell's `launch_mrope`: the check, the counts and every timing below go
@@ -745,8 +748,10 @@ solution(ex.solution_mrope_kernel.fn, title="Solution: angles once per token, th
 #   `HEADS`, each forming its own angles. At 16,384 tokens one group of all 32 heads, at 64
 #   tokens 32 groups of one.
 #
-# A group's heads are rotated `HPS` at a time, as a `[BLOCK_S, HPS, HALF]` tile
-# (`_rotate_segment`).
+# A group's heads are rotated `HPS` at a time, as a `[BLOCK_S, HPS, HALF]` tile:
+# `_rotate_segment` steps over the heads, and `_rotate_heads` loads, rotates and stores one such
+# tile with the angles formed once (both shown after the kernel). The next cell also prints the
+# plan: at 16,384 tokens, programs of 2 warps, each rotating 8 heads a step.
 #
 # <!-- ropelib-source: ropelib.kernels.mrope._mrope_cos_sin -->
 # ```python
@@ -847,12 +852,75 @@ solution(ex.solution_mrope_kernel.fn, title="Solution: angles once per token, th
 #                             stride_k_s, stride_k_b, stride_k_h, stride_k_d, ko_s, ko_b, ko_h, 1,
 #                             R, D, BLOCK_S, HPS, BLOCK_HALF, BLOCK_PASS, INTERLEAVED, CDT, INT64)
 # ```
+#
+# <!-- ropelib-source: ropelib.kernels.mrope._rotate_segment -->
+# ```python
+# @triton.jit
+# def _rotate_segment(x_ptr, y_ptr, s_off, tok_ok, bb, h_lo, h_hi, c, s,
+#                     stride_x_s, stride_x_b, stride_x_h, stride_x_d,
+#                     stride_y_s, stride_y_b, stride_y_h, stride_y_d,
+#                     R: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr, HPS: tl.constexpr,
+#                     BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr,
+#                     INTERLEAVED: tl.constexpr, CDT: tl.constexpr, INT64: tl.constexpr):
+#     # heads h_lo .. h_hi - 1 of one tensor (q or k), batch entry bb, HPS heads per step
+#     x_tok = s_off * stride_x_s + bb * stride_x_b                         # [BLOCK_S]
+#     y_tok = s_off * stride_y_s + bb * stride_y_b
+#     for h0 in range(h_lo, h_hi, HPS):
+#         h = h0 + tl.arange(0, HPS)                                       # [HPS]
+#         ok = tok_ok[:, None] & (h < h_hi)[None, :]                       # [BLOCK_S, HPS]
+#         if INT64:
+#             h = h.to(tl.int64)
+#         _rotate_heads(x_ptr, y_ptr, x_tok[:, None] + h[None, :] * stride_x_h,
+#                       y_tok[:, None] + h[None, :] * stride_y_h, ok, c, s, stride_x_d,
+#                       stride_y_d, R, D, BLOCK_S, HPS, BLOCK_HALF, BLOCK_PASS, INTERLEAVED, CDT)
+# ```
+#
+# <!-- ropelib-source: ropelib.kernels.mrope._rotate_heads -->
+# ```python
+# @triton.jit
+# def _rotate_heads(x_ptr, y_ptr, x_rows, y_rows, ok, c, s, stride_x_d, stride_y_d,
+#                   R: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr, HPS: tl.constexpr,
+#                   BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr,
+#                   INTERLEAVED: tl.constexpr, CDT: tl.constexpr):
+#     # HPS heads of BLOCK_S tokens: x_rows, y_rows [BLOCK_S, HPS] offsets of their rows, ok
+#     # [BLOCK_S, HPS] which exist; c, s [BLOCK_S, 1, BLOCK_HALF] (the same for every head)
+#     HALF: tl.constexpr = R // 2
+#     j = tl.arange(0, BLOCK_HALF)
+#     xr = x_ptr + x_rows[:, :, None]                           # [BLOCK_S, HPS, 1]
+#     yr = y_ptr + y_rows[:, :, None]
+#     if INTERLEAVED:
+#         f = tl.arange(0, 2 * BLOCK_HALF)
+#         mf = ok[:, :, None] & (f < R)[None, None, :]
+#         x = tl.load(xr + f[None, None, :] * stride_x_d, mask=mf, other=0.0)
+#         x_a, x_b = tl.split(tl.reshape(x, (BLOCK_S, HPS, BLOCK_HALF, 2)))
+#     else:
+#         m = ok[:, :, None] & (j < HALF)[None, None, :]
+#         x_a = tl.load(xr + j[None, None, :] * stride_x_d, mask=m, other=0.0)
+#         x_b = tl.load(xr + (j + HALF)[None, None, :] * stride_x_d, mask=m, other=0.0)
+#     if BLOCK_PASS > 0:
+#         e = R + tl.arange(0, BLOCK_PASS)
+#         mp = ok[:, :, None] & (e < D)[None, None, :]
+#         t = tl.load(xr + e[None, None, :] * stride_x_d, mask=mp)
+#     x_a = x_a.to(CDT)
+#     x_b = x_b.to(CDT)
+#     y_a, y_b = rotate_pair(x_a, x_b, c, s, c, s)     # both members of a pair share the angle
+#     y_a = round_to(y_a, y_ptr.dtype.element_ty, ROUND_BF16_RTNE)
+#     y_b = round_to(y_b, y_ptr.dtype.element_ty, ROUND_BF16_RTNE)
+#     if INTERLEAVED:
+#         tl.store(yr + f[None, None, :] * stride_y_d,
+#                  tl.reshape(tl.join(y_a, y_b), (BLOCK_S, HPS, 2 * BLOCK_HALF)), mask=mf)
+#     else:
+#         tl.store(yr + j[None, None, :] * stride_y_d, y_a, mask=m)
+#         tl.store(yr + (j + HALF)[None, None, :] * stride_y_d, y_b, mask=m)
+#     if BLOCK_PASS > 0:
+#         tl.store(yr + e[None, None, :] * stride_y_d, t.to(y_ptr.dtype.element_ty), mask=mp)
+# ```
 
 # %%
 import inspect
 
 from ropelib.kernels import mrope as mrope_kernels
-from ropelib.kernels.mrope import _mrope_cos_sin, _mrope_kernel
+from ropelib.kernels.mrope import _mrope_cos_sin, _mrope_kernel, _rotate_heads, _rotate_segment
 
 # the lines the text points to, found in the code ropelib runs (file and line number)
 kernel_file = Path(inspect.getsourcefile(_mrope_kernel.fn)).resolve().relative_to(
@@ -879,15 +947,18 @@ for tokens in (16384, 64):
     block_s, hps, heads, _, warps = mrope_kernels.pick_tiles(tokens, 1, 32, 128, 128, False, 132)
     head_groups[tokens] = -(-32 // heads)
     plan[tokens] = (block_s, head_groups[tokens], heads,
-                    -(-tokens // block_s) * head_groups[tokens], warps)
+                    -(-tokens // block_s) * head_groups[tokens], warps, hps)
     print(f"{tokens:6,d} tokens: {block_s} token(s) a program, {head_groups[tokens]} group(s) of "
-          f"{heads} head(s): {plan[tokens][3]:,} programs of {warps} warps")
+          f"{heads} head(s): {plan[tokens][3]:,} programs of {warps} warps, "
+          f"{min(hps, heads)} head(s) a step (HPS {hps})")
 # what the text says: at 16,384 tokens one group of all 32 heads, 1 token a program, 16,384
-# programs of 2 warps; at 64 tokens the heads are split, 32 groups of one
+# programs of 2 warps, 8 heads a step (appendix C); at 64 tokens the heads are split, 32 groups
+# of one
 assert plan[16384][0] == 1, "16,384 tokens: 1 token a program"
 assert plan[16384][1:3] == (1, 32), "16,384 tokens: one group of all 32 heads"
 assert plan[16384][3] == 16384, "16,384 tokens: 16,384 programs"
 assert plan[16384][4] == 2, "16,384 tokens: programs of 2 warps"
+assert plan[16384][5] == 8, "16,384 tokens: 8 heads a step (HPS)"
 assert plan[64][1:3] == (32, 1), "64 tokens: 32 groups of one head"
 
 # %% [markdown]
@@ -1545,6 +1616,8 @@ waits = {m[len("smsp__average_warps_issue_stalled_"):-len("_per_issue_active.rat
 waits.pop("selected")                            # the cycle it issues, not a wait
 assert len(waits) >= 15 and max(waits, key=waits.get) == "not_selected"
 assert round(waits["not_selected"], 1) == 3.9
+# "3.9 of the 11.1 cycles": its cycles between two instructions of a warp
+assert round(head["smsp__average_warp_latency_per_inst_issued.ratio"], 1) == 11.1
 # "at most a fifth (1 / 0.81, about 1.23 times)"
 assert round(1 / issue_share["angles per (token, head)"], 2) == 1.23
 assert round(token[STALLED.format("long_scoreboard")], 1) == 42.7, "42.7 cycles on L1TEX"
@@ -1597,8 +1670,9 @@ plt.show()
 assert all(v > 0 for v in parts["other"])                   # the two waits are parts of the whole
 
 # %% [markdown]
-# On the right, the per-head kernel's warps wait few cycles between instructions, mostly
-# *not selected* (another ready warp was issued); the other kernels' warps wait mostly on global
+# On the right, the per-head kernel's warps wait few cycles between instructions (11.1), and its
+# largest single stall reason is *not selected* (another ready warp was issued: 3.9 of the 11.1
+# cycles; the other reasons together take more); the other kernels' warps wait mostly on global
 # loads (*L1TEX*).
 #
 # On this H200, at the profiler's fixed 1.5 GHz, the per-head kernel issues on 81 % of its active
@@ -1965,7 +2039,7 @@ assert [round(b32 / b16, 2) for b16, b32 in fp32_us.values()] == [1.76, 1.91, 1.
 # Among 1 to 16 tokens a program, the worked solution is slowest at 1 on both GPUs (on the H100,
 # 157.9 µs against 102.6 at 4 tokens). At 1 token its tile is one head of one token, `[1, 64]`,
 # for a program of 4 warps (128 threads), and each loop step moves one head. ropelib's kernel also
-# runs 1 token a program, but on 2 warps and several heads a step (section 6). Two launch choices
+# runs 1 token a program, but on 2 warps and 8 heads a step (section 6). Two launch choices
 # to try:
 #
 # - `num_warps`: the threads a program has for its tile (`launch_mrope`'s default is 4);

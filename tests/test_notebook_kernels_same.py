@@ -58,6 +58,8 @@ REQUIRED = {
     "08-debugging-allclose": ["ropelib.course.exercises.debugging._rope_combine_kernel"],
     "10-multi-axis-rope": ["ropelib.kernels.mrope._mrope_cos_sin",
                            "ropelib.kernels.mrope._mrope_kernel",
+                           "ropelib.kernels.mrope._rotate_segment",
+                           "ropelib.kernels.mrope._rotate_heads",
                            "ropelib.course.exercises.multi_axis.launch_mrope"],
     # (11's comparison kernel and its launcher, each a runnable copy the timing cell uses)
     "11-rope-at-scale": ["ropelib.course.nb11_program_code.cs_table_kernel",
