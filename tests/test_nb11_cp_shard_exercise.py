@@ -75,6 +75,20 @@ def calls_the_worked_kernel(x_ptr, y_ptr, freqs_ptr, S_LOCAL, CP_SIZE, CP_RANK,
 
 
 @triton.jit
+def stores_before_the_shard_kernel(x_ptr, y_ptr, freqs_ptr, S_LOCAL, CP_SIZE, CP_RANK,
+                                   H: tl.constexpr, D: tl.constexpr):
+    # right values, but the first program also stores a token's worth of zeros before y
+    row = tl.program_id(0)
+    i = row % S_LOCAL
+    seg = S_LOCAL // 2
+    pos = tl.where(i < seg, CP_RANK * seg + i, (2 * CP_SIZE - 1 - CP_RANK) * seg + i - seg)
+    _rotate_at(x_ptr, y_ptr, freqs_ptr, row, pos, H, D)
+    e = tl.arange(0, H * D)
+    tl.store(y_ptr - H * D + e, tl.zeros((H * D,), tl.float32),
+             mask=e < tl.where(row == 0, H * D, 0))
+
+
+@triton.jit
 def blank_kernel(x_ptr, y_ptr, freqs_ptr, S_LOCAL, CP_SIZE, CP_RANK,
                  H: tl.constexpr, D: tl.constexpr):
     pass
@@ -115,6 +129,30 @@ def test_a_python_function_calling_apply_rope_is_refused(capsys):
 
     assert ex.check_cp_shard_kernel(library) is False
     assert "expected a @triton.jit kernel" in capsys.readouterr().out
+
+
+def test_a_kernel_storing_past_the_shard_is_refused(capsys):
+    # the output sits in the middle of a NaN buffer: a store outside it is caught, even where
+    # every element of the shard is right
+    assert ex.check_cp_shard_kernel(stores_before_the_shard_kernel, seed=0) is False
+    out = capsys.readouterr().out
+    assert f"❌ {ex._NAME}" in out and "elements outside the shard's output" in out, out
+
+
+def test_the_check_launches_through_the_launcher_it_is_given(capsys):
+    """Notebook 11 defines launch_cp_shard in the exercise cell and hands it to the check: the
+    check launches through the one it is given (a launcher that launches nothing fails it)."""
+    calls = []
+
+    def launch(kern, *args):
+        calls.append(len(args))
+        ex.launch_cp_shard(kern, *args)
+
+    kernel = learner_copy(ex.solution_cp_shard_kernel)
+    assert ex.check_cp_shard_kernel(kernel, seed=0, launch=launch) is True, capsys.readouterr().out
+    assert calls and set(calls) == {5}
+    assert ex.check_cp_shard_kernel(kernel, seed=0, launch=lambda kern, *args: None) is False
+    assert "❌" in capsys.readouterr().out
 
 
 def test_blank_and_nothing(capsys):

@@ -17,12 +17,14 @@ launched with one program per local token, grid (B * S_LOCAL,).
 
 `check_cp_shard_kernel` draws a whole sequence, rotates it with `ropelib.apply_rope` outside the
 watch, and compares each rank's output with that rank's share of the full rotation
-(`context_parallel.shard`), the output poisoned with NaN first. The kernel runs in Triton's
+(`context_parallel.shard`), the output poisoned with NaN first and set in the middle of a NaN
+buffer (`guarded_view`), so a store past either end of the shard is caught. It launches through
+`launch_cp_shard`, or the launcher passed as `launch=` (notebook 11 passes its own copy). The kernel runs in Triton's
 interpreter with ropelib barred (its kernels and their @triton.jit helpers, among them
 `dual_chunk_position`, and every worked solution), on a GPU compiled there too; one case is
 drawn as the check runs (`fresh_generator`), so no table made beforehand passes.
 """
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import triton
@@ -30,7 +32,7 @@ import triton.language as tl
 
 from ... import context_parallel, frequencies, runtime
 from ...api import apply_rope
-from . import _compare, check, kernel_answer
+from . import _compare, check, guard_band_writes, guarded_view, kernel_answer
 from .own_code import fresh_seed, launch_on
 
 __all__ = ["check_cp_shard_kernel", "solution_cp_shard_kernel", "launch_cp_shard", "CASES"]
@@ -58,12 +60,15 @@ def _drawn_case(gen) -> tuple:
     return (int(torch.randint(1, 3, (), generator=gen)), S, 2, 8, n, torch.float32)
 
 
-def check_cp_shard_kernel(kernel, *, seed: Optional[int] = None) -> bool:
+def check_cp_shard_kernel(kernel, *, seed: Optional[int] = None,
+                          launch: Optional[Callable] = None) -> bool:
     """Launch the learner's kernel (this module's signature) on every rank's shard of fresh
     sequences; compare with each rank's share of ropelib.apply_rope over the whole sequence.
-    Prints ✅ or ❌ (with why); never raises."""
+    `launch` (the notebook's launcher, `launch_cp_shard`'s signature) launches it; by default
+    `launch_cp_shard`. Prints ✅ or ❌ (with why); never raises."""
     if not kernel_answer(_NAME, kernel, "the rotated shard it wrote"):
         return False
+    launch = launch_cp_shard if launch is None else launch
     seed = fresh_seed() if seed is None else seed
     gen = torch.Generator().manual_seed(seed)
     on_gpu = runtime.on_gpu()
@@ -83,9 +88,17 @@ def check_cp_shard_kernel(kernel, *, seed: Optional[int] = None) -> bool:
             for device in ("cpu", "cuda") if on_gpu else ("cpu",):
                 where = "interpreter" if device == "cpu" else "compiled on the GPU"
                 shard = context_parallel.shard(x, n, r).to(device).contiguous()
-                y = torch.full_like(shard, float("nan"))
-                if not launch_on(device, _NAME, f"{label}, {where}", launch_cp_shard, kernel,
+                # the output: NaN, in the middle of a NaN buffer (wider than a token's heads)
+                pad = 2 * H * D + 64
+                y_buf, y = guarded_view(shard.shape, pad, dtype=shard.dtype, device=device)
+                if not launch_on(device, _NAME, f"{label}, {where}", launch, kernel,
                                  shard, y, freqs.view(S, D).to(device), n, r):
+                    return False
+                outside = guard_band_writes(y_buf, pad)
+                if outside:
+                    print(f"❌ {_NAME} ({label}, {where}): the kernel stored {outside} elements "
+                          "outside the shard's output y (a wrong row offset, or a program "
+                          "past the last token)")
                     return False
                 same, _ = _compare(y.cpu(), want, *tol)
                 if not same:
