@@ -248,8 +248,9 @@ solution(ex.solution_dual_chunk_positions)
 # rotates all the token's heads by that row,
 # $y_j = x_j\cos\theta_j - x_{j+D/2}\sin\theta_j$,
 # $y_{j+D/2} = x_{j+D/2}\cos\theta_j + x_j\sin\theta_j$. The check compares every rank's output
-# (1 to 4 ranks, fp32 and bf16) with its share of the full rotation; ropelib's kernels and
-# their position helper are barred.
+# (1 to 4 ranks, fp32 and bf16) with its share of the full rotation, and refuses a store outside
+# the shard's output; ropelib's kernels and their position helper are barred. It launches your
+# kernel through `launch_cp_shard`, defined under it in the cell: that grid, those arguments.
 
 # %%
 @triton.jit
@@ -268,7 +269,14 @@ def my_rope_cp_shard_kernel(
     pass
 
 
-cp_shard_ok = cp_ex.check_cp_shard_kernel(my_rope_cp_shard_kernel)
+def launch_cp_shard(kernel, x, y, freqs, cp_size: int, cp_rank: int) -> None:
+    """x, y [B, S_LOCAL, H, D] (a rank's shard and its output), freqs [S, D]."""
+    B, S_local, H, D = x.shape
+    # grid: one program per local token, all its heads in one tile (Triton's default 4 warps)
+    kernel[(B * S_local,)](x, y, freqs, S_local, cp_size, cp_rank, H=H, D=D)
+
+
+cp_shard_ok = cp_ex.check_cp_shard_kernel(my_rope_cp_shard_kernel, launch=launch_cp_shard)
 
 # %%
 solution(cp_ex.solution_cp_shard_kernel.fn, title="Solution: a rank's shard at its positions")
@@ -1406,8 +1414,8 @@ for cache in ("contiguous", "paged"):      # per cache: to fp32, divide, clamp, 
 
 # %% [markdown]
 # The fused step is one Triton kernel for every cache; the unfused step, `apply_rope_qk` plus
-# 6 ATen operators (contiguous bf16), 9 (paged), 4 more per cache in fp8, is on a GPU 7, 10, 15
-# or 18 CUDA kernels.
+# 6 ATen operators (contiguous bf16), 9 (paged), and in fp8 4 more per cache tensor (k and v:
+# to fp32, divide, clamp, to fp8), 8 in all, is on a GPU 7, 10, 15 or 18 CUDA kernels.
 #
 # What does one more kernel cost in a replayed step? The next cell fits a line through the
 # H200's unfused steps at batch 1 against their operations, and one through replays of $n$
@@ -1523,7 +1531,9 @@ assert as_stated((min(two_vs_unfused), max(two_vs_unfused)), (2.2, 4.8)), two_vs
 # - The fused kernel stores the rotated k into slot `[b, p]` or
 #   `[block_table[b, p // BS], p % BS]`; an fp8 cache at scale `amax / 448` costs a few percent.
 # - Replayed on the H200, fusion saves about one kernel start up to 64 sequences and more than
-#   two at 256 (2.6 to 3.0 µs); it is not the rotated k's round trip.
+#   two at 256 (2.6 to 3.0 µs). It is not the round trip's bytes at peak bandwidth (0.22 µs at
+#   256); the rest is the second kernel's own pass (which reads the rotated k back), not broken
+#   down here.
 
 # %% [markdown]
 # ## Questions for a study group
@@ -1665,16 +1675,18 @@ print(f"{prof_meta['gpu']} ({PROFILE.name}): one layer's attention, forward and 
 for key, r in prof.items():
     print(f"{key:>6}: {r['attention_ms']:6.1f} ms, cuDNN's part {r['cudnn_part_pct']:3d} %, "
           f"{r['tflops']} TFLOP/s")
-# a step at S=131072 = attention + the rest: by the fit, and by the profiles x the layers
+# a step at S=131072 = attention + the rest: by the fit, and by the profiles x the layers (of
+# the two ranks, rank 0 only was profiled: its row stands for it alone)
 att = {1: prof["cudnn"]["attention_ms"] * layers, 2: prof["rank0"]["attention_ms"] * layers}
 rest = {n: ms_step[n, "long"] - att[n] for n in (1, 2)}
 print(f"\n{'ms per step':<24}{'S^2 term or attention':>22}{'linear term or the rest':>25}")
-for n, label in ((1, "1 GPU"), (2, "2 ranks, each")):
-    print(f"{label + ', fit':<24}{terms[n][0]:>22.0f}{terms[n][1]:>25.0f}")
-    print(f"{label + ', profiles':<24}{att[n]:>22.0f}{rest[n]:>25.0f}")
+for n, fit_label, prof_label in ((1, "1 GPU, fit", "1 GPU, profile"),
+                                 (2, "2 ranks, each, fit", "rank 0, profile")):
+    print(f"{fit_label:<24}{terms[n][0]:>22.0f}{terms[n][1]:>25.0f}")
+    print(f"{prof_label:<24}{att[n]:>22.0f}{rest[n]:>25.0f}")
 sq_by_profile, lin_by_profile = att[2] - att[1] / 2, rest[2] - rest[1] / 2
 print(f"{'the 2-rank excess, fit':<24}{sq_excess:>22.0f}{lin_excess:>25.0f}")
-print(f"{'the 2-rank excess, prof.':<24}{sq_by_profile:>22.0f}{lin_by_profile:>25.0f}")
+print(f"{'rank 0 excess, profile':<24}{sq_by_profile:>22.0f}{lin_by_profile:>25.0f}")
 assert prof["cudnn"]["cudnn_part_pct"] == 100, "one GPU: cuDNN's kernels only"
 assert prof["rank0"]["cudnn_part_pct"] == 9, "rank 0: cuDNN's for 9 %"
 assert prof["cudnn"]["tflops"] == 441, "one GPU: 441 TFLOP/s"
@@ -1689,7 +1701,13 @@ assert sq_by_profile > 2 * lin_by_profile and sq_excess > 2 * lin_excess   # mos
 # %% [markdown]
 # On the H200, one GPU's attention ran cuDNN's kernels only, at 441 TFLOP/s; rank 0's ran mostly
 # the flash kernel, at 307; one GPU forced onto flash ran at 294. So rank 0 is slower because of
-# the kernel a masked call can reach. The profiles agree with the fit to about 100 ms.
+# the kernel a masked call can reach. Rank 0's profile agrees with the fit to about 100 ms.
+#
+# Only rank 0 was profiled, so the "rank 0" rows stand for rank 0 alone. Its first chunk is
+# square (as many queries as keys) and may reach cuDNN's kernel, which had 9 % of its time;
+# rank 1's two chunks never are, so its attention takes the other kernels, at a rate not
+# measured here. The ranks meet at each layer's collectives, so a slower rank 1 would lengthen
+# the step: rank 1, not profiled, is a candidate for part of the 2-rank excess.
 
 # %% [markdown]
 # ### A.2 200 steps in bf16: does the two-rank run train the same model?
