@@ -419,9 +419,10 @@ plt.show()
 # benchmark compiles both graphs (one traced without gradients, one with them) in its
 # correctness check before any timing, and times both passes alike. What the kernels themselves
 # do is in the code Inductor generated: `benchmarks/mrope_compile_probe.py` compiled both calls
-# the same way on an H200, kept Inductor's code and profiled one call of each. The next cell counts, in that
-# committed code, the sines and cosines each kernel evaluates (its elements times the `sin` and
-# `cos` calls in its body), and reads the kernels' profiled times from the probe's log.
+# the same way on an H200, kept Inductor's code and profiled one call of each. The next cell
+# counts, in that committed code, the sines and cosines each kernel evaluates (its elements
+# times the `sin` and `cos` calls in its body), and reads the kernels' profiled times from the
+# probe's log.
 
 # %%
 from ropelib.course.counts import inductor_sin_cos
@@ -675,8 +676,8 @@ if HAVE_HF:
 # The check runs your kernel in the interpreter (and compiled, on a GPU) on section 1's three
 # splits, with a partial last tile, in fp32 and bf16, against `ropelib.apply_mrope_qk`. It also
 # counts your sines and cosines: more than two of them together per (token, pair) (a sine and a
-# cosine) fails even with right values, as does calling ropelib. Use `tl.cos` and `tl.sin`: libdevice called by name does not
-# run in the interpreter.
+# cosine) fails even with right values, as does calling ropelib. Use `tl.cos` and `tl.sin`:
+# libdevice called by name does not run in the interpreter.
 #
 # The launch is the next cell's `launch_mrope`: the check, the counts and every timing below go
 # through it, and appendix C's exercise turns its `num_warps` and `HPS`.

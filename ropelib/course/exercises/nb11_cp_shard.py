@@ -19,10 +19,11 @@ launched with one program per local token, grid (B * S_LOCAL,).
 watch, and compares each rank's output with that rank's share of the full rotation
 (`context_parallel.shard`), the output poisoned with NaN first and set in the middle of a NaN
 buffer (`guarded_view`), so a store past either end of the shard is caught. It launches through
-`launch_cp_shard`, or the launcher passed as `launch=` (notebook 11 passes its own copy). The kernel runs in Triton's
-interpreter with ropelib barred (its kernels and their @triton.jit helpers, among them
-`dual_chunk_position`, and every worked solution), on a GPU compiled there too; one case is
-drawn as the check runs (`fresh_generator`), so no table made beforehand passes.
+`launch_cp_shard`, or the launcher passed as `launch=` (notebook 11 passes its own copy). The
+kernel runs in Triton's interpreter with ropelib barred (its kernels and their @triton.jit
+helpers, among them `dual_chunk_position`, and every worked solution), on a GPU compiled there
+too; one case is drawn as the check runs (`fresh_generator`), so no table made beforehand
+passes.
 """
 from typing import Callable, Optional
 
