@@ -1619,6 +1619,7 @@ assert len(waits) >= 15 and max(waits, key=waits.get) == "not_selected"
 assert round(waits["not_selected"], 1) == 3.9
 # "3.9 of the 11.1 cycles": its cycles between two instructions of a warp
 assert round(head["smsp__average_warp_latency_per_inst_issued.ratio"], 1) == 11.1
+assert head["smsp__average_warp_latency_per_inst_issued.ratio"] > 2 * waits["not_selected"]
 # "at most a fifth (1 / 0.81, about 1.23 times)"
 assert round(1 / issue_share["angles per (token, head)"], 2) == 1.23
 assert round(token[STALLED.format("long_scoreboard")], 1) == 42.7, "42.7 cycles on L1TEX"
@@ -1673,8 +1674,8 @@ assert all(v > 0 for v in parts["other"])                   # the two waits are 
 # %% [markdown]
 # On the right, the per-head kernel's warps wait few cycles between instructions (11.1), and its
 # largest single stall reason is *not selected* (another ready warp was issued: 3.9 of the 11.1
-# cycles; the other reasons together take more); the other kernels' warps wait mostly on global
-# loads (*L1TEX*).
+# cycles; the rest, spread over the other reasons, is more); the other kernels' warps wait
+# mostly on global loads (*L1TEX*).
 #
 # On this H200, at the profiler's fixed 1.5 GHz, the per-head kernel issues on 81 % of its active
 # cycles, near the ceiling: its instruction count, swollen by the repeated angle work, sets its
