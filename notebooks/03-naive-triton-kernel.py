@@ -103,8 +103,8 @@ print(freqs.shape, freqs.dtype, "->", y_ref.shape, y_ref.dtype)
 # A Triton kernel is written for **one program**: a function that works on whole tiles (vectors
 # of a compile-time size), not on one element like a CUDA thread. `kernel[grid](...)` starts one
 # program per point of the grid, and `tl.program_id(axis)` tells a program where it is. On a GPU a
-# program runs as one thread block on one streaming multiprocessor (SM; the H100 and H200 have
-# 132), its tiles spread over the block's threads in *warps* of 32. In the interpreter programs
+# program runs as one thread block on one streaming multiprocessor (SM; the H100 SXM and the H200 have
+# 132, the H100 PCIe 114), its tiles spread over the block's threads in *warps* of 32. In the interpreter programs
 # run one after another as Python.
 #
 # The naive choice: **one program per row** `x[s, b, h, :]`, on one grid axis, $h$ fastest, then
@@ -532,8 +532,8 @@ for dtype in (torch.float32, torch.bfloat16):
 #
 # - **At 1 warp its time is the time the GPU takes to start and retire its programs.** As many
 #   programs that do nothing take as long. The GPU starts them at about 0.6 ns each, GPU-wide
-#   (80 ns per program on each SM if its 132 SMs share the work evenly); whether that limit sits
-#   in each SM or in the GPU's scheduler is not measured here (4.4).
+#   (80 ns per program on each SM if its 132 SMs share the work evenly); where that limit sits
+#   is open (4.4).
 # - **More warps add instructions.** Once they outgrow the time a program takes to start, the
 #   time grows with them.
 #
@@ -617,7 +617,10 @@ else:
 #   measures how much of its gap to a copy a second row in flight closes.
 # - **The number of programs.** The second table adds two variants from notebook 04, also
 #   1,048,576 one-row programs: instructions 4.7 times apart, bytes in flight nearly threefold,
-#   and times within 0.3 %.
+#   and times within 0.3 %. They are rows of notebook 04's ablation (`benchmarks/ablation.py`):
+#   - `sh_one_b` is notebook 04's kernel on the grid $(S, H, B)$, one batch row a program, its
+#     sines and cosines computed from `freqs` in the program;
+#   - `sh_one_b_table` is the same, its sines and cosines read from precomputed fp32 tables.
 
 # %%
 from ropelib.bench import compare
@@ -752,8 +755,8 @@ assert round(life_us, 1) == 1.4
 # A million programs that do nothing take as long as the naive kernel (within 1 %), and as long
 # as a million that each move their row, at any number of warps. So at 1 warp the naive kernel's
 # time is the time the GPU takes to start and retire its programs: 0.60 ns a program for the
-# whole GPU, or 80 ns per program on each SM if its 132 SMs share the work evenly. Whether that
-# limit sits in each SM or in the GPU's scheduler is not measured here (4.4).
+# whole GPU, or 80 ns per program on each SM if its 132 SMs share the work evenly. Where that
+# limit sits is open (4.4).
 #
 # Occupancy follows from that start rate. By Little's law,
 # $\text{programs resident} = \text{start rate} \times \text{life}$, which holds for averages
@@ -937,7 +940,11 @@ draw_two_gpus(two, empty["us"], FIGURES / "03-naive-vs-copy-two-gpus.png")
 # about 0.6 ns each GPU-wide (80 ns per SM if the 132 SMs share the work evenly). Whether the limit
 # sits in each SM or in the GPU's scheduler is not measured here. A cost each SM pays would make
 # the GPU-wide figure fall on a GPU with more SMs; a limit in the scheduler would not. No committed
-# run has another SM count, or confines a kernel to fewer SMs. Exercise 5's model divides the
+# run has another SM count, or confines a kernel to fewer SMs. The probe that settles it is
+# `benchmarks/program_start_sms.py`: it confines the same empty kernel to fewer SMs with CUDA green
+# contexts and times it there. If ns per program × SMs stays constant as SMs are taken away, the
+# cost is each SM's; if ns per program stays constant, it is the scheduler's. It has no committed
+# result yet. Exercise 5's model divides the
 # programs by the SMs and multiplies by the per-SM figure, which is the GPU-wide figure times the
 # programs: on the GPU the figure was measured on, both readings predict the same time. Only
 # carrying 80 ns to a GPU with another SM count would need the per-SM reading.
@@ -1761,8 +1768,7 @@ solution(ex.solution_rope_rows.fn, title="Solution: ROWS heads of one token a pr
 # ns_per_program_per_sm, copy_us)`: the time in µs of such a kernel if its programs start at
 # 4.3's measured rate, written per SM: `ns_per_program_per_sm` a program on each of `sms` SMs
 # sharing the programs evenly, that is `ns_per_program_per_sm / sms` a program for the whole GPU
-# (where the limit sits is not measured; on the GPU it was measured on, both readings give the
-# same time: section 4.4). No kernel is faster than a copy of its bytes, `copy_us`: a floor.
+# (on the GPU it was measured on, both readings give the same time: section 4.4). No kernel is faster than a copy of its bytes, `copy_us`: a floor.
 
 # %%
 def my_predicted_us(n_rows, rows_per_program, sms, ns_per_program_per_sm, copy_us):
