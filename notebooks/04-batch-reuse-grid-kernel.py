@@ -1131,12 +1131,13 @@ if GEN_CSV.exists():   # the copy speed measured on the H200, reference case
 # **3. Predict the grid's time.** An H200 starts one-warp programs at 79.8 ns per program per SM
 # (notebook 03, section 4): a rate measured GPU-wide, written as if its 132 SMs shared the
 # programs evenly; whether the limit sits in each SM or in the GPU's scheduler is not measured.
-# Write `my_grid_us(S, B, H, sms, ns_per_program, copy_us)`: the time in µs of section 2's $(S, H)$
-# grid if its programs cost that and it takes at least a copy of its tensors' time (`copy_us`):
-# the model's two floors, programs and bytes.
+# Write `my_grid_us(S, B, H, sms, ns_per_program_per_sm, copy_us)`: the time in µs of section 2's
+# $(S, H)$ grid if its programs cost `ns_per_program_per_sm` each on each of `sms` SMs sharing
+# them evenly (the per-SM figure above, not a GPU-wide one) and it takes at least a copy of its
+# tensors' time (`copy_us`): the model's two floors, programs and bytes.
 
 # %%
-def my_grid_us(S, B, H, sms, ns_per_program, copy_us):
+def my_grid_us(S, B, H, sms, ns_per_program_per_sm, copy_us):
     ...  # your code
 
 
