@@ -414,6 +414,9 @@ print(f"programs launched: naive {naive.naive_grid(S, B, H)[0]:,}, batch-reuse "
 # kernel per batch size, but the compiler could issue all rows' loads together. The next cell
 # compiles both forms for sm_90 (no GPU needed) and lists the global loads (`LDG`, printed L) and
 # stores (`STG`, S) of their SASS (the GPU's machine code, notebook 03 §4.5) in order, at $B = 8$.
+# It compiles ropelib's ablation kernel (`ablation._rope_ablation_kernel`, whose `UNROLL_B`
+# switch gives both forms; section 5.3 shows it in a cell you can edit), not the cell above,
+# which has only the runtime loop: edits of either cell do not show here.
 
 # %%
 # section 5.3's kernel as sh_loop_b (runtime loop) and sh_loop_b_unrolled launch it, compiled for
@@ -503,7 +506,11 @@ assert compare.bytes_moved(cfg) == 2 * x_bytes + Sr * Dr * 4
 # `benchmarks/generations.py` times the naive kernel, the batch-reusing grid,
 # `ropelib.apply_rope` as it plans each call (two passes from 64 MiB of `q` on: notebook 05,
 # section 6) and a copy. On a GPU the cell times the same cases live beside the committed H200
-# times, with their ratio only on an H200 (`<<`: over 10 % apart).
+# times, with their ratio only on an H200 (`<<`: over 10 % apart). The live times are those of
+# ropelib's kernels (`generations.measure`), not of this notebook's cells: a test keeps their
+# code identical to 2.3's cell and notebook 03's naive kernel. The live timing of this
+# notebook's own code is 5.3's, which times the batch-reusing grid as `sh_loop_b` of the
+# ablation kernel its cells define; an edit of 2.3's cell shows in that cell's bit check.
 
 # %%
 assert two_pass_min_bytes() == 64 * 2**20 < 4096 * 8 * 32 * 128 * 2   # two passes at batch-8
@@ -1389,9 +1396,9 @@ else:
 # - **One row in flight per warp: tested live, not committed.** In the floor suite (5.2) the grid
 #   takes 1.42 times a copy's time on the H200, 1.26 on the H100, though its bound on bytes in
 #   flight lies above what a copy's reads need (A.4). Other runs of the same launch on the H200
-#   give 1.41 (5.3's ablation, `do_bench`) and 1.45 (5.4's profiled launch). How much of that gap a second row in flight closes is
-#   measured live by the optional exercise 6 on your GPU (the next cell repeats it); one H100 run
-#   is recorded in `benchmarks/NOTES.md`. No committed results file holds that share, so this
+#   give 1.41 (5.3's ablation, `do_bench`) and 1.45 (5.4's profiled launch). How much of that
+#   gap a second row in flight closes is measured live by the optional exercise 6 on your GPU
+#   (the next cell repeats it); one H100 run is recorded in `benchmarks/NOTES.md`. No committed results file holds that share, so this
 #   notebook states none. What else the gap is made of is notebook 05's question.
 
 # %%
@@ -1808,7 +1815,9 @@ assert b1["batch_reuse"]["heads"] == 32 and same_time(b1["batch_reuse"], b1["nai
 # 131,072. The cell reads each kernel's ns per program from the committed H200 sweep; on a GPU
 # it times both kernels at $b = 1$, the grid at $b = 2$, and 131,072 empty one-warp programs.
 # Where the empty programs take most of the grid's $b = 1$ time and a second row adds little,
-# that time is starting programs. At $s = 32768$, $b = 1$ the order against TE reverses too:
+# that time is starting programs. The live cell times ropelib's launchers
+# (`batch_reuse.rope_batch_reuse`, `naive.rope_naive`), whose kernels a test keeps identical to
+# 2.3's cell and notebook 03's, not the cells themselves. At $s = 32768$, $b = 1$ the order against TE reverses too:
 # the grid takes the naive kernel's time and TE's fused kernel is more than twice as fast.
 
 # %%
