@@ -103,9 +103,9 @@ print(freqs.shape, freqs.dtype, "->", y_ref.shape, y_ref.dtype)
 # A Triton kernel is written for **one program**: a function that works on whole tiles (vectors
 # of a compile-time size), not on one element like a CUDA thread. `kernel[grid](...)` starts one
 # program per point of the grid, and `tl.program_id(axis)` tells a program where it is. On a GPU a
-# program runs as one thread block on one streaming multiprocessor (SM; the H100 SXM and the H200 have
-# 132, the H100 PCIe 114), its tiles spread over the block's threads in *warps* of 32. In the interpreter programs
-# run one after another as Python.
+# program runs as one thread block on one streaming multiprocessor (SM; the H100 SXM and the H200
+# have 132, the H100 PCIe 114), its tiles spread over the block's threads in *warps* of 32. In
+# the interpreter programs run one after another as Python.
 #
 # The naive choice: **one program per row** `x[s, b, h, :]`, on one grid axis, $h$ fastest, then
 # $b$, then $s$: the order of the rows of a contiguous sbhd tensor.
@@ -1777,7 +1777,8 @@ solution(ex.solution_rope_rows.fn, title="Solution: ROWS heads of one token a pr
 # ns_per_program_per_sm, copy_us)`: the time in µs of such a kernel if its programs start at
 # 4.3's measured rate, written per SM: `ns_per_program_per_sm` a program on each of `sms` SMs
 # sharing the programs evenly, that is `ns_per_program_per_sm / sms` a program for the whole GPU
-# (on the GPU it was measured on, both readings give the same time: section 4.4). No kernel is faster than a copy of its bytes, `copy_us`: a floor.
+# (on the GPU it was measured on, both readings give the same time: section 4.4). No kernel is
+# faster than a copy of its bytes, `copy_us`: a floor.
 
 # %%
 def my_predicted_us(n_rows, rows_per_program, sms, ns_per_program_per_sm, copy_us):

@@ -1398,8 +1398,9 @@ else:
 #   flight lies above what a copy's reads need (A.4). Other runs of the same launch on the H200
 #   give 1.41 (5.3's ablation, `do_bench`) and 1.45 (5.4's profiled launch). How much of that
 #   gap a second row in flight closes is measured live by the optional exercise 6 on your GPU
-#   (the next cell repeats it); one H100 run is recorded in `benchmarks/NOTES.md`. No committed results file holds that share, so this
-#   notebook states none. What else the gap is made of is notebook 05's question.
+#   (the next cell repeats it); one H100 run is recorded in `benchmarks/NOTES.md`. No committed
+#   results file holds that share, so this notebook states none. What else the gap is made of is
+#   notebook 05's question.
 
 # %%
 # exercise 6's measurement, carried into the answer (timed there, on a GPU only)
@@ -1817,8 +1818,9 @@ assert b1["batch_reuse"]["heads"] == 32 and same_time(b1["batch_reuse"], b1["nai
 # Where the empty programs take most of the grid's $b = 1$ time and a second row adds little,
 # that time is starting programs. The live cell times ropelib's launchers
 # (`batch_reuse.rope_batch_reuse`, `naive.rope_naive`), whose kernels a test keeps identical to
-# 2.3's cell and notebook 03's, not the cells themselves. At $s = 32768$, $b = 1$ the order against TE reverses too:
-# the grid takes the naive kernel's time and TE's fused kernel is more than twice as fast.
+# 2.3's cell and notebook 03's, not the cells themselves. At $s = 32768$, $b = 1$ the order
+# against TE reverses too: the grid takes the naive kernel's time and TE's fused kernel is more
+# than twice as fast.
 
 # %%
 # batch 1 in the committed H200 sweep (s=4096, h=32): the naive kernel launches S*B*H programs
