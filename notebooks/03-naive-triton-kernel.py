@@ -103,9 +103,9 @@ print(freqs.shape, freqs.dtype, "->", y_ref.shape, y_ref.dtype)
 # A Triton kernel is written for **one program**: a function that works on whole tiles (vectors
 # of a compile-time size), not on one element like a CUDA thread. `kernel[grid](...)` starts one
 # program per point of the grid, and `tl.program_id(axis)` tells a program where it is. On a GPU a
-# program runs as one thread block on one streaming multiprocessor (SM; the H100 and H200 have
-# 132), its tiles spread over the block's threads in *warps* of 32. In the interpreter programs
-# run one after another as Python.
+# program runs as one thread block on one streaming multiprocessor (SM; the H100 SXM and the H200
+# have 132, the H100 PCIe 114), its tiles spread over the block's threads in *warps* of 32. In
+# the interpreter programs run one after another as Python.
 #
 # The naive choice: **one program per row** `x[s, b, h, :]`, on one grid axis, $h$ fastest, then
 # $b$, then $s$: the order of the rows of a contiguous sbhd tensor.
@@ -532,8 +532,8 @@ for dtype in (torch.float32, torch.bfloat16):
 #
 # - **At 1 warp its time is the time the GPU takes to start and retire its programs.** As many
 #   programs that do nothing take as long. The GPU starts them at about 0.6 ns each, GPU-wide
-#   (80 ns per program on each SM if its 132 SMs share the work evenly); whether that limit sits
-#   in each SM or in the GPU's scheduler is not measured here (4.4).
+#   (80 ns per program on each SM if its 132 SMs share the work evenly); where that limit sits
+#   is open (4.4).
 # - **More warps add instructions.** Once they outgrow the time a program takes to start, the
 #   time grows with them.
 #
@@ -617,7 +617,10 @@ else:
 #   measures how much of its gap to a copy a second row in flight closes.
 # - **The number of programs.** The second table adds two variants from notebook 04, also
 #   1,048,576 one-row programs: instructions 4.7 times apart, bytes in flight nearly threefold,
-#   and times within 0.3 %.
+#   and times within 0.3 %. They are rows of notebook 04's ablation (`benchmarks/ablation.py`):
+#   - `sh_one_b` is notebook 04's kernel on the grid $(S, H, B)$, one batch row a program, its
+#     sines and cosines computed from `freqs` in the program;
+#   - `sh_one_b_table` is the same, its sines and cosines read from precomputed fp32 tables.
 
 # %%
 from ropelib.bench import compare
@@ -752,8 +755,8 @@ assert round(life_us, 1) == 1.4
 # A million programs that do nothing take as long as the naive kernel (within 1 %), and as long
 # as a million that each move their row, at any number of warps. So at 1 warp the naive kernel's
 # time is the time the GPU takes to start and retire its programs: 0.60 ns a program for the
-# whole GPU, or 80 ns per program on each SM if its 132 SMs share the work evenly. Whether that
-# limit sits in each SM or in the GPU's scheduler is not measured here (4.4).
+# whole GPU, or 80 ns per program on each SM if its 132 SMs share the work evenly. Where that
+# limit sits is open (4.4).
 #
 # Occupancy follows from that start rate. By Little's law,
 # $\text{programs resident} = \text{start rate} \times \text{life}$, which holds for averages
@@ -937,7 +940,11 @@ draw_two_gpus(two, empty["us"], FIGURES / "03-naive-vs-copy-two-gpus.png")
 # about 0.6 ns each GPU-wide (80 ns per SM if the 132 SMs share the work evenly). Whether the limit
 # sits in each SM or in the GPU's scheduler is not measured here. A cost each SM pays would make
 # the GPU-wide figure fall on a GPU with more SMs; a limit in the scheduler would not. No committed
-# run has another SM count, or confines a kernel to fewer SMs. Exercise 5's model divides the
+# run has another SM count, or confines a kernel to fewer SMs. The probe that settles it is
+# `benchmarks/program_start_sms.py`: it confines the same empty kernel to fewer SMs with CUDA green
+# contexts and times it there. If ns per program × SMs stays constant as SMs are taken away, the
+# cost is each SM's; if ns per program stays constant, it is the scheduler's. It has no committed
+# result yet. Exercise 5's model divides the
 # programs by the SMs and multiplies by the per-SM figure, which is the GPU-wide figure times the
 # programs: on the GPU the figure was measured on, both readings predict the same time. Only
 # carrying 80 ns to a GPU with another SM count would need the per-SM reading.
@@ -1012,9 +1019,10 @@ assert all(round(m["gpc__cycles_elapsed.max"] / m["gpu__time_duration.sum"], 2) 
 # profile takes it); times the warps, that is a program. Beside it, the profile's classes.
 
 # %%
+import inspect
+
 from ropelib.course import nb03_layouts, nb03_warps   # a tile's layout; a thread's SASS, by kind
 from ropelib.course.counts import programs_per_sm
-from ropelib.course.kernels import naive as naive_lib  # ropelib's copy of the kernel above
 from ropelib.course.offline_compile import compiled_code
 
 # x [4096, 8, 32, 128] bf16 contiguous, freqs [4096, 128] fp32: pointers stand in by dtype
@@ -1023,8 +1031,13 @@ naive_args = dict(x_ptr=xw_, y_ptr=xw_, freqs_ptr=fw_, B=8, H=32, stride_xs=3276
                   stride_xb=4096, stride_xh=128, stride_xd=1, stride_ys=32768, stride_yb=4096,
                   stride_yh=128, stride_fs=128, stride_fd=1, HALF=64, BLOCK_HALF=64,
                   BACKWARD=False, COMPUTE_DTYPE=tl.float32, BF16_RTNE=False)
-warps_code = {w: compiled_code(naive_lib._rope_naive_kernel, naive_args, num_warps=w,
-                               timeout=600) for w in (1, 2)}
+# the kernel of section 3.4 as this notebook defines it (your edits show here); under the
+# interpreter a second Python builds it from its cell's source and the rounding helper it calls
+naive_source = ("import triton\nimport triton.language as tl\n"
+                "from ropelib.kernels.common import round_to\n\n\n"
+                + inspect.getsource(_rope_naive_kernel.fn))
+warps_code = {w: compiled_code(_rope_naive_kernel, naive_args, num_warps=w, timeout=600,
+                               source=naive_source) for w in (1, 2)}
 per_thread = {w: nb03_warps.by_kind(nb03_warps.fast_path(c["sass"]))
               for w, c in warps_code.items()}
 per_prog = {w: {k: n * w for k, n in kinds.items()} for w, kinds in per_thread.items()}
@@ -1259,11 +1272,10 @@ draw_sectors(recorded, FIGURES / "03-access-sectors.png")
 # store, and (c) against (d)?
 
 # %%
-# ropelib's pair swap, the cell above's code, compiled for sm_90 (here, or under the interpreter
-# in a second Python) as the counters' launch ran it: a [262144, 128] bf16 tensor, 16 rows a
-# program, Triton's default of 4 warps.
+# the pair swap defined above (with your edits, if any), compiled for sm_90 (here, or under the
+# interpreter in a second Python from its cell's source) as the counters' launch ran ropelib's
+# copy: a [262144, 128] bf16 tensor, 16 rows a program, Triton's default of 4 warps.
 from ropelib.course import nb03_layouts   # the TTGIR and PTX readers, explained below
-from ropelib.course.kernels.pair_swap import _pair_swap_kernel
 from ropelib.course.offline_compile import compiled_code
 
 x_ = torch.empty(16, 128, dtype=torch.bfloat16)     # only its dtype and alignment matter
@@ -1382,6 +1394,8 @@ assert b_st["us"] > 2 * c["us"]
 assert (d["bytes_per_request"], d["sectors_per_request"]) == (512, 16)
 assert d["l2_read_sectors"] == d["l2_write_sectors"] == need
 assert d["us"] < 1.05 * float(acc_meta["copy_us"]) and c["us"] > 3 * d["us"]
+# (b), stride-2 loads and stores: the slowest of the five (exercise 4's solution uses it)
+assert b_both["us"] == max(r["us"] for r in swap.values())
 # the reads reach DRAM once in every kernel
 assert all(abs(r["dram_read_bytes"] - c["model_bytes"] / 2) < 0.02 * c["model_bytes"]
            for r in swap.values())
@@ -1702,9 +1716,11 @@ ex.check_rope_interleaved(my_rope_interleaved_kernel);
 solution(ex.solution_rope_interleaved.fn, title="Solution: an interleaved, partial-rotary kernel")
 
 # %% [markdown]
-# The solution uses pattern (b) of section 5. Rewrite it as (c), one `[BLOCK_PAIRS, 2]` load with
-# `tl.split` and `tl.join`, then as (d), the whole row's `tl.arange` with `tl.reshape`, and run
-# the check after each.
+# The solution uses pattern (b) of section 5, stride-2 loads and stores: the slow one. Of the five
+# pair swaps the H200's counters timed there, (b) took the longest, its stride-2 stores sending L2
+# eight sectors for every one a copy writes. Rewrite it as (c), one `[BLOCK_PAIRS, 2]` load with
+# `tl.split` and `tl.join`, then as (d), the whole row's `tl.arange` with `tl.reshape` (the fast
+# one, at a copy's speed there), and run the check after each.
 #
 # **Exercise 5: fewer programs, each doing more.** Test section 4's finding with your own kernel.
 # Give step 3's kernel (section 3.3) a `ROWS` constexpr: program `p` rotates the `ROWS`
@@ -1761,8 +1777,8 @@ solution(ex.solution_rope_rows.fn, title="Solution: ROWS heads of one token a pr
 # ns_per_program_per_sm, copy_us)`: the time in µs of such a kernel if its programs start at
 # 4.3's measured rate, written per SM: `ns_per_program_per_sm` a program on each of `sms` SMs
 # sharing the programs evenly, that is `ns_per_program_per_sm / sms` a program for the whole GPU
-# (where the limit sits is not measured; on the GPU it was measured on, both readings give the
-# same time: section 4.4). No kernel is faster than a copy of its bytes, `copy_us`: a floor.
+# (on the GPU it was measured on, both readings give the same time: section 4.4). No kernel is
+# faster than a copy of its bytes, `copy_us`: a floor.
 
 # %%
 def my_predicted_us(n_rows, rows_per_program, sms, ns_per_program_per_sm, copy_us):
@@ -1812,6 +1828,7 @@ assert (round(model[4]), round(n_rows / 8 / sms * ns / 1e3), round(copy_us)) == 
 assert model[8] == copy_us and all(measured_us[r] > 1.05 * model[r] for r in (4, 8))
 assert (round(measured_us[4]), round(measured_us[8])) == (175, 154)
 assert round(measured_us[4] / model[4], 2) == 1.11         # 11 % over the model at 4 rows
+assert round(measured_us[8] / model[8], 2) == 1.18         # 18 % over it (the copy) at 8 rows
 # 4 heads a program ran on 2 warps only (the ablation's rule, which launch_rows applies by
 # default through rows_warps); 8 heads on 1, 2, 4 and 8
 warps_by_heads = {h: sorted({r["num_warps"] for r in sweep.values() if r["heads_per_program"] == h})
@@ -1853,20 +1870,31 @@ else:
 # %% [markdown]
 # In the H200's ablation, 1 and 2 rows a program land within 2 % of the prediction: the kernel
 # takes its programs' time. At 4 rows the programs alone would take 158 µs and it takes 175 (1.11
-# times the model); at 8 the copy's 130 µs is the larger limit, and it takes 154. The model keeps
-# only the larger limit, so it cannot say why; notebook 05 (section 2) measures what a kernel
-# needs to stream at a copy's speed. Read the live cell's last line the same way: near 1, the
-# model holds; clearly above, the kernel takes longer than its larger limit.
+# times the model); at 8 the copy's 130 µs is the larger limit, and it takes 154 (1.18 times).
+# The model keeps only the larger limit, so it cannot say why; notebook 05 (section 2) measures
+# what a kernel needs to stream at a copy's speed. Read the live cell's last line the same way:
+# near 1, the model holds; clearly above, the kernel takes longer than its larger limit.
 #
-# **The 4-row case is open.** It is the one case run on 2 warps, and the model has no term for
-# warps. The 2 warps come from the ablation's rule, one warp per 128 elements of a half-tile
-# (`ablation.default_warps`; a $[4, 64]$ tile gets 2), which `launch_rows` (exercise 5's cell)
-# also applies when not told (`launch_rows_warps`); the live cell passes the ablation row's
-# warps, the same 2. The
-# committed ablation ran 8 heads a program on 1, 2, 4 and 8 warps, but 4 heads on 2 only: it has
-# no 1-warp row at 4 heads. So whether a second warp's instructions (4.5) make the H200's 11 %,
-# nothing committed says. A 1-warp time at 4 rows would settle it: on one GPU, `do_bench` on
-# `launch_rows(rows_kernel, x, f2d, y_rows, 4, num_warps=1)` and on `num_warps=2`.
+# **What the committed profile says about 4 and 8 rows.** The appendix's H200 profile
+# (`rows_ncu-nvidia-h200.csv`, at a fixed clock) ran notebook 04's kernel at exactly these
+# launches: x [32768, 1, 32, 128], the ablation's warps.
+#
+# - **4 rows, on 2 warps.** Its programs executed 114.3 M warp instructions (287 M at 1 head a
+#   program, 58.5 M at 8), its schedulers issued in 81 % of cycles (56 % at 1 head) and 88 % of
+#   the warp slots held a warp. So at 4 rows issuing its instructions takes most of the kernel's
+#   time, which the model, counting programs only, leaves out. What the profile does not settle
+#   is whether the second warp adds to those instructions (as 4.5 found for the naive kernel):
+#   4 rows is the one case run on 2 warps, by the ablation's rule, one warp per 128 elements of a
+#   half-tile (`ablation.default_warps`; a $[4, 64]$ tile gets 2), which `launch_rows` also applies
+#   when not told (`launch_rows_warps`), and neither the ablation nor the profile has a 1-warp
+#   launch at 4 heads (the ablation ran 8 heads on 1, 2, 4 and 8 warps). A 1-warp time at 4 rows
+#   would settle it: on one GPU, `do_bench` on
+#   `launch_rows(rows_kernel, x, f2d, y_rows, 4, num_warps=1)` and on `num_warps=2`.
+# - **8 rows, on 1 warp.** The launch read and wrote 1.14 times the copy's DRAM bytes and took
+#   1.19 times the copy's time there, its schedulers issuing in 55 % of cycles. So the model's
+#   floor, a copy of $x$'s bytes into $y$, lies below what the kernel moved. The profile does not
+#   split the bytes by tensor, so which ones are extra, and what the remaining time is, it does
+#   not say.
 #
 # The appendix shows what the check's sin/cos count guards against: a kernel evaluating cos and
 # sin for every row is slower at 8 rows than at 2.
@@ -1968,6 +1996,16 @@ def profiled(kind, what):
 
 # notebook 04's kernel: its instructions fall with the heads a program, and its time with them
 assert profiled("04", "instr") == [287, 172, 114, 58] and profiled("04", "us") == [648, 325, 192, 150]
+# exercise 5's launches: 4 heads on 2 warps, the schedulers issuing in most cycles; 8 heads on 1,
+# more DRAM bytes than the copy's
+nb04 = [prof[label] for label in rows_labels[4:8]]
+assert rows_warps == [1, 1, 2, 1]
+assert [f"{m['smsp__inst_executed.sum'] / M:.1f}" for m in nb04[2:]] == ["114.3", "58.5"]
+assert profiled("04", "issuing") == [56, 68, 81, 55] and profiled("04", "active")[2] == 88
+dram = {label: prof[label]["dram__bytes_read.sum"] + prof[label]["dram__bytes_write.sum"]
+        for label in ("notebook 04, 8 heads", "copy")}
+assert round(dram["notebook 04, 8 heads"] / dram["copy"], 2) == 1.14
+assert round(nb04[3]["gpu__time_duration.sum"] / prof["copy"]["gpu__time_duration.sum"], 2) == 1.19
 # every row: about as many instructions at every ROWS (each row's sin and cos again)
 assert profiled("every row", "instr") == [299, 278, 284, 256]
 assert profiled("every row", "us") == [645, 413, 396, 676]

@@ -2,8 +2,8 @@
 and refuses the worked solution, notebook 03's worked prediction and wrong models."""
 
 
-def _own(S, B, H, sms, ns_per_program, copy_us):
-    starts = S * H / sms * ns_per_program / 1e3
+def _own(S, B, H, sms, ns_per_program_per_sm, copy_us):
+    starts = S * H / sms * ns_per_program_per_sm / 1e3
     return starts if starts > copy_us else copy_us
 
 

@@ -181,11 +181,12 @@ def check_percent_of_copy(fn: Callable) -> bool:
 
 
 def check_grid_us(fn: Callable) -> bool:
-    """fn(S, B, H, sms, ns_per_program, copy_us) -> the time in µs of the (S, H) grid (one
+    """fn(S, B, H, sms, ns_per_program_per_sm, copy_us) -> the time in µs of the (S, H) grid (one
     program per position and head, each looping over the B rows) when its programs start at
-    ns_per_program a program per SM, the `sms` SMs sharing them evenly (ns_per_program / sms a
-    program GPU-wide: notebook 03 measures the rate, not whether its limit sits in each SM or in
-    the GPU's scheduler), and no kernel is faster than a copy of its tensors (copy_us).
+    ns_per_program_per_sm a program per SM, the `sms` SMs sharing them evenly
+    (ns_per_program_per_sm / sms a program GPU-wide: notebook 03 measures the rate, not whether
+    its limit sits in each SM or in the GPU's scheduler), and no kernel is faster than a copy of
+    its tensors (copy_us).
     Notebook 03's worked prediction (`solution_predicted_us`, which takes rows and rows per
     program) is refused with the worked solution: the exercise asks for the model."""
     seed, g = fresh_generator()     # and a launch drawn now: a table made beforehand fails
@@ -203,7 +204,7 @@ def check_grid_us(fn: Callable) -> bool:
              for S, B, H, sms, ns, copy in (args,)]
     return check_cases("the grid's predicted time", "your prediction", fn, cases, rtol=1e-3,
                        atol=1e-9,
-                       hint="programs = S x H whatever B, started at ns_per_program / sms "
+                       hint="programs = S x H whatever B, started at ns_per_program_per_sm / sms "
                             "each across the GPU (the per-SM figure, the SMs sharing the "
                             "programs evenly); and the bytes still have to move",
                        bar=(solution_grid_us, solution_predicted_us))
@@ -511,9 +512,9 @@ def solution_percent_of_copy(kernel_ms, copy_ms):
     return 100.0 * copy_ms / kernel_ms
 
 
-def solution_grid_us(S, B, H, sms, ns_per_program, copy_us):
+def solution_grid_us(S, B, H, sms, ns_per_program_per_sm, copy_us):
     programs = S * H                                   # grid (S, H): B does not change it
-    starts_us = programs / sms * ns_per_program / 1e3   # GPU-wide: ns / sms a program
+    starts_us = programs / sms * ns_per_program_per_sm / 1e3   # GPU-wide: ns / sms a program
     return max(starts_us, copy_us)                     # and the bytes must still move
 
 
