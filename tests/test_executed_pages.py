@@ -45,6 +45,7 @@ STALE = {stem: _OLDER + _rerender(stem) for stem in (
     "06-backward-pass",
     "12-rope-in-the-qkv-projection",
     "13-rope-puzzles",
+    "00-setup-and-tour",
 )}
 # pages rendered before a data file they read was measured again
 _OLDER_DATA = ("the page shows outputs of benchmarks/results/floor-nvidia-h200.csv as it was "
