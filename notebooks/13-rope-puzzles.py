@@ -1241,7 +1241,7 @@ pz.stated([
 # %% [markdown]
 # **Puzzle 5.** The kernel is handed 84.4 MB but moves 67.6 MB: it never reads the bf16 angle
 # table. The table's first two puzzle-5 rows divide by a copy of all 84.4 MB, the third by a copy
-# of the 67.6 MB moved (24.1 µs); the fractions below use the bytes moved. Same kernel, same
+# of the 67.6 MB moved (24.1 µs); the fractions here use the bytes moved. Same kernel, same
 # bytes, only the positions changed: on the H200 it takes 27.4 µs with no angle at 105,615
 # radians or more (88 % of that copy) and 32.4 µs with the timed positions (74 %). libdevice's
 # `sinf` and `cosf` reduce an angle below 105,615 with a few multiply-adds and branch to a longer
@@ -1275,9 +1275,9 @@ assert len(tests) == angles_per_thread                # one per angle a thread h
 # every tile read $x$ and the tables from DRAM once (75.5 MB) and executed fewer instructions than
 # PyTorch's `buf * 1`, the profile's copy stand-in. Under the profiler the six tiles took
 # 35.0-36.7 µs and `buf * 1` took 33.4 µs, so the gap there is 1.6-3.3 µs; BLOCK_S=16 on 4 warps,
-# profiled twice, took 35.3 and 36.5 µs, so one profile per tile does not rank the tiles. Neither
-# the DRAM bytes nor the instruction counts explain that gap, and these profiles do not say what
-# does.
+# profiled twice, took 35.3 and 36.5 µs, a change of over half the six tiles' range, so one
+# profile per tile does not rank them. Neither the DRAM bytes nor the instruction counts explain
+# that gap, and these profiles do not say what does.
 
 # %%
 def profile(path):
