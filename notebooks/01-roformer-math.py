@@ -828,10 +828,11 @@ solution(basics.solution_rotation_matrix)
 # `q` and `k` are float64 vectors of $d$ features, the result is one number. Work with the
 # complex pairs, not with rotation matrices: the check compares your number with the rotated dot
 # product $(R_m q)^\top (R_n k)$ for several $m$ and $n$, $n < m$ (a negative offset) among
-# them, and refuses an answer built on rotation matrices, yours included: ropelib, the
-# rotations this notebook defines (`rot2`, `R_from_reference`, `rope_at`, your
-# `rotation_matrix` of exercise 1), `torch.block_diag`, and library RoPE functions such as
-# transformers'. Which pair is conjugated and the sign of the offset are where it goes wrong:
+# them. It refuses an answer that calls a named rotation: ropelib and the course's RoPE helpers,
+# the rotations this notebook defines (`rot2`, `R_from_reference`, `rope_at`, your
+# `rotation_matrix` of exercise 1), PyTorch's and SciPy's `block_diag`, and library RoPE
+# functions such as transformers'. It does not see a $2 \times 2$ rotation built inline, so
+# keeping to complex pairs is up to you. Which pair is conjugated and the sign of the offset are where it goes wrong:
 # a wrong sign still gives the right score at $m = n$.
 
 # %%

@@ -1250,8 +1250,9 @@ del cos_c, y_mul
 # one-in-flight kernel falls, the narrow loads and the index arithmetic cost a Triton kernel
 # little and one element in flight at a time costs it speed: that fits the hypothesis about
 # PyTorch's loop without proving it, since PyTorch's own kernel is not taken apart here. Where
-# the one-in-flight kernel stays well above PyTorch's broadcast multiply (on an H100 it does),
-# the mimic leaves part of the gap unexplained: whatever takes PyTorch's multiply further down
+# the one-in-flight kernel stays well above PyTorch's broadcast multiply (as it did in the one
+# H100 run printed on this notebook's page in `docs/executed/`; no committed file holds it), the
+# mimic leaves part of the gap unexplained: whatever takes PyTorch's multiply further down
 # is not found here. A fused kernel removes the extra bytes and keeps many loads in flight:
 # one read, one write. Notebook 07 measures the fixed cost of a call, and notebooks 03 to 05
 # what makes one kernel stream at a copy's speed.

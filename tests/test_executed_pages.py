@@ -47,6 +47,8 @@ STALE = {stem: _OLDER + _rerender(stem) for stem in (
     "10-multi-axis-rope",
     "11-rope-at-scale",
     "03-naive-triton-kernel",
+    "13-rope-puzzles",
+    "00-setup-and-tour",
 )}
 # pages rendered before a data file they read was measured again
 _OLDER_DATA = ("the page shows outputs of benchmarks/results/floor-nvidia-h200.csv as it was "
