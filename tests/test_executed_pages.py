@@ -44,6 +44,7 @@ STALE = {stem: _OLDER + _rerender(stem) for stem in (
     "04-batch-reuse-grid-kernel",
     "06-backward-pass",
     "12-rope-in-the-qkv-projection",
+    "08-debugging-allclose",
 )}
 # pages rendered before a data file they read was measured again
 _OLDER_DATA = ("the page shows outputs of benchmarks/results/floor-nvidia-h200.csv as it was "
