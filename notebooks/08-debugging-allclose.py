@@ -1219,12 +1219,30 @@ assert llir_sums["_rope_combine_kernel (above)"]["y2"]["first"] == ["x2 * c"]
 
 # %% [markdown]
 # In all four sums the PTX fuses the sum's first operand in the IR, and the reproduction kernel's
-# IR holds $y_2 = x_2 c + x_1 s$ the other way round, so $x_1 s$ is fused. Which LLVM pass
-# swaps it is not shown here: `nb08_passes.repro_trace(False)` (from `ropelib.course`; it
-# compiles in a second Python with LLVM's print-after-all, a minute or so) lists the passes after
-# which the order changed, and names `Reassociate`: `tests/test_nb08_passes.py` runs it and checks
-# that the one pass to change the order is `ReassociatePass`. Four sums are not a rule, so the
-# source must fix the order: `tl.fma`.
+# IR holds $y_2 = x_2 c + x_1 s$ the other way round, so $x_1 s$ is fused. Four sums are not a
+# rule, so the source must fix the order: `tl.fma`.
+#
+# **Which LLVM pass swaps it** (optional, about half a minute on a CPU). The next cell, with
+# `SHOW_PASSES = True`, compiles the reproduction kernel again for sm_90 in a second Python with
+# LLVM's print-after-all on (`nb08_passes.repro_trace`, from `ropelib.course`; no GPU needed) and
+# lists the first dump and every pass after which the order of $y_2$'s two products changed.
+# It is off by default, so the page shows no trace; `tests/test_nb08_passes.py` runs the same
+# compile and checks that the one pass to change the order is `ReassociatePass`.
+
+# %%
+from ropelib.course import nb08_passes
+
+SHOW_PASSES = False    # True: compile with LLVM's dumps and list the passes (about 30 s)
+if SHOW_PASSES:
+    trace = nb08_passes.repro_trace(False)   # y2 written x2 * c + x1 * s, as in the source
+    for pass_name, order in trace["passes"]:
+        print(f"after {pass_name}: y2 = {order}")
+    print("the PTX fuses:", trace["fused"])
+    assert [order for _, order in trace["passes"]] == ["x2 * c + x1 * s", "x1 * s + x2 * c"]
+    assert trace["passes"][1][0].startswith("ReassociatePass")   # the one pass that swaps it
+    assert trace["fused"]["y2"] == ["x1 * s"]                     # and the product then fused
+else:
+    print("SHOW_PASSES is False: set it to True and rerun this cell to list the LLVM passes")
 
 # %% [markdown]
 # **Which change did it: one change per row.** The same steps in section 1's kernel, from the
