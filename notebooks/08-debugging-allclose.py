@@ -716,7 +716,8 @@ CONTRACTION = json.loads((ROOT / "benchmarks" / "results" / "repro_contraction-n
 k_on, k_off = (CONTRACTION["kernel"][f"enable_fp_fusion={f}"] for f in (True, False))
 print(f"the reported kernel on the {CONTRACTION['gpu']}, elements ≠ TE of "
       f"{CONTRACTION['numel']:,}: contraction on (Triton's default) {k_on['n_differ']:,}, its "
-      f"output the emulation {k_on['equals_emulations']} (PTX: {k_on['ptx'].get('fma.rn.bf16', 0)} fma.rn.bf16); "
+      f"output the emulation {k_on['equals_emulations']} (PTX: "
+      f"{k_on['ptx'].get('fma.rn.bf16', 0)} fma.rn.bf16); "
       f"contraction off {k_off['n_differ']:,}, the emulation {k_off['equals_emulations']}")
 assert CONTRACTION["gpu"] == GPU_NAME and CONTRACTION["numel"] == 1_048_576
 assert (k_on["n_differ"], k_off["n_differ"]) == (320_601, 374_724), "the text's counts"
@@ -1337,8 +1338,10 @@ assert ref_bf16 == [320601, 12, 12, 0, None]
 assert ref_small == [573, 573, 573, 0, None]
 assert (h100_bf16, h100_small) == (ref_bf16, ref_small)      # the H100's run: the same counts
 assert [i for i, n in enumerate(ref_bf16) if n == 0] == [3]  # in the runs, only the fma line: 0
-# its fp32 table rows read a torch fp32 table made on the GPU: TE's entries, every bit
-assert all(SMALL32.sincos["table_fp32"][f]["n_differ"] == 0 for f in ("cos", "sin"))
+# its fp32 table rows read a torch fp32 table made on the GPU, its FIXED row tl.cos / tl.sin:
+# TE's entries, every bit
+assert all(SMALL32.sincos[src][f]["n_differ"] == 0 for src in ("table_fp32", "tl")
+           for f in ("cos", "sin"))
 assert course_bits[4] == 0                       # TE's cos/sin and TE's order: on every machine
 assert SMALL32.rows["none_rn/table_te_fp32"]["n_differ"] == 990   # every product rounded
 if not GPU:   # the interpreter rounds every product, and its tl.cos is NumPy's, not CUDA's
@@ -1706,9 +1709,9 @@ solution(ex.solution_classify)
 # Each checkbox switches one cause on; watch `allclose`, the largest difference, the error map and
 # the verdict. Two buttons reset the boxes; two more switch the tolerances. The one-ulp cause
 # flips tens of elements per million (section 3b), so the CPU's panel of 4,096 elements expects
-# about 0.2 and mostly shows none. A GPU's panel of 1,048,576 compares with TE, from which the
-# fixed kernel already differs in 12 elements (section 3): it shows those 12 plus the flips, as
-# section 3b's count against TE does on a GPU. Widgets need a running
+# about 0.2 and mostly shows none. A GPU's panel of 1,048,576 compares with the TE side, from
+# which the fixed kernel already differs in 12 elements against the real TE (section 3): there it
+# shows those 12 plus the flips, as section 3b's count against TE does. Widgets need a running
 # Jupyter kernel (until its cells run: "Error displaying widget: model not found"). The cell after
 # the panel drives it from code and prints its verdicts.
 
@@ -1791,12 +1794,13 @@ print(f"fixed: allclose with {tol} passes; max error {float(ulps.max()):.3g} ulp
 # **Section 1's case, closed.** Its first ten values matched because they lie at position 0
 # (section 2). Its `allclose` failed on precision, not layout: the largest difference is one bf16
 # step, which section 2's probe reproduces from the bf16 table and bf16 products together.
-# Section 4 separates them: most of the difference is the table's (with fp32 math 270,943 of the
-# GPU's 320,601 elements still differ, by as much; an fp32 table leaves 12), and the bf16 math
-# raises the count to 320,601 and the error against fp64 in ulps. With table and math in fp32 it passes at dtype-aware
-# tolerances (section 4's third row), and so does the fixed kernel (section 8). Which cause struck
-# in the reports is an inference: every cause here gives the symptom. Layout traps make
-# differences as large as the values; a bf16 step or so points to precision or tolerance:
+# Section 4 separates them: most of the difference is the table's (on the GPU, with fp32 math
+# 270,943 elements still differ from TE, by as much; an fp32 table leaves 12), and the bf16 math
+# raises the count to 320,601 and the error against fp64 in ulps. With table and math in fp32
+# it passes at dtype-aware tolerances (section 4's third row), and so does the fixed kernel
+# (section 8). Which cause struck in the reports is an inference: every cause here gives the
+# symptom. Layout traps make differences as large as the values; a bf16 step or so points to
+# precision or tolerance:
 #
 # - a bf16 table and bf16 products: tens of ulps off fp64 or more near zero, yet within $3u$
 #   norm-wise (section 4);
