@@ -733,8 +733,9 @@ assert k_off["equals_emulations"] == ["y1 rounded | y2 rounded"]    # both round
 # Most of the difference from TE is the table's. In the committed runs the second row, the math
 # in fp32 with the table still in bf16, differs from TE in 270,943 elements, against the reported
 # kernel's 320,601, and by as much: up to $2^{-5}$. An fp32 table (the third row) brings it to 12
-# elements and $2^{-6}$. With a bf16 table each fp32 product is exact, so no fused multiply-add
-# can change that row (the cell checks that the fma line counts the same). The bf16 math costs
+# elements and $2^{-6}$. That row was measured with `benchmarks/te_bits.py`'s combine kernel
+# given the bf16 table; with such a table each fp32 product is exact, so no fused multiply-add
+# can change it (the cell checks that the fma line counts the same). The bf16 math costs
 # something too: the count is 320,601 with it, 270,943 without, and in this machine's rows above
 # the largest error against fp64 is more ulps with bf16 math than with fp32 math, both far above
 # one ulp. Section 2's probe, which moved both at once, could not tell these apart.
