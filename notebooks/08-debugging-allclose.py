@@ -64,6 +64,7 @@ device = ropelib.default_device()
 
 # %%
 import dataclasses
+import json
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -116,7 +117,11 @@ print("measured against the real TE on:", ", ".join(r["meta"]["gpu"] for r in RU
 # cos/sin table from TE's angles and launches the Unsloth-style kernel; then TE rotates the same
 # tokens. The kernel
 # carries what Unsloth's inherits from Hugging Face: a cos/sin table **precomputed in the model's
-# dtype**, and the multiply-add **in that dtype**.
+# dtype**, and the multiply-add **in that dtype**. As written, each product is rounded to bf16
+# before the sum, and so the interpreter runs it. Compiled for a GPU with contraction on
+# (Triton's default), it is not: in each line the compiler fuses one product into a bf16 fma, so
+# that product enters the sum exact. The GPU counts of the reported failure below are that
+# kernel's; section 4 reads the committed measurement.
 #
 # Below is your own copy of that kernel. Its switches `FROM_ANGLES`, `COMPUTE_FP32` and `USE_FMA`
 # are the precision causes studied here; the wrapper sets them from a `debug.Causes` (`REPRO`:
@@ -180,7 +185,8 @@ def _rope_repro_kernel(
         y1 = x1 * c - x2 * s
         y2 = x2 * c + x1 * s
     else:
-        # each product rounded to x's dtype before the sum, as bf16 arithmetic does
+        # as written, each product rounded to x's dtype before the sum (bf16 arithmetic); with
+        # contraction on, a GPU compiler fuses one product per line into a bf16 fma (section 4)
         y1 = (round_to(x1 * c, x_ptr.dtype.element_ty, BF16_RTNE).to(tl.float32)
               - round_to(x2 * s, x_ptr.dtype.element_ty, BF16_RTNE).to(tl.float32))
         y2 = (round_to(x2 * c, x_ptr.dtype.element_ty, BF16_RTNE).to(tl.float32)
@@ -338,8 +344,10 @@ assert steps_at_max == 1                                  # the largest differen
 # angle grows past that: the wedge is widest at the slowest pair.
 #
 # **Look inside the kernel.** `tl.device_print(prefix, value)` prints from inside a running
-# kernel. The probe below is the reported line cut down to the pair with the largest difference,
-# and prints $y$ in fp32 before the store. On a GPU every thread prints, so even with
+# kernel. The probe below is the reported line *uncontracted*, cut down to the pair with the
+# largest difference: compiled with `enable_fp_fusion=False`, it rounds both products to bf16, as
+# the source says and the interpreter does, where a GPU's reported kernel fuses one of them
+# (section 1). It prints $y$ in fp32 before the store. On a GPU every thread prints, so even with
 # `num_warps=1` it writes 32 identical lines; `debug.flush_device_prints()` lets them out before
 # the host prints. With
 # no thread index to guard a print, the probe stores the other values (angle, cos and sin in fp32
@@ -365,7 +373,7 @@ def _probe_pair(x_ptr, ang_ptr, cos_ptr, sin_ptr, out_ptr, J: tl.constexpr, HALF
         a = x1
         b = -x2
     y_bf16 = (round_to(a * cb, tl.bfloat16, BF16_RTNE).to(tl.float32)
-              + round_to(b * sb, tl.bfloat16, BF16_RTNE).to(tl.float32))   # the reported line
+              + round_to(b * sb, tl.bfloat16, BF16_RTNE).to(tl.float32))   # uncontracted
     y_fp32 = a * c + b * s                                     # fp32 table and products
     tl.device_print("y (fp32, before the store): bf16 table and products", y_bf16)
     tl.store(out_ptr + 0, theta)
@@ -401,8 +409,9 @@ if not GPU:   # the interpreter rounds each fp32 product, as the TE emulation do
     assert torch.tensor(y_fp32_p).bfloat16().item() == loc["a"]
 
 # %% [markdown]
-# The probe moves the table and the products to bf16 together, so it reproduces the reported
-# element without saying which of the two moved it. Section 4 changes one at a time.
+# At this element the uncontracted line gives the reported kernel's output (the cell asserts it,
+# on every machine). The probe moves the table and the products to bf16 together, so it reproduces
+# the reported element without saying which of the two moved it. Section 4 changes one at a time.
 
 # %% [markdown]
 # ## 3. Tolerances that fit the dtype, and errors in ulps
@@ -597,7 +606,10 @@ assert {run_row(run, "debug:FIXED-table_fp32")["n_differ"] for run in RUNS.value
 #
 # - **table in the input dtype**: $c, s$ rounded to bf16, a relative error of up to $u$ each;
 #   where the two products cancel, the *output's* relative error is much larger;
-# - **math in the input dtype**: each product rounded to bf16 before the subtraction;
+# - **math in the input dtype**: each product rounded to bf16 before the sum, as the source
+#   writes it and the interpreter runs it. On a GPU with contraction on, the compiler fuses one
+#   product of each line into a bf16 fma, so that one enters the sum exact: the committed
+#   measurement printed last in the cell below;
 # - **fp32 table** vs **sin/cos in the kernel** from fp32 angles, as TE does: both accurate;
 # - **fused multiply-add**, $\mathrm{fma}(a, b, d) = ab + d$ with one rounding, which a GPU
 #   compiler *contracts* `a*b + d` into on its own (the interpreter does not).
@@ -626,7 +638,7 @@ for label, causes in variants.items():
     prec[label] = dg
     print(f"{label:34s} max ulp vs fp64 {dg['triton_max_ulp']:8.3g}   norm-wise "
           f"{dg['triton_max_normwise_u']:5.2f} u   max |TE - Triton| {dg['max_abs_diff']:.3g}   "
-          f"dtype-aware allclose vs TE: {dg['allclose']}")
+          f"elements ≠ TE {dg['n_differ']:>9,}   dtype-aware allclose vs TE: {dg['allclose']}")
 fig, ax = plt.subplots(figsize=(7.5, 3))
 ax.barh(list(prec), [v["triton_max_ulp"] for v in prec.values()], color="tab:purple")
 for i, v in enumerate(prec.values()):     # the other measure, beside each bar
@@ -650,7 +662,8 @@ assert all(v["triton_max_normwise_u"] <= 3 for v in prec.values())
 assert prec["sin/cos in kernel, fp32 (fixed)"]["triton_max_normwise_u"] <= 1.0
 if not GPU or debug.te_label(device) == "TE fused":   # the emulation here, or TE itself
     assert prec["sin/cos in kernel + FMA"]["max_abs_diff"] == 0    # TE's output, bit for bit
-if not GPU:   # the interpreter fuses nothing, as the emulation: the fixed row is 0 too
+if not GPU:   # the interpreter fuses nothing, as the emulation; its tl.cos is NumPy's, whose
+    # one-ulp differences flip about one element in 2^15 (section 3b): 4,096 elements show none
     assert prec["sin/cos in kernel, fp32 (fixed)"]["max_abs_diff"] == 0, \
         "the fixed row on the CPU: 0 against the TE emulation"
 if GPU and debug.te_label(device) == "TE fused" and SAME_ARCH:
@@ -665,9 +678,18 @@ assert prec["table bf16, math bf16 (reported)"]["triton_max_ulp"] > 16   # tens 
 assert prec["table bf16, math fp32"]["max_abs_diff"] == \
     prec["table bf16, math bf16 (reported)"]["max_abs_diff"]
 assert prec["table fp32, math fp32"]["max_abs_diff"] < prec["table bf16, math fp32"]["max_abs_diff"]
+assert prec["table fp32, math fp32"]["allclose"], "the fp32 table row: dtype-aware allclose True"
+# the bf16 math costs accuracy too: fp32 math with the bf16 table is closer to fp64, still far
+assert 16 < prec["table bf16, math fp32"]["triton_max_ulp"] < \
+    prec["table bf16, math bf16 (reported)"]["triton_max_ulp"]
+if not GPU:   # here: fewer elements differ from TE with fp32 math, most still do with the table
+    assert 0 < prec["table bf16, math fp32"]["n_differ"] < \
+        prec["table bf16, math bf16 (reported)"]["n_differ"]
 
-# the same kernel's presets against the real TE on the GPU, at its size (the committed runs' rows)
+# the same kernel's presets against the real TE on the GPU, at its size (the committed runs' rows);
+# "table bf16, math fp32" is te_bits.py's combine kernel with the bf16 table (free_sub/...)
 PRESET_ROWS = {"table bf16, math bf16 (reported)": "debug:REPRO",
+               "table bf16, math fp32": "free_sub/table_input_dtype",
                "table fp32, math fp32": "debug:FIXED-table_fp32",
                "sin/cos in kernel, fp32 (fixed)": "debug:FIXED",
                "sin/cos in kernel + FMA": "debug:FIXED+fma"}
@@ -678,17 +700,52 @@ for label, v in PRESET_ROWS.items():
     print(f"{label:34s} H200 {h200['max_abs_diff']:<7.3g} {h200['n_differ']:>8,}    "
           f"H100 {h100['max_abs_diff']:<7.3g} {h100['n_differ']:>8,}")
     assert (h200["max_abs_diff"], h200["n_differ"]) == (h100["max_abs_diff"], h100["n_differ"])
-assert [run_row(BITS, v)["max_abs_diff"] for v in PRESET_ROWS.values()] == [2 ** -5, 2 ** -6,
-                                                                            2 ** -6, 0]
+assert [run_row(BITS, v)["max_abs_diff"] for v in PRESET_ROWS.values()] == [2 ** -5, 2 ** -5,
+                                                                            2 ** -6, 2 ** -6, 0]
 assert all(run_row(BITS, v)["numel"] == 1_048_576 for v in PRESET_ROWS.values())
+preset_n = {label: run_row(BITS, v)["n_differ"] for label, v in PRESET_ROWS.items()}
+assert list(preset_n.values()) == [320_601, 270_943, 12, 12, 0], "the text's counts"
+# with a bf16 table every fp32 product is exact, so no fma the compiler picks can move the output
+assert run_row(BITS, "fma_xc/table_input_dtype")["n_differ"] == preset_n["table bf16, math fp32"]
+
+# the reported kernel on the GPU: what contraction does to its math in bf16 (benchmarks/
+# repro_contraction.py: the kernel launched with fusion on and off, and each line emulated with
+# either product rounded or exact, in the reference run's inputs)
+CONTRACTION = json.loads((ROOT / "benchmarks" / "results" / "repro_contraction-nvidia-h200.json")
+                         .read_text())
+k_on, k_off = (CONTRACTION["kernel"][f"enable_fp_fusion={f}"] for f in (True, False))
+print(f"the reported kernel on the {CONTRACTION['gpu']}, elements ≠ TE of "
+      f"{CONTRACTION['numel']:,}: contraction on (Triton's default) {k_on['n_differ']:,}, its "
+      f"output the emulation {k_on['equals_emulations']} (PTX: "
+      f"{k_on['ptx'].get('fma.rn.bf16', 0)} fma.rn.bf16); "
+      f"contraction off {k_off['n_differ']:,}, the emulation {k_off['equals_emulations']}")
+assert CONTRACTION["gpu"] == GPU_NAME and CONTRACTION["numel"] == 1_048_576
+assert (k_on["n_differ"], k_off["n_differ"]) == (320_601, 374_724), "the text's counts"
+assert k_on["n_differ"] == CONTRACTION["file_row"] == preset_n["table bf16, math bf16 (reported)"]
+assert k_on["equals_emulations"] == ["y1 x1 exact | y2 x1 exact"]   # one product per line exact
+assert k_on["ptx"].get("fma.rn.bf16", 0) == 2
+assert k_off["equals_emulations"] == ["y1 rounded | y2 rounded"]    # both rounded, as written
 
 # %% [markdown]
 # *The chart: each variant's largest error against fp64 in bf16 ulps (log scale; dotted line:
 # 0.5 ulp, one correct rounding), its norm-wise error as the label.*
 #
-# The largest difference from TE is the table's: the second row, the math in fp32 with the
-# table still in bf16, differs from TE by as much as the reported kernel, and an fp32 table (the
-# third) brings it down. Section 2's probe, which moved both at once, could not tell.
+# Most of the difference from TE is the table's. In the committed runs the second row, the math
+# in fp32 with the table still in bf16, differs from TE in 270,943 elements, against the reported
+# kernel's 320,601, and by as much: up to $2^{-5}$. An fp32 table (the third row) brings it to 12
+# elements and $2^{-6}$. That row was measured with `benchmarks/te_bits.py`'s combine kernel
+# given the bf16 table; with such a table each fp32 product is exact, so no fused multiply-add
+# can change it (the cell checks that the fma line counts the same). The bf16 math costs
+# something too: the count is 320,601 with it, 270,943 without, and in this machine's rows above
+# the largest error against fp64 is more ulps with bf16 math than with fp32 math, both far above
+# one ulp. Section 2's probe, which moved both at once, could not tell these apart.
+#
+# The reported row is the kernel as a GPU compiles it. Its source rounds both products to bf16,
+# but with contraction on (Triton's default) the compiler fuses one product of each line into a
+# bf16 fma (two `fma.rn.bf16` in its PTX): its output equals, bit for bit, the emulation in which
+# $x_1 c$ enters $y_1$ exact and $x_1 s$ enters $y_2$ exact, 320,601 elements from TE. Compiled
+# with contraction off, it rounds both products, as the source says and the interpreter does, and
+# 374,724 elements differ (the last line the cell prints).
 #
 # Norm-wise, a bf16 table and bf16 products cost at most $3u$: the standard HF/Unsloth cache is
 # not *wrong*, it is bf16-accurate. In ulps near zero the same kernel is far more than 16 ulps off
@@ -699,8 +756,11 @@ assert all(run_row(BITS, v)["numel"] == 1_048_576 for v in PRESET_ROWS.values())
 #
 # The lines under the chart are the committed runs against the real TE: with the FMA every output
 # has TE's bits; the fixed kernel, the fma left to the compiler, is off by up to $2^{-6}$. The
-# rows above the chart are this machine's: on the CPU the fixed row is 0 too (the emulation
-# rounds both products, as the interpreter does); on a GPU of compute capability 9.0 with TE and
+# rows above the chart are this machine's. On the CPU the fixed row is 0 too, though the
+# interpreter's `tl.cos` is NumPy's, not torch's (section 3 counts the table entries where they
+# differ): the interpreter and the emulation both round every product, and a one-ulp difference
+# of sin/cos flips a bf16 output only about once in $2^{15}$ elements (section 3b), which 4,096
+# elements rarely show. On a GPU of compute capability 9.0 with TE and
 # Triton 3.6 (the reference run's, which the cell compares against; section 4b asserts both), they
 # show the committed $2^{-6}$ and 0.
 
@@ -1161,12 +1221,30 @@ assert llir_sums["_rope_combine_kernel (above)"]["y2"]["first"] == ["x2 * c"]
 
 # %% [markdown]
 # In all four sums the PTX fuses the sum's first operand in the IR, and the reproduction kernel's
-# IR holds $y_2 = x_2 c + x_1 s$ the other way round, so $x_1 s$ is fused. Which LLVM pass
-# swaps it is not shown here: `nb08_passes.repro_trace(False)` (from `ropelib.course`; it
-# compiles in a second Python with LLVM's print-after-all, a minute or so) lists the passes after
-# which the order changed, and names `Reassociate`: `tests/test_nb08_passes.py` runs it and checks
-# that the one pass to change the order is `ReassociatePass`. Four sums are not a rule, so the
-# source must fix the order: `tl.fma`.
+# IR holds $y_2 = x_2 c + x_1 s$ the other way round, so $x_1 s$ is fused. Four sums are not a
+# rule, so the source must fix the order: `tl.fma`.
+#
+# **Which LLVM pass swaps it** (optional, about half a minute on a CPU). The next cell, with
+# `SHOW_PASSES = True`, compiles the reproduction kernel again for sm_90 in a second Python with
+# LLVM's print-after-all on (`nb08_passes.repro_trace`, from `ropelib.course`; no GPU needed) and
+# lists the first dump and every pass after which the order of $y_2$'s two products changed.
+# It is off by default, so the page shows no trace; `tests/test_nb08_passes.py` runs the same
+# compile and checks that the one pass to change the order is `ReassociatePass`.
+
+# %%
+from ropelib.course import nb08_passes
+
+SHOW_PASSES = False    # True: compile with LLVM's dumps and list the passes (about 30 s)
+if SHOW_PASSES:
+    trace = nb08_passes.repro_trace(False)   # y2 written x2 * c + x1 * s, as in the source
+    for pass_name, order in trace["passes"]:
+        print(f"after {pass_name}: y2 = {order}")
+    print("the PTX fuses:", trace["fused"])
+    assert [order for _, order in trace["passes"]] == ["x2 * c + x1 * s", "x1 * s + x2 * c"]
+    assert trace["passes"][1][0].startswith("ReassociatePass")   # the one pass that swaps it
+    assert trace["fused"]["y2"] == ["x1 * s"]                     # and the product then fused
+else:
+    print("SHOW_PASSES is False: set it to True and rerun this cell to list the LLVM passes")
 
 # %% [markdown]
 # **Which change did it: one change per row.** The same steps in section 1's kernel, from the
@@ -1261,8 +1339,10 @@ assert ref_bf16 == [320601, 12, 12, 0, None]
 assert ref_small == [573, 573, 573, 0, None]
 assert (h100_bf16, h100_small) == (ref_bf16, ref_small)      # the H100's run: the same counts
 assert [i for i, n in enumerate(ref_bf16) if n == 0] == [3]  # in the runs, only the fma line: 0
-# its fp32 table rows read a torch fp32 table made on the GPU: TE's entries, every bit
-assert all(SMALL32.sincos["table_fp32"][f]["n_differ"] == 0 for f in ("cos", "sin"))
+# its fp32 table rows read a torch fp32 table made on the GPU, its FIXED row tl.cos / tl.sin:
+# TE's entries, every bit
+assert all(SMALL32.sincos[src][f]["n_differ"] == 0 for src in ("table_fp32", "tl")
+           for f in ("cos", "sin"))
 assert course_bits[4] == 0                       # TE's cos/sin and TE's order: on every machine
 assert SMALL32.rows["none_rn/table_te_fp32"]["n_differ"] == 990   # every product rounded
 if not GPU:   # the interpreter rounds every product, and its tl.cos is NumPy's, not CUDA's
@@ -1282,9 +1362,13 @@ elif SAME_ARCH:  # tl.cos is CUDA's sincosf, TE's own, and the compiled code the
 # In both committed runs only the fma line reaches 0: on these inputs TE's output is, in every
 # bit, `fma(v_src, v_cos, v_src_rotate * v_sin)`. Once sin/cos are TE's `sincosf` (step b), what
 # is left is the order of one fused multiply-add, which the compiler may choose differently for
-# two kernels of the same line. On a CPU the interpreter rounds every product (990 in the first
-# two fp32 rows, where the GPUs give 573) and its sin/cos are NumPy's, so only the last row is 0
-# on every machine.
+# two kernels of the same line. In the fp32 columns the first three rows count alike (573) for
+# a plain reason: with fp32 input, "table and math in the input dtype" *is* an fp32 table and fp32
+# math, so the reported failure's row is the same computation as the second; and on the GPUs the
+# third row's `tl.cos` is TE's `sincosf` (step b), as the second row's torch table is, so the
+# three differ from TE only in the order of the multiply-add. On a CPU the interpreter rounds
+# every product (990 in the first two fp32 rows, where the GPUs give 573) and its sin/cos are
+# NumPy's, so only the last row is 0 on every machine.
 #
 # **The recipe.** Cos/sin in fp32 from the fp32 angles (`tl.cos`/`tl.sin` or libdevice's
 # precise ones, not the fast approximations), the math in fp32, and the combine pinned as
@@ -1626,7 +1710,9 @@ solution(ex.solution_classify)
 # Each checkbox switches one cause on; watch `allclose`, the largest difference, the error map and
 # the verdict. Two buttons reset the boxes; two more switch the tolerances. The one-ulp cause
 # flips tens of elements per million (section 3b), so the CPU's panel of 4,096 elements expects
-# about 0.2 and mostly shows none; a GPU's panel of 1,048,576, about 43. Widgets need a running
+# about 0.2 and mostly shows none. A GPU's panel of 1,048,576 compares with the TE side, from
+# which the fixed kernel already differs in 12 elements against the real TE (section 3): there it
+# shows those 12 plus the flips, as section 3b's count against TE does. Widgets need a running
 # Jupyter kernel (until its cells run: "Error displaying widget: model not found"). The cell after
 # the panel drives it from code and prints its verdicts.
 
@@ -1708,11 +1794,14 @@ print(f"fixed: allclose with {tol} passes; max error {float(ulps.max()):.3g} ulp
 #
 # **Section 1's case, closed.** Its first ten values matched because they lie at position 0
 # (section 2). Its `allclose` failed on precision, not layout: the largest difference is one bf16
-# step, which section 2's probe reproduces from the bf16 table and bf16 products together and
-# section 4 pins on the table (the math in fp32 leaves it as large, an fp32 table lowers it);
-# with table and math in fp32 it passes at dtype-aware tolerances (section 8). Which cause struck
-# in the reports is an inference: every cause here gives the symptom. Layout traps make
-# differences as large as the values; a bf16 step or so points to precision or tolerance:
+# step, which section 2's probe reproduces from the bf16 table and bf16 products together.
+# Section 4 separates them: most of the difference is the table's (on the GPU, with fp32 math
+# 270,943 elements still differ from TE, by as much; an fp32 table leaves 12), and the bf16 math
+# raises the count to 320,601 and the error against fp64 in ulps. With table and math in fp32
+# it passes at dtype-aware tolerances (section 4's third row), and so does the fixed kernel
+# (section 8). Which cause struck in the reports is an inference: every cause here gives the
+# symptom. Layout traps make differences as large as the values; a bf16 step or so points to
+# precision or tolerance:
 #
 # - a bf16 table and bf16 products: tens of ulps off fp64 or more near zero, yet within $3u$
 #   norm-wise (section 4);

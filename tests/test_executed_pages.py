@@ -49,6 +49,7 @@ STALE = {stem: _OLDER + _rerender(stem) for stem in (
     "03-naive-triton-kernel",
     "13-rope-puzzles",
     "00-setup-and-tour",
+    "08-debugging-allclose",
 )}
 # pages rendered before a data file they read was measured again
 _OLDER_DATA = ("the page shows outputs of benchmarks/results/floor-nvidia-h200.csv as it was "
