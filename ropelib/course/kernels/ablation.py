@@ -91,7 +91,8 @@ def _rope_ablation_kernel(
             b = b0 + i
             _rotate_tile(x_ptr, y_ptr, x_off + b * stride_xb, y_off + b * stride_yb,
                          mask, cos1, sin1, cos2, sin2, HALF, BF16_RTNE)
-    else:  # a runtime loop: one compiled kernel serves every batch size
+    else:  # a runtime loop: one compiled kernel serves every batch size (Triton still builds
+        # BATCH_PER_PROGRAM = 1 and multiples of 16 apart: it specializes such integers)
         b0 = tl.program_id(2) * BATCH_PER_PROGRAM
         for i in range(0, BATCH_PER_PROGRAM):
             b = b0 + i
