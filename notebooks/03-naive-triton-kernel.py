@@ -1019,8 +1019,6 @@ assert all(round(m["gpc__cycles_elapsed.max"] / m["gpu__time_duration.sum"], 2) 
 # profile takes it); times the warps, that is a program. Beside it, the profile's classes.
 
 # %%
-import inspect
-
 from ropelib.course import nb03_layouts, nb03_warps   # a tile's layout; a thread's SASS, by kind
 from ropelib.course.counts import programs_per_sm
 from ropelib.course.offline_compile import compiled_code
@@ -1033,11 +1031,9 @@ naive_args = dict(x_ptr=xw_, y_ptr=xw_, freqs_ptr=fw_, B=8, H=32, stride_xs=3276
                   BACKWARD=False, COMPUTE_DTYPE=tl.float32, BF16_RTNE=False)
 # the kernel of section 3.4 as this notebook defines it (your edits show here); under the
 # interpreter a second Python builds it from its cell's source and the rounding helper it calls
-naive_source = ("import triton\nimport triton.language as tl\n"
-                "from ropelib.kernels.common import round_to\n\n\n"
-                + inspect.getsource(_rope_naive_kernel.fn))
 warps_code = {w: compiled_code(_rope_naive_kernel, naive_args, num_warps=w, timeout=600,
-                               source=naive_source) for w in (1, 2)}
+                               imports="from ropelib.kernels.common import round_to")
+              for w in (1, 2)}
 per_thread = {w: nb03_warps.by_kind(nb03_warps.fast_path(c["sass"]))
               for w, c in warps_code.items()}
 per_prog = {w: {k: n * w for k, n in kinds.items()} for w, kinds in per_thread.items()}

@@ -64,3 +64,29 @@ def test_an_argument_it_cannot_pass_is_named(tmp_path):
         compiled_code(m.scale_kernel, dict(x_ptr=torch.empty(4), y_ptr=torch.empty(4),
                                            n=object(), COMBINE=m.twice, DTYPE=None, BLOCK=8),
                       num_warps=4, source=SOURCE)
+
+
+# a kernel that calls a helper of ropelib's, in a module the compiling Python cannot import
+ROUNDING_SOURCE = '''import triton
+import triton.language as tl
+from ropelib.kernels.common import round_to
+
+
+@triton.jit
+def rounded_copy_kernel(x_ptr, y_ptr, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    tl.store(y_ptr + i, round_to(tl.load(x_ptr + i), tl.bfloat16, False))
+'''
+
+
+def test_a_kernel_built_from_its_own_source_with_the_imports_it_needs(tmp_path):
+    from ropelib.course import offline_compile
+    m = written_module("rounding_kernels", tmp_path / "rounding_kernels.py", ROUNDING_SOURCE)
+    x = torch.empty(64)
+    args = dict(x_ptr=x, y_ptr=x, BLOCK=64)
+    code = compiled_code(m.rounded_copy_kernel, args, num_warps=1,
+                         imports="from ropelib.kernels.common import round_to")
+    assert ".target sm_90" in code["ptx"]
+    if offline_compile.INTERPRET:      # built from the kernel's text: without the import, no helper
+        with pytest.raises(Exception, match="round_to"):
+            compiled_code(m.rounded_copy_kernel, args, num_warps=1)

@@ -115,7 +115,8 @@ def resource_usage(cubin: bytes) -> dict:
 
 def compiled_code(kernel, args: dict, *, num_warps: int, num_stages: Optional[int] = None,
                   arch: int = 90, enable_fp_fusion: Optional[bool] = None,
-                  source: Optional[str] = None, timeout: float = 300.0) -> dict:
+                  source: Optional[str] = None, imports: str = "",
+                  timeout: float = 300.0) -> dict:
     """`kernel` (a @triton.jit function) compiled for sm_<arch> as `compile_for_cuda` would with
     `args`, read back as text: {"triton": the version, "ttgir", "ptx", "sass" (cuobjdump's; ""
     without one), "resources" (`resource_usage`), "shared" (bytes a program asks for)}.
@@ -125,7 +126,8 @@ def compiled_code(kernel, args: dict, *, num_warps: int, num_stages: Optional[in
     kernel defined in a notebook (or a module the second Python cannot import), built from
     `source`: a module's text defining the kernel and every @triton.jit function it calls or
     is given (with its imports: it is written as it is); by default the kernel's own source,
-    after `import triton` and `import triton.language as tl`. `args` pass as a launch passes them: pointers
+    after `import triton`, `import triton.language as tl` and `imports` (the lines that bring in
+    what else it calls, e.g. "from ropelib.kernels.common import round_to"). `args` pass as a launch passes them: pointers
     as tensors (what matters is their dtype and whether they are 16-byte aligned), the rest as
     ints, floats, bools, strings, None, Triton dtypes (tl.float32) or @triton.jit functions of
     the kernel's module (a constexpr such as COMBINE=as_written)."""
@@ -135,7 +137,8 @@ def compiled_code(kernel, args: dict, *, num_warps: int, num_stages: Optional[in
     fn = getattr(kernel, "fn", kernel)
     module = fn.__module__ if fn.__module__ not in (None, "__main__") else ""
     if source is None:
-        source = _IMPORTS + textwrap.dedent(inspect.getsource(fn))
+        source = _IMPORTS + (imports + "\n\n\n" if imports else "") + textwrap.dedent(
+            inspect.getsource(fn))
     request = dict(name=fn.__name__, module=module, args=encoded, num_warps=num_warps,
                    num_stages=num_stages, arch=arch, enable_fp_fusion=enable_fp_fusion)
     with tempfile.TemporaryDirectory() as tmp:
