@@ -1705,10 +1705,10 @@ else:
         print(f"  {kind}: fused / unfused, idle start {f['idle'] / u['idle']:.3f}, queued "
               f"{f['queued'] / u['queued']:.3f}, do_bench "
               f"{benched[f'fused {kind}'] / benched[f'unfused {kind}']:.3f}; the fused step "
-              f"waits {more_wait:+.3f} ms more: "
+              f"waits {abs(more_wait):.3f} ms {'more' if more_wait > 0 else 'less'} than the "
+              "unfused one: "
               + (f"the host's share of the idle-start gap ({gap:+.3f} ms) {more_wait / gap:.2f}"
-                 if gap > 0.01 * u["idle"] else "no idle-start gap to share"))
-    assert waits["fused forward+backward"] > waits["unfused forward+backward"]
+                 if abs(gap) > 0.01 * u["idle"] else "no idle-start gap to share"))
 
 # %% [markdown]
 # **Reading the cell.** Where fused / unfused is above 1 from an idle start but below 1 queued,

@@ -1,13 +1,10 @@
 """benchmarks/autograd_node_costs.py times every variant (the launches removed) and puts the
 launches back."""
-import os
 from pathlib import Path
 
-os.environ.setdefault("TRITON_INTERPRET", "1")   # before the kernels are imported
+from loading import load_file
 
-from loading import load_file  # noqa: E402
-
-from ropelib import eager  # noqa: E402
+from ropelib import eager
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "autograd_node_costs.py"
 

@@ -1,12 +1,9 @@
 """benchmarks/compiled_guard_probe.py: the guards Dynamo installs for a compiled ropelib call,
 counted and timed beside two graphs that read no ropelib code."""
-import os
 import re
 from pathlib import Path
 
-os.environ.setdefault("TRITON_INTERPRET", "1")   # before the kernels are imported
-
-from loading import load_file  # noqa: E402
+from loading import load_file
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "compiled_guard_probe.py"
 

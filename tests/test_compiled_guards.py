@@ -3,16 +3,13 @@ compiler: every call of a `torch.compile`d function first checks the guards inst
 tracing it (one per global, function code object and default argument the traced Python read),
 so ropelib's checks are written to read few (ropelib/api.py `checked_call`); and a bad argument
 must still raise the public API's error, with its message, at trace time."""
-import os
 import re
 
-os.environ.setdefault("TRITON_INTERPRET", "1")   # before the kernels are imported
+import pytest
+import torch
+import torch._dynamo
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-import torch._dynamo  # noqa: E402
-
-import ropelib  # noqa: E402
+import ropelib
 
 LEAF = re.compile(r"\+- ([A-Z_]+):")
 # leaf guards measured for the calls below (CPU, torch 2.13: 81 and 91, from 111 and 126), with

@@ -38,18 +38,6 @@ _OLDER = "the page was rendered from an older version of the notebook; "
 
 # page -> why it is allowed to differ from its notebook for now
 STALE = {stem: _OLDER + _rerender(stem) for stem in (
-    "05-finished-kernel",
-    "07-te-vs-triton-live",
-    "09-rope-in-a-model",
-    "04-batch-reuse-grid-kernel",
-    "06-backward-pass",
-    "12-rope-in-the-qkv-projection",
-    "10-multi-axis-rope",
-    "11-rope-at-scale",
-    "03-naive-triton-kernel",
-    "13-rope-puzzles",
-    "00-setup-and-tour",
-    "08-debugging-allclose",
 )}
 # pages rendered before a data file they read was measured again
 _OLDER_DATA = ("the page shows outputs of benchmarks/results/floor-nvidia-h200.csv as it was "

@@ -1,15 +1,12 @@
 """ropelib/course/nb09_copy_fraction.py: notebook 09 appendix A.5's check at several ROWS and its
 GPU timing against a plain copy, run on the CPU with fake launchers and timers."""
-import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import pytest
+import torch
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-from ropelib.course import nb09_copy_fraction as cf  # noqa: E402
-from ropelib.course.exercises import in_a_model  # noqa: E402
-from ropelib.frequencies import rope_freqs  # noqa: E402
+from ropelib.course import nb09_copy_fraction as cf
+from ropelib.course.exercises import in_a_model
+from ropelib.frequencies import rope_freqs
 
 
 def _inputs(B=2, S=8, H=2, D=16, dtype=torch.float32):

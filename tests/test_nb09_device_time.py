@@ -1,14 +1,11 @@
 """ropelib/course/nb09_device_time.py: notebook 09's device time of one call (CPU: the plumbing)."""
-import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import pytest
+import torch
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-from ropelib.course import nb09_device_time as dt  # noqa: E402
-from ropelib.course.exercises import in_a_model  # noqa: E402
-from ropelib.frequencies import rope_freqs  # noqa: E402
+from ropelib.course import nb09_device_time as dt
+from ropelib.course.exercises import in_a_model
+from ropelib.frequencies import rope_freqs
 
 
 def test_device_ms_profiles_each_call_once_and_returns_its_time():

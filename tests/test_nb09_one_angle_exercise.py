@@ -1,13 +1,10 @@
 """ropelib/course/exercises/nb09_one_angle.py: notebook 09's exercise 4, one angle a pair."""
-import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before any @triton.jit is imported
+from pathlib import Path
 
-from pathlib import Path  # noqa: E402
-
-from ropelib.course.exercises import in_a_model  # noqa: E402
-from ropelib.course.exercises import nb09_one_angle as ex  # noqa: E402
-from loading import load_file  # noqa: E402
+from ropelib.course.exercises import in_a_model
+from ropelib.course.exercises import nb09_one_angle as ex
+from loading import load_file
 
 ROOT = Path(__file__).resolve().parents[1]
 _model_tests = load_file("exercises_model_tests", ROOT / "tests" / "test_exercises_model.py")

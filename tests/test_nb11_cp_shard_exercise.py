@@ -3,20 +3,17 @@ shard rotated at its global positions by the learner's kernel. The check passes 
 of the worked kernel and refuses: the worked kernel from ropelib (and a kernel calling it), a
 kernel calling ropelib's own position map, a Python function calling apply_rope, kernels that
 rotate at the wrong positions, a blank kernel. Everything runs in Triton's interpreter."""
-import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before any @triton.jit is imported
+import pytest
+import torch
+import triton
+import triton.language as tl
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
-
-import ropelib  # noqa: E402
-from ropelib.course.exercises import nb11_cp_shard as ex  # noqa: E402
-from ropelib.course.offline_compile import compiled_code  # noqa: E402
-from ropelib.kernels.common import dual_chunk_position  # noqa: E402
-from loading import learner_copy  # noqa: E402
+import ropelib
+from ropelib.course.exercises import nb11_cp_shard as ex
+from ropelib.course.offline_compile import compiled_code
+from ropelib.kernels.common import dual_chunk_position
+from loading import learner_copy
 
 
 @triton.jit

@@ -9,10 +9,12 @@ import os
 import re
 from pathlib import Path
 
-import jupytext
 import matplotlib
 import numpy as np
 import pytest
+
+jupytext = pytest.importorskip(
+    "jupytext", reason="the notebook checks need the lab extras: pip install -e '.[lab]'")
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "11-rope-at-scale.py"
