@@ -532,8 +532,8 @@ for dtype in (torch.float32, torch.bfloat16):
 #
 # - **At 1 warp its time is the time the GPU takes to start and retire its programs.** As many
 #   programs that do nothing take as long. The GPU starts them at about 0.6 ns each, GPU-wide
-#   (80 ns per program on each SM if its 132 SMs share the work evenly); where that limit sits
-#   is open (4.4).
+#   (80 ns per program on each SM if its 132 SMs share the work evenly); the limit is the GPU's,
+#   not each SM's (4.4).
 # - **More warps add instructions.** Once they outgrow the time a program takes to start, the
 #   time grows with them.
 #
@@ -755,8 +755,8 @@ assert round(life_us, 1) == 1.4
 # A million programs that do nothing take as long as the naive kernel (within 1 %), and as long
 # as a million that each move their row, at any number of warps. So at 1 warp the naive kernel's
 # time is the time the GPU takes to start and retire its programs: 0.60 ns a program for the
-# whole GPU, or 80 ns per program on each SM if its 132 SMs share the work evenly. Where that
-# limit sits is open (4.4).
+# whole GPU, or 80 ns per program on each SM if its 132 SMs share the work evenly. The limit is
+# the GPU's, not each SM's (4.4 confines the programs to fewer SMs).
 #
 # Occupancy follows from that start rate. By Little's law,
 # $\text{programs resident} = \text{start rate} \times \text{life}$, which holds for averages
@@ -935,19 +935,57 @@ draw_two_gpus(two, empty["us"], FIGURES / "03-naive-vs-copy-two-gpus.png")
 # hence its 5.1) is a property of the GPU as much as of the kernel. Read a live ratio against
 # its own GPU's committed run.
 #
-# **What these GPUs cannot tell apart.** Both have 132 SMs, so "0.60 ns per program for the whole
-# GPU" and "80 ns per program on each SM" are one measurement written two ways: programs start at
-# about 0.6 ns each GPU-wide (80 ns per SM if the 132 SMs share the work evenly). Whether the limit
-# sits in each SM or in the GPU's scheduler is not measured here. A cost each SM pays would make
-# the GPU-wide figure fall on a GPU with more SMs; a limit in the scheduler would not. No committed
-# run has another SM count, or confines a kernel to fewer SMs. The probe that settles it is
-# `benchmarks/program_start_sms.py`: it confines the same empty kernel to fewer SMs with CUDA green
-# contexts and times it there. If ns per program × SMs stays constant as SMs are taken away, the
-# cost is each SM's; if ns per program stays constant, it is the scheduler's. It has no committed
-# result yet. Exercise 5's model divides the
-# programs by the SMs and multiplies by the per-SM figure, which is the GPU-wide figure times the
-# programs: on the GPU the figure was measured on, both readings predict the same time. Only
-# carrying 80 ns to a GPU with another SM count would need the per-SM reading.
+# **Where the limit sits.** Both GPUs have 132 SMs, so "0.60 ns per program for the whole GPU"
+# and "80 ns per program on each SM" are one measurement written two ways. A cost each SM pays
+# would make the GPU-wide figure fall on a GPU with more SMs; a limit in the GPU's scheduler would
+# not. `benchmarks/program_start_sms.py` tells the two apart on one GPU: it confines the same empty
+# kernel to fewer SMs with CUDA green contexts, counts the SMs its programs ran on (each program of
+# a second kernel writes the SM it ran on), and times it there at two grid sizes, $2^{18}$ and
+# $2^{20}$ programs; the slope between them is the time per program, the launch's fixed cost
+# cancelled. If ns per program × SMs stays constant as SMs are taken away, the cost is each SM's;
+# if ns per program stays constant, it is the GPU's. The cell reads its committed H100 run.
+
+# %%
+sms_csv = measured.RESULTS / "program_start_sms-nvidia-h100-80gb-hbm3-20261207-1704.csv"
+assert compare.read_meta(sms_csv)["gpu"] == "NVIDIA H100 80GB HBM3"
+sms_rows = sorted(compare.read_csv(sms_csv), key=lambda r: r["sms_used"])
+print(f"NVIDIA H100 80GB HBM3 ({sms_csv.name}): empty one-warp programs, confined")
+print(f"{'SMs asked':>10s}{'SMs used':>10s}{'ns a program':>14s}{'x SMs':>8s}")
+for r in sms_rows:
+    print(f"{r['sms_asked']!s:>10s}{r['sms_used']:10d}{r['ns_per_program']:14.3f}"
+          f"{r['ns_per_program_per_sm']:8.1f}")
+assert all(r["sms_used"] == r["sms_asked"] for r in sms_rows if r["sms_asked"] != "all")
+few = [r for r in sms_rows if r["sms_used"] <= 72]          # 8 to 72 SMs
+top = [r for r in sms_rows if r["sms_used"] >= 104]         # 104 SMs, then all 132
+per_sm_ns = sum(r["ns_per_program_per_sm"] for r in few) / len(few)
+gpu_ns = top[-1]["ns_per_program"]
+print(f"8 to 72 SMs: each SM starts one every {per_sm_ns:.0f} ns (ns x SMs "
+      f"{min(r['ns_per_program_per_sm'] for r in few):.1f} to "
+      f"{max(r['ns_per_program_per_sm'] for r in few):.1f}); 104 and 132 SMs: "
+      + " and ".join(f"{r['ns_per_program']:.3f}" for r in top) + " ns a program GPU-wide; "
+      f"the two limits meet at {per_sm_ns / gpu_ns:.0f} SMs")
+# few SMs: the per-SM reading holds (ns x SMs within 6 % as SMs go from 8 to 72)
+few_x_sms = [r["ns_per_program_per_sm"] for r in few]
+assert max(few_x_sms) / min(few_x_sms) < 1.06
+# many: the GPU-wide one (ns a program the same, within 1 %, with 104 SMs and with all 132)
+assert abs(top[0]["ns_per_program"] / top[1]["ns_per_program"] - 1) < 0.01
+assert round(per_sm_ns) == 54 and round(gpu_ns, 3) == 0.606 and round(per_sm_ns / gpu_ns) == 89
+assert abs(gpu_ns / ns_gpu - 1) < 0.01       # 4.3's H200, all its SMs: the same rate within 1 %
+assert round(top[1]["ns_per_program_per_sm"]) == 80 and top[1]["sms_used"] == 132
+
+# %% [markdown]
+# Both limits are there. Confined to 8 to 72 SMs, each SM starts a program about every 54 ns:
+# ns × SMs holds, the per-SM reading. With 104 SMs and with all 132, ns per program holds at
+# 0.606: the GPU starts programs no faster than that however many of those SMs take part, and with
+# all 132 each SM starts one only every 80 ns, waiting part of the time. The two limits meet near
+# 89 SMs (54 ns / 0.606 ns). So on this H100 the naive kernel's time is set by the GPU's rate of
+# starting programs, not by its SMs: 80 ns is not a cost an SM pays, and a GPU with more SMs
+# behind the same scheduler would start them no faster. The H200 has the same 132 SMs and starts
+# them at the same rate within 1 % (4.3's 0.60 ns); only the H100 was confined.
+#
+# Exercise 5's model divides the programs by the SMs and multiplies by the per-SM figure, which is
+# the GPU-wide figure times the programs: on the GPU the figure was measured on, both readings
+# predict the same time. Carrying 80 ns to a GPU with another SM count would not.
 #
 # ### 4.5 What the extra warps cost
 #

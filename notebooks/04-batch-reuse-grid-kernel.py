@@ -830,8 +830,8 @@ else:
 # - **bytes**: a copy of the same tensors, timed in the same run;
 # - **programs**: $P$ programs at the rate the H200 starts them, measured GPU-wide with empty
 #   programs and written per SM: $t_{\text{empty}} = 79.8$ ns per program per SM, the
-#   $N_{\text{SM}} = 132$ SMs sharing the programs evenly (notebook 03, section 4; whether the
-#   limit sits in each SM or in the GPU's scheduler is not measured);
+#   $N_{\text{SM}} = 132$ SMs sharing the programs evenly (notebook 03, section 4: the limit is
+#   the GPU's rate of starting programs, not a cost each SM pays);
 # - **issue**: $I_{\text{warp}}$ warp instructions (Nsight Compute's count), at most one a cycle
 #   from each of an SM's 4 schedulers at the top clock $f_{\max}$.
 #
@@ -1147,7 +1147,7 @@ if GEN_CSV.exists():   # the copy speed measured on the H200, reference case
 # %% [markdown]
 # **3. Predict the grid's time.** An H200 starts one-warp programs at 79.8 ns per program per SM
 # (notebook 03, section 4): a rate measured GPU-wide, written as if its 132 SMs shared the
-# programs evenly; whether the limit sits in each SM or in the GPU's scheduler is not measured.
+# programs evenly; the limit is the GPU's, not each SM's (notebook 03, section 4.4).
 # Write `my_grid_us(S, B, H, sms, ns_per_program_per_sm, copy_us)`: the time in µs of section 2's
 # $(S, H)$ grid if its programs cost `ns_per_program_per_sm` each on each of `sms` SMs sharing
 # them evenly (the per-SM figure above, not a GPU-wide one) and it takes at least a copy of its

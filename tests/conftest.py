@@ -17,6 +17,8 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before ropelib (and its @triton.jit) is imported
+# what Triton is told here is what every kernel is built with: a test module may not change it
+_TRITON_INTERPRET = os.environ.get("TRITON_INTERPRET")
 
 import importlib.util  # noqa: E402
 import random  # noqa: E402
@@ -54,6 +56,24 @@ def _browser_skip_reason() -> str | None:
     if chromium_path() is None:
         return "needs Debian's chromium (apt-get install -y chromium) or ROPELIB_CHROMIUM=/path/to/chromium"
     return None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    """A test module that sets TRITON_INTERPRET when it is imported fails to collect (and the
+    setting is undone): on a GPU it would send the GPU tests collected with it to the interpreter
+    or skip them, and kernels imported after it would be built for the interpreter."""
+    report = (yield).get_result()
+    now = os.environ.get("TRITON_INTERPRET")
+    if now != _TRITON_INTERPRET:
+        if _TRITON_INTERPRET is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = _TRITON_INTERPRET
+        report.outcome, report.result = "failed", []
+        report.longrepr = (f"{collector.nodeid} set TRITON_INTERPRET={now!r} when imported (it was "
+                           f"{_TRITON_INTERPRET!r}): tests/conftest.py sets it where there is no "
+                           "GPU; a test module must not")
 
 
 def pytest_report_header(config):

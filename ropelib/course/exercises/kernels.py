@@ -184,9 +184,9 @@ def check_grid_us(fn: Callable) -> bool:
     """fn(S, B, H, sms, ns_per_program_per_sm, copy_us) -> the time in µs of the (S, H) grid (one
     program per position and head, each looping over the B rows) when its programs start at
     ns_per_program_per_sm a program per SM, the `sms` SMs sharing them evenly
-    (ns_per_program_per_sm / sms a program GPU-wide: notebook 03 measures the rate, not whether
-    its limit sits in each SM or in the GPU's scheduler), and no kernel is faster than a copy of
-    its tensors (copy_us).
+    (ns_per_program_per_sm / sms a program GPU-wide: notebook 03 measures the rate, and finds its
+    limit in the GPU, not in each SM), and no kernel is faster than a copy of its tensors
+    (copy_us).
     Notebook 03's worked prediction (`solution_predicted_us`, which takes rows and rows per
     program) is refused with the worked solution: the exercise asks for the model."""
     seed, g = fresh_generator()     # and a launch drawn now: a table made beforehand fails

@@ -320,9 +320,9 @@ def check_predicted_us(fn) -> bool:
     """fn(n_rows, rows_per_program, sms, ns_per_program_per_sm, copy_us) -> the time in µs a
     kernel of one program per `rows_per_program` rows takes when its programs start at
     ns_per_program_per_sm a program per SM, the `sms` SMs sharing them evenly (that is,
-    ns_per_program_per_sm / sms a program GPU-wide: notebook 03 measures the rate, not whether
-    its limit sits in each SM or in the GPU's scheduler), and no kernel is faster than a copy
-    of its bytes (copy_us).
+    ns_per_program_per_sm / sms a program GPU-wide: notebook 03 measures the rate, and finds its
+    limit in the GPU, not in each SM), and no kernel is faster than a copy of its bytes
+    (copy_us).
 
     Tried on notebook 03's numbers and a few others, and on a kernel drawn when the check runs
     (`own_code.fresh_generator`, its seed in the case's label): a table of times worked out
