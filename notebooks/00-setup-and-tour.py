@@ -595,13 +595,14 @@ else:
 
 # %% [markdown]
 # Those shares are your GPU's at the tour's 32 MiB, a small shape: with $B = 4$ each program of
-# the batch-reusing grid loops over just four rows, one after another, and at this shape the grid
-# kernel can be the slowest of the three. The floors at the end of this section set its program
-# starts beside its time on your GPU; what else takes that time is notebook 04's question (its
-# exercise 3 finds, on the committed H200 sweep, that from $b = 4$ on neither the grid's programs
-# nor its bytes bound its time), and this notebook does not settle it.
+# the batch-reusing grid loops over just four rows, one after another. At this shape the order
+# of the three is one run's on one GPU: read it from the lines above, not from this text. The
+# floors at the end of this section set the grid's program starts beside its time on your GPU;
+# what else takes that time is notebook 04's question (its exercise 3 finds, on the committed
+# H200 sweep, that from $b = 4$ on neither the grid's programs nor its bytes bound its time),
+# and this notebook does not settle it.
 #
-# At the size notebooks 03 to 05 measure, the committed data show another order. The next cell
+# At the size notebooks 03 to 05 measure, committed data settle the order. The next cell
 # reads a committed H200 profile at $[4096, 8, 32, 128]$ (256 MiB), where the naive kernel is the
 # slowest of the three and the finished kernel the fastest. Why is the naive kernel the slowest
 # there, when it moves the same bytes? Each kernel ran once under *Nsight Compute*, NVIDIA's
@@ -610,13 +611,14 @@ else:
 # Two columns matter here:
 #
 # - **DRAM / model**: the bytes the GPU's memory moved, over the bytes RoPE must move.
-# - **program floor**: starting and retiring a program costs an SM time even when the program
-#   does nothing. The H200 ran 1,048,576 empty one-warp programs on its 132 SMs
-#   (`program_cost-nvidia-h200.csv`) in a time $t$, so each program took
-#   $t \times 132 / 1{,}048{,}576 = 79.8$ ns of an SM's time (the cell's last line prints $t$
-#   and the cost). A kernel's program floor is its programs per SM times that cost: a time it
-#   cannot beat however little each program does. Exercise 2 works it out; notebook 03
-#   (section 4.3) measures it.
+# - **program floor**: starting and retiring programs takes the GPU time even when they do
+#   nothing. The H200 ran 1,048,576 empty one-warp programs on its 132 SMs
+#   (`program_cost-nvidia-h200.csv`) in a time $t$: with the SMs sharing them evenly, each
+#   program took $t \times 132 / 1{,}048{,}576 = 79.8$ ns of an SM's time (the cell's last line
+#   prints $t$ and the cost). A kernel's program floor is its programs per SM times that cost: a
+#   time it cannot beat however little each program does. Exercise 2 works it out; notebook 03
+#   (section 4.3) measures it, and finds in 4.4 that the limit is the GPU's rate of starting
+#   programs, shared by its SMs, not a cost each SM pays.
 #
 # The table's other columns: the time of the one launch, the copy's time over it ("% of
 # copy"), the programs and the warps each program runs as, and "thread inst / element", the
@@ -672,7 +674,8 @@ if MECHANISM:
     assert abs(naive_m["us"] / naive_m["floor_us"] - 1) < 0.01
     assert all(r["floor_us"] < 0.65 * r["us"] for r in table_rows if r is not naive_m)
     assert reuse_m["floor_us"] < reuse_m["us"] / 2
-    # the writes come out short by less than the H200's L2 holds (60 MiB, NVIDIA's figure)
+    # the writes come out short by less than the H200's L2 holds (60 MiB, as Nsight Compute
+    # reports the device: notebook 04, section 1)
     assert all(0 < r["elements"] * 2 - r["ncu_dram_write_bytes"] < 60 * 2**20 for r in table_rows)
 
 # %% [markdown]
@@ -775,10 +778,10 @@ if MECHANISM:
 # thousand programs (the finished kernel's), the launch's own fixed cost, which the model leaves
 # out, is most of that time; it says nothing about the cost a program. In the last column, a
 # share near 100 % means the tour kernel's time is its programs starting, as the naive kernel's
-# is on the H200. A share well under it says only that starting programs is not most of that
-# time, not what the rest is: the batch-reusing grid can print a small share here and still be
-# the tour's slowest kernel at $B = 4$. Notebook 04 (sections 2 and 5.3) sets the grid against
-# three floors; notebook 05 climbs to the finished kernel one change at a time.
+# is on the H200. A lower share, such as the batch-reusing grid's at $B = 4$, is the part of
+# the time that starting programs takes, and says nothing about what the rest is. Notebook 04
+# (sections 2 and 5.3) sets the grid against three floors; notebook 05 climbs to the finished
+# kernel one change at a time.
 
 # %% [markdown]
 # ## 5. Where to go next

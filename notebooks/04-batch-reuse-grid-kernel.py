@@ -99,8 +99,8 @@ print(f"x: [S={S}, B={B}, H={H}, D={D}] on {device}")
 # - evaluate the same $D$ cosines and $D$ sines $B \cdot H$ times.
 #
 # The caches serve most of the repeated loads (appendix A.5). The programs cost too: each naive
-# one moves one row (512 bytes for $D = 128$ in bf16) and must be started and retired. The bill
-# for the reference case:
+# one reads one row and writes it (512 bytes for $D = 128$ in bf16) and must be started and
+# retired. The bill for the reference case:
 
 # %%
 Sr, Br, Hr, Dr = 16384, 8, 32, 128            # the reference case: 1 GiB of bf16 activations
@@ -626,10 +626,12 @@ print("(the last column counts what each source asks for; compiled, a value seve
 # batch rows a program, `UNROLL_B`, `TABLE` and `num_warps`; grid
 # $(S, \lceil H / \text{BLOCK\_H} \rceil, B / \text{BATCH\_PER\_PROGRAM})$. The next two cells
 # are yours to edit, and the third launches your kernel with one variant's options. The fourth
-# runs every variant through that launcher: on a GPU it first times `sh_one_b` against
-# `sh_loop_b`, with and without tables, then checks each variant against the fp64 reference and,
-# bit for bit, `ablation.rope_ablation` (`nb04_variants.assert_variants_match_fp64_and_course`).
-# Try it: stop the batch loop one row early, or move cos/sin into the loop.
+# runs every variant through that launcher and prints each one's error against the fp64
+# reference and whether its bits are `ablation.rope_ablation`'s; on a GPU it then times
+# `sh_one_b` against `sh_loop_b`, with and without tables, and your `sh_loop_b` beside the
+# course's. It asserts those checks last
+# (`nb04_variants.assert_variants_match_fp64_and_course`), so an edit you make on purpose is
+# still timed. Try it: stop the batch loop one row early, or move cos/sin into the loop.
 
 # %%
 # ropelib-source: ropelib.course.kernels.ablation._rotate_tile
