@@ -53,7 +53,7 @@
 # **Where the numbers come from.** Every number the text states is asserted beside it, most read
 # from `benchmarks/te_bits.py`'s runs against the real TE: `te-bits-nvidia-h200.pt`, *the
 # reference run*, and an H100's, equal to it (Appendix A). The outputs under the cells are those
-# of the machine the first cell names.
+# of the machine named on the first line the notebook prints.
 
 # %%
 import os, torch
@@ -440,7 +440,9 @@ for name, (rtol, atol) in ASSERT_CLOSE_DEFAULTS.items():
 # %% [markdown]
 # The sharper measure is the error in **ulps** (units in the last place): $|y - y^\star|$ divided
 # by the spacing of the output dtype at the exact value $y^\star$, computed in fp64. A correctly
-# rounded result is within 0.5 ulp. Compare both sides with fp64, not only with each other.
+# rounded result is within 0.5 ulp; fp32 math rounded once to bf16 can come out a hair above it
+# where the output is near zero, from fp32's own error (the TE column of the table below). Compare
+# both sides with fp64, not only with each other.
 #
 # In the table, the default `allclose` of the "all causes fixed" row is True on the CPU and False
 # on a GPU against the real TE, where 12 elements differ (in both committed runs). Section 4b
@@ -733,7 +735,7 @@ assert k_off["equals_emulations"] == ["y1 rounded | y2 rounded"]    # both round
 # Most of the difference from TE is the table's. In the committed runs the second row, the math
 # in fp32 with the table still in bf16, differs from TE in 270,943 elements, against the reported
 # kernel's 320,601, and by as much: up to $2^{-5}$. An fp32 table (the third row) brings it to 12
-# elements and $2^{-6}$. That row was measured with `benchmarks/te_bits.py`'s combine kernel
+# elements and $2^{-6}$. The second row was measured with `benchmarks/te_bits.py`'s combine kernel
 # given the bf16 table; with such a table each fp32 product is exact, so no fused multiply-add
 # can change it (the cell checks that the fma line counts the same). The bf16 math costs
 # something too: the count is 320,601 with it, 270,943 without, and in this machine's rows above
@@ -1711,10 +1713,10 @@ solution(ex.solution_classify)
 # the verdict. Two buttons reset the boxes; two more switch the tolerances. The one-ulp cause
 # flips tens of elements per million (section 3b), so the CPU's panel of 4,096 elements expects
 # about 0.2 and mostly shows none. A GPU's panel of 1,048,576 compares with the TE side, from
-# which the fixed kernel already differs in 12 elements against the real TE (section 3): there it
-# shows those 12 plus the flips, as section 3b's count against TE does. Widgets need a running
-# Jupyter kernel (until its cells run: "Error displaying widget: model not found"). The cell after
-# the panel drives it from code and prints its verdicts.
+# which the fixed kernel already differs in 12 elements against the real TE (section 3): there its
+# count mixes those 12 with the flips and need not be their sum, as section 3b's count against TE
+# shows. Widgets need a running Jupyter kernel (until its cells run: "Error displaying widget:
+# model not found"). The cell after the panel drives it from code and prints its verdicts.
 
 # %%
 import ipywidgets as W

@@ -837,10 +837,10 @@ if ON_GPU and STEPS >= 300 and len(sample_words) >= 10:   # trained: most words 
 
 # %% [markdown]
 # On the CPU the tiny model has read a sliver of the text (section 3 prints the passes) and its
-# sample is close to noise; a GPU run's model, with about 3.4 characters of doubt a step, spells
-# most of its words as the text does (the cell's last line counts them; on a GPU it asserts more
-# than half). Good or bad, the KV cache below must reproduce the full forward's logits to
-# rounding.
+# sample is close to noise; a GPU run's model, with three to four characters of doubt a step (the
+# committed run's 3.4; the cell's first line prints this run's), spells most of its words as the
+# text does (the cell's last line counts them; on a GPU it asserts more than half). Good or bad,
+# the KV cache below must reproduce the full forward's logits to rounding.
 #
 # ### Decoding with a KV cache
 #

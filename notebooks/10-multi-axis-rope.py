@@ -1395,9 +1395,9 @@ assert round(once_m[WARPS_ACTIVE]) == 89, "once per token: 89 % of the warp slot
 # waves (rounds of programs that run at once), the other kernel's one.
 #
 # ropelib's kernel runs 1 token a program on 2 warps, the worked solution 8 tokens on 4; among 1
-# to 16 tokens a program, the worked solution is slowest at 1 in both runs read above (on the
-# H100, 157.9 µs at 1 token a program against 102.6 at 4; exercise 4, in appendix C, is optional
-# and asks what closes that gap).
+# to 16 tokens a program, the worked solution is slowest at 1 in both runs read above (in the
+# committed H100 run, 157.9 µs at 1 token a program against 102.6 at 4; exercise 4, in appendix C,
+# is optional and asks what closes that gap).
 
 # %% [markdown]
 # ### Why the compiler leaves the angle work in the loop
@@ -1677,16 +1677,17 @@ assert all(v > 0 for v in parts["other"])                   # the two waits are 
 # cycles; the rest, spread over the other reasons, is more); the other kernels' warps wait
 # mostly on global loads (*L1TEX*).
 #
-# On this H200, at the profiler's fixed 1.5 GHz, the per-head kernel issues on 81 % of its active
-# cycles, near the ceiling: its instruction count, swollen by the repeated angle work, sets its
-# time. The once-per-token kernel issues on 30 % and mostly waits on loads: forming the angles
+# On the profiled H200, at the profiler's fixed 1.5 GHz, the per-head kernel issues on 81 % of its
+# active cycles, near the ceiling: its instruction count, swollen by the repeated angle work, sets
+# its time. The once-per-token kernel issues on 30 % and mostly waits on loads: forming the angles
 # once moves the kernel from instruction-bound to memory-bound there. No profile of the H100 is
 # committed, so whether the same holds on it is not measured. ropelib's kernel is memory-bound
 # too (39 %), so its extra instructions fill idle issue cycles.
 #
 # Under the profiler the per-head kernel takes 1.90 times the once-per-token kernel's time,
-# under `do_bench` 1.40 on the H200 and 1.17 on an H100. Appendix B (optional) follows both
-# differences as far as the committed data go.
+# under `do_bench` 1.40 in the committed H200 run and 1.17 in the committed H100 run (the timing
+# cell above prints this run's). Appendix B (optional) follows both differences as far as the
+# committed data go.
 
 # %% [markdown]
 # ## 7. The angles themselves at long context
@@ -1776,9 +1777,10 @@ assert by[("ropelib_exact", top)]["out_err"] < 1e-5
 #   On an H200 the per-head kernel executes 5.3 times the warp instructions and takes 1.40 times
 #   the time under `do_bench`; profiled on that H200, at the profiler's fixed 1.5 GHz, it is
 #   instruction-bound (it issues on 81 % of its active cycles) and the once-per-token kernel
-#   memory-bound (30 %). On an H100 the time ratio is 1.17, measured but not explained: no H100
-#   profile is committed. The loop's stores keep the compiler from moving the angle loads out of
-#   the head loop, and the sines and cosines stay with them: load them before the loop.
+#   memory-bound (30 %). In the committed H100 run the time ratio is 1.17, measured but not
+#   explained: no H100 profile is committed. The loop's stores keep the compiler from moving the
+#   angle loads out of the head loop, and the sines and cosines stay with them: load them before
+#   the loop.
 # - fp32 angles drift: 0.089 rad at 1.5 M positions, 1.71 at 16 M; `rope_angles` stays within
 #   half an fp32 ulp.
 
@@ -1908,11 +1910,11 @@ assert round(clock_ratio, 2) == 1.44 and round(h200_ratio, 2) == 1.40
 # %% [markdown]
 # ### Does the angle work hide behind memory? One GPU, twice the bytes
 #
-# The per-head kernel takes 1.40 times the once-per-token kernel's time on the H200, 1.17 on the
-# H100, whose copy of q and k takes 1.35 times as long. The memory-bound kernel stretches with
-# the copy (1.33 times), the per-head one less (1.11): $1.40 \times 1.11 / 1.33 = 1.17$. Both
-# GPUs are sm_90 and both runs read the same NVML clock, so a purely instruction-bound kernel
-# would barely move: the 1.11 needs a cause. One candidate: angle work that overlaps memory
+# In the committed runs the per-head kernel takes 1.40 times the once-per-token kernel's time on
+# the H200, 1.17 on the H100, whose copy of q and k takes 1.35 times as long. The memory-bound
+# kernel stretches with the copy (1.33 times), the per-head one less (1.11):
+# $1.40 \times 1.11 / 1.33 = 1.17$. Both GPUs are sm_90 and both runs read the same NVML clock,
+# so a purely instruction-bound kernel would barely move: the 1.11 needs a cause. One candidate: angle work that overlaps memory
 # hides more the longer memory takes. The next cell tests that on one GPU with fp32 q and k
 # beside bf16: the same angle work (counted in the interpreter), twice the bytes.
 #
@@ -2038,11 +2040,11 @@ assert [round(b32 / b16, 2) for b16, b32 in fp32_us.values()] == [1.76, 1.91, 1.
 # %% [markdown]
 # ## Appendix C (optional). Exercise 4 — one token a program
 #
-# Among 1 to 16 tokens a program, the worked solution is slowest at 1 on both GPUs (on the H100,
-# 157.9 µs against 102.6 at 4 tokens). At 1 token its tile is one head of one token, `[1, 64]`,
-# for a program of 4 warps (128 threads), and each loop step moves one head. ropelib's kernel also
-# runs 1 token a program, but on 2 warps and 8 heads a step (section 6). Two launch choices
-# to try:
+# Among 1 to 16 tokens a program, the worked solution is slowest at 1 in both committed runs (the
+# H100's: 157.9 µs against 102.6 at 4 tokens; the cell after the solution prints this GPU's). At
+# 1 token its tile is one head of one token, `[1, 64]`, for a program of 4 warps (128 threads),
+# and each loop step moves one head. ropelib's kernel also runs 1 token a program, but on 2 warps
+# and 8 heads a step (section 6). Two launch choices to try:
 #
 # - `num_warps`: the threads a program has for its tile (`launch_mrope`'s default is 4);
 # - heads per step, `HPS`: that many heads of a token rotated at once, as a
