@@ -406,7 +406,7 @@ for n, r in gpu_runs.items():
     print(f"{n:>5} {r['meta']['seq_len']:>8} {r['meta']['steps']:>5} "
           f"{float(r['meta']['tokens_per_s']):>10.0f} {float(r['meta']['ms_per_step']):>9.1f}  "
           f"{r['meta']['peak_mem_gib_per_rank']}")
-# the commands above: 12 steps on 2 ranks with a 2-step 1-process baseline; 6 steps on 1 GPU
+# the committed runs: 12 steps on 2 ranks with a 2-step 1-process baseline; 6 steps on 1 GPU
 assert (m["steps"], m["single_process"].split(",")[0]) == ("12", "2 steps"), m
 assert one["meta"]["steps"] == "6", "the 1-GPU run: 6 steps"
 assert m["gpu"] == one["meta"]["gpu"] == "NVIDIA H200", "both runs on H200s"
@@ -745,9 +745,10 @@ def launch_cs_table(kernel, q, k, v, q_out, k_cache, v_cache, seqlens, cos, sin)
                  k_cache.shape[1], HQ=HQ, HK=k.shape[1], D=D)
 
 # %% [markdown]
-# On a GPU the next cell replays your kernel (the worked one until yours passes), ropelib's and
-# the unfused step from a CUDA graph (the step's launches recorded once, then replayed together,
-# so Python's launch overhead drops out), batch 1 and 64, beside the committed H200 run.
+# On a GPU the next cell replays your kernel (the worked one until yours passes), the cos/sin-table
+# kernel, ropelib's and the unfused step from a CUDA graph (the step's launches recorded once,
+# then replayed together, so Python's launch overhead drops out), batch 1 and 64, beside the
+# committed H200 run.
 #
 # Why might the worked kernel trail ropelib's? Not its bytes. On any machine the cell compiles
 # three kernels for sm_90 (the worked one, the worked one reading cos and sin from tables, and
@@ -1290,7 +1291,7 @@ if ropelib.runtime.on_gpu():
           f"{times['fused']:.1f} us, unfused {times['unfused']:.1f} us "
           f"({'your kernel' if fp8_ok else 'the worked kernel'})")
     assert torch.equal(fused_cache.view(torch.uint8), unfused_cache.view(torch.uint8))
-    assert 3 * times["fused"] < times["unfused"], times      # the text: "less than a third"
+    assert 3 * times["fused"] < times["unfused"], times      # the text: "under a third"
 else:
     print("(timed on a GPU only: in the interpreter the numbers would say nothing)")
 
@@ -1360,7 +1361,8 @@ assert as_stated((min(speedups), max(speedups)), (2.9, 5.6)), speedups   # the t
 # ### How many kernels one decoding step launches
 #
 # The next cell counts, for the fused and unfused steps (batch 8, each cache), the ATen
-# operators that do work, the Triton launches, and on a GPU the CUDA kernels.
+# operators that do work, and the Triton launches in the interpreter or, on a GPU, the CUDA
+# kernels.
 
 # %%
 GPU = device == "cuda"   # the device picked at the top (on a GPU, unless the interpreter runs)
@@ -1704,7 +1706,8 @@ assert sq_by_profile > 2 * lin_by_profile and sq_excess > 2 * lin_excess   # mos
 # %% [markdown]
 # On the H200, one GPU's attention ran cuDNN's kernels only, at 441 TFLOP/s; rank 0's ran mostly
 # the flash kernel, at 307; one GPU forced onto flash ran at 294. So rank 0 is slower because of
-# the kernel a masked call can reach. Rank 0's profile agrees with the fit to about 100 ms.
+# the kernel a masked call can reach. The profiles agree with the fit's split to about 100 ms,
+# rank 0's more closely than one GPU's.
 #
 # Only rank 0 was profiled, so the "rank 0" rows stand for rank 0 alone. Its first chunk is
 # square (as many queries as keys) and may reach cuDNN's kernel, which had 9 % of its time;

@@ -1475,8 +1475,9 @@ assert shipped["dx_norm"] == (32, 128, 8, 4, 3)            # its own tile: 32 x 
 # next cell's host column times one call from an idle start (after a synchronisation and an L2
 # flush), the median of 11 rounds. Such a call can cost the host several times the probe's
 # figure, and the two routes need not keep the probe's order: on an H100 this cell has printed the
-# fused forward+backward's host time above the unfused one's. Read the column for the host you
-# run on.
+# fused step's host time above the unfused one's, for the forward+backward in one run and for the
+# forward in another, though the probe's newest run has it below in both. Read the column for the
+# host you run on.
 #
 # On a GPU the next cell times each step from an idle start and **queued** behind a device-side
 # wait (`torch.cuda._sleep`) long enough for the host to launch the whole step: queued is the
@@ -1914,10 +1915,10 @@ print(f"launched with {SHIPPED_LAUNCH} on {M_s} tokens, 3 programs and {tiles_s}
 # **the persistent grid on its own**: against the same launch with `PROGRAMS` = every tile, over
 # nine rounds with the sign test. Resolved below 1, the grid saves that share. Where the saving
 # comes from is a hypothesis here: one candidate is a program's start, paid once an SM instead of
-# once a tile, but the start measured alone falls short of a saving of even 1 %. The cell above
-# priced it from `program_cost-nvidia-h200.csv` (empty programs on an H200): 79.8 ns a program an
-# SM, so 3072 programs rather than 132 add about 2 µs of starts, under 0.5 % of cuBLAS's forward
-# at this shape and a smaller share of this slower kernel. A larger saving needs another cause
+# once a tile, but the start measured alone is small. The cell above priced it from
+# `program_cost-nvidia-h200.csv` (empty programs on an H200): 79.8 ns a program an SM, so 3072
+# programs rather than 132 add about 2 µs of starts, under 0.5 % of cuBLAS's forward at this
+# shape and a smaller share of this slower kernel. A larger saving needs another cause
 # (which tiles run at the same time and share L2, for one), which this notebook does not measure.
 #
 # **Expect the kernel to lose** to cuBLAS. It holds each head as **two** $[128, 64]$ accumulators

@@ -40,7 +40,9 @@
 # line prints the call that redraws its inputs, such as `pz.check_partial(my_partial_kernel,
 # seed=N)`. On a GPU a passing kernel of puzzles 2 to 12 is also timed against a device copy of
 # the bytes a right answer moves (the ⏱ line, naming the GPU); each worked solution's ⏱ line is
-# the time to aim for. Committed measurements the text quotes are from an NVIDIA H200.
+# the time to aim for. A ⏱ line is one timing and can stray far from the same kernel's rounds
+# in the table under the scoreboard; read that table before believing a slow one. Committed
+# measurements the text quotes are from an NVIDIA H200.
 #
 # **Reading the pictures.** One panel per tensor, rows down, last dim across. Inputs: grey never
 # loaded, light to dark blue loaded once to four or more times. Outputs: the colour of the program
