@@ -352,7 +352,9 @@ assert fin_m["ncu_achieved_occupancy_pct"] < br_m["ncu_achieved_occupancy_pct"]
 # RoPE, and the section's last cell times your launches against a copy. The rungs (sbhd,
 # rotate-half, fp32 angles $[S, D]$, forward) are the kernels `benchmarks/ladder.py` times. Each
 # launch cell takes this GPU's planned tile (`ladder.plan`), then small blocks that leave partial
-# tiles. The input is bf16 $[4096, 8, 32, 128]$ on a GPU, $[6, 3, 5, 48]$ in the interpreter.
+# tiles in the interpreter (on a GPU's sizes they divide evenly, so there the small blocks only
+# check another launch). The input is bf16 $[4096, 8, 32, 128]$ on a GPU, $[6, 3, 5, 48]$ in the
+# interpreter.
 
 # %%
 S, B, H, D = (4096, 8, 32, 128) if GPU else (6, 3, 5, 48)   # D = 48: a half of 24 in a 32-lane tile
@@ -458,6 +460,7 @@ print("launch:", p)
 y = launch_heads(x, freqs, block_h=p.block_h, num_warps=p.num_warps)
 check_rung(y, x, freqs, "heads")
 check_rung(launch_heads(x, freqs, block_h=2), x, freqs, "  BLOCK_H=2")   # H = 5: a partial tile
+                                                                         # (H = 32 on a GPU: none)
 assert torch.equal(y, ladder.rope_ladder("heads", x, freqs))              # the measured rung
 
 # %% [markdown]
@@ -529,7 +532,7 @@ for rung in ("tile", "warps"):
     check_rung(y, x, freqs, rung)
     assert torch.equal(y, ladder.rope_ladder(rung, x, freqs))             # the measured rung
 check_rung(launch_tile(x, freqs, block_s=4, block_h=2, num_warps=1), x, freqs,
-           "  (4, 2) tile")                           # S = 6, H = 5: partial tiles on both axes
+           "  (4, 2) tile")       # S = 6, H = 5: partial tiles on both axes (a GPU's sizes: none)
 for h in (32, 8):
     print(f"h={h:2d}, s=16384, b=8, d=128 on the H200: tile rung "
           f"{ladder.plan('tile', 16384, 8, h, 128, 2, SMS_H200, H200_KNOBS)}")
@@ -626,7 +629,8 @@ for rung in ("chunks", "accurate"):
                       num_warps=p.num_warps, accurate=ACCURATE and rung == "accurate")
     check_rung(y, x, freqs, rung)
     assert torch.equal(y, ladder.rope_ladder(rung, x, freqs))             # the measured rung
-# the tails: chunks of 2 of a batch of 3, blocks of 4 tokens and 2 heads (S=6, H=5 do not divide)
+# the tails: chunks of 2 of a batch of 3, blocks of 4 tokens and 2 heads (S=6, H=5 do not divide;
+# on a GPU, B=8, S=4096 and H=32 all divide: no tails there)
 check_rung(launch_chunks(x, freqs, block_s=4, block_h=2, chunk=2, num_warps=4, accurate=False),
            x, freqs, "  tails")
 # the H200's plans for the warps and chunks rungs: (grid, tile, B_CHUNK, warps)
@@ -735,7 +739,7 @@ assert torch.equal(y_final, ladder.rope_ladder("equal_halves", x, freqs))   # th
 f_free = torch.rand(S, D, device=device) * 6 - 3                 # halves that differ
 check_rung(launch_final(x, f_free, **final_tile(x)), x, f_free, "  free table")
 check_rung(launch_final(x, f_free, block_s=4, block_h=2, chunk=2, num_warps=4), x, f_free,
-           "  free table, tails")
+           "  free table, tails")                    # tails in the interpreter's sizes only
 from ropelib.bench.routes import forced   # apply_rope's route forced: large inputs on a GPU
                                          # would otherwise take the two passes of section 6
 for dtype in (torch.bfloat16, torch.float16, torch.float32):
@@ -762,8 +766,10 @@ print("rung 6 == ropelib.apply_rope's finished kernel, bit for bit (bf16, fp16, 
 # - rung 1 with `block_h=4` on 2 warps: how much of the big step is left?
 # - rung 3 with the other GPU's warps (8 on an H100, 16 on an H200). Which is faster here?
 #
-# Expect the ladder to climb at the heads rung and barely after: a later step of a point or so is
-# noise here (section 5).
+# Expect the ladder to climb at the heads rung and little after. Section 5 sorts the later steps:
+# on an H100 only the warps rung's, two to three points (16 warps), holds in every process;
+# steps of a few tenths of a point are noise at this size, and the committed column's chunks and
+# equal-halves steps are one H200 run's.
 
 # %%
 def tile_for(rung):
@@ -1243,8 +1249,8 @@ assert n_runs == 10 and 2 * 0.5 ** n_runs == 1 / 512     # ten processes; "once 
 # equal-halves and finished steps hold in every H100 process, all but one with the H200 run's
 # sign: the chunks step, +45.4 points in the H100 processes' median, is −4.1 in the H200 run,
 # whose 16-token panel measures nothing from `chunks` on (below). At $s = 4096$, $b = 8$ the
-# ladder barely climbs after the heads rung: no H100 step moves by more than 0.6 points between
-# processes. The GPUs run different tiles (the warps rung: 8 warps on the H200, 16 on the H100),
+# ladder climbs little after the heads rung: of the later H100 steps only the warps rung's holds in
+# every process, and no H100 step moves by more than 0.6 points between processes. The GPUs run different tiles (the warps rung: 8 warps on the H200, 16 on the H100),
 # so a step measured on one GPU is that GPU's.
 #
 # | rung | $s = 4096$, $b = 8$: H200 / H100 | $s = 32768$, $b = 1$: H200 / H100 | what changed (profiles: the cell below, A.1, A.2) |

@@ -442,8 +442,8 @@ assert fwd_c["angles"][1] == H_r * fwd_c["angles"][2], "each of the H programs o
 #
 # On a GPU it then times a copy of $\partial L/\partial y$ and the kernel forward and backward at
 # `num_warps=4` (Triton's default) and `num_warps=1` (`rope_cell`'s). It asserts that the
-# backward takes the forward's time and that nothing beats the copy, and on an H100 or H200
-# (compute capability 9.0) that one warp beats four.
+# backward takes the forward's time and that nothing beats the copy by more than 2 %, and on an
+# H100 or H200 (compute capability 9.0) that one warp beats four.
 
 # %%
 frac_committed = {}      # GPU: (forward, forward+backward) of ropelib_batch_reuse, of a copy
@@ -614,8 +614,9 @@ for w, row in ((1, w1_row), (4, w4_row)):
 #   times the one-warp time under the profiler, which locks the clocks, and 1.59 times in its
 #   committed `do_bench` timing; the kernel moves from memory to instructions (the throughput
 #   columns). The live timing cell above prints its GPU's ratio beside the committed 1.59. The
-#   code being the same, a different ratio comes from the GPU that runs it; which of its parts
-#   makes the difference, this profile cannot say.
+#   code being the same, a different ratio comes from the GPU that runs it or from the run: one
+#   live timing does not tell the two apart, and which of a GPU's parts would make the
+#   difference, this profile cannot say.
 #
 # **Why one warp stays short of a copy.** Under the profiler it runs at 0.70 of the copy's speed.
 # The copy moves 16 bytes an instruction against 4, fills 85 % of the warp slots against 48 %,
@@ -748,9 +749,10 @@ assert round(start_us / (br1["fwd_ms"] * 1e3), 2) == 0.94
 # 200 calls back to back. Two H200 runs, half again apart, and two H100 runs of 2026-12-07:
 # ropelib's forward+backward 161.0 µs in the first, 91.3 in the second, and a trivial
 # `autograd.Function` (`empty_like` both ways, none of ropelib's code) 88.1 against 57.8. So the
-# host's cost differs between hosts and runs by about 1.5 times on the same trivial Function;
-# these runs do not say why. The next cell draws the H200 runs (the sweep's GPU) as a band: a
-# best-of-rounds figure of those runs, for scale, not a measurement of these steps.
+# host's cost differs between hosts and runs, on the same trivial Function by about 1.5 times
+# between the two H100 runs; these runs do not say why. The next cell draws the H200 runs (the
+# sweep's GPU) as a band: a best-of-rounds figure of those runs, for scale, not a measurement of
+# these steps.
 
 # %%
 def autograd_host_log(path):
@@ -976,9 +978,9 @@ else:
 # they are not the probe's best of rounds and may be far higher than the band above.
 #
 # The cell reads its own GPU on the day it runs. Where it finds its step host-bound (the `step =`
-# line says the host fills it; on an H100 at this shape it has), that fits the hypothesis for the
-# committed H200 step of 427 µs at the same shape, without measuring it: no host time was measured
-# beside that run.
+# line says the host fills it; on the H100 that rendered this page it has), that fits the
+# hypothesis for the committed H200 step of 427 µs at the same shape, without measuring it: no
+# host time was measured beside that run.
 
 # %% [markdown]
 # ## 4. `gradcheck` in float64
