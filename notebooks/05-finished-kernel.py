@@ -1249,9 +1249,10 @@ assert n_runs == 10 and 2 * 0.5 ** n_runs == 1 / 512     # ten processes; "once 
 # equal-halves and finished steps hold in every H100 process, all but one with the H200 run's
 # sign: the chunks step, +45.4 points in the H100 processes' median, is −4.1 in the H200 run,
 # whose 16-token panel measures nothing from `chunks` on (below). At $s = 4096$, $b = 8$ the
-# ladder climbs little after the heads rung: of the later H100 steps only the warps rung's holds in
-# every process, and no H100 step moves by more than 0.6 points between processes. The GPUs run different tiles (the warps rung: 8 warps on the H200, 16 on the H100),
-# so a step measured on one GPU is that GPU's.
+# ladder climbs little after the heads rung: of the later H100 steps only the warps rung's holds
+# in every process, and no H100 step moves by more than 0.6 points between processes. The GPUs run
+# different tiles (the warps rung: 8 warps on the H200, 16 on the H100), so a step measured on one
+# GPU is that GPU's.
 #
 # | rung | $s = 4096$, $b = 8$: H200 / H100 | $s = 32768$, $b = 1$: H200 / H100 | what changed (profiles: the cell below, A.1, A.2) |
 # |---|---|---|---|
