@@ -1248,9 +1248,9 @@ pz.stated([
 # radians or more (88 % of that copy) and 32.4 µs with the timed positions (74 %). libdevice's
 # `sinf` and `cosf` reduce an angle below 105,615 with a few multiply-adds and branch to a longer
 # path above it; 19 % of the timed rows have a pair on it. The 32 threads of a warp issue
-# together, so a warp in which one thread takes the long path likely waits for it; nothing here
-# counts those warps or times the long path alone. The sm_90 machine code compares with 105,615
-# once per angle a thread holds:
+# together, so a warp in which one thread takes the long path likely waits for it; the cells
+# after the next count those warps, but nothing here times the long path alone. The sm_90 machine
+# code compares with 105,615 once per angle a thread holds:
 
 # %%
 from ropelib.course import load_schedule
@@ -1265,6 +1265,105 @@ print(f"sm_90, Triton {triton.__version__}: {p5_code['instructions']} instructio
       f"{len(tests)} compare an angle with 105,615, e.g.\n  {tests[0]}")
 angles_per_thread = 16 * 64 // (4 * 32)               # BLOCK_ROWS x HALF over 128 threads
 assert len(tests) == angles_per_thread                # one per angle a thread holds
+
+# %% [markdown]
+# **Counting those warps.** Here a warp is 32 of a program's 128 threads, and a program computes
+# a tile of 16 rows × 64 pairs: 1,024 angles, 8 a thread. A warp issues one instruction at a time
+# for all its 32 threads (SIMT: single instruction, multiple threads). At the compare with
+# 105,615 each thread decides for itself; when some threads of a warp branch to the long path and
+# the others do not, the warp runs the long path with the others switched off, then goes on with
+# all 32. The threads' paths **diverge**, and the warp takes as long as its slowest thread. So
+# what the long path costs follows the warps that hold at least one angle on it, not the rows or
+# the threads that do.
+#
+# Which thread holds which angle is the compiler's choice: the blocked layout of the angle tile in
+# the TTGIR (notebook 05, section 4). The next cell reads it: `sizePerThread = [1, 8]`,
+# `threadsPerWarp = [4, 8]`, `warpsPerCTA = [4, 1]`, so a thread holds 8 neighbouring pairs of
+# one row, a warp 4 whole rows and the 4 warps the program's 16 rows. `nb13_long_path.count`
+# places each of the launch's 8,388,608 angles on its program, warp, thread and slot (a thread's
+# k-th angle, one of the 8 compares above), and counts, for the timed positions and for the
+# variant below 105,000:
+#
+# - 6,365 of the 32,768 warps (19.4 %) hold an angle on the long path, against 25,457 of the
+#   131,072 rows (19.4 %). The shares are the same: a row's position is its index, so a warp's 4
+#   rows hold 4 consecutive positions, all below 105,615 or all at or above it, except in the one
+#   warp that holds 105,612 to 105,615.
+# - Only pairs 0 and 1 reach 105,615 (an angle is the position times $\omega_j \le 1$, which
+#   falls with $j$), and both sit in the one thread that holds pairs 0-7 of the row: 25,457 of
+#   the 1,048,576 threads (2.4 %), 4 of the 32 in each of those warps (1 in the warp across
+#   105,615). Divergence lets 2.4 % of the threads hold up 19.4 % of the warps. From position
+#   121,963 on pair 1 is on the long path too, so 2,278 of the warps run it twice: 8,643 times in
+#   all.
+# - Below 105,000: 0 warps.
+#
+# A simple model, not a measurement: if a warp with an angle on the long path costs as if all its
+# threads took it, the extra time grows with the number of those warps. The H200 took 5.0 µs
+# more with the timed positions (27.4 → 32.4 µs); over 6,365 warps that is 0.79 ns of the
+# kernel's time each, or, with the 132 SMs working side by side, about 104 ns of one SM's time.
+# The model takes the long path as the only difference (the two variants run the same code on the
+# same bytes) and the SMs as sharing those warps evenly. What the long path itself takes, timed
+# alone (a launch with every angle on it, or clock readings around the branch), needs a GPU and
+# is still open.
+
+# %%
+from ropelib.course import nb13_long_path
+
+case5 = pz.PUZZLES["long_context"].big("cpu")          # the timed case: positions 0 .. 131,071
+_, _, pos5, inv5, _, n5 = case5.args
+rows5 = case5.constexprs["BLOCK_ROWS"]
+assert torch.equal(pos5, torch.arange(n5, dtype=torch.int32))   # a row's position: its index
+shape5, fields5, blocked5 = nb13_long_path.angle_layout(p5_code["ttgir"])
+# the launch the CSV timed and the cell above compiled: 16 rows a program, 4 warps
+assert (rows5, 4) == (timed5["block"], timed5["num_warps"]) and shape5 == [rows5, 64]
+held5 = nb13_long_path.holders(shape5, fields5)
+assert sorted(at for *_, at in held5) == [(r, j) for r in range(16) for j in range(64)]  # once
+print(f"the angle tile, {shape5[0]} x {shape5[1]} fp32: {blocked5}")
+variants5 = {"timed positions": pos5, "positions below 105,000": (pos5 % 105000).to(torch.int32)}
+counted5 = {name: nb13_long_path.count(p, inv5, block_rows=rows5, shape=shape5, fields=fields5)
+            for name, p in variants5.items()}
+print(f"\n{'holding an angle on the long path':34s}" + "".join(f"{n:>28s}" for n in counted5))
+for what, label in (("rows", "rows"), ("angles", "angles"), ("threads", "threads"),
+                    ("warps", "warps"), ("warp_slots", "(warp, slot): runs of it")):
+    print(f"{label:34s}" + "".join(f"{f'{k:,} of {of:,} ({k / of:.1%})':>28s}"
+                                   for k, of in (getattr(c, what) for c in counted5.values())))
+t5, l5 = counted5.values()
+lanes5 = t5.lanes_in_long_warps                       # threads on it: how many warps
+print("threads on the long path in a warp that has any: "
+      + ", ".join(f"{k} in {v:,} warp{'s' if v > 1 else ''}"
+                  for k, v in sorted(lanes5.items(), reverse=True)))
+angle5 = pos5.float()[:, None] * inv5[None, :]        # fp32, as the kernel computes it
+on5 = angle5 >= nb13_long_path.LONG_PATH_FROM
+extra5 = timed5["us"] - low5["us"]                    # the H200, same code and bytes
+per_warp = extra5 * 1e3 / t5.warps[0]                 # ns of the kernel's time a warp
+print(f"\nmodel (not a measurement): {extra5:.2f} us more over {t5.warps[0]:,} warps =\n"
+      f"  {per_warp:.2f} ns of the kernel's time a warp; x {timed5['sms']} SMs = "
+      f"{per_warp * timed5['sms']:.0f} ns of one SM's time")
+assert t5.rows == (timed5["slow_rows"], timed5["rows"])     # the CSV's count of such rows
+assert l5.warps[0] == l5.angles[0] == 0
+assert set(on5.nonzero()[:, 1].tolist()) == {0, 1}    # only pairs 0 and 1 reach 105,615
+rows_a_warp = fields5["threadsPerWarp"][0] * fields5["sizePerThread"][0]   # 4
+across = 105615 // rows_a_warp * rows_a_warp          # the first row of the warp across 105,615
+
+
+def of_all(pair):
+    return f"{pair[0]:,} of {pair[1]:,} ({pair[0] / pair[1]:.1%})"
+
+
+pz.stated([
+    ("p5, warps holding a long-path angle", "6,365 of 32,768 (19.4%)", of_all(t5.warps)),
+    ("p5, rows holding one", "25,457 of 131,072 (19.4%)", of_all(t5.rows)),
+    ("p5, threads holding one", "25,457 of 1,048,576 (2.4%)", of_all(t5.threads)),
+    ("p5, such threads in such a warp", "4; 1 in 1 warp",
+     f"{max(lanes5)}; {min(lanes5)} in {lanes5[min(lanes5)]} warp"),
+    ("p5, the warp across 105,615 holds positions", "105,612 to 105,615",
+     f"{across:,} to {across + rows_a_warp - 1:,}"),
+    ("p5, pair 1 on the long path from position", "121,963", f"{int(pos5[on5[:, 1]][0]):,}"),
+    ("p5, warps running it twice; runs in all", "2,278; 8,643",
+     f"{t5.warp_slots[0] - t5.warps[0]:,}; {t5.warp_slots[0]:,}"),
+    ("p5, below 105,000: warps holding one", "0", f"{l5.warps[0]}"),
+    ("p5, model: extra us; ns a warp; ns of an SM", "5.0; 0.79; 104",
+     f"{extra5:.1f}; {per_warp:.2f}; {per_warp * timed5['sms']:.0f}"),
+])
 
 # %% [markdown]
 # The positions account for the step from 27.4 to 32.4 µs; the gap from 24.1 to 27.4 µs is not

@@ -16,6 +16,7 @@ disassembles it with cuobjdump, and returns, in machine-code order:
     instructions  of the machine code, in all (the code, not what runs: every branch counts)
     local_stores, local_loads  STL and LDL: registers spilled to local memory, and read back
     sass          the machine code itself, one instruction a line
+    ttgir         Triton's GPU IR, the text (its #ttg.blocked layouts say which thread holds what)
     shared        bytes of shared memory a program asks for
     layout_conversions  how many times the TTGIR moves a tensor between register layouts
                   (ttg.convert_layout; a conversion goes through shared memory or shuffles)
@@ -94,7 +95,7 @@ def schedule(kernel, args: dict, *, num_warps: int, num_stages: Optional[int] = 
                 registers=code["resources"].get("registers"), instructions=len(ins),
                 local_stores=sum(bool(_SPILL_STORE.match(s)) for s in ins),
                 local_loads=sum(bool(_SPILL_LOAD.match(s)) for s in ins),
-                sass=ins, shared=code["shared"],
+                sass=ins, ttgir=code["ttgir"], shared=code["shared"],
                 dots=len(re.findall(r"= (?:ttng\.warp_group_dot|tt\.dot) ", code["ttgir"])),
                 layout_conversions=len(moved), converted_bytes=sum(moved))
 
