@@ -12,7 +12,7 @@ import collections
 import re
 from typing import Dict, List, Tuple
 
-__all__ = ["load_layout", "lane_bytes", "one_warp_load", "pair_swap_layouts"]
+__all__ = ["blocked_layout", "load_layout", "lane_bytes", "one_warp_load", "pair_swap_layouts"]
 
 
 def load_layout(ttgir: str) -> Tuple[List[int], Dict[str, List[int]], str]:
@@ -20,10 +20,20 @@ def load_layout(ttgir: str) -> Tuple[List[int], Dict[str, List[int]], str]:
     fields maps sizePerThread, threadsPerWarp, warpsPerCTA and order to their lists."""
     load = r"tt\.load .* : tensor<([\dx]+)x!tt\.ptr<bf16>, (#\w+)>"
     shape, name = re.search(load, ttgir).groups()
-    text = re.search(rf"^{name} = (#ttg\.blocked<\{{[^}}]*\}}>)", ttgir, re.M)[1]
-    fields = {k: [int(v) for v in vals.split(",")]
-              for k, vals in re.findall(r"(\w+) = \[([\d, ]*)\]", text)}
+    fields, text = blocked_layout(ttgir, name)
     return [int(n) for n in shape.split("x")], fields, text
+
+
+def blocked_layout(ttgir: str, name: str) -> Tuple[Dict[str, List[int]], str]:
+    """(fields, text) of the TTGIR's layout `name` (e.g. "#blocked1"): fields maps
+    sizePerThread, threadsPerWarp, warpsPerCTA and order to their lists. Raises ValueError where
+    `name` is not a #ttg.blocked layout."""
+    text = re.search(rf"^{name} = (#ttg\.blocked<\{{[^}}]*\}}>)", ttgir, re.M)
+    if text is None:
+        raise ValueError(f"the layout {name} is not a #ttg.blocked layout")
+    fields = {k: [int(v) for v in vals.split(",")]
+              for k, vals in re.findall(r"(\w+) = \[([\d, ]*)\]", text[1])}
+    return fields, text[1]
 
 
 def lane_bytes(op: str) -> int:

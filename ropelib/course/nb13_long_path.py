@@ -30,11 +30,11 @@ from typing import Dict, List, Tuple
 
 import torch
 
+from ropelib.course.nb03_layouts import blocked_layout
+
 __all__ = ["LONG_PATH_FROM", "LongPathCount", "angle_layout", "holders", "count"]
 
 LONG_PATH_FROM = 105615.0       # libdevice's sinf/cosf: the long reduction at |angle| >= this
-
-_BLOCKED = r"#ttg\.blocked<\{[^}]*\}>"
 
 
 def angle_layout(ttgir: str) -> Tuple[List[int], Dict[str, List[int]], str]:
@@ -46,12 +46,8 @@ def angle_layout(ttgir: str) -> Tuple[List[int], Dict[str, List[int]], str]:
     if m is None:
         raise ValueError("no math.sin or math.cos on an fp32 tensor in this TTGIR")
     shape, name = m.groups()
-    text = re.search(rf"^{name} = ({_BLOCKED})", ttgir, re.M)
-    if text is None:
-        raise ValueError(f"the angles' layout {name} is not a #ttg.blocked layout")
-    fields = {k: [int(v) for v in vals.split(",")]
-              for k, vals in re.findall(r"(\w+) = \[([\d, ]*)\]", text[1])}
-    return [int(n) for n in shape.split("x")], fields, text[1]
+    fields, text = blocked_layout(ttgir, name)
+    return [int(n) for n in shape.split("x")], fields, text
 
 
 def _split(index: int, sizes: List[int], order: List[int]) -> List[int]:
@@ -95,17 +91,12 @@ def holders(shape: List[int], fields: Dict[str, List[int]]) -> List[Tuple[int, i
 class LongPathCount:
     """What `count` found over one launch; each pair is (holding a long-path angle, all)."""
     programs: int
-    layout: Dict[str, List[int]]
     rows: Tuple[int, int]          # real rows (past the end not counted)
     angles: Tuple[int, int]        # real (row, pair) angles
     threads: Tuple[int, int]       # every thread launched
     warps: Tuple[int, int]         # every warp launched
     warp_slots: Tuple[int, int]    # (warp, slot): a compare the warp runs, all its lanes at once
     lanes_in_long_warps: Dict[int, int] = field(default_factory=dict)  # lanes long: warps
-
-    @staticmethod
-    def share(pair: Tuple[int, int]) -> float:
-        return pair[0] / pair[1]
 
 
 def count(positions: torch.Tensor, inv_freq: torch.Tensor, *, block_rows: int,
@@ -138,11 +129,10 @@ def count(positions: torch.Tensor, inv_freq: torch.Tensor, *, block_rows: int,
     by_slot = holding(warp * n_slots + slot, n_warps * n_slots)
     lanes = (by_thread > 0).view(programs, n_warps, n_lanes).sum(-1)[by_warp > 0]
     return LongPathCount(
-        programs=programs, layout=dict(fields),
+        programs=programs,
         rows=(int(long.view(-1, half)[:n].any(1).sum()), n),
         angles=(int(long.view(-1, half)[:n].sum()), n * half),
         threads=(int((by_thread > 0).sum()), programs * n_warps * n_lanes),
         warps=(int((by_warp > 0).sum()), programs * n_warps),
         warp_slots=(int((by_slot > 0).sum()), programs * n_warps * n_slots),
         lanes_in_long_warps=dict(sorted(collections.Counter(lanes.tolist()).items())))
-
