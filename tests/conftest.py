@@ -118,6 +118,11 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.skip(
                     reason="run top to bottom in JupyterLab by tests/test_browser.py in this "
                            "test run (every cell run, any error fails it)"))
+        # It is the suite's longest test by far (every notebook, one after another, about as
+        # long as the rest of the suite on one core): first in the order, so that a worker
+        # starts it at once and the other worker (with --dist=worksteal, pyproject.toml) takes
+        # the tests queued behind it; started last, the run would wait for it alone at the end.
+        items.sort(key=lambda item: not item.get_closest_marker("browser"))
 
 
 def pytest_runtest_setup(item):

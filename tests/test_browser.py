@@ -14,7 +14,7 @@ in the checkout's root, plus a port and a token). Then, for every notebook in tu
 Afterwards every notebook must have been saved, `git status --porcelain` in the checkout must
 be empty (JupyterLab saves the study notebooks without outputs, .jupyter/jupyter_server_config.py)
 and the checkout's notebook tests must pass with the saved files. Finally 08 is reopened: it
-shows no output (so no widget without its model), and after Run All its panel is back.
+shows no output (so no widget without its model).
 Screenshots of every notebook go to ROPELIB_BROWSER_SCREENSHOTS (a folder) if set;
 ROPELIB_BROWSER_NOTEBOOKS=07,08 limits the run to those notebooks (the reopen check needs 08).
 """
@@ -355,7 +355,9 @@ def test_every_notebook_runs_shows_its_figures_and_saves_clean(lab, checkout, ch
                 try:
                     log_start = _lab_log(tmp_path).count("\n")
                     _open(page, url, token, name)
+                    t_open = time.time()
                     prompts, not_run = _run_all(page, name)
+                    t_run = time.time()
                     errors = page.evaluate(ERRORS_JS)
                     died = _kernel_deaths(tmp_path, log_start)
                     if not_run and not errors and died:
@@ -392,7 +394,9 @@ def test_every_notebook_runs_shows_its_figures_and_saves_clean(lab, checkout, ch
                     page.screenshot(path=str(shots / f"{Path(name).stem}.png"))
                     report_names.append(name)
                     report.append(f"{name}: {len(prompts)} code cells, {len(images)} images, "
-                                  f"{time.time() - t0:.0f} s{moved}")
+                                  f"{time.time() - t0:.0f} s (open {t_open - t0:.0f}, run all "
+                                  f"{t_run - t_open:.0f}, checks and save "
+                                  f"{time.time() - t_run:.0f}){moved}")
                 except sync_api.Error as e:
                     page.screenshot(path=str(shots / f"{Path(name).stem}-failed.png"),
                                     full_page=True)
@@ -400,17 +404,19 @@ def test_every_notebook_runs_shows_its_figures_and_saves_clean(lab, checkout, ch
                 finally:
                     _shut_down_kernels(url, token)
 
-            # a reopened notebook: saved without outputs, it shows no stale widget; run again,
-            # its panel is back
+            # a reopened notebook: saved without outputs, it shows no stale widget (no output at
+            # all). That such a notebook runs and shows its panel again is the run above: every
+            # notebook of the checkout starts without outputs (running 08 a second time here
+            # cost two minutes of CI and checked nothing more)
             name = "08-debugging-allclose.ipynb"
             if not ONLY or any(name.startswith(n.strip()) for n in ONLY):
                 _open(page, url, token, name)
+                assert page.locator(".jp-Cell").count() > 0, f"{name} reopened with no cells"
                 assert page.locator(".jp-OutputArea-output").count() == 0, \
                     f"{name} reopened with outputs: it was saved with them"
-                _, not_run = _run_all(page, name)
-                errors = page.evaluate(ERRORS_JS)
-                assert not errors, f"{name} reopened and run again shows: {errors[0][:500]}"
-                assert page.locator(".ropelib-summary").count() >= 1
+                shown = page.inner_text(".jp-NotebookPanel:not(.lm-mod-hidden)")
+                assert "Error displaying widget" not in shown, \
+                    f"{name} reopened with a widget that has no model"
                 _shut_down_kernels(url, token)
         finally:
             browser.close()

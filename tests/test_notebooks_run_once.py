@@ -83,3 +83,22 @@ def test_a_browser_run_limited_to_some_notebooks_leaves_the_others_to_nbmake(bro
     conftest.pytest_collection_modifyitems(None, items)
     skipped = _notebooks_skipped(items)
     assert skipped["00-setup-and-tour.ipynb"] is None and skipped["07-te-vs-triton-live.ipynb"]
+
+
+def test_the_browser_test_is_handed_out_first_and_the_others_can_be_taken_from_behind_it(browser):
+    """The browser test is as long as the rest of the suite on one core: it goes first, and
+    pytest-xdist's work stealing lets the other worker take the tests queued behind it (under the
+    default --dist=load they waited for it, and CI for them)."""
+    browser(True)
+    items = _session()
+    order = [i.name for i in items]
+    conftest.pytest_collection_modifyitems(None, items)
+    assert items[0].get_closest_marker("browser")
+    rest = [i.name for i in items[1:]]
+    assert rest == [n for n in order if n != items[0].name]          # the others keep their order
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        tomllib = pytest.importorskip("tomli")
+    pyproject = tomllib.loads((NOTEBOOKS.parent / "pyproject.toml").read_text(encoding="utf-8"))
+    assert "--dist=worksteal" in pyproject["tool"]["pytest"]["ini_options"]["addopts"].split()
