@@ -48,6 +48,9 @@
 #                                          # and an element-wise copy under Nsight Compute
 #   bash benchmarks/gpu_run.sh contiguous-ncu  # notebook 06's .contiguous() of a stride-0
 #                                        # gradient beside a fill and a copy (~1 min)
+#   bash benchmarks/gpu_run.sh l2_writeback-ncu  # writing kernels between read-only sweeps, L2
+#                                        # left as it is between kernels: the bytes a kernel's
+#                                        # DRAM count misses, written back later (~1 min)
 #   bash benchmarks/gpu_run.sh rows-ncu    # notebook 03's exercise 5 at 1-8 rows a program, beside
 #                                        # notebook 04's kernel, under Nsight Compute (~1 min)
 #   bash benchmarks/gpu_run.sh naive_warps-ncu  # notebook 03's naive kernel at 1, 2, 4, 8 warps
@@ -249,7 +252,7 @@ lts__t_sector_hit_rate.pct,l1tex__t_sector_hit_rate.pct,launch__grid_size \
                 echo "=== tables: no ncu on this machine: the Nsight Compute part is skipped"
             fi
             step hf-tables "$PY" benchmarks/hf_tables_probe.py ;;
-        decode-ncu|puzzle9-ncu|te-ncu|mrope_angles-ncu|naive_warps-ncu|rows-ncu|ladder_stalls-ncu|qk_norm-ncu|b1_gap-ncu|contiguous-ncu)
+        decode-ncu|puzzle9-ncu|te-ncu|mrope_angles-ncu|naive_warps-ncu|rows-ncu|ladder_stalls-ncu|qk_norm-ncu|b1_gap-ncu|contiguous-ncu|l2_writeback-ncu)
             # a probe's launches under Nsight Compute with the warp-state metrics
             # (compare.WARP_STATE_METRICS): decode-ncu, ropelib's decode kernel (angles, and a
             # cos/sin table) beside torch.compile's kernel of Hugging Face's formula
@@ -266,8 +269,13 @@ lts__t_sector_hit_rate.pct,l1tex__t_sector_hit_rate.pct,launch__grid_size \
             # b8 s4096 and b2 s16384 (benchmarks/qk_norm_ncu.py); b1_gap-ncu, the flat pass at batch
             # 1 beside torch.compile's kernel and an element-wise copy (benchmarks/b1_gap_ncu.py);
             # contiguous-ncu, notebook 06's .contiguous() of a stride-0 gradient beside a fill and
-            # a copy of the same elements (benchmarks/contiguous_ncu.py)
+            # a copy of the same elements (benchmarks/contiguous_ncu.py); l2_writeback-ncu, writing
+            # kernels between read-only sweeps with L2 neither flushed nor invalidated by the
+            # profiler (--cache-control none): where the bytes a kernel's count misses go
+            # (benchmarks/l2_writeback_ncu.py, for notebooks 04 and 10)
             probe=${what%-ncu}_ncu
+            cache=()
+            [ "$probe" = l2_writeback_ncu ] && cache=(--cache-control none)
             # NCU_CLOCK=none: the clock left free (Nsight Compute locks it to base unless told);
             # the file's name says so
             clock_tag=${NCU_CLOCK:+-clock-$NCU_CLOCK}
@@ -278,9 +286,10 @@ lts__t_sector_hit_rate.pct,l1tex__t_sector_hit_rate.pct,launch__grid_size \
 m = compare.environment_meta()
 for k in ('date', 'gpu', 'torch', 'triton', 'transformer_engine', 'revision', 'ropelib_source'):
     if m.get(k): print(f'# {k}: {m[k]}')
-print('# what: Nsight Compute (--profile-from-start off --csv${NCU_CLOCK:+ --clock-control $NCU_CLOCK}) of benchmarks/$probe.py')" \
+print('# what: Nsight Compute (--profile-from-start off --csv${NCU_CLOCK:+ --clock-control $NCU_CLOCK}${cache[*]:+ ${cache[*]}}) of benchmarks/$probe.py')" \
                     > "$RESULTS/$probe-$tag$clock_tag.csv"
                 "$ncu" --profile-from-start off --csv ${NCU_CLOCK:+--clock-control "$NCU_CLOCK"} \
+                    ${cache[@]+"${cache[@]}"} \
                     --metrics "$("$PY" "benchmarks/$probe.py" \
                     --metrics --ncu "$ncu")" "$PY" "benchmarks/$probe.py" 2>/dev/null \
                     | grep -v '^==PROF==' \

@@ -522,3 +522,44 @@ def te_profiles(gpu: str = GPU) -> tuple:
         r["slowed"] = r["us"] / r["us_free"]
     free = {n: free_row(k["metrics"], n) for n, k in zip(TE_PROFILED, launched["free"])}
     return locked, free, metas
+
+
+# --- where the bytes a profile does not count go (benchmarks/l2_writeback_ncu.py) -------------
+
+L2_WRITEBACK_WRITERS = (("copy", 16), ("copy", 64), ("copy", 256), ("ropelib", 256))
+"""The writing kernels of ``l2_writeback_ncu``, in launch order: (kernel, MiB of y it stores).
+The copy is notebook 04's (a Triton load/store of bf16); ropelib's is the finished kernel on
+notebook 04's shape (bf16 sbhd s=4096, b=8, h=32, d=128). Each runs between two read-only sweeps."""
+
+
+def l2_writeback(gpu: str = "nvidia-h100-80gb-hbm3") -> tuple:
+    """(meta, rows) of ``l2_writeback_ncu-<gpu>.csv``: Nsight Compute with ``--cache-control
+    none`` over a sweep, then each writer of :data:`L2_WRITEBACK_WRITERS` followed by a sweep (a
+    sum over 1 GiB: it reads, and stores one number). One row per writer: ``kernel``,
+    ``stored_mib`` (what it stores), ``counted_mib`` (its own DRAM writes), ``short_mib``
+    (stored - counted), ``after_mib`` (the DRAM writes of the sweep after it, which stores
+    nothing of its own), ``before_mib`` (the sweep before it), ``total`` ((counted + after) /
+    stored) and ``us`` (its duration)."""
+    p = path("l2_writeback_ncu", gpu)
+    kernels = ncu_kernels(p)
+    want = 1 + 2 * len(L2_WRITEBACK_WRITERS)
+    if len(kernels) != want:
+        raise ValueError(f"{p.name}: {len(kernels)} kernels profiled, expected {want} "
+                         "(a sweep, then each writer and a sweep)")
+    sweeps, writers = kernels[0::2], kernels[1::2]
+    if not all("reduce" in k["kernel"] for k in sweeps):
+        raise ValueError(f"{p.name}: every other kernel should be the sweep (a reduction): "
+                         f"{[k['kernel'][:40] for k in sweeps]}")
+
+    def mib(k, metric="dram__bytes_write.sum"):
+        return k["metrics"][metric] / 2**20
+    rows = []
+    for (name, stored), k, before, after in zip(L2_WRITEBACK_WRITERS, writers, sweeps, sweeps[1:]):
+        if (name == "copy") != ("_copy_kernel" in k["kernel"]):
+            raise ValueError(f"{p.name}: launch {k['id']} is {k['kernel'][:60]}, expected {name}")
+        counted, after_w = mib(k), mib(after)
+        rows.append(dict(kernel=name, stored_mib=stored, counted_mib=counted,
+                         short_mib=stored - counted, after_mib=after_w, before_mib=mib(before),
+                         total=(counted + after_w) / stored,
+                         us=k["metrics"]["gpu__time_duration.sum"] / 1e3))
+    return compare.read_meta(p), rows
