@@ -90,3 +90,44 @@ def test_a_kernel_built_from_its_own_source_with_the_imports_it_needs(tmp_path):
     if offline_compile.INTERPRET:      # built from the kernel's text: without the import, no helper
         with pytest.raises(Exception, match="round_to"):
             compiled_code(m.rounded_copy_kernel, args, num_warps=1)
+
+
+# --- the long-lived compiling Python (in_compiling_python(..., reuse=True)) ---------------------
+
+def test_one_compiling_python_serves_every_request_with_reuse():
+    from ropelib.course import offline_compile as oc
+    code = "import os, sys, json; print('noise'); print(json.dumps([os.getpid(), sys.argv[1:]]))"
+    pid_a, argv_a = oc.in_compiling_python(code, "x", "y", what="asking its pid", reuse=True)
+    pid_b, argv_b = oc.in_compiling_python(code, what="asking its pid", reuse=True)
+    assert pid_a == pid_b != os.getpid() and argv_a == ["x", "y"] and argv_b == []
+    fresh, _ = oc.in_compiling_python(code, what="asking its pid")        # a new Python each time
+    assert fresh != pid_a
+    # the same environment as a fresh one: no TRITON_INTERPRET, ropelib importable
+    env = oc.in_compiling_python("import os, json, ropelib; print(json.dumps("
+                                 "'TRITON_INTERPRET' in os.environ))", what="env", reuse=True)
+    assert env is False
+
+
+def test_a_failing_request_raises_with_its_traceback_and_the_python_serves_on():
+    from ropelib.course import offline_compile as oc
+    code = "import os, json; print(json.dumps(os.getpid()))"
+    before = oc.in_compiling_python(code, what="pid", reuse=True)
+    with pytest.raises(RuntimeError, match=r"(?s)compiling nothing failed:.*ZeroDivisionError"):
+        oc.in_compiling_python("print('partial'); 1 / 0", what="compiling nothing", reuse=True)
+    assert oc.in_compiling_python(code, what="pid", reuse=True) == before
+
+
+def test_a_changed_environment_or_a_timeout_starts_a_new_compiling_python(monkeypatch):
+    import subprocess
+
+    from ropelib.course import offline_compile as oc
+    code = "import os, json; print(json.dumps([os.getpid(), os.environ.get('ROPELIB_PROBE')]))"
+    pid_a, seen = oc.in_compiling_python(code, what="pid", reuse=True)
+    monkeypatch.setenv("ROPELIB_PROBE", "1")
+    pid_b, seen_b = oc.in_compiling_python(code, what="pid", reuse=True)
+    assert pid_b != pid_a and (seen, seen_b) == (None, "1")
+    with pytest.raises(subprocess.TimeoutExpired):
+        oc.in_compiling_python("import time; time.sleep(30)", what="sleeping", timeout=1,
+                               reuse=True)
+    pid_c, _ = oc.in_compiling_python(code, what="pid", reuse=True)
+    assert pid_c != pid_b                    # the one that timed out was stopped, a new one serves

@@ -513,7 +513,8 @@ def compile_for_gpu(whats, S: int = 4096, B: int = 8, H: int = 32, D: int = 128,
     code = ("import json; from ropelib.course.ladder import _compile_here; "
             f"w, *a = json.loads({call!r}); "
             "print(json.dumps([_compile_here(x, *a) for x in w]))")
-    return in_compiling_python(code, what=f"compiling {whats} for sm_{arch}", timeout=timeout)
+    return in_compiling_python(code, what=f"compiling {whats} for sm_{arch}", timeout=timeout,
+                               reuse=True)
 
 
 # --- the figures of notebook 05 -------------------------------------------------------------------

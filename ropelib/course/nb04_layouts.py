@@ -51,7 +51,7 @@ def compiled_ttgir(S: int, B: int, H: int, D: int, n_sm: int, names, timeout: fl
     of `gpu` (its name, as torch.cuda.get_device_name gives it: kernels/tiles.py's TILES_BY_GPU).
     Raises RuntimeError saying why, with the child's stderr."""
     return in_compiling_python(CHILD, *map(str, (S, B, H, D, n_sm)), gpu, *names,
-                               what="compiling for sm_90", timeout=timeout)
+                               what="compiling for sm_90", timeout=timeout, reuse=True)
 
 
 # a tensor's type in the IR: its shape, its element type, its layout

@@ -12,6 +12,8 @@ compiled kernel's text (TTGIR, PTX, SASS) and resources, for a kernel of ropelib
 notebook defines (compiled from its source in the second Python). Notebooks 03, 08 and 10 read
 their own kernels' code through it, and load_schedule (notebook 05) its loads.
 """
+import atexit
+import contextlib
 import inspect
 import json
 import os
@@ -62,20 +64,120 @@ def compile_for_cuda(kernel, args: dict, *, num_warps: int, num_stages: Optional
                           options=options.__dict__)
 
 
-def in_compiling_python(code: str, *argv: str, what: str, timeout: float = 300.0):
+def in_compiling_python(code: str, *argv: str, what: str, timeout: float = 300.0,
+                        reuse: bool = False):
     """Run `code` in a second Python without TRITON_INTERPRET (under the interpreter @triton.jit
     gives interpreted functions, and a kernel object cannot be both interpreted and compiled),
     with ropelib importable, and return the JSON `code` printed as its last line. `argv`: the
-    child's sys.argv[1:]. Raises RuntimeError saying `what` failed, with the child's stderr."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")   # Triton's default, without its warning
+    child's sys.argv[1:]. Raises RuntimeError saying `what` failed, with the child's stderr.
+
+    reuse=True: run it in this process's long-lived compiling Python (`_CompilingPython`), for
+    code that leaves that Python as it found it (no environment variables set, no file
+    descriptors left moved): a new Python costs about 3 s to start and import torch, Triton
+    and ropelib, the compilation itself a fraction of a second once Triton has cached it."""
+    env = _compiling_env()
+    if reuse:
+        return _CompilingPython.get(env).run(code, argv, what, timeout)
     done = subprocess.run([sys.executable, "-c", code, *argv], env=env, capture_output=True,
                           text=True, timeout=timeout)
     if done.returncode != 0:
         raise RuntimeError(f"{what} failed:\n{done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _compiling_env() -> dict:
+    """The second Python's environment: this one's, without TRITON_INTERPRET, with ropelib's root
+    first on PYTHONPATH."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")   # Triton's default, without its warning
+    return env
+
+
+# The long-lived compiling Python: reads one request a line on stdin ({"code", "argv"}), runs the
+# code as `python -c code argv...` would (a fresh __main__ namespace, sys.argv set, its prints
+# captured), and answers one line on the descriptor that was its stdout ({"ok", "stdout",
+# "stderr"}). Its own descriptor 1 is pointed at its stderr first, so that output written below
+# Python (ptxas, LLVM) cannot break the answers.
+_SERVER = r"""
+import contextlib, io, json, os, sys, traceback
+answers = os.fdopen(os.dup(1), "w")
+os.dup2(2, 1)
+for line in sys.stdin:
+    request = json.loads(line)
+    out, err, ok = io.StringIO(), io.StringIO(), True
+    sys.argv = ["-c", *request["argv"]]
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            exec(compile(request["code"], "<string>", "exec"), {"__name__": "__main__"})
+    except BaseException:
+        ok = False
+        err.write(traceback.format_exc())
+    answers.write(json.dumps({"ok": ok, "stdout": out.getvalue(), "stderr": err.getvalue()}) + "\n")
+    answers.flush()
+"""
+
+
+class _CompilingPython:
+    """One second Python kept for this process (and started again where the environment it was
+    started with has changed, after a timeout, or in a forked child)."""
+    _current = None
+
+    def __init__(self, env: dict):
+        self.env, self.pid = env, os.getpid()
+        self.proc = subprocess.Popen([sys.executable, "-c", _SERVER], env=env, text=True,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, bufsize=1)
+
+    @classmethod
+    def get(cls, env: dict) -> "_CompilingPython":
+        cur = cls._current
+        if cur is None or cur.env != env or cur.pid != os.getpid() or cur.proc.poll() is not None:
+            if cur is not None and cur.pid == os.getpid():
+                cur.close()
+            cls._current = cur = cls(env)
+        return cur
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        for f in (self.proc.stdin, self.proc.stdout):
+            with contextlib.suppress(OSError):
+                f.close()
+
+    def run(self, code: str, argv, what: str, timeout: float):
+        import selectors
+        try:
+            self.proc.stdin.write(json.dumps({"code": code, "argv": list(argv)}) + "\n")
+            self.proc.stdin.flush()
+        except OSError:
+            type(self)._current = None
+            raise RuntimeError(f"{what} failed: the compiling Python has exited") from None
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.proc.stdout, selectors.EVENT_READ)
+            ready = sel.select(timeout)
+        if not ready:
+            self.close()
+            type(self)._current = None
+            raise subprocess.TimeoutExpired([sys.executable, "-c", "<compiling Python>"], timeout)
+        line = self.proc.stdout.readline()
+        if not line:
+            type(self)._current = None
+            raise RuntimeError(f"{what} failed: the compiling Python exited (code "
+                               f"{self.proc.wait()})")
+        answer = json.loads(line)
+        if not answer["ok"]:
+            raise RuntimeError(f"{what} failed:\n{answer['stderr'][-2000:]}")
+        return json.loads(answer["stdout"].strip().splitlines()[-1])
+
+
+@atexit.register
+def _close_compiling_python():
+    cur = _CompilingPython._current
+    if cur is not None and cur.pid == os.getpid():
+        cur.close()
 
 
 def triton_tool(name: str) -> Optional[str]:
@@ -147,7 +249,7 @@ def compiled_code(kernel, args: dict, *, num_warps: int, num_stages: Optional[in
         path.write_text(source)
         return in_compiling_python(_CHILD, str(path), json.dumps(request),
                                    what=f"compiling {fn.__name__} for sm_{arch}",
-                                   timeout=timeout)
+                                   timeout=timeout, reuse=True)
 
 
 _IMPORTS = "import triton\nimport triton.language as tl\n\n\n"
