@@ -76,7 +76,7 @@ def in_compiling_python(code: str, *argv: str, what: str, timeout: float = 300.0
     descriptors left moved): a new Python costs about 3 s to start and import torch, Triton
     and ropelib, the compilation itself a fraction of a second once Triton has cached it."""
     env = _compiling_env()
-    if reuse:
+    if reuse and os.name == "posix":          # (waiting on a pipe with a timeout: selectors)
         return _CompilingPython.get(env).run(code, argv, what, timeout)
     done = subprocess.run([sys.executable, "-c", code, *argv], env=env, capture_output=True,
                           text=True, timeout=timeout)
