@@ -65,7 +65,8 @@ def kernel_llir(which: str, combine_source: Optional[str] = None) -> tuple:
     if which == "repro":
         path = inspect.getsourcefile(debug._rope_unsloth_repro_kernel.fn)
         source = Path(path).read_text()
-        out = in_compiling_python(_CHILD, "repro", path, what="compiling the reproduction kernel")
+        out = in_compiling_python(_CHILD, "repro", path, what="compiling the reproduction kernel",
+                                  reuse=True)
         return out["llir"], source
     if which != "combine" or combine_source is None:
         raise ValueError("which: 'repro', or 'combine' with combine_source")
@@ -73,7 +74,7 @@ def kernel_llir(which: str, combine_source: Optional[str] = None) -> tuple:
         path = Path(tmp) / "combine_kernels.py"
         path.write_text(combine_source)
         out = in_compiling_python(_CHILD, "combine", str(path),
-                                  what="compiling the combine kernel")
+                                  what="compiling the combine kernel", reuse=True)
     return out["llir"], combine_source
 
 
