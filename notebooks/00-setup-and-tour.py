@@ -33,8 +33,8 @@
 # - tell what is installed (PyTorch, Triton, Transformer Engine, transformers) and whether the
 #   kernels run compiled on a GPU or in the interpreter;
 # - switch interpreter mode on (and off) the right way;
-# - call `ropelib.apply_rope`, the `RotaryEmbedding` module and the Transformer Engine / Hugging
-#   Face drop-ins, forward and backward;
+# - call `ropelib.apply_rope` forward and backward, the `RotaryEmbedding` module, and the
+#   Transformer Engine / Hugging Face drop-ins;
 # - say why a RoPE kernel is measured against a copy of the same bytes, read "% of a copy", and
 #   work out a call's TB/s and TFLOP/s;
 # - say what separates the course's three kernels, which move the same bytes, and compute the
@@ -124,7 +124,9 @@ assert GPU == ropelib.on_gpu()
 # to the CPU, runs the kernel there and copies the result back); keeping interpreter-mode
 # tensors on the CPU is ropelib's own rule. ropelib refuses a tensor on the other mode's device
 # with a `ValueError` that says what to do. The next cell starts a Python process with the
-# opposite setting and hands it such a tensor:
+# opposite setting and hands it such a tensor. On a GPU machine that process runs the
+# interpreter and is handed a CUDA tensor; on a machine without a GPU it has no device for
+# compiled kernels at all, and its error says to set `TRITON_INTERPRET=1`:
 
 # %%
 env = dict(os.environ)
@@ -156,9 +158,10 @@ assert "TRITON_INTERPRET" in refusal                 # and says which setting to
 # %% [markdown]
 # ## 3. The one-minute tour
 #
-# RoPE turns each pair of features of a query or key at position $m$ by an angle that grows
-# with $m$. With the rotate-half pairing (GPT-NeoX, Llama, Transformer Engine) feature $j$ turns
-# with feature $j + D/2$, for $j < D/2$:
+# RoPE turns each pair of features of a query or key head ($D$ features) at position $m$ by an
+# angle that grows with $m$. With the rotate-half pairing (GPT-NeoX, Llama, Transformer Engine)
+# feature $j$ turns with feature $j + D/2$, for $j < D/2$, and the base $b$ sets how fast the
+# angles fall from pair to pair:
 #
 # $$
 # \begin{aligned}
@@ -171,8 +174,16 @@ assert "TRITON_INTERPRET" in refusal                 # and says which setting to
 # RoPE therefore needs an **angle table** of the $\theta_{m,j}$ — `ropelib.frequencies` builds
 # it the way Transformer Engine does, `[positions, 1, 1, rotary_dim]` in fp32, each angle
 # written twice (for $j$ and $j + D/2$; the cell asserts it) — and the tensor to rotate, here in
-# `sbhd` = `[seq, batch, heads, head_dim]`. Sizes are small in the interpreter (each kernel
-# program is simulated in Python) and realistic on a GPU; change them, or the dtype, and rerun.
+# `sbhd` = `[seq, batch, heads, head_dim]`. Sizes are small in the interpreter (it executes the
+# kernels in Python) and realistic on a GPU; change them, or the dtype, and rerun.
+#
+# `ropelib.apply_rope(x, freqs)` returns the rotated `x`. Which kernel it launches depends on the
+# size: below 64 MiB, one launch of notebook 05's finished kernel, `_rope_kernel`; a contiguous
+# tensor of 64 MiB or more takes the *two-pass route*, a pre-pass that writes each token's cosine
+# and sine, then a *flat pass* over the elements (notebook 05, section 6). The cell checks the
+# result against `ropelib.reference.rope_reference`, plain PyTorch computed in fp64 and rounded
+# once to `x`'s dtype, and prints which kernel ran: the CUDA kernels of one more call on a GPU,
+# the Triton launches in the interpreter.
 
 # %%
 from ropelib import frequencies, reference
@@ -207,13 +218,15 @@ assert x_bytes < tiles.TWO_PASS_MIN_BYTES and ran == ["_rope_kernel"], ran
 # %% [markdown]
 # Keywords cover the rest: `layout="bshd"` or `"thd"` (with `cu_seqlens`), `interleaved=True`,
 # `rotary_percent < 1`, `start_positions` / `position_ids`, `cp_size` / `cp_rank`, a
-# `cos=`/`sin=` cache, `inplace=True` (notebooks 01 and 02; `docs/API.md`). Most calls run
-# notebook 05's finished kernel; contiguous tensors from 64 MiB on take a two-pass route, a
-# pre-pass writing each token's cos and sine, then a flat pass (notebook 05, section 6).
+# `cos=`/`sin=` cache, `inplace=True` (notebooks 01 and 02; `docs/API.md`).
 #
-# It is differentiable. A rotation is orthogonal, $R(\theta)^{\top} = R(-\theta)$, so the
-# backward of a rotation by $\theta$ is the rotation by $-\theta$ (notebook 06 derives it), and
-# the same kernel computes it:
+# It is differentiable. RoPE is linear in $x$: $y = R(\theta)\,x$, with $R(\theta)$ made of the
+# $2 \times 2$ rotations above. So autograd's backward turns the gradient of the output,
+# $\partial L/\partial y$ (`dy` below), into
+# $\partial L/\partial x = R(\theta)^{\top}\,\partial L/\partial y$, and a rotation is
+# orthogonal, $R(\theta)^{\top} = R(-\theta)$: the backward is the rotation by $-\theta$, and
+# the same kernel computes it (notebook 06 derives this). The cell sets `x.grad` beside `dy`
+# rotated by $-\theta$; a largest difference of 0 means the same bits:
 
 # %%
 x.requires_grad_(True)
@@ -263,8 +276,9 @@ assert len(kernels) == 1 and kernels[0].startswith("_rope"), kernels
 # `fused=True` runs ropelib's kernel, `fused=False` the plain PyTorch path, both checked against
 # `ropelib.reference`'s copies of TE's two paths. The line "TE itself" runs Transformer Engine
 # (installed, on a GPU) against each path. Differences are counted in **ulps** (units in the last
-# place): one ulp is the gap between two neighbouring bf16 numbers, here at the head vector's
-# largest absolute value, so "1 ulp" means the last bit differs. `ropelib.hf.apply_rotary_pos_emb`
+# place): one ulp is the gap between two neighbouring bf16 numbers, here taken at the head
+# vector's largest absolute value, so an error of 1 ulp is one step of the last bit of the
+# vector's largest element. `ropelib.hf.apply_rotary_pos_emb`
 # has Hugging Face's signature (queries and keys `[B, H, S, D]`, a cos/sin cache `[B, S, D]`) and
 # formula, $x\cos + \mathrm{rotate\_half}(x)\sin$, in fp32 and rounded once; where transformers is
 # installed the cell checks it against its Llama function.
@@ -322,19 +336,26 @@ else:
           + "): the lines above compare ropelib's code only")
 
 # %% [markdown]
-# The two paths differ in the last bits: one rounds cos, sin and each product to bf16, the
-# other rounds once at the end. Notebook 08 shows why such a difference fails `torch.allclose`
-# between two correct implementations, and which unit to measure it in.
+# The two paths differ in the last bits: `fused=False` rounds cos, sin and each product to
+# bf16, `fused=True` rounds once at the end (the cell asserts at most 2 ulps). Hugging Face's
+# code, which also rounds every op to bf16, differs from ropelib's one rounding in a share of the
+# outputs, by at most 2 ulps. On the H100 run on this notebook's page in `docs/executed/`
+# (Transformer Engine 2.20.2 installed) the paths differed by up to 2 ulps, 32 % of the HF
+# outputs by up to 1 ulp, and the drop-in matched TE's own fused and unfused paths at 0 ulps.
+# Notebook 08 shows why such a difference fails `torch.allclose` between two correct
+# implementations, and which unit to measure it in.
 
 # %% [markdown]
 # ### What a call costs: bytes set the time of a large call, a fixed cost that of a small one
 #
-# For each element RoPE multiplies twice and adds once (3 FLOPs, the sines and cosines aside)
-# and moves 4 bytes in bf16 (`x` read, `y` written), plus the fp32 angle table that every batch
-# entry and head share: under one FLOP per byte. A bf16 matrix multiply of two $n \times n$
-# matrices does $2n^3$ FLOPs on $3 \cdot 2n^2$ bytes, $n/3$ per byte. A GPU fast enough for
-# the matrix multiply waits on memory for RoPE, so a RoPE kernel's yardstick is a copy of the
-# same bytes, and "% of a copy" is the copy's time over the kernel's. Here is the copy as a
+# A kernel's *arithmetic intensity* is its FLOPs per byte moved to and from memory. For each
+# element RoPE multiplies twice and adds once (3 FLOPs, the sines and cosines aside) and moves 4
+# bytes in bf16 (`x` read, `y` written), plus the fp32 angle table that every batch entry and
+# head share: under one FLOP per byte. A bf16 matrix multiply of two $n \times n$ matrices does
+# $2n^3$ FLOPs on $3 \cdot 2n^2$ bytes (reads $A$ and $B$, writes $C$, 2 bytes an element),
+# $n/3$ per byte. A GPU fast enough for the matrix multiply waits on memory for RoPE, so a RoPE
+# kernel's yardstick is a copy of the same bytes, and "% of a copy" is the copy's time over the
+# kernel's (100 % is as fast as the copy). Here is the copy as a
 # Triton kernel (notebook 03 teaches programs, offsets and masks properly). A `@triton.jit`
 # function is launched on a *grid* of *programs*, `kernel[(P,)](args...)`, each program one
 # instance of the function; `tl.program_id(0)` says which one it is. Program $p$ takes the
@@ -380,13 +401,21 @@ print(f"RoPE of x {tuple(x.shape)}: {rope_flops / rope_bytes:.2f} FLOP/byte; "
 assert rope_flops / rope_bytes < 1 and gemm_intensity > 1000
 
 # %% [markdown]
-# How close does a RoPE call come to the copy? The next cell reads the committed H200 run of the
-# floor suite (`benchmarks/results/floor-nvidia-h200.csv`) at two sizes: a forward pass over
-# 1 GiB of `x`, timed on the device, and one decoding step (1 token × 64 sequences × 32 heads ×
-# 128 features), timed on the host's clock as an eager call is, and replayed from a CUDA graph,
-# which takes the host out. Each line gives the copy's time, ropelib's, and their ratio, "of a
-# copy": the copy's time over ropelib's, so 1.00 is as fast as the copy and 0.50 twice as slow.
-# They are one H200's numbers (notebook 07 measures them live).
+# How close does a RoPE call come to the copy? Three clocks answer differently. *Device time* is
+# the time the GPU spends on the call, read from CUDA events recorded before and after it
+# (`triton.testing.do_bench`). *Host time* is the time of the Python call on the CPU (the
+# *host*), which issues each kernel: in an *eager* program, PyTorch's default, every call goes
+# through Python and the host's side of each launch, here timed over calls issued back to back.
+# A *CUDA graph* records a call's kernel launches once and replays them with one host call, so
+# its time per replayed call leaves the host out.
+#
+# The next cell reads the committed H200 run of the floor suite
+# (`benchmarks/results/floor-nvidia-h200.csv`) at two sizes: a forward pass over 1 GiB of `x`, in
+# device time, and one decoding step (1 token × 64 sequences × 32 heads × 128 features), in host
+# time and replayed from a CUDA graph. Each line gives the bytes the call moves (the MiB column:
+# `x` read, `y` written, the table), the copy's time, ropelib's, and their ratio, "of a copy":
+# the copy's time over ropelib's, so 1.00 is as fast as the copy and 0.50 twice as slow. They are
+# one H200's numbers (notebook 07 measures them live).
 
 # %%
 # NVIDIA's datasheet figures for memory bandwidth (TB/s), looked up by a fragment of the GPU's
@@ -485,8 +514,8 @@ if FLOOR:
 # A decoding step is the opposite case. Its bytes would need under a quarter of a µs at 4.8 TB/s,
 # yet the copy's eager call takes 7.6 µs and ropelib's 13.1 µs more (0.37 of a copy): a fixed cost
 # per call sets the time, not the bytes. Where do ropelib's extra 13.1 µs go? Replayed from a CUDA
-# graph, which leaves the host (the CPU that issues each call) out, only 0.5 µs of them remain, so
-# the rest is the host's side of the call. That is inferred by subtraction; on a GPU the next cell
+# graph, which leaves the host out, only 0.5 µs of them remain, so the rest is the host's side of
+# the call. That is inferred by subtraction; on a GPU the next cell
 # times the host itself, issuing 300 of each call without waiting for the GPU, beside the same
 # calls replayed from a graph. Where the host's gap is many times the replay's, the host is what
 # separates the two calls. Notebook 07 (optional part A) takes the host's part apart.
@@ -531,6 +560,13 @@ else:
           "the host's issuing against a CUDA graph's replay needs a GPU")
 
 # %% [markdown]
+# On the H100 run on this notebook's page in `docs/executed/`, the host issued ropelib's call in
+# 21.4 µs and the copy's in 9.5 µs, a gap of 11.9 µs, against 0.8 µs between their replays:
+# there too the host, not the kernel, separates the two calls. Even the copy's 9.5 µs on the host
+# is about eight times its 1.2 µs replay: at a decoding step's size an eager call is mostly the
+# host's work, whichever kernel it launches.
+
+# %% [markdown]
 # ## 4. What the course builds: three kernels, the same bytes
 #
 # Notebooks 03 to 05 write the same rotation three times, and each differs from the last in how
@@ -546,8 +582,9 @@ else:
 # | 05 | finished | a tile of tokens × heads, looping over the batch | a few thousand, below |
 #
 # The cell runs the three and both copies on the tour's `x` and checks each; on a GPU it times
-# all five with `triton.testing.do_bench` (the median of many launches), as % of torch's copy
-# and in TB/s, and sets the copy's TB/s against NVIDIA's figure for the GPU it runs on. It calls
+# all five with `triton.testing.do_bench` (by default the mean of many launches, the L2 cache
+# cleared before each), as % of torch's copy and in TB/s, and sets the copy's TB/s against
+# NVIDIA's figure for the GPU it runs on. It calls
 # the 03 and 04 kernels through their launchers in `ropelib.course.kernels`, `rope_naive` and
 # `rope_batch_reuse`; notebook 03 writes the first in section 3 (3.4 is the version in
 # ropelib), notebook 04 the second in section 2 (2.1 a first version, 2.3 ropelib's).
@@ -594,13 +631,15 @@ else:
           "of the GPU's memory bandwidth (peak_tb_s)")
 
 # %% [markdown]
-# Those shares are your GPU's at the tour's 32 MiB, a small shape: with $B = 4$ each program of
-# the batch-reusing grid loops over just four rows, one after another. At this shape the order
-# of the three is one run's on one GPU: read it from the lines above, not from this text. The
-# floors at the end of this section set the grid's program starts beside its time on your GPU;
-# what else takes that time is notebook 04's question (its exercise 3 finds, on the committed
-# H200 sweep, that from $b = 4$ on neither the grid's programs nor its bytes bound its time),
-# and this notebook does not settle it.
+# Those shares are one run on your GPU at the tour's 32 MiB, a small shape: with $B = 4$ each
+# program of the batch-reusing grid loops over just four rows, one after another. On the H100 run
+# on this notebook's page in `docs/executed/` the copy ran at 2.38 TB/s, 71 % of the H100's
+# 3.35 TB/s, and the three came in the course's order: the naive kernel at 33 % of a copy, the
+# batch-reusing grid at 78 %, the finished kernel at 86 %. At so small a shape another GPU or run
+# can order them otherwise; read your own lines. The floors at the end of this section set the
+# grid's program starts beside its time on your GPU; what else takes that time is notebook 04's
+# question (its exercise 3 finds, on the committed H200 sweep, that from $b = 4$ on neither the
+# grid's programs nor its bytes bound its time), and this notebook does not settle it.
 #
 # At the size notebooks 03 to 05 measure, committed data settle the order. The next cell
 # reads a committed H200 profile at $[4096, 8, 32, 128]$ (256 MiB), where the naive kernel is the
@@ -610,7 +649,8 @@ else:
 # other columns).
 # Two columns matter here:
 #
-# - **DRAM / model**: the bytes the GPU's memory moved, over the bytes RoPE must move.
+# - **DRAM / model**: the bytes the GPU's main memory (DRAM) moved, over the bytes RoPE must
+#   move.
 # - **program floor**: starting and retiring programs takes the GPU time even when they do
 #   nothing. The H200 ran 1,048,576 empty one-warp programs on its 132 SMs
 #   (`program_cost-nvidia-h200.csv`) in a time $t$: with the SMs sharing them evenly, each
@@ -714,7 +754,8 @@ if MECHANISM:
 
 # %% [markdown]
 # All five move the same bytes ("DRAM / model" a little under 1: the writes come out short,
-# likely lines of `y` still in the L2 when counting stops; notebook 04, appendix A.5). What
+# likely lines of `y` still in the L2 cache, the on-chip cache between the SMs and DRAM, when
+# counting stops; notebook 04, appendix A.5). What
 # sets the naive kernel apart is its programs: its time equals its program floor, so on this
 # H200 it takes as long as a million programs that do nothing. Every other row's floor is
 # under two thirds of its time.
@@ -779,7 +820,12 @@ if MECHANISM:
 # out, is most of that time; it says nothing about the cost a program. In the last column, a
 # share near 100 % means the tour kernel's time is its programs starting, as the naive kernel's
 # is on the H200. A lower share, such as the batch-reusing grid's at $B = 4$, is the part of
-# the time that starting programs takes, and says nothing about what the rest is. Notebook 04
+# the time that starting programs takes, and says nothing about what the rest is.
+#
+# On the H100 run on this notebook's page in `docs/executed/`, "live / model" is 1.00 to 1.18
+# for every grid of 32,768 programs or more, so the H200's 79.8 ns a program holds on that H100,
+# and 2.73 for the finished kernel's 4,096 programs. The tour's naive kernel spends 99 % of its
+# time starting programs, the batch-reusing grid 64 %. Notebook 04
 # (sections 2 and 5.3) sets the grid against three floors; notebook 05 climbs to the finished
 # kernel one change at a time.
 
@@ -943,12 +989,16 @@ solution(basics.solution_interleaved_rope)
 # prediction.
 #
 # The floors bound what a fixed grid can save, but a small grid can also lose. In the worked
-# kernel's sm_90 machine code (the cell compiles it on the CPU and asserts this) each pass of the
-# loop issues one load of its block, then the store of it, then loops: a program has one block,
-# 2 KiB of bf16, of loads in flight. To read as fast as `copy_kernel`, an SM needs, by Little's law (notebook 05, section
-# 2), `copy_kernel`'s read rate per SM times the latency its loads see, in flight. The only
-# committed latency is the H200's (`memory_latency-nvidia-h200.csv`), so on any other GPU the
-# needs the cell prints are estimates. It prints two:
+# kernel's machine code for sm_90 (the H100's and H200's architecture; the cell compiles it on
+# the CPU and asserts this) each pass of the loop issues one load of its block, then the store of
+# it, then loops: a program has one block, 2 KiB of bf16, of loads in flight. To read as fast as
+# `copy_kernel`, an SM needs, by Little's law (notebook 05, section 2),
+#
+# $$ \text{bytes in flight per SM} = \frac{\text{the copy kernel's read rate}}{\text{SMs}}
+#    \times \text{the latency its loads see}. $$
+#
+# The only committed latency is the H200's (`memory_latency-nvidia-h200.csv`), so on any other
+# GPU the needs the cell prints are estimates. It prints two:
 #
 # - at DRAM's **idle** latency: a **lower bound**. DRAM answers no load sooner, so a grid below
 #   it is slower than `copy_kernel` (the cell asserts it), its saving negative whatever the
@@ -963,10 +1013,12 @@ solution(basics.solution_interleaved_rope)
 # Read the printed rows that way: set each grid's KiB in flight beside the two needs, and its
 # saving beside the most the floors allow. A grid below the idle need prints a clearly negative
 # saving. A grid between the two needs is short of the working estimate, and a clearly negative
-# saving there is what that estimate predicts (on an H100, 4 programs an SM land there and read
-# clearly slower than the copy). A grid above both needs that prints a saving near 0, far under
-# the floors' bound, keeps enough in flight but wins nothing: the bytes, not the programs, set
-# the copy's time at this size.
+# saving there is what that estimate predicts. A grid above both needs that prints a saving near
+# 0, far under the floors' bound, keeps enough in flight but wins nothing: the bytes, not the
+# programs, set the copy's time at this size. The H100 run on this notebook's page in
+# `docs/executed/` (needs of 3.1 KiB idle and 11.1 KiB busy, from the H200's latencies) shows all
+# three: 2 KiB in flight at 1 program an SM, a saving of −44.1 µs; 8 KiB at 4, −6.5 µs; 32 KiB
+# at 16, 0.0 µs where the floors allowed 8.6.
 
 # %%
 from ropelib.course.exercises import nb00_strided_copy

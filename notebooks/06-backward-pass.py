@@ -37,8 +37,9 @@
 # run on a CPU, through Triton's interpreter.
 #
 # **Numbers.** The text's numbers come from committed runs (`benchmarks/results/`: an NVIDIA
-# H200, and an H100 in section 2.1), which the cells read and assert. Live timings print the GPU
-# they ran on; the text quotes none of them.
+# H200, and an H100 in sections 2.1 and 3.1), which the cells read and assert. Live timings
+# print the GPU they ran on. Where the text quotes a live number, it says so and names its run:
+# the H100 run on this notebook's page in `docs/executed/`; yours will differ.
 #
 # **How to read it.** The core is sections 1 to 5 and the exercises. "What four warps change"
 # (section 2.1), section 3.1 and appendix A, each marked *a second reading*, can wait.
@@ -198,6 +199,15 @@ def draw_jacobians(path):
 draw_jacobians(FIGURES / "06-jacobian.png")
 
 # %% [markdown]
+# The printed lines: for TE's table $J^{\top} = J(-\theta)$ and the backward keeps every
+# gradient's norm (the ratio is 1 for every $g$). For the table whose halves differ
+# $J^{\top} \ne J(-\theta)$, and the backward scales a gradient's norm by anything from 0.016 to
+# 1.414. That range follows from the block: the squares of its two singular values sum to
+# $c_a^2 + s_a^2 + s_b^2 + c_b^2 = 2$ and multiply to its squared determinant,
+# $\cos^2(\theta_a - \theta_b)$, so a pair whose two angles differ by nearly $\pi/2$ nearly
+# doubles one direction's squared norm and nearly erases the other's. The kernel's backward is
+# still $J^{\top}$ for that table, because it swaps the sines.
+#
 # The figure (change `f_pair` and rerun to see others): the diagonal holds the cosines; each
 # pair $(j, j+4)$ puts $-\sin$ above (red) and $+\sin$ below (blue) in $J$, and the other way
 # round in $J^{\top}$, which is $J$ at $-\theta$.
@@ -380,6 +390,15 @@ if GPU:
     assert 0.9 < bwd_ms / fwd_ms < 1.1, "the same bytes should take the forward's time"
 
 # %% [markdown]
+# Read the table by column. Only edit 1 passes a row: on TE's table its sines are equal, so
+# swapping them changes nothing and negating alone is right; the table whose halves differ is
+# the one row that catches it. Edits 2 and 3 fail every row: on TE's table both compute the
+# forward, the rotation by $+\theta$, so they rotate the gradient the wrong way. On a GPU the
+# cell's last line times the kernel both ways in fp32: the H100 run on this notebook's page
+# printed 394.1 µs forward and 393.8 µs backward, a ratio of 1.00, as the shared loads and
+# stores predict.
+
+# %% [markdown]
 # ### 2.1 How fast: beside a copy, at one warp or four
 #
 # The backward reads $\partial L/\partial y$ and writes $\partial L/\partial x$: a copy's bytes,
@@ -435,10 +454,10 @@ assert fwd_c["angles"][1] == H_r * fwd_c["angles"][2], "each of the H programs o
 # from the L2 cache).
 #
 # How close to that floor does the kernel come? The next cell first prints committed runs at
-# this page's shape in bf16 (`ropelib_batch_reuse` is section 2's kernel at one warp): copy time
-# / kernel time is 0.80 on the H100, 0.71 on the H200. It also prints the H200's committed
-# timing of the forward at four warps against one (`benchmarks/results/ablation-nvidia-h200.csv`,
-# `do_bench` medians): 1.59 times the time.
+# this notebook's GPU shape, $[4096, 8, 32, 128]$ in bf16 (`ropelib_batch_reuse` is section 2's
+# kernel at one warp): copy time / kernel time is 0.80 on the H100, 0.71 on the H200. It also
+# prints the H200's committed timing of the forward at four warps against one
+# (`benchmarks/results/ablation-nvidia-h200.csv`, `do_bench` medians): 1.59 times the time.
 #
 # On a GPU it then times a copy of $\partial L/\partial y$ and the kernel forward and backward at
 # `num_warps=4` (Triton's default) and `num_warps=1` (`rope_cell`'s). It asserts that the
@@ -613,8 +632,10 @@ for w, row in ((1, w1_row), (4, w4_row)):
 # - **Time.** The occupancy does not pay for the instructions: on the H200 four warps take 1.62
 #   times the one-warp time under the profiler, which locks the clocks, and 1.59 times in its
 #   committed `do_bench` timing; the kernel moves from memory to instructions (the throughput
-#   columns). The live timing cell above prints its GPU's ratio beside the committed 1.59. The
-#   code being the same, a different ratio comes from the GPU that runs it or from the run: one
+#   columns). The live timing cell above prints its GPU's ratio beside the committed 1.59 (the
+#   H100 run on this notebook's page printed 1.44, with one warp at 0.80 of a copy, the
+#   committed H100 figure). The code being the same, a different ratio comes from the GPU that
+#   runs it or from the run: one
 #   live timing does not tell the two apart, and which of a GPU's parts would make the
 #   difference, this profile cannot say.
 #
@@ -736,23 +757,30 @@ assert round(start_us / (br1["fwd_ms"] * 1e3), 2) == 0.94
 
 # %% [markdown]
 # From batch 4 up the step takes 1.97 to 2.01 forwards, as the bytes predict. Below, it does
-# not: the batch-reusing kernel's step takes 427 µs at batch 1 against 207 µs at batch 4, with a
-# quarter of the bytes. Its batch-1 forward is set by its programs, not its bytes: starting its
-# 131,072 programs takes 79.2 µs of the forward's 84.6 µs (the cost per program of notebook 03,
-# section 4).
+# not: at batches 1 and 2 it takes 2.67 to 6.62 forwards, and the batch-reusing kernel's step
+# takes 427 µs at batch 1 against 207 µs at batch 4, with a quarter of the bytes. Its batch-1
+# forward is set by its programs, not its bytes: starting its 131,072 programs takes 79.2 µs of
+# the forward's 84.6 µs (the cost per program of notebook 03, section 4).
 #
 # Why a small-batch step takes more than two forwards, the sweep does not say. One possibility,
 # which the sweep does not test: `do_bench` times between CUDA events around a call, so when the
-# host takes longer to enqueue a step (autograd's Python, its device thread, the launches) than
-# the GPU takes to run it, the wait can be timed too. The committed host times are at another
-# shape ($s = 1$, $b = 64$), from `benchmarks/autograd_host_probe.py`: each the best of 7 rounds of
-# 200 calls back to back. Two H200 runs, half again apart, and two H100 runs of 2026-12-07:
-# ropelib's forward+backward 161.0 µs in the first, 91.3 in the second, and a trivial
-# `autograd.Function` (`empty_like` both ways, none of ropelib's code) 88.1 against 57.8. So the
-# host's cost differs between hosts and runs, on the same trivial Function by about 1.5 times
-# between the two H100 runs; these runs do not say why. The next cell draws the H200 runs (the
-# sweep's GPU) as a band: a best-of-rounds figure of those runs, for scale, not a measurement of
-# these steps.
+# host takes longer to *enqueue* a step (to issue its kernels: autograd's Python, its device
+# thread, the launches) than the GPU takes to run it, the wait can be timed too. Autograd runs
+# the backward of CUDA tensors on a worker thread of its own, its *device thread*;
+# `torch.autograd.set_multithreading_enabled(False)` turns it off, and the backward then runs on
+# the calling thread.
+#
+# The committed host times are at another shape ($s = 1$, $b = 64$), from
+# `benchmarks/autograd_host_probe.py`: each the best of 7 rounds of 200 calls back to back, with
+# the device thread on and off. Three rows: ropelib's forward+backward; the same with its kernel
+# launches removed (its own Python only); and a trivial `autograd.Function` (`empty_like` both
+# ways, none of ropelib's code). Two H200 runs 44 minutes apart put ropelib's forward+backward at
+# 125.7 and 184.7 µs, half again apart, and the trivial Function at 71.8 and 99.1. Two H100 runs
+# of 2026-12-07 put them at 161.0 and 91.3 µs, and 88.1 and 57.8 (the first with Transformer
+# Engine installed, the second without). So the host's cost differs between hosts and runs, on
+# the same trivial Function by 1.4 times between the two H200 runs and 1.5 times between the
+# two H100 runs; these runs do not say why. The next cell draws the H200 runs (the sweep's GPU)
+# as a band: a best-of-rounds figure of those runs, for scale, not a measurement of these steps.
 
 # %%
 def autograd_host_log(path):
@@ -968,19 +996,23 @@ else:
 # shorter, the device sets the pace. The cell's last line, `a loop of steps`, applies this
 # reading wherever the step could be replayed from a graph.
 #
-# `do_bench` need not show that wait: the 256 MiB memset that flushes L2 before each call can
-# let the host get ahead (notebook 07, A.4). So *do_bench did not see the host* on the `step =`
-# line says nothing of a loop of steps; the `a loop of steps` line does. Where the step exceeds
-# two forwards by more than 10 %, the `step =` line prints the share of the excess the device sat
-# idle inside the events; above one half, the host fills it.
+# `do_bench` need not show that wait: the *memset* (a 256 MiB buffer zeroed) that flushes the L2
+# cache before each call can let the host get ahead (notebook 07, A.4). So *do_bench did not see
+# the host* on the `step =` line says nothing of a loop of steps; the `a loop of steps` line
+# does. Where the step exceeds two forwards by more than 10 %, the `step =` line prints the share
+# of the excess the device sat idle inside the events; above one half, the host fills it.
 #
 # The cell's host times are this process's, on this host, measured before its profiler runs;
 # they are not the probe's best of rounds and may be far higher than the band above.
 #
-# The cell reads its own GPU on the day it runs. Where it finds its step host-bound (the `step =`
-# line says the host fills it; on the H100 that rendered this page it has), that fits the
-# hypothesis for the committed H200 step of 427 µs at the same shape, without measuring it: no
-# host time was measured beside that run.
+# The cell reads its own GPU on the day it runs. The H100 run on this notebook's page found its
+# step host-bound. On the device the step was two forwards' work: its kernels took 160.7 µs
+# (2.01 times the forward's) and its replay 161.8 µs (2.00 times). Yet `do_bench` timed the
+# whole call at 579.4 µs, 6.14 forwards, with the device idle for 72 % of it, and the `step =`
+# line put all of the excess on the host. A loop of steps was enqueued at 727.3 µs a step,
+# longer than the 161.8 µs replay, so the loop waited on the host. That fits the hypothesis for
+# the committed H200 step of 427 µs at the same shape, without measuring it: no host time was
+# measured beside that run.
 
 # %% [markdown]
 # ## 4. `gradcheck` in float64
@@ -990,9 +1022,13 @@ else:
 # element $i$: two forward calls per element, so keep the shapes tiny.
 #
 # Why float64: with $\varepsilon = 10^{-6}$ two outputs differ by $2\varepsilon$ times an entry
-# of $J$, a change in the sixth decimal place of numbers near 1. fp32 keeps about 7 significant
-# digits, so its rounding moves a finite difference by percents, far beyond gradcheck's relative
-# 0.1 % (`rtol=1e-3`). So ropelib's kernels compute in fp64 when given fp64 (`COMPUTE_DTYPE`).
+# of $J$, a change in the sixth decimal place of numbers near 1. fp32 rounds an output $y$ by up
+# to $2^{-24}|y| \approx 6 \times 10^{-8}\,|y|$; two such roundings, divided by $2\varepsilon$,
+# move the finite difference by up to
+# $2 \cdot 6 \times 10^{-8}\,|y| / (2 \times 10^{-6}) \approx 0.06\,|y|$, and rounding
+# $x \pm \varepsilon$ itself adds errors of the same order: percents, far beyond gradcheck's
+# relative 0.1 % (`rtol=1e-3`). The cell's last line measures it (up to 0.0748 on the H100 run on
+# this notebook's page). So ropelib's kernels compute in fp64 when given fp64 (`COMPUTE_DTYPE`).
 #
 # The cell runs gradcheck on the cell's kernel and on `ropelib.apply_rope`, then on the same op
 # computed in fp32, which fails. `ropelib.apply_rope` is also checked on a table whose halves
@@ -1202,6 +1238,12 @@ else:
     print("timed on a GPU only (the interpreter's times say nothing of memory traffic)")
 
 # %% [markdown]
+# On the H100 run on this notebook's page the copied path took 3.65 times the as-is time, more
+# than the byte model's 3. The kernel on a contiguous $\partial L/\partial y$ ran at 0.99 of the
+# as-is kernel's GB/s, but `g_sum.contiguous()` alone at 0.61: the copy itself is the slow
+# piece, and appendix A sets it beside a fill of the same bytes on the H200.
+
+# %% [markdown]
 # ## 6. Summary, and the finished kernel
 #
 # - The backward of RoPE is the transpose of its Jacobian: swap and negate the sines. With TE's
@@ -1215,7 +1257,8 @@ else:
 #   `expand`).
 # - A training step is two forwards of device work: from batch 4 up the committed H200 steps take
 #   1.97 to 2.01 forwards. Below, a step through autograd took longer; section 3.1's live cell
-#   times host and device on its GPU.
+#   times host and device on its GPU (on the H100 run on this notebook's page, a batch-1 step's
+#   kernels took 2.01 forwards' time, and the host's enqueue set the pace of a loop of steps).
 # - One warp a program beats four at $D = 128$: with four, each element sits on two threads with
 #   loads and stores of its own, 2.85 times the instructions for the same bytes in 1.62 times the
 #   H200's time under the profiler (1.59 timed). One warp still reaches only 0.71 of a copy on the
@@ -1320,8 +1363,11 @@ solution(ex.solution_rope_backward)
 # **Time it.** On a GPU the next cell times your launcher (the worked one until exercise 3's
 # check passes) as section 2.1 did: beside a copy of $\partial L/\partial y$ and section 2's
 # backward at four warps and at one, in bf16. The worked launcher runs at Triton's default of
-# four warps: compare it with the four-warp line; if yours lands well below, compare your loads
-# and grid with section 2's kernel. Then pass `num_warps=1` and compare with the one-warp line.
+# four warps: compare it with the four-warp line; if yours takes clearly longer, compare your
+# loads and grid with section 2's kernel. Then launch yours with `num_warps=1` and compare with
+# the one-warp line. (On the H100 run on this notebook's page the worked launcher took
+# 329.3 µs, 0.55 of a copy, beside 326.0 µs for section 2's kernel at four warps and 225.7 µs at
+# one.)
 
 # %%
 backward_timed = my_rope_backward if launcher_ok else ex.solution_rope_backward
