@@ -16,10 +16,10 @@
 # %% [markdown]
 # # 10 — Multi-axis RoPE: M-RoPE for images and video, 2-D and 3-D axial RoPE
 #
-# A word has one position; an image patch has two (row, column), a video patch three (frame,
-# row, column). Flatten a picture into a sequence and the patch below another is $w$ tokens
-# away, the one to its right 1. Multi-axis RoPE keeps the geometry: each frequency pair of the
-# head follows one axis.
+# A word has one position; an image patch has two (row, column), a video patch three (frame, row,
+# column). Flatten a picture $w$ patches wide into a sequence, row by row, and the patch below
+# another is $w$ tokens away, the one to its right 1. Multi-axis RoPE keeps the geometry: each
+# frequency pair of the head follows one axis.
 #
 # **After this notebook you will be able to**
 #
@@ -76,14 +76,16 @@ print(ropelib.runtime.mode(), "| device:", device, "| transformers:", HAVE_HF)
 # ## 1. One angle per pair, one axis per pair
 #
 # Plain RoPE (notebook 01) turns feature pair $j$ by $m\,\omega_j$: $m$ is the token's position,
-# $\omega_j = b^{-2j/R}$ the pair's inverse frequency ($R$ the rotary dim, $b$ the base).
-# Multi-axis RoPE gives every token a position on each of $A$ axes, $p_0(m), \dots, p_{A-1}(m)$,
-# and every pair an axis $a_j$:
+# $\omega_j = b^{-2j/R}$ the pair's inverse frequency ($R$ the rotary dim, $b$ the base). Over
+# $j = 0, \dots, R/2 - 1$ these frequencies form a geometric **ladder** from 1 down. Multi-axis
+# RoPE gives every token a position on each of $A$ axes, $p_0(m), \dots, p_{A-1}(m)$, and every
+# pair an axis $a_j$:
 #
 # $$\theta_j(m) = p_{a_j}(m)\,\omega_j .$$
 #
 # The rotation is unchanged, so a query–key score still depends only on differences, now one per
-# axis:
+# axis (pair $j$ of $q$ read as one complex number $q_j$, its two features the real and imaginary
+# parts, as in notebook 01, section 3; likewise $k_j$):
 #
 # $$\langle R_{\theta(m)} q, R_{\theta(n)} k\rangle = \sum_j \mathrm{Re}\big[\,q_j
 # \bar k_j\, e^{\,i\,(p_{a_j}(m) - p_{a_j}(n))\,\omega_j}\big].$$
@@ -684,8 +686,8 @@ if HAVE_HF:
 # splits, with a partial last tile, in fp32 and bf16, against `ropelib.apply_mrope_qk`. It also
 # counts your sines and cosines: more than two of them together per (token, pair) (a sine and a
 # cosine) fails even with right values, as does calling ropelib. Use `tl.cos` and `tl.sin`:
-# libdevice (CUDA's math library, which they compile to on a GPU) called by name does not run in
-# the interpreter.
+# libdevice (NVIDIA's GPU math library, which they compile to with Triton 3.6: notebook 05,
+# section 3) called by name does not run in the interpreter.
 #
 # The launch is the next cell's `launch_mrope`: the check, the counts and every timing below go
 # through it, and appendix C's exercise turns its `num_warps` and `HPS`.
@@ -1706,10 +1708,10 @@ assert all(v > 0 for v in parts["other"])                   # the two waits are 
 # committed, so whether the same holds on it is not measured. ropelib's kernel is memory-bound
 # too (39 %), so its extra instructions fill idle issue cycles.
 #
-# Under the profiler the per-head kernel takes 1.90 times the once-per-token kernel's time,
-# under `do_bench` 1.40 in the committed H200 run and 1.17 in the committed H100 run (the timing
-# cell above prints this run's). Appendix B (optional) follows both differences as far as the
-# committed data go.
+# Under the profiler the per-head kernel takes 1.90 times the once-per-token kernel's time, under
+# `do_bench` 1.40 in the committed H200 run and 1.17 in the committed H100 run (1.18 in the
+# executed page's live H100 run; a live timing cell prints its own). Appendix B (optional) follows
+# both differences as far as the committed data go.
 
 # %% [markdown]
 # ## 7. The angles themselves at long context
@@ -1798,14 +1800,14 @@ assert by[("ropelib_exact", top)]["out_err"] < 1e-5
 #   transformers, and allocates nothing beyond its outputs (`apply_rotary_pos_emb` alone: 3.5
 #   times its outputs, 3.58 as a GPU's allocator counts them). In the committed H200 run it ran
 #   at 0.985 of a copy's speed, transformers at 0.068.
-# - Formed per (token, head), the angles cost 32 times the sines and cosines for the same bytes.
-#   On an H200 the per-head kernel executes 5.3 times the warp instructions and takes 1.40 times
-#   the time under `do_bench`; profiled on that H200, at the profiler's fixed 1.5 GHz, it is
+# - Formed per (token, head), the angles cost 32 times the sines and cosines for the same bytes. On
+#   an H200 the per-head kernel executes 5.3 times the warp instructions and takes 1.40 times the
+#   time under `do_bench`; profiled on that H200, at the profiler's fixed 1.5 GHz, it is
 #   instruction-bound (it issues on 81 % of its active cycles) and the once-per-token kernel
-#   memory-bound (30 %). In the committed H100 run the time ratio is 1.17, measured but not
-#   explained: no H100 profile is committed. The loop's stores keep the compiler from moving the
-#   angle loads out of the head loop, and the sines and cosines stay with them: load them before
-#   the loop.
+#   memory-bound (30 %). In the committed H100 run the time ratio is 1.17 (1.18 in the executed
+#   page's live H100 run), measured but not explained: no H100 profile is committed. The loop's
+#   stores keep the compiler from moving the angle loads out of the head loop, and the sines and
+#   cosines stay with them: load them before the loop.
 # - fp32 angles drift: 0.089 rad at 1.5 M positions, 1.71 at 16 M; `rope_angles` stays within
 #   half an fp32 ulp.
 
