@@ -824,9 +824,15 @@ print(f"dL/dx {tuple(gx_t.shape)}: teaching dX kernel vs autograd of qkv_rope_li
 #   leaves out 1, but after Holm's adjustment the sign test's p is 0.071: not resolved) and level
 #   with cuBLAS on the H100 (0.990, not resolved).
 # - **What does the fusion net?** On the H200 the fused forward is 1.6 % faster than the unfused
-#   pipeline from a table (0.984 of its time, resolved) and level from angles (1.004, not); on the
-#   H100, where the pass costs more, it is ahead (0.955 from a table, resolved; 0.964 from angles,
-#   not).
+#   pipeline from a table (0.984 of its time, resolved) and level from angles (1.004, not); its
+#   eight medians cell by cell (from angles and from a table, four cells each) run from 0.971 to
+#   1.031. On the H100, where the pass costs more, it is ahead (0.955 from a table, resolved; 0.964
+#   from angles, not), and all eight cell medians are below 1 (0.891 to 0.996).
+#
+# The figure after the tables draws the same pooled medians for both GPUs as a budget: one bar a
+# pair and GPU with its 95 % interval, filled where resolved and hatched where not, beside a band
+# for each GPU's copy floor as a share of cuBLAS's forward (section 1: 6.5 to 6.7 % on the H200,
+# 9.1 to 9.7 % on the H100).
 #
 # **Forward+backward** on the **eager route** (H100 runs of five rounds): a plain call, with no
 # `torch.compile` or other tracer at work, runs ropelib's kernels and autograd formula straight
