@@ -16,10 +16,10 @@
 # %% [markdown]
 # # 10 — Multi-axis RoPE: M-RoPE for images and video, 2-D and 3-D axial RoPE
 #
-# A word has one position; an image patch has two (row, column), a video patch three (frame,
-# row, column). Flatten a picture into a sequence and the patch below another is $w$ tokens
-# away, the one to its right 1. Multi-axis RoPE keeps the geometry: each frequency pair of the
-# head follows one axis.
+# A word has one position; an image patch has two (row, column), a video patch three (frame, row,
+# column). Flatten a picture $w$ patches wide into a sequence, row by row, and the patch below
+# another is $w$ tokens away, the one to its right 1. Multi-axis RoPE keeps the geometry: each
+# frequency pair of the head follows one axis.
 #
 # **After this notebook you will be able to**
 #
@@ -34,7 +34,9 @@
 #
 # **Which GPU a number comes from.** Timing and profiling cells print their GPU. The prose quotes
 # measurements committed under `benchmarks/results/`, mostly from an H200, which the cells read
-# and assert; a live timing on another GPU gives other numbers.
+# and assert; a live timing on another GPU gives other numbers. Where the text quotes a live
+# cell's output, it is the H100 run shown in `docs/executed/10-multi-axis-rope.html` (the
+# executed page), and the text says so.
 #
 # **Time:** about an hour to read sections 1 to 7 (section 6, with its counts, timings and
 # profiles, is half of it) and 40 minutes for their three exercises, most of it the kernel of
@@ -74,14 +76,16 @@ print(ropelib.runtime.mode(), "| device:", device, "| transformers:", HAVE_HF)
 # ## 1. One angle per pair, one axis per pair
 #
 # Plain RoPE (notebook 01) turns feature pair $j$ by $m\,\omega_j$: $m$ is the token's position,
-# $\omega_j = b^{-2j/R}$ the pair's inverse frequency ($R$ the rotary dim, $b$ the base).
-# Multi-axis RoPE gives every token a position on each of $A$ axes, $p_0(m), \dots, p_{A-1}(m)$,
-# and every pair an axis $a_j$:
+# $\omega_j = b^{-2j/R}$ the pair's inverse frequency ($R$ the rotary dim, $b$ the base). Over
+# $j = 0, \dots, R/2 - 1$ these frequencies form a geometric **ladder** from 1 down. Multi-axis
+# RoPE gives every token a position on each of $A$ axes, $p_0(m), \dots, p_{A-1}(m)$, and every
+# pair an axis $a_j$:
 #
 # $$\theta_j(m) = p_{a_j}(m)\,\omega_j .$$
 #
 # The rotation is unchanged, so a query–key score still depends only on differences, now one per
-# axis:
+# axis (pair $j$ of $q$ read as one complex number $q_j$, its two features the real and imaginary
+# parts, as in notebook 01, section 3; likewise $k_j$):
 #
 # $$\langle R_{\theta(m)} q, R_{\theta(n)} k\rangle = \sum_j \mathrm{Re}\big[\,q_j
 # \bar k_j\, e^{\,i\,(p_{a_j}(m) - p_{a_j}(n))\,\omega_j}\big].$$
@@ -232,10 +236,10 @@ solution(ex.solution_text_then_image)
 #
 # transformers computes every axis's angles for every pair, `[3, B, S, 64]`, takes cos and sin,
 # then keeps each pair's axis (`recomposition_frequencies`): `[B, S, 128]` tables for
-# `apply_rotary_pos_emb`. ropelib's kernel reads its tokens' position rows and the 64 frequencies
-# and forms only the angles it uses: no `[3, B, S, D]` tensor, and q and k in one launch. A tiny
-# random configuration (head dim 16, `mrope_section [2, 3, 3]`) keeps it fast; no weights are
-# downloaded.
+# `apply_rotary_pos_emb`. ropelib's kernel reads each token's positions (one per axis) and the 64
+# inverse frequencies and forms only the angle each pair uses: no `[3, B, S, 64]` angles, no
+# cos/sin tables, and q and k in one launch. A tiny random configuration (head dim 16,
+# `mrope_section [2, 3, 3]`) keeps it fast; no weights are downloaded.
 
 # %%
 B, HQ, HK, D, section = 2, 4, 2, 16, [2, 3, 3]
@@ -271,7 +275,9 @@ else:
 # `apply_rotary_pos_emb` in every layer, so the cell also measures the latter alone.
 #
 # **Time**, from a committed H200 run at Qwen2-VL-7B's size (28 q and 4 k heads of 128, batch 4,
-# 8,192 tokens, bf16): each provider as a fraction of a copy's speed.
+# 8,192 tokens, bf16): each provider's **fraction of a copy's speed**, $t_{\text{copy}} / t$,
+# with $t$ its time and $t_{\text{copy}}$ the time of a device copy of the bytes the pass must
+# move (notebook 04's copy floor). 1 is as fast as the copy; 0.5 takes twice its time.
 
 # %%
 import inspect
@@ -415,14 +421,17 @@ plt.show()
 #
 # torch.compile of transformers' code is printed but not drawn: its forward took 1.59 ms (0.084
 # of a copy's speed) and its forward and backward together 0.64 ms (0.414), less than the forward
-# alone. That step time is not reproduced by the probe below, so it is not relied on. The
-# benchmark compiles both graphs (one traced without gradients, one with them) in its
-# correctness check before any timing, and times both passes alike. What the kernels themselves
-# do is in the code Inductor generated: `benchmarks/mrope_compile_probe.py` compiled both calls
-# the same way on an H200, kept Inductor's code and profiled one call of each. The next cell
-# counts, in that committed code, the sines and cosines each kernel evaluates (its elements
-# times the `sin` and `cos` calls in its body), and reads the kernels' profiled times from the
-# probe's log.
+# alone. Compile time is in neither number: the benchmark compiles both graphs (one traced
+# without gradients, one with them) in its correctness check before any timing, and times both
+# passes alike.
+#
+# What the compiled kernels do is in the code that Inductor, torch.compile's code generator,
+# wrote. `benchmarks/mrope_compile_probe.py` compiled both calls the same way on an H200, kept
+# Inductor's code, profiled one call of each and timed each with `do_bench`. Its step time does
+# not reproduce the 0.64 ms (next cell), so that whole-step time is not relied on. The next cell
+# counts, in the committed code, the sines and cosines each kernel evaluates (its elements times
+# the `sin` and `cos` calls in its body), and reads the kernels' profiled times and the probe's
+# `do_bench` times from its log.
 
 # %%
 from ropelib.course.counts import inductor_sin_cos
@@ -657,7 +666,7 @@ if HAVE_HF:
 # then the section counts both versions' work, times them on a GPU, and reads Nsight Compute
 # (NVIDIA's kernel profiler) profiles from an H200.
 #
-# ### Kernel exercise: a multi-axis RoPE kernel
+# ### Exercise 3, the kernel exercise: a multi-axis RoPE kernel
 #
 # A simplified kernel: q `[T, HQ, D]` and k `[T, HK, D]` of $T$ packed tokens (`thd`,
 # contiguous), the whole head rotated in rotate-half pairs $(j, j + D/2)$, positions
@@ -677,7 +686,8 @@ if HAVE_HF:
 # splits, with a partial last tile, in fp32 and bf16, against `ropelib.apply_mrope_qk`. It also
 # counts your sines and cosines: more than two of them together per (token, pair) (a sine and a
 # cosine) fails even with right values, as does calling ropelib. Use `tl.cos` and `tl.sin`:
-# libdevice called by name does not run in the interpreter.
+# libdevice (NVIDIA's GPU math library, which they compile to with Triton 3.6: notebook 05,
+# section 3) called by name does not run in the interpreter.
 #
 # The launch is the next cell's `launch_mrope`: the check, the counts and every timing below go
 # through it, and appendix C's exercise turns its `num_warps` and `HPS`.
@@ -1109,7 +1119,9 @@ assert abs(per_element[ONCE][-1] - 1 / 33) < 1e-12                   # 1 / (32 +
 #
 # Counts are work, not cost: a kernel that moves $4\,T\,(H_q + H_k)\,D$ bytes of bf16 may hide
 # arithmetic behind memory. On a GPU the cell times both kernels (and yours), ropelib's and a copy
-# of q and k with `triton.testing.do_bench` (median, GB/s of q and k moved).
+# of q and k with `triton.testing.do_bench` at 16,384 tokens (the median, its 20th to 80th
+# percentiles, and GB/s of q and k moved), then the worked solution (or yours) at 1 to 16 tokens
+# a program.
 
 # %%
 def gbps(ms, *tensors):
@@ -1227,12 +1239,24 @@ assert all(max(tiles, key=tiles.get) == 1 for tiles in do_bench_tiles.values())
 assert (do_bench_tiles[H100_NAME][1], do_bench_tiles[H100_NAME][4]) == (157.9, 102.6)
 
 # %% [markdown]
+# **What the timings say.** Forming the angles once per token is the faster design in every run:
+# the per-head kernel takes 1.40 times the worked solution's time in the committed H200 run and
+# 1.17 times in the committed H100 run (the executed page's live H100 run: 1.18). The worked
+# solution and ropelib's kernel are level, within a tenth of each other (ropelib's takes 0.93
+# and 0.95 of the worked solution's time), and both stay within a quarter of the copy of q and
+# k: 1.08 and 1.01 times the copy's time on the H200, 1.06 and 1.01 on the H100. Only the
+# per-head kernel falls clearly behind the copy, at 1.51 times its time on the H200 and 1.24 on
+# the H100. So the 32 times as many sines and cosines counted above cost 40 % more time on one
+# GPU and 17 % on the other. A time says which kernel is faster, not why, nor why the gap
+# differs between GPUs: the profiles below answer the first question on the H200, appendix B
+# follows the second.
+
+# %% [markdown]
 # ### What Nsight Compute counted on an H200
 #
-# A time says which kernel is faster, not why. Nsight Compute profiled the three kernels on an
-# H200 at the timing cell's size (`benchmarks/mrope_angles_ncu.py`); the next cells read the work
-# each issues, the bytes it moves, and how many programs an SM holds. No H100 profile is
-# committed.
+# Nsight Compute profiled the three kernels on an H200 at the timing cell's size
+# (`benchmarks/mrope_angles_ncu.py`); the next cells read the work each issues, the bytes it
+# moves, and how many programs an SM holds. No H100 profile is committed.
 
 # %%
 ncu_csv = measured.RESULTS / f"mrope_angles_ncu-{measured.GPU}.csv"
@@ -1684,10 +1708,10 @@ assert all(v > 0 for v in parts["other"])                   # the two waits are 
 # committed, so whether the same holds on it is not measured. ropelib's kernel is memory-bound
 # too (39 %), so its extra instructions fill idle issue cycles.
 #
-# Under the profiler the per-head kernel takes 1.90 times the once-per-token kernel's time,
-# under `do_bench` 1.40 in the committed H200 run and 1.17 in the committed H100 run (the timing
-# cell above prints this run's). Appendix B (optional) follows both differences as far as the
-# committed data go.
+# Under the profiler the per-head kernel takes 1.90 times the once-per-token kernel's time, under
+# `do_bench` 1.40 in the committed H200 run and 1.17 in the committed H100 run (1.18 in the
+# executed page's live H100 run; a live timing cell prints its own). Appendix B (optional) follows
+# both differences as far as the committed data go.
 
 # %% [markdown]
 # ## 7. The angles themselves at long context
@@ -1705,8 +1729,11 @@ assert all(v > 0 for v in parts["other"])                   # the two waits are 
 # half an fp32 ulp (the gap between neighbouring fp32 numbers) up to $2^{24}$.
 #
 # The cell runs `benchmarks/angle_precision.py` at five positions from 1 K to 16 M ($d = 128$,
-# base 500 000) and measures the three against float64 (integer and fp64 arithmetic: the same on
-# any machine).
+# base 500 000) and measures three ways of forming the angles against float64: `fp32_angle_table`
+# (fp32 `position * inv_freq`, as section 6's kernels do), `bf16_cos_sin` (those angles' cosines
+# and sines cached in bf16) and `ropelib_exact` (`rope_angles`). Each entry is the largest angle
+# error in radians, the same in fp32 ulps of the exact angle, then the largest error of the
+# rotated output (integer and fp64 arithmetic: the same on any machine).
 
 # %%
 _spec = importlib.util.spec_from_file_location(
@@ -1771,16 +1798,16 @@ assert by[("ropelib_exact", top)]["out_err"] < 1e-5
 #   $\max(h, w)$, not by its number of patches.
 # - One kernel serves all of them, forward and backward (the rotation by $-\theta$), matches
 #   transformers, and allocates nothing beyond its outputs (`apply_rotary_pos_emb` alone: 3.5
-#   times its outputs). In the committed H200 run it ran at 0.985 of a copy's speed, transformers
-#   at 0.068.
-# - Formed per (token, head), the angles cost 32 times the sines and cosines for the same bytes.
-#   On an H200 the per-head kernel executes 5.3 times the warp instructions and takes 1.40 times
-#   the time under `do_bench`; profiled on that H200, at the profiler's fixed 1.5 GHz, it is
+#   times its outputs, 3.58 as a GPU's allocator counts them). In the committed H200 run it ran
+#   at 0.985 of a copy's speed, transformers at 0.068.
+# - Formed per (token, head), the angles cost 32 times the sines and cosines for the same bytes. On
+#   an H200 the per-head kernel executes 5.3 times the warp instructions and takes 1.40 times the
+#   time under `do_bench`; profiled on that H200, at the profiler's fixed 1.5 GHz, it is
 #   instruction-bound (it issues on 81 % of its active cycles) and the once-per-token kernel
-#   memory-bound (30 %). In the committed H100 run the time ratio is 1.17, measured but not
-#   explained: no H100 profile is committed. The loop's stores keep the compiler from moving the
-#   angle loads out of the head loop, and the sines and cosines stay with them: load them before
-#   the loop.
+#   memory-bound (30 %). In the committed H100 run the time ratio is 1.17 (1.18 in the executed
+#   page's live H100 run), measured but not explained: no H100 profile is committed. The loop's
+#   stores keep the compiler from moving the angle loads out of the head loop, and the sines and
+#   cosines stay with them: load them before the loop.
 # - fp32 angles drift: 0.089 rad at 1.5 M positions, 1.71 at 16 M; `rope_angles` stays within
 #   half an fp32 ulp.
 
@@ -1914,9 +1941,10 @@ assert round(clock_ratio, 2) == 1.44 and round(h200_ratio, 2) == 1.40
 # the H200, 1.17 on the H100, whose copy of q and k takes 1.35 times as long. The memory-bound
 # kernel stretches with the copy (1.33 times), the per-head one less (1.11):
 # $1.40 \times 1.11 / 1.33 = 1.17$. Both GPUs are sm_90 and both runs read the same NVML clock,
-# so a purely instruction-bound kernel would barely move: the 1.11 needs a cause. One candidate: angle work that overlaps memory
-# hides more the longer memory takes. The next cell tests that on one GPU with fp32 q and k
-# beside bf16: the same angle work (counted in the interpreter), twice the bytes.
+# so a purely instruction-bound kernel would barely move: the 1.11 needs a cause. One candidate:
+# angle work that overlaps memory hides more the longer memory takes. The next cell tests that
+# on one GPU with fp32 q and k beside bf16: the same angle work (counted in the interpreter),
+# twice the bytes.
 #
 # On a GPU the once-per-token kernel should take about twice as long in fp32, like the copy
 # (asserted: over 1.5 times). The **gap** (per-head minus once-per-token time) is the angle work
@@ -2028,9 +2056,10 @@ assert [round(b32 / b16, 2) for b16, b32 in fp32_us.values()] == [1.76, 1.91, 1.
 # %% [markdown]
 # On the committed H100 run the copy and the once-per-token kernel take 1.90 and 1.91 times as
 # long in fp32, and the gap goes from 17.3 µs in bf16 to 15.3 in fp32: a share of 0.88. A live
-# run prints its own share beside it, and the share moves from run to run: it is a ratio of two
-# differences of medians, each difference some 15 µs taken between medians of about 100 to
-# 210 µs, so a µs of drift in one median moves it by several hundredths. In the committed run
+# run prints its own share beside it (the executed page's H100 run: gaps of 18.3 and 14.3 µs, a
+# share of 0.78), and the share moves from run to run: it is a ratio of two differences of
+# medians, each difference some 15 µs taken between medians of about 100 to 210 µs, so a µs of
+# drift in one median moves it by several hundredths. In the committed run
 # fp32 leaves most of the gap; whether that holds in every run, and so whether memory hides any
 # of the angle work, one run per dtype cannot say. The committed data explain the denominator
 # (the once-per-token kernel follows memory) and measure, without explaining, the per-head
@@ -2108,3 +2137,10 @@ else:
               f"{'matches' if same else 'does not match'} ropelib (no GPU here: nothing timed)")
         if not heads_ok:
             assert same, (warps, hps)
+
+# %% [markdown]
+# In the executed page's H100 run, each line one `do_bench` median with no rounds: at 1 token a
+# program, 2 warps instead of 4 took the worked solution from 157.2 to 116.3 µs, and 2 or 4
+# heads a step on 2 warps to 99.5 and 97.3 µs, about its 101.4 µs at 4 tokens a program (1 warp
+# with 4 heads a step: 98.7). Those are the knobs ropelib's kernel sets at this size: 1 token a
+# program, 2 warps, 8 heads a step (section 6).

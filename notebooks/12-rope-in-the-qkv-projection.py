@@ -27,7 +27,10 @@
 # Every measured number in the text is read from a committed file under `benchmarks/results/`
 # (mostly an H200's; sections 1, 7.1, 7.5 and Appendix A.1 also H100s') or `figures/` (7.3's sm_90
 # compile) and asserted by a code cell; the compile counts of sections 4 and 8 are computed as you
-# run them.
+# run them. Four cells also time live on a GPU (section 1's L2 cell, 7.5's last cell and section
+# 8's two): where the text quotes what they printed, it is the H100 run shown in
+# `docs/executed/12-rope-in-the-qkv-projection.html` (the executed page), and the text says so;
+# your GPU prints its own numbers.
 #
 # **Before this:** notebook 01 (rotate-half pairs), 04 (the copy floor: a RoPE pass timed against
 # a device copy of its bytes) and 06 (RoPE's backward as $R(-\theta)$). Triton's matrix
@@ -360,7 +363,10 @@ for M_l2, K_l2, HQ_l2, HK_l2, D_l2 in shapes:
 # **Reading the cell.** Flushed pass / copy near 1 means the pass runs at its copy floor after the
 # GEMM; well above 1, section 1's floor is only a lower bound on what the fusion wins (an untested
 # guess why: the pass works on strided views of the GEMM's output). L2's saving should shrink as q
-# and k outgrow L2.
+# and k outgrow L2. In the executed page's H100 run the flushed pass took 1.10 times the copy's
+# time at 8192 tokens and 1.08 at 32768, about a tenth above its floor; L2 saved 10.0 % and 2.8 %
+# of the flushed time (warm faster in all 21 rounds at both sizes), far under the ceilings of 62.5
+# and 15.6 %, and less as q and k grew.
 #
 # ## 2. What a GEMM epilogue is
 #
@@ -701,8 +707,10 @@ assert [K // qkv_gemm.GPU_TILES[kind]["BLOCK_K"] for kind in ("dx", "dw")] == [6
 # %% [markdown]
 # The compile shows what each build does, not what it costs: two accumulators read each step's $X$
 # tile from shared memory twice (a megabyte more a program over $K = 4096$); one moves 64 KiB more
-# between register layouts, once. Section 3's probe timed it: two accumulators 8 and 10 % slower
-# at this tile.
+# between register layouts, once. Both builds take a similar number of registers (174 and 170 in
+# the executed page's Triton 3.6 compile) and the same 128 KiB of shared memory, unlike section 3's
+# TMA-loaded probe at the same tile (151 registers against 120). Section 3's probe timed the
+# difference: two accumulators 8 and 10 % slower at this tile.
 #
 # ## 5. The backward's prologue: undo the rotation while loading $dY$
 #
@@ -816,9 +824,15 @@ print(f"dL/dx {tuple(gx_t.shape)}: teaching dX kernel vs autograd of qkv_rope_li
 #   leaves out 1, but after Holm's adjustment the sign test's p is 0.071: not resolved) and level
 #   with cuBLAS on the H100 (0.990, not resolved).
 # - **What does the fusion net?** On the H200 the fused forward is 1.6 % faster than the unfused
-#   pipeline from a table (0.984 of its time, resolved) and level from angles (1.004, not); on the
-#   H100, where the pass costs more, it is ahead (0.955 from a table, resolved; 0.964 from angles,
-#   not).
+#   pipeline from a table (0.984 of its time, resolved) and level from angles (1.004, not); its
+#   eight medians cell by cell (from angles and from a table, four cells each) run from 0.971 to
+#   1.031. On the H100, where the pass costs more, it is ahead (0.955 from a table, resolved; 0.964
+#   from angles, not), and all eight cell medians are below 1 (0.891 to 0.996).
+#
+# The figure after the tables draws the same pooled medians for both GPUs as a budget: one bar a
+# pair and GPU with its 95 % interval, filled where resolved and hatched where not, beside a band
+# for each GPU's copy floor as a share of cuBLAS's forward (section 1: 6.5 to 6.7 % on the H200,
+# 9.1 to 9.7 % on the H100).
 #
 # **Forward+backward** on the **eager route** (H100 runs of five rounds): a plain call, with no
 # `torch.compile` or other tracer at work, runs ropelib's kernels and autograd formula straight
@@ -1025,8 +1039,9 @@ draw_budget(FIGURES / "12-qkv-forward-budget.png")
 # used on GPUs without TMA; "the first design" in Appendix A.2) is section 4's kernel grown up. Its
 # main loop alone trails cuBLAS by 0.08 ms at 8192 tokens and 0.58 ms at 32768: 2.1 and 3.7 copy
 # floors, more than the whole RoPE pass a fusion can save (about 0.04 and 0.18 ms). Under Nsight
-# Compute, NVIDIA's kernel profiler (Appendix A.2), its extra wait is mostly a **dispatch stall**,
-# which the shipped TMA loop almost lacks.
+# Compute, NVIDIA's kernel profiler (Appendix A.2), its extra wait is mostly a **dispatch stall**
+# (a warp's next instruction is ready, but the dispatch unit holds it back), which the shipped TMA
+# loop almost lacks.
 
 # %%
 first = {}
@@ -1275,8 +1290,8 @@ assert all(c["b_wins"] == 7 for c in in_turn)               # lost all seven rou
 # **Programs per SM: derive them.** `programs_per_sm` derives how many programs fit an SM from a
 # compile's registers a thread, warps and shared memory, against an sm_90 SM's 65,536 registers
 # (four sub-partitions of 16,384, handed to a warp in units of 256), 228 KiB of shared memory,
-# 2,048 threads and 32 programs; the tightest limit decides. Two 8-warp programs fit at $16{,}384
-# / 4 / 32 = 128$ registers a thread or fewer.
+# 2,048 threads and 32 programs; the tightest limit decides. Two 8-warp programs put 4 warps on
+# each sub-partition, so they fit at $16{,}384 / (4 \cdot 32) = 128$ registers a thread or fewer.
 #
 # `figures/12-qkv-tiles-sm90.csv` holds the sm_90 compile of ropelib's grid kernels, bare and
 # rotating. The epilogue takes the pointer-loaded forward from 114 registers a thread to 226, yet
@@ -1473,11 +1488,12 @@ assert shipped["dx_norm"] == (32, 128, 8, 4, 3)            # its own tile: 32 x 
 #
 # The probe's figures are a best case: warm calls back to back, the best of several rounds. The
 # next cell's host column times one call from an idle start (after a synchronisation and an L2
-# flush), the median of 11 rounds. Such a call can cost the host several times the probe's
-# figure, and the two routes need not keep the probe's order: on an H100 this cell has printed the
+# flush), the median of 11 rounds. Such a call can cost the host several times the probe's figure
+# (in the executed page's H100 run, 0.238 ms for the fused forward against the probe's newest
+# 45.6 µs), and the two routes need not keep the probe's order: on an H100 this cell has printed the
 # fused step's host time above the unfused one's, for the forward+backward in one run and for the
-# forward in another, though the probe's newest run has it below in both. Read the column for the
-# host you run on.
+# forward in another (the executed page's run: 0.238 against 0.188 ms), though the probe's newest
+# run has it below in both. Read the column for the host you run on.
 #
 # On a GPU the next cell times each step from an idle start and **queued** behind a device-side
 # wait (`torch.cuda._sleep`) long enough for the host to launch the whole step: queued is the
@@ -1717,6 +1733,11 @@ else:
 # saving: where the host is the bottleneck the unfused route wins; queued behind other work, the
 # fused one does. A host's share above 1 says the extra wait is all the host's.
 #
+# In the executed page's H100 run the forward is such a case: fused / unfused 1.186 from an idle
+# start but 0.949 queued; the fused step waited 0.144 ms more than the unfused one, a host's share
+# of 1.24 of the 0.116 ms gap. The forward+backward came out ahead both ways (0.932 from an idle
+# start, 0.956 queued), its fused step waiting 0.081 ms less.
+#
 # What the cell measures are totals: the host's time to issue the whole step, and the device's
 # whole wait. It does not measure when each step's first long kernel, the GEMM, is launched. So the
 # device can wait longer for the fused step even where the host issues all of it in less time than
@@ -1840,6 +1861,16 @@ if torch.cuda.is_available():
 else:
     print("No GPU here: section 7's measurements stand in for a live timing "
           "(the interpreter's times say nothing about a GPU).")
+
+# %% [markdown]
+# **Reading the cell** (the executed page's H100 run; one `do_bench` median a line). The worked
+# kernel took 0.995 ms with its rotation and 1.002 ms without: a difference of -0.008 ms inside the
+# two spreads (0.043 ms together), so its rotation's cost is not resolved. Either way it takes 1.48
+# times cuBLAS's time, so by the rule above the gap is in the main loop. cuBLAS + RoPE (0.648 ms)
+# timed below cuBLAS alone (0.671 ms), which it contains: the single-timing trap of section 1, with
+# cuBLAS alone's own p20-p80 spread at 0.059 ms. Over five rounds the fused projection took 0.96 of
+# the unfused pipeline's time (0.92 to 1.00), on the same side as 7.1's pooled H100 rounds (0.964
+# from angles).
 
 # %% [markdown]
 # **7.2's persistent kernel, launched as the shipped forward is.** `launch_persistent` without
@@ -1996,6 +2027,15 @@ else:
     print("No Hopper GPU here (or the persistent check did not pass): nothing timed. On one, "
           "this cell also times the kernel persistent against one program a tile in nine "
           "rounds, beside cuBLAS, with the sign test.")
+
+# %% [markdown]
+# **Reading the cell** (the executed page's H100 run). At 8 warps the kernel took 1.036 ms, at 4
+# warps, where its compile spills, 1.058 ms: a difference the spreads do not resolve (0.023 ms
+# against 0.023 ms). Its rotation cost 0.059 ms, resolved. As expected it loses to cuBLAS, at 1.73
+# times its time, and on this H100 it is also 0.041 ms slower than the 64 × 64 teaching launch
+# (resolved). The persistent grid on its own is resolved: 0.992 of one program a tile's time,
+# faster in 8 of 9 rounds (p 0.039), a saving of about 8 µs in 1 ms. That is more than the roughly
+# 2 µs of program starts priced above (on an H200); the rest of the saving is not explained here.
 
 # %% [markdown]
 # ## Summary
@@ -2311,9 +2351,17 @@ assert round(model, 2) == 1.05 and abs(model / cycles_vs - 1) < 0.01
 #
 # **A fixed order of rounds is a variable; vary it before believing a few per cent.** Of two
 # forward runs back to back on one H200, one in a fixed order (cuBLAS first, every variant after
-# the same neighbour) and one shuffled, the fixed one ran cuBLAS faster, every other variant
-# slower and the table path behind angles (the cell prints by how much); shuffled rounds scatter
-# wider but favour no neighbour.
+# the same neighbour) and one shuffled, the fixed one ran cuBLAS faster, every other variant slower
+# and the table path behind angles; shuffled rounds scatter wider but favour no neighbour. The next
+# cell checks this table against the two runs:
+#
+# | | fixed order | shuffled |
+# |---|---|---|
+# | cuBLAS's median time | 1.6 to 4.6 % shorter than shuffled | |
+# | the fused forward from angles, speed / cuBLAS's (plain; 8192, 32768 tokens) | 0.93, 0.89 | 0.95, 0.97 |
+# | every other variant's speed | lower than shuffled, by up to 13 % | |
+# | the table path's speed against angles' | 2 to 10 % lower | within 2 % |
+# | a variant's range over the rounds | | 2 to 7 times as wide as fixed |
 
 # %%
 # two forward runs back to back, {(tokens, kind, variant): (speed, least, most, median ms)}
