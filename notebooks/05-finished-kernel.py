@@ -29,7 +29,8 @@
 #
 # The text's numbers come from committed H200 CSVs under `benchmarks/results/`, except section
 # 5's ten processes, which ran on an H100 (`ladder_runs-nvidia-h100-80gb-hbm3.csv`). Live timings
-# print their own GPU, whose tile may differ (16 warps a program on an H100, 8 on the H200).
+# print their own GPU, whose tile may differ (16 warps a program on an H100, 8 on the H200); where
+# the text reads one, it names the GPU that printed it: the H100 that rendered the published page.
 # Without a GPU the interpreter runs the kernels and the layout cells compile them for sm_90.
 #
 # **Time:** about an hour and a half for the main path: sections 1 to 6 with their cells (about
@@ -810,6 +811,13 @@ steps = {b: committed[b] - committed[a] for a, b in zip(RUNG_CALLS, list(RUNG_CA
 assert max(steps, key=steps.get) == "heads" and round(steps["heads"], 1) == 16.5, steps
 
 # %% [markdown]
+# Read the two columns as two GPUs with two tiles, not as one run twice. On the H100 that rendered
+# the published page the live column has the shape of section 5's H100 processes: the heads rung's
+# big step, two to three points at the warps rung (16 warps there), and a few tenths of a point or
+# less at every other step. The committed column's chunks and equal-halves steps, −3.0 and +5.5,
+# are one H200 run's (section 5).
+
+# %% [markdown]
 # ## 4. How Triton lays the tile over threads
 #
 # `num_warps` sets a program's threads; Triton decides which elements each thread holds and
@@ -1157,6 +1165,12 @@ except Exception as exc:  # noqa: BLE001 -- no compiler for this target here: sa
 assert both is None or list(both) == ["worked solution", "ropelib's finished kernel"]
 
 # %% [markdown]
+# The two kernels' batch loops, from the load of `x` to the store, are of about the same length;
+# what differs is the work before the loop and the registers, and with the registers the programs
+# an SM holds (2 against 3 on the H100 that rendered the published page, where the finished
+# kernel also timed clearly ahead in the timing cell before). A.6 times the copy at each kernel's
+# programs an SM and asks whether that residency explains the gap between them.
+#
 # If your Exercise 1 kernel loads and stores at stride 2, how much of its gap would the loads
 # explain (L1 serves them a second time), and how much the stores that write half of every
 # 32-byte sector (notebook 03's pair swap measures the two apart)?
@@ -1299,9 +1313,9 @@ checks_nb05.sixteen_tokens(rows, hatched)     # the second's
 # - **waiting on memory**: warps waiting for a load per instruction issued;
 # - **copies of each sin/cos**: the instructions of the XU pipe over $S \cdot 64 \cdot 2 / 32$.
 #   The rungs' sin and cos are libdevice's polynomials, not the special-function unit's
-#   approximate `MUFU` instructions (A.3's opcode profile finds none in rungs 4 and 5). Each
-#   libdevice sin or cos issues one float-to-int conversion, which runs on the XU pipe, so the
-#   XU count counts the evaluations.
+#   approximate `MUFU` instructions (the check under A.3's opcode profile asserts none in rungs
+#   4 and 5). Each libdevice sin or cos issues one float-to-int conversion, which runs on the XU
+#   pipe, so the XU count counts the evaluations.
 #
 # Nsight Compute locks the SM clock to its base, so a kernel paced by its instructions takes
 # longer here than timed.
@@ -1529,9 +1543,11 @@ assert noloop_b8["tile_copy_ratio"] < shipped_b8["tile_copy_ratio"]
 # On the **H200** the copy on rung 6's launch runs at 0.913 of `y.copy_(x)` and rung 6 at 0.915:
 # the launch holds the whole gap (a share near one; well under one would put it in the rotation,
 # Question 5). Without the batch loop the same copy runs at 0.902, and no copy of the 104 launches
-# swept passes 0.945. On your GPU, with its own tile, read the printed lines the same way. The
-# tiles of heads profiled on the H200 (notebook 04's variants and the rungs) stop at the same
-# place, across occupancies: the best of each batch loop and warp count.
+# swept passes 0.945. On your GPU, with its own tile, read the printed lines the same way: the
+# H100 that rendered the published page printed a share clearly below one, so there the rotation
+# holds part of rung 6's gap (Question 5 asks what to profile next). The tiles of heads profiled
+# on the H200 (notebook 04's variants and the rungs) stop at the same place, across occupancies:
+# the best of each batch loop and warp count.
 
 # %%
 # by batch loop and warps a program: the copy's profiled time over the best one's
@@ -1555,11 +1571,11 @@ assert max(best.values()) < 0.95 < flat_speed
 assert {w for _, w in best} == {1, 2, 4, 8}
 
 # %% [markdown]
-# Under the H200's profile the best tiles of heads stop at 0.87 to 0.91 of a copy, on 1 to 8
-# warps, with or without a batch loop. The gap is not extra bytes, nor mostly the sin/cos, nor the
-# batch loop. Appendix A.5 estimates the bytes the finished kernel keeps in flight, and A.6 times
-# whether residency or the last wave's tail holds the gap on your GPU; what the flat pass of
-# section 6 has that no swept tile copy has is open (Question 7).
+# Under the H200's profile the best tiles of heads stop at 0.867 to 0.915 of a copy, on 1 to 8
+# warps, with or without a batch loop. On the H200, then, the gap is not extra bytes, nor mostly
+# the sin/cos, nor the batch loop. Appendix A.5 estimates the bytes the finished kernel keeps in
+# flight, and A.6 times whether residency or the last wave's tail holds the gap on your GPU; what
+# the flat pass of section 6 has that no swept tile copy has is open (Question 7).
 #
 # ## 6. Past the finished kernel: two passes for large tensors
 #
@@ -1572,7 +1588,8 @@ assert {w for _, w in best} == {1, 2, 4, 8}
 #    member of a pair, $+\sin$ for the second), so every feature is one fma,
 #    $y_d = x_d c_d + x_{p(d)} s'_d$, with $p(d)$ its partner;
 # 2. a **flat pass** with no loop rotates 8 whole head rows (1,024 elements) per program on 2
-#    warps, each thread holding both members of its pairs. Exercises 2 and 3 write it.
+#    warps, each thread holding both members of its pairs. Exercise 2 writes an element-wise
+#    flat pass, Exercise 3 this one.
 #
 # `apply_rope` takes this route when q and k are contiguous, at least 64 MiB and rotated into new
 # outputs, and the table is small beside them. Tensors on the `meta` device show which route an
@@ -1709,8 +1726,8 @@ flat_pass.show_solution()
 # Triton proves it unaided: the cell below counts a thread's loads, by width, for the solution (six,
 # all of 16 bytes: 8 bf16 of x, 8 of their partners, and 8 fp32 of each table in two loads) and for
 # your kernel. A contiguity hint (`tl.multiple_of`) is a promise the compiler trusts and the
-# interpreter ignores: a false one ($d = 24$ is among the check's cases) passes here and reads wrong
-# on a GPU.
+# interpreter ignores: a false one ($d = 24$ is among the check's cases) passes in the interpreter
+# and reads wrong on a GPU.
 
 # %%
 EX2_ARGS = dict(x_ptr=bf16_any, y_ptr=bf16_any, cos_ptr=fp32_any, sin_ptr=fp32_any,
@@ -1877,6 +1894,10 @@ else:   # the interpreter: the launches above on a small x, then what an H200 wo
         measured.where(measured.load("paired_rows_probe")[0]))
 
 # %% [markdown]
+# On the H100 that rendered the published page the worked solutions of Exercises 2 and 3 timed
+# about level, each within a hundredth of the copy: there the second load of the element-wise pass
+# cost little (Question 6 asks why the H200 differs).
+#
 # `_rotate_pairs` in `ropelib/kernels/flat.py` does this for ropelib, and also reads table rows
 # through a row index (packed sequences, position ids).
 
@@ -2204,12 +2225,12 @@ assert said(100 * lead_b1, 1) == "2.7"
 
 # %% [markdown]
 # On the H200 the route is ahead of the finished kernel at batch 8, with angles or a table,
-# forward and forward+backward. At batch 1 the route leads by 2.7 points in this one run. No
-# other committed run times the two at this size with this run's code, so whether that lead holds
-# from one run to the next, the data here cannot say. At batch 1 the pre-pass alone takes a sixth
-# of a copy's time, which would cap the route at 0.854 of a copy if every call paid it; the route
-# runs at 0.963 because the eager route keeps the pre-pass's rows (`TableRows` in
-# `ropelib/eager.py`) for later calls with the same table.
+# forward at 256 MiB and 1 GiB, forward+backward at 1 GiB. At batch 1 the route leads by 2.7
+# points in this one run. No other committed run times the two at this size with this run's code,
+# so whether that lead holds from one run to the next, the data here cannot say. At batch 1 the
+# pre-pass alone takes a sixth of a copy's time, which would cap the route at 0.854 of a copy if
+# every call paid it; the route runs at 0.963 because the eager route keeps the pre-pass's rows
+# (`TableRows` in `ropelib/eager.py`) for later calls with the same table.
 #
 # ### A.8 What else the flat pass changes
 #

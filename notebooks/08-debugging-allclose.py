@@ -118,10 +118,11 @@ print("measured against the real TE on:", ", ".join(r["meta"]["gpu"] for r in RU
 # tokens. The kernel
 # carries what Unsloth's inherits from Hugging Face: a cos/sin table **precomputed in the model's
 # dtype**, and the multiply-add **in that dtype**. As written, each product is rounded to bf16
-# before the sum, and so the interpreter runs it. Compiled for a GPU with contraction on
-# (Triton's default), it is not: in each line the compiler fuses one product into a bf16 fma, so
-# that product enters the sum exact. The GPU counts of the reported failure below are that
-# kernel's; section 4 reads the committed measurement.
+# before the sum, and so the interpreter runs it. Compiled for a GPU with **contraction** on
+# (Triton's default: the compiler may fuse a product and the sum that uses it into one *fused
+# multiply-add*, an fma, rounded once), it is not: in each line the compiler fuses one product
+# into a bf16 fma, so that product enters the sum exact. The GPU counts of the reported failure
+# below are that kernel's; section 4 reads the committed measurement.
 #
 # Below is your own copy of that kernel. Its switches `FROM_ANGLES`, `COMPUTE_FP32` and `USE_FMA`
 # are the precision causes studied here; the wrapper sets them from a `debug.Causes` (`REPRO`:
@@ -986,6 +987,13 @@ assert emu["emulation:device"] == 17, "the text's 17: the emulation, torch on th
 assert emu["emulation:cpu"] == 27, "the text's 27: the emulation, torch on the CPU"
 
 # %% [markdown]
+# Read step a's rows together. Every product rounded gives 17, in `te_bits.py`'s kernel and in
+# torch on the GPU alike; the kernel above, contraction off, printed the same 17 on the H100 that
+# rendered the published page and prints it on a CPU. The same line with the compiler's fma gives
+# 12, the fixed kernel's count of section 3. Torch on the CPU also rounds every product, yet gives
+# 27: its cos and sin are not TE's (step b counts them). Two things move the count, then: the
+# cos/sin values and which products are rounded. Steps b and c change one each.
+#
 # **Step b — swap where sin/cos come from**, the suspect everyone names first: `tl.cos`/`tl.sin`,
 # libdevice's precise and fast (`cos.approx`) ones, a torch table made on the GPU or the CPU,
 # NumPy's (the interpreter's `tl.cos`), and TE's own. The first table asks whether the values are
@@ -1093,6 +1101,11 @@ if SAME_ARCH:
     assert torch.equal(step_d["y"], OWN_BIG.output("fma_rs/table_te_fp32"))   # the GPU's bits
 
 # %% [markdown]
+# Not zero: the count is the committed runs' `fma_rs` row (the cell checks it on a CPU and on a
+# GPU of the reference run's compute capability and Triton), most elements one bf16 step apart
+# and one five. Steps c and d are two single-rounding lines of the same values, and only one of
+# them is TE's: the order of the fma matters.
+#
 # **Step e — what the GPU compiler did with the line as written.** PTX is the assembly Triton
 # emits for NVIDIA's `ptxas`. The reference run kept the last 16 fp32 instructions of the line as
 # written, contraction on; the last five compute $y_1$ and $y_2$. `fma.rn.f32 d, a, b, c` is
@@ -1152,7 +1165,9 @@ print(f"all {step_e['n']} differing elements lie in the second half (d >= {half}
 # %% [markdown]
 # Read through the registers: $y_1 = \mathrm{fma}(x_1, c, -\mathrm{rn}(x_2 s))$, TE's order, and
 # $y_2 = \mathrm{fma}(x_1, s, \mathrm{rn}(x_2 c))$, the other one. So that kernel's first half is
-# step c's and its second half step d's; `gpu_choice` writes that choice down and reproduces it.
+# step c's and its second half step d's; `gpu_choice` writes that choice down and reproduces it:
+# 12 elements differ from TE, all in the second half, and on a CPU or a GPU of the reference run's
+# compute capability and Triton the cell checks them bit for bit against the committed output.
 # Nothing in the source asks for either order.
 #
 # **The same line in the kernel above.** Triton and `ptxas` run on the CPU, so both kernels
@@ -1860,9 +1875,10 @@ assert all(H100_RUN["meta"][k] == META[k] for k in ("capability", "triton", "tor
 assert (META["capability"], META["triton"]) == ("9.0", "3.6.0"), "the text's sm_90, Triton 3.6.0"
 
 # %% [markdown]
-# The H100 run equals the reference run in all 156 rows, every field (132 rows kept a PTX tail),
-# and in TE's outputs and cos/sin. Both have compute capability 9.0 and Triton 3.6.0: as far as
-# two cards of one architecture show, the bits follow the compiled code, not the card.
+# The H100 run equals the reference run in all 156 rows, every field, and in TE's outputs and
+# cos/sin (the cell also checks that 132 of the rows kept a PTX tail, which the table does not
+# show). Both have compute capability 9.0 and Triton 3.6.0: as far as two cards of one
+# architecture show, the bits follow the compiled code, not the card.
 #
 # So a GPU's counts are checked against a committed run only where the source leaves a rounding
 # to the compiler *and* the GPU matches its compute capability and Triton (`SAME_ARCH`). Where the
