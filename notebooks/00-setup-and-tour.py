@@ -582,8 +582,9 @@ else:
 # | 05 | finished | a tile of tokens × heads, looping over the batch | a few thousand, below |
 #
 # The cell runs the three and both copies on the tour's `x` and checks each; on a GPU it times
-# all five with `triton.testing.do_bench` (by default the mean of many launches, the L2 cache
-# cleared before each), as % of torch's copy and in TB/s, and sets the copy's TB/s against
+# all five with `triton.testing.do_bench` (the median of many launches, the L2 cache cleared
+# before each; `return_mode="median"`, since its default is the mean), as % of torch's copy and
+# in TB/s, and sets the copy's TB/s against
 # NVIDIA's figure for the GPU it runs on. It calls
 # the 03 and 04 kernels through their launchers in `ropelib.course.kernels`, `rope_naive` and
 # `rope_batch_reuse`; notebook 03 writes the first in section 3 (3.4 is the version in
@@ -617,7 +618,8 @@ for name, launch in launches.items():           # each runs once here, compiled 
 moves = {name: 2 * x_bytes if "copy" in name else rope_bytes for name in launches}  # bytes
 peak = peak_tb_s(info["GPU"]) if GPU else None
 if GPU:                                         # do_bench: the median of many launches, in ms
-    ms = {name: triton.testing.do_bench(launch) for name, launch in launches.items()}
+    ms = {name: triton.testing.do_bench(launch, return_mode="median")
+          for name, launch in launches.items()}
     print(f"do_bench on {info['GPU']}, x {tuple(x.shape)} {x.dtype}:")
     for name, t in ms.items():
         print(f"  {name:25s} {t * 1e3:8.1f} µs  {100 * ms['torch copy_'] / t:4.0f} % of a copy  "
@@ -786,7 +788,8 @@ if MECHANISM:
     model = {g: g[0] / sms * empty_ns[g[1]] / 1e3 for g in grids.values()}   # µs
     if GPU:
         live = {g: triton.testing.do_bench(
-                    lambda: empty_kernel[(g[0],)](poisoned, num_warps=g[1])) * 1e3
+                    lambda: empty_kernel[(g[0],)](poisoned, num_warps=g[1]),
+                    return_mode="median") * 1e3           # as the committed run's medians
                 for g in set(grids.values())}
         print(f"empty programs on {info['GPU']} ({sms} SMs), do_bench medians; the model from "
               f"{cost_meta['gpu']}'s {empty_ns[1]:.1f} ns a program")
