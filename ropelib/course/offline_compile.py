@@ -18,6 +18,7 @@ import inspect
 import json
 import os
 import re
+import selectors
 import shutil
 import subprocess
 import sys
@@ -80,9 +81,15 @@ def in_compiling_python(code: str, *argv: str, what: str, timeout: float = 300.0
         return _CompilingPython.get(env).run(code, argv, what, timeout)
     done = subprocess.run([sys.executable, "-c", code, *argv], env=env, capture_output=True,
                           text=True, timeout=timeout)
-    if done.returncode != 0:
-        raise RuntimeError(f"{what} failed:\n{done.stderr[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return _answer(done.returncode == 0, done.stdout, done.stderr, what)
+
+
+def _answer(ok: bool, stdout: str, stderr: str, what: str):
+    """The JSON a compiling Python printed as its last line; RuntimeError with its stderr where it
+    failed."""
+    if not ok:
+        raise RuntimeError(f"{what} failed:\n{stderr[-2000:]}")
+    return json.loads(stdout.strip().splitlines()[-1])
 
 
 def _compiling_env() -> dict:
@@ -148,7 +155,6 @@ class _CompilingPython:
                 f.close()
 
     def run(self, code: str, argv, what: str, timeout: float):
-        import selectors
         try:
             self.proc.stdin.write(json.dumps({"code": code, "argv": list(argv)}) + "\n")
             self.proc.stdin.flush()
@@ -168,9 +174,7 @@ class _CompilingPython:
             raise RuntimeError(f"{what} failed: the compiling Python exited (code "
                                f"{self.proc.wait()})")
         answer = json.loads(line)
-        if not answer["ok"]:
-            raise RuntimeError(f"{what} failed:\n{answer['stderr'][-2000:]}")
-        return json.loads(answer["stdout"].strip().splitlines()[-1])
+        return _answer(answer["ok"], answer["stdout"], answer["stderr"], what)
 
 
 @atexit.register
