@@ -384,8 +384,8 @@ if GPU:
     from triton.testing import do_bench
     fwd_ms = do_bench(lambda: rope_cell(x, freqs))
     bwd_ms = do_bench(lambda: rope_cell(g, freqs, backward=True))
-    print(f"{torch.cuda.get_device_name()}, fp32, default warps: forward {fwd_ms * 1e3:.1f} us, "
-          f"backward {bwd_ms * 1e3:.1f} us = {bwd_ms / fwd_ms:.2f}x the forward "
+    print(f"{torch.cuda.get_device_name()}, fp32, default warps: forward {fwd_ms * 1e3:.1f} µs, "
+          f"backward {bwd_ms * 1e3:.1f} µs = {bwd_ms / fwd_ms:.2f}x the forward "
           "(same loads and stores, same kernel)")
     assert 0.9 < bwd_ms / fwd_ms < 1.1, "the same bytes should take the forward's time"
 
@@ -504,7 +504,7 @@ if GPU:
     print(f"{torch.cuda.get_device_name()}, dL/dy [{S}, {B}, {H}, {D}] bf16: {grad_mib:.0f} MiB "
           f"read and {grad_mib:.0f} MiB written, beside {angle_mib:.0f} MiB of fp32 angles")
     for name, (med, lo, hi) in ms.items():
-        print(f"  {name:24s} {med * 1e3:8.1f} us (p20-p80 {lo * 1e3:.1f}-{hi * 1e3:.1f})  "
+        print(f"  {name:24s} {med * 1e3:8.1f} µs (p20-p80 {lo * 1e3:.1f}-{hi * 1e3:.1f})  "
               f"{copy_ms / med:.2f} of a copy")
     for w in (4, 1):
         bwd_x = ms[f"backward, num_warps={w}"][0] / ms[f"forward, num_warps={w}"][0]
@@ -536,7 +536,7 @@ profiled = {"copy": copy_row, "RoPE, 1 warp": w1_row, "RoPE, 4 warps": w4_row}
 print(f"{measured.path('mechanism').name}: {measured.where(mech_meta)}")
 print(f"Nsight Compute, {w1_row['dtype']} [{w1_row['seq_len']}, {w1_row['batch']}, "
       f"{w1_row['heads']}, {w1_row['head_dim']}]:")
-print(f"{'':13} {'time (us)':>10} {'warp instr / element':>21} "
+print(f"{'':13} {'time (µs)':>10} {'warp instr / element':>21} "
       f"{'thread instr / element':>23} {'achieved occupancy':>19} {'DRAM bytes / model':>19} "
       f"{'SM throughput':>14} {'DRAM throughput':>16}")
 for label, r in profiled.items():
@@ -595,7 +595,7 @@ assert [round(r[k]) for r in (copy_row, w1_row) for k in
 # no faster; its section 2's bound on the bytes in flight an SM, above the need
 w2_row, need = prof["sh_loop_b_w2"], measured.loads_in_flight_need()
 assert round(w2_row["ncu_achieved_occupancy_pct"]) == 94, "the text's 94 %"
-assert [f"{r['us']:.1f}" for r in (w2_row, w1_row)] == ["178.1", "178.5"], "the text's us"
+assert [f"{r['us']:.1f}" for r in (w2_row, w1_row)] == ["178.1", "178.5"], "the text's µs"
 assert [round(v, 1) for v in (w1_row["x_kib_per_sm"], need["kib_per_sm"])] == [7.7, 5.6]
 assert w1_row["x_kib_per_sm"] > need["kib_per_sm"], "a bound above the need"
 
@@ -734,13 +734,13 @@ assert round(min(large), 2) == 1.97, "the text's 1.97 forwards a step, from batc
 assert round(max(large), 2) == 2.01, "the text's 2.01 forwards a step, from batch 4 up"
 # not monotonic: the batch-reusing kernel's step at batch 1 takes longer than at batch 4
 br1, br2, br4 = (sweep[("ropelib_batch_reuse", b_)] for b_ in (1, 2, 4))
-print(f"ropelib_batch_reuse step: batch 1 {br1['fwdbwd_ms'] * 1e3:.0f} us, batch 4 "
-      f"{br4['fwdbwd_ms'] * 1e3:.0f} us (4x the bytes); forward: batch 1 "
-      f"{br1['fwd_ms'] * 1e3:.1f} us, batch 2 {br2['fwd_ms'] * 1e3:.1f} us (2x the bytes)")
-assert round(br1["fwdbwd_ms"] * 1e3) == 427, "the text's 427 us step at batch 1"
-assert round(br4["fwdbwd_ms"] * 1e3) == 207, "the text's 207 us step at batch 4"
-assert round(br1["fwd_ms"] * 1e3, 1) == 84.6, "the text's 84.6 us forward at batch 1"
-assert round(br2["fwd_ms"] * 1e3, 1) == 84.7, "the text's 84.7 us forward at batch 2"
+print(f"ropelib_batch_reuse step: batch 1 {br1['fwdbwd_ms'] * 1e3:.0f} µs, batch 4 "
+      f"{br4['fwdbwd_ms'] * 1e3:.0f} µs (4x the bytes); forward: batch 1 "
+      f"{br1['fwd_ms'] * 1e3:.1f} µs, batch 2 {br2['fwd_ms'] * 1e3:.1f} µs (2x the bytes)")
+assert round(br1["fwdbwd_ms"] * 1e3) == 427, "the text's 427 µs step at batch 1"
+assert round(br4["fwdbwd_ms"] * 1e3) == 207, "the text's 207 µs step at batch 4"
+assert round(br1["fwd_ms"] * 1e3, 1) == 84.6, "the text's 84.6 µs forward at batch 1"
+assert round(br2["fwd_ms"] * 1e3, 1) == 84.7, "the text's 84.7 µs forward at batch 2"
 # the batch-1 forward against the cost of starting its programs (notebook 03, section 4): an
 # empty kernel of a million one-warp programs on the same GPU, per program and SM
 cost_meta, cost_rows = measured.load("program_cost")
@@ -749,10 +749,10 @@ empty = next(r for r in cost_rows if r["kernel"] == "empty" and r["num_warps"] =
 programs = br1["seq_len"] * br1["heads"]                              # the grid (S, H)
 start_us = programs * empty["ns_per_program_per_sm"] / empty["sms"] / 1e3
 print(f"batch 1: {programs:,} programs x {empty['ns_per_program_per_sm']:.1f} ns / "
-      f"{empty['sms']} SMs = {start_us:.1f} us just to start them: "
-      f"{start_us / (br1['fwd_ms'] * 1e3):.2f} of the forward's {br1['fwd_ms'] * 1e3:.1f} us")
+      f"{empty['sms']} SMs = {start_us:.1f} µs just to start them: "
+      f"{start_us / (br1['fwd_ms'] * 1e3):.2f} of the forward's {br1['fwd_ms'] * 1e3:.1f} µs")
 assert programs == 131_072, "the text's 131,072 programs at batch 1"
-assert round(start_us, 1) == 79.2, "the text's 79.2 us to start them"
+assert round(start_us, 1) == 79.2, "the text's 79.2 µs to start them"
 assert round(start_us / (br1["fwd_ms"] * 1e3), 2) == 0.94
 
 # %% [markdown]
@@ -784,7 +784,7 @@ assert round(start_us / (br1["fwd_ms"] * 1e3), 2) == 0.94
 
 # %%
 def autograd_host_log(path):
-    """(header line, {variant: (host us with autograd's device thread on, off)}) of a
+    """(header line, {variant: (host µs with autograd's device thread on, off)}) of a
     benchmarks/autograd_host_probe.py log: its markdown table, one row per variant."""
     compare.note_read(path)
     lines = path.read_text().splitlines()
@@ -801,7 +801,7 @@ for hhmm in ("1352", "1436"):
     head, host[hhmm] = autograd_host_log(
         measured.RESULTS / f"autograd_host-nvidia-h200-20261130-{hhmm}.log")
     assert head.startswith("# NVIDIA H200,") and "best of 7 rounds of 200 calls" in head
-print(f"{head[2:].split(';')[0]}, 2026-11-30 13:52 and 14:36 UTC; host us per forward+backward, "
+print(f"{head[2:].split(';')[0]}, 2026-11-30 13:52 and 14:36 UTC; host µs per forward+backward, "
       "s=1 b=64 h=32 d=128 bf16 (device thread on / off)")
 HOST_ROWS = {"trivial Function: forward+backward": "a trivial autograd.Function",
              "ropelib: forward+backward, launches removed": "ropelib, launches removed",
@@ -810,10 +810,10 @@ for key, label in HOST_ROWS.items():
     print(f"  {label:28s}" + "".join(f"{hhmm[:2]}:{hhmm[2:]} {on:6.1f} / {off:5.1f}    "
                                      for hhmm, (on, off) in ((h, host[h][key]) for h in host)))
 late = host["1436"]
-assert late["ropelib: forward+backward"] == (184.7, 89.8), "the text's 184.7 and 89.8 us"
-assert late["trivial Function: forward+backward"] == (99.1, 46.2), "the text's 99.1 and 46.2 us"
-assert late["ropelib: forward+backward, launches removed"][0] == 159.1, "the text's 159.1 us"
-assert host["1352"]["ropelib: forward+backward"][0] == 125.7, "the text's 125.7 us"
+assert late["ropelib: forward+backward"] == (184.7, 89.8), "the text's 184.7 and 89.8 µs"
+assert late["trivial Function: forward+backward"] == (99.1, 46.2), "the text's 99.1 and 46.2 µs"
+assert late["ropelib: forward+backward, launches removed"][0] == 159.1, "the text's 159.1 µs"
+assert host["1352"]["ropelib: forward+backward"][0] == 125.7, "the text's 125.7 µs"
 host_lo, host_hi = (host[h]["ropelib: forward+backward"][0] for h in ("1352", "1436"))
 # the same probe on two H100 hosts, 2026-12-07 (08:20 and 09:26 UTC)
 host_h100 = {}
@@ -833,13 +833,13 @@ assert [host_h100[h]["ropelib: forward+backward"][0] for h in ("0820", "0926")] 
 trivial_h100 = [host_h100[h]["trivial Function: forward+backward"][0] for h in ("0820", "0926")]
 assert trivial_h100 == [88.1, 57.8] and round(trivial_h100[0] / trivial_h100[1], 1) == 1.5
 fin1 = sweep[("ropelib", 1)]                         # the finished kernel's step at batch 1
-print(f"the sweep, ropelib at batch 1: step {fin1['fwdbwd_ms'] * 1e3:.1f} us, two forwards "
-      f"{2 * fin1['fwd_ms'] * 1e3:.1f} us; the H200 probe's host time of its step: "
-      f"{host_lo:.1f} to {host_hi:.1f} us")
+print(f"the sweep, ropelib at batch 1: step {fin1['fwdbwd_ms'] * 1e3:.1f} µs, two forwards "
+      f"{2 * fin1['fwd_ms'] * 1e3:.1f} µs; the H200 probe's host time of its step: "
+      f"{host_lo:.1f} to {host_hi:.1f} µs")
 assert (round(fin1["fwdbwd_ms"] * 1e3, 1), round(fin1["fwd_ms"] * 1e3, 1)) == (147.6, 22.3)
 assert host_lo < fin1["fwdbwd_ms"] * 1e3 < host_hi, "the step lies inside the host's band"
-assert round(sweep[("ropelib", 2)]["fwdbwd_ms"] * 1e3, 1) == 218.4, "the text's 218.4 us"
-assert round(2 * fin1["fwd_ms"] * 1e3, 1) == 44.6, "the text's 44.6 us of device work"
+assert round(sweep[("ropelib", 2)]["fwdbwd_ms"] * 1e3, 1) == 218.4, "the text's 218.4 µs"
+assert round(2 * fin1["fwd_ms"] * 1e3, 1) == 44.6, "the text's 44.6 µs of device work"
 assert round(host_hi / host_lo, 1) == 1.5, "the two runs: half again"
 trivial_on, trivial_off = late["trivial Function: forward+backward"]
 assert round((trivial_on - trivial_off) / trivial_on, 1) == 0.5, "about half: the thread"
@@ -946,7 +946,7 @@ if GPU:
 assert 0 < host_us["enqueue"] <= host_us["wall"] and min(host_1t.values()) > 0
 if GPU:
     print(f"{torch.cuda.get_device_name()}, live, ropelib_batch_reuse, bf16 "
-          f"[{cfg.seq_len}, {cfg.batch}, {cfg.heads}, {cfg.head_dim}], us:")
+          f"[{cfg.seq_len}, {cfg.batch}, {cfg.heads}, {cfg.head_dim}], µs:")
     for k in calls:
         print(f"  {k:8s} whole call (do_bench) {whole[k]:7.1f}"
               + (f" | its kernels (profiler) {busy[k]:7.1f}" if busy else "")
@@ -969,7 +969,7 @@ if GPU:
     elif busy:
         host_share = (idle["step"] - 2 * idle["forward"]) / excess
         print(f"  step = {whole['step'] / whole['forward']:.2f} forwards; the device idle inside "
-              f"the events accounts for {host_share:.2f} of the {excess:.1f} us beyond two: "
+              f"the events accounts for {host_share:.2f} of the {excess:.1f} µs beyond two: "
               + ("above one half, the host fills it" if host_share > 0.5 else
                  "under one half, the device's own work does"))
     if replayed:
@@ -979,7 +979,7 @@ if GPU:
                  if busy else ""))
         assert 1.9 < device_x < 2.1, "on the device, a step should be two forwards' work"
         # the reading below the cell: the host's enqueue per step against the device's work
-        print(f"  a loop of steps: enqueued in {host_us['enqueue']:.1f} us a step against a "
+        print(f"  a loop of steps: enqueued in {host_us['enqueue']:.1f} µs a step against a "
               f"replayed step of {replayed['step']:.1f}: "
               + (f"the enqueue is the longer, so the loop waits on the host (done in "
                  f"{host_us['wall']:.1f})" if host_us["enqueue"] > replayed["step"] else
@@ -1221,13 +1221,13 @@ if GPU:
     print(f"{torch.cuda.get_device_name()}, N = {n:,} fp32 elements, the cell's kernel "
           f"(num_warps={default_num_warps(triton.next_power_of_2(D // 2))})")
     for name, (_, nbytes) in calls5.items():
-        print(f"  {name:27s} {ms5[name] * 1e3:7.1f} us for {nbytes / 1e6:5.0f} MB -> "
+        print(f"  {name:27s} {ms5[name] * 1e3:7.1f} µs for {nbytes / 1e6:5.0f} MB -> "
               f"{gbps5[name]:5.0f} GB/s, {gbps5[name] / gbps5['read as it is']:.2f} of the "
               "as-is kernel's")
     copy_x = ms5[".contiguous() first"] / ms5["read as it is"]
     pieces = ms5["g_sum.contiguous() alone"] + ms5["kernel on contiguous dL/dy"]
     print(f"  the copy costs {copy_x:.2f}x the time (the byte model: 3x); its two pieces take "
-          f"{pieces * 1e3:.1f} us together")
+          f"{pieces * 1e3:.1f} µs together")
     slow = [name for name in ("g_sum.contiguous() alone", "kernel on contiguous dL/dy")
             if gbps5[name] < 0.95 * gbps5["read as it is"]]          # a margin for noise
     print("  pieces more than 5 % below the as-is kernel's GB/s:", ", ".join(slow) or "neither")
@@ -1387,7 +1387,7 @@ if GPU:
     copy_ms = ms["copy of dL/dy"][0]
     print(f"{torch.cuda.get_device_name()}, dL/dy [{S}, {B}, {H}, {D}] bf16")
     for name, (med, lo, hi) in ms.items():
-        print(f"  {name:35s} {med * 1e3:8.1f} us (p20-p80 {lo * 1e3:.1f}-{hi * 1e3:.1f})  "
+        print(f"  {name:35s} {med * 1e3:8.1f} µs (p20-p80 {lo * 1e3:.1f}-{hi * 1e3:.1f})  "
               f"{copy_ms / med:.2f} of a copy")
     assert all(copy_ms < 1.02 * med for med, _, _ in ms.values()), "a copy is the floor"
 else:
@@ -1494,7 +1494,7 @@ ct_row = {}
 for label, k in ct.items():
     m = k["metrics"]
     ct_row[label] = {"MB to DRAM": m["dram__bytes_write.sum"] / 1e6,
-                     "us": m["gpu__time_duration.sum"] / 1e3,
+                     "µs": m["gpu__time_duration.sum"] / 1e3,
                      "B/thread/store": n_bytes_ct / (m["smsp__sass_inst_executed_op_global_st.sum"]
                                                      * 32),
                      "warp instr. M": m["smsp__inst_executed.sum"] / 1e6,
@@ -1511,4 +1511,4 @@ assert abs(con["MB to DRAM"] - fil["MB to DRAM"]) < 1, "the same bytes reach DRA
 assert (con["B/thread/store"], fil["B/thread/store"]) == (4, 16), "the text's 4 and 16 bytes"
 assert round(con["warp instr. M"] / fil["warp instr. M"], 1) == 11.5, "the text's 11.5x"
 assert [round(r["warps resident %"]) for r in (con, fil)] == [24, 88], "the text's 24 and 88 %"
-assert round(con["us"] / fil["us"], 2) == 2.75, "the text's 2.75x the fill's time"
+assert round(con["µs"] / fil["µs"], 2) == 2.75, "the text's 2.75x the fill's time"
