@@ -937,7 +937,7 @@ if GPU:
     busy = {k: nb09_device_time.device_ms_or_none(f, device) for k, f in calls.items()}
     busy = None if None in busy.values() else {k: ms * 1e3 for k, ms in busy.items()}
     # 20 calls replayed from one CUDA graph, back to back, without do_bench's cache flush, so
-    # some bytes may come from L2 (a lower bound)
+    # some bytes may come from L2; the replay also spans the device's gaps between kernels
     try:
         replayed = {k: suite.graph_replay_ms(f, 20, device)[0] * 1e3 for k, f in calls.items()}
     except RuntimeError as err:          # a build where this route cannot be captured
@@ -974,8 +974,12 @@ if GPU:
                  "under one half, the device's own work does"))
     if replayed:
         device_x = replayed["step"] / replayed["forward"]
+        # the step's kernels after a flush (the profiler's sum) against the replayed step
+        kernels_vs_replay = busy["step"] - replayed["step"] if busy else None
         print(f"  replayed step = {device_x:.2f}x the replayed forward"
-              + (f"; the flushed kernels take {busy['step'] - replayed['step']:+.1f} over it"
+              + (f"; the step's kernels (profiler, after a flush) take "
+                 f"{abs(kernels_vs_replay):.1f} µs "
+                 f"{'more' if kernels_vs_replay >= 0 else 'less'} than the replayed step"
                  if busy else ""))
         assert 1.9 < device_x < 2.1, "on the device, a step should be two forwards' work"
         # the reading below the cell: the host's enqueue per step against the device's work
@@ -1002,17 +1006,23 @@ else:
 # does. Where the step exceeds two forwards by more than 10 %, the `step =` line prints the share
 # of the excess the device sat idle inside the events; above one half, the host fills it.
 #
+# The `replayed step =` line also sets the step's kernels (the profiler's sum of their
+# durations, each call after a flush) beside the replayed step, and says by how many µs they
+# take more or less than it. Either can be the longer: the replay skips the flush, so some of its
+# bytes may come from L2, but it also spans the device's gaps between the step's kernels, which
+# the profiler's sum leaves out.
+#
 # The cell's host times are this process's, on this host, measured before its profiler runs;
 # they are not the probe's best of rounds and may be far higher than the band above.
 #
 # The cell reads its own GPU on the day it runs. The H100 run on this notebook's page found its
 # step host-bound. On the device the step was two forwards' work: its kernels took 160.7 µs
-# (2.01 times the forward's) and its replay 161.8 µs (2.00 times). Yet `do_bench` timed the
-# whole call at 579.4 µs, 6.14 forwards, with the device idle for 72 % of it, and the `step =`
-# line put all of the excess on the host. A loop of steps was enqueued at 727.3 µs a step,
-# longer than the 161.8 µs replay, so the loop waited on the host. That fits the hypothesis for
-# the committed H200 step of 427 µs at the same shape, without measuring it: no host time was
-# measured beside that run.
+# (2.01 times the forward's) and its replay 161.8 µs (2.00 times), the replay the longer. Yet
+# `do_bench` timed the whole call at 579.4 µs, 6.14 forwards, with the device idle for 72 % of
+# it, and the `step =` line put all of the excess on the host. A loop of steps was enqueued at
+# 727.3 µs a step, longer than the 161.8 µs replay, so the loop waited on the host. That fits
+# the hypothesis for the committed H200 step of 427 µs at the same shape, without measuring it:
+# no host time was measured beside that run.
 
 # %% [markdown]
 # ## 4. `gradcheck` in float64
