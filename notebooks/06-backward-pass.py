@@ -227,11 +227,14 @@ draw_jacobians(FIGURES / "06-jacobian.png")
 # 2. delete the branch and keep the two lines of its `else`: the backward uses the forward's sines;
 # 3. swap the sines without negating them.
 #
-# Before you rerun, predict which rows of the check's table each edit turns ✗. The table sets
+# Before the check runs, predict which rows of its table each edit turns ✗, and write that
+# into `my_prediction`, in the cell just before the check (which lists the rows). The table sets
 # the cell's kernel beside the three wrong backwards (edit 1 is the forward at $-\theta$, edit 2
 # the forward at $\theta$, edit 3 ropelib's backward at $-\theta$, the cosines being even) and
-# names the one your kernel matches. Undo the edit to go on. The last line compares bits with
-# ropelib's kernel; a correct rewrite that orders the arithmetic differently can fail it alone.
+# names the one your kernel matches; the check prints your prediction beside it. To see an edit
+# in your kernel's own column, make it and rerun the kernel's cell and the check; undo the edit
+# to go on. The last line compares bits with ropelib's kernel; a correct rewrite that orders the
+# arithmetic differently can fail it alone.
 
 # %%
 # ropelib-source: ropelib.course.kernels.batch_reuse._rope_batch_reuse_kernel
@@ -322,15 +325,24 @@ def rope_cell(x, freqs, *, backward=False, num_warps=None):
     return y
 
 # %% [markdown]
-# The check runs the four backwards through three tests from section 1 and prints the largest
-# error of each (✓: within `atol = rtol = 1e-5` of the fp64 reference):
+# The check runs the four backwards through three tests from section 1, the rows of its table,
+# and prints the largest error of each (✓: within `atol = rtol = 1e-5` of the fp64 reference):
 #
-# - the reference's autograd, on TE's table;
-# - the same on a table whose halves differ, where only the swap gives the transpose;
-# - $R^{\top}R = I$ on TE's table: the backward undoes the forward.
+# 1. the reference's autograd, on TE's table;
+# 2. the same on a table whose halves differ, where only the swap gives the transpose;
+# 3. $R^{\top}R = I$ on TE's table: the backward undoes the forward.
 #
-# On a GPU it also times the cell's kernel forward and backward in fp32 and prints their ratio,
-# which the same bytes predict to be 1.
+# Write your prediction into the next cell before you run the check: for each edit, the set of
+# rows it turns ✗. The check prints it beside the table, edit by edit; left at `None`, it prints
+# the table alone, and the notebook runs on either way.
+#
+# On a GPU the check also times the cell's kernel forward and backward in fp32 and prints their
+# ratio, which the same bytes predict to be 1.
+
+# %%
+# Your prediction: edit (1, 2, 3, as numbered above the kernel) -> the set of rows (1, 2, 3, as
+# numbered above) it turns ✗, set() for none; the format only: {1: {1, 3}, 2: set(), 3: {2}}
+my_prediction = None   # fill in before you run the next cell
 
 # %%
 torch.manual_seed(0)
@@ -359,10 +371,38 @@ for t, test in tests.items():
         got, want = test(bw)
         err[t, b] = (got - want).abs().max().item()
         passed[t, b] = torch.allclose(got, want, atol=1e-5, rtol=1e-5)
-print(f"{'largest error':27s}" + "".join(f"{b:>25s}" for b in backwards))
-for t in tests:
-    print(f"{t:27s}" + "".join(f"{'✓' if passed[t, b] else '✗'} {err[t, b]:9.2e}".rjust(25)
-                               for b in backwards))
+edits = list(backwards)[1:]                            # edits 1, 2, 3, in order
+failed = {i: {r for r, t in enumerate(tests, 1) if not passed[t, b]}   # edit -> rows it fails
+          for i, b in enumerate(edits, 1)}
+
+
+def predicted_rows(v):
+    """One edit's predicted rows as a set of 1, 2, 3 (an int stands for one row), else None."""
+    try:
+        v = {v} if isinstance(v, int) else set(v)
+    except TypeError:
+        return None
+    return v if v <= {1, 2, 3} else None
+
+
+guess = ({i: predicted_rows(my_prediction.get(i)) for i in failed}
+         if isinstance(my_prediction, dict) else None)
+if my_prediction is None:
+    print("no prediction written (my_prediction is None): the table below is the answer")
+elif guess is None or None in guess.values():
+    print("my_prediction should map each edit 1, 2, 3 to the set of rows 1, 2, 3 it turns ✗ "
+          f"(set() for none), not {my_prediction!r}: the table below is the answer")
+else:
+    print("your prediction beside the table: the rows each edit turns ✗")
+    for i, b in enumerate(edits, 1):
+        you, table_rows = (", ".join(map(str, sorted(r))) or "none" for r in (guess[i], failed[i]))
+        print(f"  {b:25s} you: {you:9s} the table: {table_rows:9s} "
+              + ("✓ right" if guess[i] == failed[i] else "✗ not what you predicted"))
+    print(f"{sum(guess[i] == failed[i] for i in failed)} of 3 edits predicted right")
+print(f"{'largest error':30s}" + "".join(f"{b:>25s}" for b in backwards))
+for r, t in enumerate(tests, 1):
+    print(f"{r}. {t}".ljust(30) + "".join(f"{'✓' if passed[t, b] else '✗'} {err[t, b]:9.2e}"
+                                          .rjust(25) for b in backwards))
 column = {b: [passed[t, b] for t in tests] for b in backwards}
 mine = column["the cell's kernel"]
 like = [b for b in list(backwards)[1:] if all(       # the same numbers as an edit, both tables

@@ -1,4 +1,6 @@
-"""Notebook 06: the notebook's times print in µs."""
+"""Notebook 06: section 2's learner writes a prediction in a cell of its own before the check
+prints the table that answers it, and the notebook's times print in µs."""
+import ast
 import json
 import re
 from pathlib import Path
@@ -9,6 +11,19 @@ NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "06-backward-pass
 def _code_cells():
     cells = json.loads(NOTEBOOK.read_text(encoding="utf-8"))["cells"]
     return ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
+
+
+def test_the_prediction_is_written_before_the_table_prints():
+    cells = _code_cells()
+    prediction = [i for i, c in enumerate(cells) if "my_prediction = None" in c]
+    table = [i for i, c in enumerate(cells) if "largest error" in c]
+    assert len(prediction) == 1 and len(table) == 1, (prediction, table)
+    assert prediction[0] < table[0], "the table would answer before the learner predicts"
+    # the prediction's cell runs nothing else: one assignment, left at None
+    (stmt,) = ast.parse(cells[prediction[0]]).body
+    assert isinstance(stmt, ast.Assign) and stmt.targets[0].id == "my_prediction"
+    assert isinstance(stmt.value, ast.Constant) and stmt.value.value is None
+    assert "my_prediction" in cells[table[0]], "the check compares the table with the prediction"
 
 
 def test_times_print_in_microseconds_never_us():
