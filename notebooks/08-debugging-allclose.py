@@ -1096,14 +1096,24 @@ def fma_rs(x1, x2, c, s):
 
 step_d = check_bits(BIG, fma_rs)
 assert step_d["n"] > 0
-if SAME_ARCH:
+# the committed runs' fma_rs row: elements that differ from TE, and bf16 steps apart -> count
+for case, col in ((BIG, REF_COL), (H100_BIG, H100_COL)):
+    row = case.rows["fma_rs/tl"]
+    print(f"committed, {col}: {row['n_differ']} differ; steps apart -> count: {row['hist']}")
+print(f"run here ({HERE_NAME}): {step_d['n']} differ; steps apart -> count: {step_d['hist']}")
+for case in (BIG, H100_BIG):   # the text's numbers, read from the committed data on any machine
+    assert case.rows["fma_rs/tl"]["n_differ"] == 22, "the text's 22 elements (step d)"
+    assert case.rows["fma_rs/tl"]["hist"] == {1: 21, 5: 1}, "the text's 21 one step, one five"
+if SAME_ARCH:   # a CPU, or a GPU compiled as the committed run was: the same count and bits
     assert step_d["n"] == gpu_row(OWN_BIG, "fma_rs/tl")
+    assert step_d["hist"] == OWN_BIG.rows["fma_rs/tl"]["hist"]
     assert torch.equal(step_d["y"], OWN_BIG.output("fma_rs/table_te_fp32"))   # the GPU's bits
 
 # %% [markdown]
-# Not zero: the count is the committed runs' `fma_rs` row (the cell checks it on a CPU and on a
-# GPU of the reference run's compute capability and Triton), most elements one bf16 step apart
-# and one five. Steps c and d are two single-rounding lines of the same values, and only one of
+# Not zero: both committed runs' `fma_rs` rows count 22 elements, 21 one bf16 step apart and one
+# five (the cell prints and checks them from the files on every machine). The count run here
+# equals them on a CPU and on a GPU of the reference run's compute capability and Triton; the cell
+# checks that too. Steps c and d are two single-rounding lines of the same values, and only one of
 # them is TE's: the order of the fma matters.
 #
 # **Step e — what the GPU compiler did with the line as written.** PTX is the assembly Triton
