@@ -1865,30 +1865,32 @@ print(f"fixed: allclose with {tol} passes; max error {float(ulps.max()):.3g} ulp
 # the two committed files field by field: every row, TE's stored outputs and TE's cos/sin.
 
 # %%
-# agreement(run, reference): (rows equal to the reference run's in every field, rows, rows with
-# a PTX tail, whether TE's stored outputs and TE's cos/sin equal the reference run's bit for bit)
+# agreement(run, reference): (rows equal to the reference run's in every field, rows, the run's
+# rows with a PTX tail, whether TE's outputs and cos/sin equal the reference run's bit for bit)
 AGREE = {path: agreement(run, BITS) for path, run in RUNS.items()}
 display(HTML(
     "<table><tr><th>committed run</th><th>GPU</th><th>compute capability</th><th>Triton</th>"
     "<th>torch</th><th>TE</th><th>measured</th><th>rows equal to the reference run's</th>"
-    "<th>TE's outputs and cos/sin, bit for bit</th></tr>" +
+    "<th>rows with a PTX tail</th><th>TE's outputs and cos/sin, bit for bit</th></tr>" +
     "".join(f"<tr><td>{p.name}</td><td>{r['meta']['gpu']}</td><td>{r['meta']['capability']}</td>"
             f"<td>{r['meta']['triton']}</td><td>{r['meta']['torch']}</td>"
             f"<td>{r['meta']['transformer_engine']}</td><td>{r['meta']['date'][:10]}</td>"
-            f"<td>{AGREE[p][0]} of {AGREE[p][1]}</td><td>{AGREE[p][3]}</td></tr>"
+            f"<td>{AGREE[p][0]} of {AGREE[p][1]}</td><td>{AGREE[p][2]}</td><td>{AGREE[p][3]}</td>"
+            "</tr>"
             for p, r in RUNS.items()) + "</table>"))
 h100_agree = next(a for p, a in AGREE.items() if RUNS[p] is H100_RUN)
 assert h100_agree[0] == h100_agree[1] == 156 and h100_agree[2] == 132 and h100_agree[3], \
     "the text's H100 run: 156 of 156 rows (132 with a PTX tail), TE's bits equal"
+assert AGREE[TE_BITS][2] == 132, "the text's 132 rows with a PTX tail in the reference run"
 assert all(H100_RUN["meta"][k] == META[k] for k in ("capability", "triton", "torch",
                                                     "transformer_engine"))
 assert (META["capability"], META["triton"]) == ("9.0", "3.6.0"), "the text's sm_90, Triton 3.6.0"
 
 # %% [markdown]
 # The H100 run equals the reference run in all 156 rows, every field, and in TE's outputs and
-# cos/sin (the cell also checks that 132 of the rows kept a PTX tail, which the table does not
-# show). Both have compute capability 9.0 and Triton 3.6.0: as far as two cards of one
-# architecture show, the bits follow the compiled code, not the card.
+# cos/sin; 132 of the rows in each run kept a PTX tail (the table's column). Both have compute
+# capability 9.0 and Triton 3.6.0: as far as two cards of one architecture show, the bits follow
+# the compiled code, not the card.
 #
 # So a GPU's counts are checked against a committed run only where the source leaves a rounding
 # to the compiler *and* the GPU matches its compute capability and Triton (`SAME_ARCH`). Where the
