@@ -1096,14 +1096,24 @@ def fma_rs(x1, x2, c, s):
 
 step_d = check_bits(BIG, fma_rs)
 assert step_d["n"] > 0
-if SAME_ARCH:
+# the committed runs' fma_rs row: elements that differ from TE, and bf16 steps apart -> count
+for case, col in ((BIG, REF_COL), (H100_BIG, H100_COL)):
+    row = case.rows["fma_rs/tl"]
+    print(f"committed, {col}: {row['n_differ']} differ; steps apart -> count: {row['hist']}")
+print(f"run here ({HERE_NAME}): {step_d['n']} differ; steps apart -> count: {step_d['hist']}")
+for case in (BIG, H100_BIG):   # the text's numbers, read from the committed data on any machine
+    assert case.rows["fma_rs/tl"]["n_differ"] == 22, "the text's 22 elements (step d)"
+    assert case.rows["fma_rs/tl"]["hist"] == {1: 21, 5: 1}, "the text's 21 one step, one five"
+if SAME_ARCH:   # a CPU, or a GPU compiled as the committed run was: the same count and bits
     assert step_d["n"] == gpu_row(OWN_BIG, "fma_rs/tl")
+    assert step_d["hist"] == OWN_BIG.rows["fma_rs/tl"]["hist"]
     assert torch.equal(step_d["y"], OWN_BIG.output("fma_rs/table_te_fp32"))   # the GPU's bits
 
 # %% [markdown]
-# Not zero: the count is the committed runs' `fma_rs` row (the cell checks it on a CPU and on a
-# GPU of the reference run's compute capability and Triton), most elements one bf16 step apart
-# and one five. Steps c and d are two single-rounding lines of the same values, and only one of
+# Not zero: both committed runs' `fma_rs` rows count 22 elements, 21 one bf16 step apart and one
+# five (the cell prints and checks them from the files on every machine). The count run here
+# equals them on a CPU and on a GPU of the reference run's compute capability and Triton; the cell
+# checks that too. Steps c and d are two single-rounding lines of the same values, and only one of
 # them is TE's: the order of the fma matters.
 #
 # **Step e — what the GPU compiler did with the line as written.** PTX is the assembly Triton
@@ -1855,30 +1865,32 @@ print(f"fixed: allclose with {tol} passes; max error {float(ulps.max()):.3g} ulp
 # the two committed files field by field: every row, TE's stored outputs and TE's cos/sin.
 
 # %%
-# agreement(run, reference): (rows equal to the reference run's in every field, rows, rows with
-# a PTX tail, whether TE's stored outputs and TE's cos/sin equal the reference run's bit for bit)
+# agreement(run, reference): (rows equal to the reference run's in every field, rows, the run's
+# rows with a PTX tail, whether TE's outputs and cos/sin equal the reference run's bit for bit)
 AGREE = {path: agreement(run, BITS) for path, run in RUNS.items()}
 display(HTML(
     "<table><tr><th>committed run</th><th>GPU</th><th>compute capability</th><th>Triton</th>"
     "<th>torch</th><th>TE</th><th>measured</th><th>rows equal to the reference run's</th>"
-    "<th>TE's outputs and cos/sin, bit for bit</th></tr>" +
+    "<th>rows with a PTX tail</th><th>TE's outputs and cos/sin, bit for bit</th></tr>" +
     "".join(f"<tr><td>{p.name}</td><td>{r['meta']['gpu']}</td><td>{r['meta']['capability']}</td>"
             f"<td>{r['meta']['triton']}</td><td>{r['meta']['torch']}</td>"
             f"<td>{r['meta']['transformer_engine']}</td><td>{r['meta']['date'][:10]}</td>"
-            f"<td>{AGREE[p][0]} of {AGREE[p][1]}</td><td>{AGREE[p][3]}</td></tr>"
+            f"<td>{AGREE[p][0]} of {AGREE[p][1]}</td><td>{AGREE[p][2]}</td><td>{AGREE[p][3]}</td>"
+            "</tr>"
             for p, r in RUNS.items()) + "</table>"))
 h100_agree = next(a for p, a in AGREE.items() if RUNS[p] is H100_RUN)
 assert h100_agree[0] == h100_agree[1] == 156 and h100_agree[2] == 132 and h100_agree[3], \
     "the text's H100 run: 156 of 156 rows (132 with a PTX tail), TE's bits equal"
+assert AGREE[TE_BITS][2] == 132, "the text's 132 rows with a PTX tail in the reference run"
 assert all(H100_RUN["meta"][k] == META[k] for k in ("capability", "triton", "torch",
                                                     "transformer_engine"))
 assert (META["capability"], META["triton"]) == ("9.0", "3.6.0"), "the text's sm_90, Triton 3.6.0"
 
 # %% [markdown]
 # The H100 run equals the reference run in all 156 rows, every field, and in TE's outputs and
-# cos/sin (the cell also checks that 132 of the rows kept a PTX tail, which the table does not
-# show). Both have compute capability 9.0 and Triton 3.6.0: as far as two cards of one
-# architecture show, the bits follow the compiled code, not the card.
+# cos/sin; 132 of the rows in each run kept a PTX tail (the table's column). Both have compute
+# capability 9.0 and Triton 3.6.0: as far as two cards of one architecture show, the bits follow
+# the compiled code, not the card.
 #
 # So a GPU's counts are checked against a committed run only where the source leaves a rounding
 # to the compiler *and* the GPU matches its compute capability and Triton (`SAME_ARCH`). Where the

@@ -63,13 +63,14 @@ def ptx_registers(line: str) -> list:
 
 
 def agreement(run: dict, reference: dict) -> tuple:
-    """(rows equal to the reference run's in every field, rows, rows with a PTX tail,
-    whether TE's stored outputs and TE's cos/sin equal the reference run's bit for bit)."""
+    """(rows equal to the reference run's in every field, the reference run's rows, `run`'s
+    rows with a PTX tail, whether TE's stored outputs and TE's cos/sin equal the reference run's
+    bit for bit)."""
     same = n = n_ptx = 0
     tensors_equal = True
     for key in reference["scenarios"]:
         a, b = debug.te_bits_case(run, key), debug.te_bits_case(reference, key)
-        n, n_ptx = n + len(b.rows), n_ptx + sum("ptx_tail" in r for r in b.rows.values())
+        n, n_ptx = n + len(b.rows), n_ptx + sum("ptx_tail" in r for r in a.rows.values())
         same += sum(a.rows.get(v) == r for v, r in b.rows.items())
         tensors_equal &= torch.equal(a.te_cos, b.te_cos) and torch.equal(a.te_sin, b.te_sin)
         tensors_equal &= (a.te is None) == (b.te is None) and (a.te is None or
