@@ -1938,7 +1938,8 @@ assert "warps" in hatched["s4096-b8"] and abs(step["s4096-b8"]["warps"]) < 2
 # **The H200 run's chunks and equal-halves steps** at $b = 8$. The chunks rung has the warps
 # rung's programs, DRAM reads and instructions, and compiles to the same stores, yet both profiles
 # count 16.1 MB more DRAM writes in its time than in the warps rung's; rung 6, with the chunks
-# rung's loop bounds, 16.4 MB fewer than rung 5 under the cycles profile.
+# rung's loop bounds, 16.4 MB fewer than rung 5 under the cycles profile. (The cell prints each
+# difference, taken before the counts are rounded.)
 #
 # Neither kernel writes extra bytes: `y` is 268.4 MB, and every count below is under it, at most
 # 263.3 MB. A count is the part of `y` that reached DRAM before the kernel ended; the rest was
@@ -1949,8 +1950,8 @@ assert "warps" in hatched["s4096-b8"] and abs(step["s4096-b8"]["warps"]) < 2
 # measured.
 
 # %%
-# the mechanism profile's bytes and the cycles profile's writes, printed; the stores compiled
-# for sm_90 with the H200's plan; the numbers above asserted
+# the mechanism profile's bytes and the cycles profile's writes, printed, then the differences
+# the text states; the stores compiled for sm_90 with the H200's plan; the numbers above asserted
 checks_nb05.one_run_writes(mech, meta, SMS_H200, H200_KNOBS, COMPILE_ERRORS)
 
 # %% [markdown]

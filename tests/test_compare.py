@@ -425,3 +425,18 @@ def test_shuffled_rounds_repeat_by_seed_and_differ_across_seeds(monkeypatch):
     assert (meta["rounds_order"], meta["rounds_seed"]) == ("shuffled", "4")
     monkeypatch.setattr(C, "ROUNDS_ORDER", "fixed")
     assert "rounds_seed" not in C.environment_meta()
+
+
+def test_times_in_rounds_takes_an_order_of_its_own(monkeypatch):
+    """A caller (a notebook's live timing) can ask for shuffled rounds whatever the run's order
+    is: every round times every name once, in round_order's order for that order and seed."""
+    monkeypatch.setattr(C, "ROUNDS_ORDER", "fixed")
+    names = [f"v{i}" for i in range(5)]
+    seen = []
+    times = C.times_in_rounds(names, 3, lambda n: seen.append(n) or float(len(seen)),
+                              order="shuffled", seed=2)
+    assert seen == [n for r in range(3) for n in C.round_order(names, r, "shuffled", seed=2)]
+    assert {n: len(t) for n, t in times.items()} == {n: 3 for n in names}
+    fixed = []                            # without them, the run's order (fixed here)
+    C.times_in_rounds(names, 2, lambda n: fixed.append(n) or 0.0)
+    assert fixed == names * 2

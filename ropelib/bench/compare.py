@@ -611,12 +611,14 @@ def time_in_rounds(steps: dict, device, rounds: Optional[int] = None) -> dict:
     return out
 
 
-def times_in_rounds(names, rounds: int, time_one: Callable) -> dict:
+def times_in_rounds(names, rounds: int, time_one: Callable, order: Optional[str] = None,
+                    seed: Optional[int] = None) -> dict:
     """{name: [its time in each round it was timed]}: each of `rounds` rounds times every name
-    once, ``time_one(name)`` (None: not timed), in :func:`round_order`'s order."""
+    once, ``time_one(name)`` (None: not timed), in :func:`round_order`'s order (``order`` and
+    ``seed`` passed on: by default the run's)."""
     times = {name: [] for name in names}
     for r in range(rounds):
-        for name in round_order(list(times), r):
+        for name in round_order(list(times), r, order, seed):
             t = time_one(name)
             if t is not None:
                 times[name].append(t)
