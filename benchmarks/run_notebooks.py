@@ -277,6 +277,53 @@ def page_code_cells(page_html: str) -> list:
     return cells
 
 
+_OUTPUT_WRAPPER = '<div class="jp-Cell-outputWrapper">'
+
+
+def page_output_text(page_html: str) -> str:
+    """The text of everything a page's code cells printed or displayed (tags removed, entities
+    decoded), in order: what a reader of the page sees below the code."""
+    starts = [m.start() for m in _CELL_START.finditer(page_html)] + [len(page_html)]
+    out = []
+    for a, b in zip(starts, starts[1:]):
+        chunk = page_html[a:b]
+        i = chunk.find(_OUTPUT_WRAPPER)
+        if chunk.startswith('<div class="jp-Cell jp-CodeCell') and i >= 0:
+            out.append(html.unescape(re.sub(r"<[^>]+>", "", chunk[i:])))
+    return "\n".join(out)
+
+
+# A number the prose quotes from the page's live outputs carries a marker straight after it,
+# invisible in the rendered notebook: "the copy ran at 2.38<!--page--> TB/s".
+PAGE_QUOTE = re.compile(r"(-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?)<!--\s*page\s*-->")
+_NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
+# words with which prose points a reader at the page's outputs; a paragraph that uses them
+# must mark the numbers it quotes
+PAGE_POINTERS = ("this notebook's page", "the published page", "rendered the page",
+                 "rendered this notebook's page")
+
+
+def quotes_missing_from_outputs(markdown: str, output_text: str) -> list:
+    """The numbers marked as quotes of the page (PAGE_QUOTE) that no output on the page shows,
+    to the precision the prose gives (2.38 matches a printed 2.38 or 2.381, not 2.39)."""
+    shown = [n.replace(",", "") for n in _NUMBER.findall(output_text)]
+    missing = []
+    for quote in PAGE_QUOTE.findall(markdown):
+        q = quote.replace(",", "")
+        decimals = len(q.split(".")[1]) if "." in q else 0
+        if not any(f"{float(n):.{decimals}f}" == q for n in shown):
+            missing.append(quote)
+    return missing
+
+
+def unmarked_page_paragraphs(markdown: str) -> list:
+    """Paragraphs that point at the page's outputs (PAGE_POINTERS) but mark no number quoted
+    from them."""
+    paragraphs = re.split(r"\n\s*\n", markdown)
+    return [p for p in paragraphs
+            if any(w in p for w in PAGE_POINTERS) and not PAGE_QUOTE.search(p)]
+
+
 def page_fingerprint(page_html: str):
     """The fingerprint a page was rendered with ({"notebook", "code_cells"}), or None for a page
     rendered before pages carried one."""

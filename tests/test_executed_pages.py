@@ -293,3 +293,37 @@ def test_refresh_prose_refuses_a_code_cell_more_or_fewer(tmp_path):
     _write(tmp_path / "ran" / "00-demo.ipynb", _notebook([("code", "x = 1", [])]))
     _write(tmp_path / "nb" / "00-demo.ipynb", _notebook([("code", "x = 1"), ("code", "")]))
     assert run_notebooks.refresh_prose(tmp_path / "ran", tmp_path / "out", tmp_path / "nb") == 1
+
+
+def _markdown(nb_path):
+    nb = json.loads(nb_path.read_text(encoding="utf-8"))
+    return "\n\n".join(run_notebooks.cell_source(c) for c in nb["cells"]
+                       if c["cell_type"] == "markdown")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.stem)
+def test_numbers_the_prose_quotes_from_the_page_are_on_it(page):
+    # prose that reads a live output ("the copy ran at 2.38<!--page--> TB/s") must agree with the
+    # page as it is: a page rendered again with other numbers fails here until the prose follows
+    markdown = _markdown(NOTEBOOKS / f"{page.stem}.ipynb")
+    outputs = run_notebooks.page_output_text(page.read_text(encoding="utf-8"))
+    missing = run_notebooks.quotes_missing_from_outputs(markdown, outputs)
+    assert not missing, (
+        f"notebooks/{page.stem} quotes {missing} from its page, which no output of "
+        f"docs/executed/{page.name} shows: read the page again and correct the prose")
+    unmarked = run_notebooks.unmarked_page_paragraphs(markdown)
+    assert not unmarked, (
+        f"notebooks/{page.stem}: a paragraph points at the page's outputs but marks no number "
+        "it quotes (write <!--page--> straight after each): " + unmarked[0][:300])
+
+
+def test_page_quotes_are_checked_to_the_precision_given():
+    outputs = "copy: 2.381 TB/s\nwarps: 32,768\ndelta -1.10 %\n"
+    md = "ran at 2.38<!--page--> TB/s on 32,768<!--page--> warps, -1.1<!--page--> %"
+    assert run_notebooks.quotes_missing_from_outputs(md, outputs) == []
+    assert run_notebooks.quotes_missing_from_outputs("2.39<!-- page --> TB/s", outputs) == ["2.39"]
+    assert run_notebooks.quotes_missing_from_outputs("32,769<!--page-->", outputs) == ["32,769"]
+    assert run_notebooks.unmarked_page_paragraphs(
+        "On this notebook's page the copy ran at 2.38 TB/s.\n\nOther text.") != []
+    assert run_notebooks.unmarked_page_paragraphs(
+        "On this notebook's page the copy ran at 2.38<!--page--> TB/s.") == []

@@ -76,3 +76,19 @@ def test_the_reader_refuses_a_profile_out_of_order(tmp_path, monkeypatch):
     (tmp_path / "l2_writeback_ncu-x.csv").write_text(_ncu_csv(kernels[:-1]))
     with pytest.raises(ValueError, match="8 kernels profiled, expected 9"):
         measured.l2_writeback("x")
+
+
+def test_the_table_sets_the_sweeps_writes_against_each_writers_shortfall(tmp_path, monkeypatch):
+    mib = 2**20
+    kernels = [(SWEEP, 2**30, 0, 400_000)]
+    for name, stored in measured.L2_WRITEBACK_WRITERS:
+        kernel = "_copy_kernel" if name == "copy" else "_rope_tile_kernel"
+        kernels += [(kernel, stored * mib, (stored - 8) * mib, 90_000), (SWEEP, 2**30, 6 * mib, 1)]
+    monkeypatch.setattr(measured, "RESULTS", tmp_path)
+    for gpu in ("nvidia-h100-80gb-hbm3", measured.GPU):
+        (tmp_path / f"l2_writeback_ncu-{gpu}.csv").write_text(_ncu_csv(kernels))
+    assert measured.l2_writeback_gpus() == [measured.GPU, "nvidia-h100-80gb-hbm3"]
+    lines = measured.l2_writeback_table(measured.l2_writeback(measured.GPU)[1]).splitlines()
+    assert "after / short" in lines[0] and len(lines) == 1 + len(measured.L2_WRITEBACK_WRITERS)
+    assert all(line.split()[:2] == [name, str(mib_)] and "0.75" in line.split()
+               for line, (name, mib_) in zip(lines[1:], measured.L2_WRITEBACK_WRITERS))

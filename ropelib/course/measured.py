@@ -532,6 +532,25 @@ The copy is notebook 04's (a Triton load/store of bf16); ropelib's is the finish
 notebook 04's shape (bf16 sbhd s=4096, b=8, h=32, d=128). Each runs between two read-only sweeps."""
 
 
+def l2_writeback_gpus() -> list:
+    """The GPUs with a committed ``l2_writeback_ncu`` profile, the H200 (the course's basis)
+    first."""
+    gpus = sorted(p.stem[len("l2_writeback_ncu-"):] for p in RESULTS.glob("l2_writeback_ncu-*.csv"))
+    return sorted(gpus, key=lambda g: g != GPU)
+
+
+def l2_writeback_table(rows) -> str:
+    """:func:`l2_writeback`'s rows as a table, with the DRAM writes of the sweep after each
+    writer (a sweep stores one number of its own, so they are lines an earlier kernel left
+    dirty) as a share of the writer's shortfall."""
+    shown = [dict(r, back_share=r["after_mib"] / r["short_mib"] if r["short_mib"] else None)
+             for r in rows]
+    return table(shown, [("writer", "kernel", ""), ("stores MiB", "stored_mib", ".0f"),
+                         ("its DRAM writes", "counted_mib", ".1f"), ("short", "short_mib", ".1f"),
+                         ("sweep after", "after_mib", ".1f"), ("after / short", "back_share", ".2f"),
+                         ("(writes + after) / stores", "total", ".3f"), ("µs", "us", ".1f")])
+
+
 def l2_writeback(gpu: str = "nvidia-h100-80gb-hbm3") -> tuple:
     """(meta, rows) of ``l2_writeback_ncu-<gpu>.csv``: Nsight Compute with ``--cache-control
     none`` over a sweep, then each writer of :data:`L2_WRITEBACK_WRITERS` followed by a sweep (a
