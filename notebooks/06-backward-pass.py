@@ -39,7 +39,7 @@
 # **Numbers.** The text's numbers come from committed runs (`benchmarks/results/`: an NVIDIA
 # H200, and an H100 in sections 2.1 and 3.1), which the cells read and assert. Live timings
 # print the GPU they ran on. Where the text quotes a live number, it says so and names its run:
-# the H100 run on this notebook's page in `docs/executed/`; yours will differ.
+# the H100 run saved as the executed copy in `docs/executed/`; yours will differ.
 #
 # **How to read it.** The core is sections 1 to 5 and the exercises. "What four warps change"
 # (section 2.1), section 3.1 and appendix A, each marked *a second reading*, can wait.
@@ -431,12 +431,12 @@ if GPU:
 
 # %% [markdown]
 # Read the table by column. Only edit 1 passes a row: on TE's table its sines are equal, so
-# swapping them changes nothing and negating alone is right; the table whose halves differ is
-# the one row that catches it. Edits 2 and 3 fail every row: on TE's table both compute the
-# forward, the rotation by $+\theta$, so they rotate the gradient the wrong way. On a GPU the
-# cell's last line times the kernel both ways in fp32: the H100 run on this notebook's page
-# printed 394.1 µs forward and 393.8 µs backward, a ratio of 1.00, as the shared loads and
-# stores predict.
+# swapping them changes nothing and negating alone is right; the table whose halves differ is the
+# one row that catches it. Edits 2 and 3 fail every row: on TE's table both compute the forward,
+# the rotation by $+\theta$, so they rotate the gradient the wrong way. On a GPU the cell's last
+# line times the kernel both ways in fp32: the H100 run on this notebook's page printed
+# 394.1<!--page--> µs forward and 393.8<!--page--> µs backward, a ratio of 1.00<!--page-->, as the
+# shared loads and stores predict.
 
 # %% [markdown]
 # ### 2.1 How fast: beside a copy, at one warp or four
@@ -672,12 +672,11 @@ for w, row in ((1, w1_row), (4, w4_row)):
 # - **Time.** The occupancy does not pay for the instructions: on the H200 four warps take 1.62
 #   times the one-warp time under the profiler, which locks the clocks, and 1.59 times in its
 #   committed `do_bench` timing; the kernel moves from memory to instructions (the throughput
-#   columns). The live timing cell above prints its GPU's ratio beside the committed 1.59 (the
-#   H100 run on this notebook's page printed 1.44, with one warp at 0.80 of a copy, the
-#   committed H100 figure). The code being the same, a different ratio comes from the GPU that
-#   runs it or from the run: one
-#   live timing does not tell the two apart, and which of a GPU's parts would make the
-#   difference, this profile cannot say.
+#   columns). The live timing cell above prints its GPU's ratio beside the committed 1.59 (the H100
+#   run on this notebook's page printed 1.44<!--page-->, with one warp at 0.80<!--page--> of a
+#   copy, the committed H100 figure). The code being the same, a different ratio comes from the GPU
+#   that runs it or from the run: one live timing does not tell the two apart, and which of a GPU's
+#   parts would make the difference, this profile cannot say.
 #
 # **Why one warp stays short of a copy.** Under the profiler it runs at 0.70 of the copy's speed.
 # The copy moves 16 bytes an instruction against 4, fills 85 % of the warp slots against 48 %,
@@ -1056,13 +1055,14 @@ else:
 # they are not the probe's best of rounds and may be far higher than the band above.
 #
 # The cell reads its own GPU on the day it runs. The H100 run on this notebook's page found its
-# step host-bound. On the device the step was two forwards' work: its kernels took 160.7 µs
-# (2.01 times the forward's) and its replay 161.8 µs (2.00 times), the replay the longer. Yet
-# `do_bench` timed the whole call at 579.4 µs, 6.14 forwards, with the device idle for 72 % of
-# it, and the `step =` line put all of the excess on the host. A loop of steps was enqueued at
-# 727.3 µs a step, longer than the 161.8 µs replay, so the loop waited on the host. That fits
-# the hypothesis for the committed H200 step of 427 µs at the same shape, without measuring it:
-# no host time was measured beside that run.
+# step host-bound. On the device the step was two forwards' work: its kernels took
+# 160.7<!--page--> µs (2.01<!--page--> times the forward's) and its replay 161.8<!--page--> µs
+# (2.00<!--page--> times), the replay the longer. Yet `do_bench` timed the whole call at
+# 579.4<!--page--> µs, 6.14<!--page--> forwards, with the device idle for 72<!--page--> % of it,
+# and the `step =` line put all of the excess on the host. A loop of steps was enqueued at
+# 727.3<!--page--> µs a step, longer than the 161.8<!--page--> µs replay, so the loop waited on the
+# host. That fits the hypothesis for the committed H200 step of 427 µs at the same shape, without
+# measuring it: no host time was measured beside that run.
 
 # %% [markdown]
 # ## 4. `gradcheck` in float64
@@ -1071,14 +1071,15 @@ else:
 # $\big(f(x + \varepsilon e_i) - f(x - \varepsilon e_i)\big) / 2\varepsilon$, for every input
 # element $i$: two forward calls per element, so keep the shapes tiny.
 #
-# Why float64: with $\varepsilon = 10^{-6}$ two outputs differ by $2\varepsilon$ times an entry
-# of $J$, a change in the sixth decimal place of numbers near 1. fp32 rounds an output $y$ by up
-# to $2^{-24}|y| \approx 6 \times 10^{-8}\,|y|$; two such roundings, divided by $2\varepsilon$,
-# move the finite difference by up to
+# Why float64: with $\varepsilon = 10^{-6}$ two outputs differ by $2\varepsilon$ times an entry of
+# $J$, a change in the sixth decimal place of numbers near 1. fp32 rounds an output $y$ by up to
+# $2^{-24}|y| \approx 6 \times 10^{-8}\,|y|$; two such roundings, divided by $2\varepsilon$, move
+# the finite difference by up to
 # $2 \cdot 6 \times 10^{-8}\,|y| / (2 \times 10^{-6}) \approx 0.06\,|y|$, and rounding
 # $x \pm \varepsilon$ itself adds errors of the same order: percents, far beyond gradcheck's
-# relative 0.1 % (`rtol=1e-3`). The cell's last line measures it (up to 0.0748 on the H100 run on
-# this notebook's page). So ropelib's kernels compute in fp64 when given fp64 (`COMPUTE_DTYPE`).
+# relative 0.1 % (`rtol=1e-3`). The cell's last line measures it (up to 0.0748<!--page--> on the
+# H100 run on this notebook's page). So ropelib's kernels compute in fp64 when given fp64
+# (`COMPUTE_DTYPE`).
 #
 # The cell runs gradcheck on the cell's kernel and on `ropelib.apply_rope`, then on the same op
 # computed in fp32, which fails. `ropelib.apply_rope` is also checked on a table whose halves
@@ -1288,10 +1289,11 @@ else:
     print("timed on a GPU only (the interpreter's times say nothing of memory traffic)")
 
 # %% [markdown]
-# On the H100 run on this notebook's page the copied path took 3.65 times the as-is time, more
-# than the byte model's 3. The kernel on a contiguous $\partial L/\partial y$ ran at 0.99 of the
-# as-is kernel's GB/s, but `g_sum.contiguous()` alone at 0.61: the copy itself is the slow
-# piece, and appendix A sets it beside a fill of the same bytes on the H200.
+# On the H100 run on this notebook's page the copied path took 3.65<!--page--> times the as-is
+# time, more than the byte model's 3<!--page-->. The kernel on a contiguous $\partial L/\partial y$
+# ran at 0.99<!--page--> of the as-is kernel's GB/s, but `g_sum.contiguous()` alone at
+# 0.61<!--page-->: the copy itself is the slow piece, and appendix A sets it beside a fill of the
+# same bytes on the H200.
 
 # %% [markdown]
 # ## 6. Summary, and the finished kernel
@@ -1308,7 +1310,8 @@ else:
 # - A training step is two forwards of device work: from batch 4 up the committed H200 steps take
 #   1.97 to 2.01 forwards. Below, a step through autograd took longer; section 3.1's live cell
 #   times host and device on its GPU (on the H100 run on this notebook's page, a batch-1 step's
-#   kernels took 2.01 forwards' time, and the host's enqueue set the pace of a loop of steps).
+#   kernels took 2.01<!--page--> forwards' time, and the host's enqueue set the pace of a loop of
+#   steps).
 # - One warp a program beats four at $D = 128$: with four, each element sits on two threads with
 #   loads and stores of its own, 2.85 times the instructions for the same bytes in 1.62 times the
 #   H200's time under the profiler (1.59 timed). One warp still reaches only 0.71 of a copy on the
@@ -1410,14 +1413,14 @@ launcher_ok = ex.check_rope_backward(my_rope_backward, kernel=my_backward_kernel
 solution(ex.solution_rope_backward)
 
 # %% [markdown]
-# **Time it.** On a GPU the next cell times your launcher (the worked one until exercise 3's
-# check passes) as section 2.1 did: beside a copy of $\partial L/\partial y$ and section 2's
-# backward at four warps and at one, in bf16. The worked launcher runs at Triton's default of
-# four warps: compare it with the four-warp line; if yours takes clearly longer, compare your
-# loads and grid with section 2's kernel. Then launch yours with `num_warps=1` and compare with
-# the one-warp line. (On the H100 run on this notebook's page the worked launcher took
-# 329.3 µs, 0.55 of a copy, beside 326.0 µs for section 2's kernel at four warps and 225.7 µs at
-# one.)
+# **Time it.** On a GPU the next cell times your launcher (the worked one until exercise 3's check
+# passes) as section 2.1 did: beside a copy of $\partial L/\partial y$ and section 2's backward at
+# four warps and at one, in bf16. The worked launcher runs at Triton's default of four warps:
+# compare it with the four-warp line; if yours takes clearly longer, compare your loads and grid
+# with section 2's kernel. Then launch yours with `num_warps=1` and compare with the one-warp line.
+# (On the H100 run on this notebook's page the worked launcher took 329.3<!--page--> µs,
+# 0.55<!--page--> of a copy, beside 326.0<!--page--> µs for section 2's kernel at four warps and
+# 225.7<!--page--> µs at one.)
 
 # %%
 backward_timed = my_rope_backward if launcher_ok else ex.solution_rope_backward
