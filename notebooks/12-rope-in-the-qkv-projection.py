@@ -1975,18 +1975,19 @@ print(f"launched with {SHIPPED_LAUNCH} on {M_s} tokens, 3 programs and {tiles_s}
 
 # %% [markdown]
 # At 4 warps the compile reaches the 255-register ceiling and spills; at 8 it fits. On a GPU with
-# TMA the next cell times the kernel both ways beside the 64 × 64 teaching launch and cuBLAS, then
-# **the persistent grid on its own**: against the same launch with `PROGRAMS` = every tile, over
-# nine rounds with the sign test. Resolved below 1, the grid saves that share. Where the saving
-# comes from is a hypothesis here: one candidate is a program's start, paid once an SM instead of
-# once a tile, but the start measured alone is small. The cell above priced it on both GPUs from
-# their committed runs of empty programs: 79.8 ns a program an SM on the H200
-# (`program_cost-nvidia-h200.csv`, 8 warps) and 80.0 ns on the H100
+# TMA the next cell times, as section 8's first cell does, in nine rounds of a new order each
+# (`nb12_live_rounds`, on `compare.times_in_rounds`): the kernel at 8 warps and at 4, at 8 with its
+# rotation off, **the persistent grid on its own** (the same launch with `PROGRAMS` = every tile,
+# one program a tile), the 64 × 64 teaching launch and cuBLAS. Resolved below 1, the grid saves
+# that share. Where the saving comes from is a hypothesis here: one candidate is a program's start,
+# paid once an SM instead of once a tile, but the start measured alone is small. The cell above
+# priced it on both GPUs from their committed runs of empty programs: 79.8 ns a program an SM on
+# the H200 (`program_cost-nvidia-h200.csv`, 8 warps) and 80.0 ns on the H100
 # (`program_start_sms-nvidia-h100-80gb-hbm3-20261207-1704.csv`, all 132 SMs; one warp, the only
 # count it ran, and the H200's run gives 79.8 ns at 1 to 8 warps alike). On either GPU 3072
 # programs rather than 132 add about 2 µs of starts, under 0.5 % of its cuBLAS forward at this
-# shape and a smaller share of this slower kernel. A larger saving needs another cause
-# (which tiles run at the same time and share L2, for one), which this notebook does not measure.
+# shape and a smaller share of this slower kernel. A larger saving needs another cause (which tiles
+# run at the same time and share L2, for one), which this notebook does not measure.
 #
 # **Expect the kernel to lose** to cuBLAS. It holds each head as **two** $[128, 64]$ accumulators
 # (section 3's probe: 30 % slower than one at this tile on the H200), walks the tiles in plain
@@ -1996,6 +1997,8 @@ print(f"launched with {SHIPPED_LAUNCH} on {M_s} tokens, 3 programs and {tiles_s}
 # CPU and time it again.
 
 # %%
+from ropelib.course import nb12_live_rounds as live
+
 if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9 and persistent_ok:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     out_p, out_p_bare = torch.empty_like(out_g), torch.empty_like(out_g)
@@ -2012,29 +2015,6 @@ if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9 and 
     persistent(False)
     torch.testing.assert_close(out_p_bare.view(M, H * D).float(), cublas().float(), atol=0.1,
                                rtol=0.05)
-    timed = {"persistent, 8 warps": do_bench(persistent, quantiles=[0.5, 0.2, 0.8]),
-             "persistent, 8 warps, rotation off": do_bench(lambda: persistent(False),
-                                                           quantiles=[0.5, 0.2, 0.8]),
-             "persistent, 4 warps": do_bench(lambda: persistent(launch={}),
-                                             quantiles=[0.5, 0.2, 0.8]),
-             "teaching launch, 64 x 64": do_bench(teaching, quantiles=[0.5, 0.2, 0.8]),
-             "cuBLAS alone": do_bench(cublas, quantiles=[0.5, 0.2, 0.8])}
-    for name, (med, p20, p80) in timed.items():
-        print(f"{name:<34} {med:.3f} ms (p20 {p20:.3f}, p80 {p80:.3f})")
-    per_cublas = {k: v[0] / timed["cuBLAS alone"][0] for k, v in timed.items()}
-    print(f"time / cuBLAS's ({gpu}, {sms} programs): " + ", ".join(
-        f"{k} {v:.2f}" for k, v in per_cublas.items() if k != "cuBLAS alone"))
-
-    def verdict(a, b):              # a against b: the difference, and whether the spreads hide it
-        (ma, la, ha), (mb, lb, hb) = timed[a], timed[b]
-        told = abs(ma - mb) > (ha - la) + (hb - lb)
-        return (f"{a} - {b}: {ma - mb:+.3f} ms, spreads together {(ha - la) + (hb - lb):.3f} ms: "
-                + ("resolved" if told else "not resolved"))
-
-    for a, b in (("persistent, 8 warps", "persistent, 4 warps"),
-                 ("persistent, 8 warps", "persistent, 8 warps, rotation off"),
-                 ("persistent, 8 warps", "teaching launch, 64 x 64")):
-        print(verdict(a, b))
     # the persistent grid on its own: the same launch on one program a tile, same output
     tiles = triton.cdiv(M, 128) * H
     out_t = torch.full_like(out_g, float("nan"))
@@ -2048,31 +2028,69 @@ if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9 and 
     torch.testing.assert_close(out_t.float(), out_p.float(), atol=0.1, rtol=0.05)
     print(f"{sms} programs and {tiles} (one a tile): outputs "
           + ("bitwise equal" if torch.equal(out_t, out_p) else "equal within bf16's tolerance"))
-    grid_rounds = [[do_bench(fn, return_mode="median") for fn in (persistent, one_a_tile, cublas)]
-                   for _ in range(9)]                   # each round meets all three
-    grid = round_stats.paired_rounds(*zip(*(r[:2] for r in grid_rounds)))
-    print(f"persistent / one program a tile, 8 warps ({gpu}), round by round: "
-          + ", ".join(f"{p / o:.3f}" for p, o, _ in grid_rounds)
-          + f"; median {grid['ratio']:.3f}, persistent faster in {grid['a_wins']} of "
-          f"{grid['rounds']} rounds, p {grid['p']:.4f}: "
-          + ("resolved" if grid["p"] < 0.05 else "not resolved"))
-    for i, name in enumerate(("persistent", "one program a tile")):
-        print(f"{name} / cuBLAS, median of the nine rounds: "
-              f"{statistics.median(r[i] / r[2] for r in grid_rounds):.2f}")
+    grid_calls = {
+        "persistent": ("persistent, 8 warps", persistent),
+        "persistent_bare": ("persistent, 8 warps, rotation off", lambda: persistent(False)),
+        "persistent_4": ("persistent, 4 warps", lambda: persistent(launch={})),
+        "one_a_tile": ("one program a tile, 8 warps", one_a_tile),
+        "teaching": ("teaching launch, 64 x 64", teaching),
+        "cublas": ("cuBLAS alone", cublas)}
+    # every variant once a round (do_bench's median, ms), in a new order each round, as above
+    grid_rounds = live.time_rounds(
+        grid_calls, lambda v: do_bench(grid_calls[v][1], return_mode="median"))
+    print(f"{gpu}, {sms} SMs, {live.ROUNDS} rounds: median ms (least, most of the rounds; "
+          "spread)")
+    for v, (label, _) in grid_calls.items():
+        print("  " + live.variant_line(label, grid_rounds[v], width=36))
+
+    def grid_pair(a, b, digits=2):  # a against b, round by round (a's time over b's)
+        c = live.pair(grid_rounds, a, b)
+        print(f"{grid_calls[a][0]} / {grid_calls[b][0]}: {live.read_pair(c, digits)}")
+        return c
+
+    grid_pair("persistent", "persistent_4")             # 8 warps against 4, which spill
+    rot = grid_pair("persistent", "persistent_bare")    # the rotation's cost
+    print(f"  the rotation, the median of the rounds' differences: {rot['diff_ms']:+.3f} ms")
+    grid_pair("persistent", "teaching")
+    for v in ("persistent", "one_a_tile"):              # expect both to lose to cuBLAS
+        grid_pair(v, "cublas")
+    grid = grid_pair("persistent", "one_a_tile", digits=3)   # the persistent grid on its own
+    print(f"  the grid's saving, the median of the rounds' differences: "
+          f"{-1e3 * grid['diff_ms']:+.1f} µs, against about "
+          f"{max(starts_us.values()):.0f} µs of program starts priced above")
 else:
     print("No Hopper GPU here (or the persistent check did not pass): nothing timed. On one, "
-          "this cell also times the kernel persistent against one program a tile in nine "
-          "rounds, beside cuBLAS, with the sign test.")
+          f"this cell times the kernel in {live.ROUNDS} shuffled rounds, persistent and one "
+          "program a tile, at 8 and 4 warps, with its rotation off, beside the teaching "
+          "launch and cuBLAS, and reads each comparison round by round with the sign test.")
 
 # %% [markdown]
-# **Reading the cell** (the executed page's H100 run). At 8 warps the kernel took 1.036 ms, at 4
-# warps, where its compile spills, 1.058 ms: a difference the spreads do not resolve (0.023 ms
-# against 0.023 ms). Its rotation cost 0.059 ms, resolved. As expected it loses to cuBLAS, at 1.73
-# times its time, and on this H100 it is also 0.041 ms slower than the 64 × 64 teaching launch
-# (resolved). The persistent grid on its own is resolved: 0.992 of one program a tile's time,
-# faster in 8 of 9 rounds (p 0.039), a saving of about 8 µs in 1 ms. That is more than the roughly
-# 2 µs of program starts priced above (on either GPU); the rest of the saving is not explained
-# here.
+# **Reading the cell.** Its first lines sum up each variant's nine rounds: the median, the least
+# and the most, and the spread between, which is how far one round can move a time. Read the
+# comparisons that follow rather than the gaps between those medians. Each is a ratio of times,
+# below 1 where the first is faster: the median of the rounds' ratios, their least and most, and
+# the sign test over who won each round. Call a difference only where the line says resolved; a
+# comparison whose ratios lie on both sides of 1, or whose sign test is not resolved, is level in
+# these rounds, however far apart the medians print. In turn:
+#
+# - **8 warps against 4**: at 4 the compile spills (the cell above counted the spill stores), at
+#   8 it does not. Warps change more than spills, so read a difference as the two launches', not
+#   as the spills' price alone.
+# - **8 warps against its rotation off** prices the epilogue, in ms too (the median of the rounds'
+#   differences); set it beside section 8's first cell's for the teaching kernel.
+# - **against the 64 × 64 teaching launch**: whether 128-token tiles on the shipped launch options
+#   beat the teaching tiles on this GPU; either outcome is possible.
+# - **against cuBLAS**, persistent and one program a tile: expect both above 1 (the paragraph
+#   before the cell says why).
+# - **persistent against one program a tile**, to three places since the difference is small:
+#   the persistent grid on its own. The line after it prints the saving in µs beside the roughly
+#   2 µs of program starts priced above; a saving well beyond that is not explained by starts
+#   (see above).
+#
+# Each comparison is tested on its own. Nine rounds resolve from 8 wins of 9 (p = 20/512 ≈
+# 0.039), so among six comparisons that were all level a run would resolve one by chance with a
+# probability of at most 6 × 0.039 ≈ 0.23: read a lone resolution at 8 of 9 as a reason to run the
+# cell again, not as a result.
 
 # %% [markdown]
 # ## Summary
