@@ -74,6 +74,7 @@ import triton.language as tl
 
 from ropelib.bench import compare
 from ropelib.course import qkv_rounds_stated, rounds as round_stats
+from ropelib.course import nb12_live_rounds as live   # section 8: rounds, read round by round
 from ropelib.course.counts import SM90, programs_per_sm
 from ropelib.course.exercises import qkv_epilogue as ex
 from ropelib.course.kernels import qkv_teaching
@@ -1840,39 +1841,24 @@ if torch.cuda.is_available():
         (f"{which}, rotation off (N_ROT = 0)", teaching_bare),
         ("cuBLAS alone", cublas), ("cuBLAS + ropelib RoPE (unfused)", unfused),
         ("qkv_rope_linear (fused)", fused))}
-    LIVE_ROUNDS = 9            # the least sign-test p of nine rounds, 2 / 2**9, is under 0.05
     # every variant once a round (do_bench's median, ms), in a new order each round
-    live_rounds = compare.times_in_rounds(
-        list(live_calls), LIVE_ROUNDS,
-        lambda v: do_bench(live_calls[v][1], return_mode="median"), order="shuffled")
-    print(f"{gpu}, {LIVE_ROUNDS} rounds: median ms (least, most of the rounds; spread)")
+    live_rounds = live.time_rounds(
+        live_calls, lambda v: do_bench(live_calls[v][1], return_mode="median"))
+    print(f"{gpu}, {live.ROUNDS} rounds: median ms (least, most of the rounds; spread)")
     for v, (label, _) in live_calls.items():
-        t = live_rounds[v]
-        print(f"  {label:<40} {statistics.median(t):.3f} ({min(t):.3f}, {max(t):.3f}; "
-              f"{max(t) - min(t):.3f})")
-    assert all(len(t) == LIVE_ROUNDS for t in live_rounds.values())
-
-    def pair_rounds(a, b):     # a against b, round by round (a's time over b's)
-        return round_stats.paired_rounds(live_rounds[a], live_rounds[b])
-
-    def read_pair(c):          # the median of the rounds' ratios, their range, the sign test
-        return (f"{c['ratio']:.2f} (rounds {c['low']:.2f} to {c['high']:.2f}), the first "
-                f"faster in {c['a_wins']} of {c['rounds']} rounds (sign test p {c['p']:.4f}): "
-                + ("resolved" if c["p"] < 0.05 else "not resolved"))
-
+        print("  " + live.variant_line(label, live_rounds[v]))
     # your kernel: its epilogue against the same launch without it, its GEMM against cuBLAS's
-    rot_pair = pair_rounds("teaching", "teaching_bare")
-    rot_ms = statistics.median(a - b for a, b in zip(live_rounds["teaching"],
-                                                     live_rounds["teaching_bare"]))
-    print(f"{which} / itself without the rotation: {read_pair(rot_pair)}; the epilogue's "
-          f"rotation, the median of the rounds' differences: {rot_ms:+.3f} ms")
+    rot_pair = live.pair(live_rounds, "teaching", "teaching_bare")
+    print(f"{which} / itself without the rotation: {live.read_pair(rot_pair)}; the epilogue's "
+          f"rotation, the median of the rounds' differences: {rot_pair['diff_ms']:+.3f} ms")
     for other, label in (("cublas", "cuBLAS alone"), ("fused", "qkv_rope_linear"),
                          ("unfused", "cuBLAS + RoPE")):
-        print(f"{which} / {label}: {read_pair(pair_rounds('teaching', other))}")
+        print(f"{which} / {label}: {live.read_pair(live.pair(live_rounds, 'teaching', other))}")
     # section 1's RoPE pass, and the fusion's saving, in the same rounds
-    print(f"cuBLAS + RoPE / cuBLAS alone: {read_pair(pair_rounds('unfused', 'cublas'))}")
-    fused_over = pair_rounds("fused", "unfused")
-    print(f"fused / unfused here ({gpu}): {read_pair(fused_over)}")
+    print(f"cuBLAS + RoPE / cuBLAS alone: "
+          f"{live.read_pair(live.pair(live_rounds, 'unfused', 'cublas'))}")
+    fused_over = live.pair(live_rounds, "fused", "unfused")
+    print(f"fused / unfused here ({gpu}): {live.read_pair(fused_over)}")
     if "H200" in gpu:
         assert fused_over["ratio"] < 1.15, fused_over   # the TMA forward from angles (see above)
 else:
@@ -1997,8 +1983,6 @@ print(f"launched with {SHIPPED_LAUNCH} on {M_s} tokens, 3 programs and {tiles_s}
 # CPU and time it again.
 
 # %%
-from ropelib.course import nb12_live_rounds as live
-
 if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9 and persistent_ok:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     out_p, out_p_bare = torch.empty_like(out_g), torch.empty_like(out_g)
