@@ -814,9 +814,10 @@ assert max(steps, key=steps.get) == "heads" and round(steps["heads"], 1) == 16.5
 # %% [markdown]
 # Read the two columns as two GPUs with two tiles, not as one run twice. On the H100 that rendered
 # the published page the live column has the shape of section 5's H100 processes: the heads rung's
-# big step (+12.5<!--page-->), 2.3<!--page--> points at the warps rung (16<!--page--> warps there),
-# and 0.3<!--page--> of a point or less at every other step. The committed column's chunks and
-# equal-halves steps, −3.0 and +5.5, are one H200 run's (section 5).
+# big step (+12.4<!--page-->), 2.6<!--page--> points at the warps rung (16<!--page--> warps there),
+# and 0.4<!--page--> of a point or less at every other step, each inside the range of those
+# processes. The committed column's chunks and equal-halves steps, −3.0 and +5.5, are one H200
+# run's (section 5).
 
 # %% [markdown]
 # ## 4. How Triton lays the tile over threads
@@ -1170,7 +1171,7 @@ assert both is None or list(both) == ["worked solution", "ropelib's finished ker
 # what differs is the work before the loop and the registers, and with the registers the programs
 # an SM holds (2<!--page--> against 3<!--page--> on the H100 that rendered the published page,
 # where the finished kernel also timed clearly ahead in the timing cell before, at
-# 0.94<!--page--> of a copy against 0.88<!--page-->). A.6 times the copy at each kernel's programs
+# 0.94<!--page--> of a copy against 0.87<!--page-->). A.6 times the copy at each kernel's programs
 # an SM and asks whether that residency explains the gap between them.
 #
 # If your Exercise 1 kernel loads and stores at stride 2, how much of its gap would the loads
@@ -1546,11 +1547,12 @@ assert noloop_b8["tile_copy_ratio"] < shipped_b8["tile_copy_ratio"]
 # the launch holds the whole gap (a share near one; well under one would put it in the rotation,
 # Question 5). Without the batch loop the same copy runs at 0.902, and no copy of the 104 launches
 # swept passes 0.945. On your GPU, with its own tile, read the printed lines the same way: the
-# H100 that rendered the published page printed a share of 60<!--page--> % (the copy on the tile at
-# 0.975<!--page--> of a copy, rung 6 at 0.959<!--page-->), clearly below one, so there the rotation
-# holds part of rung 6's gap (Question 5 asks what to profile next). The tiles of heads profiled
-# on the H200 (notebook 04's variants and the rungs) stop at the same place, across occupancies:
-# the best of each batch loop and warp count.
+# H100 that rendered the published page printed a share of 70<!--page--> % (the copy on the tile at
+# 0.971<!--page--> of a copy, rung 6 at 0.958<!--page-->; the rotation 30<!--page--> %), below one,
+# so there the rotation holds part of rung 6's gap, though rung 6 runs only a little over a point
+# of a copy behind the copy on its tile (Question 5 asks what to profile next). The tiles of heads
+# profiled on the H200 (notebook 04's variants and the rungs) stop at the same place, across
+# occupancies: the best of each batch loop and warp count.
 
 # %%
 # by batch loop and warps a program: the copy's profiled time over the best one's
@@ -1898,7 +1900,7 @@ else:   # the interpreter: the launches above on a small x, then what an H200 wo
 
 # %% [markdown]
 # On the H100 that rendered the published page the worked solutions of Exercises 2 and 3 timed
-# about level, each within a hundredth of the copy (1.00<!--page--> and 0.99<!--page--> of it):
+# about level, each about a hundredth short of the copy (0.99<!--page--> and 0.99<!--page--> of it):
 # there the second load of the element-wise pass cost little (Question 6 asks why the H200
 # differs).
 #
@@ -2316,7 +2318,7 @@ checks_nb05.elementwise_route(tp, tp_meta)
 #    another thread of the same program holds it. Which thread, for $d = 128$ and 8 elements per
 #    thread? On the H200 the element-wise pass runs 2.5 points of a copy behind the pass of pairs
 #    at $s = 4096$, $b = 8$ (A.9: 0.968 against 0.993); on the H100 that rendered this notebook's
-#    pages, the worked solutions of Exercises 2 and 3 timed about level (1.00<!--page--> and
+#    pages, the worked solutions of Exercises 2 and 3 timed about level (0.99<!--page--> and
 #    0.99<!--page--> of a copy). What differs between the two GPUs (bandwidth, L1, resident warps)
 #    that could make the second load cost on one and not on the other, and what would you measure
 #    to tell?

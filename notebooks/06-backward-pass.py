@@ -435,7 +435,7 @@ if GPU:
 # one row that catches it. Edits 2 and 3 fail every row: on TE's table both compute the forward,
 # the rotation by $+\theta$, so they rotate the gradient the wrong way. On a GPU the cell's last
 # line times the kernel both ways in fp32: the H100 run on this notebook's page printed
-# 394.1<!--page--> µs forward and 393.8<!--page--> µs backward, a ratio of 1.00<!--page-->, as the
+# 393.5<!--page--> µs forward and 393.3<!--page--> µs backward, a ratio of 1.00<!--page-->, as the
 # shared loads and stores predict.
 
 # %% [markdown]
@@ -1054,15 +1054,18 @@ else:
 # The cell's host times are this process's, on this host, measured before its profiler runs;
 # they are not the probe's best of rounds and may be far higher than the band above.
 #
-# The cell reads its own GPU on the day it runs. The H100 run on this notebook's page found its
-# step host-bound. On the device the step was two forwards' work: its kernels took
-# 160.7<!--page--> µs (2.01<!--page--> times the forward's) and its replay 161.8<!--page--> µs
-# (2.00<!--page--> times), the replay the longer. Yet `do_bench` timed the whole call at
-# 579.4<!--page--> µs, 6.14<!--page--> forwards, with the device idle for 72<!--page--> % of it,
-# and the `step =` line put all of the excess on the host. A loop of steps was enqueued at
-# 727.3<!--page--> µs a step, longer than the 161.8<!--page--> µs replay, so the loop waited on the
-# host. That fits the hypothesis for the committed H200 step of 427 µs at the same shape, without
-# measuring it: no host time was measured beside that run.
+# The cell reads its own GPU on the day it runs. The H100 run on this notebook's page found a
+# loop of its steps host-bound, though `do_bench` did not show it. On the device the step was
+# two forwards' work: its kernels took 160.6<!--page--> µs (2.00<!--page--> times the forward's)
+# and its replay 161.7<!--page--> µs (2.00<!--page--> times), the replay the longer. `do_bench`
+# timed the whole call at 166.2<!--page--> µs, 1.96<!--page--> forwards, with the device idle for
+# 3<!--page--> % of it: within 10 % of two, so the `step =` line found no host in it. Yet a loop
+# of steps was enqueued at 268.1<!--page--> µs a step, longer than the 161.7<!--page--> µs
+# replay, so the loop waited on the host (done in 269.5<!--page--> µs). So at this shape the
+# host's enqueue outlasted the device's work, as the hypothesis for the committed H200 step of
+# 427 µs needs, but this run's `do_bench` did not time the wait, which the hypothesis supposes
+# its 427 µs includes: the run neither confirms nor refutes it, and no host time was measured
+# beside the H200 run.
 
 # %% [markdown]
 # ## 4. `gradcheck` in float64
@@ -1289,7 +1292,7 @@ else:
     print("timed on a GPU only (the interpreter's times say nothing of memory traffic)")
 
 # %% [markdown]
-# On the H100 run on this notebook's page the copied path took 3.65<!--page--> times the as-is
+# On the H100 run on this notebook's page the copied path took 3.66<!--page--> times the as-is
 # time, more than the byte model's 3<!--page-->. The kernel on a contiguous $\partial L/\partial y$
 # ran at 0.99<!--page--> of the as-is kernel's GB/s, but `g_sum.contiguous()` alone at
 # 0.61<!--page-->: the copy itself is the slow piece, and appendix A sets it beside a fill of the
@@ -1310,8 +1313,8 @@ else:
 # - A training step is two forwards of device work: from batch 4 up the committed H200 steps take
 #   1.97 to 2.01 forwards. Below, a step through autograd took longer; section 3.1's live cell
 #   times host and device on its GPU (on the H100 run on this notebook's page, a batch-1 step's
-#   kernels took 2.01<!--page--> forwards' time, and the host's enqueue set the pace of a loop of
-#   steps).
+#   kernels took 2.00<!--page--> forwards' time and `do_bench` timed the step at 1.96<!--page-->
+#   forwards, yet the host's enqueue set the pace of a loop of steps).
 # - One warp a program beats four at $D = 128$: with four, each element sits on two threads with
 #   loads and stores of its own, 2.85 times the instructions for the same bytes in 1.62 times the
 #   H200's time under the profiler (1.59 timed). One warp still reaches only 0.71 of a copy on the
@@ -1418,9 +1421,9 @@ solution(ex.solution_rope_backward)
 # four warps and at one, in bf16. The worked launcher runs at Triton's default of four warps:
 # compare it with the four-warp line; if yours takes clearly longer, compare your loads and grid
 # with section 2's kernel. Then launch yours with `num_warps=1` and compare with the one-warp line.
-# (On the H100 run on this notebook's page the worked launcher took 329.3<!--page--> µs,
-# 0.55<!--page--> of a copy, beside 326.0<!--page--> µs for section 2's kernel at four warps and
-# 225.7<!--page--> µs at one.)
+# (On the H100 run on this notebook's page the worked launcher took 329.5<!--page--> µs,
+# 0.55<!--page--> of a copy, beside 326.9<!--page--> µs for section 2's kernel at four warps and
+# 226.6<!--page--> µs at one.)
 
 # %%
 backward_timed = my_rope_backward if launcher_ok else ex.solution_rope_backward

@@ -39,10 +39,7 @@ _OLDER = "the page was rendered from an older version of the notebook; "
 # page -> why it is allowed to differ from its notebook for now
 STALE = {stem: _OLDER + _rerender(stem) for stem in (
     "00-setup-and-tour",
-    "06-backward-pass",
     "08-debugging-allclose",
-    "05-finished-kernel",
-    "12-rope-in-the-qkv-projection",
 )}
 # pages rendered before a data file they read was measured again
 _OLDER_DATA = ("the page shows outputs of benchmarks/results/floor-nvidia-h200.csv as it was "

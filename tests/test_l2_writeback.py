@@ -92,3 +92,18 @@ def test_the_table_sets_the_sweeps_writes_against_each_writers_shortfall(tmp_pat
     assert "after / short" in lines[0] and len(lines) == 1 + len(measured.L2_WRITEBACK_WRITERS)
     assert all(line.split()[:2] == [name, str(mib_)] and "0.75" in line.split()
                for line, (name, mib_) in zip(lines[1:], measured.L2_WRITEBACK_WRITERS))
+
+
+def test_the_committed_profile_shows_the_shortfall_written_back_by_the_next_kernel():
+    # what notebooks 04 (A.5) and 10 (section 5) read from the committed H100 profile
+    meta, rows = measured.l2_writeback("nvidia-h100-80gb-hbm3")
+    assert meta["gpu"] == "NVIDIA H100 80GB HBM3"
+    small, *large = rows
+    assert (small["kernel"], small["stored_mib"]) == ("copy", 16)
+    # the copy that fits in L2 is hardly counted writing at all; the next sweep writes it
+    assert round(small["counted_mib"], 1) == 0.3 and round(small["after_mib"], 1) == 16.6
+    assert round(small["after_mib"] / small["short_mib"], 2) == 1.06
+    # the writers larger than L2 fall short by about 20 MiB each, written back after them
+    assert [round(r["short_mib"], 1) for r in large] == [21.7, 21.8, 19.9]
+    assert [round(r["after_mib"] / r["short_mib"], 2) for r in large] == [0.98, 0.99, 0.97]
+    assert [round(r["total"], 3) for r in large] == [0.993, 0.999, 0.998]
