@@ -263,17 +263,25 @@ def notebook_code_cells(path: Path) -> list:
     return [cell_source(c) for c in nb["cells"] if c["cell_type"] == "code"]
 
 
+def _code_cell_chunks(page_html: str) -> list:
+    """The HTML of each code cell of a page (its input and its outputs), in order."""
+    starts = [m.start() for m in _CELL_START.finditer(page_html)] + [len(page_html)]
+    return [page_html[a:b] for a, b in zip(starts, starts[1:])
+            if page_html.startswith('<div class="jp-Cell jp-CodeCell', a)]
+
+
+def _text(fragment: str) -> str:
+    """An HTML fragment's text: tags removed, entities decoded."""
+    return html.unescape(re.sub(r"<[^>]+>", "", fragment))
+
+
 def page_code_cells(page_html: str) -> list:
     """The source of every code cell an HTML page shows, read back from nbconvert's
     highlighted input (tags removed, entities decoded), in order."""
-    starts = [m.start() for m in _CELL_START.finditer(page_html)] + [len(page_html)]
     cells = []
-    for a, b in zip(starts, starts[1:]):
-        chunk = page_html[a:b]
-        if not chunk.startswith('<div class="jp-Cell jp-CodeCell'):
-            continue
+    for chunk in _code_cell_chunks(page_html):
         m = _CODE_INPUT.search(chunk)
-        cells.append("" if m is None else html.unescape(re.sub(r"<[^>]+>", "", m.group(1))))
+        cells.append("" if m is None else _text(m.group(1)))
     return cells
 
 
@@ -283,20 +291,14 @@ _OUTPUT_WRAPPER = '<div class="jp-Cell-outputWrapper">'
 def page_output_text(page_html: str) -> str:
     """The text of everything a page's code cells printed or displayed (tags removed, entities
     decoded), in order: what a reader of the page sees below the code."""
-    starts = [m.start() for m in _CELL_START.finditer(page_html)] + [len(page_html)]
-    out = []
-    for a, b in zip(starts, starts[1:]):
-        chunk = page_html[a:b]
-        i = chunk.find(_OUTPUT_WRAPPER)
-        if chunk.startswith('<div class="jp-Cell jp-CodeCell') and i >= 0:
-            out.append(html.unescape(re.sub(r"<[^>]+>", "", chunk[i:])))
-    return "\n".join(out)
+    chunks = _code_cell_chunks(page_html)
+    return "\n".join(_text(c[c.index(_OUTPUT_WRAPPER):]) for c in chunks if _OUTPUT_WRAPPER in c)
 
 
 # A number the prose quotes from the page's live outputs carries a marker straight after it,
 # invisible in the rendered notebook: "the copy ran at 2.38<!--page--> TB/s".
-PAGE_QUOTE = re.compile(r"(-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?)<!--\s*page\s*-->")
-_NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
+_NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")   # 2.38, -1.1, 32,768
+PAGE_QUOTE = re.compile(f"({_NUMBER.pattern})<!--\\s*page\\s*-->")
 # words with which prose points a reader at the page's outputs; a paragraph that uses them
 # must mark the numbers it quotes
 PAGE_POINTERS = ("this notebook's page", "the published page", "rendered the page",

@@ -1,16 +1,18 @@
 """Notebook 06: section 2's learner writes a prediction in a cell of its own before the check
 prints the table that answers it, and the notebook's times print in µs."""
 import ast
-import json
 import re
 from pathlib import Path
 
-NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "06-backward-pass.ipynb"
+from loading import load_file
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK = ROOT / "notebooks" / "06-backward-pass.ipynb"
+run_notebooks = load_file("run_notebooks", ROOT / "benchmarks" / "run_notebooks.py")
 
 
 def _code_cells():
-    cells = json.loads(NOTEBOOK.read_text(encoding="utf-8"))["cells"]
-    return ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
+    return run_notebooks.notebook_code_cells(NOTEBOOK)
 
 
 def test_the_prediction_is_written_before_the_table_prints():
