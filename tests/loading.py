@@ -3,13 +3,25 @@ the tests exercise, and test modules whose helpers other tests share (their fold
 packages); and source a test writes (a learner's kernel, a worked solution typed in again, a
 notebook's cell) run from a file of its own (`written_module`). Imported by the test modules as
 `from loading import load_file` (pytest puts tests/ on the path)."""
+import atexit
 import importlib.util
+import shutil
 import sys
+import tempfile
 import types
 from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def scratch_folder(prefix: str) -> Path:
+    """A new temporary folder for the files a test module writes, removed when the test process
+    ends. Not removed at the module's teardown: pytest-xdist may hand a worker more of a module's
+    tests after it has run another module and torn this one down."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
 
 
 def load_file(name: str, path):

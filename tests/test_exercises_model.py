@@ -24,7 +24,7 @@ from ropelib import reference  # noqa: E402
 from ropelib.course import model as gpt_model  # noqa: E402
 from ropelib.course.exercises import in_a_model, own_code  # noqa: E402
 from ropelib.course.model import GPTConfig, KVCache  # noqa: E402
-from loading import load_file, written_module  # noqa: E402
+from loading import load_file, scratch_folder, written_module  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "09-rope-in-a-model.py"
@@ -398,7 +398,7 @@ def test_the_notebook_hands_its_exercises_to_the_checks_where_they_belong():
 
 # --- exercise 3: a Triton RoPE kernel of the learner's, inside the model -----------------------
 
-_VARIANTS = Path(__import__("tempfile").mkdtemp(prefix="ropelib-nb09-"))
+_VARIANTS = scratch_folder("ropelib-nb09-")
 
 
 def _kernel_variant(label, *edits):
@@ -552,10 +552,6 @@ def test_the_notebook_runs_exercise_3_after_exercise_2():
     assert text.index("**Exercise 2") < text.index("**Exercise 3") \
         < text.index("check_model_rope_kernel")
 
-
-def teardown_module():
-    import shutil
-    shutil.rmtree(_VARIANTS, ignore_errors=True)
 
 
 def test_the_notebook_reads_its_speed_claims_from_committed_data():

@@ -39,10 +39,8 @@ import itertools
 import multiprocessing
 import multiprocessing.pool
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import textwrap
 import threading
 from pathlib import Path
@@ -70,7 +68,7 @@ from ropelib.course.exercises import (  # noqa: E402
     layouts, nb00_program_floor, nb00_strided_copy, nb01_angle_kernel, nb02_lean_chain,
     nb02_table_mul, nb04_two_rows, nb06_interleaved, nb09_one_angle, nb11_cp_shard)
 from ropelib.course.kernels import naive, qkv_teaching  # noqa: E402
-from loading import load_file, written_module  # noqa: E402
+from loading import load_file, scratch_folder, written_module  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 _own_code_tests = load_file("own_code_tests_refuse", ROOT / "tests" / "test_own_code.py")
@@ -690,7 +688,7 @@ def test_library_results_computed_before_the_check_fail_at_its_drawn_case(label,
 
 # --- kernel answers: a kernel of the learner's whose body calls the worked one -----------------
 
-_COPIES = Path(tempfile.mkdtemp(prefix="ropelib-refuse-"))
+_COPIES = scratch_folder("ropelib-refuse-")
 _count = itertools.count()
 
 
@@ -826,6 +824,3 @@ def test_a_wrapper_of_an_own_kernel_is_not_refused(capsys):
     assert naive_kernel.check_rope_interleaved(wrapping(own)) is True, capsys.readouterr().out
     assert "❌" not in capsys.readouterr().out
 
-
-def teardown_module():
-    shutil.rmtree(_COPIES, ignore_errors=True)

@@ -14,8 +14,6 @@ import contextlib
 import itertools
 import os
 import re
-import shutil
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -31,11 +29,11 @@ from ropelib.course import debug  # noqa: E402
 from ropelib.course.exercises import debugging as ex  # noqa: E402
 from ropelib.course.exercises import own_code  # noqa: E402
 from ropelib.kernels import common  # noqa: E402
-from loading import written_module  # noqa: E402
+from loading import scratch_folder, written_module  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "08-debugging-allclose.py"
-_CELLS = Path(tempfile.mkdtemp(prefix="nb08_cells_"))
+_CELLS = scratch_folder("nb08_cells_")
 _count = itertools.count()
 
 pytestmark = pytest.mark.skipif(debug.te_bits_file() is None,
@@ -123,6 +121,3 @@ def test_a_correct_own_answer_passes(body, capsys):
     assert "✅ combine with TE's bits: bit for bit" in out and "❌" not in out, out
     assert len(re.findall(r": 0 of [\d,]+ elements differ", out)) == 2, out   # both stored cases
 
-
-def teardown_module():
-    shutil.rmtree(_CELLS, ignore_errors=True)

@@ -4,7 +4,6 @@ cell sweeps, and it is a worked solution: an answer to exercise 3 that calls it 
 import ast
 import inspect
 import os
-import tempfile
 import textwrap
 from pathlib import Path
 
@@ -17,11 +16,11 @@ if not torch.cuda.is_available():
 from ropelib import reference  # noqa: E402
 from ropelib.course.exercises import in_a_model  # noqa: E402
 from ropelib.frequencies import rope_freqs  # noqa: E402
-from loading import written_module  # noqa: E402
+from loading import scratch_folder, written_module  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "09-rope-in-a-model.py"
-_DIR = Path(tempfile.mkdtemp(prefix="ropelib-nb09-one-angle-"))
+_DIR = scratch_folder("ropelib-nb09-one-angle-")
 
 
 @pytest.mark.parametrize("rows", [4, 16, 64])

@@ -9,8 +9,6 @@ handed in as the answer. Each answer without the call passes (tests/test_puzzles
 refusal is the call's."""
 import inspect
 import itertools
-import shutil
-import tempfile
 import textwrap
 from pathlib import Path
 
@@ -25,10 +23,10 @@ from ropelib import hf as rope_hf
 from ropelib import te as rope_te
 from ropelib.course import puzzles as pz
 from ropelib.kernels.fused import _rope_kernel
-from loading import written_module
+from loading import scratch_folder, written_module
 
 KEYS = list(pz.PUZZLES)
-_COPIES = Path(tempfile.mkdtemp(prefix="nb13_library_answers_"))
+_COPIES = scratch_folder("nb13_library_answers_")
 _count = itertools.count()
 
 _X = torch.randn(2, 1, 1, 4)
@@ -95,6 +93,3 @@ def test_a_body_that_switches_the_watch_off_fails(capsys):
     assert pz.grade(pz.PUZZLES["shared_table"], kernel, seed=0, draw=False) is False
     assert "switched off the check's watch" in capsys.readouterr().out
 
-
-def teardown_module():
-    shutil.rmtree(_COPIES, ignore_errors=True)

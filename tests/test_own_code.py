@@ -8,13 +8,10 @@ What an exercise allows, and everything it calls, runs. The block restores what 
 `learner_copy(obj)` is also used by the exercise tests: a worked solution compiled again from its
 source in a file of its own, as a learner who typed it in a notebook would have it.
 """
-import atexit
 import inspect
 import itertools
 import os
-import shutil
 import sys
-import tempfile
 import textwrap
 import threading
 from pathlib import Path
@@ -36,13 +33,12 @@ from ropelib.course.exercises.own_code import (LibraryAnswer, launch_barred,  # 
 from ropelib.course import debug  # noqa: E402
 from ropelib.course.kernels import batch_reuse, naive  # noqa: E402
 from ropelib.kernels import common  # noqa: E402
-from loading import written_module  # noqa: E402
+from loading import scratch_folder, written_module  # noqa: E402
 
 DEVICE = runtime.default_device()
 INTERPRETER_ONLY = pytest.mark.skipif(not runtime.INTERPRET, reason="needs Triton's interpreter")
 
-_COPIES = Path(tempfile.mkdtemp(prefix="ropelib-own-code-"))
-atexit.register(shutil.rmtree, _COPIES, ignore_errors=True)
+_COPIES = scratch_folder("ropelib-own-code-")
 _count = itertools.count()
 
 
