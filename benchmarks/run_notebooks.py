@@ -296,26 +296,44 @@ def page_output_text(page_html: str) -> str:
 
 
 # A number the prose quotes from the page's live outputs carries a marker straight after it,
-# invisible in the rendered notebook: "the copy ran at 2.38<!--page--> TB/s".
+# invisible in the rendered notebook, that names the output line it reads: words printed on that
+# line beside the number, "the copy ran at 2.38<!--page: torch copy_--> TB/s".
 _NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")   # 2.38, -1.1, 32,768
-PAGE_QUOTE = re.compile(f"({_NUMBER.pattern})<!--\\s*page\\s*-->")
+PAGE_QUOTE = re.compile(f"({_NUMBER.pattern})<!--\\s*page\\b:?([^>]*?)\\s*-->")
 # words with which prose points a reader at the page's outputs; a paragraph that uses them
 # must mark the numbers it quotes
 PAGE_POINTERS = ("this notebook's page", "the published page", "rendered the page",
                  "rendered this notebook's page")
 
 
+def _one_spaced(text: str) -> str:
+    return " ".join(text.split())
+
+
 def quotes_missing_from_outputs(markdown: str, output_text: str) -> list:
-    """The numbers marked as quotes of the page (PAGE_QUOTE) that no output on the page shows,
-    to the precision the prose gives (2.38 matches a printed 2.38 or 2.381, not 2.39)."""
-    shown = [n.replace(",", "") for n in _NUMBER.findall(output_text)]
+    """The quotes of the page (PAGE_QUOTE) that no output line shows: each as "number (label)",
+    missing unless one line of the outputs holds the label's words (spacing aside) and the
+    number, to the precision the prose gives (2.38 matches a printed 2.38 or 2.381, not 2.39).
+    A marker without a label is always missing: it must say which line it reads."""
+    lines = [_one_spaced(line) for line in output_text.splitlines()]
     missing = []
-    for quote in PAGE_QUOTE.findall(markdown):
-        q = quote.replace(",", "")
+    for quote, label in PAGE_QUOTE.findall(markdown):
+        q, label = quote.replace(",", ""), _one_spaced(label)
         decimals = len(q.split(".")[1]) if "." in q else 0
-        if not any(f"{float(n):.{decimals}f}" == q for n in shown):
-            missing.append(quote)
+        if not label or not any(
+                label in line and any(f"{float(n.replace(',', '')):.{decimals}f}" == q
+                                      for n in _NUMBER.findall(line))
+                for line in lines):
+            missing.append(f"{quote} ({label or 'no label'})")
     return missing
+
+
+def stray_page_markers(markdown: str) -> list:
+    """Page markers not straight after a number (so PAGE_QUOTE would not read them), with the
+    text before each."""
+    quoted = {m.end() for m in PAGE_QUOTE.finditer(markdown)}
+    return [markdown[max(0, m.start() - 40):m.end()]
+            for m in re.finditer(r"<!--\s*page\b[^>]*-->", markdown) if m.end() not in quoted]
 
 
 def unmarked_page_paragraphs(markdown: str) -> list:

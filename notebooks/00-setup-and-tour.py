@@ -338,12 +338,13 @@ else:
 # %% [markdown]
 # The two paths differ in the last bits: `fused=False` rounds cos, sin and each product to bf16,
 # `fused=True` rounds once at the end (the cell asserts at most 2 ulps). Hugging Face's code, which
-# also rounds every op to bf16, differs from ropelib's one rounding in a share of the outputs, by
-# at most 2 ulps. On the H100 run on this notebook's page in `docs/executed/` (Transformer Engine
-# 2.20.2 installed) the paths differed by up to 2<!--page--> ulps, 32<!--page--> % of the HF
-# outputs by up to 1<!--page--> ulp, and the drop-in matched TE's own fused and unfused paths at
-# 0<!--page--> ulps. Notebook 08 shows why such a difference fails `torch.allclose` between two
-# correct implementations, and which unit to measure it in.
+# also rounds every op to bf16, differs from ropelib's one rounding in a share of the outputs, by at
+# most 2 ulps. On the H100 run on this notebook's page in `docs/executed/` (Transformer Engine
+# 2.20.2 installed) the paths differed by up to 2<!--page: fused=True and fused=False differ-->
+# ulps, 32<!--page: of q's outputs differ--> % of the HF outputs by up to
+# 1<!--page: of q's outputs differ--> ulp, and the drop-in matched TE's own fused and unfused paths
+# at 0<!--page: the drop-in against TE's own paths--> ulps. Notebook 08 shows why such a difference
+# fails `torch.allclose` between two correct implementations, and which unit to measure it in.
 
 # %% [markdown]
 # ### What a call costs: bytes set the time of a large call, a fixed cost that of a small one
@@ -561,11 +562,12 @@ else:
 
 # %% [markdown]
 # On the H100 run on this notebook's page in `docs/executed/`, the host issued ropelib's call in
-# 21.4<!--page--> µs and the copy's in 9.5<!--page--> µs, a gap of 11.9<!--page--> µs, against
-# 0.8<!--page--> µs between their replays: there too the host, not the kernel, separates the two
-# calls. Even the copy's 9.5<!--page--> µs on the host is about eight times its 1.2<!--page--> µs
-# replay: at a decoding step's size an eager call is mostly the host's work, whichever kernel it
-# launches.
+# 21.4<!--page: ropelib host, no sync--> µs and the copy's in 9.5<!--page: copy host, no sync--> µs,
+# a gap of 11.9<!--page: ropelib - copy: host--> µs, against 0.8<!--page: ropelib - copy: host--> µs
+# between their replays: there too the host, not the kernel, separates the two calls. Even the
+# copy's 9.5<!--page: copy host, no sync--> µs on the host is about eight times its
+# 1.2<!--page: copy host, no sync--> µs replay: at a decoding step's size an eager call is mostly
+# the host's work, whichever kernel it launches.
 
 # %% [markdown]
 # ## 4. What the course builds: three kernels, the same bytes
@@ -635,15 +637,16 @@ else:
 
 # %% [markdown]
 # Those shares are one run on your GPU at the tour's 32 MiB, a small shape: with $B = 4$ each
-# program of the batch-reusing grid loops over just four rows, one after another. On the H100 run
-# on this notebook's page in `docs/executed/` the copy ran at 2.38<!--page--> TB/s, 71<!--page--> %
-# of the H100's 3.35<!--page--> TB/s, and the three came in the course's order: the naive kernel at
-# 33<!--page--> % of a copy, the batch-reusing grid at 78<!--page--> %, the finished kernel at
-# 86<!--page--> %. At so small a shape another GPU or run can order them otherwise; read your own
-# lines. The floors at the end of this section set the grid's program starts beside its time on
-# your GPU; what else takes that time is notebook 04's question (its exercise 3 finds, on the
-# committed H200 sweep, that from $b = 4$ on neither the grid's programs nor its bytes bound its
-# time), and this notebook does not settle it.
+# program of the batch-reusing grid loops over just four rows, one after another. On the H100 run on
+# this notebook's page in `docs/executed/` the copy ran at 2.38<!--page: torch copy_--> TB/s,
+# 71<!--page: the copy reaches--> % of the H100's 3.35<!--page: the copy reaches--> TB/s, and the
+# three came in the course's order: the naive kernel at 33<!--page: 03 naive--> % of a copy, the
+# batch-reusing grid at 78<!--page: 04 batch-reusing grid--> %, the finished kernel at
+# 86<!--page: 05 finished (apply_rope)--> %. At so small a shape another GPU or run can order them
+# otherwise; read your own lines. The floors at the end of this section set the grid's program
+# starts beside its time on your GPU; what else takes that time is notebook 04's question (its
+# exercise 3 finds, on the committed H200 sweep, that from $b = 4$ on neither the grid's programs
+# nor its bytes bound its time), and this notebook does not settle it.
 #
 # At the size notebooks 03 to 05 measure, committed data settle the order. The next cell
 # reads a committed H200 profile at $[4096, 8, 32, 128]$ (256 MiB), where the naive kernel is the
@@ -827,12 +830,15 @@ if MECHANISM:
 # is on the H200. A lower share, such as the batch-reusing grid's at $B = 4$, is the part of
 # the time that starting programs takes, and says nothing about what the rest is.
 #
-# On the H100 run on this notebook's page in `docs/executed/`, "live / model" is 1.00<!--page--> to
-# 1.18<!--page--> for every grid of 32,768<!--page--> programs or more, so the H200's
-# 79.8<!--page--> ns a program holds on that H100, and 2.73<!--page--> for the finished kernel's
-# 4,096<!--page--> programs. The tour's naive kernel spends 99<!--page--> % of its time starting
-# programs, the batch-reusing grid 64<!--page--> %. Notebook 04 (sections 2 and 5.3) sets the grid
-# against three floors; notebook 05 climbs to the finished kernel one change at a time.
+# On the H100 run on this notebook's page in `docs/executed/`, "live / model" is
+# 1.00<!--page: 03 naive--> to 1.18<!--page: tour: 04 batch-reusing grid--> for every grid of
+# 32,768<!--page: tour: 04 batch-reusing grid--> programs or more, so the H200's
+# 79.8<!--page: ns of an SM's time a program--> ns a program holds on that H100, and
+# 2.73<!--page: 05 finished kernel--> for the finished kernel's 4,096<!--page: 05 finished kernel-->
+# programs. The tour's naive kernel spends 99<!--page: tour: 03 naive--> % of its time starting
+# programs, the batch-reusing grid 64<!--page: tour: 04 batch-reusing grid--> %. Notebook 04
+# (sections 2 and 5.3) sets the grid against three floors; notebook 05 climbs to the finished kernel
+# one change at a time.
 
 # %% [markdown]
 # ## 5. Where to go next
@@ -1015,16 +1021,18 @@ solution(basics.solution_interleaved_rope)
 # The cell times three grids, not a sweep, so it cannot say exactly where between the two
 # figures the need of your GPU lies.
 #
-# Read the printed rows that way: set each grid's KiB in flight beside the two needs, and its
-# saving beside the most the floors allow. A grid below the idle need prints a clearly negative
-# saving. A grid between the two needs is short of the working estimate, and a clearly negative
-# saving there is what that estimate predicts. A grid above both needs that prints a saving near 0,
-# far under the floors' bound, keeps enough in flight but wins nothing: the bytes, not the
-# programs, set the copy's time at this size. The H100 run on this notebook's page in
-# `docs/executed/` (needs of 3.1<!--page--> KiB idle and 11.1<!--page--> KiB busy, from the H200's
-# latencies) shows all three: 2<!--page--> KiB in flight at 1<!--page--> program an SM, a saving of
-# -44.1<!--page--> µs; 8<!--page--> KiB at 4<!--page-->, -6.5<!--page--> µs; 32<!--page--> KiB at
-# 16<!--page-->, 0.0<!--page--> µs where the floors allowed 8.6<!--page-->.
+# Read the printed rows that way: set each grid's KiB in flight beside the two needs, and its saving
+# beside the most the floors allow. A grid below the idle need prints a clearly negative saving. A
+# grid between the two needs is short of the working estimate, and a clearly negative saving there
+# is what that estimate predicts. A grid above both needs that prints a saving near 0, far under the
+# floors' bound, keeps enough in flight but wins nothing: the bytes, not the programs, set the
+# copy's time at this size. The H100 run on this notebook's page in `docs/executed/` (needs of
+# 3.1<!--page: Little's law--> KiB idle and 11.1<!--page: Little's law--> KiB busy, from the H200's
+# latencies) shows all three: 2<!--page: KiB in flight--> KiB in flight at
+# 1<!--page: KiB in flight--> program an SM, a saving of -44.1<!--page: KiB in flight--> µs;
+# 8<!--page: KiB in flight--> KiB at 4<!--page: KiB in flight-->, -6.5<!--page: KiB in flight--> µs;
+# 32<!--page: KiB in flight--> KiB at 16<!--page: KiB in flight-->, 0.0<!--page: KiB in flight--> µs
+# where the floors allowed 8.6<!--page: KiB in flight-->.
 
 # %%
 from ropelib.course.exercises import nb00_strided_copy

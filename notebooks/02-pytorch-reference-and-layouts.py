@@ -1241,21 +1241,22 @@ del cos_c, y_mul
 
 # %% [markdown]
 # What to take from section 6: in the committed H200 run the unfused chain takes 11.3 times as long
-# as one fused call because it moves 6.02 times the bytes *and* its kernels stream them at 1/2.29
-# of a copy's speed, the shortfall in the kernels PyTorch did not vectorize, each with an operand
-# that is not contiguous (a broadcast table, a strided half). A live run prints its own GPU's
-# factors: the bytes factor is fixed, the shortfall factor is the GPU's, and the four Triton lines
-# say which of the slow template's three traits costs a Triton kernel speed there. Where the
-# one-element and the division kernels stay near the wide kernel and only the one-in-flight kernel
-# falls, the narrow loads and the index arithmetic cost a Triton kernel little and one element in
-# flight at a time costs it speed: that fits the hypothesis about PyTorch's loop without proving
-# it, since PyTorch's own kernel is not taken apart here. Where the one-in-flight kernel stays well
-# above PyTorch's broadcast multiply (as it did in the one H100 run printed on this notebook's page
-# in `docs/executed/`, at 76<!--page--> % of the copy's GB/s against the multiply's
-# 47<!--page--> %; no committed file holds it), the mimic leaves part of the gap unexplained:
-# whatever takes PyTorch's multiply further down is not found here. A fused kernel removes the
-# extra bytes and keeps many loads in flight: one read, one write. Notebook 07 measures the fixed
-# cost of a call, and notebooks 03 to 05 what makes one kernel stream at a copy's speed.
+# as one fused call because it moves 6.02 times the bytes *and* its kernels stream them at 1/2.29 of
+# a copy's speed, the shortfall in the kernels PyTorch did not vectorize, each with an operand that
+# is not contiguous (a broadcast table, a strided half). A live run prints its own GPU's factors:
+# the bytes factor is fixed, the shortfall factor is the GPU's, and the four Triton lines say which
+# of the slow template's three traits costs a Triton kernel speed there. Where the one-element and
+# the division kernels stay near the wide kernel and only the one-in-flight kernel falls, the narrow
+# loads and the index arithmetic cost a Triton kernel little and one element in flight at a time
+# costs it speed: that fits the hypothesis about PyTorch's loop without proving it, since PyTorch's
+# own kernel is not taken apart here. Where the one-in-flight kernel stays well above PyTorch's
+# broadcast multiply (as it did in the one H100 run printed on this notebook's page in
+# `docs/executed/`, at 76<!--page: Triton, one element a lane, one in flight--> % of the copy's GB/s
+# against the multiply's 47<!--page: PyTorch, table broadcast--> %; no committed file holds it), the
+# mimic leaves part of the gap unexplained: whatever takes PyTorch's multiply further down is not
+# found here. A fused kernel removes the extra bytes and keeps many loads in flight: one read, one
+# write. Notebook 07 measures the fixed cost of a call, and notebooks 03 to 05 what makes one kernel
+# stream at a copy's speed.
 
 # %% [markdown]
 # ## Exercises

@@ -1833,15 +1833,16 @@ print(measured.l2_writeback_table(l2_rows))
 # %% [markdown]
 # **What it shows** (an H100, whose L2 holds 50 MiB; the one run committed): the shortfall is
 # write-back, not missing bytes. The 16 MiB copy fits in L2 and is counted writing only
-# 0.3<!--page--> MiB: nearly all of its output is still in L2 when it ends, and the sweep after it
-# writes 16.6<!--page--> MiB. The 64 and 256 MiB copies and the finished kernel each fall short
-# by 19.9<!--page--> to 21.8<!--page--> MiB, about the same whatever they store, and the sweep
-# after each writes back 0.97<!--page--> to 0.99<!--page--> of that shortfall: counted writes and
-# write-back together come to 0.993<!--page--> to 0.999<!--page--> of the bytes stored. So a
-# kernel's DRAM write count falls short of what it stored by the dirty lines L2 still holds at
-# its end, about 20 MiB here, and the H200 profile's 23.6 MiB short for the 256 MiB copy is the
-# same effect on a 60 MiB L2. Read a profile's DRAM/model ratio against the other kernels'
-# (A.4), or add the write-back, and not as bytes a kernel saved.
+# 0.3<!--page: copy 16--> MiB: nearly all of its output is still in L2 when it ends, and the sweep
+# after it writes 16.6<!--page: copy 16--> MiB. The 64 and 256 MiB copies and the finished kernel
+# each fall short by 19.9<!--page: ropelib 256--> to 21.8<!--page: copy 256--> MiB, about the same
+# whatever they store, and the sweep after each writes back 0.97<!--page: ropelib 256--> to
+# 0.99<!--page: copy 256--> of that shortfall: counted writes and write-back together come to
+# 0.993<!--page: copy 64--> to 0.999<!--page: copy 256--> of the bytes stored. So a kernel's DRAM
+# write count falls short of what it stored by the dirty lines L2 still holds at its end, about 20
+# MiB here, and the H200 profile's 23.6 MiB short for the 256 MiB copy is the same effect on a 60
+# MiB L2. Read a profile's DRAM/model ratio against the other kernels' (A.4), or add the write-back,
+# and not as bytes a kernel saved.
 
 # %% [markdown]
 # ### A.6 Batch 1: the programs alone

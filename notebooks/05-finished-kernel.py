@@ -814,10 +814,10 @@ assert max(steps, key=steps.get) == "heads" and round(steps["heads"], 1) == 16.5
 # %% [markdown]
 # Read the two columns as two GPUs with two tiles, not as one run twice. On the H100 that rendered
 # the published page the live column has the shape of section 5's H100 processes: the heads rung's
-# big step (+12.4<!--page-->), 2.6<!--page--> points at the warps rung (16<!--page--> warps there),
-# and 0.4<!--page--> of a point or less at every other step, each inside the range of those
-# processes. The committed column's chunks and equal-halves steps, −3.0 and +5.5, are one H200
-# run's (section 5).
+# big step (+12.4<!--page: the biggest step, live-->), 2.6<!--page: warps--> points at the warps
+# rung (16<!--page: tiles:--> warps there), and 0.4<!--page: equal_halves--> of a point or less at
+# every other step, each inside the range of those processes. The committed column's chunks and
+# equal-halves steps, −3.0 and +5.5, are one H200 run's (section 5).
 
 # %% [markdown]
 # ## 4. How Triton lays the tile over threads
@@ -1168,11 +1168,12 @@ assert both is None or list(both) == ["worked solution", "ropelib's finished ker
 
 # %% [markdown]
 # The two kernels' batch loops, from the load of `x` to the store, are of about the same length;
-# what differs is the work before the loop and the registers, and with the registers the programs
-# an SM holds (2<!--page--> against 3<!--page--> on the H100 that rendered the published page,
-# where the finished kernel also timed clearly ahead in the timing cell before, at
-# 0.94<!--page--> of a copy against 0.87<!--page-->). A.6 times the copy at each kernel's programs
-# an SM and asks whether that residency explains the gap between them.
+# what differs is the work before the loop and the registers, and with the registers the programs an
+# SM holds (2<!--page: worked solution--> against 3<!--page: ropelib's finished kernel--> on the
+# H100 that rendered the published page, where the finished kernel also timed clearly ahead in the
+# timing cell before, at 0.94<!--page: ropelib's finished kernel--> of a copy against
+# 0.87<!--page: worked solution-->). A.6 times the copy at each kernel's programs an SM and asks
+# whether that residency explains the gap between them.
 #
 # If your Exercise 1 kernel loads and stores at stride 2, how much of its gap would the loads
 # explain (L1 serves them a second time), and how much the stores that write half of every
@@ -1543,15 +1544,17 @@ assert said(noloop_b8["tile_copy_ratio"]) == "0.902"                 # not faste
 assert noloop_b8["tile_copy_ratio"] < shipped_b8["tile_copy_ratio"]
 
 # %% [markdown]
-# On the **H200** the copy on rung 6's launch runs at 0.913 of `y.copy_(x)` and rung 6 at 0.915:
-# the launch holds the whole gap (a share near one; well under one would put it in the rotation,
+# On the **H200** the copy on rung 6's launch runs at 0.913 of `y.copy_(x)` and rung 6 at 0.915: the
+# launch holds the whole gap (a share near one; well under one would put it in the rotation,
 # Question 5). Without the batch loop the same copy runs at 0.902, and no copy of the 104 launches
-# swept passes 0.945. On your GPU, with its own tile, read the printed lines the same way: the
-# H100 that rendered the published page printed a share of 70<!--page--> % (the copy on the tile at
-# 0.971<!--page--> of a copy, rung 6 at 0.958<!--page-->; the rotation 30<!--page--> %), below one,
-# so there the rotation holds part of rung 6's gap, though rung 6 runs only a little over a point
-# of a copy behind the copy on its tile (Question 5 asks what to profile next). The tiles of heads
-# profiled on the H200 (notebook 04's variants and the rungs) stop at the same place, across
+# swept passes 0.945. On your GPU, with its own tile, read the printed lines the same way: the H100
+# that rendered the published page printed a share of
+# 70<!--page: the launch (tile, batch loop, grid) holds--> % (the copy on the tile at
+# 0.971<!--page: the copy on rung 6's tile--> of a copy, rung 6 at
+# 0.958<!--page: the copy on rung 6's tile-->; the rotation 30<!--page: the rotation--> %), below
+# one, so there the rotation holds part of rung 6's gap, though rung 6 runs only a little over a
+# point of a copy behind the copy on its tile (Question 5 asks what to profile next). The tiles of
+# heads profiled on the H200 (notebook 04's variants and the rungs) stop at the same place, across
 # occupancies: the best of each batch loop and warp count.
 
 # %%
@@ -1899,10 +1902,10 @@ else:   # the interpreter: the launches above on a small x, then what an H200 wo
         measured.where(measured.load("paired_rows_probe")[0]))
 
 # %% [markdown]
-# On the H100 that rendered the published page the worked solutions of Exercises 2 and 3 timed
-# about level, each about a hundredth short of the copy (0.99<!--page--> and 0.99<!--page--> of it):
-# there the second load of the element-wise pass cost little (Question 6 asks why the H200
-# differs).
+# On the H100 that rendered the published page the worked solutions of Exercises 2 and 3 timed about
+# level, each about a hundredth short of the copy (0.99<!--page: worked solution--> and
+# 0.99<!--page: worked solution--> of it): there the second load of the element-wise pass cost
+# little (Question 6 asks why the H200 differs).
 #
 # `_rotate_pairs` in `ropelib/kernels/flat.py` does this for ropelib, and also reads table rows
 # through a row index (packed sequences, position ids).
@@ -2316,12 +2319,12 @@ checks_nb05.elementwise_route(tp, tp_meta)
 #    which of the rotation's instructions would you profile first, and with which metrics?
 # 6. The element-wise flat pass (Exercise 2) loads each element's partner from memory, though
 #    another thread of the same program holds it. Which thread, for $d = 128$ and 8 elements per
-#    thread? On the H200 the element-wise pass runs 2.5 points of a copy behind the pass of pairs
-#    at $s = 4096$, $b = 8$ (A.9: 0.968 against 0.993); on the H100 that rendered this notebook's
-#    pages, the worked solutions of Exercises 2 and 3 timed about level (0.99<!--page--> and
-#    0.99<!--page--> of a copy). What differs between the two GPUs (bandwidth, L1, resident warps)
-#    that could make the second load cost on one and not on the other, and what would you measure
-#    to tell?
+#    thread? On the H200 the element-wise pass runs 2.5 points of a copy behind the pass of pairs at
+#    $s = 4096$, $b = 8$ (A.9: 0.968 against 0.993); on the H100 that rendered this notebook's
+#    pages, the worked solutions of Exercises 2 and 3 timed about level
+#    (0.99<!--page: worked solution--> and 0.99<!--page: worked solution--> of a copy). What differs
+#    between the two GPUs (bandwidth, L1, resident warps) that could make the second load cost on
+#    one and not on the other, and what would you measure to tell?
 # 7. The flat pass (131,072 programs of 2 warps, each a contiguous 2 KiB) reaches the copy where
 #    no tile copy of section 5 does. Which of its other differences (program order in memory,
 #    bytes a program, index arithmetic) would you put on the tile copy next?

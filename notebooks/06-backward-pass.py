@@ -430,13 +430,14 @@ if GPU:
     assert 0.9 < bwd_ms / fwd_ms < 1.1, "the same bytes should take the forward's time"
 
 # %% [markdown]
-# Read the table by column. Only edit 1 passes a row: on TE's table its sines are equal, so
-# swapping them changes nothing and negating alone is right; the table whose halves differ is the
-# one row that catches it. Edits 2 and 3 fail every row: on TE's table both compute the forward,
-# the rotation by $+\theta$, so they rotate the gradient the wrong way. On a GPU the cell's last
-# line times the kernel both ways in fp32: the H100 run on this notebook's page printed
-# 393.5<!--page--> µs forward and 393.3<!--page--> µs backward, a ratio of 1.00<!--page-->, as the
-# shared loads and stores predict.
+# Read the table by column. Only edit 1 passes a row: on TE's table its sines are equal, so swapping
+# them changes nothing and negating alone is right; the table whose halves differ is the one row
+# that catches it. Edits 2 and 3 fail every row: on TE's table both compute the forward, the
+# rotation by $+\theta$, so they rotate the gradient the wrong way. On a GPU the cell's last line
+# times the kernel both ways in fp32: the H100 run on this notebook's page printed
+# 393.5<!--page: fp32, default warps: forward--> µs forward and
+# 393.3<!--page: fp32, default warps: forward--> µs backward, a ratio of
+# 1.00<!--page: fp32, default warps: forward-->, as the shared loads and stores predict.
 
 # %% [markdown]
 # ### 2.1 How fast: beside a copy, at one warp or four
@@ -673,10 +674,11 @@ for w, row in ((1, w1_row), (4, w4_row)):
 #   times the one-warp time under the profiler, which locks the clocks, and 1.59 times in its
 #   committed `do_bench` timing; the kernel moves from memory to instructions (the throughput
 #   columns). The live timing cell above prints its GPU's ratio beside the committed 1.59 (the H100
-#   run on this notebook's page printed 1.44<!--page-->, with one warp at 0.80<!--page--> of a
-#   copy, the committed H100 figure). The code being the same, a different ratio comes from the GPU
-#   that runs it or from the run: one live timing does not tell the two apart, and which of a GPU's
-#   parts would make the difference, this profile cannot say.
+#   run on this notebook's page printed 1.44<!--page: four warps a program-->, with one warp at
+#   0.80<!--page: one warp: forward--> of a copy, the committed H100 figure). The code being the
+#   same, a different ratio comes from the GPU that runs it or from the run: one live timing does
+#   not tell the two apart, and which of a GPU's parts would make the difference, this profile
+#   cannot say.
 #
 # **Why one warp stays short of a copy.** Under the profiler it runs at 0.70 of the copy's speed.
 # The copy moves 16 bytes an instruction against 4, fills 85 % of the warp slots against 48 %,
@@ -1054,18 +1056,20 @@ else:
 # The cell's host times are this process's, on this host, measured before its profiler runs;
 # they are not the probe's best of rounds and may be far higher than the band above.
 #
-# The cell reads its own GPU on the day it runs. The H100 run on this notebook's page found a
-# loop of its steps host-bound, though `do_bench` did not show it. On the device the step was
-# two forwards' work: its kernels took 160.6<!--page--> µs (2.00<!--page--> times the forward's)
-# and its replay 161.7<!--page--> µs (2.00<!--page--> times), the replay the longer. `do_bench`
-# timed the whole call at 166.2<!--page--> µs, 1.96<!--page--> forwards, with the device idle for
-# 3<!--page--> % of it: within 10 % of two, so the `step =` line found no host in it. Yet a loop
-# of steps was enqueued at 268.1<!--page--> µs a step, longer than the 161.7<!--page--> µs
-# replay, so the loop waited on the host (done in 269.5<!--page--> µs). So at this shape the
-# host's enqueue outlasted the device's work, as the hypothesis for the committed H200 step of
-# 427 µs needs, but this run's `do_bench` did not time the wait, which the hypothesis supposes
-# its 427 µs includes: the run neither confirms nor refutes it, and no host time was measured
-# beside the H200 run.
+# The cell reads its own GPU on the day it runs. The H100 run on this notebook's page found a loop
+# of its steps host-bound, though `do_bench` did not show it. On the device the step was two
+# forwards' work: its kernels took 160.6<!--page: its kernels (profiler)--> µs
+# (2.00<!--page: step kernels =--> times the forward's) and its replay
+# 161.7<!--page: replayed (graph)--> µs (2.00<!--page: replayed step =--> times), the replay the
+# longer. `do_bench` timed the whole call at 166.2<!--page: step whole call (do_bench)--> µs,
+# 1.96<!--page: step =--> forwards, with the device idle for
+# 3<!--page: device idle inside do_bench's events--> % of it: within 10 % of two, so the `step =`
+# line found no host in it. Yet a loop of steps was enqueued at 268.1<!--page: a loop of steps--> µs
+# a step, longer than the 161.7<!--page: a loop of steps--> µs replay, so the loop waited on the
+# host (done in 269.5<!--page: a loop of steps--> µs). So at this shape the host's enqueue outlasted
+# the device's work, as the hypothesis for the committed H200 step of 427 µs needs, but this run's
+# `do_bench` did not time the wait, which the hypothesis supposes its 427 µs includes: the run
+# neither confirms nor refutes it, and no host time was measured beside the H200 run.
 
 # %% [markdown]
 # ## 4. `gradcheck` in float64
@@ -1077,12 +1081,11 @@ else:
 # Why float64: with $\varepsilon = 10^{-6}$ two outputs differ by $2\varepsilon$ times an entry of
 # $J$, a change in the sixth decimal place of numbers near 1. fp32 rounds an output $y$ by up to
 # $2^{-24}|y| \approx 6 \times 10^{-8}\,|y|$; two such roundings, divided by $2\varepsilon$, move
-# the finite difference by up to
-# $2 \cdot 6 \times 10^{-8}\,|y| / (2 \times 10^{-6}) \approx 0.06\,|y|$, and rounding
-# $x \pm \varepsilon$ itself adds errors of the same order: percents, far beyond gradcheck's
-# relative 0.1 % (`rtol=1e-3`). The cell's last line measures it (up to 0.0748<!--page--> on the
-# H100 run on this notebook's page). So ropelib's kernels compute in fp64 when given fp64
-# (`COMPUTE_DTYPE`).
+# the finite difference by up to $2 \cdot 6 \times 10^{-8}\,|y| / (2 \times 10^{-6}) \approx
+# 0.06\,|y|$, and rounding $x \pm \varepsilon$ itself adds errors of the same order: percents, far
+# beyond gradcheck's relative 0.1 % (`rtol=1e-3`). The cell's last line measures it (up to
+# 0.0748<!--page: finite differences--> on the H100 run on this notebook's page). So ropelib's
+# kernels compute in fp64 when given fp64 (`COMPUTE_DTYPE`).
 #
 # The cell runs gradcheck on the cell's kernel and on `ropelib.apply_rope`, then on the same op
 # computed in fp32, which fails. `ropelib.apply_rope` is also checked on a table whose halves
@@ -1292,11 +1295,11 @@ else:
     print("timed on a GPU only (the interpreter's times say nothing of memory traffic)")
 
 # %% [markdown]
-# On the H100 run on this notebook's page the copied path took 3.66<!--page--> times the as-is
-# time, more than the byte model's 3<!--page-->. The kernel on a contiguous $\partial L/\partial y$
-# ran at 0.99<!--page--> of the as-is kernel's GB/s, but `g_sum.contiguous()` alone at
-# 0.61<!--page-->: the copy itself is the slow piece, and appendix A sets it beside a fill of the
-# same bytes on the H200.
+# On the H100 run on this notebook's page the copied path took 3.66<!--page: the copy costs--> times
+# the as-is time, more than the byte model's 3<!--page: the byte model-->. The kernel on a
+# contiguous $\partial L/\partial y$ ran at 0.99<!--page: kernel on contiguous dL/dy--> of the as-is
+# kernel's GB/s, but `g_sum.contiguous()` alone at 0.61<!--page: g_sum.contiguous() alone-->: the
+# copy itself is the slow piece, and appendix A sets it beside a fill of the same bytes on the H200.
 
 # %% [markdown]
 # ## 6. Summary, and the finished kernel
@@ -1311,10 +1314,10 @@ else:
 #   in float64, and with stride-0 tensors (the gradient of `y.sum()`, an input built with
 #   `expand`).
 # - A training step is two forwards of device work: from batch 4 up the committed H200 steps take
-#   1.97 to 2.01 forwards. Below, a step through autograd took longer; section 3.1's live cell
-#   times host and device on its GPU (on the H100 run on this notebook's page, a batch-1 step's
-#   kernels took 2.00<!--page--> forwards' time and `do_bench` timed the step at 1.96<!--page-->
-#   forwards, yet the host's enqueue set the pace of a loop of steps).
+#   1.97 to 2.01 forwards. Below, a step through autograd took longer; section 3.1's live cell times
+#   host and device on its GPU (on the H100 run on this notebook's page, a batch-1 step's kernels
+#   took 2.00<!--page: step kernels =--> forwards' time and `do_bench` timed the step at
+#   1.96<!--page: step =--> forwards, yet the host's enqueue set the pace of a loop of steps).
 # - One warp a program beats four at $D = 128$: with four, each element sits on two threads with
 #   loads and stores of its own, 2.85 times the instructions for the same bytes in 1.62 times the
 #   H200's time under the profiler (1.59 timed). One warp still reaches only 0.71 of a copy on the
@@ -1421,9 +1424,11 @@ solution(ex.solution_rope_backward)
 # four warps and at one, in bf16. The worked launcher runs at Triton's default of four warps:
 # compare it with the four-warp line; if yours takes clearly longer, compare your loads and grid
 # with section 2's kernel. Then launch yours with `num_warps=1` and compare with the one-warp line.
-# (On the H100 run on this notebook's page the worked launcher took 329.5<!--page--> µs,
-# 0.55<!--page--> of a copy, beside 326.9<!--page--> µs for section 2's kernel at four warps and
-# 226.6<!--page--> µs at one.)
+# (On the H100 run on this notebook's page the worked launcher took
+# 329.5<!--page: backward (worked, num_warps=4)--> µs,
+# 0.55<!--page: backward (worked, num_warps=4)--> of a copy, beside
+# 326.9<!--page: backward (section 2's, num_warps=4)--> µs for section 2's kernel at four warps and
+# 226.6<!--page: backward (section 2's, num_warps=1)--> µs at one.)
 
 # %%
 backward_timed = my_rope_backward if launcher_ok else ex.solution_rope_backward

@@ -987,12 +987,13 @@ assert emu["emulation:device"] == 17, "the text's 17: the emulation, torch on th
 assert emu["emulation:cpu"] == 27, "the text's 27: the emulation, torch on the CPU"
 
 # %% [markdown]
-# Read step a's rows together. Every product rounded gives 17, in `te_bits.py`'s kernel and in
-# torch on the GPU alike; the kernel above, contraction off, printed the same 17<!--page--> on the
-# H100 that rendered the published page and prints it on a CPU. The same line with the compiler's
-# fma gives 12, the fixed kernel's count of section 3. Torch on the CPU also rounds every product,
-# yet gives 27: its cos and sin are not TE's (step b counts them). Two things move the count, then:
-# the cos/sin values and which products are rounded. Steps b and c change one each.
+# Read step a's rows together. Every product rounded gives 17, in `te_bits.py`'s kernel and in torch
+# on the GPU alike; the kernel above, contraction off, printed the same
+# 17<!--page: combine with TE's bits--> on the H100 that rendered the published page and prints it
+# on a CPU. The same line with the compiler's fma gives 12, the fixed kernel's count of section 3.
+# Torch on the CPU also rounds every product, yet gives 27: its cos and sin are not TE's (step b
+# counts them). Two things move the count, then: the cos/sin values and which products are rounded.
+# Steps b and c change one each.
 #
 # **Step b — swap where sin/cos come from**, the suspect everyone names first: `tl.cos`/`tl.sin`,
 # libdevice's precise and fast (`cos.approx`) ones, a torch table made on the GPU or the CPU,

@@ -1388,13 +1388,13 @@ print(f"Nsight Compute on {measured.where(l2_meta)}, --cache-control none (MiB o
 print(measured.l2_writeback_table(l2_rows))
 
 # %% [markdown]
-# On the H100 that profile ran on (50 MiB of L2), the writers that store more than the L2 holds,
-# the copies and ropelib's finished kernel, each fall short by 19.9<!--page--> to
-# 21.8<!--page--> MiB, and the sweep after each writes back 0.97<!--page--> to
-# 0.99<!--page--> of it: what a profile does not count are a kernel's last output lines, still
-# dirty in L2 when it ends, written to DRAM after the profiler stopped counting. The probe ran
-# the copy and the finished kernel, not the three kernels above; that their 19 to 25 MB fall
-# short in the same way is an inference from it, and it fits: each stores more than the L2
+# On the H100 that profile ran on (50 MiB of L2), the writers that store more than the L2 holds, the
+# copies and ropelib's finished kernel, each fall short by 19.9<!--page: ropelib 256--> to
+# 21.8<!--page: copy 256--> MiB, and the sweep after each writes back 0.97<!--page: ropelib 256-->
+# to 0.99<!--page: copy 256--> of it: what a profile does not count are a kernel's last output
+# lines, still dirty in L2 when it ends, written to DRAM after the profiler stopped counting. The
+# probe ran the copy and the finished kernel, not the three kernels above; that their 19 to 25 MB
+# fall short in the same way is an inference from it, and it fits: each stores more than the L2
 # holds and falls short by less. Their TB/s count only what was written while they ran, so they
 # compare with each other and not with a copy's rate.
 

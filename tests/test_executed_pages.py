@@ -300,27 +300,44 @@ def _markdown(nb_path):
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.stem)
 def test_numbers_the_prose_quotes_from_the_page_are_on_it(page):
-    # prose that reads a live output ("the copy ran at 2.38<!--page--> TB/s") must agree with the
-    # page as it is: a page rendered again with other numbers fails here until the prose follows
+    # prose that reads a live output ("the copy ran at 2.38<!--page: torch copy_--> TB/s") must
+    # agree with the line of the page it names: a page rendered again with other numbers fails
+    # here until the prose follows
     markdown = _markdown(NOTEBOOKS / f"{page.stem}.ipynb")
     outputs = run_notebooks.page_output_text(page.read_text(encoding="utf-8"))
     missing = run_notebooks.quotes_missing_from_outputs(markdown, outputs)
     assert not missing, (
         f"notebooks/{page.stem} quotes {missing} from its page, which no output of "
         f"docs/executed/{page.name} shows: read the page again and correct the prose")
+    stray = run_notebooks.stray_page_markers(markdown)
+    assert not stray, (f"notebooks/{page.stem}: a page marker not straight after a number: "
+                       f"{stray}")
     unmarked = run_notebooks.unmarked_page_paragraphs(markdown)
     assert not unmarked, (
         f"notebooks/{page.stem}: a paragraph points at the page's outputs but marks no number "
-        "it quotes (write <!--page--> straight after each): " + unmarked[0][:300])
+        "it quotes (write <!--page: words on its output line--> straight after each): " + unmarked[0][:300])
 
 
-def test_page_quotes_are_checked_to_the_precision_given():
-    outputs = "copy: 2.381 TB/s\nwarps: 32,768\ndelta -1.10 %\n"
-    md = "ran at 2.38<!--page--> TB/s on 32,768<!--page--> warps, -1.1<!--page--> %"
+def test_page_quotes_are_checked_on_their_line_to_the_precision_given():
+    outputs = "copy: 2.381 TB/s\nwarps: 32,768\ndelta   -1.10 %\nnaive: 2.39 TB/s\n"
+    md = ("ran at 2.38<!--page: copy:--> TB/s on 32,768<!--page: warps--> warps, "
+          "-1.1<!--page:delta --> %")
     assert run_notebooks.quotes_missing_from_outputs(md, outputs) == []
-    assert run_notebooks.quotes_missing_from_outputs("2.39<!-- page --> TB/s", outputs) == ["2.39"]
-    assert run_notebooks.quotes_missing_from_outputs("32,769<!--page-->", outputs) == ["32,769"]
+    # the precision the prose gives, on the line the label names
+    assert run_notebooks.quotes_missing_from_outputs("2.39<!-- page: copy: --> TB/s", outputs) \
+        == ["2.39 (copy:)"]
+    assert run_notebooks.quotes_missing_from_outputs("2.39<!--page: naive-->", outputs) == []
+    assert run_notebooks.quotes_missing_from_outputs("32,769<!--page: warps-->", outputs) \
+        == ["32,769 (warps)"]
+    # a number printed elsewhere on the page does not stand for the line the label names
+    assert run_notebooks.quotes_missing_from_outputs("2.38<!--page: warps-->", outputs) \
+        == ["2.38 (warps)"]
+    # a marker must name its line, and sit straight after a number
+    assert run_notebooks.quotes_missing_from_outputs("2.38<!--page--> TB/s", outputs) \
+        == ["2.38 (no label)"]
+    assert run_notebooks.stray_page_markers("at 2.38 <!--page: copy:--> TB/s") != []
+    assert run_notebooks.stray_page_markers(md) == []
     assert run_notebooks.unmarked_page_paragraphs(
         "On this notebook's page the copy ran at 2.38 TB/s.\n\nOther text.") != []
     assert run_notebooks.unmarked_page_paragraphs(
-        "On this notebook's page the copy ran at 2.38<!--page--> TB/s.") == []
+        "On this notebook's page the copy ran at 2.38<!--page: copy:--> TB/s.") == []
