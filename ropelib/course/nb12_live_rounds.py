@@ -52,8 +52,9 @@ def pair(times: dict, a: str, b: str) -> dict:
 
 def read_pair(c: dict, digits: int = 2) -> str:
     """A comparison in words: the median of the rounds' ratios and their range (to ``digits``
-    places), the rounds the first won, the sign test's p, resolved or not."""
+    places), the rounds the first won, the sign test's p, resolved or not (``c`` from
+    :func:`pair`, or a plain :func:`paired_rounds` result, read against :data:`LEVEL`)."""
     r = lambda v: f"{v:.{digits}f}"                                      # noqa: E731
     return (f"{r(c['ratio'])} (rounds {r(c['low'])} to {r(c['high'])}), the first faster in "
             f"{c['a_wins']} of {c['rounds']} rounds (sign test p {c['p']:.4f}): "
-            + ("resolved" if c["p"] < LEVEL else "not resolved"))
+            + ("resolved" if c.get("resolved", c["p"] < LEVEL) else "not resolved"))
