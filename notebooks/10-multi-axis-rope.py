@@ -682,12 +682,13 @@ if HAVE_HF:
 # $$y_j = x_j \cos\theta_{t,j} - x_{j+D/2} \sin\theta_{t,j}, \qquad
 #   y_{j+D/2} = x_{j+D/2} \cos\theta_{t,j} + x_j \sin\theta_{t,j}.$$
 #
-# The check runs your kernel in the interpreter (and compiled, on a GPU) on section 1's three
-# splits, with a partial last tile, in fp32 and bf16, against `ropelib.apply_mrope_qk`. It also
-# counts your sines and cosines: more than two of them together per (token, pair) (a sine and a
-# cosine) fails even with right values, as does calling ropelib. Use `tl.cos` and `tl.sin`:
-# libdevice (NVIDIA's GPU math library, which they compile to with Triton 3.6: notebook 05,
-# section 3) called by name does not run in the interpreter.
+# The check runs your kernel in the interpreter (and compiled, on a GPU) on small heads split in
+# section 1's three ways (contiguous sections, round robin, axial), with a partial last tile, in
+# fp32 and bf16, against `ropelib.apply_mrope_qk`. It also counts your sines and cosines: more than
+# two of them together per (token, pair) (a sine and a cosine) fails even with right values, as does
+# calling ropelib. Use `tl.cos` and `tl.sin`: libdevice (NVIDIA's GPU math library, which they
+# compile to with Triton 3.6: notebook 05, section 3) called by name does not run in the
+# interpreter.
 #
 # The launch is the next cell's `launch_mrope`: the check, the counts and every timing below go
 # through it, and appendix C's exercise turns its `num_warps` and `HPS`.
@@ -1859,7 +1860,8 @@ assert by[("ropelib_exact", top)]["out_err"] < 1e-5
 # Section 6's compile for sm_90 also gives the machine code (SASS) of the per-head kernel and the
 # worked solution (and yours, once it passes). The next cell counts the instructions a thread
 # issues in one pass of q's head loop on the fast path (libdevice's sine and cosine take a slow
-# path only at $|\theta| \ge 105{,}615$, far above these angles). A thread forms
+# path only at $|\theta| \ge 105{,}615$, far above the angles timed and profiled in section 6:
+# positions under 256 and $\omega_j \le 1$ keep them under 256 rad). A thread forms
 # $8 \cdot 64 / 128 = 4$ angles per head, so the extra instructions over 4 are the extra warp
 # instructions per angle, the profile's 65.
 
