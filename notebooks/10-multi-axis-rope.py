@@ -1248,10 +1248,12 @@ assert (do_bench_tiles[H100_NAME][1], do_bench_tiles[H100_NAME][4]) == (157.9, 1
 # time), and both stay within a quarter of the copy of q and k: 1.08 and 1.01 times the copy's
 # time on the H200, 1.06 and 1.01 on the H100. Only the
 # per-head kernel falls clearly behind the copy, at 1.51 times its time on the H200 and 1.24 on
-# the H100. So the 32 times as many sines and cosines counted above cost 40 % more time on one
-# GPU and 17 % on the other. A time says which kernel is faster, not why, nor why the gap
-# differs between GPUs: the profiles below answer the first question on the H200, appendix B
-# follows the second.
+# the H100. So forming the angles per head (the 32 times as many sines and cosines counted
+# above, and the positions and frequencies loaded again for each head) costs 40 % more time on
+# one GPU and 17 % on the other. A time says which kernel is faster, not why, nor why the gap
+# differs between GPUs: the profiles below answer the first question on the H200 (the repeated
+# work is mostly the sines' and cosines' arithmetic: appendix A), appendix B follows the second
+# as far as the committed data go, without an answer.
 
 # %% [markdown]
 # ### What Nsight Compute counted on an H200
