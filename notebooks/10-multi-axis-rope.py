@@ -1251,9 +1251,9 @@ assert (do_bench_tiles[H100_NAME][1], do_bench_tiles[H100_NAME][4]) == (157.9, 1
 # the H100. So forming the angles per head (the 32 times as many sines and cosines counted
 # above, and the positions and frequencies loaded again for each head) costs 40 % more time on
 # one GPU and 17 % on the other. A time says which kernel is faster, not why, nor why the gap
-# differs between GPUs: the profiles below answer the first question on the H200 (the repeated
-# work is mostly the sines' and cosines' arithmetic: appendix A), appendix B follows the second
-# as far as the committed data go, without an answer.
+# differs between GPUs: the profiles below answer the first question on the H200 (appendix A
+# counts the repeated instructions in the machine code), appendix B follows the second as far as
+# the committed data go, without an answer.
 
 # %% [markdown]
 # ### What Nsight Compute counted on an H200
