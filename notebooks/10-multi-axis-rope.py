@@ -485,10 +485,10 @@ assert round(probe_ms["forward"], 2) == round(compiled_ms[0], 2)        # the fl
 # reproduce the floor's 0.64 ms and lies far above its own kernels' 0.47: the step's time beyond
 # its kernels differs between the two harnesses, and the probe does not take it apart, so
 # neither whole-step time settles which call is slower. The summed kernel times do: on the
-# device the forward-only call's kernels take 1.61 ms against the step's 0.47, by Inductor's
-# fusion choice for this graph (a kernel busy with six sines and cosines an element). The
-# forward row says what that graph costs, not what compiled code can do, and no conclusion here
-# rests on it.
+# device the forward-only call's kernels take 1.61 ms against the step's 0.47. That its 64 times
+# as many sines and cosines are what makes it slow fits these times, but it is an inference: no
+# instruction or stall profile of Inductor's kernels is committed. The forward row says what that
+# graph costs, not what compiled code can do, and no conclusion here rests on it.
 
 # %% [markdown]
 # Models written for transformers 4.x call `apply_multimodal_rotary_pos_emb(q, k, cos, sin,
@@ -682,12 +682,13 @@ if HAVE_HF:
 # $$y_j = x_j \cos\theta_{t,j} - x_{j+D/2} \sin\theta_{t,j}, \qquad
 #   y_{j+D/2} = x_{j+D/2} \cos\theta_{t,j} + x_j \sin\theta_{t,j}.$$
 #
-# The check runs your kernel in the interpreter (and compiled, on a GPU) on section 1's three
-# splits, with a partial last tile, in fp32 and bf16, against `ropelib.apply_mrope_qk`. It also
-# counts your sines and cosines: more than two of them together per (token, pair) (a sine and a
-# cosine) fails even with right values, as does calling ropelib. Use `tl.cos` and `tl.sin`:
-# libdevice (NVIDIA's GPU math library, which they compile to with Triton 3.6: notebook 05,
-# section 3) called by name does not run in the interpreter.
+# The check runs your kernel in the interpreter (and compiled, on a GPU) on small heads split in
+# section 1's three ways (contiguous sections, round robin, axial), with a partial last tile, in
+# fp32 and bf16, against `ropelib.apply_mrope_qk`. It also counts your sines and cosines: more than
+# two of them together per (token, pair) (a sine and a cosine) fails even with right values, as does
+# calling ropelib. Use `tl.cos` and `tl.sin`: libdevice (NVIDIA's GPU math library, which they
+# compile to with Triton 3.6: notebook 05, section 3) called by name does not run in the
+# interpreter.
 #
 # The launch is the next cell's `launch_mrope`: the check, the counts and every timing below go
 # through it, and appendix C's exercise turns its `num_warps` and `HPS`.
@@ -1241,15 +1242,18 @@ assert (do_bench_tiles[H100_NAME][1], do_bench_tiles[H100_NAME][4]) == (157.9, 1
 # %% [markdown]
 # **What the timings say.** Forming the angles once per token is the faster design in every run:
 # the per-head kernel takes 1.40 times the worked solution's time in the committed H200 run and
-# 1.17 times in the committed H100 run (the executed page's live H100 run: 1.18). The worked
-# solution and ropelib's kernel are level, within a tenth of each other (ropelib's takes 0.93
-# and 0.95 of the worked solution's time), and both stay within a quarter of the copy of q and
-# k: 1.08 and 1.01 times the copy's time on the H200, 1.06 and 1.01 on the H100. Only the
+# 1.17 times in the committed H100 run (the executed page's live H100 run:
+# 1.17<!--page: angles per (token, head) take-->). The worked solution and ropelib's kernel are
+# level, within a tenth of each other (ropelib's takes 0.93 and 0.95 of the worked solution's
+# time), and both stay within a quarter of the copy of q and k: 1.08 and 1.01 times the copy's
+# time on the H200, 1.06 and 1.01 on the H100. Only the
 # per-head kernel falls clearly behind the copy, at 1.51 times its time on the H200 and 1.24 on
-# the H100. So the 32 times as many sines and cosines counted above cost 40 % more time on one
-# GPU and 17 % on the other. A time says which kernel is faster, not why, nor why the gap
-# differs between GPUs: the profiles below answer the first question on the H200, appendix B
-# follows the second.
+# the H100. So forming the angles per head (the 32 times as many sines and cosines counted
+# above, and the positions and frequencies loaded again for each head) costs 40 % more time on
+# one GPU and 17 % on the other. A time says which kernel is faster, not why, nor why the gap
+# differs between GPUs: the profiles below answer the first question on the H200 (appendix A
+# counts the repeated instructions in the machine code), appendix B follows the second as far as
+# the committed data go, without an answer.
 
 # %% [markdown]
 # ### What Nsight Compute counted on an H200
@@ -1727,8 +1731,9 @@ assert all(v > 0 for v in parts["other"])                   # the two waits are 
 # too (39 %), so its extra instructions fill idle issue cycles.
 #
 # Under the profiler the per-head kernel takes 1.90 times the once-per-token kernel's time, under
-# `do_bench` 1.40 in the committed H200 run and 1.17 in the committed H100 run (1.18 in the
-# executed page's live H100 run; a live timing cell prints its own). Appendix B (optional) follows
+# `do_bench` 1.40 in the committed H200 run and 1.17 in the committed H100 run (1.17<!--page:
+# angles per (token, head) take--> in the executed page's live H100 run; a live timing cell prints
+# its own). Appendix B (optional) follows
 # both differences as far as the committed data go.
 
 # %% [markdown]
@@ -1816,14 +1821,17 @@ assert by[("ropelib_exact", top)]["out_err"] < 1e-5
 #   $\max(h, w)$, not by its number of patches.
 # - One kernel serves all of them, forward and backward (the rotation by $-\theta$), matches
 #   transformers, and allocates nothing beyond its outputs (`apply_rotary_pos_emb` alone: 3.5
-#   times its outputs, 3.58 as a GPU's allocator counts them). In the committed H200 run it ran
+#   times its outputs, 3.58<!--page: apply_rotary_pos_emb alone--> as the CUDA allocator counts
+#   them on an H100 or an H200). In the committed H200 run it ran
 #   at 0.985 of a copy's speed, transformers at 0.068.
 # - Formed per (token, head), the angles cost 32 times the sines and cosines for the same bytes. On
 #   an H200 the per-head kernel executes 5.3 times the warp instructions and takes 1.40 times the
 #   time under `do_bench`; profiled on that H200, at the profiler's fixed 1.5 GHz, it is
 #   instruction-bound (it issues on 81 % of its active cycles) and the once-per-token kernel
-#   memory-bound (30 %). In the committed H100 run the time ratio is 1.17 (1.18 in the executed
-#   page's live H100 run), measured but not explained: no H100 profile is committed. The loop's
+#   memory-bound (30 %). In the committed H100 run the time ratio is 1.17 (1.17<!--page: angles
+#   per (token, head) take--> in the executed page's live H100 run). From the H200 to the H100
+#   the once-per-token kernel slows with the copy (1.33 and 1.35 times), the per-head kernel less
+#   (1.11 times): measured, not explained, as no H100 profile is committed. The loop's
 #   stores keep the compiler from moving the angle loads out of the head loop, and the sines and
 #   cosines stay with them: load them before the loop.
 # - fp32 angles drift: 0.089 rad at 1.5 M positions, 1.71 at 16 M; `rope_angles` stays within
@@ -1854,7 +1862,8 @@ assert by[("ropelib_exact", top)]["out_err"] < 1e-5
 # Section 6's compile for sm_90 also gives the machine code (SASS) of the per-head kernel and the
 # worked solution (and yours, once it passes). The next cell counts the instructions a thread
 # issues in one pass of q's head loop on the fast path (libdevice's sine and cosine take a slow
-# path only at $|\theta| \ge 105{,}615$, far above these angles). A thread forms
+# path only at $|\theta| \ge 105{,}615$, far above the angles timed and profiled in section 6:
+# positions under 256 and $\omega_j \le 1$ keep them under 256 rad). A thread forms
 # $8 \cdot 64 / 128 = 4$ angles per head, so the extra instructions over 4 are the extra warp
 # instructions per angle, the profile's 65.
 
@@ -1956,18 +1965,24 @@ assert round(clock_ratio, 2) == 1.44 and round(h200_ratio, 2) == 1.40
 # ### Does the angle work hide behind memory? One GPU, twice the bytes
 #
 # In the committed runs the per-head kernel takes 1.40 times the once-per-token kernel's time on
-# the H200, 1.17 on the H100, whose copy of q and k takes 1.35 times as long. The memory-bound
-# kernel stretches with the copy (1.33 times), the per-head one less (1.11):
-# $1.40 \times 1.11 / 1.33 = 1.17$. Both GPUs are sm_90 and both runs read the same NVML clock,
-# so a purely instruction-bound kernel would barely move: the 1.11 needs a cause. One candidate:
-# angle work that overlaps memory hides more the longer memory takes. The next cell tests that
+# the H200, 1.17 on the H100, whose copy of q and k takes 1.35 times as long. The once-per-token
+# kernel (memory-bound on the profiled H200) stretches with the copy (1.33 times), the per-head
+# one less (1.11): $1.40 \times 1.11 / 1.33 = 1.17$. Both GPUs are sm_90, and each run's one NVML
+# sample, read after timing, gave the same clock; a purely instruction-bound kernel at that clock
+# on both would barely move, so the 1.11 needs a cause. One candidate, not yet shown: angle work
+# that overlaps memory hides more the longer memory takes. The next cell tests that
 # on one GPU with fp32 q and k beside bf16: the same angle work (counted in the interpreter),
 # twice the bytes.
 #
 # On a GPU the once-per-token kernel should take about twice as long in fp32, like the copy
 # (asserted: over 1.5 times). The **gap** (per-head minus once-per-token time) is the angle work
-# that did not hide; the **share** is the fp32 gap over the bf16 gap: near 1, the angle work adds
-# to the memory time; near 0, memory hides it. One run's share decides nothing.
+# that did not hide; the **share** is the fp32 gap over the bf16 gap:
+#
+# $$\text{share} = \frac{t_{\text{per head}}^{\text{fp32}} - t_{\text{once}}^{\text{fp32}}}
+#   {t_{\text{per head}}^{\text{bf16}} - t_{\text{once}}^{\text{bf16}}}.$$
+#
+# Near 1, the angle work adds to the memory time; near 0, memory hides it. One run's share
+# decides nothing.
 
 # %%
 # the H200 against the H100, from the committed runs read above
@@ -2074,14 +2089,17 @@ assert [round(b32 / b16, 2) for b16, b32 in fp32_us.values()] == [1.76, 1.91, 1.
 # %% [markdown]
 # On the committed H100 run the copy and the once-per-token kernel take 1.90 and 1.91 times as
 # long in fp32, and the gap goes from 17.3 µs in bf16 to 15.3 in fp32: a share of 0.88. A live
-# run prints its own share beside it (the executed page's H100 run: gaps of 18.3 and 14.3 µs, a
-# share of 0.78), and the share moves from run to run: it is a ratio of two differences of
-# medians, each difference some 15 µs taken between medians of about 100 to 210 µs, so a µs of
-# drift in one median moves it by several hundredths. In the committed run
-# fp32 leaves most of the gap; whether that holds in every run, and so whether memory hides any
-# of the angle work, one run per dtype cannot say. The committed data explain the denominator
-# (the once-per-token kernel follows memory) and measure, without explaining, the per-head
-# kernel's 1.11.
+# run prints its own share beside it (the executed page's H100 run: gaps of
+# 17.4<!--page: gap, per (token, head) minus--> and
+# 14.8<!--page: gap, per (token, head) minus--> µs, a share of
+# 0.85<!--page: gap, per (token, head) minus-->), and the share moves from run to run: it is a
+# ratio of two differences of medians, each difference some 15 µs taken between medians of about
+# 100 to 210 µs, so a µs of drift in one median moves it by several hundredths. In the committed
+# run fp32 leaves most of the gap; whether that holds in every run, and so whether memory hides
+# any of the angle work, one run per dtype cannot say. The committed data account for the 1.33
+# in $1.40 \times 1.11 / 1.33$ (the once-per-token kernel follows memory: it stretches with the
+# copy from one GPU to the other and from bf16 to fp32) and measure, without explaining, the
+# per-head kernel's 1.11.
 
 
 # %% [markdown]
@@ -2158,7 +2176,14 @@ else:
 
 # %% [markdown]
 # In the executed page's H100 run, each line one `do_bench` median with no rounds: at 1 token a
-# program, 2 warps instead of 4 took the worked solution from 157.2 to 116.3 µs, and 2 or 4
-# heads a step on 2 warps to 99.5 and 97.3 µs, about its 101.4 µs at 4 tokens a program (1 warp
-# with 4 heads a step: 98.7). Those are the knobs ropelib's kernel sets at this size: 1 token a
-# program, 2 warps, 8 heads a step (section 6).
+# program, 2 warps instead of 4 took the heads exercise's worked solution from
+# 157.4<!--page: 1 token a program, 4 warp(s), 1 head(s) a step--> to
+# 116.3<!--page: 1 token a program, 2 warp(s), 1 head(s) a step--> µs, and 2 or 4 heads a step
+# on 2 warps to 99.5<!--page: 1 token a program, 2 warp(s), 2 head(s) a step--> and
+# 97.9<!--page: 1 token a program, 2 warp(s), 4 head(s) a step--> µs, about the kernel
+# exercise's worked solution at 4 tokens a program,
+# 101.4<!--page: worked solution, 4 token(s) a program--> µs (1 warp with 4 heads a step:
+# 99.3<!--page: 1 token a program, 1 warp(s), 4 head(s) a step-->). Those are the knobs
+# ropelib's kernel sets at this size: 1 token a program, 2 warps, 8 heads a step (section 6).
+# These are times only: no profile of these launches is committed, so why 4 warps on one token's
+# `[1, 64]` tile are slow, and what 2 warps and more heads a step change, is not measured here.
