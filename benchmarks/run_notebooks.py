@@ -303,7 +303,7 @@ PAGE_QUOTE = re.compile(f"({_NUMBER.pattern})<!--\\s*page\\b:?([^>]*?)\\s*-->")
 # words with which prose points a reader at the page's outputs; a paragraph that uses them
 # must mark the numbers it quotes
 PAGE_POINTERS = ("this notebook's page", "the published page", "rendered the page",
-                 "rendered this notebook's page")
+                 "rendered this notebook's page", "executed page's")
 
 
 def _one_spaced(text: str) -> str:

@@ -364,10 +364,12 @@ for M_l2, K_l2, HQ_l2, HK_l2, D_l2 in shapes:
 # **Reading the cell.** Flushed pass / copy near 1 means the pass runs at its copy floor after the
 # GEMM; well above 1, section 1's floor is only a lower bound on what the fusion wins (an untested
 # guess why: the pass works on strided views of the GEMM's output). L2's saving should shrink as q
-# and k outgrow L2. In the executed page's H100 run the flushed pass took 1.10 times the copy's
-# time at 8192 tokens and 1.08 at 32768, about a tenth above its floor; L2 saved 10.0 % and 2.8 %
-# of the flushed time (warm faster in all 21 rounds at both sizes), far under the ceilings of 62.5
-# and 15.6 %, and less as q and k grew.
+# and k outgrow L2. In the executed page's H100 run the flushed pass took
+# 1.09<!--page: flushed pass / copy--> times the copy's time at 8192 tokens and
+# 1.08<!--page: flushed pass / copy--> at 32768, under a tenth above its floor; L2 saved
+# 10.6<!--page: L2's saving--> % and 2.9<!--page: L2's saving--> % of the flushed time (warm
+# faster in all 21<!--page: warm faster in--> rounds at both sizes), far under the ceilings of
+# 62.5<!--page: ceiling--> and 15.6<!--page: ceiling--> %, and less as q and k grew.
 #
 # ## 2. What a GEMM epilogue is
 #
@@ -708,8 +710,9 @@ assert [K // qkv_gemm.GPU_TILES[kind]["BLOCK_K"] for kind in ("dx", "dw")] == [6
 # %% [markdown]
 # The compile shows what each build does, not what it costs: two accumulators read each step's $X$
 # tile from shared memory twice (a megabyte more a program over $K = 4096$); one moves 64 KiB more
-# between register layouts, once. Both builds take a similar number of registers (174 and 170 in
-# the executed page's Triton 3.6 compile) and the same 128 KiB of shared memory, unlike section 3's
+# between register layouts, once. Both builds take a similar number of registers
+# (174<!--page: two accumulators--> and 170<!--page: one accumulator, split--> in the executed
+# page's Triton 3.6 compile) and the same 128 KiB of shared memory, unlike section 3's
 # TMA-loaded probe at the same tile (151 registers against 120). Section 3's probe timed the
 # difference: two accumulators 8 and 10 % slower at this tile.
 #
@@ -1490,11 +1493,12 @@ assert shipped["dx_norm"] == (32, 128, 8, 4, 3)            # its own tile: 32 x 
 # The probe's figures are a best case: warm calls back to back, the best of several rounds. The
 # next cell's host column times one call from an idle start (after a synchronisation and an L2
 # flush), the median of 11 rounds. Such a call can cost the host several times the probe's figure
-# (in the executed page's H100 run, 0.238 ms for the fused forward against the probe's newest
-# 45.6 µs), and the two routes need not keep the probe's order: on an H100 this cell has printed the
-# fused step's host time above the unfused one's, for the forward+backward in one run and for the
-# forward in another (the executed page's run: 0.238 against 0.188 ms), though the probe's newest
-# run has it below in both. Read the column for the host you run on.
+# (in the executed page's H100 run, 0.304<!--page: fused forward idle start--> ms for the fused
+# forward against the probe's newest 45.6<!--page: 20261207-0829--> µs), and the two routes need
+# not keep the probe's order: in that run the host issued the fused forward+backward in
+# 1.328<!--page: fused forward+backward idle start--> ms against the unfused one's
+# 1.221<!--page: unfused forward+backward idle start--> ms, though the probe's newest run has the
+# fused route below in both. Read the column for the host you run on.
 #
 # On a GPU the next cell times each step from an idle start and **queued** behind a device-side
 # wait (`torch.cuda._sleep`) long enough for the host to launch the whole step: queued is the
@@ -1734,15 +1738,22 @@ else:
 # saving: where the host is the bottleneck the unfused route wins; queued behind other work, the
 # fused one does. A host's share above 1 says the extra wait is all the host's.
 #
-# In the executed page's H100 run the forward is such a case: fused / unfused 1.186 from an idle
-# start but 0.949 queued; the fused step waited 0.144 ms more than the unfused one, a host's share
-# of 1.24 of the 0.116 ms gap. The forward+backward came out ahead both ways (0.932 from an idle
-# start, 0.956 queued), its fused step waiting 0.081 ms less.
+# In the executed page's H100 run the forward is such a case: fused / unfused
+# 1.119<!--page: forward: fused / unfused--> from an idle start but
+# 0.941<!--page: forward: fused / unfused--> queued; the fused step waited
+# 0.119<!--page: forward: fused / unfused--> ms more than the unfused one, a host's share of
+# 1.40<!--page: forward: fused / unfused--> of the 0.085<!--page: forward: fused / unfused--> ms
+# gap. The forward+backward came out ahead both ways
+# (0.960<!--page: forward+backward: fused / unfused--> from an idle start,
+# 0.952<!--page: forward+backward: fused / unfused--> queued), its fused step waiting about as
+# long as the unfused one's (0.006<!--page: forward+backward: fused / unfused--> ms more).
 #
 # What the cell measures are totals: the host's time to issue the whole step, and the device's
 # whole wait. It does not measure when each step's first long kernel, the GEMM, is launched. So the
 # device can wait longer for the fused step even where the host issues all of it in less time than
-# the unfused one. Then the likely difference is in what runs before the GEMM, not in how much
+# the unfused one, as in the executed page's run: the host issued the fused forward in
+# 0.304<!--page: fused forward idle start--> ms against the unfused one's
+# 0.376<!--page: unfused forward idle start--> ms, and the device still waited longer for it. Then the likely difference is in what runs before the GEMM, not in how much
 # Python runs in all: the unfused pipeline's first call launches cuBLAS's GEMM, while the fused
 # route first checks its arguments and looks up its plan. That is a hypothesis this cell cannot
 # test; timing the GEMM's launch from the start of the call would.
