@@ -146,8 +146,8 @@ print(inspect.getsource(_Rotary.forward))
 # rotary features), takes $\sin$ and $\cos$ itself, computes each output as one fused
 # multiply-add (*fma*, `tl.fma`: $a b + c$ rounded once) and rotates $q$ and $k$ in one launch
 # from the strided views of the QKV matmul; its backward is the rotation by $-\theta$. The
-# PyTorch branch upcasts, multiplies, adds, concatenates and downcasts, each a kernel over the
-# whole tensor (section 5).
+# PyTorch branch upcasts, multiplies, negates, concatenates, adds and downcasts, each a kernel
+# over the whole tensor (section 5).
 #
 # The smallest test first: the same weights, one batch, fp32: loss, logits and every gradient
 # agree to fp32 rounding. Under bf16 autocast they need not agree bit for bit, for two reasons.
@@ -377,17 +377,20 @@ assert [round(gap_c[0], 2), round(gap_c[-1], 2)] == [-0.20, 0.31]      # "0.20 b
 # does, as does the control. ropelib's run differs from step 1 because its forward rounds some of
 # tens of millions of bf16 entries differently: its sines and cosines, taken on the GPU, differ
 # from the reference's CPU-built table in the last bit of some entries, and its fma rounds once
-# where the reference rounds each product (appendix A.1 counts both). Training amplifies that and
-# the control's nondeterminism alike (one sample each: too few to rank them).
+# where the reference rounds each product (appendix A.1 counts both). Training amplifies both
+# differences. Over the run's evaluations the two distances are of one size, 0.40 and 0.29 of the
+# seed distance: one sample each, too few to rank them (over the first 60 steps ropelib's training
+# loss is the further from the reference's, appendix A.1).
 #
 # The model has begun to overfit. The reference's validation loss starts 0.20 nats *below* its
 # training loss at step 25 and ends 0.31 above it, the gap widening at every evaluation: the model
 # learns the training text faster than what carries over. Why it starts below is not tested
 # here; the held-out text is the file's last tenth, not a random draw from it, so it may simply
 # be easier text for a young model. But no run's validation loss turned up by more than a tenth
-# of the seed distance, so the comparison still measures RoPE, not memorising. Trained much
-# longer on this half a million characters, the validation loss would turn up and the runs would
-# be compared on how they memorise.
+# of the seed distance, so the comparison still measures RoPE, not memorising. What a longer run
+# does is not measured here: where the validation loss turned up by more than the seed distance,
+# the training cell's check on it would fail, and the runs would be compared on how they
+# memorise, not on how they learn.
 #
 # ### Two more seeds
 #
@@ -718,12 +721,13 @@ if ON_GPU:   # this run's clocks: the wall-clock step of section 4's rounds (no 
 # %% [markdown]
 # **The answer.** On the device, RoPE is what ropelib saves: one kernel near a copy's pace where
 # the reference's chain moves more bytes, slower. But the eager step waits for the host, so the
-# wall clock saves what the host saves, and the host's saving is launches: each op of the
-# reference's chain is dispatched, recorded for autograd and launched, against ropelib's one call
-# a layer and pass. Appendix A.4 (a second reading) measures the host's side without the
-# profiler: RoPE's host time as a step difference, the step replayed from a CUDA graph (the host
-# left out: the arms then differ by RoPE's kernel time) and a layer's RoPE host time split into
-# launches, autograd and Python.
+# wall clock saves what the host saves, and the host saves per-op work: each of the reference's
+# 34 ops a layer (appendix A.3 counts them) is dispatched, recorded for autograd and launched,
+# against ropelib's one call a layer and pass. Which of those three costs the host most in the
+# reference's chain is not measured here. Appendix A.4 (a second reading) measures the host's side
+# without the profiler: RoPE's host time as a step difference, the step replayed from a CUDA graph
+# (the host left out: the arms then differ by RoPE's kernel time) and ropelib's host time for a
+# layer's RoPE split into launches, autograd and Python.
 #
 # **Exercise 1 — RoPE in a profiled step, by name and in copies.** On a GPU the profiler lists
 # every kernel a step ran, with its device time: `events` is a list of `(kernel name, device µs)`
@@ -1660,12 +1664,23 @@ assert round(extra_us / 1e3, 2) == 3.51                                         
 # requests, each of a quarter of the sectors (a sector is 32 bytes), in 2.75 times the time.
 #
 # Those memory instructions are few for that time: loads and stores together, about 0.13 an SM
-# cycle, and only 23.5 % of the warps an SM can hold are resident (the fill: 87.6 %). What its
-# time follows is its blocks. A block does only 256 elements, where the fill's does 1,024, so the
-# same bytes take 524,288 blocks. Notebook 03 (section 4.3) measured what starting and retiring a
-# program (a block) of 4 warps costs on the H200, 79.8 ns on each of its 132 SMs
-# (`program_cost-nvidia-h200.csv`): at that rate the generic copy's block starts alone take
-# 317 µs of its 323.6 µs. In this profile, its block starts set its time.
+# cycle, and only 23.5 % of the warps an SM can hold are resident (the fill: 87.6 %). A candidate
+# for what its time follows is its blocks. A block does only 256 elements, where the fill's does
+# 1,024, so the same bytes take 524,288 blocks. Notebook 03 (section 4.3) measured what starting
+# and retiring a program (a block) of 4 warps costs on the H200, 79.8 ns on each of its 132 SMs
+# (`program_cost-nvidia-h200.csv`): at that rate the generic copy's block starts alone would take
+# 317 µs of its 323.6 µs. That makes the starts of the size to set its time; it does not prove
+# they do (the estimate assumes a block's start does not overlap other blocks' work, and no
+# counter here times the starts themselves).
+#
+# Two limits on this account. The profile is of a stand-in: Nsight Compute ran on notebook 06's
+# copy, not on the reference's RoPE kernels, so for those the half rate is measured (the table
+# above) and its cause is inferred from the stand-in. It runs the kernel of their multiplies and
+# negations, `elementwise_kernel<128, 2, ...>` on fp32 with an operand that is not contiguous,
+# but not their shapes nor their number of operands; notebook 06's appendix, reading the same
+# profile, leaves open which of its differences from the fill costs the time. And the chain's
+# `CatArrayBatchedCopy` kernels, at 0.41 of the copy's rate, are another kernel, which this
+# profile does not cover.
 
 # %%
 NCU_CSV = ROOT / "benchmarks" / "results" / "contiguous_ncu-nvidia-h200.csv"
@@ -2138,9 +2153,10 @@ assert round(n_prog[4] / empty4["sms"]) == 186 and round(start_us[4]) == 15 and 
 # %% [markdown]
 # **Reading the counts.** The one-angle variant computes one sine or cosine an element, the
 # worked kernel two. Less libdevice's slow path, more rows a program more than halves the
-# instructions per element: the code that does not grow with a thread's elements (the divisions
-# that turn a row into $(b, s, h)$, the address set-up) is shared by more of them, at several
-# times the registers a thread. With the slow path counted the drop is smaller, since each
+# instructions per element, at several times the registers a thread. The likely reason: the code
+# that does not grow with a thread's elements (the divisions that turn a row into $(b, s, h)$, the
+# address set-up) is shared by more of them; the counts do not attribute instructions to source
+# lines, so this reading is not measured. With the slow path counted the drop is smaller, since each
 # angle brings its own copy of it; it is code no angle here runs. Both are static counts: what
 # the threads execute would need a profiler.
 #
@@ -2160,7 +2176,8 @@ assert round(n_prog[4] / empty4["sms"]) == 186 and round(start_us[4]) == 15 and 
 #   compile's). A bound at or above the need proves nothing (what is achieved would need a
 #   profiler).
 # - **Programs.** Notebook 03 (section 4.3) measured a fixed cost to start and retire a program,
-#   about 80 ns on each of the H200's 132 SMs whatever the program does, at 1 to 8 warps. At
+#   about 80 ns on each of the H200's 132 SMs, as much for a program that copies its row as for
+#   one that does nothing, at 1 to 8 warps. At
 #   `ROWS` = 4 a launch starts 24,576 programs, 186 an SM: at that rate their starts alone take
 #   about 15 µs. At 64 it starts 1,536, under 1 µs: starts cannot make `ROWS` = 64 slow. Where
 #   a GPU timed the kernels, the cell's last lines set the device time `ROWS` = 16 saves over 4
