@@ -560,8 +560,14 @@ sign_p = lambda wins, n: paired_rounds([1.0] * wins + [2.0] * (n - wins), [1.5] 
 assert sign_p(15, 15) < 1e-4 and sign_p(3, 3) == 0.25 and sign_p(8, 15) == 1.0
 
 # %% [markdown]
-# Where the step is host-bound, the host, which launches every kernel, sets the pace; section 5
-# asks where the last line's savings come from.
+# On this notebook's page (an H100) the rounds resolve what one run per arm could not: ropelib's
+# arm was the faster in 13<!--page: ropelib's arm the faster in--> of 15 rounds (sign test
+# $p$ = 0.0074<!--page: sign test p-->), its step 1.206<!--page: by the median per-round ratio-->
+# times faster by the median per-round ratio. Both arms were host-bound, the host's issue time
+# 100<!--page: the host's issue time--> % of the wall time, and the wall clock saved what the
+# issue time saved, 2.981<!--page: saving per step with ropelib--> ms a step. Where the step is
+# host-bound, the host, which launches every kernel, sets the pace; section 5 asks where the
+# savings come from.
 #
 # ## 5. How much of a step is RoPE?
 #
@@ -843,8 +849,9 @@ if ON_GPU and STEPS >= 300 and len(sample_words) >= 10:   # trained: most words 
 # On the CPU the tiny model has read a sliver of the text (section 3 prints the passes) and its
 # sample is close to noise; a GPU run's model, with three to four characters of doubt a step (the
 # committed run's 3.4; the cell's first line prints this run's), spells most of its words as the
-# text does (the cell's last line counts them; on a GPU it asserts more than half). Good or bad,
-# the KV cache below must reproduce the full forward's logits to rounding.
+# text does (the cell's last line counts them, 87<!--page: words of four letters or more--> % on
+# this notebook's page; on a GPU it asserts more than half). Good or bad, the KV cache below must
+# reproduce the full forward's logits to rounding.
 #
 # ### Decoding with a KV cache
 #
@@ -1214,8 +1221,10 @@ else:   # compiled: here contraction fuses the product ropelib's fma fuses (its 
 #   about half a copy's rate: 35.76 % of the busy step against ropelib's 2.84 % (committed H200).
 # - **Wall clock.** One run per arm cannot rank the two (committed H200 run: ropelib
 #   1.145 times the fastest reference run's tokens/s, within the reference's own 1.226 spread);
-#   interleaved rounds read as pairs can. Host-bound, the wall clock saves what the host saves
-#   (34 ops a layer against two launches); a CUDA graph replay saves what the device saves (A.4).
+#   interleaved rounds read as pairs can (this notebook's page, an H100: ropelib faster in
+#   13<!--page: ropelib's arm the faster in--> of 15 rounds). Host-bound, the wall clock saves
+#   what the host saves (34 ops a layer against two launches, each op dispatched, recorded for
+#   autograd and launched); a CUDA graph replay saves what the device saves (A.4).
 # - **KV cache.** Rotate each new token at its absolute position $L + j$, cached keys never again.
 # - **Drop-in.** One context manager for a Hugging Face Llama, one import for a TE-style block.
 # - **Your kernel** plugs into the model's attention, its backward the same kernel at $-\theta$.
@@ -1912,6 +1921,17 @@ else:
 # the cells above print as a multiple of its kernels' device time. Replayed from a CUDA
 # graph, the arms differ by RoPE's kernel time instead.
 #
+# On this notebook's page (an H100) every arm was host-bound (issue time over wall time
+# 1.00<!--page: the lowest of the three arms-->). The replay removed
+# 0.93<!--page: ropelib: eager step--> of ropelib's idle time, and the arms' replayed steps
+# differed by 3.69<!--page: the graph replay--> ms where the profiler's device saving was
+# 3.72<!--page: the device (profiler)--> ms. In ropelib's own host time the two launches were
+# 25.8<!--page: two launches:--> % of a layer's forward and backward and the backward's rest
+# (autograd's engine and ropelib's backward Python) 64.7<!--page: backward's rest:--> %: a
+# cheaper launch path would not close the gap to the kernels' 44<!--page: ropelib's kernels--> µs
+# of device time a layer. The step difference, 469<!--page: the step difference above:--> µs a
+# layer, exceeded the split's forward and backward, 256<!--page: µs of host a layer--> µs.
+#
 # **Three host figures, not reconciled.** This appendix and section 5 give ropelib's RoPE three
 # host times, and they measure different things: section 5's is the profiler's (its own cost
 # included, on the committed H200 run); the step difference is everything that changes in a step
@@ -2186,7 +2206,11 @@ assert round(n_prog[4] / empty4["sms"]) == 186 and round(start_us[4]) == 15 and 
 #   other causes, one well above it leaves them the rest. It cannot show that the starts are the
 #   cause: from 4 to 16 rows the instructions per element and the warps change too, the estimate
 #   assumes the starts add to the time rather than overlap the loads, and its cost a program is
-#   the H200's, where the timing GPU (named in the table's first line) may be another.
+#   the H200's, where the timing GPU (named in the table's first line) may be another. On this
+#   notebook's page (an H100) ROWS 16 saved the worked kernel
+#   12.2<!--page: ROWS 4 minus ROWS 16: device time--> µs of device time over ROWS 4, near the
+#   starts' estimate of 11.1<!--page: the starts' estimate--> µs: of the size to explain most of
+#   that gap, not shown to cause it.
 # - **Warps.** At `ROWS` = 64 the few programs an SM holds leave fewer warps to hide each other's
 #   angle, address and load work. Notebook 03's appendix profiled such a case on the H200: a kernel
 #   of many rows a program held so many registers that few warps fit and its schedulers sat idle
@@ -2195,7 +2219,9 @@ assert round(n_prog[4] / empty4["sms"]) == 186 and round(start_us[4]) == 15 and 
 #
 # `ROWS` = 16 sits between 4 and 64: a quarter of `ROWS` = 4's programs, most of the warps, and a
 # bound at the upper floor or above it. On a GPU the cell's last lines print which `ROWS` the
-# device times found fastest.
+# device times found fastest: on this notebook's page (an H100) both kernels were fastest at
+# `ROWS` = 16<!--page: the fastest by device time at ROWS-->, the one-angle kernel at
+# 0.77<!--page: one angle a pair: the fastest--> of a copy's speed.
 #
 # Neither change removes the real redundancy: the $H$ heads of a token, in each of the $B$
 # sequences, compute the same sines and cosines again; ropelib's kernel computes them once per
