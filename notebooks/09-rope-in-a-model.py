@@ -1946,7 +1946,8 @@ else:
 # ### A.5 Section 9: your kernel against a copy, and its compiled code
 #
 # One launch on the model's $q$ (a strided view) reads and writes $q$'s bytes once; a kernel's
-# *fraction of a copy* is the time of a plain `copy_` of as many bytes over the kernel's.
+# *fraction of a copy* is the time of a plain `copy_` of as many bytes over the kernel's,
+# $f = t_\text{copy} / t_\text{kernel}$: 1 at a copy's speed, less below it.
 #
 # **Exercise 4 (optional) — one angle a pair.** In the model's table, TE's $\mathrm{cat}(f, f)$,
 # $\theta_{j + D/2} = \theta_j$: one sine and one cosine serve both members of a pair, where
