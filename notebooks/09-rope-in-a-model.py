@@ -42,7 +42,10 @@
 # hundred steps; on a CPU, in Triton's interpreter, a tiny model trains for a few dozen: the same
 # code path, other numbers. The text quotes one committed H200 run (`figures/`,
 # `benchmarks/results/`), each number read and asserted by a cell; your run's cells assert bands
-# and print beside it.
+# and print beside it. A few results exist only as outputs of the executed GPU page
+# (`docs/executed/09-rope-in-a-model.html`, an H100 run: the interleaved rounds, the CUDA graph
+# replay, the host split, the kernels' timings); where the text quotes one it says so, and a test
+# finds each such number on the page's output line.
 #
 # **Time:** about two and a half hours for sections 1–9 with exercises 1–3 (exercise 1 about 15
 # minutes, exercises 2 and 3 about half an hour each). The appendix, with section 5's "who
