@@ -564,13 +564,13 @@ assert sign_p(15, 15) < 1e-4 and sign_p(3, 3) == 0.25 and sign_p(8, 15) == 1.0
 
 # %% [markdown]
 # On this notebook's page (an H100) the rounds resolve what one run per arm could not: ropelib's
-# arm was the faster in 13<!--page: ropelib's arm the faster in--> of 15 rounds (sign test
-# $p$ = 0.0074<!--page: sign test p-->), its step 1.206<!--page: by the median per-round ratio-->
-# times faster by the median per-round ratio. Both arms were host-bound, the host's issue time
-# 100<!--page: the host's issue time--> % of the wall time, and the wall clock saved what the
-# issue time saved, 2.981<!--page: saving per step with ropelib--> ms a step. Where the step is
-# host-bound, the host, which launches every kernel, sets the pace; section 5 asks where the
-# savings come from.
+# arm was the faster in 13<!--page: ropelib's arm the faster in--> of 15 rounds (sign test $p$ =
+# 0.0074<!--page: sign test p-->), the reference's step
+# 1.206<!--page: by the median per-round ratio--> times ropelib's by the median per-round ratio.
+# Both arms were host-bound, the host's issue time 100<!--page: the host's issue time--> % of the
+# wall time, and the wall clock saved what the issue time saved,
+# 2.981<!--page: saving per step with ropelib--> ms a step. Where the step is host-bound, the host,
+# which launches every kernel, sets the pace; section 5 asks where the savings come from.
 #
 # ## 5. How much of a step is RoPE?
 #
@@ -1676,8 +1676,8 @@ assert round(extra_us / 1e3, 2) == 3.51                                         
 # requests, each of a quarter of the sectors (a sector is 32 bytes), in 2.75 times the time.
 #
 # Those memory instructions are few for that time: loads and stores together, about 0.13 an SM
-# cycle, and only 23.5 % of the warps an SM can hold are resident (the fill: 87.6 %). A candidate
-# for what its time follows is its blocks. A block does only 256 elements, where the fill's does
+# cycle, and only 23.5 % of the warps an SM can hold are resident (the fill: 87.6 %). Its blocks
+# are a candidate for what sets its time. A block does only 256 elements, where the fill's does
 # 1,024, so the same bytes take 524,288 blocks. Notebook 03 (section 4.3) measured what starting
 # and retiring a program (a block) of 4 warps costs on the H200, 79.8 ns on each of its 132 SMs
 # (`program_cost-nvidia-h200.csv`): at that rate the generic copy's block starts alone would take
@@ -2180,8 +2180,8 @@ assert round(n_prog[4] / empty4["sms"]) == 186 and round(start_us[4]) == 15 and 
 # instructions per element, at several times the registers a thread. The likely reason: the code
 # that does not grow with a thread's elements (the divisions that turn a row into $(b, s, h)$, the
 # address set-up) is shared by more of them; the counts do not attribute instructions to source
-# lines, so this reading is not measured. With the slow path counted the drop is smaller, since each
-# angle brings its own copy of it; it is code no angle here runs. Both are static counts: what
+# lines, so this reading is not measured. With the slow path counted the drop is smaller, since
+# each angle brings its own copy of it; it is code no angle here runs. Both are static counts: what
 # the threads execute would need a profiler.
 #
 # **Reading the programs per SM.** At `ROWS` = 4 the registers leave room for 16 programs, every
@@ -2200,19 +2200,18 @@ assert round(n_prog[4] / empty4["sms"]) == 186 and round(start_us[4]) == 15 and 
 #   compile's). A bound at or above the need proves nothing (what is achieved would need a
 #   profiler).
 # - **Programs.** Notebook 03 (section 4.3) measured a fixed cost to start and retire a program,
-#   about 80 ns on each of the H200's 132 SMs, as much for a program that copies its row as for
-#   one that does nothing, at 1 to 8 warps. At
-#   `ROWS` = 4 a launch starts 24,576 programs, 186 an SM: at that rate their starts alone take
-#   about 15 µs. At 64 it starts 1,536, under 1 µs: starts cannot make `ROWS` = 64 slow. Where
-#   a GPU timed the kernels, the cell's last lines set the device time `ROWS` = 16 saves over 4
-#   beside the starts' estimate of the same difference. That comparison says whether the starts
-#   are of the size to explain the gap: a measured difference near the estimate leaves little for
-#   other causes, one well above it leaves them the rest. It cannot show that the starts are the
-#   cause: from 4 to 16 rows the instructions per element and the warps change too, the estimate
-#   assumes the starts add to the time rather than overlap the loads, and its cost a program is
-#   the H200's, where the timing GPU (named in the table's first line) may be another. On this
-#   notebook's page (an H100) ROWS 16 saved the worked kernel
-#   12.2<!--page: ROWS 4 minus ROWS 16: device time--> µs of device time over ROWS 4, near the
+#   about 80 ns on each of the H200's 132 SMs, as much for a program that copies its row as for one
+#   that does nothing, at 1 to 8 warps. At `ROWS` = 4 a launch starts 24,576 programs, 186 an SM:
+#   at that rate their starts alone take about 15 µs. At 64 it starts 1,536, under 1 µs: starts
+#   cannot make `ROWS` = 64 slow. Where a GPU timed the kernels, the cell's last lines set the
+#   device time `ROWS` = 16 saves over 4 beside the starts' estimate of the same difference. That
+#   comparison says whether the starts are of the size to explain the gap: a measured difference
+#   near the estimate leaves little for other causes, one well above it leaves them the rest. It
+#   cannot show that the starts are the cause: from 4 to 16 rows the instructions per element and
+#   the warps change too, the estimate assumes the starts add to the time rather than overlap the
+#   loads, and its cost a program is the H200's, where the timing GPU (named in the table's first
+#   line) may be another. On this notebook's page (an H100) `ROWS` = 16 saved the worked kernel
+#   12.2<!--page: ROWS 4 minus ROWS 16: device time--> µs of device time over `ROWS` = 4, near the
 #   starts' estimate of 11.1<!--page: the starts' estimate--> µs: of the size to explain most of
 #   that gap, not shown to cause it.
 # - **Warps.** At `ROWS` = 64 the few programs an SM holds leave fewer warps to hide each other's
@@ -2224,8 +2223,8 @@ assert round(n_prog[4] / empty4["sms"]) == 186 and round(start_us[4]) == 15 and 
 # `ROWS` = 16 sits between 4 and 64: a quarter of `ROWS` = 4's programs, most of the warps, and a
 # bound at the upper floor or above it. On a GPU the cell's last lines print which `ROWS` the
 # device times found fastest: on this notebook's page (an H100) both kernels were fastest at
-# `ROWS` = 16<!--page: the fastest by device time at ROWS-->, the one-angle kernel at
-# 0.77<!--page: one angle a pair: the fastest--> of a copy's speed.
+# `ROWS` = 16<!--page: the fastest by device time at ROWS-->, the one-angle kernel there at
+# 0.77<!--page: one angle a pair: the fastest--> of a copy's speed by device time.
 #
 # Neither change removes the real redundancy: the $H$ heads of a token, in each of the $B$
 # sequences, compute the same sines and cosines again; ropelib's kernel computes them once per
