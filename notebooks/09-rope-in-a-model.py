@@ -1687,12 +1687,12 @@ assert round(extra_us / 1e3, 2) == 3.51                                         
 #
 # Two limits on this account. The profile is of a stand-in: Nsight Compute ran on notebook 06's
 # copy, not on the reference's RoPE kernels, so for those the half rate is measured (the table
-# above) and its cause is inferred from the stand-in. It runs the kernel of their multiplies and
-# negations, `elementwise_kernel<128, 2, ...>` on fp32 with an operand that is not contiguous,
-# but not their shapes nor their number of operands; notebook 06's appendix, reading the same
-# profile, leaves open which of its differences from the fill costs the time. And the chain's
-# `CatArrayBatchedCopy` kernels, at 0.41 of the copy's rate, are another kernel, which this
-# profile does not cover.
+# above) and its cause is inferred from the stand-in. It shares the template of their multiplies
+# and negations, `elementwise_kernel<128, 2, ...>` on fp32 with an operand that is not
+# contiguous, but not their operation (a copy), their shapes nor their number of operands;
+# notebook 06's appendix, reading the same profile, leaves open which of its differences from the
+# fill costs the time. And the chain's `CatArrayBatchedCopy` kernels, at 0.41 of the copy's rate,
+# are another kernel, which this profile does not cover.
 
 # %%
 NCU_CSV = ROOT / "benchmarks" / "results" / "contiguous_ncu-nvidia-h200.csv"
