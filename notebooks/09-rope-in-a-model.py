@@ -42,7 +42,10 @@
 # hundred steps; on a CPU, in Triton's interpreter, a tiny model trains for a few dozen: the same
 # code path, other numbers. The text quotes one committed H200 run (`figures/`,
 # `benchmarks/results/`), each number read and asserted by a cell; your run's cells assert bands
-# and print beside it.
+# and print beside it. A few results exist only as outputs of the executed GPU page
+# (`docs/executed/09-rope-in-a-model.html`, an H100 run: the interleaved rounds, the CUDA graph
+# replay, the host split, the kernels' timings); where the text quotes one it says so, and a test
+# finds each such number on the page's output line.
 #
 # **Time:** about two and a half hours for sections 1–9 with exercises 1–3 (exercise 1 about 15
 # minutes, exercises 2 and 3 about half an hour each). The appendix, with section 5's "who
@@ -146,8 +149,8 @@ print(inspect.getsource(_Rotary.forward))
 # rotary features), takes $\sin$ and $\cos$ itself, computes each output as one fused
 # multiply-add (*fma*, `tl.fma`: $a b + c$ rounded once) and rotates $q$ and $k$ in one launch
 # from the strided views of the QKV matmul; its backward is the rotation by $-\theta$. The
-# PyTorch branch upcasts, multiplies, adds, concatenates and downcasts, each a kernel over the
-# whole tensor (section 5).
+# PyTorch branch upcasts, multiplies, negates, concatenates, adds and downcasts, each a kernel
+# over the whole tensor (section 5).
 #
 # The smallest test first: the same weights, one batch, fp32: loss, logits and every gradient
 # agree to fp32 rounding. Under bf16 autocast they need not agree bit for bit, for two reasons.
@@ -377,17 +380,20 @@ assert [round(gap_c[0], 2), round(gap_c[-1], 2)] == [-0.20, 0.31]      # "0.20 b
 # does, as does the control. ropelib's run differs from step 1 because its forward rounds some of
 # tens of millions of bf16 entries differently: its sines and cosines, taken on the GPU, differ
 # from the reference's CPU-built table in the last bit of some entries, and its fma rounds once
-# where the reference rounds each product (appendix A.1 counts both). Training amplifies that and
-# the control's nondeterminism alike (one sample each: too few to rank them).
+# where the reference rounds each product (appendix A.1 counts both). Training amplifies both
+# differences. Over the run's evaluations the two distances are of one size, 0.40 and 0.29 of the
+# seed distance: one sample each, too few to rank them (over the first 60 steps ropelib's training
+# loss is the further from the reference's, appendix A.1).
 #
 # The model has begun to overfit. The reference's validation loss starts 0.20 nats *below* its
 # training loss at step 25 and ends 0.31 above it, the gap widening at every evaluation: the model
 # learns the training text faster than what carries over. Why it starts below is not tested
 # here; the held-out text is the file's last tenth, not a random draw from it, so it may simply
 # be easier text for a young model. But no run's validation loss turned up by more than a tenth
-# of the seed distance, so the comparison still measures RoPE, not memorising. Trained much
-# longer on this half a million characters, the validation loss would turn up and the runs would
-# be compared on how they memorise.
+# of the seed distance, so the comparison still measures RoPE, not memorising. What a longer run
+# does is not measured here: where the validation loss turned up by more than the seed distance,
+# the training cell's check on it would fail, and the runs would be compared on how they
+# memorise, not on how they learn.
 #
 # ### Two more seeds
 #
@@ -557,8 +563,14 @@ sign_p = lambda wins, n: paired_rounds([1.0] * wins + [2.0] * (n - wins), [1.5] 
 assert sign_p(15, 15) < 1e-4 and sign_p(3, 3) == 0.25 and sign_p(8, 15) == 1.0
 
 # %% [markdown]
-# Where the step is host-bound, the host, which launches every kernel, sets the pace; section 5
-# asks where the last line's savings come from.
+# On this notebook's page (an H100) the rounds resolve what one run per arm could not: ropelib's
+# arm was the faster in 13<!--page: ropelib's arm the faster in--> of 15 rounds (sign test $p$ =
+# 0.0074<!--page: sign test p-->), the reference's step
+# 1.206<!--page: by the median per-round ratio--> times ropelib's by the median per-round ratio.
+# Both arms were host-bound, the host's issue time 100<!--page: the host's issue time--> % of the
+# wall time, and the wall clock saved what the issue time saved,
+# 2.981<!--page: saving per step with ropelib--> ms a step. Where the step is host-bound, the host,
+# which launches every kernel, sets the pace; section 5 asks where the savings come from.
 #
 # ## 5. How much of a step is RoPE?
 #
@@ -718,12 +730,13 @@ if ON_GPU:   # this run's clocks: the wall-clock step of section 4's rounds (no 
 # %% [markdown]
 # **The answer.** On the device, RoPE is what ropelib saves: one kernel near a copy's pace where
 # the reference's chain moves more bytes, slower. But the eager step waits for the host, so the
-# wall clock saves what the host saves, and the host's saving is launches: each op of the
-# reference's chain is dispatched, recorded for autograd and launched, against ropelib's one call
-# a layer and pass. Appendix A.4 (a second reading) measures the host's side without the
-# profiler: RoPE's host time as a step difference, the step replayed from a CUDA graph (the host
-# left out: the arms then differ by RoPE's kernel time) and a layer's RoPE host time split into
-# launches, autograd and Python.
+# wall clock saves what the host saves, and the host saves per-op work: each of the reference's
+# 34 ops a layer (appendix A.3 counts them) is dispatched, recorded for autograd and launched,
+# against ropelib's one call a layer and pass. Which of those three costs the host most in the
+# reference's chain is not measured here. Appendix A.4 (a second reading) measures the host's side
+# without the profiler: RoPE's host time as a step difference, the step replayed from a CUDA graph
+# (the host left out: the arms then differ by RoPE's kernel time) and ropelib's host time for a
+# layer's RoPE split into launches, autograd and Python.
 #
 # **Exercise 1 — RoPE in a profiled step, by name and in copies.** On a GPU the profiler lists
 # every kernel a step ran, with its device time: `events` is a list of `(kernel name, device µs)`
@@ -839,8 +852,9 @@ if ON_GPU and STEPS >= 300 and len(sample_words) >= 10:   # trained: most words 
 # On the CPU the tiny model has read a sliver of the text (section 3 prints the passes) and its
 # sample is close to noise; a GPU run's model, with three to four characters of doubt a step (the
 # committed run's 3.4; the cell's first line prints this run's), spells most of its words as the
-# text does (the cell's last line counts them; on a GPU it asserts more than half). Good or bad,
-# the KV cache below must reproduce the full forward's logits to rounding.
+# text does (the cell's last line counts them, 87<!--page: words of four letters or more--> % on
+# this notebook's page; on a GPU it asserts more than half). Good or bad, the KV cache below must
+# reproduce the full forward's logits to rounding.
 #
 # ### Decoding with a KV cache
 #
@@ -1210,8 +1224,10 @@ else:   # compiled: here contraction fuses the product ropelib's fma fuses (its 
 #   about half a copy's rate: 35.76 % of the busy step against ropelib's 2.84 % (committed H200).
 # - **Wall clock.** One run per arm cannot rank the two (committed H200 run: ropelib
 #   1.145 times the fastest reference run's tokens/s, within the reference's own 1.226 spread);
-#   interleaved rounds read as pairs can. Host-bound, the wall clock saves what the host saves
-#   (34 ops a layer against two launches); a CUDA graph replay saves what the device saves (A.4).
+#   interleaved rounds read as pairs can (this notebook's page, an H100: ropelib faster in
+#   13<!--page: ropelib's arm the faster in--> of 15 rounds). Host-bound, the wall clock saves
+#   what the host saves (34 ops a layer against two launches, each op dispatched, recorded for
+#   autograd and launched); a CUDA graph replay saves what the device saves (A.4).
 # - **KV cache.** Rotate each new token at its absolute position $L + j$, cached keys never again.
 # - **Drop-in.** One context manager for a Hugging Face Llama, one import for a TE-style block.
 # - **Your kernel** plugs into the model's attention, its backward the same kernel at $-\theta$.
@@ -1660,12 +1676,23 @@ assert round(extra_us / 1e3, 2) == 3.51                                         
 # requests, each of a quarter of the sectors (a sector is 32 bytes), in 2.75 times the time.
 #
 # Those memory instructions are few for that time: loads and stores together, about 0.13 an SM
-# cycle, and only 23.5 % of the warps an SM can hold are resident (the fill: 87.6 %). What its
-# time follows is its blocks. A block does only 256 elements, where the fill's does 1,024, so the
-# same bytes take 524,288 blocks. Notebook 03 (section 4.3) measured what starting and retiring a
-# program (a block) of 4 warps costs on the H200, 79.8 ns on each of its 132 SMs
-# (`program_cost-nvidia-h200.csv`): at that rate the generic copy's block starts alone take
-# 317 µs of its 323.6 µs. In this profile, its block starts set its time.
+# cycle, and only 23.5 % of the warps an SM can hold are resident (the fill: 87.6 %). Its blocks
+# are a candidate for what sets its time. A block does only 256 elements, where the fill's does
+# 1,024, so the same bytes take 524,288 blocks. Notebook 03 (section 4.3) measured what starting
+# and retiring a program (a block) of 4 warps costs on the H200, 79.8 ns on each of its 132 SMs
+# (`program_cost-nvidia-h200.csv`): at that rate the generic copy's block starts alone would take
+# 317 µs of its 323.6 µs. That makes the starts of the size to set its time; it does not prove
+# they do (the estimate assumes a block's start does not overlap other blocks' work, and no
+# counter here times the starts themselves).
+#
+# Two limits on this account. The profile is of a stand-in: Nsight Compute ran on notebook 06's
+# copy, not on the reference's RoPE kernels, so for those the half rate is measured (the table
+# above) and its cause is inferred from the stand-in. It shares the template of their multiplies
+# and negations, `elementwise_kernel<128, 2, ...>` on fp32 with an operand that is not
+# contiguous, but not their operation (a copy), their shapes nor their number of operands;
+# notebook 06's appendix, reading the same profile, leaves open which of its differences from the
+# fill costs the time. And the chain's `CatArrayBatchedCopy` kernels, at 0.41 of the copy's rate,
+# are another kernel, which this profile does not cover.
 
 # %%
 NCU_CSV = ROOT / "benchmarks" / "results" / "contiguous_ncu-nvidia-h200.csv"
@@ -1897,6 +1924,17 @@ else:
 # the cells above print as a multiple of its kernels' device time. Replayed from a CUDA
 # graph, the arms differ by RoPE's kernel time instead.
 #
+# On this notebook's page (an H100) every arm was host-bound (issue time over wall time
+# 1.00<!--page: the lowest of the three arms-->). The replay removed
+# 0.93<!--page: ropelib: eager step--> of ropelib's idle time, and the arms' replayed steps
+# differed by 3.69<!--page: the graph replay--> ms where the profiler's device saving was
+# 3.72<!--page: the device (profiler)--> ms. In ropelib's own host time the two launches were
+# 25.8<!--page: two launches:--> % of a layer's forward and backward and the backward's rest
+# (autograd's engine and ropelib's backward Python) 64.7<!--page: backward's rest:--> %: a
+# cheaper launch path would not close the gap to the kernels' 44<!--page: ropelib's kernels--> µs
+# of device time a layer. The step difference, 469<!--page: the step difference above:--> µs a
+# layer, exceeded the split's forward and backward, 256<!--page: µs of host a layer--> µs.
+#
 # **Three host figures, not reconciled.** This appendix and section 5 give ropelib's RoPE three
 # host times, and they measure different things: section 5's is the profiler's (its own cost
 # included, on the committed H200 run); the step difference is everything that changes in a step
@@ -1911,7 +1949,8 @@ else:
 # ### A.5 Section 9: your kernel against a copy, and its compiled code
 #
 # One launch on the model's $q$ (a strided view) reads and writes $q$'s bytes once; a kernel's
-# *fraction of a copy* is the time of a plain `copy_` of as many bytes over the kernel's.
+# *fraction of a copy* is the time of a plain `copy_` of as many bytes over the kernel's,
+# $f = t_\text{copy} / t_\text{kernel}$: 1 at a copy's speed, less below it.
 #
 # **Exercise 4 (optional) — one angle a pair.** In the model's table, TE's $\mathrm{cat}(f, f)$,
 # $\theta_{j + D/2} = \theta_j$: one sine and one cosine serve both members of a pair, where
@@ -2138,10 +2177,11 @@ assert round(n_prog[4] / empty4["sms"]) == 186 and round(start_us[4]) == 15 and 
 # %% [markdown]
 # **Reading the counts.** The one-angle variant computes one sine or cosine an element, the
 # worked kernel two. Less libdevice's slow path, more rows a program more than halves the
-# instructions per element: the code that does not grow with a thread's elements (the divisions
-# that turn a row into $(b, s, h)$, the address set-up) is shared by more of them, at several
-# times the registers a thread. With the slow path counted the drop is smaller, since each
-# angle brings its own copy of it; it is code no angle here runs. Both are static counts: what
+# instructions per element, at several times the registers a thread. The likely reason: the code
+# that does not grow with a thread's elements (the divisions that turn a row into $(b, s, h)$, the
+# address set-up) is shared by more of them; the counts do not attribute instructions to source
+# lines, so this reading is not measured. With the slow path counted the drop is smaller, since
+# each angle brings its own copy of it; it is code no angle here runs. Both are static counts: what
 # the threads execute would need a profiler.
 #
 # **Reading the programs per SM.** At `ROWS` = 4 the registers leave room for 16 programs, every
@@ -2160,16 +2200,20 @@ assert round(n_prog[4] / empty4["sms"]) == 186 and round(start_us[4]) == 15 and 
 #   compile's). A bound at or above the need proves nothing (what is achieved would need a
 #   profiler).
 # - **Programs.** Notebook 03 (section 4.3) measured a fixed cost to start and retire a program,
-#   about 80 ns on each of the H200's 132 SMs whatever the program does, at 1 to 8 warps. At
-#   `ROWS` = 4 a launch starts 24,576 programs, 186 an SM: at that rate their starts alone take
-#   about 15 µs. At 64 it starts 1,536, under 1 µs: starts cannot make `ROWS` = 64 slow. Where
-#   a GPU timed the kernels, the cell's last lines set the device time `ROWS` = 16 saves over 4
-#   beside the starts' estimate of the same difference. That comparison says whether the starts
-#   are of the size to explain the gap: a measured difference near the estimate leaves little for
-#   other causes, one well above it leaves them the rest. It cannot show that the starts are the
-#   cause: from 4 to 16 rows the instructions per element and the warps change too, the estimate
-#   assumes the starts add to the time rather than overlap the loads, and its cost a program is
-#   the H200's, where the timing GPU (named in the table's first line) may be another.
+#   about 80 ns on each of the H200's 132 SMs, as much for a program that copies its row as for one
+#   that does nothing, at 1 to 8 warps. At `ROWS` = 4 a launch starts 24,576 programs, 186 an SM:
+#   at that rate their starts alone take about 15 µs. At 64 it starts 1,536, under 1 µs: starts
+#   cannot make `ROWS` = 64 slow. Where a GPU timed the kernels, the cell's last lines set the
+#   device time `ROWS` = 16 saves over 4 beside the starts' estimate of the same difference. That
+#   comparison says whether the starts are of the size to explain the gap: a measured difference
+#   near the estimate leaves little for other causes, one well above it leaves them the rest. It
+#   cannot show that the starts are the cause: from 4 to 16 rows the instructions per element and
+#   the warps change too, the estimate assumes the starts add to the time rather than overlap the
+#   loads, and its cost a program is the H200's, where the timing GPU (named in the table's first
+#   line) may be another. On this notebook's page (an H100) `ROWS` = 16 saved the worked kernel
+#   12.2<!--page: ROWS 4 minus ROWS 16: device time--> µs of device time over `ROWS` = 4, near the
+#   starts' estimate of 11.1<!--page: the starts' estimate--> µs: of the size to explain most of
+#   that gap, not shown to cause it.
 # - **Warps.** At `ROWS` = 64 the few programs an SM holds leave fewer warps to hide each other's
 #   angle, address and load work. Notebook 03's appendix profiled such a case on the H200: a kernel
 #   of many rows a program held so many registers that few warps fit and its schedulers sat idle
@@ -2178,7 +2222,9 @@ assert round(n_prog[4] / empty4["sms"]) == 186 and round(start_us[4]) == 15 and 
 #
 # `ROWS` = 16 sits between 4 and 64: a quarter of `ROWS` = 4's programs, most of the warps, and a
 # bound at the upper floor or above it. On a GPU the cell's last lines print which `ROWS` the
-# device times found fastest.
+# device times found fastest: on this notebook's page (an H100) both kernels were fastest at
+# `ROWS` = 16<!--page: the fastest by device time at ROWS-->, the one-angle kernel there at
+# 0.77<!--page: one angle a pair: the fastest--> of a copy's speed by device time.
 #
 # Neither change removes the real redundancy: the $H$ heads of a token, in each of the $B$
 # sequences, compute the same sines and cosines again; ropelib's kernel computes them once per
