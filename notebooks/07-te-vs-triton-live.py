@@ -26,7 +26,11 @@
 # TE's time on an H200, 0.70 to 0.73 on an H100. On the H200, where the host was timed at that
 # size, ropelib's host was slow enough to make the device wait in each of `do_bench`'s iterations
 # and TE's was not (optional part, A.2): the loss was ropelib's host's. No host timing at that size
-# is committed for the H100; A.4 times the call live on whichever GPU runs it. A host-bound time
+# is committed for the H100; A.4 times the call live on whichever GPU runs it, and in the H100 run
+# rendered with this notebook (`docs/executed/`) it found the same there: ropelib's host behind
+# the device, and with autograd's device thread off its `do_bench` fell from
+# 279.8<!--page: ropelib, eager forward+backward--> to 97.2<!--page: autograd's device thread off-->
+# µs, its replay's 96.3<!--page: ropelib, eager forward+backward--> (A.2). A host-bound time
 # depends on the machine's host, so that loss need not carry to yours: section 2 prints which of
 # the two is faster on your GPU.
 #
@@ -196,6 +200,15 @@ else:
 # live, and which is the faster on your GPU. They need not agree: on the H200 the optional part
 # (A.2) finds that call's time set by the host that issues it, which differs from machine to
 # machine, and A.4 times it live on yours.
+#
+# A live run need not even agree with itself on a host-bound call. In the H100 run rendered with
+# this notebook, this table timed ropelib's forward+backward at
+# 480.0<!--page: forward+backward, live--> µs and TE's at 319.0<!--page: forward+backward, live-->
+# µs, while A.4's cell "A.2's size, live", timing ropelib's same call at the same shape by the same
+# `do_bench` later in that run, read 279.8<!--page: ropelib, eager forward+backward--> µs, and the
+# H100's committed floor run timed TE's call on the same bytes at 145.3 µs (A.2). That cell finds
+# ropelib's call host-bound there; what made the host slower while this table ran is not measured.
+# Read the live pair as an order (which is faster), not as sizes.
 
 # %% [markdown]
 # ## 3. The dashboard
@@ -1302,7 +1315,14 @@ if len(models) == 2:
 #
 # **On the H100** no host timing at 64 MiB is committed. A.4's cell "A.2's size, live" times
 # ropelib's call at this size on whichever GPU runs it, host, `do_bench` and replay in one run,
-# with the same test, and so settles ropelib's side there (TE is not timed live at that size).
+# with the same test, and so settles ropelib's side there (TE is not timed live at that size). In
+# the H100 run rendered with this notebook the enqueue took 267.0<!--page: A.2's test--> µs
+# against the memset plus the replay's 181.9<!--page: A.2's test--> µs: the device waits, as on the
+# H200. Autograd's device thread off shortens the host's call and leaves the kernels alone, and
+# with it off `do_bench` fell from 279.8<!--page: ropelib, eager forward+backward--> to
+# 97.2<!--page: autograd's device thread off--> µs, level with the replay's
+# 96.3<!--page: ropelib, eager forward+backward--> µs: cutting the host's time removed the gap.
+# On that H100 too, ropelib's call was slower than its kernels by its host's time.
 #
 # How much of that loss is the host *machine of that run* rather than ropelib's code is open: a
 # committed `do_bench` of a host-bound call measures its run's host as much as its GPU. A.4's
@@ -1311,7 +1331,10 @@ if len(models) == 2:
 # H100). Where the replay carries (near 1) and `do_bench` falls well below the committed one, that
 # run's host set the committed figure; where the live `do_bench` even falls under TE's committed
 # one, the committed loss does not carry to this host. TE is not timed live at that size, so the
-# cell cannot say whether TE's time falls too.
+# cell cannot say whether TE's time falls too. In the H100 run rendered with this notebook the
+# replay carried (1.00<!--page: live / committed--> of the committed) and `do_bench` came out
+# 1.10<!--page: live / committed--> of it: that run's host was no faster than the committed run's,
+# and the loss stood.
 
 # %%
 FLOOR_64 = [f"64 MiB bf16 {layout}" for layout in ("sbhd", "bshd", "thd")]
