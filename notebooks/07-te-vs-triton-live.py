@@ -893,6 +893,13 @@ if len(models) == 2:
 # a copy on the H200 and finds its gap in its launch at 256 MiB (section 5, the gap to a copy);
 # whether its launch holds the gap at these smaller batch-1 sizes too is not measured here. All of
 # this is the ropelib of the sweep's date (section 5).
+#
+# **Eager PyTorch** pays 35.5 µs (fp32) and 60.7 µs (bf16) a call before a byte moves, against
+# 7.8 to 10.3 µs for the fused kernels: it runs ten kernels a call (notebook 02's profile, section
+# 5) where a fused route runs one or two; what each of those launches costs is not measured here.
+# Its line's bandwidth counts the fused kernel's bytes. Multiplied by the 6.0 times as many that
+# its ten kernels move, it streams at 0.47 of the copy's line, close to the 0.44 of the copy's speed
+# at which notebook 02's profile measured those kernels: the line and the profile agree.
 
 # %% [markdown]
 # ## 7. Your kernel in the race
@@ -956,11 +963,17 @@ print("racing", "your kernel" if rows_ok else "the worked kernel")
 # **The race.** On one bf16 tensor (256 MiB on a GPU, a few KiB in the interpreter) the cell times
 # `y.copy_(x)`, `ropelib.apply_rope`, and your kernel copying and rotating at one row a program and
 # more, through `launch_rows` (change its grid or add `num_warps=`, and rerun). **Down the last
-# column**, your copy's time per program an SM runs, $t_\text{copy} \cdot n_\text{SM} /
-# n_\text{programs}$: near notebook 03's ~80 ns a program (section 4), with your copy well short of
-# torch's ("of torch"), the program count sets the time, not the bytes. **Across a row**,
-# *rotation / copy* is what the per-element angle loads, sines and cosines add at that tile;
-# optional part B prints the same column for angles formed once per token.
+# column**, your copy's time per program times the SMs, $t_\text{copy} \cdot n_\text{SM} /
+# n_\text{programs}$. Notebook 03 (sections 4.3 and 4.4) timed programs that do nothing: the GPU
+# starts about one every 0.6 ns, a limit of the whole GPU rather than of each SM, which across
+# the 132 SMs of an H100 or H200 is one every 80 ns on each. Where this column sits near 80 ns and
+# your copy falls well short of torch's ("of torch"), the program count sets the time, not the
+# bytes: in the H100 run rendered with this notebook, one row a program read
+# 80<!--page: 1,048,576--> ns at 29<!--page: 1,048,576--> % of torch's speed, four rows
+# 97<!--page: 262,144--> %. On a GPU with another SM count the column's 80 ns moves; the GPU-wide
+# 0.6 ns need not. **Across a row**, *rotation / copy* is what the per-element angle loads, sines
+# and cosines add at that tile; optional part B prints the same column for angles formed once per
+# token.
 
 # %%
 if GPU:
@@ -1094,6 +1107,12 @@ if not rows_ok:     # the worked kernel: from 4 rows to 64 the count per element
 # compiles to at least the racing kernel's warps an SM, no spills and under half its instructions
 # per element; where the race shows it still behind its copy there, nothing measured here says what
 # holds it back.
+#
+# **Not explained: 64 rows.** In the H100 run rendered with this notebook the rotation at 64 rows
+# took 10.51<!--page: 16,384--> times its copy, against 2.32<!--page: 65,536--> at 16 rows. The
+# 64-row tile is where the compiled code reaches 255 registers, a cap of 8 warps an SM, and spills
+# (all asserted above). Those are counts of the compiled code, not of the run: no profile of the
+# 64-row launch is committed, so which of them, if any, sets its time is not measured here.
 
 # %% [markdown]
 # Now your kernel as a provider at its fastest tile, beside the others (forward only). Rounded
@@ -1818,7 +1837,11 @@ assert all(f in sections["64 MiB sbhd"] for f in two_pass_python)
 # and the layout conversions in its compiled code (`ttg.convert_layout` in the TTGIR: a tile moved
 # from one register layout to another, through shared memory). Where the variant converts its
 # tiles and the racing kernel does not, that work is one candidate for the 4-row question; a
-# candidate only, since nothing here times it.
+# candidate only, since nothing here times it. The H100 run rendered with this notebook weighs
+# against it: there the variant's table shows as many conversions at 16 and 64 rows as at 4, and
+# more shared memory, and at 16 and 64 rows the variant ran level with its copy
+# (1.00<!--page: 183.1us--> and 1.01<!--page: 186.0us--> of its time). For the conversions to hold
+# it back at 4 rows they would have to cost more per element there, which nothing here measures.
 
 # %%
 @triton.jit
