@@ -27,8 +27,8 @@
 # size, ropelib's host was slow enough to make the device wait in each of `do_bench`'s iterations
 # and TE's was not (optional part, A.2): the loss was ropelib's host's. No host timing at that size
 # is committed for the H100; A.4 times the call live on whichever GPU runs it, and in the H100 run
-# rendered with this notebook (`docs/executed/`) it found the same there: ropelib's host behind
-# the device, and with autograd's device thread off its `do_bench` fell from
+# rendered with this notebook (`docs/executed/`) it found the same there: ropelib's host slower
+# than the device's pace, and with autograd's device thread off its `do_bench` fell from
 # 279.8<!--page: ropelib, eager forward+backward--> to 97.2<!--page: autograd's device thread off-->
 # µs, its replay's 96.3<!--page: ropelib, eager forward+backward--> (A.2). A host-bound time
 # depends on the machine's host, so that loss need not carry to yours: section 2 prints which of
