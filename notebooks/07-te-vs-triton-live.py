@@ -26,7 +26,11 @@
 # TE's time on an H200, 0.70 to 0.73 on an H100. On the H200, where the host was timed at that
 # size, ropelib's host was slow enough to make the device wait in each of `do_bench`'s iterations
 # and TE's was not (optional part, A.2): the loss was ropelib's host's. No host timing at that size
-# is committed for the H100; A.4 times the call live on whichever GPU runs it. A host-bound time
+# is committed for the H100; A.4 times the call live on whichever GPU runs it, and in the H100 run
+# rendered with this notebook (`docs/executed/`) it found the same there: ropelib's host slower
+# than the device's pace, and with autograd's device thread off its `do_bench` fell from
+# 279.8<!--page: ropelib, eager forward+backward--> to 97.2<!--page: autograd's device thread off-->
+# µs, its replay's 96.3<!--page: ropelib, eager forward+backward--> (A.2). A host-bound time
 # depends on the machine's host, so that loss need not carry to yours: section 2 prints which of
 # the two is faster on your GPU.
 #
@@ -196,6 +200,15 @@ else:
 # live, and which is the faster on your GPU. They need not agree: on the H200 the optional part
 # (A.2) finds that call's time set by the host that issues it, which differs from machine to
 # machine, and A.4 times it live on yours.
+#
+# A live run need not even agree with itself on a host-bound call. In the H100 run rendered with
+# this notebook, this table timed ropelib's forward+backward at
+# 480.0<!--page: forward+backward, live--> µs and TE's at 319.0<!--page: forward+backward, live-->
+# µs, while A.4's cell "A.2's size, live", timing ropelib's same call at the same shape by the same
+# `do_bench` later in that run, read 279.8<!--page: ropelib, eager forward+backward--> µs, and the
+# H100's committed floor run timed TE's call on the same bytes at 145.3 µs (A.2). That cell finds
+# ropelib's call host-bound there; what made the host slower while this table ran is not measured.
+# Read the live pair as an order (which is faster), not as sizes.
 
 # %% [markdown]
 # ## 3. The dashboard
@@ -880,6 +893,13 @@ if len(models) == 2:
 # a copy on the H200 and finds its gap in its launch at 256 MiB (section 5, the gap to a copy);
 # whether its launch holds the gap at these smaller batch-1 sizes too is not measured here. All of
 # this is the ropelib of the sweep's date (section 5).
+#
+# **Eager PyTorch** pays 35.5 µs (fp32) and 60.7 µs (bf16) a call before a byte moves, against
+# 7.8 to 10.3 µs for the fused kernels: it runs ten kernels a call (notebook 02's profile, section
+# 5) where a fused route runs one or two; what each of those launches costs is not measured here.
+# Its line's bandwidth counts the fused kernel's bytes. Multiplied by the 6.0 times as many that
+# its ten kernels move, it streams at 0.47 of the copy's line, close to the 0.44 of the copy's speed
+# at which notebook 02's profile measured those kernels: the line and the profile agree.
 
 # %% [markdown]
 # ## 7. Your kernel in the race
@@ -943,11 +963,17 @@ print("racing", "your kernel" if rows_ok else "the worked kernel")
 # **The race.** On one bf16 tensor (256 MiB on a GPU, a few KiB in the interpreter) the cell times
 # `y.copy_(x)`, `ropelib.apply_rope`, and your kernel copying and rotating at one row a program and
 # more, through `launch_rows` (change its grid or add `num_warps=`, and rerun). **Down the last
-# column**, your copy's time per program an SM runs, $t_\text{copy} \cdot n_\text{SM} /
-# n_\text{programs}$: near notebook 03's ~80 ns a program (section 4), with your copy well short of
-# torch's ("of torch"), the program count sets the time, not the bytes. **Across a row**,
-# *rotation / copy* is what the per-element angle loads, sines and cosines add at that tile;
-# optional part B prints the same column for angles formed once per token.
+# column**, your copy's time per program times the SMs, $t_\text{copy} \cdot n_\text{SM} /
+# n_\text{programs}$. Notebook 03 (sections 4.3 and 4.4) timed programs that do nothing: the GPU
+# starts about one every 0.6 ns, a limit of the whole GPU rather than of each SM, which across
+# the 132 SMs of an H100 or H200 is one every 80 ns on each. Where this column sits near 80 ns and
+# your copy falls well short of torch's ("of torch"), the program count sets the time, not the
+# bytes: in the H100 run rendered with this notebook, one row a program read
+# 80<!--page: 1,048,576--> ns at 29<!--page: 1,048,576--> % of torch's speed, four rows
+# 97<!--page: 262,144--> %. On a GPU with another SM count the column's 80 ns moves; the GPU-wide
+# 0.6 ns need not. **Across a row**, *rotation / copy* is what the per-element angle loads, sines
+# and cosines add at that tile; optional part B prints the same column for angles formed once per
+# token.
 
 # %%
 if GPU:
@@ -1081,6 +1107,12 @@ if not rows_ok:     # the worked kernel: from 4 rows to 64 the count per element
 # compiles to at least the racing kernel's warps an SM, no spills and under half its instructions
 # per element; where the race shows it still behind its copy there, nothing measured here says what
 # holds it back.
+#
+# **Not explained: 64 rows.** In the H100 run rendered with this notebook the rotation at 64 rows
+# took 10.51<!--page: 16,384--> times its copy, against 2.32<!--page: 65,536--> at 16 rows. The
+# 64-row tile is where the compiled code reaches 255 registers, a cap of 8 warps an SM, and spills
+# (all asserted above). Those are counts of the compiled code, not of the run: no profile of the
+# 64-row launch is committed, so which of them, if any, sets its time is not measured here.
 
 # %% [markdown]
 # Now your kernel as a provider at its fastest tile, beside the others (forward only). Rounded
@@ -1302,7 +1334,14 @@ if len(models) == 2:
 #
 # **On the H100** no host timing at 64 MiB is committed. A.4's cell "A.2's size, live" times
 # ropelib's call at this size on whichever GPU runs it, host, `do_bench` and replay in one run,
-# with the same test, and so settles ropelib's side there (TE is not timed live at that size).
+# with the same test, and so settles ropelib's side there (TE is not timed live at that size). In
+# the H100 run rendered with this notebook the enqueue took 267.0<!--page: A.2's test--> µs
+# against the memset plus the replay's 181.9<!--page: A.2's test--> µs: the device waits, as on the
+# H200. Autograd's device thread off shortens the host's call and leaves the kernels alone, and
+# with it off `do_bench` fell from 279.8<!--page: ropelib, eager forward+backward--> to
+# 97.2<!--page: autograd's device thread off--> µs, level with the replay's
+# 96.3<!--page: ropelib, eager forward+backward--> µs: cutting the host's time removed the gap.
+# On that H100 too, ropelib's call was slower than its kernels by its host's time.
 #
 # How much of that loss is the host *machine of that run* rather than ropelib's code is open: a
 # committed `do_bench` of a host-bound call measures its run's host as much as its GPU. A.4's
@@ -1311,7 +1350,10 @@ if len(models) == 2:
 # H100). Where the replay carries (near 1) and `do_bench` falls well below the committed one, that
 # run's host set the committed figure; where the live `do_bench` even falls under TE's committed
 # one, the committed loss does not carry to this host. TE is not timed live at that size, so the
-# cell cannot say whether TE's time falls too.
+# cell cannot say whether TE's time falls too. In the H100 run rendered with this notebook the
+# replay carried (1.00<!--page: live / committed--> of the committed) and `do_bench` came out
+# 1.10<!--page: live / committed--> of it: that run's host was no faster than the committed run's,
+# and the loss stood.
 
 # %%
 FLOOR_64 = [f"64 MiB bf16 {layout}" for layout in ("sbhd", "bshd", "thd")]
@@ -1795,7 +1837,11 @@ assert all(f in sections["64 MiB sbhd"] for f in two_pass_python)
 # and the layout conversions in its compiled code (`ttg.convert_layout` in the TTGIR: a tile moved
 # from one register layout to another, through shared memory). Where the variant converts its
 # tiles and the racing kernel does not, that work is one candidate for the 4-row question; a
-# candidate only, since nothing here times it.
+# candidate only, since nothing here times it. The H100 run rendered with this notebook weighs
+# against it: there the variant's table shows as many conversions at 16 and 64 rows as at 4, and
+# more shared memory, and at 16 and 64 rows the variant ran level with its copy
+# (1.00<!--page: 183.1us--> and 1.01<!--page: 186.0us--> of its time). For the conversions to hold
+# it back at 4 rows they would have to cost more per element there, which nothing here measures.
 
 # %%
 @triton.jit
