@@ -159,7 +159,7 @@ assert {m["triton"].rsplit(".", 1)[0] for m in runs} == {"3.6"}
 # for each program (s, h):              # grid (S, H)
 #     cos1, sin1, cos2, sin2 = f(freqs[s])      # once
 #     for b in 0 .. B-1:                        # B rows, same angles
-#         y[s, b, h] = rotate(x[s, b, h], cos, sin)
+#         y[s, b, h] = rotate(x[s, b, h], cos1, sin1, cos2, sin2)
 # ```
 
 # %%
@@ -1105,8 +1105,8 @@ if len(two_gpus) == 2:
 #
 # ropelib's finished kernel (`ropelib/kernels/fused.py`, notebook 05) gives each program a
 # **tile** of positions × heads that computes cos/sin once for its heads *and* a batch chunk,
-# loads wider vectors (on the H200 8 bf16 a thread: A.1's `sizePerThread = [1, 1, 8]`), and takes every
-# layout through strides.
+# loads wider vectors (on the H200 8 bf16 a thread: A.1's `sizePerThread = [1, 1, 8]`), and
+# takes every layout through strides.
 
 # %% [markdown]
 # ## Exercises
@@ -1155,7 +1155,7 @@ if GEN_CSV.exists():   # the copy speed measured on the H200, reference case
 # Write `my_grid_us(S, B, H, sms, ns_per_program_per_sm, copy_us)`: the time in µs of section 2's
 # $(S, H)$ grid if its programs cost `ns_per_program_per_sm` each on each of `sms` SMs sharing
 # them evenly (the per-SM figure above, not a GPU-wide one) and it takes at least a copy of its
-# tensors' time (`copy_us`): the model's two floors, programs and bytes.
+# tensors' time (`copy_us`): section 5.3's floors of programs and bytes, without its third.
 
 # %%
 def my_grid_us(S, B, H, sms, ns_per_program_per_sm, copy_us):
@@ -1229,9 +1229,9 @@ grid_kernel.show_solution()
 # differ in more than one count at once. Make the grid a knob, `ROWS`, the batch rows one
 # program rotates: grid $(S, H, B / \text{ROWS})$, program $(s, h, g)$ rotating rows
 # $g \cdot \text{ROWS}$ to $g \cdot \text{ROWS} + \text{ROWS} - 1$ of position $s$ and head
-# $h$, with the cos/sin of position $s$ evaluated once. `ROWS` = 1 gives the naive kernel's program count, `ROWS` = $B$
-# section 2's grid. Tensors are contiguous and `HALF` a power of two (version 1 with one more
-# grid axis).
+# $h$, with the cos/sin of position $s$ evaluated once. `ROWS` = 1 gives the naive kernel's
+# program count, `ROWS` = $B$ section 2's grid. Tensors are contiguous and `HALF` a power of
+# two (version 1 with one more grid axis).
 #
 # Then, **before running anything**, write `my_work(S, B, H, D, rows)`: what one launch issues,
 # as a dict of `programs`; `sincos`, the sines and cosines together, one per lane of every tile;
@@ -1394,11 +1394,14 @@ else:
 #   sin/cos costs 4 %. On an H100 expect a smaller ratio in section 5.3's live cell: the grid
 #   stretches with the slower DRAM, one-row programs do not (the H100 run rendered in
 #   `docs/executed/` printed 2.84<!--page: live: one row a program instead of B-->).
-# - **Fewer sines and cosines do not make a kernel faster.** TE's fused kernel evaluates a
-#   quarter of the grid's (cos, sin) pairs yet is slower at $b = 8$ on an H200 and an H100 (1.32
-#   and 1.18 times the grid's time, 5.2). Measured on the H200, it executes 2.5 times the grid's
-#   warp instructions, not overlapped with its waits; no H100 profile was taken, and 5.4's H100
-#   ratio is predicted from the H200's.
+# - **The sines and cosines a source asks for do not order the kernels.** TE's fused kernel
+#   evaluates a quarter of the grid's (cos, sin) pairs yet is slower at $b = 8$ on an H200 and an
+#   H100 (1.32 and 1.18 times the grid's time, 5.2). Measured on the H200, it executes 2.5 times
+#   the grid's warp instructions, not overlapped with its waits; no H100 profile was taken, and
+#   5.4's H100 ratio is predicted from the H200's. Sines and cosines do cost time where the
+#   compiled kernel evaluates many more than its source asks for: TE's grid in Triton computes
+#   each one in 32 threads and takes 1.58 times the grid's time; reading two tables instead, it
+#   is the faster one, the grid taking 1.22 times its time (5.3, A.1).
 # - **One row in flight per warp: tested live, not committed.** In the floor suite (5.2) the grid
 #   takes 1.42 times a copy's time on the H200, 1.26 on the H100, though its bound on bytes in
 #   flight lies above what a copy's reads need (A.4). Other runs of the same launch on the H200
@@ -1533,10 +1536,11 @@ assert (round(per_pair), round(need["te_registers"], 1), round(need["te_shared"]
 # %% [markdown]
 # TE's CUDA kernel spends at most 0.91 float instructions an element on sin/cos: not where its
 # time goes. Integer instructions are more than half of its extra thread instructions over the
-# grid (17.7 an element against 5.7). **TE's grid in Triton** (`heads_all_one_b`) spends 8.06 times the grid's sin/cos
-# work where its source asks for a quarter: Triton computes a value in the layout of the tensor
-# that uses it, so every thread holding a column of the `[heads, BLOCK_HALF]` tile computes its
-# cosine. The next cell counts those threads in the sm_90 compile.
+# grid (17.7 an element against 5.7). **TE's grid in Triton** (`heads_all_one_b`) spends 8.06
+# times the grid's sin/cos work where its source asks for a quarter: Triton computes a value in
+# the layout of the tensor that uses it, so every thread holding a column of the
+# `[heads, BLOCK_HALF]` tile computes its cosine. The next cell counts those threads in the
+# sm_90 compile.
 #
 # **What 0.91 allows** (section 3's claim). The grid spends 2.11 float instructions an element
 # on sin/cos and evaluates $H D = 4096$ (cos, sin) pairs for the $B H D = 32768$ elements of a
