@@ -1547,9 +1547,9 @@ assert (round(per_pair), round(need["te_registers"], 1), round(need["te_shared"]
 # position, so a pair costs it about 17; TE's block is 8 warps (32 × 8 threads in its profile).
 # At that cost,
 #
-# $$ \underbrace{17 \cdot \frac{B D}{B H D} = 0.53}_{\text{once a block, shared memory}}
+# $$ \underbrace{17 \cdot \frac{B D}{B H D} \approx 0.53}_{\text{once a block, shared memory}}
 #    \;\le\; 0.91 \;<\;
-#    \underbrace{17 \cdot \frac{8\, B D}{B H D} = 4.2}_{\text{once a warp, registers}} $$
+#    \underbrace{17 \cdot \frac{8\, B D}{B H D} \approx 4.2}_{\text{once a warp, registers}} $$
 #
 # float instructions an element, and 4.2 is more than all of TE's float work. The estimate
 # assumes TE's `sincosf` costs what Triton's libdevice sine and cosine cost in the grid; the
