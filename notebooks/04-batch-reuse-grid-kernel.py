@@ -26,8 +26,8 @@
 # exercises 1 to 4 (half an hour). Optional, each marked where it starts: section 5.2 with the
 # end of 5.4 (a second GPU, 10 minutes), exercises 5 and 6 (40 minutes) and the appendix (the
 # Nsight Compute profiles behind section 5, an hour). The text's numbers come from committed
-# runs on NVIDIA H200s (torch 2.11, Triton 3.6; section 5.2 adds an H100), each CSV's header
-# naming its GPU, versions and date, and are asserted.
+# runs on NVIDIA H200s (torch 2.11, Triton 3.6; section 5.2 and the end of appendix A.5 add
+# H100 runs), each CSV's header naming its GPU, versions and date, and are asserted.
 #
 # **After this notebook you will be able to**
 #
@@ -159,7 +159,7 @@ assert {m["triton"].rsplit(".", 1)[0] for m in runs} == {"3.6"}
 # for each program (s, h):              # grid (S, H)
 #     cos1, sin1, cos2, sin2 = f(freqs[s])      # once
 #     for b in 0 .. B-1:                        # B rows, same angles
-#         y[s, b, h] = rotate(x[s, b, h], cos, sin)
+#         y[s, b, h] = rotate(x[s, b, h], cos1, sin1, cos2, sin2)
 # ```
 
 # %%
@@ -456,9 +456,10 @@ assert load_order["sh_loop_b"]["rows"] == load_order["sh_loop_b_unrolled"]["rows
 # (position, batch entry), grid `(s, b)`, and shares position $s$'s sines and cosines across its
 # $h$ heads. TE 2.20.2, profiled here, computes them once a block into shared memory: its source
 # fills a `shared_mem_cos_sin` buffer and waits at `__syncthreads()` before rotating, and the
-# profile agrees (A.1): 0.44 barriers an element, where the Triton kernels have none, and at most
-# 0.91 float instructions an element left for sin/cos, enough for one evaluation a block but not
-# for one per warp in registers.
+# profile agrees (A.1): for every instruction it issues, 0.44 of its warps are waiting at a
+# barrier (Nsight Compute's *barrier* stall), where the Triton kernels have none; and at most
+# 0.91 float instructions an element are left for sin/cos, enough for one evaluation a block
+# but not for one in each of the block's 8 warps, in registers (A.1 does the arithmetic).
 #
 # | kernel | grid | (cos, sin) pairs evaluated per position |
 # |---|---|---|
@@ -597,8 +598,9 @@ else:
 
 # %% [markdown]
 # The H100's slower DRAM stretches the copy 1.39 times and the grid 1.24 times; the naive
-# kernel keeps its time (1.00): its programs set it. **TE's kernel is slower than the grid on
-# both GPUs**, by less on the H100 (1.18 times the grid's time, against 1.32).
+# kernel keeps its time (1.00): its programs set it, and notebook 03 (section 4.4) measures both
+# GPUs starting programs at the same rate. **TE's kernel is slower than the grid on both
+# GPUs**, by less on the H100 (1.18 times the grid's time, against 1.32).
 #
 # ### 5.3 Why: one factor at a time
 #
@@ -1103,8 +1105,8 @@ if len(two_gpus) == 2:
 #
 # ropelib's finished kernel (`ropelib/kernels/fused.py`, notebook 05) gives each program a
 # **tile** of positions × heads that computes cos/sin once for its heads *and* a batch chunk,
-# loads wider vectors (on the H200 8 bf16 a thread: A.1's `sizePerThread = [1, 1, 8]`), and takes every
-# layout through strides.
+# loads wider vectors (on the H200 8 bf16 a thread: A.1's `sizePerThread = [1, 1, 8]`), and
+# takes every layout through strides.
 
 # %% [markdown]
 # ## Exercises
@@ -1153,7 +1155,7 @@ if GEN_CSV.exists():   # the copy speed measured on the H200, reference case
 # Write `my_grid_us(S, B, H, sms, ns_per_program_per_sm, copy_us)`: the time in µs of section 2's
 # $(S, H)$ grid if its programs cost `ns_per_program_per_sm` each on each of `sms` SMs sharing
 # them evenly (the per-SM figure above, not a GPU-wide one) and it takes at least a copy of its
-# tensors' time (`copy_us`): the model's two floors, programs and bytes.
+# tensors' time (`copy_us`): section 5.3's floors of programs and bytes, without its third.
 
 # %%
 def my_grid_us(S, B, H, sms, ns_per_program_per_sm, copy_us):
@@ -1197,7 +1199,7 @@ if GEN_CSV.exists():
 #
 # The check launches your kernel on grid $(S, H)$ on several shapes, a non-contiguous `x`,
 # fp16, tables whose halves differ (read $\theta_2$ too), into a NaN-filled output, and counts
-# your cos/sin in the interpreter: a batch of 3 must cost no more than 1.
+# your cos/sin in the interpreter: a batch of 3 must evaluate no more of them than a batch of 1.
 
 # %%
 @triton.jit
@@ -1227,9 +1229,9 @@ grid_kernel.show_solution()
 # differ in more than one count at once. Make the grid a knob, `ROWS`, the batch rows one
 # program rotates: grid $(S, H, B / \text{ROWS})$, program $(s, h, g)$ rotating rows
 # $g \cdot \text{ROWS}$ to $g \cdot \text{ROWS} + \text{ROWS} - 1$ of position $s$ and head
-# $h$, with the cos/sin of position $s$ evaluated once. `ROWS` = 1 gives the naive kernel's program count, `ROWS` = $B$
-# section 2's grid. Tensors are contiguous and `HALF` a power of two (version 1 with one more
-# grid axis).
+# $h$, with the cos/sin of position $s$ evaluated once. `ROWS` = 1 gives the naive kernel's
+# program count, `ROWS` = $B$ section 2's grid. Tensors are contiguous and `HALF` a power of
+# two (version 1 with one more grid axis).
 #
 # Then, **before running anything**, write `my_work(S, B, H, D, rows)`: what one launch issues,
 # as a dict of `programs`; `sincos`, the sines and cosines together, one per lane of every tile;
@@ -1390,12 +1392,16 @@ else:
 # - **The program count, not the cos/sin, sets the time.** On the H200 at $b = 8$, one row a
 #   program instead of $B$ costs 3.46 times the time (3.59 with tables); all of the grid's
 #   sin/cos costs 4 %. On an H100 expect a smaller ratio in section 5.3's live cell: the grid
-#   stretches with the slower DRAM, one-row programs do not.
-# - **Fewer sines and cosines do not make a kernel faster.** TE's fused kernel evaluates a
-#   quarter of the grid's (cos, sin) pairs yet is slower at $b = 8$ on an H200 and an H100 (1.32
-#   and 1.18 times the grid's time, 5.2). Measured on the H200, it executes 2.5 times the grid's
-#   warp instructions, not overlapped with its waits; no H100 profile was taken, and 5.4's H100
-#   ratio is predicted from the H200's.
+#   stretches with the slower DRAM, one-row programs do not (the H100 run rendered in
+#   `docs/executed/` printed 2.84<!--page: live: one row a program instead of B-->).
+# - **The sines and cosines a source asks for do not order the kernels.** TE's fused kernel
+#   evaluates a quarter of the grid's (cos, sin) pairs yet is slower at $b = 8$ on an H200 and an
+#   H100 (1.32 and 1.18 times the grid's time, 5.2). Measured on the H200, it executes 2.5 times
+#   the grid's warp instructions, not overlapped with its waits; no H100 profile was taken, and
+#   5.4's H100 ratio is predicted from the H200's. Sines and cosines do cost time where the
+#   compiled kernel evaluates many more than its source asks for: TE's grid in Triton computes
+#   each one in 32 threads and takes 1.58 times the grid's time; reading two tables instead, it
+#   is the faster one, the grid taking 1.22 times its time (5.3, A.1).
 # - **One row in flight per warp: tested live, not committed.** In the floor suite (5.2) the grid
 #   takes 1.42 times a copy's time on the H200, 1.26 on the H100, though its bound on bytes in
 #   flight lies above what a copy's reads need (A.4). Other runs of the same launch on the H200
@@ -1428,7 +1434,14 @@ else:
 #
 # `benchmarks/te_ncu.py` counted instructions by kind on an H200 at $s = 4096, b = 8$, clocks
 # locked: a DRAM-bound kernel keeps its time at a lower clock, an issue-bound one does not.
-# **Issue floor**: warp instructions / (4 schedulers × SMs) cycles.
+# **Issue floor**: $I_{\text{warp}} / (4\, N_{\text{SM}})$ cycles, the warp instructions shared
+# by the 4 schedulers of every SM, each issuing at most one a cycle.
+#
+# The second table counts per element of `x` up to `stores`. After that, `issue used` is the
+# issue floor over the SMs' active cycles, `issue floor/copy` the same floor over the copy's
+# active cycles, and `mem wait`, `barrier` and `not selected` are Nsight Compute's stall
+# reasons, not counts of instructions: the warps waiting on a global load (*long scoreboard*),
+# waiting at a barrier, or ready but not picked, for each instruction issued.
 
 # %%
 print(f"Nsight Compute on {te_meta['gpu']} (torch {te_meta['torch']}, Triton {te_meta['triton']}, "
@@ -1523,10 +1536,24 @@ assert (round(per_pair), round(need["te_registers"], 1), round(need["te_shared"]
 # %% [markdown]
 # TE's CUDA kernel spends at most 0.91 float instructions an element on sin/cos: not where its
 # time goes. Integer instructions are more than half of its extra thread instructions over the
-# grid (17.7 an element against 5.7). **TE's grid in Triton** (`heads_all_one_b`) spends 8.06 times the grid's sin/cos
-# work where its source asks for a quarter: Triton computes a value in the layout of the tensor
-# that uses it, so every thread holding a column of the `[heads, BLOCK_HALF]` tile computes its
-# cosine. The next cell counts those threads in the sm_90 compile.
+# grid (17.7 an element against 5.7). **TE's grid in Triton** (`heads_all_one_b`) spends 8.06
+# times the grid's sin/cos work where its source asks for a quarter: Triton computes a value in
+# the layout of the tensor that uses it, so every thread holding a column of the
+# `[heads, BLOCK_HALF]` tile computes its cosine. The next cell counts those threads in the
+# sm_90 compile.
+#
+# **What 0.91 allows** (section 3's claim). The grid spends 2.11 float instructions an element
+# on sin/cos and evaluates $H D = 4096$ (cos, sin) pairs for the $B H D = 32768$ elements of a
+# position, so a pair costs it about 17; TE's block is 8 warps (32 × 8 threads in its profile).
+# At that cost,
+#
+# $$ \underbrace{17 \cdot \frac{B D}{B H D} \approx 0.53}_{\text{once a block, shared memory}}
+#    \;\le\; 0.91 \;<\;
+#    \underbrace{17 \cdot \frac{8\, B D}{B H D} \approx 4.2}_{\text{once a warp, registers}} $$
+#
+# float instructions an element, and 4.2 is more than all of TE's float work. The estimate
+# assumes TE's `sincosf` costs what Triton's libdevice sine and cosine cost in the grid; the
+# profile counts instructions by kind, not by the function that issued them.
 
 # %%
 # compiled for an H200 (sm_90) by this machine's Triton, in a second Python (no GPU needed):
@@ -1603,9 +1630,14 @@ assert te_grid["us"] > 1.8 * h4["us"] and te_table["us"] < 1.2 * h4["us"]
 #
 # ### A.2 Where TE's time goes with the clock free
 #
-# With $f$ the measured clock, a kernel's time splits into issue (warp instructions /
-# $(4 \times 132 f)$), no warp ready, and SM idle; issuing shortens as the clock rises, a wait
-# on DRAM does not.
+# With $f$ the measured clock, a kernel's time splits into three parts:
+#
+# $$ t = \underbrace{\frac{I_{\text{warp}}}{4\, N_{\text{SM}}\, f}}_{\text{issue}}
+#    + t_{\text{no warp ready}} + t_{\text{SM idle}} , $$
+#
+# the issue part being the cycles each scheduler must spend issuing, the second the rest of the
+# SMs' active cycles, the third the cycles they are not active. Issuing shortens as the clock
+# rises, a wait on DRAM does not.
 
 # %%
 # the same probe with the clock free (--clock-control none), as in section 5.4's runs
@@ -1776,7 +1808,13 @@ assert (round(mech["sh_loop_b"]["x_kib_per_sm"], 1), round(inflight_need, 1)) ==
 # in L2 when the kernel ends, and reach DRAM after the profiler stopped counting.
 #
 # **At $s = 32768$, $b = 1$ the grid re-reads its table** 8 times (the naive kernel: once), 1.19
-# times the model's bytes, and still takes the naive kernel's time.
+# times the model's bytes, and still takes the naive kernel's time. At $b = 1$ both grids request
+# the 16 MiB table 32 times, once per head. The naive kernel's consecutive programs are the 32
+# heads of one position, so a row's later requests follow its first at once; the grid numbers
+# all positions of head 0 before head 1 (section 2), so 16 MiB of table and 16 MiB of `x` and `y`
+# pass between two requests of the same row, and DRAM serves 8 tables' worth of the 32, a
+# quarter. That ordering is consistent with the counts; which requests miss L2, and why a
+# quarter and not none, this profile does not say.
 
 # %%
 # within a few percent of the model at s = 4096, b = 8; the reads complete, the writes short by
@@ -1928,3 +1966,11 @@ if GPU:   # only the timer needs a GPU
 else:
     print(f"\nthe four launches ran at s={S1}, h={H1} and are right; timing them needs a GPU: "
           "there the cell prints each time and the three ratios")
+
+# %% [markdown]
+# In the committed H200 sweep the naive kernel spends 1.00 to 1.06 times an empty program's
+# 79.8 ns per program per SM at every batch size, and the grid takes 84.6 µs at $b = 1$ and
+# 84.7 µs at $b = 2$ (twice the bytes), 1.01 times the naive kernel's time at $b = 1$. So at
+# $b = 1$ the grid's time is that of starting its programs, as the naive kernel's is at every
+# batch size. The H100 run rendered in `docs/executed/` agrees: there the empty programs took
+# 0.98<!--page: empty programs / grid at b = 1--> of the grid's $b = 1$ time.
