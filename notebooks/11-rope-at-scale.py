@@ -33,7 +33,9 @@
 # **Time:** about 70 minutes to read, 65 for exercises 1–4 (and 1b), 20 for the optional fifth.
 # The appendix (optional, about 20 minutes) asks where the two-rank step's time goes and whether
 # the split trains the same model.
-# The text's numbers come from `benchmarks/results/` (H200s); live timings name their GPU.
+# The text's times and memory come from `benchmarks/results/` (H200s); its byte and instruction
+# counts are computed by the cells, on any machine. Live timings name their GPU; where the text
+# quotes the H100 run in `docs/executed/`, it says so.
 
 # %%
 import os, torch
@@ -90,7 +92,8 @@ print(ropelib.runtime.mode(), "| device:", device, "| figures go to", FIGURES)
 # $$W_r^{\text{contiguous}} = \sum_{p = rS/c}^{(r+1)S/c - 1} (p+1)
 #   = \frac{S}{c}\Big(\frac{(2r+1)S}{2c} + \frac{1}{2}\Big),$$
 #
-# so the last rank does about $2c-1$ times the work of the first. Transformer Engine's
+# so the last rank does $W_{c-1}/W_0 = \frac{(2c-1)S + c}{S + c}$ times the work of the first:
+# about $2c-1$ once $S \gg c$ (2.78 at $S=16$, $c=2$, the figure's case). Transformer Engine's
 # **dual-chunk** split cuts the sequence into $2c$ chunks of $s = S/2c$ and gives rank $r$
 # chunks $r$ and $2c-1-r$: one cheap, one expensive. Chunk $j$ costs
 # $s\,(js + \tfrac{s+1}{2})$, so rank $r$'s two cost
@@ -244,8 +247,13 @@ solution(ex.solution_dual_chunk_positions)
 # Now write what `apply_rope(..., cp_size, cp_rank)` does. Your kernel gets rank `CP_RANK`'s
 # shard `[B, S_LOCAL, H, D]` (contiguous) and the angle table of the *whole* sequence,
 # `freqs[S, D]`. One program per local token (grid `(B * S_LOCAL,)`) maps its local index $i$
-# to its global position (chunk `CP_RANK` for $i < $ `S_LOCAL / 2`, chunk $2c-1-r$ after) and
-# rotates all the token's heads by that row,
+# to its global position $p$ and rotates all the token's heads by that row. With $r$ =
+# `CP_RANK`, $c$ = `CP_SIZE` and $s$ = `S_LOCAL / 2` positions a chunk,
+#
+# $$p = \begin{cases} rs + i & i < s \quad\text{(chunk } r\text{)}\\
+#   (2c-1-r)s + (i - s) & i \ge s \quad\text{(chunk } 2c-1-r\text{)},\end{cases}$$
+#
+# and the rotation, with $\theta_j$ = `freqs[p, j]`, is
 # $y_j = x_j\cos\theta_j - x_{j+D/2}\sin\theta_j$,
 # $y_{j+D/2} = x_{j+D/2}\cos\theta_j + x_j\sin\theta_j$. The check compares every rank's output
 # (1 to 4 ranks, fp32 and bf16) with its share of the full rotation, and refuses a store outside
