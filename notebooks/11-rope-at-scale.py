@@ -758,7 +758,8 @@ def launch_cs_table(kernel, q, k, v, q_out, k_cache, v_cache, seqlens, cos, sin)
 # then replayed together, so Python's launch overhead drops out), batch 1 and 64, beside the
 # committed H200 run.
 #
-# Why might the worked kernel trail ropelib's? Not its bytes. On any machine the cell compiles
+# Why might the worked kernel trail ropelib's? Not its bytes: it reads and writes each byte once
+# (counted under "What the fused write saves, in bytes" below). On any machine the cell compiles
 # three kernels for sm_90 (the worked one, the worked one reading cos and sin from tables, and
 # ropelib's) and counts a thread's instructions, angle reductions (the range reduction inside
 # sin/cos: a multiply by $2/\pi$ that brings the angle into a quarter turn) and loads up to its
@@ -867,8 +868,16 @@ else:
 # **What the compile shows.** At batch 1 ropelib runs 40 programs of 1 warp, one head each; the
 # worked kernel one program of 4 warps for all 40 heads. Its thread reduces at least
 # twice a ropelib thread's angles, and some loads wait for them; with tables the angles vanish.
-# On a GPU the last lines print how much of the gap to ropelib's the tables close (asserted: at
-# least half at batch 1).
+# On a GPU the last lines print how much of the gap to ropelib's the tables close (asserted for
+# the worked kernel: at least half at batch 1). The instruction counts say where the time could
+# go; the table kernel's time is the measurement that it does.
+#
+# On this notebook's page (an H100, the worked kernel) the gap to ropelib's was
+# 1.2<!--page: B=1: yours--> µs at batch 1 and the tables closed 1.2<!--page: B=1: yours--> µs
+# of it, all of it; at batch 64 they closed 1.7<!--page: B=64: yours--> µs of a
+# 1.2<!--page: B=64: yours--> µs gap, so the table kernel ran ahead of ropelib's there. The
+# committed H200 run timed ropelib's kernel, not the worked one: this comparison rests on that
+# one H100 run.
 #
 # ### What the fused write saves, in bytes
 #
@@ -1000,7 +1009,9 @@ else:
 # *gain* = two kernels − fused; *launch* = fused + empty − fused, one more kernel start;
 # *pass* = two kernels − (fused + empty), the second kernel's own run. Where *launch / gain* is
 # above one half, starting the second kernel is most of what fusion saves on that GPU (asserted
-# at batch 1).
+# at batch 1). On this notebook's page (an H100, the worked kernel) it was
+# 85<!--page: launch / gain--> % of the gain at batch 1, and 55<!--page: launch / gain--> and
+# 57<!--page: launch / gain--> % at batch 64 and 256.
 
 # %% [markdown]
 # ### Exercise 3: the slot of a position in a paged cache
@@ -1305,7 +1316,8 @@ else:
 
 # %% [markdown]
 # The unfused store is 4 ATen operators, each its own pass over k: divide, clamp, round to fp8,
-# indexed write. On a GPU the cell asserts the fused store under a third of its time.
+# indexed write (this k is fp32 already, so the conversion to fp32 that a bf16 k needs first is
+# not among them). On a GPU the cell asserts the fused store under a third of its time.
 #
 # ### Decode latency on a GPU
 #
@@ -1426,9 +1438,10 @@ for cache in ("contiguous", "paged"):      # per cache: to fp32, divide, clamp, 
         {"aten::to": 4, "aten::div": 2, "aten::clamp": 2})
 
 # %% [markdown]
-# The fused step is one Triton kernel for every cache; the unfused step, `apply_rope_qk` plus
-# 6 ATen operators (contiguous bf16), 9 (paged), and in fp8 4 more per cache tensor (k and v:
-# to fp32, divide, clamp, to fp8), 8 in all, is on a GPU 7, 10, 15 or 18 CUDA kernels.
+# The fused step is one Triton kernel for every cache. The unfused step is `apply_rope_qk`'s
+# kernel plus 6 ATen operators (contiguous bf16) or 9 (paged); an fp8 cache adds 4 per cache
+# tensor (to fp32, divide, clamp, to fp8), 8 for k and v. On a GPU that is 7, 10, 15 or 18 CUDA
+# kernels, one per operation.
 #
 # What does one more kernel cost in a replayed step? The next cell fits a line through the
 # H200's unfused steps at batch 1 against their operations, and one through replays of $n$
@@ -1483,7 +1496,10 @@ else:
 # a replay removes the host, not the GPU's cost of starting each kernel. The two numbers come
 # from runs on different days (the decode run, and the do-nothing kernels' own run, whose date
 # the cell prints), so the share rests on two separate H200 runs, not one. Where the last
-# line's share is above one half, starting kernels is most of the lead on that GPU.
+# line's share is above one half, starting kernels is most of the lead on that GPU: on this
+# notebook's page, an H100 where both were timed in one run, 6 empty kernels were
+# 58<!--page: of which 6 empty kernels--> % of the unfused step's
+# 13.5<!--page: the unfused step's lead--> µs lead.
 #
 # ### Against the fewest kernels: what fusion itself saves
 #
@@ -1545,8 +1561,9 @@ assert as_stated((min(two_vs_unfused), max(two_vs_unfused)), (2.2, 4.8)), two_vs
 #   `[block_table[b, p // BS], p % BS]`; an fp8 cache at scale `amax / 448` costs a few percent.
 # - Replayed on the H200, fusion saves about one kernel start up to 64 sequences and more than
 #   two at 256 (2.6 to 3.0 µs). It is not the round trip's bytes at peak bandwidth (0.22 µs at
-#   256); the rest is the second kernel's own pass (which reads the rotated k back), not broken
-#   down here.
+#   256). Beyond the extra start, the rest is the second kernel's own run (which reads the
+#   rotated k back); on a GPU the live cell of "What the fused write saves, in time" separates
+#   the two, but what that run spends its time on is not measured here.
 
 # %% [markdown]
 # ## Questions for a study group
