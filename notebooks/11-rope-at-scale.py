@@ -1587,12 +1587,16 @@ assert as_stated((min(two_vs_unfused), max(two_vs_unfused)), (2.2, 4.8)), two_vs
 #
 # At 131072 tokens the split costs 964 ms a step (two ranks 2772 ms against half of one GPU's
 # 1808). The fit puts 750 of them in the $S^2$ term: each rank computes half the pairs at 68 % of
-# one GPU's rate. The linear 214 ms is **not measured**; the collectives' 6.56 GiB would take
-# about 16 ms over NVLink.
+# one GPU's rate. What the linear 214 ms is spent on is **not measured**: the collectives move
+# 6.56 GiB a step, about 16 ms at NVLink's peak, and would have to crawl at 33 GB/s to fill it.
 #
 # Why the slower rate? One GPU's `is_causal=True` call may reach cuDNN's kernel; a chunk with
 # fewer queries than keys reaches only PyTorch's flash and memory-efficient kernels. On a GPU
-# the cell profiles one layer's attention as one GPU, as rank 0, and forced onto flash.
+# the cell profiles one layer's attention as one GPU, as rank 0, and forced onto flash. Its
+# rate counts $14D$ floating-point operations per (query, key) pair: a multiply and an add per
+# feature in each of two products forward ($QK^\top$, $PV$) and five backward ($QK^\top$
+# again, $dV$, $dP$, $dQ$, $dK$), $2D\,(2 + 5)$; the TFLOP/s are
+# $14D \cdot \text{pairs} / t_{\text{attention}}$.
 
 # %%
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -1732,7 +1736,10 @@ assert sq_by_profile > 2 * lin_by_profile and sq_excess > 2 * lin_excess   # mos
 # On the H200, one GPU's attention ran cuDNN's kernels only, at 441 TFLOP/s; rank 0's ran mostly
 # the flash kernel, at 307; one GPU forced onto flash ran at 294. So rank 0 is slower because of
 # the kernel a masked call can reach. The profiles agree with the fit's split to about 100 ms,
-# rank 0's more closely than one GPU's.
+# rank 0's more closely than one GPU's. On this notebook's page an H100 gave the same order:
+# 447<!--page: cudnn: attention--> TFLOP/s for one GPU on cuDNN,
+# 312<!--page: rank0: attention--> for rank 0, 289<!--page: flash: attention--> for one GPU
+# forced onto flash.
 #
 # Only rank 0 was profiled, so the "rank 0" rows stand for rank 0 alone. Its first chunk is
 # square (as many queries as keys) and may reach cuDNN's kernel, which had 9 % of its time;
@@ -1800,6 +1807,7 @@ fig.savefig(FIGURES / "11-cp-bf16-200-steps.png", dpi=120)
 plt.show()
 
 # %% [markdown]
-# **Answer:** the 2-rank curve stays well inside the seed gap, closer to its twin than the seeds
-# to each other in 178 of the 200 steps. Over the last 50 steps it sits below its twin; one pair
+# **Answer:** on average the 2-rank curve stays well inside the seed gap (0.030 from its twin
+# against 0.258 between the seeds, a mean over the 200 steps), closer to its twin than the seeds
+# to each other in 178 of them. Over the last 50 steps it sits below its twin; one pair
 # of runs cannot say whether the split causes that.
