@@ -959,7 +959,9 @@ assert as_stated((min(gain_us.values()), max(gain_us.values())), (1.2, 2.9))
 # The two kernels move the rotated k out and back: 4,100 bytes a sequence, 17 % more than the
 # fused 24,836. At every batch measured, 1 to 256, fusion saved 1.2 to 2.9 µs a step on the H200
 # (contiguous bf16 cache), and at each batch those bytes at its peak take under a tenth of what
-# it saved. What else does the second kernel cost?
+# it saved. That run timed ropelib's kernels (its fused kernel against its RoPE kernel, then the
+# write kernel above), not the worked ones, but their round trip is the same rotated k written
+# and read back. What else does the second kernel cost?
 #
 # ### What the fused write saves, in time
 #
@@ -1556,7 +1558,8 @@ assert as_stated((min(two_vs_unfused), max(two_vs_unfused)), (2.2, 4.8)), two_vs
 # - Rotated at their global positions, two processes reach the 1-process loss within a few fp32
 #   ulps, and over 200 bf16 steps stay well inside the gap between two seeds (A.2).
 # - On H200s two ranks ran a 131072-token step 1.30 times as fast as one GPU, each at 55 % of
-#   its memory; most of the shortfall is attention reaching the flash kernel, not cuDNN's (A.1).
+#   its memory; most of the shortfall is attention, which on rank 0 (the rank profiled) runs
+#   the flash kernel instead of cuDNN's (A.1).
 # - The fused kernel stores the rotated k into slot `[b, p]` or
 #   `[block_table[b, p // BS], p % BS]`; an fp8 cache at scale `amax / 448` costs a few percent.
 # - Replayed on the H200, fusion saves about one kernel start up to 64 sequences and more than
