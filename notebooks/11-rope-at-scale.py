@@ -442,8 +442,16 @@ assert abs(estimate - peak_rank) < 1, "the parts add up to within 1 GiB"
 
 # %% [markdown]
 # A rank keeps half of one GPU's activations, the other rank's k and v for every layer, and the
-# full weights, gradients and optimizer state, which CP does not split. The next cell averages
-# the step times both runs have, steps 2 to 6.
+# full weights, gradients and optimizer state, which CP does not split. With $P$ parameters,
+# $M_1$ one GPU's peak, $n$ layers of width $d$ and $S_\text{local}$ of the $S$ tokens on the
+# rank, the cell adds up
+#
+# $$M_\text{rank} \approx \underbrace{16P}_{\text{weights, gradients, AdamW}}
+#   + \underbrace{\tfrac12\,(M_1 - 16P)}_{\text{half the activations}}
+#   + \underbrace{2 \cdot 2\,n\,(S - S_\text{local})\,d}_{\text{the other rank's bf16 k and v}}$$
+#
+# bytes, and asserts it within 1 GiB of the measured peak. The next cell averages the step times
+# both runs have, steps 2 to 6.
 
 # %%
 STEPS_BOTH = range(2, min(len(one["ms"]), len(run["ms"])) + 1)      # steps 2 .. 6
