@@ -1506,10 +1506,10 @@ else:
 # a replay removes the host, not the GPU's cost of starting each kernel. The two numbers come
 # from runs on different days (the decode run, and the do-nothing kernels' own run, whose date
 # the cell prints), so the share rests on two separate H200 runs, not one. Where the last
-# line's share is above one half, starting kernels is most of the lead on that GPU: on this
-# notebook's page, an H100 where both were timed in one run, 6 empty kernels were
-# 58<!--page: of which 6 empty kernels--> % of the unfused step's
-# 13.5<!--page: the unfused step's lead--> µs lead.
+# line's share is above one half, starting kernels is most of the unfused step's lead on that
+# GPU. On this notebook's page, an H100 where both were timed in one run, 6 empty kernels took
+# 58<!--page: of which 6 empty kernels--> % of a 13.5<!--page: the unfused step's lead--> µs
+# lead.
 #
 # ### Against the fewest kernels: what fusion itself saves
 #
