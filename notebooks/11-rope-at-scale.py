@@ -33,7 +33,9 @@
 # **Time:** about 70 minutes to read, 65 for exercises 1–4 (and 1b), 20 for the optional fifth.
 # The appendix (optional, about 20 minutes) asks where the two-rank step's time goes and whether
 # the split trains the same model.
-# The text's numbers come from `benchmarks/results/` (H200s); live timings name their GPU.
+# The text's times and memory come from `benchmarks/results/` (H200s); its byte and instruction
+# counts are computed by the cells, on any machine. Live timings name their GPU; where the text
+# quotes the H100 run in `docs/executed/`, it says so.
 
 # %%
 import os, torch
@@ -90,7 +92,8 @@ print(ropelib.runtime.mode(), "| device:", device, "| figures go to", FIGURES)
 # $$W_r^{\text{contiguous}} = \sum_{p = rS/c}^{(r+1)S/c - 1} (p+1)
 #   = \frac{S}{c}\Big(\frac{(2r+1)S}{2c} + \frac{1}{2}\Big),$$
 #
-# so the last rank does about $2c-1$ times the work of the first. Transformer Engine's
+# so the last rank does $W_{c-1}/W_0 = \frac{(2c-1)S + c}{S + c}$ times the work of the first:
+# about $2c-1$ once $S \gg c$ (2.78 at $S=16$, $c=2$, the figure's case). Transformer Engine's
 # **dual-chunk** split cuts the sequence into $2c$ chunks of $s = S/2c$ and gives rank $r$
 # chunks $r$ and $2c-1-r$: one cheap, one expensive. Chunk $j$ costs
 # $s\,(js + \tfrac{s+1}{2})$, so rank $r$'s two cost
@@ -244,8 +247,13 @@ solution(ex.solution_dual_chunk_positions)
 # Now write what `apply_rope(..., cp_size, cp_rank)` does. Your kernel gets rank `CP_RANK`'s
 # shard `[B, S_LOCAL, H, D]` (contiguous) and the angle table of the *whole* sequence,
 # `freqs[S, D]`. One program per local token (grid `(B * S_LOCAL,)`) maps its local index $i$
-# to its global position (chunk `CP_RANK` for $i < $ `S_LOCAL / 2`, chunk $2c-1-r$ after) and
-# rotates all the token's heads by that row,
+# to its global position $p$ and rotates all the token's heads by that row. With $r$ =
+# `CP_RANK`, $c$ = `CP_SIZE` and $s$ = `S_LOCAL / 2` positions a chunk,
+#
+# $$p = \begin{cases} rs + i & i < s \quad\text{(chunk } r\text{)}\\
+#   (2c-1-r)s + (i - s) & i \ge s \quad\text{(chunk } 2c-1-r\text{)},\end{cases}$$
+#
+# and the rotation, with $\theta_j$ = `freqs[p, j]`, is
 # $y_j = x_j\cos\theta_j - x_{j+D/2}\sin\theta_j$,
 # $y_{j+D/2} = x_{j+D/2}\cos\theta_j + x_j\sin\theta_j$. The check compares every rank's output
 # (1 to 4 ranks, fp32 and bf16) with its share of the full rotation, and refuses a store outside
@@ -434,8 +442,16 @@ assert abs(estimate - peak_rank) < 1, "the parts add up to within 1 GiB"
 
 # %% [markdown]
 # A rank keeps half of one GPU's activations, the other rank's k and v for every layer, and the
-# full weights, gradients and optimizer state, which CP does not split. The next cell averages
-# the step times both runs have, steps 2 to 6.
+# full weights, gradients and optimizer state, which CP does not split. With $P$ parameters,
+# $M_1$ one GPU's peak, $n$ layers of width $d$ and $S_\text{local}$ of the $S$ tokens on the
+# rank, the cell adds up
+#
+# $$M_\text{rank} \approx \underbrace{16P}_{\text{weights, gradients, AdamW}}
+#   + \underbrace{\tfrac12\,(M_1 - 16P)}_{\text{half the activations}}
+#   + \underbrace{2 \cdot 2\,n\,(S - S_\text{local})\,d}_{\text{the other rank's bf16 k and v}}$$
+#
+# bytes, and asserts it within 1 GiB of the measured peak. The next cell averages the step times
+# both runs have, steps 2 to 6.
 
 # %%
 STEPS_BOTH = range(2, min(len(one["ms"]), len(run["ms"])) + 1)      # steps 2 .. 6
@@ -750,7 +766,8 @@ def launch_cs_table(kernel, q, k, v, q_out, k_cache, v_cache, seqlens, cos, sin)
 # then replayed together, so Python's launch overhead drops out), batch 1 and 64, beside the
 # committed H200 run.
 #
-# Why might the worked kernel trail ropelib's? Not its bytes. On any machine the cell compiles
+# Why might the worked kernel trail ropelib's? Not its bytes: it reads and writes each byte once
+# (counted under "What the fused write saves, in bytes" below). On any machine the cell compiles
 # three kernels for sm_90 (the worked one, the worked one reading cos and sin from tables, and
 # ropelib's) and counts a thread's instructions, angle reductions (the range reduction inside
 # sin/cos: a multiply by $2/\pi$ that brings the angle into a quarter turn) and loads up to its
@@ -859,8 +876,16 @@ else:
 # **What the compile shows.** At batch 1 ropelib runs 40 programs of 1 warp, one head each; the
 # worked kernel one program of 4 warps for all 40 heads. Its thread reduces at least
 # twice a ropelib thread's angles, and some loads wait for them; with tables the angles vanish.
-# On a GPU the last lines print how much of the gap to ropelib's the tables close (asserted: at
-# least half at batch 1).
+# On a GPU the last lines print how much of the gap to ropelib's the tables close (asserted for
+# the worked kernel: at least half at batch 1). The instruction counts say where the time could
+# go; the table kernel's time is the measurement that it does.
+#
+# On this notebook's page (an H100, the worked kernel) the gap to ropelib's was
+# 1.2<!--page: B=1: yours--> µs at batch 1 and the tables closed 1.2<!--page: B=1: yours--> µs
+# of it, all of it; at batch 64 they closed 1.7<!--page: B=64: yours--> µs of a
+# 1.2<!--page: B=64: yours--> µs gap, so the table kernel ran ahead of ropelib's there. The
+# committed H200 run timed ropelib's kernel, not the worked one: this comparison rests on that
+# one H100 run.
 #
 # ### What the fused write saves, in bytes
 #
@@ -942,7 +967,9 @@ assert as_stated((min(gain_us.values()), max(gain_us.values())), (1.2, 2.9))
 # The two kernels move the rotated k out and back: 4,100 bytes a sequence, 17 % more than the
 # fused 24,836. At every batch measured, 1 to 256, fusion saved 1.2 to 2.9 µs a step on the H200
 # (contiguous bf16 cache), and at each batch those bytes at its peak take under a tenth of what
-# it saved. What else does the second kernel cost?
+# it saved. That run timed ropelib's kernels (its fused kernel against its RoPE kernel, then the
+# write kernel above), not the worked ones, but their round trip is the same rotated k written
+# and read back. What else does the second kernel cost?
 #
 # ### What the fused write saves, in time
 #
@@ -992,7 +1019,9 @@ else:
 # *gain* = two kernels − fused; *launch* = fused + empty − fused, one more kernel start;
 # *pass* = two kernels − (fused + empty), the second kernel's own run. Where *launch / gain* is
 # above one half, starting the second kernel is most of what fusion saves on that GPU (asserted
-# at batch 1).
+# at batch 1). On this notebook's page (an H100, the worked kernel) it was
+# 85<!--page: launch / gain--> % of the gain at batch 1, and 55<!--page: launch / gain--> and
+# 57<!--page: launch / gain--> % at batch 64 and 256.
 
 # %% [markdown]
 # ### Exercise 3: the slot of a position in a paged cache
@@ -1297,7 +1326,8 @@ else:
 
 # %% [markdown]
 # The unfused store is 4 ATen operators, each its own pass over k: divide, clamp, round to fp8,
-# indexed write. On a GPU the cell asserts the fused store under a third of its time.
+# indexed write (this k is fp32 already, so the conversion to fp32 that a bf16 k needs first is
+# not among them). On a GPU the cell asserts the fused store under a third of its time.
 #
 # ### Decode latency on a GPU
 #
@@ -1418,9 +1448,10 @@ for cache in ("contiguous", "paged"):      # per cache: to fp32, divide, clamp, 
         {"aten::to": 4, "aten::div": 2, "aten::clamp": 2})
 
 # %% [markdown]
-# The fused step is one Triton kernel for every cache; the unfused step, `apply_rope_qk` plus
-# 6 ATen operators (contiguous bf16), 9 (paged), and in fp8 4 more per cache tensor (k and v:
-# to fp32, divide, clamp, to fp8), 8 in all, is on a GPU 7, 10, 15 or 18 CUDA kernels.
+# The fused step is one Triton kernel for every cache. The unfused step is `apply_rope_qk`'s
+# kernel plus 6 ATen operators (contiguous bf16) or 9 (paged); an fp8 cache adds 4 per cache
+# tensor (to fp32, divide, clamp, to fp8), 8 for k and v. On a GPU that is 7, 10, 15 or 18 CUDA
+# kernels, one per operation.
 #
 # What does one more kernel cost in a replayed step? The next cell fits a line through the
 # H200's unfused steps at batch 1 against their operations, and one through replays of $n$
@@ -1475,7 +1506,10 @@ else:
 # a replay removes the host, not the GPU's cost of starting each kernel. The two numbers come
 # from runs on different days (the decode run, and the do-nothing kernels' own run, whose date
 # the cell prints), so the share rests on two separate H200 runs, not one. Where the last
-# line's share is above one half, starting kernels is most of the lead on that GPU.
+# line's share is above one half, starting kernels is most of the unfused step's lead on that
+# GPU. On this notebook's page, an H100 where both were timed in one run, 6 empty kernels took
+# 58<!--page: of which 6 empty kernels--> % of a 13.5<!--page: the unfused step's lead--> µs
+# lead.
 #
 # ### Against the fewest kernels: what fusion itself saves
 #
@@ -1532,13 +1566,15 @@ assert as_stated((min(two_vs_unfused), max(two_vs_unfused)), (2.2, 4.8)), two_vs
 # - Rotated at their global positions, two processes reach the 1-process loss within a few fp32
 #   ulps, and over 200 bf16 steps stay well inside the gap between two seeds (A.2).
 # - On H200s two ranks ran a 131072-token step 1.30 times as fast as one GPU, each at 55 % of
-#   its memory; most of the shortfall is attention reaching the flash kernel, not cuDNN's (A.1).
+#   its memory; most of the shortfall is attention, which on rank 0 (the rank profiled) runs
+#   the flash kernel instead of cuDNN's (A.1).
 # - The fused kernel stores the rotated k into slot `[b, p]` or
 #   `[block_table[b, p // BS], p % BS]`; an fp8 cache at scale `amax / 448` costs a few percent.
 # - Replayed on the H200, fusion saves about one kernel start up to 64 sequences and more than
 #   two at 256 (2.6 to 3.0 µs). It is not the round trip's bytes at peak bandwidth (0.22 µs at
-#   256); the rest is the second kernel's own pass (which reads the rotated k back), not broken
-#   down here.
+#   256). Beyond the extra start, the rest is the second kernel's own run (which reads the
+#   rotated k back); on a GPU the live cell of "What the fused write saves, in time" separates
+#   the two, but what that run spends its time on is not measured here.
 
 # %% [markdown]
 # ## Questions for a study group
@@ -1562,12 +1598,16 @@ assert as_stated((min(two_vs_unfused), max(two_vs_unfused)), (2.2, 4.8)), two_vs
 #
 # At 131072 tokens the split costs 964 ms a step (two ranks 2772 ms against half of one GPU's
 # 1808). The fit puts 750 of them in the $S^2$ term: each rank computes half the pairs at 68 % of
-# one GPU's rate. The linear 214 ms is **not measured**; the collectives' 6.56 GiB would take
-# about 16 ms over NVLink.
+# one GPU's rate. What the linear 214 ms is spent on is **not measured**: the collectives move
+# 6.56 GiB a step, about 16 ms at NVLink's peak, and would have to crawl at 33 GB/s to fill it.
 #
 # Why the slower rate? One GPU's `is_causal=True` call may reach cuDNN's kernel; a chunk with
 # fewer queries than keys reaches only PyTorch's flash and memory-efficient kernels. On a GPU
-# the cell profiles one layer's attention as one GPU, as rank 0, and forced onto flash.
+# the cell profiles one layer's attention as one GPU, as rank 0, and forced onto flash. Its
+# rate counts $14D$ floating-point operations per (query, key) pair: a multiply and an add per
+# feature in each of two products forward ($QK^\top$, $PV$) and five backward ($QK^\top$
+# again, $dV$, $dP$, $dQ$, $dK$), $2D\,(2 + 5)$; the TFLOP/s are
+# $14D \cdot \text{pairs} / t_{\text{attention}}$.
 
 # %%
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -1707,7 +1747,10 @@ assert sq_by_profile > 2 * lin_by_profile and sq_excess > 2 * lin_excess   # mos
 # On the H200, one GPU's attention ran cuDNN's kernels only, at 441 TFLOP/s; rank 0's ran mostly
 # the flash kernel, at 307; one GPU forced onto flash ran at 294. So rank 0 is slower because of
 # the kernel a masked call can reach. The profiles agree with the fit's split to about 100 ms,
-# rank 0's more closely than one GPU's.
+# rank 0's more closely than one GPU's. On this notebook's page an H100 gave the same order:
+# 447<!--page: cudnn: attention--> TFLOP/s for one GPU on cuDNN,
+# 312<!--page: rank0: attention--> for rank 0, 289<!--page: flash: attention--> for one GPU
+# forced onto flash.
 #
 # Only rank 0 was profiled, so the "rank 0" rows stand for rank 0 alone. Its first chunk is
 # square (as many queries as keys) and may reach cuDNN's kernel, which had 9 % of its time;
@@ -1775,6 +1818,7 @@ fig.savefig(FIGURES / "11-cp-bf16-200-steps.png", dpi=120)
 plt.show()
 
 # %% [markdown]
-# **Answer:** the 2-rank curve stays well inside the seed gap, closer to its twin than the seeds
-# to each other in 178 of the 200 steps. Over the last 50 steps it sits below its twin; one pair
+# **Answer:** on average the 2-rank curve stays well inside the seed gap (0.030 from its twin
+# against 0.258 between the seeds, a mean over the 200 steps), closer to its twin than the seeds
+# to each other in 178 of them. Over the last 50 steps it sits below its twin; one pair
 # of runs cannot say whether the split causes that.
