@@ -47,6 +47,12 @@
 # Triton kernel of your own with a prediction to make before it is timed (about 30 minutes
 # more; notebook 03 teaches what it uses). The cells take seconds on a GPU and under a minute
 # in Triton's interpreter on a CPU.
+#
+# **Before you start.** This notebook runs in the environment that `README.md` sets up
+# ("Set up and open the notebooks"): `conda env create -f environment.yml` on Linux with an
+# NVIDIA driver (GPU PyTorch, Triton, Transformer Engine, JupyterLab, and ropelib with its
+# `test` and `hf` extras), or `pip install -e ".[lab]"` in a Python virtual environment, where a
+# machine without a GPU installs a CPU build of PyTorch first. Section 1 checks what you got.
 
 # %% [markdown]
 # Every notebook starts with this cell. It must run **before** `ropelib` is imported: Triton
@@ -66,6 +72,7 @@ device = ropelib.default_device()
 # %%
 import importlib.metadata
 import platform
+import re
 import subprocess
 import sys
 
@@ -101,12 +108,45 @@ for key, value in info.items():
 assert ropelib.INTERPRET == (os.environ.get("TRITON_INTERPRET") == "1")
 assert GPU == ropelib.on_gpu()
 
+
+def release(v):
+    """'2.13.0+cpu' -> (2, 13): a version's release, to compare with a floor."""
+    return tuple(int(p) for p in re.match(r"(\d+)\.(\d+)", v).groups())
+
+
+try:      # ropelib's floors, as pyproject.toml gives them to the installed package
+    meta = importlib.metadata.metadata("ropelib")
+    floors = {"python": meta["Requires-Python"].removeprefix(">=")}
+    floors |= dict(r.split(">=") for r in importlib.metadata.requires("ropelib")
+                   if r.startswith(("torch>=", "triton>=")))
+except importlib.metadata.PackageNotFoundError:     # imported from a folder, not installed
+    floors = {}
+for name, floor in floors.items():
+    assert release(info[name]) >= release(floor), (
+        f"ropelib needs {name} {floor} or newer, this environment has {info[name]}: "
+        "README.md, 'Set up and open the notebooks'")
+print("at or above ropelib's floors: " + (", ".join(f"{k} {v}" for k, v in floors.items())
+                                          or "not checked (ropelib is not pip-installed)"))
+
 # %% [markdown]
-# Transformer Engine and transformers are optional. Where a notebook compares with one, it runs
-# the real package when it is installed (TE also needs a GPU) and says so when it is not;
-# `ropelib.reference` keeps faithful copies of the code paths compared with, so nothing breaks.
-# This notebook times nothing of TE's: notebook 07 does, and lists TE as unavailable where it
-# cannot run.
+# What the lines should say, and what to do when they do not:
+#
+# - **`kernels run`**: `GPU (...)` on a machine with an NVIDIA GPU, `CPU, Triton interpreter`
+#   on one without. `CUDA available : False` on a machine that has a GPU means a CPU build of
+#   PyTorch: make the environment again with one of README.md's GPU commands.
+# - **The floors**: ropelib needs Python 3.10, PyTorch 2.6 and Triton 3.2 or newer (its
+#   operators are `torch.library.triton_op`s, new in PyTorch 2.6, which is built with Triton
+#   3.2). The cell reads them from the installed package's metadata, which `pyproject.toml`
+#   wrote, and stops if one is not met.
+# - **transformers** (optional): `pip install -e ".[hf]"` adds it (the conda environment has it).
+# - **Transformer Engine** (optional, GPU only): the conda environment installs it
+#   (`transformer-engine-torch`); with pip it builds from source on a CUDA machine,
+#   `pip install --no-build-isolation "transformer_engine[pytorch]"`.
+#
+# Where a notebook compares with one of the two, it runs the real package when it is installed
+# (TE also needs a GPU) and says so when it is not; `ropelib.reference` keeps faithful copies of
+# the code paths compared with, so nothing breaks. This notebook times nothing of TE's: notebook
+# 07 does, and lists TE as unavailable where it cannot run.
 
 # %% [markdown]
 # ## 2. Interpreter mode: how to switch it on and off
