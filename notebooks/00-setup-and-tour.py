@@ -217,10 +217,12 @@ assert "TRITON_INTERPRET" in refusal                 # and says which setting to
 # `sbhd` = `[seq, batch, heads, head_dim]`. Sizes are small in the interpreter (it executes the
 # kernels in Python) and realistic on a GPU; change them, or the dtype, and rerun.
 #
-# `ropelib.apply_rope(x, freqs)` returns the rotated `x`. Which kernel it launches depends on the
-# size: below 64 MiB, one launch of notebook 05's finished kernel, `_rope_kernel`; a contiguous
-# tensor of 64 MiB or more takes the *two-pass route*, a pre-pass that writes each token's cosine
-# and sine, then a *flat pass* over the elements (notebook 05, section 6). The cell checks the
+# `ropelib.apply_rope(x, freqs)` returns the rotated `x`. Which kernel it launches depends above
+# all on the size: below 64 MiB, one launch of notebook 05's finished kernel, `_rope_kernel`; from
+# 64 MiB on, a contiguous tensor rotated into a new output (not `inplace`), with an angle table
+# small beside it, takes the *two-pass route*: a pre-pass that writes each token's cosine and
+# sine, then a *flat pass* over the elements (notebook 05, section 6, which shows the route of
+# each size). The cell checks the
 # result against `ropelib.reference.rope_reference`, plain PyTorch computed in fp64 and rounded
 # once to `x`'s dtype, and prints which kernel ran: the CUDA kernels of one more call on a GPU,
 # the Triton launches in the interpreter.
@@ -253,12 +255,14 @@ else:
         ropelib.apply_rope(x, freqs)
 print(f"x is {x_bytes / 2**20:.2f} MiB, below the two-pass route's "
       f"{tiles.TWO_PASS_MIN_BYTES >> 20} MiB: one launch of {ran}")
+assert tiles.TWO_PASS_MIN_BYTES == 64 * 2**20                       # "from 64 MiB on"
 assert x_bytes < tiles.TWO_PASS_MIN_BYTES and ran == ["_rope_kernel"], ran
 
 # %% [markdown]
 # Keywords cover the rest: `layout="bshd"` or `"thd"` (with `cu_seqlens`), `interleaved=True`,
 # `rotary_percent < 1`, `start_positions` / `position_ids`, `cp_size` / `cp_rank`, a
-# `cos=`/`sin=` cache, `inplace=True` (notebooks 01 and 02; `docs/API.md`).
+# `cos=`/`sin=` cache, `inplace=True` (notebooks 01 and 02 teach most of them; `docs/API.md`
+# lists every one).
 #
 # It is differentiable. RoPE is linear in $x$: $y = R(\theta)\,x$, with $R(\theta)$ made of the
 # $2 \times 2$ rotations above. So autograd's backward turns the gradient of the output,
@@ -285,8 +289,9 @@ print(f"x.grad vs dy rotated by -theta: largest difference "
 # It owns the angle table and rotates queries and keys in one launch; the key may have fewer
 # heads (grouped-query attention); the default layout is `bshd`. The table doubles when a longer
 # sequence arrives, but only the shape grows it, not `start_positions` or `position_ids`: a
-# decoder sets `max_seq_len` to its KV cache's length, or a position past the table can give a
-# row of NaN (notebook 02, section 4).
+# decoder sets `max_seq_len` to its KV cache's length. A position past the table raises a
+# `ValueError` where ropelib can check it without waiting for the GPU, and otherwise gives a row
+# of NaN (notebook 02, section 4).
 
 # %%
 kv_heads = H // 2
@@ -380,7 +385,7 @@ else:
 # `fused=True` rounds once at the end (the cell asserts at most 2 ulps). Hugging Face's code, which
 # also rounds every op to bf16, differs from ropelib's one rounding in a share of the outputs, by at
 # most 2 ulps. On the H100 run on this notebook's page in `docs/executed/` (Transformer Engine
-# 2.20.2 installed) the paths differed by up to 2<!--page: fused=True and fused=False differ-->
+# installed) the paths differed by up to 2<!--page: fused=True and fused=False differ-->
 # ulps, 32<!--page: of q's outputs differ--> % of the HF outputs by up to
 # 1<!--page: of q's outputs differ--> ulp, and the drop-in matched TE's own fused and unfused paths
 # at 0<!--page: the drop-in against TE's own paths--> ulps. Notebook 08 shows why such a difference
@@ -614,8 +619,8 @@ else:
 #
 # Notebooks 03 to 05 write the same rotation three times, and each differs from the last in how
 # the work is split into *programs*, the instances of a kernel that the GPU runs in parallel.
-# Each program runs on one of the GPU's *streaming multiprocessors* (SMs: 132 on an H100 SXM
-# and on an H200), as one or more *warps*, groups of 32 threads that execute each instruction
+# Each program runs on one of the GPU's *streaming multiprocessors* (SMs: 132<!--page: empty
+# programs on NVIDIA H100--> on an H100 SXM and on an H200), as one or more *warps*, groups of 32 threads that execute each instruction
 # together:
 #
 # | notebook | kernel | one program handles | programs for `x` of $[S, B, H, D]$ |
@@ -676,10 +681,10 @@ else:
           "of the GPU's memory bandwidth (peak_tb_s)")
 
 # %% [markdown]
-# Those shares are one run on your GPU at the tour's 32 MiB, a small shape: with $B = 4$ each
-# program of the batch-reusing grid loops over just four rows, one after another. On the H100 run on
-# this notebook's page in `docs/executed/` the copy ran at 2.38<!--page: torch copy_--> TB/s,
-# 71<!--page: the copy reaches--> % of the H100's 3.35<!--page: the copy reaches--> TB/s, and the
+# Those shares are one run on your GPU at the tour's 32<!--page: below the two-pass route's--> MiB,
+# a small shape: with $B = 4$ each program of the batch-reusing grid loops over just four rows, one
+# after another. On the H100 run on this notebook's page in `docs/executed/` the copy ran at
+# 2.38<!--page: torch copy_--> TB/s, 71<!--page: the copy reaches--> % of the H100's 3.35<!--page: the copy reaches--> TB/s, and the
 # three came in the course's order: the naive kernel at 33<!--page: 03 naive--> % of a copy, the
 # batch-reusing grid at 78<!--page: 04 batch-reusing grid--> %, the finished kernel at
 # 86<!--page: 05 finished (apply_rope)--> %. At so small a shape another GPU or run can order them
@@ -746,6 +751,7 @@ if MECHANISM:
     naive_m, reuse_m, finished_m = table_rows[1:4]
     shape = (naive_m["seq_len"], naive_m["batch"], naive_m["heads"], naive_m["head_dim"])
     assert shape == (4096, 8, 32, 128) and naive_m["dtype"] == "bf16"
+    assert naive_m["elements"] * 2 == 256 * 2**20                # "(256 MiB)" of bf16 x
     assert naive_m["us"] > reuse_m["us"] > finished_m["us"]   # at this size: slowest first
     # the same bytes for all five: DRAM reads are the model's (x, the table), the writes (y)
     # come out a little under it, the copy's included

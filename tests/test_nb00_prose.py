@@ -51,3 +51,56 @@ def test_the_set_up_commands_00_names_are_the_projects():
     assert "-e .[test,hf]" in env
     # Transformer Engine in the conda environment, under the name 00 gives
     assert "`transformer-engine-torch`" in md and "- transformer-engine-torch" in env
+
+
+def _headings(stem):
+    py = next((ROOT / "notebooks").glob(f"{stem}-*.py"))
+    return [line for line in py.read_text(encoding="utf-8").splitlines()
+            if re.match(r"^# #{2,3} |^# \*\*\d\. ", line)]
+
+
+# what 00's prose says -> (the notebook it points at, the start of the heading it means, words
+# the heading must hold)
+REFERENCES = [
+    ("*two-pass route*: a pre-pass that writes each token's cosine and sine, then a *flat pass* "
+     "over the elements (notebook 05, section 6", "05", "# ## 6. ", "two passes for large tensors"),
+    ("a row of NaN (notebook 02, section 4)", "02", "# ## 4. ", "Position offsets"),
+    ("notebook 03 writes the first in section 3 (3.4 is the version in ropelib)", "03",
+     "# ### 3.4 ", "The kernel ropelib ships"),
+    ("notebook 03 writes the first in section 3", "03", "# ## 3. ", "The kernel"),
+    ("notebook 04 the second in section 2 (2.1 a first version, 2.3 ropelib's)", "04",
+     "# ### 2.1 ", "A first kernel"),
+    ("2.3 ropelib's", "04", "# ### 2.3 ", "The version in ropelib"),
+    ("notebook 04's question (its exercise 3 finds", "04", "# **3. ", "Predict the grid's time"),
+    ("notebook 03 (section 4.3) measures it", "03", "# ### 4.3 ",
+     "What a program costs when it does nothing"),
+    ("and finds in 4.4", "03", "# ### 4.4 ", "Two GPUs"),
+    ("Notebook 03 (section 4) takes this apart", "03", "# ## 4. ", "what a program costs"),
+    ("notebook 04, appendix A.5", "04", "# ### A.5 ", "DRAM bytes against the model"),
+    ("Notebook 04 (sections 2 and 5.3) sets the grid against three floors", "04", "# ### 5.3 ",
+     "one factor at a time"),
+    ("Little's law (notebook 05, section 2)", "05", "# ## 2. ", "in flight"),
+    ("Notebook 07 (optional part A) takes the host's part apart", "07", "# ## A. ",
+     "the host against the device"),
+]
+
+
+@pytest.mark.parametrize("said, stem, start, words", REFERENCES, ids=[r[0][:40] for r in REFERENCES])
+def test_a_section_00_points_at_exists_and_is_about_what_00_says(said, stem, start, words):
+    assert said in _markdown(NB00), f"00 no longer says {said!r}: update REFERENCES"
+    found = [h for h in _headings(stem) if h.startswith(start)]
+    assert len(found) == 1, (stem, start, found)
+    assert words in found[0], (found[0], words)
+
+
+def test_notebook_04_exercise_3_finds_what_00_says_it_finds():
+    # "from b = 4 on neither the grid's programs nor its bytes bound its time"
+    assert "from $b = 4$ on neither the grid's programs nor its bytes bound its time" in _markdown(NB00)
+    nb04 = _markdown(next((ROOT / "notebooks").glob("04-*.py")))
+    assert "From $b = 4$ on it takes" in nb04 and "neither programs nor bytes bound it there" in nb04
+
+
+def test_the_appendix_00_cites_explains_the_short_writes():
+    # 00: the writes come out short, likely lines of y still in L2 when counting stops
+    nb04 = _markdown(next((ROOT / "notebooks").glob("04-*.py")))
+    assert "the last lines of `y` are still in L2 when the kernel ends" in nb04
