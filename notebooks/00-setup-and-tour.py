@@ -889,7 +889,7 @@ if MECHANISM:
 # %% [markdown]
 # ## 5. Where to go next
 #
-# The notebooks are in teaching order, and each says at its top what it assumes. Three routes
+# The notebooks are in teaching order, each building on the ones before it. Three shorter routes
 # through them: to **write kernels**, 01, then 03 → 04 → 05 → 06, then the puzzles of 13; to
 # **use ropelib in a model**, 02 → 09, then 10, 11 or 12 as your model needs; to **compare
 # with Transformer Engine**, 07 → 08.
@@ -911,8 +911,8 @@ if MECHANISM:
 #   that asks which of the grid's savings is worth time.
 # - [05 — The finished kernel, one idea at a time](05-finished-kernel.ipynb): a floor under the
 #   tile from Little's law, a ladder of kernels up to ropelib's, the layout Triton gives a tile,
-#   the two-pass route `apply_rope` takes on large tensors, load order in the SASS, three kernels
-#   of your own.
+#   the two-pass route `apply_rope` takes on large tensors, load order in the SASS, a 3-D tile
+#   kernel and a flat pass of your own (and two optional kernels that take them further).
 # - [06 — The backward pass](06-backward-pass.ipynb): rotation by $-\theta$, one kernel for both
 #   directions, `autograd.Function`, `gradcheck` in float64, stride-0 gradients, and the
 #   backward kernel, its launcher and its `autograd.Function` written by you.
@@ -937,8 +937,9 @@ if MECHANISM:
 #   shipped projection measured against cuBLAS followed by a RoPE pass, and a slow fused kernel
 #   traced to its causes.
 # - [13 — RoPE puzzles](13-rope-puzzles.ipynb): twelve short kernels to write or repair, checked
-#   at once in the interpreter. After a warm-up, most are built on a kind of bug that RoPE code
-#   has shipped with; the last combines four of them.
+#   at once in the interpreter. After a warm-up, nine are built on a mistake RoPE code makes (the
+#   puzzle names the public report where there is one), one on loads a kernel wastes; the last,
+#   a capstone, needs four of the fixes at once.
 
 # %%
 from pathlib import Path

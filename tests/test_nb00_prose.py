@@ -104,3 +104,21 @@ def test_the_appendix_00_cites_explains_the_short_writes():
     # 00: the writes come out short, likely lines of y still in L2 when counting stops
     nb04 = _markdown(next((ROOT / "notebooks").glob("04-*.py")))
     assert "the last lines of `y` are still in L2 when the kernel ends" in nb04
+
+
+def test_the_map_counts_what_notebooks_05_and_13_hold():
+    md = _markdown(NB00)
+    # 05: two kernels to write on the main path, two optional ones after them
+    assert "a 3-D tile kernel and a flat pass of your own (and two optional kernels" in md
+    exercises = [h for h in _headings("05") if re.match(r"# #{2,3} Exercise", h)]
+    assert [re.match(r"# #{2,3} (Exercise \w+)", h).group(1) for h in exercises] == \
+        ["Exercise 1", "Exercise 1b", "Exercise 2", "Exercise 3"]
+    assert [("optional" in h) for h in exercises] == [False, True, False, True]
+    assert "3-D tile" in exercises[0] and "flat pass" in exercises[2]
+    # 13: twelve puzzles (the map's cell counts them); nine from mistakes, one about loads,
+    # a capstone needing four of the fixes, as 13's own introduction says
+    assert "nine are built on a mistake RoPE code makes" in md and "needs four of the fixes" in md
+    nb13 = _markdown(next((ROOT / "notebooks").glob("13-*.py")))
+    assert "nine are built on a mistake RoPE code makes" in nb13
+    assert "puzzle 9 gives the right output and is about the loads it spends" in nb13
+    assert "the capstone, puzzle 12, needs four of the fixes at once" in nb13
