@@ -401,10 +401,11 @@ else:
 # $2n^3$ FLOPs on $3 \cdot 2n^2$ bytes (reads $A$ and $B$, writes $C$, 2 bytes an element),
 # $n/3$ per byte. A GPU fast enough for the matrix multiply waits on memory for RoPE, so a RoPE
 # kernel's yardstick is a copy of the same bytes, and "% of a copy" is the copy's time over the
-# kernel's (100 % is as fast as the copy). Here is the copy as a
-# Triton kernel (notebook 03 teaches programs, offsets and masks properly). A `@triton.jit`
-# function is launched on a *grid* of *programs*, `kernel[(P,)](args...)`, each program one
-# instance of the function; `tl.program_id(0)` says which one it is. Program $p$ takes the
+# kernel's (100 % is as fast as the copy).
+#
+# Here is the copy as a Triton kernel (notebook 03 teaches programs, offsets and masks
+# properly). A `@triton.jit` function is launched on a *grid* of *programs*,
+# `kernel[(P,)](args...)`, each program one instance of the function; `tl.program_id(0)` says which one it is. Program $p$ takes the
 # `BLOCK` elements from $p \cdot$ `BLOCK` on: `tl.arange(0, BLOCK)` is the vector
 # $0, 1, \dots, \text{BLOCK} - 1$, so `offs` holds their indices. The last program runs past
 # the $n$ elements, and `mask` switches those lanes off in `tl.load` and `tl.store`, which read
@@ -704,13 +705,17 @@ else:
 # - **DRAM / model**: the bytes the GPU's main memory (DRAM) moved, over the bytes RoPE must
 #   move.
 # - **program floor**: starting and retiring programs takes the GPU time even when they do
-#   nothing. The H200 ran 1,048,576 empty one-warp programs on its 132 SMs
-#   (`program_cost-nvidia-h200.csv`) in a time $t$: with the SMs sharing them evenly, each
-#   program took $t \times 132 / 1{,}048{,}576 = 79.8$ ns of an SM's time (the cell's last line
-#   prints $t$ and the cost). A kernel's program floor is its programs per SM times that cost: a
-#   time it cannot beat however little each program does. Exercise 2 works it out; notebook 03
-#   (section 4.3) measures it, and finds in 4.4 that the limit is the GPU's rate of starting
-#   programs, shared by its SMs, not a cost each SM pays.
+#   nothing. The H200 ran $P_0 = 1{,}048{,}576$ empty one-warp programs on its 132 SMs
+#   (`program_cost-nvidia-h200.csv`) in a time $t_0$: with the SMs sharing them evenly, each
+#   program took $c = t_0 \times 132 / P_0 = 79.8$ ns of an SM's time (the cell's last line
+#   prints $t_0$ and $c$). A kernel of $P$ programs then has the program floor
+#
+#   $$ T_{\text{floor}} = \frac{P}{\text{SMs}} \times c , $$
+#
+#   with $c$ taken from empty programs of as many warps as the kernel's (the CSV has 1, 2, 4 and
+#   8): a time it cannot beat however little each program does. Exercise 2 works it out;
+#   notebook 03 (section 4.3) measures it, and finds in 4.4 that the limit is the GPU's rate of
+#   starting programs, shared by its SMs, not a cost each SM pays.
 #
 # The table's other columns: the time of the one launch, the copy's time over it ("% of
 # copy"), the programs and the warps each program runs as, and "thread inst / element", the
@@ -733,6 +738,7 @@ if MECHANISM:
     # program floor, from the CSV's cost of an empty program of as many warps (exercise 2)
     empty_ns = {r["num_warps"]: r["ns_per_program_per_sm"] for r in cost_rows
                 if r["kernel"] == "empty"}
+    assert sorted(empty_ns) == [1, 2, 4, 8]                 # "the CSV has 1, 2, 4 and 8"
     for r in table_rows:
         r["floor_us"] = r["programs"] / r["sm_count"] * empty_ns[r["num_warps"]] / 1e3
     print(f"x [4096, 8, 32, 128] bf16, one launch under Nsight Compute: "
