@@ -30,8 +30,8 @@
 #
 # **After this notebook you will be able to**
 #
-# - tell what is installed (PyTorch, Triton, Transformer Engine, transformers) and whether the
-#   kernels run compiled on a GPU or in the interpreter;
+# - tell what is installed (PyTorch, Triton, Transformer Engine, transformers), whether it meets
+#   ropelib's requirements, and whether the kernels run compiled on a GPU or in the interpreter;
 # - switch interpreter mode on (and off) the right way;
 # - call `ropelib.apply_rope` forward and backward, the `RotaryEmbedding` module, and the
 #   Transformer Engine / Hugging Face drop-ins;
@@ -132,8 +132,9 @@ print("at or above ropelib's floors: " + (", ".join(f"{k} {v}" for k, v in floor
 # What the lines should say, and what to do when they do not:
 #
 # - **`kernels run`**: `GPU (...)` on a machine with an NVIDIA GPU, `CPU, Triton interpreter`
-#   on one without. `CUDA available : False` on a machine that has a GPU means a CPU build of
-#   PyTorch: make the environment again with one of README.md's GPU commands.
+#   on one without. `CUDA available : False` on a machine that has an NVIDIA GPU means a CPU
+#   build of PyTorch (or no working driver: `nvidia-smi` tells): make the environment again with
+#   one of README.md's GPU commands.
 # - **The floors**: ropelib needs Python 3.10, PyTorch 2.6 and Triton 3.2 or newer (its
 #   operators are `torch.library.triton_op`s, new in PyTorch 2.6, which is built with Triton
 #   3.2). The cell reads them from the installed package's metadata, which `pyproject.toml`
