@@ -557,7 +557,11 @@ if FLOOR:
 
 # %% [markdown]
 # On 1 GiB (`apply_rope`'s two-pass route) the bytes set the time: ropelib runs at the copy's
-# 4.3 TB/s, 89 % of the H200's 4.8 TB/s.
+# 4.3 TB/s, 89 % of the H200's 4.8 TB/s. The floor suite timed it by calling `apply_rope` again
+# and again on the same tensors and table, so ropelib kept the pre-pass's cosine and sine rows
+# from the first call and each timed call ran the flat pass alone: what a model's layers get when
+# they share one table. A new table every call adds the pre-pass each time (notebook 05, section
+# 6 measures its share).
 #
 # A decoding step is the opposite case. Its bytes would need under a quarter of a µs at 4.8 TB/s,
 # yet the copy's eager call takes 7.6 µs and ropelib's 13.1 µs more (0.37 of a copy): a fixed cost
@@ -723,7 +727,9 @@ else:
 # instructions all of the launch's threads executed, per element of $x$ (notebooks 04 and 05
 # take it apart).
 #
-# The fifth row is the flat pass of the two-pass route `apply_rope` takes at this size.
+# The fifth row is the flat pass of the two-pass route `apply_rope` takes at this size, profiled
+# with the pre-pass's rows kept from the warm-up call (as the CSV's description says and the cell
+# asserts): the whole of a call that reuses its table, without the pre-pass a first call adds.
 
 # %%
 MECHANISM = measured.path("mechanism").is_file() and measured.path("program_cost").is_file()
@@ -756,6 +762,7 @@ if MECHANISM:
           f"{empty['us']:.1f} µs doing nothing, {one_row['us']:.1f} µs each moving a row; "
           f"{empty_ns[1]:.1f} ns of an SM's time a program")
     naive_m, reuse_m, finished_m = table_rows[1:4]
+    assert "its flat pass, the rows kept" in mech["ropelib_planned"]["description"]
     shape = (naive_m["seq_len"], naive_m["batch"], naive_m["heads"], naive_m["head_dim"])
     assert shape == (4096, 8, 32, 128) and naive_m["dtype"] == "bf16"
     assert naive_m["elements"] * 2 == 256 * 2**20                # "(256 MiB)" of bf16 x

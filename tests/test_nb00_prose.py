@@ -122,3 +122,12 @@ def test_the_map_counts_what_notebooks_05_and_13_hold():
     assert "nine are built on a mistake RoPE code makes" in nb13
     assert "puzzle 9 gives the right output and is about the loads it spends" in nb13
     assert "the capstone, puzzle 12, needs four of the fixes at once" in nb13
+
+
+def test_notebook_05_measures_the_pre_pass_00_sends_the_reader_to():
+    # 00: "A new table every call adds the pre-pass each time (notebook 05, section 6 measures
+    # its share)"; 05 says its timings keep the rows, and states the share at 256 MiB and 1 GiB
+    assert "notebook 05, section 6 measures its share" in _markdown(NB00)
+    nb05 = _markdown(next((ROOT / "notebooks").glob("05-*.py")))
+    assert "so the eager route keeps the pre-pass's rows" in nb05
+    assert "A table that changes every call pays the pre-pass each time" in nb05
