@@ -884,8 +884,9 @@ if MECHANISM:
 # %% [markdown]
 # Read "live / model" row by row. Where it prints near 1, your GPU starts a program at about the
 # H200's cost, and the model holds there. Where it prints well above 1 at a grid of a few
-# thousand programs (the finished kernel's), the launch's own fixed cost, which the model leaves
-# out, is most of that time; it says nothing about the cost a program. In the last column, a
+# thousand programs (the finished kernel's), something the model leaves out takes most of that
+# time, most likely the launch's own fixed cost (this notebook does not time a launch on its
+# own); it says nothing about the cost a program. In the last column, a
 # share near 100 % means the tour kernel's time is its programs starting, as the naive kernel's
 # is on the H200. A lower share, such as the batch-reusing grid's at $B = 4$, is the part of
 # the time that starting programs takes, and says nothing about what the rest is.
