@@ -419,7 +419,12 @@ import triton.language as tl
 
 
 @triton.jit
-def copy_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+def copy_kernel(
+    x_ptr,  # *x: input, n elements, contiguous
+    y_ptr,  # *y: output, n elements, contiguous
+    n,  # elements to copy
+    BLOCK: tl.constexpr,  # elements a program copies, a power of two
+):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)   # this program's elements
     mask = offs < n                                          # the last program runs past n
     tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=mask), mask=mask)
@@ -1101,8 +1106,13 @@ from ropelib.course.exercises import nb00_strided_copy
 
 
 @triton.jit
-def my_strided_copy_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
-    # launched on grid (P,): program p copies blocks p, p + P, p + 2P, ... of BLOCK elements
+def my_strided_copy_kernel(
+    x_ptr,  # *x: input, n elements, contiguous
+    y_ptr,  # *y: output, n elements, contiguous
+    n,  # elements to copy
+    BLOCK: tl.constexpr,  # elements a program copies at a time, a power of two
+):
+    # launched on grid (P,), any P >= 1: program p copies blocks p, p + P, p + 2P, ...
     pass  # your code
 
 

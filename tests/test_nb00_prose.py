@@ -131,3 +131,8 @@ def test_notebook_05_measures_the_pre_pass_00_sends_the_reader_to():
     nb05 = _markdown(next((ROOT / "notebooks").glob("05-*.py")))
     assert "so the eager route keeps the pre-pass's rows" in nb05
     assert "A table that changes every call pays the pre-pass each time" in nb05
+
+
+def test_exercise_4_starts_from_the_signature_its_check_and_solution_use():
+    from ropelib.course.exercises import nb00_strided_copy
+    assert nb00_strided_copy.STRIDED_COPY_SIGNATURE in NB00.read_text(encoding="utf-8")
