@@ -121,8 +121,8 @@ try:      # ropelib's floors, as pyproject.toml gives them to the installed pack
                    if r.startswith(("torch>=", "triton>=")))
 except importlib.metadata.PackageNotFoundError:     # imported from a folder, not installed
     floors = {}
-for name, floor in floors.items():
-    assert release(info[name]) >= release(floor), (
+for name, floor in floors.items():      # (a Triton under another distribution's name: unread)
+    assert info[name] is None or release(info[name]) >= release(floor), (
         f"ropelib needs {name} {floor} or newer, this environment has {info[name]}: "
         "README.md, 'Set up and open the notebooks'")
 print("at or above ropelib's floors: " + (", ".join(f"{k} {v}" for k, v in floors.items())
