@@ -30,8 +30,8 @@
 #
 # **After this notebook you will be able to**
 #
-# - tell what is installed (PyTorch, Triton, Transformer Engine, transformers) and whether the
-#   kernels run compiled on a GPU or in the interpreter;
+# - tell what is installed (PyTorch, Triton, Transformer Engine, transformers), whether it meets
+#   ropelib's requirements, and whether the kernels run compiled on a GPU or in the interpreter;
 # - switch interpreter mode on (and off) the right way;
 # - call `ropelib.apply_rope` forward and backward, the `RotaryEmbedding` module, and the
 #   Transformer Engine / Hugging Face drop-ins;
@@ -47,6 +47,12 @@
 # Triton kernel of your own with a prediction to make before it is timed (about 30 minutes
 # more; notebook 03 teaches what it uses). The cells take seconds on a GPU and under a minute
 # in Triton's interpreter on a CPU.
+#
+# **Before you start.** This notebook runs in the environment that `README.md` sets up
+# ("Set up and open the notebooks"): `conda env create -f environment.yml` on Linux with an
+# NVIDIA driver (GPU PyTorch, Triton, Transformer Engine, JupyterLab, and ropelib with its
+# `test` and `hf` extras), or `pip install -e ".[lab]"` in a Python virtual environment, where a
+# machine without a GPU installs a CPU build of PyTorch first. Section 1 checks what you got.
 
 # %% [markdown]
 # Every notebook starts with this cell. It must run **before** `ropelib` is imported: Triton
@@ -66,6 +72,7 @@ device = ropelib.default_device()
 # %%
 import importlib.metadata
 import platform
+import re
 import subprocess
 import sys
 
@@ -101,12 +108,46 @@ for key, value in info.items():
 assert ropelib.INTERPRET == (os.environ.get("TRITON_INTERPRET") == "1")
 assert GPU == ropelib.on_gpu()
 
+
+def release(v):
+    """'2.13.0+cpu' -> (2, 13): a version's release, to compare with a floor."""
+    return tuple(int(p) for p in re.match(r"(\d+)\.(\d+)", v).groups())
+
+
+try:      # ropelib's floors, as pyproject.toml gives them to the installed package
+    meta = importlib.metadata.metadata("ropelib")
+    floors = {"python": meta["Requires-Python"].removeprefix(">=")}
+    floors |= dict(r.split(">=") for r in importlib.metadata.requires("ropelib")
+                   if r.startswith(("torch>=", "triton>=")))
+except importlib.metadata.PackageNotFoundError:     # imported from a folder, not installed
+    floors = {}
+for name, floor in floors.items():      # (a Triton under another distribution's name: unread)
+    assert info[name] is None or release(info[name]) >= release(floor), (
+        f"ropelib needs {name} {floor} or newer, this environment has {info[name]}: "
+        "README.md, 'Set up and open the notebooks'")
+print("at or above ropelib's floors: " + (", ".join(f"{k} {v}" for k, v in floors.items())
+                                          or "not checked (ropelib is not pip-installed)"))
+
 # %% [markdown]
-# Transformer Engine and transformers are optional. Where a notebook compares with one, it runs
-# the real package when it is installed (TE also needs a GPU) and says so when it is not;
-# `ropelib.reference` keeps faithful copies of the code paths compared with, so nothing breaks.
-# This notebook times nothing of TE's: notebook 07 does, and lists TE as unavailable where it
-# cannot run.
+# What the lines should say, and what to do when they do not:
+#
+# - **`kernels run`**: `GPU (...)` on a machine with an NVIDIA GPU, `CPU, Triton interpreter`
+#   on one without. `CUDA available : False` on a machine that has an NVIDIA GPU means a CPU
+#   build of PyTorch (or no working driver: `nvidia-smi` tells): make the environment again with
+#   one of README.md's GPU commands.
+# - **The floors**: ropelib needs Python 3.10, PyTorch 2.6 and Triton 3.2 or newer (its
+#   operators are `torch.library.triton_op`s, new in PyTorch 2.6, which is built with Triton
+#   3.2). The cell reads them from the installed package's metadata, which `pyproject.toml`
+#   wrote, and stops if one is not met.
+# - **transformers** (optional): `pip install -e ".[hf]"` adds it (the conda environment has it).
+# - **Transformer Engine** (optional, GPU only): the conda environment installs it
+#   (`transformer-engine-torch`); with pip it builds from source on a CUDA machine,
+#   `pip install --no-build-isolation "transformer_engine[pytorch]"`.
+#
+# Where a notebook compares with one of the two, it runs the real package when it is installed
+# (TE also needs a GPU) and says so when it is not; `ropelib.reference` keeps faithful copies of
+# the code paths compared with, so nothing breaks. This notebook times nothing of TE's: notebook
+# 07 does, and lists TE as unavailable where it cannot run.
 
 # %% [markdown]
 # ## 2. Interpreter mode: how to switch it on and off
@@ -177,10 +218,12 @@ assert "TRITON_INTERPRET" in refusal                 # and says which setting to
 # `sbhd` = `[seq, batch, heads, head_dim]`. Sizes are small in the interpreter (it executes the
 # kernels in Python) and realistic on a GPU; change them, or the dtype, and rerun.
 #
-# `ropelib.apply_rope(x, freqs)` returns the rotated `x`. Which kernel it launches depends on the
-# size: below 64 MiB, one launch of notebook 05's finished kernel, `_rope_kernel`; a contiguous
-# tensor of 64 MiB or more takes the *two-pass route*, a pre-pass that writes each token's cosine
-# and sine, then a *flat pass* over the elements (notebook 05, section 6). The cell checks the
+# `ropelib.apply_rope(x, freqs)` returns the rotated `x`. Which kernel it launches depends above
+# all on the size: below 64 MiB, one launch of notebook 05's finished kernel, `_rope_kernel`; from
+# 64 MiB on, a contiguous tensor rotated into a new output (not `inplace`), with an angle table
+# small beside it, takes the *two-pass route*: a pre-pass that writes each token's cosine and
+# sine, then a *flat pass* over the elements (notebook 05, section 6, which shows the route of
+# each size). The cell checks the
 # result against `ropelib.reference.rope_reference`, plain PyTorch computed in fp64 and rounded
 # once to `x`'s dtype, and prints which kernel ran: the CUDA kernels of one more call on a GPU,
 # the Triton launches in the interpreter.
@@ -213,12 +256,14 @@ else:
         ropelib.apply_rope(x, freqs)
 print(f"x is {x_bytes / 2**20:.2f} MiB, below the two-pass route's "
       f"{tiles.TWO_PASS_MIN_BYTES >> 20} MiB: one launch of {ran}")
+assert tiles.TWO_PASS_MIN_BYTES == 64 * 2**20                       # "from 64 MiB on"
 assert x_bytes < tiles.TWO_PASS_MIN_BYTES and ran == ["_rope_kernel"], ran
 
 # %% [markdown]
 # Keywords cover the rest: `layout="bshd"` or `"thd"` (with `cu_seqlens`), `interleaved=True`,
 # `rotary_percent < 1`, `start_positions` / `position_ids`, `cp_size` / `cp_rank`, a
-# `cos=`/`sin=` cache, `inplace=True` (notebooks 01 and 02; `docs/API.md`).
+# `cos=`/`sin=` cache, `inplace=True` (notebooks 01 and 02 teach most of them; `docs/API.md`
+# lists every one).
 #
 # It is differentiable. RoPE is linear in $x$: $y = R(\theta)\,x$, with $R(\theta)$ made of the
 # $2 \times 2$ rotations above. So autograd's backward turns the gradient of the output,
@@ -245,8 +290,9 @@ print(f"x.grad vs dy rotated by -theta: largest difference "
 # It owns the angle table and rotates queries and keys in one launch; the key may have fewer
 # heads (grouped-query attention); the default layout is `bshd`. The table doubles when a longer
 # sequence arrives, but only the shape grows it, not `start_positions` or `position_ids`: a
-# decoder sets `max_seq_len` to its KV cache's length, or a position past the table can give a
-# row of NaN (notebook 02, section 4).
+# decoder sets `max_seq_len` to its KV cache's length. A position past the table raises a
+# `ValueError` where ropelib can check it without waiting for the GPU, and otherwise gives a row
+# of NaN (notebook 02, section 4).
 
 # %%
 kv_heads = H // 2
@@ -340,7 +386,7 @@ else:
 # `fused=True` rounds once at the end (the cell asserts at most 2 ulps). Hugging Face's code, which
 # also rounds every op to bf16, differs from ropelib's one rounding in a share of the outputs, by at
 # most 2 ulps. On the H100 run on this notebook's page in `docs/executed/` (Transformer Engine
-# 2.20.2 installed) the paths differed by up to 2<!--page: fused=True and fused=False differ-->
+# installed) the paths differed by up to 2<!--page: fused=True and fused=False differ-->
 # ulps, 32<!--page: of q's outputs differ--> % of the HF outputs by up to
 # 1<!--page: of q's outputs differ--> ulp, and the drop-in matched TE's own fused and unfused paths
 # at 0<!--page: the drop-in against TE's own paths--> ulps. Notebook 08 shows why such a difference
@@ -356,10 +402,11 @@ else:
 # $2n^3$ FLOPs on $3 \cdot 2n^2$ bytes (reads $A$ and $B$, writes $C$, 2 bytes an element),
 # $n/3$ per byte. A GPU fast enough for the matrix multiply waits on memory for RoPE, so a RoPE
 # kernel's yardstick is a copy of the same bytes, and "% of a copy" is the copy's time over the
-# kernel's (100 % is as fast as the copy). Here is the copy as a
-# Triton kernel (notebook 03 teaches programs, offsets and masks properly). A `@triton.jit`
-# function is launched on a *grid* of *programs*, `kernel[(P,)](args...)`, each program one
-# instance of the function; `tl.program_id(0)` says which one it is. Program $p$ takes the
+# kernel's (100 % is as fast as the copy).
+#
+# Here is the copy as a Triton kernel (notebook 03 teaches programs, offsets and masks
+# properly). A `@triton.jit` function is launched on a *grid* of *programs*,
+# `kernel[(P,)](args...)`, each program one instance of the function; `tl.program_id(0)` says which one it is. Program $p$ takes the
 # `BLOCK` elements from $p \cdot$ `BLOCK` on: `tl.arange(0, BLOCK)` is the vector
 # $0, 1, \dots, \text{BLOCK} - 1$, so `offs` holds their indices. The last program runs past
 # the $n$ elements, and `mask` switches those lanes off in `tl.load` and `tl.store`, which read
@@ -372,7 +419,12 @@ import triton.language as tl
 
 
 @triton.jit
-def copy_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+def copy_kernel(
+    x_ptr,  # *x: input, n elements, contiguous
+    y_ptr,  # *y: output, n elements, contiguous
+    n,  # elements to copy
+    BLOCK: tl.constexpr,  # elements a program copies, a power of two
+):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)   # this program's elements
     mask = offs < n                                          # the last program runs past n
     tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=mask), mask=mask)
@@ -510,7 +562,11 @@ if FLOOR:
 
 # %% [markdown]
 # On 1 GiB (`apply_rope`'s two-pass route) the bytes set the time: ropelib runs at the copy's
-# 4.3 TB/s, 89 % of the H200's 4.8 TB/s.
+# 4.3 TB/s, 89 % of the H200's 4.8 TB/s. The floor suite timed it by calling `apply_rope` again
+# and again on the same tensors and table, so ropelib kept the pre-pass's cosine and sine rows
+# from the first call and each timed call ran the flat pass alone: what a model's layers get when
+# they share one table. A new table every call adds the pre-pass each time (notebook 05, section
+# 6 measures its share).
 #
 # A decoding step is the opposite case. Its bytes would need under a quarter of a µs at 4.8 TB/s,
 # yet the copy's eager call takes 7.6 µs and ropelib's 13.1 µs more (0.37 of a copy): a fixed cost
@@ -574,8 +630,8 @@ else:
 #
 # Notebooks 03 to 05 write the same rotation three times, and each differs from the last in how
 # the work is split into *programs*, the instances of a kernel that the GPU runs in parallel.
-# Each program runs on one of the GPU's *streaming multiprocessors* (SMs: 132 on an H100 SXM
-# and on an H200), as one or more *warps*, groups of 32 threads that execute each instruction
+# Each program runs on one of the GPU's *streaming multiprocessors* (SMs: 132<!--page: empty
+# programs on NVIDIA H100--> on an H100 SXM and on an H200), as one or more *warps*, groups of 32 threads that execute each instruction
 # together:
 #
 # | notebook | kernel | one program handles | programs for `x` of $[S, B, H, D]$ |
@@ -636,10 +692,10 @@ else:
           "of the GPU's memory bandwidth (peak_tb_s)")
 
 # %% [markdown]
-# Those shares are one run on your GPU at the tour's 32 MiB, a small shape: with $B = 4$ each
-# program of the batch-reusing grid loops over just four rows, one after another. On the H100 run on
-# this notebook's page in `docs/executed/` the copy ran at 2.38<!--page: torch copy_--> TB/s,
-# 71<!--page: the copy reaches--> % of the H100's 3.35<!--page: the copy reaches--> TB/s, and the
+# Those shares are one run on your GPU at the tour's 32<!--page: below the two-pass route's--> MiB,
+# a small shape: with $B = 4$ each program of the batch-reusing grid loops over just four rows, one
+# after another. On the H100 run on this notebook's page in `docs/executed/` the copy ran at
+# 2.38<!--page: torch copy_--> TB/s, 71<!--page: the copy reaches--> % of the H100's 3.35<!--page: the copy reaches--> TB/s, and the
 # three came in the course's order: the naive kernel at 33<!--page: 03 naive--> % of a copy, the
 # batch-reusing grid at 78<!--page: 04 batch-reusing grid--> %, the finished kernel at
 # 86<!--page: 05 finished (apply_rope)--> %. At so small a shape another GPU or run can order them
@@ -659,20 +715,26 @@ else:
 # - **DRAM / model**: the bytes the GPU's main memory (DRAM) moved, over the bytes RoPE must
 #   move.
 # - **program floor**: starting and retiring programs takes the GPU time even when they do
-#   nothing. The H200 ran 1,048,576 empty one-warp programs on its 132 SMs
-#   (`program_cost-nvidia-h200.csv`) in a time $t$: with the SMs sharing them evenly, each
-#   program took $t \times 132 / 1{,}048{,}576 = 79.8$ ns of an SM's time (the cell's last line
-#   prints $t$ and the cost). A kernel's program floor is its programs per SM times that cost: a
-#   time it cannot beat however little each program does. Exercise 2 works it out; notebook 03
-#   (section 4.3) measures it, and finds in 4.4 that the limit is the GPU's rate of starting
-#   programs, shared by its SMs, not a cost each SM pays.
+#   nothing. The H200 ran $P_0 = 1{,}048{,}576$ empty one-warp programs on its 132 SMs
+#   (`program_cost-nvidia-h200.csv`) in a time $t_0$: with the SMs sharing them evenly, each
+#   program took $c = t_0 \times 132 / P_0 = 79.8$ ns of an SM's time (the cell's last line
+#   prints $t_0$ and $c$). A kernel of $P$ programs then has the program floor
+#
+#   $$ T_{\text{floor}} = \frac{P}{\text{SMs}} \times c , $$
+#
+#   with $c$ taken from empty programs of as many warps as the kernel's (the CSV has 1, 2, 4 and
+#   8): a time it cannot beat however little each program does. Exercise 2 works it out;
+#   notebook 03 (section 4.3) measures it, and finds in 4.4 that the limit is the GPU's rate of
+#   starting programs, shared by its SMs, not a cost each SM pays.
 #
 # The table's other columns: the time of the one launch, the copy's time over it ("% of
 # copy"), the programs and the warps each program runs as, and "thread inst / element", the
 # instructions all of the launch's threads executed, per element of $x$ (notebooks 04 and 05
 # take it apart).
 #
-# The fifth row is the flat pass of the two-pass route `apply_rope` takes at this size.
+# The fifth row is the flat pass of the two-pass route `apply_rope` takes at this size, profiled
+# with the pre-pass's rows kept from the warm-up call (as the CSV's description says and the cell
+# asserts): the whole of a call that reuses its table, without the pre-pass a first call adds.
 
 # %%
 MECHANISM = measured.path("mechanism").is_file() and measured.path("program_cost").is_file()
@@ -688,6 +750,7 @@ if MECHANISM:
     # program floor, from the CSV's cost of an empty program of as many warps (exercise 2)
     empty_ns = {r["num_warps"]: r["ns_per_program_per_sm"] for r in cost_rows
                 if r["kernel"] == "empty"}
+    assert sorted(empty_ns) == [1, 2, 4, 8]                 # "the CSV has 1, 2, 4 and 8"
     for r in table_rows:
         r["floor_us"] = r["programs"] / r["sm_count"] * empty_ns[r["num_warps"]] / 1e3
     print(f"x [4096, 8, 32, 128] bf16, one launch under Nsight Compute: "
@@ -704,8 +767,10 @@ if MECHANISM:
           f"{empty['us']:.1f} µs doing nothing, {one_row['us']:.1f} µs each moving a row; "
           f"{empty_ns[1]:.1f} ns of an SM's time a program")
     naive_m, reuse_m, finished_m = table_rows[1:4]
+    assert "its flat pass, the rows kept" in mech["ropelib_planned"]["description"]
     shape = (naive_m["seq_len"], naive_m["batch"], naive_m["heads"], naive_m["head_dim"])
     assert shape == (4096, 8, 32, 128) and naive_m["dtype"] == "bf16"
+    assert naive_m["elements"] * 2 == 256 * 2**20                # "(256 MiB)" of bf16 x
     assert naive_m["us"] > reuse_m["us"] > finished_m["us"]   # at this size: slowest first
     # the same bytes for all five: DRAM reads are the model's (x, the table), the writes (y)
     # come out a little under it, the copy's included
@@ -824,8 +889,9 @@ if MECHANISM:
 # %% [markdown]
 # Read "live / model" row by row. Where it prints near 1, your GPU starts a program at about the
 # H200's cost, and the model holds there. Where it prints well above 1 at a grid of a few
-# thousand programs (the finished kernel's), the launch's own fixed cost, which the model leaves
-# out, is most of that time; it says nothing about the cost a program. In the last column, a
+# thousand programs (the finished kernel's), something the model leaves out takes most of that
+# time, most likely the launch's own fixed cost (this notebook does not time a launch on its
+# own); it says nothing about the cost a program. In the last column, a
 # share near 100 % means the tour kernel's time is its programs starting, as the naive kernel's
 # is on the H200. A lower share, such as the batch-reusing grid's at $B = 4$, is the part of
 # the time that starting programs takes, and says nothing about what the rest is.
@@ -843,7 +909,7 @@ if MECHANISM:
 # %% [markdown]
 # ## 5. Where to go next
 #
-# The notebooks are in teaching order, and each says at its top what it assumes. Three routes
+# The notebooks are in teaching order, each building on the ones before it. Three shorter routes
 # through them: to **write kernels**, 01, then 03 → 04 → 05 → 06, then the puzzles of 13; to
 # **use ropelib in a model**, 02 → 09, then 10, 11 or 12 as your model needs; to **compare
 # with Transformer Engine**, 07 → 08.
@@ -865,8 +931,8 @@ if MECHANISM:
 #   that asks which of the grid's savings is worth time.
 # - [05 — The finished kernel, one idea at a time](05-finished-kernel.ipynb): a floor under the
 #   tile from Little's law, a ladder of kernels up to ropelib's, the layout Triton gives a tile,
-#   the two-pass route `apply_rope` takes on large tensors, load order in the SASS, three kernels
-#   of your own.
+#   the two-pass route `apply_rope` takes on large tensors, load order in the SASS, a 3-D tile
+#   kernel and a flat pass of your own (and two optional kernels that take them further).
 # - [06 — The backward pass](06-backward-pass.ipynb): rotation by $-\theta$, one kernel for both
 #   directions, `autograd.Function`, `gradcheck` in float64, stride-0 gradients, and the
 #   backward kernel, its launcher and its `autograd.Function` written by you.
@@ -891,8 +957,9 @@ if MECHANISM:
 #   shipped projection measured against cuBLAS followed by a RoPE pass, and a slow fused kernel
 #   traced to its causes.
 # - [13 — RoPE puzzles](13-rope-puzzles.ipynb): twelve short kernels to write or repair, checked
-#   at once in the interpreter. After a warm-up, most are built on a kind of bug that RoPE code
-#   has shipped with; the last combines four of them.
+#   at once in the interpreter. After a warm-up, nine are built on a mistake RoPE code makes (the
+#   puzzle names the public report where there is one), one on loads a kernel wastes; the last,
+#   a capstone, needs four of the fixes at once.
 
 # %%
 from pathlib import Path
@@ -1039,8 +1106,13 @@ from ropelib.course.exercises import nb00_strided_copy
 
 
 @triton.jit
-def my_strided_copy_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
-    # launched on grid (P,): program p copies blocks p, p + P, p + 2P, ... of BLOCK elements
+def my_strided_copy_kernel(
+    x_ptr,  # *x: input, n elements, contiguous
+    y_ptr,  # *y: output, n elements, contiguous
+    n,  # elements to copy
+    BLOCK: tl.constexpr,  # elements a program copies at a time, a power of two
+):
+    # launched on grid (P,), any P >= 1: program p copies blocks p, p + P, p + 2P, ...
     pass  # your code
 
 
