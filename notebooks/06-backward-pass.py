@@ -116,16 +116,29 @@ print(f"x: [S={S}, B={B}, H={H}, D={D}] on {device}")
 #    = P^{\top} \operatorname{diag}\big(R(-\theta_k)\big)\, P. $$
 #
 # So **the backward of RoPE is RoPE with the angles negated**: the same kernel, rotating
-# $\partial L/\partial y$ by $-\theta$. Rotations are orthogonal ($R^{\top}R = I$), so the
-# backward undoes the forward and keeps gradient norms.
+# $\partial L/\partial y$ by $-\theta$. Turning by $\theta$ and then by $-\theta$ turns by
+# nothing, $R(-\theta)\,R(\theta) = R(0) = I$, so the transpose is also the inverse:
+#
+# $$ R(\theta)^{\top} = R(\theta)^{-1} = R(-\theta). $$
+#
+# Rotations are orthogonal ($R^{\top}R = I$): the backward undoes the forward and keeps gradient
+# norms, $\lVert R^{\top} g \rVert = \lVert g \rVert$.
 #
 # One detail. TE's table holds an angle per *feature*, built as `cat(f, f)`: the $D/2$ pair
 # angles $f$ once for each half. A rotate-half pair reads $\theta_a$ (feature $j$) and
-# $\theta_b$ (feature $j+D/2$), so the forward block is
+# $\theta_b$ (feature $j+D/2$); write $c_a = \cos\theta_a$, $s_a = \sin\theta_a$ and the same
+# for $b$. The forward is $y_a = x_a c_a - x_b s_a$, $y_b = x_b c_b + x_a s_b$, so its block is
 # $\begin{pmatrix} c_a & -s_a \\ s_b & c_b \end{pmatrix}$ and its transpose
 # $\begin{pmatrix} c_a & s_b \\ -s_a & c_b \end{pmatrix}$ **swaps the two sines and negates
-# them**. With `cat(f, f)`, $\theta_a = \theta_b$ and that is $R(-\theta)$; ropelib's kernels do
-# the swap, so they are the exact transpose for any table.
+# them**. Written out, with $\bar y = \partial L/\partial y$,
+#
+# $$ \frac{\partial L}{\partial x_a} = \bar y_a\, c_a + \bar y_b\, s_b, \qquad
+#    \frac{\partial L}{\partial x_b} = \bar y_b\, c_b - \bar y_a\, s_a: $$
+#
+# the forward's two lines with $(s_a, s_b)$ replaced by $(-s_b, -s_a)$, which is what the
+# `if BACKWARD:` branch of section 2's kernel does (`sin1 = -tl.sin(theta2)`,
+# `sin2 = -tl.sin(theta1)`). With `cat(f, f)`, $\theta_a = \theta_b$ and that is $R(-\theta)$;
+# ropelib's kernels do the swap, so they are the exact transpose for any table.
 #
 # When the halves differ, the block's determinant is $c_a c_b + s_a s_b = \cos(\theta_a -
 # \theta_b)$, not 1 in general: the block is no rotation, its transpose (still the backward) is
