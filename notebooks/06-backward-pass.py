@@ -826,8 +826,11 @@ assert round(start_us / (br1["fwd_ms"] * 1e3), 2) == 0.94
 # From batch 4 up the step takes 1.97 to 2.01 forwards, as the bytes predict. Below, it does
 # not: at batches 1 and 2 it takes 2.67 to 6.62 forwards, and the batch-reusing kernel's step
 # takes 427 µs at batch 1 against 207 µs at batch 4, with a quarter of the bytes. Its batch-1
-# forward is set by its programs, not its bytes: starting its 131,072 programs takes 79.2 µs of
-# the forward's 84.6 µs (the cost per program of notebook 03, section 4).
+# forward looks set by its programs, not its bytes: twice the bytes at batch 2 take the same
+# 84.7 µs, and at the rate an empty kernel's one-warp programs start on the same GPU (notebook
+# 03, section 4.3) its 131,072 programs take 79.2 µs of the forward's 84.6 µs just to start. That
+# rate is an empty kernel's, timed apart: an estimate, not a measurement of this forward
+# (notebook 04, appendix A.6, times both side by side on a GPU).
 #
 # Why a small-batch step takes more than two forwards, the sweep does not say. One possibility,
 # which the sweep does not test: `do_bench` times between CUDA events around a call, so when the
