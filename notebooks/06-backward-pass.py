@@ -133,9 +133,10 @@ print(f"x: [S={S}, B={B}, H={H}, D={D}] on {device}")
 # them**. Written out, with $\bar y = \partial L/\partial y$,
 #
 # $$ \frac{\partial L}{\partial x_a} = \bar y_a\, c_a + \bar y_b\, s_b, \qquad
-#    \frac{\partial L}{\partial x_b} = \bar y_b\, c_b - \bar y_a\, s_a: $$
+#    \frac{\partial L}{\partial x_b} = \bar y_b\, c_b - \bar y_a\, s_a. $$
 #
-# the forward's two lines with $(s_a, s_b)$ replaced by $(-s_b, -s_a)$, which is what the
+# These are the forward's two lines, read with $\bar y$ for $x$ and $(s_a, s_b)$ replaced by
+# $(-s_b, -s_a)$, which is what the
 # `if BACKWARD:` branch of section 2's kernel does (`sin1 = -tl.sin(theta2)`,
 # `sin2 = -tl.sin(theta1)`). With `cat(f, f)`, $\theta_a = \theta_b$ and that is $R(-\theta)$;
 # ropelib's kernels do the swap, so they are the exact transpose for any table.
