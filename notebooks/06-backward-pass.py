@@ -116,16 +116,30 @@ print(f"x: [S={S}, B={B}, H={H}, D={D}] on {device}")
 #    = P^{\top} \operatorname{diag}\big(R(-\theta_k)\big)\, P. $$
 #
 # So **the backward of RoPE is RoPE with the angles negated**: the same kernel, rotating
-# $\partial L/\partial y$ by $-\theta$. Rotations are orthogonal ($R^{\top}R = I$), so the
-# backward undoes the forward and keeps gradient norms.
+# $\partial L/\partial y$ by $-\theta$. Turning by $\theta$ and then by $-\theta$ turns by
+# nothing, $R(-\theta)\,R(\theta) = R(0) = I$, so the transpose is also the inverse:
+#
+# $$ R(\theta)^{\top} = R(\theta)^{-1} = R(-\theta). $$
+#
+# Rotations are orthogonal ($R^{\top}R = I$): the backward undoes the forward and keeps gradient
+# norms, $\lVert R^{\top} g \rVert = \lVert g \rVert$.
 #
 # One detail. TE's table holds an angle per *feature*, built as `cat(f, f)`: the $D/2$ pair
 # angles $f$ once for each half. A rotate-half pair reads $\theta_a$ (feature $j$) and
-# $\theta_b$ (feature $j+D/2$), so the forward block is
+# $\theta_b$ (feature $j+D/2$); write $c_a = \cos\theta_a$, $s_a = \sin\theta_a$ and the same
+# for $b$. The forward is $y_a = x_a c_a - x_b s_a$, $y_b = x_b c_b + x_a s_b$, so its block is
 # $\begin{pmatrix} c_a & -s_a \\ s_b & c_b \end{pmatrix}$ and its transpose
 # $\begin{pmatrix} c_a & s_b \\ -s_a & c_b \end{pmatrix}$ **swaps the two sines and negates
-# them**. With `cat(f, f)`, $\theta_a = \theta_b$ and that is $R(-\theta)$; ropelib's kernels do
-# the swap, so they are the exact transpose for any table.
+# them**. Written out, with $\bar y = \partial L/\partial y$,
+#
+# $$ \frac{\partial L}{\partial x_a} = \bar y_a\, c_a + \bar y_b\, s_b, \qquad
+#    \frac{\partial L}{\partial x_b} = \bar y_b\, c_b - \bar y_a\, s_a. $$
+#
+# These are the forward's two lines, read with $\bar y$ for $x$ and $(s_a, s_b)$ replaced by
+# $(-s_b, -s_a)$, which is what the
+# `if BACKWARD:` branch of section 2's kernel does (`sin1 = -tl.sin(theta2)`,
+# `sin2 = -tl.sin(theta1)`). With `cat(f, f)`, $\theta_a = \theta_b$ and that is $R(-\theta)$;
+# ropelib's kernels do the swap, so they are the exact transpose for any table.
 #
 # When the halves differ, the block's determinant is $c_a c_b + s_a s_b = \cos(\theta_a -
 # \theta_b)$, not 1 in general: the block is no rotation, its transpose (still the backward) is
@@ -216,9 +230,13 @@ draw_jacobians(FIGURES / "06-jacobian.png")
 #
 # Notebook 04's batch-reusing kernel already has the backward in it, behind the flag `BACKWARD`,
 # a `tl.constexpr` (fixed when Triton compiles the kernel). The next cell is that kernel,
-# character for character (a test checks it); everything after it launches or compiles *this*
-# copy, except section 3.1's live step, which times ropelib's copy through its benchmark provider
-# (the same source, as long as you have not edited the cell).
+# character for character (a test checks it). The checks, timings and compiles after it launch
+# *this* copy, through `rope_cell`; a few lines run ropelib's copy (`rope_batch_reuse`, the same
+# source as long as you have not edited the cell) and say so: edit 3's column and the
+# bit-for-bit line of the check below, section 3.1's live step (timed through its benchmark
+# provider), section 4's `gradcheck` of `ropelib.apply_rope` (notebook 05's kernel) and
+# section 5's refused `out=`. The committed runs are GPU runs of ropelib's kernels (section 2.1
+# says which).
 #
 # The cell is there to be changed. Three edits to the `if BACKWARD:` branch, each a bug a real
 # backward has had:
@@ -498,7 +516,10 @@ assert fwd_c["angles"][1] == H_r * fwd_c["angles"][2], "each of the H programs o
 # this notebook's GPU shape, $[4096, 8, 32, 128]$ in bf16 (`ropelib_batch_reuse` is section 2's
 # kernel at one warp): copy time / kernel time is 0.80 on the H100, 0.71 on the H200. It also
 # prints the H200's committed timing of the forward at four warps against one
-# (`benchmarks/results/ablation-nvidia-h200.csv`, `do_bench` medians): 1.59 times the time.
+# (`benchmarks/results/ablation-nvidia-h200.csv`, `do_bench` medians): 1.59 times the time. That
+# timing is not of this cell's source but of notebook 04's ablation kernel set up as this kernel
+# (`sh_loop_b_w4` and `sh_loop_b_w1`: the grid $(S, H)$, one head a program, the loop over the
+# batch, cos/sin computed once a program), a source of its own with the same loads and stores.
 #
 # On a GPU it then times a copy of $\partial L/\partial y$ and the kernel forward and backward at
 # `num_warps=4` (Triton's default) and `num_warps=1` (`rope_cell`'s). It asserts that the
@@ -561,12 +582,15 @@ else:
     print("timed on a GPU only (the interpreter runs one program after another in Python)")
 
 # %% [markdown]
-# **What four warps change** (*a second reading*). `benchmarks/mechanism.py` profiled this
-# kernel's forward on the H200 with Nsight Compute (NVIDIA's kernel profiler) at one and four
-# warps, beside a Triton kernel copying the same bytes, and counted the global loads and stores
-# in their PTX (the assembly-like code Triton emits) by width. At four warps each element and
-# each cos/sin value of a 64-pair half is held by 2 of the 128 threads (notebook 04, appendix
-# A.1).
+# **What four warps change** (*a second reading*). `benchmarks/mechanism.py` profiled the
+# forward on the H200 with Nsight Compute (NVIDIA's kernel profiler) at one and four warps, as
+# the two ablation variants timed above, beside a Triton kernel copying the same bytes, and
+# counted the global loads and stores in their PTX (the assembly-like code Triton emits) by
+# width. The same profile holds ropelib's copy of section 2's kernel at its one warp
+# (`batch_reuse`): 179.1 µs against the variant's 178.5, 0.51 warp instructions an element
+# against 0.49, 48 % occupancy both, the same loads and stores. At four warps only the variant
+# was profiled. At four warps each element and each cos/sin value of a 64-pair half is held by 2
+# of the 128 threads (notebook 04, appendix A.1).
 
 # %%
 prof = measured.mechanism("s4096-b8")
@@ -656,8 +680,9 @@ for w, row in ((1, w1_row), (4, w4_row)):
     assert here == row["ptx_access_detail"], (w, here)
 
 # %% [markdown]
-# So the loads and stores are the same in both directions and on both GPUs; the executed
-# counts, times and throughputs are the H200 forward's. The PTX column reads (a bf16 is 16 bits,
+# So the loads and stores are the same in both directions, on both GPUs, and in the ablation
+# variants; the executed counts, times and throughputs are those of the variants' H200 forward.
+# The PTX column reads (a bf16 is 16 bits,
 # an angle 32):
 #
 # | a thread's global accesses | one warp: 2 elements of each half | four warps: 1 element of each half |
@@ -675,20 +700,22 @@ for w, row in ((1, w1_row), (4, w4_row)):
 #   committed `do_bench` timing; the kernel moves from memory to instructions (the throughput
 #   columns). The live timing cell above prints its GPU's ratio beside the committed 1.59 (the H100
 #   run on this notebook's page printed 1.44<!--page: four warps a program-->, with one warp at
-#   0.80<!--page: one warp: forward--> of a copy, the committed H100 figure). The code being the
-#   same, a different ratio comes from the GPU that runs it or from the run: one live timing does
-#   not tell the two apart, and which of a GPU's parts would make the difference, this profile
-#   cannot say.
+#   0.80<!--page: one warp: forward--> of a copy, the committed H100 figure). The live ratio is
+#   section 2's kernel's, the committed one the ablation variants': their loads and stores are the
+#   same, the rest of their code is not. So a different ratio can come from the GPU that runs it,
+#   from the run, or from the two sources: one live timing does not tell these apart, and which
+#   of a GPU's parts would make a difference, this profile cannot say.
 #
 # **Why one warp stays short of a copy.** Under the profiler it runs at 0.70 of the copy's speed.
 # The copy moves 16 bytes an instruction against 4, fills 85 % of the warp slots against 48 %,
 # and keeps DRAM at 85 % of its peak against 61 %; the profile cannot say which of these costs
-# the time. Notebook 05 adds two readings, neither an answer. The same kernel on two warps fills
-# 94 % of the slots and is no faster, 178.1 µs against 178.5 under the same profile (its appendix
-# A.1): filling the slots does not close the gap by itself, though two warps also halve each
-# thread's accesses. Its section 2 bounds the bytes this kernel keeps in flight per SM from above,
-# at 7.7 KiB, over the 5.6 KiB a full-speed read needs; by that section's own rule a bound above
-# the need proves nothing. Why one warp stays short of a copy, the course leaves open.
+# the time. Notebook 05 adds two readings, neither an answer. The same variant on two warps
+# (`sh_loop_b_w2`) fills 94 % of the slots and is no faster, 178.1 µs against 178.5 under the
+# same profile (its appendix A.1 sets the 178.1 beside `batch_reuse`'s 179.1): filling the slots
+# does not close the gap by itself, though two warps also halve each thread's accesses. Its
+# section 2 bounds the bytes this kernel keeps in flight per SM from above, at 7.7 KiB, over the
+# 5.6 KiB a full-speed read needs; by that section's own rule a bound above the need proves
+# nothing. Why one warp stays short of a copy, the course leaves open.
 
 # %% [markdown]
 # ## 3. A `torch.autograd.Function`
@@ -800,8 +827,11 @@ assert round(start_us / (br1["fwd_ms"] * 1e3), 2) == 0.94
 # From batch 4 up the step takes 1.97 to 2.01 forwards, as the bytes predict. Below, it does
 # not: at batches 1 and 2 it takes 2.67 to 6.62 forwards, and the batch-reusing kernel's step
 # takes 427 µs at batch 1 against 207 µs at batch 4, with a quarter of the bytes. Its batch-1
-# forward is set by its programs, not its bytes: starting its 131,072 programs takes 79.2 µs of
-# the forward's 84.6 µs (the cost per program of notebook 03, section 4).
+# forward looks set by its programs, not its bytes: twice the bytes at batch 2 take the same
+# 84.7 µs, and at the rate an empty kernel's one-warp programs start on the same GPU (notebook
+# 03, section 4.3) its 131,072 programs take 79.2 µs of the forward's 84.6 µs just to start. That
+# rate is an empty kernel's, timed apart: an estimate, not a measurement of this forward
+# (notebook 04, appendix A.6, times both side by side on a GPU).
 #
 # Why a small-batch step takes more than two forwards, the sweep does not say. One possibility,
 # which the sweep does not test: `do_bench` times between CUDA events around a call, so when the
@@ -1320,8 +1350,9 @@ else:
 #   1.96<!--page: step =--> forwards, yet the host's enqueue set the pace of a loop of steps).
 # - One warp a program beats four at $D = 128$: with four, each element sits on two threads with
 #   loads and stores of its own, 2.85 times the instructions for the same bytes in 1.62 times the
-#   H200's time under the profiler (1.59 timed). One warp still reaches only 0.71 of a copy on the
-#   H200 (0.80 on the H100).
+#   H200's time under the profiler (1.59 timed), profiled and timed as notebook 04's ablation
+#   variants of this kernel. One warp still reaches only 0.71 of a copy on the H200 (0.80 on the
+#   H100).
 #
 # ropelib's finished kernel (notebook 05) serves both directions the same way; the cell below
 # prints the paragraph of its header that states section 1's formulas.
