@@ -244,11 +244,12 @@ assert round(W_READ / 1e12, 2) == 2.15                                    # "2.1
 # **queueing**: the copy keeps more than it needs outstanding, bandwidth cannot grow past
 # $W_\text{read}$, so its extra requests wait. But a kernel that reads at a copy's rate sees a busy
 # DRAM's latency too, so what a real kernel needs lies somewhere between the two figures, and
-# these measurements do not say where (notebook 00's exercise 4 finds a grid between them still
-# short of a copy on an H100). The second row's 20.1 KiB is what a full-bandwidth stream such as
-# the copy keeps in flight once queues have formed, the upper end rather than a requirement: this
-# notebook calls it **what a copy keeps in flight**. The cells print the two figures as "floors"
-# for short (idle and loaded); only the first is a bound every kernel must meet.
+# these measurements do not say where (notebook 00's exercise 4 finds, on an H100, a grid between
+# its two such figures still short of a copy). The second row's 20.1 KiB is what a
+# full-bandwidth stream such as the copy keeps in flight once queues have formed, the upper end
+# rather than a requirement: this notebook calls it **what a copy keeps in flight**. The cells
+# print the two figures as "floors" for short (idle and loaded); only the first is a bound every
+# kernel must meet.
 #
 # Section 1's `x KiB/SM` is an **upper bound** on what a kernel keeps in flight: every resident
 # warp with its whole batch step's loads out at once. A bound below the need proves a kernel short
@@ -1698,7 +1699,7 @@ assert [(said(100 * pre_share[c], 1), said(1 / (1 + pre_share[c]))) for c in (s4
 # times the route with a new table every call.
 #
 # Besides the launch shape, the flat pass drops the sin/cos, registers and the batch loop (A.8);
-# A.9 shows what it needed to reach the copy.
+# A.9 times the pass's earlier designs beside it.
 
 
 # %% [markdown]
@@ -1870,7 +1871,8 @@ if mine and own:
 # On a GPU the cell below times your pairs pass ($R = D$, the launch above) beside the worked
 # solution and a copy: set it beside your Exercise 2 pass, which loads every element twice. On the
 # H200 the element-wise pass runs 2.5 points of a copy behind the pass of pairs at this size (A.9:
-# 0.968 against 0.993); whether the second load costs on your GPU, the two timings show.
+# 0.968 against 0.993). Whether holding both members in one thread pays on your GPU, the two
+# timings show; why, they do not (Question 6).
 # Without a GPU it checks the launch on a small x and prints the H200's number for the same
 # design.
 
@@ -2328,6 +2330,12 @@ checks_nb05.paired_rows_probe()
 # 0.993 of a copy at 1 GiB on the route's launch (8 rows, 2 warps). In the whole route the
 # element-wise pass left the two passes level with the finished kernel; the pass of pairs put them
 # ahead.
+#
+# These are times only. No committed profile counts what each pass loads from L1, L2 or DRAM, so
+# that the pass of pairs gains by loading each element once is the reason it was designed for, not
+# a measured one. Reading half the table also asks for fewer bytes, and it is slower than the
+# element-wise pass: fewer bytes asked for do not decide it alone (Question 6 asks what to
+# measure).
 
 # %%
 # the element-wise pass in the whole route (two_pass-nvidia-h200-20261128-0853.csv) against the
