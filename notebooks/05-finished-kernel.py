@@ -244,11 +244,12 @@ assert round(W_READ / 1e12, 2) == 2.15                                    # "2.1
 # **queueing**: the copy keeps more than it needs outstanding, bandwidth cannot grow past
 # $W_\text{read}$, so its extra requests wait. But a kernel that reads at a copy's rate sees a busy
 # DRAM's latency too, so what a real kernel needs lies somewhere between the two figures, and
-# these measurements do not say where (notebook 00's exercise 4 finds a grid between them still
-# short of a copy on an H100). The second row's 20.1 KiB is what a full-bandwidth stream such as
-# the copy keeps in flight once queues have formed, the upper end rather than a requirement: this
-# notebook calls it **what a copy keeps in flight**. The cells print the two figures as "floors"
-# for short (idle and loaded); only the first is a bound every kernel must meet.
+# these measurements do not say where (notebook 00's exercise 4 finds, on an H100, a grid between
+# its two such figures still short of a copy). The second row's 20.1 KiB is what a
+# full-bandwidth stream such as the copy keeps in flight once queues have formed, the upper end
+# rather than a requirement: this notebook calls it **what a copy keeps in flight**. The cells
+# print the two figures as "floors" for short (idle and loaded); only the first is a bound every
+# kernel must meet.
 #
 # Section 1's `x KiB/SM` is an **upper bound** on what a kernel keeps in flight: every resident
 # warp with its whole batch step's loads out at once. A bound below the need proves a kernel short
@@ -769,9 +770,9 @@ print("rung 6 == ropelib.apply_rope's finished kernel, bit for bit (bf16, fp16, 
 # - rung 3 with the other GPU's warps (8 on an H100, 16 on an H200). Which is faster here?
 #
 # Expect the ladder to climb at the heads rung and little after. Section 5 sorts the later steps:
-# on an H100 only the warps rung's, two to three points (16 warps), holds in every process;
-# steps of a few tenths of a point are noise at this size, and the committed column's chunks and
-# equal-halves steps are one H200 run's.
+# on an H100 only the warps rung's, 2.8 points in the median of ten processes (16 warps), holds in
+# every process; steps of a few tenths of a point are noise at this size, and the committed
+# column's chunks and equal-halves steps are one H200 run's.
 
 # %%
 def tile_for(rung):
@@ -1167,13 +1168,18 @@ except Exception as exc:  # noqa: BLE001 -- no compiler for this target here: sa
 assert both is None or list(both) == ["worked solution", "ropelib's finished kernel"]
 
 # %% [markdown]
-# The two kernels' batch loops, from the load of `x` to the store, are of about the same length;
-# what differs is the work before the loop and the registers, and with the registers the programs an
-# SM holds (2<!--page: worked solution--> against 3<!--page: ropelib's finished kernel--> on the
-# H100 that rendered the published page, where the finished kernel also timed clearly ahead in the
-# timing cell before, at 0.94<!--page: ropelib's finished kernel--> of a copy against
-# 0.87<!--page: worked solution-->). A.6 times the copy at each kernel's programs an SM and asks
-# whether that residency explains the gap between them.
+# The counts are of the machine code as written, not of instructions executed. On the H100 that
+# rendered the published page (its tile: 16 warps), the two kernels' code is of about the same
+# length: 1330<!--page: worked solution--> against 1427<!--page: ropelib's finished kernel-->
+# instructions before the batch loop, 44<!--page: worked solution--> against
+# 40<!--page: ropelib's finished kernel--> in it, from the load of `x` to the store. What differs
+# clearly is the registers, 56<!--page: worked solution--> against
+# 37<!--page: ropelib's finished kernel-->, and with them the programs an SM holds
+# (2<!--page: worked solution--> against 3<!--page: ropelib's finished kernel-->). There the
+# finished kernel also timed clearly ahead in the timing cell before, at
+# 0.94<!--page: ropelib's finished kernel--> of a copy against 0.87<!--page: worked solution-->.
+# A length of code is not a time, and neither is a register count: A.6 times the copy at each
+# kernel's programs an SM and asks whether that residency explains the gap between them.
 #
 # If your Exercise 1 kernel loads and stores at stride 2, how much of its gap would the loads
 # explain (L1 serves them a second time), and how much the stores that write half of every
@@ -1279,7 +1285,7 @@ assert n_runs == 10 and 2 * 0.5 ** n_runs == 1 / 512     # ten processes; "once 
 # | warps | +1.8 / +2.8 | −29.6 / −16.1 | more warps; at $b = 1$ each sin/cos evaluated by 32 threads, not 16 |
 # | chunks | −3.0 (one run) / −0.0 | +48.1 / +29.0 | $b = 8$: the loop bounds only; $b = 1$: a tile of 2 tokens on 4 warps that evaluates each sin/cos once, with 7.6 times fewer instructions |
 # | accurate sin/cos | noise / +0.0 | noise / +0.1 | nothing: the chunks rung's machine code |
-# | equal halves | +5.5 (one run) / +0.3 | +4.9 / +1.5 | fewer warp instructions an element (0.38 → 0.29), which pay at $b = 1$ |
+# | equal halves | +5.5 (one run) / +0.3 | +4.9 / +1.5 | fewer warp instructions an element (0.38 → 0.29); at $b = 1$ 5 % fewer, and more warps resident (below) |
 # | finished kernel | −1.5 / −0.2 | +2.7 / +0.9 | 7 % more instructions; at $b = 1$ `x` loaded first |
 
 # %%
@@ -1426,6 +1432,11 @@ assert [r1(b1[n]["waiting_on_memory"] * b1[n]["issuing"]) for n in ("equal_halve
 # - **At $b = 1$ the heads, tile and warps rungs are paced by their instructions**, every sin and
 #   cos evaluated 16 or 32 times. From the chunks rung on each is evaluated once, and the DRAM
 #   rate climbs towards the copy's.
+# - **Rung 6's step at $b = 1$** comes with 5 % fewer warp instructions than rung 5, while the
+#   schedulers issue in only 30 % of their cycles, and with more warps resident (occupancy 22 →
+#   28 %) and more of them waiting on a load (2.4 → 3.3 a scheduler). Which of these buys the
+#   step, the profile does not separate (with the schedulers idle in 70 % of their cycles, fewer
+#   instructions alone would have little to buy).
 
 # %% [markdown]
 # ### What the last rung leaves: the gap to a copy
@@ -1681,12 +1692,14 @@ assert [(said(100 * pre_share[c], 1), said(1 / (1 + pre_share[c]))) for c in (s4
 # tenths. These timings, like every timing of the route in this notebook, call `apply_rope` again
 # and again with one table, so the eager route keeps the pre-pass's rows (`TableRows` in
 # `ropelib/eager.py`) and times the flat pass alone: what a model gets from its second layer on,
-# its layers sharing one table. A table that changes every call pays the pre-pass each time, 5.3 %
-# of a copy's time at 256 MiB and 2.3 % at 1 GiB, which caps the two passes at 0.950 and 0.978 of
-# a copy; no committed run times the route with a new table every call.
+# its layers sharing one table. A table that changes every call pays the pre-pass each time, its
+# time $t_\text{pre}$ 5.3 % of a copy's $t_\text{copy}$ at 256 MiB and 2.3 % at 1 GiB. With the
+# flat pass at the copy's time that caps the two passes at
+# $t_\text{copy} / (t_\text{copy} + t_\text{pre})$: 0.950 and 0.978 of a copy. No committed run
+# times the route with a new table every call.
 #
 # Besides the launch shape, the flat pass drops the sin/cos, registers and the batch loop (A.8);
-# A.9 shows what it needed to reach the copy.
+# A.9 times the pass's earlier designs beside it.
 
 
 # %% [markdown]
@@ -1858,7 +1871,8 @@ if mine and own:
 # On a GPU the cell below times your pairs pass ($R = D$, the launch above) beside the worked
 # solution and a copy: set it beside your Exercise 2 pass, which loads every element twice. On the
 # H200 the element-wise pass runs 2.5 points of a copy behind the pass of pairs at this size (A.9:
-# 0.968 against 0.993); whether the second load costs on your GPU, the two timings show.
+# 0.968 against 0.993). Whether holding both members in one thread pays on your GPU, the two
+# timings show; why, they do not (Question 6).
 # Without a GPU it checks the launch on a small x and prints the H200's number for the same
 # design.
 
@@ -2000,7 +2014,10 @@ checks_nb05.opcode_profile(mech)
 # %% [markdown]
 # A fifth of the extra is that guard's select, most of the rest the integer arithmetic of the
 # general indexing (int64 offsets, positions, batch chunks): 6.8 % more warp instructions than
-# rung 6, in a time within 1 % of rung 6's.
+# rung 6. Under this profile the two kernels' times lie within 1 % of each other. Timed, the
+# finished kernel runs 1.5 points of a copy behind rung 6 in section 5's H200 run and 0.2 behind
+# in the median of the ten H100 processes, a step that does not hold in every process. Whether
+# the extra instructions cost time at this size, these runs do not settle.
 #
 # ### A.4 Where the sin/cos are evaluated
 #
@@ -2185,6 +2202,23 @@ else:
           "and 3 programs, and counts the programs an SM holds and their bytes in flight.")
 
 # %% [markdown]
+# On the H100 that rendered the published page none of the three readings finds the gap. More
+# programs than rung 6's 3<!--page: more programs than rung 6's--> close
+# 6<!--page: more programs than rung 6's--> % of the persistent copy's gap, and at rung 6's $k$
+# that copy, at 0.941<!--page: at k = 3 the persistent copy--> of `y.copy_(x)`, is slower than the
+# copy on rung 6's own grid (0.973<!--page: at k = 3 the persistent copy-->): the share is of
+# another gap. Whole waves and $s = 4096$'s partial last one time alike,
+# 0.974<!--page: the tail:--> against 0.973<!--page: the tail:--> of a copy, their ranges
+# overlapping. And the copy at the two interleaved kernels' programs an SM differs by
+# 0.000<!--page: Exercise 1:--> of a copy where the kernels differ by
+# 0.073<!--page: Exercise 1:-->: residency accounts for 1<!--page: residency accounts for--> % of
+# that gap. So on that GPU neither residency nor the last wave is shown to hold rung 6's remaining
+# gap, and the programs an SM that their registers allow are not what separates the worked
+# solution of Exercise 1 from the finished kernel. What does, no measurement in this notebook
+# says: these readings rule causes out, they do not locate one (Questions 5 and 7 ask where to
+# look next).
+
+# %% [markdown]
 # ## Appendix: the two-pass route's details (optional)
 
 # %% [markdown]
@@ -2296,6 +2330,12 @@ checks_nb05.paired_rows_probe()
 # 0.993 of a copy at 1 GiB on the route's launch (8 rows, 2 warps). In the whole route the
 # element-wise pass left the two passes level with the finished kernel; the pass of pairs put them
 # ahead.
+#
+# These are times only. No committed profile counts what each pass loads from L1, L2 or DRAM, so
+# that the pass of pairs gains by loading each element once is the reason it was designed for, not
+# a measured one. Reading half the table also asks for fewer bytes, and it is slower than the
+# element-wise pass: fewer bytes asked for do not decide it alone (Question 6 asks what to
+# measure).
 
 # %%
 # the element-wise pass in the whole route (two_pass-nvidia-h200-20261128-0853.csv) against the

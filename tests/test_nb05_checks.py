@@ -282,3 +282,77 @@ def test_time_against_copy_without_a_gpu_checks_and_times_nothing(do_bench_stand
                           "[4096, 8, 32, 128] bf16 (grid (4096, 1, 1), BLOCK_S=1 BLOCK_H=32 "
                           "B_CHUNK=8, 8 warps)")
     assert "ropelib's finished kernel" in out and "0.903 of a copy" in out
+
+
+def _notebook_cell(marker):
+    """The one code cell of notebook 05 whose source holds `marker`."""
+    import jupytext
+    nb = jupytext.read(ROOT / "notebooks" / "05-finished-kernel.py", fmt="py:percent")
+    (src,) = [c.source for c in nb.cells if c.cell_type == "code" and marker in c.source]
+    return src
+
+
+def _markdown_after(marker):
+    """The markdown cell right after notebook 05's code cell holding `marker`."""
+    import jupytext
+    nb = jupytext.read(ROOT / "notebooks" / "05-finished-kernel.py", fmt="py:percent")
+    cells = [(c.cell_type, c.source) for c in nb.cells]
+    (i,) = [i for i, (kind, src) in enumerate(cells) if kind == "code" and marker in src]
+    assert cells[i + 1][0] == "markdown"
+    return cells[i + 1][1]
+
+
+def test_rung_6s_b1_step_comes_with_what_the_text_says():
+    # section 5, "What the profile says", rung 6's bullet: at b = 1 rung 6 against rung 5 (the
+    # cycles profile), 5 % fewer warp instructions, the schedulers issuing in 30 % of their cycles
+    # (idle in 70 %), occupancy 22 -> 28 %, warps waiting on a load 2.4 -> 3.3 a scheduler
+    b1 = _run_stall_cells()["prof"]["s32768-b1"]
+    r5, r6 = b1["accurate"], b1["equal_halves"]
+    assert round(100 * (1 - r6["inst_m"] / r5["inst_m"])) == 5
+    assert round(100 * r6["issuing"]) == 30 and round(100 * (1 - r6["issuing"])) == 70
+    assert [round(r["occupancy"]) for r in (r5, r6)] == [22, 28]
+    assert [round(r["waiting_on_memory"] * r["issuing"], 1) for r in (r5, r6)] == [2.4, 3.3]
+    text = _markdown_after("WARPS_PER_SCHEDULER = 16")
+    for said_ in ("5 % fewer warp instructions", "30 % of their cycles", "occupancy 22 →",
+                  "28 %)", "2.4 → 3.3", "idle in 70 %"):
+        assert said_ in text, said_
+
+
+def test_the_best_tiles_of_heads_stop_where_the_text_says():
+    # section 5's cell "by batch loop and warps a program", run on the committed mechanism
+    # profile: the text reads its best tiles to three digits, 0.867 to 0.915 of a copy
+    mech = measured.mechanism("s4096-b8")
+    ns = dict(mech=mech, shown=lambda v: v, said=checks_nb05.said,
+              planned_m=mech["ropelib_planned"],
+              RUNGS_PROFILED=("heads", "tile", "warps", "chunks", "accurate", "equal_halves",
+                              "ropelib", "ropelib_planned"))
+    exec(compile(_notebook_cell("LOOP_GROUPS = {"), "<section 5's best tiles>", "exec"), ns)  # noqa: S102
+    best = ns["best"]
+    assert [checks_nb05.said(v) for v in (min(best.values()), max(best.values()))] == \
+        ["0.867", "0.915"]
+    assert "0.867 to 0.915" in _markdown_after("LOOP_GROUPS = {")
+
+
+def test_the_pages_live_ladder_lies_inside_the_h100_processes():
+    # section 3's paragraph after the timed rungs: on the H100 page, every live step lies inside
+    # the range of the ten H100 processes (section 5), to the digit printed; the steps other than
+    # the heads and warps rungs' 0.4 of a point or less
+    from loading import load_file
+    run_notebooks = load_file("run_notebooks", ROOT / "benchmarks" / "run_notebooks.py")
+    page = (ROOT / "docs" / "executed" / "05-finished-kernel.html").read_text(encoding="utf-8")
+    out = run_notebooks.page_output_text(page)
+    assert "live: GPU (NVIDIA H100" in out
+    lines = out.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.split() == ["rung", "live", "step",
+                                                                       "committed", "step"])
+    live = {}
+    for line in lines[first + 2:first + 1 + len(ladder.NAMES)]:   # rung, live, step, committed, step
+        name, _, step, *_ = line.split()
+        live[name] = float(step)
+    assert list(live) == list(ladder.NAMES[1:])
+    _, runs = measured.load("ladder_runs", "nvidia-h100-80gb-hbm3")
+    by_run = ladder.steps_by_run(runs)
+    for rung, step in live.items():
+        v = by_run["s4096-b8", rung]
+        assert round(min(v), 1) <= step <= round(max(v), 1), (rung, step, min(v), max(v))
+    assert all(abs(s) <= 0.4 for n, s in live.items() if n not in ("heads", "warps"))
