@@ -392,11 +392,28 @@ for M_l2, K_l2, HQ_l2, HK_l2, D_l2 in shapes:
 #
 # ## 3. The output tile must cover a head
 #
-# With rotate-half the partner of column $hD + j$ is column $hD + j + D/2$, so a GEMM tile
-# narrower than a head, or one that straddles two heads, misses pairs. Permuting the weight's rows
-# would make pairs adjacent, but ropelib would then own a reordered copy of the caller's weight
-# and its gradient. ropelib instead gives each program **whole heads**: $B_N = D$ in the
-# exercises' kernel, $2D$ in the shipped forward (7.2).
+# With rotate-half, column $c = hD + j$ of $Y$ (head $h$, feature $0 \le j < D$) is rotated with
+# its **partner**
+#
+# $$\pi(c) = \begin{cases} c + D/2, & j < D/2, \\ c - D/2, & j \ge D/2, \end{cases}$$
+#
+# so an epilogue can rotate the columns $[n_0, n_0 + B_N)$ of its tile only if every partner is
+# among them. Which runs of columns hold all their partners? Write $n_0 = hD + j_0$:
+#
+# - the first column's partner must lie inside, and $n_0 - D/2$ does not, so
+#   $\pi(n_0) = n_0 + D/2$: $j_0 < D/2$, and the tile holds every column from $n_0$ to
+#   $n_0 + D/2$;
+# - among them is $hD + D/2$ (as $n_0 \le hD + D/2 \le n_0 + D/2$), whose partner is $hD$; it
+#   must lie inside too, $hD \ge n_0$, so $j_0 = 0$: the tile starts on a head's first column;
+# - from the other end alike: the last column $e = h'D + j_1$ needs $\pi(e) = e - D/2$, so
+#   $j_1 \ge D/2$; between the two lies $h'D + D/2 - 1$, whose partner $h'D + D - 1$ must be
+#   inside, so $j_1 = D - 1$: the tile ends on a head's last column.
+#
+# So $n_0$ and $B_N$ must both be multiples of $D$: a tile narrower than a head, or one that
+# straddles two heads, misses pairs. Permuting the weight's rows would make pairs adjacent, but
+# ropelib would then own a reordered copy of the caller's weight and its gradient. ropelib
+# instead gives each program **whole heads**: $B_N = D$ in the exercises' kernel, $2D$ in the
+# shipped forward (7.2).
 #
 # A head can then be held as **one accumulator** $[B_M, D]$ (one `tl.dot` per K step, which
 # compiles to tensor-core matrix multiply-accumulates, **MMAs**), split into its two halves in the
@@ -712,24 +729,35 @@ assert [K // qkv_gemm.GPU_TILES[kind]["BLOCK_K"] for kind in ("dx", "dw")] == [6
 # tile from shared memory twice (a megabyte more a program over $K = 4096$); one moves 64 KiB more
 # between register layouts, once. Both builds take a similar number of registers
 # (174<!--page: two accumulators--> and 170<!--page: one accumulator, split--> in the executed
-# page's Triton 3.6 compile) and the same 128 KiB of shared memory, unlike section 3's
-# TMA-loaded probe at the same tile (151 registers against 120). Section 3's probe timed the
-# difference: two accumulators 8 and 10 % slower at this tile.
+# page's Triton 3.6 compile) and the same 128<!--page: one accumulator, split--> KiB of shared
+# memory, unlike section 3's TMA-loaded probe at the same tile (151 registers against 120).
+# Section 3's probe timed the difference with TMA loads: two accumulators 8 and 10 % slower at
+# this tile. These pointer-loaded builds were not timed against each other.
 #
 # ## 5. The backward's prologue: undo the rotation while loading $dY$
 #
-# Write the forward per q or k head and token as $q = R(\theta)\,u$, $u$ the head's slice of
-# $Y = XW^{\top}$. A rotation's transpose is its inverse, so the gradient that flows back into the
-# projection is
+# For a q or k head, a token at position $p$ and a pair $j$, section 2's formula rotates the pair
+# $(a, b) = (y_j, y_{j+D/2})$ of the projection's output $Y = XW^{\top}$ by $\theta = \theta_{p,j}$:
 #
-# $$\frac{\partial L}{\partial u} = R(\theta)^{\top} \frac{\partial L}{\partial q}
-#   = R(-\theta)\, g: \qquad
+# $$\begin{pmatrix} q_j \\ q_{j+D/2} \end{pmatrix} = R(\theta) \begin{pmatrix} a \\ b \end{pmatrix},
+#   \qquad R(\theta) = \begin{pmatrix} \cos\theta & -\sin\theta \\
+#   \sin\theta & \cos\theta \end{pmatrix}.$$
+#
+# The map is linear in $(a, b)$, with Jacobian $R(\theta)$, so the chain rule sends the incoming
+# gradient $g = (g_a, g_b) = (\partial L / \partial q_j,\; \partial L / \partial q_{j+D/2})$ back
+# through the transpose $R(\theta)^{\top}$, and with $\cos(-\theta) = \cos\theta$,
+# $\sin(-\theta) = -\sin\theta$ that transpose is the rotation by $-\theta$ (notebook 06):
+#
+# $$\begin{pmatrix} dY_a \\ dY_b \end{pmatrix} = R(\theta)^{\top} \begin{pmatrix} g_a \\ g_b
+#   \end{pmatrix} = \begin{pmatrix} \cos\theta & \sin\theta \\ -\sin\theta & \cos\theta
+#   \end{pmatrix} \begin{pmatrix} g_a \\ g_b \end{pmatrix} = R(-\theta)\, g: \qquad
 #   dY_{a} = g_a \cos\theta + g_b \sin\theta, \quad
-#   dY_{b} = g_b \cos\theta - g_a \sin\theta,$$
+#   dY_{b} = g_b \cos\theta - g_a \sin\theta.$$
 #
-# with $v$'s gradient passing through. Unfused, a RoPE backward pass writes $dY$ for $dX = dY\,W$
-# and $dW = dY^{\top} X$. Fused, each backward GEMM forms the $dY$ tile it needs **as it loads
-# it**, and $dY$ is never written: a **prologue**, the epilogue's mirror.
+# A v head is not rotated, so its gradient is $dY$ as it comes. Unfused, a RoPE backward pass
+# writes $dY$ for $dX = dY\,W$ and $dW = dY^{\top} X$. Fused, each backward GEMM forms the $dY$
+# tile it needs **as it loads it**, and $dY$ is never written: a **prologue**, the epilogue's
+# mirror.
 #
 # The price is how often it is formed. A dX program owns $B_M$ tokens and $B_K$ hidden columns and
 # loops over every head, so each $dY$ tile is formed again by each of the $K / B_K$ column blocks;
