@@ -858,8 +858,14 @@ print(f"dL/dx {tuple(gx_t.shape)}: teaching dX kernel vs autograd of qkv_rope_li
 # - **What does the fusion net?** On the H200 the fused forward is 1.6 % faster than the unfused
 #   pipeline from a table (0.984 of its time, resolved) and level from angles (1.004, not); its
 #   eight medians cell by cell (from angles and from a table, four cells each) run from 0.971 to
-#   1.031. On the H100, where the pass costs more, it is ahead (0.955 from a table, resolved; 0.964
-#   from angles, not), and all eight cell medians are below 1 (0.891 to 0.996).
+#   1.031. On the H100 it is ahead (0.955 from a table, resolved; 0.964 from angles, not), and all
+#   eight cell medians are below 1 (0.891 to 0.996).
+#
+# Does the fusion gain more on the H100? These rounds cannot say: each of the three pairs above
+# (the pass, and the net from angles and from a table) has 95 % intervals on the two GPUs that
+# overlap. What does differ between the GPUs is the most there is to gain, measured in section 1:
+# the copy floor is 9.1 to 9.7 % of cuBLAS's forward on the H100 against 6.5 to 6.7 % on the H200,
+# the H100's device copy being the slower for a GEMM of about the same time.
 #
 # The figure after the tables draws the same pooled medians for both GPUs as a budget: one bar a
 # pair and GPU with its 95 % interval, filled where resolved and hatched where not, beside a band
