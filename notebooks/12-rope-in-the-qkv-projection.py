@@ -1477,11 +1477,13 @@ assert shipped["dx_norm"] == (32, 128, 8, 4, 3)            # its own tile: 32 x 
 # ### 7.5 What the wall clock adds: the host's share
 #
 # Every call also runs Python on the host around its launches: checks, plans, allocations,
-# autograd's bookkeeping. `do_bench` (7.1 to 7.4, section 8) issues calls back to back: where the
-# host issues a call in less time than the device runs it, the host runs ahead and the timing is
-# the device's; where the host takes longer, `do_bench` times the host (notebook 06 shows such a
-# step). From an **idle start** (as after a synchronisation: nothing queued on the device) the
-# device waits for that Python.
+# autograd's bookkeeping. `do_bench` (7.1 to 7.4, section 8) issues calls back to back, each
+# after a memset of 256 MiB that flushes L2: where the host issues an iteration in less time than
+# the device runs the memset and the call, the host runs ahead and the timing is the device's;
+# where it takes longer, the timing can take in part of the host's time (notebook 07's A.4 takes
+# `do_bench`'s loop apart; notebook 06 finds a step whose loop of calls waits on the host although
+# `do_bench` does not show it). From an **idle start** (as after a synchronisation: nothing
+# queued on the device) the device waits for that Python.
 #
 # The next cell prints two committed H100 measurements at 8192 tokens. The **profile** (the eager
 # route, 2026-12-06 15:05) is the device's side: the fused forward's kernels take 0.95 of the
@@ -1787,10 +1789,11 @@ else:
 # device can wait longer for the fused step even where the host issues all of it in less time than
 # the unfused one, as in the executed page's run: the host issued the fused forward in
 # 0.304<!--page: fused forward idle start--> ms against the unfused one's
-# 0.376<!--page: unfused forward idle start--> ms, and the device still waited longer for it. Then the likely difference is in what runs before the GEMM, not in how much
-# Python runs in all: the unfused pipeline's first call launches cuBLAS's GEMM, while the fused
-# route first checks its arguments and looks up its plan. That is a hypothesis this cell cannot
-# test; timing the GEMM's launch from the start of the call would.
+# 0.376<!--page: unfused forward idle start--> ms, and the device still waited longer for it.
+# Then the likely difference is in what runs before the GEMM, not in how much Python runs in all:
+# the unfused pipeline's first call launches cuBLAS's GEMM, while the fused route first checks its
+# arguments and looks up its plan. That is a hypothesis this cell cannot test; timing the GEMM's
+# launch from the start of the call would.
 #
 # ## 8. On a GPU: your kernel, live *(optional)*
 #
