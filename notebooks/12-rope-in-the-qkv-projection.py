@@ -1128,8 +1128,10 @@ shipped_prof, shipped_kernel = read_profile(SHIPPED)
 # In four H200 runs of seven rounds (printed below) the persistent TMA GEMM ran at 0.96 to 0.99 of
 # cuBLAS's speed, 0.94 to 0.99 with the epilogue. Medians moved by up to 5 % between runs, yet
 # with pointer loads (run 2) the fused kernel fell behind the unfused pipeline, and with one head
-# a tile (run 1) behind two. `qkv_rope_linear` runs its forward on this loop
-# (`_qkv_rope_fwd_tma_kernel`) wherever the GPU has TMA, both head counts are even and every
+# a tile (run 1) behind two. Those are times only: that one head of 256 tokens (an accumulator as
+# large as two heads of 128) loses because it loads its tokens' cos and sin for every head, twice
+# as often, is the design's reason, not a measurement. `qkv_rope_linear` runs its forward on this
+# loop (`_qkv_rope_fwd_tma_kernel`) wherever the GPU has TMA, both head counts are even and every
 # feature is rotated; its epilogue splits each head as exercise 1b does.
 
 # %%
@@ -2149,8 +2151,8 @@ else:
 # - Time in shuffled rounds before believing a few per cent: a fixed order lowered the variants'
 #   speeds by up to 13 % (Appendix B).
 # - Elsewhere (no TMA, odd head counts, partial rotary) the forward is the slower pointer-loaded
-#   one. Notebook 09 trains its GPT with `rope="ropelib_qkv"`; its validation curve stays within
-#   seed noise of the unfused model's.
+#   one. Notebook 09 trains its GPT with `rope="ropelib_qkv"` and checks that its validation curve
+#   stays within seed noise of the unfused model's (at most 1.5 times two seeds' distance).
 #
 # ## Questions for a study group
 #
