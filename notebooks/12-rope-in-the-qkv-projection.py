@@ -50,8 +50,8 @@
 # forward's time goes, the worked persistent kernel, the host's share; about 45 minutes), section 8
 # (live timings: on a CPU its cells check the kernels and print a note instead) and Appendices A
 # and B (the statistics of the rounds, the profiles; about half an hour). On a CPU the whole
-# notebook runs top to bottom in Triton's interpreter (set by the first cell) in about a minute and
-# a half.
+# notebook runs top to bottom in Triton's interpreter (set by the first cell) in about a minute or
+# less on two cores.
 
 # %%
 import os, torch
@@ -2027,10 +2027,11 @@ print(f"launched with {SHIPPED_LAUNCH} on {M_s} tokens, 3 programs and {tiles_s}
 #
 # **Expect the kernel to lose** to cuBLAS. It holds each head as **two** $[128, 64]$ accumulators
 # (section 3's probe: 30 % slower than one at this tile on the H200), walks the tiles in plain
-# order, and holds one head a tile; the shipped forward does all three the other way (7.2). To go
-# on, make it one `tl.dot` a K step against a $[D, B_K]$ tile of $W$, split as in exercise 1b,
-# then walk the tiles as `_grouped` does (`ropelib/kernels/qkv_gemm.py`); check each change on the
-# CPU and time it again.
+# order, and holds one head a tile; the shipped forward does all three the other way (7.2). How
+# much of the gap each of the three accounts for is not measured here. To go on, make it one
+# `tl.dot` a K step against a $[D, B_K]$ tile of $W$, split as in exercise 1b, then walk the tiles
+# as `_grouped` does (`ropelib/kernels/qkv_gemm.py`), one change at a time; check each on the CPU
+# and time it again.
 
 # %%
 if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9 and persistent_ok:
