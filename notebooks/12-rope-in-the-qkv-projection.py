@@ -2177,11 +2177,13 @@ else:
 # 2. One pass reads the gradients of q and k and writes their columns of $dY$, which both GEMMs
 #    then read as plain GEMMs do: one copy of q and k, the bytes the forward's fusion saved (7.4's
 #    "$dY$ written once").
-# 3. No. A column tile starting on an even column holds whole pairs, so $B_N$ can be any even
-#    width, across heads: column $c$ takes the angle of pair $\lfloor (c \bmod D)/2 \rfloor$, and
-#    a tile reaching into v's columns rotates only those before them. `tl.reshape(acc, (BLOCK_M,
-#    BLOCK_N // 2, 2))` and `tl.split` give the pairs with no permute; `tl.join` and the inverse
-#    reshape put them back for a plain GEMM store. QK-norm would still need whole heads.
+# 3. No. Interleaved, the partner of column $c$ is $c + 1$ for an even $c$ and $c - 1$ for an odd
+#    one; section 3's argument, run with that $\pi$, asks only that a tile start on an even column
+#    and end on an odd one, so $B_N$ can be any even width, across heads: column $c$ takes the
+#    angle of pair $\lfloor (c \bmod D)/2 \rfloor$, and a tile reaching into v's columns rotates
+#    only those before them. `tl.reshape(acc, (BLOCK_M, BLOCK_N // 2, 2))` and `tl.split` give the
+#    pairs with no permute; `tl.join` and the inverse reshape put them back for a plain GEMM store.
+#    QK-norm would still need whole heads.
 
 # %%
 # question 4, worked: 7.3's counts for one head (D = 128) of 64 tokens on 4 warps

@@ -1,5 +1,6 @@
 """What notebook 12 derives in its prose, checked by brute force: section 3's claim that a run of
-output columns holds every rotate-half partner only when it starts and ends on a head's edge,
+output columns holds every rotate-half partner only when it starts and ends on a head's edge
+(and question 3's answer, that interleaved pairs need only an even start and width),
 section 5's inverse rotation (the gradient through R(theta) is R(-theta) g, by autograd), and
 section 8's chance of a lone resolution among its six live comparisons."""
 import math
@@ -25,6 +26,15 @@ def test_a_column_tile_holds_every_partner_only_on_whole_heads(D):
             tile = range(n0, n0 + width)
             closed = all(partner(c, D) in tile for c in tile)
             assert closed == (n0 % D == 0 and width % D == 0), (D, n0, width)
+
+
+def test_interleaved_pairs_need_only_an_even_start_and_width():
+    # question 3's answer: interleaved, the partner of c is c + 1 (even c) or c - 1 (odd c)
+    for n0 in range(48):
+        for width in range(1, 49 - n0):
+            tile = range(n0, n0 + width)
+            closed = all((c ^ 1) in tile for c in tile)
+            assert closed == (n0 % 2 == 0 and width % 2 == 0), (n0, width)
 
 
 def test_the_backward_rotates_by_minus_theta():
