@@ -50,8 +50,8 @@
 # forward's time goes, the worked persistent kernel, the host's share; about 45 minutes), section 8
 # (live timings: on a CPU its cells check the kernels and print a note instead) and Appendices A
 # and B (the statistics of the rounds, the profiles; about half an hour). On a CPU the whole
-# notebook runs top to bottom in Triton's interpreter (set by the first cell) in about a minute and
-# a half.
+# notebook runs top to bottom in Triton's interpreter (set by the first cell) in about a minute or
+# less on two cores.
 
 # %%
 import os, torch
@@ -392,11 +392,28 @@ for M_l2, K_l2, HQ_l2, HK_l2, D_l2 in shapes:
 #
 # ## 3. The output tile must cover a head
 #
-# With rotate-half the partner of column $hD + j$ is column $hD + j + D/2$, so a GEMM tile
-# narrower than a head, or one that straddles two heads, misses pairs. Permuting the weight's rows
-# would make pairs adjacent, but ropelib would then own a reordered copy of the caller's weight
-# and its gradient. ropelib instead gives each program **whole heads**: $B_N = D$ in the
-# exercises' kernel, $2D$ in the shipped forward (7.2).
+# With rotate-half, column $c = hD + j$ of $Y$ (head $h$, feature $0 \le j < D$) is rotated with
+# its **partner**
+#
+# $$\pi(c) = \begin{cases} c + D/2, & j < D/2, \\ c - D/2, & j \ge D/2, \end{cases}$$
+#
+# so an epilogue can rotate the columns $[n_0, n_0 + B_N)$ of its tile only if every partner is
+# among them. Which runs of columns hold all their partners? Write $n_0 = hD + j_0$:
+#
+# - the first column's partner must lie inside, and $n_0 - D/2$ does not, so
+#   $\pi(n_0) = n_0 + D/2$: $j_0 < D/2$, and the tile holds every column from $n_0$ to
+#   $n_0 + D/2$;
+# - among them is $hD + D/2$ (as $n_0 \le hD + D/2 \le n_0 + D/2$), whose partner is $hD$; it
+#   must lie inside too, $hD \ge n_0$, so $j_0 = 0$: the tile starts on a head's first column;
+# - from the other end alike: the last column $e = h'D + j_1$ needs $\pi(e) = e - D/2$, so
+#   $j_1 \ge D/2$; between the two lies $h'D + D/2 - 1$, whose partner $h'D + D - 1$ must be
+#   inside, so $j_1 = D - 1$: the tile ends on a head's last column.
+#
+# So $n_0$ and $B_N$ must both be multiples of $D$: a tile narrower than a head, or one that
+# straddles two heads, misses pairs. Permuting the weight's rows would make pairs adjacent, but
+# ropelib would then own a reordered copy of the caller's weight and its gradient. ropelib
+# instead gives each program **whole heads**: $B_N = D$ in the exercises' kernel, $2D$ in the
+# shipped forward (7.2).
 #
 # A head can then be held as **one accumulator** $[B_M, D]$ (one `tl.dot` per K step, which
 # compiles to tensor-core matrix multiply-accumulates, **MMAs**), split into its two halves in the
@@ -712,24 +729,35 @@ assert [K // qkv_gemm.GPU_TILES[kind]["BLOCK_K"] for kind in ("dx", "dw")] == [6
 # tile from shared memory twice (a megabyte more a program over $K = 4096$); one moves 64 KiB more
 # between register layouts, once. Both builds take a similar number of registers
 # (174<!--page: two accumulators--> and 170<!--page: one accumulator, split--> in the executed
-# page's Triton 3.6 compile) and the same 128 KiB of shared memory, unlike section 3's
-# TMA-loaded probe at the same tile (151 registers against 120). Section 3's probe timed the
-# difference: two accumulators 8 and 10 % slower at this tile.
+# page's Triton 3.6 compile) and the same 128<!--page: one accumulator, split--> KiB of shared
+# memory, unlike section 3's TMA-loaded probe at the same tile (151 registers against 120).
+# Section 3's probe timed the difference with TMA loads: two accumulators 8 and 10 % slower at
+# this tile. These pointer-loaded builds were not timed against each other.
 #
 # ## 5. The backward's prologue: undo the rotation while loading $dY$
 #
-# Write the forward per q or k head and token as $q = R(\theta)\,u$, $u$ the head's slice of
-# $Y = XW^{\top}$. A rotation's transpose is its inverse, so the gradient that flows back into the
-# projection is
+# For a q or k head, a token at position $p$ and a pair $j$, section 2's formula rotates the pair
+# $(a, b) = (y_j, y_{j+D/2})$ of the projection's output $Y = XW^{\top}$ by $\theta = \theta_{p,j}$:
 #
-# $$\frac{\partial L}{\partial u} = R(\theta)^{\top} \frac{\partial L}{\partial q}
-#   = R(-\theta)\, g: \qquad
+# $$\begin{pmatrix} q_j \\ q_{j+D/2} \end{pmatrix} = R(\theta) \begin{pmatrix} a \\ b \end{pmatrix},
+#   \qquad R(\theta) = \begin{pmatrix} \cos\theta & -\sin\theta \\
+#   \sin\theta & \cos\theta \end{pmatrix}.$$
+#
+# The map is linear in $(a, b)$, with Jacobian $R(\theta)$, so the chain rule sends the incoming
+# gradient $g = (g_a, g_b) = (\partial L / \partial q_j,\; \partial L / \partial q_{j+D/2})$ back
+# through the transpose $R(\theta)^{\top}$, and with $\cos(-\theta) = \cos\theta$,
+# $\sin(-\theta) = -\sin\theta$ that transpose is the rotation by $-\theta$ (notebook 06):
+#
+# $$\begin{pmatrix} dY_a \\ dY_b \end{pmatrix} = R(\theta)^{\top} \begin{pmatrix} g_a \\ g_b
+#   \end{pmatrix} = \begin{pmatrix} \cos\theta & \sin\theta \\ -\sin\theta & \cos\theta
+#   \end{pmatrix} \begin{pmatrix} g_a \\ g_b \end{pmatrix} = R(-\theta)\, g: \qquad
 #   dY_{a} = g_a \cos\theta + g_b \sin\theta, \quad
-#   dY_{b} = g_b \cos\theta - g_a \sin\theta,$$
+#   dY_{b} = g_b \cos\theta - g_a \sin\theta.$$
 #
-# with $v$'s gradient passing through. Unfused, a RoPE backward pass writes $dY$ for $dX = dY\,W$
-# and $dW = dY^{\top} X$. Fused, each backward GEMM forms the $dY$ tile it needs **as it loads
-# it**, and $dY$ is never written: a **prologue**, the epilogue's mirror.
+# A v head is not rotated, so its gradient is $dY$ as it comes. Unfused, a RoPE backward pass
+# writes $dY$ for $dX = dY\,W$ and $dW = dY^{\top} X$. Fused, each backward GEMM forms the $dY$
+# tile it needs **as it loads it**, and $dY$ is never written: a **prologue**, the epilogue's
+# mirror.
 #
 # The price is how often it is formed. A dX program owns $B_M$ tokens and $B_K$ hidden columns and
 # loops over every head, so each $dY$ tile is formed again by each of the $K / B_K$ column blocks;
@@ -830,8 +858,14 @@ print(f"dL/dx {tuple(gx_t.shape)}: teaching dX kernel vs autograd of qkv_rope_li
 # - **What does the fusion net?** On the H200 the fused forward is 1.6 % faster than the unfused
 #   pipeline from a table (0.984 of its time, resolved) and level from angles (1.004, not); its
 #   eight medians cell by cell (from angles and from a table, four cells each) run from 0.971 to
-#   1.031. On the H100, where the pass costs more, it is ahead (0.955 from a table, resolved; 0.964
-#   from angles, not), and all eight cell medians are below 1 (0.891 to 0.996).
+#   1.031. On the H100 it is ahead (0.955 from a table, resolved; 0.964 from angles, not), and all
+#   eight cell medians are below 1 (0.891 to 0.996).
+#
+# Does the fusion gain more on the H100? These rounds cannot say: each of the three pairs above
+# (the pass, and the net from angles and from a table) has 95 % intervals on the two GPUs that
+# overlap. What does differ between the GPUs is the most there is to gain, measured in section 1:
+# the copy floor is 9.1 to 9.7 % of cuBLAS's forward on the H100 against 6.5 to 6.7 % on the H200,
+# the H100's device copy being the slower for a GEMM of about the same time.
 #
 # The figure after the tables draws the same pooled medians for both GPUs as a budget: one bar a
 # pair and GPU with its 95 % interval, filled where resolved and hatched where not, beside a band
@@ -1094,8 +1128,10 @@ shipped_prof, shipped_kernel = read_profile(SHIPPED)
 # In four H200 runs of seven rounds (printed below) the persistent TMA GEMM ran at 0.96 to 0.99 of
 # cuBLAS's speed, 0.94 to 0.99 with the epilogue. Medians moved by up to 5 % between runs, yet
 # with pointer loads (run 2) the fused kernel fell behind the unfused pipeline, and with one head
-# a tile (run 1) behind two. `qkv_rope_linear` runs its forward on this loop
-# (`_qkv_rope_fwd_tma_kernel`) wherever the GPU has TMA, both head counts are even and every
+# a tile (run 1) behind two. Those are times only: that one head of 256 tokens (an accumulator as
+# large as two heads of 128) loses because it loads its tokens' cos and sin for every head, twice
+# as often, is the design's reason, not a measurement. `qkv_rope_linear` runs its forward on this
+# loop (`_qkv_rope_fwd_tma_kernel`) wherever the GPU has TMA, both head counts are even and every
 # feature is rotated; its epilogue splits each head as exercise 1b does.
 
 # %%
@@ -1443,11 +1479,13 @@ assert shipped["dx_norm"] == (32, 128, 8, 4, 3)            # its own tile: 32 x 
 # ### 7.5 What the wall clock adds: the host's share
 #
 # Every call also runs Python on the host around its launches: checks, plans, allocations,
-# autograd's bookkeeping. `do_bench` (7.1 to 7.4, section 8) issues calls back to back: where the
-# host issues a call in less time than the device runs it, the host runs ahead and the timing is
-# the device's; where the host takes longer, `do_bench` times the host (notebook 06 shows such a
-# step). From an **idle start** (as after a synchronisation: nothing queued on the device) the
-# device waits for that Python.
+# autograd's bookkeeping. `do_bench` (7.1 to 7.4, section 8) issues calls back to back, each
+# after a memset of 256 MiB that flushes L2: where the host issues an iteration in less time than
+# the device runs the memset and the call, the host runs ahead and the timing is the device's;
+# where it takes longer, the timing can take in part of the host's time (notebook 07's A.4 takes
+# `do_bench`'s loop apart; notebook 06 finds a step whose loop of calls waits on the host although
+# `do_bench` does not show it). From an **idle start** (as after a synchronisation: nothing
+# queued on the device) the device waits for that Python.
 #
 # The next cell prints two committed H100 measurements at 8192 tokens. The **profile** (the eager
 # route, 2026-12-06 15:05) is the device's side: the fused forward's kernels take 0.95 of the
@@ -1753,10 +1791,11 @@ else:
 # device can wait longer for the fused step even where the host issues all of it in less time than
 # the unfused one, as in the executed page's run: the host issued the fused forward in
 # 0.304<!--page: fused forward idle start--> ms against the unfused one's
-# 0.376<!--page: unfused forward idle start--> ms, and the device still waited longer for it. Then the likely difference is in what runs before the GEMM, not in how much
-# Python runs in all: the unfused pipeline's first call launches cuBLAS's GEMM, while the fused
-# route first checks its arguments and looks up its plan. That is a hypothesis this cell cannot
-# test; timing the GEMM's launch from the start of the call would.
+# 0.376<!--page: unfused forward idle start--> ms, and the device still waited longer for it.
+# Then the likely difference is in what runs before the GEMM, not in how much Python runs in all:
+# the unfused pipeline's first call launches cuBLAS's GEMM, while the fused route first checks its
+# arguments and looks up its plan. That is a hypothesis this cell cannot test; timing the GEMM's
+# launch from the start of the call would.
 #
 # ## 8. On a GPU: your kernel, live *(optional)*
 #
@@ -1988,10 +2027,11 @@ print(f"launched with {SHIPPED_LAUNCH} on {M_s} tokens, 3 programs and {tiles_s}
 #
 # **Expect the kernel to lose** to cuBLAS. It holds each head as **two** $[128, 64]$ accumulators
 # (section 3's probe: 30 % slower than one at this tile on the H200), walks the tiles in plain
-# order, and holds one head a tile; the shipped forward does all three the other way (7.2). To go
-# on, make it one `tl.dot` a K step against a $[D, B_K]$ tile of $W$, split as in exercise 1b,
-# then walk the tiles as `_grouped` does (`ropelib/kernels/qkv_gemm.py`); check each change on the
-# CPU and time it again.
+# order, and holds one head a tile; the shipped forward does all three the other way (7.2). How
+# much of the gap each of the three accounts for is not measured here. To go on, make it one
+# `tl.dot` a K step against a $[D, B_K]$ tile of $W$, split as in exercise 1b, then walk the tiles
+# as `_grouped` does (`ropelib/kernels/qkv_gemm.py`), one change at a time; check each on the CPU
+# and time it again.
 
 # %%
 if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9 and persistent_ok:
@@ -2112,8 +2152,8 @@ else:
 # - Time in shuffled rounds before believing a few per cent: a fixed order lowered the variants'
 #   speeds by up to 13 % (Appendix B).
 # - Elsewhere (no TMA, odd head counts, partial rotary) the forward is the slower pointer-loaded
-#   one. Notebook 09 trains its GPT with `rope="ropelib_qkv"`; its validation curve stays within
-#   seed noise of the unfused model's.
+#   one. Notebook 09 trains its GPT with `rope="ropelib_qkv"` and checks that its validation curve
+#   stays within seed noise of the unfused model's (at most 1.5 times two seeds' distance).
 #
 # ## Questions for a study group
 #
@@ -2137,11 +2177,13 @@ else:
 # 2. One pass reads the gradients of q and k and writes their columns of $dY$, which both GEMMs
 #    then read as plain GEMMs do: one copy of q and k, the bytes the forward's fusion saved (7.4's
 #    "$dY$ written once").
-# 3. No. A column tile starting on an even column holds whole pairs, so $B_N$ can be any even
-#    width, across heads: column $c$ takes the angle of pair $\lfloor (c \bmod D)/2 \rfloor$, and
-#    a tile reaching into v's columns rotates only those before them. `tl.reshape(acc, (BLOCK_M,
-#    BLOCK_N // 2, 2))` and `tl.split` give the pairs with no permute; `tl.join` and the inverse
-#    reshape put them back for a plain GEMM store. QK-norm would still need whole heads.
+# 3. No. Interleaved, the partner of column $c$ is $c + 1$ for an even $c$ and $c - 1$ for an odd
+#    one; section 3's argument, run with that $\pi$, asks only that a tile start on an even column
+#    and end on an odd one, so $B_N$ can be any even width, across heads: column $c$ takes the
+#    angle of pair $\lfloor (c \bmod D)/2 \rfloor$, and a tile reaching into v's columns rotates
+#    only those before them. `tl.reshape(acc, (BLOCK_M, BLOCK_N // 2, 2))` and `tl.split` give the
+#    pairs with no permute; `tl.join` and the inverse reshape put them back for a plain GEMM store.
+#    QK-norm would still need whole heads.
 
 # %%
 # question 4, worked: 7.3's counts for one head (D = 128) of 64 tokens on 4 warps
