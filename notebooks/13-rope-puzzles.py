@@ -51,9 +51,10 @@
 #
 # **How the puzzles are posed.** Puzzles 1, 2, 4, 8 and 12 you write from an empty body. The
 # others hand you a nearly right kernel with the spec and the symptom, not the bug: let the ❌
-# line and the picture lead you. `pz.hint(n)` prints a hint, naming the mistake the last check
-# recognised. A "What was wrong" note under each worked solution explains the bug; read it after
-# your ✅. 5, 7 and 11 need the most thought.
+# line and the picture lead you. `pz.hint(n)` says where to look, and names the mistake when the
+# last check recognised it; `pz.hint(n, fix=True)` gives the fix in words, the last step before
+# the worked solution. A "What was wrong" note under each worked solution explains the bug; read
+# it after your ✅. 5, 7 and 11 need the most thought.
 #
 # **Time:** solving takes 2–4 hours. The notes under the worked solutions and the study
 # questions take about an hour more, of which about 20 minutes are optional and marked so:
