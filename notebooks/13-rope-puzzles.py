@@ -1471,16 +1471,18 @@ pz.stated([
 # **5.** *Prediction:* a kernel that moves each byte once, using every byte of each sector, should
 # run at a copy's speed, and by that count every timed solution should, except two with reason to
 # doubt: puzzle 5's sine takes a longer path at large angles, and puzzle 6 loads each table row
-# $B = 8$ times. *Measured:* puzzle 5 reaches 74 % of a copy on the H200 (first appendix). Puzzle
-# 6, by the rule under "Where you stand" (ranges that overlap are not told apart), falls short only
-# if its range of rounds lies below the range of every solution expected at a copy's speed; a line
-# under the table names the ranges it overlaps. In one H100 run its rounds overlapped those of
-# puzzles 4, 9 and 11, so there the prediction failed: most likely its repeated loads hit in cache,
-# as answer 4 reasons (not measured for puzzle 6). Your GPU's line says whether it holds there.
-# *The rest:* the cell below shows each uses every byte of its rows' and tables' sectors, and
-# puzzle 4's solution compiles to puzzle 2's load and store widths. Puzzle 10 reads about what it
-# writes (66.2 MB against 64.1 MB), so a fraction above 100 % says only that the device copy falls
-# a little short.
+# $B = 8$ times. *Measured:* puzzle 5 reaches 74 % of a copy on the H200 (first appendix).
+# Puzzle 6, by the rule under "Where you stand" (ranges that overlap are not told apart), falls
+# short only if its range of rounds lies below the range of every solution expected at a copy's
+# speed; a line under the table names the ranges it overlaps. In one H100 run its rounds overlapped
+# those of puzzles 4<!--page: its range overlaps those of puzzles-->,
+# 9<!--page: its range overlaps those of puzzles--> and
+# 11<!--page: its range overlaps those of puzzles-->, so there the prediction failed: most likely
+# its repeated loads hit in cache, as answer 4 reasons (not measured for puzzle 6). Your GPU's line
+# says whether it holds there. *The rest:* the cell below shows each uses every byte of its rows'
+# and tables' sectors, and puzzle 4's solution compiles to puzzle 2's load and store widths. Puzzle
+# 10 reads about what it writes (66.2 MB against 64.1 MB), so a fraction above 100 % says only that
+# the device copy falls a little short.
 #
 # **6.** Each pair of $q$ and of $k$ moves by at most $\varepsilon = \sqrt 2 \cdot 2^{-9}$ of its
 # length, so by Cauchy–Schwarz the score moves by at most about
