@@ -1677,7 +1677,7 @@ PACKED_PARTIAL_BACKWARD = _register(Puzzle(
     solution_packed_partial_backward_kernel,
     nudge="one earlier puzzle at a time: the tokens, their positions and the mask (10); the "
           "pairs and the table column (2, 3); the features past R, up to D (3, 4); the sign "
-          "(8). Test each with the ❌ line's case before the next",
+          "(8). The features and rows the ❌ line names say which part is still wrong",
     hint="four earlier puzzles at once. Puzzle 10: program (i, b) has the tokens t = b * BLOCK_T "
          "+ arange(BLOCK_T) of sequence i, live where t < cu_seqlens[i + 1] - cu_seqlens[i], "
          "at row cu_seqlens[i] + t and position t. Puzzles 2 and 3: of the first R features, 2j "
