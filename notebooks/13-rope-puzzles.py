@@ -51,9 +51,10 @@
 #
 # **How the puzzles are posed.** Puzzles 1, 2, 4, 8 and 12 you write from an empty body. The
 # others hand you a nearly right kernel with the spec and the symptom, not the bug: let the ❌
-# line and the picture lead you. `pz.hint(n)` prints a hint, naming the mistake the last check
-# recognised. A "What was wrong" note under each worked solution explains the bug; read it after
-# your ✅. 5, 7 and 11 need the most thought.
+# line and the picture lead you. `pz.hint(n)` says where to look, and names the mistake when the
+# last check recognised it; `pz.hint(n, fix=True)` gives the fix in words, the last step before
+# the worked solution. A "What was wrong" note under each worked solution explains the bug; read
+# it after your ✅. 5, 7 and 11 need the most thought.
 #
 # **Time:** solving takes 2–4 hours. The notes under the worked solutions and the study
 # questions take about an hour more, of which about 20 minutes are optional and marked so:
@@ -203,9 +204,9 @@ solution(pz.solution_rotate_row_kernel.fn, title="Solution: puzzle 1")
 #
 # Write the kernel for GPT-J's pairing, on a tile of `BLOCK_ROWS` rows per program (grid
 # `(cdiv(N_ROWS, BLOCK_ROWS),)`): mask off the rows of a short last tile. If yours pairs $j$ with
-# $j + H$, the check says so. A loaded tile cannot be indexed by feature: load the even and odd
-# features as two tiles, or load whole rows and split the pairs in registers (`tl.reshape`,
-# `tl.split`, `tl.join`).
+# $j + H$, the check fails and `pz.hint(2)` says so. A loaded tile cannot be indexed by feature:
+# load the even and odd features as two tiles, or load whole rows and split the pairs in registers
+# (`tl.reshape`, `tl.split`, `tl.join`).
 #
 # **The check** runs three sizes, most with a short last tile, and compares `y` with
 # `spec_interleaved`.
@@ -635,7 +636,8 @@ pz.time_solution("int64_offsets");
 # A backward that reuses the forward kernel turns the gradient the wrong way and raises nothing;
 # only a gradient check catches it. Write the backward kernel: from $\partial L/\partial y$ and
 # the angles, $\partial L/\partial x$, a tile of `BLOCK_ROWS` rows per program. The check compares
-# it with `torch.autograd` through the spec, and says so if your kernel turns by $+\theta$.
+# it with `torch.autograd` through the spec; if your kernel turns by $+\theta$, `pz.hint(8)` after
+# the ❌ says so.
 
 # %%
 pz.show_spec("backward")
@@ -775,7 +777,10 @@ assert gd == sd                                                   # the same dis
 # alternating rounds, each against a copy of the bytes it touches, and prints what the repeats
 # cost on one table, what the per-entry tables add, and what a copy of those added bytes takes.
 # If the first is near zero and the second near the copy, a cache serves the repeats: time
-# follows the distinct bytes touched, not the loads issued.
+# follows the distinct bytes touched, not the loads issued. That reading rests on times alone:
+# the two layouts run the same machine code (the cell checks it) and differ only in whether the
+# repeated loads hit bytes already loaded, but no counter of cache hits or DRAM bytes was read
+# for the given kernel (the appendix profiles only the worked solution).
 
 # %%
 from ropelib.course import nb13_table_reuse as reuse
@@ -887,8 +892,10 @@ pz.time_solution("packed_sequences");
 # - Each token was rotated at its row in the packed tensor, `pos = rows`: right for the first
 #   sequence only, so a one-sequence test passes. The position is `rows - start`.
 # - `cu_seqlens[i + 1]` was taken as the sequence's last row (`rows <= end`); it is one past it.
-#   A tile past its sequence stored one row too many: past `x` after the last sequence, elsewhere
-#   the next sequence's first row, stored by two programs in no fixed order (black).
+#   The tile that holds row `end` (the sequence's last tile, or the one after it where the length
+#   is a multiple of `BLOCK_T`) loaded and stored one row too many: after the last sequence, a
+#   row past the ends of `x` and `y` (the ❌ line's stray lanes); elsewhere the next sequence's
+#   first row, stored by two programs in no fixed order (black).
 #
 # The worked solution masks with $t <$ `end - start`, so a program past the end loads and stores
 # nothing.
@@ -1459,21 +1466,23 @@ pz.stated([
 # **4.** The tables are $2 \times 16384 \times 64 \times 4$ bytes = 8.4 MB of fp32, of the timed
 # 143 MB. They fit in a 50 MB L2, so the $B - 1$ repeats can be served from cache and DRAM reads
 # the tables about once: extra load instructions and cache traffic, not $B$ times the table's DRAM
-# bytes. Puzzle 9's last cell tests this on its GPU.
+# bytes. Puzzle 9's last cell tests this on its GPU by time, not by a DRAM counter.
 #
-# **5.** *Prediction:* a kernel that moves each byte once, using every byte of each sector,
-# should run at a copy's speed, and by that count every timed solution should, except two with
-# reason to doubt: puzzle 5's sine takes a longer path at large angles, and puzzle 6 loads each
-# table row $B = 8$ times. *Measured:* puzzle 5 reaches 74 % of a copy on the H200 (first
-# appendix). Puzzle 6, by the rule under "Where you stand" (ranges that overlap are not told
-# apart), falls short only if its range of rounds lies below the range of every solution expected
-# at a copy's speed; a line under the table names the ranges it overlaps. In one H100 run its
-# rounds overlapped puzzle 4's, so there the prediction failed: most likely its repeated loads
-# hit in cache, as answer 4 reasons (not measured for puzzle 6). Your GPU's line says whether it
-# holds there. *The rest:* the cell below shows each uses every byte of its rows' and tables'
-# sectors, and puzzle 4's solution
-# compiles to puzzle 2's load and store widths. Puzzle 10 reads about what it writes (66.2 MB
-# against 64.1 MB), so a fraction above 100 % says only that the device copy falls a little short.
+# **5.** *Prediction:* a kernel that moves each byte once, using every byte of each sector, should
+# run at a copy's speed, and by that count every timed solution should, except two with reason to
+# doubt: puzzle 5's sine takes a longer path at large angles, and puzzle 6 loads each table row
+# $B = 8$ times. *Measured:* puzzle 5 reaches 74 % of a copy on the H200 (first appendix).
+# Puzzle 6, by the rule under "Where you stand" (ranges that overlap are not told apart), falls
+# short only if its range of rounds lies below the range of every solution expected at a copy's
+# speed; a line under the table names the ranges it overlaps. In one H100 run its rounds overlapped
+# those of puzzles 4<!--page: its range overlaps those of puzzles-->,
+# 9<!--page: its range overlaps those of puzzles--> and
+# 11<!--page: its range overlaps those of puzzles-->, so there the prediction failed: most likely
+# its repeated loads hit in cache, as answer 4 reasons (not measured for puzzle 6). Your GPU's line
+# says whether it holds there. *The rest:* the cell below shows each uses every byte of its rows'
+# and tables' sectors, and puzzle 4's solution compiles to puzzle 2's load and store widths. Puzzle
+# 10 reads about what it writes (66.2 MB against 64.1 MB), so a fraction above 100 % says only that
+# the device copy falls a little short.
 #
 # **6.** Each pair of $q$ and of $k$ moves by at most $\varepsilon = \sqrt 2 \cdot 2^{-9}$ of its
 # length, so by Cauchy–Schwarz the score moves by at most about

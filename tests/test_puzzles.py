@@ -1034,16 +1034,31 @@ def test_interpreter_compat_turns_one_element_scalars_into_indices():
 
 def test_hint_prints_the_diagnosis_only_after_a_failed_check(starters, capsys):
     """The ❌ line states the symptom; pz.hint(n) adds what the check recognised, and a pass (or
-    no check yet) leaves only the puzzle's general hint."""
+    no check yet) leaves only the puzzle's nudge."""
     pz.check_shared_table(starters.my_shared_table_kernel, seed=0, draw=False)
     out = capsys.readouterr().out
     assert "loaded 4 times" in out and "before the loop" not in out, out
     told = _hinted(capsys, 9, out)
-    assert "what your last check recognised" in told and pz.SHARED_TABLE.hint in told, told
+    assert "what your last check recognised" in told and pz.SHARED_TABLE.nudge in told, told
     pz.hint(99)
     assert "no puzzle 99" in capsys.readouterr().out
     pz.hint(0)
-    assert pz.COPY.hint in capsys.readouterr().out
+    assert pz.COPY.nudge in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_a_hint_says_where_to_look_and_the_fix_only_when_asked(key, capsys):
+    """pz.hint(n) points where to look without the fix (the notebook says so); the fix in words
+    waits for pz.hint(n, fix=True), the step before the worked solution."""
+    p = pz.PUZZLES[key]
+    assert p.nudge and p.nudge != p.hint
+    pz.hint(p.number)
+    told = capsys.readouterr().out
+    assert p.nudge in told and p.hint not in told, told
+    assert f"pz.hint({p.number}, fix=True)" in told, told
+    pz.hint(p.number, fix=True)
+    told = capsys.readouterr().out
+    assert p.hint in told and p.nudge not in told, told
 
 
 def test_given_shared_table_kernel_is_the_notebooks_starting_kernel():

@@ -16,7 +16,7 @@ notebook; tests/test_puzzles.py runs the notebook with them filled in). A check
    own. Outputs start as NaN, so an element the kernel never writes cannot pass;
 3. compares the output with the spec and says what differs and where (the ❌ line states the
    symptom only); when the output is what a known wrong kernel gives, it keeps that diagnosis
-   for `hint(n)`, which prints it with the puzzle's hint;
+   for `hint(n)`, which prints it with where to look (`hint(n, fix=True)`: the fix);
 4. draws which elements of each tensor the kernel loaded and stored (inline, from the recorded
    accesses: they depend on the learner's kernel);
 5. on a GPU with no interpreter, runs the compiled kernel on the same cases, then times it
@@ -495,7 +495,7 @@ class Puzzle:
     spec: Callable
     build: Callable                  # (generator, device) -> [Case]
     solution: object                 # the worked solution, a @triton.jit kernel (None: none)
-    hint: str                        # shown under a wrong answer
+    hint: str                        # the fix in words: pz.hint(n, fix=True)
     big: Optional[Callable] = None   # (device, rows=None) -> a Case worth timing on a GPU
     no_timing: str = ""              # why a puzzle is not timed
     picture: int = 0                 # which case's accesses to draw when every case passes
@@ -503,6 +503,7 @@ class Puzzle:
     require: Optional[Callable] = None   # (case, memory) -> problem or None: a further rule
     plot: Optional[Callable] = None      # (ax, case, got): a panel beside the access picture
     report: Optional[Callable] = None    # [Case] -> lines printed under the ✅ (outputs in .out)
+    nudge: str = ""                      # where to look, not the fix: pz.hint(n) (else the hint)
 
 
 PUZZLES: Dict[str, Puzzle] = {}
@@ -538,6 +539,7 @@ def _big_copy(device):
 # away; not in PUZZLES (the scoreboard and the timed table count the puzzles)
 COPY = Puzzle(
     0, "copy", "a masked copy", spec_copy, _build_copy, None,
+    nudge="which lanes of the last tile lie past N, and what stops them?",
     hint="mask every load and store with offs < N: the last tile runs past the end",
     big=_big_copy, picture=1)
 
@@ -573,6 +575,8 @@ def _build_rotate_row(gen, device):
 ROTATE_ROW = _register(Puzzle(
     1, "rotate_row", "rotate one row", spec_rotate_row, _build_rotate_row,
     solution_rotate_row_kernel,
+    nudge="a tile cannot be sliced, so each half is a load of its own; then each line of the "
+          "formula above is one store",
     hint="load the two halves as two tiles, x[j] and x[j + HALF]; y1 = x1 cos - x2 sin, "
          "y2 = x2 cos + x1 sin",
     no_timing="one program on one row: a launch's fixed cost is all a timer would see (the "
@@ -633,6 +637,8 @@ def _big_interleaved(device, rows=None):
 INTERLEAVED = _register(Puzzle(
     2, "interleaved", "interleaved pairs", spec_interleaved, _build_interleaved,
     solution_interleaved_kernel,
+    nudge="pair j is features 2j and 2j + 1, side by side in memory: which offsets give the "
+          "even features, which the odd, and which angle turns both?",
     hint="GPT-J pairs features (2j, 2j + 1), both turned by theta[j]: load x[2j] and x[2j + 1]",
     big=_big_interleaved))
 
@@ -704,6 +710,9 @@ def _big_partial(device, rows=None):
 
 PARTIAL = _register(Puzzle(
     3, "partial", "partial rotary", spec_partial, _build_partial, solution_partial_kernel,
+    nudge="read the ❌ line's features against the spec: where does the kernel look for the "
+          "partner of feature j, and which features of y does it never store? The picture's y "
+          "panel shows the latter in grey",
     hint="the rotary halves are R/2 wide (pairs j, j + R/2, not j + D/2), and features "
          "R..D-1 of y must be written too: copy them from x",
     big=_big_partial, picture=1))
@@ -761,6 +770,8 @@ def _big_odd_head_dim(device, rows=None):
 ODD_HEAD_DIM = _register(Puzzle(
     4, "odd_head_dim", "head dims 80, 96, 72", spec_rotate_row, _build_odd_head_dim,
     solution_odd_head_dim_kernel,
+    nudge="a tile of BLOCK_HALF lanes is wider than a half of HALF features: which lanes of "
+          "each load and store fall on a feature of the other half, or of the next row?",
     hint="a tile of BLOCK_HALF lanes is wider than a half of HALF features: mask the lanes "
          "j >= HALF in every load and store, not only the rows past N_ROWS",
     big=_big_odd_head_dim))
@@ -919,6 +930,8 @@ def _big_long_context(device):
 LONG_CONTEXT = _register(Puzzle(
     5, "long_context", "angles at position 100k", spec_long_context, _build_long_context,
     solution_long_context_kernel,
+    nudge="at which positions is the output right, and how far apart are bf16 values there? "
+          "Of the kernel's inputs, which hold the angle's parts exactly?",
     hint="no kernel can get back what a bf16 table lost: compute theta = position * inv_freq in "
          "fp32 from pos_ptr and inv_freq_ptr (and do the rotation in fp32)",
     big=_big_long_context, picture=1, compare=_compare_long_context, plot=_plot_long_context))
@@ -1007,6 +1020,8 @@ def _big_position_ids(device, rows=None):
 POSITION_IDS = _register(Puzzle(
     6, "position_ids", "position ids with strides", spec_position_ids, _build_position_ids,
     solution_position_ids_kernel,
+    nudge="the kernel is handed position_ids' strides and never uses them: where in memory is "
+          "element (b, s) of a tensor with strides (stride_pb, stride_ps)?",
     hint="position b, s is at pos_ptr + b * stride_pb + s * stride_ps: an expanded tensor has "
          "stride_pb == 0, a sliced one strides that are not (S, 1)",
     big=_big_position_ids, picture=1))
@@ -1086,6 +1101,8 @@ def _big_int64_offsets(device, rows=None):
 INT64_OFFSETS = _register(Puzzle(
     7, "int64_offsets", "offsets past 2^31", spec_rotate_row, _build_int64_offsets,
     solution_int64_offsets_kernel,
+    nudge="which integer type do rows and the strides have, and how large does rows * stride "
+          "get for row 2?",
     hint="program ids, tl.arange and strides below 2^31 are int32, and so is their product: "
          "make the row index int64 (.to(tl.int64)) before multiplying by a stride",
     big=_big_int64_offsets, picture=1))
@@ -1145,6 +1162,8 @@ def _big_backward(device, rows=None):
 BACKWARD = _register(Puzzle(
     8, "backward", "the backward's sign", spec_backward, _build_backward,
     solution_backward_kernel,
+    nudge="write out the two rows of J^T times (g1, g2) for one pair: which terms change sign "
+          "from the forward?",
     hint="dL/dx = J^T dL/dy; J rotates each pair by +theta, so J^T rotates it by -theta: "
          "dx1 = g1 cos + g2 sin, dx2 = g2 cos - g1 sin",
     big=_big_backward))
@@ -1244,6 +1263,7 @@ def _big_shared_table(device):
 SHARED_TABLE = _register(Puzzle(
     9, "shared_table", "one table for the batch", spec_shared_table, _build_shared_table,
     solution_shared_table_kernel,
+    nudge="which of the loads inside the loop over b depend on b?",
     hint="the cos/sin rows depend on s only: load them before `for b in range(B)`",
     big=_big_shared_table, require=_each_table_element_once))
 
@@ -1339,6 +1359,8 @@ def _big_packed_sequences(device, rows=None):
 PACKED_SEQUENCES = _register(Puzzle(
     10, "packed_sequences", "packed sequences (cu_seqlens)", spec_packed_sequences,
     _build_packed_sequences, solution_packed_sequences_kernel,
+    nudge="for row r of sequence i, what position does the spec give it? And is row "
+          "cu_seqlens[i + 1] a row of sequence i?",
     hint="the position of row r of sequence i is r - cu_seqlens[i], 0 at its first row; and "
          "cu_seqlens[i + 1] is one past its last row, so a program's live tokens are "
          "t < cu_seqlens[i + 1] - cu_seqlens[i]",
@@ -1534,6 +1556,8 @@ def _big_bf16_table(device, rows=None):
 BF16_TABLE = _register(Puzzle(
     11, "bf16_table", "cos/sin cached in bf16", spec_bf16_table, _build_bf16_table,
     solution_bf16_table_kernel,
+    nudge="count the places the kernel rounds to bf16 on the way from the loads to the store: "
+          "how many does one output need?",
     hint="convert each loaded tile to fp32 (.to(tl.float32)), compute x1 c - x2 s and "
          "x2 c + x1 s in fp32, and round to bf16 only in the store",
     big=_big_bf16_table, picture=1, compare=_compare_bf16_table, plot=_plot_bf16_table,
@@ -1651,6 +1675,9 @@ PACKED_PARTIAL_BACKWARD = _register(Puzzle(
     12, "packed_partial_backward", "capstone: the backward of packed, partial, interleaved RoPE",
     spec_packed_partial_backward, _build_packed_partial_backward,
     solution_packed_partial_backward_kernel,
+    nudge="one earlier puzzle at a time: the tokens, their positions and the mask (10); the "
+          "pairs and the table column (2, 3); the features past R, up to D (3, 4); the sign "
+          "(8). The features and rows the ❌ line names say which part is still wrong",
     hint="four earlier puzzles at once. Puzzle 10: program (i, b) has the tokens t = b * BLOCK_T "
          "+ arange(BLOCK_T) of sequence i, live where t < cu_seqlens[i + 1] - cu_seqlens[i], "
          "at row cu_seqlens[i] + t and position t. Puzzles 2 and 3: of the first R features, 2j "
@@ -1939,9 +1966,10 @@ def _fail(p: Puzzle, label: str, problem: str, seed: int, kernel=None) -> bool:
     return False
 
 
-def hint(number: int) -> None:
+def hint(number: int, fix: bool = False) -> None:
     """Print the hint for puzzle `number` (0: the masked copy): what the last failed check of
-    it points to, when it recognised the mistake, then the puzzle's general hint."""
+    it recognised, when it recognised the mistake, then where to look (the puzzle's nudge);
+    with `fix=True`, the fix in words in place of the nudge."""
     p = next((q for q in list(PUZZLES.values()) + [COPY] if q.number == number), None)
     if p is None:
         print(f"no puzzle {number}: the puzzles are 1 to {len(PUZZLES)}")
@@ -1950,7 +1978,11 @@ def hint(number: int) -> None:
     lines = [f"puzzle {p.number} ({p.title}), a hint:"]
     if g is not None and not g.passed and g.why:
         lines += [f"   what your last check recognised: {w}" for w in g.why]
-    lines.append(f"   {p.hint}")
+    if fix or not p.nudge:
+        lines.append(f"   {p.hint}")
+    else:
+        lines += [f"   {p.nudge}",
+                  f"   the fix in words: pz.hint({p.number}, fix=True)"]
     print("\n".join(lines))
 
 
