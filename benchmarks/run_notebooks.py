@@ -32,7 +32,10 @@ comments: `--refresh-prose DIR --into NEWDIR` writes each notebook of the checko
 outputs of its executed copy in DIR (cell by cell: the k-th code cell takes the k-th code cell's
 outputs, after checking that the two are the same code once comments and blank lines are
 dropped; markdown cells may be added, removed or split), then `--html NEWDIR` as above. A
-notebook whose code changed otherwise is refused and must be executed again.
+notebook whose code changed otherwise is refused and must be executed again. Where the executed
+copies are not at hand, `--refresh-pages` rewrites the pages themselves: each page that shows
+its notebook's code cells as they are now takes every markdown cell from the notebook, rendered
+the same way, and keeps its code cells and their outputs as the run left them.
 """
 from __future__ import annotations
 
@@ -505,6 +508,104 @@ def refresh_prose(executed: Path, into: Path, notebooks: Path = NOTEBOOKS) -> in
     return failed
 
 
+def _page_body(exporter, nb, to: Path) -> str:
+    """The notebook node as an HTML page written to `to` (nbconvert's exporter)."""
+    # markdown links to ../figures/ are relative to notebooks/: point them at figures/ from the
+    # page (or embed the figures where the page is written outside the checkout)
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            cell.source = figure_links(cell.source, to)
+    body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"path": str(NOTEBOOKS)}})
+    return body
+
+
+def _cells(page_html: str) -> list:
+    """(start, end, is_code) of each cell of a page, in order: a cell's div up to its closing tag
+    (its nested divs counted)."""
+    cells = []
+    for m in _CELL_START.finditer(page_html):
+        depth, i = 0, m.start()
+        for tag in re.finditer(r"<div\b|</div>", page_html[m.start():]):
+            depth += 1 if tag.group(0) == "<div" else -1
+            if depth == 0:
+                i = m.start() + tag.end()
+                break
+        else:
+            raise ValueError("a cell's div is not closed")
+        if cells and m.start() < cells[-1][1]:
+            continue                                # (a cell inside a cell: not a page's cell)
+        cells.append((m.start(), i, page_html.startswith('<div class="jp-Cell jp-CodeCell',
+                                                          m.start())))
+    return cells
+
+
+def _markdown_runs(page_html: str) -> tuple:
+    """A page cut at its code cells: (the markdown cells before each code cell and after the
+    last, joined; the code cells' HTML), as lists. Each cell keeps the text up to the next
+    cell, so the page's own spacing comes back when they are joined."""
+    cells = _cells(page_html)
+    ends = [c[0] for c in cells[1:]] + [cells[-1][1]]
+    runs, code, run = [], [], []
+    for (a, _, is_code), b in zip(cells, ends):
+        if is_code:
+            runs.append("".join(run))
+            code.append(page_html[a:b])
+            run = []
+        else:
+            run.append(page_html[a:b])
+    runs.append("".join(run))
+    return runs, code
+
+
+def page_with_prose(page_html: str, notebook: Path, to: Path) -> str:
+    """The page with the prose of `notebook` as it is now: every markdown cell taken from the
+    notebook, rendered as --html renders it, and every code cell with its outputs kept as the
+    run left it. The page must show the notebook's code cells as they are now (page_state
+    'current' or 'older data'); markdown cells may have been added, removed or split. For prose
+    edited after a run whose executed copies are not at hand (--refresh-prose needs them)."""
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    nb = nbformat.read(notebook, as_version=4)
+    sources = [c.source for c in nb.cells if c.cell_type == "code"]
+    if [cell_hash(s) for s in page_code_cells(page_html)] != [cell_hash(s) for s in sources]:
+        raise ValueError(f"{notebook.name}: the page shows other code cells than the notebook; "
+                         "execute it again")
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    fresh = _page_body(HTMLExporter(embed_images=True), nb, to)
+    new_runs, _ = _markdown_runs(fresh)
+    old_runs, old_code = _markdown_runs(page_html)
+    cells = _cells(page_html)
+    head, tail = page_html[:cells[0][0]], page_html[cells[-1][1]:]
+    body = [new_runs[0]]
+    for k, chunk in enumerate(old_code):
+        body += [chunk, new_runs[k + 1]]
+    return head + "".join(body) + tail
+
+
+def refresh_pages(to: Path, notebooks: Path = NOTEBOOKS) -> int:
+    """Every page in `to` that shows its notebook's code cells as they are now rewritten with
+    the notebook's prose (page_with_prose); stale pages are left for a new run."""
+    for page in sorted(to.glob("[0-9][0-9]-*.html")):
+        if page_state(page, notebooks) not in ("current", "older data"):
+            print(f"{page.name}: {page_state(page, notebooks)}, left as it is")
+            continue
+        old = page.read_text(encoding="utf-8")
+        new = page_with_prose(old, notebooks / f"{page.stem}.ipynb", to)
+        if new != old:
+            page.write_text(new, encoding="utf-8")
+            broken = broken_images(page)
+            if broken:
+                page.write_text(old, encoding="utf-8")
+                print(f"{page}: images that would not show in a clone: {broken}",
+                      file=sys.stderr)
+                return 1
+            print("prose refreshed:", page)
+    return 0
+
+
 def to_html(executed: Path, to: Path) -> int:
     import nbformat
     from nbconvert import HTMLExporter
@@ -516,12 +617,7 @@ def to_html(executed: Path, to: Path) -> int:
         nb = nbformat.read(path, as_version=4)
         run = nb.metadata.get("ropelib_executed", {})
         sources = [c.source for c in nb.cells if c.cell_type == "code"]
-        # markdown links to ../figures/ are relative to notebooks/: point them at figures/ from
-        # the page (or embed the figures where the page is written outside the checkout)
-        for cell in nb.cells:
-            if cell.cell_type == "markdown":
-                cell.source = figure_links(cell.source, to)
-        body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"path": str(NOTEBOOKS)}})
+        body = _page_body(exporter, nb, to)
         data = ('<script type="application/json" id="ropelib-data">'
                 + json.dumps(nb.metadata.get("ropelib_data", {}), sort_keys=True) + "</script>")
         body = body.replace("</head>", fingerprint_tag(path.stem, sources) + "\n" + data
@@ -565,7 +661,12 @@ def main(argv=None) -> int:
                     help="executed notebooks whose code is unchanged but for comments: write them "
                          "with the checkout's prose to --into (then --html that folder)")
     ap.add_argument("--into", type=Path, help="where --refresh-prose writes")
+    ap.add_argument("--refresh-pages", action="store_true",
+                    help="rewrite the prose of every page in --to whose notebook's code cells "
+                         "are unchanged, from the checkout's notebooks (no executed copies needed)")
     args = ap.parse_args(argv)
+    if args.refresh_pages:
+        return refresh_pages(args.to)
     if args.refresh_prose:
         if not args.into:
             ap.error("--refresh-prose needs --into NEWDIR")

@@ -15,6 +15,7 @@ listed in NO_PAGE. Both lists are checked both ways: a page that is stale and no
 and so does a listed page that has been re-rendered (take it off the list, and run
 `python benchmarks/run_notebooks.py --index` to rewrite docs/executed/README.md).
 """
+import functools
 import json
 import re
 from pathlib import Path
@@ -290,6 +291,81 @@ def test_refresh_prose_refuses_a_code_cell_more_or_fewer(tmp_path):
     _write(tmp_path / "ran" / "00-demo.ipynb", _notebook([("code", "x = 1", [])]))
     _write(tmp_path / "nb" / "00-demo.ipynb", _notebook([("code", "x = 1"), ("code", "")]))
     assert run_notebooks.refresh_prose(tmp_path / "ran", tmp_path / "out", tmp_path / "nb") == 1
+
+
+# --- prose edited after a run, with no executed copies at hand: --refresh-pages ---------------
+
+def _rendered(tmp_path, stem, cells, outputs):
+    """A page rendered from `cells` [(kind, source)] with `outputs` on its code cells, in
+    tmp_path/html: (page, folder)."""
+    nbformat = pytest.importorskip("nbformat")
+    pytest.importorskip("nbconvert")
+    executed, to = tmp_path / "executed", tmp_path / "html"
+    executed.mkdir(exist_ok=True)
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(s) if kind == "code" else nbformat.v4.new_markdown_cell(s)
+                for kind, s in cells]
+    for cell, printed in zip([c for c in nb.cells if c.cell_type == "code"], outputs):
+        cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=printed)]
+    nbformat.write(nb, executed / f"{stem}.ipynb")
+    assert run_notebooks.to_html(executed, to) == 0
+    return to / f"{stem}.html", to
+
+
+def _notebook_file(tmp_path, stem, cells):
+    nbformat = pytest.importorskip("nbformat")
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(s) if kind == "code" else nbformat.v4.new_markdown_cell(s)
+                for kind, s in cells]
+    path = tmp_path / "notebooks" / f"{stem}.ipynb"
+    path.parent.mkdir(exist_ok=True)
+    nbformat.write(nb, path)
+    return path
+
+
+def test_refresh_pages_takes_the_notebooks_prose_and_keeps_the_runs_outputs(tmp_path):
+    ran = [("markdown", "# Demo\n\nold words, 2.38<!--page: copy--> TB/s"), ("code", "print(3)"),
+           ("markdown", "between"), ("code", "print(4)")]
+    page, to = _rendered(tmp_path, "99-demo", ran, ["copy 2.38 TB/s\n", "four\n"])
+    old = page.read_text(encoding="utf-8")
+    # the notebook unchanged: the page comes back byte for byte (but the cells' ids, which
+    # nbformat draws anew for the copy made here)
+    same = _notebook_file(tmp_path, "99-demo", ran)
+    no_ids = functools.partial(re.sub, r'id="cell-id=[^"]*"', "")
+    assert no_ids(run_notebooks.page_with_prose(old, same, to)) == no_ids(old)
+    # prose edited, a markdown cell split off and one removed: new prose, the run's outputs
+    now = [("markdown", "# Demo\n\nnew words"), ("markdown", "a split-off cell"),
+           ("code", "print(3)"), ("code", "print(4)"), ("markdown", "*the end*")]
+    new = run_notebooks.page_with_prose(old, _notebook_file(tmp_path, "99-demo", now), to)
+    text = _prose_text(new)
+    assert "new words" in text and "a split-off cell" in text and "the end" in text
+    assert "old words" not in text and "between" not in text
+    assert run_notebooks.page_output_text(new).split() == ["copy", "2.38", "TB/s", "four"]
+    assert run_notebooks.page_code_cells(new) == run_notebooks.page_code_cells(old)
+    assert run_notebooks.page_fingerprint(new) == run_notebooks.page_fingerprint(old)
+    # the code changed: refused, to be run again
+    with pytest.raises(ValueError, match="execute it again"):
+        run_notebooks.page_with_prose(old, _notebook_file(tmp_path, "99-demo", [
+            ("code", "print(3)"), ("code", "print(5)")]), to)
+
+
+def _prose_text(page_html: str) -> str:
+    """The words of a page's markdown cells, one-spaced."""
+    cells = run_notebooks._cells(page_html)
+    return " ".join(run_notebooks._text("".join(page_html[a:b] for a, b, is_code in cells
+                                                 if not is_code)).split())
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if p.stem not in STALE], ids=lambda p: p.stem)
+def test_a_current_page_shows_its_notebooks_prose(page):
+    # a page whose code is the notebook's shows the notebook's prose too: prose edited since the
+    # run is brought to the page with `python benchmarks/run_notebooks.py --refresh-pages`
+    pytest.importorskip("nbconvert")
+    old = page.read_text(encoding="utf-8")
+    new = run_notebooks.page_with_prose(old, NOTEBOOKS / f"{page.stem}.ipynb", EXECUTED)
+    assert _prose_text(old) == _prose_text(new), (
+        f"docs/executed/{page.name} shows older prose than notebooks/{page.stem}: run "
+        "`python benchmarks/run_notebooks.py --refresh-pages`")
 
 
 def _markdown(nb_path):
