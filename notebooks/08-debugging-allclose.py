@@ -336,7 +336,8 @@ assert steps_at_max == 1                                  # the largest differen
 # *Above: the NVIDIA H200's map, against the real TE. The live map before it is this machine's.*
 #
 # Row 0 is black; every other position differs somewhere. The largest difference is one bf16
-# step. Small — but how small is small?
+# step, the gap between two neighbouring bf16 numbers (section 3 makes it precise). Small — but
+# how small is small?
 #
 # The dark cells near the top of each half of the GPU map sit at the slow pairs (large $j$, small
 # $\omega_j$) at small positions, where $\theta = s\,\omega_j$ is small. There
@@ -571,11 +572,16 @@ assert int(apart.max()) <= 1
 #
 # Can sin/cos one fp32 ulp apart produce the reported failure on their own? Give the fixed kernel
 # the emulation's fp32 table and move every entry from position 1 on one ulp up
-# (`torch.nextafter`, the cause `sincos_one_ulp`). A pair's output moves by about
-# $2^{-24}(|x_1| + |x_2|)$ in fp32, which flips the bf16 rounding only where the fp32 value lies
-# that close to a midpoint between two bf16 numbers: roughly one element in $2^{15}$, as bf16
-# keeps 16 fewer bits. So the test needs a realistic size; on the CPU we take $131\,072$ elements
-# instead of section 1's $4\,096$:
+# (`torch.nextafter`, the cause `sincos_one_ulp`). A pair's fp32 output moves by
+# $|\Delta y| \lesssim 2^{-24}(|x_1| + |x_2|)$ (an fp32 ulp of a cos or sin below 1 is at most
+# $2^{-24}$), which flips the bf16 rounding only where the fp32 value lies within $|\Delta y|$ of
+# a midpoint between two bf16 numbers. For one element that chance is about
+#
+# $$ \frac{|\Delta y|}{\mathrm{ulp}_{\text{bf16}}(y)} \approx
+#    \frac{2^{-24}\,(|x_1| + |x_2|)}{2^{-8}\,|y|} = 2^{-16}\,\frac{|x_1| + |x_2|}{|y|}, $$
+#
+# bf16 keeping 16 fewer bits than fp32: roughly one element in $2^{15}$. So the test needs a
+# realistic size; on the CPU we take $131\,072$ elements instead of section 1's $4\,096$:
 
 # %%
 ULP_SC = SC if GPU else debug.Scenario(seq_len=256, batch=2, heads=2, head_dim=128)
@@ -653,6 +659,18 @@ print(f"one element in 2^{rate_log2:.1f}; {1e6 * n_big / yb.numel():.0f} per mil
 assert 14 <= rate_log2 <= 16, "the text's 'about one element in 2^15'"
 assert round(rate_log2, 1) == 14.6, "the text's one in 2^14.6"
 assert 10 <= 1e6 * n_big / yb.numel() < 100       # "tens of elements per million" (section 7)
+# the mechanism, element by element: the fp32 outputs before the store, with and without the
+# nudge, and the chance |dy| / ulp_bf16(y) that each one's bf16 rounding flips, summed
+y32, m32 = (ropelib.reference.rope_reference(xb.float(), cos=cc, sin=ss,
+                                             compute_dtype=torch.float32).double()
+            for cc, ss in ((torch.cos(fb), torch.sin(fb)),
+                           (debug.one_ulp_up(torch.cos(fb)), debug.one_ulp_up(torch.sin(fb)))))
+ulp_y = 2.0 ** (torch.floor(torch.log2(y32.abs().clamp_min(2.0 ** -126))) - 7)  # bf16's spacing
+predicted = float(((m32 - y32).abs() / ulp_y).clamp(max=1).sum())
+print(f"flips predicted from the fp32 moves: {predicted:.1f}; bf16 outputs that moved: "
+      f"{int((yb != yb_moved).sum())}")
+assert round(predicted, 1) == 41.7 and int((yb != yb_moved).sum()) == n_big == 43, \
+    "the text's 41.7 predicted, 43 measured"
 # section 3's hair above 0.5 ulp: fp32 math rounded once (the emulation) against fp64
 exact_b = ropelib.reference.rope_reference(xb.double(), cos=torch.cos(fb.double()),
                                            sin=torch.sin(fb.double()))   # fp64, same angles
@@ -669,12 +687,15 @@ assert {run_row(run, "debug:FIXED-table_fp32")["n_differ"] for run in RUNS.value
 
 # %% [markdown]
 # 43 of 1,048,576 elements (one in $2^{14.6}$), 38 of them one bf16 step apart, the first ten
-# values equal: the reported symptom. (The same cell measures section 3's hair above 0.5 ulp: fp32
-# math rounded once is at most 0.5004 ulp from fp64, above 0.5 in 15 elements, the worst at
-# $|y^\star| = 0.0102$ where the largest $|y^\star|$ is 4.66.) Two *correct* bf16 kernels pass the
-# default tolerances only if their fp32 results round to the same bf16 value in every element. A
-# sin/cos that differs from TE's in the last bit breaks that; so, section 4b shows, does fusing a
-# different product.
+# values equal: the reported symptom. The estimate above, summed over the elements from their fp32
+# values with and without the nudge, predicts 41.7 flips: the one-ulp move of sin/cos accounts for
+# the count. Two *correct* bf16 kernels pass the default tolerances only if their fp32 results
+# round to the same bf16 value in every element. A sin/cos that differs from TE's in the last bit
+# breaks that; so, section 4b shows, does fusing a different product.
+#
+# The same cell measures section 3's hair above 0.5 ulp: fp32 math rounded once is at most 0.5004
+# ulp from fp64, above 0.5 in 15 elements, the worst at $|y^\star| = 0.0102$ where the largest
+# $|y^\star|$ is 4.66.
 
 # %% [markdown]
 # ## 4. Where sin/cos come from, the dtype of the math, and FMA
@@ -1684,6 +1705,8 @@ assert near(recovered["table_margin"][:, 1, 0],
 assert near(recovered["inplace_double_rotation"][:, 0, 0], 2 * S_T)              # rotated twice
 for trap in ("interleaved_mismatch", "partial_rotary_ignored"):   # no position at all
     assert not near(recovered[trap], S_T.view(-1, 1, 1).expand_as(recovered[trap]))
+assert debug.model_pairing(runs["partial_rotary_ignored"])["rot_dim"] == \
+    TRAP_SC.head_dim // 2, "the text's R = 0.5 D"
 spread = {t: float(recovered[t].abs().max()) for t in ("interleaved_mismatch",
                                                         "partial_rotary_ignored")}
 assert spread["partial_rotary_ignored"] > 4 * spread["interleaved_mismatch"]
