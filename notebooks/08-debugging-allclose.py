@@ -342,11 +342,11 @@ assert steps_at_max == 1                                  # the largest differen
 # The dark cells near the top of each half of the GPU map sit at the slow pairs (large $j$, small
 # $\omega_j$) at small positions, where $\theta = s\,\omega_j$ is small. There
 # $y_1 = x_1 c - x_2 s \approx x_1$: the bf16 table's $\cos\theta \approx 1 - \theta^2/2$ is off by
-# at most $\theta^2/2$, and the term $x_2 \sin\theta$, with its roundings, is only a fraction
-# $|\sin\theta|$ of the output's size. What the bf16 table and products move is then a small part
-# of a bf16 step of the output, and rarely carries it across a rounding boundary. That is a
-# prediction about the rate of differing elements; the next cell measures it on the reference
-# run's output, binned by $|\sin\theta|$.
+# at most $\theta^2/2$ (1 is a bf16 number), and the term $x_2 \sin\theta$, whose roundings the
+# bf16 table and products add, is about $|\sin\theta|$ times the output's size. What they move is
+# then a small part of a bf16 step of the output, and rarely carries it across a rounding
+# boundary. That is a prediction about the rate of differing elements; the next cell measures it
+# on the map's output (the H200's reference run), binned by $|\sin\theta|$.
 
 # %%
 # The reference run kept the reported kernel's count, not its output. Its output is, bit for bit,
@@ -363,6 +363,7 @@ y_reported = debug.contraction_emulations(ref_in.x, cos_b, sin_b)[("x1 exact", "
 differ = debug.bits_differ(y_reported, ref_in.te)             # [S, B, H, D]
 assert int(differ.sum()) == run_row(BITS, "debug:REPRO")["n_differ"] == 320_601
 S_r, D_r = ref_in.x.shape[0], ref_in.x.shape[-1]
+assert ref_in.x.shape[1] * ref_in.x.shape[2] == 16, "the text's B * H = 16 tokens per map cell"
 rate = differ.view(S_r, -1, D_r).double().mean(1)             # [S, D]: share of the B*H tokens
 dark = differ.view(S_r, -1, D_r).sum(1) == 0                  # [S, D]: the map's black cells
 sin_abs = torch.sin(ref_in.angles).abs().repeat(1, 2)         # [S, D]: |sin theta| of each feature
@@ -386,7 +387,7 @@ assert [round(100 * d) for *_, d in by_sin] == [87, 56, 22, 3, 2], "the text's d
 # TE; from 0.04 up, 29 % and 34 %. A map cell is black only when all $B \cdot H = 16$ of its tokens
 # agree, so 87 % of the cells below 0.01 are black, 3 % and 2 % of those from 0.04 up: the dark
 # wedges are where $|\sin\theta|$ is small, which for the slow pairs covers the first positions.
-# (This measures the rate, not each element's rounding; it backs the prediction, not every cell.)
+# (The cell measures rates over many elements; it does not trace the rounding of each one.)
 #
 # **Look inside the kernel.** `tl.device_print(prefix, value)` prints from inside a running
 # kernel. The probe below is the reported line *uncontracted*, cut down to the pair with the
