@@ -914,7 +914,10 @@ assert k_off["equals_emulations"] == ["y1 rounded | y2 rounded"]    # both round
 
 # %%
 @triton.jit
-def _one_fma(a_ptr, b_ptr, d_ptr, out_ptr):
+def _one_fma(
+    a_ptr, b_ptr, d_ptr,  # *fp32: one number each, y = a*b + d
+    out_ptr,  # *fp32 [3]: two roundings, one rounding, the product's rounding error
+):
     a = tl.load(a_ptr)
     b = tl.load(b_ptr)
     d = tl.load(d_ptr)
