@@ -173,13 +173,17 @@ plt.show()
 
 # %% [markdown]
 # The four pairs turn at 1, 0.1, 0.01 and 0.001 radians per position (the $\theta_j$ printed
-# above): each pair ten times slower than the one before, like the hands of a clock.
+# above): each pair ten times slower than the one before, like the hands of a clock. In general
+# $\theta_{j+1}/\theta_j = b^{-2/d}$ for every $j$, here $10000^{-1/4} = 0.1$: the speeds fall
+# geometrically, by one factor per pair.
 
 # %% [markdown]
 # ## 3. The complex-number view
 #
 # Read pair $j$ as one complex number $z_j = x_{2j} + i\,x_{2j+1}$. A rotation by $\alpha$ is a
-# multiplication by $e^{i\alpha}$, so RoPE is simply
+# multiplication by $e^{i\alpha} = \cos\alpha + i\sin\alpha$: multiplying out,
+# $(x_0 + i x_1)(\cos\alpha + i\sin\alpha) = (x_0\cos\alpha - x_1\sin\alpha)
+# + i\,(x_1\cos\alpha + x_0\sin\alpha)$, section 1's two rows. So RoPE is simply
 #
 # $$ z_j \;\mapsto\; z_j\, e^{i m\theta_j}. $$
 #
@@ -323,7 +327,13 @@ plt.show()
 # $\theta_j = b^{-2j/d}$ falls geometrically from $1$ to $b^{-(d-2)/d}$, just above $b^{-1}$.
 # The wavelength $\lambda_j = 2\pi/\theta_j$ is the number of positions pair $j$ needs for a
 # full turn. It runs from $2\pi \approx 6.3$ tokens for $j = 0$ to
-# $2\pi b^{(d-2)/d} = 2\pi b \cdot b^{-2/d}$ for the last pair.
+# $2\pi b^{(d-2)/d} = 2\pi b \cdot b^{-2/d}$ for the last pair, growing by the same factor
+# $b^{2/d}$ from each pair to the next: the wavelengths are spaced evenly on a log scale, so
+# every range of distances, from neighbouring tokens to about $2\pi b$, has pairs whose angle
+# moves by a useful fraction of a turn over it. These are the frequencies of the original
+# Transformer's sinusoids, whose wavelengths, in its words, "form a geometric progression from
+# $2\pi$ to $10000 \cdot 2\pi$" (Vaswani et al., 2017, section 3.5; the last one falls short of
+# $2\pi b$ by the factor $b^{-2/d}$, as below); RoFormer keeps them.
 #
 # The cell below uses Llama 3's sizes, $d = 128$ and $b = 500000$, not the paper's $b = 10000$.
 # There $b^{-2/d}$ is about 0.81, so the longest wavelength is about a fifth short of $2\pi b$

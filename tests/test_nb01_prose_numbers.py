@@ -31,6 +31,20 @@ def _R(m, inv, interleaved):
     return reference.apply_rope_ref(eye, ang.cos(), ang.sin(), interleaved=interleaved).T
 
 
+def test_the_speeds_fall_by_one_factor_per_pair():
+    # section 2: "theta_{j+1}/theta_j = b^{-2/d} for every j, here 10000^{-1/4} = 0.1"; section 5:
+    # the wavelengths grow by b^{2/d} from pair to pair, the last 2 pi b * b^{-2/d}
+    for d, base in ((8, 10000.0), (128, 10000.0), (128, 500000.0)):
+        inv = frequencies.inv_freq(d, base, dtype=f64)
+        assert torch.allclose(inv[1:] / inv[:-1], torch.full((d // 2 - 1,), base ** (-2 / d),
+                                                             dtype=f64), rtol=1e-12, atol=0)
+        assert math.isclose(2 * math.pi / inv[-1].item(), 2 * math.pi * base * base ** (-2 / d),
+                            rel_tol=1e-12)
+    assert math.isclose(10000.0 ** (-1 / 4), 0.1, rel_tol=1e-12)
+    text = _markdown()
+    assert "here $10000^{-1/4} = 0.1$" in text and "growing by the same factor $b^{2/d}$" in text
+
+
 def test_llama31_keeps_blends_and_divides():
     # section 5: "Llama 3.1 keeps its 29 fastest pairs (lambda_j < L0/4) as they are, divides
     # the 29 slowest (exactly those that never turn within L0) by 8, and blends the 6 between"
