@@ -42,7 +42,7 @@
 # **Time:** about an hour and a half: an hour to read sections 1 to 7 (section 6, the long-term
 # decay, is the longest) and half an hour for the five exercises (exercise 5, a small masked
 # Triton kernel, about 15 minutes of it). The study-group questions and the worked start on
-# question 6 after them are optional. The cells run in about 20 seconds on a CPU.
+# question 6 after them are optional. The cells run in well under half a minute on a CPU.
 
 # %%
 import os, torch
