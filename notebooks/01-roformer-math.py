@@ -214,7 +214,7 @@ assert forms_gap < 1e-12 and norm_gap < 1e-12          # float64 round-off, noth
 # $$
 #
 # using $R_m^\top = R_{-m}$ and that the angles add. In the last sum $q_j = q_{2j} + i\,q_{2j+1}$
-# and $k_j = k_{2j} + i\,k_{2j+1}$ are the complex pairs of section 3. It follows in two steps.
+# and $k_j = k_{2j} + i\,k_{2j+1}$ are the complex pairs of section 3, and it takes two steps.
 # The dot product of two pairs is the real part of one complex number times the other's
 # conjugate, $a_0 b_0 + a_1 b_1 = \mathrm{Re}\big((a_0 + i a_1)\,\overline{(b_0 + i b_1)}\big)$;
 # and pair $j$ of $R_m q$ is $q_j e^{im\theta_j}$, of $R_n k$ is $k_j e^{in\theta_j}$, so
