@@ -30,7 +30,7 @@
 # - read the frequency spectrum $\theta_j = b^{-2j/d}$ as wavelengths, and see what the
 #   context-extension scalings (linear, NTK, Llama 3, YaRN) do to it;
 # - reproduce the long-term decay of the paper's Figure 2 and say what it does not promise:
-#   the expected score of independent random $q, k$ is 0 at every distance;
+#   the expected score of independent zero-mean random $q, k$ is 0 at every distance;
 # - turn the interleaved pairing (GPT-J, RoFormer) into the rotate-half pairing (GPT-NeoX,
 #   Hugging Face's Llama, Transformer Engine) with a permutation.
 #
@@ -42,7 +42,7 @@
 # **Time:** about an hour and a half: an hour to read sections 1 to 7 (section 6, the long-term
 # decay, is the longest) and half an hour for the five exercises (exercise 5, a small masked
 # Triton kernel, about 15 minutes of it). The study-group questions and the worked start on
-# question 6 after them are optional. The cells run in about 20 seconds on a CPU.
+# question 6 after them are optional. The cells run in well under half a minute on a CPU.
 
 # %%
 import os, torch
@@ -173,13 +173,17 @@ plt.show()
 
 # %% [markdown]
 # The four pairs turn at 1, 0.1, 0.01 and 0.001 radians per position (the $\theta_j$ printed
-# above): each pair ten times slower than the one before, like the hands of a clock.
+# above): each pair ten times slower than the one before, like the hands of a clock. In general
+# $\theta_{j+1}/\theta_j = b^{-2/d}$ for every $j$, here $10000^{-1/4} = 0.1$: the speeds fall
+# geometrically, by one factor per pair.
 
 # %% [markdown]
 # ## 3. The complex-number view
 #
 # Read pair $j$ as one complex number $z_j = x_{2j} + i\,x_{2j+1}$. A rotation by $\alpha$ is a
-# multiplication by $e^{i\alpha}$, so RoPE is simply
+# multiplication by $e^{i\alpha} = \cos\alpha + i\sin\alpha$: multiplying out,
+# $(x_0 + i x_1)(\cos\alpha + i\sin\alpha) = (x_0\cos\alpha - x_1\sin\alpha)
+# + i\,(x_1\cos\alpha + x_0\sin\alpha)$, section 1's two rows. So RoPE is simply
 #
 # $$ z_j \;\mapsto\; z_j\, e^{i m\theta_j}. $$
 #
@@ -210,8 +214,18 @@ assert forms_gap < 1e-12 and norm_gap < 1e-12          # float64 round-off, noth
 # $$
 #
 # using $R_m^\top = R_{-m}$ and that the angles add. In the last sum $q_j = q_{2j} + i\,q_{2j+1}$
-# and $k_j = k_{2j} + i\,k_{2j+1}$ are the complex pairs of section 3. The absolute positions
-# cancel: only the offset $n-m$ is left (RoFormer eq. 11–16).
+# and $k_j = k_{2j} + i\,k_{2j+1}$ are the complex pairs of section 3, and it takes two steps.
+# The dot product of two pairs is the real part of one complex number times the other's
+# conjugate, $a_0 b_0 + a_1 b_1 = \mathrm{Re}\big((a_0 + i a_1)\,\overline{(b_0 + i b_1)}\big)$;
+# and pair $j$ of $R_m q$ is $q_j e^{im\theta_j}$, of $R_n k$ is $k_j e^{in\theta_j}$, so
+#
+# $$
+# \langle R_m q, R_n k\rangle = \mathrm{Re}\sum_j q_j e^{im\theta_j}\,
+#   \overline{k_j e^{in\theta_j}}
+# = \mathrm{Re}\sum_j q_j\,\overline{k_j}\, e^{i(m-n)\theta_j} .
+# $$
+#
+# The absolute positions cancel: only the offset $n-m$ is left (RoFormer eq. 11–16).
 #
 # Check it on a grid of positions: the matrix of scores must be constant along every diagonal
 # (a Toeplitz matrix). The cell prints the largest change along a diagonal and asserts that it
@@ -313,7 +327,13 @@ plt.show()
 # $\theta_j = b^{-2j/d}$ falls geometrically from $1$ to $b^{-(d-2)/d}$, just above $b^{-1}$.
 # The wavelength $\lambda_j = 2\pi/\theta_j$ is the number of positions pair $j$ needs for a
 # full turn. It runs from $2\pi \approx 6.3$ tokens for $j = 0$ to
-# $2\pi b^{(d-2)/d} = 2\pi b \cdot b^{-2/d}$ for the last pair.
+# $2\pi b^{(d-2)/d} = 2\pi b \cdot b^{-2/d}$ for the last pair, growing by the same factor
+# $b^{2/d}$ from each pair to the next: the wavelengths are spaced evenly on a log scale, so
+# every range of distances, from neighbouring tokens to about $2\pi b$, has pairs whose angle
+# moves by a useful fraction of a turn over it. These are the frequencies of the original
+# Transformer's sinusoids, whose wavelengths, in its words, "form a geometric progression from
+# $2\pi$ to $10000 \cdot 2\pi$" (Vaswani et al., 2017, section 3.5; the last one falls short of
+# $2\pi b$ by the factor $b^{-2/d}$, as below); RoFormer keeps them.
 #
 # The cell below uses Llama 3's sizes, $d = 128$ and $b = 500000$, not the paper's $b = 10000$.
 # There $b^{-2/d}$ is about 0.81, so the longest wavelength is about a fifth short of $2\pi b$
@@ -337,7 +357,7 @@ plt.show()
 # | `LinearScaling(s)` | all divided by $s$ (positions squeezed) |
 # | `NTKScaling(s)` | base $b \to b\,s^{d/(d-2)}$: highest frequency kept, lowest divided by $s$ |
 # | `Llama3Scaling` | $\lambda_j < L_0/4$ kept, $\lambda_j > L_0$ divided by $s$, a linear blend in $1/\lambda_j$ between (Llama 3.1: $s = 8$, $L_0 = 8192$) |
-# | `YaRNScaling` | the same idea with a ramp in $j$, plus an attention temperature on cos/sin |
+# | `YaRNScaling` | the same idea with a ramp in $j$, plus an attention temperature in cos/sin |
 #
 # YaRN's ramp blends each pair between kept and divided by $s$,
 #
@@ -348,10 +368,12 @@ plt.show()
 #
 # where $j_{\text{lo}}$ and $j_{\text{hi}}$ are the pairs that turn $\beta_{\text{fast}} = 32$
 # and $\beta_{\text{slow}} = 1$ times within $L_0$ (rounded down and up): a ramp linear in $j$
-# where Llama 3.1's is linear in $1/\lambda_j$. Its **attention temperature** $t$ multiplies
-# both $\cos$ and $\sin$. Queries and keys are both rotated with those tables, so every logit
-# is multiplied by $t^2$:
-# $\langle tR_m q, tR_n k\rangle = t^2\langle R_m q, R_n k\rangle$, a sharper softmax that
+# where Llama 3.1's is linear in $1/\lambda_j$. Its **attention temperature** $t$ divides the
+# logits, $\mathrm{softmax}\big(q^\top k/(t\sqrt d)\big)$, with $\sqrt{1/t} = 0.1\ln s + 1$
+# (so $t < 1$ for $s > 1$). The tables carry it: both $\cos$ and $\sin$ are multiplied by
+# $a = \sqrt{1/t}$ (`attention_scaling`, the number the cell prints). Queries and keys are both
+# rotated with those tables, so every logit is multiplied by $a^2 = 1/t$:
+# $\langle aR_m q, aR_n k\rangle = a^2\langle R_m q, R_n k\rangle$, a sharper softmax that
 # offsets the flatter attention over a longer context.
 
 # %%
@@ -684,8 +706,20 @@ assert torch.allclose(y_inter, y_half_of_permuted[..., inverse])
 print("interleaved RoPE(x) == rotate-half RoPE(x[..., perm])[..., argsort(perm)]")
 
 # %% [markdown]
-# As matrices: with the permutation matrix $P$ ($Px = x_{[\mathrm{perm}]}$),
-# $R^{\text{interleaved}}_m = P^\top R^{\text{half}}_m P$, and the scores agree:
+# Why it works, as matrices. Let $P$ be the permutation matrix of `perm`
+# ($Px = x_{[\mathrm{perm}]}$). Then $z = Px$ holds $x_{2j}$ in slot $j$ and $x_{2j+1}$ in slot
+# $j + d/2$, and the table `cat(f, f)` gives both slots the angle $m\theta_j$. Rotate-half turns
+# the slots $(j, j + d/2)$ together, so for $j < d/2$
+#
+# $$
+# (R^{\text{half}}_m z)_j = z_j\cos m\theta_j - z_{j+d/2}\sin m\theta_j
+# = x_{2j}\cos m\theta_j - x_{2j+1}\sin m\theta_j = (R^{\text{interleaved}}_m x)_{2j},
+# $$
+#
+# and slot $j + d/2$ gives $(R^{\text{interleaved}}_m x)_{2j+1}$ the same way. That is
+# $R^{\text{half}}_m P x = P R^{\text{interleaved}}_m x$ for every $x$; a permutation matrix is
+# orthogonal ($P^{-1} = P^\top$), so $R^{\text{interleaved}}_m = P^\top R^{\text{half}}_m P$:
+# the cell above, `[..., argsort(perm)]` being $P^\top$. The scores agree:
 # $\langle P^\top R P q, P^\top R P k\rangle = \langle R\,Pq, R\,Pk\rangle$. That is the
 # checkpoint conversion above, done on $q$ and $k$. Done on the weights, $Pq = (PW_q)\,x$: permute
 # the rows of $W_q$ and $W_k$, head by head. Hugging Face's
@@ -729,10 +763,10 @@ assert (wrong - trained).abs().max() > trained.std()
 # constant, so each pairing compiles to its own code. It runs compiled on a GPU and in Triton's
 # interpreter on a CPU; the cell checks it against section 2's $R_m x$ and section 7's
 # permutation. `D` must be a power of two: `tl.arange(0, D)` has no other sizes, and the cell
-# shows $D = 80$ refused (notebook 03 loads a power-of-two tile and masks the lanes past the
-# end; exercise 5 asks you to do it here). Try a change: pair feature $i$ with $i \oplus 2$, or
-# drop the minus sign on `first`, and rerun; the asserts catch both. Later notebooks grow this
-# kernel into the library's.
+# shows $D = 80$ refused (notebook 03, section 3.2, loads a power-of-two tile and masks the
+# lanes past the end; exercise 5 asks you to do it here). Try a change: pair feature $i$ with
+# $i \oplus 2$, or drop the minus sign on `first`, and rerun; the asserts catch both. Later
+# notebooks grow this kernel into the library's.
 
 # %%
 import triton
@@ -832,8 +866,9 @@ solution(basics.solution_rotation_matrix)
 # the rotations this notebook defines (`rot2`, `R_from_reference`, `rope_at`, your
 # `rotation_matrix` of exercise 1), PyTorch's and SciPy's `block_diag`, and library RoPE
 # functions such as transformers'. It does not see a $2 \times 2$ rotation built inline, so
-# keeping to complex pairs is up to you. Which pair is conjugated and the sign of the offset are where it goes wrong:
-# a wrong sign still gives the right score at $m = n$.
+# keeping to complex pairs is up to you. Which pair is conjugated and the sign of the offset
+# are where it goes wrong: a wrong sign still gives the right score at $m = n$, which is why
+# the check tries $n < m$ and $n > m$.
 
 # %%
 def relative_score(q, k, offset, inv_freq):

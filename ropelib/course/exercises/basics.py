@@ -316,9 +316,10 @@ def check_rotation_matrix(fn: Callable) -> bool:
                           rotation_matrix_ref(m, inv)))
     return check_cases("rotation matrix R_m", "your rotation matrix, built from its 2x2 blocks "
                        "(no torch.block_diag, no ropelib)", fn, cases, atol=1e-6, rtol=0,
-                       hint="block j is [[cos a, -sin a], [sin a, cos a]] with "
-                            "a = m * inv_freq[j], in float64 (inv_freq's dtype: the positions "
-                            "go up to 10^4)",
+                       hint="block j sits on rows and columns 2j and 2j+1 (neighbours, not j "
+                            "and j + R/2) and is [[cos a, -sin a], [sin a, cos a]], the minus "
+                            "above the diagonal, with a = m * inv_freq[j], in float64 "
+                            "(inv_freq's dtype: the positions go up to 10^4)",
                        bar=(*torch_block_diags(), *other_block_diags(), rotation_matrix_ref,
                             *course_rope_helpers(), *third_party_ropes()),
                        bar_ops=BLOCK_DIAG_OPS)
@@ -400,7 +401,10 @@ def check_rotate_half(fn: Callable) -> bool:
                       f"{seed})", (x.clone(), interleaved), reference.rotate_half(x, interleaved)))
     return check_cases("rotate_half", "your own rotate_half", fn, cases,
                        atol=0, rtol=0,
-                       hint="halves: torch.chunk(x, 2, -1); pairs: x[..., ::2] and x[..., 1::2]",
+                       hint="halves [u, v] -> [-v, u], with torch.chunk(x, 2, -1); "
+                            "neighbours (x0, x1, ...) -> (-x1, x0, ...), with x[..., ::2] and "
+                            "x[..., 1::2]; the minus goes on the second of each pair, moved "
+                            "to the front",
                        bar=(*course_rope_helpers(), *third_party_ropes()))
 
 

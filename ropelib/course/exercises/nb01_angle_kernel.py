@@ -101,7 +101,8 @@ def check_angle_kernel(kernel, *, seed: Optional[int] = None) -> bool:
         if not same:
             return check(f"{name} ({label})", y, want, atol=2e-4, rtol=2e-4,
                          hint="program m is position start + m; pair j is features (2j, 2j+1) "
-                              "and turns by (start + m) * inv[j]")
+                              "and turns by a = (start + m) * inv[j]: y[2j] = x[2j] cos a - "
+                              "x[2j+1] sin a, y[2j+1] = x[2j+1] cos a + x[2j] sin a")
     print(f"✅ {name}: correct on {len(CASES)} launches (D = 8, and D = 80 and 6 with a masked "
           "tile; bases and first positions drawn anew)")
     return True
