@@ -1281,7 +1281,8 @@ del cos_c, y_mul
 # global `cu_seqlens` (every length a multiple of $2\,\mathrm{cp\_size}$), each sequence is
 # cut into $2\,\mathrm{cp\_size}$ chunks of its own, rank $r$ keeps chunks $r$ and
 # $2\,\mathrm{cp\_size}-1-r$ of every sequence, packed one sequence after another, and
-# positions restart at 0 in each sequence. Write `thd_rank_positions(cu_seqlens, cp_size,
+# positions restart at 0 in each sequence. With `cp_size=1` nothing is split: the one rank
+# holds every sequence whole, of any length, odd ones included (the check tries that too). Write `thd_rank_positions(cu_seqlens, cp_size,
 # cp_rank)`: the positions of the rank's packed tokens, in its local order. Your `rank_positions`
 # may help. The check compares with ropelib's reference on several batches and one drawn when
 # it runs.
