@@ -24,8 +24,8 @@
 #
 # **After this notebook you will be able to**
 #
-# - tell the `sbhd`, `bshd` and `thd` layouts apart, and view `sbhd` memory as `bshd` without
-#   a copy;
+# - tell the `sbhd`, `bshd`, `bhsd` and `thd` layouts apart, write each one's strides and the
+#   offset of an element, and view `sbhd` memory as `bshd` without a copy;
 # - build Transformer Engine's angle table (`freqs`) and Hugging Face's cos/sin, and write HF's
 #   rotary forward, `cos, sin` from `inv_freq` and `position_ids` (exercise 2);
 # - use partial rotary (`rotary_percent`), position offsets (`start_positions`, `position_ids`)
@@ -105,11 +105,32 @@ COMMITTED = (f"COMMITTED run, the one the text quotes ({KERNELS_CSV.relative_to(
 # Every head of every token is rotated by the table row of its position; only the *addressing*
 # differs between layouts. Element $(s, b, h, d)$ of a tensor with strides
 # $(\sigma_s, \sigma_b, \sigma_h, \sigma_d)$ sits at offset
-# $s\sigma_s + b\sigma_b + h\sigma_h + d\sigma_d$. A `bshd` tensor is often just a transposed view
-# of `sbhd` memory: the same bytes with $\sigma_s$ and $\sigma_b$ swapped. A kernel that takes
-# strides reads such a view where it lies; one that assumes contiguous rows needs a
-# `.contiguous()` copy first, which moves every byte once more. The cell prints both sets of
-# strides and checks that the two calls give the same numbers.
+# $s\sigma_s + b\sigma_b + h\sigma_h + d\sigma_d$. In a contiguous tensor each stride is the product
+# of the sizes after it, so the four layouts of this course place element $(s, b, h, d)$ (token
+# $s$ of sequence $b$, head $h$, feature $d$) at
+#
+# | layout | shape | contiguous strides $(\sigma_s, \sigma_b, \sigma_h, \sigma_d)$ | offset of $(s, b, h, d)$ |
+# |---|---|---|---|
+# | `sbhd` | `[S, B, H, D]` | $(BHD,\ HD,\ D,\ 1)$ | $((sB + b)H + h)D + d$ |
+# | `bshd` | `[B, S, H, D]` | $(HD,\ SHD,\ D,\ 1)$ | $((bS + s)H + h)D + d$ |
+# | `bhsd` | `[B, H, S, D]` | $(D,\ HSD,\ SD,\ 1)$ | $((bH + h)S + s)D + d$ |
+# | `thd` | `[T, H, D]` | $(HD,\ \text{none},\ D,\ 1)$ | $((c_b + s)H + h)D + d$ |
+#
+# where in `thd` sequence $b$ starts at row $c_b$ of the packed tensor (`cu_seqlens`, below).
+# In every row $\sigma_d = 1$: a head's $D$ features are one contiguous run, which is what lets a
+# kernel load a row, or its two halves, in wide accesses. The layouts differ only in where the
+# tokens and the batch sit. (`ropelib.apply_rope` takes `sbhd`, `bshd` and `thd`; `bhsd`, HF's
+# order, is what ropelib's Hugging Face drop-ins take.)
+#
+# A view changes the strides without moving a byte, so a tensor's layout name says the order
+# of its dimensions, not its strides. `x_sbhd.transpose(0, 1)` is a `bshd` tensor with
+# $(\sigma_s, \sigma_b) = (BHD, HD)$, `sbhd`'s strides, not the contiguous $(HD, SHD)$. HF's
+# `[B, H, S, D]` query is a view too: `q_proj(x).view(B, S, H, D).transpose(1, 2)` has
+# `bshd`'s strides $(HD, SHD, D, 1)$, not the `bhsd` row's. A kernel that takes strides reads
+# such a view where it lies; one that assumes contiguous rows needs a `.contiguous()` copy
+# first, which moves every byte once more. The cell prints both sets of strides
+# (`(192, 96, 32, 1)` and `(96, 192, 32, 1)` for the CPU's $(S, B, H, D) = (16, 2, 3, 32)$, the
+# GPU shape's on the page) and checks that the two calls give the same numbers.
 
 # %%
 freqs = rope_freqs(2 * S, D)                     # [2S, 1, 1, D] fp32 angles (longer than needed)
