@@ -1039,8 +1039,11 @@ assert (round(single, 2), round(two_pass, 2)) == (0.86, 0.95)
 # 0), `neg` and the first `cat` a strided half of `x` (`torch.chunk` of the last dimension).
 # PyTorch picks its vectorized template, where each thread loads several neighbouring elements
 # at once, only when every operand is contiguous; otherwise each thread handles one element at
-# a time, at an offset computed from the strides. Of the 498 µs the chain's kernels take beyond
-# the copy's speed in the committed run, 494 µs are the non-vectorized kernels'.
+# a time, at an offset computed from the strides (`gpu_kernel_impl` in PyTorch's
+# `CUDALoops.cuh`). That rule is read from PyTorch's source and the kernels' names; the counters
+# below measure the loads themselves, and the cell after them makes the table contiguous and
+# watches the template change. Of the 498 µs the chain's kernels take beyond the copy's speed
+# in the committed run, 494 µs are the non-vectorized kernels'.
 #
 # The `add` of two contiguous temporaries and the second `cat` run vectorized, at 103% and 97%
 # of the copy's GB/s in the committed run. (`cos`, `sin` and their casts are vectorized too, on
@@ -1093,9 +1096,11 @@ assert mul["l1_load_requests"] == 8 * add["l1_load_requests"]
 # is the broadcast table), and the multiply takes eight times the load requests to do it; it
 # streams at 35% of the copy's GB/s in the committed run, the add at 103%.
 #
-# Two cautions. The non-vectorized path also computes each element's offset from the strides,
-# and these counters cannot separate that cost from the narrower loads (the last cell of this
-# section does). And Nsight Compute replays each kernel under its own measurement, so its
+# Two cautions. The counters show how the loads are issued, not that issuing them so costs the
+# time: the non-vectorized path also computes each element's offset from the strides and takes
+# a thread's elements in turn, and these counters cannot separate either from the narrower
+# loads (the last cells of this section take the three apart in a Triton kernel of their own,
+# not in PyTorch's). And Nsight Compute replays each kernel under its own measurement, so its
 # durations are not the profiler's (the appendix sets the two side by side): compare its
 # counts, not its times.
 #
@@ -1275,9 +1280,10 @@ del cos_c, y_mul
 # `docs/executed/`, at 76<!--page: Triton, one element a lane, one in flight--> % of the copy's GB/s
 # against the multiply's 47<!--page: PyTorch, table broadcast--> %; no committed file holds it), the
 # mimic leaves part of the gap unexplained: whatever takes PyTorch's multiply further down is not
-# found here. A fused kernel removes the extra bytes and keeps many loads in flight: one read, one
-# write. Notebook 07 measures the fixed cost of a call, and notebooks 03 to 05 what makes one kernel
-# stream at a copy's speed.
+# found here. A fused kernel removes the extra bytes: one read, one write. ropelib's single kernel
+# streams them at 0.87 of a copy's speed in device time in the committed run (the fourth factor);
+# notebooks 03 to 05 build what makes a kernel stream that fast, and notebook 07 measures the fixed
+# cost of a call.
 
 # %% [markdown]
 # ## Exercises
