@@ -84,12 +84,13 @@ COMMITTED = (f"COMMITTED run, the one the text quotes ({KERNELS_CSV.relative_to(
              f"{committed['gpu']}, {committed['versions']})")
 
 # %% [markdown]
-# ## 1. Three layouts
+# ## 1. The layouts
 #
 # | layout | shape | who uses it |
 # |---|---|---|
 # | `sbhd` | `[S, B, H, D]` | Megatron-LM, Transformer Engine's default |
-# | `bshd` | `[B, S, H, D]` | flash-attention, most PyTorch code (HF attends in `[B, H, S, D]`) |
+# | `bshd` | `[B, S, H, D]` | flash-attention, most PyTorch code |
+# | `bhsd` | `[B, H, S, D]` | Hugging Face's attention and `scaled_dot_product_attention` |
 # | `thd`  | `[T, H, D]` + `cu_seqlens` | packed variable-length sequences, no padding |
 #
 # The rotation is the same in all of them. Notebook 01 wrote it for one head; with rotate-half
@@ -109,7 +110,7 @@ COMMITTED = (f"COMMITTED run, the one the text quotes ({KERNELS_CSV.relative_to(
 # of the sizes after it, so the four layouts of this course place element $(s, b, h, d)$ (token
 # $s$ of sequence $b$, head $h$, feature $d$) at
 #
-# | layout | shape | contiguous strides $(\sigma_s, \sigma_b, \sigma_h, \sigma_d)$ | offset of $(s, b, h, d)$ |
+# | layout | shape | strides $(\sigma_s, \sigma_b, \sigma_h, \sigma_d)$ | offset of $(s,b,h,d)$ |
 # |---|---|---|---|
 # | `sbhd` | `[S, B, H, D]` | $(BHD,\ HD,\ D,\ 1)$ | $((sB + b)H + h)D + d$ |
 # | `bshd` | `[B, S, H, D]` | $(HD,\ SHD,\ D,\ 1)$ | $((bS + s)H + h)D + d$ |
@@ -1309,10 +1310,10 @@ del cos_c, y_mul
 # cut into $2\,\mathrm{cp\_size}$ chunks of its own, rank $r$ keeps chunks $r$ and
 # $2\,\mathrm{cp\_size}-1-r$ of every sequence, packed one sequence after another, and
 # positions restart at 0 in each sequence. With `cp_size=1` nothing is split: the one rank
-# holds every sequence whole, of any length, odd ones included (the check tries that too). Write `thd_rank_positions(cu_seqlens, cp_size,
-# cp_rank)`: the positions of the rank's packed tokens, in its local order. Your `rank_positions`
-# may help. The check compares with ropelib's reference on several batches and one drawn when
-# it runs.
+# holds every sequence whole, of any length, odd ones included (the check tries that too).
+# Write `thd_rank_positions(cu_seqlens, cp_size, cp_rank)`: the positions of the rank's packed
+# tokens, in its local order. Your `rank_positions` may help. The check compares with
+# ropelib's reference on several batches and one drawn when it runs.
 
 # %%
 from ropelib.course.exercises import basics, layouts, solution
@@ -1383,9 +1384,9 @@ solution(basics.solution_bytes_moved)
 
 # %% [markdown]
 # **Exercise 4 — an eager chain without the broadcast table or the split.** Section 6 found two
-# costs in TE's chain besides its bytes: its two multiplies read the cos/sin table broadcast
-# over batch and heads, which sends them down PyTorch's non-vectorized template, and its
-# partial-rotary split ends in a `cat` that copies the whole output again. Write
+# costs in TE's chain that plain PyTorch can avoid: its two multiplies read the cos/sin table
+# broadcast over batch and heads, which sends them down PyTorch's non-vectorized template, and
+# its partial-rotary split ends in a `cat` that copies the whole output again. Write
 # `lean_chain(t, freqs)`: the same rotation (`sbhd`, rotate-half, every feature turned;
 # `freqs` is `[S, 1, 1, D]` fp32) in plain PyTorch, with the cos and sin tables made
 # contiguous at `t`'s shape, in `t`'s dtype, before any multiply, and no split. The check wants
