@@ -30,16 +30,17 @@
 #   rotary forward, `cos, sin` from `inv_freq` and `position_ids` (exercise 2);
 # - use partial rotary (`rotary_percent`), position offsets (`start_positions`, `position_ids`)
 #   and context-parallel positions (`cp_size`, `cp_rank`), also of a packed batch (exercise 1);
-# - count the kernels and bytes of the unfused PyTorch version, and explain why on a GPU it is
-#   slower than one fused kernel by more than its extra bytes account for; write an eager
+# - count the kernels and bytes of the unfused PyTorch version, and find where on a GPU it
+#   loses more time to one fused kernel than its extra bytes account for (which kernels, and
+#   what their loads look like; what the measurements leave open); write an eager
 #   chain without two of those costs (exercise 4) and a Triton kernel that reads the
 #   broadcast table once (exercise 5).
 #
 # **Time:** about two hours for the main path: an hour to read sections 1 to 6 (section 6, on
 # speed, is half of it) and an hour for the five exercises (exercise 5, a Triton kernel, about
-# 20 minutes of it). Optional, each marked where it starts: the end of section 6, which takes
-# PyTorch's slow kernel template apart with four Triton kernels (about 15 minutes), and the
-# appendix's two asides to section 6 (10 minutes). The cells run in a minute or two on a CPU
+# 20 minutes of it). Optional, each marked where it starts: the end of section 6, which mimics
+# PyTorch's slow kernel template trait by trait with four Triton kernels (about 15 minutes), and the
+# appendix's two asides to section 6 (10 minutes). The cells run in under a minute on a CPU
 # (Triton's interpreter; one cell compiles four kernels for sm_90, the architecture of the
 # H100 and H200, which needs no GPU).
 
@@ -1025,7 +1026,8 @@ assert (round(single, 2), round(two_pass, 2)) == (0.86, 0.95)
 # answer "where does the rest go?": the chain moves 6.02 times the fused kernel's bytes, its
 # kernels take 2.29 times what those bytes would take at the copy's speed, and the gaps between
 # kernels add nothing visible (1.00). The last two factors and the last printed line are about
-# the fused call's own clock and route, not the chain (notebook 05 takes those apart).
+# the fused call's own speed, clock and route, not the chain: notebook 05 builds the single
+# kernel and the two-pass route, notebook 07 (its optional part A) the fixed cost of a call.
 #
 # A live table is its GPU's own: the bytes factor stays 6.02 (it counts, it does not time), the
 # percentages and the shortfall factor change. Compare GPUs by the `by kind` table and the
