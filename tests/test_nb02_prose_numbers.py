@@ -1,6 +1,6 @@
-"""Numbers notebook 02 (notebooks/02-pytorch-reference-and-layouts.py) states in its prose that follow from bf16 itself, not from a run: section 2's
-8 significant bits, a bf16 cos/sin off by up to 2^-9 (question 2 as well), and one bf16 step of
-1/64 and 1/32 for values from 2 to 8."""
+"""Numbers the prose of notebooks/02-pytorch-reference-and-layouts.py states that follow from
+bf16 itself, not from a run: section 2's 8 significant bits, a bf16 cos/sin off by up to 2^-9
+(question 2 as well), and one bf16 step of 1/64 and 1/32 for values from 2 to 8."""
 import torch
 
 from ropelib.frequencies import rope_cos_sin, rope_freqs
