@@ -24,22 +24,23 @@
 #
 # **After this notebook you will be able to**
 #
-# - tell the `sbhd`, `bshd` and `thd` layouts apart, and view `sbhd` memory as `bshd` without
-#   a copy;
+# - tell the `sbhd`, `bshd`, `bhsd` and `thd` layouts apart, write each one's strides and the
+#   offset of an element, and view `sbhd` memory as `bshd` without a copy;
 # - build Transformer Engine's angle table (`freqs`) and Hugging Face's cos/sin, and write HF's
 #   rotary forward, `cos, sin` from `inv_freq` and `position_ids` (exercise 2);
 # - use partial rotary (`rotary_percent`), position offsets (`start_positions`, `position_ids`)
 #   and context-parallel positions (`cp_size`, `cp_rank`), also of a packed batch (exercise 1);
-# - count the kernels and bytes of the unfused PyTorch version, and explain why on a GPU it is
-#   slower than one fused kernel by more than its extra bytes account for; write an eager
+# - count the kernels and bytes of the unfused PyTorch version, and find where on a GPU it
+#   loses more time to one fused kernel than its extra bytes account for (which kernels, and
+#   what their loads look like; what the measurements leave open); write an eager
 #   chain without two of those costs (exercise 4) and a Triton kernel that reads the
 #   broadcast table once (exercise 5).
 #
 # **Time:** about two hours for the main path: an hour to read sections 1 to 6 (section 6, on
 # speed, is half of it) and an hour for the five exercises (exercise 5, a Triton kernel, about
-# 20 minutes of it). Optional, each marked where it starts: the end of section 6, which takes
-# PyTorch's slow kernel template apart with four Triton kernels (about 15 minutes), and the
-# appendix's two asides to section 6 (10 minutes). The cells run in a minute or two on a CPU
+# 20 minutes of it). Optional, each marked where it starts: the end of section 6, which mimics
+# PyTorch's slow kernel template trait by trait with four Triton kernels (about 15 minutes), and the
+# appendix's two asides to section 6 (10 minutes). The cells run in under a minute on a CPU
 # (Triton's interpreter; one cell compiles four kernels for sm_90, the architecture of the
 # H100 and H200, which needs no GPU).
 
@@ -84,12 +85,13 @@ COMMITTED = (f"COMMITTED run, the one the text quotes ({KERNELS_CSV.relative_to(
              f"{committed['gpu']}, {committed['versions']})")
 
 # %% [markdown]
-# ## 1. Three layouts
+# ## 1. The layouts
 #
 # | layout | shape | who uses it |
 # |---|---|---|
 # | `sbhd` | `[S, B, H, D]` | Megatron-LM, Transformer Engine's default |
-# | `bshd` | `[B, S, H, D]` | flash-attention, most PyTorch code (HF attends in `[B, H, S, D]`) |
+# | `bshd` | `[B, S, H, D]` | flash-attention, most PyTorch code |
+# | `bhsd` | `[B, H, S, D]` | Hugging Face's attention and `scaled_dot_product_attention` |
 # | `thd`  | `[T, H, D]` + `cu_seqlens` | packed variable-length sequences, no padding |
 #
 # The rotation is the same in all of them. Notebook 01 wrote it for one head; with rotate-half
@@ -105,11 +107,32 @@ COMMITTED = (f"COMMITTED run, the one the text quotes ({KERNELS_CSV.relative_to(
 # Every head of every token is rotated by the table row of its position; only the *addressing*
 # differs between layouts. Element $(s, b, h, d)$ of a tensor with strides
 # $(\sigma_s, \sigma_b, \sigma_h, \sigma_d)$ sits at offset
-# $s\sigma_s + b\sigma_b + h\sigma_h + d\sigma_d$. A `bshd` tensor is often just a transposed view
-# of `sbhd` memory: the same bytes with $\sigma_s$ and $\sigma_b$ swapped. A kernel that takes
-# strides reads such a view where it lies; one that assumes contiguous rows needs a
-# `.contiguous()` copy first, which moves every byte once more. The cell prints both sets of
-# strides and checks that the two calls give the same numbers.
+# $s\sigma_s + b\sigma_b + h\sigma_h + d\sigma_d$. In a contiguous tensor each stride is the product
+# of the sizes after it, so the four layouts of this course place element $(s, b, h, d)$ (token
+# $s$ of sequence $b$, head $h$, feature $d$) at
+#
+# | layout | shape | strides $(\sigma_s, \sigma_b, \sigma_h, \sigma_d)$ | offset of $(s,b,h,d)$ |
+# |---|---|---|---|
+# | `sbhd` | `[S, B, H, D]` | $(BHD,\ HD,\ D,\ 1)$ | $((sB + b)H + h)D + d$ |
+# | `bshd` | `[B, S, H, D]` | $(HD,\ SHD,\ D,\ 1)$ | $((bS + s)H + h)D + d$ |
+# | `bhsd` | `[B, H, S, D]` | $(D,\ HSD,\ SD,\ 1)$ | $((bH + h)S + s)D + d$ |
+# | `thd` | `[T, H, D]` | $(HD,\ \text{none},\ D,\ 1)$ | $((c_b + s)H + h)D + d$ |
+#
+# where in `thd` sequence $b$ starts at row $c_b$ of the packed tensor (`cu_seqlens`, below).
+# In every row $\sigma_d = 1$: a head's $D$ features are one contiguous run, which is what lets a
+# kernel load a row, or its two halves, in wide accesses. The layouts differ only in where the
+# tokens and the batch sit. (`ropelib.apply_rope` takes `sbhd`, `bshd` and `thd`; `bhsd`, HF's
+# order, is what ropelib's Hugging Face drop-ins take.)
+#
+# A view changes the strides without moving a byte, so a tensor's layout name says the order
+# of its dimensions, not its strides. `x_sbhd.transpose(0, 1)` is a `bshd` tensor with
+# $(\sigma_s, \sigma_b) = (BHD, HD)$, `sbhd`'s strides, not the contiguous $(HD, SHD)$. HF's
+# `[B, H, S, D]` query is a view too: `q_proj(x).view(B, S, H, D).transpose(1, 2)` has
+# `bshd`'s strides $(HD, SHD, D, 1)$, not the `bhsd` row's. A kernel that takes strides reads
+# such a view where it lies; one that assumes contiguous rows needs a `.contiguous()` copy
+# first, which moves every byte once more. The cell prints both sets of strides
+# (`(192, 96, 32, 1)` and `(96, 192, 32, 1)` for the CPU's $(S, B, H, D) = (16, 2, 3, 32)$, the
+# GPU shape's on the page) and checks that the two calls give the same numbers.
 
 # %%
 freqs = rope_freqs(2 * S, D)                     # [2S, 1, 1, D] fp32 angles (longer than needed)
@@ -1003,7 +1026,8 @@ assert (round(single, 2), round(two_pass, 2)) == (0.86, 0.95)
 # answer "where does the rest go?": the chain moves 6.02 times the fused kernel's bytes, its
 # kernels take 2.29 times what those bytes would take at the copy's speed, and the gaps between
 # kernels add nothing visible (1.00). The last two factors and the last printed line are about
-# the fused call's own clock and route, not the chain (notebook 05 takes those apart).
+# the fused call's own speed, clock and route, not the chain: notebook 05 builds the single
+# kernel and the two-pass route, notebook 07 (its optional part A) the fixed cost of a call.
 #
 # A live table is its GPU's own: the bytes factor stays 6.02 (it counts, it does not time), the
 # percentages and the shortfall factor change. Compare GPUs by the `by kind` table and the
@@ -1018,8 +1042,11 @@ assert (round(single, 2), round(two_pass, 2)) == (0.86, 0.95)
 # 0), `neg` and the first `cat` a strided half of `x` (`torch.chunk` of the last dimension).
 # PyTorch picks its vectorized template, where each thread loads several neighbouring elements
 # at once, only when every operand is contiguous; otherwise each thread handles one element at
-# a time, at an offset computed from the strides. Of the 498 µs the chain's kernels take beyond
-# the copy's speed in the committed run, 494 µs are the non-vectorized kernels'.
+# a time, at an offset computed from the strides (`gpu_kernel_impl` in PyTorch's
+# `CUDALoops.cuh`). That rule is read from PyTorch's source and the kernels' names; the counters
+# below measure the loads themselves, and the cell after them makes the table contiguous and
+# watches the template change. Of the 498 µs the chain's kernels take beyond the copy's speed
+# in the committed run, 494 µs are the non-vectorized kernels'.
 #
 # The `add` of two contiguous temporaries and the second `cat` run vectorized, at 103% and 97%
 # of the copy's GB/s in the committed run. (`cos`, `sin` and their casts are vectorized too, on
@@ -1072,9 +1099,11 @@ assert mul["l1_load_requests"] == 8 * add["l1_load_requests"]
 # is the broadcast table), and the multiply takes eight times the load requests to do it; it
 # streams at 35% of the copy's GB/s in the committed run, the add at 103%.
 #
-# Two cautions. The non-vectorized path also computes each element's offset from the strides,
-# and these counters cannot separate that cost from the narrower loads (the last cell of this
-# section does). And Nsight Compute replays each kernel under its own measurement, so its
+# Two cautions. The counters show how the loads are issued, not that issuing them so costs the
+# time: the non-vectorized path also computes each element's offset from the strides and takes
+# a thread's elements in turn, and these counters cannot separate either from the narrower
+# loads (the last cells of this section take the three apart in a Triton kernel of their own,
+# not in PyTorch's). And Nsight Compute replays each kernel under its own measurement, so its
 # durations are not the profiler's (the appendix sets the two side by side): compare its
 # counts, not its times.
 #
@@ -1111,8 +1140,10 @@ else:
 
 # %% [markdown]
 # On a GPU the contiguous multiply runs from the vectorized template and finishes sooner than
-# the broadcast one, although it moves half as many bytes again. So the broadcast operand is
-# what sends the multiply down the slow template.
+# the broadcast one, although it moves half as many bytes again (on the H100 run printed on this
+# notebook's page, 132.4<!--page: table expanded, contiguous--> µs against
+# 190.1<!--page: table broadcast--> µs). So the broadcast operand is what sends the multiply down
+# the slow template: the same values, the same op, and only the operand's strides differ.
 #
 # **Optional, a second reading (about 15 minutes), up to "What to take from section 6".** Which
 # part of that template costs the time? It differs from the vectorized one in three ways at once:
@@ -1254,9 +1285,10 @@ del cos_c, y_mul
 # `docs/executed/`, at 76<!--page: Triton, one element a lane, one in flight--> % of the copy's GB/s
 # against the multiply's 47<!--page: PyTorch, table broadcast--> %; no committed file holds it), the
 # mimic leaves part of the gap unexplained: whatever takes PyTorch's multiply further down is not
-# found here. A fused kernel removes the extra bytes and keeps many loads in flight: one read, one
-# write. Notebook 07 measures the fixed cost of a call, and notebooks 03 to 05 what makes one kernel
-# stream at a copy's speed.
+# found here. A fused kernel removes the extra bytes: one read, one write. ropelib's single kernel
+# streams them at 0.87 of a copy's speed in device time in the committed run (the fourth factor);
+# notebooks 03 to 05 build what makes a kernel stream that fast, and notebook 07 measures the fixed
+# cost of a call.
 
 # %% [markdown]
 # ## Exercises
@@ -1281,10 +1313,11 @@ del cos_c, y_mul
 # global `cu_seqlens` (every length a multiple of $2\,\mathrm{cp\_size}$), each sequence is
 # cut into $2\,\mathrm{cp\_size}$ chunks of its own, rank $r$ keeps chunks $r$ and
 # $2\,\mathrm{cp\_size}-1-r$ of every sequence, packed one sequence after another, and
-# positions restart at 0 in each sequence. Write `thd_rank_positions(cu_seqlens, cp_size,
-# cp_rank)`: the positions of the rank's packed tokens, in its local order. Your `rank_positions`
-# may help. The check compares with ropelib's reference on several batches and one drawn when
-# it runs.
+# positions restart at 0 in each sequence. With `cp_size=1` nothing is split: the one rank
+# holds every sequence whole, of any length, odd ones included (the check tries that too).
+# Write `thd_rank_positions(cu_seqlens, cp_size, cp_rank)`: the positions of the rank's packed
+# tokens, in its local order. Your `rank_positions` may help. The check compares with
+# ropelib's reference on several batches and one drawn when it runs.
 
 # %%
 from ropelib.course.exercises import basics, layouts, solution
@@ -1355,9 +1388,9 @@ solution(basics.solution_bytes_moved)
 
 # %% [markdown]
 # **Exercise 4 — an eager chain without the broadcast table or the split.** Section 6 found two
-# costs in TE's chain besides its bytes: its two multiplies read the cos/sin table broadcast
-# over batch and heads, which sends them down PyTorch's non-vectorized template, and its
-# partial-rotary split ends in a `cat` that copies the whole output again. Write
+# costs in TE's chain that plain PyTorch can avoid: its two multiplies read the cos/sin table
+# broadcast over batch and heads, which sends them down PyTorch's non-vectorized template, and
+# its partial-rotary split ends in a `cat` that copies the whole output again. Write
 # `lean_chain(t, freqs)`: the same rotation (`sbhd`, rotate-half, every feature turned;
 # `freqs` is `[S, 1, 1, D]` fp32) in plain PyTorch, with the cos and sin tables made
 # contiguous at `t`'s shape, in `t`'s dtype, before any multiply, and no split. The check wants

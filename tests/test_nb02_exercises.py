@@ -92,3 +92,33 @@ def test_exercise_2s_last_question_is_the_bf16_cos_sin_line():
              "TE unfused (math in bf16)": reference.te_unfused(x, f_tab)}
     own = learner_copy(layouts.solution_hf_cos_sin)
     assert layouts.table_line_of(own, x, lines) == ("fused, bf16 cos/sin", 1.0)
+
+
+def test_thd_cp_positions_rule_as_the_notebook_states_it(capsys):
+    # The notebook states the rule for lengths that are multiples of 2 * cp_size, and that with
+    # cp_size=1 nothing is split, any length: the check tries an odd length there, so an answer
+    # that cuts every sequence into 2 * cp_size chunks even at cp_size=1 fails, and the text
+    # must say why. An answer written from those two sentences passes.
+    from pathlib import Path
+    text = (Path(__file__).resolve().parents[1] / "notebooks"
+            / "02-pytorch-reference-and-layouts.py").read_text(encoding="utf-8")
+    exercise_1 = text[text.index("**Exercise 1"):text.index("**Exercise 2")]
+    assert "With `cp_size=1` nothing is split" in exercise_1 and "of any length" in exercise_1
+
+    def chunks_always(cu, n, r):          # the rule, applied at cp_size=1 too: drops odd tails
+        out, cu = [], cu.tolist()
+        for a, b in zip(cu[:-1], cu[1:]):
+            c, m = (b - a) // (2 * n), 2 * n - 1 - r
+            out += list(range(r * c, (r + 1) * c)) + list(range(m * c, (m + 1) * c))
+        return out
+
+    def from_the_text(cu, n, r):
+        if n == 1:                        # nothing split: each sequence whole, from 0
+            cu = cu.tolist()
+            return [p for a, b in zip(cu[:-1], cu[1:]) for p in range(b - a)]
+        return chunks_always(cu, n, r)
+
+    assert not layouts.check_thd_cp_positions(chunks_always)
+    assert "cp_size=1" in capsys.readouterr().out
+    assert layouts.check_thd_cp_positions(from_the_text)
+    capsys.readouterr()

@@ -74,3 +74,18 @@ def test_the_notebook_hands_the_check_its_lean_chain():
     assert len(calls) == 1 and ast.unparse(calls[0].args[0]) == "lean_chain"
     (defined,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "lean_chain"]
     assert ast.unparse(defined.body[-1]) == "..."        # unanswered in the notebook
+
+
+def _expanded_not_copied(t, freqs):              # the tables expanded (stride 0), never copied
+    c = torch.cos(freqs).to(t.dtype).expand_as(t)
+    s = torch.sin(freqs).to(t.dtype).expand_as(t)
+    return t * c + _rotate_half(t) * s
+
+
+def test_an_expanded_table_is_refused_as_broadcast_and_the_message_says_so(capsys):
+    # expand_as gives t's shape with strides of 0: TE's bits, but still a broadcast operand
+    _, (t, freqs), want = _case0()
+    assert torch.equal(_expanded_not_copied(t, freqs), want)
+    assert ex.check_lean_chain(_expanded_not_copied) is False
+    out = capsys.readouterr().out
+    assert f"{tuple(t.shape)} with strides" in out and "a stride of 0" in out, out

@@ -26,7 +26,8 @@ __all__ = ["check_thd_cp_positions", "check_hf_cos_sin", "hf_cos_sin_expected", 
 def check_thd_cp_positions(fn: Callable) -> bool:
     """fn(cu_seqlens, cp_size, cp_rank) -> the positions of the tokens rank cp_rank holds of a
     packed `thd` batch, in its local order (ints). `cu_seqlens` [N+1] (int32) are the cumulative
-    *global* lengths, each a multiple of 2 * cp_size, as Transformer Engine takes them: every
+    *global* lengths, each a multiple of 2 * cp_size (any length at cp_size=1, where nothing is
+    split; one case tries odd lengths there), as Transformer Engine takes them: every
     sequence is split on its own into 2 * cp_size chunks, the rank keeps chunks r and
     2 * cp_size - 1 - r of each, sequence after sequence, and positions restart at 0 in each.
     Expected: `reference.positions("thd", ...)`."""

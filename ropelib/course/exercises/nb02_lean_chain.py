@@ -69,14 +69,15 @@ class _Ops(TorchDispatchMode):
         broadcast = []
         if name in ARITHMETIC and any(o.numel() == self.numel for o in outputs):
             shape = outputs[0].shape
-            broadcast = [tuple(t.shape) for t in inputs
+            broadcast = [f"{tuple(t.shape)} with strides {tuple(t.stride())}" for t in inputs
                          if t.shape != shape or 0 in t.stride()]
         self.ops.append((name, moved, broadcast))
         return out
 
 
 def chain_ops(fn: Callable, t: torch.Tensor, freqs: torch.Tensor) -> list:
-    """[(op, bytes touched, broadcast operand shapes)] of fn(t, freqs), each non-view ATen op."""
+    """[(op, bytes touched, broadcast operands as "shape with strides")] of fn(t, freqs), each
+    non-view ATen op."""
     with _Ops(t.numel()) as seen:
         fn(t, freqs)
     return seen.ops
@@ -117,7 +118,8 @@ def check_lean_chain(fn: Callable) -> bool:
     if bad:
         op, shapes = bad[0]
         return check(f"{name}: operands of the arithmetic on t ({label})",
-                     f"`{op}` reads operands of shapes {shapes}, not t's shape {tuple(t.shape)}",
+                     f"`{op}` reads {', '.join(shapes)}: not t's shape {tuple(t.shape)}, or "
+                     "broadcast to it (a stride of 0 repeats one element)",
                      "no broadcast operand", hint="expand the cos/sin table to t's shape and "
                      "make it contiguous (.contiguous() copies it) before multiplying")
     x_bytes = t.numel() * t.element_size()
