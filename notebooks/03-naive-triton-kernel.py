@@ -527,15 +527,16 @@ for dtype in (torch.float32, torch.bfloat16):
 # %% [markdown]
 # ## 4. `BLOCK_SIZE` vs `num_warps`, and what a program costs
 #
-# The naive kernel moves no more bytes than a copy, yet in the H200 profile below it takes 5.1
-# times as long, and on 4 or 8 warps longer still. This section finds two reasons:
+# The naive kernel moves a copy's bytes (and a small table of angles), yet in the H200 profile
+# below it takes 5.1 times as long, and on 4 or 8 warps longer still. The profile (4.2) rules
+# out the bytes and the bytes in flight; the rest of the section measures two reasons:
 #
 # - **At 1 warp its time is the time the GPU takes to start and retire its programs.** As many
-#   programs that do nothing take as long. The GPU starts them at about 0.6 ns each, GPU-wide
-#   (80 ns per program on each SM if its 132 SMs share the work evenly); the limit is the GPU's,
-#   not each SM's (4.4).
-# - **More warps add instructions.** Once they outgrow the time a program takes to start, the
-#   time grows with them.
+#   programs that do nothing take as long (4.3). The GPU starts them at about 0.6 ns each,
+#   GPU-wide (80 ns per program on each SM if its 132 SMs share the work evenly); on the H100,
+#   confined to fewer SMs, the limit shows to be the GPU's, not each SM's (4.4).
+# - **More warps add instructions** (4.5). Once they outgrow the time a program takes to start,
+#   the time grows with them.
 #
 # ### 4.1 Tile and warps
 #
