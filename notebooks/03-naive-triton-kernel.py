@@ -527,15 +527,16 @@ for dtype in (torch.float32, torch.bfloat16):
 # %% [markdown]
 # ## 4. `BLOCK_SIZE` vs `num_warps`, and what a program costs
 #
-# The naive kernel moves no more bytes than a copy, yet in the H200 profile below it takes 5.1
-# times as long, and on 4 or 8 warps longer still. This section finds two reasons:
+# The naive kernel moves a copy's bytes (and a small table of angles), yet in the H200 profile
+# below it takes 5.1 times as long, and on 4 or 8 warps longer still. The profile (4.2) rules
+# out the bytes and the bytes in flight; the rest of the section measures two reasons:
 #
 # - **At 1 warp its time is the time the GPU takes to start and retire its programs.** As many
-#   programs that do nothing take as long. The GPU starts them at about 0.6 ns each, GPU-wide
-#   (80 ns per program on each SM if its 132 SMs share the work evenly); the limit is the GPU's,
-#   not each SM's (4.4).
-# - **More warps add instructions.** Once they outgrow the time a program takes to start, the
-#   time grows with them.
+#   programs that do nothing take as long (4.3). The GPU starts them at about 0.6 ns each,
+#   GPU-wide (80 ns per program on each SM if its 132 SMs share the work evenly); on the H100,
+#   confined to fewer SMs, the limit shows to be the GPU's, not each SM's (4.4).
+# - **More warps add instructions** (4.5). Once they outgrow the time a program takes to start,
+#   the time grows with them.
 #
 # ### 4.1 Tile and warps
 #
@@ -601,20 +602,30 @@ else:
 #   a warp) is 28.1 % against the copy's 85.3 %. 4.3 shows this follows from the slow starts; it
 #   does not cause them.
 # - **Not bytes in flight.** Memory reaches its bandwidth only with enough bytes requested and not
-#   yet returned. By Little's law,
-#   $\text{bytes in flight} = \text{bandwidth} \times \text{latency}$: notebook 05 (section 2)
-#   measures the H200's need at 5.6 KiB of loads per SM. The naive kernel's bound on them
-#   (`x KiB/SM`: resident warps per SM × bytes of $x$ a warp loads per step, reached only if every
-#   resident warp waits on a load at once) is 4.5 KiB: a twelfth of the copy's, 0.8 of the need.
-#   The bound is not a separate limit: it follows from how many programs are resident, which 4.3
-#   ties to the rate at which they start (Little's law for programs). And neither one-warp kernel
-#   here reads at the rate its bound would allow at the idle latency. The naive kernel's would
-#   allow 0.8 of the copy's read rate; it reads at 20 %. Notebook 04's kernel (third row: one-warp programs, 256 bytes of
-#   $x$ a warp a step, at most $32 \times 256$ B = 8 KiB an SM) asks for 7.7 KiB, above the need,
-#   and runs 3.5 times faster than the naive kernel, yet at 71 % of a copy's speed on the H200 and
-#   80 % on the H100, where the naive kernel reaches 20 % and 29 % (`do_bench`,
-#   `generations-*.csv`). What holds that kernel back is notebook 04's question; its exercise 6
-#   measures how much of its gap to a copy a second row in flight closes.
+#   yet returned. By Little's law (notebook 05, section 2, measures both factors), reading at the
+#   copy's rate $W_\text{read}$ against one load's latency $L$ from idle DRAM takes
+#
+#   $$ \frac{W_\text{read}}{N_\text{SM}} \cdot L = \frac{2.15\ \text{TB/s}}{132} \times
+#      350\ \text{ns} \approx 5.6\ \text{KiB of loads in flight per SM,} $$
+#
+#   a floor: a busy DRAM answers later. What a kernel can have in flight is bounded by its
+#   resident warps, each with one step's loads out (`x KiB/SM`, reached only if every resident
+#   warp waits on a load at once). Both one-warp kernels of the table share one ceiling, 32
+#   programs an SM of 256 bytes of $x$ a step, $32 \times 256$ B = 8 KiB; what tells them apart
+#   is how many programs are resident on average (achieved occupancy × 64 warp slots):
+#
+#   $$ \text{naive: } 18 \times 256\ \text{B} \approx 4.5\ \text{KiB}, \qquad
+#      \text{batch\_reuse (notebook 04's): } 31 \times 256\ \text{B} \approx 7.7\ \text{KiB}. $$
+#
+#   The naive kernel's 4.5 KiB, a twelfth of the copy's, is 0.8 of the need: were bytes in flight
+#   its limit, it would read at 0.8 of the copy's rate. It reads at 20 %. Its few resident
+#   programs are not a separate limit either: 4.3 shows they follow from the rate at which
+#   programs start (Little's law for programs). Notebook 04's kernel asks for 7.7 KiB, above the
+#   need, and runs 3.5 times faster than the naive kernel, yet at 71 % of a copy's speed on the
+#   H200 and 80 % on the H100, where the naive kernel reaches 20 % and 29 % (`do_bench`,
+#   `generations-*.csv`): the need is a floor, not enough. So the 8 KiB ceiling does not set
+#   either kernel's speed. What holds notebook 04's kernel back is notebook 04's question; its
+#   exercise 6 measures how much of its gap to a copy a second row in flight closes.
 # - **The number of programs.** The second table adds two variants from notebook 04, also
 #   1,048,576 one-row programs: instructions 4.7 times apart, bytes in flight nearly threefold,
 #   and times within 0.3 %. They are rows of notebook 04's ablation (`benchmarks/ablation.py`):
@@ -756,12 +767,24 @@ assert round(life_us, 1) == 1.4
 # as a million that each move their row, at any number of warps. So at 1 warp the naive kernel's
 # time is the time the GPU takes to start and retire its programs: 0.60 ns a program for the
 # whole GPU, or 80 ns per program on each SM if its 132 SMs share the work evenly. The limit is
-# the GPU's, not each SM's (4.4 confines the programs to fewer SMs).
+# the GPU's, not each SM's (4.4 confines the programs to fewer SMs). That is a **program floor**
+# under any kernel's time $t$, beside the copy's floor for its bytes:
 #
-# Occupancy follows from that start rate. By Little's law,
-# $\text{programs resident} = \text{start rate} \times \text{life}$, which holds for averages
-# wherever the limit sits: on average one start per 80 ns on each SM (the GPU's rate shared by
-# 132 SMs) and about 18 resident means each lives about 1.4 µs. Longer-lived
+# $$ t \;\ge\; N_\text{programs} \cdot t_\text{GPU} \;=\; \frac{N_\text{programs}}{N_\text{SM}}
+#    \cdot t_\text{SM}, \qquad t_\text{GPU} = 0.60\ \text{ns}, \quad
+#    t_\text{SM} = N_\text{SM}\, t_\text{GPU} = 80\ \text{ns} . $$
+#
+# The naive kernel sits on it; exercise 5 predicts a kernel's time as the larger of the two
+# floors.
+#
+# Occupancy follows from that start rate. By Little's law, which holds for averages wherever the
+# limit sits,
+#
+# $$ \text{programs resident} = \text{start rate} \times \text{life}, \qquad
+#    \text{life} = \frac{18}{1 / 80\ \text{ns}} \approx 1.4\ \mu\text{s} : $$
+#
+# on average one start per 80 ns on each SM (the GPU's rate shared by 132 SMs) and about 18
+# resident (4.2's 28.1 % of 64 warp slots), so each program lives about 1.4 µs. Longer-lived
 # programs raise the occupancy, not the start rate: so 4.2's three kernels reach occupancies 2.9
 # times apart in the same time.
 #
@@ -1287,11 +1310,11 @@ def draw_sectors(recorded, path):
 draw_sectors(recorded, FIGURES / "03-access-sectors.png")
 
 # %% [markdown]
-# *The interpreter's model, worked out from the recorded addresses.* In (a) each instruction covers 4 whole sectors: every byte moved is used. In (b)
-# each touches all 8 sectors of the row and uses 16 of the 32 bytes of each: loads and stores
-# *request* twice the sectors they need. On a GPU the second stride-2 load may find its sectors
-# still in L1; stores have no such help. Here (c) and (d) cover the row in whole sectors with one
-# instruction.
+# *The interpreter's model, worked out from the recorded addresses.* In (a) each instruction
+# covers 4 whole sectors: every byte moved is used. In (b) each touches all 8 sectors of the row
+# and uses 16 of the 32 bytes of each: loads and stores *request* twice the sectors they need. On
+# a GPU the second stride-2 load may find its sectors still in L1; stores have no such help. Here
+# (c) and (d) cover the row in whole sectors with one instruction.
 #
 # What the interpreter cannot show: on a GPU the compiler splits a `tl.load` into warp
 # instructions, and the **layout** it picks decides which lanes go together. It treats as
@@ -1724,7 +1747,9 @@ for dtype in (torch.float32, torch.float16, torch.bfloat16):
 #
 # and $y_k = x_k$ for $k \ge R$. The check launches *your kernel*, one program per row, on fresh
 # inputs (sbhd and a transposed bshd view, fp32 and bf16, pairs that do not fill a power-of-two
-# tile, `R < D`), into a NaN-filled output inside guard bands. Write the body; keep the
+# tile, `R < D`), into a NaN-filled output inside guard bands, and records in the interpreter
+# every address the masked case loads: a load past the end of `x` fails, though a masked store
+# would drop its values and no output would show it. Write the body; keep the
 # signature; sections 3.2, 3.3 and 5 have the pieces. Store with `.to(y_ptr.dtype.element_ty)`:
 # the check allows 16-bit outputs a rounding, and refuses a kernel that calls ropelib's own
 # `@triton.jit` helpers, `round_to` among them.
@@ -1764,8 +1789,9 @@ solution(ex.solution_rope_interleaved.fn, title="Solution: an interleaved, parti
 # broadcast over the `[ROWS, BLOCK_HALF]` halves of the rows.
 #
 # The check launches your kernel with `ROWS` from 1 to 8 into a NaN-filled output inside guard
-# bands, launches program 0 alone (it must rotate its own `ROWS` rows and no others), and counts
-# the sines and cosines a program evaluates: one row's worth, not `ROWS` rows'.
+# bands, records the addresses the masked case loads (none past the end of `x` or `freqs`),
+# launches program 0 alone (it must rotate its own `ROWS` rows and no others), and counts the
+# sines and cosines a program evaluates: one row's worth, not `ROWS` rows'.
 
 # %%
 from ropelib.course.exercises.naive_kernel import rows_warps as launch_rows_warps   # its default
@@ -1811,8 +1837,8 @@ solution(ex.solution_rope_rows.fn, title="Solution: ROWS heads of one token a pr
 # ns_per_program_per_sm, copy_us)`: the time in µs of such a kernel if its programs start at
 # 4.3's measured rate, written per SM: `ns_per_program_per_sm` a program on each of `sms` SMs
 # sharing the programs evenly, that is `ns_per_program_per_sm / sms` a program for the whole GPU
-# (on the GPU it was measured on, both readings give the same time: section 4.4). No kernel is
-# faster than a copy of its bytes, `copy_us`: a floor.
+# (on the GPU it was measured on, both readings give the same time: section 4.4): 4.3's program
+# floor. No kernel is faster than a copy of its bytes either, `copy_us`: the other floor.
 
 # %%
 def my_predicted_us(n_rows, rows_per_program, sms, ns_per_program_per_sm, copy_us):

@@ -126,6 +126,24 @@ def _unmasked_store_kernel(x_ptr, y_ptr, freqs_ptr, B, H, stride_xs, stride_xb, 
 
 
 @triton.jit
+def _unmasked_load_kernel(x_ptr, y_ptr, freqs_ptr, B, H, stride_xs, stride_xb, stride_xh,
+                          stride_xd, D: tl.constexpr, R: tl.constexpr, BLOCK_PAIRS: tl.constexpr):
+    # the solution with the x loads' masks forgotten: every output right (the masked stores drop
+    # lanes past D // 2), but at D = 24 the last row's loads read 8 elements past the end of x
+    row = tl.program_id(0).to(tl.int64)
+    s, b, h = row // (B * H), (row // H) % B, row % H
+    j = tl.arange(0, BLOCK_PAIRS)
+    live = j < D // 2
+    theta = tl.load(freqs_ptr + s * R + 2 * j, mask=j < R // 2, other=0.0)
+    c, sn = tl.cos(theta), tl.sin(theta)
+    x_row = x_ptr + s * stride_xs + b * stride_xb + h * stride_xh
+    xe = tl.load(x_row + 2 * j * stride_xd).to(tl.float32)
+    xo = tl.load(x_row + (2 * j + 1) * stride_xd).to(tl.float32)
+    tl.store(y_ptr + row * D + 2 * j, (xe * c - xo * sn).to(y_ptr.dtype.element_ty), mask=live)
+    tl.store(y_ptr + row * D + 2 * j + 1, (xo * c + xe * sn).to(y_ptr.dtype.element_ty), mask=live)
+
+
+@triton.jit
 def _rounds_with_library_helper(x_ptr, y_ptr, freqs_ptr, B, H, stride_xs, stride_xb, stride_xh,
                                 stride_xd, D: tl.constexpr, R: tl.constexpr,
                                 BLOCK_PAIRS: tl.constexpr):
@@ -163,6 +181,7 @@ CHEATS = {
     "a kernel that zeroes the partial-rotary tail": _zeroes_tail_kernel,
     "a kernel that ignores x's strides": _contiguous_only_kernel,
     "a kernel that stores without masks": _unmasked_store_kernel,
+    "a kernel that loads x without masks": _unmasked_load_kernel,
     "the worked solution itself": nk.solution_rope_interleaved,
     "ropelib's naive teaching kernel": naive._rope_naive_kernel,
     "a kernel that calls ropelib's @triton.jit helper": _rounds_with_library_helper,
@@ -179,6 +198,34 @@ def test_check_rejects(what, capsys):
 def test_unmasked_stores_are_caught_by_the_guard_bands(capsys):
     assert nk.check_rope_interleaved(_unmasked_store_kernel, seed=0) is False
     assert "outside y" in capsys.readouterr().out
+
+
+def test_unmasked_loads_are_caught_by_the_recorded_addresses(capsys):
+    # its outputs are right: only the recorded loads past the end of x give it away
+    S, B, H, D, R, dtype, layout = nk.CASES[1]
+    x = torch.randn(S, B, H, D, device=DEVICE)
+    f = torch.rand(S, R // 2).repeat_interleave(2, -1).contiguous().to(DEVICE)
+    y = torch.full_like(x, float("nan"))
+    nk.launch_interleaved(_unmasked_load_kernel, x, f, y)
+    torch.testing.assert_close(y, reference.rope_reference(x, f, interleaved=True),
+                               atol=1e-5, rtol=1e-5)
+    assert nk.check_rope_interleaved(_unmasked_load_kernel, seed=0) is False
+    out = capsys.readouterr().out
+    assert "loaded 8 lanes outside x and freqs" in out and "✅" not in out, out
+
+
+def test_outside_counts_lanes_past_a_views_elements():
+    # a guarded view: loads into its guard band are outside it, though inside its storage
+    buf = torch.zeros(64)
+    view = buf[16:48].view(2, 16).t()                        # [16, 2], strides (1, 16)
+    inside = access.Access((0, 0, 0), "load", np.array([view.data_ptr() + 4 * k
+                                                        for k in range(32)], dtype=np.uint64), 4)
+    past = access.Access((0, 0, 0), "load", np.array([view.data_ptr() + 4 * 32,
+                                                      view.data_ptr() - 4], dtype=np.uint64), 4)
+    stored = access.Access((0, 0, 0), "store", past.addresses, 4)
+    assert access.outside([inside], [view]) == 0
+    assert access.outside([inside, past, stored], [view]) == 2
+    assert access.outside([stored], [view], "store") == 2
 
 
 @pytest.mark.parametrize("what, words", [
@@ -357,11 +404,35 @@ def _rows_every_program_all(x_ptr, y_ptr, freqs_ptr, n_rows, B, H, stride_xs, st
                  (x2 * tl.cos(t2) + x1 * tl.sin(t2)).to(y_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _rows_unmasked_loads(x_ptr, y_ptr, freqs_ptr, n_rows, B, H, stride_xs, stride_xb, stride_xh,
+                         stride_xd, stride_fs, stride_fd, HALF: tl.constexpr,
+                         BLOCK_HALF: tl.constexpr, ROWS: tl.constexpr):
+    # the worked kernel with its loads' masks forgotten: right outputs (the stores are masked),
+    # but at D = 24 the last rows' loads read past the end of x
+    row0 = tl.program_id(0).to(tl.int64) * ROWS
+    s, b = row0 // (B * H), (row0 // H) % B
+    h = (row0 % H + tl.arange(0, ROWS))[:, None]
+    offs = tl.arange(0, BLOCK_HALF)[None, :]
+    mask = offs < HALF
+    f_row = freqs_ptr + s * stride_fs
+    theta1 = tl.load(f_row + offs * stride_fd)
+    theta2 = tl.load(f_row + (offs + HALF) * stride_fd)
+    c1, s1, c2, s2 = tl.cos(theta1), tl.sin(theta1), tl.cos(theta2), tl.sin(theta2)
+    x_row = x_ptr + s * stride_xs + b * stride_xb + h * stride_xh
+    x1 = tl.load(x_row + offs * stride_xd).to(tl.float32)
+    x2 = tl.load(x_row + (offs + HALF) * stride_xd).to(tl.float32)
+    y_row = y_ptr + (row0 + tl.arange(0, ROWS))[:, None] * 2 * HALF
+    tl.store(y_row + offs, (x1 * c1 - x2 * s1).to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(y_row + HALF + offs, (x2 * c2 + x1 * s2).to(y_ptr.dtype.element_ty), mask=mask)
+
+
 ROWS_CHEATS = {
     "a blank kernel": _rows_blank,
     "step 3 as it was, one row a program": _rows_one_row,
     "a kernel whose every program rotates every row": _rows_every_program_all,
     "a kernel that evaluates cos and sin for every row": learner_copy(nk.rows_sincos_every_row),
+    "a kernel that loads without masks": _rows_unmasked_loads,
     "the worked solution itself": nk.solution_rope_rows,
     "ropelib's naive teaching kernel": naive._rope_naive_kernel,
     "the plain PyTorch reference": reference.rope_reference,
@@ -382,6 +453,8 @@ def test_rows_check_says_why(capsys):
     assert "4 rows' worth" in capsys.readouterr().out
     nk.check_rope_rows(nk.solution_rope_rows, seed=0)
     assert "launched ropelib's solution_rope_rows" in capsys.readouterr().out
+    nk.check_rope_rows(_rows_unmasked_loads, seed=0)
+    assert "lanes outside x and freqs" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -472,7 +545,7 @@ def test_rows_check_launches_through_the_launcher_it_is_given(capsys):
         nk.launch_rows(kernel, *args, **kwargs)
 
     assert nk.check_rope_rows(OWN_ROWS, seed=1, launch=counting) is True, capsys.readouterr().out
-    assert len(calls) == len(nk.ROWS_CASES) + 2          # every case, program 0 alone, the count
+    assert len(calls) == len(nk.ROWS_CASES) + 3   # every case, program 0 alone, the loads, the count
 
     def launches_nothing(kernel, *args, **kwargs):
         pass

@@ -95,6 +95,37 @@ def record(kernel, grid, *args, **kwargs) -> List[Access]:
     return log
 
 
+@contextlib.contextmanager
+def recording():
+    """`with recording() as log:` records every load and store of the interpreted launches
+    inside the block (launch `interpreted(kernel)` on CPU tensors), as `record` does for one."""
+    log: List[Access] = []
+    with _recording(log):
+        yield log
+
+
+def outside(accesses, tensors, kind: str = "load") -> int:
+    """How many lanes of the `kind` accesses lie in none of `tensors`' own elements: a view's
+    elements, not the storage around it (a guard band counts as outside). A load whose mask was
+    forgotten reads past the end of its tensor; a masked store may drop the values it read, so no
+    output shows it, but on a GPU a load past the end of an allocation can fault."""
+    spans = []
+    for t in tensors:
+        if t.numel():
+            assert all(s >= 0 for s in t.stride()), "outside: views with negative strides"
+            last = sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+            spans.append((t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()))
+    stray = 0
+    for a in accesses:
+        if a.kind != kind:
+            continue
+        inside = np.zeros(a.addresses.shape, dtype=bool)
+        for lo, hi in spans:
+            inside |= (a.addresses >= lo) & (a.addresses + a.itemsize <= hi)
+        stray += int((~inside).sum())
+    return stray
+
+
 def sector_use(access: Access, base: int = 0) -> Dict[int, int]:
     """{sector index: bytes of it the access uses}; sectors counted from byte `base`."""
     first = (access.addresses.astype(np.int64) - base) // SECTOR_BYTES

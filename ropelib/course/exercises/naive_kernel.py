@@ -5,9 +5,11 @@ tensor: it draws fresh inputs, allocates the output itself (filled with NaN, so 
 kernel never writes cannot pass, inside NaN guard bands that catch stores outside it), launches
 `kernel[grid](...)` with the signature below and compares what the kernel wrote with
 `ropelib.reference`. Returning the input, a PyTorch result or the reference has nothing to
-return to: only what the kernel stores through `y_ptr` counts. The launch runs with ropelib's own
-answers barred (`own_code`): one of ropelib's kernels (the worked solution below included), or a
-kernel that calls one of ropelib's @triton.jit helpers, is refused.
+return to: only what the kernel stores through `y_ptr` counts. Its masked case runs once more on
+the CPU with every load recorded (`access.recording`): a load without its mask, whose values a
+masked store drops, reads past the end of x and fails the check. The launch runs with ropelib's
+own answers barred (`own_code`): one of ropelib's kernels (the worked solution below included),
+or a kernel that calls one of ropelib's @triton.jit helpers, is refused.
 
 The kernel rotates the interleaved form (GPT-J, RoFormer: pair j is features (2j, 2j+1)) with a
 *partial* rotary dim R <= D: the first R features are rotated, the last D - R pass through
@@ -24,9 +26,9 @@ unchanged. Its arguments, in order (the grid is one program per row, (S * B * H,
 
 Exercise 5 (`check_rope_rows`, signature at its section below) asks for step 3's kernel with
 `ROWS` consecutive rows a program, ROWS heads of one token that evaluate its sines and cosines
-once. It is checked the same way, plus a launch of program 0 alone that must write its own ROWS
-rows and no others, and a count in the interpreter (`work_count`) of the sines and cosines a
-program evaluates: one row's worth, not ROWS rows'. `check_predicted_us` checks the
+once. It is checked the same way (its loads recorded too), plus a launch of program 0 alone
+that must write its own ROWS rows and no others, and a count in the interpreter (`work_count`)
+of the sines and cosines a program evaluates: one row's worth, not ROWS rows'. `check_predicted_us` checks the
 learner's prediction of such a kernel's time from the cost of a program, on notebook 03's numbers
 and on a kernel drawn when the check runs.
 """
@@ -80,6 +82,28 @@ def _inputs(case, gen, device):
     return x, f_view.copy_(f)
 
 
+def _stray_loads(name: str, what: str, launch, x, freqs, y) -> Optional[int]:
+    """Lanes the kernel loads outside x's and freqs's elements, recorded in the interpreter on
+    CPU tensors (guarded views: a stray load lands in a guard band); None when the launch failed
+    (reported). `launch(kernel_to_run, x, freqs, y)` starts the learner's kernel; run after its
+    barred launches have passed, so nothing is barred here."""
+    from .. import access
+    with access.recording() as log:
+        ok, _ = launch_barred(name, "its loads, recorded", what,
+                              lambda: launch(access.interpreted, x, freqs, y), barred=False)
+    return access.outside(log, (x, freqs), "load") if ok else None
+
+
+def _say_stray(name: str, label: str, stray: int) -> bool:
+    """Print why `stray` loaded lanes fail the check (False), or nothing (True) when none."""
+    if stray:
+        print(f"❌ {name} ({label}): the kernel loaded {stray} lanes outside x and freqs: a "
+              "tl.load without its mask reads past the end of a row. The masked stores drop "
+              "those values, so no output shows it, but on a GPU a load past the end of an "
+              "allocation can fault: give every load the mask of its store")
+    return not stray
+
+
 def check_rope_interleaved(kernel, *, seed: Optional[int] = None) -> bool:
     """Launch the learner's @triton.jit kernel on fresh inputs; compare with the reference.
 
@@ -126,8 +150,18 @@ def check_rope_interleaved(kernel, *, seed: Optional[int] = None) -> bool:
             return check(f"{name} ({label})", y, want, atol=tol[0], rtol=tol[1],
                          hint="pair j is (2j, 2j+1) and uses angle freqs[s, 2j]; pairs j >= R/2 "
                               "are copied (an angle of 0 rotates by nothing)")
+    # the masked case again on the CPU, its loads recorded: none may fall outside x and freqs
+    case = CASES[1]
+    S, B, H, D, R, dtype, layout = case
+    x, freqs = _inputs(case, gen, "cpu")
+    _, y = guarded_view((S, B, H, D), _pad(D), dtype=dtype, device="cpu")
+    stray = _stray_loads(name, "your interleaved RoPE kernel",
+                         lambda run, x_, f_, y_: launch_interleaved(run(kernel), x_, f_, y_),
+                         x, freqs, y)
+    if stray is None or not _say_stray(name, f"x [{S}, {B}, {H}, {D}] {layout}, R={R}", stray):
+        return False
     print(f"✅ {name}: correct on {len(CASES)} launches (sbhd and bshd views, fp32 and bf16, "
-          "a masked tile, partial rotary)")
+          "a masked tile, partial rotary), and no load outside x and freqs")
     return True
 
 
@@ -291,6 +325,16 @@ def check_rope_rows(kernel, *, seed: Optional[int] = None, launch=None) -> bool:
         print(f"❌ {name}: launched alone, program 0 wrote rows {written}, not rows 0 to "
               f"{rows - 1}: each program rotates its own ROWS consecutive rows, and only those")
         return False
+    # the masked case again on the CPU, its loads recorded: none may fall outside x and freqs
+    S, B, H, D, rows, dtype, layout = ROWS_CASES[1]
+    x, freqs = _rows_inputs(ROWS_CASES[1], gen, "cpu")
+    _, y = guarded_view((S, B, H, D), _pad(D), dtype=dtype, device="cpu")
+    stray = _stray_loads(name, "your kernel of ROWS rows a program",
+                         lambda run, x_, f_, y_: start(run(kernel), x_, f_, y_, rows,
+                                                       num_warps=1), x, freqs, y)
+    if stray is None or not _say_stray(name, f"x [{S}, {B}, {H}, {D}] {layout}, ROWS={rows}",
+                                       stray):
+        return False
     # the sines and cosines a program evaluates, counted in the interpreter on CPU tensors (the
     # launches above were barred already: this one runs as it is, on a GPU machine too)
     from .. import work_count
@@ -311,7 +355,8 @@ def check_rope_rows(kernel, *, seed: Optional[int] = None, launch=None) -> bool:
               "[1, BLOCK_HALF] row, evaluate tl.cos and tl.sin of it once, and let them broadcast")
         return False
     print(f"✅ {name}: correct on {len(ROWS_CASES)} launches (ROWS = 1 to 8, a masked half, a "
-          "bshd view, fp32 and bf16), program 0 rotates its ROWS rows only, and a program "
+          "bshd view, fp32 and bf16), no load outside x and freqs, program 0 rotates its ROWS "
+          "rows only, and a program "
           f"evaluates one row's sines and cosines ({per_program:.0f} for D = {D}), not ROWS rows'")
     return True
 
