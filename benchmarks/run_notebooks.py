@@ -266,6 +266,13 @@ def notebook_code_cells(path: Path) -> list:
     return [cell_source(c) for c in nb["cells"] if c["cell_type"] == "code"]
 
 
+def notebook_markdown(path: Path) -> str:
+    """The markdown cells of a notebook (.ipynb), in order, one blank line between cells (so a
+    paragraph never runs across two cells)."""
+    nb = json.loads(Path(path).read_text(encoding="utf-8"))
+    return "\n\n".join(cell_source(c) for c in nb["cells"] if c["cell_type"] == "markdown")
+
+
 def _code_cell_chunks(page_html: str) -> list:
     """The HTML of each code cell of a page (its input and its outputs), in order."""
     starts = [m.start() for m in _CELL_START.finditer(page_html)] + [len(page_html)]
@@ -589,8 +596,9 @@ def refresh_pages(to: Path, notebooks: Path = NOTEBOOKS) -> int:
     """Every page in `to` that shows its notebook's code cells as they are now rewritten with
     the notebook's prose (page_with_prose); stale pages are left for a new run."""
     for page in sorted(to.glob("[0-9][0-9]-*.html")):
-        if page_state(page, notebooks) not in ("current", "older data"):
-            print(f"{page.name}: {page_state(page, notebooks)}, left as it is")
+        state = page_state(page, notebooks)
+        if state not in ("current", "older data"):
+            print(f"{page.name}: {state}, left as it is")
             continue
         old = page.read_text(encoding="utf-8")
         new = page_with_prose(old, notebooks / f"{page.stem}.ipynb", to)

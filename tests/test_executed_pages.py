@@ -180,20 +180,30 @@ def test_the_index_lists_the_same_stale_pages():
 
 # --- the comparison itself, on pages made here ------------------------------------------------
 
+def _nb(cells, outputs=()):
+    """An nbformat notebook of `cells` [(kind, source)], its code cells printing `outputs` (one
+    text each, in order; fewer outputs than code cells leave the rest without)."""
+    nbformat = pytest.importorskip("nbformat")
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(s) if kind == "code" else nbformat.v4.new_markdown_cell(s)
+                for kind, s in cells]
+    for cell, printed in zip([c for c in nb.cells if c.cell_type == "code"], outputs):
+        cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=printed)]
+    return nb
+
+
 @pytest.fixture(scope="module")
 def render(tmp_path_factory):
-    """Render a notebook made of `cells` [(kind, source)] as run_notebooks.py would: (page, its
-    folder)."""
+    """Render a notebook made of `cells` [(kind, source)], its code cells printing `outputs`, as
+    run_notebooks.py would: (page, its folder)."""
     nbformat = pytest.importorskip("nbformat")
     pytest.importorskip("nbconvert")
 
-    def make(stem, cells):
+    def make(stem, cells, outputs=()):
         base = tmp_path_factory.mktemp("pages")
         executed, to = base / "executed", base / "html"
         executed.mkdir()
-        nb = nbformat.v4.new_notebook()
-        nb.cells = [nbformat.v4.new_code_cell(s) if kind == "code" else nbformat.v4.new_markdown_cell(s)
-                    for kind, s in cells]
+        nb = _nb(cells, outputs)
         nb.metadata["ropelib_executed"] = {"gpu": "no GPU", "status": "ok"}
         nbformat.write(nb, executed / f"{stem}.ipynb")
         assert run_notebooks.to_html(executed, to) == 0
@@ -225,14 +235,9 @@ def test_a_changed_cell_makes_a_page_stale(render, tmp_path):
     notebooks.mkdir()
     for edit in (lambda c: c[:1] + [("code", c[0][1] + " ")] + c[1:],   # one more cell
                  lambda c: [c[0], c[1], ("code", "y = 1"), c[3]]):       # one cell changed
-        nb = nbformat.v4.new_notebook()
-        nb.cells = [nbformat.v4.new_code_cell(s) if kind == "code" else nbformat.v4.new_markdown_cell(s)
-                    for kind, s in edit(TRICKY)]
-        nbformat.write(nb, notebooks / "99-made-here.ipynb")
+        nbformat.write(_nb(edit(TRICKY)), notebooks / "99-made-here.ipynb")
         assert run_notebooks.page_state(page, notebooks) == "stale"
-    nb.cells = [nbformat.v4.new_code_cell(s) if kind == "code" else nbformat.v4.new_markdown_cell(s)
-                for kind, s in TRICKY]
-    nbformat.write(nb, notebooks / "99-made-here.ipynb")
+    nbformat.write(_nb(TRICKY), notebooks / "99-made-here.ipynb")
     assert run_notebooks.page_state(page, notebooks) == "current"
     (notebooks / "99-made-here.ipynb").unlink()
     assert run_notebooks.page_state(page, notebooks) == "no notebook"
@@ -295,38 +300,18 @@ def test_refresh_prose_refuses_a_code_cell_more_or_fewer(tmp_path):
 
 # --- prose edited after a run, with no executed copies at hand: --refresh-pages ---------------
 
-def _rendered(tmp_path, stem, cells, outputs):
-    """A page rendered from `cells` [(kind, source)] with `outputs` on its code cells, in
-    tmp_path/html: (page, folder)."""
-    nbformat = pytest.importorskip("nbformat")
-    pytest.importorskip("nbconvert")
-    executed, to = tmp_path / "executed", tmp_path / "html"
-    executed.mkdir(exist_ok=True)
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(s) if kind == "code" else nbformat.v4.new_markdown_cell(s)
-                for kind, s in cells]
-    for cell, printed in zip([c for c in nb.cells if c.cell_type == "code"], outputs):
-        cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=printed)]
-    nbformat.write(nb, executed / f"{stem}.ipynb")
-    assert run_notebooks.to_html(executed, to) == 0
-    return to / f"{stem}.html", to
-
-
 def _notebook_file(tmp_path, stem, cells):
     nbformat = pytest.importorskip("nbformat")
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(s) if kind == "code" else nbformat.v4.new_markdown_cell(s)
-                for kind, s in cells]
     path = tmp_path / "notebooks" / f"{stem}.ipynb"
     path.parent.mkdir(exist_ok=True)
-    nbformat.write(nb, path)
+    nbformat.write(_nb(cells), path)
     return path
 
 
-def test_refresh_pages_takes_the_notebooks_prose_and_keeps_the_runs_outputs(tmp_path):
+def test_refresh_pages_takes_the_notebooks_prose_and_keeps_the_runs_outputs(render, tmp_path):
     ran = [("markdown", "# Demo\n\nold words, 2.38<!--page: copy--> TB/s"), ("code", "print(3)"),
            ("markdown", "between"), ("code", "print(4)")]
-    page, to = _rendered(tmp_path, "99-demo", ran, ["copy 2.38 TB/s\n", "four\n"])
+    page, to = render("99-demo", ran, ["copy 2.38 TB/s\n", "four\n"])
     old = page.read_text(encoding="utf-8")
     # the notebook unchanged: the page comes back byte for byte (but the cells' ids, which
     # nbformat draws anew for the copy made here)
@@ -368,18 +353,12 @@ def test_a_current_page_shows_its_notebooks_prose(page):
         "`python benchmarks/run_notebooks.py --refresh-pages`")
 
 
-def _markdown(nb_path):
-    nb = json.loads(nb_path.read_text(encoding="utf-8"))
-    return "\n\n".join(run_notebooks.cell_source(c) for c in nb["cells"]
-                       if c["cell_type"] == "markdown")
-
-
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.stem)
 def test_numbers_the_prose_quotes_from_the_page_are_on_it(page):
     # prose that reads a live output ("the copy ran at 2.38<!--page: torch copy_--> TB/s") must
     # agree with the line of the page it names: a page rendered again with other numbers fails
     # here until the prose follows
-    markdown = _markdown(NOTEBOOKS / f"{page.stem}.ipynb")
+    markdown = run_notebooks.notebook_markdown(NOTEBOOKS / f"{page.stem}.ipynb")
     outputs = run_notebooks.page_output_text(page.read_text(encoding="utf-8"))
     missing = run_notebooks.quotes_missing_from_outputs(markdown, outputs)
     assert not missing, (

@@ -1,7 +1,6 @@
 """Notebook 01's prose: the numbers its cells print but do not assert, and the short derivations
 its text gives (section 4's complex form of the score, section 5's YaRN temperature, section 7's
 permutation, question 6's rounded frequency), checked here in float64 on the CPU."""
-import json
 import math
 from pathlib import Path
 
@@ -18,9 +17,7 @@ f64 = torch.float64
 
 
 def _markdown():
-    nb = json.loads(NOTEBOOK.read_text(encoding="utf-8"))
-    return " ".join(" ".join(run_notebooks.cell_source(c).replace("#", " ").split())
-                    for c in nb["cells"] if c["cell_type"] == "markdown")
+    return " ".join(run_notebooks.notebook_markdown(NOTEBOOK).replace("#", " ").split())
 
 
 def _R(m, inv, interleaved):

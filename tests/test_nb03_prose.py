@@ -4,23 +4,19 @@ count, each read from its file here, and the sentences that say them."""
 from pathlib import Path
 
 import pytest
+from loading import load_file  # noqa: E402
 
 from ropelib.course import measured
 
 ROOT = Path(__file__).resolve().parents[1]
+run_notebooks = load_file("run_notebooks", ROOT / "benchmarks" / "run_notebooks.py")
 NB03 = ROOT / "notebooks" / "03-naive-triton-kernel.py"
 
 
 def _markdown(path):
-    """The markdown cells of a percent-format notebook as one text, lines joined (a phrase may
-    wrap) and without their leading '# '."""
-    words, in_markdown = [], False
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if line.startswith("# %%"):
-            in_markdown = "[markdown]" in line
-        elif in_markdown:
-            words.append(line[2:] if line.startswith("# ") else line.lstrip("#"))
-    return " ".join(" ".join(words).split())
+    """The markdown cells of a notebook (its .py or .ipynb path) as one text, one-spaced (a
+    phrase may wrap)."""
+    return " ".join(run_notebooks.notebook_markdown(path.with_suffix(".ipynb")).split())
 
 
 @pytest.fixture(scope="module")

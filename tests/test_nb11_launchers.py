@@ -5,7 +5,6 @@ place and not the other would time or check a kernel under another launch than t
 import ast
 import copy
 import inspect
-import json
 import os
 from pathlib import Path
 
@@ -15,9 +14,12 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before ropelib's kernels are imported
 
+from loading import load_file  # noqa: E402
 from ropelib.course.exercises import at_scale, nb11_cp_shard  # noqa: E402
 
-NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "11-rope-at-scale.ipynb"
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK = ROOT / "notebooks" / "11-rope-at-scale.ipynb"
+run_notebooks = load_file("run_notebooks", ROOT / "benchmarks" / "run_notebooks.py")
 LAUNCHERS = {
     "launch_cp_shard": nb11_cp_shard.launch_cp_shard,
     "launch_kv_cache": at_scale.launch_kv_cache,
@@ -40,12 +42,8 @@ def _bare(fn: ast.FunctionDef) -> str:
 
 
 def _notebook_functions() -> dict:
-    cells = json.loads(NOTEBOOK.read_text(encoding="utf-8"))["cells"]
     found = {}
-    for cell in cells:
-        if cell["cell_type"] != "code":
-            continue
-        source = "".join(cell["source"])
+    for source in run_notebooks.notebook_code_cells(NOTEBOOK):
         try:
             tree = ast.parse(source)
         except SyntaxError:       # (a cell with IPython magics: no launcher there)

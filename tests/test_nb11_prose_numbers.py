@@ -1,8 +1,6 @@
 """Notebook 11's prose numbers that its cells read or print but do not assert, read here from the
 committed files (or recomputed from the inputs) they come from; and its quotes of the executed
 page marked, so that the page test checks them on their output lines."""
-import json
-import re
 import statistics
 from pathlib import Path
 
@@ -18,9 +16,7 @@ run_notebooks = load_file("run_notebooks", ROOT / "benchmarks" / "run_notebooks.
 
 
 def _markdown():
-    nb = json.loads(NOTEBOOK.read_text(encoding="utf-8"))
-    return "\n\n".join(run_notebooks.cell_source(c) for c in nb["cells"]
-                       if c["cell_type"] == "markdown")
+    return run_notebooks.notebook_markdown(NOTEBOOK)
 
 
 def _contiguous_work(S, c):
@@ -95,6 +91,4 @@ def test_paragraphs_quoting_the_executed_page_mark_their_numbers():
     quoted = [q for q, _ in run_notebooks.PAGE_QUOTE.findall(md)]
     for n in ("1.2", "1.7", "85", "55", "57", "58", "13.5", "447", "312", "289"):
         assert n in quoted, n
-    for p in re.split(r"\n\s*\n", md):
-        if "this notebook's page" in p:
-            assert run_notebooks.PAGE_QUOTE.search(p), p[:300]
+    assert run_notebooks.unmarked_page_paragraphs(md) == []
