@@ -273,11 +273,34 @@ def notebook_markdown(path: Path) -> str:
     return "\n\n".join(cell_source(c) for c in nb["cells"] if c["cell_type"] == "markdown")
 
 
+_DIV_TAG = re.compile(r"<div\b|</div>")
+
+
+def _cells(page_html: str) -> list:
+    """(start, end, is_code) of each cell of a page, in order: a cell's div up to its closing tag
+    (its nested divs counted)."""
+    cells = []
+    for m in _CELL_START.finditer(page_html):
+        if cells and m.start() < cells[-1][1]:
+            continue                                # (a cell inside a cell: not a page's cell)
+        depth = 0
+        for tag in _DIV_TAG.finditer(page_html, m.start()):
+            depth += 1 if tag.group(0) == "<div" else -1
+            if depth == 0:
+                break
+        else:
+            raise ValueError("a cell's div is not closed")
+        cells.append((m.start(), tag.end(),
+                      page_html.startswith('<div class="jp-Cell jp-CodeCell', m.start())))
+    return cells
+
+
 def _code_cell_chunks(page_html: str) -> list:
-    """The HTML of each code cell of a page (its input and its outputs), in order."""
-    starts = [m.start() for m in _CELL_START.finditer(page_html)] + [len(page_html)]
-    return [page_html[a:b] for a, b in zip(starts, starts[1:])
-            if page_html.startswith('<div class="jp-Cell jp-CodeCell', a)]
+    """The HTML of each code cell of a page (its input and its outputs), in order, each up to
+    the next cell (the last to the page's end)."""
+    cells = _cells(page_html)
+    ends = [c[0] for c in cells[1:]] + [len(page_html)]
+    return [page_html[a:b] for (a, _, is_code), b in zip(cells, ends) if is_code]
 
 
 def _text(fragment: str) -> str:
@@ -524,26 +547,6 @@ def _page_body(exporter, nb, to: Path) -> str:
             cell.source = figure_links(cell.source, to)
     body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"path": str(NOTEBOOKS)}})
     return body
-
-
-def _cells(page_html: str) -> list:
-    """(start, end, is_code) of each cell of a page, in order: a cell's div up to its closing tag
-    (its nested divs counted)."""
-    cells = []
-    for m in _CELL_START.finditer(page_html):
-        depth, i = 0, m.start()
-        for tag in re.finditer(r"<div\b|</div>", page_html[m.start():]):
-            depth += 1 if tag.group(0) == "<div" else -1
-            if depth == 0:
-                i = m.start() + tag.end()
-                break
-        else:
-            raise ValueError("a cell's div is not closed")
-        if cells and m.start() < cells[-1][1]:
-            continue                                # (a cell inside a cell: not a page's cell)
-        cells.append((m.start(), i, page_html.startswith('<div class="jp-Cell jp-CodeCell',
-                                                          m.start())))
-    return cells
 
 
 def _markdown_runs(page_html: str) -> tuple:
