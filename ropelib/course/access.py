@@ -17,7 +17,7 @@ from typing import Dict, List, Mapping, Tuple
 import numpy as np
 import torch
 
-from .work_count import interpreted
+from .work_count import _byte_range, interpreted
 
 SECTOR_BYTES = 32  # the unit an NVIDIA GPU's L1/L2 move: a cache line is 4 sectors of 32 bytes
 
@@ -113,8 +113,7 @@ def outside(accesses, tensors, kind: str = "load") -> int:
     for t in tensors:
         if t.numel():
             assert all(s >= 0 for s in t.stride()), "outside: views with negative strides"
-            last = sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
-            spans.append((t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()))
+            spans.append(_byte_range(t))
     stray = 0
     for a in accesses:
         if a.kind != kind:
